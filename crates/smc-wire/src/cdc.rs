@@ -1,0 +1,1 @@
+//! CDC messages (placeholder; being written).

@@ -1,0 +1,1 @@
+//! CLC messages (placeholder; being written).

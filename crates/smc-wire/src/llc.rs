@@ -1,0 +1,1 @@
+//! LLC messages (placeholder; being written).
