@@ -1,0 +1,4 @@
+#![no_main]
+// Coverage-guided fuzzing of the tcpopt parser; the same entry point runs under the
+// bounded stable-Rust fuzz test in crates/smc-wire/tests/fuzz_bounded.rs.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| smc_wire::fuzz::tcpopt(data));
