@@ -244,14 +244,8 @@ impl IbMtu {
 
 /// A 32-byte SMC v2 Enterprise ID (user EID or system EID): uppercase letters,
 /// digits, `.` and `-`, padded with blanks (`protocol-clc.md` §3.2.2).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Eid(pub [u8; 32]);
-
-impl Default for Eid {
-    fn default() -> Self {
-        Eid([0; 32])
-    }
-}
 
 /// Why a string is not a valid user EID.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,13 @@
+//! # smc-proto — the SMC-R protocol engine, sans I/O
+//!
+//! Plain data and state machines: no threads, no syscalls, no `unsafe`, time passed
+//! in by the caller. The driver (the `smc` socket library, or the deterministic
+//! simulation in tests) feeds inputs through `handle_*` methods and carries out the
+//! outputs it drains with `poll_*` methods.
+//!
+//! Modules and the spec sections they implement:
+//! * [`close`] — the connection close state machine (`protocol-llc-cdc.md` §5).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod close;
