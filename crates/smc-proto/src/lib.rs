@@ -7,7 +7,10 @@
 //!
 //! Modules and the spec sections they implement:
 //! * [`close`] — the connection close state machine (`protocol-llc-cdc.md` §5).
+//! * [`datapath`] — CDC cursors, RDMA WRITE planning and consumer updates of one
+//!   connection (`protocol-llc-cdc.md` §2–§3).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod close;
+pub mod datapath;

@@ -57,10 +57,7 @@ impl fmt::Display for WireError {
                 what,
                 needed,
                 available,
-            } => write!(
-                f,
-                "truncated {what}: need {needed} bytes, have {available}"
-            ),
+            } => write!(f, "truncated {what}: need {needed} bytes, have {available}"),
             WireError::BadEyecatcher(e) => write!(f, "bad eyecatcher {:02x?}", e),
             WireError::BadTrailer(e) => write!(f, "bad trailer eyecatcher {:02x?}", e),
             WireError::BadLength {

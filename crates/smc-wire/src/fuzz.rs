@@ -10,7 +10,39 @@
 pub type Target = fn(&[u8]);
 
 /// All entry points with the corpus directory name (`fuzz/corpus/<name>`).
-pub const TARGETS: &[(&str, Target)] = &[("tcpopt", tcpopt)];
+pub const TARGETS: &[(&str, Target)] = &[
+    ("clc", clc),
+    ("llc", llc),
+    ("cdc", cdc),
+    ("wr", wr),
+    ("tcpopt", tcpopt),
+];
+
+/// CLC messages (Proposal, Accept, Confirm, Decline), and the header peek a
+/// stream reader uses first.
+pub fn clc(data: &[u8]) {
+    let _ = crate::clc::ClcHeader::peek(data);
+    crate::clc::fuzz_one(data);
+}
+
+/// LLC messages (v1 and SMC-Rv2).
+pub fn llc(data: &[u8]) {
+    crate::llc::fuzz_one(data);
+}
+
+/// CDC messages.
+pub fn cdc(data: &[u8]) {
+    crate::cdc::fuzz_one(data);
+}
+
+/// Any RDMA SEND payload, demultiplexed by its type byte.
+pub fn wr(data: &[u8]) {
+    if let Ok(m) = crate::WrMessage::decode(data) {
+        let bytes = m.encode();
+        let again = crate::WrMessage::decode(&bytes);
+        assert!(again.is_ok(), "re-encoded {m:?} does not decode: {again:?}");
+    }
+}
 
 /// The TCP option-list and TCP-header recognisers.
 pub fn tcpopt(data: &[u8]) {

@@ -55,3 +55,37 @@ pub use error::WireError;
 
 /// Result type of every decoder in this crate.
 pub type Result<T> = core::result::Result<T, WireError>;
+
+/// Any message carried by an RDMA SEND on an SMC-R link: a CDC (type byte `0xFE`)
+/// or an LLC message (`protocol-llc-cdc.md` §0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WrMessage {
+    /// Connection Data Control.
+    Cdc(cdc::CdcMessage),
+    /// Link Layer Control.
+    Llc(llc::LlcMessage),
+}
+
+impl WrMessage {
+    /// Demultiplexes a received SEND payload by its first byte, as Linux's
+    /// `smc_wr_rx_demultiplex` does, and decodes it.
+    pub fn decode(buf: &[u8]) -> Result<WrMessage> {
+        match buf.first() {
+            Some(&cdc::CDC_TYPE) => cdc::CdcMessage::decode(buf).map(WrMessage::Cdc),
+            Some(_) => llc::LlcMessage::decode(buf).map(WrMessage::Llc),
+            None => Err(WireError::Truncated {
+                what: "RDMA SEND payload",
+                needed: 1,
+                available: 0,
+            }),
+        }
+    }
+
+    /// The payload to SEND.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            WrMessage::Cdc(m) => m.encode().to_vec(),
+            WrMessage::Llc(m) => m.encode(),
+        }
+    }
+}

@@ -268,10 +268,9 @@ impl fmt::Display for EidError {
             EidError::BadFirstChar(c) => {
                 write!(f, "EID must start with A-Z or 0-9, not {c:?}")
             }
-            EidError::BadChar(c) => write!(
-                f,
-                "EID may contain only A-Z, 0-9, '.' and '-', not {c:?}"
-            ),
+            EidError::BadChar(c) => {
+                write!(f, "EID may contain only A-Z, 0-9, '.' and '-', not {c:?}")
+            }
         }
     }
 }

@@ -119,7 +119,10 @@ fn hex(b: &[u8]) -> String {
 
 fn run_target(name: &str, f: smc_wire::fuzz::Target, budget: Duration, seed: u64) -> u64 {
     let pool = corpus(name);
-    let mut rng = Rng(seed ^ name.bytes().fold(0u64, |h, b| h.wrapping_mul(31) ^ u64::from(b)));
+    let mut rng = Rng(seed
+        ^ name
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31) ^ u64::from(b)));
     let start = Instant::now();
     let mut execs = 0u64;
     let check = |data: &[u8]| {

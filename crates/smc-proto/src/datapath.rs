@@ -1,0 +1,661 @@
+//! Data transfer of one connection: send buffer, peer RMBE, local RMBE, CDC cursors.
+//!
+//! Spec: `protocol-llc-cdc.md` §2 (CDC fields, seqno rules, cursor monotonicity)
+//! and §3 (sender state §3.1, what and where to write §3.2, when to stop §3.3,
+//! receive side and consumer-cursor updates §3.4), matching Linux `smc_tx.c`,
+//! `smc_rx.c` and `smc_cdc.c`.
+//!
+//! Internally every position is an absolute byte count (`u64`, never wraps in
+//! practice); wire cursors (`wrap:count` in a ring) are derived from them when a
+//! CDC is built and turned back into absolute positions when one arrives. That
+//! keeps the arithmetic simple and lets every peer-supplied cursor be checked
+//! against what is physically possible before it is believed:
+//!
+//! * a producer cursor may not claim more unread bytes than our RMBE holds,
+//! * a consumer cursor may not claim the peer consumed bytes we never wrote,
+//! * counts must lie inside the ring.
+//!
+//! A violation is a [`Violation`]: the connection must be aborted — the peer is
+//! broken or hostile — never a panic, never a read outside the ring.
+//!
+//! The machine is sans-I/O. The driver copies application bytes into the send
+//! buffer at [`DataPath::sndbuf_free_chunks`] and reports them with
+//! [`DataPath::produced`]; [`DataPath::poll_tx`] then says which RDMA WRITEs to post
+//! (at most two, sndbuf ranges to peer-RMBE offsets) followed by which CDC; the
+//! driver reports the CDC's send completion with [`DataPath::on_cdc_sent`]. On the
+//! receive side [`DataPath::on_cdc`] digests a peer CDC, [`DataPath::readable_chunks`]
+//! says where unread bytes are in the local RMBE, and [`DataPath::consumed`]
+//! records what the application took.
+
+use crate::close::CloseFlags;
+use core::fmt;
+use smc_wire::cdc::{
+    seqno_accept, write_chunks, CdcMessage, ConnStateFlags, Cursor, ProducerFlags, RingChunks,
+};
+use std::collections::VecDeque;
+
+/// Linux's `SOCK_MIN_SNDBUF / 2` on 64-bit (§3.4): the floor of the consumer
+/// update threshold for small RMBs.
+pub const MIN_UPDATE_LIMIT: usize = 2304;
+
+/// Sizes and tokens of one connection, from the CLC handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataPathConfig {
+    /// Our send buffer (local only).
+    pub sndbuf_len: usize,
+    /// Our RMBE, which the peer writes into.
+    pub rmbe_len: usize,
+    /// The peer's RMBE, which we write into.
+    pub peer_rmbe_len: usize,
+    /// The peer's alert token: every CDC we send carries it.
+    pub peer_token: u32,
+}
+
+/// One RDMA WRITE: `src` ranges of the send buffer (one or two, if the data wraps
+/// there) to the contiguous range at `peer_offset` of the peer's RMBE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RdmaWrite {
+    /// Offset in the peer's RMBE.
+    pub peer_offset: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Send-buffer pieces `(offset, len)` that make up the data, in order.
+    pub src: RingChunks,
+}
+
+/// What to post, in order: the writes, then the CDC, on the same QP so that the
+/// peer sees the data before the CDC (RC ordering, §3.2 step 5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxBatch {
+    /// Zero, one or two RDMA WRITEs.
+    pub writes: Vec<RdmaWrite>,
+    /// The CDC announcing them (or only cursors/flags).
+    pub cdc: CdcMessage,
+}
+
+/// A peer CDC that cannot be true: abort the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// A cursor count at or beyond its ring.
+    CursorOutOfRing {
+        /// Which cursor.
+        which: &'static str,
+        /// Its count.
+        count: u32,
+        /// The ring size.
+        ring: usize,
+    },
+    /// The producer cursor claims more unread data than our RMBE holds.
+    ProducerOverrun {
+        /// Unread bytes the cursor implies.
+        unread: u64,
+        /// Our RMBE size.
+        rmbe_len: usize,
+    },
+    /// The consumer cursor claims the peer consumed bytes we never wrote.
+    ConsumerOverrun {
+        /// Bytes the peer would have consumed.
+        consumed: u64,
+        /// Bytes we have written.
+        written: u64,
+    },
+    /// A send completion for a CDC that was never posted.
+    UnknownCompletion(u16),
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::CursorOutOfRing { which, count, ring } => {
+                write!(
+                    f,
+                    "peer {which} cursor count {count} outside its {ring}-byte ring"
+                )
+            }
+            Violation::ProducerOverrun { unread, rmbe_len } => write!(
+                f,
+                "peer claims {unread} unread bytes in our {rmbe_len}-byte receive buffer"
+            ),
+            Violation::ConsumerOverrun { consumed, written } => write!(
+                f,
+                "peer claims to have consumed {consumed} bytes of the {written} we wrote"
+            ),
+            Violation::UnknownCompletion(s) => {
+                write!(f, "completion for CDC seqno {s} that is not in flight")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// What a received CDC changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxOutcome {
+    /// The CDC was older than one already processed and was dropped (§2.3).
+    pub stale: bool,
+    /// New bytes are readable.
+    pub new_data: usize,
+    /// Bytes of our data the peer newly consumed (send space freed).
+    pub freed: usize,
+    /// Close flags the CDC carried (to feed the close machine).
+    pub close: CloseFlags,
+}
+
+/// The absolute position `abs` as a wire cursor in a ring of `ring` bytes.
+pub fn cursor_at(abs: u64, ring: usize) -> Cursor {
+    let ring = ring.max(1) as u64;
+    Cursor {
+        wrap: ((abs / ring) & 0xFFFF) as u16,
+        count: (abs % ring) as u32,
+    }
+}
+
+/// The absolute position of wire cursor `c`, taken as the position at or after
+/// `base - ring` closest to `base` that has `c`'s wrap and count — i.e. the unique
+/// position within one wrap period of the reference. Callers then bound it.
+fn absolute_near(base: u64, c: Cursor, ring: usize) -> u64 {
+    let ring = ring.max(1) as u64;
+    let period = ring * 0x1_0000;
+    let target = u64::from(c.wrap) * ring + u64::from(c.count); // position mod period
+    let base_mod = base % period;
+    let start = base - base_mod;
+    // candidates: in the current period, the previous one or the next one
+    let cands = [
+        start.wrapping_sub(period).wrapping_add(target),
+        start + target,
+        start + period + target,
+    ];
+    let mut best = start + target;
+    let mut best_d = u64::MAX;
+    for x in cands {
+        if x > u64::MAX / 2 {
+            continue; // wrapped below zero
+        }
+        let d = x.abs_diff(base);
+        if d < best_d {
+            best_d = d;
+            best = x;
+        }
+    }
+    best
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Inflight {
+    seqno: u16,
+    /// `tx_sent` after the writes this CDC announced.
+    sent: u64,
+}
+
+/// The data-path state of one connection.
+#[derive(Clone, Debug)]
+pub struct DataPath {
+    cfg: DataPathConfig,
+    // --- sending (§3.1) ---
+    tx_prep: u64,
+    tx_sent: u64,
+    tx_fin: u64,
+    peer_cons: u64,
+    tx_seqno: u16,
+    inflight: VecDeque<Inflight>,
+    last_fin_seqno: u16,
+    write_blocked_sent: bool,
+    close_flags: CloseFlags,
+    cdc_wanted: bool,
+    // --- receiving (§3.4) ---
+    rx_prod: u64,
+    rx_cons: u64,
+    rx_cons_confirmed: u64,
+    rx_last_seqno: Option<u16>,
+    peer_write_blocked: bool,
+    peer_update_request: bool,
+}
+
+impl DataPath {
+    /// A fresh connection.
+    pub fn new(cfg: DataPathConfig) -> DataPath {
+        DataPath {
+            cfg,
+            tx_prep: 0,
+            tx_sent: 0,
+            tx_fin: 0,
+            peer_cons: 0,
+            tx_seqno: 0,
+            inflight: VecDeque::new(),
+            last_fin_seqno: 0,
+            write_blocked_sent: false,
+            close_flags: CloseFlags::NONE,
+            cdc_wanted: false,
+            rx_prod: 0,
+            rx_cons: 0,
+            rx_cons_confirmed: 0,
+            rx_last_seqno: None,
+            peer_write_blocked: false,
+            peer_update_request: false,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DataPathConfig {
+        &self.cfg
+    }
+
+    // ------------------------------------------------------------------ sending
+
+    /// Free bytes in the send buffer: `S - (prep - fin)`.
+    pub fn sndbuf_free(&self) -> usize {
+        self.cfg.sndbuf_len - (self.tx_prep - self.tx_fin) as usize
+    }
+
+    /// Where the next `min(n, free)` application bytes go in the send buffer.
+    pub fn sndbuf_free_chunks(&self, n: usize) -> RingChunks {
+        let len = n.min(self.sndbuf_free());
+        write_chunks(
+            self.cfg.sndbuf_len,
+            cursor_at(self.tx_prep, self.cfg.sndbuf_len),
+            len,
+        )
+        .unwrap_or_default()
+    }
+
+    /// The application put `n` more bytes into the send buffer (at the chunks
+    /// [`Self::sndbuf_free_chunks`] gave). `n` is capped at the free space.
+    pub fn produced(&mut self, n: usize) -> usize {
+        let n = n.min(self.sndbuf_free());
+        self.tx_prep += n as u64;
+        n
+    }
+
+    /// Bytes in the send buffer not yet written to the peer.
+    pub fn unsent(&self) -> usize {
+        (self.tx_prep - self.tx_sent) as usize
+    }
+
+    /// Bytes written to the peer whose CDC has not completed yet, plus unsent ones:
+    /// zero means everything the application wrote has left.
+    pub fn unacked(&self) -> usize {
+        (self.tx_prep - self.tx_fin) as usize
+    }
+
+    /// Free space in the peer's RMBE as we know it (§3.1 `peer_rmbe_space`).
+    pub fn peer_space(&self) -> usize {
+        self.cfg.peer_rmbe_len - (self.tx_sent - self.peer_cons) as usize
+    }
+
+    /// CDCs posted whose send completion has not arrived.
+    pub fn cdcs_in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Sets the (sticky) close flags every later CDC carries and asks for a CDC.
+    pub fn set_close_flags(&mut self, f: CloseFlags) {
+        self.close_flags = f;
+        self.cdc_wanted = true;
+    }
+
+    /// Asks for a CDC even without data (e.g. a forced consumer update).
+    pub fn request_cdc(&mut self) {
+        self.cdc_wanted = true;
+    }
+
+    /// The next batch to post, if any: the RDMA WRITEs for as much unsent data as
+    /// the peer's RMBE has room for, and the CDC announcing them; or a CDC alone
+    /// when cursors or flags must reach the peer. The batch is accounted as posted.
+    pub fn poll_tx(&mut self) -> Option<TxBatch> {
+        let to_send = self.unsent();
+        let space = self.peer_space();
+        let (len, blocked) = smc_wire::cdc::write_len(to_send, space);
+        let blocked = blocked && to_send > 0;
+        let consumer_update = self.consumer_update_due();
+        let blocked_changed = blocked != self.write_blocked_sent;
+        if len == 0 && !self.cdc_wanted && !consumer_update && !blocked_changed {
+            return None;
+        }
+        let mut writes = Vec::with_capacity(2);
+        if len > 0 {
+            let dst = write_chunks(
+                self.cfg.peer_rmbe_len,
+                cursor_at(self.tx_sent, self.cfg.peer_rmbe_len),
+                len,
+            )
+            .ok()?;
+            let mut src_pos = self.tx_sent;
+            for &(peer_offset, l) in dst.as_slice() {
+                let src = write_chunks(
+                    self.cfg.sndbuf_len,
+                    cursor_at(src_pos, self.cfg.sndbuf_len),
+                    l,
+                )
+                .ok()?;
+                writes.push(RdmaWrite {
+                    peer_offset,
+                    len: l,
+                    src,
+                });
+                src_pos += l as u64;
+            }
+            self.tx_sent += len as u64;
+        }
+        self.tx_seqno = self.tx_seqno.wrapping_add(1);
+        self.write_blocked_sent = blocked;
+        self.cdc_wanted = false;
+        self.rx_cons_confirmed = self.rx_cons;
+        self.peer_update_request = false;
+        let mut prod_flags = ProducerFlags::empty();
+        prod_flags.set(ProducerFlags::WRITE_BLOCKED, blocked);
+        let mut conn_flags = ConnStateFlags::empty();
+        conn_flags.set(
+            ConnStateFlags::PEER_DONE_WRITING,
+            self.close_flags.done_writing,
+        );
+        conn_flags.set(ConnStateFlags::PEER_CONN_CLOSED, self.close_flags.closed);
+        conn_flags.set(ConnStateFlags::PEER_CONN_ABORT, self.close_flags.abort);
+        let cdc = CdcMessage {
+            seqno: self.tx_seqno,
+            token: self.cfg.peer_token,
+            prod: cursor_at(self.tx_sent, self.cfg.peer_rmbe_len),
+            cons: cursor_at(self.rx_cons, self.cfg.rmbe_len),
+            prod_flags,
+            conn_flags,
+        };
+        self.inflight.push_back(Inflight {
+            seqno: self.tx_seqno,
+            sent: self.tx_sent,
+        });
+        Some(TxBatch { writes, cdc })
+    }
+
+    /// The CDC with `seqno` completed its send: its data's send-buffer space is
+    /// released (`fin`, §3.2 step 6). Completions arrive in posting order.
+    pub fn on_cdc_sent(&mut self, seqno: u16) -> Result<(), Violation> {
+        if !self.inflight.iter().any(|i| i.seqno == seqno) {
+            return Err(Violation::UnknownCompletion(seqno));
+        }
+        while let Some(i) = self.inflight.pop_front() {
+            self.tx_fin = self.tx_fin.max(i.sent);
+            self.last_fin_seqno = i.seqno;
+            if i.seqno == seqno {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Seqno of the last CDC whose send completed (for the failover validation CDC).
+    pub fn last_completed_seqno(&self) -> u16 {
+        self.last_fin_seqno
+    }
+
+    // ---------------------------------------------------------------- receiving
+
+    /// Digests a CDC from the peer (§2.3, §3.4).
+    pub fn on_cdc(&mut self, msg: &CdcMessage) -> Result<RxOutcome, Violation> {
+        if let Some(last) = self.rx_last_seqno {
+            if !seqno_accept(msg.seqno, last) {
+                return Ok(RxOutcome {
+                    stale: true,
+                    ..RxOutcome::default()
+                });
+            }
+        }
+        let rl = self.cfg.rmbe_len;
+        let pl = self.cfg.peer_rmbe_len;
+        if msg.prod.count as usize >= rl {
+            return Err(Violation::CursorOutOfRing {
+                which: "producer",
+                count: msg.prod.count,
+                ring: rl,
+            });
+        }
+        if msg.cons.count as usize >= pl {
+            return Err(Violation::CursorOutOfRing {
+                which: "consumer",
+                count: msg.cons.count,
+                ring: pl,
+            });
+        }
+        // Producer: the peer's write position in our RMBE.
+        let prod = absolute_near(self.rx_prod, msg.prod, rl);
+        if prod.saturating_sub(self.rx_cons) > rl as u64 {
+            return Err(Violation::ProducerOverrun {
+                unread: prod - self.rx_cons,
+                rmbe_len: rl,
+            });
+        }
+        // Consumer: how much of our data the peer has read.
+        let cons = absolute_near(self.peer_cons, msg.cons, pl);
+        if cons > self.tx_sent {
+            return Err(Violation::ConsumerOverrun {
+                consumed: cons,
+                written: self.tx_sent,
+            });
+        }
+        self.rx_last_seqno = Some(msg.seqno);
+        // Cursors never move backwards (§2.3).
+        let new_data = prod.saturating_sub(self.rx_prod) as usize;
+        self.rx_prod = self.rx_prod.max(prod);
+        let freed = cons.saturating_sub(self.peer_cons) as usize;
+        self.peer_cons = self.peer_cons.max(cons);
+        self.peer_write_blocked = msg.prod_flags.write_blocked();
+        if msg.prod_flags.cons_curs_upd_req() {
+            self.peer_update_request = true;
+        }
+        Ok(RxOutcome {
+            stale: false,
+            new_data,
+            freed,
+            close: CloseFlags {
+                done_writing: msg.conn_flags.peer_done_writing(),
+                closed: msg.conn_flags.peer_conn_closed(),
+                abort: msg.conn_flags.peer_conn_abort(),
+            },
+        })
+    }
+
+    /// Unread bytes in our RMBE.
+    pub fn readable(&self) -> usize {
+        (self.rx_prod - self.rx_cons) as usize
+    }
+
+    /// Where up to `n` unread bytes are in our RMBE (one or two pieces).
+    pub fn readable_chunks(&self, n: usize) -> RingChunks {
+        let len = n.min(self.readable());
+        write_chunks(
+            self.cfg.rmbe_len,
+            cursor_at(self.rx_cons, self.cfg.rmbe_len),
+            len,
+        )
+        .unwrap_or_default()
+    }
+
+    /// The application consumed `n` bytes (capped at what is readable). Returns
+    /// the bytes consumed.
+    pub fn consumed(&mut self, n: usize) -> usize {
+        let n = n.min(self.readable());
+        self.rx_cons += n as u64;
+        if self.rx_cons == self.rx_prod {
+            // Linux forgets the peer's write_blocked once everything is read.
+            // Remember that an update is owed before forgetting.
+            if self.peer_write_blocked && self.rx_cons > self.rx_cons_confirmed {
+                self.cdc_wanted = true;
+            }
+            self.peer_write_blocked = false;
+        }
+        n
+    }
+
+    /// Linux's rule for a CDC that only updates the consumer cursor (§3.4): the
+    /// peer asked for it, or more than `max(RMBE/10, 2304)` bytes were consumed
+    /// since the last confirmed cursor and either the peer believes it has at most
+    /// half the RMBE free or it is write-blocked.
+    pub fn consumer_update_due(&self) -> bool {
+        let to_confirm = self.rx_cons - self.rx_cons_confirmed;
+        if to_confirm == 0 {
+            return false;
+        }
+        if self.peer_update_request {
+            return true;
+        }
+        let rl = self.cfg.rmbe_len as u64;
+        let limit = (rl / 10).max(MIN_UPDATE_LIMIT as u64);
+        let sender_free = rl.saturating_sub(self.rx_prod - self.rx_cons_confirmed);
+        to_confirm > limit && (sender_free <= rl / 2 || self.peer_write_blocked)
+    }
+
+    /// The peer's last CDC said it is write-blocked.
+    pub fn peer_write_blocked(&self) -> bool {
+        self.peer_write_blocked
+    }
+
+    /// Total bytes the peer has sent us, and we have sent, so far.
+    pub fn totals(&self) -> (u64, u64) {
+        (self.rx_prod, self.tx_sent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(s: usize, r: usize, p: usize) -> DataPathConfig {
+        DataPathConfig {
+            sndbuf_len: s,
+            rmbe_len: r,
+            peer_rmbe_len: p,
+            peer_token: 7,
+        }
+    }
+
+    #[test]
+    fn absolute_near_inverts_cursor_at() {
+        for ring in [1usize, 7, 16384, 65536] {
+            for base in [
+                0u64,
+                5,
+                ring as u64 * 3 + 1,
+                ring as u64 * 0x1_0000 - 1,
+                ring as u64 * 0x1_0001 + 3,
+            ] {
+                for delta in [0u64, 1, ring as u64 / 2, ring as u64] {
+                    let abs = base + delta;
+                    assert_eq!(
+                        absolute_near(base, cursor_at(abs, ring), ring),
+                        abs,
+                        "ring {ring} base {base} +{delta}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn write_wraps_into_two_rdma_writes_then_blocks() {
+        let mut a = DataPath::new(cfg(65536, 16384, 16384));
+        // fill 10000, send, peer consumes all, then 10000 more: wraps at 16384
+        assert_eq!(a.produced(10000), 10000);
+        let b = a.poll_tx().unwrap();
+        assert_eq!(b.writes.len(), 1);
+        assert_eq!(b.cdc.seqno, 1);
+        assert_eq!(b.cdc.prod, Cursor::new(0, 10000));
+        a.on_cdc_sent(1).unwrap();
+        let peer = CdcMessage {
+            seqno: 1,
+            token: 0,
+            prod: Cursor::new(0, 0),
+            cons: Cursor::new(0, 10000),
+            prod_flags: ProducerFlags::empty(),
+            conn_flags: ConnStateFlags::empty(),
+        };
+        assert_eq!(a.on_cdc(&peer).unwrap().freed, 10000);
+        a.produced(10000);
+        let b = a.poll_tx().unwrap();
+        assert_eq!(
+            b.writes
+                .iter()
+                .map(|w| (w.peer_offset, w.len))
+                .collect::<Vec<_>>(),
+            [(10000, 6384), (0, 3616)]
+        );
+        assert_eq!(b.cdc.prod, Cursor::new(1, 3616));
+        // more than fits: write_blocked, and nothing more until the peer consumes
+        a.produced(20000);
+        let b = a.poll_tx().unwrap();
+        assert_eq!(b.writes.iter().map(|w| w.len).sum::<usize>(), 6384);
+        assert!(b.cdc.prod_flags.write_blocked());
+        assert_eq!(a.peer_space(), 0);
+        assert!(a.poll_tx().is_none());
+    }
+
+    #[test]
+    fn hostile_cursors_are_violations() {
+        let mut a = DataPath::new(cfg(16384, 16384, 16384));
+        let mut m = CdcMessage {
+            seqno: 1,
+            token: 0,
+            prod: Cursor::new(0, 16384),
+            cons: Cursor::new(0, 0),
+            prod_flags: ProducerFlags::empty(),
+            conn_flags: ConnStateFlags::empty(),
+        };
+        assert!(matches!(
+            a.on_cdc(&m),
+            Err(Violation::CursorOutOfRing {
+                which: "producer",
+                ..
+            })
+        ));
+        // a full ring plus one byte unread
+        m.prod = Cursor::new(1, 1);
+        assert!(matches!(
+            a.on_cdc(&m),
+            Err(Violation::ProducerOverrun { .. })
+        ));
+        // consuming what we never wrote
+        m.prod = Cursor::new(0, 0);
+        m.cons = Cursor::new(0, 5);
+        assert!(matches!(
+            a.on_cdc(&m),
+            Err(Violation::ConsumerOverrun { .. })
+        ));
+        assert!(matches!(
+            a.on_cdc_sent(9),
+            Err(Violation::UnknownCompletion(9))
+        ));
+        // a full ring is fine
+        m.cons = Cursor::new(0, 0);
+        m.prod = Cursor::new(1, 0);
+        assert_eq!(a.on_cdc(&m).unwrap().new_data, 16384);
+        // stale seqno dropped
+        m.seqno = 0;
+        assert!(a.on_cdc(&m).unwrap().stale);
+    }
+
+    #[test]
+    fn consumer_update_rules() {
+        let mut a = DataPath::new(cfg(16384, 65536, 16384));
+        let mut m = CdcMessage {
+            seqno: 1,
+            token: 0,
+            prod: Cursor::new(0, 40000),
+            cons: Cursor::new(0, 0),
+            prod_flags: ProducerFlags::empty(),
+            conn_flags: ConnStateFlags::empty(),
+        };
+        a.on_cdc(&m).unwrap();
+        a.consumed(6000); // below the 10 % limit (6553)
+        assert!(!a.consumer_update_due());
+        a.consumed(1000); // above the limit, and the peer sees only 25536 free (< half)
+        assert!(a.consumer_update_due());
+        let b = a.poll_tx().unwrap();
+        assert!(b.writes.is_empty());
+        assert_eq!(b.cdc.cons, Cursor::new(0, 7000));
+        assert!(!a.consumer_update_due());
+        // peer requested an update: any consumption triggers one
+        m.seqno = 2;
+        m.prod_flags = ProducerFlags::CONS_CURS_UPD_REQ;
+        a.on_cdc(&m).unwrap();
+        a.consumed(1);
+        assert!(a.consumer_update_due());
+    }
+}
