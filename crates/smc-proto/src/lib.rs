@@ -9,8 +9,11 @@
 //! * [`close`] — the connection close state machine (`protocol-llc-cdc.md` §5).
 //! * [`datapath`] — CDC cursors, RDMA WRITE planning and consumer updates of one
 //!   connection (`protocol-llc-cdc.md` §2–§3).
+//! * [`negotiate`] — CLC decisions: the client's Proposal, the server's choice or
+//!   Decline code, the client's Accept checks (`protocol-clc.md` §3.2, §4.2–§4.4).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod close;
 pub mod datapath;
+pub mod negotiate;
