@@ -9,11 +9,18 @@
 //! * [`close`] — the connection close state machine (`protocol-llc-cdc.md` §5).
 //! * [`datapath`] — CDC cursors, RDMA WRITE planning and consumer updates of one
 //!   connection (`protocol-llc-cdc.md` §2–§3).
+//! * [`link`] — links and link groups: CONFIRM_LINK, LLC requests and responses,
+//!   rkey flows, TEST_LINK keepalive, DELETE_LINK (`protocol-llc-cdc.md` §1, §6).
 //! * [`negotiate`] — CLC decisions: the client's Proposal, the server's choice or
 //!   Decline code, the client's Accept checks (`protocol-clc.md` §3.2, §4.2–§4.4).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+/// Time as the engine sees it: a monotonic duration since an origin the driver
+/// chooses (process start for the socket library, zero for the simulation).
+pub type Timestamp = std::time::Duration;
+
 pub mod close;
 pub mod datapath;
+pub mod link;
 pub mod negotiate;

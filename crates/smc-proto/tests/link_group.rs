@@ -1,0 +1,322 @@
+//! Link-group LLC behaviour, checked byte for byte against what the Linux 6.12
+//! kernels sent each other in the capture (`../shared/lab/captures`), and in a
+//! pair of our own link groups talking to each other.
+
+use smc_proto::link::*;
+use smc_proto::Timestamp;
+use smc_wire::llc::{self, LlcMessage, LlcVersion};
+use smc_wire::types::{Gid, IbMtu, Mac};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// SEND payloads of the main capture by frame number.
+fn frame(n: u64) -> Vec<u8> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../smc-wire/tests/vectors/smcr-v2-kernel-6.12.json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let m = v["sends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["frame"] == n)
+        .unwrap();
+    hex(m["hex"].as_str().unwrap())
+}
+
+fn port(last: u8) -> LocalPort {
+    LocalPort {
+        gid: Gid::from_ipv4(Ipv4Addr::new(10, 99, 0, last)),
+        mac: Mac([0x52, 0x54, 0, 0x5c, 0, last]),
+        qpn: 0x12,
+        psn: 0,
+        mtu: IbMtu::Mtu1024,
+    }
+}
+
+fn peer_of(p: LocalPort) -> PeerPort {
+    PeerPort {
+        gid: p.gid,
+        mac: p.mac,
+        qpn: p.qpn,
+        psn: p.psn,
+        mtu: p.mtu.code(),
+    }
+}
+
+fn lgr(role: Role, testlink: Option<Duration>) -> LinkGroup {
+    LinkGroup::new(LgrConfig {
+        id: 0x100, // the capture's lgr id 00010000 read as a little-endian u32
+        role,
+        version: LlcVersion::V2_LE,
+        max_links: 2,
+        max_conns: 255,
+        testlink_interval: testlink,
+    })
+}
+
+fn drain(g: &mut LinkGroup) -> Vec<LgrOutput> {
+    std::iter::from_fn(|| g.poll_output()).collect()
+}
+
+fn sent(outs: &[LgrOutput]) -> Vec<Vec<u8>> {
+    outs.iter()
+        .filter_map(|o| match o {
+            LgrOutput::SendLlc { msg, .. } => Some(msg.encode()),
+            _ => None,
+        })
+        .collect()
+}
+
+const T0: Timestamp = Duration::from_secs(100);
+
+#[test]
+fn server_first_contact_sends_the_kernels_confirm_link() {
+    let mut s = lgr(Role::Server, None);
+    s.add_first_link(port(1), peer_of(port(2)), T0);
+    let out = drain(&mut s);
+    assert_eq!(
+        sent(&out),
+        vec![frame(11)],
+        "CONFIRM_LINK request differs from the kernel's"
+    );
+    s.on_llc(
+        0,
+        LlcMessage::decode(&frame(13)).unwrap(),
+        T0 + Duration::from_millis(4),
+    );
+    assert_eq!(drain(&mut s), vec![LgrOutput::LinkActive { slot: 0 }]);
+    assert_eq!(s.link(0).unwrap().peer_link_uid, 0x101);
+}
+
+#[test]
+fn client_answers_like_the_linux_client() {
+    let mut c = lgr(Role::Client, None);
+    c.add_first_link(port(2), peer_of(port(1)), T0);
+    assert!(
+        drain(&mut c).is_empty(),
+        "a client waits for the server's CONFIRM_LINK"
+    );
+    c.on_llc(0, LlcMessage::decode(&frame(11)).unwrap(), T0);
+    let out = drain(&mut c);
+    assert_eq!(
+        sent(&out),
+        vec![frame(13)],
+        "CONFIRM_LINK response differs from the kernel's"
+    );
+    assert!(out.contains(&LgrOutput::LinkActive { slot: 0 }));
+    assert_eq!(
+        c.link(0).unwrap().link_id,
+        1,
+        "link id adopted from the server"
+    );
+    // the server's asymmetric ADD_LINK is rejected at once, exactly as Linux does (frame 17)
+    c.on_llc(0, LlcMessage::decode(&frame(15)).unwrap(), T0);
+    assert_eq!(sent(&drain(&mut c)), vec![frame(17)]);
+    // CONFIRM_RKEY for the server's RMB on connection 2: echoed with RESP (frame 373)
+    c.on_llc(0, LlcMessage::decode(&frame(371)).unwrap(), T0);
+    assert_eq!(sent(&drain(&mut c)), vec![frame(373)]);
+    assert_eq!(
+        c.rtoken(c.find_rtoken(0, 0x48a).unwrap()).unwrap()[0],
+        Some((0x48a, 0xff2e_cb12_c08d_0000))
+    );
+    // DELETE_RKEY of that RMB: answered as in frame 364, row gone
+    c.on_llc(0, LlcMessage::decode(&frame(361)).unwrap(), T0);
+    assert_eq!(sent(&drain(&mut c)), vec![frame(364)]);
+    assert_eq!(c.find_rtoken(0, 0x48a), None);
+    // deleting an unknown rkey: negative response with the error count
+    c.on_llc(0, LlcMessage::decode(&frame(361)).unwrap(), T0);
+    match LlcMessage::decode(&sent(&drain(&mut c))[0]).unwrap() {
+        LlcMessage::DeleteRkey(d) => assert!(d.is_negative() && d.err_mask == 1, "{d:?}"),
+        m => panic!("{m:?}"),
+    }
+}
+
+#[test]
+fn first_contact_failures() {
+    // no CONFIRM_LINK within 4 s: link down, group gone
+    let mut c = lgr(Role::Client, None);
+    c.add_first_link(port(2), peer_of(port(1)), T0);
+    assert_eq!(
+        c.poll_timeout(),
+        Some(T0 + llc::CLIENT_FIRST_CONFIRM_LINK_WAIT)
+    );
+    c.on_timeout(T0 + Duration::from_secs(3));
+    assert!(drain(&mut c).is_empty());
+    c.on_timeout(T0 + Duration::from_secs(4));
+    let out = drain(&mut c);
+    assert!(out.contains(&LgrOutput::LinkDown {
+        slot: 0,
+        reason: DownReason::ConfirmLinkTimeout
+    }));
+    assert!(c.is_terminated());
+    // a CONFIRM_LINK without the "no RMBE eyecatcher" bits is refused
+    let mut c = lgr(Role::Client, None);
+    c.add_first_link(port(2), peer_of(port(1)), T0);
+    let mut f = frame(11);
+    f[3] = 0;
+    c.on_llc(0, LlcMessage::decode(&f).unwrap(), T0);
+    assert!(drain(&mut c).contains(&LgrOutput::LinkDown {
+        slot: 0,
+        reason: DownReason::RmbeEyecatcher
+    }));
+}
+
+fn pair(testlink: Option<Duration>) -> (LinkGroup, LinkGroup) {
+    let mut s = lgr(Role::Server, testlink);
+    let mut c = lgr(Role::Client, testlink);
+    c.add_first_link(port(2), peer_of(port(1)), T0);
+    s.add_first_link(port(1), peer_of(port(2)), T0);
+    exchange(&mut s, &mut c, T0);
+    assert_eq!(s.active_slots().collect::<Vec<_>>(), [0]);
+    assert_eq!(c.active_slots().collect::<Vec<_>>(), [0]);
+    (s, c)
+}
+
+/// Delivers LLC messages both ways until quiet; returns the non-send outputs.
+fn exchange(
+    a: &mut LinkGroup,
+    b: &mut LinkGroup,
+    now: Timestamp,
+) -> (Vec<LgrOutput>, Vec<LgrOutput>) {
+    let (mut ea, mut eb) = (Vec::new(), Vec::new());
+    loop {
+        let oa = drain(a);
+        let ob = drain(b);
+        if oa.is_empty() && ob.is_empty() {
+            return (ea, eb);
+        }
+        for o in oa {
+            match o {
+                LgrOutput::SendLlc { slot, msg } => {
+                    b.on_llc(slot, LlcMessage::decode(&msg.encode()).unwrap(), now)
+                }
+                e => ea.push(e),
+            }
+        }
+        for o in ob {
+            match o {
+                LgrOutput::SendLlc { slot, msg } => {
+                    a.on_llc(slot, LlcMessage::decode(&msg.encode()).unwrap(), now)
+                }
+                e => eb.push(e),
+            }
+        }
+    }
+}
+
+#[test]
+fn keepalive_probes_idle_links_and_kills_silent_ones() {
+    let iv = Duration::from_secs(30);
+    let (mut s, mut c) = pair(Some(iv));
+    // after 30 s without receives, a TEST_LINK goes out; an answer keeps the link up
+    assert_eq!(s.poll_timeout(), Some(T0 + iv));
+    s.on_timeout(T0 + iv);
+    let out = drain(&mut s);
+    assert!(
+        matches!(&out[..], [LgrOutput::SendLlc { msg: LlcMessage::TestLink(t), .. }] if !t.is_response())
+    );
+    for o in out {
+        if let LgrOutput::SendLlc { slot, msg } = o {
+            c.on_llc(slot, msg, T0 + iv);
+        }
+    }
+    let (es, _) = exchange(&mut s, &mut c, T0 + iv);
+    assert!(es.is_empty());
+    s.on_timeout(T0 + iv + llc::WAIT_TIME);
+    assert!(
+        s.active_slots().next().is_some(),
+        "answered keepalive must not kill the link"
+    );
+    // later the peer goes silent: 2 s after the probe the link is down, the group gone
+    let t1 = T0 + iv * 3;
+    s.on_timeout(t1);
+    assert!(!drain(&mut s).is_empty());
+    s.on_timeout(t1 + Duration::from_millis(1999));
+    assert!(drain(&mut s).is_empty());
+    s.on_timeout(t1 + llc::WAIT_TIME);
+    let out = drain(&mut s);
+    assert!(out.contains(&LgrOutput::LinkDown {
+        slot: 0,
+        reason: DownReason::KeepaliveTimeout
+    }));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, LgrOutput::Terminated { .. })));
+}
+
+#[test]
+fn rkey_flows_between_two_of_ours() {
+    let (mut s, mut c) = pair(None);
+    assert!(s.start_confirm_rkey(0, 0xabc, 0x1000, &[], 7, T0));
+    assert!(
+        !s.start_confirm_rkey(0, 0xabd, 0x2000, &[], 8, T0),
+        "one local flow at a time"
+    );
+    let (es, _) = exchange(&mut s, &mut c, T0);
+    assert_eq!(es, vec![LgrOutput::RkeyFlowDone { tag: 7, ok: true }]);
+    assert!(c.find_rtoken(0, 0xabc).is_some());
+    assert!(s.start_delete_rkey(0, 0xabc, 9, T0));
+    let (es, _) = exchange(&mut s, &mut c, T0);
+    assert_eq!(es, vec![LgrOutput::RkeyFlowDone { tag: 9, ok: true }]);
+    assert!(c.find_rtoken(0, 0xabc).is_none());
+    // an unanswered flow fails after 2 s
+    assert!(c.start_confirm_rkey(0, 0x55, 0, &[], 10, T0));
+    drain(&mut c);
+    c.on_timeout(T0 + llc::WAIT_TIME);
+    assert_eq!(
+        drain(&mut c),
+        vec![LgrOutput::RkeyFlowDone { tag: 10, ok: false }]
+    );
+}
+
+#[test]
+fn delete_link_all_from_the_peer() {
+    let (mut s, mut c) = pair(None);
+    c.terminate(llc::DEL_OP_INIT_TERM, false);
+    let out = drain(&mut c);
+    // the kernel's client sends exactly this on rmmod (teardown capture frame 1)
+    assert_eq!(sent(&out)[0], hex("242c004000000200000000000000000000000000000000000000000000000000000000000000000000000000"));
+    for o in out {
+        if let LgrOutput::SendLlc { slot, msg } = o {
+            s.on_llc(slot, msg, T0);
+        }
+    }
+    let out = drain(&mut s);
+    // the server echoes ALL|ORDERLY with the peer's reason (teardown capture frame 3)
+    assert_eq!(sent(&out)[0], hex("242c006000000200000000000000000000000000000000000000000000000000000000000000000000000000"));
+    assert!(out.contains(&LgrOutput::Terminated {
+        reason: llc::DEL_OP_INIT_TERM
+    }));
+    assert!(s.is_terminated() && c.is_terminated());
+}
+
+#[test]
+fn delete_of_an_unknown_link_is_answered_unknown() {
+    let (_s, mut c) = pair(None);
+    let req = smc_wire::llc::DeleteLink::request(LlcVersion::V2_LE, 9, true, llc::DEL_LOST_PATH);
+    c.on_llc(0, LlcMessage::DeleteLink(req), T0);
+    match LlcMessage::decode(&sent(&drain(&mut c))[0]).unwrap() {
+        LlcMessage::DeleteLink(d) => assert!(d.is_response() && d.reason == llc::DEL_NOLNK),
+        m => panic!("{m:?}"),
+    }
+    assert_eq!(c.active_slots().count(), 1);
+    // deleting the only link ends the group
+    let req = smc_wire::llc::DeleteLink::request(LlcVersion::V2_LE, 1, true, llc::DEL_LOST_PATH);
+    c.on_llc(0, LlcMessage::DeleteLink(req), T0);
+    let out = drain(&mut c);
+    assert!(out.contains(&LgrOutput::LinkDown {
+        slot: 0,
+        reason: DownReason::DeletedByPeer(llc::DEL_LOST_PATH)
+    }));
+    assert!(c.is_terminated());
+}
