@@ -1,0 +1,940 @@
+//! SMC SYN-option rendezvous: make this library's TCP sockets carry the SMC experimental TCP
+//! option (kind 254, length 6, ExID `0xE2D4C3D9`, bytes `fe 06 e2 d4 c3 d9`) on their SYN and
+//! SYN-ACK exactly as Linux `AF_SMC` does, and tell each side whether its peer sent it.
+//!
+//! Plain sockets cannot add TCP options, so a cgroup `sock_ops` eBPF program does it. The
+//! program is **assembled in Rust** ([`asm`], [`program`]) and loaded with raw `bpf(2)`
+//! syscalls (the private `sys` module is the only one with `unsafe`): building needs nothing but the Rust
+//! toolchain — no clang, libbpf, bpftool or aya.
+//!
+//! # Semantics (same as the kernel's AF_SMC)
+//! * Only sockets that were [opted in](Rendezvous::opt_in) before `connect()`/`listen()` are
+//!   touched. Every other socket on the host is left alone.
+//! * An opted-in client puts the option on its SYN (and SYN retransmissions); after the
+//!   handshake it knows whether the SYN-ACK carried it.
+//! * An opted-in listener echoes the option on a SYN-ACK **only if the SYN carried it**; each
+//!   accepted socket knows whether its SYN carried it. A listener that did not opt in sends no
+//!   option and its accepted sockets report `false`.
+//! * Nothing else (final ACK, data, FIN) carries the option: the program switches its header
+//!   callbacks off once the connection is established.
+//!
+//! # Design
+//! * **Map: `BPF_MAP_TYPE_LRU_HASH`, key = socket cookie (`u64`), value = `u32` flags.**
+//!   User space gets the cookie with `getsockopt(SO_COOKIE)`, the program with
+//!   `bpf_get_socket_cookie()`. This needs no BTF (an `SK_STORAGE` map would need a hand-made
+//!   BTF blob and pointer-typed helper arguments), and cookies are never reused, so a stale
+//!   entry can never be mistaken for a new socket. Accepted children are recognised by the
+//!   `STATE_CB` callback flag they inherit from an opted-in listener. Entries never leak:
+//!   the program deletes a socket's entry when it reaches `TCP_CLOSE` (this also covers
+//!   crashed processes and resets), [`Rendezvous::forget`] deletes it on close, and LRU
+//!   eviction (65 536 entries) is the backstop for sockets opted in but never used.
+//! * **One shared instance per host.** The first process loads the map and program and pins
+//!   them under `<bpffs>/smc-rs/v<N>-<fingerprint>/{cookies,prog}` (default bpffs
+//!   `/sys/fs/bpf`, mounted if needed); later processes open the pins with `BPF_OBJ_GET`. The
+//!   directory name contains a hash of the instruction stream and map geometry, so a process
+//!   never reuses a program of another build. The program is attached with
+//!   `BPF_PROG_ATTACH` + `BPF_F_ALLOW_MULTI` to the cgroup v2 root (or a configured cgroup),
+//!   so it sees every process's sockets and coexists with other sock_ops programs. Attachment
+//!   and pins outlive the processes on purpose; [`uninstall`] removes them.
+//! * **Races and crashes.** Install and reuse happen under an exclusive `flock` on
+//!   `<bpffs>/smc-rs` (released by the kernel if the holder dies). Order: pin the map, then
+//!   load and pin the program (the pinned program is the commit marker), then attach unless
+//!   `BPF_PROG_QUERY` shows it attached already (checking on every open also heals a manual
+//!   detach). A process that dies mid-install leaves at most a pinned map without a program
+//!   (or, if pins are wiped, an attached but unpinned program); the next installer removes the
+//!   map and detaches such orphans ([`detach_orphans`]) before installing again.
+//! * **Several builds at once** (an upgrade while old processes run): each build has its own
+//!   pin directory, map and attached program, and each decides ownership from its own map (see
+//!   [`program`]), so both keep working; only a SYN-ACK then carries 4 extra bytes of NOP
+//!   padding (both reserve space, the kernel pads the unused reservation). [`uninstall_other_versions`] (or `smc-rendezvous uninstall-stale`) removes old
+//!   builds once none of their processes is left.
+
+//!
+//! # Limits
+//! * Needs `CAP_BPF` (or `CAP_SYS_ADMIN`) and `CAP_NET_ADMIN` to install or open: checked
+//!   first, reported as [`RendezvousError::NoPrivilege`] with the missing capabilities.
+//! * Opted-in listeners keep each accepted socket's SYN (`TCP_SAVE_SYN`, ~60–100 bytes) until
+//!   the socket closes or user space reads `TCP_SAVED_SYN`. With SYN cookies there is no saved
+//!   SYN, so the accepted socket reports `false` (the kernel's SMC also gives up then).
+//! * A socket whose connection already reached `TCP_CLOSE` (reset) before
+//!   [`Rendezvous::peer_offered_smc`] is asked reports `false`: its entry is gone.
+
+#![deny(unsafe_code)]
+
+pub mod asm;
+mod error;
+pub mod program;
+mod sys;
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+pub use error::RendezvousError;
+
+/// Version of the pin layout and map protocol; part of the pin directory name.
+pub const LAYOUT_VERSION: u32 = 1;
+
+const PROG_PIN: &str = "prog";
+/// Kernel-visible program name (`bpf_prog_info.name`); identifies orphans.
+pub const PROG_NAME: &str = "smc_rs_synopt";
+const MAP_PIN: &str = "cookies";
+const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
+const CGROUP2_SUPER_MAGIC: u64 = 0x6367_7270;
+const TCP_CLOSE: u8 = 7;
+
+/// Where the shared instance lives and which cgroup it is attached to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Mount point of the BPF filesystem (default `/sys/fs/bpf`).
+    pub bpffs: PathBuf,
+    /// Directory under `bpffs` holding every version of our pins (default `smc-rs`).
+    pub namespace: String,
+    /// cgroup v2 directory to attach to; `None` = the root of the cgroup2 mount found in
+    /// `/proc/self/mountinfo`, which covers every process on the host.
+    pub cgroup: Option<PathBuf>,
+    /// Mount a bpffs at `bpffs` if none is mounted there (default true).
+    pub mount_bpffs: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            bpffs: PathBuf::from("/sys/fs/bpf"),
+            namespace: "smc-rs".to_string(),
+            cgroup: None,
+            mount_bpffs: true,
+        }
+    }
+}
+
+impl Config {
+    /// `<bpffs>/<namespace>`: the lock directory and parent of every version's pins.
+    pub fn namespace_dir(&self) -> PathBuf {
+        self.bpffs.join(&self.namespace)
+    }
+
+    /// `<bpffs>/<namespace>/v<LAYOUT_VERSION>-<fingerprint>`: this build's pins.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.namespace_dir().join(instance_tag())
+    }
+}
+
+/// Directory name of this build's pins.
+pub fn instance_tag() -> String {
+    format!("v{LAYOUT_VERSION}-{:016x}", program::fingerprint())
+}
+
+/// What the rendezvous knows about one socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketStatus {
+    /// Not opted in (nor accepted from an opted-in listener), or already closed and forgotten.
+    Untracked,
+    /// Opted in; the handshake has not completed.
+    OptedIn,
+    /// Handshake completed. `peer_smc`: the peer's SYN (`passive`) or SYN-ACK carried the
+    /// option.
+    Established { peer_smc: bool, passive: bool },
+}
+
+/// Handle to the shared, attached rendezvous program and its map.
+#[derive(Debug)]
+pub struct Rendezvous {
+    map: sys::CookieMap,
+    prog: OwnedFd,
+    prog_id: u32,
+    map_id: u32,
+    pin_dir: PathBuf,
+    cgroup: PathBuf,
+    loaded_here: bool,
+}
+
+impl Rendezvous {
+    /// Opens the host-wide instance with the default [`Config`]: loads, pins and attaches the
+    /// program if no process did yet, else reuses the pinned one.
+    pub fn open() -> Result<Rendezvous, RendezvousError> {
+        Rendezvous::open_with(&Config::default())
+    }
+
+    /// A process-wide instance opened once with the default config. The error is cached too,
+    /// so a socket layer can log it once and fall back to TCP for every later socket.
+    pub fn shared() -> Result<&'static Rendezvous, RendezvousError> {
+        static SHARED: OnceLock<Result<Rendezvous, RendezvousError>> = OnceLock::new();
+        SHARED
+            .get_or_init(Rendezvous::open)
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// [`Rendezvous::open`] with an explicit configuration.
+    pub fn open_with(cfg: &Config) -> Result<Rendezvous, RendezvousError> {
+        let missing = missing_capabilities();
+        if !missing.is_empty() {
+            return Err(RendezvousError::NoPrivilege {
+                op: "capability check",
+                missing,
+                errno: None,
+            });
+        }
+        let cgroup = resolve_cgroup(cfg)?;
+        let cgroup_dir = open_cgroup(&cgroup)?;
+        ensure_bpffs(&cfg.bpffs, cfg.mount_bpffs)?;
+        let _lock = lock_namespace(&cfg.namespace_dir())?;
+
+        let pin_dir = cfg.pin_dir();
+        let prog_pin = pin_dir.join(PROG_PIN);
+        let map_pin = pin_dir.join(MAP_PIN);
+        let (map, prog, loaded_here) = if exists(&prog_pin) {
+            let (map, prog) = open_pinned(&map_pin, &prog_pin)?;
+            (map, prog, false)
+        } else {
+            // A fresh install is the moment to drop programs whose pins were lost (bpffs
+            // unmounted or wiped while they stayed attached): nobody can reach their maps.
+            let _ = detach_orphans_locked(cfg, cgroup_dir.as_fd());
+            let (map, prog) = install(&pin_dir, &map_pin, &prog_pin)?;
+            (map, prog, true)
+        };
+        let prog_id = sys::prog_info(prog.as_fd())
+            .map_err(|e| kerr("BPF_OBJ_GET_INFO_BY_FD (prog)", e))?
+            .id;
+        // Attach unless already attached (the kernel refuses a second multi-attach of the same
+        // program with EINVAL). Doing this on every open heals a manual detach.
+        let attached = sys::prog_query(cgroup_dir.as_fd(), sys::ATTACH_CGROUP_SOCK_OPS)
+            .map_err(|e| kerr("BPF_PROG_QUERY on the cgroup", e))?;
+        if !attached.contains(&prog_id) {
+            sys::prog_attach(
+                cgroup_dir.as_fd(),
+                prog.as_fd(),
+                sys::ATTACH_CGROUP_SOCK_OPS,
+                sys::F_ALLOW_MULTI,
+            )
+            .map_err(|e| kerr("BPF_PROG_ATTACH to the cgroup", e))?;
+        }
+        let map_id = sys::map_info(map.as_fd())
+            .map_err(|e| kerr("BPF_OBJ_GET_INFO_BY_FD (map)", e))?
+            .id;
+        Ok(Rendezvous {
+            map,
+            prog,
+            prog_id,
+            map_id,
+            pin_dir,
+            cgroup,
+            loaded_here,
+        })
+    }
+
+    /// Opts a fresh TCP socket in: its SYN (client) or its SYN-ACKs (listener, when the SYN
+    /// offered SMC) will carry the option. Must be called before `connect()`/`listen()`.
+    pub fn opt_in(&self, fd: BorrowedFd<'_>) -> Result<(), RendezvousError> {
+        check_tcp(fd)?;
+        let state = sys::tcp_state(fd).map_err(|e| kerr("getsockopt(TCP_INFO)", e))?;
+        if state != TCP_CLOSE {
+            return Err(RendezvousError::TooLate { state });
+        }
+        let cookie = socket_cookie(fd)?;
+        self.map
+            .update(cookie, program::VAL_WANT, 0)
+            .map_err(|e| kerr("BPF_MAP_UPDATE_ELEM (opt in)", e))
+    }
+
+    /// After `connect()` returned (client) or `accept()` (server): did the peer offer SMC?
+    /// `Ok(false)` for sockets that were not opted in (or whose listener was not).
+    pub fn peer_offered_smc(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
+        match self.status(fd)? {
+            SocketStatus::Untracked => Ok(false),
+            SocketStatus::OptedIn => Err(RendezvousError::NotEstablished),
+            SocketStatus::Established { peer_smc, .. } => Ok(peer_smc),
+        }
+    }
+
+    /// What the program recorded for this socket.
+    pub fn status(&self, fd: BorrowedFd<'_>) -> Result<SocketStatus, RendezvousError> {
+        check_tcp(fd)?;
+        self.status_by_cookie(socket_cookie(fd)?)
+    }
+
+    /// [`Rendezvous::status`] by socket cookie (see [`socket_cookie`]); works after close.
+    pub fn status_by_cookie(&self, cookie: u64) -> Result<SocketStatus, RendezvousError> {
+        let v = self
+            .map
+            .lookup(cookie)
+            .map_err(|e| kerr("BPF_MAP_LOOKUP_ELEM", e))?;
+        Ok(match v {
+            None => SocketStatus::Untracked,
+            Some(v) if v & program::VAL_ESTABLISHED != 0 => SocketStatus::Established {
+                peer_smc: v & program::VAL_PEER_SMC != 0,
+                passive: v & program::VAL_PASSIVE != 0,
+            },
+            Some(v) if v & program::VAL_WANT != 0 => SocketStatus::OptedIn,
+            Some(_) => SocketStatus::Untracked,
+        })
+    }
+
+    /// Drops the socket's entry (call before closing it). Never fails: an entry that is
+    /// already gone (the program removes it at `TCP_CLOSE`) is fine.
+    pub fn forget(&self, fd: BorrowedFd<'_>) {
+        if let Ok(cookie) = sys::socket_cookie(fd) {
+            let _ = self.map.delete(cookie);
+        }
+    }
+
+    /// Kernel id of the attached program (same in every process sharing the instance).
+    pub fn prog_id(&self) -> u32 {
+        self.prog_id
+    }
+
+    /// Kernel id of the cookie map.
+    pub fn map_id(&self) -> u32 {
+        self.map_id
+    }
+
+    /// Whether this `open` loaded the program (false: reused the pinned instance).
+    pub fn loaded_by_this_open(&self) -> bool {
+        self.loaded_here
+    }
+
+    /// Where the program and map are pinned.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// The cgroup v2 directory the program is attached to.
+    pub fn cgroup(&self) -> &Path {
+        &self.cgroup
+    }
+
+    /// The program fd (e.g. for `BPF_PROG_QUERY` comparisons).
+    pub fn prog_fd(&self) -> BorrowedFd<'_> {
+        self.prog.as_fd()
+    }
+}
+
+/// `getsockopt(SO_COOKIE)`: the key the program uses for this socket.
+pub fn socket_cookie(fd: BorrowedFd<'_>) -> Result<u64, RendezvousError> {
+    sys::socket_cookie(fd).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOTSOCK) => RendezvousError::NotTcpSocket,
+        _ => kerr("getsockopt(SO_COOKIE)", e),
+    })
+}
+
+/// Ids of the sock_ops programs attached directly to a cgroup v2 directory.
+pub fn attached_programs(cgroup: &Path) -> Result<Vec<u32>, RendezvousError> {
+    let dir = open_cgroup(cgroup)?;
+    sys::prog_query(dir.as_fd(), sys::ATTACH_CGROUP_SOCK_OPS).map_err(|e| kerr("BPF_PROG_QUERY", e))
+}
+
+/// Detaches, from the configured cgroup, every attached program named [`PROG_NAME`] that is
+/// not pinned as `<bpffs>/<any namespace>/<any version>/prog`: instances whose pins were lost
+/// (bpffs unmounted or wiped) while they stayed attached. Returns their ids.
+pub fn detach_orphans(cfg: &Config) -> Result<Vec<u32>, RendezvousError> {
+    let cgroup = resolve_cgroup(cfg)?;
+    let cgroup_dir = open_cgroup(&cgroup)?;
+    ensure_bpffs(&cfg.bpffs, cfg.mount_bpffs)?;
+    let _lock = lock_namespace(&cfg.namespace_dir())?;
+    detach_orphans_locked(cfg, cgroup_dir.as_fd())
+}
+
+fn detach_orphans_locked(
+    cfg: &Config,
+    cgroup: BorrowedFd<'_>,
+) -> Result<Vec<u32>, RendezvousError> {
+    let attached = sys::prog_query(cgroup, sys::ATTACH_CGROUP_SOCK_OPS)
+        .map_err(|e| kerr("BPF_PROG_QUERY", e))?;
+    let mut pinned = Vec::new();
+    for ns in std::fs::read_dir(&cfg.bpffs)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for ver in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+            let pin = ver.path().join(PROG_PIN);
+            if let Ok(fd) = sys::obj_get(&pin) {
+                if let Ok(info) = sys::prog_info(fd.as_fd()) {
+                    pinned.push(info.id);
+                }
+            }
+        }
+    }
+    let mut detached = Vec::new();
+    for id in attached {
+        if pinned.contains(&id) {
+            continue;
+        }
+        let Ok(fd) = sys::prog_fd_by_id(id) else {
+            continue;
+        };
+        let Ok(info) = sys::prog_info(fd.as_fd()) else {
+            continue;
+        };
+        if info.name() != PROG_NAME.as_bytes() {
+            continue;
+        }
+        match sys::prog_detach(cgroup, fd.as_fd(), sys::ATTACH_CGROUP_SOCK_OPS) {
+            Ok(()) => detached.push(id),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(kerr("BPF_PROG_DETACH (orphan)", e)),
+        }
+    }
+    Ok(detached)
+}
+
+/// What [`uninstall`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UninstallReport {
+    /// Pin directories removed (every version found under the namespace).
+    pub removed: Vec<PathBuf>,
+    /// How many of their programs were detached from the configured cgroup.
+    pub detached: usize,
+}
+
+/// Detaches every version of the program from the configured cgroup and removes all pins and
+/// the namespace directory. For tests and tools; processes still holding a [`Rendezvous`]
+/// keep their fds, but their new sockets no longer get the option.
+pub fn uninstall(cfg: &Config) -> Result<UninstallReport, RendezvousError> {
+    remove_versions(cfg, None)
+}
+
+/// Like [`uninstall`], but keeps this build's instance: removes the programs of other
+/// (older or newer) builds, e.g. after an upgrade once no process of the old build is left.
+/// While two builds are attached, both act on opted-in sockets (see the crate docs).
+pub fn uninstall_other_versions(cfg: &Config) -> Result<UninstallReport, RendezvousError> {
+    remove_versions(cfg, Some(&instance_tag()))
+}
+
+fn remove_versions(cfg: &Config, keep: Option<&str>) -> Result<UninstallReport, RendezvousError> {
+    let ns = cfg.namespace_dir();
+    let mut report = UninstallReport::default();
+    if !exists(&ns) {
+        return Ok(report);
+    }
+    let cgroup = resolve_cgroup(cfg)?;
+    let cgroup_dir = open_cgroup(&cgroup)?;
+    let lock = lock_namespace(&ns)?;
+    let entries = std::fs::read_dir(&ns).map_err(|e| ioerr("read_dir", &ns, e))?;
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if keep.is_some_and(|k| entry.file_name() == k) {
+            continue;
+        }
+        let prog_pin = dir.join(PROG_PIN);
+        if let Ok(prog) = sys::obj_get(&prog_pin) {
+            match sys::prog_detach(
+                cgroup_dir.as_fd(),
+                prog.as_fd(),
+                sys::ATTACH_CGROUP_SOCK_OPS,
+            ) {
+                Ok(()) => report.detached += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(kerr("BPF_PROG_DETACH", e)),
+            }
+        }
+        for pin in [PROG_PIN, MAP_PIN] {
+            let p = dir.join(pin);
+            if exists(&p) {
+                std::fs::remove_file(&p).map_err(|e| ioerr("unlink", &p, e))?;
+            }
+        }
+        std::fs::remove_dir(&dir).map_err(|e| ioerr("rmdir", &dir, e))?;
+        report.removed.push(dir);
+    }
+    if keep.is_none() {
+        // Openers blocked on the lock notice the unlinked directory and retry.
+        std::fs::remove_dir(&ns).map_err(|e| ioerr("rmdir", &ns, e))?;
+    }
+    drop(lock);
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn exists(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok()
+}
+
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn ioerr(op: &'static str, path: &Path, e: io::Error) -> RendezvousError {
+    let errno = errno_of(&e);
+    if errno == libc::EPERM || errno == libc::EACCES {
+        return RendezvousError::NoPrivilege {
+            op,
+            missing: missing_capabilities(),
+            errno: Some(errno),
+        };
+    }
+    RendezvousError::Io {
+        op,
+        path: path.to_path_buf(),
+        errno,
+    }
+}
+
+/// Classifies a failed kernel step.
+fn kerr(op: &'static str, e: io::Error) -> RendezvousError {
+    let errno = errno_of(&e);
+    match errno {
+        libc::EPERM | libc::EACCES => RendezvousError::NoPrivilege {
+            op,
+            missing: missing_capabilities(),
+            errno: Some(errno),
+        },
+        libc::ENOSYS => RendezvousError::Unsupported {
+            what: "no bpf(2) system call".into(),
+            errno,
+        },
+        _ => RendezvousError::Kernel { op, errno },
+    }
+}
+
+/// Capabilities the install path needs that `CapEff` in `/proc/self/status` lacks.
+fn missing_capabilities() -> Vec<&'static str> {
+    const CAP_NET_ADMIN: u32 = 12;
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_BPF: u32 = 39;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return Vec::new(); // cannot tell; let the kernel decide
+    };
+    let Some(eff) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    else {
+        return Vec::new();
+    };
+    let has = |c: u32| eff & (1u64 << c) != 0;
+    let mut missing = Vec::new();
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        missing.push("CAP_BPF");
+    }
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    missing
+}
+
+fn check_tcp(fd: BorrowedFd<'_>) -> Result<(), RendezvousError> {
+    let ty = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE).map_err(|e| {
+        match e.raw_os_error() {
+            Some(libc::ENOTSOCK) | Some(libc::EBADF) => RendezvousError::NotTcpSocket,
+            _ => kerr("getsockopt(SO_TYPE)", e),
+        }
+    })?;
+    let proto = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)
+        .map_err(|e| kerr("getsockopt(SO_PROTOCOL)", e))?;
+    if ty != libc::SOCK_STREAM || proto != libc::IPPROTO_TCP {
+        return Err(RendezvousError::NotTcpSocket);
+    }
+    Ok(())
+}
+
+/// The configured cgroup, or the root of the cgroup2 mount.
+fn resolve_cgroup(cfg: &Config) -> Result<PathBuf, RendezvousError> {
+    if let Some(p) = &cfg.cgroup {
+        return Ok(p.clone());
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
+        RendezvousError::NoCgroup2 {
+            path: None,
+            detail: format!("cannot read /proc/self/mountinfo: {e}"),
+        }
+    })?;
+    cgroup2_root_from_mountinfo(&mountinfo).ok_or_else(|| RendezvousError::NoCgroup2 {
+        path: None,
+        detail: "no cgroup2 file system is mounted (see /proc/self/mountinfo)".into(),
+    })
+}
+
+/// Mount point of a cgroup2 mount whose root is the hierarchy root ("/").
+fn cgroup2_root_from_mountinfo(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        if post.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let f: Vec<&str> = pre.split_whitespace().collect();
+        if f.get(3).copied()? != "/" {
+            return None;
+        }
+        Some(PathBuf::from(unescape_mountinfo(f.get(4)?)))
+    })
+}
+
+/// Undoes the octal escapes (`\040` etc.) of mountinfo paths.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn open_cgroup(path: &Path) -> Result<File, RendezvousError> {
+    let magic = sys::fs_magic(path).map_err(|e| RendezvousError::NoCgroup2 {
+        path: Some(path.to_path_buf()),
+        detail: e.to_string(),
+    })?;
+    if magic != CGROUP2_SUPER_MAGIC {
+        return Err(RendezvousError::NoCgroup2 {
+            path: Some(path.to_path_buf()),
+            detail: format!("not a cgroup2 directory (file system magic {magic:#x})"),
+        });
+    }
+    File::open(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => ioerr("open cgroup", path, e),
+        _ => RendezvousError::NoCgroup2 {
+            path: Some(path.to_path_buf()),
+            detail: e.to_string(),
+        },
+    })
+}
+
+/// Makes sure a bpffs is mounted at `path`, mounting one if allowed.
+fn ensure_bpffs(path: &Path, mount: bool) -> Result<(), RendezvousError> {
+    let is_bpffs = |p: &Path| sys::fs_magic(p).map(|m| m == BPF_FS_MAGIC);
+    let no = |detail: String| RendezvousError::NoBpffs {
+        path: path.to_path_buf(),
+        detail,
+    };
+    match is_bpffs(path) {
+        Ok(true) => return Ok(()),
+        Ok(false) if mount => {}
+        Ok(false) => return Err(no("not a BPF file system and mounting is disabled".into())),
+        Err(e) => return Err(no(e.to_string())),
+    }
+    // Serialise concurrent mounters on the (underlying) mount-point directory, then re-check:
+    // two racing mounts would stack two bpffs instances and hide the first one's pins.
+    let dir = File::open(path).map_err(|e| no(e.to_string()))?;
+    dir.lock().map_err(|e| no(format!("lock: {e}")))?;
+    if is_bpffs(path).unwrap_or(false) {
+        return Ok(());
+    }
+    sys::mount_bpffs(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => RendezvousError::NoPrivilege {
+            op: "mount bpffs",
+            missing: missing_capabilities(),
+            errno: e.raw_os_error(),
+        },
+        _ => no(format!("mount -t bpf failed: {e}")),
+    })
+}
+
+/// Creates (if needed), opens and exclusively `flock`s the namespace directory. Retries if the
+/// directory was removed by [`uninstall`] while we waited.
+fn lock_namespace(ns: &Path) -> Result<File, RendezvousError> {
+    for _ in 0..16 {
+        match std::fs::DirBuilder::new().mode(0o700).create(ns) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(ioerr("mkdir", ns, e)),
+        }
+        let f = match File::open(ns) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(ioerr("open", ns, e)),
+        };
+        f.lock().map_err(|e| ioerr("flock", ns, e))?;
+        match f.metadata() {
+            Ok(m) if m.nlink() > 0 => return Ok(f),
+            Ok(_) => continue, // removed while we waited
+            Err(e) => return Err(ioerr("fstat", ns, e)),
+        }
+    }
+    Err(RendezvousError::Io {
+        op: "lock (directory keeps disappearing)",
+        path: ns.to_path_buf(),
+        errno: libc::ENOENT,
+    })
+}
+
+fn open_pinned(
+    map_pin: &Path,
+    prog_pin: &Path,
+) -> Result<(sys::CookieMap, OwnedFd), RendezvousError> {
+    let prog = sys::obj_get(prog_pin).map_err(|e| kerr("BPF_OBJ_GET (prog)", e))?;
+    let info =
+        sys::prog_info(prog.as_fd()).map_err(|e| kerr("BPF_OBJ_GET_INFO_BY_FD (prog)", e))?;
+    if info.prog_type != sys::PROG_TYPE_SOCK_OPS {
+        return Err(RendezvousError::IncompatiblePin {
+            path: prog_pin.to_path_buf(),
+            detail: format!("program type {} is not sock_ops", info.prog_type),
+        });
+    }
+    let map_fd = sys::obj_get(map_pin).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => RendezvousError::IncompatiblePin {
+            path: map_pin.to_path_buf(),
+            detail: "program pinned without its map".into(),
+        },
+        _ => kerr("BPF_OBJ_GET (map)", e),
+    })?;
+    let map =
+        sys::CookieMap::from_fd(map_fd).map_err(|(_, info)| RendezvousError::IncompatiblePin {
+            path: map_pin.to_path_buf(),
+            detail: match info {
+                Some(i) => format!(
+                    "map type {} key {} value {} is not an LRU hash u64 -> u32",
+                    i.map_type, i.key_size, i.value_size
+                ),
+                None => "not a BPF map".into(),
+            },
+        })?;
+    Ok((map, prog))
+}
+
+/// Creates, loads and pins a new instance (caller holds the namespace lock).
+fn install(
+    pin_dir: &Path,
+    map_pin: &Path,
+    prog_pin: &Path,
+) -> Result<(sys::CookieMap, OwnedFd), RendezvousError> {
+    // Leftovers of a process that died mid-install: a map pinned without its program.
+    if exists(map_pin) {
+        std::fs::remove_file(map_pin).map_err(|e| ioerr("unlink stale map pin", map_pin, e))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(pin_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(ioerr("mkdir", pin_dir, e)),
+    }
+    let map =
+        sys::CookieMap::create(program::MAP_MAX_ENTRIES, "smc_rs_cookies").map_err(|e| match e
+            .raw_os_error()
+        {
+            Some(libc::EINVAL) => RendezvousError::Unsupported {
+                what: "BPF_MAP_CREATE of an LRU hash map failed".into(),
+                errno: libc::EINVAL,
+            },
+            _ => kerr("BPF_MAP_CREATE", e),
+        })?;
+    sys::obj_pin(map.as_fd(), map_pin).map_err(|e| kerr("BPF_OBJ_PIN (map)", e))?;
+    let prog = load_program(&map)?;
+    sys::obj_pin(prog.as_fd(), prog_pin).map_err(|e| kerr("BPF_OBJ_PIN (prog)", e))?;
+    Ok((map, prog))
+}
+
+fn load_program(map: &sys::CookieMap) -> Result<OwnedFd, RendezvousError> {
+    use std::os::fd::AsRawFd;
+    let insns =
+        program::build(map.as_fd().as_raw_fd()).map_err(|e| RendezvousError::VerifierRejected {
+            errno: libc::EINVAL,
+            log: format!("program did not assemble: {e}"),
+        })?;
+    load_insns(&insns)
+}
+
+/// Loads a sock_ops program; on failure, loads it again with a verifier log to explain why.
+fn load_insns(insns: &[asm::Insn]) -> Result<OwnedFd, RendezvousError> {
+    let insns = insns.to_vec();
+    const NAME: &str = PROG_NAME;
+    match sys::prog_load(
+        sys::PROG_TYPE_SOCK_OPS,
+        &insns,
+        program::LICENSE,
+        NAME,
+        None,
+    ) {
+        Ok(fd) => return Ok(fd),
+        // EACCES is also the verifier's "unsafe program" answer, so only EPERM and ENOSYS
+        // skip the second load with a log.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::ENOSYS)) => {
+            return Err(kerr("BPF_PROG_LOAD", e));
+        }
+        Err(_) => {}
+    }
+    // Load again with a verifier log to explain the failure.
+    let mut size = 1 << 20;
+    loop {
+        let mut log = vec![0u8; size];
+        match sys::prog_load(
+            sys::PROG_TYPE_SOCK_OPS,
+            &insns,
+            program::LICENSE,
+            NAME,
+            Some(&mut log),
+        ) {
+            Ok(fd) => return Ok(fd), // transient failure; it loads now
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && size < (16 << 20) => size *= 4,
+            Err(e) => {
+                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]).into_owned();
+                let errno = errno_of(&e);
+                if text.trim().is_empty() {
+                    return Err(kerr("BPF_PROG_LOAD", e));
+                }
+                if text.contains("unknown func") || text.contains("invalid func") {
+                    return Err(RendezvousError::Unsupported {
+                        what: format!(
+                            "BPF helpers for TCP header options are missing (Linux >= 5.10 needed); verifier log:\n{text}"
+                        ),
+                        errno,
+                    });
+                }
+                return Err(RendezvousError::VerifierRejected { errno, log: text });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_cgroup2_root_in_mountinfo() {
+        let mi = "\
+30 1 0:27 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+40 30 0:35 /sub /sys/fs/cgroup/bind rw - cgroup2 cgroup2 rw
+41 30 0:35 / /sys/fs/cgroup/uni\\040fied rw,relatime - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            cgroup2_root_from_mountinfo(mi),
+            Some(PathBuf::from("/sys/fs/cgroup/uni fied"))
+        );
+        assert_eq!(
+            cgroup2_root_from_mountinfo("1 2 3:4 / / rw - ext4 /dev/x rw\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn instance_tag_is_versioned() {
+        let t = instance_tag();
+        assert!(t.starts_with(&format!("v{LAYOUT_VERSION}-")), "{t}");
+        assert_eq!(t.len(), 2 + LAYOUT_VERSION.to_string().len() + 16);
+        let cfg = Config::default();
+        assert_eq!(cfg.pin_dir(), PathBuf::from("/sys/fs/bpf/smc-rs").join(t));
+    }
+
+    #[test]
+    fn errors_have_distinct_reasons_and_actionable_text() {
+        let errs = [
+            RendezvousError::NoPrivilege {
+                op: "x",
+                missing: vec!["CAP_BPF"],
+                errno: None,
+            },
+            RendezvousError::NoCgroup2 {
+                path: None,
+                detail: "d".into(),
+            },
+            RendezvousError::NoBpffs {
+                path: "/sys/fs/bpf".into(),
+                detail: "d".into(),
+            },
+            RendezvousError::Unsupported {
+                what: "w".into(),
+                errno: libc::EINVAL,
+            },
+            RendezvousError::VerifierRejected {
+                errno: libc::EACCES,
+                log: "R1 invalid mem access".into(),
+            },
+            RendezvousError::IncompatiblePin {
+                path: "/p".into(),
+                detail: "d".into(),
+            },
+            RendezvousError::Io {
+                op: "mkdir",
+                path: "/p".into(),
+                errno: libc::ENOENT,
+            },
+            RendezvousError::Kernel {
+                op: "k",
+                errno: libc::EINVAL,
+            },
+            RendezvousError::NotTcpSocket,
+            RendezvousError::TooLate { state: 10 },
+            RendezvousError::NotEstablished,
+        ];
+        let mut reasons: Vec<_> = errs.iter().map(|e| e.fallback_reason()).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        assert_eq!(reasons.len(), errs.len());
+        let s = errs[0].to_string();
+        assert!(s.contains("CAP_BPF") && s.contains("root"), "{s}");
+        assert!(errs[4].to_string().contains("R1 invalid mem access"));
+    }
+}
+
+/// Tests that need root (they load BPF objects). They fail loudly without it.
+#[cfg(test)]
+mod root_tests {
+    use super::*;
+    use crate::asm::{Asm, Reg};
+
+    fn require_root() {
+        assert!(
+            missing_capabilities().is_empty(),
+            "needs CAP_BPF + CAP_NET_ADMIN (run as root, as CI does)"
+        );
+    }
+
+    #[test]
+    fn verifier_rejection_carries_the_log() {
+        require_root();
+        // Reads R0 before writing it: the verifier must refuse and say so in its log.
+        let mut a = Asm::new();
+        a.exit();
+        let insns = a.finish().unwrap();
+        match load_insns(&insns) {
+            Err(e @ RendezvousError::VerifierRejected { .. }) => {
+                let RendezvousError::VerifierRejected { log, .. } = &e else {
+                    unreachable!()
+                };
+                assert!(log.contains("R0"), "log: {log}");
+                assert!(e.to_string().contains("verifier log"), "{e}");
+            }
+            other => panic!("expected VerifierRejected, got {other:?}"),
+        }
+        // And the real program passes.
+        let map = sys::CookieMap::create(16, "smc_rs_t").unwrap();
+        load_program(&map).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = Asm::new();
+        a.mov64_imm(Reg::R0, 1).exit();
+        load_insns(&a.finish().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn wrong_cgroup_or_bpffs_paths_give_typed_errors() {
+        require_root();
+        let cfg = Config {
+            cgroup: Some(PathBuf::from("/tmp")),
+            ..Config::default()
+        };
+        match Rendezvous::open_with(&cfg) {
+            Err(e @ RendezvousError::NoCgroup2 { .. }) => {
+                assert_eq!(e.fallback_reason(), "rendezvous-no-cgroup2");
+                assert!(e.to_string().contains("/tmp"), "{e}");
+            }
+            other => panic!("expected NoCgroup2, got {other:?}"),
+        }
+        let cfg = Config {
+            bpffs: PathBuf::from("/proc"),
+            mount_bpffs: false,
+            ..Config::default()
+        };
+        match Rendezvous::open_with(&cfg) {
+            Err(e @ RendezvousError::NoBpffs { .. }) => {
+                assert!(e.to_string().contains("mount -t bpf"), "{e}")
+            }
+            other => panic!("expected NoBpffs, got {other:?}"),
+        }
+    }
+}
