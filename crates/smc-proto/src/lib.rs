@@ -6,6 +6,8 @@
 //! outputs it drains with `poll_*` methods.
 //!
 //! Modules and the spec sections they implement:
+//! * [`clc_stream`] — CLC messages out of the TCP byte stream, and whether a failed
+//!   handshake falls back or fails (`protocol-clc.md` §3.1, §4.1).
 //! * [`close`] — the connection close state machine (`protocol-llc-cdc.md` §5).
 //! * [`datapath`] — CDC cursors, RDMA WRITE planning and consumer updates of one
 //!   connection (`protocol-llc-cdc.md` §2–§3).
@@ -20,6 +22,7 @@
 /// chooses (process start for the socket library, zero for the simulation).
 pub type Timestamp = std::time::Duration;
 
+pub mod clc_stream;
 pub mod close;
 pub mod datapath;
 pub mod link;
