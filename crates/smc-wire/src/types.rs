@@ -49,6 +49,31 @@ impl Gid {
         Gid(ip.octets())
     }
 
+    /// The RoCE v2 GID of an IP address (IPv4 becomes `::ffff:a.b.c.d`).
+    pub fn from_ip(ip: std::net::IpAddr) -> Gid {
+        match ip {
+            std::net::IpAddr::V4(v4) => Gid::from_ipv4(v4),
+            std::net::IpAddr::V6(v6) => Gid::from_ipv6(v6),
+        }
+    }
+
+    /// Lower-case hex, 32 digits, no separators (file names, line protocols).
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses the [`Gid::to_hex`] form.
+    pub fn from_hex(s: &str) -> Option<Gid> {
+        if s.len() != 32 {
+            return None;
+        }
+        let mut g = [0u8; 16];
+        for (i, b) in g.iter_mut().enumerate() {
+            *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Gid(g))
+    }
+
     /// The GID read as an IPv6 address.
     pub fn to_ipv6(self) -> Ipv6Addr {
         Ipv6Addr::from(self.0)

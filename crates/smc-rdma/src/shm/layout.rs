@@ -1,0 +1,128 @@
+//! Shared-memory layouts of the `shm` provider (all little-endian u64 words
+//! accessed atomically through [`SharedMem::atomic`]).
+//!
+//! Memory region memfd: one 4 KiB header page, then the region's bytes.
+//! Receive ring memfd (one per QP, owned by the receiver, written by the
+//! peer's sender): one 4 KiB header page, then `NSLOTS` slots of
+//! `SLOT_SIZE` bytes, each a 64-byte slot header followed by the payload.
+#![forbid(unsafe_code)]
+
+use crate::sys::SharedMem;
+use std::sync::atomic::AtomicU64;
+
+/// Header page size (MR and ring).
+pub const HDR: usize = 4096;
+
+// ---- memory region header
+/// Magic value at offset 0 of an MR header.
+pub const MR_MAGIC: u64 = 0x534d_4352_4d52_0001;
+/// MR header: 1 while registered, 0 once deregistered (revocation).
+pub const MR_VALID: usize = 8;
+/// MR header: rkey.
+pub const MR_RKEY: usize = 16;
+/// MR header: length in bytes.
+pub const MR_LEN: usize = 24;
+/// MR header: access bits.
+pub const MR_ACCESS: usize = 32;
+/// MR header: iova of byte 0.
+pub const MR_IOVA: usize = 40;
+/// MR header: protection domain id.
+pub const MR_PD: usize = 48;
+
+// ---- ring header
+/// Magic value at offset 0 of a ring header.
+pub const RING_MAGIC: u64 = 0x534d_4352_5249_0001;
+/// Consumer index (written by the receiver).
+pub const R_HEAD: usize = 8;
+/// Producer index (written by the sender).
+pub const R_TAIL: usize = 16;
+/// Receiver armed: the sender signals the receiver's channel after publishing.
+pub const R_RX_NOTIFY: usize = 24;
+/// Sender armed: the receiver signals the sender's channel after consuming.
+pub const R_TX_NOTIFY: usize = 32;
+/// Receiver's QP is in ERR / gone.
+pub const R_CONS_CLOSED: usize = 40;
+/// Sender's QP is in ERR / gone.
+pub const R_PROD_CLOSED: usize = 48;
+/// Sender's device heartbeat counter.
+pub const R_PROD_HB: usize = 56;
+/// Total receive WRs ever posted by the receiver (RNR detection).
+pub const R_RECV_CREDITS: usize = 64;
+/// Receiver's min RNR timer in ns.
+pub const R_RNR_TIMER: usize = 72;
+/// Receiver QP's access flags (REMOTE_WRITE needed for writes).
+pub const R_ACCESS: usize = 80;
+/// Receiver QP's PD id.
+pub const R_PD: usize = 88;
+
+/// Slots per ring.
+pub const NSLOTS: u64 = 64;
+/// Largest SEND payload.
+pub const SLOT_PAYLOAD: usize = 8192;
+/// Slot header size.
+pub const SLOT_HDR: usize = 64;
+/// Slot size.
+pub const SLOT_SIZE: usize = SLOT_HDR + SLOT_PAYLOAD;
+/// Total ring memfd size.
+pub const RING_LEN: usize = HDR + NSLOTS as usize * SLOT_SIZE;
+
+/// Slot state word: `seq << 3 | state`.
+pub const S_STATE: usize = 0;
+/// Slot: `op | len << 32`.
+pub const S_META: usize = 8;
+/// Slot: `imm | has_imm << 32 | psn << 40`.
+pub const S_IMM: usize = 16;
+
+/// Slot states.
+pub const ST_PUBLISHED: u64 = 1;
+/// Consumed into a receive WR (the RC ACK).
+pub const ST_CONSUMED: u64 = 2;
+/// Withdrawn by the sender (RNR retries exhausted).
+pub const ST_CANCELLED: u64 = 3;
+/// Rejected by the receiver (NAK).
+pub const ST_NAK: u64 = 4;
+
+/// Ring ops.
+pub const OP_SEND: u64 = 1;
+/// SEND WITH IMMEDIATE.
+pub const OP_SEND_IMM: u64 = 2;
+/// RDMA WRITE WITH IMMEDIATE.
+pub const OP_WRITE_IMM: u64 = 3;
+
+/// Typed view of a ring mapping (its length is validated at creation).
+pub struct Ring<'a>(pub &'a SharedMem);
+
+impl<'a> Ring<'a> {
+    /// Validates a ring mapping received from a peer.
+    pub fn check(m: &'a SharedMem) -> Option<Ring<'a>> {
+        use std::sync::atomic::Ordering::Acquire;
+        if m.len() < RING_LEN || m.atomic(0).ok()?.load(Acquire) != RING_MAGIC {
+            return None;
+        }
+        Some(Ring(m))
+    }
+    /// Header word.
+    pub fn h(&self, off: usize) -> &'a AtomicU64 {
+        self.0.atomic(off).expect("ring header words are in bounds")
+    }
+    /// Byte offset of slot `seq`.
+    pub fn slot(seq: u64) -> usize {
+        HDR + (seq % NSLOTS) as usize * SLOT_SIZE
+    }
+    /// Slot word.
+    pub fn s(&self, seq: u64, off: usize) -> &'a AtomicU64 {
+        self.0
+            .atomic(Self::slot(seq) + off)
+            .expect("slot words are in bounds")
+    }
+}
+
+/// Typed view of an MR mapping.
+pub struct MrView<'a>(pub &'a SharedMem);
+
+impl<'a> MrView<'a> {
+    /// Header word (validated mappings are ≥ one page).
+    pub fn h(&self, off: usize) -> &'a AtomicU64 {
+        self.0.atomic(off).expect("mr header words are in bounds")
+    }
+}

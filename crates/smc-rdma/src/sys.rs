@@ -1,0 +1,587 @@
+//! Thin safe wrappers over the few Linux system calls the providers need:
+//! eventfd, memfd + shared mmap, poll, unix SOCK_SEQPACKET sockets with
+//! descriptor passing, interface addresses and signals.
+//!
+//! Every `unsafe` block carries a `// SAFETY:` justification.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn timeout_ms(t: Option<Duration>) -> libc::c_int {
+    match t {
+        None => -1,
+        Some(d) => d.as_millis().min(i32::MAX as u128) as libc::c_int,
+    }
+}
+
+/// A non-blocking eventfd used as a wake-up counter.
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// Creates a new eventfd (non-blocking, close-on-exec).
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd has no memory-safety preconditions.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: fd was just returned by eventfd and is owned by nobody else.
+        Ok(EventFd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+    /// Wraps an eventfd received from another process.
+    pub fn from_owned(fd: OwnedFd) -> EventFd {
+        EventFd { fd }
+    }
+    /// Adds one to the counter (wakes pollers).
+    pub fn signal(&self) {
+        signal_fd(self.fd.as_fd());
+    }
+    /// Resets the counter; returns whether it was non-zero.
+    pub fn drain(&self) -> bool {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a local u64 from a valid eventfd.
+        let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        r == 8 && v > 0
+    }
+    /// Waits until readable or timeout, then drains; true if an event was consumed.
+    pub fn wait(&self, timeout: Duration) -> io::Result<bool> {
+        let r = poll_one(self.fd.as_fd(), libc::POLLIN, Some(timeout))?;
+        Ok(r != 0 && self.drain())
+    }
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Writes 1 to an eventfd (errors such as counter overflow are ignored: the
+/// fd stays readable, which is all a wake-up needs).
+pub fn signal_fd(fd: BorrowedFd<'_>) {
+    let v: u64 = 1;
+    // SAFETY: writes 8 bytes from a local u64 to a valid descriptor.
+    let _ = unsafe { libc::write(fd.as_raw_fd(), (&v as *const u64).cast(), 8) };
+}
+
+/// Polls one descriptor; returns revents (0 on timeout). EINTR counts as timeout.
+pub fn poll_one(fd: BorrowedFd<'_>, events: i16, timeout: Option<Duration>) -> io::Result<i16> {
+    let mut p = [(fd.as_raw_fd(), events, 0i16)];
+    poll_raw(&mut p, timeout)?;
+    Ok(p[0].2)
+}
+
+/// Polls several raw descriptors `(fd, events, revents)`; returns the count ready.
+pub fn poll_raw(fds: &mut [(RawFd, i16, i16)], timeout: Option<Duration>) -> io::Result<usize> {
+    let mut v: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, events, _)| libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: v is a valid array of v.len() pollfd structs for the duration of the call.
+    let r = unsafe { libc::poll(v.as_mut_ptr(), v.len() as libc::nfds_t, timeout_ms(timeout)) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    for (slot, p) in fds.iter_mut().zip(&v) {
+        slot.2 = p.revents;
+    }
+    Ok(r as usize)
+}
+
+/// A shared memory mapping of a memfd (`MAP_SHARED`), page aligned.
+///
+/// The mapping may be written concurrently by another process, so all
+/// accessors copy bytes (no references into the mapping are handed out except
+/// atomics) and every accessor checks bounds.
+#[derive(Debug)]
+pub struct SharedMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain shared memory; all access goes through bounds
+// checked copies or atomics, so sharing the handle across threads is sound.
+unsafe impl Send for SharedMem {}
+// SAFETY: see above; no interior references with aliasing guarantees exist.
+unsafe impl Sync for SharedMem {}
+
+impl SharedMem {
+    /// Creates a zeroed memfd of `len` bytes and maps it.
+    pub fn create(name: &str, len: usize) -> io::Result<SharedMem> {
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "zero-length memfd",
+            ));
+        }
+        let cname = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: cname is a valid NUL-terminated string.
+        let fd = cvt(unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) })?;
+        // SAFETY: fd is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on a valid fd.
+        cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+        Self::map(fd)
+    }
+
+    /// Maps a memfd received from another process; its size comes from fstat
+    /// so a lying peer cannot make us access beyond the file.
+    pub fn map(fd: OwnedFd) -> io::Result<SharedMem> {
+        // SAFETY: fstat writes into a zeroed local stat struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd and pointer to a local stat.
+        cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+        let len = st.st_size as usize;
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "empty shared memory",
+            ));
+        }
+        // SAFETY: mapping a regular shared file of `len` bytes at a kernel-chosen address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMem {
+            ptr: NonNull::new(p.cast()).expect("mmap returned null"),
+            len,
+            fd,
+        })
+    }
+
+    /// Mapping length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the mapping is empty (never true).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The memfd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn check(&self, off: usize, len: usize) -> io::Result<()> {
+        match off.checked_add(len) {
+            Some(e) if e <= self.len => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "shared memory access out of bounds",
+            )),
+        }
+    }
+
+    /// Copies `buf.len()` bytes out of the mapping at `off`.
+    pub fn read(&self, off: usize, buf: &mut [u8]) -> io::Result<()> {
+        self.check(off, buf.len())?;
+        // SAFETY: bounds checked above; the source is mapped for the lifetime of
+        // self and may be modified concurrently by a peer, which (as with real
+        // RDMA) can only produce torn bytes, never invalid values for u8.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `data` into the mapping at `off`.
+    pub fn write(&self, off: usize, data: &[u8]) -> io::Result<()> {
+        self.check(off, data.len())?;
+        // SAFETY: bounds checked above; destination is our writable shared mapping
+        // which no Rust reference aliases (only raw copies and atomics are used).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` at `src_off` to `self` at `dst_off`
+    /// (one memcpy, both bounds checked).
+    pub fn copy_from(
+        &self,
+        dst_off: usize,
+        src: &SharedMem,
+        src_off: usize,
+        len: usize,
+    ) -> io::Result<()> {
+        self.check(dst_off, len)?;
+        src.check(src_off, len)?;
+        // SAFETY: both ranges are bounds checked inside live mappings. If src and
+        // self map the same file the ranges may overlap, so use copy (memmove).
+        unsafe {
+            std::ptr::copy(
+                src.ptr.as_ptr().add(src_off),
+                self.ptr.as_ptr().add(dst_off),
+                len,
+            )
+        };
+        Ok(())
+    }
+
+    /// Fills a range with a byte.
+    pub fn fill(&self, off: usize, len: usize, byte: u8) -> io::Result<()> {
+        self.check(off, len)?;
+        // SAFETY: bounds checked; writes plain bytes into our mapping.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(off), byte, len) };
+        Ok(())
+    }
+
+    /// An atomic u64 at `off` (8-byte aligned, in bounds) shared with peers.
+    pub fn atomic(&self, off: usize) -> io::Result<&AtomicU64> {
+        self.check(off, 8)?;
+        if !off.is_multiple_of(8) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unaligned atomic",
+            ));
+        }
+        // SAFETY: in bounds, 8-byte aligned (mapping is page aligned), lives as
+        // long as &self; AtomicU64 has the same layout as u64 and all
+        // cross-process access to these words is atomic.
+        Ok(unsafe { &*(self.ptr.as_ptr().add(off) as *const AtomicU64) })
+    }
+}
+
+impl Drop for SharedMem {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the region mapped in `map`; no references
+        // into it outlive self (atomics borrow self).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A unix `SOCK_SEQPACKET` socket that can pass descriptors.
+#[derive(Debug)]
+pub struct SeqPacket {
+    fd: OwnedFd,
+}
+
+fn sockaddr(path: &Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain data; zero is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = path.as_os_str().as_bytes();
+    if b.len() >= a.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long",
+        ));
+    }
+    for (d, s) in a.sun_path.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + b.len() + 1;
+    Ok((a, len as libc::socklen_t))
+}
+
+fn new_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket has no memory preconditions.
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl SeqPacket {
+    /// Binds and listens at `path` (an existing file there is replaced).
+    pub fn listen(path: &Path) -> io::Result<SeqPacket> {
+        let _ = std::fs::remove_file(path);
+        let fd = new_socket()?;
+        let (a, len) = sockaddr(path)?;
+        // SAFETY: a is a valid sockaddr_un of length len.
+        cvt(unsafe { libc::bind(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) })?;
+        // SAFETY: listen on a bound socket.
+        cvt(unsafe { libc::listen(fd.as_raw_fd(), 64) })?;
+        Ok(SeqPacket { fd })
+    }
+
+    /// Connects to a listening socket.
+    pub fn connect(path: &Path) -> io::Result<SeqPacket> {
+        let fd = new_socket()?;
+        let (a, len) = sockaddr(path)?;
+        // SAFETY: a is a valid sockaddr_un of length len.
+        cvt(unsafe {
+            libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len)
+        })?;
+        Ok(SeqPacket { fd })
+    }
+
+    /// Accepts one connection (blocking unless the listener was polled readable).
+    pub fn accept(&self) -> io::Result<SeqPacket> {
+        // SAFETY: accept4 with null address pointers is allowed.
+        let fd = cvt(unsafe {
+            libc::accept4(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        })?;
+        // SAFETY: fresh descriptor we own.
+        Ok(SeqPacket {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Sets the receive timeout.
+    pub fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+        let tv = libc::timeval {
+            tv_sec: t.as_secs() as libc::time_t,
+            tv_usec: t.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: passes a pointer to a local timeval of the right size.
+        cvt(unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Sends one message with up to 4 descriptors.
+    pub fn send(&self, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+        assert!(fds.len() <= 4);
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut _,
+            iov_len: data.len(),
+        };
+        let mut cbuf = [0u64; 8]; // 64 bytes, aligned, enough for 4 fds
+                                  // SAFETY: msghdr is plain data; zero is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            // SAFETY: CMSG_SPACE is a pure computation.
+            let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            // SAFETY: msg_control points to a 64-byte buffer >= space, so the
+            // first header and its data (CMSG_LEN(4*n)) fit.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN((fds.len() * 4) as u32) as usize;
+                let d = libc::CMSG_DATA(c) as *mut RawFd;
+                for (i, f) in fds.iter().enumerate() {
+                    d.add(i).write_unaligned(f.as_raw_fd());
+                }
+            }
+        }
+        // SAFETY: msg references live buffers (iov, cbuf) for the call.
+        let r = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Receives one message; returns its length (0 = peer closed) and descriptors.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut cbuf = [0u64; 8];
+        // SAFETY: msghdr is plain data.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        // SAFETY: msg references live buffers for the call.
+        let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut out = Vec::new();
+        // SAFETY: walking the control buffer the kernel filled, using the CMSG
+        // macros that respect msg_controllen; each SCM_RIGHTS fd is new and ours.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let n = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                    let d = libc::CMSG_DATA(c) as *const RawFd;
+                    for i in 0..n {
+                        out.push(OwnedFd::from_raw_fd(d.add(i).read_unaligned()));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        Ok((r as usize, out))
+    }
+}
+
+impl AsFd for SeqPacket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// IP addresses configured on interface `ifname` (in the caller's netns).
+pub fn if_addrs(ifname: &str) -> io::Result<Vec<std::net::IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list pointer into head.
+    cvt(unsafe { libc::getifaddrs(&mut head) })?;
+    let mut out = Vec::new();
+    let mut cur = head;
+    // SAFETY: walking the linked list returned by getifaddrs until null; each
+    // node's name is a C string and addr (if non-null) a sockaddr of its family.
+    unsafe {
+        while !cur.is_null() {
+            let ifa = &*cur;
+            let name = std::ffi::CStr::from_ptr(ifa.ifa_name).to_string_lossy();
+            if name == ifname && !ifa.ifa_addr.is_null() {
+                match (*ifa.ifa_addr).sa_family as libc::c_int {
+                    libc::AF_INET => {
+                        let a = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                        out.push(std::net::IpAddr::V4(u32::from_be(a.sin_addr.s_addr).into()));
+                    }
+                    libc::AF_INET6 => {
+                        let a = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                        out.push(std::net::IpAddr::V6(a.sin6_addr.s6_addr.into()));
+                    }
+                    _ => {}
+                }
+            }
+            cur = ifa.ifa_next;
+        }
+        libc::freeifaddrs(head);
+    }
+    Ok(out)
+}
+
+/// Signals a process (used by tests to kill or freeze a peer).
+#[derive(Clone, Copy, Debug)]
+pub enum Signal {
+    /// SIGKILL.
+    Kill,
+    /// SIGSTOP.
+    Stop,
+    /// SIGCONT.
+    Cont,
+}
+
+/// Sends `sig` to process `pid`.
+pub fn send_signal(pid: u32, sig: Signal) -> io::Result<()> {
+    let s = match sig {
+        Signal::Kill => libc::SIGKILL,
+        Signal::Stop => libc::SIGSTOP,
+        Signal::Cont => libc::SIGCONT,
+    };
+    // SAFETY: kill has no memory-safety preconditions.
+    cvt(unsafe { libc::kill(pid as libc::pid_t, s) })?;
+    Ok(())
+}
+
+/// Whether the process runs as root (tests needing netns/veth check this).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_mem_bounds_and_sharing() {
+        let a = SharedMem::create("t", 8192).unwrap();
+        assert_eq!(a.len(), 8192);
+        a.write(100, b"hello").unwrap();
+        assert!(a.write(8190, b"abc").is_err());
+        assert!(a.read(usize::MAX, &mut [0u8; 2]).is_err());
+        assert!(a.atomic(4).is_err());
+        assert!(a.atomic(8192).is_err());
+        // A second mapping of the same memfd sees the same bytes.
+        let b = SharedMem::map(a.fd().try_clone_to_owned().unwrap()).unwrap();
+        let mut buf = [0u8; 5];
+        b.read(100, &mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        b.copy_from(0, &a, 100, 5).unwrap();
+        a.read(0, &mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        assert!(b.copy_from(8190, &a, 0, 5).is_err());
+        assert!(SharedMem::create("z", 0).is_err());
+    }
+
+    #[test]
+    fn seqpacket_passes_descriptors() {
+        let dir = std::env::temp_dir().join(format!("smc-sys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let l = SeqPacket::listen(&path).unwrap();
+        let c = SeqPacket::connect(&path).unwrap();
+        let s = l.accept().unwrap();
+        let m = SharedMem::create("p", 4096).unwrap();
+        m.write(0, b"shared").unwrap();
+        let e = EventFd::new().unwrap();
+        c.send(b"msg", &[m.fd(), e.as_fd()]).unwrap();
+        let mut buf = [0u8; 16];
+        let (n, fds) = s.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"msg");
+        assert_eq!(fds.len(), 2);
+        let mut it = fds.into_iter();
+        let m2 = SharedMem::map(it.next().unwrap()).unwrap();
+        let mut b = [0u8; 6];
+        m2.read(0, &mut b).unwrap();
+        assert_eq!(&b, b"shared");
+        let e2 = EventFd::from_owned(it.next().unwrap());
+        e2.signal();
+        assert!(e.wait(Duration::from_secs(1)).unwrap());
+        assert!(!e.drain());
+        drop(c);
+        let (n, _) = s.recv(&mut buf).unwrap();
+        assert_eq!(n, 0, "peer close reads as 0");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn eventfd_wait_times_out() {
+        let e = EventFd::new().unwrap();
+        let t = std::time::Instant::now();
+        assert!(!e.wait(Duration::from_millis(20)).unwrap());
+        assert!(t.elapsed() >= Duration::from_millis(15));
+    }
+}

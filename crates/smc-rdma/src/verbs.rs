@@ -1,0 +1,795 @@
+//! Provider-neutral, verbs-like RDMA API.
+//!
+//! The shapes follow libibverbs closely so that a real verbs provider can sit
+//! behind the same traits: devices have ports with a state, an active MTU and
+//! a GID table; memory is registered (here: allocated) in a protection domain
+//! with access flags and yields an lkey/rkey; RC queue pairs walk the verbs
+//! state machine (RESET → INIT → RTR → RTS, ERR); work requests carry a
+//! `wr_id` and complete through completion queues that are polled without
+//! blocking, optionally armed to signal a completion channel that exposes a
+//! pollable file descriptor.
+//!
+//! All handles are `Send + Sync` and every method takes `&self`, so the
+//! application's own thread can post and poll without a driver thread.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Errors returned synchronously by verbs calls (asynchronous failures are
+/// reported as [`WorkCompletion`] statuses and [`AsyncEvent`]s instead).
+#[derive(Debug)]
+pub enum Error {
+    /// The operation is not allowed in the queue pair's current state.
+    InvalidState {
+        /// What was attempted.
+        op: &'static str,
+        /// The state the QP was in.
+        state: QpState,
+    },
+    /// The requested state transition is not in the transition table.
+    InvalidTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested transition.
+        to: QpTransitionKind,
+    },
+    /// An argument is out of range or inconsistent.
+    InvalidArgument(String),
+    /// The work queue is full.
+    QueueFull,
+    /// No device with this name.
+    NoSuchDevice(String),
+    /// The port number does not exist.
+    NoSuchPort(u8),
+    /// Establishing the connection to the peer failed.
+    Connect(String),
+    /// Configuration error.
+    Config(String),
+    /// The operation is not supported by this provider.
+    Unsupported(&'static str),
+    /// An operating-system call failed.
+    Io(std::io::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidState { op, state } => {
+                write!(f, "{op} is not allowed while the QP is in state {state:?}")
+            }
+            Error::InvalidTransition { from, to } => {
+                write!(f, "QP transition {to:?} is not allowed from state {from:?}")
+            }
+            Error::InvalidArgument(s) => write!(f, "invalid argument: {s}"),
+            Error::QueueFull => write!(f, "work queue is full"),
+            Error::NoSuchDevice(n) => write!(f, "no RDMA device named {n:?}"),
+            Error::NoSuchPort(p) => write!(f, "no port {p}"),
+            Error::Connect(s) => write!(f, "connecting to the peer failed: {s}"),
+            Error::Config(s) => write!(f, "configuration error: {s}"),
+            Error::Unsupported(s) => write!(f, "not supported by this provider: {s}"),
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+/// GIDs are the wire codec's type, so a GID read from a CLC message goes into
+/// [`RemoteQp`] unchanged.
+pub use smc_wire::types::{Gid, Mac};
+
+/// GID type as in the RoCE GID table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GidType {
+    /// RoCE v1 (layer 2, link-local GID derived from the MAC).
+    RoceV1,
+    /// RoCE v2 (UDP/IP, GID derived from an IP address).
+    RoceV2,
+}
+
+/// One entry of a port's GID table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GidEntry {
+    /// Index in the table.
+    pub index: u16,
+    /// The GID.
+    pub gid: Gid,
+    /// RoCE version.
+    pub gid_type: GidType,
+}
+
+/// Port state (subset of `ibv_port_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PortState {
+    /// Link down.
+    Down,
+    /// Link coming up.
+    Init,
+    /// Link up and usable.
+    Active,
+}
+
+/// Path MTU (`ibv_mtu`): the wire codec's IB MTU enum (1 = 256 … 5 = 4096).
+pub use smc_wire::types::IbMtu as Mtu;
+
+/// Attributes of one port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Port number (1-based, as in verbs).
+    pub port_num: u8,
+    /// Current state.
+    pub state: PortState,
+    /// Active MTU.
+    pub active_mtu: Mtu,
+    /// GID table.
+    pub gids: Vec<GidEntry>,
+    /// The associated network interface, if any.
+    pub netdev: Option<String>,
+}
+
+/// Static description of a device (from enumeration).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name (`mlx5_0`, `shm0`, …).
+    pub name: String,
+    /// Ports (verbs numbering starts at 1).
+    pub ports: Vec<PortAttr>,
+    /// Largest message a SEND may carry.
+    pub max_msg_size: u32,
+    /// Largest inline payload.
+    pub max_inline: u32,
+}
+
+/// Memory access flags (`ibv_access_flags`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// No access beyond local read.
+    pub const NONE: Access = Access(0);
+    /// The local HCA may write (needed for receive buffers).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Remote peers may RDMA WRITE.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Remote peers may RDMA READ.
+    pub const REMOTE_READ: Access = Access(4);
+    /// Whether all bits of `other` are set.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// Raw bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+    /// From raw bits (unknown bits dropped).
+    pub fn from_bits(b: u32) -> Access {
+        Access(b & 7)
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, o: Access) -> Access {
+        Access(self.0 | o.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = vec![];
+        if self.contains(Access::LOCAL_WRITE) {
+            parts.push("LOCAL_WRITE");
+        }
+        if self.contains(Access::REMOTE_WRITE) {
+            parts.push("REMOTE_WRITE");
+        }
+        if self.contains(Access::REMOTE_READ) {
+            parts.push("REMOTE_READ");
+        }
+        write!(f, "Access({})", parts.join("|"))
+    }
+}
+
+/// A scatter/gather element: `length` bytes at `addr` of the region `lkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Address in the region's address space ([`MemoryRegion::addr`] + offset).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the region.
+    pub lkey: u32,
+}
+
+/// What a remote peer needs to RDMA WRITE into a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteMr {
+    /// Remote address of byte 0.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Length.
+    pub len: u64,
+}
+
+/// Send-queue operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// Two-sided SEND (consumes a receive WR at the peer).
+    Send,
+    /// SEND with 32-bit immediate data.
+    SendWithImm(u32),
+    /// One-sided RDMA WRITE.
+    RdmaWrite {
+        /// Target address in the peer's region.
+        remote_addr: u64,
+        /// The peer region's rkey.
+        rkey: u32,
+    },
+    /// RDMA WRITE that also consumes a receive WR and delivers `imm`.
+    RdmaWriteWithImm {
+        /// Target address in the peer's region.
+        remote_addr: u64,
+        /// The peer region's rkey.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+}
+
+/// Where a send WR's data comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Payload<'a> {
+    /// Gather from registered memory.
+    Sges(&'a [Sge]),
+    /// Copied at post time (`IBV_SEND_INLINE`); at most `max_inline` bytes.
+    Inline(&'a [u8]),
+}
+
+impl Payload<'_> {
+    /// Total length.
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Sges(s) => s.iter().map(|s| s.length as u64).sum(),
+            Payload::Inline(d) => d.len() as u64,
+        }
+    }
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A send work request.
+#[derive(Clone, Copy, Debug)]
+pub struct SendWr<'a> {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: SendOp,
+    /// Data.
+    pub payload: Payload<'a>,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+}
+
+/// A receive work request.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWr<'a> {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// Scatter list (may be empty for WRITE WITH IMMEDIATE only).
+    pub sges: &'a [Sge],
+}
+
+/// Completion opcode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WcOpcode {
+    /// SEND (or SEND WITH IMMEDIATE) completed at the requester.
+    #[default]
+    Send,
+    /// RDMA WRITE (with or without immediate) completed at the requester.
+    RdmaWrite,
+    /// A SEND was received.
+    Recv,
+    /// An RDMA WRITE WITH IMMEDIATE was received.
+    RecvRdmaWithImm,
+}
+
+/// Completion status (`ibv_wc_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WcStatus {
+    /// Success.
+    #[default]
+    Success,
+    /// Receive buffer too small / message too long.
+    LocalLengthError,
+    /// Internal QP consistency error.
+    LocalQpOperationError,
+    /// A local SGE referenced memory it may not access (bad lkey, bounds, PD, access).
+    LocalProtectionError,
+    /// Flushed because the QP is in the error state.
+    WrFlushError,
+    /// The responder rejected the request as invalid.
+    RemoteInvalidRequest,
+    /// The responder rejected the rkey, bounds or access rights.
+    RemoteAccessError,
+    /// The responder failed to complete the operation.
+    RemoteOperationError,
+    /// Transport retries exhausted (peer not answering).
+    RetryExceeded,
+    /// Receiver-not-ready retries exhausted.
+    RnrRetryExceeded,
+    /// Fatal device error.
+    FatalError,
+}
+
+/// A work completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct WorkCompletion {
+    /// The WR's `wr_id`.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode (meaningful also on errors in this crate).
+    pub opcode: WcOpcode,
+    /// Bytes transferred (receives: bytes received).
+    pub byte_len: u32,
+    /// Immediate data, if any.
+    pub imm: Option<u32>,
+    /// QP number the WR belonged to.
+    pub qp_num: u32,
+}
+
+/// Queue pair state (verbs `ibv_qp_state`, without SQD/SQE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Freshly created or reset; nothing may be posted.
+    Reset,
+    /// Initialised; receives may be posted.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Error; all WRs flush.
+    Err,
+}
+
+impl QpState {
+    /// All states.
+    pub const ALL: [QpState; 5] = [
+        QpState::Reset,
+        QpState::Init,
+        QpState::Rtr,
+        QpState::Rts,
+        QpState::Err,
+    ];
+
+    /// The QP transition table.
+    ///
+    /// | from \ to | Init | Rtr | Rts | Err | Reset |
+    /// |-----------|------|-----|-----|-----|-------|
+    /// | Reset     |  ok  |  -  |  -  | ok  |  ok   |
+    /// | Init      |  ok  | ok  |  -  | ok  |  ok   |
+    /// | Rtr       |  -   |  -  | ok  | ok  |  ok   |
+    /// | Rts       |  -   |  -  | ok  | ok  |  ok   |
+    /// | Err       |  -   |  -  |  -  | ok  |  ok   |
+    ///
+    /// (INIT→INIT and RTS→RTS modify attributes, as in verbs.)
+    pub fn next(self, t: QpTransitionKind) -> Result<QpState> {
+        use QpState::*;
+        use QpTransitionKind as K;
+        let to = match (self, t) {
+            (_, K::Reset) => Reset,
+            (_, K::Err) => Err,
+            (Reset | Init, K::Init) => Init,
+            (Init, K::Rtr) => Rtr,
+            (Rtr | Rts, K::Rts) => Rts,
+            _ => return Result::Err(Error::InvalidTransition { from: self, to: t }),
+        };
+        Ok(to)
+    }
+    /// Receives may be posted in INIT, RTR, RTS (and ERR, where they flush).
+    pub fn can_post_recv(self) -> bool {
+        !matches!(self, QpState::Reset)
+    }
+}
+
+/// The kind of a [`QpModify`] (for the transition table and errors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpTransitionKind {
+    /// To INIT.
+    Init,
+    /// To RTR.
+    Rtr,
+    /// To RTS.
+    Rts,
+    /// To ERR.
+    Err,
+    /// To RESET.
+    Reset,
+}
+
+impl QpTransitionKind {
+    /// All kinds.
+    pub const ALL: [QpTransitionKind; 5] = [
+        QpTransitionKind::Init,
+        QpTransitionKind::Rtr,
+        QpTransitionKind::Rts,
+        QpTransitionKind::Err,
+        QpTransitionKind::Reset,
+    ];
+}
+
+/// The peer a QP connects to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteQp {
+    /// Peer GID.
+    pub gid: Gid,
+    /// Peer QP number.
+    pub qp_num: u32,
+}
+
+/// A QP state change with the attributes verbs requires for it.
+#[derive(Clone, Copy, Debug)]
+pub enum QpModify {
+    /// RESET/INIT → INIT.
+    Init {
+        /// Port number (1-based).
+        port: u8,
+        /// Remote access rights granted through this QP.
+        access: Access,
+    },
+    /// INIT → RTR: connect to the peer.
+    Rtr {
+        /// The peer.
+        remote: RemoteQp,
+        /// Index of the local GID to use.
+        sgid_index: u16,
+        /// Expected first PSN from the peer (the peer's `sq_psn`).
+        rq_psn: u32,
+        /// Path MTU.
+        path_mtu: Mtu,
+        /// How long a requester waits before retrying after RNR.
+        min_rnr_timer: Duration,
+    },
+    /// RTR/RTS → RTS.
+    Rts {
+        /// First PSN of our sends.
+        sq_psn: u32,
+        /// Transport timeout per attempt.
+        timeout: Duration,
+        /// Transport retry count (0..=7).
+        retry_cnt: u8,
+        /// RNR retry count (0..=6, 7 = infinite).
+        rnr_retry: u8,
+    },
+    /// Any → ERR.
+    Err,
+    /// Any → RESET.
+    Reset,
+}
+
+impl QpModify {
+    /// The transition kind.
+    pub fn kind(&self) -> QpTransitionKind {
+        match self {
+            QpModify::Init { .. } => QpTransitionKind::Init,
+            QpModify::Rtr { .. } => QpTransitionKind::Rtr,
+            QpModify::Rts { .. } => QpTransitionKind::Rts,
+            QpModify::Err => QpTransitionKind::Err,
+            QpModify::Reset => QpTransitionKind::Reset,
+        }
+    }
+}
+
+/// Queue sizes of a QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Largest inline payload.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        QpCap {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_inline_data: 64,
+        }
+    }
+}
+
+/// Asynchronous event (`ibv_async_event`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The port became active.
+    PortActive {
+        /// Port number.
+        port: u8,
+    },
+    /// The port went down (its QPs moved to ERR).
+    PortError {
+        /// Port number.
+        port: u8,
+    },
+    /// A QP hit a fatal error and moved to ERR (e.g. peer death or hang).
+    QpFatal {
+        /// QP number.
+        qp_num: u32,
+    },
+    /// The device failed.
+    DeviceFatal,
+}
+
+/// A family of RDMA object types (one per provider).
+pub trait Provider: Send + Sync + Sized + 'static {
+    /// Opened device.
+    type Device: Device<P = Self>;
+    /// Protection domain.
+    type Pd: ProtectionDomain<P = Self>;
+    /// Memory region.
+    type Mr: MemoryRegion;
+    /// Completion queue.
+    type Cq: CompletionQueue;
+    /// Completion channel.
+    type Channel: CompletionChannel;
+    /// Queue pair.
+    type Qp: QueuePair;
+
+    /// Enumerates devices.
+    fn devices(&self) -> Result<Vec<DeviceInfo>>;
+    /// Opens a device by name.
+    fn open_device(&self, name: &str) -> Result<Self::Device>;
+}
+
+/// An opened device (`ibv_context`).
+pub trait Device: Send + Sync {
+    /// The provider family.
+    type P: Provider;
+    /// Current description (ports, states, GIDs).
+    fn info(&self) -> DeviceInfo;
+    /// Queries one port (1-based).
+    fn query_port(&self, port: u8) -> Result<PortAttr>;
+    /// Allocates a protection domain.
+    fn alloc_pd(&self) -> Result<<Self::P as Provider>::Pd>;
+    /// Creates a completion channel.
+    fn create_channel(&self) -> Result<<Self::P as Provider>::Channel>;
+    /// Creates a completion queue, optionally bound to a channel.
+    fn create_cq(
+        &self,
+        depth: u32,
+        channel: Option<&<Self::P as Provider>::Channel>,
+    ) -> Result<<Self::P as Provider>::Cq>;
+    /// Takes the next asynchronous event without blocking.
+    fn poll_async_event(&self) -> Option<AsyncEvent>;
+    /// A descriptor that is readable while asynchronous events are pending.
+    fn async_fd(&self) -> BorrowedFd<'_>;
+}
+
+/// A protection domain.
+pub trait ProtectionDomain: Send + Sync {
+    /// The provider family.
+    type P: Provider;
+    /// Allocates and registers `len` bytes (page aligned, zeroed).
+    fn alloc_mr(&self, len: usize, access: Access) -> Result<<Self::P as Provider>::Mr>;
+    /// Creates an RC queue pair in RESET.
+    fn create_qp(
+        &self,
+        send_cq: &<Self::P as Provider>::Cq,
+        recv_cq: &<Self::P as Provider>::Cq,
+        cap: QpCap,
+    ) -> Result<<Self::P as Provider>::Qp>;
+}
+
+/// A registered memory region; deregistered on drop.
+pub trait MemoryRegion: Send + Sync {
+    /// Local key (for SGEs).
+    fn lkey(&self) -> u32;
+    /// Remote key (for the peer's RDMA WRITEs).
+    fn rkey(&self) -> u32;
+    /// Address of byte 0 in SGEs and for remote access (the iova).
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Access flags.
+    fn access(&self) -> Access;
+    /// Copies out of the region (bounds checked). Peers may write concurrently.
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<()>;
+    /// Copies into the region (bounds checked).
+    fn write_at(&self, off: usize, data: &[u8]) -> Result<()>;
+    /// An SGE covering `len` bytes at `off` (bounds checked).
+    fn sge(&self, off: usize, len: u32) -> Result<Sge> {
+        check_range(off, len as usize, self.len())?;
+        Ok(Sge {
+            addr: self.addr() + off as u64,
+            length: len,
+            lkey: self.lkey(),
+        })
+    }
+    /// What the peer needs to write here.
+    fn remote(&self) -> RemoteMr {
+        RemoteMr {
+            addr: self.addr(),
+            rkey: self.rkey(),
+            len: self.len() as u64,
+        }
+    }
+}
+
+/// Checks `off..off+len` lies in `0..total`.
+pub fn check_range(off: usize, len: usize, total: usize) -> Result<()> {
+    match off.checked_add(len) {
+        Some(end) if end <= total => Ok(()),
+        _ => Err(Error::InvalidArgument(format!(
+            "range {off}+{len} outside region of {total} bytes"
+        ))),
+    }
+}
+
+/// A completion queue.
+pub trait CompletionQueue: Send + Sync {
+    /// Fills `out` with up to `out.len()` completions; never blocks.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+    /// Arms the CQ: the next completion signals its channel once.
+    fn req_notify(&self) -> Result<()>;
+}
+
+/// A completion channel with a pollable descriptor (`ibv_comp_channel`).
+pub trait CompletionChannel: Send + Sync {
+    /// The descriptor; readable when an armed CQ received a completion.
+    fn fd(&self) -> BorrowedFd<'_>;
+    /// Consumes pending notifications without blocking; true if there were any.
+    fn try_get_event(&self) -> Result<bool>;
+    /// Blocks up to `timeout` for a notification; true if one was consumed.
+    fn wait(&self, timeout: Duration) -> Result<bool>;
+}
+
+/// An RC queue pair.
+pub trait QueuePair: Send + Sync {
+    /// QP number.
+    fn qp_num(&self) -> u32;
+    /// Current state (may change asynchronously to ERR).
+    fn state(&self) -> QpState;
+    /// Applies a state transition.
+    fn modify(&self, m: &QpModify) -> Result<()>;
+    /// Posts a send WR (fails unless RTS).
+    fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
+    /// Posts a receive WR (fails in RESET).
+    fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+}
+
+/// Validates a send WR against QP limits; shared by providers.
+pub fn validate_send(wr: &SendWr<'_>, cap: &QpCap, max_msg: u32) -> Result<()> {
+    if let Payload::Inline(d) = wr.payload {
+        if d.len() > cap.max_inline_data as usize {
+            return Err(Error::InvalidArgument(format!(
+                "inline payload of {} bytes exceeds max_inline_data {}",
+                d.len(),
+                cap.max_inline_data
+            )));
+        }
+    }
+    if matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && wr.payload.len() > max_msg as u64 {
+        return Err(Error::InvalidArgument(format!(
+            "SEND of {} bytes exceeds max_msg_size {max_msg}",
+            wr.payload.len()
+        )));
+    }
+    if wr.payload.len() > u32::MAX as u64 {
+        return Err(Error::InvalidArgument("message longer than 4 GiB".into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_transition_pair() {
+        use QpState::*;
+        use QpTransitionKind as K;
+        for s in QpState::ALL {
+            for k in QpTransitionKind::ALL {
+                let expect = match (s, k) {
+                    (_, K::Reset) => Some(Reset),
+                    (_, K::Err) => Some(Err),
+                    (Reset, K::Init) | (Init, K::Init) => Some(Init),
+                    (Init, K::Rtr) => Some(Rtr),
+                    (Rtr, K::Rts) | (Rts, K::Rts) => Some(Rts),
+                    _ => None,
+                };
+                match (s.next(k), expect) {
+                    (Ok(got), Some(want)) => assert_eq!(got, want, "{s:?} --{k:?}"),
+                    (Result::Err(Error::InvalidTransition { from, to }), None) => {
+                        assert_eq!((from, to), (s, k))
+                    }
+                    (r, e) => panic!("{s:?} --{k:?}: got {r:?}, want {e:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gid_derivation() {
+        let g = Gid::roce_v1_link_local(Mac([0x02, 0xfc, 0, 0, 0, 1]));
+        assert_eq!(g.to_string(), "fe80::fc:ff:fe00:1");
+        let v4 = Gid::from_ip("192.0.2.1".parse().unwrap());
+        assert_eq!(v4.to_string(), "::ffff:192.0.2.1");
+        assert_eq!(Gid::from_hex(&v4.to_hex()), Some(v4));
+        assert_eq!(Gid::from_hex("zz"), None);
+    }
+
+    #[test]
+    fn send_validation() {
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_inline_data: 8,
+        };
+        let wr = |op, payload| SendWr {
+            wr_id: 1,
+            op,
+            payload,
+            signaled: true,
+        };
+        assert!(validate_send(&wr(SendOp::Send, Payload::Inline(&[0; 8])), &cap, 100).is_ok());
+        assert!(validate_send(&wr(SendOp::Send, Payload::Inline(&[0; 9])), &cap, 100).is_err());
+        let big = [Sge {
+            addr: 0,
+            length: 101,
+            lkey: 1,
+        }];
+        assert!(validate_send(&wr(SendOp::Send, Payload::Sges(&big)), &cap, 100).is_err());
+        // WRITEs are not limited by the SEND message size.
+        let w = SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: 1,
+        };
+        assert!(validate_send(&wr(w, Payload::Sges(&big)), &cap, 100).is_ok());
+    }
+
+    #[test]
+    fn mtu_and_access() {
+        assert_eq!(Mtu::for_ethernet_mtu(1500), Some(Mtu::Mtu1024));
+        assert_eq!(Mtu::for_ethernet_mtu(9000), Some(Mtu::Mtu4096));
+        assert_eq!(Mtu::for_ethernet_mtu(100), None);
+        for m in [Mtu::Mtu256, Mtu::Mtu4096] {
+            assert_eq!(Mtu::from_code(m.code()), Some(m));
+        }
+        let a = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        assert!(a.contains(Access::REMOTE_WRITE));
+        assert!(!Access::LOCAL_WRITE.contains(Access::REMOTE_WRITE));
+        assert!(check_range(10, 5, 15).is_ok());
+        assert!(check_range(10, 6, 15).is_err());
+        assert!(check_range(usize::MAX, 2, 15).is_err());
+    }
+}

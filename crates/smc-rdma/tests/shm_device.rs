@@ -1,0 +1,462 @@
+//! `shm`-specific behaviour beyond the shared conformance suite.
+mod common;
+
+use common::*;
+use smc_rdma::conformance::*;
+use smc_rdma::shm::{gid_table, ShmProvider};
+use smc_rdma::*;
+use std::time::{Duration, Instant};
+
+fn skip(e: &Error) -> bool {
+    if let Error::Unsupported(why) = e {
+        if std::env::var_os("SMC_RDMA_REQUIRE_ALL").is_none() {
+            eprintln!("SKIPPED: {why}");
+            return true;
+        }
+    }
+    false
+}
+
+macro_rules! setup {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) if skip(&e) => return,
+            Err(e) => panic!("setup: {e}"),
+        }
+    };
+}
+
+#[test]
+fn enumeration_ports_and_gids_follow_the_interface() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let p = ShmProvider::new(config(&h.veth, &h.rundir));
+    let devs = p.devices().unwrap();
+    assert_eq!(
+        devs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        ["shmA", "shmB"]
+    );
+    let port = &devs[0].ports[0];
+    assert_eq!(port.netdev.as_deref(), Some(h.veth.a.as_str()));
+    assert_eq!(port.state, PortState::Active);
+    assert_eq!(port.active_mtu, Mtu::Mtu1024); // veth MTU 1500
+    let mac = std::fs::read_to_string(format!("/sys/class/net/{}/address", h.veth.a)).unwrap();
+    let mac: Vec<u8> = mac
+        .trim()
+        .split(':')
+        .map(|x| u8::from_str_radix(x, 16).unwrap())
+        .collect();
+    let v1 = Gid::roce_v1_link_local(smc_wire::types::Mac(mac.try_into().unwrap()));
+    assert_eq!(
+        port.gids[0],
+        GidEntry {
+            index: 0,
+            gid: v1,
+            gid_type: GidType::RoceV1
+        }
+    );
+    assert_eq!(port.gids[1].gid_type, GidType::RoceV2);
+    assert_eq!(h.local.info().gid, v1);
+    assert!(p.open_device("nope").is_err());
+    // v2 GIDs come from the interface's IP addresses.
+    assert!(gid_table("lo")
+        .iter()
+        .any(|g| g.gid == Gid::from_ip("127.0.0.1".parse().unwrap())));
+}
+
+#[test]
+fn deregistration_revokes_remote_access() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let extra = h
+        .peer
+        .ep
+        .pd
+        .alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let r = extra.remote();
+    let sge = h.local.mr.sge(0, 64).unwrap();
+    let wr = |id| SendWr {
+        wr_id: id,
+        op: SendOp::RdmaWrite {
+            remote_addr: r.addr,
+            rkey: r.rkey,
+        },
+        payload: Payload::Sges(std::slice::from_ref(&sge)),
+        signaled: true,
+    };
+    h.local.qp.post_send(&wr(1)).unwrap();
+    assert_eq!(h.local.poll_send()[0].status, WcStatus::Success);
+    drop(extra);
+    h.local.qp.post_send(&wr(2)).unwrap();
+    let w = h.local.poll_send();
+    assert_eq!(w[0].status, WcStatus::RemoteAccessError, "{w:?}");
+    assert_eq!(h.local.qp.state(), QpState::Err);
+}
+
+#[test]
+fn local_protection_error_on_bad_lkey() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    let sge = Sge {
+        addr: h.local.mr.addr(),
+        length: 64,
+        lkey: h.local.mr.lkey() ^ 0xff00,
+    };
+    h.local
+        .qp
+        .post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaWrite {
+                remote_addr: r.addr,
+                rkey: r.rkey,
+            },
+            payload: Payload::Sges(&[sge]),
+            signaled: true,
+        })
+        .unwrap();
+    let w = h.local.poll_send();
+    assert_eq!(w[0].status, WcStatus::LocalProtectionError, "{w:?}");
+}
+
+#[test]
+fn completion_channel_wakes_a_blocked_receiver() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let sge = h.peer.ep.mr.sge(RECV_AREA, 64).unwrap();
+    h.peer
+        .ep
+        .qp
+        .post_recv(&RecvWr {
+            wr_id: 1,
+            sges: &[sge],
+        })
+        .unwrap();
+    h.peer.ep.rcq.req_notify().unwrap();
+    assert!(h.peer.ep.poll_recv().is_empty());
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            let t0 = Instant::now();
+            let woke = h.peer.ep.chan.wait(Duration::from_secs(5)).unwrap();
+            (woke, t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let s = SendWr {
+            wr_id: 7,
+            op: SendOp::Send,
+            payload: Payload::Inline(b"wake"),
+            signaled: true,
+        };
+        h.local.qp.post_send(&s).unwrap();
+        let (woke, dt) = t.join().unwrap();
+        assert!(
+            woke && dt < Duration::from_secs(2),
+            "woke={woke} after {dt:?}"
+        );
+    });
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (1, 4));
+}
+
+#[test]
+fn peer_process_death_detected_within_bound_without_traffic() {
+    let mut h = setup!(make_proc(&ConnParams::default(), false));
+    h.peer.kill().unwrap();
+    let t0 = Instant::now();
+    while h.local.qp.state() != QpState::Err && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let dt = t0.elapsed();
+    assert!(dt < Duration::from_secs(1), "death noticed after {dt:?}");
+    assert_eq!(
+        h.local.dev.poll_async_event(),
+        Some(AsyncEvent::QpFatal {
+            qp_num: h.local.qp.qp_num()
+        })
+    );
+}
+
+#[test]
+fn peer_process_hang_detected_within_bound_without_traffic() {
+    let mut h = setup!(make_proc(&ConnParams::default(), false));
+    h.peer.hang().unwrap();
+    let t0 = Instant::now();
+    while h.local.qp.state() != QpState::Err && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let dt = t0.elapsed();
+    // peer_timeout is 500 ms in the test config, poll interval 10 ms.
+    assert!(
+        dt >= Duration::from_millis(450) && dt < Duration::from_secs(1),
+        "hang noticed after {dt:?}"
+    );
+    assert_eq!(
+        h.local.dev.poll_async_event(),
+        Some(AsyncEvent::QpFatal {
+            qp_num: h.local.qp.qp_num()
+        })
+    );
+}
+
+#[test]
+fn port_down_in_one_namespace_fails_the_peer_in_the_other() {
+    let mut h = setup!(make_proc(&ConnParams::default(), true));
+    h.veth.set_a(false).unwrap();
+    let t0 = Instant::now();
+    let mut st = QpState::Rts;
+    while t0.elapsed() < Duration::from_secs(3) {
+        st = h.peer.qp_state().unwrap();
+        if st == QpState::Err {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        st,
+        QpState::Err,
+        "peer QP in the other namespace did not fail"
+    );
+    assert_eq!(h.local.qp.state(), QpState::Err);
+}
+
+#[test]
+fn connect_to_unknown_gid_fails_cleanly() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let l = &h.local;
+    let qp = l.pd.create_qp(&l.scq, &l.rcq, QpCap::default()).unwrap();
+    qp.modify(&QpModify::Init {
+        port: 1,
+        access: Access::REMOTE_WRITE,
+    })
+    .unwrap();
+    let r = qp.modify(&QpModify::Rtr {
+        remote: RemoteQp {
+            gid: Gid([0xaa; 16]),
+            qp_num: 5,
+        },
+        sgid_index: 0,
+        rq_psn: 0,
+        path_mtu: Mtu::Mtu1024,
+        min_rnr_timer: Duration::from_millis(1),
+    });
+    assert!(matches!(r, Err(Error::Connect(_))), "{r:?}");
+    // Unknown QP number on a real device is refused too.
+    let r = qp.modify(&QpModify::Rtr {
+        remote: RemoteQp {
+            gid: h.remote.gid,
+            qp_num: 0x00ff_fff0,
+        },
+        sgid_index: 0,
+        rq_psn: 0,
+        path_mtu: Mtu::Mtu1024,
+        min_rnr_timer: Duration::from_millis(1),
+    });
+    assert!(matches!(r, Err(Error::Connect(_))), "{r:?}");
+}
+
+/// A hand-made hostile "peer": it completes the rendezvous, then scribbles
+/// on the real QP's receive ring and on its own ring header. The real QP must
+/// fail (ERR with an error completion) without panicking or touching memory
+/// outside its regions.
+#[test]
+fn hostile_peer_garbage_is_a_qp_error_not_a_crash() {
+    use smc_rdma::shm::layout::*;
+    use smc_rdma::sys::{SeqPacket, SharedMem};
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let fake_gid = Gid([0x42; 16]);
+    let sock = h.rundir.join("fake.sock");
+    let listener = SeqPacket::listen(&sock).unwrap();
+    std::os::unix::fs::symlink(&sock, h.rundir.join(format!("gid-{}", fake_gid.to_hex()))).unwrap();
+    let fake_ring = SharedMem::create("fake", RING_LEN).unwrap();
+    fake_ring
+        .atomic(0)
+        .unwrap()
+        .store(RING_MAGIC, std::sync::atomic::Ordering::Release);
+    fake_ring
+        .atomic(R_ACCESS)
+        .unwrap()
+        .store(2, std::sync::atomic::Ordering::Release);
+    let l = &h.local;
+    let qp = l.pd.create_qp(&l.scq, &l.rcq, QpCap::default()).unwrap();
+    qp.modify(&QpModify::Init {
+        port: 1,
+        access: Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+    })
+    .unwrap();
+    let victim_ring = std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            let c = listener.accept().unwrap();
+            let mut b = [0u8; 64];
+            let (n, mut fds) = c.recv(&mut b).unwrap();
+            assert_eq!(n, 48);
+            let src_qpn = u32::from_le_bytes(b[8..12].try_into().unwrap());
+            let mut ack = [0u8; 48];
+            let words = [0x534d_4352u32, 2, 777, src_qpn, 1, 0, 0];
+            for (i, w) in words.iter().enumerate() {
+                ack[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+            }
+            ack[28..44].copy_from_slice(&fake_gid.0);
+            c.send(&ack, &[fake_ring.fd()]).unwrap();
+            (SharedMem::map(fds.remove(0)).unwrap(), c)
+        });
+        qp.modify(&QpModify::Rtr {
+            remote: RemoteQp {
+                gid: fake_gid,
+                qp_num: 777,
+            },
+            sgid_index: 0,
+            rq_psn: 100,
+            path_mtu: Mtu::Mtu1024,
+            min_rnr_timer: Duration::from_millis(1),
+        })
+        .unwrap();
+        t.join().unwrap()
+    });
+    let (ring, _conn) = victim_ring;
+    qp.modify(&QpModify::Rts {
+        sq_psn: 0,
+        timeout: Duration::from_millis(50),
+        retry_cnt: 3,
+        rnr_retry: 7,
+    })
+    .unwrap();
+    // The hostile consumer claims to be ahead of our producer.
+    fake_ring
+        .atomic(R_HEAD)
+        .unwrap()
+        .store(u64::MAX - 3, std::sync::atomic::Ordering::Release);
+    let s = SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"x"),
+        signaled: true,
+    };
+    qp.post_send(&s).unwrap();
+    // Garbage slot: published with a huge length and a wrong PSN.
+    let sge = l.mr.sge(RECV_AREA, 64).unwrap();
+    qp.post_recv(&RecvWr {
+        wr_id: 9,
+        sges: &[sge],
+    })
+    .unwrap();
+    let slot = HDR;
+    ring.atomic(slot + S_META).unwrap().store(
+        OP_SEND | (u32::MAX as u64) << 32,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    ring.atomic(slot + S_IMM)
+        .unwrap()
+        .store(12345 << 40, std::sync::atomic::Ordering::Relaxed);
+    ring.atomic(slot + S_STATE)
+        .unwrap()
+        .store(ST_PUBLISHED, std::sync::atomic::Ordering::SeqCst);
+    let before = {
+        let mut b = vec![0u8; 4096];
+        l.mr.read_at(RECV_AREA, &mut b).unwrap();
+        b
+    };
+    let mut wcs = vec![];
+    for _ in 0..100 {
+        wcs.extend(l.poll_recv());
+        wcs.extend(l.poll_send());
+        if qp.state() == QpState::Err {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(qp.state(), QpState::Err, "{wcs:?}");
+    let r = wcs
+        .iter()
+        .find(|w| w.wr_id == 9)
+        .expect("receive completed");
+    assert_ne!(r.status, WcStatus::Success, "{wcs:?}");
+    let mut after = vec![0u8; 4096];
+    l.mr.read_at(RECV_AREA, &mut after).unwrap();
+    assert_eq!(before, after, "garbage was copied into the receive buffer");
+}
+
+/// Handles are Send + Sync: several threads post to one QP concurrently.
+#[test]
+fn concurrent_posting_from_many_threads() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    const T: usize = 4;
+    const PER: usize = 50;
+    std::thread::scope(|s| {
+        let local = &h.local;
+        for t in 0..T {
+            s.spawn(move || {
+                let data = pattern(t as u64, 1024);
+                local.mr.write_at(t * 1024, &data).unwrap();
+                let sge = local.mr.sge(t * 1024, 1024).unwrap();
+                for i in 0..PER {
+                    let wr = SendWr {
+                        wr_id: (t * PER + i) as u64,
+                        op: SendOp::RdmaWrite {
+                            remote_addr: r.addr + (t * 1024) as u64,
+                            rkey: r.rkey,
+                        },
+                        payload: Payload::Sges(std::slice::from_ref(&sge)),
+                        signaled: true,
+                    };
+                    while let Err(e) = local.qp.post_send(&wr) {
+                        assert!(matches!(e, Error::QueueFull), "{e}");
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+        let mut n = 0;
+        let t0 = Instant::now();
+        while n < T * PER && t0.elapsed() < Duration::from_secs(5) {
+            for w in h.local.poll_send() {
+                assert_eq!(w.status, WcStatus::Success);
+                n += 1;
+            }
+        }
+        assert_eq!(n, T * PER);
+    });
+    for t in 0..T {
+        let mut b = vec![0u8; 1024];
+        h.peer.ep.mr.read_at(t * 1024, &mut b).unwrap();
+        assert_eq!(b, pattern(t as u64, 1024));
+    }
+}
+
+fn device_thread_cpu_ticks(name: &str) -> Vec<u64> {
+    let mut out = vec![];
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let after = stat.rsplit(')').next().unwrap_or("");
+            let f: Vec<&str> = after.split_whitespace().collect();
+            // fields 14 (utime) and 15 (stime) of stat; index 11/12 after the comm.
+            out.push(
+                f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+                    + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0),
+            );
+        }
+    }
+    out
+}
+
+/// After the peer died (its sockets hung up), the device thread must go back
+/// to sleeping, not spin on the dead sockets.
+#[test]
+fn device_thread_idles_after_peer_death() {
+    let mut h = setup!(make_proc(&ConnParams::default(), false));
+    h.peer.kill().unwrap();
+    let t0 = Instant::now();
+    while h.local.qp.state() != QpState::Err && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(h.local.qp.state(), QpState::Err);
+    let before: u64 = device_thread_cpu_ticks("shm-shmA").iter().sum();
+    std::thread::sleep(Duration::from_millis(500));
+    let after: u64 = device_thread_cpu_ticks("shm-shmA").iter().sum();
+    // Clock ticks are 10 ms; other tests' shmA threads add a little.
+    assert!(
+        after - before < 15,
+        "device threads used {} ticks in 500 ms",
+        after - before
+    );
+}
