@@ -2,11 +2,11 @@
 //! confirmation, data both ways with checksums, keepalive on virtual time, an
 //! orderly close, and a QP failure that kills the connection.
 
+use smc_engine::{peer_view, EndConfig, LinkEnd};
 use smc_proto::close::{CloseEvent, CloseState};
 use smc_proto::link::{DownReason, LgrConfig, LgrOutput, Role};
 use smc_proto::Timestamp;
 use smc_rdma::sim::SimFabric;
-use smc_sim::{peer_view, EndConfig, LinkEnd};
 use smc_wire::llc::LlcVersion;
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! # smc-sim — the engine driven over a real provider
+//! # smc-engine — the SMC-R engine driven over an RDMA provider
 //!
 //! [`LinkEnd`] is one end of an SMC-R link with one connection on it: it owns the
 //! provider objects (device, PD, CQs, RC QP, receive buffers, RMB, send buffer)
@@ -13,6 +13,8 @@
 //! groups, many connections) builds on it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod endpoint;
 
 use smc_proto::close::{CloseEvent, CloseFlags, Closer, Outcome};
 use smc_proto::datapath::{DataPath, DataPathConfig, Violation};

@@ -1,0 +1,1450 @@
+//! An SMC-R endpoint: CLC handshakes, link groups shared by many connections,
+//! the data path and close of every connection, over one RDMA device.
+//!
+//! Spec: `protocol-clc.md` §4 (client and server flows, first contact vs reuse,
+//! version negotiation, timeouts), `protocol-llc-cdc.md` §1.7 (first-contact link),
+//! §1.11 (CONFIRM_RKEY before the Accept / Confirm of a reused group), §6 (link
+//! group reuse rules, at most `max_conns` connections per group), §9 (which link
+//! carries what). The protocol decisions are smc-proto's ([`negotiate`],
+//! [`LinkGroup`], [`DataPath`], [`Closer`]); this module owns the provider objects
+//! and wires them together.
+//!
+//! The TCP connection that carries CLC is the caller's: it feeds received bytes to
+//! [`Endpoint::clc_input`] and sends what [`Endpoint::clc_output`] returns. Time is
+//! passed in; nothing here blocks or spawns threads.
+//!
+//! Limits of this version (later issues): one device and one link per group (an
+//! ADD_LINK is rejected), RMBs are freed with their connection rather than pooled,
+//! urgent data is not supported.
+//!
+//! [`negotiate`]: smc_proto::negotiate
+
+use smc_proto::clc_stream::{self, ClcReader, FailReason, HandshakeEnd};
+use smc_proto::close::{CloseEvent, CloseFlags, CloseState, Closer};
+use smc_proto::datapath::{DataPath, DataPathConfig, Violation};
+use smc_proto::link::{LgrConfig, LgrOutput, LinkGroup, LocalPort, PeerPort, Role};
+use smc_proto::negotiate::{
+    self, ClientAgreement, IfAddr, LocalCapabilities, RoceV1Port, ServerChoice,
+};
+use smc_proto::Timestamp;
+use smc_rdma::{
+    Access, CompletionQueue, Device, MemoryRegion, Payload, ProtectionDomain, Provider, QpCap,
+    QpModify, QpState, QueuePair, RecvWr, RemoteMr, RemoteQp, SendOp, SendWr, WcStatus,
+    WorkCompletion,
+};
+use smc_wire::clc::{
+    AcceptConfirm, AcceptConfirmKind, ClcMessage, ClcType, Decline, DeclineCode, FceV2x,
+    FirstContactExt, Proposal, CLC_WAIT_TIME, OS_LINUX, SMC_V1, SMC_V2,
+};
+use smc_wire::llc::LlcVersion;
+use smc_wire::types::{Eid, Gid, Mac, RmbeSize, SystemId};
+use smc_wire::WrMessage;
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Receive buffers posted per link (Linux: 3 × 16 = 48).
+const RECV_SLOTS: usize = 48;
+/// Bytes per receive buffer (SMC-Rv2 LLC messages are up to 8 KiB).
+const RECV_SLOT_LEN: usize = 8192;
+/// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
+const MAX_SENDS: usize = 16;
+
+/// Handle of a connection.
+pub type ConnId = usize;
+/// Handle of a link group.
+pub type LgrId = usize;
+
+/// What an endpoint is and offers.
+#[derive(Clone, Debug)]
+pub struct EndpointConfig {
+    /// This SMC instance's system id (random instance + a RoCE MAC).
+    pub system_id: SystemId,
+    /// The provider device to use.
+    pub device: String,
+    /// UEIDs (SMC-R v2 needs one shared with the peer).
+    pub ueids: Vec<Eid>,
+    /// Offer / accept SMC-R v1.
+    pub offer_v1: bool,
+    /// Offer / accept SMC-R v2.
+    pub offer_v2: bool,
+    /// Addresses of the interface the connections use (prefix rules).
+    pub if_addrs: Vec<IfAddr>,
+    /// RMB (receive buffer) per connection, rounded up to a size class.
+    pub rmb_len: usize,
+    /// Send buffer per connection.
+    pub sndbuf_len: usize,
+    /// TEST_LINK interval (Linux default 30 s; `None` disables).
+    pub testlink: Option<Duration>,
+    /// Connections per link group this side allows (server side, ≤ 255).
+    pub max_conns: u8,
+    /// Host name sent in the first-contact extension (v2).
+    pub hostname: String,
+}
+
+/// Where a connection stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConnStatus {
+    /// The CLC handshake or the link confirmation is running.
+    Handshaking,
+    /// SMC-R: data moves over RDMA.
+    Smc,
+    /// Plain TCP on the same connection (the caller switches its socket over).
+    Fallback {
+        /// Our reason (as `smcss` shows).
+        reason: DeclineCode,
+        /// The peer's Decline code, if the peer declined.
+        peer: Option<DeclineCode>,
+    },
+    /// The connection failed (no fallback): timeout, TCP error or protocol error.
+    Failed(FailReason),
+}
+
+/// Errors the application sees on an SMC connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnError {
+    /// No such connection (or not in SMC mode).
+    NotConnected,
+    /// The write side is shut down or the connection closed (`EPIPE`).
+    Closed,
+    /// Aborted by the peer (`ECONNRESET`).
+    Reset,
+    /// Killed locally: link group lost or peer misbehaved (`ECONNABORTED`).
+    Aborted,
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    // client
+    AwaitAccept {
+        proposal: Box<Proposal>,
+        deadline: Timestamp,
+    },
+    ClientRkey {
+        confirm: Box<AcceptConfirm>,
+    },
+    // server
+    AwaitProposal {
+        deadline: Timestamp,
+    },
+    ServerRkey {
+        accept: Box<AcceptConfirm>,
+        version: u8,
+    },
+    AwaitConfirm {
+        version: u8,
+        first_contact: bool,
+        deadline: Timestamp,
+    },
+    // both
+    AwaitLink,
+    Smc,
+    Done(ConnStatus),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WrKind {
+    Llc,
+    Cdc(ConnId, u16),
+}
+
+struct Lgr<P: Provider> {
+    pd: P::Pd,
+    scq: P::Cq,
+    rcq: P::Cq,
+    qp: P::Qp,
+    recv: P::Mr,
+    psn: u32,
+    group: LinkGroup,
+    role: Role,
+    version: u8,
+    peer_system_id: SystemId,
+    peer_gid: Gid,
+    peer_qpn: u32,
+    connected: bool,
+    tokens: HashMap<u32, ConnId>,
+    wrs: HashMap<u64, WrKind>,
+    sends_in_flight: usize,
+    next_wr: u64,
+    rkey_queue: VecDeque<ConnId>,
+}
+
+struct Conn<P: Provider> {
+    role: Role,
+    phase: Phase,
+    lgr: Option<LgrId>,
+    token: u32,
+    reader: ClcReader,
+    out: VecDeque<u8>,
+    rmb: Option<P::Mr>,
+    sndbuf: Option<P::Mr>,
+    dp: Option<DataPath>,
+    closer: Closer,
+    peer_rmb: Option<RemoteMr>,
+    violation: Option<Violation>,
+}
+
+/// An SMC-R endpoint on one device.
+pub struct Endpoint<P: Provider> {
+    cfg: EndpointConfig,
+    dev: P::Device,
+    lgrs: Vec<Option<Lgr<P>>>,
+    conns: Vec<Option<Conn<P>>>,
+    next_token: u32,
+    next_lgr_id: u32,
+    gid: Gid,
+    mac: Mac,
+    /// Time of the latest input (for deadlines set from engine outputs).
+    now: Timestamp,
+}
+
+/// Provider errors.
+pub type Result<T> = smc_rdma::Result<T>;
+
+impl<P: Provider> Endpoint<P> {
+    /// Opens the configured device.
+    pub fn new(provider: &P, cfg: EndpointConfig) -> Result<Endpoint<P>> {
+        let dev = provider.open_device(&cfg.device)?;
+        let port = dev.query_port(1)?;
+        let gid = port.gids.first().map(|g| g.gid).unwrap_or_default();
+        let mac = cfg.system_id.mac();
+        Ok(Endpoint {
+            cfg,
+            dev,
+            lgrs: Vec::new(),
+            conns: Vec::new(),
+            next_token: 1,
+            next_lgr_id: 0x100,
+            gid,
+            mac,
+            now: Duration::ZERO,
+        })
+    }
+
+    fn caps(&self) -> LocalCapabilities {
+        LocalCapabilities {
+            system_id: self.cfg.system_id,
+            v1: self.cfg.offer_v1.then_some(RoceV1Port {
+                gid: self.gid,
+                mac: self.mac,
+            }),
+            v2_gid: self.cfg.offer_v2.then_some(self.gid),
+            ueids: self.cfg.ueids.clone(),
+            if_addrs: self.cfg.if_addrs.clone(),
+        }
+    }
+
+    fn new_conn(&mut self, role: Role, phase: Phase) -> ConnId {
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        let c = Conn {
+            role,
+            phase,
+            lgr: None,
+            token,
+            reader: ClcReader::new(),
+            out: VecDeque::new(),
+            rmb: None,
+            sndbuf: None,
+            dp: None,
+            closer: Closer::new(),
+            peer_rmb: None,
+            violation: None,
+        };
+        match self.conns.iter().position(Option::is_none) {
+            Some(i) => {
+                self.conns[i] = Some(c);
+                i
+            }
+            None => {
+                self.conns.push(Some(c));
+                self.conns.len() - 1
+            }
+        }
+    }
+
+    fn conn(&mut self, id: ConnId) -> Option<&mut Conn<P>> {
+        self.conns.get_mut(id).and_then(Option::as_mut)
+    }
+
+    /// Client: the TCP connection to the peer is up and the peer offered SMC on its
+    /// SYN-ACK. Queues the Proposal (or a Decline when we have nothing to offer).
+    pub fn connect(&mut self, local_ip: IpAddr, now: Timestamp) -> ConnId {
+        match negotiate::build_proposal(local_ip, &self.caps()) {
+            Ok(p) => {
+                let id = self.new_conn(
+                    Role::Client,
+                    Phase::AwaitAccept {
+                        proposal: Box::new(p.clone()),
+                        deadline: now + CLC_WAIT_TIME,
+                    },
+                );
+                self.send_clc(id, &ClcMessage::Proposal(p));
+                id
+            }
+            Err(code) => {
+                let id = self.new_conn(Role::Client, Phase::AwaitProposal { deadline: now });
+                self.decline(id, SMC_V1, code);
+                id
+            }
+        }
+    }
+
+    /// Server: a TCP connection whose SYN carried the SMC option was accepted;
+    /// waits for the Proposal.
+    pub fn accept(&mut self, now: Timestamp) -> ConnId {
+        self.new_conn(
+            Role::Server,
+            Phase::AwaitProposal {
+                deadline: now + CLC_WAIT_TIME,
+            },
+        )
+    }
+
+    /// How the connection stands.
+    pub fn status(&self, id: ConnId) -> Option<ConnStatus> {
+        let c = self.conns.get(id)?.as_ref()?;
+        Some(match &c.phase {
+            Phase::Smc => ConnStatus::Smc,
+            Phase::Done(s) => s.clone(),
+            _ => ConnStatus::Handshaking,
+        })
+    }
+
+    /// Bytes to send on the connection's TCP socket (CLC messages).
+    pub fn clc_output(&mut self, id: ConnId) -> Vec<u8> {
+        self.conn(id)
+            .map(|c| c.out.drain(..).collect())
+            .unwrap_or_default()
+    }
+
+    fn send_clc(&mut self, id: ConnId, m: &ClcMessage) {
+        if let Some(c) = self.conn(id) {
+            c.out.extend(m.encode());
+        }
+    }
+
+    fn finish(&mut self, id: ConnId, status: ConnStatus) {
+        // A handshake that dies before SMC was reached releases what it took.
+        let lgr = self.conn(id).and_then(|c| c.lgr.take());
+        if let Some(l) = lgr {
+            self.detach(id, l);
+        }
+        if let Some(c) = self.conn(id) {
+            c.rmb = None;
+            c.sndbuf = None;
+            c.dp = None;
+            c.phase = Phase::Done(status);
+        }
+    }
+
+    fn decline(&mut self, id: ConnId, version: u8, code: DeclineCode) {
+        match clc_stream::decline(code) {
+            HandshakeEnd::Fallback {
+                reason,
+                peer_diagnosis,
+                send_decline,
+            } => {
+                if send_decline {
+                    let d = Decline::new(version, self.cfg.system_id, code);
+                    self.send_clc(id, &ClcMessage::Decline(d));
+                }
+                self.finish(
+                    id,
+                    ConnStatus::Fallback {
+                        reason,
+                        peer: peer_diagnosis,
+                    },
+                );
+            }
+            HandshakeEnd::Fail(r) => self.finish(id, ConnStatus::Failed(r)),
+        }
+    }
+
+    /// Bytes received on the connection's TCP socket. Returns how many were CLC;
+    /// the rest (after a fallback) is application data for the TCP stream.
+    pub fn clc_input(&mut self, id: ConnId, data: &[u8], now: Timestamp) -> usize {
+        self.now = now;
+        let mut used = 0;
+        while used < data.len() {
+            let Some(c) = self.conn(id) else { return used };
+            let expected = match c.phase {
+                Phase::AwaitAccept { .. } => ClcType::Accept,
+                Phase::AwaitProposal { .. } => ClcType::Proposal,
+                Phase::AwaitConfirm { .. } => ClcType::Confirm,
+                // a late Decline may still come while the link is being confirmed
+                Phase::AwaitLink | Phase::ClientRkey { .. } | Phase::ServerRkey { .. } => {
+                    ClcType::Decline
+                }
+                Phase::Smc | Phase::Done(_) => return used,
+            };
+            let (n, msg) = c.reader.feed(&data[used..], expected);
+            used += n;
+            match msg {
+                None => {}
+                Some(Err(e)) => self.finish(id, ConnStatus::Failed(FailReason::Protocol(e))),
+                Some(Ok(m)) => self.on_clc(id, m, now),
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        used
+    }
+
+    /// The TCP connection closed or failed during the handshake.
+    pub fn tcp_closed(&mut self, id: ConnId) {
+        if matches!(self.status(id), Some(ConnStatus::Handshaking)) {
+            self.finish(id, ConnStatus::Failed(FailReason::TcpClosed));
+        }
+    }
+
+    fn on_clc(&mut self, id: ConnId, m: ClcMessage, now: Timestamp) {
+        if let ClcMessage::Decline(d) = &m {
+            if d.out_of_sync {
+                if let Some(l) = self.conn(id).and_then(|c| c.lgr) {
+                    if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                        lg.group.terminate(smc_wire::llc::DEL_PROG_INIT_TERM, false);
+                    }
+                }
+            }
+            let HandshakeEnd::Fallback {
+                reason,
+                peer_diagnosis,
+                ..
+            } = clc_stream::peer_declined(d.diagnosis)
+            else {
+                return;
+            };
+            self.finish(
+                id,
+                ConnStatus::Fallback {
+                    reason,
+                    peer: peer_diagnosis,
+                },
+            );
+            return;
+        }
+        let phase = self.conn(id).map(|c| c.phase.clone());
+        match (phase, m) {
+            (Some(Phase::AwaitAccept { proposal, .. }), ClcMessage::Accept(a)) => {
+                self.client_on_accept(id, &proposal, a, now)
+            }
+            (Some(Phase::AwaitProposal { .. }), ClcMessage::Proposal(p)) => {
+                self.server_on_proposal(id, p, now)
+            }
+            (
+                Some(Phase::AwaitConfirm {
+                    version,
+                    first_contact,
+                    ..
+                }),
+                ClcMessage::Confirm(c),
+            ) => self.server_on_confirm(id, version, first_contact, c, now),
+            (_, m) => self.finish(
+                id,
+                ConnStatus::Failed(FailReason::Protocol(clc_stream::ClcReadError::Unexpected(
+                    m.msg_type(),
+                ))),
+            ),
+        }
+    }
+
+    // ------------------------------------------------------------- resources
+
+    fn new_lgr(&mut self, role: Role, version: u8, peer_system_id: SystemId) -> Result<LgrId> {
+        let pd = self.dev.alloc_pd()?;
+        let scq = self.dev.create_cq(1024, None)?;
+        let rcq = self.dev.create_cq(1024, None)?;
+        let qp = pd.create_qp(
+            &scq,
+            &rcq,
+            QpCap {
+                max_send_wr: 3 * MAX_SENDS as u32,
+                max_recv_wr: RECV_SLOTS as u32,
+                max_inline_data: 64,
+            },
+        )?;
+        qp.modify(&QpModify::Init {
+            port: 1,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        })?;
+        let recv = pd.alloc_mr(RECV_SLOTS * RECV_SLOT_LEN, Access::LOCAL_WRITE)?;
+        for i in 0..RECV_SLOTS {
+            let sge = recv.sge(i * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
+            qp.post_recv(&RecvWr {
+                wr_id: i as u64,
+                sges: &[sge],
+            })?;
+        }
+        let psn = qp.qp_num().wrapping_mul(2_654_435_761) & 0x00ff_ffff;
+        let id = self.next_lgr_id;
+        self.next_lgr_id = self.next_lgr_id.wrapping_add(0x100);
+        let group = LinkGroup::new(LgrConfig {
+            id,
+            role,
+            version: if version >= SMC_V2 {
+                LlcVersion::V2_LE
+            } else {
+                LlcVersion::V1
+            },
+            max_links: 1,
+            max_conns: self.cfg.max_conns,
+            testlink_interval: self.cfg.testlink,
+        });
+        let l = Lgr {
+            pd,
+            scq,
+            rcq,
+            qp,
+            recv,
+            psn,
+            group,
+            role,
+            version,
+            peer_system_id,
+            peer_gid: Gid::ZERO,
+            peer_qpn: 0,
+            connected: false,
+            tokens: HashMap::new(),
+            wrs: HashMap::new(),
+            sends_in_flight: 0,
+            next_wr: 1 << 32,
+            rkey_queue: VecDeque::new(),
+        };
+        Ok(match self.lgrs.iter().position(Option::is_none) {
+            Some(i) => {
+                self.lgrs[i] = Some(l);
+                i
+            }
+            None => {
+                self.lgrs.push(Some(l));
+                self.lgrs.len() - 1
+            }
+        })
+    }
+
+    fn local_port(&self, l: &Lgr<P>) -> Result<LocalPort> {
+        Ok(LocalPort {
+            gid: self.gid,
+            mac: self.mac,
+            qpn: l.qp.qp_num(),
+            psn: l.psn,
+            mtu: self.dev.query_port(1)?.active_mtu,
+        })
+    }
+
+    /// Attaches connection `id` to group `l`: RMB and send buffer from its PD.
+    fn attach(&mut self, id: ConnId, l: LgrId) -> Result<()> {
+        let rmb_len = RmbeSize::for_size(self.cfg.rmb_len, RmbeSize::MAX_CLASS).bytes();
+        let sndbuf_len = self.cfg.sndbuf_len;
+        let lg = self
+            .lgrs
+            .get_mut(l)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such link group".into()))?;
+        let rmb = lg
+            .pd
+            .alloc_mr(rmb_len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+        let sndbuf = lg.pd.alloc_mr(sndbuf_len, Access::LOCAL_WRITE)?;
+        let c = self
+            .conns
+            .get_mut(id)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such connection".into()))?;
+        lg.tokens.insert(c.token, id);
+        c.lgr = Some(l);
+        c.rmb = Some(rmb);
+        c.sndbuf = Some(sndbuf);
+        Ok(())
+    }
+
+    fn detach(&mut self, id: ConnId, l: LgrId) {
+        let token = self.conns.get(id).and_then(Option::as_ref).map(|c| c.token);
+        let empty = match self.lgrs.get_mut(l).and_then(Option::as_mut) {
+            Some(lg) => {
+                if let Some(t) = token {
+                    lg.tokens.remove(&t);
+                }
+                lg.tokens.is_empty() && !lg.connected
+            }
+            None => false,
+        };
+        if empty {
+            // a group that never came up has nothing left to wait for
+            self.lgrs[l] = None;
+        }
+    }
+
+    fn connect_qp(&mut self, l: LgrId, peer: PeerPort, now: Timestamp) -> Result<()> {
+        let local = {
+            let lg = self.lgrs.get(l).and_then(Option::as_ref);
+            match lg {
+                Some(lg) => self.local_port(lg)?,
+                None => return Err(smc_rdma::Error::InvalidArgument("no link group".into())),
+            }
+        };
+        let lg = self
+            .lgrs
+            .get_mut(l)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| smc_rdma::Error::InvalidArgument("no link group".into()))?;
+        let mtu = smc_rdma::Mtu::from_code(peer.mtu).map_or(local.mtu, |m| m.min(local.mtu));
+        lg.qp.modify(&QpModify::Rtr {
+            remote: RemoteQp {
+                gid: peer.gid,
+                qp_num: peer.qpn,
+            },
+            sgid_index: 0,
+            rq_psn: peer.psn,
+            path_mtu: mtu,
+            min_rnr_timer: Duration::from_micros(640),
+        })?;
+        // Linux: timeout 15 (~134 ms), retry 7, rnr_retry 7 (§4.3).
+        lg.qp.modify(&QpModify::Rts {
+            sq_psn: lg.psn,
+            timeout: Duration::from_millis(134),
+            retry_cnt: 7,
+            rnr_retry: 7,
+        })?;
+        lg.peer_gid = peer.gid;
+        lg.peer_qpn = peer.qpn;
+        lg.connected = true;
+        lg.group.add_first_link(local, peer, now);
+        Ok(())
+    }
+
+    fn setup_datapath(&mut self, id: ConnId, peer: &AcceptConfirm) -> bool {
+        let Some(l) = self.conn(id).and_then(|c| c.lgr) else {
+            return false;
+        };
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return false;
+        };
+        if lg
+            .group
+            .add_rtoken(0, peer.rmb_rkey, peer.rmb_vaddr)
+            .is_err()
+        {
+            return false;
+        }
+        let sndbuf_len = self.cfg.sndbuf_len;
+        let Some(c) = self.conn(id) else {
+            return false;
+        };
+        let Some(rmb) = c.rmb.as_ref() else {
+            return false;
+        };
+        let peer_len = peer.rmbe_size.bytes();
+        // The peer writes at rmbe_size × (index − 1) of its RMB (§3.3).
+        let off = peer_len as u64 * u64::from(peer.rmbe_idx.max(1) - 1);
+        c.peer_rmb = Some(RemoteMr {
+            addr: peer.rmb_vaddr + off,
+            rkey: peer.rmb_rkey,
+            len: peer_len as u64,
+        });
+        c.dp = Some(DataPath::new(DataPathConfig {
+            sndbuf_len,
+            rmbe_len: rmb.len(),
+            peer_rmbe_len: peer_len,
+            peer_token: peer.alert_token,
+        }));
+        true
+    }
+
+    fn our_accept_confirm(
+        &self,
+        id: ConnId,
+        version: u8,
+        first_contact: bool,
+        eid: Option<Eid>,
+        kind: AcceptConfirmKind,
+    ) -> Option<AcceptConfirm> {
+        let c = self.conns.get(id)?.as_ref()?;
+        let lg = self.lgrs.get(c.lgr?)?.as_ref()?;
+        let rmb = c.rmb.as_ref()?;
+        let mtu = self.dev.query_port(1).ok()?.active_mtu;
+        let v2 = version >= SMC_V2;
+        Some(AcceptConfirm {
+            version,
+            first_contact,
+            peer_id: self.cfg.system_id,
+            gid: self.gid,
+            mac: self.mac,
+            qpn: lg.qp.qp_num(),
+            rmb_rkey: rmb.rkey(),
+            rmbe_idx: 1,
+            alert_token: c.token,
+            rmbe_size: RmbeSize::for_size(rmb.len(), RmbeSize::MAX_CLASS),
+            qp_mtu: mtu.code(),
+            rmb_vaddr: rmb.addr(),
+            psn: lg.psn,
+            eid: if v2 {
+                eid.unwrap_or_default()
+            } else {
+                Eid::default()
+            },
+            fce: (v2 && first_contact).then(|| FirstContactExt {
+                v2_direct: true,
+                os_type: OS_LINUX,
+                release: negotiate::OUR_RELEASE,
+                hostname: FirstContactExt::hostname_from_str(&self.cfg.hostname),
+                v2x: Some(FceV2x {
+                    max_conns: self.cfg.max_conns,
+                    max_links: 1,
+                    feature_mask: 0,
+                    vendor_opts: [0; 4],
+                }),
+            }),
+            gid_list: (v2 && first_contact && kind == AcceptConfirmKind::Confirm)
+                .then(|| vec![self.gid]),
+        })
+    }
+
+    // --------------------------------------------------------------- client
+
+    fn client_on_accept(
+        &mut self,
+        id: ConnId,
+        proposal: &Proposal,
+        a: AcceptConfirm,
+        now: Timestamp,
+    ) {
+        let agreement: ClientAgreement = match negotiate::client_check_accept(proposal, &a) {
+            Ok(x) => x,
+            Err(code) => return self.decline(id, a.version, code),
+        };
+        let version = agreement.version;
+        let peer = PeerPort {
+            gid: a.gid,
+            mac: a.mac,
+            qpn: a.qpn,
+            psn: a.psn,
+            mtu: a.qp_mtu,
+        };
+        if a.first_contact {
+            let l = match self.new_lgr(Role::Client, version, a.peer_id) {
+                Ok(l) => l,
+                Err(_) => return self.decline(id, version, DeclineCode::Mem),
+            };
+            if self.attach(id, l).is_err() {
+                return self.decline(id, version, DeclineCode::Mem);
+            }
+            if !self.setup_datapath(id, &a) {
+                return self.decline(id, version, DeclineCode::ErrRtok);
+            }
+            if self.connect_qp(l, peer, now).is_err() {
+                return self.decline(id, version, DeclineCode::ErrRdyLnk);
+            }
+            match self.our_accept_confirm(
+                id,
+                version,
+                true,
+                agreement.eid,
+                AcceptConfirmKind::Confirm,
+            ) {
+                Some(m) => self.send_clc(id, &ClcMessage::Confirm(m)),
+                None => return self.decline(id, version, DeclineCode::IntErr),
+            }
+            if let Some(c) = self.conn(id) {
+                c.phase = Phase::AwaitLink;
+            }
+        } else {
+            // Reuse: the group the server chose must be one of ours (§4.5).
+            let found = self.lgrs.iter().position(|lg| {
+                matches!(lg, Some(lg) if lg.role == Role::Client
+                    && lg.connected
+                    && !lg.group.is_terminated()
+                    && lg.peer_system_id == a.peer_id
+                    && lg.peer_qpn == a.qpn
+                    && lg.peer_gid == a.gid)
+            });
+            let Some(l) = found else {
+                return self.decline(id, version, DeclineCode::SyncErr);
+            };
+            if self.attach(id, l).is_err() {
+                return self.decline(id, version, DeclineCode::Mem);
+            }
+            if !self.setup_datapath(id, &a) {
+                return self.decline(id, version, DeclineCode::ErrRtok);
+            }
+            let Some(confirm) = self.our_accept_confirm(
+                id,
+                version,
+                false,
+                agreement.eid,
+                AcceptConfirmKind::Confirm,
+            ) else {
+                return self.decline(id, version, DeclineCode::IntErr);
+            };
+            // Announce our RMB with CONFIRM_RKEY before the Confirm (§1.11).
+            if self.start_rkey_flow(id, l, now) {
+                if let Some(c) = self.conn(id) {
+                    c.phase = Phase::ClientRkey {
+                        confirm: Box::new(confirm),
+                    };
+                }
+            } else {
+                self.decline(id, version, DeclineCode::ErrRegBuf);
+            }
+        }
+    }
+
+    fn start_rkey_flow(&mut self, id: ConnId, l: LgrId, now: Timestamp) -> bool {
+        let Some((rkey, addr)) = self
+            .conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.rmb.as_ref())
+            .map(|m| (m.rkey(), m.addr()))
+        else {
+            return false;
+        };
+        match self.lgrs.get_mut(l).and_then(Option::as_mut) {
+            // One local LLC flow at a time (§1.6): a busy group queues the
+            // connection and pump() starts its flow when the slot frees.
+            Some(lg) => {
+                if lg.rkey_queue.is_empty()
+                    && lg
+                        .group
+                        .start_confirm_rkey(0, rkey, addr, &[], id as u64, now)
+                {
+                    return true;
+                }
+                lg.rkey_queue.push_back(id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    // --------------------------------------------------------------- server
+
+    fn server_on_proposal(&mut self, id: ConnId, p: Proposal, now: Timestamp) {
+        let dversion = negotiate::decline_version(&p);
+        let choice: ServerChoice = match negotiate::server_choose(&p, &self.caps()) {
+            Ok(c) => c,
+            Err(code) => return self.decline(id, dversion, code),
+        };
+        let version = choice.version;
+        let (peer_id, peer_gid) = match &p.v2_ext {
+            Some(ext) if version >= SMC_V2 => (p.peer_id, ext.roce_v2_gid),
+            _ => (p.peer_id, p.gid),
+        };
+        let max = usize::from(self.cfg.max_conns.min(choice.max_conns));
+        let reuse = self.lgrs.iter().position(|lg| {
+            matches!(lg, Some(lg) if lg.role == Role::Server
+                && lg.connected
+                && !lg.group.is_terminated()
+                && lg.version == version
+                && lg.peer_system_id == peer_id
+                && lg.peer_gid == peer_gid
+                && lg.tokens.len() < max)
+        });
+        match reuse {
+            Some(l) => {
+                if self.attach(id, l).is_err() {
+                    return self.decline(id, dversion, DeclineCode::Mem);
+                }
+                let Some(accept) = self.our_accept_confirm(
+                    id,
+                    version,
+                    false,
+                    choice.eid,
+                    AcceptConfirmKind::Accept,
+                ) else {
+                    return self.decline(id, dversion, DeclineCode::IntErr);
+                };
+                if self.start_rkey_flow(id, l, now) {
+                    if let Some(c) = self.conn(id) {
+                        c.phase = Phase::ServerRkey {
+                            accept: Box::new(accept),
+                            version,
+                        };
+                    }
+                } else {
+                    self.decline(id, dversion, DeclineCode::ErrRegBuf);
+                }
+            }
+            None => {
+                let l = match self.new_lgr(Role::Server, version, peer_id) {
+                    Ok(l) => l,
+                    Err(_) => return self.decline(id, dversion, DeclineCode::Mem),
+                };
+                if self.attach(id, l).is_err() {
+                    return self.decline(id, dversion, DeclineCode::Mem);
+                }
+                let Some(accept) = self.our_accept_confirm(
+                    id,
+                    version,
+                    true,
+                    choice.eid,
+                    AcceptConfirmKind::Accept,
+                ) else {
+                    return self.decline(id, dversion, DeclineCode::IntErr);
+                };
+                self.send_clc(id, &ClcMessage::Accept(accept));
+                if let Some(c) = self.conn(id) {
+                    c.phase = Phase::AwaitConfirm {
+                        version,
+                        first_contact: true,
+                        deadline: now + CLC_WAIT_TIME,
+                    };
+                }
+            }
+        }
+    }
+
+    fn server_on_confirm(
+        &mut self,
+        id: ConnId,
+        version: u8,
+        first_contact: bool,
+        c: AcceptConfirm,
+        now: Timestamp,
+    ) {
+        if !self.setup_datapath(id, &c) {
+            return self.decline(id, version, DeclineCode::ErrRtok);
+        }
+        if first_contact {
+            let Some(l) = self.conn(id).and_then(|x| x.lgr) else {
+                return self.decline(id, version, DeclineCode::IntErr);
+            };
+            if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                lg.peer_system_id = c.peer_id;
+            }
+            let peer = PeerPort {
+                gid: c.gid,
+                mac: c.mac,
+                qpn: c.qpn,
+                psn: c.psn,
+                mtu: c.qp_mtu,
+            };
+            if self.connect_qp(l, peer, now).is_err() {
+                return self.decline(id, version, DeclineCode::ErrRdyLnk);
+            }
+            if let Some(x) = self.conn(id) {
+                x.phase = Phase::AwaitLink;
+            }
+        } else {
+            self.established(id);
+        }
+    }
+
+    fn established(&mut self, id: ConnId) {
+        if let Some(c) = self.conn(id) {
+            c.phase = Phase::Smc;
+            c.closer.handle(CloseEvent::Established);
+        }
+    }
+
+    // ------------------------------------------------------------ progress
+
+    /// Does everything due at `now`: CLC timeouts, LLC traffic, completions,
+    /// received CDCs, data and cursor updates, keepalives.
+    pub fn pump(&mut self, now: Timestamp) -> Result<()> {
+        self.now = now;
+        for id in 0..self.conns.len() {
+            let due = match self
+                .conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .map(|c| &c.phase)
+            {
+                Some(Phase::AwaitAccept { deadline, .. })
+                | Some(Phase::AwaitProposal { deadline })
+                | Some(Phase::AwaitConfirm { deadline, .. }) => now >= *deadline,
+                _ => false,
+            };
+            if due {
+                self.finish(id, ConnStatus::Failed(FailReason::Timeout));
+            }
+        }
+        for l in 0..self.lgrs.len() {
+            if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
+                continue;
+            }
+            if let Some(lg) = self.lgrs[l].as_mut() {
+                lg.group.on_timeout(now);
+            }
+            self.retry_rkey_flows(l, now);
+            let r = self.pump_lgr(l, now);
+            if let Err(e) = r {
+                let failed = self.lgrs[l]
+                    .as_ref()
+                    .is_some_and(|lg| lg.qp.state() == QpState::Err);
+                if !failed {
+                    return Err(e);
+                }
+                if let Some(lg) = self.lgrs[l].as_mut() {
+                    lg.group.on_link_failure(0);
+                }
+                self.drain_lgr(l)?;
+            }
+        }
+        self.reap();
+        Ok(())
+    }
+
+    fn pump_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
+        self.drain_lgr(l)?;
+        self.poll_recv(l, now)?;
+        self.poll_send(l)?;
+        self.drain_lgr(l)?;
+        self.flush_tx(l)
+    }
+
+    fn drain_lgr(&mut self, l: LgrId) -> Result<()> {
+        loop {
+            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                return Ok(());
+            };
+            let Some(o) = lg.group.poll_output() else {
+                return Ok(());
+            };
+            match o {
+                LgrOutput::SendLlc { msg, .. } => {
+                    let bytes = msg.encode();
+                    lg.post(WrKind::Llc, &bytes)?;
+                }
+                LgrOutput::LinkActive { .. } => {
+                    let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+                    for id in ids {
+                        if matches!(
+                            self.conns
+                                .get(id)
+                                .and_then(Option::as_ref)
+                                .map(|c| &c.phase),
+                            Some(Phase::AwaitLink)
+                        ) {
+                            self.established(id);
+                        }
+                    }
+                }
+                LgrOutput::LinkDown { .. } => {}
+                LgrOutput::Terminated { .. } => {
+                    let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+                    for id in ids {
+                        let phase = self
+                            .conns
+                            .get(id)
+                            .and_then(Option::as_ref)
+                            .map(|c| c.phase.clone());
+                        match phase {
+                            // The first-contact link never came up: decline and fall back
+                            // (Linux: TIMEOUT_CL after the CONFIRM_LINK wait).
+                            Some(Phase::AwaitLink)
+                            | Some(Phase::ClientRkey { .. })
+                            | Some(Phase::ServerRkey { .. }) => {
+                                let v = self.lgrs[l].as_ref().map_or(SMC_V1, |lg| lg.version);
+                                self.decline(id, v, DeclineCode::TimeoutCl);
+                            }
+                            Some(Phase::Smc) => {
+                                if let Some(c) = self.conn(id) {
+                                    c.closer.handle(CloseEvent::Kill { can_send: false });
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                LgrOutput::RkeyFlowDone { tag, ok } => self.on_rkey_done(tag as ConnId, ok),
+            }
+        }
+    }
+
+    fn on_rkey_done(&mut self, id: ConnId, ok: bool) {
+        let phase = self.conn(id).map(|c| c.phase.clone());
+        match phase {
+            Some(Phase::ClientRkey { confirm }) => {
+                if ok {
+                    self.send_clc(id, &ClcMessage::Confirm(*confirm));
+                    self.established(id);
+                } else {
+                    self.decline(id, confirm.version, DeclineCode::ErrRegBuf);
+                }
+            }
+            Some(Phase::ServerRkey { accept, version }) => {
+                if ok {
+                    self.send_clc(id, &ClcMessage::Accept(*accept));
+                    let deadline = self.now + CLC_WAIT_TIME;
+                    if let Some(c) = self.conn(id) {
+                        c.phase = Phase::AwaitConfirm {
+                            version,
+                            first_contact: false,
+                            deadline,
+                        };
+                    }
+                } else {
+                    self.decline(id, version, DeclineCode::ErrRegBuf);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn poll_recv(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
+        let mut wcs = [WorkCompletion::default(); 32];
+        loop {
+            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                return Ok(());
+            };
+            let n = lg.rcq.poll(&mut wcs)?;
+            for wc in wcs.iter().take(n) {
+                let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                    return Ok(());
+                };
+                if wc.status != WcStatus::Success {
+                    if wc.status != WcStatus::WrFlushError {
+                        lg.group.on_link_failure(0);
+                    }
+                    continue;
+                }
+                let slot = wc.wr_id as usize;
+                let mut buf = vec![0u8; wc.byte_len as usize];
+                lg.recv.read_at(slot * RECV_SLOT_LEN, &mut buf)?;
+                lg.group.on_rx_activity(0, now);
+                let sge = lg.recv.sge(slot * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
+                lg.qp.post_recv(&RecvWr {
+                    wr_id: wc.wr_id,
+                    sges: &[sge],
+                })?;
+                match WrMessage::decode(&buf) {
+                    Ok(WrMessage::Llc(m)) => lg.group.on_llc(0, m, now),
+                    Ok(WrMessage::Cdc(c)) => {
+                        // The CDC carries the receiver's alert token (§2.1).
+                        let Some(&id) = lg.tokens.get(&c.token) else {
+                            lg.group.dropped += 1;
+                            continue;
+                        };
+                        self.on_cdc(id, &c);
+                    }
+                    Err(_) => lg.group.dropped += 1,
+                }
+            }
+            if n < wcs.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn on_cdc(&mut self, id: ConnId, m: &smc_wire::cdc::CdcMessage) {
+        let Some(c) = self.conn(id) else { return };
+        let Some(dp) = c.dp.as_mut() else { return };
+        match dp.on_cdc(m) {
+            Ok(r) if r.close.any() => {
+                let o = c.closer.handle(CloseEvent::Peer(r.close));
+                if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                    dp.set_close_flags(f);
+                }
+            }
+            Ok(_) => {}
+            Err(v) => {
+                c.violation = Some(v);
+                let o = c.closer.handle(CloseEvent::Kill { can_send: true });
+                if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                    dp.set_close_flags(f);
+                }
+            }
+        }
+    }
+
+    fn poll_send(&mut self, l: LgrId) -> Result<()> {
+        let mut wcs = [WorkCompletion::default(); 32];
+        loop {
+            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                return Ok(());
+            };
+            let n = lg.scq.poll(&mut wcs)?;
+            let mut done = Vec::new();
+            for wc in wcs.iter().take(n) {
+                let kind = lg.wrs.remove(&wc.wr_id);
+                if kind.is_some() {
+                    lg.sends_in_flight = lg.sends_in_flight.saturating_sub(1);
+                }
+                if wc.status != WcStatus::Success {
+                    lg.group.on_link_failure(0);
+                    continue;
+                }
+                if let Some(WrKind::Cdc(id, seq)) = kind {
+                    done.push((id, seq));
+                }
+            }
+            for (id, seq) in done {
+                if let Some(c) = self.conn(id) {
+                    if let Some(Err(v)) = c.dp.as_mut().map(|dp| dp.on_cdc_sent(seq)) {
+                        c.violation = Some(v);
+                    }
+                }
+            }
+            if n < wcs.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn flush_tx(&mut self, l: LgrId) -> Result<()> {
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        if lg.group.active_slots().next().is_none() {
+            return Ok(());
+        }
+        let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+        for id in ids {
+            loop {
+                let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                    return Ok(());
+                };
+                if lg.sends_in_flight >= MAX_SENDS {
+                    return Ok(());
+                }
+                let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
+                    break;
+                };
+                let (Some(dp), Some(peer), Some(sndbuf)) =
+                    (c.dp.as_mut(), c.peer_rmb, c.sndbuf.as_ref())
+                else {
+                    break;
+                };
+                if !matches!(c.phase, Phase::Smc) {
+                    break;
+                }
+                let Some(batch) = dp.poll_tx() else {
+                    break;
+                };
+                for w in &batch.writes {
+                    let sges: Vec<_> = w
+                        .src
+                        .as_slice()
+                        .iter()
+                        .map(|&(off, len)| sndbuf.sge(off, len as u32))
+                        .collect::<Result<_>>()?;
+                    lg.next_wr += 1;
+                    lg.qp.post_send(&SendWr {
+                        wr_id: lg.next_wr,
+                        op: SendOp::RdmaWrite {
+                            remote_addr: peer.addr + w.peer_offset as u64,
+                            rkey: peer.rkey,
+                        },
+                        payload: Payload::Sges(&sges),
+                        signaled: false,
+                    })?;
+                }
+                let bytes = batch.cdc.encode();
+                lg.post(WrKind::Cdc(id, batch.cdc.seqno), &bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn retry_rkey_flows(&mut self, l: LgrId, now: Timestamp) {
+        loop {
+            let Some(&id) = self
+                .lgrs
+                .get(l)
+                .and_then(Option::as_ref)
+                .and_then(|lg| lg.rkey_queue.front())
+            else {
+                return;
+            };
+            let rmb = self
+                .conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .and_then(|c| c.rmb.as_ref())
+                .map(|m| (m.rkey(), m.addr()));
+            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                return;
+            };
+            match rmb {
+                None => {
+                    lg.rkey_queue.pop_front();
+                }
+                Some((rkey, addr)) => {
+                    if lg
+                        .group
+                        .start_confirm_rkey(0, rkey, addr, &[], id as u64, now)
+                    {
+                        lg.rkey_queue.pop_front();
+                    } else {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees connections that are closed and released, and link groups that died.
+    fn reap(&mut self) {
+        for id in 0..self.conns.len() {
+            let finished = self
+                .conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| {
+                    c.closer.is_finished()
+                        && c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0)
+                });
+            if finished {
+                if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
+                    self.detach(id, l);
+                }
+                self.conns[id] = None;
+            }
+        }
+        for l in 0..self.lgrs.len() {
+            let dead = self.lgrs[l]
+                .as_ref()
+                .is_some_and(|lg| lg.group.is_terminated() && lg.tokens.is_empty());
+            if dead {
+                self.lgrs[l] = None;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ application
+
+    fn smc_conn(&mut self, id: ConnId) -> std::result::Result<&mut Conn<P>, ConnError> {
+        match self.conns.get_mut(id).and_then(Option::as_mut) {
+            Some(c) if c.dp.is_some() => Ok(c),
+            _ => Err(ConnError::NotConnected),
+        }
+    }
+
+    fn close_error(c: &Conn<P>) -> ConnError {
+        match c.closer.error() {
+            Some(smc_proto::close::CloseError::Reset) => ConnError::Reset,
+            Some(smc_proto::close::CloseError::Aborted) => ConnError::Aborted,
+            None => ConnError::Closed,
+        }
+    }
+
+    /// Writes as much of `data` as the send buffer takes; 0 means "would block".
+    pub fn write(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<usize, ConnError> {
+        let c = self.smc_conn(id)?;
+        if !c.closer.can_write() {
+            return Err(Self::close_error(c));
+        }
+        let (Some(dp), Some(sndbuf)) = (c.dp.as_mut(), c.sndbuf.as_ref()) else {
+            return Err(ConnError::NotConnected);
+        };
+        let chunks = dp.sndbuf_free_chunks(data.len());
+        let mut n = 0;
+        for &(off, len) in chunks.as_slice() {
+            if sndbuf.write_at(off, &data[n..n + len]).is_err() {
+                return Err(ConnError::Aborted);
+            }
+            n += len;
+        }
+        dp.produced(n);
+        Ok(n)
+    }
+
+    /// Reads up to `max` bytes. `Ok(empty)` with [`Self::peer_done`] true is
+    /// end-of-file; `Ok(empty)` otherwise means "would block".
+    pub fn read(&mut self, id: ConnId, max: usize) -> std::result::Result<Vec<u8>, ConnError> {
+        let c = self.smc_conn(id)?;
+        if let Some(e) = c.closer.error() {
+            let _ = e;
+            if c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
+                return Err(Self::close_error(c));
+            }
+        }
+        let (Some(dp), Some(rmb)) = (c.dp.as_mut(), c.rmb.as_ref()) else {
+            return Err(ConnError::NotConnected);
+        };
+        let chunks = dp.readable_chunks(max);
+        let mut out = vec![0u8; chunks.total()];
+        let mut at = 0;
+        for &(off, len) in chunks.as_slice() {
+            if rmb.read_at(off, &mut out[at..at + len]).is_err() {
+                return Err(ConnError::Aborted);
+            }
+            at += len;
+        }
+        dp.consumed(out.len());
+        Ok(out)
+    }
+
+    /// The peer will send nothing more (EOF once the receive buffer is drained).
+    pub fn peer_done(&self, id: ConnId) -> bool {
+        self.conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.closer.peer_done())
+    }
+
+    /// `shutdown(SHUT_WR)` or `close()`.
+    pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
+        if let Some(c) = self.conn(id) {
+            let o = c.closer.handle(ev);
+            if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                dp.set_close_flags(f);
+            }
+        }
+    }
+
+    /// Which side of the handshake a connection is.
+    pub fn role(&self, id: ConnId) -> Option<Role> {
+        self.conns.get(id)?.as_ref().map(|c| c.role)
+    }
+
+    /// A connection's close state.
+    pub fn close_state(&self, id: ConnId) -> Option<CloseState> {
+        self.conns.get(id)?.as_ref().map(|c| c.closer.state())
+    }
+
+    /// Close flags we have sent on a connection.
+    pub fn sent_close_flags(&self, id: ConnId) -> Option<CloseFlags> {
+        self.conns.get(id)?.as_ref().map(|c| c.closer.tx_flags())
+    }
+
+    /// Unsent or unconfirmed bytes of ours on a connection.
+    pub fn unacked(&self, id: ConnId) -> usize {
+        self.conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.dp.as_ref())
+            .map_or(0, DataPath::unacked)
+    }
+
+    /// Live link groups.
+    pub fn link_groups(&self) -> usize {
+        self.lgrs.iter().flatten().count()
+    }
+
+    /// Connections of the link group a connection uses.
+    pub fn link_group_of(&self, id: ConnId) -> Option<LgrId> {
+        self.conns.get(id)?.as_ref()?.lgr
+    }
+
+    /// Connections still allocated (not yet reaped).
+    pub fn connections(&self) -> usize {
+        self.conns.iter().flatten().count()
+    }
+
+    /// QP number of a link group's link (for fault injection in tests).
+    pub fn qp_num(&self, l: LgrId) -> Option<u32> {
+        self.lgrs.get(l)?.as_ref().map(|lg| lg.qp.qp_num())
+    }
+
+    /// The violation that killed a connection, if any.
+    pub fn violation(&self, id: ConnId) -> Option<Violation> {
+        self.conns.get(id)?.as_ref()?.violation
+    }
+}
+
+impl<P: Provider> Lgr<P> {
+    fn post(&mut self, kind: WrKind, bytes: &[u8]) -> Result<()> {
+        self.next_wr += 1;
+        self.wrs.insert(self.next_wr, kind);
+        self.sends_in_flight += 1;
+        self.qp.post_send(&SendWr {
+            wr_id: self.next_wr,
+            op: SendOp::Send,
+            payload: Payload::Inline(bytes),
+            signaled: true,
+        })
+    }
+}

@@ -1,0 +1,370 @@
+//! Two SMC-R endpoints over the deterministic sim fabric, with an in-memory byte
+//! pipe standing in for the TCP connection that carries CLC: full handshakes
+//! (first contact and reuse, v1 and v2), data, close, link-group sharing limits,
+//! fallbacks with the right codes, and failures.
+
+use smc_engine::endpoint::{ConnId, ConnStatus, Endpoint, EndpointConfig};
+use smc_proto::clc_stream::FailReason;
+use smc_proto::close::{CloseEvent, CloseState};
+use smc_proto::negotiate::IfAddr;
+use smc_proto::Timestamp;
+use smc_rdma::sim::SimFabric;
+use smc_wire::clc::DeclineCode;
+use smc_wire::types::{Eid, Mac, SystemId};
+use std::net::IpAddr;
+use std::time::Duration;
+
+fn config(
+    dev: &str,
+    inst: u16,
+    last: u8,
+    ueids: &[&str],
+    v1: bool,
+    v2: bool,
+    net: [u8; 3],
+) -> EndpointConfig {
+    EndpointConfig {
+        system_id: SystemId::new(inst, Mac([2, 0, 0, 0, 0, last])),
+        device: dev.into(),
+        ueids: ueids.iter().map(|u| Eid::parse_ueid(u).unwrap()).collect(),
+        offer_v1: v1,
+        offer_v2: v2,
+        if_addrs: vec![IfAddr {
+            addr: IpAddr::from([net[0], net[1], net[2], last]),
+            prefix_len: 24,
+        }],
+        rmb_len: 16384,
+        sndbuf_len: 32768,
+        testlink: None,
+        max_conns: 255,
+        hostname: "simhost".into(),
+    }
+}
+
+struct World {
+    fabric: SimFabric,
+    client: Endpoint<SimFabric>,
+    server: Endpoint<SimFabric>,
+    now: Timestamp,
+    client_ip: IpAddr,
+}
+
+/// One TCP connection: the CLC bytes in flight each way.
+struct Tcp {
+    c: ConnId,
+    s: ConnId,
+    c2s: Vec<u8>,
+    s2c: Vec<u8>,
+}
+
+impl World {
+    fn new(client_cfg: EndpointConfig, server_cfg: EndpointConfig) -> World {
+        let fabric = SimFabric::new(99);
+        fabric.add_device("simC", None).unwrap();
+        fabric.add_device("simS", None).unwrap();
+        let client_ip = client_cfg.if_addrs[0].addr;
+        World {
+            client: Endpoint::new(&fabric, client_cfg).unwrap(),
+            server: Endpoint::new(&fabric, server_cfg).unwrap(),
+            fabric,
+            now: Duration::ZERO,
+            client_ip,
+        }
+    }
+
+    fn default() -> World {
+        World::new(
+            config(
+                "simC",
+                0x1111,
+                1,
+                &["SMC-TEST-UEID"],
+                true,
+                true,
+                [10, 99, 0],
+            ),
+            config(
+                "simS",
+                0x2222,
+                2,
+                &["SMC-TEST-UEID"],
+                true,
+                true,
+                [10, 99, 0],
+            ),
+        )
+    }
+
+    fn open(&mut self) -> Tcp {
+        let s = self.server.accept(self.now);
+        let c = self.client.connect(self.client_ip, self.now);
+        Tcp {
+            c,
+            s,
+            c2s: Vec::new(),
+            s2c: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, tcps: &mut [&mut Tcp]) {
+        for t in tcps.iter_mut() {
+            t.c2s.extend(self.client.clc_output(t.c));
+            t.s2c.extend(self.server.clc_output(t.s));
+            let n = self.server.clc_input(t.s, &t.c2s, self.now);
+            t.c2s.drain(..n);
+            let n = self.client.clc_input(t.c, &t.s2c, self.now);
+            t.s2c.drain(..n);
+        }
+        self.client.pump(self.now).unwrap();
+        self.server.pump(self.now).unwrap();
+        self.fabric.advance(Duration::from_micros(20));
+        self.now += Duration::from_micros(20);
+    }
+
+    fn settle(&mut self, tcps: &mut [&mut Tcp], d: Duration) {
+        let end = self.now + d;
+        while self.now < end {
+            self.step(tcps);
+        }
+    }
+
+    fn handshake(&mut self) -> Tcp {
+        let mut t = self.open();
+        self.settle(&mut [&mut t], Duration::from_millis(2));
+        t
+    }
+}
+
+#[test]
+fn first_contact_then_data_both_ways_then_close() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc));
+    assert_eq!((w.client.link_groups(), w.server.link_groups()), (1, 1));
+
+    let msg: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let (mut sent, mut got) = (0, Vec::new());
+    let (mut back_sent, mut back_got) = (0, Vec::new());
+    for _ in 0..100_000 {
+        if sent < msg.len() {
+            sent += w.client.write(t.c, &msg[sent..]).unwrap();
+        }
+        if back_sent < msg.len() {
+            back_sent += w.server.write(t.s, &msg[back_sent..]).unwrap();
+        }
+        got.extend(w.server.read(t.s, 10_000).unwrap());
+        back_got.extend(w.client.read(t.c, 7_000).unwrap());
+        w.step(&mut [&mut t]);
+        if got.len() == msg.len() && back_got.len() == msg.len() {
+            break;
+        }
+    }
+    assert!(
+        got == msg,
+        "client->server data differs ({} bytes)",
+        got.len()
+    );
+    assert!(
+        back_got == msg,
+        "server->client data differs ({} bytes)",
+        back_got.len()
+    );
+
+    w.client
+        .close(t.c, CloseEvent::AppClose { unread_data: false });
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    assert!(w.server.peer_done(t.s));
+    assert_eq!(w.server.read(t.s, 10).unwrap(), Vec::<u8>::new(), "EOF");
+    w.server
+        .close(t.s, CloseEvent::AppClose { unread_data: false });
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    assert_eq!(w.client.connections(), 0, "client connection released");
+    assert_eq!(w.server.connections(), 0, "server connection released");
+    assert_eq!(
+        (w.client.link_groups(), w.server.link_groups()),
+        (1, 1),
+        "the link group outlives its connections"
+    );
+}
+
+#[test]
+fn later_connections_reuse_the_link_group() {
+    let mut w = World::default();
+    let mut t1 = w.handshake();
+    let mut t2 = w.handshake();
+    let mut t3 = w.handshake();
+    for t in [&t1, &t2, &t3] {
+        assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+        assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc));
+    }
+    assert_eq!(
+        (w.client.link_groups(), w.server.link_groups()),
+        (1, 1),
+        "no new QP for reuse"
+    );
+    // each connection's data goes to its own peer connection (alert tokens)
+    w.client.write(t1.c, b"one").unwrap();
+    w.client.write(t2.c, b"two").unwrap();
+    w.server.write(t3.s, b"three").unwrap();
+    w.settle(&mut [&mut t1, &mut t2, &mut t3], Duration::from_millis(1));
+    assert_eq!(w.server.read(t1.s, 100).unwrap(), b"one");
+    assert_eq!(w.server.read(t2.s, 100).unwrap(), b"two");
+    assert_eq!(w.client.read(t3.c, 100).unwrap(), b"three");
+}
+
+#[test]
+fn a_full_link_group_makes_the_next_connection_open_another() {
+    let mut cc = config(
+        "simC",
+        0x1111,
+        1,
+        &["SMC-TEST-UEID"],
+        true,
+        true,
+        [10, 99, 0],
+    );
+    let mut sc = config(
+        "simS",
+        0x2222,
+        2,
+        &["SMC-TEST-UEID"],
+        true,
+        true,
+        [10, 99, 0],
+    );
+    cc.rmb_len = 16384;
+    sc.max_conns = 255;
+    let mut w = World::new(cc, sc);
+    let mut ts: Vec<Tcp> = Vec::new();
+    for _ in 0..256 {
+        let mut t = w.open();
+        w.settle(&mut [&mut t], Duration::from_micros(600));
+        ts.push(t);
+    }
+    let lg0 = w.server.link_group_of(ts[0].s).unwrap();
+    let on_first = ts
+        .iter()
+        .filter(|t| w.server.link_group_of(t.s) == Some(lg0))
+        .count();
+    assert!(
+        ts.iter()
+            .all(|t| w.server.status(t.s) == Some(ConnStatus::Smc)),
+        "all 256 on SMC-R"
+    );
+    assert_eq!(on_first, 255, "255 connections share one link group");
+    assert_eq!(w.server.link_groups(), 2, "the 256th opened a second one");
+    assert_eq!(w.client.link_groups(), 2);
+}
+
+#[test]
+fn v1_only_peers_use_smc_r_v1() {
+    let mut w = World::new(
+        config("simC", 0x1111, 1, &[], true, false, [10, 99, 0]),
+        config("simS", 0x2222, 2, &[], true, false, [10, 99, 0]),
+    );
+    let t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+}
+
+#[test]
+fn fallbacks_carry_linux_decline_codes() {
+    // different subnets, no shared UEID: the server declines DIFFPREFIX
+    let mut w = World::new(
+        config("simC", 0x1111, 1, &["A"], true, true, [10, 1, 0]),
+        config("simS", 0x2222, 2, &["B"], true, true, [10, 2, 0]),
+    );
+    let t = w.handshake();
+    assert_eq!(
+        w.server.status(t.s),
+        Some(ConnStatus::Fallback {
+            reason: DeclineCode::DiffPrefix,
+            peer: None
+        })
+    );
+    assert_eq!(
+        w.client.status(t.c),
+        Some(ConnStatus::Fallback {
+            reason: DeclineCode::PeerDecl,
+            peer: Some(DeclineCode::DiffPrefix)
+        })
+    );
+    assert_eq!((w.client.link_groups(), w.server.link_groups()), (0, 0));
+    // a v2-only client and a server without UEIDs: NOSMCDEV, as the kernel capture shows
+    let mut w = World::new(
+        config("simC", 0x1111, 1, &["A"], false, true, [10, 1, 0]),
+        config("simS", 0x2222, 2, &[], true, true, [10, 1, 0]),
+    );
+    let t = w.handshake();
+    assert_eq!(
+        w.server.status(t.s),
+        Some(ConnStatus::Fallback {
+            reason: DeclineCode::NoSmcDev,
+            peer: None
+        })
+    );
+    // nothing to offer: the client itself declines
+    let mut w = World::new(
+        config("simC", 0x1111, 1, &[], false, false, [10, 1, 0]),
+        config("simS", 0x2222, 2, &[], true, true, [10, 1, 0]),
+    );
+    let t = w.handshake();
+    assert_eq!(
+        w.client.status(t.c),
+        Some(ConnStatus::Fallback {
+            reason: DeclineCode::NoSmcDev,
+            peer: None
+        })
+    );
+    assert_eq!(
+        w.server.status(t.s),
+        Some(ConnStatus::Fallback {
+            reason: DeclineCode::PeerDecl,
+            peer: Some(DeclineCode::NoSmcDev)
+        })
+    );
+}
+
+#[test]
+fn garbage_timeouts_and_tcp_loss_fail_the_connection() {
+    let mut w = World::default();
+    // garbage instead of a Proposal
+    let s = w.server.accept(w.now);
+    w.server
+        .clc_input(s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", w.now);
+    assert!(matches!(
+        w.server.status(s),
+        Some(ConnStatus::Failed(FailReason::Protocol(_)))
+    ));
+    // a server that never answers: the client gives up after 6 s, no fallback
+    let c = w.client.connect(w.client_ip, w.now);
+    w.client.clc_output(c);
+    w.now += Duration::from_secs(6);
+    w.client.pump(w.now).unwrap();
+    assert_eq!(
+        w.client.status(c),
+        Some(ConnStatus::Failed(FailReason::Timeout))
+    );
+    // the TCP connection breaks mid-handshake
+    let s2 = w.server.accept(w.now);
+    w.server.tcp_closed(s2);
+    assert_eq!(
+        w.server.status(s2),
+        Some(ConnStatus::Failed(FailReason::TcpClosed))
+    );
+    // the listener (endpoint) still serves others
+    let t = w.handshake();
+    assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc));
+}
+
+#[test]
+fn link_failure_aborts_established_connections() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    let lg = w.client.link_group_of(t.c).unwrap();
+    w.fabric.fail_qp(w.client.qp_num(lg).unwrap());
+    w.client.write(t.c, b"x").unwrap();
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert_eq!(w.client.close_state(t.c), Some(CloseState::Closed));
+    assert!(w.client.write(t.c, b"y").is_err());
+}
