@@ -39,7 +39,7 @@ use smc_wire::clc::{
 use smc_wire::llc::LlcVersion;
 use smc_wire::types::{Eid, Gid, Mac, RmbeSize, SystemId};
 use smc_wire::WrMessage;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -49,6 +49,9 @@ const RECV_SLOTS: usize = 48;
 const RECV_SLOT_LEN: usize = 8192;
 /// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
 const MAX_SENDS: usize = 16;
+/// Longest wait for the send buffer to drain before a close (Linux
+/// `SMC_MAX_STREAM_WAIT_TIMEOUT`).
+const MAX_STREAM_WAIT: Duration = Duration::from_secs(2);
 
 /// Handle of a connection.
 pub type ConnId = usize;
@@ -80,6 +83,9 @@ pub struct EndpointConfig {
     pub max_conns: u8,
     /// Host name sent in the first-contact extension (v2).
     pub hostname: String,
+    /// A link group without connections is ended after this long (Linux: 600 s
+    /// on a server, 610 s on a client so the client's never expires first).
+    pub lgr_idle_timeout: Duration,
 }
 
 /// Where a connection stands.
@@ -162,11 +168,13 @@ struct Lgr<P: Provider> {
     peer_gid: Gid,
     peer_qpn: u32,
     connected: bool,
-    tokens: HashMap<u32, ConnId>,
+    tokens: BTreeMap<u32, ConnId>,
     wrs: HashMap<u64, WrKind>,
     sends_in_flight: usize,
     next_wr: u64,
     rkey_queue: VecDeque<ConnId>,
+    idle_since: Option<Timestamp>,
+    rr: usize,
 }
 
 struct Conn<P: Provider> {
@@ -182,6 +190,8 @@ struct Conn<P: Provider> {
     closer: Closer,
     peer_rmb: Option<RemoteMr>,
     violation: Option<Violation>,
+    /// When a close waiting for the send buffer to drain is sent anyway.
+    close_deadline: Option<Timestamp>,
 }
 
 /// An SMC-R endpoint on one device.
@@ -250,6 +260,7 @@ impl<P: Provider> Endpoint<P> {
             closer: Closer::new(),
             peer_rmb: None,
             violation: None,
+            close_deadline: None,
         };
         match self.conns.iter().position(Option::is_none) {
             Some(i) => {
@@ -506,11 +517,13 @@ impl<P: Provider> Endpoint<P> {
             peer_gid: Gid::ZERO,
             peer_qpn: 0,
             connected: false,
-            tokens: HashMap::new(),
+            tokens: BTreeMap::new(),
             wrs: HashMap::new(),
             sends_in_flight: 0,
             next_wr: 1 << 32,
             rkey_queue: VecDeque::new(),
+            idle_since: None,
+            rr: 0,
         };
         Ok(match self.lgrs.iter().position(Option::is_none) {
             Some(i) => {
@@ -959,13 +972,31 @@ impl<P: Provider> Endpoint<P> {
             if due {
                 self.finish(id, ConnStatus::Failed(FailReason::Timeout));
             }
+            if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+                if c.close_deadline.is_some_and(|d| now >= d) {
+                    c.close_deadline = None;
+                    if let Some(dp) = c.dp.as_mut() {
+                        dp.discard_unsent();
+                    }
+                }
+            }
         }
         for l in 0..self.lgrs.len() {
             if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
                 continue;
             }
+            let idle_timeout = self.cfg.lgr_idle_timeout;
             if let Some(lg) = self.lgrs[l].as_mut() {
                 lg.group.on_timeout(now);
+                if lg.tokens.is_empty() && lg.connected && !lg.group.is_terminated() {
+                    let since = *lg.idle_since.get_or_insert(now);
+                    if now >= since + idle_timeout {
+                        // Linux: DELETE_LINK ALL|ORDERLY, program initiated (§5.6).
+                        lg.group.terminate(smc_wire::llc::DEL_PROG_INIT_TERM, true);
+                    }
+                } else {
+                    lg.idle_since = None;
+                }
             }
             self.retry_rkey_flows(l, now);
             let r = self.pump_lgr(l, now);
@@ -1190,9 +1221,15 @@ impl<P: Provider> Endpoint<P> {
         if lg.group.active_slots().next().is_none() {
             return Ok(());
         }
-        let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+        // Round robin, a few batches per connection per pass, so that one busy
+        // connection cannot take every send slot of the link.
+        let mut ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+        if !ids.is_empty() {
+            lg.rr = (lg.rr + 1) % ids.len();
+            ids.rotate_left(lg.rr);
+        }
         for id in ids {
-            loop {
+            for _ in 0..4 {
                 let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                     return Ok(());
                 };
@@ -1283,8 +1320,15 @@ impl<P: Provider> Endpoint<P> {
                 .get(id)
                 .and_then(Option::as_ref)
                 .is_some_and(|c| {
+                    // CDCs of a dead link group never complete; do not wait for them.
+                    let lgr_dead = c.lgr.is_none_or(|l| {
+                        self.lgrs
+                            .get(l)
+                            .and_then(Option::as_ref)
+                            .is_none_or(|lg| lg.group.is_terminated())
+                    });
                     c.closer.is_finished()
-                        && c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0)
+                        && (lgr_dead || c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0))
                 });
             if finished {
                 if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
@@ -1316,6 +1360,10 @@ impl<P: Provider> Endpoint<P> {
         match c.closer.error() {
             Some(smc_proto::close::CloseError::Reset) => ConnError::Reset,
             Some(smc_proto::close::CloseError::Aborted) => ConnError::Aborted,
+            // writing to a peer that closed: ECONNRESET, as Linux
+            None if c.closer.rx_flags().any_close() && !c.closer.tx_flags().any() => {
+                ConnError::Reset
+            }
             None => ConnError::Closed,
         }
     }
@@ -1367,6 +1415,15 @@ impl<P: Provider> Endpoint<P> {
         Ok(out)
     }
 
+    /// Bytes received and not yet read.
+    pub fn readable(&self, id: ConnId) -> usize {
+        self.conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.dp.as_ref())
+            .map_or(0, DataPath::readable)
+    }
+
     /// The peer will send nothing more (EOF once the receive buffer is drained).
     pub fn peer_done(&self, id: ConnId) -> bool {
         self.conns
@@ -1375,12 +1432,52 @@ impl<P: Provider> Endpoint<P> {
             .is_some_and(|c| c.closer.peer_done())
     }
 
-    /// `shutdown(SHUT_WR)` or `close()`.
+    /// The application is done with the connection (`close()` on the socket). An
+    /// SMC connection closes (an abort if received data is left unread) and is
+    /// freed once the close completes; a fallen-back, failed or unfinished one is
+    /// freed at once (its TCP socket is the caller's to close).
+    pub fn release(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return;
+        };
+        match &c.phase {
+            Phase::Smc => {
+                let unread_data = c.dp.as_ref().is_some_and(|dp| dp.readable() > 0);
+                self.close(id, CloseEvent::AppClose { unread_data });
+            }
+            _ => {
+                if matches!(self.status(id), Some(ConnStatus::Handshaking)) {
+                    self.finish(id, ConnStatus::Failed(FailReason::TcpClosed));
+                }
+                if let Some(l) = self.conns[id].as_mut().and_then(|c| c.lgr.take()) {
+                    self.detach(id, l);
+                }
+                self.conns[id] = None;
+            }
+        }
+    }
+
+    /// The peer closed (or aborted) the connection, as opposed to only shutting
+    /// down its write side.
+    pub fn peer_closed(&self, id: ConnId) -> bool {
+        self.conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.closer.rx_flags().any_close())
+    }
+
+    /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first; after
+    /// `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) without room at the peer it is dropped
+    /// and the close is sent anyway, as Linux does (§5.2).
     pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
+        let deadline = self.now + MAX_STREAM_WAIT;
         if let Some(c) = self.conn(id) {
             let o = c.closer.handle(ev);
             if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
                 dp.set_close_flags(f);
+                if dp.close_pending() {
+                    c.close_deadline = Some(deadline);
+                }
             }
         }
     }
@@ -1427,6 +1524,14 @@ impl<P: Provider> Endpoint<P> {
     /// QP number of a link group's link (for fault injection in tests).
     pub fn qp_num(&self, l: LgrId) -> Option<u32> {
         self.lgrs.get(l)?.as_ref().map(|lg| lg.qp.qp_num())
+    }
+
+    /// Debug dump of a connection's data path and close state.
+    pub fn debug_conn(&self, id: ConnId) -> String {
+        match self.conns.get(id).and_then(Option::as_ref) {
+            Some(c) => format!("{:?} {:?} {:?}", c.phase, c.closer, c.dp),
+            None => "gone".into(),
+        }
     }
 
     /// The violation that killed a connection, if any.

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod endpoint;
+pub mod simulate;
 
 use smc_proto::close::{CloseEvent, CloseFlags, Closer, Outcome};
 use smc_proto::datapath::{DataPath, DataPathConfig, Violation};

@@ -38,6 +38,7 @@ fn config(
         testlink: None,
         max_conns: 255,
         hostname: "simhost".into(),
+        lgr_idle_timeout: Duration::from_secs(600),
     }
 }
 
@@ -367,4 +368,61 @@ fn link_failure_aborts_established_connections() {
     w.settle(&mut [&mut t], Duration::from_millis(2));
     assert_eq!(w.client.close_state(t.c), Some(CloseState::Closed));
     assert!(w.client.write(t.c, b"y").is_err());
+}
+
+#[test]
+fn one_gibibyte_over_one_link_with_matching_checksum() {
+    let mut cc = config(
+        "simC",
+        0x1111,
+        1,
+        &["SMC-TEST-UEID"],
+        true,
+        true,
+        [10, 99, 0],
+    );
+    let mut sc = config(
+        "simS",
+        0x2222,
+        2,
+        &["SMC-TEST-UEID"],
+        true,
+        true,
+        [10, 99, 0],
+    );
+    cc.rmb_len = 65536;
+    sc.rmb_len = 65536;
+    cc.sndbuf_len = 65536;
+    sc.sndbuf_len = 65536;
+    let mut w = World::new(cc, sc);
+    let mut t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    let total: u64 = 1 << 30;
+    let chunk: Vec<u8> = (0..65536u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let (mut sent, mut got) = (0u64, 0u64);
+    let (mut h_sent, mut h_got) = (0xcbf2_9ce4_8422_2325u64, 0xcbf2_9ce4_8422_2325u64);
+    let fnv = |h: &mut u64, data: &[u8]| {
+        for b in data {
+            *h = (*h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    let mut steps = 0u64;
+    while got < total {
+        if sent < total {
+            let off = (sent % chunk.len() as u64) as usize;
+            let n = w.client.write(t.c, &chunk[off..]).unwrap();
+            fnv(&mut h_sent, &chunk[off..off + n]);
+            sent += n as u64;
+        }
+        let data = w.server.read(t.s, usize::MAX).unwrap();
+        fnv(&mut h_got, &data);
+        got += data.len() as u64;
+        w.step(&mut [&mut t]);
+        steps += 1;
+        assert!(steps < 10_000_000, "stalled at {got} bytes");
+    }
+    assert_eq!(got, total);
+    assert_eq!(h_sent, h_got, "checksums differ");
 }

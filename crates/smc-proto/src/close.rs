@@ -300,11 +300,14 @@ impl Closer {
         self.error
     }
 
-    /// The application may still write: established, not shut down, not aborted.
+    /// The application may still write: established, not shut down, not aborted,
+    /// and the peer has not closed (a peer that only shut down its write side
+    /// still reads: half-close). Linux `smc_tx_sendmsg` returns ECONNRESET once
+    /// any close arrived from the peer.
     pub fn can_write(&self) -> bool {
         matches!(self.state, CloseState::Active | CloseState::AppCloseWait1)
             && !self.tx.any()
-            && !self.rx.abort
+            && !self.rx.any_close()
             && self.error.is_none()
     }
 

@@ -202,6 +202,7 @@ pub struct DataPath {
     last_fin_seqno: u16,
     write_blocked_sent: bool,
     close_flags: CloseFlags,
+    close_requested: CloseFlags,
     cdc_wanted: bool,
     // --- receiving (§3.4) ---
     rx_prod: u64,
@@ -226,6 +227,7 @@ impl DataPath {
             last_fin_seqno: 0,
             write_blocked_sent: false,
             close_flags: CloseFlags::NONE,
+            close_requested: CloseFlags::NONE,
             cdc_wanted: false,
             rx_prod: 0,
             rx_cons: 0,
@@ -288,10 +290,40 @@ impl DataPath {
         self.inflight.len()
     }
 
-    /// Sets the (sticky) close flags every later CDC carries and asks for a CDC.
+    /// Requests the (sticky) close flags from the close machine. An orderly close
+    /// or shutdown reaches the peer only after every byte written before it (the
+    /// flags ride on the CDC that announces the last data, §5.2 "wait for tx
+    /// drain"); an abort goes out at once and unsent data is discarded — after an
+    /// abort nothing may be written into the peer's RMB, which the peer may free.
     pub fn set_close_flags(&mut self, f: CloseFlags) {
-        self.close_flags = f;
-        self.cdc_wanted = true;
+        self.close_requested = f;
+        if f.abort {
+            self.tx_prep = self.tx_sent;
+        }
+    }
+
+    /// Gives up on unsent data so that a requested close can go out: Linux waits at
+    /// most `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) for the send buffer to drain
+    /// before it sends the close anyway (§5.2, §5.6). Returns the bytes dropped.
+    pub fn discard_unsent(&mut self) -> usize {
+        let n = self.unsent();
+        self.tx_prep = self.tx_sent;
+        n
+    }
+
+    /// A requested close is still waiting for unsent data to leave.
+    pub fn close_pending(&self) -> bool {
+        self.close_flags != self.close_requested
+    }
+
+    /// The close flags that have gone out (on a posted CDC).
+    pub fn close_flags_sent(&self) -> CloseFlags {
+        self.close_flags
+    }
+
+    /// Whether data may still be sent: no abort requested.
+    fn may_send_data(&self) -> bool {
+        !self.close_requested.abort
     }
 
     /// Asks for a CDC even without data (e.g. a forced consumer update).
@@ -303,13 +335,20 @@ impl DataPath {
     /// the peer's RMBE has room for, and the CDC announcing them; or a CDC alone
     /// when cursors or flags must reach the peer. The batch is accounted as posted.
     pub fn poll_tx(&mut self) -> Option<TxBatch> {
-        let to_send = self.unsent();
+        let to_send = if self.may_send_data() {
+            self.unsent()
+        } else {
+            0
+        };
         let space = self.peer_space();
         let (len, blocked) = smc_wire::cdc::write_len(to_send, space);
         let blocked = blocked && to_send > 0;
         let consumer_update = self.consumer_update_due();
         let blocked_changed = blocked != self.write_blocked_sent;
-        if len == 0 && !self.cdc_wanted && !consumer_update && !blocked_changed {
+        // A requested close can go out once nothing written before it is unsent.
+        let close_due = self.close_flags != self.close_requested
+            && (self.close_requested.abort || to_send == len);
+        if len == 0 && !self.cdc_wanted && !consumer_update && !blocked_changed && !close_due {
             return None;
         }
         let mut writes = Vec::with_capacity(2);
@@ -339,6 +378,10 @@ impl DataPath {
         }
         self.tx_seqno = self.tx_seqno.wrapping_add(1);
         self.write_blocked_sent = blocked;
+        // Close flags go out once no data written before them is left unsent.
+        if self.close_requested.abort || self.unsent() == 0 {
+            self.close_flags = self.close_requested;
+        }
         self.cdc_wanted = false;
         self.rx_cons_confirmed = self.rx_cons;
         self.peer_update_request = false;

@@ -1,0 +1,656 @@
+//! Seeded deterministic simulation: two endpoints over the `sim` fabric, random
+//! workloads and faults, invariants checked on every run.
+//!
+//! A run is a pure function of its seed: the seed picks buffer sizes, fabric
+//! latency, how many connections open when, how much each side sends in which
+//! write and read sizes (0, small, larger than the RMB), who closes first, whether
+//! an application closes with unread data (an abort), and at most one fault
+//! (a QP error on either side, a port going down, a peer that stops answering for
+//! a while, extra delay). Invariants:
+//!
+//! * every byte read is the byte the peer wrote at that stream offset (in order,
+//!   never duplicated or altered) — checked on every read;
+//! * without a fault or abort, every stream is delivered completely;
+//! * no peer cursor is ever rejected as impossible (no `Violation`);
+//! * every connection ends on both sides (SMC close, fallback or failure) — a
+//!   run that has not ended within its virtual deadline is a hang;
+//! * every connection, RMB, send buffer and link group is released at the end
+//!   (the idle link groups expire as in Linux).
+//!
+//! `smc-sim run --seeds N` runs many seeds; `smc-sim replay SEED` prints the
+//! event trace of one.
+
+use crate::endpoint::{ConnId, ConnStatus, Endpoint, EndpointConfig};
+use smc_proto::close::CloseEvent;
+use smc_proto::negotiate::IfAddr;
+use smc_rdma::sim::SimFabric;
+use smc_wire::types::{Eid, Mac, SystemId};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// splitmix64.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x5EED_0F5C_0DE5_EED5)
+    }
+    /// Next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (0 for n = 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+    /// True with probability `p` percent.
+    pub fn chance(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
+    fn size(&mut self, rmb: u64) -> u64 {
+        match self.below(6) {
+            0 => 0,
+            1 => 1 + self.below(64),
+            2 => 1 + self.below(4096),
+            3 => 1 + self.below(rmb),
+            4 => rmb + self.below(3 * rmb),
+            _ => 1 + self.below(rmb / 2),
+        }
+    }
+}
+
+/// The fault of a run, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The client's (or server's) QP of the first link group goes to ERR.
+    QpError {
+        /// On the client side.
+        client: bool,
+    },
+    /// A device's port goes down (its QPs fail) and comes back after a while.
+    PortDown {
+        /// The client's device.
+        client: bool,
+    },
+    /// A device stops answering for a while (its peer's sends retry, maybe fail).
+    Unresponsive {
+        /// The client's device.
+        client: bool,
+        /// How long.
+        for_ms: u64,
+    },
+    /// Extra one-way delay on a device.
+    Delay {
+        /// The client's device.
+        client: bool,
+        /// Extra delay.
+        us: u64,
+    },
+}
+
+/// One connection's workload.
+#[derive(Clone, Debug)]
+struct Plan {
+    open_at: Duration,
+    c2s: u64,
+    s2c: u64,
+    client_closes_first: bool,
+    shutdown_first: bool,
+    abort: bool,
+}
+
+/// What a passing run did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Connections that reached SMC-R.
+    pub smc: usize,
+    /// Connections that fell back or failed in the handshake.
+    pub not_smc: usize,
+    /// Bytes delivered (both directions, all connections).
+    pub bytes: u64,
+    /// The fault injected, if any.
+    pub fault: Option<Fault>,
+    /// Connections closed with unread data (aborts).
+    pub aborts: usize,
+    /// Virtual time the run took.
+    pub virtual_time: Duration,
+    /// Human-readable event trace.
+    pub trace: Vec<String>,
+}
+
+struct Side {
+    id: ConnId,
+    sent: u64,
+    got: u64,
+    closed: bool,
+    released: bool,
+    shut: bool,
+}
+
+struct ConnRun {
+    plan: Plan,
+    opened: bool,
+    c: Side,
+    s: Side,
+    c2s: Vec<u8>,
+    s2c: Vec<u8>,
+    smc: bool,
+    ended: bool,
+}
+
+fn pattern(seed: u64, conn: usize, dir: u8, off: u64) -> u8 {
+    let x = seed ^ ((conn as u64) << 40) ^ (u64::from(dir) << 56) ^ off.wrapping_mul(0x9E37_79B9);
+    (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 57) as u8 ^ (off as u8)
+}
+
+fn cfg(dev: &str, inst: u16, last: u8, rmb: usize, sndbuf: usize) -> EndpointConfig {
+    EndpointConfig {
+        system_id: SystemId::new(inst, Mac([2, 0, 0, 0, 0, last])),
+        device: dev.into(),
+        ueids: vec![Eid::parse_ueid("SMC-SIM").unwrap_or_default()],
+        offer_v1: true,
+        offer_v2: true,
+        if_addrs: vec![IfAddr {
+            addr: IpAddr::from([10, 77, 0, last]),
+            prefix_len: 24,
+        }],
+        rmb_len: rmb,
+        sndbuf_len: sndbuf,
+        testlink: Some(Duration::from_secs(30)),
+        max_conns: 255,
+        hostname: "sim".into(),
+        lgr_idle_timeout: Duration::from_secs(if last == 1 { 610 } else { 600 }),
+    }
+}
+
+/// Runs one seed. `Err` describes the broken invariant, with the trace's tail.
+pub fn run(seed: u64) -> Result<Report, String> {
+    let mut rng = Rng::new(seed);
+    let sizes = [16384usize, 32768, 65536];
+    let rmb = sizes[rng.below(3) as usize];
+    let sndbuf = sizes[rng.below(3) as usize];
+    let fabric = SimFabric::new(seed);
+    fabric.add_device("simC", None).map_err(|e| e.to_string())?;
+    fabric.add_device("simS", None).map_err(|e| e.to_string())?;
+    fabric.set_latency(
+        Duration::from_micros(1 + rng.below(20)),
+        Duration::from_micros(rng.below(10)),
+    );
+    let mut client =
+        Endpoint::new(&fabric, cfg("simC", 0x1111, 1, rmb, sndbuf)).map_err(|e| e.to_string())?;
+    let mut server =
+        Endpoint::new(&fabric, cfg("simS", 0x2222, 2, rmb, sndbuf)).map_err(|e| e.to_string())?;
+    let client_ip = IpAddr::from([10, 77, 0, 1]);
+
+    let n = 1 + rng.below(4) as usize;
+    let big = rng.chance(10);
+    let mut conns: Vec<ConnRun> = (0..n)
+        .map(|_| {
+            let len = |rng: &mut Rng| {
+                if big {
+                    rng.below(1 << 20)
+                } else if rng.chance(15) {
+                    0
+                } else {
+                    rng.below(96 * 1024)
+                }
+            };
+            let c2s = len(&mut rng);
+            let s2c = len(&mut rng);
+            ConnRun {
+                plan: Plan {
+                    open_at: Duration::from_micros(rng.below(2000)),
+                    c2s,
+                    s2c,
+                    client_closes_first: rng.chance(50),
+                    shutdown_first: rng.chance(30),
+                    abort: rng.chance(8),
+                },
+                opened: false,
+                c: Side {
+                    id: 0,
+                    sent: 0,
+                    got: 0,
+                    closed: false,
+                    released: false,
+                    shut: false,
+                },
+                s: Side {
+                    id: 0,
+                    sent: 0,
+                    got: 0,
+                    closed: false,
+                    released: false,
+                    shut: false,
+                },
+                c2s: Vec::new(),
+                s2c: Vec::new(),
+                smc: false,
+                ended: false,
+            }
+        })
+        .collect();
+    let fault = if rng.chance(35) {
+        let client = rng.chance(50);
+        Some(match rng.below(4) {
+            0 => Fault::QpError { client },
+            1 => Fault::PortDown { client },
+            2 => Fault::Unresponsive {
+                client,
+                for_ms: 1 + rng.below(3000),
+            },
+            _ => Fault::Delay {
+                client,
+                us: 1 + rng.below(5000),
+            },
+        })
+    } else {
+        None
+    };
+    let fault_at = Duration::from_micros(rng.below(20_000));
+    let mut fault_done = false;
+    let mut fault_undo: Option<Duration> = None;
+
+    let mut report = Report {
+        seed,
+        fault,
+        ..Report::default()
+    };
+    let mut now = Duration::ZERO;
+    let mut dt_small = true;
+    let mut quiet = 0u32;
+    let deadline = Duration::from_secs(300);
+    let trace = |report: &mut Report, now: Duration, s: String| {
+        report
+            .trace
+            .push(format!("{:>12.6}s {s}", now.as_secs_f64()));
+    };
+    let mut buf = vec![0u8; 4 * 65536 + 1];
+    trace(
+        &mut report,
+        now,
+        format!("seed {seed}: {n} connection(s), rmb {rmb}, sndbuf {sndbuf}, fault {fault:?} at {fault_at:?}"),
+    );
+    loop {
+        let mut progress = false;
+        // faults
+        if let (Some(f), false) = (fault, fault_done) {
+            if now >= fault_at {
+                fault_done = true;
+                progress = true;
+                let dev = |on_client: bool| if on_client { "simC" } else { "simS" };
+                match f {
+                    Fault::QpError { client: on_client } => {
+                        let ep = if on_client { &client } else { &server };
+                        if let Some(qpn) = first_qp(ep) {
+                            fabric.fail_qp(qpn);
+                        }
+                    }
+                    Fault::PortDown { client: on_client } => {
+                        let _ = fabric.set_port(dev(on_client), false);
+                        fault_undo = Some(now + Duration::from_millis(50));
+                    }
+                    Fault::Unresponsive {
+                        client: on_client,
+                        for_ms,
+                    } => {
+                        let _ = fabric.set_unresponsive(dev(on_client), true);
+                        fault_undo = Some(now + Duration::from_millis(for_ms));
+                    }
+                    Fault::Delay {
+                        client: on_client,
+                        us,
+                    } => {
+                        let _ = fabric.inject_delay(dev(on_client), Duration::from_micros(us));
+                    }
+                }
+                trace(&mut report, now, format!("fault injected: {f:?}"));
+            }
+        }
+        if let (Some(t), Some(f)) = (fault_undo, fault) {
+            if now >= t {
+                fault_undo = None;
+                match f {
+                    Fault::PortDown { client: on_client } => {
+                        let _ = fabric.set_port(if on_client { "simC" } else { "simS" }, true);
+                    }
+                    Fault::Unresponsive {
+                        client: on_client, ..
+                    } => {
+                        let _ =
+                            fabric.set_unresponsive(if on_client { "simC" } else { "simS" }, false);
+                    }
+                    _ => {}
+                }
+                trace(&mut report, now, "fault undone".into());
+            }
+        }
+        for (i, cr) in conns.iter_mut().enumerate() {
+            if !cr.opened {
+                if now >= cr.plan.open_at {
+                    cr.opened = true;
+                    cr.s.id = server.accept(now);
+                    cr.c.id = client.connect(client_ip, now);
+                    progress = true;
+                    trace(
+                        &mut report,
+                        now,
+                        format!("conn {i}: TCP connected, CLC starts"),
+                    );
+                }
+                continue;
+            }
+            if cr.ended {
+                continue;
+            }
+            // CLC over the "TCP" pipe
+            if !cr.c.released && !cr.s.released {
+                cr.c2s.extend(client.clc_output(cr.c.id));
+                cr.s2c.extend(server.clc_output(cr.s.id));
+                let k = server.clc_input(cr.s.id, &cr.c2s, now);
+                cr.c2s.drain(..k);
+                let k = client.clc_input(cr.c.id, &cr.s2c, now);
+                cr.s2c.drain(..k);
+                progress |= k > 0;
+            }
+            let sc = client.status(cr.c.id);
+            let ss = server.status(cr.s.id);
+            if !cr.smc && sc == Some(ConnStatus::Smc) && ss == Some(ConnStatus::Smc) {
+                cr.smc = true;
+                report.smc += 1;
+                trace(&mut report, now, format!("conn {i}: SMC-R on both sides"));
+            }
+            // handshake ended without SMC on either side: the application
+            // continues on TCP (not simulated) and releases the SMC state.
+            let done = |s: &Option<ConnStatus>| {
+                matches!(
+                    s,
+                    Some(ConnStatus::Fallback { .. }) | Some(ConnStatus::Failed(_))
+                )
+            };
+            if !cr.smc && (done(&sc) || done(&ss)) && !(cr.c.released && cr.s.released) {
+                let both_ended = done(&sc) && done(&ss)
+                    || (done(&sc) && ss != Some(ConnStatus::Smc))
+                    || (done(&ss) && sc != Some(ConnStatus::Smc));
+                if both_ended || now > cr.plan.open_at + Duration::from_secs(12) {
+                    trace(
+                        &mut report,
+                        now,
+                        format!("conn {i}: not SMC: client {sc:?} server {ss:?}"),
+                    );
+                    client.release(cr.c.id);
+                    server.release(cr.s.id);
+                    cr.c.released = true;
+                    cr.s.released = true;
+                    cr.ended = true;
+                    report.not_smc += 1;
+                    progress = true;
+                }
+                continue;
+            }
+            if !cr.smc && sc == Some(ConnStatus::Smc) && done(&ss) {
+                // should not happen: the server fell back but the client is on SMC
+                return Err(fail(
+                    &report,
+                    format!("conn {i}: client SMC but server {ss:?}"),
+                ));
+            }
+            if !cr.smc {
+                continue;
+            }
+            // the applications
+            for client_side in [true, false] {
+                let (ep, me, total_out, total_in, dir_out, dir_in) = if client_side {
+                    (&mut client, &mut cr.c, cr.plan.c2s, cr.plan.s2c, 0u8, 1u8)
+                } else {
+                    (&mut server, &mut cr.s, cr.plan.s2c, cr.plan.c2s, 1u8, 0u8)
+                };
+                if me.released {
+                    continue;
+                }
+                if !me.closed && !me.shut && me.sent < total_out {
+                    let want = rng.size(rmb as u64).min(total_out - me.sent) as usize;
+                    let want = want.min(buf.len());
+                    for (k, b) in buf.iter_mut().take(want).enumerate() {
+                        *b = pattern(seed, i, dir_out, me.sent + k as u64);
+                    }
+                    match ep.write(me.id, &buf[..want]) {
+                        Ok(w) => {
+                            me.sent += w as u64;
+                            progress |= w > 0;
+                        }
+                        Err(e) => {
+                            trace(&mut report, now, format!("conn {i}: write error {e:?}"));
+                            me.closed = true;
+                        }
+                    }
+                }
+                let max = rng.size(rmb as u64) as usize;
+                match ep.read(me.id, max) {
+                    Ok(data) => {
+                        for (k, b) in data.iter().enumerate() {
+                            let off = me.got + k as u64;
+                            if *b != pattern(seed, i, dir_in, off) {
+                                return Err(fail(
+                                    &report,
+                                    format!(
+                                        "conn {i}: byte {off} of the {} stream is wrong",
+                                        if client_side { "s2c" } else { "c2s" }
+                                    ),
+                                ));
+                            }
+                        }
+                        if me.got + data.len() as u64 > total_in {
+                            return Err(fail(
+                                &report,
+                                format!("conn {i}: more bytes than were sent"),
+                            ));
+                        }
+                        me.got += data.len() as u64;
+                        progress |= !data.is_empty();
+                    }
+                    Err(e) => {
+                        trace(
+                            &mut report,
+                            now,
+                            format!(
+                                "conn {i}: read error {e:?} ({})",
+                                if client_side { "client" } else { "server" }
+                            ),
+                        );
+                        me.closed = true;
+                    }
+                }
+                if me.closed {
+                    // the connection failed under us (abort from the peer, link lost)
+                    ep.release(me.id);
+                    me.released = true;
+                    progress = true;
+                    continue;
+                }
+                // an application closes once it has written everything; the engine
+                // sends the close after the data (or gives up after 2 s)
+                let all_out = me.sent == total_out;
+                let all_in = me.got == total_in;
+                let first = cr.plan.client_closes_first == client_side;
+                let eof = ep.peer_done(me.id) && ep.readable(me.id) == 0;
+                let who = if client_side { "client" } else { "server" };
+                if cr.plan.abort && first && me.got * 2 >= total_in && !all_in {
+                    // close with data still unread: an abort, the peer sees a reset
+                    trace(
+                        &mut report,
+                        now,
+                        format!("conn {i}: {who} closes with unread data"),
+                    );
+                    ep.release(me.id);
+                    me.released = true;
+                    report.aborts += 1;
+                    progress = true;
+                    continue;
+                }
+                let release = if cr.plan.shutdown_first {
+                    if all_out && !me.shut {
+                        ep.close(me.id, CloseEvent::AppShutdownWrite);
+                        me.shut = true;
+                        progress = true;
+                    }
+                    me.shut && eof
+                } else if first {
+                    all_out && all_in
+                } else {
+                    // read to end-of-file, finish writing unless the peer is gone
+                    eof && (all_out || ep.peer_closed(me.id))
+                };
+                if release {
+                    trace(
+                        &mut report,
+                        now,
+                        format!(
+                            "conn {i}: {who} releases (sent {}, got {})",
+                            me.sent, me.got
+                        ),
+                    );
+                    ep.release(me.id);
+                    me.released = true;
+                    progress = true;
+                }
+            }
+            if cr.c.released && cr.s.released {
+                cr.ended = true;
+                report.bytes += cr.c.got + cr.s.got;
+                let clean = fault.is_none() && !cr.plan.abort;
+                if clean && (cr.c.got != cr.plan.s2c || cr.s.got != cr.plan.c2s) {
+                    return Err(fail(
+                        &report,
+                        format!(
+                            "conn {i}: incomplete delivery without fault: c2s {}/{} s2c {}/{}",
+                            cr.s.got, cr.plan.c2s, cr.c.got, cr.plan.s2c
+                        ),
+                    ));
+                }
+                trace(
+                    &mut report,
+                    now,
+                    format!(
+                        "conn {i}: ended (c2s {}/{}, s2c {}/{})",
+                        cr.s.got, cr.plan.c2s, cr.c.got, cr.plan.s2c
+                    ),
+                );
+            }
+        }
+        client
+            .pump(now)
+            .map_err(|e| fail(&report, format!("client provider error: {e}")))?;
+        server
+            .pump(now)
+            .map_err(|e| fail(&report, format!("server provider error: {e}")))?;
+        for (i, cr) in conns.iter().enumerate() {
+            for (ep, id) in [(&client, cr.c.id), (&server, cr.s.id)] {
+                if cr.opened && !cr.ended {
+                    if let Some(v) = ep.violation(id) {
+                        if fault.is_none() {
+                            return Err(fail(
+                                &report,
+                                format!("conn {i}: honest peer flagged: {v}"),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        let all_ended = conns.iter().all(|c| c.ended);
+        if all_ended && client.connections() == 0 && server.connections() == 0 {
+            if client.link_groups() == 0 && server.link_groups() == 0 {
+                break;
+            }
+            // let idle link groups expire (Linux: 600 s / 610 s)
+            dt_small = false;
+        }
+        let dt = if dt_small {
+            Duration::from_micros(20)
+        } else {
+            Duration::from_millis(20)
+        };
+        if progress {
+            quiet = 0;
+            dt_small = !all_ended;
+        } else {
+            quiet += 1;
+            if quiet > 200 {
+                dt_small = false;
+            }
+        }
+        let dt = if all_ended && client.connections() == 0 && server.connections() == 0 {
+            Duration::from_secs(1)
+        } else {
+            dt
+        };
+        fabric.advance(dt);
+        now += dt;
+        if now > deadline + Duration::from_secs(700) {
+            let mut s = String::new();
+            for (i, c) in conns.iter().enumerate() {
+                let _ = write!(
+                    s,
+                    "\n  conn {i}: ended {} smc {} client {:?}/{:?} sent {} got {} | server {:?}/{:?} sent {} got {}",
+                    c.ended, c.smc,
+                    client.status(c.c.id), client.close_state(c.c.id), c.c.sent, c.c.got,
+                    server.status(c.s.id), server.close_state(c.s.id), c.s.sent, c.s.got
+                );
+            }
+            return Err(fail(
+                &report,
+                format!(
+                    "hang: not finished after {:?} (connections {} / {}, link groups {} / {}){s}",
+                    now,
+                    client.connections(),
+                    server.connections(),
+                    client.link_groups(),
+                    server.link_groups()
+                ),
+            ));
+        }
+    }
+    report.virtual_time = now;
+    trace(
+        &mut report,
+        now,
+        "all connections and link groups released".into(),
+    );
+    Ok(report)
+}
+
+fn first_qp(ep: &Endpoint<SimFabric>) -> Option<u32> {
+    (0..8).find_map(|l| ep.qp_num(l))
+}
+
+fn fail(report: &Report, what: String) -> String {
+    let tail: Vec<&String> = report.trace.iter().rev().take(30).collect();
+    let mut s = format!(
+        "seed {} failed: {what}\n  trace (last {} events):",
+        report.seed,
+        tail.len()
+    );
+    for t in tail.into_iter().rev() {
+        s.push_str("\n    ");
+        s.push_str(t);
+    }
+    s.push_str(&format!(
+        "\n  replay: cargo run -p smc-engine --bin smc-sim -- replay {}",
+        report.seed
+    ));
+    s
+}
