@@ -148,6 +148,18 @@ enum Phase {
     Done(ConnStatus),
 }
 
+/// An rkey flow waiting for the link group's LLC flow slot (§1.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RkeyFlow {
+    /// CONFIRM_RKEY for the RMB of this connection (its handshake waits).
+    Confirm(ConnId),
+    /// DELETE_RKEY for a released RMB.
+    Delete(u32),
+}
+
+/// Flow tags: confirm flows carry the connection id, delete flows this bit.
+const DELETE_TAG: u64 = 1 << 63;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WrKind {
     Llc,
@@ -172,7 +184,11 @@ struct Lgr<P: Provider> {
     wrs: HashMap<u64, WrKind>,
     sends_in_flight: usize,
     next_wr: u64,
-    rkey_queue: VecDeque<ConnId>,
+    rkey_queue: VecDeque<RkeyFlow>,
+    /// Released RMBs and send buffers kept registered for reuse (Linux keeps
+    /// them in per-size pools, §4.4): a late RDMA WRITE from the peer lands in
+    /// memory we still own, and the next connection skips registration.
+    free_bufs: Vec<(P::Mr, P::Mr)>,
     idle_since: Option<Timestamp>,
     rr: usize,
 }
@@ -522,6 +538,7 @@ impl<P: Provider> Endpoint<P> {
             sends_in_flight: 0,
             next_wr: 1 << 32,
             rkey_queue: VecDeque::new(),
+            free_bufs: Vec::new(),
             idle_since: None,
             rr: 0,
         };
@@ -556,10 +573,23 @@ impl<P: Provider> Endpoint<P> {
             .get_mut(l)
             .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such link group".into()))?;
-        let rmb = lg
-            .pd
-            .alloc_mr(rmb_len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-        let sndbuf = lg.pd.alloc_mr(sndbuf_len, Access::LOCAL_WRITE)?;
+        let pooled = lg
+            .free_bufs
+            .iter()
+            .position(|(r, s)| r.len() == rmb_len && s.len() == sndbuf_len);
+        let (rmb, sndbuf) = match pooled {
+            Some(i) => {
+                let (r, s) = lg.free_bufs.swap_remove(i);
+                // a reused RMB starts clean (Linux zeroes buffers on release)
+                r.write_at(0, &vec![0u8; r.len()])?;
+                (r, s)
+            }
+            None => (
+                lg.pd
+                    .alloc_mr(rmb_len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
+                lg.pd.alloc_mr(sndbuf_len, Access::LOCAL_WRITE)?,
+            ),
+        };
         let c = self
             .conns
             .get_mut(id)
@@ -824,7 +854,7 @@ impl<P: Provider> Endpoint<P> {
                 {
                     return true;
                 }
-                lg.rkey_queue.push_back(id);
+                lg.rkey_queue.push_back(RkeyFlow::Confirm(id));
                 true
             }
             None => false,
@@ -1079,6 +1109,7 @@ impl<P: Provider> Endpoint<P> {
                         }
                     }
                 }
+                LgrOutput::RkeyFlowDone { tag, .. } if tag & DELETE_TAG != 0 => {}
                 LgrOutput::RkeyFlowDone { tag, ok } => self.on_rkey_done(tag as ConnId, ok),
             }
         }
@@ -1277,7 +1308,7 @@ impl<P: Provider> Endpoint<P> {
 
     fn retry_rkey_flows(&mut self, l: LgrId, now: Timestamp) {
         loop {
-            let Some(&id) = self
+            let Some(&flow) = self
                 .lgrs
                 .get(l)
                 .and_then(Option::as_ref)
@@ -1285,30 +1316,36 @@ impl<P: Provider> Endpoint<P> {
             else {
                 return;
             };
-            let rmb = self
-                .conns
-                .get(id)
-                .and_then(Option::as_ref)
-                .and_then(|c| c.rmb.as_ref())
-                .map(|m| (m.rkey(), m.addr()));
+            let confirm_rmb = match flow {
+                RkeyFlow::Confirm(id) => Some(
+                    self.conns
+                        .get(id)
+                        .and_then(Option::as_ref)
+                        .and_then(|c| c.rmb.as_ref())
+                        .map(|m| (m.rkey(), m.addr())),
+                ),
+                RkeyFlow::Delete(_) => None,
+            };
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return;
             };
-            match rmb {
-                None => {
-                    lg.rkey_queue.pop_front();
-                }
-                Some((rkey, addr)) => {
-                    if lg
-                        .group
+            let started = match (flow, confirm_rmb) {
+                // the connection went away while waiting: drop its flow
+                (RkeyFlow::Confirm(_), Some(None)) => true,
+                (RkeyFlow::Confirm(id), Some(Some((rkey, addr)))) => {
+                    lg.group
                         .start_confirm_rkey(0, rkey, addr, &[], id as u64, now)
-                    {
-                        lg.rkey_queue.pop_front();
-                    } else {
-                        return;
-                    }
                 }
+                (RkeyFlow::Delete(rkey), _) => {
+                    lg.group
+                        .start_delete_rkey(0, rkey, DELETE_TAG | u64::from(rkey), now)
+                }
+                (RkeyFlow::Confirm(_), None) => true,
+            };
+            if !started {
+                return;
             }
+            lg.rkey_queue.pop_front();
         }
     }
 
@@ -1333,6 +1370,18 @@ impl<P: Provider> Endpoint<P> {
             if finished {
                 if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
                     self.detach(id, l);
+                    let bufs = self.conns[id]
+                        .as_mut()
+                        .and_then(|c| Some((c.rmb.take()?, c.sndbuf.take()?)));
+                    if let (Some((rmb, sndbuf)), Some(lg)) =
+                        (bufs, self.lgrs.get_mut(l).and_then(Option::as_mut))
+                    {
+                        if !lg.group.is_terminated() {
+                            // The peer forgets this RMB (§1.11), then it is reused.
+                            lg.rkey_queue.push_back(RkeyFlow::Delete(rmb.rkey()));
+                            lg.free_bufs.push((rmb, sndbuf));
+                        }
+                    }
                 }
                 self.conns[id] = None;
             }
@@ -1519,6 +1568,15 @@ impl<P: Provider> Endpoint<P> {
     /// Connections still allocated (not yet reaped).
     pub fn connections(&self) -> usize {
         self.conns.iter().flatten().count()
+    }
+
+    /// Peer RMBs a link group knows (its rtoken table) and our released buffers
+    /// it keeps for reuse.
+    pub fn link_group_buffers(&self, l: LgrId) -> Option<(usize, usize)> {
+        self.lgrs
+            .get(l)?
+            .as_ref()
+            .map(|lg| (lg.group.rtoken_count(), lg.free_bufs.len()))
     }
 
     /// QP number of a link group's link (for fault injection in tests).

@@ -426,3 +426,33 @@ fn one_gibibyte_over_one_link_with_matching_checksum() {
     assert_eq!(got, total);
     assert_eq!(h_sent, h_got, "checksums differ");
 }
+
+#[test]
+fn released_rmbs_are_deleted_at_the_peer_and_reused() {
+    let mut w = World::default();
+    let mut ts: Vec<Tcp> = (0..3).map(|_| w.handshake()).collect();
+    let lc = w.client.link_group_of(ts[0].c).unwrap();
+    let ls = w.server.link_group_of(ts[0].s).unwrap();
+    assert_eq!(
+        w.client.link_group_buffers(lc),
+        Some((3, 0)),
+        "three peer RMBs known"
+    );
+    for t in &ts {
+        w.client.release(t.c);
+        w.server.release(t.s);
+    }
+    let mut refs: Vec<&mut Tcp> = ts.iter_mut().collect();
+    w.settle(&mut refs, Duration::from_millis(2));
+    assert_eq!(w.client.connections() + w.server.connections(), 0);
+    // DELETE_RKEY ran both ways; the buffers wait in the pools
+    assert_eq!(w.client.link_group_buffers(lc), Some((0, 3)));
+    assert_eq!(w.server.link_group_buffers(ls), Some((0, 3)));
+    // the next connection takes pooled buffers (CONFIRM_RKEY announces them again)
+    let mut t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    assert_eq!(w.client.link_group_buffers(lc), Some((1, 2)));
+    w.client.write(t.c, b"fresh").unwrap();
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    assert_eq!(w.server.read(t.s, 100).unwrap(), b"fresh");
+}
