@@ -49,6 +49,9 @@ const RECV_SLOTS: usize = 48;
 const RECV_SLOT_LEN: usize = 8192;
 /// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
 const MAX_SENDS: usize = 16;
+/// How long after the TCP connection ended a close CDC may still arrive before
+/// the peer is taken for dead.
+pub const PEER_GONE_GRACE: Duration = Duration::from_secs(1);
 /// Longest wait for the send buffer to drain before a close (Linux
 /// `SMC_MAX_STREAM_WAIT_TIMEOUT`).
 const MAX_STREAM_WAIT: Duration = Duration::from_secs(2);
@@ -208,6 +211,8 @@ struct Conn<P: Provider> {
     violation: Option<Violation>,
     /// When a close waiting for the send buffer to drain is sent anyway.
     close_deadline: Option<Timestamp>,
+    /// The TCP connection ended; without a close CDC by then the peer is dead.
+    tcp_gone_deadline: Option<Timestamp>,
 }
 
 /// An SMC-R endpoint on one device.
@@ -277,6 +282,7 @@ impl<P: Provider> Endpoint<P> {
             peer_rmb: None,
             violation: None,
             close_deadline: None,
+            tcp_gone_deadline: None,
         };
         match self.conns.iter().position(Option::is_none) {
             Some(i) => {
@@ -420,9 +426,24 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// The TCP connection closed or failed during the handshake.
+    ///
+    /// On an SMC connection the TCP connection normally closes right after the
+    /// peer's close CDC (the active closer shuts it down, §5.2). If no close or
+    /// abort CDC has arrived within [`PEER_GONE_GRACE`] of the TCP end, the peer
+    /// is taken for dead — a user-space peer whose process died cannot send a
+    /// CDC, but its kernel closes the TCP socket — and the connection is reset.
     pub fn tcp_closed(&mut self, id: ConnId) {
-        if matches!(self.status(id), Some(ConnStatus::Handshaking)) {
-            self.finish(id, ConnStatus::Failed(FailReason::TcpClosed));
+        let deadline = self.now + PEER_GONE_GRACE;
+        match self.status(id) {
+            Some(ConnStatus::Handshaking) => {
+                self.finish(id, ConnStatus::Failed(FailReason::TcpClosed))
+            }
+            Some(ConnStatus::Smc) => {
+                if let Some(c) = self.conn(id) {
+                    c.tcp_gone_deadline.get_or_insert(deadline);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -975,9 +996,20 @@ impl<P: Provider> Endpoint<P> {
     }
 
     fn established(&mut self, id: ConnId) {
+        // The link group may have died between the Accept and the Confirm (a
+        // reused group losing its link): the connection is born dead.
+        let lgr_dead = self.conn(id).and_then(|c| c.lgr).is_none_or(|l| {
+            self.lgrs
+                .get(l)
+                .and_then(Option::as_ref)
+                .is_none_or(|lg| lg.group.is_terminated())
+        });
         if let Some(c) = self.conn(id) {
             c.phase = Phase::Smc;
             c.closer.handle(CloseEvent::Established);
+            if lgr_dead {
+                c.closer.handle(CloseEvent::Kill { can_send: false });
+            }
         }
     }
 
@@ -1003,6 +1035,20 @@ impl<P: Provider> Endpoint<P> {
                 self.finish(id, ConnStatus::Failed(FailReason::Timeout));
             }
             if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+                if c.tcp_gone_deadline.is_some_and(|d| now >= d) {
+                    c.tcp_gone_deadline = None;
+                    if !c.closer.rx_flags().any_close() {
+                        // treated like an abort from the peer: ECONNRESET
+                        let o = c.closer.handle(CloseEvent::Peer(CloseFlags {
+                            done_writing: false,
+                            closed: false,
+                            abort: true,
+                        }));
+                        if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                            dp.set_close_flags(f);
+                        }
+                    }
+                }
                 if c.close_deadline.is_some_and(|d| now >= d) {
                     c.close_deadline = None;
                     if let Some(dp) = c.dp.as_mut() {

@@ -90,6 +90,12 @@ pub enum Fault {
         /// How long.
         for_ms: u64,
     },
+    /// The peer process dies: it never runs again, its device stops answering,
+    /// and its kernel closes its TCP connections.
+    PeerCrash {
+        /// The client dies (else the server).
+        client: bool,
+    },
     /// Extra one-way delay on a device.
     Delay {
         /// The client's device.
@@ -245,13 +251,14 @@ pub fn run(seed: u64) -> Result<Report, String> {
         .collect();
     let fault = if rng.chance(35) {
         let client = rng.chance(50);
-        Some(match rng.below(4) {
+        Some(match rng.below(5) {
             0 => Fault::QpError { client },
             1 => Fault::PortDown { client },
             2 => Fault::Unresponsive {
                 client,
                 for_ms: 1 + rng.below(3000),
             },
+            3 => Fault::PeerCrash { client },
             _ => Fault::Delay {
                 client,
                 us: 1 + rng.below(5000),
@@ -263,6 +270,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
     let fault_at = Duration::from_micros(rng.below(20_000));
     let mut fault_done = false;
     let mut fault_undo: Option<Duration> = None;
+    // Some(true): the client process died; Some(false): the server.
+    let mut dead: Option<bool> = None;
 
     let mut report = Report {
         seed,
@@ -309,6 +318,37 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     } => {
                         let _ = fabric.set_unresponsive(dev(on_client), true);
                         fault_undo = Some(now + Duration::from_millis(for_ms));
+                    }
+                    Fault::PeerCrash { client: on_client } => {
+                        dead = Some(on_client);
+                        let _ = fabric.set_unresponsive(dev(on_client), true);
+                        for cr in conns.iter_mut() {
+                            if !cr.opened {
+                                // never started: nothing to connect to
+                                cr.opened = true;
+                                cr.ended = true;
+                                continue;
+                            }
+                            if cr.ended {
+                                continue;
+                            }
+                            let (gone, survivor, ep) = if on_client {
+                                (&mut cr.c, &mut cr.s, &mut server)
+                            } else {
+                                (&mut cr.s, &mut cr.c, &mut client)
+                            };
+                            gone.released = true;
+                            if !survivor.released {
+                                // its kernel closes the dead process's TCP sockets
+                                ep.tcp_closed(survivor.id);
+                                if !cr.smc {
+                                    ep.release(survivor.id);
+                                    survivor.released = true;
+                                    cr.ended = true;
+                                    report.not_smc += 1;
+                                }
+                            }
+                        }
                     }
                     Fault::Delay {
                         client: on_client,
@@ -572,8 +612,18 @@ pub fn run(seed: u64) -> Result<Report, String> {
             }
         }
         let all_ended = conns.iter().all(|c| c.ended);
-        if all_ended && client.connections() == 0 && server.connections() == 0 {
-            if client.link_groups() == 0 && server.link_groups() == 0 {
+        // the dead process's state is gone with it: only the survivor must be clean
+        let live = |ep: &Endpoint<SimFabric>, is_client: bool| {
+            if dead == Some(is_client) {
+                (0, 0)
+            } else {
+                (ep.connections(), ep.link_groups())
+            }
+        };
+        let ((cc, cl), (sc, sl)) = (live(&client, true), live(&server, false));
+        let released = cc == 0 && sc == 0;
+        if all_ended && released {
+            if cl == 0 && sl == 0 {
                 break;
             }
             // let idle link groups expire (Linux: 600 s / 610 s)
@@ -593,7 +643,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 dt_small = false;
             }
         }
-        let dt = if all_ended && client.connections() == 0 && server.connections() == 0 {
+        let dt = if all_ended && released {
             Duration::from_secs(1)
         } else {
             dt

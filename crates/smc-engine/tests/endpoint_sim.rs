@@ -456,3 +456,46 @@ fn released_rmbs_are_deleted_at_the_peer_and_reused() {
     w.settle(&mut [&mut t], Duration::from_millis(1));
     assert_eq!(w.server.read(t.s, 100).unwrap(), b"fresh");
 }
+
+#[test]
+fn a_peer_process_that_dies_resets_the_connection() {
+    let mut w = World::default();
+    let t = w.handshake();
+    w.client.write(t.c, b"hello").unwrap();
+    // the server process dies: it pumps no more, its kernel closes the TCP socket
+    w.client.tcp_closed(t.c);
+    for _ in 0..100 {
+        w.client.pump(w.now).unwrap();
+        w.fabric.advance(Duration::from_millis(20));
+        w.now += Duration::from_millis(20);
+    }
+    assert_eq!(
+        w.client.read(t.c, 10),
+        Err(smc_engine::endpoint::ConnError::Reset)
+    );
+    assert!(w.client.write(t.c, b"x").is_err());
+    w.client.release(t.c);
+    for _ in 0..10 {
+        w.client.pump(w.now).unwrap();
+        w.fabric.advance(Duration::from_millis(1));
+        w.now += Duration::from_millis(1);
+    }
+    assert_eq!(w.client.connections(), 0, "released, no hang");
+}
+
+#[test]
+fn a_tcp_fin_after_an_orderly_close_is_not_a_reset() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    w.server.write(t.s, b"bye").unwrap();
+    w.server.release(t.s);
+    w.client.tcp_closed(t.c); // the FIN may overtake the close CDC
+    w.settle(&mut [&mut t], Duration::from_secs(2));
+    assert_eq!(w.client.read(t.c, 10).unwrap(), b"bye");
+    assert!(w.client.peer_done(t.c));
+    assert_eq!(
+        w.client.read(t.c, 10).unwrap(),
+        Vec::<u8>::new(),
+        "EOF, not a reset"
+    );
+}
