@@ -1410,8 +1410,13 @@ impl<P: Provider> Endpoint<P> {
                             .and_then(Option::as_ref)
                             .is_none_or(|lg| lg.group.is_terminated())
                     });
+                    // Our final CDC must have gone out and completed: the peer
+                    // waits for it (PEERCLOSEWAIT) and may still write until then.
                     c.closer.is_finished()
-                        && (lgr_dead || c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0))
+                        && (lgr_dead
+                            || c.dp
+                                .as_ref()
+                                .is_none_or(|dp| dp.cdcs_in_flight() == 0 && !dp.close_pending()))
                 });
             if finished {
                 if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {

@@ -660,6 +660,14 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     client.status(c.c.id), client.close_state(c.c.id), c.c.sent, c.c.got,
                     server.status(c.s.id), server.close_state(c.s.id), c.s.sent, c.s.got
                 );
+                if std::env::var_os("SMC_SIM_VERBOSE").is_some() {
+                    let _ = write!(
+                        s,
+                        "\n    client: {}\n    server: {}",
+                        client.debug_conn(c.c.id),
+                        server.debug_conn(c.s.id)
+                    );
+                }
             }
             return Err(fail(
                 &report,
