@@ -499,3 +499,46 @@ fn a_tcp_fin_after_an_orderly_close_is_not_a_reset() {
         "EOF, not a reset"
     );
 }
+
+#[test]
+fn keepalive_keeps_a_quiet_link_up_and_finds_a_silent_peer() {
+    let mut cc = config(
+        "simC",
+        0x1111,
+        1,
+        &["SMC-TEST-UEID"],
+        true,
+        true,
+        [10, 99, 0],
+    );
+    let mut sc = config(
+        "simS",
+        0x2222,
+        2,
+        &["SMC-TEST-UEID"],
+        true,
+        true,
+        [10, 99, 0],
+    );
+    cc.testlink = Some(Duration::from_secs(30));
+    sc.testlink = Some(Duration::from_secs(30));
+    let mut w = World::new(cc, sc);
+    let mut t = w.handshake();
+    // 95 quiet virtual seconds: TEST_LINKs go out and are answered
+    for _ in 0..95 {
+        w.settle(&mut [&mut t], Duration::from_millis(1));
+        w.now += Duration::from_secs(1);
+    }
+    assert_eq!(w.client.close_state(t.c), Some(CloseState::Active));
+    assert_eq!(w.server.close_state(t.s), Some(CloseState::Active));
+    // the client's device goes silent: the server's keepalive kills the link
+    w.fabric.set_unresponsive("simC", true).unwrap();
+    for _ in 0..40 {
+        w.settle(&mut [&mut t], Duration::from_millis(1));
+        w.now += Duration::from_secs(1);
+    }
+    assert_eq!(
+        w.server.read(t.s, 1),
+        Err(smc_engine::endpoint::ConnError::Aborted)
+    );
+}
