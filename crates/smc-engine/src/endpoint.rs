@@ -213,6 +213,8 @@ struct Conn<P: Provider> {
     close_deadline: Option<Timestamp>,
     /// The TCP connection ended; without a close CDC by then the peer is dead.
     tcp_gone_deadline: Option<Timestamp>,
+    /// The peer's latest urgent (out-of-band) byte, until the application reads it.
+    oob: Option<u8>,
 }
 
 /// An SMC-R endpoint on one device.
@@ -283,6 +285,7 @@ impl<P: Provider> Endpoint<P> {
             violation: None,
             close_deadline: None,
             tcp_gone_deadline: None,
+            oob: None,
         };
         match self.conns.iter().position(Option::is_none) {
             Some(i) => {
@@ -1239,7 +1242,17 @@ impl<P: Provider> Endpoint<P> {
     fn on_cdc(&mut self, id: ConnId, m: &smc_wire::cdc::CdcMessage) {
         let Some(c) = self.conn(id) else { return };
         let Some(dp) = c.dp.as_mut() else { return };
-        match dp.on_cdc(m) {
+        let r = dp.on_cdc(m);
+        // Keep the urgent byte apart at once: normal reads skip it and its RMB
+        // space is then reused, while recv(MSG_OOB) may come later (TCP keeps it).
+        if let (Some(off), Some(rmb)) = (dp.urgent_offset(), c.rmb.as_ref()) {
+            let mut b = [0u8; 1];
+            if rmb.read_at(off, &mut b).is_ok() {
+                c.oob = Some(b[0]);
+                dp.urgent_taken();
+            }
+        }
+        match r {
             Ok(r) if r.close.any() => {
                 let o = c.closer.handle(CloseEvent::Peer(r.close));
                 if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
@@ -1489,6 +1502,27 @@ impl<P: Provider> Endpoint<P> {
         Ok(n)
     }
 
+    /// Sends one urgent byte (TCP `send(MSG_OOB)`): it goes into the stream after
+    /// everything written before, flagged so that the peer can fetch it out of
+    /// band. `Ok(false)` if the send buffer is full or the previous urgent byte has
+    /// not gone out yet (try again later).
+    pub fn write_oob(&mut self, id: ConnId, byte: u8) -> std::result::Result<bool, ConnError> {
+        let c = self.smc_conn(id)?;
+        if c.dp.as_ref().is_some_and(DataPath::urgent_pending) {
+            return Ok(false);
+        }
+        if self.write(id, &[byte])? == 0 {
+            return Ok(false);
+        }
+        let c = self.smc_conn(id)?;
+        Ok(c.dp.as_mut().is_some_and(DataPath::mark_urgent))
+    }
+
+    /// Fetches the peer's urgent byte (TCP `recv(MSG_OOB)`), once.
+    pub fn read_oob(&mut self, id: ConnId) -> std::result::Result<Option<u8>, ConnError> {
+        Ok(self.smc_conn(id)?.oob.take())
+    }
+
     /// Reads up to `max` bytes. `Ok(empty)` with [`Self::peer_done`] true is
     /// end-of-file; `Ok(empty)` otherwise means "would block".
     pub fn read(&mut self, id: ConnId, max: usize) -> std::result::Result<Vec<u8>, ConnError> {
@@ -1542,7 +1576,7 @@ impl<P: Provider> Endpoint<P> {
         };
         match &c.phase {
             Phase::Smc => {
-                let unread_data = c.dp.as_ref().is_some_and(|dp| dp.readable() > 0);
+                let unread_data = c.dp.as_ref().is_some_and(|dp| dp.unread() > 0);
                 self.close(id, CloseEvent::AppClose { unread_data });
             }
             _ => {

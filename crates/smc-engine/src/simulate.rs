@@ -70,6 +70,9 @@ impl Rng {
     }
 }
 
+/// The urgent byte every sender uses.
+const OOB_BYTE: u8 = 0xA5;
+
 /// The fault of a run, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
@@ -114,6 +117,8 @@ struct Plan {
     client_closes_first: bool,
     shutdown_first: bool,
     abort: bool,
+    /// Send one urgent byte after this many normal bytes (client, server).
+    oob_at: [Option<u64>; 2],
 }
 
 /// What a passing run did.
@@ -144,6 +149,8 @@ struct Side {
     closed: bool,
     released: bool,
     shut: bool,
+    oob_sent: bool,
+    oob_got: bool,
 }
 
 struct ConnRun {
@@ -224,6 +231,10 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     client_closes_first: rng.chance(50),
                     shutdown_first: rng.chance(30),
                     abort: rng.chance(8),
+                    oob_at: [
+                        rng.chance(20).then(|| rng.below(c2s + 1)),
+                        rng.chance(20).then(|| rng.below(s2c + 1)),
+                    ],
                 },
                 opened: false,
                 c: Side {
@@ -233,6 +244,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     closed: false,
                     released: false,
                     shut: false,
+                    oob_sent: false,
+                    oob_got: false,
                 },
                 s: Side {
                     id: 0,
@@ -241,6 +254,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     closed: false,
                     released: false,
                     shut: false,
+                    oob_sent: false,
+                    oob_got: false,
                 },
                 c2s: Vec::new(),
                 s2c: Vec::new(),
@@ -461,6 +476,24 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 if me.released {
                     continue;
                 }
+                let my_oob = cr.plan.oob_at[usize::from(!client_side)];
+                if let (Some(at), false, false) = (my_oob, me.oob_sent, me.closed) {
+                    if me.sent >= at {
+                        match ep.write_oob(me.id, OOB_BYTE) {
+                            Ok(true) => {
+                                me.oob_sent = true;
+                                progress = true;
+                                trace(
+                                    &mut report,
+                                    now,
+                                    format!("conn {i}: urgent byte sent after {at}"),
+                                );
+                            }
+                            Ok(false) => {}
+                            Err(_) => me.closed = true,
+                        }
+                    }
+                }
                 if !me.closed && !me.shut && me.sent < total_out {
                     let want = rng.size(rmb as u64).min(total_out - me.sent) as usize;
                     let want = want.min(buf.len());
@@ -477,6 +510,16 @@ pub fn run(seed: u64) -> Result<Report, String> {
                             me.closed = true;
                         }
                     }
+                }
+                match ep.read_oob(me.id) {
+                    Ok(Some(b)) if b != OOB_BYTE => {
+                        return Err(fail(
+                            &report,
+                            format!("conn {i}: urgent byte {b:#x} is wrong"),
+                        ));
+                    }
+                    Ok(Some(_)) => me.oob_got = true,
+                    _ => {}
                 }
                 let max = rng.size(rmb as u64) as usize;
                 match ep.read(me.id, max) {
@@ -523,8 +566,9 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 }
                 // an application closes once it has written everything; the engine
                 // sends the close after the data (or gives up after 2 s)
-                let all_out = me.sent == total_out;
-                let all_in = me.got == total_in;
+                let all_out = me.sent == total_out && (my_oob.is_none() || me.oob_sent);
+                let peer_oob = cr.plan.oob_at[usize::from(client_side)];
+                let all_in = me.got == total_in && (peer_oob.is_none() || me.oob_got);
                 let first = cr.plan.client_closes_first == client_side;
                 let eof = ep.peer_done(me.id) && ep.readable(me.id) == 0;
                 let who = if client_side { "client" } else { "server" };
@@ -572,6 +616,14 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 cr.ended = true;
                 report.bytes += cr.c.got + cr.s.got;
                 let clean = fault.is_none() && !cr.plan.abort;
+                let oob_lost = (cr.plan.oob_at[0].is_some() && !cr.s.oob_got)
+                    || (cr.plan.oob_at[1].is_some() && !cr.c.oob_got);
+                if clean && oob_lost {
+                    return Err(fail(
+                        &report,
+                        format!("conn {i}: an urgent byte was not delivered"),
+                    ));
+                }
                 if clean && (cr.c.got != cr.plan.s2c || cr.s.got != cr.plan.c2s) {
                     return Err(fail(
                         &report,

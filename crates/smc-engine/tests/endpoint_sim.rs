@@ -542,3 +542,23 @@ fn keepalive_keeps_a_quiet_link_up_and_finds_a_silent_peer() {
         Err(smc_engine::endpoint::ConnError::Aborted)
     );
 }
+
+#[test]
+fn urgent_data_is_delivered_out_of_band() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    assert_eq!(w.client.write(t.c, b"abc").unwrap(), 3);
+    assert_eq!(w.client.write_oob(t.c, b'!'), Ok(true));
+    assert_eq!(w.client.write(t.c, b"def").unwrap(), 3);
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    let mut normal = Vec::new();
+    for _ in 0..4 {
+        normal.extend(w.server.read(t.s, 100).unwrap());
+    }
+    assert_eq!(
+        normal, b"abcdef",
+        "the urgent byte is not in the normal stream"
+    );
+    assert_eq!(w.server.read_oob(t.s), Ok(Some(b'!')));
+    assert_eq!(w.server.read_oob(t.s), Ok(None), "read once");
+}

@@ -203,6 +203,8 @@ pub struct DataPath {
     write_blocked_sent: bool,
     close_flags: CloseFlags,
     close_requested: CloseFlags,
+    /// Absolute offset of our urgent byte not yet announced as present.
+    tx_urgent: Option<u64>,
     cdc_wanted: bool,
     // --- receiving (§3.4) ---
     rx_prod: u64,
@@ -211,6 +213,12 @@ pub struct DataPath {
     rx_last_seqno: Option<u16>,
     peer_write_blocked: bool,
     peer_update_request: bool,
+    /// Absolute offset of the peer's urgent byte, until the reader passes it.
+    rx_urgent: Option<u64>,
+    /// The urgent byte was fetched out of band.
+    rx_urgent_taken: bool,
+    /// The peer announced urgent data that has not arrived yet.
+    rx_urgent_pending: bool,
 }
 
 impl DataPath {
@@ -228,6 +236,7 @@ impl DataPath {
             write_blocked_sent: false,
             close_flags: CloseFlags::NONE,
             close_requested: CloseFlags::NONE,
+            tx_urgent: None,
             cdc_wanted: false,
             rx_prod: 0,
             rx_cons: 0,
@@ -235,6 +244,9 @@ impl DataPath {
             rx_last_seqno: None,
             peer_write_blocked: false,
             peer_update_request: false,
+            rx_urgent: None,
+            rx_urgent_taken: false,
+            rx_urgent_pending: false,
         }
     }
 
@@ -267,6 +279,23 @@ impl DataPath {
         let n = n.min(self.sndbuf_free());
         self.tx_prep += n as u64;
         n
+    }
+
+    /// Marks the last byte produced as urgent (TCP `MSG_OOB`, §3.5): the CDC that
+    /// carries it has urg_data_pending and urg_data_present, the byte being the
+    /// one just before the producer cursor. One urgent byte at a time: false if
+    /// the previous one has not gone out yet, or nothing was produced.
+    pub fn mark_urgent(&mut self) -> bool {
+        if self.tx_urgent.is_some() || self.tx_prep == self.tx_sent {
+            return false;
+        }
+        self.tx_urgent = Some(self.tx_prep - 1);
+        true
+    }
+
+    /// An urgent byte of ours waits to be written.
+    pub fn urgent_pending(&self) -> bool {
+        self.tx_urgent.is_some()
     }
 
     /// Bytes in the send buffer not yet written to the peer.
@@ -341,14 +370,26 @@ impl DataPath {
             0
         };
         let space = self.peer_space();
-        let (len, blocked) = smc_wire::cdc::write_len(to_send, space);
+        let (mut len, blocked) = smc_wire::cdc::write_len(to_send, space);
+        // The urgent byte must end a write: it is "the byte before the producer
+        // cursor" of the CDC that says urg_data_present (§3.5).
+        if let Some(u) = self.tx_urgent {
+            len = len.min((u + 1 - self.tx_sent) as usize);
+        }
         let blocked = blocked && to_send > 0;
         let consumer_update = self.consumer_update_due();
+        let urgent_news = self.tx_urgent.is_some();
         let blocked_changed = blocked != self.write_blocked_sent;
         // A requested close can go out once nothing written before it is unsent.
         let close_due = self.close_flags != self.close_requested
             && (self.close_requested.abort || to_send == len);
-        if len == 0 && !self.cdc_wanted && !consumer_update && !blocked_changed && !close_due {
+        if len == 0
+            && !self.cdc_wanted
+            && !consumer_update
+            && !blocked_changed
+            && !close_due
+            && !urgent_news
+        {
             return None;
         }
         let mut writes = Vec::with_capacity(2);
@@ -387,6 +428,13 @@ impl DataPath {
         self.peer_update_request = false;
         let mut prod_flags = ProducerFlags::empty();
         prod_flags.set(ProducerFlags::WRITE_BLOCKED, blocked);
+        if let Some(u) = self.tx_urgent {
+            prod_flags.insert(ProducerFlags::URG_DATA_PENDING);
+            if self.tx_sent == u + 1 {
+                prod_flags.insert(ProducerFlags::URG_DATA_PRESENT);
+                self.tx_urgent = None;
+            }
+        }
         let mut conn_flags = ConnStateFlags::empty();
         conn_flags.set(
             ConnStateFlags::PEER_DONE_WRITING,
@@ -481,6 +529,14 @@ impl DataPath {
         let freed = cons.saturating_sub(self.peer_cons) as usize;
         self.peer_cons = self.peer_cons.max(cons);
         self.peer_write_blocked = msg.prod_flags.write_blocked();
+        if msg.prod_flags.urg_data_present() && new_data > 0 {
+            // the byte just before the new producer cursor is urgent (§3.5)
+            self.rx_urgent = Some(self.rx_prod - 1);
+            self.rx_urgent_taken = false;
+            self.rx_urgent_pending = false;
+        } else if msg.prod_flags.urg_data_pending() {
+            self.rx_urgent_pending = true;
+        }
         if msg.prod_flags.cons_curs_upd_req() {
             self.peer_update_request = true;
         }
@@ -496,12 +552,50 @@ impl DataPath {
         })
     }
 
-    /// Unread bytes in our RMBE.
+    /// Unread bytes in our RMBE that a normal read may return: reads stop at the
+    /// urgent byte (the "mark"), which is not part of the normal stream.
     pub fn readable(&self) -> usize {
+        let end = match self.rx_urgent {
+            Some(u) if u >= self.rx_cons => u,
+            _ => self.rx_prod,
+        };
+        (end - self.rx_cons) as usize
+    }
+
+    /// Unread bytes in our RMBE including an urgent byte not yet passed.
+    pub fn unread(&self) -> usize {
         (self.rx_prod - self.rx_cons) as usize
     }
 
-    /// Where up to `n` unread bytes are in our RMBE (one or two pieces).
+    /// Urgent data was announced by the peer (urg_data_pending) or is present.
+    pub fn urgent_signalled(&self) -> bool {
+        self.rx_urgent_pending || (self.rx_urgent.is_some() && !self.rx_urgent_taken)
+    }
+
+    /// Where the peer's urgent byte is in our RMBE, if it is there and has not been
+    /// fetched yet (TCP `recv(MSG_OOB)`): the caller reads that one byte and calls
+    /// [`Self::urgent_taken`].
+    pub fn urgent_offset(&self) -> Option<usize> {
+        match self.rx_urgent {
+            Some(u) if !self.rx_urgent_taken => {
+                Some((u % self.cfg.rmbe_len.max(1) as u64) as usize)
+            }
+            _ => None,
+        }
+    }
+
+    /// The urgent byte was fetched out of band.
+    pub fn urgent_taken(&mut self) {
+        self.rx_urgent_taken = true;
+    }
+
+    /// True when the next normal read would start at the urgent byte (TCP's
+    /// `SIOCATMARK`).
+    pub fn at_urgent_mark(&self) -> bool {
+        self.rx_urgent == Some(self.rx_cons)
+    }
+
+    /// Where up to `n` normally readable bytes are in our RMBE (one or two pieces).
     pub fn readable_chunks(&self, n: usize) -> RingChunks {
         let len = n.min(self.readable());
         write_chunks(
@@ -517,6 +611,14 @@ impl DataPath {
     pub fn consumed(&mut self, n: usize) -> usize {
         let n = n.min(self.readable());
         self.rx_cons += n as u64;
+        if self.rx_urgent == Some(self.rx_cons) && self.rx_prod > self.rx_cons {
+            // Out-of-band semantics: the urgent byte is skipped by normal reads;
+            // its space is released, which the peer learns at once (Linux forces
+            // a consumer update here).
+            self.rx_cons += 1;
+            self.rx_urgent = None;
+            self.cdc_wanted = true;
+        }
         if self.rx_cons == self.rx_prod {
             // Linux forgets the peer's write_blocked once everything is read.
             // Remember that an update is owed before forgetting.
@@ -700,5 +802,41 @@ mod tests {
         a.on_cdc(&m).unwrap();
         a.consumed(1);
         assert!(a.consumer_update_due());
+    }
+
+    #[test]
+    fn urgent_byte_travels_out_of_band() {
+        let mut a = DataPath::new(cfg(16384, 16384, 16384));
+        let mut b = DataPath::new(cfg(16384, 16384, 16384));
+        // "abc" + urgent "!" + "def" in one go from the application's view
+        a.produced(4);
+        assert!(a.mark_urgent());
+        assert!(!a.mark_urgent(), "one urgent byte at a time");
+        a.produced(3);
+        // the first CDC ends exactly at the urgent byte and says so
+        let first = a.poll_tx().unwrap();
+        assert_eq!(first.writes.iter().map(|w| w.len).sum::<usize>(), 4);
+        assert!(first.cdc.prod_flags.urg_data_pending() && first.cdc.prod_flags.urg_data_present());
+        assert!(!a.urgent_pending());
+        let second = a.poll_tx().unwrap();
+        assert_eq!(second.writes.iter().map(|w| w.len).sum::<usize>(), 3);
+        assert!(!second.cdc.prod_flags.urg_data_present());
+        // the receiver: normal reads stop at the mark, the byte is fetched apart
+        b.on_cdc(&first.cdc).unwrap();
+        assert!(b.urgent_signalled());
+        assert_eq!(b.readable(), 3, "abc, not the urgent byte");
+        assert_eq!(b.urgent_offset(), Some(3));
+        b.on_cdc(&second.cdc).unwrap();
+        assert_eq!(b.readable(), 3, "still stops at the mark");
+        assert_eq!(b.consumed(3), 3);
+        assert!(
+            b.readable() == 3 && !b.at_urgent_mark(),
+            "the urgent byte is skipped"
+        );
+        assert_eq!(b.readable_chunks(10).as_slice(), &[(4, 3)], "def follows");
+        b.urgent_taken();
+        assert_eq!(b.urgent_offset(), None);
+        b.consumed(3);
+        assert_eq!(b.unread(), 0);
     }
 }
