@@ -14,7 +14,7 @@
 //! * The table is one file per configuration directory instead of per network
 //!   namespace (see [`crate::store`]).
 
-use crate::store::{ConfigDir, UpdateError};
+use crate::store::Table;
 use core::fmt;
 use std::path::Path;
 
@@ -337,45 +337,7 @@ impl PnetTable {
             })
             .map(|e| &e.pnetid)
     }
-
-    /// Loads the table from a configuration directory.
-    pub fn load(dir: &ConfigDir) -> Result<PnetTable, LoadError> {
-        let text = dir.read(FILE).map_err(LoadError::Io)?;
-        PnetTable::parse(&text).map_err(LoadError::Table)
-    }
-
-    /// Applies `f` to the stored table under the directory's lock and saves it.
-    pub fn modify(
-        dir: &ConfigDir,
-        f: impl FnOnce(&mut PnetTable) -> Result<(), PnetError>,
-    ) -> Result<(), UpdateError<PnetError>> {
-        dir.update(FILE, |old| {
-            let mut t = PnetTable::parse(old)?;
-            f(&mut t)?;
-            Ok(t.to_file())
-        })
-    }
 }
-
-/// Why the table could not be loaded.
-#[derive(Debug)]
-pub enum LoadError {
-    /// Reading the file failed.
-    Io(std::io::Error),
-    /// The file is malformed.
-    Table(PnetError),
-}
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoadError::Io(e) => write!(f, "cannot read {FILE}: {e}"),
-            LoadError::Table(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for LoadError {}
 
 /// One port of an RDMA device, as device selection sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -473,6 +435,17 @@ pub fn base_netdev(sysfs_net: &Path, ifname: &str) -> String {
         }
     }
     cur
+}
+
+impl Table for PnetTable {
+    type Error = PnetError;
+    const FILE: &'static str = FILE;
+    fn parse(text: &str) -> Result<Self, PnetError> {
+        PnetTable::parse(text)
+    }
+    fn to_file(&self) -> String {
+        PnetTable::to_file(self)
+    }
 }
 
 #[cfg(test)]

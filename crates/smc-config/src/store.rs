@@ -80,6 +80,58 @@ impl ConfigDir {
     }
 }
 
+/// A table kept in one file of the configuration directory.
+pub trait Table: Sized {
+    /// Why a table or a change to it is invalid.
+    type Error: std::fmt::Display + std::fmt::Debug;
+    /// Its file name in the directory.
+    const FILE: &'static str;
+    /// Parses the file's text.
+    fn parse(text: &str) -> Result<Self, Self::Error>;
+    /// The file's text.
+    fn to_file(&self) -> String;
+
+    /// Loads the table from a configuration directory (absent file: empty table).
+    fn load(dir: &ConfigDir) -> Result<Self, LoadError<Self::Error>> {
+        let text = dir
+            .read(Self::FILE)
+            .map_err(|e| LoadError::Io(Self::FILE, e))?;
+        Self::parse(&text).map_err(LoadError::Table)
+    }
+
+    /// Applies `f` to the stored table under the directory's lock and saves it.
+    fn modify(
+        dir: &ConfigDir,
+        f: impl FnOnce(&mut Self) -> Result<(), Self::Error>,
+    ) -> Result<(), UpdateError<Self::Error>> {
+        dir.update(Self::FILE, |old| {
+            let mut t = Self::parse(old)?;
+            f(&mut t)?;
+            Ok(t.to_file())
+        })
+    }
+}
+
+/// Why a table could not be loaded.
+#[derive(Debug)]
+pub enum LoadError<E> {
+    /// Reading the file failed.
+    Io(&'static str, io::Error),
+    /// The file is malformed.
+    Table(E),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for LoadError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Io(file, e) => write!(f, "cannot read {file}: {e}"),
+            LoadError::Table(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for LoadError<E> {}
+
 /// Why an update did not happen.
 #[derive(Debug)]
 pub enum UpdateError<E> {

@@ -5,7 +5,7 @@
 //! peers must share one: the server picks the first UEID of the client's Proposal
 //! that is also in its own table and returns it in the Accept.
 
-use crate::store::{ConfigDir, UpdateError};
+use crate::store::Table;
 use core::fmt;
 use smc_wire::types::{Eid, EidError};
 
@@ -145,45 +145,18 @@ impl UeidTable {
         }
         s
     }
-
-    /// Loads the table from a configuration directory.
-    pub fn load(dir: &ConfigDir) -> Result<UeidTable, LoadError> {
-        let text = dir.read(FILE).map_err(LoadError::Io)?;
-        UeidTable::parse(&text).map_err(LoadError::Table)
-    }
-
-    /// Applies `f` to the stored table under the directory's lock and saves it.
-    pub fn modify(
-        dir: &ConfigDir,
-        f: impl FnOnce(&mut UeidTable) -> Result<(), UeidError>,
-    ) -> Result<(), UpdateError<UeidError>> {
-        dir.update(FILE, |old| {
-            let mut t = UeidTable::parse(old)?;
-            f(&mut t)?;
-            Ok(t.to_file())
-        })
-    }
 }
 
-/// Why the table could not be loaded.
-#[derive(Debug)]
-pub enum LoadError {
-    /// Reading the file failed.
-    Io(std::io::Error),
-    /// The file is malformed.
-    Table(UeidError),
-}
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoadError::Io(e) => write!(f, "cannot read {FILE}: {e}"),
-            LoadError::Table(e) => write!(f, "{e}"),
-        }
+impl Table for UeidTable {
+    type Error = UeidError;
+    const FILE: &'static str = FILE;
+    fn parse(text: &str) -> Result<Self, UeidError> {
+        UeidTable::parse(text)
+    }
+    fn to_file(&self) -> String {
+        UeidTable::to_file(self)
     }
 }
-
-impl std::error::Error for LoadError {}
 
 #[cfg(test)]
 mod tests {

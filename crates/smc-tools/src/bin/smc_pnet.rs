@@ -5,7 +5,7 @@
 
 use serde_json::json;
 use smc_config::pnet::{PnetEntry, PnetError, PnetId, PnetTable, PnetTarget};
-use smc_config::store::{ConfigDir, UpdateError};
+use smc_config::store::{ConfigDir, Table, UpdateError};
 use smc_tools::getopt::{self, Opt};
 use std::process::ExitCode;
 

@@ -4,7 +4,7 @@
 //! `stats`) need the socket library's state API and say so.
 
 use serde_json::json;
-use smc_config::store::{ConfigDir, UpdateError};
+use smc_config::store::{ConfigDir, Table, UpdateError};
 use smc_config::ueid::{parse_ueid, UeidError, UeidTable};
 use std::process::ExitCode;
 
