@@ -341,6 +341,39 @@ impl SeqPacket {
         Ok(SeqPacket { fd })
     }
 
+    /// Is a listener alive at `path`? A non-blocking connect that is refused
+    /// (`ECONNREFUSED`: the socket file of a dead process) or finds no socket
+    /// (`ENOENT`) means no; a connection, or a full backlog (`EAGAIN`: alive
+    /// but not accepting), means yes. The probe connection is closed at once.
+    pub fn probe(path: &Path) -> bool {
+        let Ok((a, len)) = sockaddr(path) else {
+            return false;
+        };
+        // SAFETY: socket has no memory preconditions.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            )
+        };
+        if fd < 0 {
+            return true; // cannot tell: do not declare anything dead
+        }
+        // SAFETY: fresh descriptor we own (closed on drop).
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: a is a valid sockaddr_un of length len.
+        let r =
+            unsafe { libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) };
+        if r == 0 {
+            return true;
+        }
+        !matches!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::ECONNREFUSED) | Some(libc::ENOENT) | Some(libc::ENOTSOCK)
+        )
+    }
+
     /// Accepts one connection (blocking unless the listener was polled readable).
     pub fn accept(&self) -> io::Result<SeqPacket> {
         // SAFETY: accept4 with null address pointers is allowed.

@@ -4,6 +4,9 @@
 //! `smc-rdma-peer suite CONFIG DEVICE [k=v ...]` — serve the conformance line
 //! protocol on stdin/stdout (see `smc_rdma::conformance::serve`).
 //! `smc-rdma-peer pong CONFIG DEVICE MODE` — benchmark echo peer (MODE = poll|block).
+//! `smc-rdma-peer qpns CONFIG DEVICE N` — open DEVICE, print `ready`, wait
+//! for a line on stdin, create N QPs at once, print `qpns <n>...` and keep
+//! them until stdin closes (QP-number uniqueness tests).
 #![forbid(unsafe_code)]
 
 use smc_rdma::conformance::{serve, ConnParams, Endpoint, EndpointInfo, LocalPeer};
@@ -35,7 +38,8 @@ fn stdin_lines() -> std::sync::mpsc::Receiver<String> {
 }
 
 fn run(args: &[String]) -> Result<()> {
-    let usage = || Error::Config("usage: smc-rdma-peer suite|pong CONFIG DEVICE [args]".into());
+    let usage =
+        || Error::Config("usage: smc-rdma-peer suite|pong|qpns CONFIG DEVICE [args]".into());
     let (mode, cfg, dev) = match args {
         [_, m, c, d, ..] => (m.as_str(), c, d),
         _ => return Err(usage()),
@@ -55,8 +59,34 @@ fn run(args: &[String]) -> Result<()> {
             dev,
             args.get(4).map(|s| s.as_str()) == Some("block"),
         ),
+        "qpns" => {
+            let n: usize = args.get(4).and_then(|s| s.parse().ok()).ok_or_else(usage)?;
+            qpns(&provider, dev, n)
+        }
         _ => Err(usage()),
     }
+}
+
+/// Creates `n` QPs on a fresh instance of `dev` and reports their numbers.
+fn qpns(provider: &ShmProvider, dev: &str, n: usize) -> Result<()> {
+    let d = provider.open_device(dev)?;
+    let pd = d.alloc_pd()?;
+    let cq = d.create_cq(16, None)?;
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let lines = stdin_lines();
+    let _ = lines.recv();
+    let mut qps = Vec::with_capacity(n);
+    for _ in 0..n {
+        qps.push(pd.create_qp(&cq, &cq, QpCap::default())?);
+    }
+    let nums: Vec<String> = qps.iter().map(|q| q.qp_num().to_string()).collect();
+    writeln!(out, "qpns {}", nums.join(" "))?;
+    out.flush()?;
+    while lines.recv().is_ok() {}
+    Ok(())
 }
 
 /// Echo peer for the latency benchmark: every received SEND is answered

@@ -6,10 +6,19 @@
 //!   (and its v2 twin) from the MAC's link-local address, and RoCE v2 GIDs
 //!   from the interface's IP addresses. The port state follows the
 //!   interface's operational state (polled by a per-device event thread).
-//! * Every device listens on a unix `SOCK_SEQPACKET` socket in the rundir and
-//!   links one `gid-<hex>` name per GID to it. Moving a QP to RTR connects to
-//!   the peer GID's socket and exchanges, with `SCM_RIGHTS`, each side's
-//!   receive ring (a memfd) and the eventfds of its completion channels.
+//! * A device may be opened any number of times, by one process or many, as
+//!   processes share the port of a real RNIC: every opening (an *instance*)
+//!   sees the same GID table and has its own QPs, regions and PDs. QPs are
+//!   addressed by (GID, QPN), as in SMC's CLC messages; QP numbers are unique
+//!   per rundir (so host-wide for every GID), allocated from a lock-protected
+//!   registry in the rundir and never reused while their QP lives.
+//! * Every instance listens on its own unix `SOCK_SEQPACKET` socket in the
+//!   rundir and registers under `gid-<hex>/` for each of its GIDs and under
+//!   `qpn-<hex6>` for each of its QPs (see [`registry`] for the layout, the
+//!   allocation and the clean-up of entries left by dead processes). Moving a
+//!   QP to RTR looks up the instance owning (GID, QPN), connects to its
+//!   socket and exchanges, with `SCM_RIGHTS`, each side's receive ring (a
+//!   memfd) and the eventfds of its completion channels.
 //! * Registered memory is a memfd (`pd.alloc_mr`), so an RDMA WRITE is one
 //!   memcpy straight into the peer's mapping after the rkey, bounds, PD and
 //!   access rights were checked against the region's header (which lives in
@@ -31,6 +40,10 @@
 #![forbid(unsafe_code)]
 
 pub mod layout;
+pub mod registry;
+
+use registry::Registry;
+pub use registry::{QPN_MAX, QPN_MIN};
 
 use crate::sys::{self, EventFd, SeqPacket, SharedMem};
 use crate::verbs::*;
@@ -387,7 +400,8 @@ struct LocalMr {
 struct DevShared {
     name: String,
     netdev: String,
-    rundir: PathBuf,
+    reg: Registry,
+    tag: String,
     sock_path: PathBuf,
     links: Mutex<Vec<PathBuf>>,
     peer_timeout: Duration,
@@ -398,11 +412,14 @@ struct DevShared {
     lkeys: Mutex<HashMap<u32, Arc<LocalMr>>>,
     rkeys: Mutex<HashMap<u32, Arc<LocalMr>>>,
     qps: Mutex<HashMap<u32, Weak<QpInner>>>,
-    remote_mrs: Mutex<HashMap<(Gid, u32), Arc<SharedMem>>>,
+    /// Peer regions by (peer GID, peer QPN, rkey).
+    remote_mrs: Mutex<HashMap<(Gid, u32, u32), Arc<SharedMem>>>,
     next_id: AtomicU32,
     salt: u32,
     stop: AtomicBool,
     frozen: AtomicBool,
+    /// Test hook: the port is down whatever the interface says.
+    forced_down: AtomicBool,
     wake: EventFd,
 }
 
@@ -418,40 +435,39 @@ impl DevShared {
     fn qp_list(&self) -> Vec<Arc<QpInner>> {
         lock(&self.qps).values().filter_map(Weak::upgrade).collect()
     }
-    fn gid_path(&self, gid: &Gid) -> PathBuf {
-        self.rundir.join(format!("gid-{}", gid.to_hex()))
-    }
+    /// Adds this instance to `gid-<hex>/` of every current GID of the netdev
+    /// (also GIDs that appeared since the last call).
     fn publish_gids(&self) {
+        let mut gids: Vec<Gid> = gid_table(&self.netdev).iter().map(|g| g.gid).collect();
+        gids.dedup();
+        let new = self.reg.publish(&gids, &self.tag, &self.sock_path);
         let mut links = lock(&self.links);
-        for g in gid_table(&self.netdev) {
-            let p = self.gid_path(&g.gid);
-            if links.contains(&p) {
-                continue;
-            }
-            let _ = std::fs::remove_file(&p);
-            if std::os::unix::fs::symlink(&self.sock_path, &p).is_ok() {
+        for p in new {
+            if !links.contains(&p) {
                 links.push(p);
             }
         }
     }
     fn unpublish(&self) {
-        for p in lock(&self.links).drain(..) {
-            if std::fs::read_link(&p).ok().as_deref() == Some(self.sock_path.as_path()) {
-                let _ = std::fs::remove_file(&p);
-            }
-        }
-        let _ = std::fs::remove_file(&self.sock_path);
+        let links: Vec<PathBuf> = lock(&self.links).drain(..).collect();
+        self.reg.unpublish(&links, &self.sock_path);
     }
 
-    /// Looks up (or fetches over the rendezvous socket) the peer's region `rkey`.
-    fn remote_mr(&self, peer: Gid, rkey: u32) -> std::result::Result<Arc<SharedMem>, WcStatus> {
-        if let Some(m) = lock(&self.remote_mrs).get(&(peer, rkey)) {
+    /// Looks up (or fetches over the peer instance's socket) the region
+    /// `rkey` of the peer QP of link `l`.
+    fn remote_mr(&self, l: &Link, rkey: u32) -> std::result::Result<Arc<SharedMem>, WcStatus> {
+        let key = (l.peer_gid, l.peer_qpn, rkey);
+        if let Some(m) = lock(&self.remote_mrs).get(&key) {
             if MrView(m).h(MR_VALID).load(Acquire) == 1 {
                 return Ok(m.clone());
             }
         }
-        lock(&self.remote_mrs).remove(&(peer, rkey));
-        let s = SeqPacket::connect(&self.gid_path(&peer)).map_err(|_| WcStatus::RetryExceeded)?;
+        lock(&self.remote_mrs).remove(&key);
+        let s = match &l.peer_sock {
+            Some(p) => SeqPacket::connect(p).ok(),
+            None => self.reg.connect(&l.peer_gid, l.peer_qpn).ok().map(|c| c.0),
+        }
+        .ok_or(WcStatus::RetryExceeded)?;
         s.set_read_timeout(Duration::from_secs(2))
             .map_err(|_| WcStatus::RetryExceeded)?;
         s.send(
@@ -477,7 +493,7 @@ impl DevShared {
             return Err(WcStatus::RemoteAccessError);
         }
         let mem = Arc::new(mem);
-        lock(&self.remote_mrs).insert((peer, rkey), mem.clone());
+        lock(&self.remote_mrs).insert(key, mem.clone());
         Ok(mem)
     }
 
@@ -486,7 +502,9 @@ impl DevShared {
     }
 }
 
-/// An opened `shm` device. Open each device once per process.
+/// An opened `shm` device. A device may be opened any number of times, in
+/// one process or in many: each opening is an instance with its own QPs,
+/// regions and rendezvous socket, sharing the GIDs of the interface.
 pub struct ShmDevice {
     sh: Arc<DevShared>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -506,17 +524,29 @@ impl ShmDevice {
                 d.name, d.netdev
             )));
         }
+        static INSTANCE: AtomicU32 = AtomicU32::new(0);
         std::fs::create_dir_all(&cfg.rundir)?;
         let pid = std::process::id();
-        let sock_path = cfg.rundir.join(format!("dev-{}-{}.sock", d.name, pid));
-        let listener = SeqPacket::listen(&sock_path)?;
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
+        let salt = (t.subsec_nanos() ^ pid.rotate_left(16)).wrapping_mul(0x85eb_ca6b);
+        let seq = INSTANCE.fetch_add(1, Relaxed);
+        let tag = format!("dev-{}-{pid}-{seq}-{:08x}", d.name, salt ^ seq);
+        let reg = Registry::new(&cfg.rundir);
+        let sock_path = reg.sock_path(&tag);
+        let listener = {
+            // Bind and listen under the lock: a concurrent sweep must never
+            // see the socket file before it accepts connections.
+            let g = reg.lock();
+            reg.sweep(&g);
+            SeqPacket::listen(&sock_path)?
+        };
         let sh = Arc::new(DevShared {
             name: d.name.clone(),
             netdev: d.netdev.clone(),
-            rundir: cfg.rundir.clone(),
+            reg,
+            tag,
             sock_path,
             links: Mutex::new(vec![]),
             peer_timeout: cfg.peer_timeout,
@@ -529,9 +559,10 @@ impl ShmDevice {
             qps: Mutex::new(HashMap::new()),
             remote_mrs: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(1),
-            salt: (t.subsec_nanos() ^ pid.rotate_left(16)).wrapping_mul(0x85eb_ca6b),
+            salt,
             stop: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
+            forced_down: AtomicBool::new(false),
             wake: EventFd::new()?,
         });
         sh.publish_gids();
@@ -563,6 +594,16 @@ impl ShmDevice {
     /// Test hook: behave as if this process hung (no heartbeats, no answers).
     pub fn freeze(&self) {
         self.sh.frozen.store(true, SeqCst);
+    }
+
+    /// Test hook: behave as if the bound interface went down (`true`) or
+    /// follow it again (`false`), for this instance only — for interfaces a
+    /// test must not really take down, such as `lo`. Takes effect at the
+    /// next device-thread tick, with the same events and QP errors as a real
+    /// change of the interface.
+    pub fn force_port_down(&self, down: bool) {
+        self.sh.forced_down.store(down, SeqCst);
+        self.sh.wake.signal();
     }
 
     /// The bound network interface.
@@ -705,7 +746,7 @@ fn device_thread(sh: Arc<DevShared>, listener: SeqPacket) {
 }
 
 fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
-    let up = netdev_up(&sh.netdev);
+    let up = netdev_up(&sh.netdev) && !sh.forced_down.load(Acquire);
     if up != sh.port_up.swap(up, AcqRel) {
         if up {
             sh.raise(AsyncEvent::PortActive { port: 1 });
@@ -873,7 +914,14 @@ impl ProtectionDomain for ShmPd {
                 "max_inline_data > {MAX_INLINE}"
             )));
         }
-        let qpn = self.dev.id() & 0x00ff_ffff;
+        let qpn = self.dev.reg.alloc_qpn(&self.dev.sock_path)?;
+        let ring = match new_ring(qpn) {
+            Ok(r) => r,
+            Err(e) => {
+                self.dev.reg.release_qpn(qpn, &self.dev.sock_path);
+                return Err(e);
+            }
+        };
         let inner = Arc::new(QpInner {
             dev: self.dev.clone(),
             qpn,
@@ -881,7 +929,7 @@ impl ProtectionDomain for ShmPd {
             cap,
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
-            core: Mutex::new(Core::new(new_ring(qpn)?)),
+            core: Mutex::new(Core::new(ring)),
         });
         lock(&self.dev.qps).insert(qpn, Arc::downgrade(&inner));
         lock(&send_cq.inner.qps).push(Arc::downgrade(&inner));
@@ -1051,6 +1099,8 @@ struct Pending {
 struct Link {
     peer_qpn: u32,
     peer_gid: Gid,
+    /// The peer instance's socket (for region look-ups), when known.
+    peer_sock: Option<PathBuf>,
     peer_pd: u32,
     peer_ring: SharedMem,
     peer_rx_efd: Option<EventFd>,
@@ -1158,6 +1208,7 @@ impl QpInner {
         gid: Gid,
         mut fds: Vec<OwnedFd>,
         sock: Option<SeqPacket>,
+        peer_sock: Option<PathBuf>,
     ) -> Result<Link> {
         let want = 1 + (m.flags & 1) as usize + ((m.flags >> 1) & 1) as usize;
         if fds.len() != want {
@@ -1184,6 +1235,7 @@ impl QpInner {
         Ok(Link {
             peer_qpn: m.src_qpn,
             peer_gid: gid,
+            peer_sock,
             peer_pd: m.pd,
             peer_ring: ring,
             peer_rx_efd: rx,
@@ -1214,7 +1266,8 @@ impl QpInner {
             }
             Some(_) => {}
             None => {
-                let l = self.make_link(m, m.gid, fds, None)?;
+                let peer_sock = self.dev.reg.resolve(&m.gid, m.src_qpn).ok();
+                let l = self.make_link(m, m.gid, fds, None, peer_sock)?;
                 c.link = Some(l);
             }
         }
@@ -1233,14 +1286,11 @@ impl QpInner {
             }
             c.ring.clone()
         };
-        let path = self.dev.gid_path(&remote.gid);
-        let s = SeqPacket::connect(&path).map_err(|e| {
-            Error::Connect(format!(
-                "no device with GID {:?} at {}: {e}",
-                remote.gid,
-                path.display()
-            ))
-        })?;
+        let (s, path) = self
+            .dev
+            .reg
+            .connect(&remote.gid, remote.qp_num)
+            .map_err(Error::Connect)?;
         s.set_read_timeout(Duration::from_secs(2))?;
         let fds = self.hello_fds(&ring)?;
         let bf: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
@@ -1274,7 +1324,7 @@ impl QpInner {
             }
             Some(_) => return Err(Error::Connect("QP already connected elsewhere".into())),
             None => {
-                let l = self.make_link(&m, remote.gid, rfds, Some(s))?;
+                let l = self.make_link(&m, remote.gid, rfds, Some(s), Some(path))?;
                 c.link = Some(l);
             }
         }
@@ -1410,7 +1460,7 @@ impl QpInner {
         if !Access::from_bits(pr.h(R_ACCESS).load(Acquire) as u32).contains(Access::REMOTE_WRITE) {
             return Err(WcStatus::RemoteAccessError);
         }
-        let m = self.dev.remote_mr(l.peer_gid, rkey)?;
+        let m = self.dev.remote_mr(l, rkey)?;
         let v = MrView(&m);
         let ok_hdr = v.h(MR_VALID).load(Acquire) == 1
             && v.h(MR_PD).load(Acquire) == l.peer_pd as u64
@@ -1716,6 +1766,9 @@ impl QueuePair for ShmQp {
                     .get(sgid_index as usize)
                     .ok_or_else(|| Error::InvalidArgument(format!("no GID index {sgid_index}")))?
                     .gid;
+                // The peer looks us up by this GID: make sure it is registered
+                // even if the address appeared since the last device tick.
+                q.dev.publish_gids();
                 {
                     let mut c = lock(&q.core);
                     c.remote = Some(remote);
@@ -1840,6 +1893,10 @@ impl Drop for ShmQp {
         c.extra_socks.clear();
         drop(c);
         lock(&self.inner.dev.qps).remove(&self.inner.qpn);
+        self.inner
+            .dev
+            .reg
+            .release_qpn(self.inner.qpn, &self.inner.dev.sock_path);
         self.inner.dev.wake.signal();
     }
 }

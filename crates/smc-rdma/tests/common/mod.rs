@@ -261,3 +261,186 @@ impl Harness for Proc {
         self.veth.set_a(up)
     }
 }
+
+// ---------------------------------------------------------------- shared interface (`lo`)
+
+/// One device `shm0` bound to `lo`: every opening of it (in this process or
+/// another) has the same GIDs, as processes sharing one RNIC port.
+pub fn lo_config(rundir: &std::path::Path) -> ShmConfig {
+    ShmConfig {
+        devices: vec![ShmDeviceConfig {
+            name: "shm0".into(),
+            netdev: "lo".into(),
+        }],
+        rundir: rundir.to_path_buf(),
+        peer_timeout: Duration::from_millis(500),
+        poll_interval: Duration::from_millis(10),
+    }
+}
+
+/// `lo` must be up (it is in every normal namespace); no root needed.
+pub fn need_lo() -> Result<()> {
+    if smc_rdma::shm::gid_table("lo").is_empty() {
+        return Err(Error::Unsupported(
+            "needs a loopback interface with addresses",
+        ));
+    }
+    Ok(())
+}
+
+/// Both sides in this process: two instances of the same device on `lo`,
+/// so both sides have the same GID and differ only by QP number.
+pub struct LoInProc {
+    pub local: Endpoint<ShmProvider>,
+    pub peer: LocalPeer<ShmProvider>,
+    pub remote: EndpointInfo,
+    pub start: Instant,
+    /// A third instance on `lo`, opened last, that must never be reached.
+    pub decoy: smc_rdma::shm::ShmDevice,
+    pub rundir: PathBuf,
+}
+
+pub fn make_lo_inproc(params: &ConnParams) -> Result<LoInProc> {
+    need_lo()?;
+    let rundir = rundir();
+    let p = ShmProvider::new(lo_config(&rundir));
+    let local = Endpoint::open(&p, "shm0", *params)?;
+    let mut peer = LocalPeer::new(Endpoint::open(&p, "shm0", *params)?);
+    let decoy = p.open_device("shm0")?;
+    let remote = peer.ep.info();
+    if remote.gid != local.info().gid || remote.qp_num == local.qp.qp_num() {
+        return Err(Error::Config(format!(
+            "expected the same GID and different QP numbers: {:?} vs {:?}",
+            remote,
+            local.info()
+        )));
+    }
+    local.connect(&remote)?;
+    peer.ep.connect(&local.info())?;
+    peer.on_kill = Some(Box::new(|ep| {
+        ep.dev.simulate_crash();
+        Ok(())
+    }));
+    peer.on_hang = Some(Box::new(|ep| {
+        ep.dev.freeze();
+        Ok(())
+    }));
+    Ok(LoInProc {
+        local,
+        peer,
+        remote,
+        start: Instant::now(),
+        decoy,
+        rundir,
+    })
+}
+
+impl Drop for LoInProc {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.rundir);
+    }
+}
+
+impl Harness for LoInProc {
+    type P = ShmProvider;
+    type Peer = LocalPeer<ShmProvider>;
+    fn local(&self) -> &Endpoint<ShmProvider> {
+        &self.local
+    }
+    fn peer(&mut self) -> &mut LocalPeer<ShmProvider> {
+        &mut self.peer
+    }
+    fn remote(&self) -> EndpointInfo {
+        self.remote
+    }
+    fn settle(&mut self) {
+        self.peer.pump();
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    fn clock(&self) -> Duration {
+        self.start.elapsed()
+    }
+    fn set_local_port(&mut self, up: bool) -> Result<()> {
+        // `lo` of the host must not really go down: use the device's hook.
+        self.local.dev.force_port_down(!up);
+        Ok(())
+    }
+}
+
+/// Spawns `smc-rdma-peer ARGS...` with the config file of `rundir`.
+pub fn peer_cmd(cfg_path: &std::path::Path, mode: &str, dev: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_smc-rdma-peer"));
+    c.arg(mode).arg(cfg_path).arg(dev);
+    c
+}
+
+/// The passive side in a separate process, both processes on `lo`.
+pub struct LoProc {
+    pub local: Endpoint<ShmProvider>,
+    pub peer: ProcPeer,
+    pub start: Instant,
+    pub rundir: PathBuf,
+    pub cfg_path: PathBuf,
+}
+
+/// Starts a `suite` peer process on `lo` in `rundir` (config written there).
+pub fn spawn_lo_peer(rundir: &std::path::Path, params: &ConnParams) -> Result<(ProcPeer, PathBuf)> {
+    let cfg_path = rundir.join("shm.conf");
+    std::fs::write(&cfg_path, lo_config(rundir).to_text())?;
+    let mut cmd = peer_cmd(&cfg_path, "suite", "shm0");
+    cmd.args(params.to_args().split_whitespace());
+    Ok((ProcPeer::spawn(cmd)?, cfg_path))
+}
+
+pub fn make_lo_proc(params: &ConnParams) -> Result<LoProc> {
+    need_lo()?;
+    let rundir = rundir();
+    let (mut peer, cfg_path) = spawn_lo_peer(&rundir, params)?;
+    let p = ShmProvider::new(lo_config(&rundir));
+    let local = Endpoint::open(&p, "shm0", *params)?;
+    peer.cmd(&format!("connect {}", local.info().to_line()))?;
+    let remote = peer.info;
+    if remote.gid != local.info().gid {
+        return Err(Error::Config("peer on lo has a different GID".into()));
+    }
+    local.connect(&remote)?;
+    Ok(LoProc {
+        local,
+        peer,
+        start: Instant::now(),
+        rundir,
+        cfg_path,
+    })
+}
+
+impl Drop for LoProc {
+    fn drop(&mut self) {
+        let _ = self.peer.child.kill();
+        let _ = self.peer.child.wait();
+        let _ = std::fs::remove_dir_all(&self.rundir);
+    }
+}
+
+impl Harness for LoProc {
+    type P = ShmProvider;
+    type Peer = ProcPeer;
+    fn local(&self) -> &Endpoint<ShmProvider> {
+        &self.local
+    }
+    fn peer(&mut self) -> &mut ProcPeer {
+        &mut self.peer
+    }
+    fn remote(&self) -> EndpointInfo {
+        self.peer.info
+    }
+    fn settle(&mut self) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    fn clock(&self) -> Duration {
+        self.start.elapsed()
+    }
+    fn set_local_port(&mut self, up: bool) -> Result<()> {
+        self.local.dev.force_port_down(!up);
+        Ok(())
+    }
+}
