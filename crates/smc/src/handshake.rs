@@ -1,0 +1,128 @@
+//! The CLC handshake on a connected TCP socket, blocking, with Linux's timeouts
+//! (`protocol-clc.md` §4.1–§4.3; 6 s per expected message).
+
+use crate::stream::Fallback;
+use smc_proto::clc_stream::{ClcReadError, ClcReader};
+use smc_proto::negotiate::{self, LocalCapabilities};
+use smc_wire::clc::{ClcMessage, ClcType, Decline, DeclineCode, CLC_WAIT_TIME, SMC_V1};
+use smc_wire::types::SystemId;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+
+fn protocol_error(e: ClcReadError) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("SMC handshake failed: {e}"),
+    )
+}
+
+/// Reads one CLC message, never a byte beyond it (the peer's TCP data may
+/// follow a Decline).
+fn read_clc(tcp: &mut TcpStream, expected: ClcType) -> io::Result<ClcMessage> {
+    let old = tcp.read_timeout()?;
+    tcp.set_read_timeout(Some(CLC_WAIT_TIME))?;
+    let mut reader = ClcReader::new();
+    let result = loop {
+        let want = reader.wanted().max(1);
+        let mut buf = vec![0u8; want];
+        let n = match tcp.read(&mut buf) {
+            Ok(0) => {
+                break Err(io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    "SMC handshake failed: the peer closed the connection",
+                ))
+            }
+            Ok(n) => n,
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut =>
+            {
+                break Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "SMC handshake failed: no CLC message within 6 s",
+                ))
+            }
+            Err(e) => break Err(e),
+        };
+        let (_, msg) = reader.feed(&buf[..n], expected);
+        match msg {
+            None => continue,
+            Some(Ok(m)) => break Ok(m),
+            Some(Err(e)) => break Err(protocol_error(e)),
+        }
+    };
+    tcp.set_read_timeout(old)?;
+    result
+}
+
+/// What this host can offer on the connection: nothing yet — the SMC-R data
+/// path over a device is not wired into the socket library (issue 5).
+fn capabilities() -> LocalCapabilities {
+    LocalCapabilities {
+        system_id: SystemId::default(),
+        v1: None,
+        v2_gid: None,
+        ueids: Vec::new(),
+        if_addrs: Vec::new(),
+    }
+}
+
+fn send_decline(tcp: &mut TcpStream, version: u8, code: DeclineCode) -> io::Result<()> {
+    let d = Decline::new(version, SystemId::default(), code);
+    tcp.write_all(&ClcMessage::Decline(d).encode())
+}
+
+/// Client side, after the SYN-ACK carried the option.
+pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
+    let local = tcp.local_addr()?.ip();
+    match negotiate::build_proposal(local, &capabilities()) {
+        Ok(p) => {
+            tcp.write_all(&ClcMessage::Proposal(p).encode())?;
+            match read_clc(tcp, ClcType::Accept)? {
+                ClcMessage::Decline(d) => Ok(Fallback {
+                    reason: DeclineCode::PeerDecl,
+                    peer: Some(d.diagnosis),
+                }),
+                // An Accept we cannot honour without a device: decline it.
+                ClcMessage::Accept(a) => {
+                    send_decline(tcp, a.version, DeclineCode::NoSmcRDev)?;
+                    Ok(Fallback {
+                        reason: DeclineCode::NoSmcRDev,
+                        peer: None,
+                    })
+                }
+                m => Err(protocol_error(ClcReadError::Unexpected(m.msg_type()))),
+            }
+        }
+        Err(code) => {
+            // Linux: a client with nothing to offer declines instead of proposing.
+            send_decline(tcp, SMC_V1, code)?;
+            Ok(Fallback {
+                reason: code,
+                peer: None,
+            })
+        }
+    }
+}
+
+/// Server side, after the SYN carried the option.
+pub(crate) fn server(tcp: &mut TcpStream) -> io::Result<Fallback> {
+    match read_clc(tcp, ClcType::Proposal)? {
+        ClcMessage::Decline(d) => Ok(Fallback {
+            reason: DeclineCode::PeerDecl,
+            peer: Some(d.diagnosis),
+        }),
+        ClcMessage::Proposal(p) => {
+            let code = match negotiate::server_choose(&p, &capabilities()) {
+                Err(code) => code,
+                // not reachable without capabilities; decline all the same
+                Ok(_) => DeclineCode::NoSmcDev,
+            };
+            send_decline(tcp, negotiate::decline_version(&p), code)?;
+            Ok(Fallback {
+                reason: code,
+                peer: None,
+            })
+        }
+        m => Err(protocol_error(ClcReadError::Unexpected(m.msg_type()))),
+    }
+}

@@ -1,0 +1,28 @@
+//! # smc — SMC sockets that behave like `std::net` TCP sockets
+//!
+//! [`SmcListener`] and [`SmcStream`] mirror `TcpListener` and `TcpStream`. Every
+//! connection starts as TCP whose SYN and SYN-ACK carry the SMC experimental
+//! option (kind 254, ExID `0xE2D4C3D9`), written by the host's rendezvous BPF
+//! program (`smc-bpf`) exactly as the Linux kernel's AF_SMC does. Only if both
+//! SYNs carried it does the CLC handshake run on the connection; otherwise, or if
+//! the handshake declines, the connection simply continues as TCP and
+//! [`SmcStream::mode`] records why, with the 32-bit reason code smc-tools shows
+//! (`protocol-clc.md` §2.4, §4.1).
+//!
+//! Status (issue 5, in progress): the rendezvous, the CLC exchange on the TCP
+//! connection and every fallback path are real. The SMC-R data path over the
+//! shared-memory device is not wired in yet, so a handshake that would reach
+//! SMC-R declines with "no SMC device" on both sides and the data flows over TCP.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod handshake;
+mod rendezvous;
+mod stream;
+
+pub use stream::{Fallback, Mode, SmcListener, SmcStream};
+
+/// smc-rs's own fallback reason for "the SYN option could not be used on this
+/// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel
+/// always has its option.
+pub const FALLBACK_NO_RENDEZVOUS: u32 = 0x0301_0100;

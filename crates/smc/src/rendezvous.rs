@@ -1,0 +1,39 @@
+//! Sockets that opt in to the SMC SYN option before `connect()` / `listen()`.
+
+use rustix::net::{AddressFamily, SocketType};
+use smc_bpf::{Rendezvous, RendezvousError};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Once;
+
+/// The host's rendezvous, or why there is none (said once on stderr, as the
+/// issue asks: a clear message, then TCP).
+pub(crate) fn rendezvous() -> Result<&'static Rendezvous, RendezvousError> {
+    static WARN: Once = Once::new();
+    match Rendezvous::shared() {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            WARN.call_once(|| {
+                eprintln!("smc-rs: the SMC TCP option cannot be used on this host, connections use plain TCP: {e}");
+            });
+            Err(e)
+        }
+    }
+}
+
+/// A new TCP socket for `addr`'s family, opted in to the SMC option if the
+/// rendezvous is available. Returns whether it is opted in.
+pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
+    let fam = if addr.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let fd = rustix::net::socket(fam, SocketType::STREAM, None)?;
+    let opted = match rendezvous() {
+        Ok(r) => r.opt_in(fd.as_fd()).is_ok(),
+        Err(_) => false,
+    };
+    Ok((fd, opted))
+}

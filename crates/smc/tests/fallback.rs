@@ -1,0 +1,170 @@
+//! SmcStream / SmcListener against plain std sockets and against each other, over
+//! loopback with the real SYN-option rendezvous (root: BPF). Until the SMC-R data
+//! path is wired in, every pair ends on TCP — with the reason Linux would give.
+
+use smc::{Fallback, Mode, SmcListener, SmcStream};
+use smc_wire::clc::DeclineCode;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::thread;
+use std::time::Duration;
+
+fn require_root() {
+    assert_eq!(
+        rustix::process::geteuid().as_raw(),
+        0,
+        "these tests need root (BPF); CI runs as root"
+    );
+}
+
+fn echo_once(mut s: impl Read + Write) {
+    let mut buf = [0u8; 5];
+    s.read_exact(&mut buf).unwrap();
+    s.write_all(&buf).unwrap();
+}
+
+#[test]
+fn smc_client_to_plain_tcp_server() {
+    require_root();
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut first = [0u8; 5];
+        s.read_exact(&mut first).unwrap();
+        s.write_all(&first).unwrap();
+        first
+    });
+    let mut c = SmcStream::connect(addr).unwrap();
+    assert_eq!(
+        c.mode(),
+        Mode::Tcp(Fallback {
+            reason: DeclineCode::PeerNoSmc,
+            peer: None
+        })
+    );
+    assert_eq!(
+        c.mode().clone(),
+        Mode::Tcp(Fallback {
+            reason: DeclineCode::from_u32(0x0301_0000),
+            peer: None
+        })
+    );
+    c.write_all(b"hello").unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"hello");
+    assert_eq!(
+        &srv.join().unwrap(),
+        b"hello",
+        "no CLC bytes reach a plain peer"
+    );
+}
+
+#[test]
+fn plain_tcp_client_to_smc_server() {
+    require_root();
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mode = s.mode();
+        echo_once(s);
+        mode
+    });
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.write_all(b"howdy").unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"howdy");
+    assert_eq!(
+        srv.join().unwrap(),
+        Mode::Tcp(Fallback {
+            reason: DeclineCode::PeerNoSmc,
+            peer: None
+        })
+    );
+}
+
+fn smc_pair(bind: &str) {
+    let l = SmcListener::bind(bind).unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mode = s.mode();
+        echo_once(&s);
+        mode
+    });
+    let mut c = SmcStream::connect(addr).unwrap();
+    // no SMC device wired in yet: the client declines NOSMCDEV, both go on on TCP
+    assert_eq!(
+        c.mode(),
+        Mode::Tcp(Fallback {
+            reason: DeclineCode::NoSmcDev,
+            peer: None
+        })
+    );
+    c.write_all(b"12345").unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"12345", "TCP data follows the Decline intact");
+    assert_eq!(
+        srv.join().unwrap(),
+        Mode::Tcp(Fallback {
+            reason: DeclineCode::PeerDecl,
+            peer: Some(DeclineCode::NoSmcDev)
+        })
+    );
+}
+
+#[test]
+fn smc_to_smc_without_a_device_declines_and_continues_on_tcp() {
+    require_root();
+    smc_pair("127.0.0.1:0");
+}
+
+#[test]
+fn smc_to_smc_over_ipv6() {
+    require_root();
+    smc_pair("[::1]:0");
+}
+
+#[test]
+fn garbage_instead_of_clc_fails_that_connection_only() {
+    require_root();
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        // the garbage connection is dropped inside accept(); the next one is served
+        let (s, _) = l.accept().unwrap();
+        let mode = s.mode();
+        echo_once(&s);
+        mode
+    });
+    // a client that offers SMC on its SYN but then speaks HTTP
+    let rdv = smc_bpf::Rendezvous::shared().unwrap();
+    let fd = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        None,
+    )
+    .unwrap();
+    rdv.opt_in(fd.as_fd()).unwrap();
+    rustix::net::connect(&fd, &addr).unwrap();
+    let mut bad = TcpStream::from(fd);
+    bad.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = [0u8; 16];
+    assert!(
+        matches!(bad.read(&mut sink), Ok(0) | Err(_)),
+        "the server closes the garbage connection"
+    );
+    // a well-behaved client still gets served
+    let mut c = SmcStream::connect(addr).unwrap();
+    c.write_all(b"still").unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"still");
+    assert!(matches!(srv.join().unwrap(), Mode::Tcp(_)));
+}
