@@ -525,6 +525,81 @@ pub fn if_addrs(ifname: &str) -> io::Result<Vec<std::net::IpAddr>> {
     Ok(out)
 }
 
+/// One address of an interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterfaceAddr {
+    /// Interface name.
+    pub ifname: String,
+    /// The address.
+    pub addr: std::net::IpAddr,
+    /// Prefix length (bits set in the netmask).
+    pub prefix_len: u8,
+}
+
+/// Every IP address of every interface (in the caller's netns), with prefix
+/// lengths: what the SMC socket library needs to find a connection's interface
+/// and the prefixes CLC compares.
+pub fn interface_addrs() -> io::Result<Vec<InterfaceAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list pointer into head.
+    cvt(unsafe { libc::getifaddrs(&mut head) })?;
+    let mut out = Vec::new();
+    let mut cur = head;
+    // SAFETY: walking the list getifaddrs returned until null; each node's name is
+    // a C string, and addr/netmask (if non-null) are sockaddrs of the node's
+    // family, so the casts below read only what the kernel wrote. The list is
+    // freed once at the end and not used afterwards.
+    unsafe {
+        while !cur.is_null() {
+            let ifa = &*cur;
+            if !ifa.ifa_addr.is_null() {
+                let name = std::ffi::CStr::from_ptr(ifa.ifa_name)
+                    .to_string_lossy()
+                    .into_owned();
+                let mask = ifa.ifa_netmask;
+                match (*ifa.ifa_addr).sa_family as libc::c_int {
+                    libc::AF_INET => {
+                        let a = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                        let bits = if mask.is_null() {
+                            32
+                        } else {
+                            let m = &*(mask as *const libc::sockaddr_in);
+                            u32::from_be(m.sin_addr.s_addr).count_ones() as u8
+                        };
+                        out.push(InterfaceAddr {
+                            ifname: name,
+                            addr: std::net::IpAddr::V4(u32::from_be(a.sin_addr.s_addr).into()),
+                            prefix_len: bits,
+                        });
+                    }
+                    libc::AF_INET6 => {
+                        let a = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                        let bits = if mask.is_null() {
+                            128
+                        } else {
+                            let m = &*(mask as *const libc::sockaddr_in6);
+                            m.sin6_addr
+                                .s6_addr
+                                .iter()
+                                .map(|b| b.count_ones() as u8)
+                                .sum()
+                        };
+                        out.push(InterfaceAddr {
+                            ifname: name,
+                            addr: std::net::IpAddr::V6(a.sin6_addr.s6_addr.into()),
+                            prefix_len: bits,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            cur = ifa.ifa_next;
+        }
+        libc::freeifaddrs(head);
+    }
+    Ok(out)
+}
+
 /// Signals a process (used by tests to kill or freeze a peer).
 #[derive(Clone, Copy, Debug)]
 pub enum Signal {
@@ -616,5 +691,19 @@ mod tests {
         let t = std::time::Instant::now();
         assert!(!e.wait(Duration::from_millis(20)).unwrap());
         assert!(t.elapsed() >= Duration::from_millis(15));
+    }
+}
+
+#[cfg(test)]
+mod interface_addr_tests {
+    #[test]
+    fn loopback_has_its_addresses_and_prefixes() {
+        let v = super::interface_addrs().unwrap();
+        let lo4 = v
+            .iter()
+            .find(|a| a.addr == std::net::IpAddr::from([127, 0, 0, 1]))
+            .expect("127.0.0.1 on some interface");
+        assert_eq!(lo4.ifname, "lo");
+        assert_eq!(lo4.prefix_len, 8);
     }
 }

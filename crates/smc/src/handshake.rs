@@ -126,3 +126,55 @@ pub(crate) fn server(tcp: &mut TcpStream) -> io::Result<Fallback> {
         m => Err(protocol_error(ClcReadError::Unexpected(m.msg_type()))),
     }
 }
+
+/// The CLC handshake driven by an endpoint (a device serves this connection).
+/// Returns the connection's status and any TCP bytes that followed the CLC
+/// messages (the peer's first application data after a Decline).
+pub(crate) fn with_endpoint(
+    tcp: &mut TcpStream,
+    shared: &crate::ctx::Shared,
+    id: smc_engine::endpoint::ConnId,
+) -> io::Result<(smc_engine::endpoint::ConnStatus, Vec<u8>)> {
+    use smc_engine::endpoint::ConnStatus;
+    tcp.set_nonblocking(true)?;
+    let mut leftover = Vec::new();
+    let mut buf = [0u8; 1024];
+    let result = loop {
+        let (out, status) = {
+            let mut ep = shared.lock();
+            ep.pump(crate::ctx::now()).map_err(io::Error::other)?;
+            (ep.clc_output(id), ep.status(id))
+        };
+        if !out.is_empty() {
+            tcp.set_nonblocking(false)?;
+            let w = tcp.write_all(&out);
+            tcp.set_nonblocking(true)?;
+            w?;
+        }
+        match status {
+            Some(ConnStatus::Handshaking) => {}
+            Some(s) => break Ok(s),
+            None => {
+                break Err(io::Error::other(
+                    "SMC connection vanished during the handshake",
+                ))
+            }
+        }
+        match tcp.read(&mut buf) {
+            Ok(0) => shared.lock().tcp_closed(id),
+            Ok(n) => {
+                let used = shared.lock().clc_input(id, &buf[..n], crate::ctx::now());
+                leftover.extend_from_slice(&buf[used..n]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_micros(50))
+            }
+            Err(e) => {
+                shared.lock().tcp_closed(id);
+                break Err(e);
+            }
+        }
+    };
+    tcp.set_nonblocking(false)?;
+    result.map(|s| (s, leftover))
+}

@@ -9,13 +9,16 @@
 //! [`SmcStream::mode`] records why, with the 32-bit reason code smc-tools shows
 //! (`protocol-clc.md` §2.4, §4.1).
 //!
-//! Status (issue 5, in progress): the rendezvous, the CLC exchange on the TCP
-//! connection and every fallback path are real. The SMC-R data path over the
-//! shared-memory device is not wired in yet, so a handshake that would reach
-//! SMC-R declines with "no SMC device" on both sides and the data flows over TCP.
+//! SMC-R runs over the shared-memory device (`smc-rdma`'s `shm` provider):
+//! devices are declared in the file named by `SMC_RDMA_SHM_CONFIG` and bound to
+//! interfaces; a connection uses the device of its interface (PNET table or the
+//! device bound to that interface, as Linux chooses). Without one it declines
+//! with "no SMC device" and stays on TCP. The data path is the `smc-engine`
+//! endpoint; reads and writes run it in the application's thread.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod ctx;
 mod handshake;
 mod rendezvous;
 mod stream;

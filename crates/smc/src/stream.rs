@@ -1,13 +1,19 @@
 //! `SmcListener` and `SmcStream`.
 
+use crate::ctx::{self, Shared};
 use crate::rendezvous::{rendezvous, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
+use smc_engine::endpoint::{ConnError, ConnId, ConnStatus};
+use smc_proto::clc_stream::FailReason;
+use smc_proto::close::CloseEvent;
 use smc_wire::clc::DeclineCode;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Why a connection runs over TCP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,10 +51,45 @@ pub enum Mode {
 }
 
 /// A connection: SMC-R when both ends could, TCP otherwise.
-#[derive(Debug)]
 pub struct SmcStream {
     tcp: TcpStream,
     mode: Mode,
+    /// SMC-R: the device's endpoint and our connection on it.
+    smc: Option<Arc<SmcConn>>,
+    /// TCP bytes that arrived behind the CLC messages (data after a Decline).
+    pending: Arc<Mutex<Vec<u8>>>,
+    opts: Arc<Opts>,
+}
+
+/// Socket options shared by all handles of a connection (like the fd's).
+#[derive(Default)]
+struct Opts {
+    nonblocking: AtomicBool,
+    read_timeout: Mutex<Option<Duration>>,
+    write_timeout: Mutex<Option<Duration>>,
+}
+
+/// One SMC-R connection; released when the last handle goes away.
+struct SmcConn {
+    shared: Arc<Shared>,
+    id: ConnId,
+}
+
+impl Drop for SmcConn {
+    fn drop(&mut self) {
+        let mut ep = self.shared.lock();
+        ep.release(self.id);
+        let _ = ep.pump(ctx::now());
+    }
+}
+
+impl fmt::Debug for SmcStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmcStream")
+            .field("tcp", &self.tcp)
+            .field("mode", &self.mode)
+            .finish()
+    }
 }
 
 fn no_smc(reason: DeclineCode) -> Mode {
@@ -57,6 +98,50 @@ fn no_smc(reason: DeclineCode) -> Mode {
 
 fn no_rendezvous() -> Mode {
     no_smc(DeclineCode::from_u32(FALLBACK_NO_RENDEZVOUS))
+}
+
+fn conn_error(e: ConnError) -> io::Error {
+    match e {
+        ConnError::NotConnected => {
+            io::Error::new(io::ErrorKind::NotConnected, "SMC connection is gone")
+        }
+        ConnError::Closed => io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "SMC connection closed for writing",
+        ),
+        ConnError::Reset => io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "SMC connection reset by peer",
+        ),
+        ConnError::Aborted => io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "SMC connection aborted (link lost or peer misbehaved)",
+        ),
+    }
+}
+
+fn fail_error(r: FailReason) -> io::Error {
+    match r {
+        FailReason::Timeout => io::Error::new(io::ErrorKind::TimedOut, "SMC handshake timed out"),
+        FailReason::TcpClosed => io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "TCP connection lost during the SMC handshake",
+        ),
+        FailReason::Protocol(e) => io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("SMC handshake failed: {e}"),
+        ),
+    }
+}
+
+/// Waits a little for progress: a few yields, then short sleeps.
+fn backoff(round: &mut u32) {
+    *round += 1;
+    if *round < 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(if *round < 1000 { 20 } else { 200 }));
+    }
 }
 
 impl SmcStream {
@@ -120,22 +205,203 @@ impl SmcStream {
     }
 
     fn after_connect(mut tcp: TcpStream, opted: bool) -> io::Result<SmcStream> {
-        let mode = if !opted {
-            no_rendezvous()
-        } else {
-            let r = rendezvous().ok();
-            let offered = r.is_some_and(|r| r.peer_offered_smc(tcp.as_fd()).unwrap_or(false));
-            if let Some(r) = r {
-                r.forget(tcp.as_fd());
+        if !opted {
+            return Ok(SmcStream::tcp_only(tcp, no_rendezvous(), Vec::new()));
+        }
+        let r = rendezvous().ok();
+        let offered = r.is_some_and(|r| r.peer_offered_smc(tcp.as_fd()).unwrap_or(false));
+        if let Some(r) = r {
+            r.forget(tcp.as_fd());
+        }
+        if !offered {
+            // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
+            return Ok(SmcStream::tcp_only(
+                tcp,
+                no_smc(DeclineCode::PeerNoSmc),
+                Vec::new(),
+            ));
+        }
+        let local = tcp.local_addr()?.ip();
+        match ctx::endpoint_for(local) {
+            Some(shared) => {
+                let id = shared.lock().connect(local, ctx::now());
+                SmcStream::finish_handshake(tcp, shared, id)
             }
-            if offered {
-                Mode::Tcp(handshake::client(&mut tcp)?)
-            } else {
-                // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
-                no_smc(DeclineCode::PeerNoSmc)
+            None => {
+                let f = handshake::client(&mut tcp)?;
+                Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
             }
+        }
+    }
+
+    fn tcp_only(tcp: TcpStream, mode: Mode, pending: Vec<u8>) -> SmcStream {
+        SmcStream {
+            tcp,
+            mode,
+            smc: None,
+            pending: Arc::new(Mutex::new(pending)),
+            opts: Arc::new(Opts::default()),
+        }
+    }
+
+    fn finish_handshake(
+        mut tcp: TcpStream,
+        shared: Arc<Shared>,
+        id: ConnId,
+    ) -> io::Result<SmcStream> {
+        let conn = SmcConn {
+            shared: shared.clone(),
+            id,
         };
-        Ok(SmcStream { tcp, mode })
+        let (status, leftover) = handshake::with_endpoint(&mut tcp, &shared, id)?;
+        match status {
+            ConnStatus::Smc => {
+                let mut s = SmcStream::tcp_only(tcp, Mode::SmcR, Vec::new());
+                s.smc = Some(Arc::new(conn));
+                Ok(s)
+            }
+            ConnStatus::Fallback { reason, peer } => Ok(SmcStream::tcp_only(
+                tcp,
+                Mode::Tcp(Fallback { reason, peer }),
+                leftover,
+            )),
+            ConnStatus::Failed(r) => Err(fail_error(r)),
+            ConnStatus::Handshaking => Err(io::Error::other("SMC handshake did not finish")),
+        }
+    }
+
+    fn wait(&self, round: &mut u32, deadline: Option<Instant>) -> io::Result<()> {
+        if self.opts.nonblocking.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        backoff(round);
+        Ok(())
+    }
+
+    fn timeout(m: &Mutex<Option<Duration>>) -> Option<Instant> {
+        let t = *m.lock().unwrap_or_else(|e| e.into_inner());
+        t.map(|t| Instant::now() + t)
+    }
+
+    fn smc_read(&self, c: &SmcConn, buf: &mut [u8]) -> io::Result<usize> {
+        let deadline = Self::timeout(&self.opts.read_timeout);
+        let mut round = 0;
+        loop {
+            {
+                let mut ep = c.shared.lock();
+                let _ = ep.pump(ctx::now());
+                match ep.read(c.id, buf.len()) {
+                    Ok(d) if !d.is_empty() => {
+                        buf[..d.len()].copy_from_slice(&d);
+                        let _ = ep.pump(ctx::now());
+                        return Ok(d.len());
+                    }
+                    Ok(_) if buf.is_empty() || ep.peer_done(c.id) => return Ok(0),
+                    Ok(_) => {}
+                    Err(e) => return Err(conn_error(e)),
+                }
+            }
+            self.wait(&mut round, deadline)?;
+        }
+    }
+
+    fn smc_write(&self, c: &SmcConn, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let deadline = Self::timeout(&self.opts.write_timeout);
+        let mut round = 0;
+        loop {
+            {
+                let mut ep = c.shared.lock();
+                let _ = ep.pump(ctx::now());
+                match ep.write(c.id, buf) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        let _ = ep.pump(ctx::now());
+                        return Ok(n);
+                    }
+                    Err(e) => return Err(conn_error(e)),
+                }
+            }
+            self.wait(&mut round, deadline)?;
+        }
+    }
+
+    fn do_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(c) = &self.smc {
+            return self.smc_read(c, buf);
+        }
+        {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if !p.is_empty() {
+                let n = buf.len().min(p.len());
+                buf[..n].copy_from_slice(&p[..n]);
+                p.drain(..n);
+                return Ok(n);
+            }
+        }
+        (&self.tcp).read(buf)
+    }
+
+    fn do_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match &self.smc {
+            Some(c) => self.smc_write(c, buf),
+            None => (&self.tcp).write(buf),
+        }
+    }
+
+    /// Sends one byte of urgent (out-of-band) data, as `send(MSG_OOB)`.
+    pub fn send_oob(&self, byte: u8) -> io::Result<()> {
+        match &self.smc {
+            Some(c) => {
+                let deadline = Self::timeout(&self.opts.write_timeout);
+                let mut round = 0;
+                loop {
+                    {
+                        let mut ep = c.shared.lock();
+                        let _ = ep.pump(ctx::now());
+                        match ep.write_oob(c.id, byte) {
+                            Ok(true) => {
+                                let _ = ep.pump(ctx::now());
+                                return Ok(());
+                            }
+                            Ok(false) => {}
+                            Err(e) => return Err(conn_error(e)),
+                        }
+                    }
+                    self.wait(&mut round, deadline)?;
+                }
+            }
+            None => {
+                rustix::net::send(&self.tcp, &[byte], rustix::net::SendFlags::OOB)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Receives the peer's urgent byte, if one arrived (`recv(MSG_OOB)`); on TCP
+    /// this is the kernel's out-of-band byte.
+    pub fn recv_oob(&self) -> io::Result<Option<u8>> {
+        match &self.smc {
+            Some(c) => {
+                let mut ep = c.shared.lock();
+                let _ = ep.pump(ctx::now());
+                ep.read_oob(c.id).map_err(conn_error)
+            }
+            None => {
+                let mut b = [0u8; 1];
+                match rustix::net::recv(&self.tcp, &mut b, rustix::net::RecvFlags::OOB) {
+                    Ok((1, _)) => Ok(Some(b[0])),
+                    Ok(_) => Ok(None),
+                    Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::AGAIN) => Ok(None),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
     }
 
     /// SMC-R, or TCP with the reason.
@@ -153,29 +419,53 @@ impl SmcStream {
         self.tcp.local_addr()
     }
 
-    /// Shuts down the read, write or both halves.
+    /// Shuts down the read, write or both halves. On SMC-R, shutting down the
+    /// write side gives the peer end-of-file after everything written before.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        self.tcp.shutdown(how)
+        match &self.smc {
+            Some(c) => {
+                if matches!(how, Shutdown::Write | Shutdown::Both) {
+                    let mut ep = c.shared.lock();
+                    ep.close(c.id, CloseEvent::AppShutdownWrite);
+                    let _ = ep.pump(ctx::now());
+                }
+                Ok(())
+            }
+            None => self.tcp.shutdown(how),
+        }
     }
 
-    /// `TCP_NODELAY`.
+    /// `TCP_NODELAY` (SMC-R sends at once anyway).
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         self.tcp.set_nodelay(on)
     }
 
     /// Non-blocking mode.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.opts.nonblocking.store(on, Ordering::Relaxed);
         self.tcp.set_nonblocking(on)
     }
 
-    /// Read timeout.
+    /// Read timeout (`None`: block). A zero duration is an error, as in std.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.tcp.set_read_timeout(t)
+        self.tcp.set_read_timeout(t)?;
+        *self
+            .opts
+            .read_timeout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = t;
+        Ok(())
     }
 
-    /// Write timeout.
+    /// Write timeout (`None`: block). A zero duration is an error, as in std.
     pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.tcp.set_write_timeout(t)
+        self.tcp.set_write_timeout(t)?;
+        *self
+            .opts
+            .write_timeout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = t;
+        Ok(())
     }
 
     /// Another handle to the same connection.
@@ -183,37 +473,40 @@ impl SmcStream {
         Ok(SmcStream {
             tcp: self.tcp.try_clone()?,
             mode: self.mode,
+            smc: self.smc.clone(),
+            pending: self.pending.clone(),
+            opts: self.opts.clone(),
         })
     }
 }
 
 impl Read for SmcStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.tcp.read(buf)
+        self.do_read(buf)
     }
 }
 
 impl Write for SmcStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.tcp.write(buf)
+        self.do_write(buf)
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.tcp.flush()
+        Ok(())
     }
 }
 
 impl Read for &SmcStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        (&self.tcp).read(buf)
+        self.do_read(buf)
     }
 }
 
 impl Write for &SmcStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        (&self.tcp).write(buf)
+        self.do_write(buf)
     }
     fn flush(&mut self) -> io::Result<()> {
-        (&self.tcp).flush()
+        Ok(())
     }
 }
 
@@ -256,13 +549,7 @@ impl SmcListener {
         loop {
             let (mut tcp, addr) = self.tcp.accept()?;
             if !self.opted {
-                return Ok((
-                    SmcStream {
-                        tcp,
-                        mode: no_rendezvous(),
-                    },
-                    addr,
-                ));
+                return Ok((SmcStream::tcp_only(tcp, no_rendezvous(), Vec::new()), addr));
             }
             let r = rendezvous().ok();
             let offered = r.is_some_and(|r| r.peer_offered_smc(tcp.as_fd()).unwrap_or(false));
@@ -270,24 +557,21 @@ impl SmcListener {
                 r.forget(tcp.as_fd());
             }
             if !offered {
-                return Ok((
-                    SmcStream {
-                        tcp,
-                        mode: no_smc(DeclineCode::PeerNoSmc),
-                    },
-                    addr,
-                ));
+                let mode = no_smc(DeclineCode::PeerNoSmc);
+                return Ok((SmcStream::tcp_only(tcp, mode, Vec::new()), addr));
             }
-            match handshake::server(&mut tcp) {
-                Ok(f) => {
-                    return Ok((
-                        SmcStream {
-                            tcp,
-                            mode: Mode::Tcp(f),
-                        },
-                        addr,
-                    ))
+            let local = tcp.local_addr()?.ip();
+            let r = match ctx::endpoint_for(local) {
+                Some(shared) => {
+                    let id = shared.lock().accept(ctx::now());
+                    SmcStream::finish_handshake(tcp, shared, id)
                 }
+                None => handshake::server(&mut tcp)
+                    .map(|f| SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new())),
+            };
+            match r {
+                Ok(s) => return Ok((s, addr)),
+                // this connection failed its handshake; serve the next one
                 Err(_) => continue,
             }
         }

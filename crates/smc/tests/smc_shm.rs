@@ -1,0 +1,83 @@
+//! SMC-R for real: SmcListener and SmcStream over loopback, the SYN option from
+//! the BPF rendezvous, CLC on the TCP connection, then data over the shared-memory
+//! device bound to `lo` (root: BPF).
+
+use smc::{Mode, SmcListener, SmcStream};
+use std::io::{Read, Write};
+use std::sync::Once;
+use std::thread;
+
+fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        assert_eq!(
+            rustix::process::geteuid().as_raw(),
+            0,
+            "needs root (BPF); CI runs as root"
+        );
+        let dir = std::env::temp_dir().join(format!("smc-shm-test-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("run")).unwrap();
+        std::fs::create_dir_all(dir.join("conf")).unwrap();
+        let cfg = dir.join("shm.conf");
+        std::fs::write(
+            &cfg,
+            format!(
+                "rundir {}\ndevice shm-lo netdev lo\n",
+                dir.join("run").display()
+            ),
+        )
+        .unwrap();
+        std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
+        std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
+    });
+}
+
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(2654435761) >> 11) as u8
+}
+
+#[test]
+fn smc_r_between_two_sockets_of_this_library() {
+    setup();
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    const N: usize = 4 << 20;
+    let srv = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mode = s.mode();
+        // echo everything back, then close after the client's EOF
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0;
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            s.write_all(&buf[..n]).unwrap();
+            total += n;
+        }
+        (mode, total)
+    });
+    let mut c = SmcStream::connect(addr).unwrap();
+    assert_eq!(
+        c.mode(),
+        Mode::SmcR,
+        "both ends offered SMC and have the shm device"
+    );
+    let data: Vec<u8> = (0..N).map(pattern).collect();
+    let reader = {
+        let mut r = c.try_clone().unwrap();
+        thread::spawn(move || {
+            let mut got = vec![0u8; N];
+            r.read_exact(&mut got).unwrap();
+            got
+        })
+    };
+    c.write_all(&data).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let got = reader.join().unwrap();
+    assert!(got == data, "echoed data differs");
+    let (mode, total) = srv.join().unwrap();
+    assert_eq!(mode, Mode::SmcR);
+    assert_eq!(total, N);
+}
