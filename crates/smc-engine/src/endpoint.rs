@@ -215,7 +215,17 @@ struct Conn<P: Provider> {
     tcp_gone_deadline: Option<Timestamp>,
     /// The peer's latest urgent (out-of-band) byte, until the application reads it.
     oob: Option<u8>,
+    /// CDCs that arrived before the data path exists. A client that reuses a
+    /// link group may write as soon as it has sent its CLC Confirm, and its
+    /// RDMA SEND can overtake that Confirm on TCP; Linux processes such a CDC
+    /// as soon as the token is known (smc_cdc_rx_handler), so we keep it and
+    /// apply it once the Confirm is in. Cursors are cumulative, so when more
+    /// than [`EARLY_CDC_MAX`] pile up the oldest can be dropped.
+    early_cdcs: VecDeque<smc_wire::cdc::CdcMessage>,
 }
+
+/// CDCs kept per connection while its CLC Confirm is still on the way.
+const EARLY_CDC_MAX: usize = 64;
 
 /// An SMC-R endpoint on one device.
 pub struct Endpoint<P: Provider> {
@@ -286,6 +296,7 @@ impl<P: Provider> Endpoint<P> {
             close_deadline: None,
             tcp_gone_deadline: None,
             oob: None,
+            early_cdcs: VecDeque::new(),
         };
         match self.conns.iter().position(Option::is_none) {
             Some(i) => {
@@ -716,6 +727,11 @@ impl<P: Provider> Endpoint<P> {
             peer_rmbe_len: peer_len,
             peer_token: peer.alert_token,
         }));
+        // CDCs that overtook the CLC Confirm (see `Conn::early_cdcs`).
+        let early = std::mem::take(&mut c.early_cdcs);
+        for m in &early {
+            self.on_cdc(id, m);
+        }
         true
     }
 
@@ -1241,7 +1257,18 @@ impl<P: Provider> Endpoint<P> {
 
     fn on_cdc(&mut self, id: ConnId, m: &smc_wire::cdc::CdcMessage) {
         let Some(c) = self.conn(id) else { return };
-        let Some(dp) = c.dp.as_mut() else { return };
+        let Some(dp) = c.dp.as_mut() else {
+            if matches!(
+                c.phase,
+                Phase::ServerRkey { .. } | Phase::AwaitConfirm { .. }
+            ) {
+                if c.early_cdcs.len() >= EARLY_CDC_MAX {
+                    c.early_cdcs.pop_front();
+                }
+                c.early_cdcs.push_back(*m);
+            }
+            return;
+        };
         let r = dp.on_cdc(m);
         // Keep the urgent byte apart at once: normal reads skip it and its RMB
         // space is then reused, while recv(MSG_OOB) may come later (TCP keeps it).
@@ -1672,7 +1699,10 @@ impl<P: Provider> Endpoint<P> {
     /// Debug dump of a connection's data path and close state.
     pub fn debug_conn(&self, id: ConnId) -> String {
         match self.conns.get(id).and_then(Option::as_ref) {
-            Some(c) => format!("{:?} {:?} {:?}", c.phase, c.closer, c.dp),
+            Some(c) => format!(
+                "token {} lgr {:?} {:?} {:?} {:?}",
+                c.token, c.lgr, c.phase, c.closer, c.dp
+            ),
             None => "gone".into(),
         }
     }
