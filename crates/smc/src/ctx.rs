@@ -16,6 +16,39 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+/// What this process's SMC endpoints hold right now (the library's state API;
+/// `smcss` / `smcr linkgroup` will be built on it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceState {
+    /// The device.
+    pub device: String,
+    /// Live link groups (each a QP to one peer, in one role).
+    pub link_groups: usize,
+    /// Live SMC connections (handshaking, established or closing).
+    pub connections: usize,
+}
+
+/// One entry per device this process has used for SMC.
+pub fn state() -> Vec<DeviceState> {
+    let eps = context()
+        .endpoints
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let mut v: Vec<DeviceState> = eps
+        .iter()
+        .map(|(name, s)| {
+            let ep = s.lock();
+            DeviceState {
+                device: name.clone(),
+                link_groups: ep.link_groups(),
+                connections: ep.connections(),
+            }
+        })
+        .collect();
+    v.sort_by(|a, b| a.device.cmp(&b.device));
+    v
+}
+
 /// An endpoint on one device, shared by every connection through it.
 pub(crate) struct Shared {
     ep: Mutex<Endpoint<ShmProvider>>,
@@ -69,7 +102,29 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
         v4 => v4,
     };
-    let ifname = addrs.iter().find(|a| a.addr == local)?.ifname.clone();
+    // The interface that owns the address, or whose prefix covers it (all of
+    // 127.0.0.0/8 is lo's, though only 127.0.0.1 is configured).
+    let covers = |a: &smc_rdma::sys::InterfaceAddr| match (a.addr, local) {
+        (IpAddr::V4(n), IpAddr::V4(l)) => {
+            let m = u32::MAX
+                .checked_shl(32 - u32::from(a.prefix_len.min(32)))
+                .unwrap_or(0);
+            u32::from(n) & m == u32::from(l) & m
+        }
+        (IpAddr::V6(n), IpAddr::V6(l)) => {
+            let m = u128::MAX
+                .checked_shl(128 - u32::from(a.prefix_len.min(128)))
+                .unwrap_or(0);
+            u128::from(n) & m == u128::from(l) & m
+        }
+        _ => false,
+    };
+    let ifname = addrs
+        .iter()
+        .find(|a| a.addr == local)
+        .or_else(|| addrs.iter().find(|a| covers(a)))?
+        .ifname
+        .clone();
     let base = base_netdev(Path::new("/sys/class/net"), &ifname);
     let dir = ConfigDir::from_env();
     let pnet = PnetTable::load(&dir).unwrap_or_default();

@@ -23,6 +23,7 @@ mod handshake;
 mod rendezvous;
 mod stream;
 
+pub use ctx::{state, DeviceState};
 pub use stream::{Fallback, Mode, SmcListener, SmcStream};
 
 /// smc-rs's own fallback reason for "the SYN option could not be used on this

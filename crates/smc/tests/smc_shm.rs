@@ -2,35 +2,12 @@
 //! the BPF rendezvous, CLC on the TCP connection, then data over the shared-memory
 //! device bound to `lo` (root: BPF).
 
+mod common;
+
+use common::setup;
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{Read, Write};
-use std::sync::Once;
 use std::thread;
-
-fn setup() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        assert_eq!(
-            rustix::process::geteuid().as_raw(),
-            0,
-            "needs root (BPF); CI runs as root"
-        );
-        let dir = std::env::temp_dir().join(format!("smc-shm-test-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("run")).unwrap();
-        std::fs::create_dir_all(dir.join("conf")).unwrap();
-        let cfg = dir.join("shm.conf");
-        std::fs::write(
-            &cfg,
-            format!(
-                "rundir {}\ndevice shm-lo netdev lo\n",
-                dir.join("run").display()
-            ),
-        )
-        .unwrap();
-        std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
-        std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
-    });
-}
 
 fn pattern(i: usize) -> u8 {
     (i.wrapping_mul(2654435761) >> 11) as u8
@@ -80,4 +57,25 @@ fn smc_r_between_two_sockets_of_this_library() {
     let (mode, total) = srv.join().unwrap();
     assert_eq!(mode, Mode::SmcR);
     assert_eq!(total, N);
+}
+
+#[test]
+fn smc_r_over_ipv6_loopback() {
+    setup();
+    let l = SmcListener::bind("[::1]:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+        s.mode()
+    });
+    let mut c = SmcStream::connect(addr).unwrap();
+    assert_eq!(c.mode(), Mode::SmcR);
+    c.write_all(b"v6!!").unwrap();
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"v6!!");
+    assert_eq!(srv.join().unwrap(), Mode::SmcR);
 }

@@ -1,0 +1,29 @@
+//! Shared setup of the tests that run SMC-R over the shm device on `lo`.
+
+use std::sync::Once;
+
+/// Points this process at a private shm device bound to `lo` (root: BPF).
+pub fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        assert_eq!(
+            rustix::process::geteuid().as_raw(),
+            0,
+            "needs root (BPF); CI runs as root"
+        );
+        let dir = std::env::temp_dir().join(format!("smc-shm-test-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("run")).unwrap();
+        std::fs::create_dir_all(dir.join("conf")).unwrap();
+        let cfg = dir.join("shm.conf");
+        std::fs::write(
+            &cfg,
+            format!(
+                "rundir {}\ndevice shm-lo netdev lo\n",
+                dir.join("run").display()
+            ),
+        )
+        .unwrap();
+        std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
+        std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
+    });
+}
