@@ -25,6 +25,7 @@ use smc_proto::close::CloseEvent;
 use smc_proto::negotiate::IfAddr;
 use smc_rdma::sim::SimFabric;
 use smc_wire::types::{Eid, Mac, SystemId};
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -160,6 +161,9 @@ struct ConnRun {
     s: Side,
     c2s: Vec<u8>,
     s2c: Vec<u8>,
+    /// CLC bytes on the "TCP" wire, with their arrival time.
+    c2s_wire: VecDeque<(Duration, Vec<u8>)>,
+    s2c_wire: VecDeque<(Duration, Vec<u8>)>,
     smc: bool,
     ended: bool,
 }
@@ -207,6 +211,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
     let mut server =
         Endpoint::new(&fabric, cfg("simS", 0x2222, 2, rmb, sndbuf)).map_err(|e| e.to_string())?;
     let client_ip = IpAddr::from([10, 77, 0, 1]);
+    // TCP is usually slower than the RDMA link; sometimes much slower.
+    let tcp_delay = Duration::from_micros([0, 0, 30, 200, 2000][rng.below(5) as usize]);
 
     let n = 1 + rng.below(4) as usize;
     let big = rng.chance(10);
@@ -259,6 +265,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 },
                 c2s: Vec::new(),
                 s2c: Vec::new(),
+                c2s_wire: VecDeque::new(),
+                s2c_wire: VecDeque::new(),
                 smc: false,
                 ended: false,
             }
@@ -412,15 +420,41 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 continue;
             }
             // CLC over the "TCP" pipe
-            if !cr.c.released && !cr.s.released {
-                cr.c2s.extend(client.clc_output(cr.c.id));
-                cr.s2c.extend(server.clc_output(cr.s.id));
+            // (bytes already sent still arrive after the sender released its
+            // socket: TCP delivers them before its FIN)
+            if !cr.c.released {
+                let out = client.clc_output(cr.c.id);
+                if !out.is_empty() {
+                    cr.c2s_wire.push_back((now + tcp_delay, out));
+                }
+            }
+            if !cr.s.released {
+                let out = server.clc_output(cr.s.id);
+                if !out.is_empty() {
+                    cr.s2c_wire.push_back((now + tcp_delay, out));
+                }
+            }
+            while cr.c2s_wire.front().is_some_and(|(t, _)| *t <= now) {
+                if let Some((_, b)) = cr.c2s_wire.pop_front() {
+                    cr.c2s.extend(b);
+                }
+            }
+            while cr.s2c_wire.front().is_some_and(|(t, _)| *t <= now) {
+                if let Some((_, b)) = cr.s2c_wire.pop_front() {
+                    cr.s2c.extend(b);
+                }
+            }
+            if !cr.s.released {
                 let k = server.clc_input(cr.s.id, &cr.c2s, now);
                 cr.c2s.drain(..k);
+                progress |= k > 0;
+            }
+            if !cr.c.released {
                 let k = client.clc_input(cr.c.id, &cr.s2c, now);
                 cr.s2c.drain(..k);
                 progress |= k > 0;
             }
+            progress |= !cr.c2s_wire.is_empty() || !cr.s2c_wire.is_empty();
             let sc = client.status(cr.c.id);
             let ss = server.status(cr.s.id);
             if !cr.smc && sc == Some(ConnStatus::Smc) && ss == Some(ConnStatus::Smc) {
@@ -463,11 +497,18 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     format!("conn {i}: client SMC but server {ss:?}"),
                 ));
             }
-            if !cr.smc {
+            // An application starts as soon as its own side is on SMC-R: a
+            // client that reuses a link group writes right after its Confirm,
+            // which the server may not have read yet.
+            if !cr.smc && sc != Some(ConnStatus::Smc) && ss != Some(ConnStatus::Smc) {
                 continue;
             }
             // the applications
             for client_side in [true, false] {
+                let my_status = if client_side { &sc } else { &ss };
+                if !cr.smc && *my_status != Some(ConnStatus::Smc) {
+                    continue;
+                }
                 let (ep, me, total_out, total_in, dir_out, dir_in) = if client_side {
                     (&mut client, &mut cr.c, cr.plan.c2s, cr.plan.s2c, 0u8, 1u8)
                 } else {
