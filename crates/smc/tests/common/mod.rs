@@ -2,7 +2,8 @@
 
 use std::sync::Once;
 
-/// Points this process at a private shm device bound to `lo` (root: BPF).
+/// Points this process (and the processes it starts) at a private shm device
+/// bound to `lo` (root: BPF).
 pub fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -11,6 +12,10 @@ pub fn setup() {
             0,
             "needs root (BPF); CI runs as root"
         );
+        if std::env::var_os("SMC_RDMA_SHM_CONFIG").is_some() {
+            // a child process of a test: share its parent's device directory
+            return;
+        }
         let dir = std::env::temp_dir().join(format!("smc-shm-test-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("run")).unwrap();
         std::fs::create_dir_all(dir.join("conf")).unwrap();

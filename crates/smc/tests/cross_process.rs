@@ -1,0 +1,133 @@
+//! smc↔smc between two real processes: 1 GiB each way at once over SMC-R,
+//! every byte checked against the sender's pattern and a hash of each stream
+//! compared across the processes (root: BPF).
+//!
+//! The server half is this same test binary, started again with
+//! `SMC_XP_SERVER=1`; it prints its port and, at the end, the hash of what it
+//! received and of what it sent.
+
+mod common;
+
+use common::setup;
+use smc::{Mode, SmcListener, SmcStream};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::thread;
+
+const TOTAL: u64 = 1 << 30;
+const CHUNK: usize = 256 * 1024;
+
+/// Byte `off` of the stream in direction `dir`.
+fn pattern(dir: u8, off: u64) -> u8 {
+    ((off.wrapping_mul(0x9E37_79B1) >> 13) as u8) ^ ((off >> 20) as u8) ^ dir
+}
+
+/// FNV-1a over a stream, fed in pieces.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn feed(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Sends TOTAL bytes of direction `dir`; returns their hash.
+fn send(mut s: impl Write, dir: u8) -> u64 {
+    let mut h = Fnv::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut off = 0u64;
+    while off < TOTAL {
+        let n = (TOTAL - off).min(CHUNK as u64) as usize;
+        for (k, b) in buf[..n].iter_mut().enumerate() {
+            *b = pattern(dir, off + k as u64);
+        }
+        s.write_all(&buf[..n]).expect("write");
+        h.feed(&buf[..n]);
+        off += n as u64;
+    }
+    s.flush().expect("flush");
+    h.0
+}
+
+/// Receives TOTAL bytes of direction `dir`, checking each; returns their hash.
+fn receive(mut s: impl Read, dir: u8) -> u64 {
+    let mut h = Fnv::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut off = 0u64;
+    while off < TOTAL {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "end of stream after {off} of {TOTAL} bytes");
+        for (k, &b) in buf[..n].iter().enumerate() {
+            let o = off + k as u64;
+            assert_eq!(b, pattern(dir, o), "byte {o} of direction {dir} is wrong");
+        }
+        h.feed(&buf[..n]);
+        off += n as u64;
+    }
+    h.0
+}
+
+fn server() {
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (s, _) = l.accept().unwrap();
+    assert_eq!(s.mode(), Mode::SmcR, "server side mode");
+    let tx = s.try_clone().unwrap();
+    let sender = thread::spawn(move || send(tx, 1));
+    let got = receive(&s, 0);
+    let sent = sender.join().unwrap();
+    println!("server received {got:016x} sent {sent:016x}");
+}
+
+#[test]
+fn one_gib_each_way_between_two_processes() {
+    setup();
+    if std::env::var_os("SMC_XP_SERVER").is_some() {
+        return server();
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "one_gib_each_way_between_two_processes",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SMC_XP_SERVER", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let port = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "server exited early");
+        // (libtest may print "test NAME ... " on the same line first)
+        if let Some((_, p)) = line.trim().split_once("port ") {
+            break p.parse::<u16>().unwrap();
+        }
+    };
+    let s = SmcStream::connect(("127.0.0.1", port)).unwrap();
+    assert_eq!(s.mode(), Mode::SmcR, "client side mode");
+    let tx = s.try_clone().unwrap();
+    let sender = thread::spawn(move || send(tx, 0));
+    let got = receive(&s, 1);
+    let sent = sender.join().unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "server process failed: {rest}");
+    let line = rest
+        .lines()
+        .find_map(|l| l.find("server received").map(|i| &l[i..]))
+        .unwrap_or_else(|| panic!("no result from the server: {rest}"));
+    assert_eq!(
+        line.trim(),
+        format!("server received {sent:016x} sent {got:016x}"),
+        "the two processes saw different streams"
+    );
+}
