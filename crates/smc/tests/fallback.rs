@@ -1,6 +1,6 @@
 //! SmcStream / SmcListener against plain std sockets and against each other, over
-//! loopback with the real SYN-option rendezvous (root: BPF). Until the SMC-R data
-//! path is wired in, every pair ends on TCP — with the reason Linux would give.
+//! loopback with the real SYN-option rendezvous (root: BPF). No RDMA device is
+//! configured here, so every pair ends on TCP — with the reason Linux would give.
 
 use smc::{Fallback, Mode, SmcListener, SmcStream};
 use smc_wire::clc::DeclineCode;
@@ -167,4 +167,40 @@ fn garbage_instead_of_clc_fails_that_connection_only() {
     c.read_exact(&mut back).unwrap();
     assert_eq!(&back, b"still");
     assert!(matches!(srv.join().unwrap(), Mode::Tcp(_)));
+}
+
+/// A socket that carries the SMC option on its SYN (or SYN-ACK) like ours.
+fn opted_in_socket() -> std::os::fd::OwnedFd {
+    let rdv = smc_bpf::Rendezvous::shared().unwrap();
+    let fd = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        None,
+    )
+    .unwrap();
+    rdv.opt_in(fd.as_fd()).unwrap();
+    fd
+}
+
+#[test]
+fn a_client_that_vanishes_mid_handshake_fails_that_connection_only() {
+    require_root();
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        echo_once(&s);
+    });
+    // offers SMC, starts a CLC message (the eyecatcher) and disappears
+    let fd = opted_in_socket();
+    rustix::net::connect(&fd, &addr).unwrap();
+    let mut gone = TcpStream::from(fd);
+    gone.write_all(&[0xE2, 0xD4, 0xC3, 0xD9, 0x01]).unwrap();
+    drop(gone);
+    let mut c = SmcStream::connect(addr).unwrap();
+    c.write_all(b"after").unwrap();
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"after");
+    srv.join().unwrap();
 }

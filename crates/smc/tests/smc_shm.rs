@@ -7,6 +7,7 @@ mod common;
 use common::setup;
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{Read, Write};
+use std::net::TcpListener;
 use std::thread;
 
 fn pattern(i: usize) -> u8 {
@@ -78,4 +79,36 @@ fn smc_r_over_ipv6_loopback() {
     c.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"v6!!");
     assert_eq!(srv.join().unwrap(), Mode::SmcR);
+}
+
+#[test]
+fn a_server_that_vanishes_mid_handshake_fails_the_connect_clearly() {
+    setup();
+    // a listener that offers SMC on its SYN-ACK, reads the Proposal and closes
+    let fd = common::opted_in_socket();
+    rustix::net::bind(&fd, &"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap()).unwrap();
+    rustix::net::listen(&fd, 8).unwrap();
+    let l = TcpListener::from(fd);
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut head = [0u8; 8];
+        s.read_exact(&mut head).unwrap();
+        head
+    });
+    let r = SmcStream::connect(addr);
+    let head = srv.join().unwrap();
+    assert_eq!(
+        &head[..4],
+        &[0xE2, 0xD4, 0xC3, 0xD9],
+        "a CLC message was sent"
+    );
+    assert_eq!(head[4], 1, "it is a Proposal");
+    let e = match r {
+        Ok(s) => panic!("connect succeeded: {:?}", s.mode()),
+        Err(e) => e,
+    };
+    // Linux: the CLC read sees the peer's FIN, connect() fails with ECONNRESET
+    // (no fallback: the TCP connection itself is gone)
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
 }

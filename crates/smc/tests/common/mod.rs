@@ -32,3 +32,18 @@ pub fn setup() {
         std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
     });
 }
+
+/// A socket that carries the SMC option on its SYN (or SYN-ACK) like ours.
+#[allow(dead_code)] // not every test binary uses it
+pub fn opted_in_socket() -> std::os::fd::OwnedFd {
+    use std::os::fd::AsFd;
+    let rdv = smc_bpf::Rendezvous::shared().unwrap();
+    let fd = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        None,
+    )
+    .unwrap();
+    rdv.opt_in(fd.as_fd()).unwrap();
+    fd
+}
