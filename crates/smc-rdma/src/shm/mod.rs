@@ -64,6 +64,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Locks `m` unless it stays held for longer than `limit`.
+fn lock_within<T>(m: &Mutex<T>, limit: Duration) -> Option<MutexGuard<'_, T>> {
+    let start = Instant::now();
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if start.elapsed() >= limit {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------ config
 
 /// One declared device.
@@ -703,7 +720,10 @@ fn device_thread(sh: Arc<DevShared>, listener: SeqPacket) {
         ];
         let mut owners = vec![];
         for qp in &qps {
-            let c = lock(&qp.core);
+            // bounded, like `tick`: the holder may be waiting for this thread
+            let Some(c) = lock_within(&qp.core, Duration::from_millis(5)) else {
+                continue;
+            };
             if matches!(c.state, QpState::Err | QpState::Reset) {
                 continue;
             }
@@ -725,7 +745,19 @@ fn device_thread(sh: Arc<DevShared>, listener: SeqPacket) {
         }
         if fds[0].2 & libc::POLLIN != 0 && !sh.frozen.load(Acquire) {
             if let Ok(s) = listener.accept() {
-                handle_conn(&sh, s);
+                // Each request gets its own short-lived thread: a handler may
+                // wait for a QP lock whose holder is itself waiting for an
+                // answer from this device (an MR fetch under the QP lock, two
+                // QPs of one process connecting to each other), and one
+                // serial handler would turn that into a 2 s stall and a
+                // failed link. Requests are rare (QP connect, first use of a
+                // peer region).
+                // (If no thread can be had, the socket closes and the
+                // requester sees its request fail.)
+                let sh2 = sh.clone();
+                let _ = std::thread::Builder::new()
+                    .name("shm-req".into())
+                    .spawn(move || handle_conn(&sh2, s));
             }
         }
         for (i, qp) in owners.iter().enumerate() {
@@ -764,7 +796,17 @@ fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
     for qp in qps {
         let mut dead = false;
         {
-            let mut c = lock(&qp.core);
+            // Never wait for a QP here: its owner may hold the lock while it
+            // fetches a peer region over the rendezvous socket (`remote_mr`),
+            // and that request is answered by a device thread — ours, when
+            // the peer QP is on this device, or the peer's, which may be
+            // waiting on its own QP the same way. Waiting without bound would
+            // stall both for the 2 s request timeout and fail the link; a QP
+            // still busy after a short while is looked at on the next tick
+            // (ordinary holds are microseconds, and heartbeats must go on).
+            let Some(mut c) = lock_within(&qp.core, Duration::from_millis(20)) else {
+                continue;
+            };
             if matches!(c.state, QpState::Reset | QpState::Err) {
                 continue;
             }
