@@ -2,11 +2,12 @@
 //! loopback with the real SYN-option rendezvous (root: BPF). No RDMA device is
 //! configured here, so every pair ends on TCP — with the reason Linux would give.
 
+mod common;
+
 use smc::{Fallback, Mode, SmcListener, SmcStream};
 use smc_wire::clc::DeclineCode;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsFd;
 use std::thread;
 use std::time::Duration;
 
@@ -143,14 +144,7 @@ fn garbage_instead_of_clc_fails_that_connection_only() {
         mode
     });
     // a client that offers SMC on its SYN but then speaks HTTP
-    let rdv = smc_bpf::Rendezvous::shared().unwrap();
-    let fd = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::STREAM,
-        None,
-    )
-    .unwrap();
-    rdv.opt_in(fd.as_fd()).unwrap();
+    let fd = common::opted_in_socket();
     rustix::net::connect(&fd, &addr).unwrap();
     let mut bad = TcpStream::from(fd);
     bad.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -169,19 +163,6 @@ fn garbage_instead_of_clc_fails_that_connection_only() {
     assert!(matches!(srv.join().unwrap(), Mode::Tcp(_)));
 }
 
-/// A socket that carries the SMC option on its SYN (or SYN-ACK) like ours.
-fn opted_in_socket() -> std::os::fd::OwnedFd {
-    let rdv = smc_bpf::Rendezvous::shared().unwrap();
-    let fd = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::STREAM,
-        None,
-    )
-    .unwrap();
-    rdv.opt_in(fd.as_fd()).unwrap();
-    fd
-}
-
 #[test]
 fn a_client_that_vanishes_mid_handshake_fails_that_connection_only() {
     require_root();
@@ -192,7 +173,7 @@ fn a_client_that_vanishes_mid_handshake_fails_that_connection_only() {
         echo_once(&s);
     });
     // offers SMC, starts a CLC message (the eyecatcher) and disappears
-    let fd = opted_in_socket();
+    let fd = common::opted_in_socket();
     rustix::net::connect(&fd, &addr).unwrap();
     let mut gone = TcpStream::from(fd);
     gone.write_all(&[0xE2, 0xD4, 0xC3, 0xD9, 0x01]).unwrap();

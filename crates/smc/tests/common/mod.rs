@@ -4,6 +4,7 @@ use std::sync::Once;
 
 /// Points this process (and the processes it starts) at a private shm device
 /// bound to `lo` (root: BPF).
+#[allow(dead_code)] // not every test binary uses it
 pub fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
