@@ -168,6 +168,13 @@ struct ConnRun {
     ended: bool,
 }
 
+/// Moves the bytes on a "TCP" wire that have arrived by `now` to the receiver.
+fn arrive(wire: &mut VecDeque<(Duration, Vec<u8>)>, to: &mut Vec<u8>, now: Duration) {
+    while let Some((_, b)) = wire.pop_front_if(|(t, _)| *t <= now) {
+        to.extend(b);
+    }
+}
+
 fn pattern(seed: u64, conn: usize, dir: u8, off: u64) -> u8 {
     let x = seed ^ ((conn as u64) << 40) ^ (u64::from(dir) << 56) ^ off.wrapping_mul(0x9E37_79B9);
     (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 57) as u8 ^ (off as u8)
@@ -434,16 +441,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     cr.s2c_wire.push_back((now + tcp_delay, out));
                 }
             }
-            while cr.c2s_wire.front().is_some_and(|(t, _)| *t <= now) {
-                if let Some((_, b)) = cr.c2s_wire.pop_front() {
-                    cr.c2s.extend(b);
-                }
-            }
-            while cr.s2c_wire.front().is_some_and(|(t, _)| *t <= now) {
-                if let Some((_, b)) = cr.s2c_wire.pop_front() {
-                    cr.s2c.extend(b);
-                }
-            }
+            arrive(&mut cr.c2s_wire, &mut cr.c2s, now);
+            arrive(&mut cr.s2c_wire, &mut cr.s2c, now);
             if !cr.s.released {
                 let k = server.clc_input(cr.s.id, &cr.c2s, now);
                 cr.c2s.drain(..k);
