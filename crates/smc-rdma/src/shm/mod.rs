@@ -1056,13 +1056,14 @@ pub struct ShmCq {
 
 impl CompletionQueue for ShmCq {
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let qps: Vec<Arc<QpInner>> = {
+        {
+            // Progress under the list lock (no per-poll allocation). Lock order
+            // is CQ list, then QP core, everywhere (see `req_notify`).
             let mut l = lock(&self.inner.qps);
             l.retain(|w| w.strong_count() > 0);
-            l.iter().filter_map(Weak::upgrade).collect()
-        };
-        for qp in qps {
-            qp.progress();
+            for qp in l.iter().filter_map(Weak::upgrade) {
+                qp.progress();
+            }
         }
         let mut e = lock(&self.inner.entries);
         let n = out.len().min(e.len());
@@ -1521,7 +1522,9 @@ impl QpInner {
     fn progress_send(&self, c: &mut Core) {
         let Some(l) = c.link.as_ref() else { return };
         let pr = Ring(&l.peer_ring);
-        let now = Instant::now();
+        // The clock is read only while some SEND waits for a receive (RNR).
+        let mut now_cache = None;
+        let mut now = || *now_cache.get_or_insert_with(Instant::now);
         let rnr_budget = Duration::from_nanos(pr.h(R_RNR_TIMER).load(Relaxed))
             .max(Duration::from_micros(10))
             * (c.rnr_retry as u32 + 1);
@@ -1537,9 +1540,9 @@ impl QpInner {
                     p.stage = Stage::Done(WcStatus::RemoteInvalidRequest);
                     break; // later WRs flush
                 } else if credits <= s {
-                    let since = *rnr_since.get_or_insert(now);
+                    let since = *rnr_since.get_or_insert_with(&mut now);
                     if c.rnr_retry != 7
-                        && now.duration_since(since) > rnr_budget
+                        && now().duration_since(since) > rnr_budget
                         && pr
                             .s(s, S_STATE)
                             .compare_exchange(
