@@ -28,9 +28,9 @@ use smc_proto::negotiate::{
 };
 use smc_proto::Timestamp;
 use smc_rdma::{
-    Access, CompletionQueue, Device, MemoryRegion, Payload, ProtectionDomain, Provider, QpCap,
-    QpModify, QpState, QueuePair, RecvWr, RemoteMr, RemoteQp, SendOp, SendWr, WcStatus,
-    WorkCompletion,
+    Access, CompletionChannel, CompletionQueue, Device, MemoryRegion, Payload, ProtectionDomain,
+    Provider, QpCap, QpModify, QpState, QueuePair, RecvWr, RemoteMr, RemoteQp, SendOp, SendWr,
+    WcStatus, WorkCompletion,
 };
 use smc_wire::clc::{
     AcceptConfirm, AcceptConfirmKind, ClcMessage, ClcType, Decline, DeclineCode, FceV2x,
@@ -231,6 +231,11 @@ const EARLY_CDC_MAX: usize = 64;
 pub struct Endpoint<P: Provider> {
     cfg: EndpointConfig,
     dev: P::Device,
+    /// One completion channel for every CQ of this endpoint: a single
+    /// descriptor to sleep on (see [`Endpoint::arm`]).
+    chan: P::Channel,
+    /// Work completions taken from the CQs so far (progress indicator).
+    completions: u64,
     lgrs: Vec<Option<Lgr<P>>>,
     conns: Vec<Option<Conn<P>>>,
     next_token: u32,
@@ -251,9 +256,12 @@ impl<P: Provider> Endpoint<P> {
         let port = dev.query_port(1)?;
         let gid = port.gids.first().map(|g| g.gid).unwrap_or_default();
         let mac = cfg.system_id.mac();
+        let chan = dev.create_channel()?;
         Ok(Endpoint {
             cfg,
             dev,
+            chan,
+            completions: 0,
             lgrs: Vec::new(),
             conns: Vec::new(),
             next_token: 1,
@@ -516,8 +524,8 @@ impl<P: Provider> Endpoint<P> {
 
     fn new_lgr(&mut self, role: Role, version: u8, peer_system_id: SystemId) -> Result<LgrId> {
         let pd = self.dev.alloc_pd()?;
-        let scq = self.dev.create_cq(1024, None)?;
-        let rcq = self.dev.create_cq(1024, None)?;
+        let scq = self.dev.create_cq(1024, Some(&self.chan))?;
+        let rcq = self.dev.create_cq(1024, Some(&self.chan))?;
         let qp = pd.create_qp(
             &scq,
             &rcq,
@@ -1217,6 +1225,7 @@ impl<P: Provider> Endpoint<P> {
                 return Ok(());
             };
             let n = lg.rcq.poll(&mut wcs)?;
+            self.completions += n as u64;
             for wc in wcs.iter().take(n) {
                 let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                     return Ok(());
@@ -1304,6 +1313,7 @@ impl<P: Provider> Endpoint<P> {
                 return Ok(());
             };
             let n = lg.scq.poll(&mut wcs)?;
+            self.completions += n as u64;
             let mut done = Vec::new();
             for wc in wcs.iter().take(n) {
                 let kind = lg.wrs.remove(&wc.wr_id);
@@ -1553,27 +1563,67 @@ impl<P: Provider> Endpoint<P> {
     /// Reads up to `max` bytes. `Ok(empty)` with [`Self::peer_done`] true is
     /// end-of-file; `Ok(empty)` otherwise means "would block".
     pub fn read(&mut self, id: ConnId, max: usize) -> std::result::Result<Vec<u8>, ConnError> {
+        let mut out = vec![0u8; max.min(self.readable(id))];
+        let n = self.read_into(id, &mut out)?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Reads into `buf` straight from the receive buffer (one copy). `Ok(0)`
+    /// with [`Self::peer_done`] true is end-of-file; `Ok(0)` otherwise means
+    /// "would block" (or `buf` is empty).
+    pub fn read_into(
+        &mut self,
+        id: ConnId,
+        buf: &mut [u8],
+    ) -> std::result::Result<usize, ConnError> {
         let c = self.smc_conn(id)?;
-        if let Some(e) = c.closer.error() {
-            let _ = e;
-            if c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
-                return Err(Self::close_error(c));
-            }
+        if c.closer.error().is_some() && c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
+            return Err(Self::close_error(c));
         }
         let (Some(dp), Some(rmb)) = (c.dp.as_mut(), c.rmb.as_ref()) else {
             return Err(ConnError::NotConnected);
         };
-        let chunks = dp.readable_chunks(max);
-        let mut out = vec![0u8; chunks.total()];
+        let chunks = dp.readable_chunks(buf.len());
         let mut at = 0;
         for &(off, len) in chunks.as_slice() {
-            if rmb.read_at(off, &mut out[at..at + len]).is_err() {
+            if rmb.read_at(off, &mut buf[at..at + len]).is_err() {
                 return Err(ConnError::Aborted);
             }
             at += len;
         }
-        dp.consumed(out.len());
-        Ok(out)
+        dp.consumed(at);
+        Ok(at)
+    }
+
+    /// Asks every completion queue to signal the endpoint's descriptor
+    /// ([`Self::notify_fd`]) at its next completion. Arm, then [`Self::pump`] once
+    /// more (a completion may have come in before arming), then sleep on the
+    /// descriptor: nothing is missed, and while nobody sleeps peers post without
+    /// a system call.
+    pub fn arm(&mut self) -> Result<()> {
+        for lg in self.lgrs.iter().flatten() {
+            lg.scq.req_notify()?;
+            lg.rcq.req_notify()?;
+        }
+        Ok(())
+    }
+
+    /// A descriptor that becomes readable when an armed completion queue gets a
+    /// completion (the endpoint's completion channel).
+    pub fn notify_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.chan.fd()
+    }
+
+    /// Consumes the notification on [`Self::notify_fd`], if any.
+    pub fn take_notification(&self) -> bool {
+        self.chan.try_get_event().unwrap_or(false)
+    }
+
+    /// Work completions processed so far: when it moves, [`Self::pump`] did
+    /// something (data, cursor updates, LLC) that a waiter may care about.
+    pub fn completions(&self) -> u64 {
+        self.completions
     }
 
     /// Bytes received and not yet read.

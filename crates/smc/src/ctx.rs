@@ -1,6 +1,7 @@
 //! The process-wide SMC state: the shared-memory provider, one endpoint per
 //! device, and device selection for a connection (`tools.md` §6).
 
+use rustix::event::{PollFd, PollFlags, Timespec};
 use smc_config::pnet::{base_netdev, select_port, PnetTable, PortInfo};
 use smc_config::store::{ConfigDir, Table};
 use smc_config::ueid::UeidTable;
@@ -11,9 +12,12 @@ use smc_rdma::shm::ShmProvider;
 use smc_rdma::{PortState, Provider};
 use smc_wire::types::{Mac, SystemId};
 use std::collections::HashMap;
+use std::io;
 use std::net::IpAddr;
+use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What this process's SMC endpoints hold right now (the library's state API;
@@ -49,14 +53,154 @@ pub fn state() -> Vec<DeviceState> {
     v
 }
 
-/// An endpoint on one device, shared by every connection through it.
+/// An endpoint on one device, shared by every connection through it, and the
+/// means to wait for it to make progress.
+///
+/// Waiting (DEVELOPERS.md: "a short bounded spin, then sleep on a kernel
+/// object"): a thread that cannot go on pumps the endpoint in a loop for
+/// [`spin_time`]; then it sleeps. Of the sleeping threads exactly one, the
+/// *leader*, arms the completion queues and sleeps in `poll()` on the
+/// endpoint's completion channel; the others wait on a condition variable that
+/// is signalled whenever anyone's pump takes a work completion, or when the
+/// leader wakes up. While some thread spins nobody is armed, so the peer posts
+/// without a system call and nothing here makes one.
 pub(crate) struct Shared {
     ep: Mutex<Endpoint<ShmProvider>>,
+    /// The endpoint's completion-channel descriptor (a dup, to poll without the lock).
+    notify: OwnedFd,
+    /// The endpoint's completion count when last looked at.
+    gen: AtomicU64,
+    /// Threads waiting on `cv`.
+    sleepers: AtomicUsize,
+    /// Whether a leader is polling `notify`.
+    leader: Mutex<bool>,
+    cv: Condvar,
 }
 
+/// How long a waiting thread polls before it sleeps (`SMC_SPIN_US`, default 50 µs).
+pub(crate) fn spin_time() -> Duration {
+    static T: OnceLock<Duration> = OnceLock::new();
+    *T.get_or_init(|| {
+        Duration::from_micros(
+            std::env::var("SMC_SPIN_US")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(50),
+        )
+    })
+}
+
+/// Longest single sleep: timers (close deadlines, handshake timeouts) are
+/// checked at least this often by every waiter.
+const MAX_SLEEP: Duration = Duration::from_millis(5);
+
 impl Shared {
+    fn new(ep: Endpoint<ShmProvider>) -> io::Result<Shared> {
+        let notify = ep.notify_fd().try_clone_to_owned()?;
+        Ok(Shared {
+            gen: AtomicU64::new(ep.completions()),
+            ep: Mutex::new(ep),
+            notify,
+            sleepers: AtomicUsize::new(0),
+            leader: Mutex::new(false),
+            cv: Condvar::new(),
+        })
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, Endpoint<ShmProvider>> {
         self.ep.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pumps the endpoint and wakes the sleepers if it took completions.
+    /// Returns the completion count seen.
+    pub(crate) fn pump(&self, ep: &mut Endpoint<ShmProvider>) -> u64 {
+        let _ = ep.pump(now());
+        let n = ep.completions();
+        if self.gen.swap(n, Ordering::AcqRel) != n && self.sleepers.load(Ordering::Acquire) > 0 {
+            let _g = self.leader.lock().unwrap_or_else(|e| e.into_inner());
+            self.cv.notify_all();
+        }
+        n
+    }
+
+    /// Runs `op` on the endpoint until it returns `Some`: pump, try, spin for
+    /// [`spin_time`], then sleep until completions arrive. `deadline` passed or
+    /// `nonblocking` set: `WouldBlock`, as a socket with a timeout says.
+    pub(crate) fn run<R>(
+        &self,
+        deadline: Option<Instant>,
+        nonblocking: bool,
+        mut op: impl FnMut(&mut Endpoint<ShmProvider>) -> Option<io::Result<R>>,
+    ) -> io::Result<R> {
+        let mut spin_until: Option<Instant> = None;
+        loop {
+            let seen = {
+                let mut ep = self.lock();
+                // Try first (another thread's pump may have done the work), then
+                // pump and try again; after success pump once more to send what
+                // the operation produced (data, cursor updates).
+                let mut r = op(&mut ep);
+                if r.is_none() {
+                    self.pump(&mut ep);
+                    r = op(&mut ep);
+                }
+                if let Some(r) = r {
+                    self.pump(&mut ep);
+                    return r;
+                }
+                ep.completions()
+            };
+            if nonblocking {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let until = *spin_until.get_or_insert(now + spin_time());
+            if now < until {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleep(seen, deadline);
+        }
+    }
+
+    /// Sleeps until completions arrive after `seen`, the deadline, or [`MAX_SLEEP`].
+    fn sleep(&self, seen: u64, deadline: Option<Instant>) {
+        let timeout = deadline.map_or(MAX_SLEEP, |d| {
+            d.saturating_duration_since(Instant::now()).min(MAX_SLEEP)
+        });
+        let mut leader = self.leader.lock().unwrap_or_else(|e| e.into_inner());
+        if self.gen.load(Ordering::Acquire) != seen {
+            return;
+        }
+        if *leader {
+            self.sleepers.fetch_add(1, Ordering::AcqRel);
+            let _ = self.cv.wait_timeout(leader, timeout);
+            self.sleepers.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        *leader = true;
+        drop(leader);
+        let quiet = {
+            let mut ep = self.lock();
+            // arm, then look once more: a completion before arming signals nobody
+            ep.arm().is_ok() && self.pump(&mut ep) == seen
+        };
+        if quiet {
+            let mut pfd = [PollFd::new(&self.notify, PollFlags::IN)];
+            let ts = Timespec {
+                tv_sec: timeout.as_secs() as i64,
+                tv_nsec: i64::from(timeout.subsec_nanos()),
+            };
+            let _ = rustix::event::poll(&mut pfd, Some(&ts));
+        }
+        self.lock().take_notification();
+        let mut leader = self.leader.lock().unwrap_or_else(|e| e.into_inner());
+        *leader = false;
+        // a follower may take over (or find its data)
+        self.cv.notify_all();
     }
 }
 
@@ -187,7 +331,7 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
         lgr_idle_timeout: Duration::from_secs(600),
     };
     let ep = Endpoint::new(provider, cfg).ok()?;
-    let shared = Arc::new(Shared { ep: Mutex::new(ep) });
+    let shared = Arc::new(Shared::new(ep).ok()?);
     // Control traffic nobody waits for (LLC requests, keepalives, the final CDCs
     // of released connections) is handled by a small progress thread; data moves
     // in the application's threads.
@@ -197,7 +341,8 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
         .spawn(move || loop {
             std::thread::sleep(Duration::from_millis(1));
             let Some(s) = weak.upgrade() else { return };
-            let _ = s.lock().pump(now());
+            let mut ep = s.lock();
+            s.pump(&mut ep);
         })
         .ok()?;
     eps.insert(device.to_string(), shared.clone());

@@ -79,7 +79,7 @@ impl Drop for SmcConn {
     fn drop(&mut self) {
         let mut ep = self.shared.lock();
         ep.release(self.id);
-        let _ = ep.pump(ctx::now());
+        self.shared.pump(&mut ep);
     }
 }
 
@@ -131,16 +131,6 @@ fn fail_error(r: FailReason) -> io::Error {
             io::ErrorKind::InvalidData,
             format!("SMC handshake failed: {e}"),
         ),
-    }
-}
-
-/// Waits a little for progress: a few yields, then short sleeps.
-fn backoff(round: &mut u32) {
-    *round += 1;
-    if *round < 64 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_micros(if *round < 1000 { 20 } else { 200 }));
     }
 }
 
@@ -270,42 +260,25 @@ impl SmcStream {
         }
     }
 
-    fn wait(&self, round: &mut u32, deadline: Option<Instant>) -> io::Result<()> {
-        if self.opts.nonblocking.load(Ordering::Relaxed) {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        backoff(round);
-        Ok(())
-    }
-
     fn timeout(m: &Mutex<Option<Duration>>) -> Option<Instant> {
         let t = *m.lock().unwrap_or_else(|e| e.into_inner());
         t.map(|t| Instant::now() + t)
     }
 
+    fn nonblocking(&self) -> bool {
+        self.opts.nonblocking.load(Ordering::Relaxed)
+    }
+
     fn smc_read(&self, c: &SmcConn, buf: &mut [u8]) -> io::Result<usize> {
         let deadline = Self::timeout(&self.opts.read_timeout);
-        let mut round = 0;
-        loop {
-            {
-                let mut ep = c.shared.lock();
-                let _ = ep.pump(ctx::now());
-                match ep.read(c.id, buf.len()) {
-                    Ok(d) if !d.is_empty() => {
-                        buf[..d.len()].copy_from_slice(&d);
-                        let _ = ep.pump(ctx::now());
-                        return Ok(d.len());
-                    }
-                    Ok(_) if buf.is_empty() || ep.peer_done(c.id) => return Ok(0),
-                    Ok(_) => {}
-                    Err(e) => return Err(conn_error(e)),
-                }
+        c.shared.run(deadline, self.nonblocking(), |ep| {
+            match ep.read_into(c.id, buf) {
+                Ok(0) if buf.is_empty() || ep.peer_done(c.id) => Some(Ok(0)),
+                Ok(0) => None,
+                Ok(n) => Some(Ok(n)),
+                Err(e) => Some(Err(conn_error(e))),
             }
-            self.wait(&mut round, deadline)?;
-        }
+        })
     }
 
     fn smc_write(&self, c: &SmcConn, buf: &[u8]) -> io::Result<usize> {
@@ -313,22 +286,13 @@ impl SmcStream {
             return Ok(0);
         }
         let deadline = Self::timeout(&self.opts.write_timeout);
-        let mut round = 0;
-        loop {
-            {
-                let mut ep = c.shared.lock();
-                let _ = ep.pump(ctx::now());
-                match ep.write(c.id, buf) {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        let _ = ep.pump(ctx::now());
-                        return Ok(n);
-                    }
-                    Err(e) => return Err(conn_error(e)),
-                }
+        c.shared.run(deadline, self.nonblocking(), |ep| {
+            match ep.write(c.id, buf) {
+                Ok(0) => None,
+                Ok(n) => Some(Ok(n)),
+                Err(e) => Some(Err(conn_error(e))),
             }
-            self.wait(&mut round, deadline)?;
-        }
+        })
     }
 
     fn do_read(&self, buf: &mut [u8]) -> io::Result<usize> {
@@ -359,22 +323,13 @@ impl SmcStream {
         match &self.smc {
             Some(c) => {
                 let deadline = Self::timeout(&self.opts.write_timeout);
-                let mut round = 0;
-                loop {
-                    {
-                        let mut ep = c.shared.lock();
-                        let _ = ep.pump(ctx::now());
-                        match ep.write_oob(c.id, byte) {
-                            Ok(true) => {
-                                let _ = ep.pump(ctx::now());
-                                return Ok(());
-                            }
-                            Ok(false) => {}
-                            Err(e) => return Err(conn_error(e)),
-                        }
+                c.shared.run(deadline, self.nonblocking(), |ep| {
+                    match ep.write_oob(c.id, byte) {
+                        Ok(true) => Some(Ok(())),
+                        Ok(false) => None,
+                        Err(e) => Some(Err(conn_error(e))),
                     }
-                    self.wait(&mut round, deadline)?;
-                }
+                })
             }
             None => {
                 rustix::net::send(&self.tcp, &[byte], rustix::net::SendFlags::OOB)?;
@@ -389,7 +344,7 @@ impl SmcStream {
         match &self.smc {
             Some(c) => {
                 let mut ep = c.shared.lock();
-                let _ = ep.pump(ctx::now());
+                c.shared.pump(&mut ep);
                 ep.read_oob(c.id).map_err(conn_error)
             }
             None => {
@@ -427,7 +382,7 @@ impl SmcStream {
                 if matches!(how, Shutdown::Write | Shutdown::Both) {
                     let mut ep = c.shared.lock();
                     ep.close(c.id, CloseEvent::AppShutdownWrite);
-                    let _ = ep.pump(ctx::now());
+                    c.shared.pump(&mut ep);
                 }
                 Ok(())
             }
