@@ -236,6 +236,9 @@ pub struct Endpoint<P: Provider> {
     chan: P::Channel,
     /// Work completions taken from the CQs so far (progress indicator).
     completions: u64,
+    /// Largest inline payload of the device: writes up to this size go from the
+    /// application's buffer straight to the peer (see [`Endpoint::write`]).
+    max_inline: u32,
     lgrs: Vec<Option<Lgr<P>>>,
     conns: Vec<Option<Conn<P>>>,
     next_token: u32,
@@ -257,11 +260,13 @@ impl<P: Provider> Endpoint<P> {
         let gid = port.gids.first().map(|g| g.gid).unwrap_or_default();
         let mac = cfg.system_id.mac();
         let chan = dev.create_channel()?;
+        let max_inline = dev.info().max_inline;
         Ok(Endpoint {
             cfg,
             dev,
             chan,
             completions: 0,
+            max_inline,
             lgrs: Vec::new(),
             conns: Vec::new(),
             next_token: 1,
@@ -532,7 +537,7 @@ impl<P: Provider> Endpoint<P> {
             QpCap {
                 max_send_wr: 3 * MAX_SENDS as u32,
                 max_recv_wr: RECV_SLOTS as u32,
-                max_inline_data: 64,
+                max_inline_data: self.max_inline,
             },
         )?;
         qp.modify(&QpModify::Init {
@@ -1519,7 +1524,21 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// Writes as much of `data` as the send buffer takes; 0 means "would block".
+    ///
+    /// When nothing written earlier is still waiting and the peer has room, the
+    /// bytes go out at once as inline RDMA WRITEs from `data` itself (copied at
+    /// post time, §3.2: the send buffer only has to hold data that cannot be
+    /// written yet), followed by their CDC: one copy instead of two. Otherwise
+    /// they are copied into the send buffer and sent by [`Self::pump`].
     pub fn write(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<usize, ConnError> {
+        if let Some(n) = self.write_direct(id, data)? {
+            return Ok(n);
+        }
+        self.write_buffered(id, data)
+    }
+
+    /// Copies into the send buffer; [`Self::pump`] sends it.
+    fn write_buffered(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<usize, ConnError> {
         let c = self.smc_conn(id)?;
         if !c.closer.can_write() {
             return Err(Self::close_error(c));
@@ -1539,6 +1558,71 @@ impl<P: Provider> Endpoint<P> {
         Ok(n)
     }
 
+    /// The direct path of [`Self::write`]; `None` when it does not apply.
+    fn write_direct(
+        &mut self,
+        id: ConnId,
+        data: &[u8],
+    ) -> std::result::Result<Option<usize>, ConnError> {
+        let max_inline = self.max_inline as usize;
+        let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
+            return Ok(None);
+        };
+        let (Some(l), Some(dp), Some(peer)) = (c.lgr, c.dp.as_mut(), c.peer_rmb) else {
+            return Ok(None);
+        };
+        if !matches!(c.phase, Phase::Smc)
+            || !c.closer.can_write()
+            || dp.unsent() > 0
+            || dp.urgent_pending()
+            || dp.close_pending()
+        {
+            return Ok(None);
+        }
+        // Only whole writes: cutting a large write down to a small inline limit
+        // (verbs: 64 bytes) would cost more than the copy it saves.
+        let n = data.len().min(dp.sndbuf_free()).min(dp.peer_space());
+        if n > max_inline {
+            return Ok(None);
+        }
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return Ok(None);
+        };
+        if n == 0 || lg.sends_in_flight >= MAX_SENDS || lg.group.active_slots().next().is_none() {
+            return Ok(None);
+        }
+        dp.produced(n);
+        let Some(batch) = dp.poll_tx() else {
+            return Err(ConnError::Aborted);
+        };
+        let mut at = 0;
+        for w in &batch.writes {
+            lg.next_wr += 1;
+            let r = lg.qp.post_send(&SendWr {
+                wr_id: lg.next_wr,
+                op: SendOp::RdmaWrite {
+                    remote_addr: peer.addr + w.peer_offset as u64,
+                    rkey: peer.rkey,
+                },
+                payload: Payload::Inline(&data[at..at + w.len]),
+                signaled: false,
+            });
+            if r.is_err() {
+                // The link is broken: the connection dies with it (the next
+                // pump aborts it); like TCP, this write itself succeeded.
+                lg.group.on_link_failure(0);
+                return Ok(Some(n));
+            }
+            at += w.len;
+        }
+        debug_assert_eq!(at, n, "a direct write sends everything produced");
+        let bytes = batch.cdc.encode();
+        if lg.post(WrKind::Cdc(id, batch.cdc.seqno), &bytes).is_err() {
+            lg.group.on_link_failure(0);
+        }
+        Ok(Some(n))
+    }
+
     /// Sends one urgent byte (TCP `send(MSG_OOB)`): it goes into the stream after
     /// everything written before, flagged so that the peer can fetch it out of
     /// band. `Ok(false)` if the send buffer is full or the previous urgent byte has
@@ -1548,7 +1632,8 @@ impl<P: Provider> Endpoint<P> {
         if c.dp.as_ref().is_some_and(DataPath::urgent_pending) {
             return Ok(false);
         }
-        if self.write(id, &[byte])? == 0 {
+        // through the send buffer: the byte must still be unsent to be marked
+        if self.write_buffered(id, &[byte])? == 0 {
             return Ok(false);
         }
         let c = self.smc_conn(id)?;

@@ -229,6 +229,14 @@ fn context() -> &'static Context {
     })
 }
 
+/// Buffer size from `var` (KiB), default 64 KiB.
+fn buf_len(var: &str) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .map_or(65536, |k| k << 10)
+}
+
 fn random_instance() -> u16 {
     // The instance part of the system id only has to differ between processes.
     let t = origin().elapsed().as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(17);
@@ -321,8 +329,8 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
         ueids,
         offer_v1: true,
         if_addrs,
-        rmb_len: 65536,
-        sndbuf_len: 65536,
+        rmb_len: buf_len("SMC_RMB_KIB"),
+        sndbuf_len: buf_len("SMC_SNDBUF_KIB"),
         testlink: Some(Duration::from_secs(30)),
         max_conns: 255,
         hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -58,7 +58,11 @@ use std::time::{Duration, Instant};
 
 pub use layout::SLOT_PAYLOAD as MAX_SEND_SIZE;
 
-const MAX_INLINE: u32 = 256;
+/// Inline payloads are copied at post time: an inline RDMA WRITE posted on an
+/// idle send queue goes straight from the caller's buffer into the peer's
+/// region (one copy, like a CPU store), so any size up to the largest region
+/// is allowed. Behind queued WRs it is kept in a heap copy until its turn.
+const MAX_INLINE: u32 = 1 << 30;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -1880,6 +1884,28 @@ impl QueuePair for ShmQp {
             q.progress_locked(&mut c);
             if c.sq.len() >= q.cap.max_send_wr as usize {
                 return Err(Error::QueueFull);
+            }
+        }
+        if let (SendOp::RdmaWrite { remote_addr, rkey }, Payload::Inline(d)) = (wr.op, wr.payload) {
+            if c.sq.is_empty() {
+                if let Some(l) = c.link.as_ref() {
+                    if let Ok((m, off)) = q.check_remote(l, rkey, remote_addr, d.len()) {
+                        if m.write(off, d).is_ok() {
+                            if wr.signaled {
+                                q.send_cq.push(wc(
+                                    wr.wr_id,
+                                    WcStatus::Success,
+                                    WcOpcode::RdmaWrite,
+                                    d.len() as u32,
+                                    None,
+                                    q.qpn,
+                                ));
+                            }
+                            return Ok(());
+                        }
+                    }
+                }
+                // anything wrong: queue it, progress reports the error in order
             }
         }
         let payload = match wr.payload {
