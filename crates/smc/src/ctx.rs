@@ -158,16 +158,11 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
             prefix_len: a.prefix_len,
         })
         .collect();
-    let mac = std::fs::read_to_string(format!("/sys/class/net/{base}/address"))
+    // (from our network namespace: /sys/class/net may belong to another one)
+    let mac = smc_rdma::sys::link(&base)
         .ok()
-        .and_then(|s| {
-            let b: Vec<u8> = s
-                .trim()
-                .split(':')
-                .filter_map(|x| u8::from_str_radix(x, 16).ok())
-                .collect();
-            <[u8; 6]>::try_from(b).ok()
-        })
+        .flatten()
+        .and_then(|l| l.mac)
         .map(Mac)
         .unwrap_or_default();
     let cfg = EndpointConfig {
