@@ -1,6 +1,6 @@
 //! Thin safe wrappers over the few Linux system calls the providers need:
 //! eventfd, memfd + shared mmap, poll, unix SOCK_SEQPACKET sockets with
-//! descriptor passing, interface addresses and signals.
+//! descriptor passing, interface addresses and link state, and signals.
 //!
 //! Every `unsafe` block carries a `// SAFETY:` justification.
 
@@ -525,6 +525,82 @@ pub fn if_addrs(ifname: &str) -> io::Result<Vec<std::net::IpAddr>> {
     Ok(out)
 }
 
+/// Link-level facts of one network interface, as its own network namespace
+/// sees them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// Administratively up and operationally up (or unknown), as
+    /// `/sys/class/net/<if>/operstate` reports `up` (or `unknown` with IFF_UP).
+    pub up: bool,
+    /// The Ethernet-style hardware address, for interfaces that have one
+    /// (Ethernet, veth, and `lo` with its all-zero address).
+    pub mac: Option<[u8; 6]>,
+    /// The MTU.
+    pub mtu: u32,
+}
+
+/// The interface `ifname` of the caller's network namespace, or `None` if
+/// that namespace has no such interface.
+///
+/// Asked through socket ioctls, which answer for the namespace the socket was
+/// made in, never through `/sys/class/net`: that shows the interfaces of the
+/// namespace that mounted sysfs, which is not ours after a plain
+/// `setns(CLONE_NEWNET)` (as `nsenter --net` does).
+pub fn link(ifname: &str) -> io::Result<Option<Link>> {
+    let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
+    if ifname.is_empty() || ifname.len() >= name.len() || ifname.bytes().any(|b| b == 0) {
+        // not a name the kernel could have given an interface
+        return Ok(None);
+    }
+    for (d, s) in name.iter_mut().zip(ifname.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: socket has no memory-safety preconditions.
+    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fd was just returned by socket and is owned by nobody else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let ask = |req: libc::c_ulong| -> io::Result<Option<libc::ifreq>> {
+        // SAFETY: ifreq is plain old data (a name and a union of integers and
+        // sockaddrs), for which all-zero bytes are a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        ifr.ifr_name = name;
+        // SAFETY: the SIOCGIF* requests passed here read the NUL-terminated
+        // name and write at most one ifreq into the local `ifr`.
+        let r = unsafe { libc::ioctl(sock.as_raw_fd(), req as _, &mut ifr as *mut libc::ifreq) };
+        match cvt(r) {
+            Ok(_) => Ok(Some(ifr)),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    let Some(f) = ask(libc::SIOCGIFFLAGS)? else {
+        return Ok(None);
+    };
+    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+    let flags = i32::from(unsafe { f.ifr_ifru.ifru_flags }) & 0xffff;
+    let Some(h) = ask(libc::SIOCGIFHWADDR)? else {
+        return Ok(None);
+    };
+    // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
+    let hw = unsafe { h.ifr_ifru.ifru_hwaddr };
+    let mac = matches!(hw.sa_family, libc::ARPHRD_ETHER | libc::ARPHRD_LOOPBACK).then(|| {
+        let mut m = [0u8; 6];
+        for (d, s) in m.iter_mut().zip(hw.sa_data.iter()) {
+            *d = *s as u8;
+        }
+        m
+    });
+    let Some(m) = ask(libc::SIOCGIFMTU)? else {
+        return Ok(None);
+    };
+    // SAFETY: SIOCGIFMTU filled the mtu member of the union.
+    let mtu = unsafe { m.ifr_ifru.ifru_mtu }.max(0) as u32;
+    // The kernel reports IFF_RUNNING exactly when the interface is open and its
+    // operational state is up or unknown.
+    let up = flags & (libc::IFF_UP | libc::IFF_RUNNING) == libc::IFF_UP | libc::IFF_RUNNING;
+    Ok(Some(Link { up, mac, mtu }))
+}
+
 /// One address of an interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InterfaceAddr {
@@ -705,5 +781,20 @@ mod interface_addr_tests {
             .expect("127.0.0.1 on some interface");
         assert_eq!(lo4.ifname, "lo");
         assert_eq!(lo4.prefix_len, 8);
+    }
+
+    #[test]
+    fn loopback_link_is_up_with_a_zero_mac() {
+        let lo = super::link("lo").unwrap().expect("lo exists");
+        assert!(lo.up);
+        assert_eq!(lo.mac, Some([0; 6]));
+        assert!(lo.mtu >= 1280, "{lo:?}");
+    }
+
+    #[test]
+    fn missing_or_impossible_interfaces_are_none() {
+        for bad in ["no-such-if0", "", "a\0b", "much-too-long-interface-name"] {
+            assert_eq!(super::link(bad).unwrap(), None, "{bad:?}");
+        }
     }
 }

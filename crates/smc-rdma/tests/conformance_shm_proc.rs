@@ -2,6 +2,6 @@
 //! process (the `smc-rdma-peer` binary), both in the root network namespace.
 mod common;
 fn make(p: &smc_rdma::conformance::ConnParams) -> smc_rdma::Result<common::Proc> {
-    common::make_proc(p, false)
+    common::make_proc(p, common::Place::Here)
 }
 smc_rdma::conformance_suite!(make);

@@ -158,7 +158,7 @@ fn completion_channel_wakes_a_blocked_receiver() {
 
 #[test]
 fn peer_process_death_detected_within_bound_without_traffic() {
-    let mut h = setup!(make_proc(&ConnParams::default(), false));
+    let mut h = setup!(make_proc(&ConnParams::default(), Place::Here));
     h.peer.kill().unwrap();
     let t0 = Instant::now();
     while h.local.qp.state() != QpState::Err && t0.elapsed() < Duration::from_secs(3) {
@@ -176,7 +176,7 @@ fn peer_process_death_detected_within_bound_without_traffic() {
 
 #[test]
 fn peer_process_hang_detected_within_bound_without_traffic() {
-    let mut h = setup!(make_proc(&ConnParams::default(), false));
+    let mut h = setup!(make_proc(&ConnParams::default(), Place::Here));
     h.peer.hang().unwrap();
     let t0 = Instant::now();
     while h.local.qp.state() != QpState::Err && t0.elapsed() < Duration::from_secs(3) {
@@ -198,7 +198,18 @@ fn peer_process_hang_detected_within_bound_without_traffic() {
 
 #[test]
 fn port_down_in_one_namespace_fails_the_peer_in_the_other() {
-    let mut h = setup!(make_proc(&ConnParams::default(), true));
+    port_down_fails_the_peer(Place::NetnsExec);
+}
+
+/// The peer sees its own interface's state, also when it entered its
+/// namespace with setns alone and /sys/class/net shows ours.
+#[test]
+fn port_down_fails_a_peer_that_entered_its_namespace_with_setns_only() {
+    port_down_fails_the_peer(Place::NetnsSetns);
+}
+
+fn port_down_fails_the_peer(place: Place) {
+    let mut h = setup!(make_proc(&ConnParams::default(), place));
     h.veth.set_a(false).unwrap();
     let t0 = Instant::now();
     let mut st = QpState::Rts;
@@ -443,7 +454,7 @@ fn device_thread_cpu_ticks(name: &str) -> Vec<u64> {
 /// to sleeping, not spin on the dead sockets.
 #[test]
 fn device_thread_idles_after_peer_death() {
-    let mut h = setup!(make_proc(&ConnParams::default(), false));
+    let mut h = setup!(make_proc(&ConnParams::default(), Place::Here));
     h.peer.kill().unwrap();
     let t0 = Instant::now();
     while h.local.qp.state() != QpState::Err && t0.elapsed() < Duration::from_secs(3) {

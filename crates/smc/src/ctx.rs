@@ -243,19 +243,15 @@ fn random_instance() -> u16 {
     (t ^ (t >> 16) ^ (t >> 32)) as u16
 }
 
-/// The endpoint for a connection whose local address is `local`, or `None`
-/// when no SMC device serves that address's interface (the connection then
-/// declines with "no SMC device").
-pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
-    let ctx = context();
-    let provider = ctx.provider.as_ref()?;
+/// The interface that owns `local`, or whose prefix covers it (all of
+/// 127.0.0.0/8 is lo's, though only 127.0.0.1 is configured), with all of that
+/// interface's addresses: what the CLC prefix rules compare.
+pub(crate) fn interface_of(local: IpAddr) -> Option<(String, Vec<IfAddr>)> {
     let addrs = smc_rdma::sys::interface_addrs().ok()?;
     let local = match local {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
         v4 => v4,
     };
-    // The interface that owns the address, or whose prefix covers it (all of
-    // 127.0.0.0/8 is lo's, though only 127.0.0.1 is configured).
     let covers = |a: &smc_rdma::sys::InterfaceAddr| match (a.addr, local) {
         (IpAddr::V4(n), IpAddr::V4(l)) => {
             let m = u32::MAX
@@ -277,6 +273,24 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
         .or_else(|| addrs.iter().find(|a| covers(a)))?
         .ifname
         .clone();
+    let if_addrs = addrs
+        .iter()
+        .filter(|a| a.ifname == ifname)
+        .map(|a| IfAddr {
+            addr: a.addr,
+            prefix_len: a.prefix_len,
+        })
+        .collect();
+    Some((ifname, if_addrs))
+}
+
+/// The endpoint for a connection whose local address is `local`, or `None`
+/// when no SMC device serves that address's interface (the connection then
+/// declines with "no SMC device").
+pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
+    let ctx = context();
+    let provider = ctx.provider.as_ref()?;
+    let (ifname, if_addrs) = interface_of(local)?;
     let base = base_netdev(Path::new("/sys/class/net"), &ifname);
     let dir = ConfigDir::from_env();
     let pnet = PnetTable::load(&dir).unwrap_or_default();
@@ -302,24 +316,11 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
     let ueids = UeidTable::load(&dir)
         .map(|t| t.eids().to_vec())
         .unwrap_or_default();
-    let if_addrs = addrs
-        .iter()
-        .filter(|a| a.ifname == ifname)
-        .map(|a| IfAddr {
-            addr: a.addr,
-            prefix_len: a.prefix_len,
-        })
-        .collect();
-    let mac = std::fs::read_to_string(format!("/sys/class/net/{base}/address"))
+    // (from our network namespace: /sys/class/net may belong to another one)
+    let mac = smc_rdma::sys::link(&base)
         .ok()
-        .and_then(|s| {
-            let b: Vec<u8> = s
-                .trim()
-                .split(':')
-                .filter_map(|x| u8::from_str_radix(x, 16).ok())
-                .collect();
-            <[u8; 6]>::try_from(b).ok()
-        })
+        .flatten()
+        .and_then(|l| l.mac)
         .map(Mac)
         .unwrap_or_default();
     let cfg = EndpointConfig {

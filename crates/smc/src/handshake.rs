@@ -7,7 +7,7 @@ use smc_proto::negotiate::{self, LocalCapabilities};
 use smc_wire::clc::{ClcMessage, ClcType, Decline, DeclineCode, CLC_WAIT_TIME, SMC_V1};
 use smc_wire::types::SystemId;
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{IpAddr, TcpStream};
 
 fn protocol_error(e: ClcReadError) -> io::Error {
     io::Error::new(
@@ -54,15 +54,19 @@ fn read_clc(tcp: &mut TcpStream, expected: ClcType) -> io::Result<ClcMessage> {
     result
 }
 
-/// What this host can offer on the connection: nothing yet — the SMC-R data
-/// path over a device is not wired into the socket library (issue 5).
-fn capabilities() -> LocalCapabilities {
+/// What this host offers on a connection no SMC device serves: no device, but
+/// the addresses of the connection's interface, so that a server runs the
+/// prefix check first as Linux does and declines "no SMC device" rather than
+/// "different prefix" when the prefixes agree.
+fn capabilities(local: IpAddr) -> LocalCapabilities {
     LocalCapabilities {
         system_id: SystemId::default(),
         v1: None,
         v2_gid: None,
         ueids: Vec::new(),
-        if_addrs: Vec::new(),
+        if_addrs: crate::ctx::interface_of(local)
+            .map(|(_, a)| a)
+            .unwrap_or_default(),
     }
 }
 
@@ -74,7 +78,7 @@ fn send_decline(tcp: &mut TcpStream, version: u8, code: DeclineCode) -> io::Resu
 /// Client side, after the SYN-ACK carried the option.
 pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
     let local = tcp.local_addr()?.ip();
-    match negotiate::build_proposal(local, &capabilities()) {
+    match negotiate::build_proposal(local, &capabilities(local)) {
         Ok(p) => {
             tcp.write_all(&ClcMessage::Proposal(p).encode())?;
             match read_clc(tcp, ClcType::Accept)? {
@@ -106,13 +110,14 @@ pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
 
 /// Server side, after the SYN carried the option.
 pub(crate) fn server(tcp: &mut TcpStream) -> io::Result<Fallback> {
+    let local = tcp.local_addr()?.ip();
     match read_clc(tcp, ClcType::Proposal)? {
         ClcMessage::Decline(d) => Ok(Fallback {
             reason: DeclineCode::PeerDecl,
             peer: Some(d.diagnosis),
         }),
         ClcMessage::Proposal(p) => {
-            let code = match negotiate::server_choose(&p, &capabilities()) {
+            let code = match negotiate::server_choose(&p, &capabilities(local)) {
                 Err(code) => code,
                 // not reachable without capabilities; decline all the same
                 Ok(_) => DeclineCode::NoSmcDev,

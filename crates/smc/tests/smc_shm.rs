@@ -6,6 +6,7 @@ mod common;
 
 use common::setup;
 use smc::{Mode, SmcListener, SmcStream};
+use smc_wire::clc::DeclineCode;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::thread;
@@ -111,4 +112,78 @@ fn a_server_that_vanishes_mid_handshake_fails_the_connect_clearly() {
     // Linux: the CLC read sees the peer's FIN, connect() fails with ECONNRESET
     // (no fallback: the TCP connection itself is gone)
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+}
+
+/// The server half of the next test: this binary started again with a shm
+/// config that declares no device.
+fn server_without_a_device() {
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    s.write_all(&b).unwrap();
+    println!("server mode {:?}", s.mode());
+}
+
+#[test]
+fn a_server_without_a_device_declines_no_device_not_different_prefix() {
+    setup();
+    if std::env::var_os("SMC_NODEV_SERVER").is_some() {
+        return server_without_a_device();
+    }
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    // Same rundir, no device: that process's connections have no endpoint.
+    let cfg = std::path::PathBuf::from(std::env::var_os("SMC_RDMA_SHM_CONFIG").unwrap());
+    let nodev = cfg.with_file_name("shm-nodev.conf");
+    std::fs::write(&nodev, "# no device\n").unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_server_without_a_device_declines_no_device_not_different_prefix",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SMC_NODEV_SERVER", "1")
+        .env("SMC_RDMA_SHM_CONFIG", &nodev)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let port = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "server exited early");
+        if let Some((_, p)) = line.trim().split_once("port ") {
+            break p.parse::<u16>().unwrap();
+        }
+    };
+    let mut c = SmcStream::connect(("127.0.0.1", port)).unwrap();
+    let mut b = *b"ping";
+    c.write_all(&b).unwrap();
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping", "the connection goes on over TCP");
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "server failed: {rest}");
+    // Both ends are on lo's 127.0.0.0/8: the prefixes agree, and what the
+    // server lacks is a device (Linux: NOSMCDEV, 0x03030000).
+    assert_eq!(
+        c.mode(),
+        Mode::Tcp(smc::Fallback {
+            reason: DeclineCode::PeerDecl,
+            peer: Some(DeclineCode::NoSmcDev)
+        })
+    );
+    assert!(
+        rest.contains(&format!(
+            "server mode {:?}",
+            Mode::Tcp(smc::Fallback {
+                reason: DeclineCode::NoSmcDev,
+                peer: None
+            })
+        )),
+        "server side: {rest}"
+    );
 }

@@ -50,7 +50,7 @@ use crate::verbs::*;
 use layout::*;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -204,29 +204,17 @@ impl ShmConfig {
 
 // ------------------------------------------------------------------ netdev
 
-fn sysfs(netdev: &str, attr: &str) -> Option<String> {
-    std::fs::read_to_string(format!("/sys/class/net/{netdev}/{attr}"))
-        .ok()
-        .map(|s| s.trim().to_string())
-}
+// Interface facts come from the caller's network namespace (socket ioctls,
+// getifaddrs), never from /sys/class/net: a process that entered a namespace
+// with setns alone (`nsenter --net`) still sees the sysfs of the namespace that
+// mounted it, which lacks our interfaces or has others under the same names.
 
 fn netdev_up(netdev: &str) -> bool {
-    match sysfs(netdev, "operstate").as_deref() {
-        Some("up") => true,
-        Some("unknown") => sysfs(netdev, "flags")
-            .and_then(|f| u32::from_str_radix(f.trim_start_matches("0x"), 16).ok())
-            .is_some_and(|f| f & 1 != 0),
-        _ => false,
-    }
+    sys::link(netdev).ok().flatten().is_some_and(|l| l.up)
 }
 
 fn netdev_mac(netdev: &str) -> Option<[u8; 6]> {
-    let s = sysfs(netdev, "address")?;
-    let v: Vec<u8> = s
-        .split(':')
-        .filter_map(|x| u8::from_str_radix(x, 16).ok())
-        .collect();
-    v.try_into().ok()
+    sys::link(netdev).ok().flatten()?.mac
 }
 
 /// The RoCE-style GID table of `netdev`.
@@ -364,9 +352,7 @@ fn info_for(name: &str, netdev: &str) -> DeviceInfo {
 }
 
 fn port_attr(netdev: &str) -> PortAttr {
-    let mtu = sysfs(netdev, "mtu")
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(1500);
+    let mtu = sys::link(netdev).ok().flatten().map_or(1500, |l| l.mtu);
     PortAttr {
         port_num: 1,
         state: if netdev_up(netdev) {
@@ -539,7 +525,7 @@ impl std::fmt::Debug for ShmDevice {
 
 impl ShmDevice {
     fn open(cfg: &ShmConfig, d: &ShmDeviceConfig) -> Result<ShmDevice> {
-        if !Path::new(&format!("/sys/class/net/{}", d.netdev)).exists() {
+        if sys::link(&d.netdev)?.is_none() {
             return Err(Error::Config(format!(
                 "device {}: network interface {} does not exist",
                 d.name, d.netdev

@@ -186,6 +186,20 @@ impl Harness for InProc {
     }
 }
 
+/// Where the passive side's process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// In our network namespace.
+    Here,
+    /// In the veth's namespace, entered with `ip netns exec`, which also
+    /// mounts a sysfs of that namespace on /sys (in a private mount namespace).
+    NetnsExec,
+    /// In the veth's namespace, entered with `nsenter --net` (setns only): the
+    /// process keeps our mounts, so /sys/class/net shows *our* interfaces and
+    /// not its own. What a program sees after a bare setns(CLONE_NEWNET).
+    NetnsSetns,
+}
+
 /// The passive side in a separate process (optionally in another netns).
 pub struct Proc {
     pub local: Endpoint<ShmProvider>,
@@ -196,8 +210,11 @@ pub struct Proc {
     pub veth: Veth,
 }
 
-pub fn make_proc(params: &ConnParams, netns: bool) -> Result<Proc> {
-    let veth = Veth::new(netns)?;
+pub fn make_proc(params: &ConnParams, place: Place) -> Result<Proc> {
+    if place == Place::NetnsSetns && Command::new("nsenter").arg("-V").output().is_err() {
+        return Err(Error::Unsupported("needs the `nsenter` tool (util-linux)"));
+    }
+    let veth = Veth::new(place != Place::Here)?;
     let rundir = rundir();
     let cfg = config(&veth, &rundir);
     let cfg_path = rundir.join("shm.conf");
@@ -205,13 +222,18 @@ pub fn make_proc(params: &ConnParams, netns: bool) -> Result<Proc> {
     let p = ShmProvider::new(cfg);
     let local = Endpoint::open(&p, "shmA", *params)?;
     let exe = env!("CARGO_BIN_EXE_smc-rdma-peer");
-    let mut cmd = match &veth.ns {
-        Some(ns) => {
+    let mut cmd = match (&veth.ns, place) {
+        (Some(ns), Place::NetnsExec) => {
             let mut c = Command::new("ip");
             c.args(["netns", "exec", ns, exe]);
             c
         }
-        None => Command::new(exe),
+        (Some(ns), Place::NetnsSetns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}")).arg(exe);
+            c
+        }
+        _ => Command::new(exe),
     };
     cmd.arg("suite")
         .arg(&cfg_path)
