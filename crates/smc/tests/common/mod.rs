@@ -17,6 +17,20 @@ pub fn setup() {
             // a child process of a test: share its parent's device directory
             return;
         }
+        // Directories of test processes that are gone are removed here (a
+        // process cannot clean up after itself: statics are never dropped).
+        if let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(pid) = name.strip_prefix("smc-shm-test-") {
+                    if pid.parse::<u32>().is_ok()
+                        && !std::path::Path::new("/proc").join(pid).exists()
+                    {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
         let dir = std::env::temp_dir().join(format!("smc-shm-test-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("run")).unwrap();
         std::fs::create_dir_all(dir.join("conf")).unwrap();
