@@ -786,35 +786,25 @@ fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
     for qp in qps {
         let mut dead = false;
         {
-            // Never wait for a QP here: its owner may hold the lock while it
-            // fetches a peer region over the rendezvous socket (`remote_mr`),
-            // and that request is answered by a device thread — ours, when
-            // the peer QP is on this device, or the peer's, which may be
-            // waiting on its own QP the same way. Waiting without bound would
-            // stall both for the 2 s request timeout and fail the link; a QP
-            // still busy after a short while is looked at on the next tick
-            // (ordinary holds are microseconds, and heartbeats must go on).
-            let Some(mut c) = lock_within(&qp.core, Duration::from_millis(20)) else {
-                continue;
-            };
-            if matches!(c.state, QpState::Reset | QpState::Err) {
-                continue;
+            // Only the heartbeat lock: `core` may be taken by the QP's owner
+            // (posting, polling, or fetching a peer region over a rendezvous
+            // socket that this very thread may have to answer), and the
+            // heartbeat must go on regardless.
+            let mut hb = lock(&qp.hb);
+            let Some(h) = hb.as_mut() else { continue };
+            let live = qp.live.load(SeqCst);
+            Ring(&h.peer_ring).h(R_PROD_HB).fetch_add(1, Release);
+            let own = Ring(&h.own_ring);
+            let v = own.h(R_PROD_HB).load(Acquire);
+            if v != h.last_hb {
+                h.last_hb = v;
+                h.last_hb_change = now;
             }
-            let live = matches!(c.state, QpState::Rtr | QpState::Rts);
-            let own = c.ring.clone();
-            let Some(l) = c.link.as_mut() else { continue };
-            let peer = Ring(&l.peer_ring);
-            peer.h(R_PROD_HB).fetch_add(1, Release);
-            let hb = Ring(&own).h(R_PROD_HB).load(Acquire);
-            if hb != l.last_hb {
-                l.last_hb = hb;
-                l.last_hb_change = now;
-            }
-            if live && now.duration_since(l.last_hb_change) > sh.peer_timeout {
+            if live && now.duration_since(h.last_hb_change) > sh.peer_timeout {
                 dead = true;
             }
-            if live && peer.h(R_CONS_CLOSED).load(Acquire) != 0
-                || Ring(&own).h(R_PROD_CLOSED).load(Acquire) != 0
+            if live && Ring(&h.peer_ring).h(R_CONS_CLOSED).load(Acquire) != 0
+                || own.h(R_PROD_CLOSED).load(Acquire) != 0
             {
                 dead = true;
             }
@@ -962,6 +952,8 @@ impl ProtectionDomain for ShmPd {
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
             core: Mutex::new(Core::new(ring)),
+            hb: Mutex::new(None),
+            live: AtomicBool::new(false),
         });
         lock(&self.dev.qps).insert(qpn, Arc::downgrade(&inner));
         lock(&send_cq.inner.qps).push(Arc::downgrade(&inner));
@@ -1135,12 +1127,10 @@ struct Link {
     /// The peer instance's socket (for region look-ups), when known.
     peer_sock: Option<PathBuf>,
     peer_pd: u32,
-    peer_ring: SharedMem,
+    peer_ring: Arc<SharedMem>,
     peer_rx_efd: Option<EventFd>,
     peer_tx_efd: Option<EventFd>,
     sock: Option<SeqPacket>,
-    last_hb: u64,
-    last_hb_change: Instant,
 }
 
 struct Core {
@@ -1191,6 +1181,21 @@ struct QpInner {
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
     core: Mutex<Core>,
+    /// The device thread's view of the link, kept apart from `core`: the
+    /// application's threads take `core` for every post and poll, and a busy
+    /// QP would otherwise starve the heartbeat (seen: two threads pumping one
+    /// QP kept `core` taken for over a second, and the peer declared us dead).
+    hb: Mutex<Option<Heartbeat>>,
+    /// The QP is in RTR or RTS (heartbeats are checked only then).
+    live: AtomicBool,
+}
+
+/// Heartbeat state of a connected QP (device thread only).
+struct Heartbeat {
+    own_ring: Arc<SharedMem>,
+    peer_ring: Arc<SharedMem>,
+    last_hb: u64,
+    last_hb_change: Instant,
 }
 
 fn wc(
@@ -1270,13 +1275,20 @@ impl QpInner {
             peer_gid: gid,
             peer_sock,
             peer_pd: m.pd,
-            peer_ring: ring,
+            peer_ring: Arc::new(ring),
             peer_rx_efd: rx,
             peer_tx_efd: tx,
             sock,
+        })
+    }
+
+    fn start_heartbeat(&self, own: &Arc<SharedMem>, l: &Link) {
+        *lock(&self.hb) = Some(Heartbeat {
+            own_ring: own.clone(),
+            peer_ring: l.peer_ring.clone(),
             last_hb: 0,
             last_hb_change: Instant::now(),
-        })
+        });
     }
 
     /// Passive side of the rendezvous (device thread).
@@ -1301,6 +1313,7 @@ impl QpInner {
             None => {
                 let peer_sock = self.dev.reg.resolve(&m.gid, m.src_qpn).ok();
                 let l = self.make_link(m, m.gid, fds, None, peer_sock)?;
+                self.start_heartbeat(&c.ring, &l);
                 c.link = Some(l);
             }
         }
@@ -1358,6 +1371,7 @@ impl QpInner {
             Some(_) => return Err(Error::Connect("QP already connected elsewhere".into())),
             None => {
                 let l = self.make_link(&m, remote.gid, rfds, Some(s), Some(path))?;
+                self.start_heartbeat(&c.ring, &l);
                 c.link = Some(l);
             }
         }
@@ -1378,6 +1392,7 @@ impl QpInner {
             return;
         }
         c.state = QpState::Err;
+        self.live.store(false, SeqCst);
         Ring(&c.ring).h(R_CONS_CLOSED).store(1, SeqCst);
         if let Some(l) = &c.link {
             let pr = Ring(&l.peer_ring);
@@ -1853,6 +1868,8 @@ impl QueuePair for ShmQp {
             });
         }
         c.state = next;
+        q.live
+            .store(matches!(next, QpState::Rtr | QpState::Rts), SeqCst);
         Ok(())
     }
 
