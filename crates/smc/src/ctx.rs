@@ -72,6 +72,9 @@ pub(crate) struct Shared {
     gen: AtomicU64,
     /// Threads waiting on `cv`.
     sleepers: AtomicUsize,
+    /// Application threads inside [`Shared::run`] (the progress thread leads
+    /// the sleepers only while there are none, see [`progress_loop`]).
+    active: AtomicUsize,
     /// Whether a leader is polling `notify`.
     leader: Mutex<bool>,
     cv: Condvar,
@@ -90,6 +93,32 @@ pub(crate) fn spin_time() -> Duration {
     })
 }
 
+/// The device's progress thread: handles what no application thread waits
+/// for (the peer's LLC requests, keepalives, the last CDCs of released
+/// connections, timers). While application threads are busy in [`Shared::run`]
+/// it looks every millisecond without arming anything (their pumps do the
+/// work, and an armed CQ would make the peer signal every message); while
+/// none is, it sleeps as the leader on the completion channel, so a peer's
+/// request (e.g. CONFIRM_RKEY during a handshake) is answered at once.
+fn progress_loop(weak: std::sync::Weak<Shared>) {
+    loop {
+        let Some(s) = weak.upgrade() else { return };
+        let seen = {
+            let mut ep = s.lock();
+            s.pump(&mut ep)
+        };
+        if s.active.load(Ordering::Acquire) == 0 {
+            s.sleep(seen, Some(Instant::now() + IDLE_SLEEP));
+        } else {
+            drop(s);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// How long the progress thread sleeps on the channel when nothing happens.
+const IDLE_SLEEP: Duration = Duration::from_millis(20);
+
 /// Longest single sleep: timers (close deadlines, handshake timeouts) are
 /// checked at least this often by every waiter.
 const MAX_SLEEP: Duration = Duration::from_millis(5);
@@ -102,6 +131,7 @@ impl Shared {
             ep: Mutex::new(ep),
             notify,
             sleepers: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
             leader: Mutex::new(false),
             cv: Condvar::new(),
         })
@@ -132,6 +162,14 @@ impl Shared {
         nonblocking: bool,
         mut op: impl FnMut(&mut Endpoint<ShmProvider>) -> Option<io::Result<R>>,
     ) -> io::Result<R> {
+        struct Active<'a>(&'a AtomicUsize);
+        impl Drop for Active<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.active.fetch_add(1, Ordering::AcqRel);
+        let _active = Active(&self.active);
         let mut spin_until: Option<Instant> = None;
         loop {
             let seen = {
@@ -347,12 +385,7 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
     let weak = Arc::downgrade(&shared);
     std::thread::Builder::new()
         .name(format!("smc-progress-{device}"))
-        .spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(1));
-            let Some(s) = weak.upgrade() else { return };
-            let mut ep = s.lock();
-            s.pump(&mut ep);
-        })
+        .spawn(move || progress_loop(weak))
         .ok()?;
     eps.insert(device.to_string(), shared.clone());
     Some(shared)

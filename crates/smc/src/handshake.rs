@@ -144,6 +144,7 @@ pub(crate) fn with_endpoint(
     tcp.set_nonblocking(true)?;
     let mut leftover = Vec::new();
     let mut buf = [0u8; 1024];
+    let mut spin_until = None;
     let result = loop {
         let (out, status) = {
             let mut ep = shared.lock();
@@ -172,7 +173,21 @@ pub(crate) fn with_endpoint(
                 leftover.extend_from_slice(&buf[used..n]);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(std::time::Duration::from_micros(50))
+                // Spin a little (an LLC answer or the next CLC message is
+                // usually microseconds away), then wait for TCP data; LLC
+                // completions are looked at again every 100 us.
+                let now = std::time::Instant::now();
+                if now >= *spin_until.get_or_insert(now + crate::ctx::spin_time()) {
+                    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+                    let mut pfd = [PollFd::new(&*tcp, PollFlags::IN)];
+                    let ts = Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 100_000,
+                    };
+                    let _ = poll(&mut pfd, Some(&ts));
+                } else {
+                    std::hint::spin_loop();
+                }
             }
             Err(e) => {
                 shared.lock().tcp_closed(id);
