@@ -34,6 +34,11 @@ pub const PLAIN_TCP: &str = "TCP (std socket)";
 pub fn mode_label(m: Mode) -> String {
     match m {
         Mode::SmcR => SMC_R.to_string(),
+        // smc-rs's own code, which smc-wire's table of Linux codes does not name
+        Mode::Tcp(f) if f.code() == smc::FALLBACK_NO_RENDEZVOUS => format!(
+            "TCP fallback: 0x{:08X} (no SYN-option rendezvous on this host: not root, or no BPF)",
+            f.code()
+        ),
         // "TCP fallback: <reason> (peer: <code>)"
         Mode::Tcp(f) => f.to_string(),
     }

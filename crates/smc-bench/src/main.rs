@@ -15,7 +15,7 @@ mod wire;
 mod workloads;
 
 use clap::Parser;
-use conn::{Transport, SMC_R};
+use conn::Transport;
 use peer::ServerProc;
 use report::{Better, Report, Spec, Target, Workload};
 use serde_json::json;
@@ -287,18 +287,17 @@ fn host_meta(report: &mut Report, plan: &Plan, server_pid: u32) {
 }
 
 /// One connection over each transport before anything is measured: a
-/// fallback stops the run here, not minutes later.
-fn preflight(server: &mut ServerProc) -> Result<Option<Tally>, String> {
-    let mut tally = Tally::new();
-    workloads::pingpong(Transport::Smc, server.smc_port, 1, 10, 0, &mut tally)
+/// fallback stops the run here, not minutes later. True if SMC-R worked.
+fn preflight(server: &mut ServerProc, report: &mut Report) -> Result<bool, String> {
+    let (smc, tcp) = &mut report.preflight;
+    workloads::pingpong(Transport::Smc, server.smc_port, 1, 10, 0, smc)
         .map_err(|e| format!("first SMC connection: {e}"))?;
-    workloads::pingpong(Transport::Tcp, server.tcp_port, 1, 10, 0, &mut Tally::new())
+    workloads::pingpong(Transport::Tcp, server.tcp_port, 1, 10, 0, tcp)
         .map_err(|e| format!("first TCP connection: {e}"))?;
     server
         .quiesce(Duration::from_secs(5))
         .map_err(|e| e.to_string())?;
-    tally.remove(SMC_R);
-    Ok((!tally.is_empty()).then_some(tally))
+    Ok(report.fallbacks().is_empty())
 }
 
 fn run(cli: &Cli) -> Result<ExitCode, String> {
@@ -321,16 +320,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
         server.smc_port,
         server.tcp_port
     );
-    let early_fallback = preflight(&mut server)?;
-    if let Some(f) = &early_fallback {
-        for (k, v) in f {
-            *report
-                .server_accepted
-                .entry(format!("preflight: {k}"))
-                .or_default() += v;
-        }
-    }
-    if early_fallback.is_none() {
+    if preflight(&mut server, &mut report)? {
         measure(&plan, &mut server, &mut report);
     }
     if let Ok(a) = server.accepted() {
@@ -338,10 +328,7 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
     }
     drop(server);
 
-    let fallbacks = match early_fallback {
-        Some(f) => f,
-        None => report.fallbacks(),
-    };
+    let fallbacks = report.fallbacks();
     println!(
         "smc-bench: {} of {} rounds; SMC-R over shm device ({}) vs TCP loopback; two processes; {} CPU(s) allowed: {:?}",
         report.rounds_done,
@@ -583,6 +570,7 @@ fn one_workload(
             }
         }
         Workload::Memory => {
+            // TCP's socket memory is kernel memory: its user-space cost may be 0.
             let mk = |key: &str, label: &str| {
                 Spec::new(
                     format!("memory.{key}"),
@@ -592,6 +580,7 @@ fn one_workload(
                     Better::Lower,
                 )
                 .no_ratio()
+                .tcp_may_be_zero()
             };
             let specs = [
                 mk("first_rss_kib", "first connection, resident"),
@@ -607,13 +596,7 @@ fn one_workload(
                 let r = r?;
                 let vals = [r.first_rss, r.first_mapped, r.each_rss, r.each_mapped];
                 for (s, v) in specs.iter().zip(vals) {
-                    // TCP's socket memory is kernel memory: its user-space cost may be 0.
-                    let s = if t == Transport::Tcp {
-                        s.clone().may_be_zero()
-                    } else {
-                        s.clone()
-                    };
-                    report.add(&s, t, v / 1024.0);
+                    report.add(s, t, v / 1024.0);
                 }
                 server
                     .quiesce(Duration::from_secs(10))

@@ -98,8 +98,11 @@ pub struct Spec {
     pub target: Option<Target>,
     /// SMC/TCP is meaningful (not for memory, where TCP's cost is in the kernel).
     pub ratio: bool,
-    /// Zero is a legitimate value (coarse clocks, kernel-side costs).
-    pub may_be_zero: bool,
+    /// Zero is a legitimate value on the SMC side (coarse clocks).
+    pub smc_zero_ok: bool,
+    /// Zero is a legitimate value on the TCP side (coarse clocks, costs that
+    /// live in the kernel).
+    pub tcp_zero_ok: bool,
 }
 
 impl Spec {
@@ -119,7 +122,8 @@ impl Spec {
             better,
             target: None,
             ratio: true,
-            may_be_zero: false,
+            smc_zero_ok: false,
+            tcp_zero_ok: false,
         }
     }
     /// With a target.
@@ -132,9 +136,15 @@ impl Spec {
         self.ratio = false;
         self
     }
-    /// Zero allowed.
+    /// Zero allowed on both sides.
     pub fn may_be_zero(mut self) -> Spec {
-        self.may_be_zero = true;
+        self.smc_zero_ok = true;
+        self.tcp_zero_ok = true;
+        self
+    }
+    /// Zero allowed on the TCP side.
+    pub fn tcp_may_be_zero(mut self) -> Spec {
+        self.tcp_zero_ok = true;
         self
     }
 }
@@ -182,6 +192,8 @@ fn spread(v: &[f64]) -> Option<f64> {
 pub struct Report {
     figures: Vec<Figure>,
     modes: BTreeMap<Workload, (Tally, Tally)>,
+    /// Modes of the check connections made before measuring (SMC, TCP).
+    pub preflight: (Tally, Tally),
     /// Modes of the connections the server's SMC listener accepted.
     pub server_accepted: Tally,
     /// Facts about the run (settings, host), for the header and the JSON.
@@ -237,7 +249,7 @@ impl Report {
     /// SMC-side connections that did not run SMC-R (and the server's view).
     pub fn fallbacks(&self) -> Tally {
         let mut t = Tally::new();
-        for (smc, _) in self.modes.values() {
+        for (smc, _) in self.modes.values().chain([&self.preflight]) {
             for (k, v) in smc {
                 if k != SMC_R {
                     *t.entry(k.clone()).or_default() += v;
@@ -277,6 +289,13 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let _ = writeln!(
+            o,
+            "  {:<10} {:<38} {}",
+            "preflight",
+            show(&self.preflight.0),
+            show(&self.preflight.1)
+        );
         for (w, (s, t)) in &self.modes {
             let _ = writeln!(o, "  {:<10} {:<38} {}", w.key(), show(s), show(t));
         }
@@ -288,6 +307,10 @@ impl Report {
             );
         }
         let _ = writeln!(o);
+        if self.figures.is_empty() {
+            let _ = writeln!(o, "(nothing measured)");
+            return o;
+        }
         let _ = writeln!(
             o,
             "{:<38} {:>7} {:>11} {:>11} {:>8} {:>8} {:>6} {:>7}",
@@ -364,7 +387,7 @@ impl Report {
                         "label": f.spec.label,
                         "unit": f.spec.unit,
                         "better": match f.spec.better { Better::Lower => "lower", Better::Higher => "higher" },
-                        "may_be_zero": f.spec.may_be_zero,
+                        "zero_ok": { "smc": f.spec.smc_zero_ok, "tcp": f.spec.tcp_zero_ok },
                     });
                     if w == Workload::Reference {
                         j["value"] = side(&f.smc);
@@ -399,6 +422,7 @@ impl Report {
             "meta": self.meta,
             "rounds_done": self.rounds_done,
             "workloads": workloads,
+            "preflight": { "smc": self.preflight.0, "tcp": self.preflight.1 },
             "server_accepted": self.server_accepted,
             "fallbacks": self.fallbacks(),
             "errors": self.errors,
