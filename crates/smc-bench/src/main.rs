@@ -132,7 +132,7 @@ impl Plan {
             } else {
                 (256 << 20, 1 << 30)
             },
-            bounce_iters: if q { 50_000 } else { 1_000_000 },
+            bounce_iters: if q { 50_000 } else { 200_000 },
         }
     }
 }
