@@ -152,11 +152,12 @@ fn dispatch(mut c: Conn, state: &Arc<State>) {
             return;
         }
     };
-    let _ = c.set_read_timeout(None);
     if let Job::Once { req, resp } = h.0 {
+        // still under the 5 s timeout: a vanished client cannot stall accept
         let _ = once(&mut c, req as usize, resp as usize);
         return;
     }
+    let _ = c.set_read_timeout(None);
     state.active.fetch_add(1, Ordering::SeqCst);
     let guard = Active(state.clone());
     let spawned = std::thread::Builder::new()
