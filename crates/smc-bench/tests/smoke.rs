@@ -106,7 +106,8 @@ fn quick_run_measures_every_workload_over_smc_r_and_tcp() {
                 );
             }
             if !f["ratio"].is_null() {
-                positive(&f["ratio"], false, &format!("{key} ratio"));
+                let zero_ok = f["zero_ok"]["smc"].as_bool().unwrap();
+                positive(&f["ratio"], zero_ok, &format!("{key} ratio"));
             }
             if f.get("target").is_some() {
                 assert!(f["pass"].is_boolean(), "{key}: target without verdict");
