@@ -1,0 +1,646 @@
+//! `smc-bench` — SMC-R against TCP loopback, between two processes, interleaved
+//! in one invocation. See this crate's README for the columns.
+//!
+//! The binary re-executes itself as the server (`__serve`) and, for the memory
+//! figures, as a fresh client (`__mem-probe`); those two are internal.
+#![forbid(unsafe_code)]
+
+mod conn;
+mod peer;
+mod reference;
+mod report;
+mod server;
+mod sys;
+mod wire;
+mod workloads;
+
+use clap::Parser;
+use conn::Transport;
+use peer::ServerProc;
+use report::{Better, Report, Spec, Target, Workload};
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use workloads::Tally;
+
+/// Exit status when SMC fell back to TCP (the comparison is meaningless).
+const EXIT_FALLBACK: u8 = 3;
+
+/// SMC-R (SmcStream over the shared-memory RDMA device) against plain TCP
+/// loopback, between two processes, interleaved round by round.
+///
+/// Prints medians over the rounds, the ratio SMC/TCP of each figure, the
+/// issue's target and PASS/MISS, and each connection's mode. Needs root (the
+/// SMC rendezvous loads a BPF program); if SMC falls back to TCP the run says
+/// so and exits with status 3. Exits 0 when everything was measured, whether
+/// the targets were met or not.
+#[derive(Parser, Debug)]
+#[command(name = "smc-bench", version)]
+struct Cli {
+    /// Rounds; each runs every selected workload over SMC-R and over TCP
+    /// (which goes first alternates) [default: 5; with --quick: 2]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    rounds: Option<u32>,
+
+    /// Size of the one-way bulk stream in GiB [default: 4; with --quick: 16 MiB]
+    #[arg(long, value_name = "GIB", conflicts_with = "bulk_mib",
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    bulk_gib: Option<u64>,
+
+    /// Size of the one-way bulk stream in MiB (instead of --bulk-gib)
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    bulk_mib: Option<u64>,
+
+    /// Tiny sizes and short runs, for a smoke test (seconds, not minutes);
+    /// the figures are noisy
+    #[arg(long)]
+    quick: bool,
+
+    /// Run only these workloads (comma-separated)
+    #[arg(long, value_enum, value_name = "WORKLOAD", value_delimiter = ',', num_args = 1..)]
+    only: Vec<Workload>,
+
+    /// Also write every figure (per round and median), the connection modes
+    /// and the settings as JSON to PATH
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+/// Sizes and counts of one invocation.
+#[derive(Debug)]
+struct Plan {
+    rounds: usize,
+    workloads: Vec<Workload>,
+    /// (message size, recorded round trips)
+    pingpong: Vec<(usize, usize)>,
+    rr_conns: usize,
+    rr_size: usize,
+    rr_time: Duration,
+    bulk: u64,
+    bulk_chunk: usize,
+    setup_conns: usize,
+    setup_cap: Duration,
+    mem_conns: usize,
+    memcpy_small: (usize, usize),
+    memcpy_large: (usize, usize),
+    bounce_iters: usize,
+}
+
+impl Plan {
+    fn new(cli: &Cli) -> Plan {
+        let q = cli.quick;
+        let bulk = match (cli.bulk_gib, cli.bulk_mib) {
+            (Some(g), _) => g << 30,
+            (None, Some(m)) => m << 20,
+            (None, None) if q => 16 << 20,
+            (None, None) => 4 << 30,
+        };
+        let mut workloads: Vec<Workload> = if cli.only.is_empty() {
+            Workload::ALL.to_vec()
+        } else {
+            cli.only.clone()
+        };
+        workloads.sort();
+        workloads.dedup();
+        Plan {
+            rounds: cli.rounds.map_or(if q { 2 } else { 5 }, |r| r as usize),
+            workloads,
+            pingpong: if q {
+                vec![(1, 200), (64, 200), (1024, 200), (16384, 100), (65536, 50)]
+            } else {
+                vec![
+                    (1, 5000),
+                    (64, 5000),
+                    (1024, 5000),
+                    (16384, 2000),
+                    (65536, 1000),
+                ]
+            },
+            rr_conns: 10,
+            rr_size: 16384,
+            rr_time: Duration::from_millis(if q { 200 } else { 2000 }),
+            bulk,
+            bulk_chunk: 256 * 1024,
+            setup_conns: if q { 30 } else { 1000 },
+            setup_cap: Duration::from_secs(if q { 3 } else { 10 }),
+            mem_conns: if q { 8 } else { 64 },
+            memcpy_small: (64 << 10, if q { 256 << 20 } else { 2 << 30 }),
+            memcpy_large: if q {
+                (32 << 20, 64 << 20)
+            } else {
+                (256 << 20, 1 << 30)
+            },
+            bounce_iters: if q { 50_000 } else { 200_000 },
+        }
+    }
+}
+
+/// Declares a shared-memory device bound to `lo` in a temporary directory,
+/// as `smc-demo` does, unless `SMC_RDMA_SHM_CONFIG` names one already.
+fn ensure_config() {
+    if std::env::var_os("SMC_RDMA_SHM_CONFIG").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join("smc-bench");
+    let _ = std::fs::create_dir_all(dir.join("run"));
+    let _ = std::fs::create_dir_all(dir.join("conf"));
+    let cfg = dir.join("shm.conf");
+    let _ = std::fs::write(
+        &cfg,
+        format!(
+            "rundir {}\ndevice shm-lo netdev lo\n",
+            dir.join("run").display()
+        ),
+    );
+    // Single-threaded here: nothing else reads the environment concurrently.
+    std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
+    if std::env::var_os("SMC_RS_CONFIG_DIR").is_none() {
+        std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
+    }
+}
+
+fn size_label(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1024 && n.is_multiple_of(1024) {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} B")
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("__serve") => return server::serve(),
+        Some("__mem-probe") => return workloads::mem_probe_main(&args[2..]),
+        _ => {}
+    }
+    let cli = Cli::parse();
+    ensure_config();
+    match run(&cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("smc-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn loud(lines: &[String]) {
+    let bar = "!".repeat(78);
+    eprintln!("\n{bar}");
+    println!("\n{bar}");
+    for l in lines {
+        eprintln!("!!! {l}");
+        println!("!!! {l}");
+    }
+    eprintln!("{bar}\n");
+    println!("{bar}\n");
+}
+
+fn fallback_banner(f: &Tally) {
+    let mut lines = vec![
+        "SMC FELL BACK TO TCP: the \"SMC-R\" column measured TCP, so every SMC/TCP".to_string(),
+        "ratio compares TCP with TCP and means nothing. Connections:".to_string(),
+    ];
+    lines.extend(f.iter().map(|(k, v)| format!("  {v} x {k}")));
+    if !rustix::process::geteuid().is_root() {
+        lines.push("This process is not root: the SMC rendezvous (BPF) needs root.".into());
+    }
+    lines.push(format!(
+        "Device config: SMC_RDMA_SHM_CONFIG={}",
+        std::env::var("SMC_RDMA_SHM_CONFIG").unwrap_or_default()
+    ));
+    loud(&lines);
+}
+
+fn host_meta(report: &mut Report, plan: &Plan, server_pid: u32) {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu_model = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let m = &mut report.meta;
+    m.insert("cpu_model".into(), json!(cpu_model));
+    m.insert(
+        "kernel".into(),
+        json!(read("/proc/sys/kernel/osrelease").trim()),
+    );
+    m.insert(
+        "allowed_cpus".into(),
+        json!(sys::allowed_cpus().unwrap_or_default()),
+    );
+    m.insert("client_pid".into(), json!(std::process::id()));
+    m.insert("server_pid".into(), json!(server_pid));
+    m.insert(
+        "smc_rdma_shm_config".into(),
+        json!(std::env::var("SMC_RDMA_SHM_CONFIG").unwrap_or_default()),
+    );
+    m.insert(
+        "started_unix".into(),
+        json!(std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)),
+    );
+    m.insert("rounds".into(), json!(plan.rounds));
+    m.insert(
+        "workloads".into(),
+        json!(plan.workloads.iter().map(|w| w.key()).collect::<Vec<_>>()),
+    );
+    m.insert(
+        "pingpong".into(),
+        json!(plan
+            .pingpong
+            .iter()
+            .map(|&(s, n)| json!({"size": s, "round_trips": n}))
+            .collect::<Vec<_>>()),
+    );
+    m.insert(
+        "rr".into(),
+        json!({"connections": plan.rr_conns, "request": plan.rr_size,
+               "response": plan.rr_size, "seconds": plan.rr_time.as_secs_f64()}),
+    );
+    m.insert(
+        "bulk".into(),
+        json!({"bytes": plan.bulk, "write_size": plan.bulk_chunk}),
+    );
+    m.insert(
+        "setup".into(),
+        json!({"connections": plan.setup_conns, "cap_seconds": plan.setup_cap.as_secs_f64(),
+               "request": 64, "response": 64}),
+    );
+    m.insert(
+        "memory".into(),
+        json!({"further_connections": plan.mem_conns}),
+    );
+    m.insert(
+        "reference".into(),
+        json!({"memcpy_small": plan.memcpy_small.0, "memcpy_large": plan.memcpy_large.0,
+               "cacheline_round_trips": plan.bounce_iters}),
+    );
+}
+
+/// One connection over each transport before anything is measured: a
+/// fallback stops the run here, not minutes later. True if SMC-R worked.
+fn preflight(server: &mut ServerProc, report: &mut Report) -> Result<bool, String> {
+    let (smc, tcp) = &mut report.preflight;
+    workloads::pingpong(Transport::Smc, server.smc_port, 1, 10, 0, smc)
+        .map_err(|e| format!("first SMC connection: {e}"))?;
+    workloads::pingpong(Transport::Tcp, server.tcp_port, 1, 10, 0, tcp)
+        .map_err(|e| format!("first TCP connection: {e}"))?;
+    server
+        .quiesce(Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    Ok(report.fallbacks().is_empty())
+}
+
+fn run(cli: &Cli) -> Result<ExitCode, String> {
+    let plan = Plan::new(cli);
+    // Fail on an unwritable --json path now, not after the run.
+    let mut json_out = match &cli.json {
+        Some(p) => {
+            Some(std::fs::File::create(p).map_err(|e| format!("--json {}: {e}", p.display()))?)
+        }
+        None => None,
+    };
+    let mut server =
+        ServerProc::start().map_err(|e| format!("cannot start the server process: {e}"))?;
+    let mut report = Report::default();
+    host_meta(&mut report, &plan, server.pid());
+    eprintln!(
+        "smc-bench: client pid {}, server pid {}; SMC on 127.0.0.1:{}, TCP on 127.0.0.1:{}",
+        std::process::id(),
+        server.pid(),
+        server.smc_port,
+        server.tcp_port
+    );
+    if preflight(&mut server, &mut report)? {
+        measure(&plan, &mut server, &mut report);
+    }
+    if let Ok(a) = server.accepted() {
+        report.server_accepted.extend(a);
+    }
+    drop(server);
+
+    let fallbacks = report.fallbacks();
+    println!(
+        "smc-bench: {} of {} rounds; SMC-R over shm device ({}) vs TCP loopback; two processes; {} CPU(s) allowed: {:?}",
+        report.rounds_done,
+        plan.rounds,
+        std::env::var("SMC_RDMA_SHM_CONFIG").unwrap_or_default(),
+        sys::allowed_cpus().map(|c| c.len()).unwrap_or(0),
+        sys::allowed_cpus().unwrap_or_default(),
+    );
+    println!();
+    print!("{}", report.table());
+    println!();
+    println!("ratio = SMC-R median / TCP median; target = the issue's goal for that ratio;");
+    println!("spread = (max - min) / median over rounds, the worse of the two sides.");
+    if let Some(f) = json_out.as_mut() {
+        let doc = serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?;
+        f.write_all(doc.as_bytes())
+            .and_then(|_| f.write_all(b"\n"))
+            .map_err(|e| format!("--json: {e}"))?;
+    }
+    if !fallbacks.is_empty() {
+        fallback_banner(&fallbacks);
+        return Ok(ExitCode::from(EXIT_FALLBACK));
+    }
+    if !report.errors.is_empty() {
+        for e in &report.errors {
+            eprintln!("smc-bench: {e}");
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// All rounds. Stops at the first error or fallback (recorded in `report`).
+fn measure(plan: &Plan, server: &mut ServerProc, report: &mut Report) {
+    for round in 0..plan.rounds {
+        let order = if round % 2 == 0 {
+            [Transport::Smc, Transport::Tcp]
+        } else {
+            [Transport::Tcp, Transport::Smc]
+        };
+        for &w in &plan.workloads {
+            let t0 = Instant::now();
+            let r = one_workload(plan, w, order, server, report).and_then(|_| {
+                server
+                    .quiesce(Duration::from_secs(10))
+                    .map_err(|e| e.to_string())
+            });
+            eprintln!(
+                "round {}/{}: {:<9} {:>6.1} s{}",
+                round + 1,
+                plan.rounds,
+                w.key(),
+                t0.elapsed().as_secs_f64(),
+                match &r {
+                    Ok(()) => String::new(),
+                    Err(e) => format!("  FAILED: {e}"),
+                }
+            );
+            if let Err(e) = r {
+                report
+                    .errors
+                    .push(format!("round {}, {}: {e}", round + 1, w.key()));
+                return;
+            }
+            if !report.fallbacks().is_empty() {
+                report.errors.push(format!(
+                    "round {}, {}: SMC fell back to TCP",
+                    round + 1,
+                    w.key()
+                ));
+                return;
+            }
+        }
+        report.rounds_done += 1;
+    }
+}
+
+fn one_workload(
+    plan: &Plan,
+    w: Workload,
+    order: [Transport; 2],
+    server: &mut ServerProc,
+    report: &mut Report,
+) -> Result<(), String> {
+    let port = |s: &ServerProc, t: Transport| match t {
+        Transport::Smc => s.smc_port,
+        Transport::Tcp => s.tcp_port,
+    };
+    let err = |t: Transport, what: &'static str| {
+        let t = t.key();
+        move |e: std::io::Error| format!("{what} over {t}: {e}")
+    };
+    match w {
+        Workload::Pingpong => {
+            for &(size, iters) in &plan.pingpong {
+                let med = Spec::new(
+                    format!("pingpong.{size}.median_us"),
+                    w,
+                    format!("ping-pong {} RTT median", size_label(size)),
+                    "us",
+                    Better::Lower,
+                );
+                let med = if size == 64 {
+                    med.target(Target::AtMost(0.25))
+                } else {
+                    med
+                };
+                let p99 = Spec::new(
+                    format!("pingpong.{size}.p99_us"),
+                    w,
+                    format!("ping-pong {} RTT p99", size_label(size)),
+                    "us",
+                    Better::Lower,
+                );
+                for t in order {
+                    let mut tally = Tally::new();
+                    let r = workloads::pingpong(
+                        t,
+                        port(server, t),
+                        size,
+                        iters,
+                        (iters / 10).max(10),
+                        &mut tally,
+                    )
+                    .map_err(err(t, "ping-pong"));
+                    report.modes(w, t, &tally);
+                    let r = r?;
+                    report.add(&med, t, r.median_us);
+                    report.add(&p99, t, r.p99_us);
+                    server
+                        .quiesce(Duration::from_secs(10))
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        Workload::Rr => {
+            let spec = Spec::new(
+                "rr.tps".into(),
+                w,
+                format!(
+                    "req/resp {} conns, {} each way",
+                    plan.rr_conns,
+                    size_label(plan.rr_size)
+                ),
+                "trans/s",
+                Better::Higher,
+            )
+            .target(Target::AtLeast(2.5));
+            for t in order {
+                let mut tally = Tally::new();
+                let r = workloads::request_response(
+                    t,
+                    port(server, t),
+                    plan.rr_conns,
+                    plan.rr_size,
+                    plan.rr_time,
+                    &mut tally,
+                )
+                .map_err(err(t, "request/response"));
+                report.modes(w, t, &tally);
+                report.add(&spec, t, r?);
+                server
+                    .quiesce(Duration::from_secs(10))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Workload::Bulk => {
+            let gbps = Spec::new(
+                "bulk.gbps".into(),
+                w,
+                format!("bulk {} one way", size_label(plan.bulk as usize)),
+                "GB/s",
+                Better::Higher,
+            )
+            .target(Target::AtLeast(2.5));
+            let cpu = Spec::new(
+                "bulk.cpu_s_per_gib".into(),
+                w,
+                "CPU per GiB, both processes".into(),
+                "s/GiB",
+                Better::Lower,
+            )
+            .target(Target::AtMost(0.5));
+            let user = Spec::new(
+                "bulk.user_s_per_gib".into(),
+                w,
+                "  of which user (clock ticks)".into(),
+                "s/GiB",
+                Better::Lower,
+            )
+            .may_be_zero();
+            let sys = Spec::new(
+                "bulk.sys_s_per_gib".into(),
+                w,
+                "  of which system (clock ticks)".into(),
+                "s/GiB",
+                Better::Lower,
+            )
+            .may_be_zero();
+            for t in order {
+                let mut tally = Tally::new();
+                let r = workloads::bulk(t, server, plan.bulk, plan.bulk_chunk, &mut tally)
+                    .map_err(err(t, "bulk"));
+                report.modes(w, t, &tally);
+                let r = r?;
+                report.add(&gbps, t, r.gbps);
+                report.add(&cpu, t, r.cpu_s_per_gib);
+                report.add(&user, t, r.user_s_per_gib);
+                report.add(&sys, t, r.sys_s_per_gib);
+                server
+                    .quiesce(Duration::from_secs(10))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Workload::Setup => {
+            let spec = Spec::new(
+                "setup.conn_per_s".into(),
+                w,
+                "connect + 64 B req/resp + close".into(),
+                "conn/s",
+                Better::Higher,
+            )
+            .target(Target::AtLeast(0.5));
+            for t in order {
+                let mut tally = Tally::new();
+                let r = workloads::setup(
+                    t,
+                    port(server, t),
+                    plan.setup_conns,
+                    plan.setup_cap,
+                    &mut tally,
+                )
+                .map_err(err(t, "connection setup"));
+                report.modes(w, t, &tally);
+                report.add(&spec, t, r?);
+                server
+                    .quiesce(Duration::from_secs(10))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Workload::Memory => {
+            // TCP's socket memory is kernel memory: its user-space cost may be 0.
+            let mk = |key: &str, label: &str| {
+                Spec::new(
+                    format!("memory.{key}"),
+                    w,
+                    label.into(),
+                    "KiB",
+                    Better::Lower,
+                )
+                .no_ratio()
+                .tcp_may_be_zero()
+            };
+            let specs = [
+                mk("first_rss_kib", "first connection, resident"),
+                mk("first_mapped_kib", "first connection, mapped"),
+                mk("each_rss_kib", "each further one, resident"),
+                mk("each_mapped_kib", "each further one, mapped"),
+            ];
+            for t in order {
+                let mut tally = Tally::new();
+                let r = workloads::memory(t, port(server, t), plan.mem_conns, &mut tally)
+                    .map_err(err(t, "memory"));
+                report.modes(w, t, &tally);
+                let r = r?;
+                let vals = [r.first_rss, r.first_mapped, r.each_rss, r.each_mapped];
+                for (s, v) in specs.iter().zip(vals) {
+                    report.add(s, t, v / 1024.0);
+                }
+                server
+                    .quiesce(Duration::from_secs(10))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Workload::Reference => {
+            let small = Spec::new(
+                "reference.memcpy_small_gbps".into(),
+                w,
+                format!(
+                    "memcpy {}, one core (in cache)",
+                    size_label(plan.memcpy_small.0)
+                ),
+                "GB/s",
+                Better::Higher,
+            );
+            let large = Spec::new(
+                "reference.memcpy_large_gbps".into(),
+                w,
+                format!(
+                    "memcpy {}, one core (memory)",
+                    size_label(plan.memcpy_large.0)
+                ),
+                "GB/s",
+                Better::Higher,
+            );
+            let bounce = Spec::new(
+                "reference.cacheline_rtt_ns".into(),
+                w,
+                "cache line round trip, 2 pinned cores".into(),
+                "ns",
+                Better::Lower,
+            );
+            let e = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
+            let v = reference::memcpy_gbps(plan.memcpy_small.0, plan.memcpy_small.1)
+                .map_err(e("memcpy"))?;
+            report.add_reference(&small, v);
+            let v = reference::memcpy_gbps(plan.memcpy_large.0, plan.memcpy_large.1)
+                .map_err(e("memcpy"))?;
+            report.add_reference(&large, v);
+            let v = reference::cacheline_rtt_ns(plan.bounce_iters).map_err(e("cache line"))?;
+            report.add_reference(&bounce, v);
+        }
+    }
+    Ok(())
+}

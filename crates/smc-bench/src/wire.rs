@@ -1,0 +1,127 @@
+//! The first bytes a benchmark client sends on every data connection: what the
+//! server should do with it. The same header goes over SMC-R and over TCP.
+
+use std::io::{self, Read};
+
+/// Size of [`Header`] on the wire.
+pub const HEADER_LEN: usize = 24;
+const MAGIC: u32 = 0x534d_4342; // "SMCB"
+
+/// What the server does with a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Job {
+    /// Until end-of-file: read `req` bytes, answer `resp` bytes.
+    Echo {
+        /// Request size.
+        req: u64,
+        /// Response size.
+        resp: u64,
+    },
+    /// Read `total` bytes, answer the count received as 8 bytes (LE), then wait
+    /// for end-of-file.
+    Sink {
+        /// Bytes the client will send.
+        total: u64,
+    },
+    /// One request of `req` bytes, one response of `resp` bytes, then close.
+    Once {
+        /// Request size.
+        req: u64,
+        /// Response size.
+        resp: u64,
+    },
+    /// Send one byte (so the client knows the server holds it), then hold the
+    /// connection, idle, until end-of-file.
+    Idle,
+}
+
+/// A job header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header(pub Job);
+
+impl Header {
+    /// The 24 bytes: magic, kind, two arguments (all little-endian).
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let (kind, a, b) = match self.0 {
+            Job::Echo { req, resp } => (1u32, req, resp),
+            Job::Sink { total } => (2, total, 0),
+            Job::Once { req, resp } => (3, req, resp),
+            Job::Idle => (4, 0, 0),
+        };
+        let mut out = [0u8; HEADER_LEN];
+        out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        out[4..8].copy_from_slice(&kind.to_le_bytes());
+        out[8..16].copy_from_slice(&a.to_le_bytes());
+        out[16..24].copy_from_slice(&b.to_le_bytes());
+        out
+    }
+
+    /// Parses 24 bytes.
+    pub fn decode(b: &[u8; HEADER_LEN]) -> io::Result<Header> {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(x)
+        };
+        if u32_at(0) != MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not a smc-bench job header",
+            ));
+        }
+        let (a, bb) = (u64_at(8), u64_at(16));
+        let job = match u32_at(4) {
+            1 => Job::Echo { req: a, resp: bb },
+            2 => Job::Sink { total: a },
+            3 => Job::Once { req: a, resp: bb },
+            4 => Job::Idle,
+            k => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("unknown job kind {k}"),
+                ))
+            }
+        };
+        // Message sizes are held in memory: refuse absurd ones.
+        if let Job::Echo { req, resp } | Job::Once { req, resp } = job {
+            if req > 1 << 30 || resp > 1 << 30 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "message size above 1 GiB",
+                ));
+            }
+        }
+        Ok(Header(job))
+    }
+
+    /// Reads one header.
+    pub fn read_from(r: &mut impl Read) -> io::Result<Header> {
+        let mut b = [0u8; HEADER_LEN];
+        r.read_exact(&mut b)?;
+        Header::decode(&b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        for j in [
+            Job::Echo {
+                req: 1,
+                resp: 65536,
+            },
+            Job::Sink { total: 4 << 30 },
+            Job::Once { req: 64, resp: 64 },
+            Job::Idle,
+        ] {
+            assert_eq!(Header::decode(&Header(j).encode()).unwrap(), Header(j));
+        }
+        let mut bad = Header(Job::Idle).encode();
+        bad[0] ^= 1;
+        assert!(Header::decode(&bad).is_err());
+    }
+}
