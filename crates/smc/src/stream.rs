@@ -1,6 +1,6 @@
 //! `SmcListener` and `SmcStream`.
 
-use crate::ctx::{self, Shared};
+use crate::ctx::{self, Shared, Want};
 use crate::rendezvous::{rendezvous, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{ConnError, ConnId, ConnStatus};
@@ -271,14 +271,17 @@ impl SmcStream {
 
     fn smc_read(&self, c: &SmcConn, buf: &mut [u8]) -> io::Result<usize> {
         let deadline = Self::timeout(&self.opts.read_timeout);
-        c.shared.run(deadline, self.nonblocking(), |ep| {
-            match ep.read_into(c.id, buf) {
+        c.shared.run(
+            Want::Read(c.id),
+            deadline,
+            self.nonblocking(),
+            |ep| match ep.read_into(c.id, buf) {
                 Ok(0) if buf.is_empty() || ep.peer_done(c.id) => Some(Ok(0)),
                 Ok(0) => None,
                 Ok(n) => Some(Ok(n)),
                 Err(e) => Some(Err(conn_error(e))),
-            }
-        })
+            },
+        )
     }
 
     fn smc_write(&self, c: &SmcConn, buf: &[u8]) -> io::Result<usize> {
@@ -286,13 +289,16 @@ impl SmcStream {
             return Ok(0);
         }
         let deadline = Self::timeout(&self.opts.write_timeout);
-        c.shared.run(deadline, self.nonblocking(), |ep| {
-            match ep.write(c.id, buf) {
+        c.shared.run(
+            Want::Write(c.id),
+            deadline,
+            self.nonblocking(),
+            |ep| match ep.write(c.id, buf) {
                 Ok(0) => None,
                 Ok(n) => Some(Ok(n)),
                 Err(e) => Some(Err(conn_error(e))),
-            }
-        })
+            },
+        )
     }
 
     fn do_read(&self, buf: &mut [u8]) -> io::Result<usize> {
@@ -323,13 +329,16 @@ impl SmcStream {
         match &self.smc {
             Some(c) => {
                 let deadline = Self::timeout(&self.opts.write_timeout);
-                c.shared.run(deadline, self.nonblocking(), |ep| {
-                    match ep.write_oob(c.id, byte) {
+                c.shared.run(
+                    Want::Write(c.id),
+                    deadline,
+                    self.nonblocking(),
+                    |ep| match ep.write_oob(c.id, byte) {
                         Ok(true) => Some(Ok(())),
                         Ok(false) => None,
                         Err(e) => Some(Err(conn_error(e))),
-                    }
-                })
+                    },
+                )
             }
             None => {
                 rustix::net::send(&self.tcp, &[byte], rustix::net::SendFlags::OOB)?;
