@@ -405,6 +405,9 @@ impl Shared {
 struct Context {
     provider: Option<ShmProvider>,
     endpoints: Mutex<HashMap<String, Arc<Shared>>>,
+    /// Recent device choices per local address (see [`endpoint_for`]).
+    #[allow(clippy::type_complexity)]
+    selection: Mutex<HashMap<IpAddr, (Instant, Option<Arc<Shared>>)>>,
 }
 
 fn origin() -> Instant {
@@ -424,6 +427,7 @@ fn context() -> &'static Context {
         // it this process has no SMC device and its connections decline.
         provider: ShmProvider::from_env().ok(),
         endpoints: Mutex::new(HashMap::new()),
+        selection: Mutex::new(HashMap::new()),
     })
 }
 
@@ -487,6 +491,25 @@ pub(crate) fn interface_of(local: IpAddr) -> Option<(String, Vec<IfAddr>)> {
 /// declines with "no SMC device").
 pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
     let ctx = context();
+    // Device selection reads the pnet table, the interface list (netlink) and
+    // the ports; a connection-per-request client would redo that for every
+    // connection, so the choice per local address is kept for a second (a
+    // changed pnet table or port state takes effect within that second).
+    let mut cache = ctx.selection.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((at, choice)) = cache.get(&local) {
+        if at.elapsed() < SELECTION_TTL {
+            return choice.clone();
+        }
+    }
+    let choice = select_endpoint(ctx, local);
+    cache.insert(local, (Instant::now(), choice.clone()));
+    choice
+}
+
+/// How long a device choice for a local address is reused.
+const SELECTION_TTL: Duration = Duration::from_secs(1);
+
+fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
     let provider = ctx.provider.as_ref()?;
     let (ifname, if_addrs) = interface_of(local)?;
     let base = base_netdev(Path::new("/sys/class/net"), &ifname);
