@@ -698,6 +698,10 @@ impl<P: Provider> Endpoint<P> {
                             | HandshakePhase::ClientRkey
                             | HandshakePhase::ServerRkey,
                         ) => self.decline(id, v, DeclineCode::TimeoutCl),
+                        // The Confirm would find no link to run on.
+                        Some(HandshakePhase::AwaitConfirm) => {
+                            self.decline(id, v, DeclineCode::ErrRdyLnk)
+                        }
                         Some(HandshakePhase::Smc) => {
                             if let Some(c) = self.conn(id) {
                                 c.closer.handle(CloseEvent::Kill { can_send: false });
