@@ -690,6 +690,13 @@ impl<P: Provider> Endpoint<P> {
                 let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
                 for id in ids {
                     let phase = self.conn(id).map(|c| c.phase.kind());
+                    let first_contact = matches!(
+                        self.conn(id).map(|c| &c.phase),
+                        Some(Phase::AwaitConfirm {
+                            first_contact: true,
+                            ..
+                        })
+                    );
                     match phase {
                         // The first-contact link never came up: decline and fall back
                         // (Linux: TIMEOUT_CL after the CONFIRM_LINK wait).
@@ -698,8 +705,11 @@ impl<P: Provider> Endpoint<P> {
                             | HandshakePhase::ClientRkey
                             | HandshakePhase::ServerRkey,
                         ) => self.decline(id, v, DeclineCode::TimeoutCl),
-                        // The Confirm would find no link to run on.
-                        Some(HandshakePhase::AwaitConfirm) => {
+                        // First contact: the Confirm would find no link to run
+                        // on, and the client (in AwaitLink) falls back with us. On a
+                        // reused group the client is established once it sent its
+                        // Confirm: the Confirm establishes ours and the kill follows.
+                        Some(HandshakePhase::AwaitConfirm) if first_contact => {
                             self.decline(id, v, DeclineCode::ErrRdyLnk)
                         }
                         Some(HandshakePhase::Smc) => {
