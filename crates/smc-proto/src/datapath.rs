@@ -229,6 +229,9 @@ pub struct DataPath {
     close_requested: CloseFlags,
     /// Absolute offset of our urgent byte not yet announced as present.
     tx_urgent: Option<u64>,
+    /// A CDC has told the peer that urgent data is pending (urg_data_pending):
+    /// while the byte cannot be written, no further CDC is needed for it.
+    tx_urgent_announced: bool,
     cdc_wanted: bool,
     // --- receiving (§3.4) ---
     rx_prod: u64,
@@ -262,6 +265,7 @@ impl DataPath {
             close_flags: CloseFlags::NONE,
             close_requested: CloseFlags::NONE,
             tx_urgent: None,
+            tx_urgent_announced: false,
             cdc_wanted: false,
             rx_prod: 0,
             rx_cons: 0,
@@ -315,6 +319,7 @@ impl DataPath {
             return false;
         }
         self.tx_urgent = Some(self.tx_prep - 1);
+        self.tx_urgent_announced = false;
         true
     }
 
@@ -353,6 +358,15 @@ impl DataPath {
         self.close_requested = f;
         if f.abort {
             self.tx_prep = self.tx_sent;
+            self.drop_unsent_urgent();
+        }
+    }
+
+    /// An urgent byte that will never be written (discarded with the unsent
+    /// data) is no longer pending: it must not keep asking for CDCs.
+    fn drop_unsent_urgent(&mut self) {
+        if self.tx_urgent.is_some_and(|u| u >= self.tx_prep) {
+            self.tx_urgent = None;
         }
     }
 
@@ -362,6 +376,7 @@ impl DataPath {
     pub fn discard_unsent(&mut self) -> usize {
         let n = self.unsent();
         self.tx_prep = self.tx_sent;
+        self.drop_unsent_urgent();
         n
     }
 
@@ -409,7 +424,7 @@ impl DataPath {
         }
         let blocked = blocked && to_send > 0;
         let consumer_update = self.consumer_update_due();
-        let urgent_news = self.tx_urgent.is_some();
+        let urgent_news = self.tx_urgent.is_some() && !self.tx_urgent_announced;
         let blocked_changed = blocked != self.write_blocked_sent;
         // A requested close can go out once nothing written before it is unsent.
         let close_due = self.close_flags != self.close_requested
@@ -463,6 +478,7 @@ impl DataPath {
         let mut urgent_announced = None;
         if let Some(u) = self.tx_urgent {
             prod_flags.insert(ProducerFlags::URG_DATA_PENDING);
+            self.tx_urgent_announced = true;
             if self.tx_sent == u + 1 {
                 prod_flags.insert(ProducerFlags::URG_DATA_PRESENT);
                 self.tx_urgent = None;
@@ -543,9 +559,11 @@ impl DataPath {
                 self.tx_urgent = Some(u);
             }
         }
+        self.tx_urgent_announced = false;
         // An abort discards unsent data; it must not come back through the rewind.
         if self.close_requested.abort {
             self.tx_prep = self.tx_sent;
+            self.drop_unsent_urgent();
         }
         self.tx_prep = self.tx_prep.max(self.tx_sent);
         self.write_blocked_sent = false;
@@ -1052,5 +1070,27 @@ mod tests {
         );
         assert_eq!(b.unread(), 5, "a validation is never data");
         assert!(b.on_cdc(&CdcMessage::failover_validation(1, 0)).is_ok());
+    }
+
+    #[test]
+    fn a_pending_urgent_byte_is_announced_once_and_dropped_by_an_abort() {
+        let mut a = DataPath::new(cfg(32768, 16384, 16384));
+        // the peer's window is full: the urgent byte cannot be written yet
+        a.produced(16384);
+        a.poll_tx().unwrap();
+        a.produced(1);
+        assert!(a.mark_urgent());
+        let b = a.poll_tx().unwrap();
+        assert!(b.writes.is_empty() && b.cdc.prod_flags.urg_data_pending());
+        assert!(a.poll_tx().is_none(), "announced once, not on every poll");
+        // an abort discards it: no CDC storm for a byte that will never go
+        a.set_close_flags(CloseFlags {
+            done_writing: false,
+            closed: false,
+            abort: true,
+        });
+        assert!(!a.urgent_pending());
+        assert!(a.poll_tx().unwrap().cdc.conn_flags.peer_conn_abort());
+        assert!(a.poll_tx().is_none());
     }
 }
