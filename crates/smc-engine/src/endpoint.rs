@@ -1420,14 +1420,21 @@ impl<P: Provider> Endpoint<P> {
                 match self.pick_link(l, row, Some(slot)) {
                     Some(to) => self.failover(id, to),
                     // No link has the peer's rkey for this RMB: it cannot be
-                    // written any more. Abort; the abort CDC needs no rkey.
+                    // written any more. Abort; the abort CDC needs no rkey and
+                    // goes out whatever the close state (a close CDC it may have
+                    // owed could not go out either).
                     None => {
                         let to = self.pick_link(l, None, Some(slot));
                         if let Some(c) = self.conn(id) {
                             c.link = to;
-                            let o = c.closer.handle(CloseEvent::Kill { can_send: true });
-                            if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
-                                dp.set_close_flags(f);
+                            c.closer.handle(CloseEvent::Kill { can_send: true });
+                            if let Some(dp) = c.dp.as_mut() {
+                                dp.failover_rewind();
+                                dp.set_close_flags(CloseFlags {
+                                    done_writing: false,
+                                    closed: false,
+                                    abort: true,
+                                });
                             }
                         }
                     }
@@ -1699,14 +1706,16 @@ impl<P: Provider> Endpoint<P> {
                 else {
                     break;
                 };
-                // the peer RMB's rkey and address on this link (§3.2 step 4)
-                let Some((rkey, base)) = lg
+                // the peer RMB's rkey and address on this link (§3.2 step 4);
+                // without one only a CDC can go (nothing left to write)
+                let rtoken = lg
                     .group
                     .rtoken(peer.row)
-                    .and_then(|t| t.get(slot).copied().flatten())
-                else {
+                    .and_then(|t| t.get(slot).copied().flatten());
+                if rtoken.is_none() && dp.unsent() > 0 {
                     break;
-                };
+                }
+                let (rkey, base) = rtoken.unwrap_or_default();
                 let Some(batch) = dp.poll_tx() else {
                     break;
                 };
@@ -2133,22 +2142,26 @@ impl<P: Provider> Endpoint<P> {
     /// accept the other's offer with [`Self::extra_link_accept`]; the
     /// CONFIRM_LINK exchange then runs on the new link, and once it is active new
     /// connections may be assigned to it and failed links' connections move to it.
+    ///
+    /// Offer only when [`Self::extra_link_ready`] holds on both ends: the rkey
+    /// list is taken now, so no rkey flow may be under way (Linux's ADD_LINK
+    /// flow excludes them, §1.6); CONFIRM_RKEY flows wait until the new link is
+    /// confirmed and then announce their RMB for it too.
     #[doc(hidden)]
     pub fn extra_link_offer(&mut self, l: LgrId) -> Result<LinkOffer> {
         let mtu = self.dev.query_port(1)?.active_mtu;
         let bad = |m: &str| smc_rdma::Error::InvalidArgument(m.into());
+        if !self.extra_link_ready(l) {
+            return Err(bad("link group not ready for a further link"));
+        }
         let lg = self
             .lgrs
             .get_mut(l)
             .and_then(Option::as_mut)
             .ok_or_else(|| bad("no link group"))?;
-        if !lg.state.accepts_connections() || lg.group.is_terminated() {
-            return Err(bad("link group not active"));
-        }
         let slot = lg
             .group
             .free_slot()
-            .filter(|&s| lg.links.get(s).is_some_and(Option::is_none))
             .ok_or_else(|| bad("no free link slot"))?;
         let mut res: LinkRes<P> = LinkRes::new(&self.dev, &lg.pd)?;
         if lg.role == Role::Server {
@@ -2171,6 +2184,24 @@ impl<P: Provider> Endpoint<P> {
         };
         lg.links[slot] = Some(res);
         Ok(offer)
+    }
+
+    /// Test and simulation only: a further link may be offered now — the group
+    /// is active, has a free slot, no link is being added and no rkey flow is
+    /// running or queued.
+    #[doc(hidden)]
+    pub fn extra_link_ready(&self, l: LgrId) -> bool {
+        self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
+            lg.state.accepts_connections()
+                && !lg.group.is_terminated()
+                && !lg.group.adding_link()
+                && !lg.group.local_flow_busy()
+                && lg.rkey_queue.is_empty()
+                && lg
+                    .group
+                    .free_slot()
+                    .is_some_and(|s| lg.links.get(s).is_some_and(Option::is_none))
+        })
     }
 
     /// Test and simulation only: connects the link prepared by
@@ -2227,10 +2258,34 @@ impl<P: Provider> Endpoint<P> {
     /// Debug dump of a connection's data path and close state.
     pub fn debug_conn(&self, id: ConnId) -> String {
         match self.conns.get(id).and_then(Option::as_ref) {
-            Some(c) => format!(
-                "token {} lgr {:?} link {:?} {:?} {:?} {:?}",
-                c.token, c.lgr, c.link, c.phase, c.closer, c.dp
-            ),
+            Some(c) => {
+                let lg = c.lgr.and_then(|l| self.lgrs.get(l)?.as_ref());
+                let rtoken = c.peer_rmb.and_then(|p| lg?.group.rtoken(p.row).copied());
+                let sends: Vec<usize> = lg
+                    .map(|lg| {
+                        lg.links
+                            .iter()
+                            .flatten()
+                            .map(|r| r.sends_in_flight)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "token {} lgr {:?} link {:?} move_to {:?} validation {} peer rtoken {:?} \
+                     usable {:?} sends in flight {:?} {:?} {:?} {:?}",
+                    c.token,
+                    c.lgr,
+                    c.link,
+                    c.move_to,
+                    c.validation.is_some(),
+                    rtoken,
+                    lg.map(|lg| lg.group.active_slots().collect::<Vec<_>>()),
+                    sends,
+                    c.phase,
+                    c.closer,
+                    c.dp
+                )
+            }
             None => "gone".into(),
         }
     }

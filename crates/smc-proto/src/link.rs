@@ -541,7 +541,10 @@ impl LinkGroup {
     /// Starts a CONFIRM_RKEY flow announcing our new RMB (§1.11): entry 0 for the
     /// link in `slot`, the other entries for our other active links
     /// (`others`: (slot, rkey, vaddr)). `tag` comes back in [`LgrOutput::RkeyFlowDone`].
-    /// Returns false if another local flow is running (the caller retries later).
+    /// Returns false if another local flow is running, or a further link is
+    /// being added (the caller retries later): Linux's ADD_LINK flow holds the
+    /// flow slot until the new link is confirmed (§1.6), so every RMB is either
+    /// in the new link's rkey exchange or announced afterwards for it too.
     pub fn start_confirm_rkey(
         &mut self,
         slot: usize,
@@ -551,7 +554,7 @@ impl LinkGroup {
         tag: u64,
         now: Timestamp,
     ) -> bool {
-        if self.local_flow.is_some() || self.terminated.is_some() {
+        if self.local_flow.is_some() || self.terminated.is_some() || self.adding_link() {
             return false;
         }
         let others: Vec<LinkRtoken> = others
@@ -572,6 +575,19 @@ impl LinkGroup {
             deadline: now + llc::WAIT_TIME,
         });
         true
+    }
+
+    /// A further link is being added (ACTIVATING, not the first contact's).
+    pub fn adding_link(&self) -> bool {
+        self.links
+            .iter()
+            .flatten()
+            .any(|l| l.state == LinkState::Activating && !l.first_contact)
+    }
+
+    /// One of our LLC request flows is waiting for its response (§1.6).
+    pub fn local_flow_busy(&self) -> bool {
+        self.local_flow.is_some()
     }
 
     /// Starts a DELETE_RKEY flow for our released RMB (its rkey on `slot`).
