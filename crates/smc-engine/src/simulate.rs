@@ -24,6 +24,12 @@
 //! * every connection, RMB, send buffer and link group is released at the end
 //!   (the idle link groups expire as in Linux).
 //!
+//! Spec: the behaviour checked is that of `protocol-clc.md` §4 (handshakes,
+//! fallback) and `protocol-llc-cdc.md` §1.7–§1.11 (links, LLC flows), §2–§3 (CDC
+//! and data transfer, urgent data), §5 (close and abort), §5.6 (idle groups), §6
+//! (link groups, reuse) and §7 (link failure, failover, the last link lost); the
+//! faults are those of §7.1 as the `sim` fabric models them.
+//!
 //! `smc-sim run --seeds N` runs many seeds; `smc-sim replay SEED` prints the
 //! event trace of one.
 

@@ -1,9 +1,10 @@
 //! Data transfer of one connection: send buffer, peer RMBE, local RMBE, CDC cursors.
 //!
-//! Spec: `protocol-llc-cdc.md` §2 (CDC fields, seqno rules, cursor monotonicity)
-//! and §3 (sender state §3.1, what and where to write §3.2, when to stop §3.3,
-//! receive side and consumer-cursor updates §3.4), matching Linux `smc_tx.c`,
-//! `smc_rx.c` and `smc_cdc.c`.
+//! Spec: `protocol-llc-cdc.md` §2 (CDC fields, seqno rules, cursor monotonicity,
+//! §2.4 failover validation), §3 (sender state §3.1, what and where to write
+//! §3.2, when to stop §3.3, receive side and consumer-cursor updates §3.4, urgent
+//! data §3.5) and §7.2 (the sender's rewind when its connection changes link),
+//! matching Linux `smc_tx.c`, `smc_rx.c` and `smc_cdc.c`.
 //!
 //! Internally every position is an absolute byte count (`u64`, never wraps in
 //! practice); wire cursors (`wrap:count` in a ring) are derived from them when a

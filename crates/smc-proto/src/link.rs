@@ -2,10 +2,12 @@
 //! sends and expects answers to, rkey flows, TEST_LINK keepalive, DELETE_LINK.
 //!
 //! Spec: `protocol-llc-cdc.md` §1.5 (timers), §1.6 (LLC flow serialization), §1.7
-//! (first-contact link setup), §1.9 (DELETE_LINK), §1.10 (keepalive), §1.11
-//! (CONFIRM_RKEY / DELETE_RKEY), §6 (link group model), §9 (which link carries
-//! what), §11 (interop notes: what a Linux peer expects); captures README §8
-//! (ADD_LINK reject shape on v2, double DELETE_LINK ALL).
+//! (first-contact link setup), §1.8 step 6–7 (a further link's rkeys and its
+//! CONFIRM_LINK), §1.9 (DELETE_LINK), §1.10 (keepalive), §1.11 (CONFIRM_RKEY /
+//! DELETE_RKEY), §6 (link group model), §7.2–§7.3 (a link fails: survivors carry
+//! on, the last one ends the group), §9 (which link carries what), §11 (interop
+//! notes: what a Linux peer expects); captures README §8 (ADD_LINK reject shape on
+//! v2, double DELETE_LINK ALL).
 //!
 //! A [`LinkGroup`] holds up to three link slots (Linux `SMC_LINKS_PER_LGR_MAX`); the
 //! engine never assumes a single link. This version does not yet *negotiate* a
