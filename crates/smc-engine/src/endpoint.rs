@@ -11,8 +11,8 @@
 //! carries what). The protocol decisions are smc-proto's ([`negotiate`],
 //! [`LinkGroup`], [`DataPath`], [`Closer`]); the life cycles are the explicit
 //! [`LgrState`] and [`HandshakePhase`] of [`crate::state`]; this module owns the
-//! provider objects and wires them together. [`link`] holds one link's provider
-//! objects.
+//! provider objects and wires them together; `endpoint/link.rs` holds one
+//! link's provider objects.
 //!
 //! The TCP connection that carries CLC is the caller's: it feeds received bytes to
 //! [`Endpoint::clc_input`] and sends what [`Endpoint::clc_output`] returns. Time is
@@ -56,7 +56,7 @@
 //! come only from [`Endpoint::extra_link_offer`] / [`Endpoint::extra_link_accept`],
 //! which tests and the simulation use between two of our endpoints; one device
 //! per endpoint, so all links of a group share its port; the links of a group
-//! share one protection domain (see [`link`]).
+//! share one protection domain (see `endpoint/link.rs`).
 //!
 //! [`negotiate`]: smc_proto::negotiate
 
@@ -227,7 +227,7 @@ enum RkeyFlow {
 const DELETE_TAG: u64 = 1 << 63;
 
 struct Lgr<P: Provider> {
-    /// One protection domain for all links of the group (see [`link`]).
+    /// One protection domain for all links of the group (see `endpoint/link.rs`).
     pd: P::Pd,
     /// Provider objects of each link, by smc-proto link slot. A slot holds
     /// objects while smc-proto's slot holds the link, and briefly before: a
