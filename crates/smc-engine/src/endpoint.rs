@@ -592,7 +592,7 @@ impl<P: Provider> Endpoint<P> {
                 self.client_on_accept(id, &proposal, a, now)
             }
             (Some(Phase::AwaitProposal { .. }), ClcMessage::Proposal(p)) => {
-                self.server_on_proposal(id, p, now, true)
+                self.server_on_proposal(id, p, now, Some(now + LGR_PENDING_WAIT))
             }
             (
                 Some(Phase::AwaitConfirm {
@@ -1052,7 +1052,15 @@ impl<P: Provider> Endpoint<P> {
 
     // --------------------------------------------------------------- server
 
-    fn server_on_proposal(&mut self, id: ConnId, p: Proposal, now: Timestamp, wait: bool) {
+    /// `park_until`: how long the Proposal may wait for a first contact with the
+    /// same peer that is still running (`None`: no waiting).
+    fn server_on_proposal(
+        &mut self,
+        id: ConnId,
+        p: Proposal,
+        now: Timestamp,
+        park_until: Option<Timestamp>,
+    ) {
         let dversion = negotiate::decline_version(&p);
         let choice: ServerChoice = match negotiate::server_choose(&p, &self.caps()) {
             Ok(c) => c,
@@ -1092,14 +1100,16 @@ impl<P: Provider> Endpoint<P> {
             lg.as_ref()
                 .is_some_and(|lg| same_peer(lg) && lg.state.first_contact_pending())
         });
-        if reuse.is_none() && pending && wait {
-            if let Some(c) = self.conn(id) {
-                c.phase = Phase::AwaitLgr {
-                    proposal: Box::new(p),
-                    deadline: now + LGR_PENDING_WAIT,
-                };
+        if let (None, true, Some(deadline)) = (reuse, pending, park_until) {
+            if now < deadline {
+                if let Some(c) = self.conn(id) {
+                    c.phase = Phase::AwaitLgr {
+                        proposal: Box::new(p),
+                        deadline,
+                    };
+                }
+                return;
             }
-            return;
         }
         match reuse {
             Some(l) => {
@@ -1308,22 +1318,15 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// A Proposal waiting for a first contact with the same peer
-    /// ([`HandshakePhase::AwaitLgr`]) goes on once that first contact ended
-    /// (the group is usable or gone) or the wait is over.
+    /// ([`HandshakePhase::AwaitLgr`]) is decided again: it joins the group once
+    /// that is usable, waits on while the first contact runs, and makes its own
+    /// first contact when that failed or the wait is over.
     fn retry_parked(&mut self, id: ConnId, now: Timestamp) {
         let Some(Phase::AwaitLgr { proposal, deadline }) = self.conn(id).map(|c| c.phase.clone())
         else {
             return;
         };
-        let still_pending = self.lgrs.iter().flatten().any(|lg| {
-            lg.role == Role::Server
-                && lg.state.first_contact_pending()
-                && !lg.group.is_terminated()
-                && lg.peer_system_id == proposal.peer_id
-        });
-        if !still_pending || now >= deadline {
-            self.server_on_proposal(id, *proposal, now, !still_pending);
-        }
+        self.server_on_proposal(id, *proposal, now, Some(deadline));
     }
 
     fn pump_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
