@@ -3,35 +3,80 @@
 //!
 //! Spec: `protocol-clc.md` §4 (client and server flows, first contact vs reuse,
 //! version negotiation, timeouts), `protocol-llc-cdc.md` §1.7 (first-contact link),
-//! §1.11 (CONFIRM_RKEY before the Accept / Confirm of a reused group), §6 (link
-//! group reuse rules, at most `max_conns` connections per group), §9 (which link
+//! §1.9 (DELETE_LINK), §1.11 (CONFIRM_RKEY before the Accept / Confirm of a reused
+//! group, DELETE_RKEY on release), §2.4 (failover validation CDC), §3.2 (writes
+//! and their CDC on one QP), §4.4 (buffer pools), §5.2 and §5.6 (close drain, idle
+//! groups), §6 (link groups and links, reuse rules, connection → link assignment,
+//! at most `max_conns` connections per group), §7 (link failover), §9 (which link
 //! carries what). The protocol decisions are smc-proto's ([`negotiate`],
-//! [`LinkGroup`], [`DataPath`], [`Closer`]); this module owns the provider objects
-//! and wires them together.
+//! [`LinkGroup`], [`DataPath`], [`Closer`]); the life cycles are the explicit
+//! [`LgrState`] and [`HandshakePhase`] of [`crate::state`]; this module owns the
+//! provider objects and wires them together; `endpoint/link.rs` holds one
+//! link's provider objects.
 //!
 //! The TCP connection that carries CLC is the caller's: it feeds received bytes to
 //! [`Endpoint::clc_input`] and sends what [`Endpoint::clc_output`] returns. Time is
 //! passed in; nothing here blocks or spawns threads.
 //!
-//! Limits of this version (later issues): one device and one link per group (an
-//! ADD_LINK is rejected), RMBs are freed with their connection rather than pooled,
-//! urgent data is not supported.
+//! # Links
+//!
+//! A link group holds up to three links (`SMC_LINKS_PER_LGR_MAX`), each with its
+//! own QP, CQs, receive buffers, PSN, peer QPN/GID and send bookkeeping, indexed by
+//! smc-proto's link slot. Every connection is assigned to one link: the server
+//! picks the usable link with the fewest connections (Linux alternates between its
+//! two links, which is the same for two), its CLC Accept names that link's QP, and
+//! the client takes the link whose peer QPN and GID the Accept names (§6). A
+//! connection's CDCs and RDMA WRITEs go over its link (§9) with that link's rkey
+//! for the peer RMB; CDCs are accepted on any link of the group; LLC responses go
+//! on the link of the request; completions are attributed to the link whose CQ
+//! they came from.
+//!
+//! A connection changes link in two ways:
+//!
+//! * [`Endpoint::move_connection`] (both links healthy): the connection stops
+//!   sending on the old link, waits until none of its CDCs is in flight there
+//!   (their completions prove that the CDCs and the WRITEs before them arrived),
+//!   then continues on the new link. Nothing is resent, and no WRITE of the old
+//!   link can land after a newer one of the new link (RC orders a QP, not two).
+//! * Failover (its link went down and another is usable, §7.2): what the dead
+//!   link still completed or received is processed, then the sender rewinds to
+//!   the last CDC whose completion it saw ([`DataPath::failover_rewind`]), sends
+//!   the failover validation CDC on the new link and writes everything after that
+//!   point again, to the same RMB offsets, followed by CDCs whose seqnos continue.
+//!   Completions of the old link's CDCs are ignored from then on; its QP is
+//!   stopped and its slot freed; the peer is told with DELETE_LINK (smc-proto).
+//!   The receiving side drops stale seqnos and aborts a connection whose
+//!   validation shows loss (§2.4).
+//!
+//! With no usable link left the group terminates and its connections are aborted
+//! (`ECONNABORTED`, or the peer's reset), as before.
+//!
+//! Limits of this version (later issues): ADD_LINK is not negotiated — a peer's
+//! ADD_LINK is rejected and CONFIRM_LINK advertises one link — so further links
+//! come only from [`Endpoint::extra_link_offer`] / [`Endpoint::extra_link_accept`],
+//! which tests and the simulation use between two of our endpoints; one device
+//! per endpoint, so all links of a group share its port; the links of a group
+//! share one protection domain (see `endpoint/link.rs`).
 //!
 //! [`negotiate`]: smc_proto::negotiate
 
+mod link;
+
+use crate::state::{HandshakePhase, LgrAction, LgrEvent, LgrState};
+use link::{LinkRes, WrKind, MAX_SENDS, RECV_SLOT_LEN};
 use smc_proto::clc_stream::{self, ClcReader, FailReason, HandshakeEnd};
 use smc_proto::close::{CloseEvent, CloseFlags, CloseState, Closer};
 use smc_proto::datapath::{DataPath, DataPathConfig, Violation};
-use smc_proto::link::{LgrConfig, LgrOutput, LinkGroup, LocalPort, PeerPort, Role};
+use smc_proto::link::{LgrConfig, LgrOutput, LinkGroup, LinkState, PeerPort, Role, LINK_SLOTS};
 use smc_proto::negotiate::{
     self, ClientAgreement, IfAddr, LocalCapabilities, RoceV1Port, ServerChoice,
 };
 use smc_proto::Timestamp;
 use smc_rdma::{
-    Access, CompletionChannel, CompletionQueue, Device, MemoryRegion, Payload, ProtectionDomain,
-    Provider, QpCap, QpModify, QpState, QueuePair, RecvWr, RemoteMr, RemoteQp, SendOp, SendWr,
-    WcStatus, WorkCompletion,
+    Access, AsyncEvent, CompletionChannel, CompletionQueue, Device, MemoryRegion, ProtectionDomain,
+    Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
 };
+use smc_wire::cdc::CdcMessage;
 use smc_wire::clc::{
     AcceptConfirm, AcceptConfirmKind, ClcMessage, ClcType, Decline, DeclineCode, FceV2x,
     FirstContactExt, Proposal, CLC_WAIT_TIME, OS_LINUX, SMC_V1, SMC_V2,
@@ -39,22 +84,20 @@ use smc_wire::clc::{
 use smc_wire::llc::LlcVersion;
 use smc_wire::types::{Eid, Gid, Mac, RmbeSize, SystemId};
 use smc_wire::WrMessage;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 use std::time::Duration;
 
-/// Receive buffers posted per link (Linux: 3 × 16 = 48).
-const RECV_SLOTS: usize = 48;
-/// Bytes per receive buffer (SMC-Rv2 LLC messages are up to 8 KiB).
-const RECV_SLOT_LEN: usize = 8192;
-/// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
-const MAX_SENDS: usize = 16;
 /// How long after the TCP connection ended a close CDC may still arrive before
 /// the peer is taken for dead.
 pub const PEER_GONE_GRACE: Duration = Duration::from_secs(1);
 /// Longest wait for the send buffer to drain before a close (Linux
 /// `SMC_MAX_STREAM_WAIT_TIMEOUT`).
 const MAX_STREAM_WAIT: Duration = Duration::from_secs(2);
+/// Longest time a server's Proposal waits for a first contact with the same peer
+/// to finish ([`HandshakePhase::AwaitLgr`]) before it makes its own: half the
+/// client's wait for the Accept, so that the Accept still comes in time.
+const LGR_PENDING_WAIT: Duration = Duration::from_secs(3);
 
 /// Handle of a connection.
 pub type ConnId = usize;
@@ -136,6 +179,10 @@ enum Phase {
     AwaitProposal {
         deadline: Timestamp,
     },
+    AwaitLgr {
+        proposal: Box<Proposal>,
+        deadline: Timestamp,
+    },
     ServerRkey {
         accept: Box<AcceptConfirm>,
         version: u8,
@@ -151,6 +198,22 @@ enum Phase {
     Done(ConnStatus),
 }
 
+impl Phase {
+    fn kind(&self) -> HandshakePhase {
+        match self {
+            Phase::AwaitAccept { .. } => HandshakePhase::AwaitAccept,
+            Phase::ClientRkey { .. } => HandshakePhase::ClientRkey,
+            Phase::AwaitProposal { .. } => HandshakePhase::AwaitProposal,
+            Phase::AwaitLgr { .. } => HandshakePhase::AwaitLgr,
+            Phase::ServerRkey { .. } => HandshakePhase::ServerRkey,
+            Phase::AwaitConfirm { .. } => HandshakePhase::AwaitConfirm,
+            Phase::AwaitLink => HandshakePhase::AwaitLink,
+            Phase::Smc => HandshakePhase::Smc,
+            Phase::Done(_) => HandshakePhase::Done,
+        }
+    }
+}
+
 /// An rkey flow waiting for the link group's LLC flow slot (§1.6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RkeyFlow {
@@ -163,30 +226,22 @@ enum RkeyFlow {
 /// Flow tags: confirm flows carry the connection id, delete flows this bit.
 const DELETE_TAG: u64 = 1 << 63;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WrKind {
-    Llc,
-    Cdc(ConnId, u16),
-}
-
 struct Lgr<P: Provider> {
+    /// One protection domain for all links of the group (see `endpoint/link.rs`).
     pd: P::Pd,
-    scq: P::Cq,
-    rcq: P::Cq,
-    qp: P::Qp,
-    recv: P::Mr,
-    psn: u32,
+    /// Provider objects of each link, by smc-proto link slot. A slot holds
+    /// objects while smc-proto's slot holds the link, and briefly before: a
+    /// further link offered and not yet accepted.
+    links: [Option<LinkRes<P>>; LINK_SLOTS],
+    state: LgrState,
     group: LinkGroup,
     role: Role,
     version: u8,
     peer_system_id: SystemId,
+    /// The peer GID of the CLC exchange that created the group (reuse and
+    /// first-contact serialization match on it, §6).
     peer_gid: Gid,
-    peer_qpn: u32,
-    connected: bool,
     tokens: BTreeMap<u32, ConnId>,
-    wrs: HashMap<u64, WrKind>,
-    sends_in_flight: usize,
-    next_wr: u64,
     rkey_queue: VecDeque<RkeyFlow>,
     /// Released RMBs and send buffers kept registered for reuse (Linux keeps
     /// them in per-size pools, §4.4): a late RDMA WRITE from the peer lands in
@@ -196,10 +251,47 @@ struct Lgr<P: Provider> {
     rr: usize,
 }
 
+/// Where the peer's RMBE is: the row of its RMB in the link group's rtoken table
+/// (one (rkey, address) per link, §1.11) and the RMBE inside the RMB.
+#[derive(Clone, Copy, Debug)]
+struct PeerRmb {
+    row: usize,
+    offset: u64,
+}
+
+/// What one side offers for a further link of a group: what the ADD_LINK and
+/// ADD_LINK_CONT messages of §1.8 would carry. Test and simulation use only
+/// ([`Endpoint::extra_link_offer`]), until ADD_LINK is negotiated.
+#[doc(hidden)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkOffer {
+    /// GID of the new link's port.
+    pub gid: Gid,
+    /// MAC of the new link's port.
+    pub mac: Mac,
+    /// QP number of the new link.
+    pub qpn: u32,
+    /// Initial PSN of the new link's QP.
+    pub psn: u32,
+    /// Path MTU (IB enum).
+    pub mtu: u8,
+    /// The link id (the server's choice; 0 from a client).
+    pub link_id: u8,
+    /// Every in-use RMB: (rkey on an existing link, rkey on the new link,
+    /// address on the new link).
+    pub rkeys: Vec<(u32, u32, u64)>,
+}
+
 struct Conn<P: Provider> {
     role: Role,
     phase: Phase,
     lgr: Option<LgrId>,
+    /// The link (slot) the connection is assigned to.
+    link: Option<usize>,
+    /// A requested move to this link, done once no CDC is in flight on the old one.
+    move_to: Option<usize>,
+    /// A failover validation CDC to send first on the new link (§2.4).
+    validation: Option<CdcMessage>,
     token: u32,
     reader: ClcReader,
     out: VecDeque<u8>,
@@ -207,7 +299,7 @@ struct Conn<P: Provider> {
     sndbuf: Option<P::Mr>,
     dp: Option<DataPath>,
     closer: Closer,
-    peer_rmb: Option<RemoteMr>,
+    peer_rmb: Option<PeerRmb>,
     violation: Option<Violation>,
     /// When a close waiting for the send buffer to drain is sent anyway.
     close_deadline: Option<Timestamp>,
@@ -221,7 +313,10 @@ struct Conn<P: Provider> {
     /// as soon as the token is known (smc_cdc_rx_handler), so we keep it and
     /// apply it once the Confirm is in. Cursors are cumulative, so when more
     /// than [`EARLY_CDC_MAX`] pile up the oldest can be dropped.
-    early_cdcs: VecDeque<smc_wire::cdc::CdcMessage>,
+    early_cdcs: VecDeque<CdcMessage>,
+    /// The send cursor (absolute) after the last direct write: data up to
+    /// here never was in the send buffer and cannot be replayed.
+    direct_sent: u64,
 }
 
 /// CDCs kept per connection while its CLC Confirm is still on the way.
@@ -297,6 +392,9 @@ impl<P: Provider> Endpoint<P> {
             role,
             phase,
             lgr: None,
+            link: None,
+            move_to: None,
+            validation: None,
             token,
             reader: ClcReader::new(),
             out: VecDeque::new(),
@@ -310,6 +408,7 @@ impl<P: Provider> Endpoint<P> {
             tcp_gone_deadline: None,
             oob: None,
             early_cdcs: VecDeque::new(),
+            direct_sent: 0,
         };
         match self.conns.iter().position(Option::is_none) {
             Some(i) => {
@@ -391,6 +490,9 @@ impl<P: Provider> Endpoint<P> {
             self.detach(id, l);
         }
         if let Some(c) = self.conn(id) {
+            c.link = None;
+            c.move_to = None;
+            c.validation = None;
             c.rmb = None;
             c.sndbuf = None;
             c.dp = None;
@@ -433,9 +535,10 @@ impl<P: Provider> Endpoint<P> {
                 Phase::AwaitProposal { .. } => ClcType::Proposal,
                 Phase::AwaitConfirm { .. } => ClcType::Confirm,
                 // a late Decline may still come while the link is being confirmed
-                Phase::AwaitLink | Phase::ClientRkey { .. } | Phase::ServerRkey { .. } => {
-                    ClcType::Decline
-                }
+                Phase::AwaitLink
+                | Phase::ClientRkey { .. }
+                | Phase::ServerRkey { .. }
+                | Phase::AwaitLgr { .. } => ClcType::Decline,
                 Phase::Smc | Phase::Done(_) => return used,
             };
             let (n, msg) = c.reader.feed(&data[used..], expected);
@@ -506,7 +609,7 @@ impl<P: Provider> Endpoint<P> {
                 self.client_on_accept(id, &proposal, a, now)
             }
             (Some(Phase::AwaitProposal { .. }), ClcMessage::Proposal(p)) => {
-                self.server_on_proposal(id, p, now)
+                self.server_on_proposal(id, p, now, Some(now + LGR_PENDING_WAIT))
             }
             (
                 Some(Phase::AwaitConfirm {
@@ -527,32 +630,16 @@ impl<P: Provider> Endpoint<P> {
 
     // ------------------------------------------------------------- resources
 
-    fn new_lgr(&mut self, role: Role, version: u8, peer_system_id: SystemId) -> Result<LgrId> {
+    fn new_lgr(
+        &mut self,
+        role: Role,
+        version: u8,
+        peer_system_id: SystemId,
+        peer_gid: Gid,
+    ) -> Result<LgrId> {
         let pd = self.dev.alloc_pd()?;
-        let scq = self.dev.create_cq(1024, Some(&self.chan))?;
-        let rcq = self.dev.create_cq(1024, Some(&self.chan))?;
-        let qp = pd.create_qp(
-            &scq,
-            &rcq,
-            QpCap {
-                max_send_wr: 3 * MAX_SENDS as u32,
-                max_recv_wr: RECV_SLOTS as u32,
-                max_inline_data: self.max_inline,
-            },
-        )?;
-        qp.modify(&QpModify::Init {
-            port: 1,
-            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        })?;
-        let recv = pd.alloc_mr(RECV_SLOTS * RECV_SLOT_LEN, Access::LOCAL_WRITE)?;
-        for i in 0..RECV_SLOTS {
-            let sge = recv.sge(i * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
-            qp.post_recv(&RecvWr {
-                wr_id: i as u64,
-                sges: &[sge],
-            })?;
-        }
-        let psn = qp.qp_num().wrapping_mul(2_654_435_761) & 0x00ff_ffff;
+        // The first link is slot 0 (§1.7); its QP goes out in CLC.
+        let first = LinkRes::new(&self.dev, &pd, &self.chan, self.max_inline)?;
         let id = self.next_lgr_id;
         self.next_lgr_id = self.next_lgr_id.wrapping_add(0x100);
         let group = LinkGroup::new(LgrConfig {
@@ -563,28 +650,21 @@ impl<P: Provider> Endpoint<P> {
             } else {
                 LlcVersion::V1
             },
+            // We do not negotiate ADD_LINK: a Linux peer then adds no link.
             max_links: 1,
             max_conns: self.cfg.max_conns,
             testlink_interval: self.cfg.testlink,
         });
         let l = Lgr {
             pd,
-            scq,
-            rcq,
-            qp,
-            recv,
-            psn,
+            links: [Some(first), None, None],
+            state: LgrState::Creating,
             group,
             role,
             version,
             peer_system_id,
-            peer_gid: Gid::ZERO,
-            peer_qpn: 0,
-            connected: false,
+            peer_gid,
             tokens: BTreeMap::new(),
-            wrs: HashMap::new(),
-            sends_in_flight: 0,
-            next_wr: 1 << 32,
             rkey_queue: VecDeque::new(),
             free_bufs: Vec::new(),
             idle_since: None,
@@ -602,18 +682,76 @@ impl<P: Provider> Endpoint<P> {
         })
     }
 
-    fn local_port(&self, l: &Lgr<P>) -> Result<LocalPort> {
-        Ok(LocalPort {
-            gid: self.gid,
-            mac: self.mac,
-            qpn: l.qp.qp_num(),
-            psn: l.psn,
-            mtu: self.dev.query_port(1)?.active_mtu,
-        })
+    /// One step of a link group's life cycle ([`LgrState::on`]) and its action.
+    /// `MoveConnections` is the caller's (it knows which link failed).
+    fn lgr_step(&mut self, l: LgrId, ev: LgrEvent) -> LgrAction {
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return LgrAction::Nothing;
+        };
+        let (next, action) = lg.state.on(ev);
+        lg.state = next;
+        match action {
+            LgrAction::Nothing | LgrAction::MoveConnections => {}
+            LgrAction::EstablishWaiting => {
+                let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+                for id in ids {
+                    if matches!(self.conn(id).map(|c| &c.phase), Some(Phase::AwaitLink)) {
+                        self.established(id);
+                    }
+                }
+            }
+            // Linux: DELETE_LINK ALL|ORDERLY, program initiated (§5.6).
+            LgrAction::DeleteAll => lg.group.terminate(smc_wire::llc::DEL_PROG_INIT_TERM, true),
+            LgrAction::KillConnections => {
+                let v = lg.version;
+                let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+                for id in ids {
+                    let phase = self.conn(id).map(|c| c.phase.kind());
+                    let first_contact = matches!(
+                        self.conn(id).map(|c| &c.phase),
+                        Some(Phase::AwaitConfirm {
+                            first_contact: true,
+                            ..
+                        })
+                    );
+                    match phase {
+                        // The first-contact link never came up: decline and fall back
+                        // (Linux: TIMEOUT_CL after the CONFIRM_LINK wait).
+                        Some(
+                            HandshakePhase::AwaitLink
+                            | HandshakePhase::ClientRkey
+                            | HandshakePhase::ServerRkey,
+                        ) => self.decline(id, v, DeclineCode::TimeoutCl),
+                        // First contact: the Confirm would find no link to run
+                        // on, and the client (in AwaitLink) falls back with us. On a
+                        // reused group the client is established once it sent its
+                        // Confirm: the Confirm establishes ours and the kill follows.
+                        Some(HandshakePhase::AwaitConfirm) if first_contact => {
+                            self.decline(id, v, DeclineCode::ErrRdyLnk)
+                        }
+                        Some(HandshakePhase::Smc) => {
+                            if let Some(c) = self.conn(id) {
+                                c.closer.handle(CloseEvent::Kill { can_send: false });
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            LgrAction::Free => {
+                if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::take) {
+                    for res in lg.links.iter().flatten() {
+                        res.shut();
+                    }
+                }
+            }
+        }
+        action
     }
 
-    /// Attaches connection `id` to group `l`: RMB and send buffer from its PD.
-    fn attach(&mut self, id: ConnId, l: LgrId) -> Result<()> {
+    /// Attaches connection `id` to group `l` on link `slot`: RMB and send buffer
+    /// from the group's pool or its PD.
+    fn attach(&mut self, id: ConnId, l: LgrId, slot: usize) -> Result<()> {
         let rmb_len = RmbeSize::for_size(self.cfg.rmb_len, RmbeSize::MAX_CLASS).bytes();
         let sndbuf_len = self.cfg.sndbuf_len;
         let lg = self
@@ -645,6 +783,7 @@ impl<P: Provider> Endpoint<P> {
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such connection".into()))?;
         lg.tokens.insert(c.token, id);
         c.lgr = Some(l);
+        c.link = Some(slot);
         c.rmb = Some(rmb);
         c.sndbuf = Some(sndbuf);
         Ok(())
@@ -654,71 +793,91 @@ impl<P: Provider> Endpoint<P> {
         let token = self.conns.get(id).and_then(Option::as_ref).map(|c| c.token);
         let empty = match self.lgrs.get_mut(l).and_then(Option::as_mut) {
             Some(lg) => {
-                if let Some(t) = token {
-                    lg.tokens.remove(&t);
-                }
-                lg.tokens.is_empty() && !lg.connected
+                token.is_some_and(|t| lg.tokens.remove(&t).is_some()) && lg.tokens.is_empty()
             }
             None => false,
         };
         if empty {
-            // a group that never came up has nothing left to wait for
-            self.lgrs[l] = None;
+            self.lgr_step(l, LgrEvent::LastConnGone);
         }
     }
 
-    fn connect_qp(&mut self, l: LgrId, peer: PeerPort, now: Timestamp) -> Result<()> {
-        let local = {
-            let lg = self.lgrs.get(l).and_then(Option::as_ref);
-            match lg {
-                Some(lg) => self.local_port(lg)?,
-                None => return Err(smc_rdma::Error::InvalidArgument("no link group".into())),
+    /// Connections per link slot of a group.
+    fn link_loads(&self, l: LgrId) -> [usize; LINK_SLOTS] {
+        let mut n = [0; LINK_SLOTS];
+        if let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) {
+            for id in lg.tokens.values() {
+                let slot = self
+                    .conns
+                    .get(*id)
+                    .and_then(Option::as_ref)
+                    .and_then(|c| c.link);
+                if let Some(x) = slot.and_then(|s| n.get_mut(s)) {
+                    *x += 1;
+                }
             }
-        };
+        }
+        n
+    }
+
+    /// The usable link for a connection (§6): active and connected, other than
+    /// `except`, and — for a connection that already has a peer RMB (`row`) —
+    /// with the peer's rkey for it on that link; the one with the fewest
+    /// connections, the lowest slot among equals.
+    fn pick_link(&self, l: LgrId, row: Option<usize>, except: Option<usize>) -> Option<usize> {
+        let lg = self.lgrs.get(l).and_then(Option::as_ref)?;
+        let loads = self.link_loads(l);
+        lg.group
+            .active_slots()
+            .filter(|&s| Some(s) != except)
+            .filter(|&s| {
+                lg.links
+                    .get(s)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|r| r.connected)
+            })
+            .filter(|&s| {
+                row.is_none_or(|r| {
+                    lg.group
+                        .rtoken(r)
+                        .is_some_and(|t| t.get(s).is_some_and(Option::is_some))
+                })
+            })
+            .min_by_key(|&s| (loads[s], s))
+    }
+
+    /// First contact: connects the first link's QP to the peer's and starts the
+    /// CONFIRM_LINK exchange (§1.7).
+    fn connect_first_link(&mut self, l: LgrId, peer: PeerPort, now: Timestamp) -> Result<()> {
+        let mtu = self.dev.query_port(1)?.active_mtu;
+        let (gid, mac) = (self.gid, self.mac);
         let lg = self
             .lgrs
             .get_mut(l)
             .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no link group".into()))?;
-        let mtu = smc_rdma::Mtu::from_code(peer.mtu).map_or(local.mtu, |m| m.min(local.mtu));
-        lg.qp.modify(&QpModify::Rtr {
-            remote: RemoteQp {
-                gid: peer.gid,
-                qp_num: peer.qpn,
-            },
-            sgid_index: 0,
-            rq_psn: peer.psn,
-            path_mtu: mtu,
-            min_rnr_timer: Duration::from_micros(640),
-        })?;
-        // Linux: timeout 15 (~134 ms), retry 7, rnr_retry 7 (§4.3).
-        lg.qp.modify(&QpModify::Rts {
-            sq_psn: lg.psn,
-            timeout: Duration::from_millis(134),
-            retry_cnt: 7,
-            rnr_retry: 7,
-        })?;
-        lg.peer_gid = peer.gid;
-        lg.peer_qpn = peer.qpn;
-        lg.connected = true;
+        let res = lg.links[0]
+            .as_mut()
+            .ok_or_else(|| smc_rdma::Error::InvalidArgument("no first link".into()))?;
+        res.connect(&peer, mtu)?;
+        let local = res.local_port(gid, mac, mtu);
         lg.group.add_first_link(local, peer, now);
+        self.lgr_step(l, LgrEvent::FirstLinkConnected);
         Ok(())
     }
 
     fn setup_datapath(&mut self, id: ConnId, peer: &AcceptConfirm) -> bool {
-        let Some(l) = self.conn(id).and_then(|c| c.lgr) else {
+        let Some((l, slot)) = self.conn(id).and_then(|c| Some((c.lgr?, c.link?))) else {
             return false;
         };
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return false;
         };
-        if lg
-            .group
-            .add_rtoken(0, peer.rmb_rkey, peer.rmb_vaddr)
-            .is_err()
-        {
+        // The rkey in CLC is the peer RMB's on the link the CLC names — the
+        // connection's link (§1.11): its row may already exist from CONFIRM_RKEY.
+        let Ok(row) = lg.group.add_rtoken(slot, peer.rmb_rkey, peer.rmb_vaddr) else {
             return false;
-        }
+        };
         let sndbuf_len = self.cfg.sndbuf_len;
         let Some(c) = self.conn(id) else {
             return false;
@@ -729,11 +888,7 @@ impl<P: Provider> Endpoint<P> {
         let peer_len = peer.rmbe_size.bytes();
         // The peer writes at rmbe_size × (index − 1) of its RMB (§3.3).
         let off = peer_len as u64 * u64::from(peer.rmbe_idx.max(1) - 1);
-        c.peer_rmb = Some(RemoteMr {
-            addr: peer.rmb_vaddr + off,
-            rkey: peer.rmb_rkey,
-            len: peer_len as u64,
-        });
+        c.peer_rmb = Some(PeerRmb { row, offset: off });
         c.dp = Some(DataPath::new(DataPathConfig {
             sndbuf_len,
             rmbe_len: rmb.len(),
@@ -758,6 +913,8 @@ impl<P: Provider> Endpoint<P> {
     ) -> Option<AcceptConfirm> {
         let c = self.conns.get(id)?.as_ref()?;
         let lg = self.lgrs.get(c.lgr?)?.as_ref()?;
+        // the connection's link is the one this message names (§6)
+        let link = lg.links.get(c.link?)?.as_ref()?;
         let rmb = c.rmb.as_ref()?;
         let mtu = self.dev.query_port(1).ok()?.active_mtu;
         let v2 = version >= SMC_V2;
@@ -767,14 +924,14 @@ impl<P: Provider> Endpoint<P> {
             peer_id: self.cfg.system_id,
             gid: self.gid,
             mac: self.mac,
-            qpn: lg.qp.qp_num(),
+            qpn: link.qp.qp_num(),
             rmb_rkey: rmb.rkey(),
             rmbe_idx: 1,
             alert_token: c.token,
             rmbe_size: RmbeSize::for_size(rmb.len(), RmbeSize::MAX_CLASS),
             qp_mtu: mtu.code(),
             rmb_vaddr: rmb.addr(),
-            psn: lg.psn,
+            psn: link.psn,
             eid: if v2 {
                 eid.unwrap_or_default()
             } else {
@@ -819,17 +976,17 @@ impl<P: Provider> Endpoint<P> {
             mtu: a.qp_mtu,
         };
         if a.first_contact {
-            let l = match self.new_lgr(Role::Client, version, a.peer_id) {
+            let l = match self.new_lgr(Role::Client, version, a.peer_id, a.gid) {
                 Ok(l) => l,
                 Err(_) => return self.decline(id, version, DeclineCode::Mem),
             };
-            if self.attach(id, l).is_err() {
+            if self.attach(id, l, 0).is_err() {
                 return self.decline(id, version, DeclineCode::Mem);
             }
             if !self.setup_datapath(id, &a) {
                 return self.decline(id, version, DeclineCode::ErrRtok);
             }
-            if self.connect_qp(l, peer, now).is_err() {
+            if self.connect_first_link(l, peer, now).is_err() {
                 return self.decline(id, version, DeclineCode::ErrRdyLnk);
             }
             match self.our_accept_confirm(
@@ -846,19 +1003,29 @@ impl<P: Provider> Endpoint<P> {
                 c.phase = Phase::AwaitLink;
             }
         } else {
-            // Reuse: the group the server chose must be one of ours (§4.5).
-            let found = self.lgrs.iter().position(|lg| {
-                matches!(lg, Some(lg) if lg.role == Role::Client
-                    && lg.connected
-                    && !lg.group.is_terminated()
-                    && lg.peer_system_id == a.peer_id
-                    && lg.peer_qpn == a.qpn
-                    && lg.peer_gid == a.gid)
+            // Reuse: the group the server chose must be one of ours, and the
+            // connection goes on the link whose peer QP the Accept names (§4.5, §6).
+            let found = self.lgrs.iter().enumerate().find_map(|(i, lg)| {
+                let lg = lg.as_ref()?;
+                if lg.role != Role::Client
+                    || !lg.state.accepts_connections()
+                    || lg.group.is_terminated()
+                    || lg.peer_system_id != a.peer_id
+                {
+                    return None;
+                }
+                let slot = lg.group.active_slots().find(|&s| {
+                    lg.links
+                        .get(s)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|r| r.connected && r.peer_qpn == a.qpn && r.peer_gid == a.gid)
+                })?;
+                Some((i, slot))
             });
-            let Some(l) = found else {
+            let Some((l, slot)) = found else {
                 return self.decline(id, version, DeclineCode::SyncErr);
             };
-            if self.attach(id, l).is_err() {
+            if self.attach(id, l, slot).is_err() {
                 return self.decline(id, version, DeclineCode::Mem);
             }
             if !self.setup_datapath(id, &a) {
@@ -887,36 +1054,30 @@ impl<P: Provider> Endpoint<P> {
     }
 
     fn start_rkey_flow(&mut self, id: ConnId, l: LgrId, now: Timestamp) -> bool {
-        let Some((rkey, addr)) = self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .and_then(|c| c.rmb.as_ref())
-            .map(|m| (m.rkey(), m.addr()))
-        else {
+        if self.conn(id).and_then(|c| c.rmb.as_ref()).is_none() {
             return false;
-        };
+        }
         match self.lgrs.get_mut(l).and_then(Option::as_mut) {
             // One local LLC flow at a time (§1.6): a busy group queues the
             // connection and pump() starts its flow when the slot frees.
-            Some(lg) => {
-                if lg.rkey_queue.is_empty()
-                    && lg
-                        .group
-                        .start_confirm_rkey(0, rkey, addr, &[], id as u64, now)
-                {
-                    return true;
-                }
-                lg.rkey_queue.push_back(RkeyFlow::Confirm(id));
-                true
-            }
-            None => false,
+            Some(lg) => lg.rkey_queue.push_back(RkeyFlow::Confirm(id)),
+            None => return false,
         }
+        self.retry_rkey_flows(l, now);
+        true
     }
 
     // --------------------------------------------------------------- server
 
-    fn server_on_proposal(&mut self, id: ConnId, p: Proposal, now: Timestamp) {
+    /// `park_until`: how long the Proposal may wait for a first contact with the
+    /// same peer that is still running (`None`: no waiting).
+    fn server_on_proposal(
+        &mut self,
+        id: ConnId,
+        p: Proposal,
+        now: Timestamp,
+        park_until: Option<Timestamp>,
+    ) {
         let dversion = negotiate::decline_version(&p);
         let choice: ServerChoice = match negotiate::server_choose(&p, &self.caps()) {
             Ok(c) => c,
@@ -928,18 +1089,51 @@ impl<P: Provider> Endpoint<P> {
             _ => (p.peer_id, p.gid),
         };
         let max = usize::from(self.cfg.max_conns.min(choice.max_conns));
-        let reuse = self.lgrs.iter().position(|lg| {
-            matches!(lg, Some(lg) if lg.role == Role::Server
-                && lg.connected
+        let same_peer = |lg: &Lgr<P>| {
+            lg.role == Role::Server
                 && !lg.group.is_terminated()
                 && lg.version == version
                 && lg.peer_system_id == peer_id
                 && lg.peer_gid == peer_gid
-                && lg.tokens.len() < max)
+        };
+        // §6: a group with an active link to the peer's GID and room for one more.
+        let reuse = self.lgrs.iter().position(|lg| {
+            lg.as_ref().is_some_and(|lg| {
+                same_peer(lg)
+                    && lg.state.accepts_connections()
+                    && lg.tokens.len() < max
+                    && lg.group.active_slots().any(|s| {
+                        lg.links
+                            .get(s)
+                            .and_then(Option::as_ref)
+                            .is_some_and(|r| r.connected && r.peer_gid == peer_gid)
+                    })
+            })
         });
+        // A first contact with this peer is under way: wait for it (Linux holds
+        // `smc_server_lgr_pending` for a whole first contact, so the next
+        // connection finds the new group and joins it).
+        let pending = self.lgrs.iter().any(|lg| {
+            lg.as_ref()
+                .is_some_and(|lg| same_peer(lg) && lg.state.first_contact_pending())
+        });
+        if let (None, true, Some(deadline)) = (reuse, pending, park_until) {
+            if now < deadline {
+                if let Some(c) = self.conn(id) {
+                    c.phase = Phase::AwaitLgr {
+                        proposal: Box::new(p),
+                        deadline,
+                    };
+                }
+                return;
+            }
+        }
         match reuse {
             Some(l) => {
-                if self.attach(id, l).is_err() {
+                let Some(slot) = self.pick_link(l, None, None) else {
+                    return self.decline(id, dversion, DeclineCode::IntErr);
+                };
+                if self.attach(id, l, slot).is_err() {
                     return self.decline(id, dversion, DeclineCode::Mem);
                 }
                 let Some(accept) = self.our_accept_confirm(
@@ -963,11 +1157,11 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
             None => {
-                let l = match self.new_lgr(Role::Server, version, peer_id) {
+                let l = match self.new_lgr(Role::Server, version, peer_id, peer_gid) {
                     Ok(l) => l,
                     Err(_) => return self.decline(id, dversion, DeclineCode::Mem),
                 };
-                if self.attach(id, l).is_err() {
+                if self.attach(id, l, 0).is_err() {
                     return self.decline(id, dversion, DeclineCode::Mem);
                 }
                 let Some(accept) = self.our_accept_confirm(
@@ -1016,7 +1210,7 @@ impl<P: Provider> Endpoint<P> {
                 psn: c.psn,
                 mtu: c.qp_mtu,
             };
-            if self.connect_qp(l, peer, now).is_err() {
+            if self.connect_first_link(l, peer, now).is_err() {
                 return self.decline(id, version, DeclineCode::ErrRdyLnk);
             }
             if let Some(x) = self.conn(id) {
@@ -1048,9 +1242,12 @@ impl<P: Provider> Endpoint<P> {
     // ------------------------------------------------------------ progress
 
     /// Does everything due at `now`: CLC timeouts, LLC traffic, completions,
-    /// received CDCs, data and cursor updates, keepalives.
+    /// received CDCs, data and cursor updates, keepalives, link failover.
     pub fn pump(&mut self, now: Timestamp) -> Result<()> {
         self.now = now;
+        while let Some(ev) = self.dev.poll_async_event() {
+            self.on_async_event(ev);
+        }
         for id in 0..self.conns.len() {
             let due = match self
                 .conns
@@ -1066,6 +1263,7 @@ impl<P: Provider> Endpoint<P> {
             if due {
                 self.finish(id, ConnStatus::Failed(FailReason::Timeout));
             }
+            self.retry_parked(id, now);
             if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
                 if c.tcp_gone_deadline.is_some_and(|d| now >= d) {
                     c.tcp_gone_deadline = None;
@@ -1094,46 +1292,91 @@ impl<P: Provider> Endpoint<P> {
                 continue;
             }
             let idle_timeout = self.cfg.lgr_idle_timeout;
+            let mut idle_expired = false;
             if let Some(lg) = self.lgrs[l].as_mut() {
                 lg.group.on_timeout(now);
-                if lg.tokens.is_empty() && lg.connected && !lg.group.is_terminated() {
+                if lg.tokens.is_empty() && lg.state == LgrState::Active {
                     let since = *lg.idle_since.get_or_insert(now);
-                    if now >= since + idle_timeout {
-                        // Linux: DELETE_LINK ALL|ORDERLY, program initiated (§5.6).
-                        lg.group.terminate(smc_wire::llc::DEL_PROG_INIT_TERM, true);
-                    }
+                    idle_expired = now >= since + idle_timeout;
                 } else {
                     lg.idle_since = None;
                 }
             }
-            self.retry_rkey_flows(l, now);
-            let r = self.pump_lgr(l, now);
-            if let Err(e) = r {
-                let failed = self.lgrs[l]
-                    .as_ref()
-                    .is_some_and(|lg| lg.qp.state() == QpState::Err);
-                if !failed {
-                    return Err(e);
-                }
-                if let Some(lg) = self.lgrs[l].as_mut() {
-                    lg.group.on_link_failure(0);
-                }
-                self.drain_lgr(l)?;
+            if idle_expired {
+                self.lgr_step(l, LgrEvent::IdleExpired);
             }
+            self.retry_rkey_flows(l, now);
+            self.pump_lgr(l, now)?;
         }
         self.reap();
         Ok(())
     }
 
-    fn pump_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
-        self.drain_lgr(l)?;
-        self.poll_recv(l, now)?;
-        self.poll_send(l)?;
-        self.drain_lgr(l)?;
-        self.flush_tx(l)
+    /// A device event: a QP or the port failed — link down at once (§7.1) rather
+    /// than at the next send or keepalive. A port coming back changes nothing:
+    /// re-adding links (§7.4) needs ADD_LINK.
+    fn on_async_event(&mut self, ev: AsyncEvent) {
+        for lg in self.lgrs.iter_mut().flatten() {
+            for slot in 0..LINK_SLOTS {
+                let Some(res) = lg.links[slot].as_ref() else {
+                    continue;
+                };
+                let hit = match ev {
+                    AsyncEvent::QpFatal { qp_num } => res.qp.qp_num() == qp_num,
+                    // one device, all links on port 1
+                    AsyncEvent::PortError { .. } | AsyncEvent::DeviceFatal => true,
+                    AsyncEvent::PortActive { .. } => false,
+                };
+                if hit {
+                    lg.group.on_link_failure(slot);
+                }
+            }
+        }
     }
 
-    fn drain_lgr(&mut self, l: LgrId) -> Result<()> {
+    /// A Proposal waiting for a first contact with the same peer
+    /// ([`HandshakePhase::AwaitLgr`]) is decided again: it joins the group once
+    /// that is usable, waits on while the first contact runs, and makes its own
+    /// first contact when that failed or the wait is over.
+    fn retry_parked(&mut self, id: ConnId, now: Timestamp) {
+        let Some(Phase::AwaitLgr { proposal, deadline }) = self.conn(id).map(|c| c.phase.clone())
+        else {
+            return;
+        };
+        self.server_on_proposal(id, *proposal, now, Some(deadline));
+    }
+
+    fn pump_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
+        self.drain_lgr(l, now)?;
+        for slot in 0..LINK_SLOTS {
+            self.poll_recv(l, slot, now)?;
+            self.poll_send(l, slot)?;
+        }
+        self.drain_lgr(l, now)?;
+        self.flush_tx(l)?;
+        // a link that failed while sending is dealt with now, not next time
+        self.drain_lgr(l, now)
+    }
+
+    /// A provider error while posting on link `slot`: a failed QP takes the link
+    /// down (§7.1: "failure to post a send"); anything else is the caller's.
+    fn link_error(&mut self, l: LgrId, slot: usize, e: smc_rdma::Error) -> Result<()> {
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        let failed = lg
+            .links
+            .get(slot)
+            .and_then(Option::as_ref)
+            .is_none_or(LinkRes::failed);
+        if !failed {
+            return Err(e);
+        }
+        lg.group.on_link_failure(slot);
+        Ok(())
+    }
+
+    fn drain_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
         loop {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return Ok(());
@@ -1142,53 +1385,115 @@ impl<P: Provider> Endpoint<P> {
                 return Ok(());
             };
             match o {
-                LgrOutput::SendLlc { msg, .. } => {
+                LgrOutput::SendLlc { slot, msg } => {
+                    // LLC responses on the link of the request, the rest as
+                    // smc-proto chose (§9); a link already released sends nothing.
+                    let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+                        continue;
+                    };
                     let bytes = msg.encode();
-                    lg.post(WrKind::Llc, &bytes)?;
+                    if let Err(e) = res.post(WrKind::Llc, &bytes) {
+                        self.link_error(l, slot, e)?;
+                    }
                 }
                 LgrOutput::LinkActive { .. } => {
-                    let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
-                    for id in ids {
-                        if matches!(
-                            self.conns
-                                .get(id)
-                                .and_then(Option::as_ref)
-                                .map(|c| &c.phase),
-                            Some(Phase::AwaitLink)
-                        ) {
-                            self.established(id);
-                        }
-                    }
+                    self.lgr_step(l, LgrEvent::LinkActive);
                 }
-                LgrOutput::LinkDown { .. } => {}
+                LgrOutput::LinkDown { slot, .. } => self.on_link_down(l, slot, now)?,
                 LgrOutput::Terminated { .. } => {
-                    let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
-                    for id in ids {
-                        let phase = self
-                            .conns
-                            .get(id)
-                            .and_then(Option::as_ref)
-                            .map(|c| c.phase.clone());
-                        match phase {
-                            // The first-contact link never came up: decline and fall back
-                            // (Linux: TIMEOUT_CL after the CONFIRM_LINK wait).
-                            Some(Phase::AwaitLink)
-                            | Some(Phase::ClientRkey { .. })
-                            | Some(Phase::ServerRkey { .. }) => {
-                                let v = self.lgrs[l].as_ref().map_or(SMC_V1, |lg| lg.version);
-                                self.decline(id, v, DeclineCode::TimeoutCl);
-                            }
-                            Some(Phase::Smc) => {
-                                if let Some(c) = self.conn(id) {
-                                    c.closer.handle(CloseEvent::Kill { can_send: false });
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
+                    self.lgr_step(l, LgrEvent::Terminated);
                 }
                 LgrOutput::RkeyFlowDone { tag, .. } if tag & DELETE_TAG != 0 => {}
                 LgrOutput::RkeyFlowDone { tag, ok } => self.on_rkey_done(tag as ConnId, ok),
+            }
+        }
+    }
+
+    /// Link `slot` of group `l` went down (§7). What it still completed or
+    /// received counts; then its connections move to a usable link (§7.2) — or,
+    /// with none left, stay to be killed when the group terminates (§7.3) — and
+    /// its QP is stopped and its slot freed.
+    fn on_link_down(&mut self, l: LgrId, slot: usize, now: Timestamp) -> Result<()> {
+        let usable_left = self
+            .lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .is_some_and(|lg| lg.group.usable_links() > 0);
+        self.poll_send(l, slot)?;
+        self.poll_recv(l, slot, now)?;
+        if self.lgr_step(l, LgrEvent::LinkDown { usable_left }) == LgrAction::MoveConnections {
+            let ids: Vec<ConnId> = self
+                .lgrs
+                .get(l)
+                .and_then(Option::as_ref)
+                .map(|lg| lg.tokens.values().copied().collect())
+                .unwrap_or_default();
+            for id in ids {
+                let Some(c) = self.conn(id) else { continue };
+                if c.move_to == Some(slot) {
+                    c.move_to = None;
+                }
+                if c.link != Some(slot) {
+                    continue;
+                }
+                let row = c.peer_rmb.map(|p| p.row);
+                match self.pick_link(l, row, Some(slot)) {
+                    Some(to) => self.failover(id, to),
+                    // No link has the peer's rkey for this RMB: it cannot be
+                    // written any more. Abort; the abort CDC needs no rkey and
+                    // goes out whatever the close state (a close CDC it may have
+                    // owed could not go out either).
+                    None => {
+                        let to = self.pick_link(l, None, Some(slot));
+                        if let Some(c) = self.conn(id) {
+                            c.link = to;
+                            c.closer.handle(CloseEvent::Kill { can_send: true });
+                            if let Some(dp) = c.dp.as_mut() {
+                                dp.failover_rewind();
+                                dp.set_close_flags(CloseFlags {
+                                    done_writing: false,
+                                    closed: false,
+                                    abort: true,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+            if let Some(res) = lg.links.get_mut(slot).and_then(Option::take) {
+                res.shut();
+            }
+            lg.group.clear_link(slot);
+        }
+        Ok(())
+    }
+
+    /// Moves connection `id` to link `to` because its link failed (§7.2): an
+    /// established connection rewinds its sender and sends the failover
+    /// validation CDC first; a handshake in progress is just re-pointed.
+    fn failover(&mut self, id: ConnId, to: usize) {
+        let Some(c) = self.conn(id) else { return };
+        c.link = Some(to);
+        c.move_to = None;
+        if matches!(c.phase, Phase::Smc) {
+            if let Some(dp) = c.dp.as_mut() {
+                if dp.replay_from() < c.direct_sent {
+                    // Written directly and not confirmed: not in the send
+                    // buffer, so it cannot be replayed. Abort rather than
+                    // deliver garbage (a group that had one link when it was
+                    // written; see `write_direct`).
+                    c.closer.handle(CloseEvent::Kill { can_send: true });
+                    dp.failover_rewind();
+                    dp.set_close_flags(CloseFlags {
+                        done_writing: false,
+                        closed: false,
+                        abort: true,
+                    });
+                    return;
+                }
+                c.validation = Some(dp.failover_rewind());
             }
         }
     }
@@ -1223,44 +1528,59 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    fn poll_recv(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
+    /// Receive completions of link `slot`: LLC to the link group (as arrived on
+    /// that link), CDCs to the connection of their token, whatever link they
+    /// came on (§9).
+    fn poll_recv(&mut self, l: LgrId, slot: usize, now: Timestamp) -> Result<()> {
         let mut wcs = [WorkCompletion::default(); 32];
         loop {
-            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            let Some(res) = self
+                .lgrs
+                .get_mut(l)
+                .and_then(Option::as_mut)
+                .and_then(|lg| lg.links.get_mut(slot))
+                .and_then(Option::as_mut)
+            else {
                 return Ok(());
             };
-            let n = lg.rcq.poll(&mut wcs)?;
+            let n = res.rcq.poll(&mut wcs)?;
             self.completions += n as u64;
             for wc in wcs.iter().take(n) {
                 let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                     return Ok(());
                 };
+                let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+                    return Ok(());
+                };
                 if wc.status != WcStatus::Success {
                     if wc.status != WcStatus::WrFlushError {
-                        lg.group.on_link_failure(0);
+                        lg.group.on_link_failure(slot);
                     }
                     continue;
                 }
-                let slot = wc.wr_id as usize;
+                let at = wc.wr_id as usize * RECV_SLOT_LEN;
                 let mut buf = vec![0u8; wc.byte_len as usize];
-                lg.recv.read_at(slot * RECV_SLOT_LEN, &mut buf)?;
-                lg.group.on_rx_activity(0, now);
-                let sge = lg.recv.sge(slot * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
-                lg.qp.post_recv(&RecvWr {
-                    wr_id: wc.wr_id,
-                    sges: &[sge],
-                })?;
+                res.recv.read_at(at, &mut buf)?;
+                let reposted = res.recv.sge(at, RECV_SLOT_LEN as u32).and_then(|sge| {
+                    res.qp.post_recv(&RecvWr {
+                        wr_id: wc.wr_id,
+                        sges: &[sge],
+                    })
+                });
+                lg.group.on_rx_activity(slot, now);
                 match WrMessage::decode(&buf) {
-                    Ok(WrMessage::Llc(m)) => lg.group.on_llc(0, m, now),
+                    Ok(WrMessage::Llc(m)) => lg.group.on_llc(slot, m, now),
                     Ok(WrMessage::Cdc(c)) => {
                         // The CDC carries the receiver's alert token (§2.1).
-                        let Some(&id) = lg.tokens.get(&c.token) else {
-                            lg.group.dropped += 1;
-                            continue;
-                        };
-                        self.on_cdc(id, &c);
+                        match lg.tokens.get(&c.token) {
+                            Some(&id) => self.on_cdc(id, &c),
+                            None => lg.group.dropped += 1,
+                        }
                     }
                     Err(_) => lg.group.dropped += 1,
+                }
+                if let Err(e) = reposted {
+                    self.link_error(l, slot, e)?;
                 }
             }
             if n < wcs.len() {
@@ -1269,7 +1589,7 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    fn on_cdc(&mut self, id: ConnId, m: &smc_wire::cdc::CdcMessage) {
+    fn on_cdc(&mut self, id: ConnId, m: &CdcMessage) {
         let Some(c) = self.conn(id) else { return };
         let Some(dp) = c.dp.as_mut() else {
             if matches!(
@@ -1302,6 +1622,8 @@ impl<P: Provider> Endpoint<P> {
             }
             Ok(_) => {}
             Err(v) => {
+                // A broken peer, or loss shown by a failover validation (§2.4):
+                // abort, with a CDC that says so.
                 c.violation = Some(v);
                 let o = c.closer.handle(CloseEvent::Kill { can_send: true });
                 if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
@@ -1311,30 +1633,43 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    fn poll_send(&mut self, l: LgrId) -> Result<()> {
+    /// Send completions of link `slot`. A CDC's completion counts only while its
+    /// connection is still on that link: after a failover the connection has
+    /// rewound past everything the old link had in flight.
+    fn poll_send(&mut self, l: LgrId, slot: usize) -> Result<()> {
         let mut wcs = [WorkCompletion::default(); 32];
         loop {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return Ok(());
             };
-            let n = lg.scq.poll(&mut wcs)?;
+            let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+                return Ok(());
+            };
+            let n = res.scq.poll(&mut wcs)?;
             self.completions += n as u64;
             let mut done = Vec::new();
+            let mut failed = false;
             for wc in wcs.iter().take(n) {
-                let kind = lg.wrs.remove(&wc.wr_id);
+                let kind = res.wrs.remove(&wc.wr_id);
                 if kind.is_some() {
-                    lg.sends_in_flight = lg.sends_in_flight.saturating_sub(1);
+                    res.sends_in_flight = res.sends_in_flight.saturating_sub(1);
                 }
                 if wc.status != WcStatus::Success {
-                    lg.group.on_link_failure(0);
+                    failed = true;
                     continue;
                 }
                 if let Some(WrKind::Cdc(id, seq)) = kind {
                     done.push((id, seq));
                 }
             }
+            if failed {
+                lg.group.on_link_failure(slot);
+            }
             for (id, seq) in done {
                 if let Some(c) = self.conn(id) {
+                    if c.link != Some(slot) {
+                        continue;
+                    }
                     if let Some(Err(v)) = c.dp.as_mut().map(|dp| dp.on_cdc_sent(seq)) {
                         c.violation = Some(v);
                     }
@@ -1346,15 +1681,16 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// Posts what the group's connections have to send, each on its own link.
     fn flush_tx(&mut self, l: LgrId) -> Result<()> {
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return Ok(());
         };
-        if lg.group.active_slots().next().is_none() {
+        if lg.group.usable_links() == 0 {
             return Ok(());
         }
         // Round robin, a few batches per connection per pass, so that one busy
-        // connection cannot take every send slot of the link.
+        // connection cannot take every send slot of its link.
         let mut ids: Vec<ConnId> = lg.tokens.values().copied().collect();
         if !ids.is_empty() {
             lg.rr = (lg.rr + 1) % ids.len();
@@ -1365,23 +1701,61 @@ impl<P: Provider> Endpoint<P> {
                 let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                     return Ok(());
                 };
-                if lg.sends_in_flight >= MAX_SENDS {
-                    return Ok(());
-                }
                 let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
-                    break;
-                };
-                let (Some(dp), Some(peer), Some(sndbuf)) =
-                    (c.dp.as_mut(), c.peer_rmb, c.sndbuf.as_ref())
-                else {
                     break;
                 };
                 if !matches!(c.phase, Phase::Smc) {
                     break;
                 }
+                // A requested move happens once nothing of the connection is in
+                // flight on the old link (see the module documentation).
+                if let Some(to) = c.move_to {
+                    let quiet = c.validation.is_none()
+                        && c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0);
+                    if !quiet {
+                        break;
+                    }
+                    c.link = Some(to);
+                    c.move_to = None;
+                }
+                let Some(slot) = c.link else { break };
+                let usable = lg
+                    .group
+                    .link(slot)
+                    .is_some_and(|k| k.state == LinkState::Active);
+                let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+                    break;
+                };
+                if !usable || res.sends_in_flight >= MAX_SENDS {
+                    break;
+                }
+                // After a failover the validation CDC goes first (§2.4).
+                if let Some(v) = c.validation.take() {
+                    if let Err(e) = res.post(WrKind::Validation, &v.encode()) {
+                        self.link_error(l, slot, e)?;
+                        break;
+                    }
+                    continue;
+                }
+                let (Some(dp), Some(peer), Some(sndbuf)) =
+                    (c.dp.as_mut(), c.peer_rmb, c.sndbuf.as_ref())
+                else {
+                    break;
+                };
+                // the peer RMB's rkey and address on this link (§3.2 step 4);
+                // without one only a CDC can go (nothing left to write)
+                let rtoken = lg
+                    .group
+                    .rtoken(peer.row)
+                    .and_then(|t| t.get(slot).copied().flatten());
+                if rtoken.is_none() && dp.unsent() > 0 {
+                    break;
+                }
+                let (rkey, base) = rtoken.unwrap_or_default();
                 let Some(batch) = dp.poll_tx() else {
                     break;
                 };
+                let mut posted = Ok(());
                 for w in &batch.writes {
                     let sges: Vec<_> = w
                         .src
@@ -1389,19 +1763,21 @@ impl<P: Provider> Endpoint<P> {
                         .iter()
                         .map(|&(off, len)| sndbuf.sge(off, len as u32))
                         .collect::<Result<_>>()?;
-                    lg.next_wr += 1;
-                    lg.qp.post_send(&SendWr {
-                        wr_id: lg.next_wr,
-                        op: SendOp::RdmaWrite {
-                            remote_addr: peer.addr + w.peer_offset as u64,
-                            rkey: peer.rkey,
-                        },
-                        payload: Payload::Sges(&sges),
-                        signaled: false,
-                    })?;
+                    let addr = base + peer.offset + w.peer_offset as u64;
+                    posted = res.post_write(&sges, rkey, addr);
+                    if posted.is_err() {
+                        break;
+                    }
                 }
-                let bytes = batch.cdc.encode();
-                lg.post(WrKind::Cdc(id, batch.cdc.seqno), &bytes)?;
+                if posted.is_ok() {
+                    posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
+                }
+                // A batch that did not go out stays accounted as in flight: the
+                // link is down, and the failover rewind sends it again.
+                if let Err(e) = posted {
+                    self.link_error(l, slot, e)?;
+                    break;
+                }
             }
         }
         Ok(())
@@ -1417,31 +1793,42 @@ impl<P: Provider> Endpoint<P> {
             else {
                 return;
             };
-            let confirm_rmb = match flow {
+            // CONFIRM_RKEY on the connection's link, entry 0 for that link and one
+            // entry per other active link (same rkey: one PD per group, see
+            // `link`); DELETE_RKEY on the first usable link (§9).
+            let confirm = match flow {
                 RkeyFlow::Confirm(id) => Some(
                     self.conns
                         .get(id)
                         .and_then(Option::as_ref)
-                        .and_then(|c| c.rmb.as_ref())
-                        .map(|m| (m.rkey(), m.addr())),
+                        .and_then(|c| Some((c.rmb.as_ref()?, c.link?)))
+                        .map(|(m, slot)| (m.rkey(), m.addr(), slot)),
                 ),
                 RkeyFlow::Delete(_) => None,
             };
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return;
             };
-            let started = match (flow, confirm_rmb) {
+            let started = match (flow, confirm) {
                 // the connection went away while waiting: drop its flow
-                (RkeyFlow::Confirm(_), Some(None)) => true,
-                (RkeyFlow::Confirm(id), Some(Some((rkey, addr)))) => {
+                (RkeyFlow::Confirm(_), Some(None)) | (RkeyFlow::Confirm(_), None) => true,
+                (RkeyFlow::Confirm(id), Some(Some((rkey, addr, slot)))) => {
+                    let others: Vec<(usize, u32, u64)> = lg
+                        .group
+                        .active_slots()
+                        .filter(|&s| s != slot)
+                        .map(|s| (s, rkey, addr))
+                        .collect();
                     lg.group
-                        .start_confirm_rkey(0, rkey, addr, &[], id as u64, now)
+                        .start_confirm_rkey(slot, rkey, addr, &others, id as u64, now)
                 }
-                (RkeyFlow::Delete(rkey), _) => {
-                    lg.group
-                        .start_delete_rkey(0, rkey, DELETE_TAG | u64::from(rkey), now)
-                }
-                (RkeyFlow::Confirm(_), None) => true,
+                (RkeyFlow::Delete(rkey), _) => match lg.group.active_slots().min() {
+                    Some(slot) => {
+                        lg.group
+                            .start_delete_rkey(slot, rkey, DELETE_TAG | u64::from(rkey), now)
+                    }
+                    None => false,
+                },
             };
             if !started {
                 return;
@@ -1467,11 +1854,15 @@ impl<P: Provider> Endpoint<P> {
                     });
                     // Our final CDC must have gone out and completed: the peer
                     // waits for it (PEERCLOSEWAIT) and may still write until then.
+                    // After a failover it is sent again on the new link.
                     c.closer.is_finished()
                         && (lgr_dead
-                            || c.dp
-                                .as_ref()
-                                .is_none_or(|dp| dp.cdcs_in_flight() == 0 && !dp.close_pending()))
+                            || (c.validation.is_none()
+                                && c.dp.as_ref().is_none_or(|dp| {
+                                    dp.cdcs_in_flight() == 0
+                                        && !dp.close_pending()
+                                        && !dp.cdc_wanted()
+                                })))
                 });
             if finished {
                 if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
@@ -1495,9 +1886,9 @@ impl<P: Provider> Endpoint<P> {
         for l in 0..self.lgrs.len() {
             let dead = self.lgrs[l]
                 .as_ref()
-                .is_some_and(|lg| lg.group.is_terminated() && lg.tokens.is_empty());
+                .is_some_and(|lg| lg.state == LgrState::Terminating && lg.tokens.is_empty());
             if dead {
-                self.lgrs[l] = None;
+                self.lgr_step(l, LgrEvent::LastConnGone);
             }
         }
     }
@@ -1568,10 +1959,14 @@ impl<P: Provider> Endpoint<P> {
         let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
             return Ok(None);
         };
-        let (Some(l), Some(dp), Some(peer)) = (c.lgr, c.dp.as_mut(), c.peer_rmb) else {
+        let (Some(l), Some(slot), Some(dp), Some(peer)) =
+            (c.lgr, c.link, c.dp.as_mut(), c.peer_rmb)
+        else {
             return Ok(None);
         };
         if !matches!(c.phase, Phase::Smc)
+            || c.move_to.is_some()
+            || c.validation.is_some()
             || !c.closer.can_write()
             || dp.unsent() > 0
             || dp.urgent_pending()
@@ -1582,43 +1977,61 @@ impl<P: Provider> Endpoint<P> {
         // Only whole writes: cutting a large write down to a small inline limit
         // (verbs: 64 bytes) would cost more than the copy it saves.
         let n = data.len().min(dp.sndbuf_free()).min(dp.peer_space());
-        if n > max_inline {
+        if n == 0 || n > max_inline {
             return Ok(None);
         }
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return Ok(None);
         };
-        if n == 0 || lg.sends_in_flight >= MAX_SENDS || lg.group.active_slots().next().is_none() {
+        // A failover replays unconfirmed data from the send buffer (§7.2), which
+        // a direct write bypasses: only a group with a single link writes
+        // directly (see also `failover`).
+        if lg.links.iter().flatten().count() != 1
+            || lg
+                .group
+                .link(slot)
+                .is_none_or(|k| k.state != LinkState::Active)
+        {
+            return Ok(None);
+        }
+        let Some((rkey, base)) = lg
+            .group
+            .rtoken(peer.row)
+            .and_then(|t| t.get(slot).copied().flatten())
+        else {
+            return Ok(None);
+        };
+        let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+            return Ok(None);
+        };
+        if res.sends_in_flight >= MAX_SENDS {
             return Ok(None);
         }
         dp.produced(n);
         let Some(batch) = dp.poll_tx() else {
             return Err(ConnError::Aborted);
         };
+        c.direct_sent = dp.sent_total();
+        let mut posted = Ok(());
         let mut at = 0;
         for w in &batch.writes {
-            lg.next_wr += 1;
-            let r = lg.qp.post_send(&SendWr {
-                wr_id: lg.next_wr,
-                op: SendOp::RdmaWrite {
-                    remote_addr: peer.addr + w.peer_offset as u64,
-                    rkey: peer.rkey,
-                },
-                payload: Payload::Inline(&data[at..at + w.len]),
-                signaled: false,
-            });
-            if r.is_err() {
-                // The link is broken: the connection dies with it (the next
-                // pump aborts it); like TCP, this write itself succeeded.
-                lg.group.on_link_failure(0);
-                return Ok(Some(n));
+            let addr = base + peer.offset + w.peer_offset as u64;
+            posted = res.post_write_inline(&data[at..at + w.len], rkey, addr);
+            if posted.is_err() {
+                break;
             }
             at += w.len;
         }
-        debug_assert_eq!(at, n, "a direct write sends everything produced");
-        let bytes = batch.cdc.encode();
-        if lg.post(WrKind::Cdc(id, batch.cdc.seqno), &bytes).is_err() {
-            lg.group.on_link_failure(0);
+        if posted.is_ok() {
+            debug_assert_eq!(at, n, "a direct write sends everything produced");
+            posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
+        }
+        if let Err(e) = posted {
+            // The link is broken and, being the only one, takes the connection
+            // with it; like TCP's, this write itself succeeded.
+            if self.link_error(l, slot, e).is_err() {
+                return Err(ConnError::Aborted);
+            }
         }
         Ok(Some(n))
     }
@@ -1688,8 +2101,9 @@ impl<P: Provider> Endpoint<P> {
     /// a system call.
     pub fn arm(&mut self) -> Result<()> {
         for lg in self.lgrs.iter().flatten() {
-            lg.scq.req_notify()?;
-            lg.rcq.req_notify()?;
+            for res in lg.links.iter().flatten() {
+                res.arm()?;
+            }
         }
         Ok(())
     }
@@ -1826,18 +2240,231 @@ impl<P: Provider> Endpoint<P> {
             .map(|lg| (lg.group.rtoken_count(), lg.free_bufs.len()))
     }
 
-    /// QP number of a link group's link (for fault injection in tests).
+    /// QP number of a link group's first link (lowest slot; for fault injection
+    /// in tests).
     pub fn qp_num(&self, l: LgrId) -> Option<u32> {
-        self.lgrs.get(l)?.as_ref().map(|lg| lg.qp.qp_num())
+        let lg = self.lgrs.get(l)?.as_ref()?;
+        lg.links.iter().flatten().map(|r| r.qp.qp_num()).next()
+    }
+
+    /// QP number of the link in `slot` of a link group.
+    pub fn link_qp_num(&self, l: LgrId, slot: usize) -> Option<u32> {
+        let lg = self.lgrs.get(l)?.as_ref()?;
+        lg.links.get(slot)?.as_ref().map(|r| r.qp.qp_num())
+    }
+
+    /// Slots of a link group's usable (active) links.
+    pub fn usable_links(&self, l: LgrId) -> Vec<usize> {
+        self.lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .map(|lg| lg.group.active_slots().collect())
+            .unwrap_or_default()
+    }
+
+    /// A link group's life-cycle state.
+    pub fn link_group_state(&self, l: LgrId) -> Option<LgrState> {
+        Some(self.lgrs.get(l)?.as_ref()?.state)
+    }
+
+    /// The link (slot) a connection is assigned to.
+    pub fn link_of(&self, id: ConnId) -> Option<usize> {
+        self.conns.get(id)?.as_ref()?.link
+    }
+
+    /// Where a connection's handshake stands.
+    pub fn handshake_phase(&self, id: ConnId) -> Option<HandshakePhase> {
+        Some(self.conns.get(id)?.as_ref()?.phase.kind())
+    }
+
+    /// Moves an established connection to the usable link `slot` of its group
+    /// (both links healthy; a failed link's connections move by themselves).
+    /// The connection stops sending on its old link and switches once none of
+    /// its CDCs is in flight there, so nothing is sent twice and nothing of the
+    /// old link can overtake the new one. False if the connection is not
+    /// established, is already there, or the link is not usable for it (not
+    /// active, or the peer's rkey for its RMB is unknown on that link).
+    pub fn move_connection(&mut self, id: ConnId, slot: usize) -> bool {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return false;
+        };
+        let (Some(l), Some(row)) = (c.lgr, c.peer_rmb.map(|p| p.row)) else {
+            return false;
+        };
+        if !matches!(c.phase, Phase::Smc) || c.link == Some(slot) {
+            return false;
+        }
+        let usable = self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
+            lg.group.active_slots().any(|s| s == slot)
+                && lg
+                    .links
+                    .get(slot)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|r| r.connected)
+                && lg
+                    .group
+                    .rtoken(row)
+                    .is_some_and(|t| t.get(slot).is_some_and(Option::is_some))
+        });
+        if usable {
+            if let Some(c) = self.conn(id) {
+                c.move_to = Some(slot);
+            }
+        }
+        usable
+    }
+
+    /// Test and simulation only, until ADD_LINK is negotiated (§1.8): prepares a
+    /// further link of an active group — a QP in the lowest free slot, in INIT
+    /// with its receive buffers posted — and returns what the peer needs to know
+    /// (what ADD_LINK and ADD_LINK_CONT would carry). Both ends offer, then both
+    /// accept the other's offer with [`Self::extra_link_accept`]; the
+    /// CONFIRM_LINK exchange then runs on the new link, and once it is active new
+    /// connections may be assigned to it and failed links' connections move to it.
+    ///
+    /// Offer only when [`Self::extra_link_ready`] holds on both ends: the rkey
+    /// list is taken now, so no rkey flow may be under way (Linux's ADD_LINK
+    /// flow excludes them, §1.6); CONFIRM_RKEY flows wait until the new link is
+    /// confirmed and then announce their RMB for it too.
+    #[doc(hidden)]
+    pub fn extra_link_offer(&mut self, l: LgrId) -> Result<LinkOffer> {
+        let mtu = self.dev.query_port(1)?.active_mtu;
+        let bad = |m: &str| smc_rdma::Error::InvalidArgument(m.into());
+        if !self.extra_link_ready(l) {
+            return Err(bad("link group not ready for a further link"));
+        }
+        let lg = self
+            .lgrs
+            .get_mut(l)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| bad("no link group"))?;
+        let slot = lg
+            .group
+            .free_slot()
+            .ok_or_else(|| bad("no free link slot"))?;
+        let mut res: LinkRes<P> = LinkRes::new(&self.dev, &lg.pd, &self.chan, self.max_inline)?;
+        if lg.role == Role::Server {
+            res.offered_id = lg.group.next_link_id();
+        }
+        let rkeys = lg
+            .tokens
+            .values()
+            .filter_map(|&id| self.conns.get(id)?.as_ref()?.rmb.as_ref())
+            .map(|m| (m.rkey(), m.rkey(), m.addr()))
+            .collect();
+        let offer = LinkOffer {
+            gid: self.gid,
+            mac: self.mac,
+            qpn: res.qp.qp_num(),
+            psn: res.psn,
+            mtu: mtu.code(),
+            link_id: res.offered_id,
+            rkeys,
+        };
+        lg.links[slot] = Some(res);
+        Ok(offer)
+    }
+
+    /// Test and simulation only: a further link may be offered now — the group
+    /// is active, has a free slot, no link is being added and no rkey flow is
+    /// running or queued.
+    #[doc(hidden)]
+    pub fn extra_link_ready(&self, l: LgrId) -> bool {
+        self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
+            lg.state.accepts_connections()
+                && !lg.group.is_terminated()
+                && !lg.group.adding_link()
+                && !lg.group.local_flow_busy()
+                && lg.rkey_queue.is_empty()
+                && lg
+                    .group
+                    .free_slot()
+                    .is_some_and(|s| lg.links.get(s).is_some_and(Option::is_none))
+        })
+    }
+
+    /// Test and simulation only: connects the link prepared by
+    /// [`Self::extra_link_offer`] to the peer's offered link, records the peer's
+    /// rkeys for it and starts its CONFIRM_LINK exchange. Returns its slot.
+    #[doc(hidden)]
+    pub fn extra_link_accept(
+        &mut self,
+        l: LgrId,
+        peer: &LinkOffer,
+        now: Timestamp,
+    ) -> Result<usize> {
+        let mtu = self.dev.query_port(1)?.active_mtu;
+        let (gid, mac) = (self.gid, self.mac);
+        let bad = |m: &str| smc_rdma::Error::InvalidArgument(m.into());
+        let lg = self
+            .lgrs
+            .get_mut(l)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| bad("no link group"))?;
+        let slot = (0..LINK_SLOTS)
+            .find(|&s| {
+                lg.group.link(s).is_none()
+                    && lg
+                        .links
+                        .get(s)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|r| !r.connected)
+            })
+            .ok_or_else(|| bad("no offered link"))?;
+        let res = lg.links[slot]
+            .as_mut()
+            .ok_or_else(|| bad("no offered link"))?;
+        let link_id = match lg.role {
+            Role::Server => res.offered_id,
+            Role::Client => peer.link_id,
+        };
+        let peer_port = PeerPort {
+            gid: peer.gid,
+            mac: peer.mac,
+            qpn: peer.qpn,
+            psn: peer.psn,
+            mtu: peer.mtu,
+        };
+        res.connect(&peer_port, mtu)?;
+        let local = res.local_port(gid, mac, mtu);
+        if lg.group.add_link(link_id, local, peer_port, now) != Some(slot) {
+            return Err(bad("link group refused the link"));
+        }
+        lg.group.add_link_rtokens(slot, &peer.rkeys);
+        Ok(slot)
     }
 
     /// Debug dump of a connection's data path and close state.
     pub fn debug_conn(&self, id: ConnId) -> String {
         match self.conns.get(id).and_then(Option::as_ref) {
-            Some(c) => format!(
-                "token {} lgr {:?} {:?} {:?} {:?}",
-                c.token, c.lgr, c.phase, c.closer, c.dp
-            ),
+            Some(c) => {
+                let lg = c.lgr.and_then(|l| self.lgrs.get(l)?.as_ref());
+                let rtoken = c.peer_rmb.and_then(|p| lg?.group.rtoken(p.row).copied());
+                let sends: Vec<usize> = lg
+                    .map(|lg| {
+                        lg.links
+                            .iter()
+                            .flatten()
+                            .map(|r| r.sends_in_flight)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "token {} lgr {:?} link {:?} move_to {:?} validation {} peer rtoken {:?} \
+                     usable {:?} sends in flight {:?} {:?} {:?} {:?}",
+                    c.token,
+                    c.lgr,
+                    c.link,
+                    c.move_to,
+                    c.validation.is_some(),
+                    rtoken,
+                    lg.map(|lg| lg.group.active_slots().collect::<Vec<_>>()),
+                    sends,
+                    c.phase,
+                    c.closer,
+                    c.dp
+                )
+            }
             None => "gone".into(),
         }
     }
@@ -1845,19 +2472,5 @@ impl<P: Provider> Endpoint<P> {
     /// The violation that killed a connection, if any.
     pub fn violation(&self, id: ConnId) -> Option<Violation> {
         self.conns.get(id)?.as_ref()?.violation
-    }
-}
-
-impl<P: Provider> Lgr<P> {
-    fn post(&mut self, kind: WrKind, bytes: &[u8]) -> Result<()> {
-        self.next_wr += 1;
-        self.wrs.insert(self.next_wr, kind);
-        self.sends_in_flight += 1;
-        self.qp.post_send(&SendWr {
-            wr_id: self.next_wr,
-            op: SendOp::Send,
-            payload: Payload::Inline(bytes),
-            signaled: true,
-        })
     }
 }

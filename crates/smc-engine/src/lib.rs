@@ -7,6 +7,11 @@
 //!   sans-I/O state machines in `smc-proto`. Generic over
 //!   [`smc_rdma::Provider`]: the same code runs over the deterministic `sim`
 //!   fabric and the cross-process `shm` device.
+//!   A link group holds up to three links; connections are assigned to links,
+//!   move between them, and survive the loss of one.
+//! * [`state`] — the explicit life cycles: [`state::LgrState`] of a link group
+//!   (a pure transition function with a reviewed golden table) and
+//!   [`state::HandshakePhase`] of a connection's CLC handshake.
 //! * [`simulate`] — the seeded deterministic simulation with fault injection
 //!   (`smc-sim run` / `smc-sim replay`).
 //!
@@ -16,3 +21,4 @@
 
 pub mod endpoint;
 pub mod simulate;
+pub mod state;

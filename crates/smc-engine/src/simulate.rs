@@ -6,21 +6,35 @@
 //! write and read sizes (0, small, larger than the RMB), who closes first, whether
 //! an application closes with unread data (an abort), and at most one fault
 //! (a QP error on either side, a port going down, a peer that stops answering for
-//! a while, extra delay). Invariants:
+//! a while, extra delay). In a share of the runs the link group gets a second
+//! link as soon as it is up (the test-only bring-up, `protocol-llc-cdc.md` §1.8
+//! stand-in): new connections spread over both links, connections are moved
+//! between them at random (§6), and a QP error then hits one of the two links,
+//! whose connections fail over to the other (§7.2). Invariants:
 //!
 //! * every byte read is the byte the peer wrote at that stream offset (in order,
 //!   never duplicated or altered) — checked on every read;
-//! * without a fault or abort, every stream is delivered completely;
-//! * no peer cursor is ever rejected as impossible (no `Violation`);
+//! * without a fault or abort, every stream is delivered completely — and also
+//!   when the fault was a QP error on one of two usable links: failover loses
+//!   nothing;
+//! * no peer cursor is ever rejected as impossible (no `Violation`), with a
+//!   survivable fault neither;
 //! * every connection ends on both sides (SMC close, fallback or failure) — a
 //!   run that has not ended within its virtual deadline is a hang;
 //! * every connection, RMB, send buffer and link group is released at the end
 //!   (the idle link groups expire as in Linux).
 //!
+//! Spec: the behaviour checked is that of `protocol-clc.md` §4 (handshakes,
+//! fallback) and `protocol-llc-cdc.md` §1.7–§1.11 (links, LLC flows), §2–§3 (CDC
+//! and data transfer, urgent data), §5 (close and abort), §5.6 (idle groups), §6
+//! (link groups, reuse) and §7 (link failure, failover, the last link lost); the
+//! faults are those of §7.1 as the `sim` fabric models them.
+//!
 //! `smc-sim run --seeds N` runs many seeds; `smc-sim replay SEED` prints the
 //! event trace of one.
 
 use crate::endpoint::{ConnId, ConnStatus, Endpoint, EndpointConfig};
+use crate::state::LgrState;
 use smc_proto::close::CloseEvent;
 use smc_proto::negotiate::IfAddr;
 use smc_rdma::sim::SimFabric;
@@ -139,6 +153,12 @@ pub struct Report {
     pub aborts: usize,
     /// Virtual time the run took.
     pub virtual_time: Duration,
+    /// A second link came up in the link group.
+    pub second_link: bool,
+    /// The fault was a QP error on one of two usable links (failover).
+    pub survivable_fault: bool,
+    /// Connections moved between healthy links.
+    pub moves: usize,
     /// Human-readable event trace.
     pub trace: Vec<String>,
 }
@@ -298,6 +318,13 @@ pub fn run(seed: u64) -> Result<Report, String> {
         None
     };
     let fault_at = Duration::from_micros(rng.below(20_000));
+    // a second link, which link a QP error hits then, how often connections move
+    let multi_link = rng.chance(40);
+    let kill_slot = rng.below(2) as usize;
+    let move_period = 1 + rng.below(60);
+    let mut link_offered = false;
+    let mut steps = 0u64;
+    let mut survivable = false;
     let mut fault_done = false;
     let mut fault_undo: Option<Duration> = None;
     // Some(true): the client process died; Some(false): the server.
@@ -333,9 +360,31 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 let dev = |on_client: bool| if on_client { "simC" } else { "simS" };
                 match f {
                     Fault::QpError { client: on_client } => {
+                        // with two usable links on both sides, one of them dies
+                        let two = |ep: &Endpoint<SimFabric>| {
+                            (0..8).find(|&l| ep.usable_links(l).len() >= 2)
+                        };
                         let ep = if on_client { &client } else { &server };
-                        if let Some(qpn) = first_qp(ep) {
-                            fabric.fail_qp(qpn);
+                        match (two(&client), two(&server)) {
+                            (Some(lc), Some(ls)) => {
+                                let l = if on_client { lc } else { ls };
+                                let slot = ep.usable_links(l)[kill_slot];
+                                if let Some(qpn) = ep.link_qp_num(l, slot) {
+                                    fabric.fail_qp(qpn);
+                                    survivable = true;
+                                    report.survivable_fault = true;
+                                    trace(
+                                        &mut report,
+                                        now,
+                                        format!("link in slot {slot} fails, another is usable"),
+                                    );
+                                }
+                            }
+                            _ => {
+                                if let Some(qpn) = first_qp(ep) {
+                                    fabric.fail_qp(qpn);
+                                }
+                            }
                         }
                     }
                     Fault::PortDown { client: on_client } => {
@@ -406,6 +455,58 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     _ => {}
                 }
                 trace(&mut report, now, "fault undone".into());
+            }
+        }
+        steps += 1;
+        if multi_link && !link_offered && dead.is_none() {
+            // once a connection is on SMC-R on both sides and its groups are up
+            let pair = conns
+                .iter()
+                .find(|c| c.smc && !c.ended)
+                .and_then(|c| Some((client.link_group_of(c.c.id)?, server.link_group_of(c.s.id)?)));
+            if let Some((lc, ls)) = pair {
+                let active = |ep: &Endpoint<SimFabric>, l| {
+                    ep.link_group_state(l) == Some(LgrState::Active)
+                        && ep.usable_links(l).len() == 1
+                };
+                if active(&client, lc)
+                    && active(&server, ls)
+                    && client.extra_link_ready(lc)
+                    && server.extra_link_ready(ls)
+                {
+                    link_offered = true;
+                    let up = (|| -> smc_rdma::Result<usize> {
+                        let so = server.extra_link_offer(ls)?;
+                        let co = client.extra_link_offer(lc)?;
+                        client.extra_link_accept(lc, &so, now)?;
+                        server.extra_link_accept(ls, &co, now)
+                    })();
+                    report.second_link = up.is_ok();
+                    trace(&mut report, now, format!("second link offered: {up:?}"));
+                    progress = true;
+                }
+            }
+        }
+        if multi_link && steps.is_multiple_of(move_period) {
+            // move a random connection end to another usable link
+            let k = rng.below(conns.len() as u64) as usize;
+            let on_client = rng.chance(50);
+            let cr = &conns[k];
+            if cr.smc && !cr.ended && dead.is_none() {
+                let (ep, id) = if on_client {
+                    (&mut client, cr.c.id)
+                } else {
+                    (&mut server, cr.s.id)
+                };
+                let usable = ep
+                    .link_group_of(id)
+                    .map(|l| ep.usable_links(l))
+                    .unwrap_or_default();
+                if let Some(&to) = usable.iter().find(|&&s| Some(s) != ep.link_of(id)) {
+                    if ep.move_connection(id, to) {
+                        report.moves += 1;
+                    }
+                }
             }
         }
         for (i, cr) in conns.iter_mut().enumerate() {
@@ -655,7 +756,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
             if cr.c.released && cr.s.released {
                 cr.ended = true;
                 report.bytes += cr.c.got + cr.s.got;
-                let clean = fault.is_none() && !cr.plan.abort;
+                let clean = (fault.is_none() || survivable) && !cr.plan.abort;
                 let oob_lost = (cr.plan.oob_at[0].is_some() && !cr.s.oob_got)
                     || (cr.plan.oob_at[1].is_some() && !cr.c.oob_got);
                 if clean && oob_lost {
@@ -693,7 +794,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
             for (ep, id) in [(&client, cr.c.id), (&server, cr.s.id)] {
                 if cr.opened && !cr.ended {
                     if let Some(v) = ep.violation(id) {
-                        if fault.is_none() {
+                        if fault.is_none() || survivable {
                             return Err(fail(
                                 &report,
                                 format!("conn {i}: honest peer flagged: {v}"),

@@ -1,7 +1,8 @@
 //! The seeded simulation as a test: 1000 seeds by default (`SMC_SIM_SEEDS` to
 //! change, `SMC_SIM_START` to shift), each a random workload with or without a
-//! fault; any broken invariant fails with the seed, the trace tail and the replay
-//! command (`cargo run -p smc-engine --bin smc-sim -- replay SEED`).
+//! fault, some with a second link (moves, failover); any broken invariant fails
+//! with the seed, the trace tail and the replay command
+//! (`cargo run -p smc-engine --bin smc-sim -- replay SEED`).
 
 use smc_engine::simulate;
 
@@ -18,6 +19,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     let start = env("SMC_SIM_START", 0);
     let mut failures = Vec::new();
     let (mut smc, mut faults, mut aborts, mut bytes) = (0, 0, 0, 0u64);
+    let (mut two_links, mut failovers, mut moves) = (0, 0, 0);
     for seed in start..start + n {
         match simulate::run(seed) {
             Ok(r) => {
@@ -25,11 +27,17 @@ fn a_thousand_seeds_hold_every_invariant() {
                 faults += usize::from(r.fault.is_some());
                 aborts += r.aborts;
                 bytes += r.bytes;
+                two_links += usize::from(r.second_link);
+                failovers += usize::from(r.survivable_fault);
+                moves += r.moves;
             }
             Err(e) => failures.push(e),
         }
     }
     eprintln!("{n} seeds: {smc} SMC-R connections, {faults} runs with a fault, {aborts} aborts, {bytes} bytes");
+    eprintln!(
+        "  {two_links} runs with a second link, {failovers} of them lost one link, {moves} moves"
+    );
     assert!(
         failures.is_empty(),
         "{} of {n} seeds failed:\n{}",
@@ -40,6 +48,16 @@ fn a_thousand_seeds_hold_every_invariant() {
     assert!(smc as u64 >= n, "too few SMC-R connections: {smc}");
     assert!(faults as u64 >= n / 5, "too few faults: {faults}");
     assert!(aborts as u64 >= n / 20, "too few aborts: {aborts}");
+    // and link groups with two links: moves, and failover without loss
+    assert!(
+        two_links as u64 >= n / 4,
+        "too few runs with two links: {two_links}"
+    );
+    assert!(
+        failovers as u64 >= n / 100,
+        "too few link failovers: {failovers}"
+    );
+    assert!(moves as u64 >= n, "too few moves: {moves}");
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! Data transfer of one connection: send buffer, peer RMBE, local RMBE, CDC cursors.
 //!
-//! Spec: `protocol-llc-cdc.md` §2 (CDC fields, seqno rules, cursor monotonicity)
-//! and §3 (sender state §3.1, what and where to write §3.2, when to stop §3.3,
-//! receive side and consumer-cursor updates §3.4), matching Linux `smc_tx.c`,
-//! `smc_rx.c` and `smc_cdc.c`.
+//! Spec: `protocol-llc-cdc.md` §2 (CDC fields, seqno rules, cursor monotonicity,
+//! §2.4 failover validation), §3 (sender state §3.1, what and where to write
+//! §3.2, when to stop §3.3, receive side and consumer-cursor updates §3.4, urgent
+//! data §3.5) and §7.2 (the sender's rewind when its connection changes link),
+//! matching Linux `smc_tx.c`, `smc_rx.c` and `smc_cdc.c`.
 //!
 //! Internally every position is an absolute byte count (`u64`, never wraps in
 //! practice); wire cursors (`wrap:count` in a ring) are derived from them when a
@@ -26,6 +27,10 @@
 //! receive side [`DataPath::on_cdc`] digests a peer CDC, [`DataPath::readable_chunks`]
 //! says where unread bytes are in the local RMBE, and [`DataPath::consumed`]
 //! records what the application took.
+//!
+//! Moving a connection to another link (§7.2) is [`DataPath::failover_rewind`]
+//! on the sender (what the lost link may not have delivered is written again)
+//! and the failover validation check in [`DataPath::on_cdc`] on the receiver (§2.4).
 
 use crate::close::CloseFlags;
 use core::fmt;
@@ -101,6 +106,14 @@ pub enum Violation {
     },
     /// A send completion for a CDC that was never posted.
     UnknownCompletion(u16),
+    /// A failover validation CDC claims a completed send we never received
+    /// (§2.4): data was lost on the failed link and the connection is out of sync.
+    OutOfSync {
+        /// The last seqno we processed.
+        last_received: u16,
+        /// The seqno the peer says completed.
+        claimed: u16,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -123,6 +136,13 @@ impl fmt::Display for Violation {
             Violation::UnknownCompletion(s) => {
                 write!(f, "completion for CDC seqno {s} that is not in flight")
             }
+            Violation::OutOfSync {
+                last_received,
+                claimed,
+            } => write!(
+                f,
+                "failover validation: peer completed seqno {claimed}, we processed only up to {last_received}"
+            ),
         }
     }
 }
@@ -186,6 +206,8 @@ struct Inflight {
     seqno: u16,
     /// `tx_sent` after the writes this CDC announced.
     sent: u64,
+    /// The urgent byte this CDC announced as present, if it did.
+    urgent: Option<u64>,
 }
 
 /// The data-path state of one connection.
@@ -196,6 +218,9 @@ pub struct DataPath {
     tx_prep: u64,
     tx_sent: u64,
     tx_fin: u64,
+    /// The highest `tx_sent` ever reached: a failover rewinds `tx_sent`, but the
+    /// peer may already have consumed up to here.
+    tx_sent_max: u64,
     peer_cons: u64,
     tx_seqno: u16,
     inflight: VecDeque<Inflight>,
@@ -205,6 +230,9 @@ pub struct DataPath {
     close_requested: CloseFlags,
     /// Absolute offset of our urgent byte not yet announced as present.
     tx_urgent: Option<u64>,
+    /// A CDC has told the peer that urgent data is pending (urg_data_pending):
+    /// while the byte cannot be written, no further CDC is needed for it.
+    tx_urgent_announced: bool,
     cdc_wanted: bool,
     // --- receiving (§3.4) ---
     rx_prod: u64,
@@ -229,6 +257,7 @@ impl DataPath {
             tx_prep: 0,
             tx_sent: 0,
             tx_fin: 0,
+            tx_sent_max: 0,
             peer_cons: 0,
             tx_seqno: 0,
             inflight: VecDeque::new(),
@@ -237,6 +266,7 @@ impl DataPath {
             close_flags: CloseFlags::NONE,
             close_requested: CloseFlags::NONE,
             tx_urgent: None,
+            tx_urgent_announced: false,
             cdc_wanted: false,
             rx_prod: 0,
             rx_cons: 0,
@@ -290,6 +320,7 @@ impl DataPath {
             return false;
         }
         self.tx_urgent = Some(self.tx_prep - 1);
+        self.tx_urgent_announced = false;
         true
     }
 
@@ -328,6 +359,15 @@ impl DataPath {
         self.close_requested = f;
         if f.abort {
             self.tx_prep = self.tx_sent;
+            self.drop_unsent_urgent();
+        }
+    }
+
+    /// An urgent byte that will never be written (discarded with the unsent
+    /// data) is no longer pending: it must not keep asking for CDCs.
+    fn drop_unsent_urgent(&mut self) {
+        if self.tx_urgent.is_some_and(|u| u >= self.tx_prep) {
+            self.tx_urgent = None;
         }
     }
 
@@ -337,6 +377,7 @@ impl DataPath {
     pub fn discard_unsent(&mut self) -> usize {
         let n = self.unsent();
         self.tx_prep = self.tx_sent;
+        self.drop_unsent_urgent();
         n
     }
 
@@ -360,6 +401,12 @@ impl DataPath {
         self.cdc_wanted = true;
     }
 
+    /// A CDC is owed even without data (requested, a forced consumer update, or
+    /// the re-announcement after a failover rewind).
+    pub fn cdc_wanted(&self) -> bool {
+        self.cdc_wanted
+    }
+
     /// The next batch to post, if any: the RDMA WRITEs for as much unsent data as
     /// the peer's RMBE has room for, and the CDC announcing them; or a CDC alone
     /// when cursors or flags must reach the peer. The batch is accounted as posted.
@@ -378,7 +425,7 @@ impl DataPath {
         }
         let blocked = blocked && to_send > 0;
         let consumer_update = self.consumer_update_due();
-        let urgent_news = self.tx_urgent.is_some();
+        let urgent_news = self.tx_urgent.is_some() && !self.tx_urgent_announced;
         let blocked_changed = blocked != self.write_blocked_sent;
         // A requested close can go out once nothing written before it is unsent.
         let close_due = self.close_flags != self.close_requested
@@ -416,6 +463,7 @@ impl DataPath {
                 src_pos += l as u64;
             }
             self.tx_sent += len as u64;
+            self.tx_sent_max = self.tx_sent_max.max(self.tx_sent);
         }
         self.tx_seqno = self.tx_seqno.wrapping_add(1);
         self.write_blocked_sent = blocked;
@@ -428,11 +476,14 @@ impl DataPath {
         self.peer_update_request = false;
         let mut prod_flags = ProducerFlags::empty();
         prod_flags.set(ProducerFlags::WRITE_BLOCKED, blocked);
+        let mut urgent_announced = None;
         if let Some(u) = self.tx_urgent {
             prod_flags.insert(ProducerFlags::URG_DATA_PENDING);
+            self.tx_urgent_announced = true;
             if self.tx_sent == u + 1 {
                 prod_flags.insert(ProducerFlags::URG_DATA_PRESENT);
                 self.tx_urgent = None;
+                urgent_announced = Some(u);
             }
         }
         let mut conn_flags = ConnStateFlags::empty();
@@ -453,6 +504,7 @@ impl DataPath {
         self.inflight.push_back(Inflight {
             seqno: self.tx_seqno,
             sent: self.tx_sent,
+            urgent: urgent_announced,
         });
         Some(TxBatch { writes, cdc })
     }
@@ -478,10 +530,77 @@ impl DataPath {
         self.last_fin_seqno
     }
 
+    /// Where a [`Self::failover_rewind`] now would restart sending (absolute).
+    pub fn replay_from(&self) -> u64 {
+        self.tx_fin.max(self.peer_cons)
+    }
+
+    /// Bytes posted to the peer so far (absolute send cursor).
+    pub fn sent_total(&self) -> u64 {
+        self.tx_sent
+    }
+
+    /// The connection moves to another link because its link failed (§7.2 step
+    /// 2). CDCs whose send completion has not been seen may or may not have
+    /// reached the peer, so the sender goes back to what is confirmed: *sent* :=
+    /// *fin*, and the producer cursor with it. If the peer's consumer cursor is
+    /// already beyond that (it read data whose CDC completion we never saw), both
+    /// move forward to it — that data arrived. Everything after is written again
+    /// to the same RMBE offsets on the new link (identical bytes, harmless to the
+    /// peer, whose cursors never move backwards) and announced by CDCs whose
+    /// seqnos continue the connection's sequence; completions of the old CDCs
+    /// must no longer be reported. An urgent byte announced by a lost CDC is
+    /// announced again. One CDC is requested even without data, so that our
+    /// consumer cursor and sticky close flags reach the peer over the new link.
+    ///
+    /// Returns the failover validation CDC to send first on the new link (§2.4):
+    /// seqno of the last completed CDC, flag 0x08, nothing else.
+    pub fn failover_rewind(&mut self) -> CdcMessage {
+        let base = self.tx_fin.max(self.peer_cons);
+        let lost_urgent = self
+            .inflight
+            .iter()
+            .filter_map(|i| i.urgent)
+            .find(|&u| u >= base);
+        self.inflight.clear();
+        self.tx_fin = base;
+        self.tx_sent = base;
+        if let Some(u) = lost_urgent {
+            if self.tx_urgent.is_none() {
+                self.tx_urgent = Some(u);
+            }
+        }
+        self.tx_urgent_announced = false;
+        // An abort discards unsent data; it must not come back through the rewind.
+        if self.close_requested.abort {
+            self.tx_prep = self.tx_sent;
+            self.drop_unsent_urgent();
+        }
+        self.tx_prep = self.tx_prep.max(self.tx_sent);
+        self.write_blocked_sent = false;
+        self.cdc_wanted = true;
+        CdcMessage::failover_validation(self.last_fin_seqno, self.cfg.peer_token)
+    }
+
     // ---------------------------------------------------------------- receiving
 
-    /// Digests a CDC from the peer (§2.3, §3.4).
+    /// Digests a CDC from the peer (§2.3, §3.4). A failover validation CDC is
+    /// never processed as data (§2.4): it is ignored unless it shows that data was
+    /// lost ([`Violation::OutOfSync`], the connection must be aborted).
     pub fn on_cdc(&mut self, msg: &CdcMessage) -> Result<RxOutcome, Violation> {
+        if msg.is_failover_validation() {
+            let last = self.rx_last_seqno.unwrap_or(0);
+            if smc_wire::cdc::failover_out_of_sync(last, msg.seqno) {
+                return Err(Violation::OutOfSync {
+                    last_received: last,
+                    claimed: msg.seqno,
+                });
+            }
+            return Ok(RxOutcome {
+                stale: true,
+                ..RxOutcome::default()
+            });
+        }
         if let Some(last) = self.rx_last_seqno {
             if !seqno_accept(msg.seqno, last) {
                 return Ok(RxOutcome {
@@ -514,12 +633,14 @@ impl DataPath {
                 rmbe_len: rl,
             });
         }
-        // Consumer: how much of our data the peer has read.
+        // Consumer: how much of our data the peer has read. After a failover
+        // rewind the peer may have read beyond our (rewound) *sent*, never beyond
+        // what we ever wrote.
         let cons = absolute_near(self.peer_cons, msg.cons, pl);
-        if cons > self.tx_sent {
+        if cons > self.tx_sent_max {
             return Err(Violation::ConsumerOverrun {
                 consumed: cons,
-                written: self.tx_sent,
+                written: self.tx_sent_max,
             });
         }
         self.rx_last_seqno = Some(msg.seqno);
@@ -528,6 +649,16 @@ impl DataPath {
         self.rx_prod = self.rx_prod.max(prod);
         let freed = cons.saturating_sub(self.peer_cons) as usize;
         self.peer_cons = self.peer_cons.max(cons);
+        if self.peer_cons > self.tx_sent {
+            // Data we are about to write again has arrived after all (§7.2: move
+            // the cursors forward by the difference).
+            self.tx_sent = self.peer_cons;
+            self.tx_fin = self.tx_fin.max(self.peer_cons);
+            self.tx_prep = self.tx_prep.max(self.tx_sent);
+            if self.tx_urgent.is_some_and(|u| u < self.tx_sent) {
+                self.tx_urgent = None;
+            }
+        }
         self.peer_write_blocked = msg.prod_flags.write_blocked();
         if msg.prod_flags.urg_data_present() && new_data > 0 {
             // the byte just before the new producer cursor is urgent (§3.5)
@@ -838,5 +969,139 @@ mod tests {
         assert_eq!(b.urgent_offset(), None);
         b.consumed(3);
         assert_eq!(b.unread(), 0);
+    }
+
+    #[test]
+    fn failover_rewind_resends_what_is_unconfirmed_with_its_urgent_byte() {
+        let mut a = DataPath::new(cfg(16384, 16384, 16384));
+        let mut b = DataPath::new(cfg(16384, 16384, 16384));
+        a.produced(10);
+        let first = a.poll_tx().unwrap();
+        a.on_cdc_sent(first.cdc.seqno).unwrap();
+        b.on_cdc(&first.cdc).unwrap();
+        // "abc" + urgent "!" + "def": both CDCs are lost with the link
+        a.produced(4);
+        assert!(a.mark_urgent());
+        a.produced(3);
+        let lost1 = a.poll_tx().unwrap();
+        assert!(lost1.cdc.prod_flags.urg_data_present());
+        let lost2 = a.poll_tx().unwrap();
+        assert_eq!(a.cdcs_in_flight(), 2);
+        let v = a.failover_rewind();
+        assert!(v.is_failover_validation());
+        assert_eq!(
+            (v.seqno, v.token),
+            (1, 7),
+            "last completed seqno, peer token"
+        );
+        assert_eq!(a.cdcs_in_flight(), 0);
+        assert!(b.on_cdc(&v).unwrap().stale, "in sync: ignored");
+        // everything after byte 10 again, to the same offsets, urgent byte announced
+        let again = a.poll_tx().unwrap();
+        assert_eq!(
+            again
+                .writes
+                .iter()
+                .map(|w| (w.peer_offset, w.len))
+                .collect::<Vec<_>>(),
+            [(10, 4)]
+        );
+        assert!(again.cdc.prod_flags.urg_data_present());
+        assert!(again.cdc.seqno > lost2.cdc.seqno, "seqnos continue");
+        let rest = a.poll_tx().unwrap();
+        assert_eq!(rest.writes[0].peer_offset, 14);
+        b.on_cdc(&again.cdc).unwrap();
+        assert_eq!(b.urgent_offset(), Some(13));
+        b.on_cdc(&rest.cdc).unwrap();
+        assert_eq!(b.unread(), 17);
+    }
+
+    #[test]
+    fn failover_with_data_the_peer_already_read() {
+        let mut a = DataPath::new(cfg(16384, 16384, 16384));
+        a.produced(100);
+        let lost = a.poll_tx().unwrap();
+        a.failover_rewind();
+        // the CDC had arrived after all: the peer read the data and says so
+        let peer = CdcMessage {
+            seqno: 1,
+            token: 0,
+            prod: Cursor::new(0, 0),
+            cons: Cursor::new(0, 100),
+            prod_flags: ProducerFlags::empty(),
+            conn_flags: ConnStateFlags::empty(),
+        };
+        assert_eq!(a.on_cdc(&peer).unwrap().freed, 100, "not a violation");
+        assert_eq!((a.unacked(), a.peer_space()), (0, 16384));
+        let b = a.poll_tx().unwrap();
+        assert!(b.writes.is_empty(), "nothing to write again");
+        assert_eq!(b.cdc.prod, lost.cdc.prod);
+        // beyond what we ever wrote it still is one
+        let mut bad = peer;
+        bad.seqno = 2;
+        bad.cons = Cursor::new(0, 101);
+        assert!(matches!(
+            a.on_cdc(&bad),
+            Err(Violation::ConsumerOverrun { .. })
+        ));
+        // a rewind after an abort writes nothing again
+        let mut c = DataPath::new(cfg(16384, 16384, 16384));
+        c.produced(50);
+        c.poll_tx().unwrap();
+        c.set_close_flags(CloseFlags {
+            done_writing: false,
+            closed: false,
+            abort: true,
+        });
+        c.failover_rewind();
+        let x = c.poll_tx().unwrap();
+        assert!(x.writes.is_empty() && x.cdc.conn_flags.peer_conn_abort());
+    }
+
+    #[test]
+    fn a_validation_showing_loss_is_out_of_sync() {
+        let mut b = DataPath::new(cfg(16384, 16384, 16384));
+        let mut m = CdcMessage {
+            seqno: 1,
+            token: 0,
+            prod: Cursor::new(0, 5),
+            cons: Cursor::new(0, 0),
+            prod_flags: ProducerFlags::empty(),
+            conn_flags: ConnStateFlags::empty(),
+        };
+        b.on_cdc(&m).unwrap();
+        // the peer saw seqno 3 complete, we processed only 1: data was lost
+        m = CdcMessage::failover_validation(3, 0);
+        assert_eq!(
+            b.on_cdc(&m),
+            Err(Violation::OutOfSync {
+                last_received: 1,
+                claimed: 3
+            })
+        );
+        assert_eq!(b.unread(), 5, "a validation is never data");
+        assert!(b.on_cdc(&CdcMessage::failover_validation(1, 0)).is_ok());
+    }
+
+    #[test]
+    fn a_pending_urgent_byte_is_announced_once_and_dropped_by_an_abort() {
+        let mut a = DataPath::new(cfg(32768, 16384, 16384));
+        // the peer's window is full: the urgent byte cannot be written yet
+        a.produced(16384);
+        a.poll_tx().unwrap();
+        a.produced(1);
+        assert!(a.mark_urgent());
+        let b = a.poll_tx().unwrap();
+        assert!(b.writes.is_empty() && b.cdc.prod_flags.urg_data_pending());
+        assert!(a.poll_tx().is_none(), "announced once, not on every poll");
+        // an abort discards it: no CDC storm for a byte that will never go
+        a.set_close_flags(CloseFlags {
+            done_writing: false,
+            closed: false,
+            abort: true,
+        });
+        assert!(!a.urgent_pending());
+        assert!(a.poll_tx().unwrap().cdc.conn_flags.peer_conn_abort());
+        assert!(a.poll_tx().is_none());
     }
 }

@@ -2,16 +2,26 @@
 //! sends and expects answers to, rkey flows, TEST_LINK keepalive, DELETE_LINK.
 //!
 //! Spec: `protocol-llc-cdc.md` §1.5 (timers), §1.6 (LLC flow serialization), §1.7
-//! (first-contact link setup), §1.9 (DELETE_LINK), §1.10 (keepalive), §1.11
-//! (CONFIRM_RKEY / DELETE_RKEY), §6 (link group model), §9 (which link carries
-//! what), §11 (interop notes: what a Linux peer expects); captures README §8
-//! (ADD_LINK reject shape on v2, double DELETE_LINK ALL).
+//! (first-contact link setup), §1.8 step 6–7 (a further link's rkeys and its
+//! CONFIRM_LINK), §1.9 (DELETE_LINK), §1.10 (keepalive), §1.11 (CONFIRM_RKEY /
+//! DELETE_RKEY), §6 (link group model), §7.2–§7.3 (a link fails: survivors carry
+//! on, the last one ends the group), §9 (which link carries what), §11 (interop
+//! notes: what a Linux peer expects); captures README §8 (ADD_LINK reject shape on
+//! v2, double DELETE_LINK ALL).
 //!
 //! A [`LinkGroup`] holds up to three link slots (Linux `SMC_LINKS_PER_LGR_MAX`); the
-//! engine never assumes a single link, although this version does not yet *add* a
+//! engine never assumes a single link. This version does not yet *negotiate* a
 //! second link: an ADD_LINK request from a peer is rejected at once, as Linux's own
 //! single-port client does (§11 item 3), and a REQ_ADD_LINK gets the negative
-//! response. Sans-I/O: inputs are [`LinkGroup::on_llc`], [`LinkGroup::on_timeout`]
+//! response. A further link whose QP parameters and rkeys were exchanged by other
+//! means (tests and the simulation, until the ADD_LINK flow of §1.8 exists) joins
+//! with [`LinkGroup::add_link`] and [`LinkGroup::add_link_rtokens`] and runs the
+//! CONFIRM_LINK exchange of §1.8 step 7 on the new link. When one of several links
+//! fails, the group stays up: the driver moves that link's connections (§7.2) and
+//! the group tells the peer with DELETE_LINK on a surviving link (§1.9), then the
+//! driver frees the slot with [`LinkGroup::clear_link`].
+//!
+//! Sans-I/O: inputs are [`LinkGroup::on_llc`], [`LinkGroup::on_timeout`]
 //! and the request methods; outputs are drained with [`LinkGroup::poll_output`].
 
 use crate::Timestamp;
@@ -93,8 +103,10 @@ pub struct Link {
     last_rx: Timestamp,
     /// Waiting for a TEST_LINK response since.
     testlink_sent: Option<Timestamp>,
-    /// First-contact CONFIRM_LINK deadline while Activating.
+    /// CONFIRM_LINK deadline while Activating.
     confirm_deadline: Option<Timestamp>,
+    /// The link of the first contact (CONFIRM_LINK eye-catcher check, §1.3).
+    first_contact: bool,
 }
 
 /// Why a link went down.
@@ -223,6 +235,11 @@ impl LinkGroup {
         self.links.get(slot).and_then(Option::as_ref)
     }
 
+    /// Number of usable (active) links.
+    pub fn usable_links(&self) -> usize {
+        self.active_slots().count()
+    }
+
     /// Slots of active links.
     pub fn active_slots(&self) -> impl Iterator<Item = usize> + '_ {
         self.links
@@ -265,12 +282,84 @@ impl LinkGroup {
             last_rx: now,
             testlink_sent: None,
             confirm_deadline: Some(now + wait),
+            first_contact: true,
         });
         if self.cfg.role == Role::Server {
             let msg = self.confirm_link_msg(0, false);
             self.out.push_back(LgrOutput::SendLlc { slot: 0, msg });
         }
         0
+    }
+
+    /// The link id a server gives its next link: the lowest non-zero id that no
+    /// usable link has (Linux `smcr_next_link_id` steps a counter, skipping 0 and
+    /// ids in use; any unused id is equally valid on the wire, §6).
+    pub fn next_link_id(&self) -> u8 {
+        (1..=u8::MAX)
+            .find(|id| self.slot_of_link_id(*id).is_none())
+            .unwrap_or(1)
+    }
+
+    /// The lowest free link slot, if any.
+    pub fn free_slot(&self) -> Option<usize> {
+        self.links.iter().position(Option::is_none)
+    }
+
+    /// A further link, whose QP parameters (and the rkeys of §1.8 step 6) were
+    /// exchanged outside this machine: it takes the lowest free slot in state
+    /// ACTIVATING, and the CONFIRM_LINK exchange of §1.8 step 7 runs on it — a
+    /// server sends the request on the new link, a client waits for it; both wait
+    /// at most `SMC_LLC_WAIT_FIRST_TIME` (5 s). `link_id` is the server's choice
+    /// ([`Self::next_link_id`] on the server). The QP must be ready (RTS). `None`
+    /// if every slot is taken or the group is terminated.
+    ///
+    /// This stands in for the ADD_LINK flow (§1.8 steps 1–6), which a later
+    /// version adds; the engine uses it only between two of our endpoints.
+    pub fn add_link(
+        &mut self,
+        link_id: u8,
+        local: LocalPort,
+        peer: PeerPort,
+        now: Timestamp,
+    ) -> Option<usize> {
+        if self.terminated.is_some() || self.slot_of_link_id(link_id).is_some() {
+            return None;
+        }
+        let slot = self.free_slot()?;
+        self.links[slot] = Some(Link {
+            link_id,
+            state: LinkState::Activating,
+            local,
+            peer,
+            peer_link_uid: 0,
+            last_rx: now,
+            testlink_sent: None,
+            confirm_deadline: Some(now + llc::WAIT_FIRST_TIME),
+            first_contact: false,
+        });
+        if self.cfg.role == Role::Server {
+            let msg = self.confirm_link_msg(slot, false);
+            self.out.push_back(LgrOutput::SendLlc { slot, msg });
+        }
+        Some(slot)
+    }
+
+    /// Frees the slot of a link that went down (INACTIVE), once the driver has
+    /// released its QP; the peer RMBs' rkeys for that link are forgotten (Linux
+    /// clears the link's rtoken column with the link). False if the link is not
+    /// inactive.
+    pub fn clear_link(&mut self, slot: usize) -> bool {
+        match self.links.get(slot) {
+            Some(Some(l)) if l.state == LinkState::Inactive => {}
+            _ => return false,
+        }
+        self.links[slot] = None;
+        for row in self.rtokens.iter_mut().flatten() {
+            if let Some(c) = row.get_mut(slot) {
+                *c = None;
+            }
+        }
+        true
     }
 
     fn confirm_link_msg(&self, slot: usize, response: bool) -> LlcMessage {
@@ -304,18 +393,40 @@ impl LinkGroup {
     }
 
     fn link_down(&mut self, slot: usize, reason: DownReason) {
+        let mut link_id = 0;
         if let Some(l) = self.links.get_mut(slot).and_then(Option::as_mut) {
             if l.state == LinkState::Inactive {
                 return;
             }
+            link_id = l.link_id;
             l.state = LinkState::Inactive;
             l.testlink_sent = None;
             l.confirm_deadline = None;
             self.out.push_back(LgrOutput::LinkDown { slot, reason });
         }
-        let any_active = self.active_slots().next().is_some();
-        if !any_active && self.terminated.is_none() {
-            self.terminate_quietly(llc::DEL_LOST_PATH);
+        let survivor = self.active_slots().next();
+        match survivor {
+            None if self.terminated.is_none() => self.terminate_quietly(llc::DEL_LOST_PATH),
+            None => {}
+            // Another link carries on: the driver moves the connections (it sees
+            // LinkDown first), then the peer learns which link is gone — DELETE_LINK
+            // on a surviving link, orderly with "lost path" for a link that failed,
+            // not orderly for an added link that never got confirmed (§1.8 step 7,
+            // §1.9, §7.2 step 3). A link the peer deleted needs no answer beyond the
+            // response already queued. Linux's server then waits 2 s for the
+            // response and its client does not; neither does anything with it but
+            // clear the link, so we send and clear at once, like the client.
+            Some(s) if link_id != 0 && !matches!(reason, DownReason::DeletedByPeer(_)) => {
+                let orderly = reason != DownReason::ConfirmLinkTimeout;
+                let msg = LlcMessage::DeleteLink(DeleteLink::request(
+                    self.cfg.version,
+                    link_id,
+                    orderly,
+                    llc::DEL_LOST_PATH,
+                ));
+                self.out.push_back(LgrOutput::SendLlc { slot: s, msg });
+            }
+            Some(_) => {}
         }
     }
 
@@ -384,6 +495,26 @@ impl LinkGroup {
         }
     }
 
+    /// The peer's rkeys for a further link (what ADD_LINK_CONT carries, §1.4.3):
+    /// each `(rkey known on an existing link, rkey on the new link, address on the
+    /// new link)` fills the new link's column of the matching row. Entries for
+    /// RMBs we do not know are ignored; returns how many rows were updated.
+    pub fn add_link_rtokens(&mut self, slot: usize, entries: &[(u32, u32, u64)]) -> usize {
+        let mut n = 0;
+        for &(old, new, vaddr) in entries {
+            let row = self.rtokens.iter_mut().flatten().find(|r| {
+                r.iter()
+                    .enumerate()
+                    .any(|(s, c)| s != slot && matches!(c, Some((k, _)) if *k == old))
+            });
+            if let Some(cell) = row.and_then(|r| r.get_mut(slot)) {
+                *cell = Some((new, vaddr));
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// The row of the peer RMB whose rkey on `slot` is `rkey`.
     pub fn find_rtoken(&self, slot: usize, rkey: u32) -> Option<usize> {
         self.rtokens.iter().position(
@@ -412,7 +543,10 @@ impl LinkGroup {
     /// Starts a CONFIRM_RKEY flow announcing our new RMB (§1.11): entry 0 for the
     /// link in `slot`, the other entries for our other active links
     /// (`others`: (slot, rkey, vaddr)). `tag` comes back in [`LgrOutput::RkeyFlowDone`].
-    /// Returns false if another local flow is running (the caller retries later).
+    /// Returns false if another local flow is running, or a further link is
+    /// being added (the caller retries later): Linux's ADD_LINK flow holds the
+    /// flow slot until the new link is confirmed (§1.6), so every RMB is either
+    /// in the new link's rkey exchange or announced afterwards for it too.
     pub fn start_confirm_rkey(
         &mut self,
         slot: usize,
@@ -422,7 +556,7 @@ impl LinkGroup {
         tag: u64,
         now: Timestamp,
     ) -> bool {
-        if self.local_flow.is_some() || self.terminated.is_some() {
+        if self.local_flow.is_some() || self.terminated.is_some() || self.adding_link() {
             return false;
         }
         let others: Vec<LinkRtoken> = others
@@ -443,6 +577,19 @@ impl LinkGroup {
             deadline: now + llc::WAIT_TIME,
         });
         true
+    }
+
+    /// A further link is being added (ACTIVATING, not the first contact's).
+    pub fn adding_link(&self) -> bool {
+        self.links
+            .iter()
+            .flatten()
+            .any(|l| l.state == LinkState::Activating && !l.first_contact)
+    }
+
+    /// One of our LLC request flows is waiting for its response (§1.6).
+    pub fn local_flow_busy(&self) -> bool {
+        self.local_flow.is_some()
     }
 
     /// Starts a DELETE_RKEY flow for our released RMB (its rkey on `slot`).
@@ -468,8 +615,10 @@ impl LinkGroup {
             return;
         }
         match self.links.get_mut(slot).and_then(Option::as_mut) {
-            Some(l) => l.last_rx = now,
-            None => {
+            // A link that went down takes no more part in the group; what it still
+            // delivers is stale (its connections have moved away).
+            Some(l) if l.state != LinkState::Inactive => l.last_rx = now,
+            _ => {
                 self.dropped += 1;
                 return;
             }
@@ -556,7 +705,9 @@ impl LinkGroup {
             self.dropped += 1;
             return;
         }
-        if !c.no_rmbe_eyec() {
+        let first_contact = self.link(slot).is_some_and(|l| l.first_contact);
+        // The eye-catcher bits are checked only on the first contact (§1.3).
+        if first_contact && !c.no_rmbe_eyec() {
             self.link_down(slot, DownReason::RmbeEyecatcher);
             return;
         }

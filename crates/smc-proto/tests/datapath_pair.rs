@@ -4,7 +4,11 @@
 //! every size (0, small, larger than any buffer) in both directions, random
 //! interleavings. Invariants: every byte arrives once, in order, unchanged; no
 //! cursor passes its limit (the data path would panic on underflow or report a
-//! violation); when both sides stop writing, everything drains.
+//! violation); when both sides stop writing, everything drains. Links fail now
+//! and then: a prefix of the CDCs in flight arrives, the rest is lost with every
+//! outstanding completion, and both ends move the connection to another link
+//! (failover rewind and validation CDC, §7.2 / §2.4) — still every byte arrives
+//! once, in order.
 
 use proptest::prelude::*;
 use smc_proto::datapath::{DataPath, DataPathConfig, TxBatch};
@@ -57,26 +61,26 @@ impl End {
     }
 }
 
-/// Carries out a batch: data straight into the peer's RMBE, CDC onto the wire.
-fn post(
-    batch: TxBatch,
-    from: &End,
-    peer_rmbe: &mut [u8],
-    wire: &mut VecDeque<(smc_wire::cdc::CdcMessage, u16)>,
-) {
+/// One message on the wire: the RDMA WRITEs (peer offset, bytes) and the CDC
+/// after them. They arrive together (RC order) or, when the link fails, not at all.
+type Msg = (Vec<(usize, Vec<u8>)>, smc_wire::cdc::CdcMessage);
+
+/// Carries out a batch: the written bytes and the CDC onto the wire.
+fn post(batch: TxBatch, from: &End, wire: &mut VecDeque<Msg>) {
+    let mut writes = Vec::new();
     for w in &batch.writes {
-        let mut at = w.peer_offset;
+        let mut data = Vec::new();
         for &(off, len) in w.src.as_slice() {
-            peer_rmbe[at..at + len].copy_from_slice(&from.sndbuf[off..off + len]);
-            at += len;
+            data.extend_from_slice(&from.sndbuf[off..off + len]);
         }
-        assert_eq!(at - w.peer_offset, w.len);
+        assert_eq!(data.len(), w.len);
+        writes.push((w.peer_offset, data));
     }
     // The CDC goes through the codec, as on a real link.
     let bytes = batch.cdc.encode();
     let decoded = smc_wire::cdc::CdcMessage::decode(&bytes).unwrap();
     assert_eq!(decoded, batch.cdc);
-    wire.push_back((decoded, batch.cdc.seqno));
+    wire.push_back((writes, decoded));
 }
 
 #[derive(Clone, Debug)]
@@ -87,6 +91,8 @@ enum Op {
     Deliver(usize),
     Complete(usize),
     Read(usize, usize),
+    /// The link fails: this many of each side's CDCs in flight still arrive.
+    Failover(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -110,6 +116,7 @@ fn op() -> impl Strategy<Value = Op> {
         side.clone().prop_map(Op::Complete),
         (side, prop_oneof![Just(0usize), 1..100usize, 1..70_000usize])
             .prop_map(|(s, n)| Op::Read(s, n)),
+        (0..4usize).prop_map(Op::Failover),
     ]
 }
 
@@ -119,7 +126,7 @@ fn sizes() -> impl Strategy<Value = usize> {
 
 struct Pair {
     ends: [End; 2],
-    wire: [VecDeque<(smc_wire::cdc::CdcMessage, u16)>; 2],
+    wire: [VecDeque<Msg>; 2],
     completions: [VecDeque<u16>; 2],
 }
 
@@ -135,25 +142,24 @@ impl Pair {
             }
             Op::Write(s) => self.ends[s].app_write(),
             Op::Tx(s) => {
-                let (a, b) = self.ends.split_at_mut(1);
-                let (me, peer) = if s == 0 {
-                    (&mut a[0], &mut b[0])
-                } else {
-                    (&mut b[0], &mut a[0])
-                };
+                let me = &mut self.ends[s];
                 if let Some(batch) = me.dp.poll_tx() {
                     let seq = batch.cdc.seqno;
-                    post(batch, me, &mut peer.rmbe, &mut self.wire[s]);
+                    post(batch, me, &mut self.wire[s]);
                     self.completions[s].push_back(seq);
                 }
             }
             Op::Deliver(s) => {
-                if let Some((m, _)) = self.wire[s].pop_front() {
+                if let Some((writes, m)) = self.wire[s].pop_front() {
+                    let peer = &mut self.ends[1 - s];
+                    for (at, data) in writes {
+                        peer.rmbe[at..at + data.len()].copy_from_slice(&data);
+                    }
                     let r = self.ends[1 - s]
                         .dp
                         .on_cdc(&m)
                         .expect("honest peer flagged as violation");
-                    assert!(!r.stale);
+                    assert!(!r.stale, "CDCs of one link arrive in order");
                 }
             }
             Op::Complete(s) => {
@@ -166,6 +172,26 @@ impl Pair {
                 }
             }
             Op::Read(s, n) => self.ends[s].app_read(n),
+            Op::Failover(k) => {
+                for s in 0..2 {
+                    for _ in 0..k {
+                        self.step(&Op::Deliver(s));
+                    }
+                    // the rest never arrives; no completion is reported any more
+                    self.wire[s].clear();
+                    self.completions[s].clear();
+                }
+                for s in 0..2 {
+                    // the validation CDC is the first message on the new link
+                    let v = self.ends[s].dp.failover_rewind();
+                    assert!(v.is_failover_validation());
+                    let r = self.ends[1 - s]
+                        .dp
+                        .on_cdc(&v)
+                        .expect("validation must find the connection in sync");
+                    assert!(r.stale, "a validation CDC is not data");
+                }
+            }
         }
     }
 

@@ -320,3 +320,143 @@ fn delete_of_an_unknown_link_is_answered_unknown() {
     }));
     assert!(c.is_terminated());
 }
+
+/// Brings up a second link in slot 1 of both groups, as the engine's test-only
+/// bring-up does: the server picks the link id, both add the link, the
+/// CONFIRM_LINK exchange runs on the new link.
+fn add_second_link(s: &mut LinkGroup, c: &mut LinkGroup, now: Timestamp) -> u8 {
+    let id = s.next_link_id();
+    assert_eq!(id, 2, "link 1 is taken by the first link");
+    let mut p3 = port(3);
+    p3.qpn = 0x13;
+    let mut p4 = port(4);
+    p4.qpn = 0x14;
+    assert_eq!(c.add_link(id, p4, peer_of(p3), now), Some(1));
+    assert_eq!(s.add_link(id, p3, peer_of(p4), now), Some(1));
+    let out = drain(s);
+    match &out[..] {
+        [LgrOutput::SendLlc {
+            slot: 1,
+            msg: LlcMessage::ConfirmLink(m),
+        }] => {
+            assert!(!m.is_response());
+            assert_eq!(m.link_num, id);
+            assert_eq!(m.sender_qpn, 0x13);
+        }
+        o => panic!("{o:?}"),
+    }
+    for o in out {
+        if let LgrOutput::SendLlc { slot, msg } = o {
+            c.on_llc(slot, msg, now);
+        }
+    }
+    let (es, ec) = exchange(s, c, now);
+    assert_eq!(es, vec![LgrOutput::LinkActive { slot: 1 }]);
+    assert_eq!(ec, vec![LgrOutput::LinkActive { slot: 1 }]);
+    id
+}
+
+#[test]
+fn a_second_link_confirms_and_outlives_the_first() {
+    let (mut s, mut c) = pair(None);
+    // the peer's RMB known on link 0 gets its rkey for the new link
+    let row = c.add_rtoken(0, 0xaaa, 0x1000).unwrap();
+    add_second_link(&mut s, &mut c, T0);
+    assert_eq!(c.usable_links(), 2);
+    assert_eq!(
+        c.add_link_rtokens(1, &[(0xaaa, 0xbbb, 0x2000), (0x999, 1, 2)]),
+        1
+    );
+    assert_eq!(c.rtoken(row).unwrap()[1], Some((0xbbb, 0x2000)));
+    // the client's first link fails: it tells the server on the survivor
+    c.on_link_failure(0);
+    let out = drain(&mut c);
+    assert_eq!(
+        out[0],
+        LgrOutput::LinkDown {
+            slot: 0,
+            reason: DownReason::Failure
+        }
+    );
+    match &out[1] {
+        LgrOutput::SendLlc {
+            slot: 1,
+            msg: LlcMessage::DeleteLink(d),
+        } => {
+            assert!(!d.is_response() && !d.is_all() && d.is_orderly());
+            assert_eq!((d.link_num, d.reason), (1, llc::DEL_LOST_PATH));
+        }
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(out.len(), 2, "the group lives on");
+    assert!(!c.is_terminated());
+    for o in out {
+        if let LgrOutput::SendLlc { slot, msg } = o {
+            s.on_llc(slot, msg, T0);
+        }
+    }
+    let out = drain(&mut s);
+    assert!(out.contains(&LgrOutput::LinkDown {
+        slot: 0,
+        reason: DownReason::DeletedByPeer(llc::DEL_LOST_PATH)
+    }));
+    assert!(!out
+        .iter()
+        .any(|o| matches!(o, LgrOutput::Terminated { .. })));
+    assert_eq!(s.active_slots().collect::<Vec<_>>(), [1]);
+    // the freed slot forgets its rkeys and takes the next link
+    assert!(c.clear_link(0));
+    assert!(!c.clear_link(1), "an active link is not cleared");
+    assert_eq!(c.rtoken(row).unwrap()[0], None);
+    assert_eq!(c.rtoken(row).unwrap()[1], Some((0xbbb, 0x2000)));
+    assert_eq!(c.free_slot(), Some(0));
+    // traffic on the cleared link is stale
+    let before = c.dropped;
+    c.on_llc(
+        0,
+        LlcMessage::TestLink(smc_wire::llc::TestLink::request(LlcVersion::V2_LE)),
+        T0,
+    );
+    assert!(drain(&mut c).is_empty());
+    assert_eq!(c.dropped, before + 1);
+    // losing the last link ends the group (§7.3)
+    c.on_link_failure(1);
+    let out = drain(&mut c);
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, LgrOutput::Terminated { .. })));
+    assert!(sent(&out).is_empty(), "no link left to tell the peer on");
+}
+
+#[test]
+fn an_added_link_that_is_never_confirmed_is_deleted_not_orderly() {
+    let (mut s, c) = pair(None);
+    let id = s.next_link_id();
+    let mut p3 = port(3);
+    p3.qpn = 0x13;
+    assert_eq!(s.add_link(id, p3, peer_of(port(4)), T0), Some(1));
+    drain(&mut s);
+    assert_eq!(c.next_link_id(), 2);
+    // no CONFIRM_LINK response within 5 s (SMC_LLC_WAIT_FIRST_TIME)
+    s.on_timeout(T0 + llc::WAIT_FIRST_TIME - Duration::from_millis(1));
+    assert!(drain(&mut s).is_empty());
+    s.on_timeout(T0 + llc::WAIT_FIRST_TIME);
+    let out = drain(&mut s);
+    assert_eq!(
+        out[0],
+        LgrOutput::LinkDown {
+            slot: 1,
+            reason: DownReason::ConfirmLinkTimeout
+        }
+    );
+    match &out[1] {
+        LgrOutput::SendLlc {
+            slot: 0,
+            msg: LlcMessage::DeleteLink(d),
+        } => assert!(!d.is_orderly() && d.link_num == id),
+        o => panic!("{o:?}"),
+    }
+    assert!(!s.is_terminated());
+    // a link id still in use is refused
+    assert_eq!(s.add_link(1, port(5), peer_of(port(6)), T0), None);
+}

@@ -40,6 +40,7 @@ fn main() -> ExitCode {
             let t = std::time::Instant::now();
             let (mut smc, mut not_smc, mut bytes, mut faults, mut aborts, mut failed) =
                 (0, 0, 0u64, 0, 0, 0);
+            let (mut two_links, mut failovers, mut moves) = (0, 0, 0);
             for seed in start..start + n {
                 match simulate::run(seed) {
                     Ok(r) => {
@@ -48,6 +49,9 @@ fn main() -> ExitCode {
                         bytes += r.bytes;
                         faults += usize::from(r.fault.is_some());
                         aborts += r.aborts;
+                        two_links += usize::from(r.second_link);
+                        failovers += usize::from(r.survivable_fault);
+                        moves += r.moves;
                     }
                     Err(e) => {
                         failed += 1;
@@ -62,6 +66,9 @@ fn main() -> ExitCode {
                 n - failed,
                 failed,
                 bytes as f64 / (1 << 20) as f64
+            );
+            println!(
+                "  {two_links} runs with a second link, {failovers} of them lost one link (failover), {moves} connection moves"
             );
             if failed == 0 {
                 ExitCode::SUCCESS

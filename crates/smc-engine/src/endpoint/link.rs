@@ -1,0 +1,206 @@
+//! One link of a link group as the endpoint holds it: the provider objects (RC
+//! QP, send and receive CQs, receive buffers) and the work-request bookkeeping.
+//!
+//! Spec: `protocol-llc-cdc.md` §4.1–§4.3 (per-link send slots, 48 receive WRs,
+//! QP attributes), §6 (a link is one RC QP pair; each has its own PSN and peer
+//! QPN/GID), §9 (CDCs and their RDMA WRITEs go on the same QP, RC ordering).
+//!
+//! Linux gives every link its own protection domain and registers each RMB once
+//! per link, hence one rkey per (RMB, link) (§4.3). Our providers allocate the
+//! memory of a region with its registration, so one buffer cannot be registered
+//! twice; the links of one group therefore share the group's protection domain,
+//! and an RMB has the same rkey on every link of its group. The protocol is
+//! unchanged: rkeys are still announced per link (CONFIRM_RKEY entries for the
+//! other links, the rkey list of a link's bring-up), and a peer with per-link
+//! rkeys is handled through its per-link rtoken columns.
+
+use smc_proto::link::{LocalPort, PeerPort};
+use smc_rdma::{
+    Access, CompletionQueue, Device, MemoryRegion, Payload, ProtectionDomain, Provider, QpCap,
+    QpModify, QpState, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge,
+};
+use smc_wire::types::{Gid, IbMtu, Mac};
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{ConnId, Result};
+
+/// Receive buffers posted per link (Linux: 3 × 16 = 48).
+pub(super) const RECV_SLOTS: usize = 48;
+/// Bytes per receive buffer (SMC-Rv2 LLC messages are up to 8 KiB).
+pub(super) const RECV_SLOT_LEN: usize = 8192;
+/// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
+pub(super) const MAX_SENDS: usize = 16;
+
+/// What a signaled SEND carried, to act on its completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WrKind {
+    /// An LLC message.
+    Llc,
+    /// A CDC of a connection, with its seqno.
+    Cdc(ConnId, u16),
+    /// A failover validation CDC (§2.4): nothing to do on completion.
+    Validation,
+}
+
+/// One link's provider objects and send bookkeeping.
+pub(super) struct LinkRes<P: Provider> {
+    pub scq: P::Cq,
+    pub rcq: P::Cq,
+    pub qp: P::Qp,
+    pub recv: P::Mr,
+    /// Our initial send PSN.
+    pub psn: u32,
+    /// The peer's end, once known.
+    pub peer_gid: Gid,
+    pub peer_qpn: u32,
+    /// The QP is connected (RTR and RTS with the peer's values).
+    pub connected: bool,
+    /// Server: the link id chosen when this (further) link was offered.
+    pub offered_id: u8,
+    /// Signaled SENDs in flight by wr_id.
+    pub wrs: HashMap<u64, WrKind>,
+    pub sends_in_flight: usize,
+    pub next_wr: u64,
+}
+
+impl<P: Provider> LinkRes<P> {
+    /// A new link: CQs, an RC QP in INIT on port 1 and its receive buffers posted.
+    /// A link's QP with its CQs on the endpoint's completion channel `chan`,
+    /// accepting inline payloads up to `max_inline` bytes.
+    pub fn new(
+        dev: &P::Device,
+        pd: &P::Pd,
+        chan: &P::Channel,
+        max_inline: u32,
+    ) -> Result<LinkRes<P>> {
+        let scq = dev.create_cq(1024, Some(chan))?;
+        let rcq = dev.create_cq(1024, Some(chan))?;
+        let qp = pd.create_qp(
+            &scq,
+            &rcq,
+            QpCap {
+                max_send_wr: 3 * MAX_SENDS as u32,
+                max_recv_wr: RECV_SLOTS as u32,
+                max_inline_data: max_inline,
+            },
+        )?;
+        qp.modify(&QpModify::Init {
+            port: 1,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        })?;
+        let recv = pd.alloc_mr(RECV_SLOTS * RECV_SLOT_LEN, Access::LOCAL_WRITE)?;
+        for i in 0..RECV_SLOTS {
+            let sge = recv.sge(i * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
+            qp.post_recv(&RecvWr {
+                wr_id: i as u64,
+                sges: &[sge],
+            })?;
+        }
+        let psn = qp.qp_num().wrapping_mul(2_654_435_761) & 0x00ff_ffff;
+        Ok(LinkRes {
+            scq,
+            rcq,
+            qp,
+            recv,
+            psn,
+            peer_gid: Gid::ZERO,
+            peer_qpn: 0,
+            connected: false,
+            offered_id: 0,
+            wrs: HashMap::new(),
+            sends_in_flight: 0,
+            next_wr: 1 << 32,
+        })
+    }
+
+    /// Our end of the link.
+    pub fn local_port(&self, gid: Gid, mac: Mac, mtu: IbMtu) -> LocalPort {
+        LocalPort {
+            gid,
+            mac,
+            qpn: self.qp.qp_num(),
+            psn: self.psn,
+            mtu,
+        }
+    }
+
+    /// Connects the QP to the peer's (INIT → RTR → RTS) with Linux's attributes.
+    pub fn connect(&mut self, peer: &PeerPort, local_mtu: IbMtu) -> Result<()> {
+        let mtu = smc_rdma::Mtu::from_code(peer.mtu).map_or(local_mtu, |m| m.min(local_mtu));
+        self.qp.modify(&QpModify::Rtr {
+            remote: RemoteQp {
+                gid: peer.gid,
+                qp_num: peer.qpn,
+            },
+            sgid_index: 0,
+            rq_psn: peer.psn,
+            path_mtu: mtu,
+            min_rnr_timer: Duration::from_micros(640),
+        })?;
+        // Linux: timeout 15 (~134 ms), retry 7, rnr_retry 7 (§4.3).
+        self.qp.modify(&QpModify::Rts {
+            sq_psn: self.psn,
+            timeout: Duration::from_millis(134),
+            retry_cnt: 7,
+            rnr_retry: 7,
+        })?;
+        self.peer_gid = peer.gid;
+        self.peer_qpn = peer.qpn;
+        self.connected = true;
+        Ok(())
+    }
+
+    /// Posts a signaled SEND (LLC or CDC, inline).
+    pub fn post(&mut self, kind: WrKind, bytes: &[u8]) -> Result<()> {
+        self.next_wr += 1;
+        self.qp.post_send(&SendWr {
+            wr_id: self.next_wr,
+            op: SendOp::Send,
+            payload: Payload::Inline(bytes),
+            signaled: true,
+        })?;
+        self.wrs.insert(self.next_wr, kind);
+        self.sends_in_flight += 1;
+        Ok(())
+    }
+
+    /// Posts an unsignaled RDMA WRITE of `sges` to the peer's `(rkey, addr)`.
+    pub fn post_write(&mut self, sges: &[Sge], rkey: u32, remote_addr: u64) -> Result<()> {
+        self.next_wr += 1;
+        self.qp.post_send(&SendWr {
+            wr_id: self.next_wr,
+            op: SendOp::RdmaWrite { remote_addr, rkey },
+            payload: Payload::Sges(sges),
+            signaled: false,
+        })
+    }
+
+    /// Posts an unsignaled inline RDMA WRITE of `data` (copied at post time)
+    /// to the peer's `(rkey, addr)`.
+    pub fn post_write_inline(&mut self, data: &[u8], rkey: u32, remote_addr: u64) -> Result<()> {
+        self.next_wr += 1;
+        self.qp.post_send(&SendWr {
+            wr_id: self.next_wr,
+            op: SendOp::RdmaWrite { remote_addr, rkey },
+            payload: Payload::Inline(data),
+            signaled: false,
+        })
+    }
+
+    /// Asks both CQs to signal the endpoint's channel at their next completion.
+    pub fn arm(&self) -> Result<()> {
+        self.scq.req_notify()?;
+        self.rcq.req_notify()
+    }
+
+    /// The QP has failed (posting to it fails with this, completions flush).
+    pub fn failed(&self) -> bool {
+        self.qp.state() == QpState::Err
+    }
+
+    /// Stops the link's QP: outstanding work requests flush.
+    pub fn shut(&self) {
+        let _ = self.qp.modify(&QpModify::Err);
+    }
+}

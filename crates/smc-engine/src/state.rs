@@ -1,0 +1,214 @@
+//! The explicit states of a link group and of a connection's handshake, as the
+//! endpoint runs them.
+//!
+//! Spec: `protocol-llc-cdc.md` §1.7 (first contact: the group exists before its
+//! first link is confirmed), §1.9 and §7.3 (DELETE_LINK ALL, the last link lost:
+//! the group terminates and its connections die), §5.6 (an idle group is ended
+//! after 600 s / 610 s), §6 (which groups new connections may join), §7.2 (a link
+//! fails while another is usable: connections move, the group lives on);
+//! `protocol-clc.md` §4 (the CLC flows whose steps [`HandshakePhase`] names).
+//!
+//! Linux keeps no single state variable for a link group: it has the
+//! `lgr_pending` mutexes held during a first contact, the `terminating` and
+//! `freeing` flags, and the redundancy type (SINGLE, SYMMETRIC, ...). Our
+//! [`LgrState`] makes the same life cycle explicit, and [`LgrState::on`] is the
+//! one place where it changes: a pure function from (state, event) to (next
+//! state, what the endpoint must do), whose every pair is a reviewed golden table
+//! (`tests/golden/lgr_table.txt`). The link states themselves are smc-proto's
+//! [`smc_proto::link::LinkState`]; the close states of a connection are
+//! [`smc_proto::close::CloseState`].
+
+use core::fmt;
+
+/// Life cycle of a link group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LgrState {
+    /// First contact in progress, peer's end unknown: our first QP exists and went
+    /// out in CLC (server: Accept sent, Confirm awaited). Not offered to other
+    /// connections: a second connection to the same peer waits until the group is
+    /// `Active` and then joins it (Linux's `lgr_pending` serialization).
+    Creating,
+    /// The first link's QP is connected to the peer's and CONFIRM_LINK is being
+    /// exchanged (the link is ACTIVATING, §1.7). Still not offered to others.
+    Confirming,
+    /// At least one usable link: connections run and new ones may join (§6).
+    /// Further links may come and go; with no connection left the idle timer runs.
+    Active,
+    /// Ended: the last link was lost, DELETE_LINK ALL was sent or received, the
+    /// first link never got confirmed, or the idle time expired. Connections are
+    /// killed (or their handshakes fall back); the group is freed once the last
+    /// one is gone.
+    Terminating,
+    /// Removed from the endpoint; its provider objects are released.
+    Freed,
+}
+
+impl LgrState {
+    /// Every state, in life-cycle order.
+    pub const ALL: [LgrState; 5] = [
+        LgrState::Creating,
+        LgrState::Confirming,
+        LgrState::Active,
+        LgrState::Terminating,
+        LgrState::Freed,
+    ];
+
+    /// New connections may join the group (reuse, §6).
+    pub fn accepts_connections(self) -> bool {
+        self == LgrState::Active
+    }
+
+    /// A first contact with the peer is still in progress: other connections to
+    /// the same peer wait for its outcome.
+    pub fn first_contact_pending(self) -> bool {
+        matches!(self, LgrState::Creating | LgrState::Confirming)
+    }
+
+    /// The transition for `ev`: the next state and what the endpoint must do.
+    pub fn on(self, ev: LgrEvent) -> (LgrState, LgrAction) {
+        use LgrAction as A;
+        use LgrEvent as E;
+        use LgrState as S;
+        match (self, ev) {
+            // Gone is gone.
+            (S::Freed, _) => (S::Freed, A::Nothing),
+            // A group terminates once, whatever the trigger (§1.9, §7.3).
+            (S::Terminating, E::LastConnGone) => (S::Freed, A::Free),
+            (S::Terminating, _) => (S::Terminating, A::Nothing),
+            (_, E::Terminated) => (S::Terminating, A::KillConnections),
+
+            (S::Creating, E::FirstLinkConnected) => (S::Confirming, A::Nothing),
+            // The handshake that created the group died before the peer's end was
+            // known: nothing was confirmed, nothing to tell the peer.
+            (S::Creating, E::LastConnGone) => (S::Freed, A::Free),
+            (S::Creating, _) => (S::Creating, A::Nothing),
+
+            (S::Confirming, E::LinkActive) => (S::Active, A::EstablishWaiting),
+            // CONFIRM_LINK still decides: the group then idles or terminates.
+            (S::Confirming, _) => (S::Confirming, A::Nothing),
+
+            // A further link joined: new connections may be assigned to it.
+            (S::Active, E::LinkActive) => (S::Active, A::Nothing),
+            // §7.2: another link is usable, the failed link's connections move.
+            (S::Active, E::LinkDown { usable_left: true }) => (S::Active, A::MoveConnections),
+            // The last link: `Terminated` follows from the link group (§7.3).
+            (S::Active, E::LinkDown { usable_left: false }) => (S::Active, A::Nothing),
+            // No connection for the idle time: DELETE_LINK ALL, orderly (§5.6).
+            (S::Active, E::IdleExpired) => (S::Terminating, A::DeleteAll),
+            (S::Active, _) => (S::Active, A::Nothing),
+        }
+    }
+}
+
+impl fmt::Display for LgrState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            LgrState::Creating => "CREATING",
+            LgrState::Confirming => "CONFIRMING",
+            LgrState::Active => "ACTIVE",
+            LgrState::Terminating => "TERMINATING",
+            LgrState::Freed => "FREED",
+        };
+        f.write_str(s)
+    }
+}
+
+/// What happens to a link group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LgrEvent {
+    /// The first link's QP was connected to the peer's (client: Accept received;
+    /// server: Confirm received).
+    FirstLinkConnected,
+    /// A link finished its CONFIRM_LINK exchange.
+    LinkActive,
+    /// A link went down (QP error, keepalive, DELETE_LINK from the peer);
+    /// `usable_left` says whether another link is still usable.
+    LinkDown {
+        /// Another link is usable.
+        usable_left: bool,
+    },
+    /// The link group ended (smc-proto's `Terminated`: no usable link left,
+    /// DELETE_LINK ALL either way, first CONFIRM_LINK missing, out of sync).
+    Terminated,
+    /// The group has had no connection for the idle timeout.
+    IdleExpired,
+    /// The last connection left the group.
+    LastConnGone,
+}
+
+impl LgrEvent {
+    /// Every event, for tables.
+    pub const ALL: [LgrEvent; 7] = [
+        LgrEvent::FirstLinkConnected,
+        LgrEvent::LinkActive,
+        LgrEvent::LinkDown { usable_left: true },
+        LgrEvent::LinkDown { usable_left: false },
+        LgrEvent::Terminated,
+        LgrEvent::IdleExpired,
+        LgrEvent::LastConnGone,
+    ];
+}
+
+/// What the endpoint does on a transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LgrAction {
+    /// Nothing beyond the state change.
+    Nothing,
+    /// Connections waiting for the first link (handshake phase `AwaitLink`) are
+    /// established.
+    EstablishWaiting,
+    /// The failed link's connections move to a usable link (§7.2), its QP is
+    /// released and its slot freed.
+    MoveConnections,
+    /// End the group on our initiative: DELETE_LINK ALL, orderly, "program
+    /// initiated" (§5.6), then the group terminates.
+    DeleteAll,
+    /// Kill every connection (§5.5): handshakes in progress decline and fall
+    /// back (TIMEOUT_CL), established ones are aborted without a CDC.
+    KillConnections,
+    /// Release the provider objects and forget the group.
+    Free,
+}
+
+/// Where a connection's CLC handshake stands (`protocol-clc.md` §4). After
+/// `Smc`, the connection's state is its close state
+/// ([`smc_proto::close::CloseState`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HandshakePhase {
+    /// Client: Proposal sent, waiting for Accept or Decline (6 s).
+    AwaitAccept,
+    /// Client, reused group: our CONFIRM_RKEY is out; the CLC Confirm follows its
+    /// positive response (§1.11).
+    ClientRkey,
+    /// Server: waiting for the Proposal (6 s).
+    AwaitProposal,
+    /// Server: a first contact with the same peer is in progress; the Proposal
+    /// waits for its outcome, then joins that group or makes its own first
+    /// contact (Linux `lgr_pending`).
+    AwaitLgr,
+    /// Server, reused group: our CONFIRM_RKEY is out; the Accept follows.
+    ServerRkey,
+    /// Server: Accept sent, waiting for the Confirm (6 s).
+    AwaitConfirm,
+    /// First contact: CLC done, waiting for the CONFIRM_LINK exchange (§1.7).
+    AwaitLink,
+    /// Established: data moves over RDMA.
+    Smc,
+    /// Ended without SMC-R or failed (fallback to TCP, or an error).
+    Done,
+}
+
+impl HandshakePhase {
+    /// Every phase.
+    pub const ALL: [HandshakePhase; 9] = [
+        HandshakePhase::AwaitAccept,
+        HandshakePhase::ClientRkey,
+        HandshakePhase::AwaitProposal,
+        HandshakePhase::AwaitLgr,
+        HandshakePhase::ServerRkey,
+        HandshakePhase::AwaitConfirm,
+        HandshakePhase::AwaitLink,
+        HandshakePhase::Smc,
+        HandshakePhase::Done,
+    ];
+}
