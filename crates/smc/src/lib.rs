@@ -22,6 +22,8 @@ mod ctx;
 mod handshake;
 mod rendezvous;
 mod stream;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub use ctx::{state, DeviceState};
 pub use stream::{Fallback, Mode, SmcListener, SmcStream};
