@@ -437,3 +437,117 @@ async fn a_silent_client_does_not_hold_up_accept() {
     );
     drop(silent);
 }
+
+/// Echoes one 5-byte message on an accepted stream; returns its mode.
+async fn echo_five(l: &SmcListener) -> Mode {
+    let (mut s, _) = l.accept().await.unwrap();
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).await.unwrap();
+    s.write_all(&b).await.unwrap();
+    s.mode()
+}
+
+/// Connects, sends 5 bytes and checks the echo; returns the mode.
+async fn hello(port: u16) -> Mode {
+    let mut c = SmcStream::connect(("127.0.0.1", port)).await.unwrap();
+    c.write_all(b"hello").await.unwrap();
+    let mut b = [0u8; 5];
+    c.read_exact(&mut b).await.unwrap();
+    assert_eq!(&b, b"hello");
+    c.mode()
+}
+
+/// The child process of the test below: no SMC device at all.
+async fn no_device_peer() {
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let port: u16 = line.trim().strip_prefix("port ").unwrap().parse().unwrap();
+    let (server, client) = tokio::join!(echo_five(&l), hello(port));
+    println!("child server {server:?}");
+    println!("child client {client:?}");
+}
+
+/// A peer process without an SMC device (its SYNs still carry the option):
+/// its async server declines our Proposal, its async client declines instead
+/// of proposing, and both connections go on over TCP with the reasons Linux
+/// gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_without_a_device_declines_both_ways() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    if std::env::var_os("SMC_TOKIO_NO_DEVICE").is_some() {
+        return no_device_peer().await;
+    }
+    setup();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_peer_without_a_device_declines_both_ways",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SMC_TOKIO_NO_DEVICE", "1")
+        .env_remove("SMC_RDMA_SHM_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    let port = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        // (libtest may print "test NAME ... " on the same line first)
+        if let Some((_, p)) = line.trim().split_once("port ") {
+            break p.parse::<u16>().unwrap();
+        }
+    };
+    let l = SmcListener::bind("127.0.0.1:0").await.unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "port {}", l.local_addr().unwrap().port()).unwrap();
+    let (server, client) = bounded(async { tokio::join!(echo_five(&l), hello(port)) }).await;
+    let rest = tokio::task::spawn_blocking(move || {
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        (rest, child.wait().unwrap())
+    })
+    .await
+    .unwrap();
+    assert!(rest.1.success(), "child failed: {}", rest.0);
+    lines.extend(rest.0.lines().map(str::to_string));
+    let child_mode = |who: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.find(who).map(|i| l[i + who.len()..].trim().to_string()))
+            .unwrap_or_else(|| panic!("no {who:?} in the child's output: {lines:?}"))
+    };
+    // we proposed, the child's server declined with its reason
+    let Mode::Tcp(Fallback {
+        reason: DeclineCode::PeerDecl,
+        peer: Some(theirs),
+    }) = client
+    else {
+        panic!("client: {client:?}")
+    };
+    let their_server = Mode::Tcp(Fallback {
+        reason: theirs,
+        peer: None,
+    });
+    assert_eq!(child_mode("child server "), format!("{their_server:?}"));
+    // the child's client declined instead of proposing
+    let Mode::Tcp(Fallback {
+        reason: DeclineCode::PeerDecl,
+        peer: Some(theirs),
+    }) = server
+    else {
+        panic!("server: {server:?}")
+    };
+    let their_client = Mode::Tcp(Fallback {
+        reason: theirs,
+        peer: None,
+    });
+    assert_eq!(child_mode("child client "), format!("{their_client:?}"));
+    eprintln!("child server: {their_server:?}, child client: {their_client:?}");
+}
