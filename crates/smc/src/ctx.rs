@@ -83,6 +83,13 @@ pub(crate) struct Shared {
     /// Whether a leader is polling `notify`.
     leader: Mutex<bool>,
     spin: Spin,
+    /// Tasks of the tokio adapter waiting for progress; every pump that takes
+    /// completions wakes them, as `cv` wakes the sleeping threads. (Their own
+    /// wake-up, an edge on the completion channel, is lost when a sleeping
+    /// thread drains the channel before the reactor looks; that thread pumps
+    /// next, and its pump wakes them.)
+    #[cfg(feature = "tokio")]
+    tasks: Mutex<Vec<std::task::Waker>>,
 }
 
 /// What a waiting thread waits for.
@@ -218,6 +225,8 @@ impl Shared {
             active: AtomicUsize::new(0),
             leader: Mutex::new(false),
             spin: Spin::default(),
+            #[cfg(feature = "tokio")]
+            tasks: Mutex::new(Vec::new()),
         })
     }
 
@@ -259,8 +268,13 @@ impl Shared {
     pub(crate) fn pump(&self, ep: &mut Endpoint<ShmProvider>) -> u64 {
         let _ = ep.pump(now());
         let n = ep.completions();
-        if self.gen.swap(n, Ordering::AcqRel) != n && self.sleepers.load(Ordering::Acquire) > 0 {
+        let moved = self.gen.swap(n, Ordering::AcqRel) != n;
+        if moved && self.sleepers.load(Ordering::Acquire) > 0 {
             self.wake(ep, false);
+        }
+        #[cfg(feature = "tokio")]
+        if moved {
+            self.wake_tasks();
         }
         n
     }
@@ -327,6 +341,72 @@ impl Shared {
             }
             self.sleep(Some(want), seen, deadline);
         }
+    }
+
+    /// Wakes the tasks waiting for progress (called with the endpoint locked).
+    #[cfg(feature = "tokio")]
+    fn wake_tasks(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in tasks {
+            w.wake();
+        }
+    }
+
+    /// Wakes `waker` at the next pump that takes completions. Call with the
+    /// endpoint locked (`_ep`), after looking at it: nothing between the look
+    /// and the registration is missed.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn wake_on_progress(
+        &self,
+        _ep: &mut Endpoint<ShmProvider>,
+        waker: &std::task::Waker,
+    ) {
+        let mut v = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if !v.iter().any(|w| w.will_wake(waker)) {
+            v.push(waker.clone());
+        }
+    }
+
+    /// One attempt at `op` that never waits, for a task that sleeps elsewhere
+    /// (the tokio adapter): try, pump, try; if `op` still cannot go on, arm the
+    /// completion queues, then pump and try once more (a completion that came
+    /// before arming signals nobody). `None`: the queues are armed, the
+    /// completion channel ([`Shared::notify_dup`]) will signal the next
+    /// completion, and `waker` is woken by the next pump that takes one.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn try_or_arm<R>(
+        &self,
+        waker: &std::task::Waker,
+        mut op: impl FnMut(&mut Endpoint<ShmProvider>) -> Option<io::Result<R>>,
+    ) -> Option<io::Result<R>> {
+        let mut ep = self.lock();
+        let mut r = op(&mut ep);
+        if r.is_none() {
+            self.pump(&mut ep);
+            r = op(&mut ep);
+        }
+        if r.is_none() {
+            if let Err(e) = ep.arm() {
+                return Some(Err(io::Error::other(e)));
+            }
+            self.pump(&mut ep);
+            r = op(&mut ep);
+        }
+        match r {
+            // send what the operation produced (data, cursor updates)
+            Some(_) => {
+                self.pump(&mut ep);
+            }
+            None => self.wake_on_progress(&mut ep, waker),
+        }
+        r
+    }
+
+    /// A descriptor of the endpoint's completion channel, for one waiter of
+    /// its own (each duplicate is a separate registration in an epoll set).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn notify_dup(&self) -> io::Result<OwnedFd> {
+        self.notify.try_clone()
     }
 
     /// Sleeps until completions arrive after `seen` (the leader) or `want` can

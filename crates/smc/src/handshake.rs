@@ -9,7 +9,7 @@ use smc_wire::types::SystemId;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, TcpStream};
 
-fn protocol_error(e: ClcReadError) -> io::Error {
+pub(crate) fn protocol_error(e: ClcReadError) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!("SMC handshake failed: {e}"),
@@ -70,66 +70,96 @@ fn capabilities(local: IpAddr) -> LocalCapabilities {
     }
 }
 
-fn send_decline(tcp: &mut TcpStream, version: u8, code: DeclineCode) -> io::Result<()> {
-    let d = Decline::new(version, SystemId::default(), code);
-    tcp.write_all(&ClcMessage::Decline(d).encode())
+fn decline(version: u8, code: DeclineCode) -> Vec<u8> {
+    ClcMessage::Decline(Decline::new(version, SystemId::default(), code)).encode()
 }
 
-/// Client side, after the SYN-ACK carried the option.
-pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
-    let local = tcp.local_addr()?.ip();
+/// Client without a device, after the SYN-ACK carried the option: the first CLC
+/// message to send, and the outcome if that ends the handshake.
+pub(crate) fn client_start(local: IpAddr) -> (Vec<u8>, Option<Fallback>) {
     match negotiate::build_proposal(local, &capabilities(local)) {
-        Ok(p) => {
-            tcp.write_all(&ClcMessage::Proposal(p).encode())?;
-            match read_clc(tcp, ClcType::Accept)? {
-                ClcMessage::Decline(d) => Ok(Fallback {
-                    reason: DeclineCode::PeerDecl,
-                    peer: Some(d.diagnosis),
-                }),
-                // An Accept we cannot honour without a device: decline it.
-                ClcMessage::Accept(a) => {
-                    send_decline(tcp, a.version, DeclineCode::NoSmcRDev)?;
-                    Ok(Fallback {
-                        reason: DeclineCode::NoSmcRDev,
-                        peer: None,
-                    })
-                }
-                m => Err(protocol_error(ClcReadError::Unexpected(m.msg_type()))),
-            }
-        }
-        Err(code) => {
-            // Linux: a client with nothing to offer declines instead of proposing.
-            send_decline(tcp, SMC_V1, code)?;
-            Ok(Fallback {
+        Ok(p) => (ClcMessage::Proposal(p).encode(), None),
+        // Linux: a client with nothing to offer declines instead of proposing.
+        Err(code) => (
+            decline(SMC_V1, code),
+            Some(Fallback {
                 reason: code,
                 peer: None,
-            })
-        }
+            }),
+        ),
     }
 }
 
-/// Server side, after the SYN carried the option.
-pub(crate) fn server(tcp: &mut TcpStream) -> io::Result<Fallback> {
-    let local = tcp.local_addr()?.ip();
-    match read_clc(tcp, ClcType::Proposal)? {
-        ClcMessage::Decline(d) => Ok(Fallback {
-            reason: DeclineCode::PeerDecl,
-            peer: Some(d.diagnosis),
-        }),
+/// Client without a device: the server's answer to our Proposal. Returns what
+/// to send back (possibly nothing) and the outcome.
+pub(crate) fn client_reply(m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
+    match m {
+        ClcMessage::Decline(d) => Ok((
+            Vec::new(),
+            Fallback {
+                reason: DeclineCode::PeerDecl,
+                peer: Some(d.diagnosis),
+            },
+        )),
+        // An Accept we cannot honour without a device: decline it.
+        ClcMessage::Accept(a) => Ok((
+            decline(a.version, DeclineCode::NoSmcRDev),
+            Fallback {
+                reason: DeclineCode::NoSmcRDev,
+                peer: None,
+            },
+        )),
+        m => Err(protocol_error(ClcReadError::Unexpected(m.msg_type()))),
+    }
+}
+
+/// Server without a device: the client's first CLC message. Returns what to
+/// send back (possibly nothing) and the outcome.
+pub(crate) fn server_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
+    match m {
+        ClcMessage::Decline(d) => Ok((
+            Vec::new(),
+            Fallback {
+                reason: DeclineCode::PeerDecl,
+                peer: Some(d.diagnosis),
+            },
+        )),
         ClcMessage::Proposal(p) => {
             let code = match negotiate::server_choose(&p, &capabilities(local)) {
                 Err(code) => code,
                 // not reachable without capabilities; decline all the same
                 Ok(_) => DeclineCode::NoSmcDev,
             };
-            send_decline(tcp, negotiate::decline_version(&p), code)?;
-            Ok(Fallback {
-                reason: code,
-                peer: None,
-            })
+            Ok((
+                decline(negotiate::decline_version(&p), code),
+                Fallback {
+                    reason: code,
+                    peer: None,
+                },
+            ))
         }
         m => Err(protocol_error(ClcReadError::Unexpected(m.msg_type()))),
     }
+}
+
+/// Client side, after the SYN-ACK carried the option.
+pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
+    let (first, done) = client_start(tcp.local_addr()?.ip());
+    tcp.write_all(&first)?;
+    if let Some(f) = done {
+        return Ok(f);
+    }
+    let (answer, f) = client_reply(read_clc(tcp, ClcType::Accept)?)?;
+    tcp.write_all(&answer)?;
+    Ok(f)
+}
+
+/// Server side, after the SYN carried the option.
+pub(crate) fn server(tcp: &mut TcpStream) -> io::Result<Fallback> {
+    let local = tcp.local_addr()?.ip();
+    let (answer, f) = server_reply(local, read_clc(tcp, ClcType::Proposal)?)?;
+    tcp.write_all(&answer)?;
+    Ok(f)
 }
 
 /// The CLC handshake driven by an endpoint (a device serves this connection).

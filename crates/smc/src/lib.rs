@@ -15,6 +15,10 @@
 //! device bound to that interface, as Linux chooses). Without one it declines
 //! with "no SMC device" and stays on TCP. The data path is the `smc-engine`
 //! endpoint; reads and writes run it in the application's thread.
+//!
+//! With the cargo feature `tokio`, the `tokio` module has async
+//! `SmcStream`/`SmcListener` (`AsyncRead`/`AsyncWrite`, `accept().await`) that
+//! run the endpoint in the task's poll and sleep in tokio's reactor.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -22,6 +26,8 @@ mod ctx;
 mod handshake;
 mod rendezvous;
 mod stream;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub use ctx::{state, DeviceState};
 pub use stream::{Fallback, Mode, SmcListener, SmcStream};

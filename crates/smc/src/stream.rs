@@ -70,9 +70,9 @@ struct Opts {
 }
 
 /// One SMC-R connection; released when the last handle goes away.
-struct SmcConn {
-    shared: Arc<Shared>,
-    id: ConnId,
+pub(crate) struct SmcConn {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: ConnId,
 }
 
 impl Drop for SmcConn {
@@ -92,15 +92,15 @@ impl fmt::Debug for SmcStream {
     }
 }
 
-fn no_smc(reason: DeclineCode) -> Mode {
+pub(crate) fn no_smc(reason: DeclineCode) -> Mode {
     Mode::Tcp(Fallback { reason, peer: None })
 }
 
-fn no_rendezvous() -> Mode {
+pub(crate) fn no_rendezvous() -> Mode {
     no_smc(DeclineCode::from_u32(FALLBACK_NO_RENDEZVOUS))
 }
 
-fn conn_error(e: ConnError) -> io::Error {
+pub(crate) fn conn_error(e: ConnError) -> io::Error {
     match e {
         ConnError::NotConnected => {
             io::Error::new(io::ErrorKind::NotConnected, "SMC connection is gone")
@@ -120,7 +120,7 @@ fn conn_error(e: ConnError) -> io::Error {
     }
 }
 
-fn fail_error(r: FailReason) -> io::Error {
+pub(crate) fn fail_error(r: FailReason) -> io::Error {
     match r {
         FailReason::Timeout => io::Error::new(io::ErrorKind::TimedOut, "SMC handshake timed out"),
         FailReason::TcpClosed => io::Error::new(
@@ -258,6 +258,27 @@ impl SmcStream {
             ConnStatus::Failed(r) => Err(fail_error(r)),
             ConnStatus::Handshaking => Err(io::Error::other("SMC handshake did not finish")),
         }
+    }
+
+    /// The connection's parts, for the tokio adapter (takes the pending bytes,
+    /// which other handles of the connection then no longer see).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_parts(self) -> Parts {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        Parts {
+            tcp: self.tcp,
+            mode: self.mode,
+            smc: self.smc,
+            pending,
+        }
+    }
+
+    /// A stream from its parts (the TCP socket in blocking mode).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn from_parts(p: Parts) -> SmcStream {
+        let mut s = SmcStream::tcp_only(p.tcp, p.mode, p.pending);
+        s.smc = p.smc;
+        s
     }
 
     fn timeout(m: &Mutex<Option<Duration>>) -> Option<Instant> {
@@ -474,6 +495,16 @@ impl Write for &SmcStream {
     }
 }
 
+/// What a stream is made of, for the tokio adapter.
+#[cfg(feature = "tokio")]
+pub(crate) struct Parts {
+    pub(crate) tcp: TcpStream,
+    pub(crate) mode: Mode,
+    pub(crate) smc: Option<Arc<SmcConn>>,
+    /// TCP bytes that arrived behind the CLC messages.
+    pub(crate) pending: Vec<u8>,
+}
+
 /// A listener whose connections use SMC-R when the client can.
 #[derive(Debug)]
 pub struct SmcListener {
@@ -504,6 +535,18 @@ impl SmcListener {
             tcp: TcpListener::from(fd),
             opted,
         })
+    }
+
+    /// The listening socket and whether it is opted in to the SMC option.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_parts(self) -> (TcpListener, bool) {
+        (self.tcp, self.opted)
+    }
+
+    /// A listener from its parts.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn from_parts(tcp: TcpListener, opted: bool) -> SmcListener {
+        SmcListener { tcp, opted }
     }
 
     /// Accepts the next connection. A connection whose SMC handshake fails (a
