@@ -247,6 +247,14 @@ struct Lgr<P: Provider> {
     /// them in per-size pools, §4.4): a late RDMA WRITE from the peer lands in
     /// memory we still own, and the next connection skips registration.
     free_bufs: Vec<(P::Mr, P::Mr)>,
+    /// rkeys of pooled RMBs that the peer still knows: with a single link a
+    /// released RMB is not deleted at the peer (no DELETE_RKEY), so a
+    /// connection that reuses it needs no CONFIRM_RKEY either — the peer finds
+    /// the rkey already in its table (Linux's smc_rtoken_add returns the
+    /// existing row). Two LLC round trips less per reusing connection, the
+    /// buffer reuse the connection-setup target asks for. Cleared when a link
+    /// is added (its column of the peer's table lacks these rkeys).
+    known_rkeys: std::collections::HashSet<u32>,
     idle_since: Option<Timestamp>,
     rr: usize,
 }
@@ -319,6 +327,11 @@ struct Conn<P: Provider> {
     direct_sent: u64,
 }
 
+/// Released RMBs a link group keeps known at the peer (see `known_rkeys`);
+/// further ones are deleted at the peer with DELETE_RKEY, as Linux deletes
+/// every released RMB, and announced again when reused.
+const KNOWN_RKEYS_MAX: usize = 16;
+
 /// CDCs kept per connection while its CLC Confirm is still on the way.
 const EARLY_CDC_MAX: usize = 64;
 
@@ -331,6 +344,8 @@ pub struct Endpoint<P: Provider> {
     chan: P::Channel,
     /// Work completions taken from the CQs so far (progress indicator).
     completions: u64,
+    /// LLC messages posted so far.
+    llc_sent: u64,
     /// Largest inline payload of the device: writes up to this size go from the
     /// application's buffer straight to the peer (see [`Endpoint::write`]).
     max_inline: u32,
@@ -361,6 +376,7 @@ impl<P: Provider> Endpoint<P> {
             dev,
             chan,
             completions: 0,
+            llc_sent: 0,
             max_inline,
             lgrs: Vec::new(),
             conns: Vec::new(),
@@ -667,6 +683,7 @@ impl<P: Provider> Endpoint<P> {
             tokens: BTreeMap::new(),
             rkey_queue: VecDeque::new(),
             free_bufs: Vec::new(),
+            known_rkeys: std::collections::HashSet::new(),
             idle_since: None,
             rr: 0,
         };
@@ -1041,21 +1058,30 @@ impl<P: Provider> Endpoint<P> {
                 return self.decline(id, version, DeclineCode::IntErr);
             };
             // Announce our RMB with CONFIRM_RKEY before the Confirm (§1.11).
-            if self.start_rkey_flow(id, l, now) {
-                if let Some(c) = self.conn(id) {
-                    c.phase = Phase::ClientRkey {
-                        confirm: Box::new(confirm),
-                    };
-                }
-            } else {
+            if let Some(c) = self.conn(id) {
+                c.phase = Phase::ClientRkey {
+                    confirm: Box::new(confirm),
+                };
+            }
+            if !self.start_rkey_flow(id, l, now) {
                 self.decline(id, version, DeclineCode::ErrRegBuf);
             }
         }
     }
 
+    /// Announces the connection's RMB with CONFIRM_RKEY (§1.11); its phase must
+    /// already say what follows ([`Self::on_rkey_done`]). An RMB the peer still
+    /// knows from an earlier connection needs no flow (see `known_rkeys`).
     fn start_rkey_flow(&mut self, id: ConnId, l: LgrId, now: Timestamp) -> bool {
-        if self.conn(id).and_then(|c| c.rmb.as_ref()).is_none() {
+        let Some(rkey) = self.conn(id).and_then(|c| c.rmb.as_ref()).map(|m| m.rkey()) else {
             return false;
+        };
+        let known = self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
+            lg.links.iter().flatten().count() == 1 && lg.known_rkeys.contains(&rkey)
+        });
+        if known {
+            self.on_rkey_done(id, true);
+            return true;
         }
         match self.lgrs.get_mut(l).and_then(Option::as_mut) {
             // One local LLC flow at a time (§1.6): a busy group queues the
@@ -1145,14 +1171,13 @@ impl<P: Provider> Endpoint<P> {
                 ) else {
                     return self.decline(id, dversion, DeclineCode::IntErr);
                 };
-                if self.start_rkey_flow(id, l, now) {
-                    if let Some(c) = self.conn(id) {
-                        c.phase = Phase::ServerRkey {
-                            accept: Box::new(accept),
-                            version,
-                        };
-                    }
-                } else {
+                if let Some(c) = self.conn(id) {
+                    c.phase = Phase::ServerRkey {
+                        accept: Box::new(accept),
+                        version,
+                    };
+                }
+                if !self.start_rkey_flow(id, l, now) {
                     self.decline(id, dversion, DeclineCode::ErrRegBuf);
                 }
             }
@@ -1392,6 +1417,7 @@ impl<P: Provider> Endpoint<P> {
                         continue;
                     };
                     let bytes = msg.encode();
+                    self.llc_sent += 1;
                     if let Err(e) = res.post(WrKind::Llc, &bytes) {
                         self.link_error(l, slot, e)?;
                     }
@@ -1874,8 +1900,16 @@ impl<P: Provider> Endpoint<P> {
                         (bufs, self.lgrs.get_mut(l).and_then(Option::as_mut))
                     {
                         if !lg.group.is_terminated() {
-                            // The peer forgets this RMB (§1.11), then it is reused.
-                            lg.rkey_queue.push_back(RkeyFlow::Delete(rmb.rkey()));
+                            if lg.links.iter().flatten().count() == 1
+                                && lg.known_rkeys.len() < KNOWN_RKEYS_MAX
+                            {
+                                // kept known at the peer (see `known_rkeys`)
+                                lg.known_rkeys.insert(rmb.rkey());
+                            } else {
+                                // The peer forgets this RMB (§1.11), then it is reused.
+                                lg.known_rkeys.remove(&rmb.rkey());
+                                lg.rkey_queue.push_back(RkeyFlow::Delete(rmb.rkey()));
+                            }
                             lg.free_bufs.push((rmb, sndbuf));
                         }
                     }
@@ -2231,6 +2265,11 @@ impl<P: Provider> Endpoint<P> {
         self.conns.iter().flatten().count()
     }
 
+    /// LLC messages posted so far (requests and responses, every group).
+    pub fn llc_sent(&self) -> u64 {
+        self.llc_sent
+    }
+
     /// Peer RMBs a link group knows (its rtoken table) and our released buffers
     /// it keeps for reuse.
     pub fn link_group_buffers(&self, l: LgrId) -> Option<(usize, usize)> {
@@ -2343,6 +2382,7 @@ impl<P: Provider> Endpoint<P> {
             .free_slot()
             .ok_or_else(|| bad("no free link slot"))?;
         let mut res: LinkRes<P> = LinkRes::new(&self.dev, &lg.pd, &self.chan, self.max_inline)?;
+        lg.known_rkeys.clear();
         if lg.role == Role::Server {
             res.offered_id = lg.group.next_link_id();
         }

@@ -428,7 +428,7 @@ fn one_gibibyte_over_one_link_with_matching_checksum() {
 }
 
 #[test]
-fn released_rmbs_are_deleted_at_the_peer_and_reused() {
+fn released_rmbs_stay_known_at_the_peer_and_are_reused_without_llc() {
     let mut w = World::default();
     let mut ts: Vec<Tcp> = (0..3).map(|_| w.handshake()).collect();
     let lc = w.client.link_group_of(ts[0].c).unwrap();
@@ -445,16 +445,54 @@ fn released_rmbs_are_deleted_at_the_peer_and_reused() {
     let mut refs: Vec<&mut Tcp> = ts.iter_mut().collect();
     w.settle(&mut refs, Duration::from_millis(2));
     assert_eq!(w.client.connections() + w.server.connections(), 0);
-    // DELETE_RKEY ran both ways; the buffers wait in the pools
-    assert_eq!(w.client.link_group_buffers(lc), Some((0, 3)));
-    assert_eq!(w.server.link_group_buffers(ls), Some((0, 3)));
-    // the next connection takes pooled buffers (CONFIRM_RKEY announces them again)
+    // no DELETE_RKEY: the peer keeps knowing the RMBs that wait in the pools
+    assert_eq!(w.client.link_group_buffers(lc), Some((3, 3)));
+    assert_eq!(w.server.link_group_buffers(ls), Some((3, 3)));
+    // the next connection takes pooled buffers whose rkeys the peer has: its
+    // handshake needs no CONFIRM_RKEY, and the peer's table does not grow
+    let llc_before = w.client.llc_sent();
     let mut t = w.handshake();
     assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
-    assert_eq!(w.client.link_group_buffers(lc), Some((1, 2)));
+    assert_eq!(
+        w.client.llc_sent(),
+        llc_before,
+        "no LLC flow for a known RMB"
+    );
+    assert_eq!(w.client.link_group_buffers(lc), Some((3, 2)));
+    assert_eq!(w.server.link_group_buffers(ls), Some((3, 2)));
     w.client.write(t.c, b"fresh").unwrap();
     w.settle(&mut [&mut t], Duration::from_millis(1));
     assert_eq!(w.server.read(t.s, 100).unwrap(), b"fresh");
+}
+
+#[test]
+fn released_rmbs_beyond_the_known_limit_are_deleted_at_the_peer() {
+    let mut w = World::default();
+    let n = 20; // more than the 16 a group keeps known
+    let mut ts: Vec<Tcp> = (0..n).map(|_| w.handshake()).collect();
+    let lc = w.client.link_group_of(ts[0].c).unwrap();
+    assert_eq!(w.client.link_group_buffers(lc), Some((n, 0)));
+    for t in &ts {
+        w.client.release(t.c);
+        w.server.release(t.s);
+    }
+    let mut refs: Vec<&mut Tcp> = ts.iter_mut().collect();
+    w.settle(&mut refs, Duration::from_millis(5));
+    assert_eq!(w.client.connections() + w.server.connections(), 0);
+    // DELETE_RKEY ran for the four beyond the limit; all twenty are pooled
+    assert_eq!(w.client.link_group_buffers(lc), Some((16, 20)));
+    // the pooled buffers serve new connections, known or announced again
+    let mut more: Vec<Tcp> = (0..n).map(|_| w.handshake()).collect();
+    for t in &more {
+        assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+        w.client.write(t.c, b"again").unwrap();
+    }
+    let mut refs: Vec<&mut Tcp> = more.iter_mut().collect();
+    w.settle(&mut refs, Duration::from_millis(2));
+    for t in &more {
+        assert_eq!(w.server.read(t.s, 100).unwrap(), b"again");
+    }
+    assert_eq!(w.client.link_group_buffers(lc), Some((n, 0)));
 }
 
 #[test]
