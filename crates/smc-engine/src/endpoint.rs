@@ -1374,6 +1374,15 @@ impl<P: Provider> Endpoint<P> {
     fn pump_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
         self.drain_lgr(l, now)?;
         for slot in 0..LINK_SLOTS {
+            // (pumps run in every waiting loop: skip empty slots cheaply)
+            let present = self
+                .lgrs
+                .get(l)
+                .and_then(Option::as_ref)
+                .is_some_and(|lg| lg.links[slot].is_some());
+            if !present {
+                continue;
+            }
             self.poll_recv(l, slot, now)?;
             self.poll_send(l, slot)?;
         }
@@ -1558,7 +1567,7 @@ impl<P: Provider> Endpoint<P> {
     /// that link), CDCs to the connection of their token, whatever link they
     /// came on (§9).
     fn poll_recv(&mut self, l: LgrId, slot: usize, now: Timestamp) -> Result<()> {
-        let mut wcs = [WorkCompletion::default(); 32];
+        let mut wcs = [WorkCompletion::default(); 16];
         loop {
             let Some(res) = self
                 .lgrs
@@ -1663,7 +1672,7 @@ impl<P: Provider> Endpoint<P> {
     /// connection is still on that link: after a failover the connection has
     /// rewound past everything the old link had in flight.
     fn poll_send(&mut self, l: LgrId, slot: usize) -> Result<()> {
-        let mut wcs = [WorkCompletion::default(); 32];
+        let mut wcs = [WorkCompletion::default(); 16];
         loop {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return Ok(());

@@ -679,7 +679,10 @@ impl Device for ShmDevice {
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         let mut q = lock(&self.sh.events);
         let e = q.pop_front();
-        if q.is_empty() {
+        // The descriptor is signalled once per event raised: with no event
+        // queued there is nothing to drain (and no system call to make — the
+        // engine asks on every pump).
+        if e.is_some() && q.is_empty() {
             self.sh.event_fd.drain();
         }
         e
