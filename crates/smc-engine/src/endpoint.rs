@@ -327,6 +327,9 @@ struct Conn<P: Provider> {
     direct_sent: u64,
 }
 
+/// Smallest part of a larger write that goes out directly (see `write_direct`).
+const DIRECT_PART_MIN: usize = 16 * 1024;
+
 /// Released RMBs a link group keeps known at the peer (see `known_rkeys`);
 /// further ones are deleted at the peer with DELETE_RKEY, as Linux deletes
 /// every released RMB, and announced again when reused.
@@ -2017,10 +2020,11 @@ impl<P: Provider> Endpoint<P> {
         {
             return Ok(None);
         }
-        // Only whole writes: cutting a large write down to a small inline limit
-        // (verbs: 64 bytes) would cost more than the copy it saves.
+        // What fits now, if the device takes it inline. A part of a larger
+        // write only when the part is large: many small direct pieces (verbs'
+        // inline limit is 64 bytes) would cost more than the copy they save.
         let n = data.len().min(dp.sndbuf_free()).min(dp.peer_space());
-        if n == 0 || n > max_inline {
+        if n == 0 || n > max_inline || (n < data.len() && n < DIRECT_PART_MIN) {
             return Ok(None);
         }
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
