@@ -327,6 +327,19 @@ struct Conn<P: Provider> {
     direct_sent: u64,
 }
 
+/// Writes zeros over the first `len` bytes of `mr`.
+fn zero<M: MemoryRegion>(mr: &M, len: usize) {
+    static ZEROS: [u8; 4096] = [0; 4096];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(ZEROS.len());
+        if mr.write_at(off, &ZEROS[..n]).is_err() {
+            return;
+        }
+        off += n;
+    }
+}
+
 /// Smallest part of a larger write that goes out directly (see `write_direct`).
 const DIRECT_PART_MIN: usize = 16 * 1024;
 
@@ -784,12 +797,8 @@ impl<P: Provider> Endpoint<P> {
             .iter()
             .position(|(r, s)| r.len() == rmb_len && s.len() == sndbuf_len);
         let (rmb, sndbuf) = match pooled {
-            Some(i) => {
-                let (r, s) = lg.free_bufs.swap_remove(i);
-                // a reused RMB starts clean (Linux zeroes buffers on release)
-                r.write_at(0, &vec![0u8; r.len()])?;
-                (r, s)
-            }
+            // (zeroed on release, see `reap`)
+            Some(i) => lg.free_bufs.swap_remove(i),
             None => (
                 lg.pd
                     .alloc_mr(rmb_len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
@@ -1905,9 +1914,22 @@ impl<P: Provider> Endpoint<P> {
             if finished {
                 if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
                     self.detach(id, l);
+                    // bytes the peer put into the RMB (all of it once it wrapped)
+                    let used = self.conns[id]
+                        .as_ref()
+                        .and_then(|c| c.dp.as_ref())
+                        .map_or(usize::MAX, |dp| {
+                            usize::try_from(dp.totals().0).unwrap_or(usize::MAX)
+                        });
                     let bufs = self.conns[id]
                         .as_mut()
                         .and_then(|c| Some((c.rmb.take()?, c.sndbuf.take()?)));
+                    if let Some((rmb, _)) = &bufs {
+                        // A reused RMB starts clean, as Linux zeroes released
+                        // buffers: only the part that was written, so that a
+                        // short connection does not pay for a large buffer.
+                        zero(rmb, used.min(rmb.len()));
+                    }
                     if let (Some((rmb, sndbuf)), Some(lg)) =
                         (bufs, self.lgrs.get_mut(l).and_then(Option::as_mut))
                     {
