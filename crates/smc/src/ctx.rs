@@ -197,7 +197,9 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
             s.pump(&mut ep)
         };
         if s.active.load(Ordering::Acquire) == 0 {
-            s.sleep(None, seen, Some(Instant::now() + IDLE_SLEEP));
+            if s.sleep(None, seen, Some(Instant::now() + IDLE_SLEEP)) {
+                s.hand_over();
+            }
         } else {
             drop(s);
             std::thread::sleep(Duration::from_millis(1));
@@ -300,6 +302,8 @@ impl Shared {
         // (end of the spin phase, its budget) once a first try failed
         let mut spin: Option<(Instant, Duration)> = None;
         let mut slept = false;
+        // whether the last sleep was as the leader
+        let mut led = false;
         loop {
             let seen = {
                 let mut ep = self.lock();
@@ -316,6 +320,10 @@ impl Shared {
                     if spin.is_some() && !slept {
                         self.spin.hit();
                     }
+                    drop(ep);
+                    if led {
+                        self.hand_over();
+                    }
                     return r;
                 }
                 ep.completions()
@@ -325,6 +333,9 @@ impl Shared {
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
+                if led {
+                    self.hand_over();
+                }
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             let (until, budget) = *spin.get_or_insert_with(|| {
@@ -339,7 +350,7 @@ impl Shared {
                 self.spin.miss(budget);
                 slept = true;
             }
-            self.sleep(Some(want), seen, deadline);
+            led = self.sleep(Some(want), seen, deadline);
         }
     }
 
@@ -411,20 +422,21 @@ impl Shared {
 
     /// Sleeps until completions arrive after `seen` (the leader) or `want` can
     /// be met (a follower), the deadline, or [`MAX_SLEEP`].
-    fn sleep(&self, want: Option<Want>, seen: u64, deadline: Option<Instant>) {
+    /// Returns whether this thread slept as the leader.
+    fn sleep(&self, want: Option<Want>, seen: u64, deadline: Option<Instant>) -> bool {
         let timeout = deadline.map_or(MAX_SLEEP, |d| {
             d.saturating_duration_since(Instant::now()).min(MAX_SLEEP)
         });
         let mut leader = self.leader.lock().unwrap_or_else(|e| e.into_inner());
         if self.gen.load(Ordering::Acquire) != seen {
-            return;
+            return false;
         }
         if *leader {
             let Some(want) = want else {
                 // the progress thread does not follow: it has nothing to wait for
                 drop(leader);
                 std::thread::sleep(timeout.min(Duration::from_millis(1)));
-                return;
+                return false;
             };
             let woken = Arc::new(AtomicBool::new(false));
             {
@@ -453,7 +465,7 @@ impl Shared {
                 w.retain(|x| !Arc::ptr_eq(&x.woken, &woken));
                 self.sleepers.store(w.len(), Ordering::Release);
             }
-            return;
+            return false;
         }
         *leader = true;
         drop(leader);
@@ -477,8 +489,20 @@ impl Shared {
             self.pump(&mut ep);
         }
         *self.leader.lock().unwrap_or_else(|e| e.into_inner()) = false;
-        // someone else must lead the remaining waiters now
-        self.wake_one();
+        // Back to the caller, which tries again and most likely sleeps again
+        // as the leader; if it leaves instead, it hands over (`hand_over`).
+        // (Waking a follower to take over here would cost a wake-up for every
+        // completion that was not the leader's own.)
+        true
+    }
+
+    /// After leaving the waiting loop as the last leader: a parked follower
+    /// takes over, if nobody else has.
+    fn hand_over(&self) {
+        let vacant = !*self.leader.lock().unwrap_or_else(|e| e.into_inner());
+        if vacant && self.sleepers.load(Ordering::Acquire) > 0 {
+            self.wake_one();
+        }
     }
 }
 
