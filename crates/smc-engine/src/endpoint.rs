@@ -1300,7 +1300,15 @@ impl<P: Provider> Endpoint<P> {
             if due {
                 self.finish(id, ConnStatus::Failed(FailReason::Timeout));
             }
-            self.retry_parked(id, now);
+            if matches!(
+                self.conns
+                    .get(id)
+                    .and_then(Option::as_ref)
+                    .map(|c| &c.phase),
+                Some(Phase::AwaitLgr { .. })
+            ) {
+                self.retry_parked(id, now);
+            }
             if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
                 if c.tcp_gone_deadline.is_some_and(|d| now >= d) {
                     c.tcp_gone_deadline = None;
@@ -1744,90 +1752,121 @@ impl<P: Provider> Endpoint<P> {
             ids.rotate_left(lg.rr);
         }
         for id in ids {
-            for _ in 0..4 {
-                let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
-                    return Ok(());
-                };
-                let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
-                    break;
-                };
-                if !matches!(c.phase, Phase::Smc) {
-                    break;
-                }
-                // A requested move happens once nothing of the connection is in
-                // flight on the old link (see the module documentation).
-                if let Some(to) = c.move_to {
-                    let quiet = c.validation.is_none()
-                        && c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0);
-                    if !quiet {
-                        break;
-                    }
-                    c.link = Some(to);
-                    c.move_to = None;
-                }
-                let Some(slot) = c.link else { break };
-                let usable = lg
-                    .group
-                    .link(slot)
-                    .is_some_and(|k| k.state == LinkState::Active);
-                let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
-                    break;
-                };
-                if !usable || res.sends_in_flight >= MAX_SENDS {
+            self.flush_conn(l, id)?;
+        }
+        Ok(())
+    }
+
+    /// Posts what connection `id` of group `l` has to send: a few batches
+    /// (WRITEs and their CDC), as the send slots of its link allow.
+    fn flush_conn(&mut self, l: LgrId, id: ConnId) -> Result<()> {
+        for _ in 0..4 {
+            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                return Ok(());
+            };
+            let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
+                break;
+            };
+            if !matches!(c.phase, Phase::Smc) {
+                break;
+            }
+            // A requested move happens once nothing of the connection is in
+            // flight on the old link (see the module documentation).
+            if let Some(to) = c.move_to {
+                let quiet = c.validation.is_none()
+                    && c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0);
+                if !quiet {
                     break;
                 }
-                // After a failover the validation CDC goes first (§2.4).
-                if let Some(v) = c.validation.take() {
-                    if let Err(e) = res.post(WrKind::Validation, &v.encode()) {
-                        self.link_error(l, slot, e)?;
-                        break;
-                    }
-                    continue;
-                }
-                let (Some(dp), Some(peer), Some(sndbuf)) =
-                    (c.dp.as_mut(), c.peer_rmb, c.sndbuf.as_ref())
-                else {
-                    break;
-                };
-                // the peer RMB's rkey and address on this link (§3.2 step 4);
-                // without one only a CDC can go (nothing left to write)
-                let rtoken = lg
-                    .group
-                    .rtoken(peer.row)
-                    .and_then(|t| t.get(slot).copied().flatten());
-                if rtoken.is_none() && dp.unsent() > 0 {
-                    break;
-                }
-                let (rkey, base) = rtoken.unwrap_or_default();
-                let Some(batch) = dp.poll_tx() else {
-                    break;
-                };
-                let mut posted = Ok(());
-                for w in &batch.writes {
-                    let sges: Vec<_> = w
-                        .src
-                        .as_slice()
-                        .iter()
-                        .map(|&(off, len)| sndbuf.sge(off, len as u32))
-                        .collect::<Result<_>>()?;
-                    let addr = base + peer.offset + w.peer_offset as u64;
-                    posted = res.post_write(&sges, rkey, addr);
-                    if posted.is_err() {
-                        break;
-                    }
-                }
-                if posted.is_ok() {
-                    posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
-                }
-                // A batch that did not go out stays accounted as in flight: the
-                // link is down, and the failover rewind sends it again.
-                if let Err(e) = posted {
+                c.link = Some(to);
+                c.move_to = None;
+            }
+            let Some(slot) = c.link else { break };
+            let usable = lg
+                .group
+                .link(slot)
+                .is_some_and(|k| k.state == LinkState::Active);
+            let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+                break;
+            };
+            if !usable || res.sends_in_flight >= MAX_SENDS {
+                break;
+            }
+            // After a failover the validation CDC goes first (§2.4).
+            if let Some(v) = c.validation.take() {
+                if let Err(e) = res.post(WrKind::Validation, &v.encode()) {
                     self.link_error(l, slot, e)?;
                     break;
                 }
+                continue;
+            }
+            let (Some(dp), Some(peer), Some(sndbuf)) =
+                (c.dp.as_mut(), c.peer_rmb, c.sndbuf.as_ref())
+            else {
+                break;
+            };
+            // the peer RMB's rkey and address on this link (§3.2 step 4);
+            // without one only a CDC can go (nothing left to write)
+            let rtoken = lg
+                .group
+                .rtoken(peer.row)
+                .and_then(|t| t.get(slot).copied().flatten());
+            if rtoken.is_none() && dp.unsent() > 0 {
+                break;
+            }
+            let (rkey, base) = rtoken.unwrap_or_default();
+            let Some(batch) = dp.poll_tx() else {
+                break;
+            };
+            let mut posted = Ok(());
+            for w in &batch.writes {
+                let sges: Vec<_> = w
+                    .src
+                    .as_slice()
+                    .iter()
+                    .map(|&(off, len)| sndbuf.sge(off, len as u32))
+                    .collect::<Result<_>>()?;
+                let addr = base + peer.offset + w.peer_offset as u64;
+                posted = res.post_write(&sges, rkey, addr);
+                if posted.is_err() {
+                    break;
+                }
+            }
+            if posted.is_ok() {
+                posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
+            }
+            // A batch that did not go out stays accounted as in flight: the
+            // link is down, and the failover rewind sends it again.
+            if let Err(e) = posted {
+                self.link_error(l, slot, e)?;
+                break;
             }
         }
         Ok(())
+    }
+
+    /// Sends what connection `id` has to send now (data written into the send
+    /// buffer, a due consumer-cursor update) without a whole [`Self::pump`]:
+    /// the cheap follow-up of a read or write.
+    pub fn flush(&mut self, id: ConnId) -> Result<()> {
+        let Some(l) = self
+            .conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.lgr)
+        else {
+            return Ok(());
+        };
+        if self
+            .lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .is_none_or(|lg| lg.group.usable_links() == 0)
+        {
+            return Ok(());
+        }
+        self.flush_conn(l, id)?;
+        self.drain_lgr(l, self.now)
     }
 
     fn retry_rkey_flows(&mut self, l: LgrId, now: Timestamp) {

@@ -110,6 +110,12 @@ struct Waiter {
 }
 
 impl Want {
+    fn conn(self) -> ConnId {
+        match self {
+            Want::Read(id) | Want::Write(id) => id,
+        }
+    }
+
     fn ready(self, ep: &Endpoint<ShmProvider>, sndbuf_len: usize) -> bool {
         let (id, more) = match self {
             Want::Read(id) => (id, ep.readable(id) > 0 || ep.peer_done(id)),
@@ -308,15 +314,19 @@ impl Shared {
             let seen = {
                 let mut ep = self.lock();
                 // Try first (another thread's pump may have done the work), then
-                // pump and try again; after success pump once more to send what
-                // the operation produced (data, cursor updates).
+                // pump and try again.
                 let mut r = op(&mut ep);
                 if r.is_none() {
                     self.pump(&mut ep);
                     r = op(&mut ep);
                 }
                 if let Some(r) = r {
-                    self.pump(&mut ep);
+                    // send what the operation produced (data, a cursor update)
+                    // for this connection alone: a whole pump walks every
+                    // connection and link, and with many connections per
+                    // process that cost, under the endpoint lock, is what
+                    // limits request/response rates
+                    let _ = ep.flush(want.conn());
                     if spin.is_some() && !slept {
                         self.spin.hit();
                     }
