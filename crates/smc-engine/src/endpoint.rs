@@ -362,6 +362,10 @@ pub struct Endpoint<P: Provider> {
     completions: u64,
     /// LLC messages posted so far.
     llc_sent: u64,
+    /// The port's active MTU, for the CLC messages of every connection:
+    /// querying the port reads the interface (netlink, ioctl) and would cost
+    /// more than the rest of a handshake. Read again at each port event.
+    port_mtu: smc_wire::types::IbMtu,
     /// Largest inline payload of the device: writes up to this size go from the
     /// application's buffer straight to the peer (see [`Endpoint::write`]).
     max_inline: u32,
@@ -383,6 +387,7 @@ impl<P: Provider> Endpoint<P> {
     pub fn new(provider: &P, cfg: EndpointConfig) -> Result<Endpoint<P>> {
         let dev = provider.open_device(&cfg.device)?;
         let port = dev.query_port(1)?;
+        let port_mtu = port.active_mtu;
         let gid = port.gids.first().map(|g| g.gid).unwrap_or_default();
         let mac = cfg.system_id.mac();
         let chan = dev.create_channel()?;
@@ -393,6 +398,7 @@ impl<P: Provider> Endpoint<P> {
             chan,
             completions: 0,
             llc_sent: 0,
+            port_mtu,
             max_inline,
             lgrs: Vec::new(),
             conns: Vec::new(),
@@ -945,7 +951,7 @@ impl<P: Provider> Endpoint<P> {
         // the connection's link is the one this message names (§6)
         let link = lg.links.get(c.link?)?.as_ref()?;
         let rmb = c.rmb.as_ref()?;
-        let mtu = self.dev.query_port(1).ok()?.active_mtu;
+        let mtu = self.port_mtu;
         let v2 = version >= SMC_V2;
         Some(AcceptConfirm {
             version,
@@ -1361,6 +1367,9 @@ impl<P: Provider> Endpoint<P> {
     /// than at the next send or keepalive. A port coming back changes nothing:
     /// re-adding links (§7.4) needs ADD_LINK.
     fn on_async_event(&mut self, ev: AsyncEvent) {
+        if let Ok(p) = self.dev.query_port(1) {
+            self.port_mtu = p.active_mtu;
+        }
         for lg in self.lgrs.iter_mut().flatten() {
             for slot in 0..LINK_SLOTS {
                 let Some(res) = lg.links[slot].as_ref() else {
