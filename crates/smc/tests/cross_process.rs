@@ -7,6 +7,7 @@
 //! received and of what it sent.
 
 mod common;
+use common::{pattern, Fnv};
 
 use common::setup;
 use smc::{Mode, SmcListener, SmcStream};
@@ -16,25 +17,6 @@ use std::thread;
 
 const TOTAL: u64 = 1 << 30;
 const CHUNK: usize = 256 * 1024;
-
-/// Byte `off` of the stream in direction `dir`.
-fn pattern(dir: u8, off: u64) -> u8 {
-    ((off.wrapping_mul(0x9E37_79B1) >> 13) as u8) ^ ((off >> 20) as u8) ^ dir
-}
-
-/// FNV-1a over a stream, fed in pieces.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    fn feed(&mut self, b: &[u8]) {
-        for &x in b {
-            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
 
 /// Sends TOTAL bytes of direction `dir`; returns their hash.
 fn send(mut s: impl Write, dir: u8) -> u64 {

@@ -15,6 +15,8 @@
 //! what it sent and received, then waits for "exit" so that neither side goes
 //! away while the other still reads.
 
+mod common;
+use common::{pattern, Fnv};
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
@@ -31,25 +33,6 @@ const SERVER_IP: &str = "198.18.213.1";
 const CLIENT_IP: &str = "198.18.213.2";
 /// A stuck transfer fails the test instead of hanging it.
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Byte `off` of the stream in direction `dir` (0: client to server).
-fn pattern(dir: u8, off: u64) -> u8 {
-    ((off.wrapping_mul(0x9E37_79B1) >> 13) as u8) ^ ((off >> 20) as u8) ^ dir
-}
-
-/// FNV-1a over a stream, fed in pieces.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    fn feed(&mut self, b: &[u8]) {
-        for &x in b {
-            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
 
 /// Sends TOTAL bytes of direction `dir`, then shuts the write side; returns
 /// their hash.

@@ -5,6 +5,7 @@
 #![cfg(feature = "tokio")]
 
 mod common;
+use common::{pattern, Fnv};
 
 use common::setup;
 use smc::tokio::{SmcListener, SmcStream};
@@ -20,25 +21,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 const HANG: Duration = Duration::from_secs(120);
 
 const CHUNK: usize = 64 * 1024;
-
-/// Byte `off` of the stream in direction `dir`.
-fn pattern(dir: u8, off: u64) -> u8 {
-    ((off.wrapping_mul(0x9E37_79B1) >> 13) as u8) ^ ((off >> 20) as u8) ^ dir
-}
-
-/// FNV-1a over a stream, fed in pieces.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    fn feed(&mut self, b: &[u8]) {
-        for &x in b {
-            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
 
 /// Sends `total` bytes of direction `dir`, then shuts the write side down;
 /// returns their hash.

@@ -62,3 +62,25 @@ pub fn opted_in_socket() -> std::os::fd::OwnedFd {
     rdv.opt_in(fd.as_fd()).unwrap();
     fd
 }
+
+/// Byte `off` of a test stream in direction `dir`.
+#[allow(dead_code)] // not every test binary uses it
+pub fn pattern(dir: u8, off: u64) -> u8 {
+    ((off.wrapping_mul(0x9E37_79B1) >> 13) as u8) ^ ((off >> 20) as u8) ^ dir
+}
+
+/// FNV-1a over a stream, fed in pieces.
+#[allow(dead_code)] // not every test binary uses it
+pub struct Fnv(pub u64);
+
+#[allow(dead_code)] // not every test binary uses it
+impl Fnv {
+    pub fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    pub fn feed(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
