@@ -471,3 +471,61 @@ fn device_thread_idles_after_peer_death() {
         after - before
     );
 }
+
+/// A peer process that posts its last messages and dies at once (a program
+/// that writes, closes and exits) hangs up before we polled them: what it
+/// completed must still be received, in order, before the flush — as a
+/// packet the HCA had received and acknowledged is delivered. (Seen as a
+/// ConnectionAborted at the very end of a 1 GiB transfer between processes.)
+#[test]
+fn messages_of_a_crashed_peer_arrive_before_the_flush() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    for i in 0..4u64 {
+        let sge = h.local.mr.sge(i as usize * 64, 64).unwrap();
+        h.local
+            .qp
+            .post_recv(&RecvWr {
+                wr_id: i,
+                sges: &[sge],
+            })
+            .unwrap();
+    }
+    for i in 0..3u8 {
+        h.peer
+            .ep
+            .qp
+            .post_send(&SendWr {
+                wr_id: u64::from(i),
+                op: SendOp::Send,
+                payload: Payload::Inline(&[i + 1; 8]),
+                signaled: true,
+            })
+            .unwrap();
+    }
+    // dies before we looked at anything: its sockets close, nothing withdrawn
+    h.peer.ep.dev.simulate_crash();
+    let t0 = Instant::now();
+    while h.local.qp.state() != QpState::Err && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(h.local.qp.state(), QpState::Err, "the hang-up was noticed");
+    let wcs = h.local.poll_recv();
+    let got: Vec<(u64, WcStatus, u32)> = wcs
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, WcStatus::Success, 8),
+            (1, WcStatus::Success, 8),
+            (2, WcStatus::Success, 8),
+            (3, WcStatus::WrFlushError, 0),
+        ]
+    );
+    for i in 0..3u8 {
+        let mut b = [0u8; 8];
+        h.local.mr.read_at(usize::from(i) * 64, &mut b).unwrap();
+        assert_eq!(b, [i + 1; 8]);
+    }
+}

@@ -1394,6 +1394,15 @@ impl QpInner {
         if matches!(c.state, QpState::Err | QpState::Reset) {
             return;
         }
+        // What the peer completed before the failure is received first: a
+        // published slot is a whole message in our ring, as a packet the HCA
+        // had received and acknowledged. (A peer process that posts its last
+        // data and exits hangs up its socket at once; those messages must not
+        // be flushed with the rest.)
+        self.progress_recv(c);
+        if matches!(c.state, QpState::Err | QpState::Reset) {
+            return; // a bad message among them failed the QP already
+        }
         c.state = QpState::Err;
         self.live.store(false, SeqCst);
         Ring(&c.ring).h(R_CONS_CLOSED).store(1, SeqCst);
