@@ -2194,6 +2194,13 @@ impl<P: Provider> Endpoint<P> {
     ) -> std::result::Result<usize, ConnError> {
         let c = self.smc_conn(id)?;
         if c.closer.error().is_some() && c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
+            // A peer that closed in order and then went away (its process
+            // exited, taking the link) sent everything: end of file, not an
+            // error, as the kernel's socket would have finished that close.
+            let rx = c.closer.rx_flags();
+            if (rx.done_writing || rx.closed) && !rx.abort {
+                return Ok(0);
+            }
             return Err(Self::close_error(c));
         }
         let (Some(dp), Some(rmb)) = (c.dp.as_mut(), c.rmb.as_ref()) else {

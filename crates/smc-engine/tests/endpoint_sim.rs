@@ -371,6 +371,37 @@ fn link_failure_aborts_established_connections() {
 }
 
 #[test]
+fn a_peer_that_closed_in_order_before_its_link_died_gives_eof_after_the_data() {
+    // A program that writes, closes and exits: its process takes the link with
+    // it, but what it sent, including its close, had arrived.
+    let mut w = World::default();
+    let mut t = w.handshake();
+    w.client.write(t.c, b"last words").unwrap();
+    w.client
+        .close(t.c, CloseEvent::AppClose { unread_data: false });
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    let lg = w.server.link_group_of(t.s).unwrap();
+    w.fabric.fail_qp(w.server.qp_num(lg).unwrap());
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert_eq!(w.server.read(t.s, 100).unwrap(), b"last words");
+    assert_eq!(w.server.read(t.s, 100), Ok(Vec::new()));
+    assert!(w.server.peer_done(t.s), "end of file, not an error");
+}
+
+#[test]
+fn a_link_that_dies_before_the_peer_closed_is_an_error_after_the_data() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    w.client.write(t.c, b"partial").unwrap();
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    let lg = w.server.link_group_of(t.s).unwrap();
+    w.fabric.fail_qp(w.server.qp_num(lg).unwrap());
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert_eq!(w.server.read(t.s, 100).unwrap(), b"partial");
+    assert!(w.server.read(t.s, 100).is_err(), "the data stopped short");
+}
+
+#[test]
 fn one_gibibyte_over_one_link_with_matching_checksum() {
     let mut cc = config(
         "simC",
