@@ -274,7 +274,16 @@ impl Shared {
     /// Pumps the endpoint and wakes the sleepers if it took completions.
     /// Returns the completion count seen.
     pub(crate) fn pump(&self, ep: &mut Endpoint<ShmProvider>) -> u64 {
-        let _ = ep.pump(now());
+        let _ = self.try_pump(ep);
+        ep.completions()
+    }
+
+    /// [`Self::pump`] for callers that act on a provider error (the handshake).
+    pub(crate) fn try_pump(
+        &self,
+        ep: &mut Endpoint<ShmProvider>,
+    ) -> smc_engine::endpoint::Result<()> {
+        let r = ep.pump(now());
         let n = ep.completions();
         let moved = self.gen.swap(n, Ordering::AcqRel) != n;
         if moved && self.sleepers.load(Ordering::Acquire) > 0 {
@@ -284,7 +293,7 @@ impl Shared {
         if moved {
             self.wake_tasks();
         }
-        n
+        r
     }
 
     /// Runs `op` on the endpoint until it returns `Some`: pump, try, spin for

@@ -178,7 +178,8 @@ pub(crate) fn with_endpoint(
     let result = loop {
         let (out, status) = {
             let mut ep = shared.lock();
-            ep.pump(crate::ctx::now()).map_err(io::Error::other)?;
+            // through Shared: a completion taken here may be a parked reader's
+            shared.try_pump(&mut ep).map_err(io::Error::other)?;
             (ep.clc_output(id), ep.status(id))
         };
         if !out.is_empty() {
