@@ -137,30 +137,6 @@ impl Plan {
     }
 }
 
-/// Declares a shared-memory device bound to `lo` in a temporary directory,
-/// as `smc-demo` does, unless `SMC_RDMA_SHM_CONFIG` names one already.
-fn ensure_config() {
-    if std::env::var_os("SMC_RDMA_SHM_CONFIG").is_some() {
-        return;
-    }
-    let dir = std::env::temp_dir().join("smc-bench");
-    let _ = std::fs::create_dir_all(dir.join("run"));
-    let _ = std::fs::create_dir_all(dir.join("conf"));
-    let cfg = dir.join("shm.conf");
-    let _ = std::fs::write(
-        &cfg,
-        format!(
-            "rundir {}\ndevice shm-lo netdev lo\n",
-            dir.join("run").display()
-        ),
-    );
-    // Single-threaded here: nothing else reads the environment concurrently.
-    std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
-    if std::env::var_os("SMC_RS_CONFIG_DIR").is_none() {
-        std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
-    }
-}
-
 fn size_label(n: usize) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
@@ -179,7 +155,7 @@ fn main() -> ExitCode {
         _ => {}
     }
     let cli = Cli::parse();
-    ensure_config();
+    smc::use_loopback_device("smc-bench");
     match run(&cli) {
         Ok(code) => code,
         Err(e) => {

@@ -36,3 +36,30 @@ pub use stream::{Fallback, Mode, SmcListener, SmcStream};
 /// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel
 /// always has its option.
 pub const FALLBACK_NO_RENDEZVOUS: u32 = 0x0301_0100;
+
+/// For demos and benchmarks: unless `SMC_RDMA_SHM_CONFIG` already names a
+/// device configuration, declares a shared-memory device bound to `lo` under
+/// `$TMPDIR/<tag>` and points this process (and the processes it starts) at it
+/// through `SMC_RDMA_SHM_CONFIG` and, if unset, `SMC_RS_CONFIG_DIR`. Call it
+/// before the first connection (the configuration is read once per process)
+/// and while no other thread reads the environment.
+pub fn use_loopback_device(tag: &str) {
+    if std::env::var_os("SMC_RDMA_SHM_CONFIG").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(tag);
+    let _ = std::fs::create_dir_all(dir.join("run"));
+    let _ = std::fs::create_dir_all(dir.join("conf"));
+    let cfg = dir.join("shm.conf");
+    let _ = std::fs::write(
+        &cfg,
+        format!(
+            "rundir {}\ndevice shm-lo netdev lo\n",
+            dir.join("run").display()
+        ),
+    );
+    std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
+    if std::env::var_os("SMC_RS_CONFIG_DIR").is_none() {
+        std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
+    }
+}

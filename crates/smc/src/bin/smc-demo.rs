@@ -38,27 +38,6 @@ fn bulk() -> usize {
     (mib << 20).max(CHUNK) / CHUNK * CHUNK
 }
 
-fn ensure_config() {
-    if std::env::var_os("SMC_RDMA_SHM_CONFIG").is_some() {
-        return;
-    }
-    let dir = std::env::temp_dir().join("smc-demo");
-    let _ = std::fs::create_dir_all(dir.join("run"));
-    let _ = std::fs::create_dir_all(dir.join("conf"));
-    let cfg = dir.join("shm.conf");
-    let _ = std::fs::write(
-        &cfg,
-        format!(
-            "rundir {}\ndevice shm-lo netdev lo\n",
-            dir.join("run").display()
-        ),
-    );
-    std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
-    if std::env::var_os("SMC_RS_CONFIG_DIR").is_none() {
-        std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
-    }
-}
-
 /// Server: echo ping-pongs, then swallow a bulk stream and answer its size.
 fn serve_conn(mut s: impl Read + Write) -> std::io::Result<()> {
     let mut buf = vec![0u8; CHUNK];
@@ -156,7 +135,7 @@ fn measure(mut s: impl Read + Write) -> std::io::Result<Figures> {
 }
 
 fn main() -> ExitCode {
-    ensure_config();
+    smc::use_loopback_device("smc-demo");
     if std::env::args().nth(1).as_deref() == Some("serve") {
         return serve();
     }
