@@ -2331,6 +2331,41 @@ impl<P: Provider> Endpoint<P> {
         self.conns.get(id)?.as_ref().map(|c| c.closer.tx_flags())
     }
 
+    /// Whether a released connection has nothing left to send: its data and
+    /// its close (or abort) CDC have gone out and completed, or it is gone. Until
+    /// then the process must stay for them to leave — a user-space connection
+    /// has no kernel to finish the close after an exit (Linux's close() waits
+    /// the same way, up to `SMC_MAX_STREAM_WAIT_TIMEOUT`, §5.2).
+    pub fn close_settled(&self, id: ConnId) -> bool {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return true;
+        };
+        if !matches!(c.phase, Phase::Smc) || c.link.is_none() {
+            return true;
+        }
+        let Some(dp) = c.dp.as_ref() else {
+            return true;
+        };
+        if matches!(
+            c.closer.state(),
+            CloseState::Closed | CloseState::ProcessAbort | CloseState::PeerAbortWait
+        ) && dp.cdcs_in_flight() == 0
+        {
+            return true;
+        }
+        !dp.close_pending()
+            && dp.close_flags_sent().any()
+            && dp.unacked() == 0
+            && dp.cdcs_in_flight() == 0
+    }
+
+    /// A connection's alert token (unique among the live connections of its
+    /// link group; with the id it tells a connection from a later one that
+    /// reuses the id).
+    pub fn alert_token(&self, id: ConnId) -> Option<u32> {
+        self.conns.get(id)?.as_ref().map(|c| c.token)
+    }
+
     /// Unsent or unconfirmed bytes of ours on a connection.
     pub fn unacked(&self, id: ConnId) -> usize {
         self.conns

@@ -73,13 +73,39 @@ struct Opts {
 pub(crate) struct SmcConn {
     pub(crate) shared: Arc<Shared>,
     pub(crate) id: ConnId,
+    /// Whether dropping the last handle waits for the close to leave (see
+    /// [`LINGER`]); the tokio adapter does not block its runtime.
+    pub(crate) linger: AtomicBool,
 }
+
+/// How long closing a connection waits for its unsent data and close CDC to
+/// leave: the engine's own bound (Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT`, 2 s,
+/// after which unsent data is dropped and the close goes out anyway) plus a
+/// margin for that close to complete. Linux's close() blocks the same way; in
+/// user space it matters more: a process that exits right after close() takes
+/// its unsent data with it, there is no kernel to finish the job.
+const LINGER: Duration = Duration::from_secs(3);
 
 impl Drop for SmcConn {
     fn drop(&mut self) {
-        let mut ep = self.shared.lock();
-        ep.release(self.id);
-        self.shared.pump(&mut ep);
+        let id = self.id;
+        let token = {
+            let mut ep = self.shared.lock();
+            let token = ep.alert_token(id);
+            ep.release(id);
+            self.shared.pump(&mut ep);
+            if !self.linger.load(Ordering::Relaxed) || ep.close_settled(id) {
+                return;
+            }
+            token
+        };
+        // (a connection freed meanwhile, its id maybe reused: settled)
+        let _ = self.shared.run(
+            Want::Settled(id),
+            Some(Instant::now() + LINGER),
+            false,
+            |ep| (ep.alert_token(id) != token || ep.close_settled(id)).then_some(Ok(())),
+        );
     }
 }
 
@@ -242,6 +268,7 @@ impl SmcStream {
         let conn = SmcConn {
             shared: shared.clone(),
             id,
+            linger: AtomicBool::new(true),
         };
         let (status, leftover) = handshake::with_endpoint(&mut tcp, &shared, id)?;
         match status {

@@ -114,6 +114,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -184,6 +185,8 @@ struct Smc {
     conn: Arc<SmcConn>,
     rd: Waiter,
     wr: Waiter,
+    /// `poll_shutdown` closed the write side already.
+    shut_wr: bool,
 }
 
 /// An async connection: SMC-R when both ends could, TCP otherwise
@@ -416,7 +419,15 @@ impl SmcStream {
         match ctx::endpoint_for(local) {
             Some(shared) => {
                 let id = shared.lock().connect(local, ctx::now());
-                Self::finish_handshake(tcp, SmcConn { shared, id }).await
+                Self::finish_handshake(
+                    tcp,
+                    SmcConn {
+                        shared,
+                        id,
+                        linger: AtomicBool::new(false),
+                    },
+                )
+                .await
             }
             None => {
                 let f = client_no_device(&tcp).await?;
@@ -437,6 +448,7 @@ impl SmcStream {
                     conn: Arc::new(conn),
                     rd,
                     wr: Waiter::default(),
+                    shut_wr: false,
                 }),
                 pending: Vec::new(),
                 pending_at: 0,
@@ -460,10 +472,15 @@ impl SmcStream {
         Ok(SmcStream {
             tcp: TcpStream::from_std(p.tcp)?,
             mode: p.mode,
-            smc: p.smc.map(|conn| Smc {
-                conn,
-                rd: Waiter::default(),
-                wr: Waiter::default(),
+            smc: p.smc.map(|conn| {
+                // dropping it must not block the runtime (see poll_shutdown)
+                conn.linger.store(false, Ordering::Relaxed);
+                Smc {
+                    conn,
+                    rd: Waiter::default(),
+                    wr: Waiter::default(),
+                    shut_wr: false,
+                }
             }),
             pending: p.pending,
             pending_at: 0,
@@ -580,12 +597,25 @@ impl AsyncWrite for SmcStream {
     /// the peer reads end-of-file after everything written before.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match &this.smc {
-            Some(Smc { conn, .. }) => {
-                let mut ep = conn.shared.lock();
-                ep.close(conn.id, CloseEvent::AppShutdownWrite);
-                conn.shared.pump(&mut ep);
-                Poll::Ready(Ok(()))
+        match &mut this.smc {
+            // Ready once the data written and the shutdown have left: a
+            // process may exit right after, and no kernel finishes sending
+            // for it (dropping an async stream does not wait, so as not to
+            // block the runtime; the engine still sends in the background
+            // while the process lives).
+            Some(Smc {
+                conn, wr, shut_wr, ..
+            }) => {
+                let id = conn.id;
+                if !*shut_wr {
+                    *shut_wr = true;
+                    let mut ep = conn.shared.lock();
+                    ep.close(id, CloseEvent::AppShutdownWrite);
+                    conn.shared.pump(&mut ep);
+                }
+                wr.poll_op(&conn.shared, cx, |ep| {
+                    ep.close_settled(id).then_some(Ok(()))
+                })
             }
             None => Pin::new(&mut this.tcp).poll_shutdown(cx),
         }
@@ -747,7 +777,11 @@ impl SmcListener {
             Some(shared) => {
                 let id = shared.lock().accept(ctx::now());
                 // the connection is released if the handshake is dropped unpolled
-                let conn = SmcConn { shared, id };
+                let conn = SmcConn {
+                    shared,
+                    id,
+                    linger: AtomicBool::new(false),
+                };
                 Box::pin(SmcStream::finish_handshake(tcp, conn))
             }
             None => Box::pin(async move {

@@ -113,3 +113,72 @@ fn one_gib_each_way_between_two_processes() {
         "the two processes saw different streams"
     );
 }
+
+const EXIT_TOTAL: u64 = 12 << 20;
+
+/// A process that writes and exits at once loses nothing: closing waits until
+/// its unsent data and close have left, as there is no kernel to finish the
+/// close once it is gone. 12 MiB is far more than the 1 MiB RMB and 1 MiB send
+/// buffer, and the reader is slow, so data is still queued when it closes.
+#[test]
+fn a_process_exiting_right_after_close_loses_nothing() {
+    setup();
+    if std::env::var_os("SMC_XP_EXITER").is_some() {
+        let l = SmcListener::bind("127.0.0.1:0").unwrap();
+        println!("port {}", l.local_addr().unwrap().port());
+        std::io::stdout().flush().unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        assert_eq!(s.mode(), Mode::SmcR, "server side mode");
+        let mut buf = vec![0u8; CHUNK];
+        let mut off = 0u64;
+        while off < EXIT_TOTAL {
+            let n = (EXIT_TOTAL - off).min(CHUNK as u64) as usize;
+            for (k, b) in buf[..n].iter_mut().enumerate() {
+                *b = pattern(2, off + k as u64);
+            }
+            s.write_all(&buf[..n]).expect("write");
+            off += n as u64;
+        }
+        drop(s);
+        // no unwinding, no test harness teardown: gone right after the close
+        std::process::exit(0);
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_process_exiting_right_after_close_loses_nothing",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SMC_XP_EXITER", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let port = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "server exited early");
+        if let Some((_, p)) = line.trim().split_once("port ") {
+            break p.parse::<u16>().unwrap();
+        }
+    };
+    let mut s = SmcStream::connect(("127.0.0.1", port)).unwrap();
+    assert_eq!(s.mode(), Mode::SmcR, "client side mode");
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut off = 0u64;
+    loop {
+        // a slow reader: the writer finishes and closes with data queued
+        thread::sleep(std::time::Duration::from_micros(300));
+        let n = s.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        for (k, &b) in buf[..n].iter().enumerate() {
+            let o = off + k as u64;
+            assert_eq!(b, pattern(2, o), "byte {o} is wrong");
+        }
+        off += n as u64;
+    }
+    assert_eq!(off, EXIT_TOTAL, "end of stream after {off} bytes");
+    assert!(child.wait().unwrap().success(), "writer process failed");
+}
