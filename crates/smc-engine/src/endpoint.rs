@@ -340,6 +340,16 @@ fn zero<M: MemoryRegion>(mr: &M, len: usize) {
     }
 }
 
+/// What [`Endpoint::write_direct`] did.
+enum Direct {
+    /// Written straight into the peer's RMB.
+    Wrote(usize),
+    /// It would go directly, but the peer has no room for it now.
+    NoRoom,
+    /// The direct path does not apply.
+    No,
+}
+
 /// Smallest part of a larger write that goes out directly (see `write_direct`).
 const DIRECT_PART_MIN: usize = 16 * 1024;
 
@@ -2038,10 +2048,35 @@ impl<P: Provider> Endpoint<P> {
     /// written yet), followed by their CDC: one copy instead of two. Otherwise
     /// they are copied into the send buffer and sent by [`Self::pump`].
     pub fn write(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<usize, ConnError> {
-        if let Some(n) = self.write_direct(id, data)? {
-            return Ok(n);
-        }
-        self.write_buffered(id, data)
+        self.write_impl(id, data, true)
+    }
+
+    /// [`Self::write`] for a caller that would rather wait a little than copy:
+    /// when the data could go straight into the peer's RMB but the peer has no
+    /// room yet, nothing is written (`Ok(0)`) instead of copying it into the
+    /// send buffer. A bulk sender whose peer reads as fast as it writes then
+    /// copies each byte once instead of twice — with buffered writes the sender
+    /// does two copies per byte to the receiver's one and sets the pace.
+    pub fn write_unbuffered(
+        &mut self,
+        id: ConnId,
+        data: &[u8],
+    ) -> std::result::Result<usize, ConnError> {
+        self.write_impl(id, data, false)
+    }
+
+    fn write_impl(
+        &mut self,
+        id: ConnId,
+        data: &[u8],
+        buffer: bool,
+    ) -> std::result::Result<usize, ConnError> {
+        let n = match self.write_direct(id, data)? {
+            Direct::Wrote(n) => n,
+            Direct::NoRoom if !buffer => return Ok(0),
+            Direct::NoRoom | Direct::No => self.write_buffered(id, data)?,
+        };
+        Ok(n)
     }
 
     /// Copies into the send buffer; [`Self::pump`] sends it.
@@ -2066,19 +2101,15 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// The direct path of [`Self::write`]; `None` when it does not apply.
-    fn write_direct(
-        &mut self,
-        id: ConnId,
-        data: &[u8],
-    ) -> std::result::Result<Option<usize>, ConnError> {
+    fn write_direct(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<Direct, ConnError> {
         let max_inline = self.max_inline as usize;
         let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
-            return Ok(None);
+            return Ok(Direct::No);
         };
         let (Some(l), Some(slot), Some(dp), Some(peer)) =
             (c.lgr, c.link, c.dp.as_mut(), c.peer_rmb)
         else {
-            return Ok(None);
+            return Ok(Direct::No);
         };
         if !matches!(c.phase, Phase::Smc)
             || c.move_to.is_some()
@@ -2088,17 +2119,10 @@ impl<P: Provider> Endpoint<P> {
             || dp.urgent_pending()
             || dp.close_pending()
         {
-            return Ok(None);
-        }
-        // What fits now, if the device takes it inline. A part of a larger
-        // write only when the part is large: many small direct pieces (verbs'
-        // inline limit is 64 bytes) would cost more than the copy they save.
-        let n = data.len().min(dp.sndbuf_free()).min(dp.peer_space());
-        if n == 0 || n > max_inline || (n < data.len() && n < DIRECT_PART_MIN) {
-            return Ok(None);
+            return Ok(Direct::No);
         }
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
-            return Ok(None);
+            return Ok(Direct::No);
         };
         // A failover replays unconfirmed data from the send buffer (§7.2), which
         // a direct write bypasses: only a group with a single link writes
@@ -2109,20 +2133,36 @@ impl<P: Provider> Endpoint<P> {
                 .link(slot)
                 .is_none_or(|k| k.state != LinkState::Active)
         {
-            return Ok(None);
+            return Ok(Direct::No);
         }
         let Some((rkey, base)) = lg
             .group
             .rtoken(peer.row)
             .and_then(|t| t.get(slot).copied().flatten())
         else {
-            return Ok(None);
+            return Ok(Direct::No);
         };
         let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
-            return Ok(None);
+            return Ok(Direct::No);
         };
         if res.sends_in_flight >= MAX_SENDS {
-            return Ok(None);
+            return Ok(Direct::No);
+        }
+        // What fits now, if the device takes it inline. A part of a larger
+        // write only when the part is large: many small direct pieces (verbs'
+        // inline limit is 64 bytes) would cost more than the copy they save.
+        let room = data.len().min(dp.sndbuf_free());
+        let n = room.min(dp.peer_space());
+        if room == 0 || room.min(DIRECT_PART_MIN) > max_inline {
+            return Ok(Direct::No);
+        }
+        if n == 0 || n > max_inline || (n < data.len() && n < DIRECT_PART_MIN) {
+            // only the peer's free space is short
+            return Ok(if n < room.min(DIRECT_PART_MIN) {
+                Direct::NoRoom
+            } else {
+                Direct::No
+            });
         }
         dp.produced(n);
         let Some(batch) = dp.poll_tx() else {
@@ -2150,7 +2190,7 @@ impl<P: Provider> Endpoint<P> {
                 return Err(ConnError::Aborted);
             }
         }
-        Ok(Some(n))
+        Ok(Direct::Wrote(n))
     }
 
     /// Sends one urgent byte (TCP `send(MSG_OOB)`): it goes into the stream after

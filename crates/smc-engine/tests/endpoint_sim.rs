@@ -709,3 +709,45 @@ fn data_that_overtakes_the_clc_confirm_is_not_lost() {
     assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc));
     assert_eq!(w.server.read(t.s, 100).unwrap(), b"early bird");
 }
+
+#[test]
+fn an_unbuffered_write_waits_for_room_at_the_peer_instead_of_copying() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    // (the simulated device's inline limit is 256 bytes, like an RNIC's: only
+    // small writes go straight into the peer's RMB there)
+    let data = vec![0x3cu8; 200];
+    // fill the server's RMB (nobody reads there)
+    let mut sent = 0usize;
+    for _ in 0..100_000 {
+        let n = w.client.write_unbuffered(t.c, &data).unwrap();
+        if n == 0 {
+            break;
+        }
+        sent += n;
+        w.step(&mut [&mut t]);
+    }
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    assert!(sent > 0, "nothing went out directly");
+    assert_eq!(w.client.unacked(t.c), 0, "all of it went straight out");
+    assert_eq!(
+        w.client.write_unbuffered(t.c, &data).unwrap(),
+        0,
+        "no room at the peer: nothing written"
+    );
+    assert_eq!(w.client.unacked(t.c), 0, "and nothing buffered");
+    // a plain write buffers it
+    let n = w.client.write(t.c, &data).unwrap();
+    assert!(n > 0 && w.client.unacked(t.c) == n, "write buffers: {n}");
+    // once the reader makes room, everything arrives in order
+    let mut got = 0usize;
+    for _ in 0..10_000 {
+        got += w.server.read(t.s, 1 << 20).unwrap().len();
+        w.step(&mut [&mut t]);
+        if got == sent + n {
+            break;
+        }
+    }
+    assert_eq!(got, sent + n, "every byte arrives");
+}

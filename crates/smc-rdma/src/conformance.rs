@@ -1161,10 +1161,28 @@ pub fn rnr_infinite_retry<H: Harness>(h: &mut H) -> CaseResult {
         l.qp.post_send(&write_wr(10, &[sge], r.addr + 8192, r.rkey, true)),
         "post write",
     )?;
+    // nor an unsignaled inline one (64 bytes: within every provider's limit)
+    let di = pattern(78, 64);
+    e(
+        h.local().qp.post_send(&SendWr {
+            wr_id: 11,
+            op: SendOp::RdmaWrite {
+                remote_addr: r.addr + 12288,
+                rkey: r.rkey,
+            },
+            payload: Payload::Inline(&di),
+            signaled: false,
+        }),
+        "post inline write",
+    )?;
     sleep_for(h, Duration::from_millis(50));
     ensure!(
         e(h.peer().read(8192, 512), "read")? != d,
         "WRITE behind an RNR-refused SEND landed before the SEND"
+    );
+    ensure!(
+        e(h.peer().read(12288, 64), "read")? != di,
+        "inline WRITE behind an RNR-refused SEND landed before the SEND"
     );
     ensure!(
         h.local().poll_send().is_empty(),
@@ -1181,6 +1199,10 @@ pub fn rnr_infinite_retry<H: Harness>(h: &mut H) -> CaseResult {
     ensure!(
         e(h.peer().read(8192, 512), "read")? == d,
         "WRITE not visible after the SEND went through"
+    );
+    ensure!(
+        e(h.peer().read(12288, 64), "read")? == di,
+        "inline WRITE not visible after the SEND went through"
     );
     let p = peer_wcs(h, 1)?;
     ensure!(p[0].wc.wr_id == 77 && p[0].wc.byte_len == 4, "{p:?}");

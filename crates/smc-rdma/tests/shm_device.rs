@@ -529,3 +529,57 @@ fn messages_of_a_crashed_peer_arrive_before_the_flush() {
         assert_eq!(b, [i + 1; 8]);
     }
 }
+
+/// An unsignaled inline WRITE behind a SEND that reached the peer's ring but
+/// is not acknowledged yet lands at once, and the SEND still completes alone
+/// and first. (Such WRITEs now execute at post instead of being queued, which
+/// copied the payload twice — a bulk sender posts each data WRITE while its
+/// previous CDC waits for the peer's ACK; smc-bench measures that. Behind an
+/// RNR-refused SEND they still wait: conformance `rnr_infinite_retry`.)
+#[test]
+fn inline_write_behind_an_unacked_send_lands_at_post() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let sge = h.peer.ep.mr.sge(RECV_AREA, 64).unwrap();
+    h.peer
+        .ep
+        .qp
+        .post_recv(&RecvWr {
+            wr_id: 1,
+            sges: &[sge],
+        })
+        .unwrap();
+    let send = SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"cdc"),
+        signaled: true,
+    };
+    h.local.qp.post_send(&send).unwrap();
+    // nobody polls: the SEND stays unacknowledged in the send queue
+    let r = h.remote.mr;
+    let data = pattern(31, 64);
+    h.local
+        .qp
+        .post_send(&SendWr {
+            wr_id: 3,
+            op: SendOp::RdmaWrite {
+                remote_addr: r.addr + 8192,
+                rkey: r.rkey,
+            },
+            payload: Payload::Inline(&data),
+            signaled: false,
+        })
+        .unwrap();
+    assert_eq!(
+        h.peer.read(8192, 64).unwrap(),
+        data,
+        "the WRITE waited for the SEND's acknowledgement"
+    );
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (1, 3));
+    let w = h.local.poll_send();
+    assert_eq!(
+        w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(2, WcStatus::Success)]
+    );
+}

@@ -78,6 +78,11 @@ pub(crate) struct SmcConn {
     pub(crate) linger: AtomicBool,
 }
 
+/// How long a blocking write waits for room in the peer's RMB before it
+/// copies into the send buffer instead: about the time a reader takes to copy
+/// out a quarter of a 1 MiB RMB.
+const DIRECT_WAIT: Duration = Duration::from_micros(40);
+
 /// How long closing a connection waits for its unsent data and close CDC to
 /// leave: the engine's own bound (Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT`, 2 s,
 /// after which unsent data is dropped and the close goes out anyway) plus a
@@ -337,16 +342,25 @@ impl SmcStream {
             return Ok(0);
         }
         let deadline = Self::timeout(&self.opts.write_timeout);
-        c.shared.run(
-            Want::Write(c.id),
-            deadline,
-            self.nonblocking(),
-            |ep| match ep.write(c.id, buf) {
-                Ok(0) => None,
-                Ok(n) => Some(Ok(n)),
-                Err(e) => Some(Err(conn_error(e))),
-            },
-        )
+        let nonblocking = self.nonblocking();
+        // A blocking write whose data could go straight into the peer's RMB
+        // waits up to DIRECT_WAIT for room there before copying into the send
+        // buffer (see `Endpoint::write_unbuffered`).
+        let mut direct_until: Option<Instant> = None;
+        c.shared
+            .run(Want::Write(c.id), deadline, nonblocking, |ep| {
+                let r = if nonblocking || direct_until.is_some_and(|t| Instant::now() >= t) {
+                    ep.write(c.id, buf)
+                } else {
+                    direct_until.get_or_insert_with(|| Instant::now() + DIRECT_WAIT);
+                    ep.write_unbuffered(c.id, buf)
+                };
+                match r {
+                    Ok(0) => None,
+                    Ok(n) => Some(Ok(n)),
+                    Err(e) => Some(Err(conn_error(e))),
+                }
+            })
     }
 
     fn do_read(&self, buf: &mut [u8]) -> io::Result<usize> {

@@ -1452,6 +1452,32 @@ impl QpInner {
         self.progress_locked(&mut c);
     }
 
+    /// Whether a WRITE posted now may land at once instead of queueing (and
+    /// having its inline payload copied twice): everything before it has been
+    /// executed already — SENDs published to the peer's ring and not refused
+    /// for lack of a receive (RC executes in order and stops behind an RNR'd
+    /// SEND) — so landing now keeps the order. A signaled WRITE also needs an
+    /// empty queue: its completion must not overtake earlier ones. (A bulk
+    /// sender posts each WRITE while its previous CDC still waits for the
+    /// peer's ACK; queueing those copied 256 KiB into a fresh Vec each time.)
+    fn executes_at_post(&self, c: &Core, signaled: bool) -> bool {
+        if c.sq.is_empty() {
+            return true;
+        }
+        if signaled {
+            return false;
+        }
+        let Some(l) = c.link.as_ref() else {
+            return false;
+        };
+        let credits = Ring(&l.peer_ring).h(R_RECV_CREDITS).load(Acquire);
+        c.sq.iter().all(|p| match p.stage {
+            Stage::Published { seq, .. } => credits > seq,
+            Stage::Done(st) => st == WcStatus::Success,
+            Stage::Queued => false,
+        })
+    }
+
     fn progress_locked(&self, c: &mut Core) {
         if !matches!(c.state, QpState::Rtr | QpState::Rts) {
             return;
@@ -1902,7 +1928,7 @@ impl QueuePair for ShmQp {
             }
         }
         if let (SendOp::RdmaWrite { remote_addr, rkey }, Payload::Inline(d)) = (wr.op, wr.payload) {
-            if c.sq.is_empty() {
+            if q.executes_at_post(&c, wr.signaled) {
                 if let Some(l) = c.link.as_ref() {
                     if let Ok((m, off)) = q.check_remote(l, rkey, remote_addr, d.len()) {
                         if m.write(off, d).is_ok() {
