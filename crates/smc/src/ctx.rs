@@ -122,7 +122,7 @@ impl Want {
         let (id, more) = match self {
             Want::Read(id) => (id, ep.readable(id) > 0 || ep.peer_done(id)),
             Want::Write(id) => (id, ep.unacked(id) < sndbuf_len || ep.peer_closed(id)),
-            Want::Settled(id) => (id, ep.close_settled(id)),
+            Want::Settled(id) => (id, ep.close_sent(id)),
         };
         more || matches!(
             ep.close_state(id),

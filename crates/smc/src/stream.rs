@@ -86,7 +86,7 @@ const DIRECT_WAIT: Duration = Duration::from_micros(40);
 /// How long closing a connection waits for its unsent data and close CDC to
 /// leave: the engine's own bound (Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT`, 2 s,
 /// after which unsent data is dropped and the close goes out anyway) plus a
-/// margin for that close to complete. Linux's close() blocks the same way; in
+/// margin. Linux's close() blocks the same way; in
 /// user space it matters more: a process that exits right after close() takes
 /// its unsent data with it, there is no kernel to finish the job.
 const LINGER: Duration = Duration::from_secs(3);
@@ -99,7 +99,7 @@ impl Drop for SmcConn {
             let token = ep.alert_token(id);
             ep.release(id);
             self.shared.pump(&mut ep);
-            if !self.linger.load(Ordering::Relaxed) || ep.close_settled(id) {
+            if !self.linger.load(Ordering::Relaxed) || ep.close_sent(id) {
                 return;
             }
             token
@@ -109,7 +109,7 @@ impl Drop for SmcConn {
             Want::Settled(id),
             Some(Instant::now() + LINGER),
             false,
-            |ep| (ep.alert_token(id) != token || ep.close_settled(id)).then_some(Ok(())),
+            |ep| (ep.alert_token(id) != token || ep.close_sent(id)).then_some(Ok(())),
         );
     }
 }

@@ -613,9 +613,7 @@ impl AsyncWrite for SmcStream {
                     ep.close(id, CloseEvent::AppShutdownWrite);
                     conn.shared.pump(&mut ep);
                 }
-                wr.poll_op(&conn.shared, cx, |ep| {
-                    ep.close_settled(id).then_some(Ok(()))
-                })
+                wr.poll_op(&conn.shared, cx, |ep| ep.close_sent(id).then_some(Ok(())))
             }
             None => Pin::new(&mut this.tcp).poll_shutdown(cx),
         }
