@@ -86,6 +86,8 @@ struct Plan {
     memcpy_small: (usize, usize),
     memcpy_large: (usize, usize),
     bounce_iters: usize,
+    /// (ring size, piece size, bytes) of the two-core ring copy
+    ring: (usize, usize, u64),
 }
 
 impl Plan {
@@ -133,6 +135,8 @@ impl Plan {
                 (256 << 20, 1 << 30)
             },
             bounce_iters: if q { 50_000 } else { 200_000 },
+            // the bulk workload's RMB and write sizes
+            ring: (1 << 20, 256 << 10, if q { 256 << 20 } else { 4 << 30 }),
         }
     }
 }
@@ -258,7 +262,8 @@ fn host_meta(report: &mut Report, plan: &Plan, server_pid: u32) {
     m.insert(
         "reference".into(),
         json!({"memcpy_small": plan.memcpy_small.0, "memcpy_large": plan.memcpy_large.0,
-               "cacheline_round_trips": plan.bounce_iters}),
+               "cacheline_round_trips": plan.bounce_iters,
+               "ring_copy": {"ring": plan.ring.0, "piece": plan.ring.1, "bytes": plan.ring.2}}),
     );
 }
 
@@ -607,6 +612,16 @@ fn one_workload(
                 "ns",
                 Better::Lower,
             );
+            let ring = Spec::new(
+                "reference.ring_copy_gbps".into(),
+                w,
+                format!(
+                    "ring copy in+out, 2 cores ({} ring)",
+                    size_label(plan.ring.0)
+                ),
+                "GB/s",
+                Better::Higher,
+            );
             let e = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
             let v = reference::memcpy_gbps(plan.memcpy_small.0, plan.memcpy_small.1)
                 .map_err(e("memcpy"))?;
@@ -616,6 +631,9 @@ fn one_workload(
             report.add_reference(&large, v);
             let v = reference::cacheline_rtt_ns(plan.bounce_iters).map_err(e("cache line"))?;
             report.add_reference(&bounce, v);
+            let v = reference::ring_copy_gbps(plan.ring.0, plan.ring.1, plan.ring.2)
+                .map_err(e("ring copy"))?;
+            report.add_reference(&ring, v);
         }
     }
     Ok(())

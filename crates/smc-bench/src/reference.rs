@@ -1,7 +1,10 @@
 //! The machine's own limits, measured in the same run: what one core can copy
 //! per second (the floor of any one-copy data path), and what one cache line
 //! costs to bounce between the two cores (the floor of any shared-memory
-//! notification, hence of an SMC-R round trip on this host).
+//! notification, hence of an SMC-R round trip on this host), and how fast
+//! two cores can move a stream through a shared ring with one copy in and
+//! one copy out (the ceiling of any data path that copies on both sides, as
+//! SMC-R with a socket API does).
 
 use crate::sys;
 use std::hint::black_box;
@@ -96,4 +99,71 @@ pub fn cacheline_rtt_ns(iters: usize) -> io::Result<f64> {
     })?;
     batches.sort_unstable();
     Ok(batches[BATCHES / 2].as_secs_f64() * 1e9 / per as f64)
+}
+
+/// Stream bandwidth through a ring in shared memory (a memfd mapping, as the
+/// shm device's RMBs are) between two threads pinned to two CPUs: the producer
+/// copies `chunk`-byte pieces from its own buffer into the ring whenever there
+/// is room, the consumer copies them out into its own buffer; cursors are two
+/// atomics on their own cache lines. GB/s over about `total` bytes.
+pub fn ring_copy_gbps(ring: usize, chunk: usize, total: u64) -> io::Result<f64> {
+    use smc_rdma::sys::SharedMem;
+    let cpus = sys::allowed_cpus()?;
+    let (Some(&a), Some(&b)) = (cpus.first(), cpus.get(1)) else {
+        return Err(io::Error::other("the ring copy needs two CPUs"));
+    };
+    let chunk = chunk.min(ring).max(1);
+    // ring, then the producer's and the consumer's cursors 128 bytes apart
+    let mem = SharedMem::create("smc-bench-ring", ring + 256)?;
+    mem.fill(0, ring, 0)?;
+    let (prod, cons) = (mem.atomic(ring)?, mem.atomic(ring + 128)?);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let mem = &mem;
+        let consumer = s.spawn(move || -> io::Result<u64> {
+            let pinned = sys::pin_to(b);
+            let mut dst = vec![0u8; chunk];
+            let (mut got, mut sum) = (0u64, 0u64);
+            while got < total {
+                let p = prod.load(Ordering::Acquire);
+                if p == got {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let off = (got % ring as u64) as usize;
+                let n = ((p - got) as usize).min(chunk).min(ring - off);
+                mem.read(off, &mut dst[..n])?;
+                sum = sum.wrapping_add(u64::from(dst[n - 1]));
+                got += n as u64;
+                cons.store(got, Ordering::Release);
+            }
+            pinned.map(|_| black_box(sum))
+        });
+        let producer = s.spawn(move || -> io::Result<()> {
+            let pinned = sys::pin_to(a);
+            let src = vec![0x5au8; chunk];
+            let mut sent = 0u64;
+            while sent < total {
+                let free = ring - (sent - cons.load(Ordering::Acquire)) as usize;
+                if free == 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let off = (sent % ring as u64) as usize;
+                let n = free.min(chunk).min(ring - off);
+                mem.write(off, &src[..n])?;
+                sent += n as u64;
+                prod.store(sent, Ordering::Release);
+            }
+            pinned
+        });
+        let p = producer
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("producer thread panicked")));
+        let c = consumer
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("consumer thread panicked")));
+        p.and(c)
+    })?;
+    Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e9)
 }
