@@ -2399,6 +2399,19 @@ impl<P: Provider> Endpoint<P> {
         !dp.close_pending() && dp.close_flags_sent().any() && dp.unsent() == 0
     }
 
+    /// Whether a [`Self::pump`] now could find anything new on the links (a
+    /// cheap look for busy-waiting callers; may say `true` spuriously). It
+    /// does not cover timers or device events: a caller that stops pumping on
+    /// `false` must still pump now and then.
+    pub fn may_have_work(&self) -> bool {
+        self.lgrs.iter().flatten().any(|lg| {
+            lg.links
+                .iter()
+                .flatten()
+                .any(|r| r.scq.may_have_work() || r.rcq.may_have_work())
+        })
+    }
+
     /// A connection's alert token (unique among the live connections of its
     /// link group; with the id it tells a connection from a later one that
     /// reuses the id).

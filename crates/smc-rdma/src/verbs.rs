@@ -660,6 +660,14 @@ pub trait CompletionQueue: Send + Sync {
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
     /// Arms the CQ: the next completion signals its channel once.
     fn req_notify(&self) -> Result<()>;
+    /// A cheap hint for busy-polling callers: `false` only when a [`poll`]
+    /// now would find no completion (it may still say `true` when there is
+    /// none). Providers without a cheaper look than polling say `true`.
+    ///
+    /// [`poll`]: CompletionQueue::poll
+    fn may_have_work(&self) -> bool {
+        true
+    }
 }
 
 /// A completion channel with a pollable descriptor (`ibv_comp_channel`).

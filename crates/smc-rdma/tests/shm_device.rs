@@ -583,3 +583,49 @@ fn inline_write_behind_an_unacked_send_lands_at_post() {
         [(2, WcStatus::Success)]
     );
 }
+
+/// `may_have_work` (what a spinning waiter looks at instead of polling) is
+/// false on idle queues and while our SEND waits for the peer, and true
+/// whenever a poll would find something: a peer's SEND in the ring, the ACK
+/// of ours.
+#[test]
+fn may_have_work_sees_every_arrival_and_only_then() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let (l, p) = (&h.local, &h.peer.ep);
+    assert!(l.poll_send().is_empty() && l.poll_recv().is_empty());
+    assert!(!l.scq.may_have_work() && !l.rcq.may_have_work(), "idle");
+    assert!(
+        !p.scq.may_have_work() && !p.rcq.may_have_work(),
+        "idle peer"
+    );
+    let sge = p.mr.sge(RECV_AREA, 64).unwrap();
+    p.qp.post_recv(&RecvWr {
+        wr_id: 1,
+        sges: &[sge],
+    })
+    .unwrap();
+    assert!(!p.rcq.may_have_work(), "a posted receive alone is no work");
+    l.qp.post_send(&SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"hi"),
+        signaled: true,
+    })
+    .unwrap();
+    assert!(p.rcq.may_have_work(), "the SEND waits in the peer's ring");
+    assert!(
+        !l.scq.may_have_work(),
+        "our SEND waits for the peer: nothing to find yet"
+    );
+    // the peer takes it: its receive completes, our SEND is acknowledged
+    let w = p.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (1, 2));
+    assert!(!p.rcq.may_have_work(), "nothing left for the peer");
+    assert!(l.scq.may_have_work(), "the ACK is there to be polled");
+    let w = l.poll_send();
+    assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::Success));
+    assert!(
+        !l.scq.may_have_work() && !l.rcq.may_have_work(),
+        "idle again"
+    );
+}

@@ -328,7 +328,11 @@ impl Shared {
                 // Try first (another thread's pump may have done the work), then
                 // pump and try again.
                 let mut r = op(&mut ep);
-                if r.is_none() {
+                // While spinning, a whole pump only when the links may have
+                // something new (the spin is short; timers wait for the next
+                // full pump): a pump's locks and clock reads are most of what
+                // a spinning round trip costs.
+                if r.is_none() && (spin.is_none() || ep.may_have_work()) {
                     self.pump(&mut ep);
                     r = op(&mut ep);
                 }

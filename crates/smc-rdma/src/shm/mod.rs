@@ -1058,6 +1058,54 @@ impl CompletionQueue for ShmCq {
         Ok(n)
     }
 
+    /// Looks without progressing: completions queued, a QP busy elsewhere, a
+    /// SEND of the peer waiting in our ring for a posted receive, the peer
+    /// having consumed (ACKed or refused) one of ours since the send queue
+    /// last looked, or a SEND of ours still queued or waiting for a receive
+    /// credit (RNR retries are timed). Spinning on this instead of polling
+    /// spares the locks and clock reads of a whole progress pass.
+    fn may_have_work(&self) -> bool {
+        if !lock(&self.inner.entries).is_empty() {
+            return true;
+        }
+        let qps = lock(&self.inner.qps);
+        for qp in qps.iter().filter_map(Weak::upgrade) {
+            let c = match qp.core.try_lock() {
+                Ok(c) => c,
+                Err(std::sync::TryLockError::WouldBlock) => return true,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            };
+            if !matches!(c.state, QpState::Rtr | QpState::Rts) {
+                continue;
+            }
+            if Arc::ptr_eq(&qp.recv_cq, &self.inner) && !c.rq.is_empty() {
+                let r = Ring(&c.ring);
+                if r.h(R_TAIL).load(Acquire) != r.h(R_HEAD).load(Relaxed) {
+                    return true;
+                }
+            }
+            if Arc::ptr_eq(&qp.send_cq, &self.inner) && !c.sq.is_empty() {
+                let Some(l) = c.link.as_ref() else {
+                    return true;
+                };
+                let pr = Ring(&l.peer_ring);
+                if pr.h(R_HEAD).load(Acquire) != c.seen_peer_head {
+                    return true;
+                }
+                let credits = pr.h(R_RECV_CREDITS).load(Acquire);
+                let waiting = c.sq.iter().any(|p| match p.stage {
+                    Stage::Queued => true,
+                    Stage::Published { seq, .. } => credits <= seq,
+                    Stage::Done(_) => true,
+                });
+                if waiting {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     fn req_notify(&self) -> Result<()> {
         self.inner.armed.store(true, SeqCst);
         let qps: Vec<Arc<QpInner>> = lock(&self.inner.qps)
@@ -1152,6 +1200,9 @@ struct Core {
     link: Option<Link>,
     extra_socks: Vec<SeqPacket>,
     recv_posted: u64,
+    /// The peer's ring head (how far it consumed our SENDs) when the send
+    /// queue last looked at acknowledgements (see `may_have_work`).
+    seen_peer_head: u64,
 }
 
 impl Core {
@@ -1172,6 +1223,7 @@ impl Core {
             link: None,
             extra_socks: vec![],
             recv_posted: 0,
+            seen_peer_head: 0,
         }
     }
 }
@@ -1563,6 +1615,10 @@ impl QpInner {
     }
 
     fn progress_send(&self, c: &mut Core) {
+        if let Some(l) = c.link.as_ref() {
+            // before the slot states: a consume after this load shows later
+            c.seen_peer_head = Ring(&l.peer_ring).h(R_HEAD).load(Acquire);
+        }
         let Some(l) = c.link.as_ref() else { return };
         let pr = Ring(&l.peer_ring);
         // The clock is read only while some SEND waits for a receive (RNR).
