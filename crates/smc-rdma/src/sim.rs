@@ -173,6 +173,8 @@ struct St {
     cqs: HashMap<u32, CqSt>,
     next_id: u32,
     trace: Vec<String>,
+    /// Devices' inline limit (see [`SimFabric::set_max_inline`]).
+    max_inline: u32,
 }
 
 impl St {
@@ -589,6 +591,7 @@ impl SimFabric {
                 cqs: HashMap::new(),
                 next_id: 0,
                 trace: vec![],
+                max_inline: MAX_INLINE,
             })),
         }
     }
@@ -630,6 +633,15 @@ impl SimFabric {
     /// Current virtual time.
     pub fn now(&self) -> SimInstant {
         SimInstant(self.st().now)
+    }
+
+    /// Sets the devices' inline limit (default 256 bytes, an RNIC's order of
+    /// magnitude). A large limit models the shm device, which takes inline
+    /// payloads of any size: senders then write large data straight from the
+    /// caller's buffer, a path a simulation should cover too. Set it before
+    /// QPs are created.
+    pub fn set_max_inline(&self, max_inline: u32) {
+        self.st().max_inline = max_inline;
     }
 
     /// Sets base one-way latency and uniform jitter (0..=jitter, seeded).
@@ -764,7 +776,7 @@ impl Device for SimDevice {
             name,
             ports: vec![self.query_port(1).expect("port 1 exists")],
             max_msg_size: MAX_MSG,
-            max_inline: MAX_INLINE,
+            max_inline: self.f.st().max_inline,
         }
     }
 
@@ -882,12 +894,13 @@ impl ProtectionDomain for SimPd {
     }
 
     fn create_qp(&self, send_cq: &SimCq, recv_cq: &SimCq, cap: QpCap) -> Result<SimQp> {
-        if cap.max_inline_data > MAX_INLINE {
+        let mut st = self.f.st();
+        if cap.max_inline_data > st.max_inline {
             return Err(Error::InvalidArgument(format!(
-                "max_inline_data > {MAX_INLINE}"
+                "max_inline_data > {}",
+                st.max_inline
             )));
         }
-        let mut st = self.f.st();
         let qpn = st.id() & 0x00ff_ffff;
         st.qps.insert(
             qpn,

@@ -16,6 +16,15 @@
 //! with "no SMC device" and stays on TCP. The data path is the `smc-engine`
 //! endpoint; reads and writes run it in the application's thread.
 //!
+//! Closing (dropping the last handle of) an SMC-R `SmcStream` blocks until its
+//! unsent data and the close have been handed to the device — at most about
+//! 3 s: after Linux's 2 s `SMC_MAX_STREAM_WAIT_TIMEOUT` without room at the
+//! peer, unsent data is dropped and the close goes out anyway, as Linux's
+//! close() does. A kernel socket's data outlives its process; a user-space
+//! connection's would not, so a process may exit right after closing. The
+//! tokio adapter's drop does not block; `shutdown().await` completes once the
+//! data and the shutdown have left.
+//!
 //! With the cargo feature `tokio`, the `tokio` module has async
 //! `SmcStream`/`SmcListener` (`AsyncRead`/`AsyncWrite`, `accept().await`) that
 //! run the endpoint in the task's poll and sleep in tokio's reactor.
