@@ -3,9 +3,10 @@
 use crate::ctx::{self, Shared, Want};
 use crate::rendezvous::{rendezvous, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
-use smc_engine::endpoint::{ConnError, ConnId, ConnStatus};
+use smc_engine::endpoint::{ConnError, ConnId, ConnStatus, Endpoint};
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
+use smc_rdma::shm::ShmProvider;
 use smc_wire::clc::DeclineCode;
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -343,24 +344,39 @@ impl SmcStream {
         }
         let deadline = Self::timeout(&self.opts.write_timeout);
         let nonblocking = self.nonblocking();
+        let op = |ep: &mut Endpoint<ShmProvider>, buffer: bool| {
+            let r = if buffer {
+                ep.write(c.id, buf)
+            } else {
+                ep.write_unbuffered(c.id, buf)
+            };
+            match r {
+                Ok(0) => None,
+                Ok(n) => Some(Ok(n)),
+                Err(e) => Some(Err(conn_error(e))),
+            }
+        };
         // A blocking write whose data could go straight into the peer's RMB
         // waits up to DIRECT_WAIT for room there before copying into the send
-        // buffer (see `Endpoint::write_unbuffered`).
-        let mut direct_until: Option<Instant> = None;
-        c.shared
-            .run(Want::Write(c.id), deadline, nonblocking, |ep| {
-                let r = if nonblocking || direct_until.is_some_and(|t| Instant::now() >= t) {
-                    ep.write(c.id, buf)
-                } else {
-                    direct_until.get_or_insert_with(|| Instant::now() + DIRECT_WAIT);
-                    ep.write_unbuffered(c.id, buf)
-                };
-                match r {
-                    Ok(0) => None,
-                    Ok(n) => Some(Ok(n)),
-                    Err(e) => Some(Err(conn_error(e))),
+        // buffer (see `Endpoint::write_unbuffered`); that wait, sleeps
+        // included, ends at DIRECT_WAIT.
+        if !nonblocking {
+            let until = Instant::now() + DIRECT_WAIT;
+            let first = deadline.map_or(until, |d| d.min(until));
+            match c
+                .shared
+                .run(Want::Write(c.id), Some(first), false, |ep| op(ep, false))
+            {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(e);
+                    }
                 }
-            })
+                r => return r,
+            }
+        }
+        c.shared
+            .run(Want::Write(c.id), deadline, nonblocking, |ep| op(ep, true))
     }
 
     fn do_read(&self, buf: &mut [u8]) -> io::Result<usize> {
