@@ -9,10 +9,9 @@
 mod common;
 use common::{pattern, Fnv};
 
-use common::setup;
+use common::{setup, spawn_self};
 use smc::{Mode, SmcListener, SmcStream};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Stdio};
+use std::io::{Read, Write};
 use std::thread;
 
 const TOTAL: u64 = 1 << 30;
@@ -73,26 +72,10 @@ fn one_gib_each_way_between_two_processes() {
     if std::env::var_os("SMC_XP_SERVER").is_some() {
         return server();
     }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "one_gib_each_way_between_two_processes",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SMC_XP_SERVER", "1")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let port = loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "server exited early");
-        // (libtest may print "test NAME ... " on the same line first)
-        if let Some((_, p)) = line.trim().split_once("port ") {
-            break p.parse::<u16>().unwrap();
-        }
-    };
+    let (mut child, mut out, port) = spawn_self(
+        "one_gib_each_way_between_two_processes",
+        &[("SMC_XP_SERVER", "1".as_ref())],
+    );
     let s = SmcStream::connect(("127.0.0.1", port)).unwrap();
     assert_eq!(s.mode(), Mode::SmcR, "client side mode");
     let tx = s.try_clone().unwrap();
@@ -143,25 +126,10 @@ fn a_process_exiting_right_after_close_loses_nothing() {
         // no unwinding, no test harness teardown: gone right after the close
         std::process::exit(0);
     }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_process_exiting_right_after_close_loses_nothing",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SMC_XP_EXITER", "1")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let port = loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "server exited early");
-        if let Some((_, p)) = line.trim().split_once("port ") {
-            break p.parse::<u16>().unwrap();
-        }
-    };
+    let (mut child, _out, port) = spawn_self(
+        "a_process_exiting_right_after_close_loses_nothing",
+        &[("SMC_XP_EXITER", "1".as_ref())],
+    );
     let mut s = SmcStream::connect(("127.0.0.1", port)).unwrap();
     assert_eq!(s.mode(), Mode::SmcR, "client side mode");
     let mut buf = vec![0u8; 64 * 1024];

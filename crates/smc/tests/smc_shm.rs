@@ -133,32 +133,17 @@ fn a_server_without_a_device_declines_no_device_not_different_prefix() {
     if std::env::var_os("SMC_NODEV_SERVER").is_some() {
         return server_without_a_device();
     }
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
     // Same rundir, no device: that process's connections have no endpoint.
     let cfg = std::path::PathBuf::from(std::env::var_os("SMC_RDMA_SHM_CONFIG").unwrap());
     let nodev = cfg.with_file_name("shm-nodev.conf");
     std::fs::write(&nodev, "# no device\n").unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "a_server_without_a_device_declines_no_device_not_different_prefix",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SMC_NODEV_SERVER", "1")
-        .env("SMC_RDMA_SHM_CONFIG", &nodev)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let port = loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "server exited early");
-        if let Some((_, p)) = line.trim().split_once("port ") {
-            break p.parse::<u16>().unwrap();
-        }
-    };
+    let (mut child, mut out, port) = common::spawn_self(
+        "a_server_without_a_device_declines_no_device_not_different_prefix",
+        &[
+            ("SMC_NODEV_SERVER", "1".as_ref()),
+            ("SMC_RDMA_SHM_CONFIG", nodev.as_os_str()),
+        ],
+    );
     let mut c = SmcStream::connect(("127.0.0.1", port)).unwrap();
     let mut b = *b"ping";
     c.write_all(&b).unwrap();

@@ -84,3 +84,38 @@ impl Fnv {
         }
     }
 }
+
+/// The other half of a two-process test: this test binary again, running
+/// only `test` with the environment `env`, its stdout piped. Returns the
+/// child, its stdout, and the port it announced with a `port N` line.
+#[allow(dead_code)]
+pub fn spawn_self(
+    test: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+    u16,
+) {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .stdout(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let port = loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "{test}: exited early"
+        );
+        // (libtest may print "test NAME ... " on the same line first)
+        if let Some((_, p)) = line.trim().split_once("port ") {
+            break p.parse::<u16>().unwrap();
+        }
+    };
+    (child, out, port)
+}
