@@ -5,6 +5,8 @@
 //! [`LgrState::on`]; `tests/multi_link.rs` and `tests/endpoint_sim.rs` check that
 //! it reaches these states. Spec: `protocol-llc-cdc.md` §1.7, §1.9, §5.6, §6, §7.
 
+#[path = "../../smc-proto/tests/support/golden.rs"]
+mod golden;
 use smc_engine::state::{LgrEvent, LgrState};
 
 fn table() -> String {
@@ -39,16 +41,11 @@ fn table() -> String {
 
 #[test]
 fn every_state_event_pair_matches_the_reviewed_table() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/lgr_table.txt");
-    let got = table();
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(path, &got).unwrap();
-    }
-    let want =
-        std::fs::read_to_string(path).expect("golden table missing; run with UPDATE_GOLDEN=1");
-    assert!(
-        got == want,
-        "link group state table changed; rerun with UPDATE_GOLDEN=1 and review the diff"
+    golden::check(
+        env!("CARGO_MANIFEST_DIR"),
+        "lgr_table.txt",
+        &table(),
+        "link group state",
     );
 }
 

@@ -7,6 +7,8 @@
 //! `UPDATE_GOLDEN=1` and review the diff). Spec: `protocol-clc.md` §4 (flows,
 //! timeouts, decline codes), `protocol-llc-cdc.md` §1.7, §1.11, §6.
 
+#[path = "../../smc-proto/tests/support/golden.rs"]
+mod golden;
 use smc_engine::endpoint::{ConnId, ConnStatus, Endpoint, EndpointConfig};
 use smc_engine::state::HandshakePhase;
 use smc_proto::clc_stream::{ClcReadError, FailReason};
@@ -539,16 +541,11 @@ fn table() -> String {
 
 #[test]
 fn every_phase_event_pair_matches_the_reviewed_table() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/phase_table.txt");
-    let got = table();
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(path, &got).unwrap();
-    }
-    let want =
-        std::fs::read_to_string(path).expect("golden table missing; run with UPDATE_GOLDEN=1");
-    assert!(
-        got == want,
-        "handshake phase table changed; rerun with UPDATE_GOLDEN=1 and review the diff"
+    golden::check(
+        env!("CARGO_MANIFEST_DIR"),
+        "phase_table.txt",
+        &table(),
+        "handshake phase",
     );
 }
 

@@ -7,6 +7,8 @@
 //!    interleave, once both applications have closed and every CDC is delivered,
 //!    both sides are CLOSED.
 
+#[path = "support/golden.rs"]
+mod golden;
 use proptest::prelude::*;
 use smc_proto::close::*;
 use std::collections::{BTreeSet, VecDeque};
@@ -102,16 +104,11 @@ fn table() -> String {
 
 #[test]
 fn every_state_event_pair_matches_the_reviewed_table() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/close_table.txt");
-    let got = table();
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(path, &got).unwrap();
-    }
-    let want =
-        std::fs::read_to_string(path).expect("golden table missing; run with UPDATE_GOLDEN=1");
-    assert!(
-        got == want,
-        "close state table changed; rerun with UPDATE_GOLDEN=1 and review the diff"
+    golden::check(
+        env!("CARGO_MANIFEST_DIR"),
+        "close_table.txt",
+        &table(),
+        "close state",
     );
 }
 

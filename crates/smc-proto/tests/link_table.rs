@@ -4,6 +4,8 @@
 //! file `tests/golden/link_table.txt` (regenerate with `UPDATE_GOLDEN=1` and review
 //! the diff). Spec: `protocol-llc-cdc.md` §1.6–§1.11, §6.
 
+#[path = "support/golden.rs"]
+mod golden;
 use smc_proto::link::*;
 use smc_proto::Timestamp;
 use smc_wire::llc::{self, *};
@@ -236,15 +238,10 @@ fn table() -> String {
 
 #[test]
 fn every_state_event_pair_matches_the_reviewed_table() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/link_table.txt");
-    let got = table();
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(path, &got).unwrap();
-    }
-    let want =
-        std::fs::read_to_string(path).expect("golden table missing; run with UPDATE_GOLDEN=1");
-    assert!(
-        got == want,
-        "link state table changed; rerun with UPDATE_GOLDEN=1 and review the diff"
+    golden::check(
+        env!("CARGO_MANIFEST_DIR"),
+        "link_table.txt",
+        &table(),
+        "link state",
     );
 }
