@@ -2071,12 +2071,11 @@ impl<P: Provider> Endpoint<P> {
         data: &[u8],
         buffer: bool,
     ) -> std::result::Result<usize, ConnError> {
-        let n = match self.write_direct(id, data)? {
-            Direct::Wrote(n) => n,
-            Direct::NoRoom if !buffer => return Ok(0),
-            Direct::NoRoom | Direct::No => self.write_buffered(id, data)?,
-        };
-        Ok(n)
+        match self.write_direct(id, data)? {
+            Direct::Wrote(n) => Ok(n),
+            Direct::NoRoom if !buffer => Ok(0),
+            Direct::NoRoom | Direct::No => self.write_buffered(id, data),
+        }
     }
 
     /// Copies into the send buffer; [`Self::pump`] sends it.

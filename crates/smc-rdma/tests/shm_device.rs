@@ -537,7 +537,7 @@ fn messages_of_a_crashed_peer_arrive_before_the_flush() {
 /// previous CDC waits for the peer's ACK; smc-bench measures that. Behind an
 /// RNR-refused SEND they still wait: conformance `rnr_infinite_retry`.)
 #[test]
-fn inline_write_behind_an_unacked_send_lands_at_post() {
+fn inline_write_behind_an_unacked_send_lands_and_completes_in_order() {
     let mut h = setup!(make_inproc(&ConnParams::default()));
     let sge = h.peer.ep.mr.sge(RECV_AREA, 64).unwrap();
     h.peer

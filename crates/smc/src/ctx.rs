@@ -100,7 +100,7 @@ pub(crate) enum Want {
     /// Send-buffer space or an error on the connection.
     Write(ConnId),
     /// A released connection's data and close have left (or it is gone).
-    Settled(ConnId),
+    CloseSent(ConnId),
 }
 
 /// A parked follower: woken by whoever pumps once its connection can go on,
@@ -114,7 +114,7 @@ struct Waiter {
 impl Want {
     fn conn(self) -> ConnId {
         match self {
-            Want::Read(id) | Want::Write(id) | Want::Settled(id) => id,
+            Want::Read(id) | Want::Write(id) | Want::CloseSent(id) => id,
         }
     }
 
@@ -122,7 +122,7 @@ impl Want {
         let (id, more) = match self {
             Want::Read(id) => (id, ep.readable(id) > 0 || ep.peer_done(id)),
             Want::Write(id) => (id, ep.unacked(id) < sndbuf_len || ep.peer_closed(id)),
-            Want::Settled(id) => (id, ep.close_sent(id)),
+            Want::CloseSent(id) => (id, ep.close_sent(id)),
         };
         more || matches!(
             ep.close_state(id),

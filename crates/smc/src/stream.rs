@@ -107,7 +107,7 @@ impl Drop for SmcConn {
         };
         // (a connection freed meanwhile, its id maybe reused: settled)
         let _ = self.shared.run(
-            Want::Settled(id),
+            Want::CloseSent(id),
             Some(Instant::now() + LINGER),
             false,
             |ep| (ep.alert_token(id) != token || ep.close_sent(id)).then_some(Ok(())),
