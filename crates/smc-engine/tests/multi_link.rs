@@ -5,100 +5,31 @@
 //! Also the link-group life cycle and the serialization of first contacts.
 //! Spec: `protocol-llc-cdc.md` §6, §7, §9; `protocol-clc.md` §4.
 
-use smc_engine::endpoint::{ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, LgrId};
+use smc_engine::endpoint::{ConnError, ConnStatus, EndpointConfig, LgrId};
 use smc_engine::state::{HandshakePhase, LgrState};
 use smc_proto::close::{CloseEvent, CloseState};
-use smc_proto::negotiate::IfAddr;
-use smc_proto::Timestamp;
-use smc_rdma::sim::SimFabric;
-use smc_wire::types::{Eid, Mac, SystemId};
-use std::net::IpAddr;
 use std::time::Duration;
 
+mod common;
+
+use common::{simple_config, Tcp, World};
+
+/// The shared test identity, with TEST_LINK keepalives on.
 fn config(dev: &str, inst: u16, last: u8) -> EndpointConfig {
     EndpointConfig {
-        system_id: SystemId::new(inst, Mac([2, 0, 0, 0, 0, last])),
-        device: dev.into(),
-        ueids: vec![Eid::parse_ueid("SMC-TEST-UEID").unwrap()],
-        offer_v1: true,
-        offer_v2: true,
-        if_addrs: vec![IfAddr {
-            addr: IpAddr::from([10, 99, 0, last]),
-            prefix_len: 24,
-        }],
-        rmb_len: 16384,
-        sndbuf_len: 32768,
         testlink: Some(Duration::from_secs(30)),
-        max_conns: 255,
-        hostname: "simhost".into(),
-        lgr_idle_timeout: Duration::from_secs(600),
+        ..simple_config(dev, inst, last)
     }
-}
-
-struct World {
-    fabric: SimFabric,
-    client: Endpoint<SimFabric>,
-    server: Endpoint<SimFabric>,
-    now: Timestamp,
-}
-
-/// One TCP connection: the CLC bytes in flight each way.
-struct Tcp {
-    c: ConnId,
-    s: ConnId,
-    c2s: Vec<u8>,
-    s2c: Vec<u8>,
 }
 
 impl World {
-    fn new() -> World {
-        let fabric = SimFabric::new(7);
-        fabric.add_device("simC", None).unwrap();
-        fabric.add_device("simS", None).unwrap();
-        World {
-            client: Endpoint::new(&fabric, config("simC", 0x1111, 1)).unwrap(),
-            server: Endpoint::new(&fabric, config("simS", 0x2222, 2)).unwrap(),
-            fabric,
-            now: Duration::ZERO,
-        }
+    fn two() -> World {
+        World::with_seed(7, config("simC", 0x1111, 1), config("simS", 0x2222, 2))
     }
 
-    fn open(&mut self) -> Tcp {
-        let s = self.server.accept(self.now);
-        let c = self.client.connect(IpAddr::from([10, 99, 0, 1]), self.now);
-        Tcp {
-            c,
-            s,
-            c2s: Vec::new(),
-            s2c: Vec::new(),
-        }
-    }
-
-    fn step(&mut self, tcps: &mut [&mut Tcp]) {
-        for t in tcps.iter_mut() {
-            t.c2s.extend(self.client.clc_output(t.c));
-            t.s2c.extend(self.server.clc_output(t.s));
-            let n = self.server.clc_input(t.s, &t.c2s, self.now);
-            t.c2s.drain(..n);
-            let n = self.client.clc_input(t.c, &t.s2c, self.now);
-            t.s2c.drain(..n);
-        }
-        self.client.pump(self.now).unwrap();
-        self.server.pump(self.now).unwrap();
-        self.fabric.advance(Duration::from_micros(20));
-        self.now += Duration::from_micros(20);
-    }
-
-    fn settle(&mut self, tcps: &mut [&mut Tcp], d: Duration) {
-        let end = self.now + d;
-        while self.now < end {
-            self.step(tcps);
-        }
-    }
-
-    fn handshake(&mut self) -> Tcp {
-        let mut t = self.open();
-        self.settle(&mut [&mut t], Duration::from_millis(2));
+    /// A handshake that must end in SMC-R on both sides.
+    fn smc_handshake(&mut self) -> Tcp {
+        let t = self.handshake();
         assert_eq!(self.client.status(t.c), Some(ConnStatus::Smc));
         assert_eq!(self.server.status(t.s), Some(ConnStatus::Smc));
         t
@@ -174,12 +105,12 @@ impl Streams {
 
 #[test]
 fn a_second_link_comes_up_and_new_connections_spread_over_both() {
-    let mut w = World::new();
-    let mut t0 = w.handshake();
+    let mut w = World::two();
+    let mut t0 = w.smc_handshake();
     let (lc, ls, slot) = w.add_link(&mut t0);
     assert_eq!(slot, 1);
     assert_ne!(w.client.link_qp_num(lc, 0), w.client.link_qp_num(lc, 1));
-    let ts: Vec<Tcp> = (0..4).map(|_| w.handshake()).collect();
+    let ts: Vec<Tcp> = (0..4).map(|_| w.smc_handshake()).collect();
     assert_eq!((w.client.link_groups(), w.server.link_groups()), (1, 1));
     // the server assigns the least loaded link; the client follows the Accept
     let links: Vec<usize> = ts.iter().map(|t| w.server.link_of(t.s).unwrap()).collect();
@@ -232,8 +163,8 @@ impl World {
 
 #[test]
 fn a_connection_moves_between_links_with_its_data_intact() {
-    let mut w = World::new();
-    let mut t = w.handshake();
+    let mut w = World::two();
+    let mut t = w.smc_handshake();
     let (_, _, slot) = w.add_link(&mut t);
     let mut st = Streams::new(1, 2_000_000);
     let mut moves = 0;
@@ -265,10 +196,10 @@ fn a_connection_moves_between_links_with_its_data_intact() {
 #[test]
 fn killing_one_link_moves_its_connections_without_data_loss() {
     for (kill_client, kill_slot) in [(true, 1), (false, 1), (true, 0), (false, 0)] {
-        let mut w = World::new();
-        let mut t0 = w.handshake();
+        let mut w = World::two();
+        let mut t0 = w.smc_handshake();
         let (lc, ls, _) = w.add_link(&mut t0);
-        let ts: Vec<Tcp> = (0..3).map(|_| w.handshake()).collect();
+        let ts: Vec<Tcp> = (0..3).map(|_| w.smc_handshake()).collect();
         let first = Tcp {
             c: t0.c,
             s: t0.s,
@@ -307,7 +238,7 @@ fn killing_one_link_moves_its_connections_without_data_loss() {
             (LgrState::Active, LgrState::Active)
         );
         // new connections take the surviving link
-        let t = w.handshake();
+        let t = w.smc_handshake();
         assert_eq!(w.server.link_of(t.s), Some(survivor));
         // the freed slot takes a new link again
         let (_, _, slot) = w.add_link(&mut t0);
@@ -327,7 +258,7 @@ fn killing_one_link_moves_its_connections_without_data_loss() {
 
 #[test]
 fn the_link_group_life_cycle() {
-    let mut w = World::new();
+    let mut w = World::two();
     let mut t = w.open();
     // server: Accept sent, Confirm not yet in
     for _ in 0..200 {
@@ -379,7 +310,7 @@ fn the_link_group_life_cycle() {
 
 #[test]
 fn a_second_connection_waits_for_the_first_contact_and_joins_its_group() {
-    let mut w = World::new();
+    let mut w = World::two();
     let mut a = w.open();
     let mut b = w.open();
     let mut saw_wait = false;
@@ -401,7 +332,7 @@ fn a_second_connection_waits_for_the_first_contact_and_joins_its_group() {
 
 #[test]
 fn a_waiting_connection_makes_its_own_first_contact_when_the_first_one_fails() {
-    let mut w = World::new();
+    let mut w = World::two();
     let mut a = w.open();
     let mut b = w.open();
     // the first Accept reaches the client, whose device then stops answering:

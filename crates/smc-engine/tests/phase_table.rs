@@ -13,31 +13,20 @@ use smc_engine::endpoint::{ConnId, ConnStatus, Endpoint, EndpointConfig};
 use smc_engine::state::HandshakePhase;
 use smc_proto::clc_stream::{ClcReadError, FailReason};
 use smc_proto::link::Role;
-use smc_proto::negotiate::IfAddr;
 use smc_proto::Timestamp;
 use smc_rdma::sim::SimFabric;
 use smc_wire::clc::{ClcHeader, ClcMessage, Decline, DeclineCode, SMC_V2};
-use smc_wire::types::{Eid, Mac, SystemId};
+use smc_wire::types::{Mac, SystemId};
 use std::net::IpAddr;
 use std::time::Duration;
 
+mod common;
+
+/// The shared test identity with a 16 KiB send buffer.
 fn config(dev: &str, inst: u16, last: u8) -> EndpointConfig {
     EndpointConfig {
-        system_id: SystemId::new(inst, Mac([2, 0, 0, 0, 0, last])),
-        device: dev.into(),
-        ueids: vec![Eid::parse_ueid("SMC-TEST-UEID").unwrap()],
-        offer_v1: true,
-        offer_v2: true,
-        if_addrs: vec![IfAddr {
-            addr: IpAddr::from([10, 99, 0, last]),
-            prefix_len: 24,
-        }],
-        rmb_len: 16384,
         sndbuf_len: 16384,
-        testlink: None,
-        max_conns: 255,
-        hostname: "simhost".into(),
-        lgr_idle_timeout: Duration::from_secs(600),
+        ..common::simple_config(dev, inst, last)
     }
 }
 

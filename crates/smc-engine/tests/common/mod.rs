@@ -1,0 +1,144 @@
+//! What the endpoint tests over the sim fabric share: endpoint
+//! configurations, and a world of two endpoints whose CLC bytes travel over
+//! an in-memory pipe standing in for the TCP connection.
+#![allow(dead_code)]
+
+use smc_engine::endpoint::{ConnId, Endpoint, EndpointConfig};
+use smc_proto::negotiate::IfAddr;
+use smc_proto::Timestamp;
+use smc_rdma::sim::SimFabric;
+use smc_wire::types::{Eid, Mac, SystemId};
+use std::net::IpAddr;
+use std::time::Duration;
+
+pub fn config(
+    dev: &str,
+    inst: u16,
+    last: u8,
+    ueids: &[&str],
+    v1: bool,
+    v2: bool,
+    net: [u8; 3],
+) -> EndpointConfig {
+    EndpointConfig {
+        system_id: SystemId::new(inst, Mac([2, 0, 0, 0, 0, last])),
+        device: dev.into(),
+        ueids: ueids.iter().map(|u| Eid::parse_ueid(u).unwrap()).collect(),
+        offer_v1: v1,
+        offer_v2: v2,
+        if_addrs: vec![IfAddr {
+            addr: IpAddr::from([net[0], net[1], net[2], last]),
+            prefix_len: 24,
+        }],
+        rmb_len: 16384,
+        sndbuf_len: 32768,
+        testlink: None,
+        max_conns: 255,
+        hostname: "simhost".into(),
+        lgr_idle_timeout: Duration::from_secs(600),
+    }
+}
+
+/// `config` with the usual test identity: UEID SMC-TEST-UEID, v1 and v2,
+/// address 10.99.0.`last`/24.
+pub fn simple_config(dev: &str, inst: u16, last: u8) -> EndpointConfig {
+    config(dev, inst, last, &["SMC-TEST-UEID"], true, true, [10, 99, 0])
+}
+
+pub struct World {
+    pub fabric: SimFabric,
+    pub client: Endpoint<SimFabric>,
+    pub server: Endpoint<SimFabric>,
+    pub now: Timestamp,
+    pub client_ip: IpAddr,
+}
+
+/// One TCP connection: the CLC bytes in flight each way.
+pub struct Tcp {
+    pub c: ConnId,
+    pub s: ConnId,
+    pub c2s: Vec<u8>,
+    pub s2c: Vec<u8>,
+}
+
+impl World {
+    pub fn new(client_cfg: EndpointConfig, server_cfg: EndpointConfig) -> World {
+        World::with_seed(99, client_cfg, server_cfg)
+    }
+
+    pub fn with_seed(seed: u64, client_cfg: EndpointConfig, server_cfg: EndpointConfig) -> World {
+        let fabric = SimFabric::new(seed);
+        fabric.add_device("simC", None).unwrap();
+        fabric.add_device("simS", None).unwrap();
+        let client_ip = client_cfg.if_addrs[0].addr;
+        World {
+            client: Endpoint::new(&fabric, client_cfg).unwrap(),
+            server: Endpoint::new(&fabric, server_cfg).unwrap(),
+            fabric,
+            now: Duration::ZERO,
+            client_ip,
+        }
+    }
+
+    pub fn default() -> World {
+        World::new(
+            config(
+                "simC",
+                0x1111,
+                1,
+                &["SMC-TEST-UEID"],
+                true,
+                true,
+                [10, 99, 0],
+            ),
+            config(
+                "simS",
+                0x2222,
+                2,
+                &["SMC-TEST-UEID"],
+                true,
+                true,
+                [10, 99, 0],
+            ),
+        )
+    }
+
+    pub fn open(&mut self) -> Tcp {
+        let s = self.server.accept(self.now);
+        let c = self.client.connect(self.client_ip, self.now);
+        Tcp {
+            c,
+            s,
+            c2s: Vec::new(),
+            s2c: Vec::new(),
+        }
+    }
+
+    pub fn step(&mut self, tcps: &mut [&mut Tcp]) {
+        for t in tcps.iter_mut() {
+            t.c2s.extend(self.client.clc_output(t.c));
+            t.s2c.extend(self.server.clc_output(t.s));
+            let n = self.server.clc_input(t.s, &t.c2s, self.now);
+            t.c2s.drain(..n);
+            let n = self.client.clc_input(t.c, &t.s2c, self.now);
+            t.s2c.drain(..n);
+        }
+        self.client.pump(self.now).unwrap();
+        self.server.pump(self.now).unwrap();
+        self.fabric.advance(Duration::from_micros(20));
+        self.now += Duration::from_micros(20);
+    }
+
+    pub fn settle(&mut self, tcps: &mut [&mut Tcp], d: Duration) {
+        let end = self.now + d;
+        while self.now < end {
+            self.step(tcps);
+        }
+    }
+
+    pub fn handshake(&mut self) -> Tcp {
+        let mut t = self.open();
+        self.settle(&mut [&mut t], Duration::from_millis(2));
+        t
+    }
+}
