@@ -273,7 +273,24 @@ impl LinkGroup {
             Role::Server => (1, llc::SERVER_FIRST_CONFIRM_LINK_WAIT),
             Role::Client => (0, llc::CLIENT_FIRST_CONFIRM_LINK_WAIT),
         };
-        self.links[0] = Some(Link {
+        self.set_activating(0, link_id, local, peer, now, wait, true);
+        0
+    }
+
+    /// Puts a link in `slot` in state ACTIVATING, waiting `wait` from `now`
+    /// for CONFIRM_LINK; a server sends the request on it at once.
+    #[allow(clippy::too_many_arguments)]
+    fn set_activating(
+        &mut self,
+        slot: usize,
+        link_id: u8,
+        local: LocalPort,
+        peer: PeerPort,
+        now: Timestamp,
+        wait: Duration,
+        first_contact: bool,
+    ) {
+        self.links[slot] = Some(Link {
             link_id,
             state: LinkState::Activating,
             local,
@@ -282,13 +299,12 @@ impl LinkGroup {
             last_rx: now,
             testlink_sent: None,
             confirm_deadline: Some(now + wait),
-            first_contact: true,
+            first_contact,
         });
         if self.cfg.role == Role::Server {
-            let msg = self.confirm_link_msg(0, false);
-            self.out.push_back(LgrOutput::SendLlc { slot: 0, msg });
+            let msg = self.confirm_link_msg(slot, false);
+            self.out.push_back(LgrOutput::SendLlc { slot, msg });
         }
-        0
     }
 
     /// The link id a server gives its next link: the lowest non-zero id that no
@@ -326,21 +342,7 @@ impl LinkGroup {
             return None;
         }
         let slot = self.free_slot()?;
-        self.links[slot] = Some(Link {
-            link_id,
-            state: LinkState::Activating,
-            local,
-            peer,
-            peer_link_uid: 0,
-            last_rx: now,
-            testlink_sent: None,
-            confirm_deadline: Some(now + llc::WAIT_FIRST_TIME),
-            first_contact: false,
-        });
-        if self.cfg.role == Role::Server {
-            let msg = self.confirm_link_msg(slot, false);
-            self.out.push_back(LgrOutput::SendLlc { slot, msg });
-        }
+        self.set_activating(slot, link_id, local, peer, now, llc::WAIT_FIRST_TIME, false);
         Some(slot)
     }
 
