@@ -31,20 +31,9 @@ pub fn setup() {
                 }
             }
         }
-        let dir = std::env::temp_dir().join(format!("smc-shm-test-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("run")).unwrap();
-        std::fs::create_dir_all(dir.join("conf")).unwrap();
-        let cfg = dir.join("shm.conf");
-        std::fs::write(
-            &cfg,
-            format!(
-                "rundir {}\ndevice shm-lo netdev lo\n",
-                dir.join("run").display()
-            ),
-        )
-        .unwrap();
-        std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
-        std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
+        // a device directory of our own, and tables (PNET, UEID) of our own
+        std::env::remove_var("SMC_RS_CONFIG_DIR");
+        smc::use_loopback_device(&format!("smc-shm-test-{}", std::process::id()));
     });
 }
 
