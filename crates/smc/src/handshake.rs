@@ -162,6 +162,38 @@ pub(crate) fn server(tcp: &mut TcpStream) -> io::Result<Fallback> {
     Ok(f)
 }
 
+/// Whether a handshake driven by an endpoint is over, from the connection's
+/// status: its outcome, or an error if the connection is gone.
+pub(crate) fn ended(
+    status: Option<smc_engine::endpoint::ConnStatus>,
+) -> Option<io::Result<smc_engine::endpoint::ConnStatus>> {
+    use smc_engine::endpoint::ConnStatus;
+    match status {
+        Some(ConnStatus::Handshaking) => None,
+        Some(s) => Some(Ok(s)),
+        None => Some(Err(io::Error::other(
+            "SMC connection vanished during the handshake",
+        ))),
+    }
+}
+
+/// Feeds what the TCP connection gave during the handshake to the endpoint
+/// (nothing: the peer closed it); bytes behind the CLC messages go to
+/// `leftover`.
+pub(crate) fn take_input(
+    shared: &crate::ctx::Shared,
+    id: smc_engine::endpoint::ConnId,
+    data: &[u8],
+    leftover: &mut Vec<u8>,
+) {
+    if data.is_empty() {
+        shared.lock().tcp_closed(id);
+        return;
+    }
+    let used = shared.lock().clc_input(id, data, crate::ctx::now());
+    leftover.extend_from_slice(&data[used..]);
+}
+
 /// The CLC handshake driven by an endpoint (a device serves this connection).
 /// Returns the connection's status and any TCP bytes that followed the CLC
 /// messages (the peer's first application data after a Decline).
@@ -170,7 +202,6 @@ pub(crate) fn with_endpoint(
     shared: &crate::ctx::Shared,
     id: smc_engine::endpoint::ConnId,
 ) -> io::Result<(smc_engine::endpoint::ConnStatus, Vec<u8>)> {
-    use smc_engine::endpoint::ConnStatus;
     tcp.set_nonblocking(true)?;
     let mut leftover = Vec::new();
     let mut buf = [0u8; 1024];
@@ -188,21 +219,11 @@ pub(crate) fn with_endpoint(
             tcp.set_nonblocking(true)?;
             w?;
         }
-        match status {
-            Some(ConnStatus::Handshaking) => {}
-            Some(s) => break Ok(s),
-            None => {
-                break Err(io::Error::other(
-                    "SMC connection vanished during the handshake",
-                ))
-            }
+        if let Some(r) = ended(status) {
+            break r;
         }
         match tcp.read(&mut buf) {
-            Ok(0) => shared.lock().tcp_closed(id),
-            Ok(n) => {
-                let used = shared.lock().clc_input(id, &buf[..n], crate::ctx::now());
-                leftover.extend_from_slice(&buf[used..n]);
-            }
+            Ok(n) => take_input(shared, id, &buf[..n], &mut leftover),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Spin a little (an LLC answer or the next CLC message is
                 // usually microseconds away), then wait for TCP data; LLC

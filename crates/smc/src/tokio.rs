@@ -343,21 +343,11 @@ async fn with_endpoint(
         if !out.is_empty() {
             write_all(tcp, &out).await?;
         }
-        match status {
-            Some(ConnStatus::Handshaking) => {}
-            Some(s) => return Ok((s, leftover)),
-            None => {
-                return Err(io::Error::other(
-                    "SMC connection vanished during the handshake",
-                ))
-            }
+        if let Some(r) = handshake::ended(status) {
+            return r.map(|s| (s, leftover));
         }
         match tcp.try_read(&mut buf) {
-            Ok(0) => shared.lock().tcp_closed(id),
-            Ok(n) => {
-                let used = shared.lock().clc_input(id, &buf[..n], ctx::now());
-                leftover.extend_from_slice(&buf[used..n]);
-            }
+            Ok(n) => handshake::take_input(shared, id, &buf[..n], &mut leftover),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 handshake_wait(tcp, shared, w, seen).await?
             }
