@@ -73,6 +73,10 @@ pub(crate) struct Shared {
     gen: AtomicU64,
     /// Threads parked until their connection can go on (see [`Waiter`]).
     waiters: Mutex<Vec<Waiter>>,
+    /// Parked threads to unpark once the endpoint lock is released (see
+    /// [`Locked`]), and their count, readable without the lock.
+    to_unpark: Mutex<Vec<std::thread::Thread>>,
+    unparks: AtomicUsize,
     /// `waiters.len()`, readable without the lock.
     sleepers: AtomicUsize,
     /// Send buffer size of every connection (a writer can go on below it).
@@ -231,6 +235,8 @@ impl Shared {
             ep: Mutex::new(ep),
             notify,
             waiters: Mutex::new(Vec::new()),
+            to_unpark: Mutex::new(Vec::new()),
+            unparks: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             sndbuf_len,
             active: AtomicUsize::new(0),
@@ -245,19 +251,45 @@ impl Shared {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wakes the parked threads whose connection can go on (`all`: every one).
+    /// Wakes the parked threads whose connection can go on (`all`: every
+    /// one). Called with the endpoint locked: the threads are unparked when
+    /// it is released ([`Locked`]), as a woken thread's first step is to take
+    /// that lock.
     fn wake(&self, ep: &Endpoint<ShmProvider>, all: bool) {
         let mut w = self.waiters();
+        let mut go = Vec::new();
         w.retain(|x| {
             if all || x.want.ready(ep, self.sndbuf_len) {
                 x.woken.store(true, Ordering::Release);
-                x.thread.unpark();
+                go.push(x.thread.clone());
                 false
             } else {
                 true
             }
         });
         self.sleepers.store(w.len(), Ordering::Release);
+        drop(w);
+        if !go.is_empty() {
+            let mut u = self.to_unpark.lock().unwrap_or_else(|e| e.into_inner());
+            u.append(&mut go);
+            self.unparks.store(u.len(), Ordering::Release);
+        }
+    }
+
+    /// Unparks the threads [`Self::wake`] chose (after the endpoint lock is
+    /// released).
+    fn unpark_chosen(&self) {
+        if self.unparks.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let go = {
+            let mut u = self.to_unpark.lock().unwrap_or_else(|e| e.into_inner());
+            self.unparks.store(0, Ordering::Release);
+            std::mem::take(&mut *u)
+        };
+        for t in go {
+            t.unpark();
+        }
     }
 
     /// Wakes one parked thread (any), to take over as the leader.
@@ -270,8 +302,11 @@ impl Shared {
         self.sleepers.store(w.len(), Ordering::Release);
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Endpoint<ShmProvider>> {
-        self.ep.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        Locked {
+            guard: Some(self.ep.lock().unwrap_or_else(|e| e.into_inner())),
+            shared: self,
+        }
     }
 
     /// Pumps the endpoint and wakes the sleepers if it took completions.
@@ -529,6 +564,35 @@ impl Shared {
         if vacant && self.sleepers.load(Ordering::Acquire) > 0 {
             self.wake_one();
         }
+    }
+}
+
+/// The locked endpoint. Threads that a pump under this lock found ready are
+/// unparked when it is released, not while it is held: woken at once, a
+/// thread would run (on the other core, or in place of the pumping one) only
+/// to block on the lock again.
+pub(crate) struct Locked<'a> {
+    guard: Option<MutexGuard<'a, Endpoint<ShmProvider>>>,
+    shared: &'a Shared,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Endpoint<ShmProvider>;
+    fn deref(&self) -> &Self::Target {
+        self.guard.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.guard.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        self.shared.unpark_chosen();
     }
 }
 
