@@ -6,8 +6,11 @@
 //! the README's Performance notes.
 //!
 //! ```text
-//! cargo run --release -p smc-bench --example rr_modes [-- SECONDS [ROUNDS]]
+//! cargo run --release -p smc-bench --example rr_modes [-- SECONDS [ROUNDS [SHAPE [TRANSPORT]]]]
 //! ```
+//!
+//! SHAPE `threads` or `polling` and TRANSPORT `smc` or `tcp` run one of them
+//! alone (to profile it).
 //!
 //! Run as root (SMC-R needs the rendezvous BPF program). The server half is
 //! this program again, started as `rr_modes __server SHAPE TRANSPORT`.
@@ -241,12 +244,21 @@ fn main() -> ExitCode {
     let secs: f64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2.0);
     let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(3);
     let dur = Duration::from_secs_f64(secs);
+    let shape = args.get(3).map(String::as_str);
+    let transport = args.get(4).map(String::as_str);
     println!("request/response, {CONNS} connections, {SIZE} B each way, {secs} s per run, rounds interleaved");
     for polling in [false, true] {
+        if shape.is_some_and(|s| s != if polling { "polling" } else { "threads" }) {
+            continue;
+        }
         let mut ratios = vec![];
         for round in 0..rounds {
             let mut r = [0.0f64; 2];
             for (k, smc) in [true, false].into_iter().enumerate() {
+                if transport.is_some_and(|t| t != if smc { "smc" } else { "tcp" }) {
+                    r[k] = f64::NAN;
+                    continue;
+                }
                 match run(polling, smc, dur) {
                     Ok(v) => r[k] = v,
                     Err(e) => {

@@ -622,6 +622,16 @@ fn one_workload(
                 "GB/s",
                 Better::Higher,
             );
+            // what the two copies of any socket-API stream cost at that
+            // rate: both cores busy for 1 GiB (the floor of SMC-R's CPU per
+            // GiB, which copies once on each side)
+            let ring_cpu = Spec::new(
+                "reference.ring_copy_cpu_s_per_gib".into(),
+                w,
+                "  its CPU per GiB (both cores busy)".into(),
+                "s/GiB",
+                Better::Lower,
+            );
             let e = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
             let v = reference::memcpy_gbps(plan.memcpy_small.0, plan.memcpy_small.1)
                 .map_err(e("memcpy"))?;
@@ -634,6 +644,7 @@ fn one_workload(
             let v = reference::ring_copy_gbps(plan.ring.0, plan.ring.1, plan.ring.2)
                 .map_err(e("ring copy"))?;
             report.add_reference(&ring, v);
+            report.add_reference(&ring_cpu, 2.0 * f64::from(1u32 << 30) / (v * 1e9));
         }
     }
     Ok(())
