@@ -370,6 +370,10 @@ pub struct Endpoint<P: Provider> {
     chan: P::Channel,
     /// Work completions taken from the CQs so far (progress indicator).
     completions: u64,
+    /// Scratch list of connection ids (`flush_tx`), kept to not allocate per pump.
+    scratch_ids: Vec<ConnId>,
+    /// Scratch copy of one received message (`poll_recv`), likewise.
+    scratch_msg: Vec<u8>,
     /// LLC messages posted so far.
     llc_sent: u64,
     /// The port's active MTU, for the CLC messages of every connection:
@@ -407,6 +411,8 @@ impl<P: Provider> Endpoint<P> {
             dev,
             chan,
             completions: 0,
+            scratch_ids: Vec::new(),
+            scratch_msg: Vec::new(),
             llc_sent: 0,
             port_mtu,
             max_inline,
@@ -1606,6 +1612,22 @@ impl<P: Provider> Endpoint<P> {
     /// that link), CDCs to the connection of their token, whatever link they
     /// came on (§9).
     fn poll_recv(&mut self, l: LgrId, slot: usize, now: Timestamp) -> Result<()> {
+        // one receive buffer's bytes (a CDC or LLC message), copied out before
+        // the buffer is posted again
+        let mut msg = std::mem::take(&mut self.scratch_msg);
+        msg.resize(RECV_SLOT_LEN, 0);
+        let r = self.poll_recv_with(l, slot, now, &mut msg);
+        self.scratch_msg = msg;
+        r
+    }
+
+    fn poll_recv_with(
+        &mut self,
+        l: LgrId,
+        slot: usize,
+        now: Timestamp,
+        msg: &mut [u8],
+    ) -> Result<()> {
         let mut wcs = [WorkCompletion::default(); 16];
         loop {
             let Some(res) = self
@@ -1633,8 +1655,8 @@ impl<P: Provider> Endpoint<P> {
                     continue;
                 }
                 let at = wc.wr_id as usize * RECV_SLOT_LEN;
-                let mut buf = vec![0u8; wc.byte_len as usize];
-                res.recv.read_at(at, &mut buf)?;
+                let buf = &mut msg[..(wc.byte_len as usize).min(RECV_SLOT_LEN)];
+                res.recv.read_at(at, buf)?;
                 let reposted = res.recv.sge(at, RECV_SLOT_LEN as u32).and_then(|sge| {
                     res.qp.post_recv(&RecvWr {
                         wr_id: wc.wr_id,
@@ -1642,7 +1664,7 @@ impl<P: Provider> Endpoint<P> {
                     })
                 });
                 lg.group.on_rx_activity(slot, now);
-                match WrMessage::decode(&buf) {
+                match WrMessage::decode(buf) {
                     Ok(WrMessage::Llc(m)) => lg.group.on_llc(slot, m, now),
                     Ok(WrMessage::Cdc(c)) => {
                         // The CDC carries the receiver's alert token (§2.1).
@@ -1721,10 +1743,12 @@ impl<P: Provider> Endpoint<P> {
             };
             let n = res.scq.poll(&mut wcs)?;
             self.completions += n as u64;
-            let mut done = Vec::new();
+            // CDCs whose send completed (at most one per completion)
+            let mut done = [(0 as ConnId, 0u16); 16];
+            let mut ndone = 0;
             let mut failed = false;
             for wc in wcs.iter().take(n) {
-                let kind = res.wrs.remove(&wc.wr_id);
+                let kind = res.complete(wc.wr_id);
                 if kind.is_some() {
                     res.sends_in_flight = res.sends_in_flight.saturating_sub(1);
                 }
@@ -1732,14 +1756,15 @@ impl<P: Provider> Endpoint<P> {
                     failed = true;
                     continue;
                 }
-                if let Some(WrKind::Cdc(id, seq)) = kind {
-                    done.push((id, seq));
+                if let (Some(WrKind::Cdc(id, seq)), Some(d)) = (kind, done.get_mut(ndone)) {
+                    *d = (id, seq);
+                    ndone += 1;
                 }
             }
             if failed {
                 lg.group.on_link_failure(slot);
             }
-            for (id, seq) in done {
+            for &(id, seq) in &done[..ndone] {
                 if let Some(c) = self.conn(id) {
                     if c.link != Some(slot) {
                         continue;
@@ -1765,15 +1790,22 @@ impl<P: Provider> Endpoint<P> {
         }
         // Round robin, a few batches per connection per pass, so that one busy
         // connection cannot take every send slot of its link.
-        let mut ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+        let mut ids = std::mem::take(&mut self.scratch_ids);
+        ids.clear();
+        ids.extend(lg.tokens.values().copied());
         if !ids.is_empty() {
             lg.rr = (lg.rr + 1) % ids.len();
             ids.rotate_left(lg.rr);
         }
-        for id in ids {
-            self.flush_conn(l, id)?;
+        let mut r = Ok(());
+        for &id in &ids {
+            r = self.flush_conn(l, id);
+            if r.is_err() {
+                break;
+            }
         }
-        Ok(())
+        self.scratch_ids = ids;
+        r
     }
 
     /// Posts what connection `id` of group `l` has to send: a few batches

@@ -58,7 +58,7 @@ pub struct DataPathConfig {
 
 /// One RDMA WRITE: `src` ranges of the send buffer (one or two, if the data wraps
 /// there) to the contiguous range at `peer_offset` of the peer's RMBE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct RdmaWrite {
     /// Offset in the peer's RMBE.
     pub peer_offset: usize,
@@ -73,10 +73,52 @@ pub struct RdmaWrite {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TxBatch {
     /// Zero, one or two RDMA WRITEs.
-    pub writes: Vec<RdmaWrite>,
+    pub writes: Writes,
     /// The CDC announcing them (or only cursors/flags).
     pub cdc: CdcMessage,
 }
+
+/// Zero, one or two RDMA WRITEs (the destination wraps at most once), kept
+/// inline: a batch is made for every CDC sent, so it does not allocate. Use
+/// it as a slice.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Writes {
+    w: [RdmaWrite; 2],
+    n: usize,
+}
+
+impl Writes {
+    fn push(&mut self, w: RdmaWrite) {
+        // (write_chunks never yields more than two pieces)
+        if let Some(slot) = self.w.get_mut(self.n) {
+            *slot = w;
+            self.n += 1;
+        }
+    }
+}
+
+impl std::ops::Deref for Writes {
+    type Target = [RdmaWrite];
+    fn deref(&self) -> &[RdmaWrite] {
+        self.w.get(..self.n).unwrap_or(&[])
+    }
+}
+
+impl<'a> IntoIterator for &'a Writes {
+    type Item = &'a RdmaWrite;
+    type IntoIter = std::slice::Iter<'a, RdmaWrite>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl PartialEq for Writes {
+    fn eq(&self, other: &Writes) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Writes {}
 
 /// A peer CDC that cannot be true: abort the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -439,7 +481,7 @@ impl DataPath {
         {
             return None;
         }
-        let mut writes = Vec::with_capacity(2);
+        let mut writes = Writes::default();
         if len > 0 {
             let dst = write_chunks(
                 self.cfg.peer_rmbe_len,

@@ -16,7 +16,7 @@ use core::cmp::Ordering;
 use core::fmt;
 use core::ops::{BitOr, BitOrAssign};
 
-use crate::buf::{Reader, Writer};
+use crate::buf::Reader;
 use crate::{Result, WireError};
 
 /// Type byte of a CDC message (`SMC_CDC_MSG_TYPE`, §2.1).
@@ -222,10 +222,6 @@ impl Cursor {
             count: r.be32()?,
         })
     }
-
-    fn write(&self, w: &mut Writer<'_>) {
-        w.zeros(2).be16(self.wrap).be32(self.count);
-    }
 }
 
 impl fmt::Display for Cursor {
@@ -297,26 +293,24 @@ impl CdcMessage {
 
     /// Appends the 44 encoded bytes to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        let mut w = Writer::new(out);
-        w.u8(CDC_TYPE)
-            .u8(CDC_LEN as u8)
-            .be16(self.seqno)
-            .be32(self.token);
-        self.prod.write(&mut w);
-        self.cons.write(&mut w);
-        w.u8(self.prod_flags.bits())
-            .u8(self.conn_flags.bits())
-            .zeros(18);
+        out.extend_from_slice(&self.encode());
     }
 
-    /// The 44 encoded bytes.
+    /// The 44 encoded bytes (every CDC sent goes through here: no allocation).
     pub fn encode(&self) -> [u8; CDC_LEN] {
-        let mut v = Vec::with_capacity(CDC_LEN);
-        self.encode_into(&mut v);
         let mut out = [0u8; CDC_LEN];
-        for (d, s) in out.iter_mut().zip(v) {
-            *d = s;
-        }
+        out[0] = CDC_TYPE;
+        out[1] = CDC_LEN as u8;
+        out[2..4].copy_from_slice(&self.seqno.to_be_bytes());
+        out[4..8].copy_from_slice(&self.token.to_be_bytes());
+        // the cursors at 8 and 16: 2 reserved bytes, wrap, count (§2.1)
+        out[10..12].copy_from_slice(&self.prod.wrap.to_be_bytes());
+        out[12..16].copy_from_slice(&self.prod.count.to_be_bytes());
+        out[18..20].copy_from_slice(&self.cons.wrap.to_be_bytes());
+        out[20..24].copy_from_slice(&self.cons.count.to_be_bytes());
+        out[24] = self.prod_flags.bits();
+        out[25] = self.conn_flags.bits();
+        // 26..44 reserved, zero
         out
     }
 

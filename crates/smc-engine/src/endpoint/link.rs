@@ -20,7 +20,7 @@ use smc_rdma::{
     QpModify, QpState, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge,
 };
 use smc_wire::types::{Gid, IbMtu, Mac};
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::{ConnId, Result};
@@ -58,8 +58,9 @@ pub(super) struct LinkRes<P: Provider> {
     pub connected: bool,
     /// Server: the link id chosen when this (further) link was offered.
     pub offered_id: u8,
-    /// Signaled SENDs in flight by wr_id.
-    pub wrs: HashMap<u64, WrKind>,
+    /// Signaled SENDs in flight, oldest first (an RC send queue completes
+    /// in order, so a completion is almost always the front one).
+    pub wrs: VecDeque<(u64, WrKind)>,
     pub sends_in_flight: usize,
     pub next_wr: u64,
 }
@@ -108,7 +109,7 @@ impl<P: Provider> LinkRes<P> {
             peer_qpn: 0,
             connected: false,
             offered_id: 0,
-            wrs: HashMap::new(),
+            wrs: VecDeque::new(),
             sends_in_flight: 0,
             next_wr: 1 << 32,
         })
@@ -160,7 +161,7 @@ impl<P: Provider> LinkRes<P> {
             payload: Payload::Inline(bytes),
             signaled: true,
         })?;
-        self.wrs.insert(self.next_wr, kind);
+        self.wrs.push_back((self.next_wr, kind));
         self.sends_in_flight += 1;
         Ok(())
     }
@@ -186,6 +187,12 @@ impl<P: Provider> LinkRes<P> {
             payload: Payload::Inline(data),
             signaled: false,
         })
+    }
+
+    /// Takes the signaled SEND `wr_id` out of [`Self::wrs`]: what it carried.
+    pub fn complete(&mut self, wr_id: u64) -> Option<WrKind> {
+        let i = self.wrs.iter().position(|&(id, _)| id == wr_id)?;
+        self.wrs.remove(i).map(|(_, k)| k)
     }
 
     /// Asks both CQs to signal the endpoint's channel at their next completion.

@@ -64,6 +64,36 @@ pub use layout::SLOT_PAYLOAD as MAX_SEND_SIZE;
 /// is allowed. Behind queued WRs it is kept in a heap copy until its turn.
 const MAX_INLINE: u32 = 1 << 30;
 
+/// A map keyed by keys, QP numbers and GIDs, looked up for every WR: hashed
+/// with a multiply-rotate (FxHash's) instead of SipHash, which cost more than
+/// the rest of a 64-byte RDMA WRITE's checks. Only this device inserts
+/// entries (its own keys and QPs, and regions a peer proved to exist), so
+/// the hash needs no protection against chosen collisions.
+type KeyMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// See [`KeyMap`].
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -416,11 +446,11 @@ struct DevShared {
     port_up: AtomicBool,
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
-    lkeys: Mutex<HashMap<u32, Arc<LocalMr>>>,
-    rkeys: Mutex<HashMap<u32, Arc<LocalMr>>>,
-    qps: Mutex<HashMap<u32, Weak<QpInner>>>,
+    lkeys: Mutex<KeyMap<u32, Arc<LocalMr>>>,
+    rkeys: Mutex<KeyMap<u32, Arc<LocalMr>>>,
+    qps: Mutex<KeyMap<u32, Weak<QpInner>>>,
     /// Peer regions by (peer GID, peer QPN, rkey).
-    remote_mrs: Mutex<HashMap<(Gid, u32, u32), Arc<SharedMem>>>,
+    remote_mrs: Mutex<KeyMap<(Gid, u32, u32), Arc<SharedMem>>>,
     next_id: AtomicU32,
     salt: u32,
     stop: AtomicBool,
@@ -561,10 +591,10 @@ impl ShmDevice {
             port_up: AtomicBool::new(netdev_up(&d.netdev)),
             events: Mutex::new(VecDeque::new()),
             event_fd: EventFd::new()?,
-            lkeys: Mutex::new(HashMap::new()),
-            rkeys: Mutex::new(HashMap::new()),
-            qps: Mutex::new(HashMap::new()),
-            remote_mrs: Mutex::new(HashMap::new()),
+            lkeys: Mutex::new(KeyMap::default()),
+            rkeys: Mutex::new(KeyMap::default()),
+            qps: Mutex::new(KeyMap::default()),
+            remote_mrs: Mutex::new(KeyMap::default()),
             next_id: AtomicU32::new(1),
             salt,
             stop: AtomicBool::new(false),
@@ -1148,9 +1178,37 @@ impl CompletionChannel for ShmChannel {
 
 enum OwnedPayload {
     Inline(Vec<u8>),
+    /// An inline payload of up to [`SMALL`] bytes (a CDC, an LLC message)
+    /// without a heap allocation.
+    Small([u8; SMALL], u8),
     /// The common single-SGE case without a heap allocation.
     One(Sge),
     Sges(Vec<Sge>),
+}
+
+/// Inline payloads up to this size are kept in the WR itself.
+const SMALL: usize = 64;
+
+/// A receive WR's scatter list, the common single SGE without allocation.
+enum Sges {
+    One([Sge; 1]),
+    Many(Vec<Sge>),
+}
+
+impl Sges {
+    fn new(s: &[Sge]) -> Sges {
+        match s {
+            [one] => Sges::One([*one]),
+            s => Sges::Many(s.to_vec()),
+        }
+    }
+
+    fn as_slice(&self) -> &[Sge] {
+        match self {
+            Sges::One(s) => s,
+            Sges::Many(v) => v,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -1195,7 +1253,7 @@ struct Core {
     retry_cnt: u8,
     rnr_retry: u8,
     min_rnr_timer: Duration,
-    rq: VecDeque<(u64, Vec<Sge>)>,
+    rq: VecDeque<(u64, Sges)>,
     sq: VecDeque<Pending>,
     link: Option<Link>,
     extra_socks: Vec<SeqPacket>,
@@ -1551,6 +1609,9 @@ impl QpInner {
             OwnedPayload::Inline(d) => dst
                 .write(dst_off, d)
                 .map_err(|_| WcStatus::LocalQpOperationError),
+            OwnedPayload::Small(b, n) => dst
+                .write(dst_off, &b[..usize::from(*n)])
+                .map_err(|_| WcStatus::LocalQpOperationError),
             OwnedPayload::One(_) | OwnedPayload::Sges(_) => {
                 let one;
                 let sges: &[Sge] = match p {
@@ -1559,7 +1620,9 @@ impl QpInner {
                         &one
                     }
                     OwnedPayload::Sges(v) => v,
-                    OwnedPayload::Inline(_) => unreachable!("matched above"),
+                    OwnedPayload::Inline(_) | OwnedPayload::Small(..) => {
+                        unreachable!("matched above")
+                    }
                 };
                 let mut pos = dst_off;
                 for s in sges {
@@ -1771,7 +1834,7 @@ impl QpInner {
             let Some((wr_id, sges)) = c.rq.front() else {
                 break;
             }; // RNR
-            let wr_id = *wr_id;
+            let (wr_id, sges) = (*wr_id, sges.as_slice());
             let meta = r.s(head, S_META).load(Relaxed);
             let immw = r.s(head, S_IMM).load(Relaxed);
             let (op, len) = (meta & 0xffff_ffff, (meta >> 32) as usize);
@@ -2006,6 +2069,11 @@ impl QueuePair for ShmQp {
             }
         }
         let payload = match wr.payload {
+            Payload::Inline(d) if d.len() <= SMALL => {
+                let mut b = [0u8; SMALL];
+                b[..d.len()].copy_from_slice(d);
+                OwnedPayload::Small(b, d.len() as u8)
+            }
             Payload::Inline(d) => OwnedPayload::Inline(d.to_vec()),
             Payload::Sges([one]) => OwnedPayload::One(*one),
             Payload::Sges(s) => OwnedPayload::Sges(s.to_vec()),
@@ -2045,7 +2113,7 @@ impl QueuePair for ShmQp {
         if c.rq.len() >= q.cap.max_recv_wr as usize {
             return Err(Error::QueueFull);
         }
-        c.rq.push_back((wr.wr_id, wr.sges.to_vec()));
+        c.rq.push_back((wr.wr_id, Sges::new(wr.sges)));
         c.recv_posted += 1;
         let n = c.recv_posted;
         Ring(&c.ring).h(R_RECV_CREDITS).store(n, Release);
