@@ -1683,6 +1683,9 @@ impl QpInner {
             c.seen_peer_head = Ring(&l.peer_ring).h(R_HEAD).load(Acquire);
         }
         let Some(l) = c.link.as_ref() else { return };
+        if c.sq.is_empty() {
+            return;
+        }
         let pr = Ring(&l.peer_ring);
         // The clock is read only while some SEND waits for a receive (RNR).
         let mut now_cache = None;
