@@ -1690,9 +1690,10 @@ impl QpInner {
         // The clock is read only while some SEND waits for a receive (RNR).
         let mut now_cache = None;
         let mut now = || *now_cache.get_or_insert_with(Instant::now);
-        let rnr_budget = Duration::from_nanos(pr.h(R_RNR_TIMER).load(Relaxed))
-            .max(Duration::from_micros(10))
-            * (c.rnr_retry as u32 + 1);
+        let rnr_budget = || {
+            Duration::from_nanos(pr.h(R_RNR_TIMER).load(Relaxed)).max(Duration::from_micros(10))
+                * (c.rnr_retry as u32 + 1)
+        };
         let credits = pr.h(R_RECV_CREDITS).load(Acquire);
         // 1. ACKs of published slots, RNR timers.
         for p in c.sq.iter_mut() {
@@ -1707,7 +1708,7 @@ impl QpInner {
                 } else if credits <= s {
                     let since = *rnr_since.get_or_insert_with(&mut now);
                     if c.rnr_retry != 7
-                        && now().duration_since(since) > rnr_budget
+                        && now().duration_since(since) > rnr_budget()
                         && pr
                             .s(s, S_STATE)
                             .compare_exchange(
@@ -1726,14 +1727,15 @@ impl QpInner {
                 }
             }
         }
-        // 2. Execute queued WRs in order.
+        // 2. Execute queued WRs in order (they are the tail of the queue).
+        let queued = matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued));
         let mut tail = pr.h(R_TAIL).load(Relaxed);
         let head = pr.h(R_HEAD).load(Acquire);
         let mut published = false;
         // RC: while an earlier SEND is refused with RNR, the responder does not
         // execute anything behind it, so a later WRITE must not land either.
         let mut rnr_blocked = false;
-        for i in 0..c.sq.len() {
+        for i in 0..if queued { c.sq.len() } else { 0 } {
             let p = &c.sq[i];
             match p.stage {
                 Stage::Queued => {}
