@@ -1075,9 +1075,15 @@ impl CompletionQueue for ShmCq {
             // Progress under the list lock (no per-poll allocation). Lock order
             // is CQ list, then QP core, everywhere (see `req_notify`).
             let mut l = lock(&self.inner.qps);
-            l.retain(|w| w.strong_count() > 0);
-            for qp in l.iter().filter_map(Weak::upgrade) {
-                qp.progress();
+            let mut dead = false;
+            for w in l.iter() {
+                match w.upgrade() {
+                    Some(qp) => qp.progress(),
+                    None => dead = true,
+                }
+            }
+            if dead {
+                l.retain(|w| w.strong_count() > 0);
             }
         }
         let mut e = lock(&self.inner.entries);
@@ -1819,6 +1825,14 @@ impl QpInner {
     }
 
     fn progress_recv(&self, c: &mut Core) {
+        {
+            // nothing published at the head (the usual case): no more work
+            let r = Ring(&c.ring);
+            let head = r.h(R_HEAD).load(Relaxed);
+            if r.s(head, S_STATE).load(SeqCst) >> 3 != head {
+                return;
+            }
+        }
         let ring = c.ring.clone();
         let r = Ring(&ring);
         let mut consumed = false;
