@@ -325,6 +325,9 @@ struct Conn<P: Provider> {
     /// The send cursor (absolute) after the last direct write: data up to
     /// here never was in the send buffer and cannot be replayed.
     direct_sent: u64,
+    /// Listed in `Endpoint::tx_dirty`: something may have given the
+    /// connection something to send since it last had nothing.
+    tx_dirty: bool,
 }
 
 /// Writes zeros over the first `len` bytes of `mr`.
@@ -361,6 +364,11 @@ const KNOWN_RKEYS_MAX: usize = 16;
 /// CDCs kept per connection while its CLC Confirm is still on the way.
 const EARLY_CDC_MAX: usize = 64;
 
+/// How often a pump flushes every connection, not only those marked as
+/// having something to send (see `Endpoint::flush_tx`): the safety net under
+/// the marks.
+const FLUSH_SWEEP_EVERY: Duration = Duration::from_millis(1);
+
 /// An SMC-R endpoint on one device.
 pub struct Endpoint<P: Provider> {
     cfg: EndpointConfig,
@@ -372,6 +380,13 @@ pub struct Endpoint<P: Provider> {
     completions: u64,
     /// Scratch list of connection ids (`flush_tx`), kept to not allocate per pump.
     scratch_ids: Vec<ConnId>,
+    /// Connections that may have something to send (see `flush_tx`).
+    tx_dirty: Vec<ConnId>,
+    /// Every connection is flushed at the next pump (a link or handshake
+    /// event, whose effect on connections is not tracked one by one).
+    sweep_due: bool,
+    /// When the next pump flushes every connection anyway.
+    next_sweep: Timestamp,
     /// Scratch copy of one received message (`poll_recv`), likewise.
     scratch_msg: Vec<u8>,
     /// LLC messages posted so far.
@@ -412,6 +427,9 @@ impl<P: Provider> Endpoint<P> {
             chan,
             completions: 0,
             scratch_ids: Vec::new(),
+            tx_dirty: Vec::new(),
+            sweep_due: true,
+            next_sweep: Timestamp::ZERO,
             scratch_msg: Vec::new(),
             llc_sent: 0,
             port_mtu,
@@ -463,6 +481,7 @@ impl<P: Provider> Endpoint<P> {
             oob: None,
             early_cdcs: VecDeque::new(),
             direct_sent: 0,
+            tx_dirty: false,
         };
         match self.conns.iter().position(Option::is_none) {
             Some(i) => {
@@ -581,6 +600,8 @@ impl<P: Provider> Endpoint<P> {
     /// the rest (after a fallback) is application data for the TCP stream.
     pub fn clc_input(&mut self, id: ConnId, data: &[u8], now: Timestamp) -> usize {
         self.now = now;
+        // a handshake step (a connection may start sending)
+        self.sweep_due = true;
         let mut used = 0;
         while used < data.len() {
             let Some(c) = self.conn(id) else { return used };
@@ -617,6 +638,7 @@ impl<P: Provider> Endpoint<P> {
     /// is taken for dead — a user-space peer whose process died cannot send a
     /// CDC, but its kernel closes the TCP socket — and the connection is reset.
     pub fn tcp_closed(&mut self, id: ConnId) {
+        self.sweep_due = true;
         let deadline = self.now + PEER_GONE_GRACE;
         match self.status(id) {
             Some(ConnStatus::Handshaking) => {
@@ -1307,7 +1329,17 @@ impl<P: Provider> Endpoint<P> {
         while let Some(ev) = self.dev.poll_async_event() {
             self.on_async_event(ev);
         }
-        for id in 0..self.conns.len() {
+        // Whether this pump walks every connection: to flush it (see
+        // `flush_tx`), for its timers, and to free it once finished. Every
+        // FLUSH_SWEEP_EVERY, or sooner after an event that calls for it
+        // (`sweep_due`); otherwise a message's cost would grow with the
+        // number of idle connections. (Events of this pump that call for a
+        // sweep set `sweep_due` again, for the next one.)
+        let sweep = std::mem::take(&mut self.sweep_due) || now >= self.next_sweep;
+        if sweep {
+            self.next_sweep = now + FLUSH_SWEEP_EVERY;
+        }
+        for id in 0..if sweep { self.conns.len() } else { 0 } {
             let due = match self
                 .conns
                 .get(id)
@@ -1320,6 +1352,7 @@ impl<P: Provider> Endpoint<P> {
                 _ => false,
             };
             if due {
+                self.sweep_due = true;
                 self.finish(id, ConnStatus::Failed(FailReason::Timeout));
             }
             if matches!(
@@ -1333,6 +1366,7 @@ impl<P: Provider> Endpoint<P> {
             }
             if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
                 if c.tcp_gone_deadline.is_some_and(|d| now >= d) {
+                    self.sweep_due = true;
                     c.tcp_gone_deadline = None;
                     if !c.closer.rx_flags().any_close() {
                         // treated like an abort from the peer: ECONNRESET
@@ -1347,6 +1381,7 @@ impl<P: Provider> Endpoint<P> {
                     }
                 }
                 if c.close_deadline.is_some_and(|d| now >= d) {
+                    self.sweep_due = true;
                     c.close_deadline = None;
                     if let Some(dp) = c.dp.as_mut() {
                         dp.discard_unsent();
@@ -1373,9 +1408,11 @@ impl<P: Provider> Endpoint<P> {
                 self.lgr_step(l, LgrEvent::IdleExpired);
             }
             self.retry_rkey_flows(l, now);
-            self.pump_lgr(l, now)?;
+            self.pump_lgr(l, now, sweep)?;
         }
-        self.reap();
+        if sweep {
+            self.reap();
+        }
         Ok(())
     }
 
@@ -1416,7 +1453,7 @@ impl<P: Provider> Endpoint<P> {
         self.server_on_proposal(id, *proposal, now, Some(deadline));
     }
 
-    fn pump_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
+    fn pump_lgr(&mut self, l: LgrId, now: Timestamp, sweep: bool) -> Result<()> {
         self.drain_lgr(l, now)?;
         for slot in 0..LINK_SLOTS {
             // (pumps run in every waiting loop: skip empty slots cheaply)
@@ -1432,7 +1469,7 @@ impl<P: Provider> Endpoint<P> {
             self.poll_send(l, slot)?;
         }
         self.drain_lgr(l, now)?;
-        self.flush_tx(l)?;
+        self.flush_tx(l, sweep)?;
         // a link that failed while sending is dealt with now, not next time
         self.drain_lgr(l, now)
     }
@@ -1463,6 +1500,10 @@ impl<P: Provider> Endpoint<P> {
             let Some(o) = lg.group.poll_output() else {
                 return Ok(());
             };
+            if !matches!(o, LgrOutput::SendLlc { .. }) {
+                // links and rkeys change what connections can send
+                self.sweep_due = true;
+            }
             match o {
                 LgrOutput::SendLlc { slot, msg } => {
                     // LLC responses on the link of the request, the rest as
@@ -1494,6 +1535,7 @@ impl<P: Provider> Endpoint<P> {
     /// with none left, stay to be killed when the group terminates (§7.3) — and
     /// its QP is stopped and its slot freed.
     fn on_link_down(&mut self, l: LgrId, slot: usize, now: Timestamp) -> Result<()> {
+        self.sweep_due = true;
         let usable_left = self
             .lgrs
             .get(l)
@@ -1686,6 +1728,7 @@ impl<P: Provider> Endpoint<P> {
     }
 
     fn on_cdc(&mut self, id: ConnId, m: &CdcMessage) {
+        self.mark_tx(id);
         let Some(c) = self.conn(id) else { return };
         let Some(dp) = c.dp.as_mut() else {
             if matches!(
@@ -1765,6 +1808,7 @@ impl<P: Provider> Endpoint<P> {
                 lg.group.on_link_failure(slot);
             }
             for &(id, seq) in &done[..ndone] {
+                self.mark_tx(id);
                 if let Some(c) = self.conn(id) {
                     if c.link != Some(slot) {
                         continue;
@@ -1781,18 +1825,45 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// Posts what the group's connections have to send, each on its own link.
-    fn flush_tx(&mut self, l: LgrId) -> Result<()> {
+    fn flush_tx(&mut self, l: LgrId, sweep: bool) -> Result<()> {
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return Ok(());
         };
         if lg.group.usable_links() == 0 {
             return Ok(());
         }
-        // Round robin, a few batches per connection per pass, so that one busy
-        // connection cannot take every send slot of its link.
+        // Only the connections marked as maybe having something to send (an
+        // application call, a CDC in either direction, a timer: `mark_tx`)
+        // are flushed, so that a message's cost does not grow with the number
+        // of idle connections; all of them after link and handshake events
+        // (`sweep_due`) and every FLUSH_SWEEP_EVERY regardless. Round robin,
+        // a few batches per connection per pass, so that one busy connection
+        // cannot take every send slot of its link.
         let mut ids = std::mem::take(&mut self.scratch_ids);
         ids.clear();
-        ids.extend(lg.tokens.values().copied());
+        // The marks are taken out: flushing re-marks a connection that still
+        // has something to send, into a fresh list. Marks of other groups go
+        // back after.
+        let mut marked = std::mem::take(&mut self.tx_dirty);
+        if sweep {
+            ids.extend(lg.tokens.values().copied());
+        }
+        // this group's marked connections are flushed now (once each: a list
+        // can hold an id twice after a flush outside this pass); the others'
+        // marks go back
+        marked.retain(
+            |&id| match self.conns.get_mut(id).and_then(Option::as_mut) {
+                Some(c) if c.tx_dirty && c.lgr == Some(l) => {
+                    c.tx_dirty = false;
+                    if !sweep {
+                        ids.push(id);
+                    }
+                    false
+                }
+                Some(c) => c.tx_dirty,
+                None => false,
+            },
+        );
         if !ids.is_empty() {
             lg.rr = (lg.rr + 1) % ids.len();
             ids.rotate_left(lg.rr);
@@ -1805,18 +1876,42 @@ impl<P: Provider> Endpoint<P> {
             }
         }
         self.scratch_ids = ids;
+        self.tx_dirty.append(&mut marked);
         r
+    }
+
+    /// Connection `id` may have something to send: flush it at the next pump.
+    fn mark_tx(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+            if !c.tx_dirty {
+                c.tx_dirty = true;
+                self.tx_dirty.push(id);
+            }
+        }
     }
 
     /// Posts what connection `id` of group `l` has to send: a few batches
     /// (WRITEs and their CDC), as the send slots of its link allow.
     fn flush_conn(&mut self, l: LgrId, id: ConnId) -> Result<()> {
+        if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+            c.tx_dirty = false;
+        }
+        // clean only when the data path said it has nothing to send
+        let clean = self.flush_conn_batches(l, id);
+        if !matches!(clean, Ok(true)) {
+            self.mark_tx(id);
+        }
+        clean.map(|_| ())
+    }
+
+    /// [`Self::flush_conn`]'s batches; `Ok(true)` when nothing is left to send.
+    fn flush_conn_batches(&mut self, l: LgrId, id: ConnId) -> Result<bool> {
         for _ in 0..4 {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
-                return Ok(());
+                return Ok(true);
             };
             let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
-                break;
+                return Ok(true);
             };
             if !matches!(c.phase, Phase::Smc) {
                 break;
@@ -1867,7 +1962,7 @@ impl<P: Provider> Endpoint<P> {
             }
             let (rkey, base) = rtoken.unwrap_or_default();
             let Some(batch) = dp.poll_tx() else {
-                break;
+                return Ok(true);
             };
             let mut posted = Ok(());
             for w in &batch.writes {
@@ -1893,7 +1988,7 @@ impl<P: Provider> Endpoint<P> {
                 break;
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Sends what connection `id` has to send now (data written into the send
@@ -2128,6 +2223,9 @@ impl<P: Provider> Endpoint<P> {
             n += len;
         }
         dp.produced(n);
+        if n > 0 {
+            self.mark_tx(id);
+        }
         Ok(n)
     }
 
@@ -2237,6 +2335,7 @@ impl<P: Provider> Endpoint<P> {
         if self.write_buffered(id, &[byte])? == 0 {
             return Ok(false);
         }
+        self.mark_tx(id);
         let c = self.smc_conn(id)?;
         Ok(c.dp.as_mut().is_some_and(DataPath::mark_urgent))
     }
@@ -2286,6 +2385,10 @@ impl<P: Provider> Endpoint<P> {
             at += len;
         }
         dp.consumed(at);
+        if at > 0 {
+            // (a consumer cursor update may be due)
+            self.mark_tx(id);
+        }
         Ok(at)
     }
 
@@ -2342,6 +2445,9 @@ impl<P: Provider> Endpoint<P> {
     /// freed once the close completes; a fallen-back, failed or unfinished one is
     /// freed at once (its TCP socket is the caller's to close).
     pub fn release(&mut self, id: ConnId) {
+        // (the next pump frees the connection once it is finished)
+        self.sweep_due = true;
+        self.mark_tx(id);
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
             return;
         };
@@ -2375,6 +2481,8 @@ impl<P: Provider> Endpoint<P> {
     /// `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) without room at the peer it is dropped
     /// and the close is sent anyway, as Linux does (§5.2).
     pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
+        self.sweep_due = true;
+        self.mark_tx(id);
         let deadline = self.now + MAX_STREAM_WAIT;
         if let Some(c) = self.conn(id) {
             let o = c.closer.handle(ev);
@@ -2533,6 +2641,7 @@ impl<P: Provider> Endpoint<P> {
     /// established, is already there, or the link is not usable for it (not
     /// active, or the peer's rkey for its RMB is unknown on that link).
     pub fn move_connection(&mut self, id: ConnId, slot: usize) -> bool {
+        self.sweep_due = true;
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
             return false;
         };
