@@ -1324,6 +1324,10 @@ impl<P: Provider> Endpoint<P> {
 
     /// Does everything due at `now`: CLC timeouts, LLC traffic, completions,
     /// received CDCs, data and cursor updates, keepalives, link failover.
+    /// Connection timers (handshake, close and peer-gone deadlines) and the
+    /// freeing of finished connections are looked at by the pumps that walk
+    /// every connection: at least one per millisecond of
+    /// `now`, and the next one after a link, handshake or close event.
     pub fn pump(&mut self, now: Timestamp) -> Result<()> {
         self.now = now;
         while let Some(ev) = self.dev.poll_async_event() {
