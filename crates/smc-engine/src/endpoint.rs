@@ -387,6 +387,8 @@ pub struct Endpoint<P: Provider> {
     sweep_due: bool,
     /// When the next pump flushes every connection anyway.
     next_sweep: Timestamp,
+    /// Connections flushed so far, one by one (`conn_flushes`).
+    conn_flushes: u64,
     /// Scratch copy of one received message (`poll_recv`), likewise.
     scratch_msg: Vec<u8>,
     /// LLC messages posted so far.
@@ -430,6 +432,7 @@ impl<P: Provider> Endpoint<P> {
             tx_dirty: Vec::new(),
             sweep_due: true,
             next_sweep: Timestamp::ZERO,
+            conn_flushes: 0,
             scratch_msg: Vec::new(),
             llc_sent: 0,
             port_mtu,
@@ -1897,6 +1900,7 @@ impl<P: Provider> Endpoint<P> {
     /// Posts what connection `id` of group `l` has to send: a few batches
     /// (WRITEs and their CDC), as the send slots of its link allow.
     fn flush_conn(&mut self, l: LgrId, id: ConnId) -> Result<()> {
+        self.conn_flushes += 1;
         if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
             c.tx_dirty = false;
         }
@@ -2419,6 +2423,14 @@ impl<P: Provider> Endpoint<P> {
     /// Consumes the notification on [`Self::notify_fd`], if any.
     pub fn take_notification(&self) -> bool {
         self.chan.try_get_event().unwrap_or(false)
+    }
+
+    /// How many times a connection was looked at for something to send (one
+    /// connection each time), so far: a diagnostic of what pumps cost, which
+    /// grows with the connections that had something to do, not with the
+    /// idle ones.
+    pub fn conn_flushes(&self) -> u64 {
+        self.conn_flushes
     }
 
     /// Work completions processed so far: when it moves, [`Self::pump`] did
