@@ -560,10 +560,7 @@ fn data_that_overtakes_the_clc_confirm_is_not_lost() {
         }
         let n = w.client.clc_input(t.c, &t.s2c, w.now);
         t.s2c.drain(..n);
-        w.client.pump(w.now).unwrap();
-        w.server.pump(w.now).unwrap();
-        w.fabric.advance(Duration::from_micros(20));
-        w.now += Duration::from_micros(20);
+        w.tick();
         if w.client.status(t.c) == Some(ConnStatus::Smc) {
             break;
         }
@@ -574,10 +571,7 @@ fn data_that_overtakes_the_clc_confirm_is_not_lost() {
     assert_ne!(w.server.status(t.s), Some(ConnStatus::Smc));
     w.client.write(t.c, b"early bird").unwrap();
     for _ in 0..50 {
-        w.client.pump(w.now).unwrap();
-        w.server.pump(w.now).unwrap();
-        w.fabric.advance(Duration::from_micros(20));
-        w.now += Duration::from_micros(20);
+        w.tick();
     }
     // now the Confirm arrives
     t.c2s.append(&mut held);

@@ -125,10 +125,7 @@ fn a_second_link_comes_up_and_new_connections_spread_over_both() {
     let mut st = Streams::new(all.len(), 100_000);
     let mut steps = 0;
     while st.pump(&mut w, &all) {
-        w.client.pump(w.now).unwrap();
-        w.server.pump(w.now).unwrap();
-        w.fabric.advance(Duration::from_micros(20));
-        w.now += Duration::from_micros(20);
+        w.tick();
         steps += 1;
         assert!(steps < 200_000, "stalled");
     }
@@ -150,10 +147,7 @@ impl World {
         let mut steps = 0u64;
         while st.pump(self, ts) {
             at_step(self, steps);
-            self.client.pump(self.now).unwrap();
-            self.server.pump(self.now).unwrap();
-            self.fabric.advance(Duration::from_micros(20));
-            self.now += Duration::from_micros(20);
+            self.tick();
             steps += 1;
             assert!(steps < 400_000, "stalled");
         }

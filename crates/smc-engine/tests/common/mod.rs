@@ -123,6 +123,11 @@ impl World {
             let n = self.client.clc_input(t.c, &t.s2c, self.now);
             t.s2c.drain(..n);
         }
+        self.tick();
+    }
+
+    /// Both endpoints pump, then 20 us pass (a step without CLC traffic).
+    pub fn tick(&mut self) {
         self.client.pump(self.now).unwrap();
         self.server.pump(self.now).unwrap();
         self.fabric.advance(Duration::from_micros(20));
