@@ -120,16 +120,8 @@ fn local_protection_error_on_bad_lkey() {
 
 #[test]
 fn completion_channel_wakes_a_blocked_receiver() {
-    let h = setup!(make_inproc(&ConnParams::default()));
-    let sge = h.peer.ep.mr.sge(RECV_AREA, 64).unwrap();
-    h.peer
-        .ep
-        .qp
-        .post_recv(&RecvWr {
-            wr_id: 1,
-            sges: &[sge],
-        })
-        .unwrap();
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    h.peer.post_recv(1, RECV_AREA, 64).unwrap();
     h.peer.ep.rcq.req_notify().unwrap();
     assert!(h.peer.ep.poll_recv().is_empty());
     std::thread::scope(|s| {
@@ -539,15 +531,7 @@ fn messages_of_a_crashed_peer_arrive_before_the_flush() {
 #[test]
 fn inline_write_behind_an_unacked_send_lands_and_completes_in_order() {
     let mut h = setup!(make_inproc(&ConnParams::default()));
-    let sge = h.peer.ep.mr.sge(RECV_AREA, 64).unwrap();
-    h.peer
-        .ep
-        .qp
-        .post_recv(&RecvWr {
-            wr_id: 1,
-            sges: &[sge],
-        })
-        .unwrap();
+    h.peer.post_recv(1, RECV_AREA, 64).unwrap();
     let send = SendWr {
         wr_id: 2,
         op: SendOp::Send,
