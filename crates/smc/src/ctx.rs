@@ -257,23 +257,18 @@ impl Shared {
     /// that lock.
     fn wake(&self, ep: &Endpoint<ShmProvider>, all: bool) {
         let mut w = self.waiters();
-        let mut go = Vec::new();
+        let mut u = self.to_unpark.lock().unwrap_or_else(|e| e.into_inner());
         w.retain(|x| {
             if all || x.want.ready(ep, self.sndbuf_len) {
                 x.woken.store(true, Ordering::Release);
-                go.push(x.thread.clone());
+                u.push(x.thread.clone());
                 false
             } else {
                 true
             }
         });
+        self.unparks.store(u.len(), Ordering::Release);
         self.sleepers.store(w.len(), Ordering::Release);
-        drop(w);
-        if !go.is_empty() {
-            let mut u = self.to_unpark.lock().unwrap_or_else(|e| e.into_inner());
-            u.append(&mut go);
-            self.unparks.store(u.len(), Ordering::Release);
-        }
     }
 
     /// Unparks the threads [`Self::wake`] chose (after the endpoint lock is
@@ -282,12 +277,9 @@ impl Shared {
         if self.unparks.load(Ordering::Acquire) == 0 {
             return;
         }
-        let go = {
-            let mut u = self.to_unpark.lock().unwrap_or_else(|e| e.into_inner());
-            self.unparks.store(0, Ordering::Release);
-            std::mem::take(&mut *u)
-        };
-        for t in go {
+        let mut u = self.to_unpark.lock().unwrap_or_else(|e| e.into_inner());
+        self.unparks.store(0, Ordering::Release);
+        for t in u.drain(..) {
             t.unpark();
         }
     }
