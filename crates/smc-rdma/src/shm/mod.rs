@@ -1187,15 +1187,14 @@ enum OwnedPayload {
     /// An inline payload of up to [`SMALL`] bytes (a CDC, an LLC message)
     /// without a heap allocation.
     Small([u8; SMALL], u8),
-    /// The common single-SGE case without a heap allocation.
-    One(Sge),
-    Sges(Vec<Sge>),
+    /// Local memory (one SGE without a heap allocation).
+    Sges(Sges),
 }
 
 /// Inline payloads up to this size are kept in the WR itself.
 const SMALL: usize = 64;
 
-/// A receive WR's scatter list, the common single SGE without allocation.
+/// A WR's scatter/gather list, the common single SGE without allocation.
 enum Sges {
     One([Sge; 1]),
     Many(Vec<Sge>),
@@ -1618,20 +1617,9 @@ impl QpInner {
             OwnedPayload::Small(b, n) => dst
                 .write(dst_off, &b[..usize::from(*n)])
                 .map_err(|_| WcStatus::LocalQpOperationError),
-            OwnedPayload::One(_) | OwnedPayload::Sges(_) => {
-                let one;
-                let sges: &[Sge] = match p {
-                    OwnedPayload::One(s) => {
-                        one = [*s];
-                        &one
-                    }
-                    OwnedPayload::Sges(v) => v,
-                    OwnedPayload::Inline(_) | OwnedPayload::Small(..) => {
-                        unreachable!("matched above")
-                    }
-                };
+            OwnedPayload::Sges(sges) => {
                 let mut pos = dst_off;
-                for s in sges {
+                for s in sges.as_slice() {
                     let mr = self
                         .dev
                         .local_mr(s.lkey)
@@ -2094,8 +2082,7 @@ impl QueuePair for ShmQp {
                 OwnedPayload::Small(b, d.len() as u8)
             }
             Payload::Inline(d) => OwnedPayload::Inline(d.to_vec()),
-            Payload::Sges([one]) => OwnedPayload::One(*one),
-            Payload::Sges(s) => OwnedPayload::Sges(s.to_vec()),
+            Payload::Sges(s) => OwnedPayload::Sges(Sges::new(s)),
         };
         c.sq.push_back(Pending {
             wr_id: wr.wr_id,
