@@ -1974,14 +1974,22 @@ impl<P: Provider> Endpoint<P> {
             };
             let mut posted = Ok(());
             for w in &batch.writes {
-                let sges: Vec<_> = w
-                    .src
-                    .as_slice()
-                    .iter()
-                    .map(|&(off, len)| sndbuf.sge(off, len as u32))
-                    .collect::<Result<_>>()?;
+                // the send-buffer pieces (one, or two where it wraps)
+                let sge = |&(off, len): &(usize, usize)| sndbuf.sge(off, len as u32);
+                let (one, two);
+                let sges: &[smc_rdma::Sge] = match w.src.as_slice() {
+                    [a] => {
+                        one = [sge(a)?];
+                        &one
+                    }
+                    [a, b] => {
+                        two = [sge(a)?, sge(b)?];
+                        &two
+                    }
+                    _ => &[],
+                };
                 let addr = base + peer.offset + w.peer_offset as u64;
-                posted = res.post_write(&sges, rkey, addr);
+                posted = res.post_write(sges, rkey, addr);
                 if posted.is_err() {
                     break;
                 }
