@@ -621,7 +621,8 @@ fn one_workload(
                 ),
                 "GB/s",
                 Better::Higher,
-            );
+            )
+            .versus("bulk.gbps");
             // what the two copies of any socket-API stream cost at that
             // rate: both cores busy for 1 GiB (the floor of SMC-R's CPU per
             // GiB, which copies once on each side)
@@ -631,7 +632,26 @@ fn one_workload(
                 "  its CPU per GiB (both cores busy)".into(),
                 "s/GiB",
                 Better::Lower,
-            );
+            )
+            .versus("bulk.cpu_s_per_gib");
+            // request/response with nothing but the copies and one wake-up
+            // per message: the ceiling of the rr figure in its shape
+            let rr_threads = Spec::new(
+                "reference.rr_ideal_threads_tps".into(),
+                w,
+                "ideal shm rr, thread per connection".into(),
+                "trans/s",
+                Better::Higher,
+            )
+            .versus("rr.tps");
+            let rr_polling = Spec::new(
+                "reference.rr_ideal_polling_tps".into(),
+                w,
+                "ideal shm rr, one polling thread/side".into(),
+                "trans/s",
+                Better::Higher,
+            )
+            .versus("rr.tps");
             let e = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
             let v = reference::memcpy_gbps(plan.memcpy_small.0, plan.memcpy_small.1)
                 .map_err(e("memcpy"))?;
@@ -645,6 +665,17 @@ fn one_workload(
                 .map_err(e("ring copy"))?;
             report.add_reference(&ring, v);
             report.add_reference(&ring_cpu, 2.0 * f64::from(1u32 << 30) / (v * 1e9));
+            for (spec, polling) in [(&rr_threads, false), (&rr_polling, true)] {
+                let v = reference::rr_ideal_tps(
+                    plan.rr_conns,
+                    plan.rr_size,
+                    plan.rr_time,
+                    Duration::ZERO,
+                    polling,
+                )
+                .map_err(e("ideal request/response"))?;
+                report.add_reference(spec, v);
+            }
         }
     }
     Ok(())

@@ -167,3 +167,179 @@ pub fn ring_copy_gbps(ring: usize, chunk: usize, total: u64) -> io::Result<f64> 
     })?;
     Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e9)
 }
+
+/// One direction of one ideal connection: a message-sized buffer in shared
+/// memory, the number of messages published into it, and whether its reader
+/// has gone to sleep waiting for the next one.
+struct Mailbox {
+    mem: smc_rdma::sys::SharedMem,
+    seq_off: usize,
+    sleeping: std::sync::atomic::AtomicBool,
+    reader: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Mailbox {
+    fn new(size: usize) -> io::Result<Mailbox> {
+        let mem = smc_rdma::sys::SharedMem::create("smc-bench-rr", size + 128)?;
+        mem.fill(0, size + 128, 0)?;
+        Ok(Mailbox {
+            mem,
+            seq_off: size,
+            sleeping: std::sync::atomic::AtomicBool::new(false),
+            reader: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn seq(&self) -> io::Result<&AtomicU64> {
+        self.mem.atomic(self.seq_off)
+    }
+
+    /// Copies `msg` in, publishes it as message `n`, wakes the reader if it sleeps.
+    fn put(&self, msg: &[u8], n: u64) -> io::Result<()> {
+        self.mem.write(0, msg)?;
+        self.seq()?.store(n, Ordering::SeqCst);
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            if let Some(t) = self.reader.get() {
+                t.unpark();
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until message `n` is published (polling for `spin`, then
+    /// sleeping), and copies it out. Returns false when `stop` was raised.
+    fn take(
+        &self,
+        out: &mut [u8],
+        n: u64,
+        spin: Duration,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> io::Result<bool> {
+        let seq = self.seq()?;
+        let t0 = Instant::now();
+        let mut i = 0u32;
+        while seq.load(Ordering::Acquire) < n {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            i = i.wrapping_add(1);
+            if i % 64 != 0 || t0.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.reader.get_or_init(std::thread::current);
+            self.sleeping.store(true, Ordering::SeqCst);
+            if seq.load(Ordering::SeqCst) < n {
+                std::thread::park_timeout(Duration::from_millis(10));
+            }
+            self.sleeping.store(false, Ordering::SeqCst);
+        }
+        self.mem.read(0, out)?;
+        Ok(true)
+    }
+}
+
+/// Request/response over the leanest shared-memory transport there can be,
+/// in the bench's shape: `conns` client threads and `conns` server threads
+/// (not pinned), each pair owning two mailboxes in memfd mappings; a request
+/// of `size` bytes is copied into the server's mailbox, the server copies it
+/// out, copies a response of `size` bytes into the client's mailbox, and the
+/// client copies it out. A waiting thread polls for `spin`, then sleeps
+/// (park/unpark, i.e. one futex each way). No protocol, no lock, no cursor
+/// exchange beyond one counter: the ceiling of any SMC-like data path with
+/// one copy on each side and a thread per connection. With `polling`, one
+/// client thread and one server thread walk all the pairs without ever
+/// waiting instead. Transactions per second over `dur`.
+pub fn rr_ideal_tps(
+    conns: usize,
+    size: usize,
+    dur: Duration,
+    spin: Duration,
+    polling: bool,
+) -> io::Result<f64> {
+    use std::sync::atomic::AtomicBool;
+    let pairs: Vec<(Mailbox, Mailbox)> = (0..conns)
+        .map(|_| Ok((Mailbox::new(size)?, Mailbox::new(size)?)))
+        .collect::<io::Result<_>>()?;
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let t0 = Instant::now();
+    std::thread::scope(|s| -> io::Result<()> {
+        let (stop, done) = (&stop, &done);
+        let mut hs = Vec::new();
+        if polling {
+            let pairs = &pairs;
+            hs.push(s.spawn(move || -> io::Result<()> {
+                let mut buf = vec![0u8; size];
+                let mut seen = vec![0u64; pairs.len()];
+                while !stop.load(Ordering::Relaxed) {
+                    for (i, (req, resp)) in pairs.iter().enumerate() {
+                        let n = req.seq()?.load(Ordering::Acquire);
+                        if n > seen[i] {
+                            req.mem.read(0, &mut buf)?;
+                            seen[i] = n;
+                            resp.put(&buf, n)?;
+                        }
+                    }
+                }
+                Ok(())
+            }));
+            hs.push(s.spawn(move || -> io::Result<()> {
+                let msg = vec![0x5au8; size];
+                let mut buf = vec![0u8; size];
+                let mut sent = vec![0u64; pairs.len()];
+                for (i, (req, _)) in pairs.iter().enumerate() {
+                    sent[i] = 1;
+                    req.put(&msg, 1)?;
+                }
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    for (i, (req, resp)) in pairs.iter().enumerate() {
+                        if resp.seq()?.load(Ordering::Acquire) >= sent[i] {
+                            resp.mem.read(0, &mut buf)?;
+                            n += 1;
+                            sent[i] += 1;
+                            req.put(&msg, sent[i])?;
+                        }
+                    }
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+                Ok(())
+            }));
+        } else {
+            for (req, resp) in &pairs {
+                hs.push(s.spawn(move || -> io::Result<()> {
+                    let mut buf = vec![0u8; size];
+                    let mut n = 1;
+                    while req.take(&mut buf, n, spin, stop)? {
+                        resp.put(&buf, n)?;
+                        n += 1;
+                    }
+                    Ok(())
+                }));
+                hs.push(s.spawn(move || -> io::Result<()> {
+                    let msg = vec![0x5au8; size];
+                    let mut buf = vec![0u8; size];
+                    let mut n = 1;
+                    loop {
+                        req.put(&msg, n)?;
+                        if !resp.take(&mut buf, n, spin, stop)? {
+                            break;
+                        }
+                        n += 1;
+                    }
+                    done.fetch_add(n - 1, Ordering::Relaxed);
+                    Ok(())
+                }));
+            }
+        }
+        std::thread::sleep(dur);
+        stop.store(true, Ordering::Relaxed);
+        for h in hs {
+            h.join()
+                .unwrap_or_else(|_| Err(io::Error::other("rr thread panicked")))?;
+        }
+        Ok(())
+    })?;
+    Ok(done.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
+}

@@ -103,6 +103,10 @@ pub struct Spec {
     /// Zero is a legitimate value on the TCP side (coarse clocks, costs that
     /// live in the kernel).
     pub tcp_zero_ok: bool,
+    /// For a reference figure that bounds a compared one (the key of that
+    /// one): the table holds it against that figure's TCP median, which
+    /// says whether that figure's target is physically within reach here.
+    pub versus: Option<String>,
 }
 
 impl Spec {
@@ -124,7 +128,13 @@ impl Spec {
             ratio: true,
             smc_zero_ok: false,
             tcp_zero_ok: false,
+            versus: None,
         }
+    }
+    /// A reference figure that bounds the compared figure `key`.
+    pub fn versus(mut self, key: &str) -> Spec {
+        self.versus = Some(key.to_string());
+        self
     }
     /// With a target.
     pub fn target(mut self, t: Target) -> Spec {
@@ -272,6 +282,16 @@ impl Report {
         (t > 0.0 && s.is_finite()).then(|| s / t)
     }
 
+    /// For a reference figure that bounds a compared one: the bounded
+    /// figure, its TCP median and the reference's ratio to it (the best
+    /// ratio any implementation could show on this machine).
+    fn bound<'a>(&'a self, f: &Figure) -> Option<(&'a Figure, f64, f64)> {
+        let key = f.spec.versus.as_deref()?;
+        let g = self.figures.iter().find(|g| g.spec.key == key)?;
+        let (s, t) = (median(&f.smc)?, median(&g.tcp)?);
+        (t > 0.0 && s.is_finite()).then(|| (g, t, s / t))
+    }
+
     /// The printed table.
     pub fn table(&self) -> String {
         let mut o = String::new();
@@ -338,12 +358,21 @@ impl Report {
             }
             let num = |v: Option<f64>| v.map(fmt_num).unwrap_or_else(|| "-".into());
             let reference = f.spec.workload == Workload::Reference;
-            let ratio = Self::ratio(f);
-            let (target, result) = match (f.spec.target, ratio) {
-                (Some(t), Some(r)) => {
+            let bound = self.bound(f);
+            let ratio = Self::ratio(f).or(bound.map(|b| b.2));
+            let (target, result) = match (f.spec.target, ratio, bound) {
+                // a bound: is the bounded figure's target within it?
+                (_, _, Some((g, _, r))) => match g.spec.target {
+                    Some(t) => (
+                        t.text(),
+                        if t.met(r) { "reach" } else { "beyond" }.to_string(),
+                    ),
+                    None => (String::new(), String::new()),
+                },
+                (Some(t), Some(r), None) => {
                     (t.text(), if t.met(r) { "PASS" } else { "MISS" }.to_string())
                 }
-                (Some(t), None) => (t.text(), "-".into()),
+                (Some(t), None, None) => (t.text(), "-".into()),
                 _ => (String::new(), String::new()),
             };
             let sp = [spread(&f.smc), spread(&f.tcp)]
@@ -356,10 +385,10 @@ impl Report {
                 f.spec.label,
                 f.spec.unit,
                 num(median(&f.smc)),
-                if reference {
-                    String::new()
-                } else {
-                    num(median(&f.tcp))
+                match (reference, bound) {
+                    (true, Some((_, t, _))) => num(Some(t)),
+                    (true, None) => String::new(),
+                    (false, _) => num(median(&f.tcp)),
                 },
                 ratio
                     .map(|r| format!("{}x", fmt_num(r)))
@@ -391,6 +420,14 @@ impl Report {
                     });
                     if w == Workload::Reference {
                         j["value"] = side(&f.smc);
+                        if let Some((g, t, r)) = self.bound(f) {
+                            j["bounds"] = json!({
+                                "figure": g.spec.key,
+                                "tcp_median": t,
+                                "ratio_to_tcp": r,
+                                "target_within_reach": g.spec.target.map(|x| x.met(r)),
+                            });
+                        }
                     } else {
                         j["smc"] = side(&f.smc);
                         j["tcp"] = side(&f.tcp);
