@@ -380,6 +380,8 @@ pub struct Endpoint<P: Provider> {
     completions: u64,
     /// Scratch list of connection ids (`flush_tx`), kept to not allocate per pump.
     scratch_ids: Vec<ConnId>,
+    /// A spare for `tx_dirty` while `flush_tx` works through the marks.
+    scratch_marked: Vec<ConnId>,
     /// Connections that may have something to send (see `flush_tx`).
     tx_dirty: Vec<ConnId>,
     /// Every connection is flushed at the next pump (a link or handshake
@@ -429,6 +431,7 @@ impl<P: Provider> Endpoint<P> {
             chan,
             completions: 0,
             scratch_ids: Vec::new(),
+            scratch_marked: Vec::new(),
             tx_dirty: Vec::new(),
             sweep_due: true,
             next_sweep: Timestamp::ZERO,
@@ -1851,7 +1854,9 @@ impl<P: Provider> Endpoint<P> {
         // The marks are taken out: flushing re-marks a connection that still
         // has something to send, into a fresh list. Marks of other groups go
         // back after.
-        let mut marked = std::mem::take(&mut self.tx_dirty);
+        // (the list swapped in is a kept spare, so that marking allocates nothing)
+        let spare = std::mem::take(&mut self.scratch_marked);
+        let mut marked = std::mem::replace(&mut self.tx_dirty, spare);
         if sweep {
             ids.extend(lg.tokens.values().copied());
         }
@@ -1883,7 +1888,9 @@ impl<P: Provider> Endpoint<P> {
             }
         }
         self.scratch_ids = ids;
-        self.tx_dirty.append(&mut marked);
+        self.tx_dirty.extend_from_slice(&marked);
+        marked.clear();
+        self.scratch_marked = marked;
         r
     }
 
