@@ -625,6 +625,12 @@ pub trait MemoryRegion: Send + Sync {
     fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<()>;
     /// Copies into the region (bounds checked).
     fn write_at(&self, off: usize, data: &[u8]) -> Result<()>;
+    /// The whole region as a window that stays valid on its own (to copy
+    /// without holding whatever owns the region), if the provider can give
+    /// one; `None` otherwise.
+    fn window(&self) -> Option<MemWindow> {
+        None
+    }
     /// An SGE covering `len` bytes at `off` (bounds checked).
     fn sge(&self, off: usize, len: u32) -> Result<Sge> {
         check_range(off, len as usize, self.len())?;
@@ -692,6 +698,71 @@ pub trait QueuePair: Send + Sync {
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
     /// Posts a receive WR (fails in RESET).
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+    /// The peer memory that an RDMA WRITE of `len` bytes to `rkey`/`addr`
+    /// would reach, when this provider has it mapped in this process (the
+    /// same-host shared-memory device): the caller copies into it itself, e.g.
+    /// without holding its own locks, and then posts what announces the data
+    /// (a CDC), which the QP's ordering places after the copy as it would
+    /// after a WRITE. The checks a WRITE would make (access, bounds, a region
+    /// still registered) are made here, and the registration again at each
+    /// copy. `None`: not available (real RNICs) or the WRITE would fail.
+    fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {
+        let _ = (rkey, addr, len);
+        None
+    }
+}
+
+/// Memory mapped in this process that a [`MemWindow`] copies to and from.
+pub trait MappedMem: Send + Sync {
+    /// Copies out of the mapping at `off` (bounds checked).
+    fn read_mapped(&self, off: usize, buf: &mut [u8]) -> Result<()>;
+    /// Copies into the mapping at `off` (bounds checked; fails once the
+    /// memory is no longer open to the writer, e.g. deregistered).
+    fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()>;
+}
+
+/// A bounded window onto memory mapped in this process: a local region
+/// ([`MemoryRegion::window`]) or a peer's region ([`QueuePair::remote_window`]).
+/// It keeps the mapping alive; offsets are relative to the window.
+#[derive(Clone)]
+pub struct MemWindow {
+    mem: std::sync::Arc<dyn MappedMem>,
+    base: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for MemWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemWindow")
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl MemWindow {
+    /// `len` bytes of `mem` from `base`.
+    pub fn new(mem: std::sync::Arc<dyn MappedMem>, base: usize, len: usize) -> MemWindow {
+        MemWindow { mem, base, len }
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the window is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Copies out of the window at `off` (bounds checked).
+    pub fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<()> {
+        check_range(off, buf.len(), self.len)?;
+        self.mem.read_mapped(self.base + off, buf)
+    }
+    /// Copies into the window at `off` (bounds checked).
+    pub fn write_at(&self, off: usize, data: &[u8]) -> Result<()> {
+        check_range(off, data.len(), self.len)?;
+        self.mem.write_mapped(self.base + off, data)
+    }
 }
 
 /// Validates a send WR against QP limits; shared by providers.

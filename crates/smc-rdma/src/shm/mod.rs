@@ -1033,6 +1033,37 @@ impl MemoryRegion for ShmMr {
         check_range(off, data.len(), self.mr.len)?;
         Ok(self.mr.mem.write(HDR + off, data)?)
     }
+    fn window(&self) -> Option<MemWindow> {
+        Some(MemWindow::new(self.mr.clone(), HDR, self.mr.len))
+    }
+}
+
+impl MappedMem for LocalMr {
+    fn read_mapped(&self, off: usize, buf: &mut [u8]) -> Result<()> {
+        Ok(self.mem.read(off, buf)?)
+    }
+    fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()> {
+        Ok(self.mem.write(off, data)?)
+    }
+}
+
+/// A peer's region mapped here, as a [`QueuePair::remote_window`] gives it:
+/// each copy into it first checks that the peer still has it registered,
+/// as each executed WRITE does.
+struct RemoteMem(Arc<SharedMem>);
+
+impl MappedMem for RemoteMem {
+    fn read_mapped(&self, off: usize, buf: &mut [u8]) -> Result<()> {
+        Ok(self.0.read(off, buf)?)
+    }
+    fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()> {
+        if MrView(&self.0).h(MR_VALID).load(Acquire) != 1 {
+            return Err(Error::InvalidArgument(
+                "the peer's memory region is no longer registered".into(),
+            ));
+        }
+        Ok(self.0.write(off, data)?)
+    }
 }
 
 impl Drop for ShmMr {
@@ -1937,6 +1968,16 @@ pub struct ShmQp {
 impl QueuePair for ShmQp {
     fn qp_num(&self) -> u32 {
         self.inner.qpn
+    }
+
+    fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {
+        let q = &self.inner;
+        let c = lock(&q.core);
+        if c.state != QpState::Rts {
+            return None;
+        }
+        let (m, off) = q.check_remote(c.link.as_ref()?, rkey, addr, len).ok()?;
+        Some(MemWindow::new(Arc::new(RemoteMem(m)), off, len))
     }
 
     fn state(&self) -> QpState {
