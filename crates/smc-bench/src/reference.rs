@@ -223,7 +223,7 @@ impl Mailbox {
                 return Ok(false);
             }
             i = i.wrapping_add(1);
-            if i % 64 != 0 || t0.elapsed() < spin {
+            if !i.is_multiple_of(64) || t0.elapsed() < spin {
                 std::hint::spin_loop();
                 continue;
             }

@@ -73,10 +73,10 @@ use smc_proto::negotiate::{
 };
 use smc_proto::Timestamp;
 use smc_rdma::{
-    Access, AsyncEvent, CompletionChannel, CompletionQueue, Device, MemoryRegion, ProtectionDomain,
-    Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
+    Access, AsyncEvent, CompletionChannel, CompletionQueue, Device, MemWindow, MemoryRegion,
+    ProtectionDomain, Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
 };
-use smc_wire::cdc::CdcMessage;
+use smc_wire::cdc::{CdcMessage, RingChunks};
 use smc_wire::clc::{
     AcceptConfirm, AcceptConfirmKind, ClcMessage, ClcType, Decline, DeclineCode, FceV2x,
     FirstContactExt, Proposal, CLC_WAIT_TIME, OS_LINUX, SMC_V1, SMC_V2,
@@ -328,6 +328,17 @@ struct Conn<P: Provider> {
     /// Listed in `Endpoint::tx_dirty`: something may have given the
     /// connection something to send since it last had nothing.
     tx_dirty: bool,
+    /// A [`ReadLease`] is out: other reads find nothing until its commit.
+    read_leased: bool,
+    /// A [`WriteLease`] is out: nothing else is written (or sent) until its
+    /// commit, as it copies to where the next bytes go.
+    write_leased: bool,
+    /// Something was refused because of a lease since the last
+    /// [`Endpoint::take_lease_waited`].
+    lease_waited: bool,
+    /// The window onto the peer's RMB that write leases lend, with the link
+    /// slot and rkey it was made for (made again when they change).
+    peer_window: Option<(usize, u32, MemWindow)>,
 }
 
 /// Writes zeros over the first `len` bytes of `mr`.
@@ -351,6 +362,114 @@ enum Direct {
     NoRoom,
     /// The direct path does not apply.
     No,
+}
+
+/// Where a direct write goes (see `direct_plan`).
+struct DirectPlan {
+    l: LgrId,
+    slot: usize,
+    rkey: u32,
+    /// The peer's RMBE, as the link addresses it.
+    rmbe_addr: u64,
+    /// Bytes that go now.
+    n: usize,
+}
+
+/// What [`Endpoint::write_lease`] found.
+#[derive(Debug)]
+pub enum WritePlan {
+    /// Copy this much into the peer's RMB, then commit.
+    Lease(WriteLease),
+    /// The direct path applies but the peer has no room now.
+    NoRoom,
+    /// The direct path does not apply (or the provider lends no window):
+    /// use [`Endpoint::write`].
+    NotDirect,
+}
+
+/// A place in the peer's RMB lent for the next bytes of a connection (see
+/// [`Endpoint::write_lease`]).
+#[derive(Debug)]
+pub struct WriteLease {
+    win: MemWindow,
+    chunks: RingChunks,
+    n: usize,
+    /// The send cursor (total) the bytes follow.
+    at: u64,
+    slot: usize,
+    rkey: u32,
+}
+
+impl WriteLease {
+    /// Bytes lent (a prefix of the data the lease was asked for).
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether nothing is lent.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Copies the first [`Self::len`] bytes of `data` into the peer's RMB.
+    /// An error means the peer's region went away (the connection is being
+    /// torn down); commit nothing then.
+    pub fn copy_from(&self, data: &[u8]) -> std::result::Result<(), ConnError> {
+        let mut at = 0;
+        for &(off, len) in self.chunks.as_slice() {
+            let src = data.get(at..at + len).ok_or(ConnError::Aborted)?;
+            self.win
+                .write_at(off, src)
+                .map_err(|_| ConnError::Aborted)?;
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+/// What [`Endpoint::read_lease`] found.
+#[derive(Debug)]
+pub enum ReadPlan {
+    /// Copy out, then commit.
+    Lease(ReadLease),
+    /// Nothing to read: `Ok(0)` of [`Endpoint::read_into`] (end of file
+    /// when [`Endpoint::peer_done`], else would block).
+    Empty,
+    /// The provider lends no window: use [`Endpoint::read_into`].
+    NoWindow,
+}
+
+/// Readable bytes of a connection's RMB lent out to be copied without
+/// holding the endpoint (see [`Endpoint::read_lease`]).
+#[derive(Debug)]
+pub struct ReadLease {
+    win: MemWindow,
+    chunks: RingChunks,
+    n: usize,
+}
+
+impl ReadLease {
+    /// Bytes lent.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether nothing is lent.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Copies the lent bytes into the front of `buf` (which is at least
+    /// [`Self::len`] long, as the lease was asked for).
+    pub fn copy_to(&self, buf: &mut [u8]) -> std::result::Result<(), ConnError> {
+        let mut at = 0;
+        for &(off, len) in self.chunks.as_slice() {
+            let dst = buf.get_mut(at..at + len).ok_or(ConnError::Aborted)?;
+            self.win.read_at(off, dst).map_err(|_| ConnError::Aborted)?;
+            at += len;
+        }
+        Ok(())
+    }
 }
 
 /// Smallest part of a larger write that goes out directly (see `write_direct`).
@@ -487,6 +606,10 @@ impl<P: Provider> Endpoint<P> {
             oob: None,
             early_cdcs: VecDeque::new(),
             direct_sent: 0,
+            read_leased: false,
+            write_leased: false,
+            lease_waited: false,
+            peer_window: None,
             tx_dirty: false,
         };
         match self.conns.iter().position(Option::is_none) {
@@ -2234,6 +2357,11 @@ impl<P: Provider> Endpoint<P> {
         if !c.closer.can_write() {
             return Err(Self::close_error(c));
         }
+        if c.write_leased {
+            // the lease copies to where these bytes would go: wait for it
+            c.lease_waited = true;
+            return Ok(0);
+        }
         let (Some(dp), Some(sndbuf)) = (c.dp.as_mut(), c.sndbuf.as_ref()) else {
             return Err(ConnError::NotConnected);
         };
@@ -2252,16 +2380,29 @@ impl<P: Provider> Endpoint<P> {
         Ok(n)
     }
 
-    /// The direct path of [`Self::write`]; `None` when it does not apply.
-    fn write_direct(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<Direct, ConnError> {
+    /// Whether up to `want` bytes of connection `id` can go straight into the
+    /// peer's RMB now, and where: the conditions of the direct path of
+    /// [`Self::write`].
+    /// `lessee`: asked for the commit of the connection's write lease, which
+    /// other writers wait for.
+    fn direct_plan(
+        &mut self,
+        id: ConnId,
+        want: usize,
+        lessee: bool,
+    ) -> std::result::Result<DirectPlan, Direct> {
         let max_inline = self.max_inline as usize;
         let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
-            return Ok(Direct::No);
+            return Err(Direct::No);
         };
+        if c.write_leased && !lessee {
+            c.lease_waited = true;
+            return Err(Direct::NoRoom);
+        }
         let (Some(l), Some(slot), Some(dp), Some(peer)) =
             (c.lgr, c.link, c.dp.as_mut(), c.peer_rmb)
         else {
-            return Ok(Direct::No);
+            return Err(Direct::No);
         };
         if !matches!(c.phase, Phase::Smc)
             || c.move_to.is_some()
@@ -2271,10 +2412,10 @@ impl<P: Provider> Endpoint<P> {
             || dp.urgent_pending()
             || dp.close_pending()
         {
-            return Ok(Direct::No);
+            return Err(Direct::No);
         }
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
-            return Ok(Direct::No);
+            return Err(Direct::No);
         };
         // A failover replays unconfirmed data from the send buffer (§7.2), which
         // a direct write bypasses: only a group with a single link writes
@@ -2285,37 +2426,65 @@ impl<P: Provider> Endpoint<P> {
                 .link(slot)
                 .is_none_or(|k| k.state != LinkState::Active)
         {
-            return Ok(Direct::No);
+            return Err(Direct::No);
         }
         let Some((rkey, base)) = lg
             .group
             .rtoken(peer.row)
             .and_then(|t| t.get(slot).copied().flatten())
         else {
-            return Ok(Direct::No);
+            return Err(Direct::No);
         };
-        let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
-            return Ok(Direct::No);
+        let Some(res) = lg.links.get(slot).and_then(Option::as_ref) else {
+            return Err(Direct::No);
         };
         if res.sends_in_flight >= MAX_SENDS {
-            return Ok(Direct::No);
+            return Err(Direct::No);
         }
         // What fits now, if the device takes it inline. A part of a larger
         // write only when the part is large: many small direct pieces (verbs'
         // inline limit is 64 bytes) would cost more than the copy they save.
-        let room = data.len().min(dp.sndbuf_free());
+        let room = want.min(dp.sndbuf_free());
         let n = room.min(dp.peer_space());
         if room == 0 || room.min(DIRECT_PART_MIN) > max_inline {
-            return Ok(Direct::No);
+            return Err(Direct::No);
         }
-        if n == 0 || n > max_inline || (n < data.len() && n < DIRECT_PART_MIN) {
+        if n == 0 || n > max_inline || (n < want && n < DIRECT_PART_MIN) {
             // only the peer's free space is short
-            return Ok(if n < room.min(DIRECT_PART_MIN) {
+            return Err(if n < room.min(DIRECT_PART_MIN) {
                 Direct::NoRoom
             } else {
                 Direct::No
             });
         }
+        Ok(DirectPlan {
+            l,
+            slot,
+            rkey,
+            rmbe_addr: base + peer.offset,
+            n,
+        })
+    }
+
+    /// The direct path of [`Self::write`].
+    fn write_direct(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<Direct, ConnError> {
+        let p = match self.direct_plan(id, data.len(), false) {
+            Ok(p) => p,
+            Err(d) => return Ok(d),
+        };
+        let (l, slot, n) = (p.l, p.slot, p.n);
+        let (Some(c), Some(lg)) = (
+            self.conns.get_mut(id).and_then(Option::as_mut),
+            self.lgrs.get_mut(l).and_then(Option::as_mut),
+        ) else {
+            return Ok(Direct::No);
+        };
+        let (Some(dp), Some(res)) = (
+            c.dp.as_mut(),
+            lg.links.get_mut(slot).and_then(Option::as_mut),
+        ) else {
+            return Ok(Direct::No);
+        };
         dp.produced(n);
         let Some(batch) = dp.poll_tx() else {
             return Err(ConnError::Aborted);
@@ -2324,8 +2493,8 @@ impl<P: Provider> Endpoint<P> {
         let mut posted = Ok(());
         let mut at = 0;
         for w in &batch.writes {
-            let addr = base + peer.offset + w.peer_offset as u64;
-            posted = res.post_write_inline(&data[at..at + w.len], rkey, addr);
+            let addr = p.rmbe_addr + w.peer_offset as u64;
+            posted = res.post_write_inline(&data[at..at + w.len], p.rkey, addr);
             if posted.is_err() {
                 break;
             }
@@ -2343,6 +2512,118 @@ impl<P: Provider> Endpoint<P> {
             }
         }
         Ok(Direct::Wrote(n))
+    }
+
+    /// The direct path of [`Self::write`] with the copy left to the caller,
+    /// to be made without whatever guards this endpoint (a lock): up to
+    /// `data.len()` bytes are lent a window onto the peer's RMB where they
+    /// would go now. Copy them with [`WriteLease::copy_from`], then announce
+    /// them with [`Self::write_commit`]; nothing is announced before. Only a
+    /// provider that maps the peer's memory here
+    /// ([`QueuePair::remote_window`]) lends; otherwise, and whenever the
+    /// direct path does not apply, this says so and [`Self::write`] is the
+    /// way. One lease per connection at a time (the caller serializes its
+    /// writers).
+    pub fn write_lease(
+        &mut self,
+        id: ConnId,
+        data: &[u8],
+    ) -> std::result::Result<WritePlan, ConnError> {
+        self.smc_conn(id)?;
+        let p = match self.direct_plan(id, data.len(), false) {
+            Ok(p) => p,
+            Err(Direct::NoRoom) => return Ok(WritePlan::NoRoom),
+            Err(_) => return Ok(WritePlan::NotDirect),
+        };
+        let (Some(c), Some(lg)) = (
+            self.conns.get_mut(id).and_then(Option::as_mut),
+            self.lgrs.get(p.l).and_then(Option::as_ref),
+        ) else {
+            return Ok(WritePlan::NotDirect);
+        };
+        let (Some(dp), Some(res)) = (c.dp.as_ref(), lg.links.get(p.slot).and_then(Option::as_ref))
+        else {
+            return Ok(WritePlan::NotDirect);
+        };
+        let win = match &c.peer_window {
+            Some((slot, rkey, w)) if *slot == p.slot && *rkey == p.rkey => w.clone(),
+            _ => {
+                let rmbe_len = dp.config().peer_rmbe_len;
+                let Some(w) = res.qp.remote_window(p.rkey, p.rmbe_addr, rmbe_len) else {
+                    return Ok(WritePlan::NotDirect);
+                };
+                c.peer_window = Some((p.slot, p.rkey, w.clone()));
+                w
+            }
+        };
+        c.write_leased = true;
+        Ok(WritePlan::Lease(WriteLease {
+            win,
+            chunks: dp.peer_write_chunks(p.n),
+            n: p.n,
+            at: dp.sent_total(),
+            slot: p.slot,
+            rkey: p.rkey,
+        }))
+    }
+
+    /// Ends a [`WriteLease`]; `copied`: [`WriteLease::copy_from`] succeeded.
+    /// `Ok(true)`: its CDC is posted, the bytes are written. `Ok(false)`:
+    /// not copied, or the connection changed since the lease (a link failed,
+    /// ...): nothing was announced, and the bytes are to be written again
+    /// with [`Self::write`] (what the lease copied stays beyond the send
+    /// cursor, unseen by the peer, and is overwritten).
+    pub fn write_commit(
+        &mut self,
+        id: ConnId,
+        lease: &WriteLease,
+        copied: bool,
+    ) -> std::result::Result<bool, ConnError> {
+        self.smc_conn(id)?.write_leased = false;
+        if !copied {
+            return Ok(false);
+        }
+        let p = match self.direct_plan(id, lease.n, true) {
+            Ok(p) => p,
+            Err(_) => return Ok(false),
+        };
+        let (l, slot) = (p.l, p.slot);
+        let (Some(c), Some(lg)) = (
+            self.conns.get_mut(id).and_then(Option::as_mut),
+            self.lgrs.get_mut(l).and_then(Option::as_mut),
+        ) else {
+            return Ok(false);
+        };
+        let (Some(dp), Some(res)) = (
+            c.dp.as_mut(),
+            lg.links.get_mut(slot).and_then(Option::as_mut),
+        ) else {
+            return Ok(false);
+        };
+        if p.n != lease.n
+            || slot != lease.slot
+            || p.rkey != lease.rkey
+            || dp.sent_total() != lease.at
+        {
+            return Ok(false);
+        }
+        dp.produced(lease.n);
+        let Some(batch) = dp.poll_tx() else {
+            return Err(ConnError::Aborted);
+        };
+        debug_assert_eq!(
+            batch.writes.iter().map(|w| w.len).sum::<usize>(),
+            lease.n,
+            "the CDC announces what the lease copied"
+        );
+        c.direct_sent = dp.sent_total();
+        if let Err(e) = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode()) {
+            // as in `write_direct`: the only link broke, taking the connection
+            if self.link_error(l, slot, e).is_err() {
+                return Err(ConnError::Aborted);
+            }
+        }
+        Ok(true)
     }
 
     /// Sends one urgent byte (TCP `send(MSG_OOB)`): it goes into the stream after
@@ -2377,6 +2658,72 @@ impl<P: Provider> Endpoint<P> {
         Ok(out)
     }
 
+    /// [`Self::read_into`] with the copy left to the caller, to be made
+    /// without whatever guards this endpoint (a lock): the readable bytes, up
+    /// to `max`, are lent as a window onto the RMB. Copy them with
+    /// [`ReadLease::copy_to`], then free their space with
+    /// [`Self::read_commit`]; until then the peer cannot overwrite them. One
+    /// lease per connection at a time (the caller serializes its readers).
+    pub fn read_lease(
+        &mut self,
+        id: ConnId,
+        max: usize,
+    ) -> std::result::Result<ReadPlan, ConnError> {
+        let c = self.smc_conn(id)?;
+        if c.closer.error().is_some() && c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
+            // as in `read_into`
+            let rx = c.closer.rx_flags();
+            if (rx.done_writing || rx.closed) && !rx.abort {
+                return Ok(ReadPlan::Empty);
+            }
+            return Err(Self::close_error(c));
+        }
+        let (Some(dp), Some(rmb)) = (c.dp.as_ref(), c.rmb.as_ref()) else {
+            return Err(ConnError::NotConnected);
+        };
+        if c.read_leased {
+            // another reader's lease has these bytes: wait for its commit
+            c.lease_waited = true;
+            return Ok(ReadPlan::Empty);
+        }
+        let chunks = dp.readable_chunks(max);
+        let n: usize = chunks.as_slice().iter().map(|&(_, l)| l).sum();
+        if n == 0 {
+            return Ok(ReadPlan::Empty);
+        }
+        match rmb.window() {
+            Some(win) => {
+                c.read_leased = true;
+                Ok(ReadPlan::Lease(ReadLease { win, chunks, n }))
+            }
+            None => Ok(ReadPlan::NoWindow),
+        }
+    }
+
+    /// Whether a read or write of connection `id` was turned away because of
+    /// a lease since the last call: its caller may be waiting, and nothing
+    /// but the lease's end tells it to look again.
+    pub fn take_lease_waited(&mut self, id: ConnId) -> bool {
+        self.conns
+            .get_mut(id)
+            .and_then(Option::as_mut)
+            .is_some_and(|c| std::mem::take(&mut c.lease_waited))
+    }
+
+    /// Ends a [`ReadLease`] of which `n` bytes were copied (0 if the copy
+    /// failed): their space in the RMB is free (the peer learns it with the
+    /// next CDC that is due).
+    pub fn read_commit(&mut self, id: ConnId, n: usize) -> std::result::Result<(), ConnError> {
+        let c = self.smc_conn(id)?;
+        c.read_leased = false;
+        let dp = c.dp.as_mut().ok_or(ConnError::NotConnected)?;
+        if dp.consumed(n) > 0 {
+            // (a consumer cursor update may be due)
+            self.mark_tx(id);
+        }
+        Ok(())
+    }
+
     /// Reads into `buf` straight from the receive buffer (one copy). `Ok(0)`
     /// with [`Self::peer_done`] true is end-of-file; `Ok(0)` otherwise means
     /// "would block" (or `buf` is empty).
@@ -2399,6 +2746,12 @@ impl<P: Provider> Endpoint<P> {
         let (Some(dp), Some(rmb)) = (c.dp.as_mut(), c.rmb.as_ref()) else {
             return Err(ConnError::NotConnected);
         };
+        if c.read_leased {
+            // a lease has the readable bytes (they still count as readable,
+            // so this is no end of file): wait for its commit
+            c.lease_waited = true;
+            return Ok(0);
+        }
         let chunks = dp.readable_chunks(buf.len());
         let mut at = 0;
         for &(off, len) in chunks.as_slice() {

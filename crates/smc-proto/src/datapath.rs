@@ -779,6 +779,18 @@ impl DataPath {
         .unwrap_or_default()
     }
 
+    /// Where in the peer's RMBE the next `n` bytes of ours would go (at the
+    /// send cursor; meaningful when nothing is unsent): what [`Self::poll_tx`]
+    /// would make of them after [`Self::produced`]`(n)`.
+    pub fn peer_write_chunks(&self, n: usize) -> RingChunks {
+        write_chunks(
+            self.cfg.peer_rmbe_len,
+            cursor_at(self.tx_sent, self.cfg.peer_rmbe_len),
+            n,
+        )
+        .unwrap_or_default()
+    }
+
     /// The application consumed `n` bytes (capped at what is readable). Returns
     /// the bytes consumed.
     pub fn consumed(&mut self, n: usize) -> usize {

@@ -182,6 +182,17 @@ impl Spin {
     }
 }
 
+/// Most threads of a process that spin while waiting: half the CPUs it may
+/// use (at least one).
+fn max_spinners() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get() / 2)
+            .max(1)
+    })
+}
+
 /// How long a waiting thread polls before it sleeps (`SMC_SPIN_US`, default 50 µs).
 pub(crate) fn spin_time() -> Duration {
     static T: OnceLock<Duration> = OnceLock::new();
@@ -282,6 +293,20 @@ impl Shared {
         for t in u.drain(..) {
             t.unpark();
         }
+    }
+
+    /// After a read or write lease of connection `id` ended (with the
+    /// endpoint locked): threads and tasks that were turned away while it was
+    /// out look again (without a completion nothing else would wake them).
+    pub(crate) fn after_lease(&self, ep: &mut Endpoint<ShmProvider>, id: ConnId) {
+        if !ep.take_lease_waited(id) {
+            return;
+        }
+        if self.sleepers.load(Ordering::Acquire) > 0 {
+            self.wake(ep, false);
+        }
+        #[cfg(feature = "tokio")]
+        self.wake_tasks();
     }
 
     /// Wakes one parked thread (any), to take over as the leader.
@@ -392,7 +417,14 @@ impl Shared {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             let (until, budget) = *spin.get_or_insert_with(|| {
-                let b = self.spin.budget();
+                // More threads waiting here than half the CPUs: a spinning
+                // one would take the core (and the endpoint lock) that the
+                // others and the peer need, so wait without spinning.
+                let b = if self.active.load(Ordering::Relaxed) > max_spinners() {
+                    Duration::ZERO
+                } else {
+                    self.spin.budget()
+                };
                 (now + b, b)
             });
             if now < until {
