@@ -647,11 +647,12 @@ fn one_workload(
             let rr_polling = Spec::new(
                 "reference.rr_ideal_polling_tps".into(),
                 w,
-                "ideal shm rr, one polling thread/side".into(),
+                "  same, one polling thread per side".into(),
                 "trans/s",
                 Better::Higher,
             )
-            .versus("rr.tps");
+            .versus("rr.tps")
+            .no_verdict();
             let e = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
             let v = reference::memcpy_gbps(plan.memcpy_small.0, plan.memcpy_small.1)
                 .map_err(e("memcpy"))?;

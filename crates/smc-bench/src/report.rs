@@ -107,6 +107,9 @@ pub struct Spec {
     /// one): the table holds it against that figure's TCP median, which
     /// says whether that figure's target is physically within reach here.
     pub versus: Option<String>,
+    /// With `versus`: whether the bounded figure's target is judged against
+    /// this reference (not when it measures another program shape).
+    pub verdict: bool,
 }
 
 impl Spec {
@@ -129,11 +132,17 @@ impl Spec {
             smc_zero_ok: false,
             tcp_zero_ok: false,
             versus: None,
+            verdict: true,
         }
     }
     /// A reference figure that bounds the compared figure `key`.
     pub fn versus(mut self, key: &str) -> Spec {
         self.versus = Some(key.to_string());
+        self
+    }
+    /// With `versus`: the ratio only, no verdict on the bounded target.
+    pub fn no_verdict(mut self) -> Spec {
+        self.verdict = false;
         self
     }
     /// With a target.
@@ -362,7 +371,7 @@ impl Report {
             let ratio = Self::ratio(f).or(bound.map(|b| b.2));
             let (target, result) = match (f.spec.target, ratio, bound) {
                 // a bound: is the bounded figure's target within it?
-                (_, _, Some((g, _, r))) => match g.spec.target {
+                (_, _, Some((g, _, r))) => match g.spec.target.filter(|_| f.spec.verdict) {
                     Some(t) => (
                         t.text(),
                         if t.met(r) { "reach" } else { "beyond" }.to_string(),
@@ -425,7 +434,7 @@ impl Report {
                                 "figure": g.spec.key,
                                 "tcp_median": t,
                                 "ratio_to_tcp": r,
-                                "target_within_reach": g.spec.target.map(|x| x.met(r)),
+                                "target_within_reach": g.spec.target.filter(|_| f.spec.verdict).map(|x| x.met(r)),
                             });
                         }
                     } else {
