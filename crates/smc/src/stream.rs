@@ -340,6 +340,7 @@ impl SmcStream {
             Lease(ReadLease),
         }
         let deadline = Self::timeout(&self.opts.read_timeout);
+        let _busy = c.shared.busy();
         let got = c.shared.run(
             Want::Read(c.id),
             deadline,
@@ -411,6 +412,7 @@ impl SmcStream {
         // included, ends at DIRECT_WAIT. A non-blocking one looks once.
         let until = Instant::now() + DIRECT_WAIT;
         let first = deadline.map_or(until, |d| d.min(until));
+        let _busy = c.shared.busy();
         let direct = c
             .shared
             .run(Want::Write(c.id), Some(first), nonblocking, |ep| {
