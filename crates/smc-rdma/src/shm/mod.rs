@@ -1109,7 +1109,7 @@ impl CompletionQueue for ShmCq {
             let mut dead = false;
             for w in l.iter() {
                 match w.upgrade() {
-                    Some(qp) => qp.progress(),
+                    Some(qp) => qp.progress_for(&self.inner),
                     None => dead = true,
                 }
             }
@@ -1593,9 +1593,21 @@ impl QpInner {
         }
     }
 
-    fn progress(&self) {
+    /// The progress that can complete into `cq`: receives for the QP's
+    /// receive CQ, sends for its send CQ (both when they are one). Polling
+    /// one CQ of a QP need not also do the other direction's work, which its
+    /// own poll does (a pump polls both).
+    fn progress_for(&self, cq: &Arc<CqInner>) {
         let mut c = lock(&self.core);
-        self.progress_locked(&mut c);
+        if !matches!(c.state, QpState::Rtr | QpState::Rts) {
+            return;
+        }
+        if Arc::ptr_eq(&self.recv_cq, cq) {
+            self.progress_recv(&mut c);
+        }
+        if c.state == QpState::Rts && Arc::ptr_eq(&self.send_cq, cq) {
+            self.progress_send(&mut c);
+        }
     }
 
     /// Whether a WRITE posted now may land at once instead of queueing (and
