@@ -64,15 +64,18 @@ fn enumeration_ports_and_gids_follow_the_interface() {
         .any(|g| g.gid == Gid::from_ip("127.0.0.1".parse().unwrap())));
 }
 
+/// A further 8 KiB region of the peer's, open to our RDMA WRITEs.
+fn peer_writable_mr(peer: &LocalPeer<ShmProvider>) -> <ShmProvider as Provider>::Mr {
+    peer.ep
+        .pd
+        .alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap()
+}
+
 #[test]
 fn deregistration_revokes_remote_access() {
     let h = setup!(make_inproc(&ConnParams::default()));
-    let extra = h
-        .peer
-        .ep
-        .pd
-        .alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
+    let extra = peer_writable_mr(&h.peer);
     let r = extra.remote();
     let sge = h.local.mr.sge(0, 64).unwrap();
     let wr = |id| SendWr {
@@ -655,12 +658,7 @@ fn memory_windows_reach_what_writes_reach_and_no_further() {
         "past the region"
     );
     // deregistered after the window was made: the copy is refused
-    let extra = h
-        .peer
-        .ep
-        .pd
-        .alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
+    let extra = peer_writable_mr(&h.peer);
     let x = extra.remote();
     let late = h.local.qp.remote_window(x.rkey, x.addr, 8192).unwrap();
     late.write_at(0, &data).unwrap();
