@@ -2678,7 +2678,7 @@ impl<P: Provider> Endpoint<P> {
             }
             return Err(Self::close_error(c));
         }
-        let (Some(dp), Some(rmb)) = (c.dp.as_ref(), c.rmb.as_ref()) else {
+        let (Some(dp), Some(rmb)) = (c.dp.as_mut(), c.rmb.as_ref()) else {
             return Err(ConnError::NotConnected);
         };
         if c.read_leased {
@@ -2689,6 +2689,9 @@ impl<P: Provider> Endpoint<P> {
         let chunks = dp.readable_chunks(max);
         let n: usize = chunks.as_slice().iter().map(|&(_, l)| l).sum();
         if n == 0 {
+            // as `read_into` does: a read passes the urgent byte when it is
+            // next (normal reads skip it)
+            dp.consumed(0);
             return Ok(ReadPlan::Empty);
         }
         match rmb.window() {

@@ -22,7 +22,12 @@
 //! * every connection ends on both sides (SMC close, fallback or failure) — a
 //!   run that has not ended within its virtual deadline is a hang;
 //! * every connection, RMB, send buffer and link group is released at the end
-//!   (the idle link groups expire as in Linux).
+//!   (the idle link groups expire as in Linux);
+//! * half the reads and writes go through leases (`Endpoint::read_lease` /
+//!   `write_lease`, the copy made by the caller, as the socket library does it
+//!   outside its lock), sometimes with a pump (and whatever fault it brings)
+//!   between lease and commit; while a lease is out, no other read or write of
+//!   the connection gets a byte.
 //!
 //! Spec: the behaviour checked is that of `protocol-clc.md` §4 (handshakes,
 //! fallback) and `protocol-llc-cdc.md` §1.7–§1.11 (links, LLC flows), §2–§3 (CDC
@@ -33,7 +38,9 @@
 //! `smc-sim run --seeds N` runs many seeds; `smc-sim replay SEED` prints the
 //! event trace of one.
 
-use crate::endpoint::{ConnId, ConnStatus, Endpoint, EndpointConfig};
+use crate::endpoint::{
+    ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, ReadPlan, WritePlan,
+};
 use crate::state::LgrState;
 use smc_proto::close::CloseEvent;
 use smc_proto::negotiate::IfAddr;
@@ -648,7 +655,14 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     for (k, b) in buf.iter_mut().take(want).enumerate() {
                         *b = pattern(seed, i, dir_out, me.sent + k as u64);
                     }
-                    match ep.write(me.id, &buf[..want]) {
+                    let written = if rng.chance(50) {
+                        let pump = rng.chance(30).then_some(now);
+                        write_leased(ep, me.id, &buf[..want], pump)
+                            .map_err(|e| fail(&report, format!("conn {i}: {e}")))?
+                    } else {
+                        ep.write(me.id, &buf[..want])
+                    };
+                    match written {
                         Ok(w) => {
                             me.sent += w as u64;
                             progress |= w > 0;
@@ -659,18 +673,15 @@ pub fn run(seed: u64) -> Result<Report, String> {
                         }
                     }
                 }
-                match ep.read_oob(me.id) {
-                    Ok(Some(b)) if b != OOB_BYTE => {
-                        return Err(fail(
-                            &report,
-                            format!("conn {i}: urgent byte {b:#x} is wrong"),
-                        ));
-                    }
-                    Ok(Some(_)) => me.oob_got = true,
-                    _ => {}
-                }
                 let max = rng.size(rmb as u64) as usize;
-                match ep.read(me.id, max) {
+                let got = if rng.chance(50) {
+                    let pump = rng.chance(30).then_some(now);
+                    read_leased(ep, me.id, max, pump)
+                        .map_err(|e| fail(&report, format!("conn {i}: {e}")))?
+                } else {
+                    ep.read(me.id, max)
+                };
+                match got {
                     Ok(data) => {
                         for (k, b) in data.iter().enumerate() {
                             let off = me.got + k as u64;
@@ -704,6 +715,18 @@ pub fn run(seed: u64) -> Result<Report, String> {
                         );
                         me.closed = true;
                     }
+                }
+                // after the read: a pump inside it (a lease) may have brought
+                // the urgent byte, and the application may close right after
+                match ep.read_oob(me.id) {
+                    Ok(Some(b)) if b != OOB_BYTE => {
+                        return Err(fail(
+                            &report,
+                            format!("conn {i}: urgent byte {b:#x} is wrong"),
+                        ));
+                    }
+                    Ok(Some(_)) => me.oob_got = true,
+                    _ => {}
                 }
                 if me.closed {
                     // the connection failed under us (abort from the peer, link lost)
@@ -889,6 +912,72 @@ pub fn run(seed: u64) -> Result<Report, String> {
         "all connections and link groups released".into(),
     );
     Ok(report)
+}
+
+/// A write as the socket library makes it with a lease: the copy into the
+/// peer's RMB by the caller, then the commit; if the commit finds the
+/// connection changed, the ordinary write. With `pump`, the endpoint is
+/// pumped between lease and commit (a link may fail there). `Err`: an
+/// invariant broke (another write got a byte in while the lease was out).
+#[allow(clippy::type_complexity)]
+fn write_leased(
+    ep: &mut Endpoint<SimFabric>,
+    id: ConnId,
+    data: &[u8],
+    pump: Option<smc_proto::Timestamp>,
+) -> Result<std::result::Result<usize, ConnError>, String> {
+    let l = match ep.write_lease(id, data) {
+        Ok(WritePlan::Lease(l)) => l,
+        Ok(WritePlan::NoRoom | WritePlan::NotDirect) => return Ok(ep.write(id, data)),
+        Err(e) => return Ok(Err(e)),
+    };
+    let copied = l.copy_from(data).is_ok();
+    if let Ok(n @ 1..) = ep.write(id, data) {
+        return Err(format!("a write of {n} bytes got past a write lease"));
+    }
+    if let Some(t) = pump {
+        let _ = ep.pump(t);
+    }
+    Ok(match ep.write_commit(id, &l, copied) {
+        Ok(true) => Ok(l.len()),
+        Ok(false) => ep.write(id, data),
+        Err(e) => Err(e),
+    })
+}
+
+/// A read as the socket library makes it with a lease (see `write_leased`).
+#[allow(clippy::type_complexity)]
+fn read_leased(
+    ep: &mut Endpoint<SimFabric>,
+    id: ConnId,
+    max: usize,
+    pump: Option<smc_proto::Timestamp>,
+) -> Result<std::result::Result<Vec<u8>, ConnError>, String> {
+    let l = match ep.read_lease(id, max) {
+        Ok(ReadPlan::Lease(l)) => l,
+        Ok(ReadPlan::Empty) => return Ok(Ok(Vec::new())),
+        Ok(ReadPlan::NoWindow) => return Ok(ep.read(id, max)),
+        Err(e) => return Ok(Err(e)),
+    };
+    let mut out = vec![0u8; l.len()];
+    let copied = l.copy_to(&mut out).is_ok();
+    if let Ok(v) = ep.read(id, max) {
+        if !v.is_empty() {
+            return Err(format!("a read of {} bytes got past a read lease", v.len()));
+        }
+    }
+    if let Some(t) = pump {
+        let _ = ep.pump(t);
+    }
+    let n = if copied { out.len() } else { 0 };
+    out.truncate(n);
+    // bytes copied are delivered; a failed commit shows at the next read
+    let committed = ep.read_commit(id, n);
+    Ok(if n > 0 {
+        Ok(out)
+    } else {
+        committed.map(|()| out)
+    })
 }
 
 fn first_qp(ep: &Endpoint<SimFabric>) -> Option<u32> {

@@ -972,6 +972,50 @@ impl MemoryRegion for SimMr {
             .copy_from_slice(data);
         Ok(())
     }
+    fn window(&self) -> Option<MemWindow> {
+        let m = SimMapped {
+            f: self.f.clone(),
+            key: self.key,
+            remote: false,
+        };
+        Some(MemWindow::new(Arc::new(m), 0, self.len))
+    }
+}
+
+/// A region of the fabric seen through a [`MemWindow`]: copies reach its
+/// bytes at once, with no latency and no fault (as the shm device's do).
+struct SimMapped {
+    f: SimFabric,
+    key: u32,
+    /// A peer's region: each copy checks that it is still open to remote
+    /// writes, as a delivered WRITE does.
+    remote: bool,
+}
+
+impl MappedMem for SimMapped {
+    fn read_mapped(&self, off: usize, buf: &mut [u8]) -> Result<()> {
+        let st = self.f.st();
+        let mr = st
+            .mrs
+            .get(&self.key)
+            .ok_or_else(|| Error::InvalidArgument("memory region deregistered".into()))?;
+        check_range(off, buf.len(), mr.data.len())?;
+        buf.copy_from_slice(&mr.data[off..off + buf.len()]);
+        Ok(())
+    }
+    fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()> {
+        let mut st = self.f.st();
+        let mr = st
+            .mrs
+            .get_mut(&self.key)
+            .ok_or_else(|| Error::InvalidArgument("memory region deregistered".into()))?;
+        if self.remote && !mr.access.contains(Access::REMOTE_WRITE) {
+            return Err(Error::InvalidArgument("no remote write access".into()));
+        }
+        check_range(off, data.len(), mr.data.len())?;
+        mr.data[off..off + data.len()].copy_from_slice(data);
+        Ok(())
+    }
 }
 
 impl Drop for SimMr {
@@ -1108,6 +1152,31 @@ impl QueuePair for SimQp {
         }
         qp.state = next;
         Ok(())
+    }
+
+    /// What a WRITE delivered now would reach, with the responder's checks
+    /// (`St::deliver`) made now; the path's state (ports, latency, faults) is
+    /// not consulted, as the copy does not travel.
+    fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {
+        let st = self.f.st();
+        let qp = st.qps.get(&self.qpn)?;
+        if qp.state != QpState::Rts {
+            return None;
+        }
+        let dq = st.qps.get(&qp.remote?.qp_num)?;
+        let mr = st.mrs.get(&rkey)?;
+        let off = addr.checked_sub(mr.addr)? as usize;
+        let ok = dq.access.contains(Access::REMOTE_WRITE)
+            && mr.dev == dq.dev
+            && mr.pd == dq.pd
+            && mr.access.contains(Access::REMOTE_WRITE)
+            && check_range(off, len, mr.data.len()).is_ok();
+        let m = SimMapped {
+            f: self.f.clone(),
+            key: rkey,
+            remote: true,
+        };
+        ok.then(|| MemWindow::new(Arc::new(m), off, len))
     }
 
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {

@@ -377,7 +377,11 @@ impl SmcStream {
         let _ = ep.flush(c.id);
         c.shared.after_lease(&mut ep, c.id);
         drop(ep);
-        copied.and(committed).map_err(conn_error)?;
+        // bytes copied are delivered (a failed commit shows at the next read)
+        copied.map_err(conn_error)?;
+        if n == 0 {
+            committed.map_err(conn_error)?;
+        }
         Ok(n)
     }
 
