@@ -1489,6 +1489,70 @@ pub struct Case<H> {
     pub run: fn(&mut H) -> CaseResult,
 }
 
+/// For a provider that lends memory windows ([`QueuePair::remote_window`],
+/// [`MemoryRegion::window`]; `sim` and `shm` do, real RNICs do not, so this
+/// is not one of [`cases`]) with an in-process peer: a remote window reaches
+/// what a WRITE to the same rkey and address reaches, at once, and nothing a
+/// WRITE could not; a region's own window reads what it holds; a window
+/// whose region the peer deregistered refuses copies, as a WRITE would; a QP
+/// that cannot send lends none.
+pub fn memory_windows<H: Harness<Peer = LocalPeer<<H as Harness>::P>>>(h: &mut H) -> CaseResult {
+    let r = h.remote().mr;
+    let data = pattern(7, 300);
+    let win = h.local().qp.remote_window(r.rkey, r.addr + 4096, 4096);
+    let win = win.ok_or("no window onto the peer's registered region")?;
+    e(win.write_at(100, &data), "window write")?;
+    ensure!(
+        e(h.peer().read(4096 + 100, 300), "peer read")? == data,
+        "the window's copy is not in the peer's region"
+    );
+    ensure!(
+        win.write_at(4000, &data).is_err(),
+        "a copy past the window's end"
+    );
+    let own = h
+        .peer()
+        .ep
+        .mr
+        .window()
+        .ok_or("the peer's region lends no window")?;
+    let mut back = vec![0u8; 300];
+    e(own.read_at(4196, &mut back), "own window read")?;
+    ensure!(back == data, "the region's own window reads other bytes");
+    let l = h.local();
+    ensure!(
+        l.qp.remote_window(r.rkey ^ 0x5555, r.addr, 64).is_none(),
+        "bad rkey lent"
+    );
+    ensure!(
+        l.qp.remote_window(r.rkey, r.addr + r.len - 10, 64)
+            .is_none(),
+        "a window past the region lent"
+    );
+    let extra = e(
+        h.peer()
+            .ep
+            .pd
+            .alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        "alloc_mr",
+    )?;
+    let x = extra.remote();
+    let late = h.local().qp.remote_window(x.rkey, x.addr, 8192);
+    let late = late.ok_or("no window onto a further region")?;
+    e(late.write_at(0, &data), "window write")?;
+    drop(extra);
+    ensure!(
+        late.write_at(0, &data).is_err(),
+        "a copy into a deregistered region"
+    );
+    e(h.local().qp.modify(&QpModify::Err), "modify to ERR")?;
+    ensure!(
+        h.local().qp.remote_window(r.rkey, r.addr, 64).is_none(),
+        "a QP in ERR lent a window"
+    );
+    Ok(())
+}
+
 /// All cases.
 pub fn cases<H: Harness>() -> Vec<Case<H>> {
     let d = ConnParams::default();
