@@ -345,7 +345,7 @@ impl SmcStream {
             Want::Read(c.id),
             deadline,
             self.nonblocking(),
-            |ep| match if ep.readable(c.id) < LEASE_MIN {
+            |ep| match if ep.readable(c.id).min(buf.len()) < LEASE_MIN {
                 // a small copy costs less under the lock than a lease does
                 Ok(ReadPlan::NoWindow)
             } else {
