@@ -373,6 +373,8 @@ struct DirectPlan {
     rmbe_addr: u64,
     /// Bytes that go now.
     n: usize,
+    /// The send cursor (total) they follow.
+    at: u64,
 }
 
 /// What [`Endpoint::write_lease`] found.
@@ -2463,6 +2465,7 @@ impl<P: Provider> Endpoint<P> {
             rkey,
             rmbe_addr: base + peer.offset,
             n,
+            at: dp.sent_total(),
         })
     }
 
@@ -2472,46 +2475,66 @@ impl<P: Provider> Endpoint<P> {
             Ok(p) => p,
             Err(d) => return Ok(d),
         };
-        let (l, slot, n) = (p.l, p.slot, p.n);
+        Ok(match self.post_direct(id, &p, Some(data))? {
+            true => Direct::Wrote(p.n),
+            false => Direct::No,
+        })
+    }
+
+    /// Produces the `p.n` bytes of connection `id` that [`Self::direct_plan`]
+    /// placed and posts them: the inline WRITEs of `data` (`None`: a lease
+    /// copied them already) and their CDC. `Ok(false)`: nothing was done.
+    fn post_direct(
+        &mut self,
+        id: ConnId,
+        p: &DirectPlan,
+        data: Option<&[u8]>,
+    ) -> std::result::Result<bool, ConnError> {
         let (Some(c), Some(lg)) = (
             self.conns.get_mut(id).and_then(Option::as_mut),
-            self.lgrs.get_mut(l).and_then(Option::as_mut),
+            self.lgrs.get_mut(p.l).and_then(Option::as_mut),
         ) else {
-            return Ok(Direct::No);
+            return Ok(false);
         };
         let (Some(dp), Some(res)) = (
             c.dp.as_mut(),
-            lg.links.get_mut(slot).and_then(Option::as_mut),
+            lg.links.get_mut(p.slot).and_then(Option::as_mut),
         ) else {
-            return Ok(Direct::No);
+            return Ok(false);
         };
-        dp.produced(n);
+        dp.produced(p.n);
         let Some(batch) = dp.poll_tx() else {
             return Err(ConnError::Aborted);
         };
+        debug_assert_eq!(
+            batch.writes.iter().map(|w| w.len).sum::<usize>(),
+            p.n,
+            "the batch writes everything produced"
+        );
         c.direct_sent = dp.sent_total();
         let mut posted = Ok(());
-        let mut at = 0;
-        for w in &batch.writes {
-            let addr = p.rmbe_addr + w.peer_offset as u64;
-            posted = res.post_write_inline(&data[at..at + w.len], p.rkey, addr);
-            if posted.is_err() {
-                break;
+        if let Some(data) = data {
+            let mut at = 0;
+            for w in &batch.writes {
+                let addr = p.rmbe_addr + w.peer_offset as u64;
+                posted = res.post_write_inline(&data[at..at + w.len], p.rkey, addr);
+                if posted.is_err() {
+                    break;
+                }
+                at += w.len;
             }
-            at += w.len;
         }
         if posted.is_ok() {
-            debug_assert_eq!(at, n, "a direct write sends everything produced");
             posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
         }
         if let Err(e) = posted {
             // The link is broken and, being the only one, takes the connection
             // with it; like TCP's, this write itself succeeded.
-            if self.link_error(l, slot, e).is_err() {
+            if self.link_error(p.l, p.slot, e).is_err() {
                 return Err(ConnError::Aborted);
             }
         }
-        Ok(Direct::Wrote(n))
+        Ok(true)
     }
 
     /// The direct path of [`Self::write`] with the copy left to the caller,
@@ -2561,7 +2584,7 @@ impl<P: Provider> Endpoint<P> {
             win,
             chunks: dp.peer_write_chunks(p.n),
             n: p.n,
-            at: dp.sent_total(),
+            at: p.at,
             slot: p.slot,
             rkey: p.rkey,
         }))
@@ -2587,43 +2610,10 @@ impl<P: Provider> Endpoint<P> {
             Ok(p) => p,
             Err(_) => return Ok(false),
         };
-        let (l, slot) = (p.l, p.slot);
-        let (Some(c), Some(lg)) = (
-            self.conns.get_mut(id).and_then(Option::as_mut),
-            self.lgrs.get_mut(l).and_then(Option::as_mut),
-        ) else {
-            return Ok(false);
-        };
-        let (Some(dp), Some(res)) = (
-            c.dp.as_mut(),
-            lg.links.get_mut(slot).and_then(Option::as_mut),
-        ) else {
-            return Ok(false);
-        };
-        if p.n != lease.n
-            || slot != lease.slot
-            || p.rkey != lease.rkey
-            || dp.sent_total() != lease.at
-        {
+        if p.n != lease.n || p.slot != lease.slot || p.rkey != lease.rkey || p.at != lease.at {
             return Ok(false);
         }
-        dp.produced(lease.n);
-        let Some(batch) = dp.poll_tx() else {
-            return Err(ConnError::Aborted);
-        };
-        debug_assert_eq!(
-            batch.writes.iter().map(|w| w.len).sum::<usize>(),
-            lease.n,
-            "the CDC announces what the lease copied"
-        );
-        c.direct_sent = dp.sent_total();
-        if let Err(e) = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode()) {
-            // as in `write_direct`: the only link broke, taking the connection
-            if self.link_error(l, slot, e).is_err() {
-                return Err(ConnError::Aborted);
-            }
-        }
-        Ok(true)
+        self.post_direct(id, &p, None)
     }
 
     /// Sends one urgent byte (TCP `send(MSG_OOB)`): it goes into the stream after
@@ -2669,38 +2659,55 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         max: usize,
     ) -> std::result::Result<ReadPlan, ConnError> {
-        let c = self.smc_conn(id)?;
-        if c.closer.error().is_some() && c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
-            // as in `read_into`
-            let rx = c.closer.rx_flags();
-            if (rx.done_writing || rx.closed) && !rx.abort {
-                return Ok(ReadPlan::Empty);
-            }
-            return Err(Self::close_error(c));
-        }
-        let (Some(dp), Some(rmb)) = (c.dp.as_mut(), c.rmb.as_ref()) else {
-            return Err(ConnError::NotConnected);
+        let Some((chunks, n)) = self.readable_now(id, max)? else {
+            return Ok(ReadPlan::Empty);
         };
-        if c.read_leased {
-            // another reader's lease has these bytes: wait for its commit
-            c.lease_waited = true;
-            return Ok(ReadPlan::Empty);
-        }
-        let chunks = dp.readable_chunks(max);
-        let n: usize = chunks.as_slice().iter().map(|&(_, l)| l).sum();
-        if n == 0 {
-            // as `read_into` does: a read passes the urgent byte when it is
-            // next (normal reads skip it)
-            dp.consumed(0);
-            return Ok(ReadPlan::Empty);
-        }
-        match rmb.window() {
+        let c = self.smc_conn(id)?;
+        match c.rmb.as_ref().and_then(MemoryRegion::window) {
             Some(win) => {
                 c.read_leased = true;
                 Ok(ReadPlan::Lease(ReadLease { win, chunks, n }))
             }
             None => Ok(ReadPlan::NoWindow),
         }
+    }
+
+    /// Where the bytes a read of up to `max` bytes of connection `id` takes
+    /// now are in the RMB, and how many. `None`: nothing to take — end of
+    /// file, would block (an urgent byte that is next is passed: normal
+    /// reads skip it), or another reader's lease has them.
+    fn readable_now(
+        &mut self,
+        id: ConnId,
+        max: usize,
+    ) -> std::result::Result<Option<(RingChunks, usize)>, ConnError> {
+        let c = self.smc_conn(id)?;
+        if c.closer.error().is_some() && c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
+            // A peer that closed in order and then went away (its process
+            // exited, taking the link) sent everything: end of file, not an
+            // error, as the kernel's socket would have finished that close.
+            let rx = c.closer.rx_flags();
+            if (rx.done_writing || rx.closed) && !rx.abort {
+                return Ok(None);
+            }
+            return Err(Self::close_error(c));
+        }
+        let Some(dp) = c.dp.as_mut().filter(|_| c.rmb.is_some()) else {
+            return Err(ConnError::NotConnected);
+        };
+        if c.read_leased {
+            // a lease has the readable bytes (they still count as readable,
+            // so this is no end of file): wait for its commit
+            c.lease_waited = true;
+            return Ok(None);
+        }
+        let chunks = dp.readable_chunks(max);
+        let n: usize = chunks.as_slice().iter().map(|&(_, l)| l).sum();
+        if n == 0 {
+            dp.consumed(0);
+            return Ok(None);
+        }
+        Ok(Some((chunks, n)))
     }
 
     /// Whether a read or write of connection `id` was turned away because of
@@ -2735,27 +2742,14 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         buf: &mut [u8],
     ) -> std::result::Result<usize, ConnError> {
-        let c = self.smc_conn(id)?;
-        if c.closer.error().is_some() && c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
-            // A peer that closed in order and then went away (its process
-            // exited, taking the link) sent everything: end of file, not an
-            // error, as the kernel's socket would have finished that close.
-            let rx = c.closer.rx_flags();
-            if (rx.done_writing || rx.closed) && !rx.abort {
-                return Ok(0);
-            }
-            return Err(Self::close_error(c));
-        }
-        let (Some(dp), Some(rmb)) = (c.dp.as_mut(), c.rmb.as_ref()) else {
-            return Err(ConnError::NotConnected);
-        };
-        if c.read_leased {
-            // a lease has the readable bytes (they still count as readable,
-            // so this is no end of file): wait for its commit
-            c.lease_waited = true;
+        let Some((chunks, n)) = self.readable_now(id, buf.len())? else {
             return Ok(0);
-        }
-        let chunks = dp.readable_chunks(buf.len());
+        };
+        let rmb = self
+            .smc_conn(id)?
+            .rmb
+            .as_ref()
+            .ok_or(ConnError::NotConnected)?;
         let mut at = 0;
         for &(off, len) in chunks.as_slice() {
             if rmb.read_at(off, &mut buf[at..at + len]).is_err() {
@@ -2763,12 +2757,9 @@ impl<P: Provider> Endpoint<P> {
             }
             at += len;
         }
-        dp.consumed(at);
-        if at > 0 {
-            // (a consumer cursor update may be due)
-            self.mark_tx(id);
-        }
-        Ok(at)
+        debug_assert_eq!(at, n);
+        self.read_commit(id, n)?;
+        Ok(n)
     }
 
     /// Asks every completion queue to signal the endpoint's descriptor
