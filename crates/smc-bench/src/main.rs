@@ -667,14 +667,8 @@ fn one_workload(
             report.add_reference(&ring, v);
             report.add_reference(&ring_cpu, 2.0 * f64::from(1u32 << 30) / (v * 1e9));
             for (spec, polling) in [(&rr_threads, false), (&rr_polling, true)] {
-                let v = reference::rr_ideal_tps(
-                    plan.rr_conns,
-                    plan.rr_size,
-                    plan.rr_time,
-                    Duration::ZERO,
-                    polling,
-                )
-                .map_err(e("ideal request/response"))?;
+                let v = reference::rr_ideal_tps(plan.rr_conns, plan.rr_size, plan.rr_time, polling)
+                    .map_err(e("ideal request/response"))?;
                 report.add_reference(spec, v);
             }
         }
