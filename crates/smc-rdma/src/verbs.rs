@@ -710,6 +710,20 @@ pub trait QueuePair: Send + Sync {
         let _ = (rkey, addr, len);
         None
     }
+    /// Readies this connected QP for RDMA WRITEs of up to `len` bytes at
+    /// `rkey`/`addr` of the peer, so that the WRITEs later need nothing that
+    /// may be lacking then. A provider that reaches peer memory through
+    /// per-region resources of this process (the same-host shared-memory
+    /// device maps the peer's region, which takes a descriptor for a moment)
+    /// acquires them here, where a failure costs only the caller's new
+    /// connection, instead of at the first WRITE, where it would fail the QP
+    /// and every connection on it. Real RNICs need nothing (default: `Ok`).
+    /// Errors: the region cannot be reached now (the QP is not connected, the
+    /// peer refuses, or this process is out of resources).
+    fn prepare_remote(&self, rkey: u32, addr: u64, len: usize) -> Result<()> {
+        let _ = (rkey, addr, len);
+        Ok(())
+    }
 }
 
 /// Memory mapped in this process that a [`MemWindow`] copies to and from.
