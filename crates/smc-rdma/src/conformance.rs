@@ -204,7 +204,11 @@ impl<P: Provider> Endpoint<P> {
             port: 1,
             access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         })?;
-        let psn = (qp.qp_num().wrapping_mul(2_654_435_761)) & 0x00ff_ffff;
+        // Random, as a real engine's must be: the shm device authenticates
+        // its rendezvous with the PSNs (see the crate README).
+        let mut r = [0u8; 4];
+        crate::sys::random_bytes(&mut r)?;
+        let psn = u32::from_le_bytes(r) & 0x00ff_ffff;
         Ok(Endpoint {
             qp,
             mr,

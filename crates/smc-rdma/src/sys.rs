@@ -116,11 +116,15 @@ pub fn poll_raw(fds: &mut [(RawFd, i16, i16)], timeout: Option<Duration>) -> io:
 /// The mapping may be written concurrently by another process, so all
 /// accessors copy bytes (no references into the mapping are handed out except
 /// atomics) and every accessor checks bounds.
+///
+/// A mapping does not need its descriptor: [`SharedMem::close_fd`] drops it
+/// once nobody needs it any more (it is only kept to hand it to a peer), and
+/// [`SharedMem::map_peer`] maps a peer's memfd without keeping one.
 #[derive(Debug)]
 pub struct SharedMem {
     ptr: NonNull<u8>,
     len: usize,
-    fd: OwnedFd,
+    fd: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is plain shared memory; all access goes through bounds
@@ -130,7 +134,9 @@ unsafe impl Send for SharedMem {}
 unsafe impl Sync for SharedMem {}
 
 impl SharedMem {
-    /// Creates a zeroed memfd of `len` bytes and maps it.
+    /// Creates a zeroed memfd of `len` bytes, seals its size (a process it
+    /// is handed to can neither shrink it under our mapping, which would
+    /// turn our next access into SIGBUS, nor grow it) and maps it.
     pub fn create(name: &str, len: usize) -> io::Result<SharedMem> {
         if len == 0 {
             return Err(io::Error::new(
@@ -140,11 +146,21 @@ impl SharedMem {
         }
         let cname = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
         // SAFETY: cname is a valid NUL-terminated string.
-        let fd = cvt(unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) })?;
+        let fd = cvt(unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        })?;
         // SAFETY: fd is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: ftruncate on a valid fd.
         cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+        // SAFETY: F_ADD_SEALS on a valid memfd created with MFD_ALLOW_SEALING.
+        cvt(unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        })?;
         Self::map(fd)
     }
 
@@ -179,8 +195,35 @@ impl SharedMem {
         Ok(SharedMem {
             ptr: NonNull::new(p.cast()).expect("mmap returned null"),
             len,
-            fd,
+            fd: Some(fd),
         })
+    }
+
+    /// Maps memory a peer handed us and closes the descriptor. Refused unless
+    /// it is a memfd whose size is sealed against shrinking (a peer that
+    /// shrank it under our mapping would crash us with SIGBUS at our next
+    /// access; anything else, e.g. a file on a FUSE mount, could block us in
+    /// a page fault) and exactly `len` bytes long (a peer cannot make us
+    /// reserve more address space than the protocol says).
+    pub fn map_peer(fd: OwnedFd, len: usize) -> io::Result<SharedMem> {
+        // SAFETY: F_GET_SEALS on a valid descriptor; fails with EINVAL for
+        // anything but a memfd (shmem or hugetlbfs).
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "peer memory is not a memfd sealed against shrinking",
+            ));
+        }
+        let mut m = Self::map(fd)?;
+        if m.len != len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("peer memory is {} bytes, expected {len}", m.len),
+            ));
+        }
+        m.fd = None;
+        Ok(m)
     }
 
     /// Mapping length.
@@ -191,9 +234,13 @@ impl SharedMem {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// The memfd.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The memfd, unless it was closed.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
+    /// Closes the memfd; the mapping stays.
+    pub fn close_fd(&mut self) {
+        self.fd = None;
     }
 
     fn check(&self, off: usize, len: usize) -> io::Result<()> {
@@ -341,6 +388,29 @@ impl SeqPacket {
         Ok(SeqPacket { fd })
     }
 
+    /// Connects, waiting at most `t` for room in a full backlog (the send
+    /// timeout, which also bounds later blocking sends, bounds a unix
+    /// socket's connect).
+    pub fn connect_timeout(path: &Path, t: Duration) -> io::Result<SeqPacket> {
+        let s = SeqPacket { fd: new_socket()? };
+        s.set_timeout(libc::SO_SNDTIMEO, t)?;
+        let (a, len) = sockaddr(path)?;
+        // SAFETY: a is a valid sockaddr_un of length len.
+        cvt(unsafe {
+            libc::connect(
+                s.fd.as_raw_fd(),
+                (&a as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        })?;
+        Ok(s)
+    }
+
+    /// Makes the socket (a listener: its accepts) non-blocking.
+    pub fn set_nonblocking(&self) -> io::Result<()> {
+        set_nonblocking(self.fd.as_fd())
+    }
+
     /// Is a listener alive at `path`? A non-blocking connect that is refused
     /// (`ECONNREFUSED`: the socket file of a dead process) or finds no socket
     /// (`ENOENT`) means no; a connection, or a full backlog (`EAGAIN`: alive
@@ -376,13 +446,22 @@ impl SeqPacket {
 
     /// Accepts one connection (blocking unless the listener was polled readable).
     pub fn accept(&self) -> io::Result<SeqPacket> {
+        self.accept_flags(libc::SOCK_CLOEXEC)
+    }
+
+    /// Accepts one connection as a non-blocking socket.
+    pub fn accept_nonblocking(&self) -> io::Result<SeqPacket> {
+        self.accept_flags(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)
+    }
+
+    fn accept_flags(&self, flags: libc::c_int) -> io::Result<SeqPacket> {
         // SAFETY: accept4 with null address pointers is allowed.
         let fd = cvt(unsafe {
             libc::accept4(
                 self.fd.as_raw_fd(),
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
+                flags,
             )
         })?;
         // SAFETY: fresh descriptor we own.
@@ -391,8 +470,7 @@ impl SeqPacket {
         })
     }
 
-    /// Sets the receive timeout.
-    pub fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+    fn set_timeout(&self, opt: libc::c_int, t: Duration) -> io::Result<()> {
         let tv = libc::timeval {
             tv_sec: t.as_secs() as libc::time_t,
             tv_usec: t.subsec_micros() as libc::suseconds_t,
@@ -402,7 +480,7 @@ impl SeqPacket {
             libc::setsockopt(
                 self.fd.as_raw_fd(),
                 libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
+                opt,
                 (&tv as *const libc::timeval).cast(),
                 std::mem::size_of::<libc::timeval>() as libc::socklen_t,
             )
@@ -410,8 +488,33 @@ impl SeqPacket {
         Ok(())
     }
 
+    /// Sets the receive timeout.
+    pub fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+        self.set_timeout(libc::SO_RCVTIMEO, t)
+    }
+
+    /// Sets the send timeout.
+    pub fn set_write_timeout(&self, t: Duration) -> io::Result<()> {
+        self.set_timeout(libc::SO_SNDTIMEO, t)
+    }
+
     /// Sends one message with up to 4 descriptors.
     pub fn send(&self, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+        self.send_flags(data, fds, 0)
+    }
+
+    /// Sends one message without blocking (`WouldBlock` if the peer's queue
+    /// is full: a peer that does not read cannot hold us up).
+    pub fn try_send(&self, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+        self.send_flags(data, fds, libc::MSG_DONTWAIT)
+    }
+
+    fn send_flags(
+        &self,
+        data: &[u8],
+        fds: &[BorrowedFd<'_>],
+        flags: libc::c_int,
+    ) -> io::Result<()> {
         assert!(fds.len() <= 4);
         let mut iov = libc::iovec {
             iov_base: data.as_ptr() as *mut _,
@@ -441,15 +544,27 @@ impl SeqPacket {
             }
         }
         // SAFETY: msg references live buffers (iov, cbuf) for the call.
-        let r = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        let r = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | flags) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())
     }
 
-    /// Receives one message; returns its length (0 = peer closed) and descriptors.
+    /// Receives one message; returns its length (0 = peer closed) and
+    /// descriptors. A message whose descriptors did not all arrive (this
+    /// process has no free descriptor slot, or the sender attached more than
+    /// fit) is an error; the ones that did arrive are closed.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+        self.recv_flags(buf, 0)
+    }
+
+    /// [`SeqPacket::recv`] without blocking (`WouldBlock` if nothing is queued).
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+        self.recv_flags(buf, libc::MSG_DONTWAIT)
+    }
+
+    fn recv_flags(&self, buf: &mut [u8], flags: libc::c_int) -> io::Result<(usize, Vec<OwnedFd>)> {
         let mut iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
@@ -462,7 +577,13 @@ impl SeqPacket {
         msg.msg_control = cbuf.as_mut_ptr().cast();
         msg.msg_controllen = std::mem::size_of_val(&cbuf);
         // SAFETY: msg references live buffers for the call.
-        let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let r = unsafe {
+            libc::recvmsg(
+                self.fd.as_raw_fd(),
+                &mut msg,
+                libc::MSG_CMSG_CLOEXEC | flags,
+            )
+        };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -482,8 +603,51 @@ impl SeqPacket {
                 c = libc::CMSG_NXTHDR(&msg, c);
             }
         }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::other(
+                "descriptors of a message were dropped (no free descriptor slot, or too many sent)",
+            ));
+        }
         Ok((r as usize, out))
     }
+}
+
+/// Sets `O_NONBLOCK` on a descriptor (e.g. an eventfd a peer handed us: a
+/// write to it must never block, whatever the peer made it).
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a valid descriptor.
+    let fl = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
+/// Whether `fd` is an eventfd (the only kind of descriptor a peer may hand
+/// us as a completion channel): asked of `/proc/self/fd`, which names an
+/// eventfd `anon_inode:[eventfd]`.
+pub fn is_eventfd(fd: BorrowedFd<'_>) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
+}
+
+/// Fills `buf` from the kernel's random source (`getrandom`, else
+/// `/dev/urandom`).
+pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writes at most buf.len() - done bytes into buf[done..].
+        let r = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            use std::io::Read;
+            return std::fs::File::open("/dev/urandom")?.read_exact(&mut buf[done..]);
+        }
+        done += r as usize;
+    }
+    Ok(())
 }
 
 impl AsFd for SeqPacket {
@@ -719,7 +883,7 @@ mod tests {
         assert!(a.atomic(4).is_err());
         assert!(a.atomic(8192).is_err());
         // A second mapping of the same memfd sees the same bytes.
-        let b = SharedMem::map(a.fd().try_clone_to_owned().unwrap()).unwrap();
+        let b = SharedMem::map(a.fd().unwrap().try_clone_to_owned().unwrap()).unwrap();
         let mut buf = [0u8; 5];
         b.read(100, &mut buf).unwrap();
         assert_eq!(&buf, b"hello");
@@ -728,6 +892,28 @@ mod tests {
         assert_eq!(&buf, b"hello");
         assert!(b.copy_from(8190, &a, 0, 5).is_err());
         assert!(SharedMem::create("z", 0).is_err());
+    }
+
+    #[test]
+    fn peer_memory_must_be_a_sealed_memfd_of_the_announced_size() {
+        let a = SharedMem::create("t", 8192).unwrap();
+        let dup = || a.fd().unwrap().try_clone_to_owned().unwrap();
+        // Whoever holds a copy of the descriptor cannot shrink it under our mapping.
+        // SAFETY: ftruncate on a valid descriptor.
+        let r = unsafe { libc::ftruncate(dup().as_raw_fd(), 4096) };
+        assert!(r < 0, "a sealed memfd was shrunk");
+        assert!(
+            SharedMem::map_peer(dup(), 4096).is_err(),
+            "wrong size taken"
+        );
+        let m = SharedMem::map_peer(dup(), 8192).unwrap();
+        assert!(m.fd().is_none(), "the peer's descriptor is kept");
+        // A plain file (no seals possible) is refused.
+        let path = std::env::temp_dir().join(format!("smc-sys-file-{}", std::process::id()));
+        std::fs::write(&path, [0u8; 8192]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        assert!(SharedMem::map_peer(f.into(), 8192).is_err());
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
@@ -741,7 +927,7 @@ mod tests {
         let m = SharedMem::create("p", 4096).unwrap();
         m.write(0, b"shared").unwrap();
         let e = EventFd::new().unwrap();
-        c.send(b"msg", &[m.fd(), e.as_fd()]).unwrap();
+        c.send(b"msg", &[m.fd().unwrap(), e.as_fd()]).unwrap();
         let mut buf = [0u8; 16];
         let (n, fds) = s.recv(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"msg");

@@ -255,28 +255,31 @@ fn connect_to_unknown_gid_fails_cleanly() {
     assert!(matches!(r, Err(Error::Connect(_))), "{r:?}");
 }
 
-/// A hand-made hostile "peer": it completes the rendezvous, then scribbles
-/// on the real QP's receive ring and on its own ring header. The real QP must
-/// fail (ERR with an error completion) without panicking or touching memory
-/// outside its regions.
-#[test]
-fn hostile_peer_garbage_is_a_qp_error_not_a_crash() {
+/// A hand-made hostile "peer" of a new QP of `h.local`: it completes the
+/// rendezvous (it knows the PSNs, as a real peer does) with a ring of its
+/// own. Returns the QP (in RTS with `rnr_retry`), the victim's receive ring
+/// as the peer maps it, the peer's ring, and the connections to keep.
+fn hostile_peer(
+    h: &InProc,
+    rnr_retry: u8,
+) -> (
+    smc_rdma::shm::ShmQp,
+    smc_rdma::sys::SharedMem,
+    smc_rdma::sys::SharedMem,
+    Vec<smc_rdma::sys::SeqPacket>,
+) {
     use smc_rdma::shm::layout::*;
+    use smc_rdma::shm::wire::{self, Kind, Msg};
     use smc_rdma::sys::{SeqPacket, SharedMem};
-    let h = setup!(make_inproc(&ConnParams::default()));
     let fake_gid = Gid([0x42; 16]);
     let sock = h.rundir.join("fake.sock");
     let listener = SeqPacket::listen(&sock).unwrap();
-    std::os::unix::fs::symlink(&sock, h.rundir.join(format!("gid-{}", fake_gid.to_hex()))).unwrap();
+    let _ = std::os::unix::fs::symlink(&sock, h.rundir.join(format!("gid-{}", fake_gid.to_hex())));
     let fake_ring = SharedMem::create("fake", RING_LEN).unwrap();
     fake_ring
         .atomic(0)
         .unwrap()
         .store(RING_MAGIC, std::sync::atomic::Ordering::Release);
-    fake_ring
-        .atomic(R_ACCESS)
-        .unwrap()
-        .store(2, std::sync::atomic::Ordering::Release);
     let l = &h.local;
     let qp = l.pd.create_qp(&l.scq, &l.rcq, QpCap::default()).unwrap();
     qp.modify(&QpModify::Init {
@@ -284,20 +287,14 @@ fn hostile_peer_garbage_is_a_qp_error_not_a_crash() {
         access: Access::REMOTE_WRITE | Access::LOCAL_WRITE,
     })
     .unwrap();
-    let victim_ring = std::thread::scope(|s| {
+    let (victim_ring, conn) = std::thread::scope(|s| {
         let t = s.spawn(|| {
             let c = listener.accept().unwrap();
-            let mut b = [0u8; 64];
+            let mut b = [0u8; 128];
             let (n, mut fds) = c.recv(&mut b).unwrap();
-            assert_eq!(n, 48);
-            let src_qpn = u32::from_le_bytes(b[8..12].try_into().unwrap());
-            let mut ack = [0u8; 48];
-            let words = [0x534d_4352u32, 2, 777, src_qpn, 1, 0, 0];
-            for (i, w) in words.iter().enumerate() {
-                ack[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
-            }
-            ack[28..44].copy_from_slice(&fake_gid.0);
-            c.send(&ack, &[fake_ring.fd()]).unwrap();
+            let m = Msg::decode(&b[..n]).unwrap();
+            assert_eq!(m.kind, Kind::Hello);
+            c.send(&Msg::new(Kind::Received).encode(), &[]).unwrap();
             (SharedMem::map(fds.remove(0)).unwrap(), c)
         });
         qp.modify(&QpModify::Rtr {
@@ -313,14 +310,44 @@ fn hostile_peer_garbage_is_a_qp_error_not_a_crash() {
         .unwrap();
         t.join().unwrap()
     });
-    let (ring, _conn) = victim_ring;
+    // The fake dials the victim's instance with a right proof of its PSN (0).
+    let victim_sock =
+        std::fs::read_link(h.rundir.join(format!("qpn-{:06x}", qp.qp_num()))).unwrap();
+    let back = SeqPacket::connect(&victim_sock).unwrap();
+    let nonce = 7;
+    let hello = Msg {
+        kind: Kind::Hello,
+        a: 777,
+        b: qp.qp_num(),
+        c: 0,
+        gid: fake_gid,
+        x: nonce,
+        y: wire::hello_proof(0, &fake_gid, 777, qp.qp_num(), nonce),
+    };
+    back.send(&hello.encode(), &[fake_ring.fd().unwrap()])
+        .unwrap();
+    let mut b = [0u8; 128];
+    let (n, _) = back.recv(&mut b).unwrap();
+    assert_eq!(Msg::decode(&b[..n]).map(|m| m.kind), Some(Kind::Received));
     qp.modify(&QpModify::Rts {
         sq_psn: 0,
         timeout: Duration::from_millis(50),
         retry_cnt: 3,
-        rnr_retry: 7,
+        rnr_retry,
     })
     .unwrap();
+    (qp, victim_ring, fake_ring, vec![conn, back])
+}
+
+/// The hand-made hostile peer scribbles on the real QP's receive ring and
+/// on its own ring header. The real QP must fail (ERR with an error
+/// completion) without panicking or touching memory outside its regions.
+#[test]
+fn hostile_peer_garbage_is_a_qp_error_not_a_crash() {
+    use smc_rdma::shm::layout::*;
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let l = &h.local;
+    let (qp, ring, fake_ring, _conns) = hostile_peer(&h, 7);
     // The hostile consumer claims to be ahead of our producer.
     fake_ring
         .atomic(R_HEAD)

@@ -5,6 +5,12 @@
 //! Receive ring memfd (one per QP, owned by the receiver, written by the
 //! peer's sender): one 4 KiB header page, then `NSLOTS` slots of
 //! `SLOT_SIZE` bytes, each a 64-byte slot header followed by the payload.
+//!
+//! Everything here is shared with the peer, which can write all of it: the
+//! owner of a region never reads its header back (its bookkeeping lives in
+//! process memory), and the owner of a ring treats the words the peer
+//! writes as signals to check, never as its own state (see the README's
+//! threat model).
 #![forbid(unsafe_code)]
 
 use crate::sys::SharedMem;
@@ -26,7 +32,7 @@ pub const MR_LEN: usize = 24;
 pub const MR_ACCESS: usize = 32;
 /// MR header: iova of byte 0.
 pub const MR_IOVA: usize = 40;
-/// MR header: protection domain id.
+/// MR header: protection domain id (informational).
 pub const MR_PD: usize = 48;
 
 // ---- ring header
@@ -50,9 +56,11 @@ pub const R_PROD_HB: usize = 56;
 pub const R_RECV_CREDITS: usize = 64;
 /// Receiver's min RNR timer in ns.
 pub const R_RNR_TIMER: usize = 72;
-/// Receiver QP's access flags (REMOTE_WRITE needed for writes).
+/// Receiver QP's access flags (informational: the receiver enforces them
+/// when it hands out a region).
 pub const R_ACCESS: usize = 80;
-/// Receiver QP's PD id.
+/// Unused (earlier versions: the receiver QP's PD id, which the writer
+/// compared; the owner now hands out only its QP's PD's regions).
 pub const R_PD: usize = 88;
 
 /// Slots per ring.

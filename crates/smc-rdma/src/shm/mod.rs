@@ -13,34 +13,49 @@
 //!   per rundir (so host-wide for every GID), allocated from a lock-protected
 //!   registry in the rundir and never reused while their QP lives.
 //! * Every instance listens on its own unix `SOCK_SEQPACKET` socket in the
-//!   rundir and registers under `gid-<hex>/` for each of its GIDs and under
-//!   `qpn-<hex6>` for each of its QPs (see [`registry`] for the layout, the
-//!   allocation and the clean-up of entries left by dead processes). Moving a
-//!   QP to RTR looks up the instance owning (GID, QPN), connects to its
-//!   socket and exchanges, with `SCM_RIGHTS`, each side's receive ring (a
-//!   memfd) and the eventfds of its completion channels.
+//!   rundir and registers its GIDs and QPs there (see [`registry`]). At RTR
+//!   a QP dials the instance owning the peer's (GID, QPN) and hands it its
+//!   receive ring (a sealed memfd) and its channels' eventfds, with a proof
+//!   of the peer's PSN; the peer uses them only once it checked the proof
+//!   (at its RTS), and hands out a region only on that connection, after a
+//!   second proof over both PSNs, only for its own QP's protection domain
+//!   and only if registered for remote access ([`wire`] has the protocol,
+//!   the crate README the threat model).
 //! * Registered memory is a memfd (`pd.alloc_mr`), so an RDMA WRITE is one
-//!   memcpy straight into the peer's mapping after the rkey, bounds, PD and
-//!   access rights were checked against the region's header (which lives in
-//!   the shared memory, so deregistration revokes access at once). A violation
-//!   completes the WR with `RemoteAccessError` and moves the writer's QP to
-//!   ERR; nothing outside the region is ever touched.
+//!   memcpy straight into the peer's mapping. The writer checks bounds and
+//!   access against what the owner told it (and the region's validity word,
+//!   so deregistration stops a correct writer at once); these checks catch
+//!   bugs, the owner's protection is that it hands a region only to the QP
+//!   it is meant for. A violation completes the WR with `RemoteAccessError`
+//!   and moves the writer's QP to ERR; nothing outside the region is ever
+//!   touched.
 //! * SENDs (and WRITE WITH IMMEDIATE) are slots of the peer's receive ring,
 //!   published with a release store *after* any earlier WRITE's copy, so the
 //!   receiver sees written data before a later SEND (RC ordering). The
 //!   receiver moves published slots into its posted receive buffers when its
 //!   CQ is polled; the slot's state word is the ACK. With no receive posted
-//!   the slot waits (RNR) until `rnr_retry` is exhausted (7 = forever).
+//!   the slot waits (RNR) until `rnr_retry` is exhausted (7 = forever). The
+//!   receiver keeps its own consumer index (and the sender its producer
+//!   index) in process memory: ring words the peer can write are signals,
+//!   never bookkeeping.
+//! * Descriptors: a mapping keeps no descriptor. A region registered for
+//!   remote access keeps its memfd (to hand it out); a local-only region,
+//!   a peer's region or ring, keep none. A connected QP holds the socket it
+//!   dialed, the socket its peer dialed and the peer's channel eventfd(s).
 //! * There is no data-path thread: posting copies in the caller's thread, and
 //!   polling a CQ makes progress. The device thread only handles rendezvous,
-//!   port state, heartbeats and peer death (socket hang-up or a heartbeat
-//!   that stops for `peer_timeout`), moving QPs to ERR with a `QpFatal` event.
+//!   region requests, port state, heartbeats and peer death (socket hang-up
+//!   or a heartbeat that stops for `peer_timeout`), moving QPs to ERR with a
+//!   `QpFatal` event. It never blocks on a peer (non-blocking sockets) nor
+//!   for long on a QP lock, and keeps one descriptor in reserve so that a
+//!   process out of descriptors refuses new connections instead of spinning.
 //!
 //! This module has no `unsafe`: mapping and raw copies live in [`crate::sys`].
 #![forbid(unsafe_code)]
 
 pub mod layout;
 pub mod registry;
+pub mod wire;
 
 use registry::Registry;
 pub use registry::{QPN_MAX, QPN_MIN};
@@ -51,10 +66,11 @@ use layout::*;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+use wire::{Kind, Msg};
 
 pub use layout::SLOT_PAYLOAD as MAX_SEND_SIZE;
 
@@ -64,11 +80,34 @@ pub use layout::SLOT_PAYLOAD as MAX_SEND_SIZE;
 /// is allowed. Behind queued WRs it is kept in a heap copy until its turn.
 const MAX_INLINE: u32 = 1 << 30;
 
+/// Largest region (`alloc_mr`), and the largest a peer may announce.
+const MAX_REGION: usize = (1 << 32) - HDR;
+
+/// How long a dialer waits for the acceptor to take its hello, and a
+/// region request for its answer.
+const ANSWER_WAIT: Duration = Duration::from_secs(2);
+
+/// Accepted connections that have not sent their hello yet (a stranger can
+/// open many; more are closed at once).
+const MAX_PENDING: usize = 64;
+/// How long an accepted connection may take to send its hello.
+const PENDING_WAIT: Duration = Duration::from_secs(2);
+/// Unverified hellos held per QP (before its RTS).
+const MAX_CANDIDATES: usize = 4;
+/// Hellos with a wrong proof a QP refuses before it refuses all hellos (each
+/// is a 2^-24 guess of a PSN; the bound keeps the odds of a stranger's
+/// guess at 2^-20).
+const MAX_BAD_HELLOS: u32 = 16;
+/// Region requests that may wait for the peer's authentication.
+const MAX_DEFERRED: usize = 64;
+/// The peer's RNR timer is clamped to this (IB's largest is 491.52 ms).
+const MAX_RNR_TIMER: Duration = Duration::from_secs(1);
+
 /// A map keyed by keys, QP numbers and GIDs, looked up for every WR: hashed
 /// with a multiply-rotate (FxHash's) instead of SipHash, which cost more than
-/// the rest of a 64-byte RDMA WRITE's checks. Only this device inserts
-/// entries (its own keys and QPs, and regions a peer proved to exist), so
-/// the hash needs no protection against chosen collisions.
+/// the rest of a 64-byte RDMA WRITE's checks. Keys are random, and only this
+/// device inserts entries (its own keys and QPs, and regions the peer
+/// handed us), so the hash needs no protection against chosen collisions.
 type KeyMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// See [`KeyMap`].
@@ -115,6 +154,20 @@ fn lock_within<T>(m: &Mutex<T>, limit: Duration) -> Option<MutexGuard<'_, T>> {
     }
 }
 
+fn random_u64() -> Result<u64> {
+    Ok(wire::random_u64()?)
+}
+
+/// A random 32-bit key not yet in `map` (and never 0).
+fn fresh_key<V>(map: &KeyMap<u32, V>) -> Result<u32> {
+    loop {
+        let k = random_u64()? as u32;
+        if k != 0 && !map.contains_key(&k) {
+            return Ok(k);
+        }
+    }
+}
+
 // ------------------------------------------------------------------ config
 
 /// One declared device.
@@ -150,14 +203,15 @@ impl Default for ShmConfig {
     }
 }
 
-/// `$SMC_RDMA_RUNDIR`, else `/run/smc-rs` if usable, else
-/// `$XDG_RUNTIME_DIR/smc-rs`, else `/tmp/smc-rs`.
+/// `$SMC_RDMA_RUNDIR`, else `/run/smc-rs` if usable (created mode 1777 if
+/// missing, see the README's threat model), else `$XDG_RUNTIME_DIR/smc-rs`,
+/// else `/tmp/smc-rs`.
 pub fn default_rundir() -> PathBuf {
     if let Some(d) = std::env::var_os("SMC_RDMA_RUNDIR") {
         return d.into();
     }
     let run = PathBuf::from("/run/smc-rs");
-    if std::fs::create_dir_all(&run).is_ok() {
+    if registry::create_rundir(&run).is_ok() {
         return run;
     }
     if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
@@ -275,77 +329,6 @@ pub fn gid_table(netdev: &str) -> Vec<GidEntry> {
     out
 }
 
-// ------------------------------------------------------------------ wire
-
-const MSG_MAGIC: u32 = 0x534d_4352;
-const K_HELLO: u32 = 1;
-const K_HELLO_ACK: u32 = 2;
-const K_MR_REQ: u32 = 3;
-const K_MR_RESP: u32 = 4;
-const K_NAK: u32 = 5;
-const MSG_LEN: usize = 48;
-
-#[derive(Clone, Copy, Debug, Default)]
-struct Msg {
-    kind: u32,
-    src_qpn: u32,
-    dst_qpn: u32,
-    gid: Gid,
-    pd: u32,
-    rkey: u32,
-    flags: u32,
-}
-
-impl Msg {
-    fn encode(&self) -> [u8; MSG_LEN] {
-        let mut b = [0u8; MSG_LEN];
-        for (i, v) in [
-            MSG_MAGIC,
-            self.kind,
-            self.src_qpn,
-            self.dst_qpn,
-            self.pd,
-            self.rkey,
-            self.flags,
-        ]
-        .iter()
-        .enumerate()
-        {
-            b[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
-        }
-        b[28..44].copy_from_slice(&self.gid.0);
-        b
-    }
-    fn decode(b: &[u8]) -> Option<Msg> {
-        if b.len() != MSG_LEN {
-            return None;
-        }
-        let w = |i: usize| u32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-        if w(0) != MSG_MAGIC {
-            return None;
-        }
-        let mut gid = [0u8; 16];
-        gid.copy_from_slice(&b[28..44]);
-        Some(Msg {
-            kind: w(1),
-            src_qpn: w(2),
-            dst_qpn: w(3),
-            pd: w(4),
-            rkey: w(5),
-            flags: w(6),
-            gid: Gid(gid),
-        })
-    }
-}
-
-fn recv_msg(s: &SeqPacket) -> std::io::Result<(Msg, Vec<OwnedFd>)> {
-    let mut b = [0u8; 64];
-    let (n, fds) = s.recv(&mut b)?;
-    let m = Msg::decode(&b[..n])
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "bad message"))?;
-    Ok((m, fds))
-}
-
 // ------------------------------------------------------------------ device
 
 /// The `shm` provider: enumerates and opens the configured devices.
@@ -424,6 +407,9 @@ impl Provider for ShmProvider {
     }
 }
 
+/// A region registered here. Its mapping keeps the memfd only if the region
+/// may be handed to a peer (REMOTE_WRITE); the bookkeeping lives here, in
+/// process memory, never in the shared header a peer can write.
 struct LocalMr {
     lkey: u32,
     rkey: u32,
@@ -443,16 +429,14 @@ struct DevShared {
     links: Mutex<Vec<PathBuf>>,
     peer_timeout: Duration,
     poll_interval: Duration,
+    /// A QP that has not met its verified peer this long after its RTR fails.
+    rendezvous_timeout: Duration,
     port_up: AtomicBool,
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
     lkeys: Mutex<KeyMap<u32, Arc<LocalMr>>>,
     rkeys: Mutex<KeyMap<u32, Arc<LocalMr>>>,
     qps: Mutex<KeyMap<u32, Weak<QpInner>>>,
-    /// Peer regions by (peer GID, peer QPN, rkey).
-    remote_mrs: Mutex<KeyMap<(Gid, u32, u32), Arc<SharedMem>>>,
-    next_id: AtomicU32,
-    salt: u32,
     stop: AtomicBool,
     frozen: AtomicBool,
     /// Test hook: the port is down whatever the interface says.
@@ -461,10 +445,6 @@ struct DevShared {
 }
 
 impl DevShared {
-    fn id(&self) -> u32 {
-        let n = self.next_id.fetch_add(1, Relaxed);
-        (n << 8) | ((n.wrapping_mul(0x9e37_79b9) ^ self.salt) >> 24)
-    }
     fn raise(&self, ev: AsyncEvent) {
         lock(&self.events).push_back(ev);
         self.event_fd.signal();
@@ -472,8 +452,8 @@ impl DevShared {
     fn qp_list(&self) -> Vec<Arc<QpInner>> {
         lock(&self.qps).values().filter_map(Weak::upgrade).collect()
     }
-    /// Adds this instance to `gid-<hex>/` of every current GID of the netdev
-    /// (also GIDs that appeared since the last call).
+    /// Registers this instance under every current GID of the netdev (also
+    /// GIDs that appeared since the last call).
     fn publish_gids(&self) {
         let mut gids: Vec<Gid> = gid_table(&self.netdev).iter().map(|g| g.gid).collect();
         gids.dedup();
@@ -489,51 +469,6 @@ impl DevShared {
         let links: Vec<PathBuf> = lock(&self.links).drain(..).collect();
         self.reg.unpublish(&links, &self.sock_path);
     }
-
-    /// Looks up (or fetches over the peer instance's socket) the region
-    /// `rkey` of the peer QP of link `l`.
-    fn remote_mr(&self, l: &Link, rkey: u32) -> std::result::Result<Arc<SharedMem>, WcStatus> {
-        let key = (l.peer_gid, l.peer_qpn, rkey);
-        if let Some(m) = lock(&self.remote_mrs).get(&key) {
-            if MrView(m).h(MR_VALID).load(Acquire) == 1 {
-                return Ok(m.clone());
-            }
-        }
-        lock(&self.remote_mrs).remove(&key);
-        let s = match &l.peer_sock {
-            Some(p) => SeqPacket::connect(p).ok(),
-            None => self.reg.connect(&l.peer_gid, l.peer_qpn).ok().map(|c| c.0),
-        }
-        .ok_or(WcStatus::RetryExceeded)?;
-        s.set_read_timeout(Duration::from_secs(2))
-            .map_err(|_| WcStatus::RetryExceeded)?;
-        s.send(
-            &Msg {
-                kind: K_MR_REQ,
-                rkey,
-                ..Default::default()
-            }
-            .encode(),
-            &[],
-        )
-        .map_err(|_| WcStatus::RetryExceeded)?;
-        let (m, mut fds) = recv_msg(&s).map_err(|_| WcStatus::RetryExceeded)?;
-        if m.kind != K_MR_RESP || fds.len() != 1 {
-            return Err(WcStatus::RemoteAccessError);
-        }
-        let mem = SharedMem::map(fds.remove(0)).map_err(|_| WcStatus::RemoteAccessError)?;
-        let v = MrView(&mem);
-        if mem.len() < HDR
-            || v.h(0).load(Acquire) != MR_MAGIC
-            || v.h(MR_RKEY).load(Acquire) != rkey as u64
-        {
-            return Err(WcStatus::RemoteAccessError);
-        }
-        let mem = Arc::new(mem);
-        lock(&self.remote_mrs).insert(key, mem.clone());
-        Ok(mem)
-    }
-
     fn local_mr(&self, lkey: u32) -> Option<Arc<LocalMr>> {
         lock(&self.lkeys).get(&lkey).cloned()
     }
@@ -555,6 +490,7 @@ impl std::fmt::Debug for ShmDevice {
 
 impl ShmDevice {
     fn open(cfg: &ShmConfig, d: &ShmDeviceConfig) -> Result<ShmDevice> {
+        use std::sync::atomic::AtomicU32;
         if sys::link(&d.netdev)?.is_none() {
             return Err(Error::Config(format!(
                 "device {}: network interface {} does not exist",
@@ -562,14 +498,11 @@ impl ShmDevice {
             )));
         }
         static INSTANCE: AtomicU32 = AtomicU32::new(0);
-        std::fs::create_dir_all(&cfg.rundir)?;
+        registry::create_rundir(&cfg.rundir)?;
         let pid = std::process::id();
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let salt = (t.subsec_nanos() ^ pid.rotate_left(16)).wrapping_mul(0x85eb_ca6b);
         let seq = INSTANCE.fetch_add(1, Relaxed);
-        let tag = format!("dev-{}-{pid}-{seq}-{:08x}", d.name, salt ^ seq);
+        // The name only has to be unique; nothing is derived from it.
+        let tag = format!("dev-{}-{pid}-{seq}-{:08x}", d.name, random_u64()? as u32);
         let reg = Registry::new(&cfg.rundir);
         let sock_path = reg.sock_path(&tag);
         let listener = {
@@ -577,8 +510,14 @@ impl ShmDevice {
             // see the socket file before it accepts connections.
             let g = reg.lock();
             reg.sweep(&g);
-            SeqPacket::listen(&sock_path)?
+            let l = SeqPacket::listen(&sock_path)?;
+            // Any user may connect (what they can get is decided by the
+            // rendezvous proofs, see the README's threat model).
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o666))?;
+            l
         };
+        listener.set_nonblocking()?;
         let sh = Arc::new(DevShared {
             name: d.name.clone(),
             netdev: d.netdev.clone(),
@@ -588,25 +527,31 @@ impl ShmDevice {
             links: Mutex::new(vec![]),
             peer_timeout: cfg.peer_timeout,
             poll_interval: cfg.poll_interval,
+            rendezvous_timeout: (cfg.peer_timeout * 8).max(Duration::from_secs(2)),
             port_up: AtomicBool::new(netdev_up(&d.netdev)),
             events: Mutex::new(VecDeque::new()),
             event_fd: EventFd::new()?,
             lkeys: Mutex::new(KeyMap::default()),
             rkeys: Mutex::new(KeyMap::default()),
             qps: Mutex::new(KeyMap::default()),
-            remote_mrs: Mutex::new(KeyMap::default()),
-            next_id: AtomicU32::new(1),
-            salt,
             stop: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
             forced_down: AtomicBool::new(false),
             wake: EventFd::new()?,
         });
         sh.publish_gids();
+        let reserve = EventFd::new()?;
         let s2 = sh.clone();
         let thread = std::thread::Builder::new()
             .name(format!("shm-{}", d.name))
-            .spawn(move || device_thread(s2, listener))?;
+            .spawn(move || device_thread(s2, listener, reserve));
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                sh.unpublish();
+                return Err(e.into());
+            }
+        };
         Ok(ShmDevice {
             sh,
             thread: Some(thread),
@@ -618,11 +563,10 @@ impl ShmDevice {
     pub fn simulate_crash(&self) {
         self.sh.frozen.store(true, SeqCst);
         for qp in self.sh.qp_list() {
-            let mut c = lock(&qp.core);
-            if let Some(l) = c.link.as_mut() {
-                l.sock = None;
-            }
-            c.extra_socks.clear();
+            let mut ctl = lock(&qp.ctl);
+            ctl.out = None;
+            ctl.inb = None;
+            ctl.cands.clear();
         }
         self.sh.stop.store(true, SeqCst);
         self.sh.wake.signal();
@@ -646,6 +590,11 @@ impl ShmDevice {
     /// The bound network interface.
     pub fn netdev(&self) -> &str {
         &self.sh.netdev
+    }
+
+    /// The path of this instance's rendezvous socket.
+    pub fn socket_path(&self) -> &std::path::Path {
+        &self.sh.sock_path
     }
 }
 
@@ -685,7 +634,7 @@ impl Device for ShmDevice {
     fn alloc_pd(&self) -> Result<ShmPd> {
         Ok(ShmPd {
             dev: self.sh.clone(),
-            pd: self.sh.id(),
+            pd: random_u64()? as u32,
         })
     }
 
@@ -725,7 +674,20 @@ impl Device for ShmDevice {
 
 // ------------------------------------------------------------------ device thread
 
-fn device_thread(sh: Arc<DevShared>, listener: SeqPacket) {
+/// What a polled socket is to the device thread.
+enum Role {
+    /// Accepted, no hello yet (index into the pending list).
+    Pending(usize),
+    /// A QP's inbound connection: the verified one or a candidate (by id).
+    Inbound(Arc<QpInner>, u64),
+    /// The connection a QP dialed (watched for hang-up only).
+    Out(Arc<QpInner>),
+}
+
+fn device_thread(sh: Arc<DevShared>, listener: SeqPacket, reserve: EventFd) {
+    let mut reserve = Some(reserve);
+    let mut pending: Vec<(Arc<SeqPacket>, Instant)> = vec![];
+    let mut accept_paused_until: Option<Instant> = None;
     let mut last_tick = Instant::now();
     let mut ticks: u64 = 0;
     while !sh.stop.load(Acquire) {
@@ -734,31 +696,45 @@ fn device_thread(sh: Arc<DevShared>, listener: SeqPacket) {
             let _ = sh.wake.wait(sh.poll_interval);
             continue;
         }
-        // Gather descriptors: listener, wake, and the link sockets of live QPs
-        // (a failed QP's socket may stay hung-up; polling it would spin).
         let qps = sh.qp_list();
-        let mut fds = vec![
-            (listener.as_fd().as_raw_fd(), libc::POLLIN, 0i16),
-            (sh.wake.as_fd().as_raw_fd(), libc::POLLIN, 0),
-        ];
-        let mut owners = vec![];
+        // The sockets to watch, with the Arcs held across the poll so no
+        // descriptor number is closed (and reused) under it.
+        let mut socks: Vec<(Arc<SeqPacket>, Role, i16)> = vec![];
+        for (i, (s, _)) in pending.iter().enumerate() {
+            socks.push((s.clone(), Role::Pending(i), libc::POLLIN));
+        }
         for qp in &qps {
-            // bounded, like `tick`: the holder may be waiting for this thread
-            let Some(c) = lock_within(&qp.core, Duration::from_millis(5)) else {
+            // bounded: nobody holds `ctl` for long, but the device thread
+            // must never wait on a QP
+            let Some(ctl) = lock_within(&qp.ctl, Duration::from_millis(5)) else {
                 continue;
             };
-            if matches!(c.state, QpState::Err | QpState::Reset) {
-                continue;
+            if let Some(o) = &ctl.out {
+                // Hang-up only (an unread answer must not make us spin).
+                socks.push((o.sock.clone(), Role::Out(qp.clone()), 0));
             }
-            if let Some(s) = c.link.as_ref().and_then(|l| l.sock.as_ref()) {
-                fds.push((s.as_fd().as_raw_fd(), libc::POLLIN, 0));
-                owners.push(qp.clone());
-            }
-            for s in &c.extra_socks {
-                fds.push((s.as_fd().as_raw_fd(), libc::POLLIN, 0));
-                owners.push(qp.clone());
+            for b in ctl.inb.iter().chain(ctl.cands.iter()) {
+                socks.push((
+                    b.sock.clone(),
+                    Role::Inbound(qp.clone(), b.id),
+                    libc::POLLIN,
+                ));
             }
         }
+        let listen = accept_paused_until.is_none_or(|t| Instant::now() >= t);
+        let mut fds = vec![
+            (
+                listener.as_fd().as_raw_fd(),
+                if listen { libc::POLLIN } else { 0 },
+                0i16,
+            ),
+            (sh.wake.as_fd().as_raw_fd(), libc::POLLIN, 0),
+        ];
+        fds.extend(
+            socks
+                .iter()
+                .map(|(s, _, ev)| (s.as_fd().as_raw_fd(), *ev, 0)),
+        );
         let _ = sys::poll_raw(&mut fds, Some(sh.poll_interval));
         if sh.stop.load(Acquire) {
             break;
@@ -767,37 +743,105 @@ fn device_thread(sh: Arc<DevShared>, listener: SeqPacket) {
             sh.wake.drain();
         }
         if fds[0].2 & libc::POLLIN != 0 && !sh.frozen.load(Acquire) {
-            if let Ok(s) = listener.accept() {
-                // Each request gets its own short-lived thread: a handler may
-                // wait for a QP lock whose holder is itself waiting for an
-                // answer from this device (an MR fetch under the QP lock, two
-                // QPs of one process connecting to each other), and one
-                // serial handler would turn that into a 2 s stall and a
-                // failed link. Requests are rare (QP connect, first use of a
-                // peer region).
-                // (If no thread can be had, the socket closes and the
-                // requester sees its request fail.)
-                let sh2 = sh.clone();
-                let _ = std::thread::Builder::new()
-                    .name("shm-req".into())
-                    .spawn(move || handle_conn(&sh2, s));
+            accept_paused_until = None;
+            accept_all(
+                &sh,
+                &listener,
+                &mut pending,
+                &mut reserve,
+                &mut accept_paused_until,
+            );
+        }
+        let mut done_pending = vec![];
+        for (i, (s, role, _)) in socks.iter().enumerate() {
+            let rev = fds[i + 2].2;
+            if rev == 0 || sh.frozen.load(Acquire) {
+                continue;
+            }
+            match role {
+                Role::Pending(p) => {
+                    if !on_pending(&sh, s) {
+                        done_pending.push(*p);
+                    }
+                }
+                Role::Inbound(qp, id) => qp.on_inbound(*id),
+                Role::Out(qp) => qp.on_out_hangup(s),
             }
         }
-        for (i, qp) in owners.iter().enumerate() {
-            if fds[i + 2].2 != 0 && !sh.frozen.load(Acquire) {
-                // Any traffic or hang-up on a link socket means the peer closed it.
-                qp.fail(Some(WcStatus::RetryExceeded), true);
-            }
-        }
+        // Routed or dropped connections leave the pending list (the QP holds
+        // a routed one now).
+        let now = Instant::now();
+        let mut i = 0;
+        pending.retain(|(_, since)| {
+            let keep = !done_pending.contains(&i) && now.duration_since(*since) < PENDING_WAIT;
+            i += 1;
+            keep
+        });
         if last_tick.elapsed() >= sh.poll_interval {
             last_tick = Instant::now();
             ticks += 1;
             if !sh.frozen.load(Acquire) {
                 tick(&sh, &qps, ticks);
             }
+            if reserve.is_none() {
+                reserve = EventFd::new().ok();
+            }
         }
     }
-    // Dropping the listener and (on crash) the link sockets closes them.
+    // Dropping the listener and the pending connections closes them.
+}
+
+/// Accepts what is queued on the listener. Out of descriptors (EMFILE,
+/// ENFILE), the connection cannot even be accepted and the listener stays
+/// readable: the reserve descriptor is given up to accept and close it (the
+/// dialer sees its connection refused), and accepting pauses for a tick
+/// instead of spinning.
+fn accept_all(
+    sh: &DevShared,
+    listener: &SeqPacket,
+    pending: &mut Vec<(Arc<SeqPacket>, Instant)>,
+    reserve: &mut Option<EventFd>,
+    paused_until: &mut Option<Instant>,
+) {
+    for _ in 0..MAX_PENDING {
+        match listener.accept_nonblocking() {
+            Ok(s) => {
+                if pending.len() >= MAX_PENDING {
+                    continue; // closed at once: a flood costs only its senders
+                }
+                pending.push((Arc::new(s), Instant::now()));
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) => {
+                if reserve.take().is_some() {
+                    drop(listener.accept_nonblocking());
+                    *reserve = EventFd::new().ok();
+                }
+                *paused_until = Some(Instant::now() + sh.poll_interval);
+                return;
+            }
+            Err(_) => return, // WouldBlock: all taken
+        }
+    }
+}
+
+/// The first message of an accepted connection: a hello for one of our QPs,
+/// which then holds the connection, or the connection is closed. Returns
+/// whether the connection stays pending.
+fn on_pending(sh: &DevShared, s: &Arc<SeqPacket>) -> bool {
+    let mut b = [0u8; 128];
+    let (m, fds) = match s.try_recv(&mut b) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+        Err(_) | Ok((0, _)) => return false,
+        Ok((n, fds)) => (Msg::decode(&b[..n]), fds),
+    };
+    let Some(m) = m.filter(|m| m.kind == Kind::Hello) else {
+        return false;
+    };
+    let Some(qp) = lock(&sh.qps).get(&m.b).and_then(Weak::upgrade) else {
+        return false;
+    };
+    qp.on_hello(s.clone(), m, fds);
+    false
 }
 
 fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
@@ -808,7 +852,7 @@ fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
         } else {
             sh.raise(AsyncEvent::PortError { port: 1 });
             for qp in qps {
-                qp.fail(None, false);
+                qp.fail_async(None, false);
             }
         }
     }
@@ -817,103 +861,56 @@ fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
     }
     let now = Instant::now();
     for qp in qps {
+        if qp.fail_pending.load(Acquire) {
+            let (first, event) = *lock(&qp.fail_what);
+            qp.fail_async(first, event);
+            continue;
+        }
         let mut dead = false;
         {
             // Only the heartbeat lock: `core` may be taken by the QP's owner
-            // (posting, polling, or fetching a peer region over a rendezvous
-            // socket that this very thread may have to answer), and the
+            // (posting, polling, or fetching a peer region), and the
             // heartbeat must go on regardless.
             let mut hb = lock(&qp.hb);
-            let Some(h) = hb.as_mut() else { continue };
-            let live = qp.live.load(SeqCst);
-            Ring(&h.peer_ring).h(R_PROD_HB).fetch_add(1, Release);
-            let own = Ring(&h.own_ring);
-            let v = own.h(R_PROD_HB).load(Acquire);
-            if v != h.last_hb {
-                h.last_hb = v;
-                h.last_hb_change = now;
+            if let Some(h) = hb.as_mut() {
+                let live = qp.live.load(SeqCst);
+                Ring(&h.peer_ring).h(R_PROD_HB).fetch_add(1, Release);
+                let own = Ring(&h.own_ring);
+                let v = own.h(R_PROD_HB).load(Acquire);
+                if v != h.last_hb {
+                    h.last_hb = v;
+                    h.last_hb_change = now;
+                }
+                if live && now.duration_since(h.last_hb_change) > sh.peer_timeout {
+                    dead = true;
+                }
+                if live && Ring(&h.peer_ring).h(R_CONS_CLOSED).load(Acquire) != 0
+                    || own.h(R_PROD_CLOSED).load(Acquire) != 0
+                {
+                    dead = true;
+                }
             }
-            if live && now.duration_since(h.last_hb_change) > sh.peer_timeout {
-                dead = true;
-            }
-            if live && Ring(&h.peer_ring).h(R_CONS_CLOSED).load(Acquire) != 0
-                || own.h(R_PROD_CLOSED).load(Acquire) != 0
-            {
-                dead = true;
-            }
+        }
+        // A QP that never met its verified, authenticated peer fails too.
+        if let Some(ctl) = lock_within(&qp.ctl, Duration::from_millis(5)) {
+            let waiting = ctl.rtr_at.is_some_and(|t| {
+                now.duration_since(t) > sh.rendezvous_timeout
+                    && !ctl.inb.as_ref().is_some_and(|b| b.authed)
+            });
+            dead |= waiting && qp.live.load(SeqCst);
         }
         if dead {
-            qp.fail(Some(WcStatus::RetryExceeded), true);
+            qp.fail_async(Some(WcStatus::RetryExceeded), true);
         }
-    }
-}
-
-fn handle_conn(sh: &DevShared, s: SeqPacket) {
-    let _ = s.set_read_timeout(Duration::from_secs(1));
-    let Ok((m, fds)) = recv_msg(&s) else { return };
-    let nak = |s: &SeqPacket| {
-        let _ = s.send(
-            &Msg {
-                kind: K_NAK,
-                ..Default::default()
-            }
-            .encode(),
-            &[],
-        );
-    };
-    match m.kind {
-        K_MR_REQ => {
-            let mr = lock(&sh.rkeys).get(&m.rkey).cloned();
-            match mr {
-                Some(mr) => {
-                    let _ = s.send(
-                        &Msg {
-                            kind: K_MR_RESP,
-                            rkey: m.rkey,
-                            ..Default::default()
-                        }
-                        .encode(),
-                        &[mr.mem.fd()],
-                    );
-                }
-                None => nak(&s),
-            }
+        // A verified link `core` was too busy to take.
+        let ready = lock_within(&qp.ctl, Duration::from_millis(5)).and_then(|mut c| c.ready.take());
+        if let Some(l) = ready {
+            qp.install_link(l);
         }
-        K_HELLO => {
-            let qp = lock(&sh.qps).get(&m.dst_qpn).and_then(Weak::upgrade);
-            let Some(qp) = qp else { return nak(&s) };
-            match qp.accept_hello(&m, fds) {
-                Ok(reply_fds) => {
-                    let bf: Vec<BorrowedFd<'_>> = reply_fds.iter().map(|f| f.as_fd()).collect();
-                    let flags = qp.efd_flags();
-                    let ok = s
-                        .send(
-                            &Msg {
-                                kind: K_HELLO_ACK,
-                                src_qpn: qp.qpn,
-                                dst_qpn: m.src_qpn,
-                                pd: qp.pd,
-                                flags,
-                                ..Default::default()
-                            }
-                            .encode(),
-                            &bf,
-                        )
-                        .is_ok();
-                    if ok {
-                        let mut c = lock(&qp.core);
-                        match c.link.as_mut() {
-                            Some(l) if l.sock.is_none() => l.sock = Some(s),
-                            _ => c.extra_socks.push(s),
-                        }
-                        drop(c);
-                        sh.wake.signal();
-                    }
-                }
-                Err(_) => nak(&s),
-            }
+        // Peer regions deregistered since: unmap (windows lent keep theirs).
+        if let Ok(mut m) = qp.remote.try_lock() {
+            m.retain(|_, r| r.valid());
         }
-        _ => nak(&s),
     }
 }
 
@@ -928,16 +925,29 @@ pub struct ShmPd {
 impl ProtectionDomain for ShmPd {
     type P = ShmProvider;
 
+    /// Keys and the address are random (a peer learns them only when the
+    /// owner's application tells it, as over a CLC exchange). A region with
+    /// REMOTE_WRITE keeps its memfd, to hand it to a peer that asks on an
+    /// authenticated link of a QP of this PD; any other region keeps no
+    /// descriptor and never leaves the process.
     fn alloc_mr(&self, len: usize, access: Access) -> Result<ShmMr> {
-        if len == 0 || len > (1 << 32) - HDR {
+        if len == 0 || len > MAX_REGION {
             return Err(Error::InvalidArgument(format!(
                 "memory region length {len} out of range"
             )));
         }
-        let lkey = self.dev.id();
-        let rkey = lkey.rotate_left(13) ^ 0x5bd1_e995 ^ self.dev.salt;
-        let mem = SharedMem::create(&format!("smc-mr-{lkey:x}"), HDR + len)?;
-        let iova = (lkey as u64) << 32;
+        let mut mem = SharedMem::create("smc-mr", HDR + len)?;
+        if !access.contains(Access::REMOTE_WRITE) {
+            mem.close_fd();
+        }
+        // Page aligned, below 2^63, so iova + len never overflows.
+        let iova = (random_u64()? >> 1 & !0xfff).max(0x1000);
+        let mut lkeys = lock(&self.dev.lkeys);
+        let mut rkeys = lock(&self.dev.rkeys);
+        let lkey = fresh_key(&lkeys)?;
+        let rkey = fresh_key(&rkeys)?;
+        // The header is what a correct writer checks (it catches bugs); the
+        // owner itself never reads it back.
         let v = MrView(&mem);
         v.h(MR_RKEY).store(rkey as u64, Relaxed);
         v.h(MR_LEN).store(len as u64, Relaxed);
@@ -955,8 +965,8 @@ impl ProtectionDomain for ShmPd {
             iova,
             access,
         });
-        lock(&self.dev.lkeys).insert(lkey, mr.clone());
-        lock(&self.dev.rkeys).insert(rkey, mr.clone());
+        lkeys.insert(lkey, mr.clone());
+        rkeys.insert(rkey, mr.clone());
         Ok(ShmMr {
             dev: self.dev.clone(),
             mr,
@@ -969,14 +979,8 @@ impl ProtectionDomain for ShmPd {
                 "max_inline_data > {MAX_INLINE}"
             )));
         }
+        let (ring, ring_fd) = new_ring()?;
         let qpn = self.dev.reg.alloc_qpn(&self.dev.sock_path)?;
-        let ring = match new_ring(qpn) {
-            Ok(r) => r,
-            Err(e) => {
-                self.dev.reg.release_qpn(qpn, &self.dev.sock_path);
-                return Err(e);
-            }
-        };
         let inner = Arc::new(QpInner {
             dev: self.dev.clone(),
             qpn,
@@ -984,9 +988,13 @@ impl ProtectionDomain for ShmPd {
             cap,
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
-            core: Mutex::new(Core::new(ring)),
+            core: Mutex::new(Core::new(ring, ring_fd)),
             hb: Mutex::new(None),
             live: AtomicBool::new(false),
+            ctl: Mutex::new(Ctl::default()),
+            remote: Mutex::new(KeyMap::default()),
+            fail_pending: AtomicBool::new(false),
+            fail_what: Mutex::new((None, false)),
         });
         lock(&self.dev.qps).insert(qpn, Arc::downgrade(&inner));
         lock(&send_cq.inner.qps).push(Arc::downgrade(&inner));
@@ -997,10 +1005,14 @@ impl ProtectionDomain for ShmPd {
     }
 }
 
-fn new_ring(qpn: u32) -> Result<Arc<SharedMem>> {
-    let m = SharedMem::create(&format!("smc-ring-{qpn:x}"), RING_LEN)?;
+/// A new receive ring: the mapping, and its memfd until it is handed to the
+/// peer at RTR.
+fn new_ring() -> Result<(Arc<SharedMem>, Option<OwnedFd>)> {
+    let mut m = SharedMem::create("smc-ring", RING_LEN)?;
     Ring(&m).h(0).store(RING_MAGIC, Release);
-    Ok(Arc::new(m))
+    let fd = m.fd().map(|f| f.try_clone_to_owned()).transpose()?;
+    m.close_fd();
+    Ok((Arc::new(m), fd))
 }
 
 /// A memory region of an `shm` device (a memfd shared with peers).
@@ -1047,22 +1059,53 @@ impl MappedMem for LocalMr {
     }
 }
 
+/// A peer's region mapped here for one QP: what its owner told us about it
+/// (in process memory), and the mapping (no descriptor kept).
+struct PeerMr {
+    mem: SharedMem,
+    rkey: u32,
+    iova: u64,
+    len: usize,
+    access: Access,
+}
+
+impl PeerMr {
+    /// Still registered by its owner (a correct writer stops at once when
+    /// the owner deregisters it).
+    fn valid(&self) -> bool {
+        MrView(&self.mem).h(MR_VALID).load(Acquire) == 1
+    }
+    /// The byte offset in the mapping of a WRITE of `len` bytes at `addr`.
+    fn check(&self, addr: u64, len: usize) -> std::result::Result<usize, WcStatus> {
+        let off = addr
+            .checked_sub(self.iova)
+            .ok_or(WcStatus::RemoteAccessError)?;
+        if !self.access.contains(Access::REMOTE_WRITE)
+            || !self.valid()
+            || check_range(off as usize, len, self.len).is_err()
+        {
+            return Err(WcStatus::RemoteAccessError);
+        }
+        Ok(HDR + off as usize)
+    }
+}
+
 /// A peer's region mapped here, as a [`QueuePair::remote_window`] gives it:
 /// each copy into it first checks that the peer still has it registered,
 /// as each executed WRITE does.
-struct RemoteMem(Arc<SharedMem>);
+struct RemoteMem(Arc<PeerMr>);
 
 impl MappedMem for RemoteMem {
     fn read_mapped(&self, off: usize, buf: &mut [u8]) -> Result<()> {
-        Ok(self.0.read(off, buf)?)
+        Ok(self.0.mem.read(off, buf)?)
     }
     fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()> {
-        if MrView(&self.0).h(MR_VALID).load(Acquire) != 1 {
+        if !self.0.valid() {
             return Err(Error::InvalidArgument(
                 "the peer's memory region is no longer registered".into(),
             ));
         }
-        Ok(self.0.write(off, data)?)
+        Ok(self.0.mem.write(off, data)?)
     }
 }
 
@@ -1145,11 +1188,11 @@ impl CompletionQueue for ShmCq {
             if !matches!(c.state, QpState::Rtr | QpState::Rts) {
                 continue;
             }
-            if Arc::ptr_eq(&qp.recv_cq, &self.inner) && !c.rq.is_empty() {
-                let r = Ring(&c.ring);
-                if r.h(R_TAIL).load(Acquire) != r.h(R_HEAD).load(Relaxed) {
-                    return true;
-                }
+            if Arc::ptr_eq(&qp.recv_cq, &self.inner)
+                && !c.rq.is_empty()
+                && slot_taken(&c.ring, c.head)
+            {
+                return true;
             }
             if Arc::ptr_eq(&qp.send_cq, &self.inner) && !c.sq.is_empty() {
                 let Some(l) = c.link.as_ref() else {
@@ -1266,23 +1309,25 @@ struct Pending {
     stage: Stage,
 }
 
+/// The data path's view of the verified peer: its ring and channels.
 struct Link {
-    peer_qpn: u32,
-    peer_gid: Gid,
-    /// The peer instance's socket (for region look-ups), when known.
-    peer_sock: Option<PathBuf>,
-    peer_pd: u32,
     peer_ring: Arc<SharedMem>,
-    peer_rx_efd: Option<EventFd>,
-    peer_tx_efd: Option<EventFd>,
-    sock: Option<SeqPacket>,
+    peer_rx_efd: Option<Arc<EventFd>>,
+    peer_tx_efd: Option<Arc<EventFd>>,
+    /// Our producer index in the peer's ring (kept here, not read back from
+    /// the ring the peer can write).
+    tail: u64,
 }
 
 struct Core {
     state: QpState,
     access: Access,
     ring: Arc<SharedMem>,
-    remote: Option<RemoteQp>,
+    /// The ring's memfd until it is handed to the peer (at RTR).
+    ring_fd: Option<OwnedFd>,
+    /// Our consumer index in our ring (kept here, not read back from the
+    /// ring the peer can write).
+    head: u64,
     rq_psn: u32,
     sq_psn: u32,
     timeout: Duration,
@@ -1292,7 +1337,6 @@ struct Core {
     rq: VecDeque<(u64, Sges)>,
     sq: VecDeque<Pending>,
     link: Option<Link>,
-    extra_socks: Vec<SeqPacket>,
     recv_posted: u64,
     /// The peer's ring head (how far it consumed our SENDs) when the send
     /// queue last looked at acknowledgements (see `may_have_work`).
@@ -1300,12 +1344,13 @@ struct Core {
 }
 
 impl Core {
-    fn new(ring: Arc<SharedMem>) -> Core {
+    fn new(ring: Arc<SharedMem>, ring_fd: Option<OwnedFd>) -> Core {
         Core {
             state: QpState::Reset,
             access: Access::NONE,
             ring,
-            remote: None,
+            ring_fd,
+            head: 0,
             rq_psn: 0,
             sq_psn: 0,
             timeout: Duration::from_millis(100),
@@ -1315,10 +1360,69 @@ impl Core {
             rq: VecDeque::new(),
             sq: VecDeque::new(),
             link: None,
-            extra_socks: vec![],
             recv_posted: 0,
             seen_peer_head: 0,
         }
+    }
+}
+
+/// The connection a QP dialed (its peer's inbound one): hello and auth go
+/// out on it, region requests and their answers.
+struct OutLink {
+    sock: Arc<SeqPacket>,
+    nonce: u64,
+    /// Serializes requests; the request id counter.
+    req: Mutex<u32>,
+}
+
+/// A connection a peer dialed to one of our QPs, with its hello.
+struct Inbound {
+    id: u64,
+    sock: Arc<SeqPacket>,
+    hello: Msg,
+    /// The ring and eventfds of the hello, until it is verified.
+    fds: Vec<OwnedFd>,
+    /// The auth proof, once it arrived.
+    auth: Option<u64>,
+    /// The auth proof was checked: regions may be handed out.
+    authed: bool,
+    /// Region requests (id, rkey) that arrived before `authed`.
+    deferred: VecDeque<(u32, u32)>,
+}
+
+/// Rendezvous state of a QP. Taken only briefly (never across a blocking
+/// call), by the device thread, by `modify` and by a data path that holds
+/// `core` (lock order: `core`, then `ctl`).
+#[derive(Default)]
+struct Ctl {
+    /// Hellos are taken (the QP is in INIT, RTR or RTS).
+    accepting: bool,
+    /// The access rights granted through the QP (INIT).
+    access: Access,
+    remote: Option<RemoteQp>,
+    sgid: Gid,
+    rq_psn: Option<u32>,
+    sq_psn: Option<u32>,
+    rtr_at: Option<Instant>,
+    out: Option<Arc<OutLink>>,
+    /// Hellos not verified yet.
+    cands: Vec<Inbound>,
+    next_id: u64,
+    bad_hellos: u32,
+    /// The verified inbound connection.
+    inb: Option<Inbound>,
+    /// A verified link the data path has not taken into `core` yet.
+    ready: Option<Link>,
+}
+
+impl Ctl {
+    fn clear_links(&mut self) {
+        self.accepting = false;
+        self.out = None;
+        self.cands.clear();
+        self.inb = None;
+        self.ready = None;
+        self.rtr_at = None;
     }
 }
 
@@ -1337,6 +1441,13 @@ struct QpInner {
     hb: Mutex<Option<Heartbeat>>,
     /// The QP is in RTR or RTS (heartbeats are checked only then).
     live: AtomicBool,
+    ctl: Mutex<Ctl>,
+    /// The peer's regions mapped for this QP, by rkey. They go with the link
+    /// (ERR, RESET, destruction), and when the peer deregisters them.
+    remote: Mutex<KeyMap<u32, Arc<PeerMr>>>,
+    /// The device thread wanted to fail the QP while `core` was busy.
+    fail_pending: AtomicBool,
+    fail_what: Mutex<(Option<WcStatus>, bool)>,
 }
 
 /// Heartbeat state of a connected QP (device thread only).
@@ -1372,168 +1483,631 @@ fn send_opcode(op: SendOp) -> WcOpcode {
     }
 }
 
+/// Why a peer region could not be had.
+struct FetchError {
+    status: WcStatus,
+    why: String,
+    /// This process lacked a resource (a descriptor, address space).
+    local: bool,
+}
+
+impl FetchError {
+    fn remote(status: WcStatus, why: impl Into<String>) -> FetchError {
+        FetchError {
+            status,
+            why: why.into(),
+            local: false,
+        }
+    }
+    fn into_error(self) -> Error {
+        if self.local {
+            Error::Io(std::io::Error::other(self.why))
+        } else {
+            Error::Connect(self.why)
+        }
+    }
+}
+
+fn is_local_shortage(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOMEM)
+    ) || e.kind() == std::io::ErrorKind::Other
+}
+
 impl QpInner {
     fn efd_flags(&self) -> u32 {
-        (self.recv_cq.chan.is_some() as u32) | ((self.send_cq.chan.is_some() as u32) << 1)
+        let rx = self.recv_cq.chan.as_ref();
+        let tx = self.send_cq.chan.as_ref();
+        let mut f = 0;
+        if rx.is_some() {
+            f |= wire::F_RX_CHAN;
+        }
+        if tx.is_some() {
+            f |= wire::F_TX_CHAN;
+        }
+        if let (Some(a), Some(b)) = (rx, tx) {
+            if Arc::ptr_eq(a, b) {
+                f |= wire::F_SAME_CHAN;
+            }
+        }
+        f
     }
 
-    /// Descriptors we hand to the peer: our ring, then our channels' eventfds.
-    fn hello_fds(&self, ring: &SharedMem) -> std::io::Result<Vec<OwnedFd>> {
-        let mut v = vec![ring.fd().try_clone_to_owned()?];
-        if let Some(c) = &self.recv_cq.chan {
-            v.push(c.as_fd().try_clone_to_owned()?);
+    // ---------------------------------------------------------------- rendezvous
+
+    /// Active side (INIT → RTR): hands our ring and channels to the instance
+    /// owning the peer's (GID, QPN), with the proof of the peer's PSN, and
+    /// waits until it holds them. Holds no lock while it waits.
+    fn dial(&self, remote: RemoteQp, sgid: Gid, rq_psn: u32) -> Result<()> {
+        {
+            let mut ctl = lock(&self.ctl);
+            ctl.remote = Some(remote);
+            ctl.sgid = sgid;
+            ctl.rq_psn = Some(rq_psn);
+            ctl.rtr_at = Some(Instant::now());
+            // Hellos held in INIT from anybody but the peer named now go.
+            ctl.cands
+                .retain(|c| c.hello.a == remote.qp_num && c.hello.gid == remote.gid);
         }
-        if let Some(c) = &self.send_cq.chan {
-            v.push(c.as_fd().try_clone_to_owned()?);
+        let ring_fd = lock(&self.core).ring_fd.take();
+        let put_back = |fd: Option<OwnedFd>| {
+            if let Some(fd) = fd {
+                lock(&self.core).ring_fd.get_or_insert(fd);
+            }
+        };
+        let Some(ring_fd) = ring_fd else {
+            return Err(Error::InvalidState {
+                op: "connect (the ring was handed out already; RESET first)",
+                state: QpState::Init,
+            });
+        };
+        let r = (|| {
+            let (s, _) = self
+                .dev
+                .reg
+                .connect(&remote.gid, remote.qp_num)
+                .map_err(Error::Connect)?;
+            s.set_read_timeout(ANSWER_WAIT)?;
+            s.set_write_timeout(ANSWER_WAIT)?;
+            let nonce = random_u64()?;
+            let flags = self.efd_flags();
+            let hello = Msg {
+                kind: Kind::Hello,
+                a: self.qpn,
+                b: remote.qp_num,
+                c: flags,
+                gid: sgid,
+                x: nonce,
+                y: wire::hello_proof(rq_psn, &sgid, self.qpn, remote.qp_num, nonce),
+            };
+            let mut fds = vec![ring_fd.as_fd()];
+            if let Some(c) = &self.recv_cq.chan {
+                fds.push(c.as_fd());
+            }
+            if let Some(c) = &self.send_cq.chan {
+                if flags & wire::F_SAME_CHAN == 0 {
+                    fds.push(c.as_fd());
+                }
+            }
+            s.send(&hello.encode(), &fds)?;
+            let mut b = [0u8; 128];
+            let answer = match s.recv(&mut b) {
+                Ok((n, _)) => Msg::decode(&b[..n]),
+                Err(e) => {
+                    return Err(Error::Connect(format!(
+                        "no answer from peer QP {}: {e}",
+                        remote.qp_num
+                    )))
+                }
+            };
+            if answer.map(|m| m.kind) != Some(Kind::Received) {
+                return Err(Error::Connect(format!(
+                    "peer QP {} refused the connection",
+                    remote.qp_num
+                )));
+            }
+            Ok(Arc::new(OutLink {
+                sock: Arc::new(s),
+                nonce,
+                req: Mutex::new(0),
+            }))
+        })();
+        match r {
+            Ok(out) => {
+                drop(ring_fd); // handed to the peer: we keep only the mapping
+                lock(&self.ctl).out = Some(out);
+                self.dev.wake.signal();
+                Ok(())
+            }
+            Err(e) => {
+                put_back(Some(ring_fd));
+                Err(e)
+            }
         }
-        Ok(v)
     }
 
-    fn make_link(
-        &self,
-        m: &Msg,
-        gid: Gid,
-        mut fds: Vec<OwnedFd>,
-        sock: Option<SeqPacket>,
-        peer_sock: Option<PathBuf>,
-    ) -> Result<Link> {
-        let want = 1 + (m.flags & 1) as usize + ((m.flags >> 1) & 1) as usize;
-        if fds.len() != want {
-            return Err(Error::Connect(format!(
-                "peer sent {} descriptors, expected {want}",
-                fds.len()
-            )));
+    /// RTS: we know our own PSN now. Prove both PSNs on the connection we
+    /// dialed, and check the hellos and auth we were holding.
+    fn on_rts(&self, sq_psn: u32) {
+        let auth = {
+            let mut ctl = lock(&self.ctl);
+            if ctl.sq_psn.is_some() {
+                None // RTS → RTS: attributes only
+            } else {
+                ctl.sq_psn = Some(sq_psn);
+                match (&ctl.out, ctl.remote, ctl.rq_psn) {
+                    (Some(o), Some(r), Some(rq)) => Some((
+                        o.clone(),
+                        Msg {
+                            y: wire::auth_proof(sq_psn, rq, &ctl.sgid, self.qpn, r.qp_num, o.nonce),
+                            ..Msg::new(Kind::Auth)
+                        },
+                    )),
+                    _ => None,
+                }
+            }
+        };
+        if let Some((o, m)) = auth {
+            if o.sock.send(&m.encode(), &[]).is_err() {
+                self.fail_async(Some(WcStatus::RetryExceeded), true);
+                return;
+            }
         }
-        let mut it = fds.drain(..);
-        let ring = SharedMem::map(it.next().expect("counted"))?;
+        self.try_verify();
+        self.dev.wake.signal();
+    }
+
+    /// A hello for this QP (device thread). It is held if it can be: the QP
+    /// takes hellos, is not connected yet, the hello names the peer set at
+    /// RTR (if any) and carries exactly the descriptors its flags announce.
+    fn on_hello(&self, sock: Arc<SeqPacket>, m: Msg, fds: Vec<OwnedFd>) {
+        let id = {
+            let mut ctl = lock(&self.ctl);
+            let want = 1
+                + usize::from(m.c & wire::F_RX_CHAN != 0)
+                + usize::from(m.c & wire::F_TX_CHAN != 0 && m.c & wire::F_SAME_CHAN == 0);
+            let same_ok = m.c & wire::F_SAME_CHAN == 0
+                || m.c & (wire::F_RX_CHAN | wire::F_TX_CHAN) == wire::F_RX_CHAN | wire::F_TX_CHAN;
+            let named = ctl.remote.is_none_or(|r| r.qp_num == m.a && r.gid == m.gid);
+            if !ctl.accepting
+                || ctl.inb.is_some()
+                || ctl.bad_hellos >= MAX_BAD_HELLOS
+                || ctl.cands.len() >= MAX_CANDIDATES
+                || !named
+                || fds.len() != want
+                || !same_ok
+                || m.c & !(wire::F_RX_CHAN | wire::F_TX_CHAN | wire::F_SAME_CHAN) != 0
+            {
+                return; // dropping the socket closes it: the dialer's RTR fails
+            }
+            ctl.next_id += 1;
+            let id = ctl.next_id;
+            ctl.cands.push(Inbound {
+                id,
+                sock,
+                hello: m,
+                fds,
+                auth: None,
+                authed: false,
+                deferred: VecDeque::new(),
+            });
+            id
+        };
+        // Verify at once if we can (in RTS), so that a dialer whose RTR
+        // returned finds us connected.
+        self.try_verify();
+        let ctl = lock(&self.ctl);
+        let held = ctl.inb.iter().chain(ctl.cands.iter()).find(|b| b.id == id);
+        if let Some(b) = held {
+            if b.sock
+                .try_send(&Msg::new(Kind::Received).encode(), &[])
+                .is_err()
+            {
+                let s = b.sock.clone();
+                drop(ctl);
+                self.drop_inbound(&s);
+            }
+        }
+    }
+
+    /// Forgets an inbound connection (a candidate; the verified one fails
+    /// the QP).
+    fn drop_inbound(&self, s: &Arc<SeqPacket>) {
+        let mut ctl = lock(&self.ctl);
+        if ctl.inb.as_ref().is_some_and(|b| Arc::ptr_eq(&b.sock, s)) {
+            drop(ctl);
+            self.fail_async(Some(WcStatus::RetryExceeded), true);
+        } else {
+            ctl.cands.retain(|c| !Arc::ptr_eq(&c.sock, s));
+        }
+    }
+
+    /// Checks held hellos and auth against the PSNs, once both are known:
+    /// the first hello with a right proof becomes the link (its ring mapped,
+    /// its eventfds kept), the others are dropped; a right auth on the
+    /// linked connection opens the regions to it, a wrong one fails the QP.
+    fn try_verify(&self) {
+        let mut link = None;
+        let mut bad = false;
+        {
+            let mut ctl = lock(&self.ctl);
+            let (Some(remote), Some(rq), Some(sq)) = (ctl.remote, ctl.rq_psn, ctl.sq_psn) else {
+                return;
+            };
+            if ctl.inb.is_none() && !ctl.cands.is_empty() {
+                let cands = std::mem::take(&mut ctl.cands);
+                for mut c in cands {
+                    let h = c.hello;
+                    let right = h.a == remote.qp_num
+                        && h.gid == remote.gid
+                        && h.y == wire::hello_proof(sq, &h.gid, h.a, self.qpn, h.x);
+                    if ctl.inb.is_some() {
+                        continue; // linked already: the others close
+                    }
+                    if !right {
+                        ctl.bad_hellos += 1;
+                        continue;
+                    }
+                    match self.make_link(&mut c) {
+                        Ok(l) => {
+                            link = Some(l);
+                            ctl.inb = Some(c);
+                        }
+                        Err(_) => bad = true,
+                    }
+                }
+            }
+            let qpn = self.qpn;
+            if let Some(b) = ctl.inb.as_mut() {
+                if let (false, Some(p)) = (b.authed, b.auth) {
+                    let h = b.hello;
+                    if p == wire::auth_proof(rq, sq, &h.gid, h.a, qpn, h.x) {
+                        b.authed = true;
+                    } else {
+                        bad = true;
+                    }
+                }
+            }
+            if !bad {
+                let access = ctl.access;
+                if let Some(b) = ctl.inb.as_mut().filter(|b| b.authed) {
+                    while let Some((id, rkey)) = b.deferred.pop_front() {
+                        if !self.serve_region(access, &b.sock, id, rkey) {
+                            bad = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(l) = link {
+            self.install_link(l);
+        }
+        if bad {
+            self.fail_async(Some(WcStatus::RemoteInvalidRequest), true);
+        }
+    }
+
+    /// Maps a verified hello's ring and takes its eventfds.
+    fn make_link(&self, c: &mut Inbound) -> Result<Link> {
+        let m = c.hello;
+        let mut it = std::mem::take(&mut c.fds).into_iter();
+        let missing = || Error::Connect("the hello's descriptors are missing".into());
+        let ring = SharedMem::map_peer(it.next().ok_or_else(missing)?, RING_LEN)?;
         if Ring::check(&ring).is_none() {
             return Err(Error::Connect("peer ring is malformed".into()));
         }
-        let rx = if m.flags & 1 != 0 {
-            it.next().map(EventFd::from_owned)
-        } else {
-            None
+        let mut efd = |present: bool| -> Result<Option<Arc<EventFd>>> {
+            if !present {
+                return Ok(None);
+            }
+            let fd = it.next().ok_or_else(missing)?;
+            // Anything else (a pipe, a socket) could block our signal.
+            if !sys::is_eventfd(fd.as_fd()) {
+                return Err(Error::Connect("peer channel is not an eventfd".into()));
+            }
+            sys::set_nonblocking(fd.as_fd())?;
+            Ok(Some(Arc::new(EventFd::from_owned(fd))))
         };
-        let tx = if m.flags & 2 != 0 {
-            it.next().map(EventFd::from_owned)
+        let rx = efd(m.c & wire::F_RX_CHAN != 0)?;
+        let tx = if m.c & wire::F_SAME_CHAN != 0 {
+            rx.clone()
         } else {
-            None
+            efd(m.c & wire::F_TX_CHAN != 0)?
         };
         Ok(Link {
-            peer_qpn: m.src_qpn,
-            peer_gid: gid,
-            peer_sock,
-            peer_pd: m.pd,
             peer_ring: Arc::new(ring),
             peer_rx_efd: rx,
             peer_tx_efd: tx,
-            sock,
+            tail: 0,
         })
     }
 
-    fn start_heartbeat(&self, own: &Arc<SharedMem>, l: &Link) {
+    /// Hands a verified link to the data path (now, or at its next look if
+    /// `core` is busy; the device thread's tick retries too).
+    fn install_link(&self, l: Link) {
+        match lock_within(&self.core, Duration::from_millis(5)) {
+            Some(mut c) => self.adopt(&mut c, l),
+            None => {
+                lock(&self.ctl).ready = Some(l);
+                self.dev.wake.signal();
+            }
+        }
+    }
+
+    /// The data path takes a verified link, and the heartbeat starts.
+    fn adopt(&self, c: &mut Core, l: Link) {
+        if !matches!(c.state, QpState::Rtr | QpState::Rts) || c.link.is_some() {
+            return;
+        }
+        // We may be armed already: ask the peer to signal our consumption.
+        Ring(&l.peer_ring).h(R_TX_NOTIFY).store(1, SeqCst);
         *lock(&self.hb) = Some(Heartbeat {
-            own_ring: own.clone(),
+            own_ring: c.ring.clone(),
             peer_ring: l.peer_ring.clone(),
             last_hb: 0,
             last_hb_change: Instant::now(),
         });
+        c.link = Some(l);
+        // Sends queued meanwhile can go now: wake whoever waits to poll.
+        if let Some(ch) = &self.send_cq.chan {
+            ch.signal();
+        }
     }
 
-    /// Passive side of the rendezvous (device thread).
-    fn accept_hello(&self, m: &Msg, fds: Vec<OwnedFd>) -> Result<Vec<OwnedFd>> {
-        let mut c = lock(&self.core);
-        if matches!(c.state, QpState::Reset | QpState::Err) {
-            return Err(Error::InvalidState {
-                op: "accept connection",
-                state: c.state,
-            });
-        }
-        if let Some(r) = c.remote {
-            if r.qp_num != m.src_qpn || r.gid != m.gid {
-                return Err(Error::Connect("connection from an unexpected peer".into()));
-            }
-        }
-        match &c.link {
-            Some(l) if l.peer_qpn != m.src_qpn || l.peer_gid != m.gid => {
-                return Err(Error::Connect("QP already connected elsewhere".into()))
-            }
-            Some(_) => {}
-            None => {
-                let peer_sock = self.dev.reg.resolve(&m.gid, m.src_qpn).ok();
-                let l = self.make_link(m, m.gid, fds, None, peer_sock)?;
-                self.start_heartbeat(&c.ring, &l);
-                c.link = Some(l);
-            }
-        }
-        Ok(self.hello_fds(&c.ring)?)
-    }
-
-    /// Active side of the rendezvous (INIT → RTR).
-    fn connect(&self, remote: RemoteQp, sgid: Gid) -> Result<()> {
-        let ring = {
-            let c = lock(&self.core);
-            if let Some(l) = &c.link {
-                if l.peer_qpn == remote.qp_num && l.peer_gid == remote.gid {
-                    return Ok(()); // the peer connected to us first
+    /// A link the device thread verified while `core` was busy.
+    fn adopt_ready(&self, c: &mut Core) {
+        if c.link.is_none() {
+            if let Ok(mut ctl) = self.ctl.try_lock() {
+                if let Some(l) = ctl.ready.take() {
+                    drop(ctl);
+                    self.adopt(c, l);
                 }
-                return Err(Error::Connect("QP already connected elsewhere".into()));
             }
-            c.ring.clone()
+        }
+    }
+
+    /// Messages on an inbound connection (device thread): auth, region
+    /// requests. Anything else, or a hang-up, ends it.
+    fn on_inbound(&self, id: u64) {
+        let mut verify = false;
+        let mut end = None;
+        {
+            let mut guard = lock(&self.ctl);
+            let ctl = &mut *guard;
+            let access = ctl.access;
+            let Some(b) = ctl
+                .inb
+                .iter_mut()
+                .chain(ctl.cands.iter_mut())
+                .find(|b| b.id == id)
+            else {
+                return;
+            };
+            for _ in 0..16 {
+                let mut buf = [0u8; 128];
+                let m = match b.sock.try_recv(&mut buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(_) | Ok((0, _)) => None,
+                    Ok((n, fds)) if fds.is_empty() => Msg::decode(&buf[..n]),
+                    Ok(_) => None,
+                };
+                match m {
+                    Some(m) if m.kind == Kind::Auth && b.auth.is_none() => {
+                        b.auth = Some(m.y);
+                        verify = true;
+                    }
+                    Some(m) if m.kind == Kind::MrReq && b.authed => {
+                        if !self.serve_region(access, &b.sock, m.a, m.b) {
+                            end = Some(b.sock.clone());
+                            break;
+                        }
+                    }
+                    Some(m) if m.kind == Kind::MrReq && b.deferred.len() < MAX_DEFERRED => {
+                        b.deferred.push_back((m.a, m.b));
+                    }
+                    _ => {
+                        end = Some(b.sock.clone());
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(s) = end {
+            self.drop_inbound(&s);
+        } else if verify {
+            self.try_verify();
+        }
+    }
+
+    /// Answers a region request on the verified, authenticated inbound
+    /// connection: the region's memfd if it is of this QP's PD, registered
+    /// for remote writes, and the QP grants remote writes; else a refusal.
+    /// False if the peer does not take the answer (it stopped reading).
+    fn serve_region(&self, qp_access: Access, s: &SeqPacket, id: u32, rkey: u32) -> bool {
+        let mr = lock(&self.dev.rkeys).get(&rkey).cloned().filter(|mr| {
+            mr.pd == self.pd
+                && mr.access.contains(Access::REMOTE_WRITE)
+                && qp_access.contains(Access::REMOTE_WRITE)
+        });
+        let r = match mr.as_ref().and_then(|mr| Some((mr, mr.mem.fd()?))) {
+            Some((mr, fd)) => s.try_send(
+                &Msg {
+                    a: id,
+                    b: rkey,
+                    c: mr.access.bits(),
+                    x: mr.iova,
+                    y: mr.len as u64,
+                    ..Msg::new(Kind::MrResp)
+                }
+                .encode(),
+                &[fd],
+            ),
+            None => s.try_send(
+                &Msg {
+                    a: id,
+                    b: rkey,
+                    ..Msg::new(Kind::Nak)
+                }
+                .encode(),
+                &[],
+            ),
         };
-        let (s, path) = self
-            .dev
-            .reg
-            .connect(&remote.gid, remote.qp_num)
-            .map_err(Error::Connect)?;
-        s.set_read_timeout(Duration::from_secs(2))?;
-        let fds = self.hello_fds(&ring)?;
-        let bf: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        let hello = Msg {
-            kind: K_HELLO,
-            src_qpn: self.qpn,
-            dst_qpn: remote.qp_num,
-            gid: sgid,
-            pd: self.pd,
-            flags: self.efd_flags(),
-            rkey: 0,
-        };
-        s.send(&hello.encode(), &bf)?;
-        let (m, rfds) = recv_msg(&s).map_err(|e| {
-            Error::Connect(format!("no answer from peer QP {}: {e}", remote.qp_num))
+        r.is_ok()
+    }
+
+    /// The connection we dialed hung up (device thread): the peer's QP or
+    /// process is gone, or it refused our hello.
+    fn on_out_hangup(&self, s: &Arc<SeqPacket>) {
+        let current = lock(&self.ctl)
+            .out
+            .as_ref()
+            .is_some_and(|o| Arc::ptr_eq(&o.sock, s));
+        if current && sys::poll_one(s.as_fd(), 0, Some(Duration::ZERO)).is_ok_and(|r| r != 0) {
+            self.fail_async(Some(WcStatus::RetryExceeded), true);
+        }
+    }
+
+    /// Asks the peer for its region `rkey` on the connection we dialed, and
+    /// maps it. Holds no lock of ours but the request lock while it waits.
+    fn fetch_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
+        let out = lock(&self.ctl).out.clone().ok_or_else(|| {
+            FetchError::remote(WcStatus::RetryExceeded, "the QP is not connected")
         })?;
-        if m.kind != K_HELLO_ACK {
-            return Err(Error::Connect(format!(
-                "peer QP {} refused the connection",
-                remote.qp_num
-            )));
-        }
-        let mut c = lock(&self.core);
-        match &mut c.link {
-            Some(l) if l.peer_qpn == remote.qp_num && l.peer_gid == remote.gid => {
-                if l.sock.is_none() {
-                    l.sock = Some(s);
-                } else {
-                    c.extra_socks.push(s);
+        let mut next = lock(&out.req);
+        *next = next.wrapping_add(1);
+        let id = *next;
+        let gone = |e: std::io::Error| {
+            FetchError::remote(
+                WcStatus::RetryExceeded,
+                format!("peer does not answer: {e}"),
+            )
+        };
+        let req = Msg {
+            a: id,
+            b: rkey,
+            ..Msg::new(Kind::MrReq)
+        };
+        out.sock.send(&req.encode(), &[]).map_err(gone)?;
+        let deadline = Instant::now() + ANSWER_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(FetchError::remote(
+                    WcStatus::RetryExceeded,
+                    "peer did not answer the region request",
+                ));
+            }
+            out.sock.set_read_timeout(left).map_err(gone)?;
+            let mut b = [0u8; 128];
+            let (m, mut fds) = match out.sock.recv(&mut b) {
+                Ok((0, _)) => return Err(gone(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok((n, fds)) => (Msg::decode(&b[..n]), fds),
+                Err(e) if is_local_shortage(&e) => {
+                    return Err(FetchError {
+                        status: WcStatus::LocalQpOperationError,
+                        why: format!("cannot take the peer's region: {e}"),
+                        local: true,
+                    })
                 }
+                Err(e) => return Err(gone(e)),
+            };
+            let Some(m) = m else {
+                return Err(FetchError::remote(
+                    WcStatus::RemoteInvalidRequest,
+                    "malformed answer",
+                ));
+            };
+            if m.a != id || !matches!(m.kind, Kind::MrResp | Kind::Nak) {
+                continue; // the late answer of a request that timed out
             }
-            Some(_) => return Err(Error::Connect("QP already connected elsewhere".into())),
-            None => {
-                let l = self.make_link(&m, remote.gid, rfds, Some(s), Some(path))?;
-                self.start_heartbeat(&c.ring, &l);
-                c.link = Some(l);
+            let refused = |why: &str| FetchError::remote(WcStatus::RemoteAccessError, why);
+            if m.kind == Kind::Nak {
+                return Err(refused("the peer refused the region"));
+            }
+            let len = m.y as usize;
+            if m.b != rkey || fds.len() != 1 || len == 0 || len > MAX_REGION {
+                return Err(refused("malformed region answer"));
+            }
+            let mem = SharedMem::map_peer(fds.remove(0), HDR + len).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    refused("the peer's region is not a sealed memfd of its size")
+                } else {
+                    FetchError {
+                        status: WcStatus::LocalQpOperationError,
+                        why: format!("cannot map the peer's region: {e}"),
+                        local: true,
+                    }
+                }
+            })?;
+            let v = MrView(&mem);
+            if v.h(0).load(Acquire) != MR_MAGIC || v.h(MR_RKEY).load(Acquire) != u64::from(rkey) {
+                return Err(refused("the peer's region header is wrong"));
+            }
+            return Ok(Arc::new(PeerMr {
+                mem,
+                rkey,
+                iova: m.x,
+                len,
+                access: Access::from_bits(m.c),
+            }));
+        }
+    }
+
+    /// The peer's region `rkey` for this QP: mapped already, or fetched now.
+    fn peer_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
+        {
+            let mut m = lock(&self.remote);
+            match m.get(&rkey) {
+                Some(r) if r.valid() => return Ok(r.clone()),
+                Some(_) => {
+                    m.remove(&rkey);
+                }
+                None => {}
             }
         }
-        drop(c);
-        self.dev.wake.signal();
-        Ok(())
+        let r = self.fetch_region(rkey)?;
+        debug_assert_eq!(r.rkey, rkey);
+        lock(&self.remote).insert(rkey, r.clone());
+        Ok(r)
     }
+
+    /// Checks the peer region for a WRITE and returns (mapping, byte offset).
+    fn check_remote(
+        &self,
+        rkey: u32,
+        addr: u64,
+        len: usize,
+    ) -> std::result::Result<(Arc<PeerMr>, usize), WcStatus> {
+        let m = self.peer_region(rkey).map_err(|e| e.status)?;
+        let off = m.check(addr, len)?;
+        Ok((m, off))
+    }
+
+    // ---------------------------------------------------------------- errors
 
     /// Moves to ERR: the first outstanding WR gets `first` (if any), all
     /// others flush. Marks both rings closed so the peer notices.
     fn fail(&self, first: Option<WcStatus>, event: bool) {
         let mut c = lock(&self.core);
         self.fail_locked(&mut c, first, event);
+    }
+
+    /// [`QpInner::fail`] from the device thread, which must not wait for a
+    /// busy `core`: then the data path (at its next poll) or the next tick
+    /// does it.
+    fn fail_async(&self, first: Option<WcStatus>, event: bool) {
+        match lock_within(&self.core, Duration::from_millis(5)) {
+            Some(mut c) => {
+                self.fail_pending.store(false, SeqCst);
+                self.fail_locked(&mut c, first, event);
+            }
+            None => {
+                *lock(&self.fail_what) = (first, event);
+                self.fail_pending.store(true, SeqCst);
+            }
+        }
     }
 
     fn fail_locked(&self, c: &mut Core, mut first: Option<WcStatus>, event: bool) {
@@ -1545,12 +2119,15 @@ impl QpInner {
         // had received and acknowledged. (A peer process that posts its last
         // data and exits hangs up its socket at once; those messages must not
         // be flushed with the rest.)
-        self.progress_recv(c);
-        if matches!(c.state, QpState::Err | QpState::Reset) {
-            return; // a bad message among them failed the QP already
+        if matches!(c.state, QpState::Rtr | QpState::Rts) {
+            self.progress_recv(c);
+            if matches!(c.state, QpState::Err | QpState::Reset) {
+                return; // a bad message among them failed the QP already
+            }
         }
         c.state = QpState::Err;
         self.live.store(false, SeqCst);
+        self.fail_pending.store(false, SeqCst);
         Ring(&c.ring).h(R_CONS_CLOSED).store(1, SeqCst);
         if let Some(l) = &c.link {
             let pr = Ring(&l.peer_ring);
@@ -1588,10 +2165,23 @@ impl QpInner {
                 self.qpn,
             ));
         }
+        self.release_link(c);
         if event {
             self.dev.raise(AsyncEvent::QpFatal { qp_num: self.qpn });
         }
     }
+
+    /// Lets go of everything the link holds: sockets, the peer's ring,
+    /// eventfds and regions (windows lent keep their mapping until dropped).
+    fn release_link(&self, c: &mut Core) {
+        c.link = None;
+        lock(&self.ctl).clear_links();
+        *lock(&self.hb) = None;
+        lock(&self.remote).clear();
+        self.dev.wake.signal();
+    }
+
+    // ---------------------------------------------------------------- progress
 
     /// The progress that can complete into `cq`: receives for the QP's
     /// receive CQ, sends for its send CQ (both when they are one). Polling
@@ -1599,9 +2189,14 @@ impl QpInner {
     /// own poll does (a pump polls both).
     fn progress_for(&self, cq: &Arc<CqInner>) {
         let mut c = lock(&self.core);
+        if self.fail_pending.load(Relaxed) {
+            let (first, event) = *lock(&self.fail_what);
+            self.fail_locked(&mut c, first, event);
+        }
         if !matches!(c.state, QpState::Rtr | QpState::Rts) {
             return;
         }
+        self.adopt_ready(&mut c);
         if Arc::ptr_eq(&self.recv_cq, cq) {
             self.progress_recv(&mut c);
         }
@@ -1640,6 +2235,7 @@ impl QpInner {
         if !matches!(c.state, QpState::Rtr | QpState::Rts) {
             return;
         }
+        self.adopt_ready(c);
         self.progress_recv(c);
         if c.state == QpState::Rts {
             self.progress_send(c);
@@ -1686,88 +2282,72 @@ impl QpInner {
         }
     }
 
-    /// Checks the peer region for a WRITE and returns (mapping, byte offset).
-    fn check_remote(
-        &self,
-        l: &Link,
-        rkey: u32,
-        addr: u64,
-        len: usize,
-    ) -> std::result::Result<(Arc<SharedMem>, usize), WcStatus> {
-        let pr = Ring(&l.peer_ring);
-        if !Access::from_bits(pr.h(R_ACCESS).load(Acquire) as u32).contains(Access::REMOTE_WRITE) {
-            return Err(WcStatus::RemoteAccessError);
-        }
-        let m = self.dev.remote_mr(l, rkey)?;
-        let v = MrView(&m);
-        let ok_hdr = v.h(MR_VALID).load(Acquire) == 1
-            && v.h(MR_PD).load(Acquire) == l.peer_pd as u64
-            && Access::from_bits(v.h(MR_ACCESS).load(Acquire) as u32)
-                .contains(Access::REMOTE_WRITE);
-        let mlen = (v.h(MR_LEN).load(Acquire) as usize).min(m.len() - HDR);
-        let off = addr.checked_sub(v.h(MR_IOVA).load(Acquire));
-        match off {
-            Some(off) if ok_hdr && check_range(off as usize, len, mlen).is_ok() => {
-                Ok((m, HDR + off as usize))
-            }
-            _ => Err(WcStatus::RemoteAccessError),
-        }
-    }
-
     fn progress_send(&self, c: &mut Core) {
         if let Some(l) = c.link.as_ref() {
             // before the slot states: a consume after this load shows later
             c.seen_peer_head = Ring(&l.peer_ring).h(R_HEAD).load(Acquire);
         }
-        let Some(l) = c.link.as_ref() else { return };
         if c.sq.is_empty() {
             return;
         }
-        let pr = Ring(&l.peer_ring);
         // The clock is read only while some SEND waits for a receive (RNR).
         let mut now_cache = None;
         let mut now = || *now_cache.get_or_insert_with(Instant::now);
-        let rnr_budget = || {
-            Duration::from_nanos(pr.h(R_RNR_TIMER).load(Relaxed)).max(Duration::from_micros(10))
-                * (c.rnr_retry as u32 + 1)
+        let rnr_retry = c.rnr_retry;
+        let (credits, head, rnr_budget) = match c.link.as_ref() {
+            Some(l) => {
+                let pr = Ring(&l.peer_ring);
+                // the peer's timer, within what IB allows (the word is the peer's)
+                let timer = Duration::from_nanos(pr.h(R_RNR_TIMER).load(Relaxed))
+                    .clamp(Duration::from_micros(10), MAX_RNR_TIMER);
+                (
+                    pr.h(R_RECV_CREDITS).load(Acquire),
+                    pr.h(R_HEAD).load(Acquire),
+                    timer.saturating_mul(u32::from(rnr_retry) + 1),
+                )
+            }
+            None => (0, 0, Duration::ZERO),
         };
-        let credits = pr.h(R_RECV_CREDITS).load(Acquire);
         // 1. ACKs of published slots, RNR timers.
-        for p in c.sq.iter_mut() {
-            if let Stage::Published { seq, rnr_since } = &mut p.stage {
-                let w = pr.s(*seq, S_STATE).load(SeqCst);
-                let s = *seq;
-                if w == s << 3 | ST_CONSUMED {
-                    p.stage = Stage::Done(WcStatus::Success);
-                } else if w == s << 3 | ST_NAK {
-                    p.stage = Stage::Done(WcStatus::RemoteInvalidRequest);
-                    break; // later WRs flush
-                } else if credits <= s {
-                    let since = *rnr_since.get_or_insert_with(&mut now);
-                    if c.rnr_retry != 7
-                        && now().duration_since(since) > rnr_budget()
-                        && pr
-                            .s(s, S_STATE)
-                            .compare_exchange(
-                                s << 3 | ST_PUBLISHED,
-                                s << 3 | ST_CANCELLED,
-                                SeqCst,
-                                SeqCst,
-                            )
-                            .is_ok()
-                    {
-                        p.stage = Stage::Done(WcStatus::RnrRetryExceeded);
+        if let Some(l) = c.link.as_ref() {
+            let pr = Ring(&l.peer_ring);
+            for p in c.sq.iter_mut() {
+                if let Stage::Published { seq, rnr_since } = &mut p.stage {
+                    let w = pr.s(*seq, S_STATE).load(SeqCst);
+                    let s = *seq;
+                    if w == s << 3 | ST_CONSUMED {
+                        p.stage = Stage::Done(WcStatus::Success);
+                    } else if w == s << 3 | ST_NAK {
+                        p.stage = Stage::Done(WcStatus::RemoteInvalidRequest);
                         break; // later WRs flush
+                    } else if credits <= s {
+                        let since = *rnr_since.get_or_insert_with(&mut now);
+                        if rnr_retry != 7
+                            && now().duration_since(since) > rnr_budget
+                            && pr
+                                .s(s, S_STATE)
+                                .compare_exchange(
+                                    s << 3 | ST_PUBLISHED,
+                                    s << 3 | ST_CANCELLED,
+                                    SeqCst,
+                                    SeqCst,
+                                )
+                                .is_ok()
+                        {
+                            p.stage = Stage::Done(WcStatus::RnrRetryExceeded);
+                            break; // later WRs flush
+                        }
+                    } else {
+                        *rnr_since = None;
                     }
-                } else {
-                    *rnr_since = None;
                 }
             }
         }
         // 2. Execute queued WRs in order (they are the tail of the queue).
+        // Without a link yet (the peer has not dialed us) only WRITEs ahead
+        // of any SEND can go: they need the peer's region, not its ring.
         let queued = matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued));
-        let mut tail = pr.h(R_TAIL).load(Relaxed);
-        let head = pr.h(R_HEAD).load(Acquire);
+        let mut tail = c.link.as_ref().map_or(0, |l| l.tail);
         let mut published = false;
         // RC: while an earlier SEND is refused with RNR, the responder does not
         // execute anything behind it, so a later WRITE must not land either.
@@ -1787,8 +2367,9 @@ impl QpInner {
             if rnr_blocked && !needs_slot {
                 break;
             }
-            if needs_slot && tail.wrapping_sub(head) >= NSLOTS {
-                break; // ring full: stays queued
+            let ring = c.link.as_ref().map(|l| &*l.peer_ring);
+            if needs_slot && (ring.is_none() || tail.wrapping_sub(head) >= NSLOTS) {
+                break; // no link yet, or ring full: stays queued
             }
             let result: std::result::Result<Option<(u64, u64)>, WcStatus> = (|| {
                 match p.op {
@@ -1796,11 +2377,12 @@ impl QpInner {
                     | SendOp::RdmaWriteWithImm {
                         remote_addr, rkey, ..
                     } => {
-                        let (m, off) = self.check_remote(l, rkey, remote_addr, p.len as usize)?;
-                        self.gather(&p.payload, &m, off)?;
+                        let (m, off) = self.check_remote(rkey, remote_addr, p.len as usize)?;
+                        self.gather(&p.payload, &m.mem, off)?;
                     }
                     _ => {
-                        self.gather(&p.payload, &l.peer_ring, Ring::slot(tail) + SLOT_HDR)?;
+                        let r = ring.expect("checked above");
+                        self.gather(&p.payload, r, Ring::slot(tail) + SLOT_HDR)?;
                     }
                 }
                 let (op, imm) = match p.op {
@@ -1812,6 +2394,7 @@ impl QpInner {
                 Ok(Some((op, imm.map(|i| i as u64 | 1 << 32).unwrap_or(0))))
             })();
             let len = p.len as u64;
+            let sq_psn = c.sq_psn;
             let p = &mut c.sq[i];
             match result {
                 Err(s) => {
@@ -1820,7 +2403,8 @@ impl QpInner {
                 }
                 Ok(None) => p.stage = Stage::Done(WcStatus::Success),
                 Ok(Some((op, imm))) => {
-                    let psn = (c.sq_psn as u64).wrapping_add(tail) & 0xff_ffff;
+                    let pr = Ring(ring.expect("a slot op has a ring"));
+                    let psn = (sq_psn as u64).wrapping_add(tail) & 0xff_ffff;
                     pr.s(tail, S_META).store(op | len << 32, Relaxed);
                     pr.s(tail, S_IMM).store(imm | psn << 40, Relaxed);
                     // Publish: everything above (including earlier WRITE copies) happens-before.
@@ -1835,9 +2419,12 @@ impl QpInner {
                 }
             }
         }
-        if published && pr.h(R_RX_NOTIFY).swap(0, SeqCst) == 1 {
-            if let Some(e) = &l.peer_rx_efd {
-                e.signal();
+        if let Some(l) = c.link.as_mut() {
+            l.tail = tail;
+            if published && Ring(&l.peer_ring).h(R_RX_NOTIFY).swap(0, SeqCst) == 1 {
+                if let Some(e) = &l.peer_rx_efd {
+                    e.signal();
+                }
             }
         }
         // 3. Complete in order.
@@ -1855,27 +2442,31 @@ impl QpInner {
         }
     }
 
+    /// Takes published slots of our ring into posted receives. The slots are
+    /// the peer's to write, so everything read from them is checked, the
+    /// consumer index is ours (in `core`), and one pass looks at most at one
+    /// ring's worth of slots: a peer rewriting slots under us can make us
+    /// NAK and fail the QP, never loop, panic or copy out of bounds.
     fn progress_recv(&self, c: &mut Core) {
         {
             // nothing published at the head (the usual case): no more work
-            let r = Ring(&c.ring);
-            let head = r.h(R_HEAD).load(Relaxed);
-            if r.s(head, S_STATE).load(SeqCst) >> 3 != head {
+            if !slot_taken(&c.ring, c.head) {
                 return;
             }
         }
         let ring = c.ring.clone();
         let r = Ring(&ring);
         let mut consumed = false;
-        loop {
-            let head = r.h(R_HEAD).load(Relaxed);
+        for _ in 0..NSLOTS {
+            let head = c.head;
             let w = r.s(head, S_STATE).load(SeqCst);
             if w >> 3 != head {
                 break;
             }
             match w & 7 {
                 ST_CANCELLED => {
-                    r.h(R_HEAD).store(head.wrapping_add(1), Release);
+                    c.head = head.wrapping_add(1);
+                    r.h(R_HEAD).store(c.head, Release);
                     continue;
                 }
                 ST_PUBLISHED => {}
@@ -1936,15 +2527,16 @@ impl QpInner {
             } else {
                 ST_NAK
             };
+            c.head = head.wrapping_add(1);
             if r.s(head, S_STATE)
                 .compare_exchange(head << 3 | ST_PUBLISHED, head << 3 | next, SeqCst, SeqCst)
                 .is_err()
             {
                 // The sender withdrew it (RNR retries exhausted): skip, keep the receive.
-                r.h(R_HEAD).store(head.wrapping_add(1), Release);
+                r.h(R_HEAD).store(c.head, Release);
                 continue;
             }
-            r.h(R_HEAD).store(head.wrapping_add(1), Release);
+            r.h(R_HEAD).store(c.head, Release);
             c.rq.pop_front();
             consumed = true;
             self.recv_cq.push(wc(
@@ -1964,17 +2556,38 @@ impl QpInner {
                 break;
             }
         }
-        if consumed && r.h(R_TX_NOTIFY).swap(0, SeqCst) == 1 {
-            if let Some(e) = c.link.as_ref().and_then(|l| l.peer_tx_efd.as_ref()) {
-                e.signal();
+        if consumed {
+            if let Some(l) = c.link.as_ref() {
+                if r.h(R_TX_NOTIFY).swap(0, SeqCst) == 1 {
+                    if let Some(e) = &l.peer_tx_efd {
+                        e.signal();
+                    }
+                }
             }
         }
     }
 }
 
+/// Whether the sender wrote slot `seq` of `ring` (published or withdrew it).
+fn slot_taken(ring: &SharedMem, seq: u64) -> bool {
+    let w = Ring(ring).s(seq, S_STATE).load(SeqCst);
+    w >> 3 == seq && w & 7 != 0
+}
+
 /// An RC queue pair of an `shm` device; destroyed on drop.
 pub struct ShmQp {
     inner: Arc<QpInner>,
+}
+
+impl ShmQp {
+    /// Test hook for the threat-model tests: asks the peer for its region
+    /// `rkey` over this QP's link as a WRITE would, but without the writer's
+    /// own checks (what a hostile peer running its own code would do), and
+    /// says whether the peer handed it out. Nothing is kept.
+    #[doc(hidden)]
+    pub fn peer_hands_out(&self, rkey: u32) -> bool {
+        self.inner.fetch_region(rkey).is_ok()
+    }
 }
 
 impl QueuePair for ShmQp {
@@ -1984,12 +2597,32 @@ impl QueuePair for ShmQp {
 
     fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {
         let q = &self.inner;
-        let c = lock(&q.core);
-        if c.state != QpState::Rts {
+        if lock(&q.core).state != QpState::Rts {
             return None;
         }
-        let (m, off) = q.check_remote(c.link.as_ref()?, rkey, addr, len).ok()?;
+        let (m, off) = q.check_remote(rkey, addr, len).ok()?;
         Some(MemWindow::new(Arc::new(RemoteMem(m)), off, len))
+    }
+
+    /// Maps the peer's region now (asking its owner over the link), so that
+    /// WRITEs to it later need nothing this process may lack by then (a
+    /// descriptor for the moment of the mapping).
+    fn prepare_remote(&self, rkey: u32, addr: u64, len: usize) -> Result<()> {
+        let q = &self.inner;
+        let st = lock(&q.core).state;
+        if !matches!(st, QpState::Rtr | QpState::Rts) {
+            return Err(Error::InvalidState {
+                op: "prepare_remote",
+                state: st,
+            });
+        }
+        let m = q.peer_region(rkey).map_err(FetchError::into_error)?;
+        m.check(addr, len).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "{len} bytes at {addr:#x} are not writable in the peer's region {rkey:#x}"
+            ))
+        })?;
+        Ok(())
     }
 
     fn state(&self) -> QpState {
@@ -2010,7 +2643,9 @@ impl QueuePair for ShmQp {
                 Ring(&c.ring)
                     .h(R_ACCESS)
                     .store(access.bits() as u64, Release);
-                Ring(&c.ring).h(R_PD).store(q.pd as u64, Release);
+                let mut ctl = lock(&q.ctl);
+                ctl.access = access;
+                ctl.accepting = true;
             }
             QpModify::Rtr {
                 remote,
@@ -2038,14 +2673,13 @@ impl QueuePair for ShmQp {
                 q.dev.publish_gids();
                 {
                     let mut c = lock(&q.core);
-                    c.remote = Some(remote);
                     c.rq_psn = rq_psn & 0xff_ffff;
                     c.min_rnr_timer = min_rnr_timer;
                     Ring(&c.ring)
                         .h(R_RNR_TIMER)
                         .store(min_rnr_timer.as_nanos() as u64, Release);
                 }
-                q.connect(remote, sgid)?;
+                q.dial(remote, sgid, rq_psn & 0xff_ffff)?;
             }
             QpModify::Rts {
                 sq_psn,
@@ -2056,24 +2690,34 @@ impl QueuePair for ShmQp {
                 if retry_cnt > 7 || rnr_retry > 7 {
                     return Err(Error::InvalidArgument("retry counts are 0..=7".into()));
                 }
-                let mut c = lock(&q.core);
-                c.sq_psn = sq_psn & 0xff_ffff;
-                c.timeout = timeout;
-                c.retry_cnt = retry_cnt;
-                c.rnr_retry = rnr_retry;
+                {
+                    let mut c = lock(&q.core);
+                    if cur == QpState::Rtr {
+                        c.sq_psn = sq_psn & 0xff_ffff;
+                    }
+                    c.timeout = timeout;
+                    c.retry_cnt = retry_cnt;
+                    c.rnr_retry = rnr_retry;
+                }
+                if cur == QpState::Rtr {
+                    q.on_rts(sq_psn & 0xff_ffff);
+                }
             }
             QpModify::Err => {
                 q.fail(None, false);
                 return Ok(());
             }
             QpModify::Reset => {
+                let (ring, ring_fd) = new_ring()?;
                 let mut c = lock(&q.core);
                 // RESET discards outstanding WRs without completions (as verbs
                 // does) but still tells the peer that this end is gone.
                 c.sq.clear();
                 c.rq.clear();
                 q.fail_locked(&mut c, None, false);
-                *c = Core::new(new_ring(q.qpn)?);
+                q.release_link(&mut c);
+                *lock(&q.ctl) = Ctl::default();
+                *c = Core::new(ring, ring_fd);
                 return Ok(());
             }
         }
@@ -2087,12 +2731,17 @@ impl QueuePair for ShmQp {
         c.state = next;
         q.live
             .store(matches!(next, QpState::Rtr | QpState::Rts), SeqCst);
+        q.adopt_ready(&mut c);
         Ok(())
     }
 
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let q = &self.inner;
         let mut c = lock(&q.core);
+        if q.fail_pending.load(Relaxed) {
+            let (first, event) = *lock(&q.fail_what);
+            q.fail_locked(&mut c, first, event);
+        }
         if c.state != QpState::Rts {
             return Err(Error::InvalidState {
                 op: "post_send",
@@ -2100,6 +2749,7 @@ impl QueuePair for ShmQp {
             });
         }
         validate_send(wr, &q.cap, SLOT_PAYLOAD as u32)?;
+        q.adopt_ready(&mut c);
         if c.sq.len() >= q.cap.max_send_wr as usize {
             q.progress_locked(&mut c);
             if c.sq.len() >= q.cap.max_send_wr as usize {
@@ -2108,21 +2758,19 @@ impl QueuePair for ShmQp {
         }
         if let (SendOp::RdmaWrite { remote_addr, rkey }, Payload::Inline(d)) = (wr.op, wr.payload) {
             if q.executes_at_post(&c, wr.signaled) {
-                if let Some(l) = c.link.as_ref() {
-                    if let Ok((m, off)) = q.check_remote(l, rkey, remote_addr, d.len()) {
-                        if m.write(off, d).is_ok() {
-                            if wr.signaled {
-                                q.send_cq.push(wc(
-                                    wr.wr_id,
-                                    WcStatus::Success,
-                                    WcOpcode::RdmaWrite,
-                                    d.len() as u32,
-                                    None,
-                                    q.qpn,
-                                ));
-                            }
-                            return Ok(());
+                if let Ok((m, off)) = q.check_remote(rkey, remote_addr, d.len()) {
+                    if m.mem.write(off, d).is_ok() {
+                        if wr.signaled {
+                            q.send_cq.push(wc(
+                                wr.wr_id,
+                                WcStatus::Success,
+                                WcOpcode::RdmaWrite,
+                                d.len() as u32,
+                                None,
+                                q.qpn,
+                            ));
                         }
+                        return Ok(());
                     }
                 }
                 // anything wrong: queue it, progress reports the error in order
@@ -2182,17 +2830,16 @@ impl QueuePair for ShmQp {
 
 impl Drop for ShmQp {
     fn drop(&mut self) {
-        self.inner.fail(None, false);
-        let mut c = lock(&self.inner.core);
-        c.link = None;
-        c.extra_socks.clear();
-        drop(c);
-        lock(&self.inner.dev.qps).remove(&self.inner.qpn);
-        self.inner
-            .dev
-            .reg
-            .release_qpn(self.inner.qpn, &self.inner.dev.sock_path);
-        self.inner.dev.wake.signal();
+        let q = &self.inner;
+        {
+            let mut c = lock(&q.core);
+            q.fail_locked(&mut c, None, false);
+            q.release_link(&mut c);
+            c.ring_fd = None;
+        }
+        lock(&q.dev.qps).remove(&q.qpn);
+        q.dev.reg.release_qpn(q.qpn, &q.dev.sock_path);
+        q.dev.wake.signal();
     }
 }
 
@@ -2218,26 +2865,6 @@ mod tests {
         assert!(ShmConfig::parse("device a netdev x\ndevice a netdev y").is_err());
         assert!(ShmConfig::parse("bogus").is_err());
         assert!(ShmConfig::parse("poll_interval_ms 0").is_err());
-    }
-
-    #[test]
-    fn msg_roundtrip() {
-        let m = Msg {
-            kind: K_HELLO,
-            src_qpn: 5,
-            dst_qpn: 9,
-            gid: Gid([7; 16]),
-            pd: 3,
-            rkey: 11,
-            flags: 2,
-        };
-        let d = Msg::decode(&m.encode()).unwrap();
-        assert_eq!(
-            (d.kind, d.src_qpn, d.dst_qpn, d.gid, d.pd, d.rkey, d.flags),
-            (1, 5, 9, Gid([7; 16]), 3, 11, 2)
-        );
-        assert!(Msg::decode(&[0u8; MSG_LEN]).is_none());
-        assert!(Msg::decode(&[0u8; 3]).is_none());
     }
 
     #[test]
