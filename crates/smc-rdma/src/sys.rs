@@ -709,60 +709,85 @@ pub struct Link {
 /// Asked through socket ioctls, which answer for the namespace the socket was
 /// made in, never through `/sys/class/net`: that shows the interfaces of the
 /// namespace that mounted sysfs, which is not ours after a plain
-/// `setns(CLONE_NEWNET)` (as `nsenter --net` does).
+/// `setns(CLONE_NEWNET)` (as `nsenter --net` does). Takes a descriptor for the
+/// moment of the call; [`LinkProbe`] keeps one instead.
 pub fn link(ifname: &str) -> io::Result<Option<Link>> {
-    let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
-    if ifname.is_empty() || ifname.len() >= name.len() || ifname.bytes().any(|b| b == 0) {
-        // not a name the kernel could have given an interface
-        return Ok(None);
+    LinkProbe::new()?.link(ifname)
+}
+
+/// A socket kept for [`link`]'s ioctls, so that a periodic look at an
+/// interface needs no new descriptor (a process out of descriptors must not
+/// take its interface for down).
+#[derive(Debug)]
+pub struct LinkProbe {
+    sock: OwnedFd,
+}
+
+impl LinkProbe {
+    /// A probe for the caller's network namespace.
+    pub fn new() -> io::Result<LinkProbe> {
+        // SAFETY: socket has no memory-safety preconditions.
+        let fd =
+            cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+        // SAFETY: fd was just returned by socket and is owned by nobody else.
+        Ok(LinkProbe {
+            sock: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
     }
-    for (d, s) in name.iter_mut().zip(ifname.bytes()) {
-        *d = s as libc::c_char;
+
+    /// [`link`], through this probe's socket.
+    pub fn link(&self, ifname: &str) -> io::Result<Option<Link>> {
+        let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
+        if ifname.is_empty() || ifname.len() >= name.len() || ifname.bytes().any(|b| b == 0) {
+            // not a name the kernel could have given an interface
+            return Ok(None);
+        }
+        for (d, s) in name.iter_mut().zip(ifname.bytes()) {
+            *d = s as libc::c_char;
+        }
+        let sock = &self.sock;
+        let ask = |req: libc::c_ulong| -> io::Result<Option<libc::ifreq>> {
+            // SAFETY: ifreq is plain old data (a name and a union of integers and
+            // sockaddrs), for which all-zero bytes are a valid value.
+            let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+            ifr.ifr_name = name;
+            // SAFETY: the SIOCGIF* requests passed here read the NUL-terminated
+            // name and write at most one ifreq into the local `ifr`.
+            let r =
+                unsafe { libc::ioctl(sock.as_raw_fd(), req as _, &mut ifr as *mut libc::ifreq) };
+            match cvt(r) {
+                Ok(_) => Ok(Some(ifr)),
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        let Some(f) = ask(libc::SIOCGIFFLAGS)? else {
+            return Ok(None);
+        };
+        // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+        let flags = i32::from(unsafe { f.ifr_ifru.ifru_flags }) & 0xffff;
+        let Some(h) = ask(libc::SIOCGIFHWADDR)? else {
+            return Ok(None);
+        };
+        // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
+        let hw = unsafe { h.ifr_ifru.ifru_hwaddr };
+        let mac = matches!(hw.sa_family, libc::ARPHRD_ETHER | libc::ARPHRD_LOOPBACK).then(|| {
+            let mut m = [0u8; 6];
+            for (d, s) in m.iter_mut().zip(hw.sa_data.iter()) {
+                *d = *s as u8;
+            }
+            m
+        });
+        let Some(m) = ask(libc::SIOCGIFMTU)? else {
+            return Ok(None);
+        };
+        // SAFETY: SIOCGIFMTU filled the mtu member of the union.
+        let mtu = unsafe { m.ifr_ifru.ifru_mtu }.max(0) as u32;
+        // The kernel reports IFF_RUNNING exactly when the interface is open and its
+        // operational state is up or unknown.
+        let up = flags & (libc::IFF_UP | libc::IFF_RUNNING) == libc::IFF_UP | libc::IFF_RUNNING;
+        Ok(Some(Link { up, mac, mtu }))
     }
-    // SAFETY: socket has no memory-safety preconditions.
-    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: fd was just returned by socket and is owned by nobody else.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let ask = |req: libc::c_ulong| -> io::Result<Option<libc::ifreq>> {
-        // SAFETY: ifreq is plain old data (a name and a union of integers and
-        // sockaddrs), for which all-zero bytes are a valid value.
-        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-        ifr.ifr_name = name;
-        // SAFETY: the SIOCGIF* requests passed here read the NUL-terminated
-        // name and write at most one ifreq into the local `ifr`.
-        let r = unsafe { libc::ioctl(sock.as_raw_fd(), req as _, &mut ifr as *mut libc::ifreq) };
-        match cvt(r) {
-            Ok(_) => Ok(Some(ifr)),
-            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
-            Err(e) => Err(e),
-        }
-    };
-    let Some(f) = ask(libc::SIOCGIFFLAGS)? else {
-        return Ok(None);
-    };
-    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
-    let flags = i32::from(unsafe { f.ifr_ifru.ifru_flags }) & 0xffff;
-    let Some(h) = ask(libc::SIOCGIFHWADDR)? else {
-        return Ok(None);
-    };
-    // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
-    let hw = unsafe { h.ifr_ifru.ifru_hwaddr };
-    let mac = matches!(hw.sa_family, libc::ARPHRD_ETHER | libc::ARPHRD_LOOPBACK).then(|| {
-        let mut m = [0u8; 6];
-        for (d, s) in m.iter_mut().zip(hw.sa_data.iter()) {
-            *d = *s as u8;
-        }
-        m
-    });
-    let Some(m) = ask(libc::SIOCGIFMTU)? else {
-        return Ok(None);
-    };
-    // SAFETY: SIOCGIFMTU filled the mtu member of the union.
-    let mtu = unsafe { m.ifr_ifru.ifru_mtu }.max(0) as u32;
-    // The kernel reports IFF_RUNNING exactly when the interface is open and its
-    // operational state is up or unknown.
-    let up = flags & (libc::IFF_UP | libc::IFF_RUNNING) == libc::IFF_UP | libc::IFF_RUNNING;
-    Ok(Some(Link { up, mac, mtu }))
 }
 
 /// One address of an interface.

@@ -432,6 +432,10 @@ struct DevShared {
     /// A QP that has not met its verified peer this long after its RTR fails.
     rendezvous_timeout: Duration,
     port_up: AtomicBool,
+    /// The ioctl socket the port state is read through: a tick needs no new
+    /// descriptor (out of descriptors, a fresh socket per look failed, the
+    /// port read as down and every QP of the device failed with it).
+    probe: sys::LinkProbe,
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
     lkeys: Mutex<KeyMap<u32, Arc<LocalMr>>>,
@@ -529,6 +533,7 @@ impl ShmDevice {
             poll_interval: cfg.poll_interval,
             rendezvous_timeout: (cfg.peer_timeout * 8).max(Duration::from_secs(2)),
             port_up: AtomicBool::new(netdev_up(&d.netdev)),
+            probe: sys::LinkProbe::new()?,
             events: Mutex::new(VecDeque::new()),
             event_fd: EventFd::new()?,
             lkeys: Mutex::new(KeyMap::default()),
@@ -845,7 +850,11 @@ fn on_pending(sh: &DevShared, s: &Arc<SeqPacket>) -> bool {
 }
 
 fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
-    let up = netdev_up(&sh.netdev) && !sh.forced_down.load(Acquire);
+    // A look that fails (not a "down" answer) changes nothing.
+    let up = match sh.probe.link(&sh.netdev) {
+        Ok(l) => l.is_some_and(|l| l.up),
+        Err(_) => sh.port_up.load(Acquire),
+    } && !sh.forced_down.load(Acquire);
     if up != sh.port_up.swap(up, AcqRel) {
         if up {
             sh.raise(AsyncEvent::PortActive { port: 1 });
