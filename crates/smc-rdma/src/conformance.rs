@@ -1483,6 +1483,54 @@ pub fn peer_hang_detected<H: Harness>(h: &mut H) -> CaseResult {
     survivor_fails(h)
 }
 
+/// For a provider that reaches peer memory through per-region resources of
+/// its own (`sim` and `shm`; not one of [`cases`]: a real RNIC readies
+/// nothing and accepts every [`QueuePair::prepare_remote`]): readying a
+/// region a WRITE could reach succeeds, and WRITEs to it then succeed;
+/// readying what a WRITE could not reach (an unknown rkey, a region without
+/// remote access, a range past its end) fails, and costs nothing else: the
+/// QP stays usable.
+pub fn prepare_remote_checks<H: Harness>(h: &mut H) -> CaseResult {
+    let r = h.remote();
+    let l = h.local();
+    e(
+        l.qp.prepare_remote(r.mr.rkey, r.mr.addr, r.mr.len as usize),
+        "ready the region",
+    )?;
+    ensure!(
+        l.qp.prepare_remote(r.mr.rkey ^ 0x00a5_5a00, r.mr.addr, 64)
+            .is_err(),
+        "an unknown rkey was readied"
+    );
+    ensure!(
+        l.qp.prepare_remote(r.ro_mr.rkey, r.ro_mr.addr, 64).is_err(),
+        "a region without remote write access was readied"
+    );
+    ensure!(
+        l.qp.prepare_remote(r.mr.rkey, r.mr.addr + r.mr.len - 32, 64)
+            .is_err(),
+        "a range past the region's end was readied"
+    );
+    ensure!(
+        l.qp.state() == QpState::Rts,
+        "a refused preparation failed the QP"
+    );
+    let data = pattern(77, 4096);
+    e(l.mr.write_at(0, &data), "write_at")?;
+    let sge = e(l.mr.sge(0, 4096), "sge")?;
+    e(
+        l.qp.post_send(&write_wr(5, &[sge], r.mr.addr + 4096, r.mr.rkey, true)),
+        "post write",
+    )?;
+    let wcs = local_send_wcs(h, 1)?;
+    ensure!(wcs[0].status == WcStatus::Success, "write {wcs:?}");
+    ensure!(
+        e(h.peer().read(4096, 4096), "peer read")? == data,
+        "written data not visible"
+    );
+    Ok(())
+}
+
 /// A case of the suite.
 pub struct Case<H> {
     /// Name (also the generated test's name).

@@ -1179,6 +1179,42 @@ impl QueuePair for SimQp {
         ok.then(|| MemWindow::new(Arc::new(m), off, len))
     }
 
+    /// Nothing to acquire in the simulation; checks that a WRITE of `len`
+    /// bytes at `rkey`/`addr` would be accepted by the responder now, as the
+    /// shm device does when it maps the region.
+    fn prepare_remote(&self, rkey: u32, addr: u64, len: usize) -> Result<()> {
+        let st = self.f.st();
+        let qp = st
+            .qps
+            .get(&self.qpn)
+            .ok_or_else(|| Error::InvalidArgument("no such QP".into()))?;
+        if !matches!(qp.state, QpState::Rtr | QpState::Rts) {
+            return Err(Error::InvalidState {
+                op: "prepare_remote",
+                state: qp.state,
+            });
+        }
+        let dq = qp
+            .remote
+            .and_then(|r| st.qps.get(&r.qp_num))
+            .ok_or_else(|| Error::Connect("the peer QP is gone".into()))?;
+        let ok = st.mrs.get(&rkey).is_some_and(|mr| {
+            dq.access.contains(Access::REMOTE_WRITE)
+                && mr.dev == dq.dev
+                && mr.pd == dq.pd
+                && mr.access.contains(Access::REMOTE_WRITE)
+                && addr
+                    .checked_sub(mr.addr)
+                    .is_some_and(|off| check_range(off as usize, len, mr.data.len()).is_ok())
+        });
+        if !ok {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes at {addr:#x} are not writable in the peer's region {rkey:#x}"
+            )));
+        }
+        Ok(())
+    }
+
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let mut st = self.f.st();
         let qp = st.qps.get(&self.qpn).expect("qp exists");

@@ -242,3 +242,12 @@ fn memory_windows_reach_what_writes_reach_and_no_further() {
     let mut h = make(&ConnParams::default()).unwrap();
     memory_windows(&mut h).unwrap();
 }
+
+/// `prepare_remote` readies what a WRITE reaches and refuses the rest (the
+/// conformance module's `prepare_remote_checks`, not one of the suite's
+/// cases: a real RNIC readies nothing).
+#[test]
+fn prepare_remote_readies_what_writes_reach_and_refuses_the_rest() {
+    let mut h = make(&ConnParams::default()).unwrap();
+    prepare_remote_checks(&mut h).unwrap();
+}

@@ -649,3 +649,14 @@ fn memory_windows_reach_what_writes_reach_and_no_further() {
     let mut h = setup!(make_inproc(&ConnParams::default()));
     memory_windows(&mut h).unwrap();
 }
+
+/// `prepare_remote` readies what a WRITE reaches and refuses the rest, also
+/// with the peer in another process (the conformance module's
+/// `prepare_remote_checks`).
+#[test]
+fn prepare_remote_readies_what_writes_reach_and_refuses_the_rest() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    prepare_remote_checks(&mut h).unwrap();
+    let mut h = setup!(make_lo_proc(&ConnParams::default()));
+    prepare_remote_checks(&mut h).unwrap();
+}
