@@ -528,12 +528,39 @@ pub fn decode_wc(s: &str) -> Option<PeerWc> {
 
 /// Runs the passive side's command loop: prints `info <EndpointInfo>`, waits
 /// for `connect <EndpointInfo>`, then answers commands (`recv`, `wcs`, `read`,
-/// `watch`, `state`, `quit`) one line each, pumping the CQs between commands.
+/// `watch`, `state`, `quit`, and those of [`serve_with`]) one line each,
+/// pumping the CQs between commands.
 pub fn serve<P: Provider>(
     peer: &mut LocalPeer<P>,
     lines: std::sync::mpsc::Receiver<String>,
     out: &mut dyn Write,
 ) -> Result<()> {
+    serve_with(peer, lines, out, &mut |_| None)
+}
+
+/// Extra commands of a [`serve`] loop (e.g. process-level ones of the peer
+/// binary): `Some(reply)` if the words were one of them.
+pub type ExtraCommands<'a> = dyn FnMut(&[&str]) -> Option<Result<String>> + 'a;
+
+/// [`serve`], with `extra` asked first for every command line; also answers
+/// the commands that the threat-model and resource tests use:
+///
+/// * `write RKEY ADDR LEN SEED` — an RDMA WRITE of `pattern(SEED, LEN)` from
+///   the data region to the peer's (RKEY, ADDR); answers its completion
+///   status.
+/// * `prepare RKEY ADDR LEN` — [`QueuePair::prepare_remote`].
+/// * `newqp` — creates one more QP on the endpoint's PD and CQs, in INIT
+///   (kept); answers its number.
+/// * `newmr LEN` — registers one more REMOTE_WRITE region (kept); answers
+///   `ADDR RKEY LEN`.
+pub fn serve_with<P: Provider>(
+    peer: &mut LocalPeer<P>,
+    lines: std::sync::mpsc::Receiver<String>,
+    out: &mut dyn Write,
+    extra: &mut ExtraCommands<'_>,
+) -> Result<()> {
+    let mut kept_qps: Vec<P::Qp> = vec![];
+    let mut kept_mrs: Vec<P::Mr> = vec![];
     writeln!(out, "info {}", peer.ep.info().to_line())?;
     out.flush()?;
     loop {
@@ -549,7 +576,67 @@ pub fn serve<P: Provider>(
                 .and_then(|x| x.parse().ok())
                 .ok_or_else(|| Error::InvalidArgument(format!("bad command {line:?}")))
         };
+        if let Some(r) = extra(&w) {
+            match r {
+                Ok(r) => writeln!(out, "ok {r}")?,
+                Err(err) => writeln!(out, "err {err}")?,
+            }
+            out.flush()?;
+            continue;
+        }
         let reply: Result<String> = (|| match w.first().copied() {
+            Some("write") => {
+                let (rkey, addr, len, seed) = (num(1)? as u32, num(2)?, num(3)? as usize, num(4)?);
+                peer.ep.mr.write_at(0, &pattern(seed, len))?;
+                let sge = peer.ep.mr.sge(0, len as u32)?;
+                peer.ep.qp.post_send(&SendWr {
+                    wr_id: 0x5717_e000 + seed,
+                    op: SendOp::RdmaWrite {
+                        remote_addr: addr,
+                        rkey,
+                    },
+                    payload: Payload::Sges(&[sge]),
+                    signaled: true,
+                })?;
+                let t0 = std::time::Instant::now();
+                while t0.elapsed() < WAIT {
+                    for wc in peer.ep.poll_send() {
+                        if wc.wr_id == 0x5717_e000 + seed {
+                            return Ok(format!("{:?}", wc.status));
+                        }
+                        peer.wcs.push(PeerWc { wc, snapshot: None });
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Err(Error::Connect("the WRITE did not complete".into()))
+            }
+            Some("prepare") => peer
+                .ep
+                .qp
+                .prepare_remote(num(1)? as u32, num(2)?, num(3)? as usize)
+                .map(|_| String::new()),
+            Some("newqp") => {
+                let qp = peer
+                    .ep
+                    .pd
+                    .create_qp(&peer.ep.scq, &peer.ep.rcq, QpCap::default())?;
+                qp.modify(&QpModify::Init {
+                    port: 1,
+                    access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                })?;
+                let n = qp.qp_num();
+                kept_qps.push(qp);
+                Ok(n.to_string())
+            }
+            Some("newmr") => {
+                let mr = peer
+                    .ep
+                    .pd
+                    .alloc_mr(num(1)? as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+                let r = mr.remote();
+                kept_mrs.push(mr);
+                Ok(format!("{} {} {}", r.addr, r.rkey, r.len))
+            }
             Some("connect") => {
                 let info = EndpointInfo::from_line(&w[1..].join(" "))?;
                 peer.ep.connect(&info)?;
@@ -681,6 +768,65 @@ impl PeerCtl for ProcPeer {
         crate::sys::send_signal(self.child.id(), crate::sys::Signal::Stop)?;
         Ok(())
     }
+}
+
+// ---------------------------------------------------------------- process statistics
+
+/// What a process holds, from `/proc/PID` (for "back to baseline" checks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcStats {
+    /// Open descriptors.
+    pub fds: usize,
+    /// Open descriptors that are memfds.
+    pub memfd_fds: usize,
+    /// Mappings of memfds.
+    pub memfd_maps: usize,
+    /// Resident set size in KiB.
+    pub rss_kib: u64,
+    /// User + system CPU time in clock ticks.
+    pub cpu_ticks: u64,
+    /// Threads.
+    pub threads: usize,
+}
+
+/// [`ProcStats`] of process `pid` (`std::process::id()` for this one).
+pub fn proc_stats(pid: u32) -> std::io::Result<ProcStats> {
+    let base = std::path::PathBuf::from(format!("/proc/{pid}"));
+    let mut st = ProcStats::default();
+    for e in std::fs::read_dir(base.join("fd"))?.flatten() {
+        st.fds += 1;
+        if std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:")) {
+            st.memfd_fds += 1;
+        }
+    }
+    st.memfd_maps = std::fs::read_to_string(base.join("maps"))?
+        .lines()
+        .filter(|l| l.contains("/memfd:"))
+        .count();
+    for l in std::fs::read_to_string(base.join("status"))?.lines() {
+        let num = || {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        if l.starts_with("VmRSS:") {
+            st.rss_kib = num();
+        } else if l.starts_with("Threads:") {
+            st.threads = num() as usize;
+        }
+    }
+    let stat = std::fs::read_to_string(base.join("stat"))?;
+    let f: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15: indexes 11 and 12 after the name.
+    st.cpu_ticks = f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    Ok(st)
 }
 
 // ---------------------------------------------------------------- helpers

@@ -650,6 +650,29 @@ pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// The process's descriptor limit (`RLIMIT_NOFILE`): (soft, hard).
+pub fn open_files_limit() -> io::Result<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into a local rlimit.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) })?;
+    Ok((r.rlim_cur, r.rlim_max))
+}
+
+/// Sets the soft descriptor limit (tests that run a process out of descriptors).
+pub fn set_open_files_limit(soft: u64) -> io::Result<()> {
+    let (_, hard) = open_files_limit()?;
+    let r = libc::rlimit {
+        rlim_cur: soft.min(hard) as libc::rlim_t,
+        rlim_max: hard as libc::rlim_t,
+    };
+    // SAFETY: setrlimit reads a local rlimit.
+    cvt(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) })?;
+    Ok(())
+}
+
 impl AsFd for SeqPacket {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

@@ -660,3 +660,84 @@ fn prepare_remote_readies_what_writes_reach_and_refuses_the_rest() {
     let mut h = setup!(make_lo_proc(&ConnParams::default()));
     prepare_remote_checks(&mut h).unwrap();
 }
+
+/// A peer's ring words are the peer's to write, also the ones the sender
+/// paces itself by. A peer that announces an RNR timer of 2^64-1 ns (584
+/// years) and never posts a receive stalls only its own link, and only for
+/// as long as the largest timer IB allows: the SEND fails with RNR retries
+/// exceeded, as with any peer that stops consuming. A consumer index far
+/// ahead of anything sent reads as a full ring: SENDs wait, nothing breaks.
+/// Other QPs carry on.
+#[test]
+fn hostile_peer_ring_words_stall_only_its_link_and_not_forever() {
+    use smc_rdma::shm::layout::*;
+    use std::sync::atomic::Ordering;
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let (qp, ring, fake_ring, _conns) = hostile_peer(&h, 1);
+    let (qp2, ring2, fake_ring2, _conns2) = hostile_peer(&h, 1);
+    // The hostile peers are alive: they keep up the heartbeat.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    fake_ring
+        .atomic(R_RNR_TIMER)
+        .unwrap()
+        .store(u64::MAX, Ordering::Release);
+    fake_ring2
+        .atomic(R_HEAD)
+        .unwrap()
+        .store(u64::MAX / 2, Ordering::Release);
+    let send = |id| SendWr {
+        wr_id: id,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"x"),
+        signaled: true,
+    };
+    qp.post_send(&send(1)).unwrap();
+    qp2.post_send(&send(2)).unwrap();
+    let st = fake_ring.atomic(Ring::slot(0) + S_STATE).unwrap();
+    assert_eq!(
+        st.load(Ordering::Acquire),
+        ST_PUBLISHED,
+        "the SEND was published"
+    );
+    let st2 = fake_ring2.atomic(Ring::slot(0) + S_STATE).unwrap();
+    assert_eq!(
+        st2.load(Ordering::Acquire),
+        0,
+        "a SEND went into a \"full\" ring"
+    );
+    // Meanwhile the real connection works.
+    h.peer.post_recv(1, RECV_AREA, 64).unwrap();
+    h.local.qp.post_send(&send(3)).unwrap();
+    let mut w = vec![];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                for r in [&ring, &ring2] {
+                    r.atomic(R_PROD_HB).unwrap().fetch_add(1, Ordering::Release);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        let t0 = Instant::now();
+        while qp.state() != QpState::Err && t0.elapsed() < Duration::from_secs(10) {
+            w.extend(h.local.poll_send());
+            let _ = h.peer.completions();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        w.extend(h.local.poll_send());
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(qp.state(), QpState::Err, "the RNR wait never ended");
+    assert!(
+        w.iter()
+            .any(|w| w.wr_id == 1 && w.status == WcStatus::RnrRetryExceeded),
+        "{w:?}"
+    );
+    assert!(
+        w.iter()
+            .any(|w| w.wr_id == 3 && w.status == WcStatus::Success),
+        "{w:?}"
+    );
+    assert_eq!(qp2.state(), QpState::Rts);
+    assert_eq!(h.local.qp.state(), QpState::Rts);
+}
