@@ -164,12 +164,28 @@ fn stranger_gets_nothing(as_uid: Option<u32>) {
                 }
             });
         }
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_smc-rdma-peer"));
+        let exe = match as_uid {
+            // The build may sit where another user cannot reach it (CI's
+            // checkout under /root): that user runs a copy in /tmp.
+            Some(_) => {
+                use std::os::unix::fs::PermissionsExt;
+                let copy =
+                    std::env::temp_dir().join(format!("smc-rdma-stranger-{}", std::process::id()));
+                std::fs::copy(env!("CARGO_BIN_EXE_smc-rdma-peer"), &copy).unwrap();
+                std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+                copy
+            }
+            None => env!("CARGO_BIN_EXE_smc-rdma-peer").into(),
+        };
+        let mut cmd = Command::new(&exe);
         cmd.arg("stranger").arg(&dir).arg("300");
         if let Some(uid) = as_uid {
             cmd.uid(uid).gid(uid);
         }
         let out = cmd.output().unwrap();
+        if as_uid.is_some() {
+            let _ = std::fs::remove_file(&exe);
+        }
         stop.store(true, Ordering::Relaxed);
         out
     });
