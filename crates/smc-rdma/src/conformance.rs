@@ -829,6 +829,23 @@ pub fn proc_stats(pid: u32) -> std::io::Result<ProcStats> {
     Ok(st)
 }
 
+/// [`proc_stats`] once descriptors, mappings and threads hold still (two
+/// looks 50 ms apart agree; at most 2 s): what was just dropped may be held
+/// a moment longer, e.g. for the rest of a device thread's poll round.
+pub fn settled_proc_stats(pid: u32) -> std::io::Result<ProcStats> {
+    let key = |s: &ProcStats| (s.fds, s.memfd_fds, s.memfd_maps, s.threads);
+    let t0 = std::time::Instant::now();
+    let mut a = proc_stats(pid)?;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let b = proc_stats(pid)?;
+        if key(&a) == key(&b) || t0.elapsed() > Duration::from_secs(2) {
+            return Ok(b);
+        }
+        a = b;
+    }
+}
+
 // ---------------------------------------------------------------- helpers
 
 /// Default wait bound for cases (virtual time for sim).

@@ -208,7 +208,7 @@ fn finding3_short_lived_peer_processes_leave_nothing_behind() {
     // is in the baseline.
     one_client(&dev, &pd, &chan, &cfg, gid, 1);
     let me = std::process::id();
-    let base = proc_stats(me).unwrap();
+    let base = settled_proc_stats(me).unwrap();
     for i in 0..40u64 {
         one_client(&dev, &pd, &chan, &cfg, gid, 10 + 2 * i);
     }
@@ -249,7 +249,7 @@ fn connected_pair(dir: &std::path::Path) -> (Endpoint<ShmProvider>, ProcPeer, Pr
         ..ConnParams::default()
     };
     let local = Endpoint::open(&p, "shm0", params).unwrap();
-    let before = proc_stats(std::process::id()).unwrap();
+    let before = settled_proc_stats(std::process::id()).unwrap();
     peer.cmd(&format!("connect {}", local.info().to_line()))
         .unwrap();
     local.connect(&peer.info).unwrap();

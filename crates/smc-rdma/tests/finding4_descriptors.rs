@@ -42,7 +42,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn fds() -> usize {
-    proc_stats(std::process::id()).unwrap().fds
+    settled_proc_stats(std::process::id()).unwrap().fds
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {

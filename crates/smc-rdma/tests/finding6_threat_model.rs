@@ -143,7 +143,7 @@ fn stranger_gets_nothing(as_uid: Option<u32>) {
     round(&a2, &b2, 3).unwrap();
     round(&b2, &a2, 4).unwrap();
     let me = std::process::id();
-    let base = proc_stats(me).unwrap();
+    let base = settled_proc_stats(me).unwrap();
 
     let stop = AtomicBool::new(false);
     let (rounds, failures) = (AtomicU64::new(0), AtomicU64::new(0));
