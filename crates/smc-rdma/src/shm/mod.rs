@@ -596,11 +596,6 @@ impl ShmDevice {
     pub fn netdev(&self) -> &str {
         &self.sh.netdev
     }
-
-    /// The path of this instance's rendezvous socket.
-    pub fn socket_path(&self) -> &std::path::Path {
-        &self.sh.sock_path
-    }
 }
 
 impl Drop for ShmDevice {
@@ -1721,10 +1716,12 @@ impl QpInner {
     }
 
     /// Forgets an inbound connection (a candidate; the verified one fails
-    /// the QP).
+    /// the QP). It leaves the device thread's poll set at once, also when
+    /// the failure itself has to wait for a busy `core`.
     fn drop_inbound(&self, s: &Arc<SeqPacket>) {
         let mut ctl = lock(&self.ctl);
         if ctl.inb.as_ref().is_some_and(|b| Arc::ptr_eq(&b.sock, s)) {
+            ctl.inb = None;
             drop(ctl);
             self.fail_async(Some(WcStatus::RetryExceeded), true);
         } else {
@@ -1969,11 +1966,13 @@ impl QpInner {
     /// The connection we dialed hung up (device thread): the peer's QP or
     /// process is gone, or it refused our hello.
     fn on_out_hangup(&self, s: &Arc<SeqPacket>) {
-        let current = lock(&self.ctl)
-            .out
-            .as_ref()
-            .is_some_and(|o| Arc::ptr_eq(&o.sock, s));
+        let mut ctl = lock(&self.ctl);
+        let current = ctl.out.as_ref().is_some_and(|o| Arc::ptr_eq(&o.sock, s));
         if current && sys::poll_one(s.as_fd(), 0, Some(Duration::ZERO)).is_ok_and(|r| r != 0) {
+            // out of the poll set at once (a request in flight keeps its own
+            // reference and sees the hang-up itself)
+            ctl.out = None;
+            drop(ctl);
             self.fail_async(Some(WcStatus::RetryExceeded), true);
         }
     }
