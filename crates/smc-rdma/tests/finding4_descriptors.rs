@@ -84,7 +84,8 @@ fn parse_mr(s: &str) -> RemoteMr {
 }
 
 /// Exact descriptor costs, in the process that owns them (the peer is
-/// another process): a remote-access region 1, a local-only region 0, a
+/// another process): a device instance 5, a channel 1, CQs and PDs 0, a
+/// remote-access region 1, a local-only region 0, a
 /// connected QP 3 (the socket it dialed, the socket its peer dialed, the
 /// peer's completion channel), a readied or written peer region 0 — so a
 /// connection (RMB + send buffer + the peer's RMB readied) costs 1.
@@ -95,11 +96,19 @@ fn finding4_descriptor_budget_per_qp_region_and_connection() {
     let dir = rundir();
     let (mut peer, _cfg) = spawn_lo_peer(&dir, &ConnParams::default()).unwrap();
     let p = ShmProvider::new(lo_config(&dir));
+    let before_dev = fds();
     let dev = p.open_device("shm0").unwrap();
+    assert_eq!(
+        fds(),
+        before_dev + 5,
+        "a device instance: listener, wake-up, async events, interface probe, reserve"
+    );
     let chan = dev.create_channel().unwrap();
+    assert_eq!(fds(), before_dev + 6, "a completion channel");
     let scq = dev.create_cq(64, Some(&chan)).unwrap();
     let rcq = dev.create_cq(64, Some(&chan)).unwrap();
     let pd = dev.alloc_pd().unwrap();
+    assert_eq!(fds(), before_dev + 6, "CQs and PDs keep no descriptor");
 
     let n0 = fds();
     let rmb = pd
