@@ -61,9 +61,11 @@
 //! [`negotiate`]: smc_proto::negotiate
 
 mod link;
+mod psn;
 
 use crate::state::{HandshakePhase, LgrAction, LgrEvent, LgrState};
 use link::{LinkRes, WrKind, MAX_SENDS, RECV_SLOT_LEN};
+use psn::PsnSource;
 use smc_proto::clc_stream::{self, ClcReader, FailReason, HandshakeEnd};
 use smc_proto::close::{CloseEvent, CloseFlags, CloseState, Closer};
 use smc_proto::datapath::{DataPath, DataPathConfig, Violation};
@@ -529,6 +531,11 @@ pub struct Endpoint<P: Provider> {
     next_lgr_id: u32,
     gid: Gid,
     mac: Mac,
+    /// Initial PSNs of our QPs: random, keyed from the OS (or a seed).
+    psns: PsnSource,
+    /// Token allocation has wrapped around: new tokens are checked against the
+    /// live ones.
+    tokens_wrapped: bool,
     /// Time of the latest input (for deadlines set from engine outputs).
     now: Timestamp,
 }
@@ -537,8 +544,19 @@ pub struct Endpoint<P: Provider> {
 pub type Result<T> = smc_rdma::Result<T>;
 
 impl<P: Provider> Endpoint<P> {
-    /// Opens the configured device.
+    /// Opens the configured device. The initial PSNs of its QPs are random,
+    /// from a generator keyed by the operating system.
     pub fn new(provider: &P, cfg: EndpointConfig) -> Result<Endpoint<P>> {
+        Self::with_psns(provider, cfg, PsnSource::from_os())
+    }
+
+    /// [`Self::new`] with the PSN generator keyed from `seed`: the same seed
+    /// gives the same PSNs (the deterministic simulation).
+    pub fn new_seeded(provider: &P, cfg: EndpointConfig, seed: u64) -> Result<Endpoint<P>> {
+        Self::with_psns(provider, cfg, PsnSource::seeded(seed))
+    }
+
+    fn with_psns(provider: &P, cfg: EndpointConfig, psns: PsnSource) -> Result<Endpoint<P>> {
         let dev = provider.open_device(&cfg.device)?;
         let port = dev.query_port(1)?;
         let port_mtu = port.active_mtu;
@@ -567,6 +585,8 @@ impl<P: Provider> Endpoint<P> {
             next_lgr_id: 0x100,
             gid,
             mac,
+            psns,
+            tokens_wrapped: false,
             now: Duration::ZERO,
         })
     }
@@ -584,9 +604,28 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// The next alert token: what the peer puts into every CDC for the
+    /// connection, so it routes them (§2.1). Never 0 (Linux never hands out 0,
+    /// and a check of the peer's refuses it, see `negotiate::check_peer_values`),
+    /// and, once the counter has wrapped, none that a live connection holds.
+    fn next_alert_token(&mut self) -> u32 {
+        loop {
+            let token = self.next_token;
+            self.next_token = self.next_token.wrapping_add(1);
+            if self.next_token == 0 {
+                self.next_token = 1;
+                self.tokens_wrapped = true;
+            }
+            let taken =
+                self.tokens_wrapped && self.conns.iter().flatten().any(|c| c.token == token);
+            if token != 0 && !taken {
+                return token;
+            }
+        }
+    }
+
     fn new_conn(&mut self, role: Role, phase: Phase) -> ConnId {
-        let token = self.next_token;
-        self.next_token = self.next_token.wrapping_add(1).max(1);
+        let token = self.next_alert_token();
         let c = Conn {
             role,
             phase,
@@ -846,7 +885,8 @@ impl<P: Provider> Endpoint<P> {
     ) -> Result<LgrId> {
         let pd = self.dev.alloc_pd()?;
         // The first link is slot 0 (§1.7); its QP goes out in CLC.
-        let first = LinkRes::new(&self.dev, &pd, &self.chan, self.max_inline)?;
+        let psn = self.psns.next_psn();
+        let first = LinkRes::new(&self.dev, &pd, &self.chan, self.max_inline, psn)?;
         let id = self.next_lgr_id;
         self.next_lgr_id = self.next_lgr_id.wrapping_add(0x100);
         let group = LinkGroup::new(LgrConfig {
@@ -3077,7 +3117,9 @@ impl<P: Provider> Endpoint<P> {
             .group
             .free_slot()
             .ok_or_else(|| bad("no free link slot"))?;
-        let mut res: LinkRes<P> = LinkRes::new(&self.dev, &lg.pd, &self.chan, self.max_inline)?;
+        let psn = self.psns.next_psn();
+        let mut res: LinkRes<P> =
+            LinkRes::new(&self.dev, &lg.pd, &self.chan, self.max_inline, psn)?;
         lg.known_rkeys.clear();
         if lg.role == Role::Server {
             res.offered_id = lg.group.next_link_id();
