@@ -1721,10 +1721,11 @@ impl<P: Provider> Endpoint<P> {
             // whose peer is gone. A peer RMB we cannot ready costs this
             // connection its life instead: established, and aborted at once
             // (the abort CDC needs no rkey), so the client sees a reset.
+            // (a group that died meanwhile kills the connection anyway)
             let slot = self.conn(id).and_then(|x| x.link);
-            let prepared = slot.map(|s| self.prepare_peer_rmb(id, s));
+            let prepared = !lgr_alive || slot.is_some_and(|s| self.prepare_peer_rmb(id, s).is_ok());
             self.established(id);
-            if !matches!(prepared, Some(Ok(()))) {
+            if !prepared {
                 self.abort_now(id);
             }
         }
