@@ -18,6 +18,17 @@
 //! [`Endpoint::clc_input`] and sends what [`Endpoint::clc_output`] returns. Time is
 //! passed in; nothing here blocks or spawns threads.
 //!
+//! # What a peer's values and failures may cost
+//!
+//! Every value of a peer's Accept or Confirm that we act on is checked before
+//! we act on it (`negotiate::check_peer_values`); a bad one is declined with a
+//! code, as a failure to ready the peer's RMB on our QP is
+//! ([`QueuePair::prepare_remote`]). When the first link fails after the
+//! CLC exchange, exactly one side declines — the server; the client reads
+//! that Decline — and a Decline that crossed ours anyway is taken off the
+//! stream ([`HandshakePhase::AwaitLateDecline`], [`HandshakePhase::LateDeclined`]):
+//! no CLC byte reaches an application.
+//!
 //! # Links
 //!
 //! A link group holds up to three links (`SMC_LINKS_PER_LGR_MAX`), each with its
@@ -61,9 +72,11 @@
 //! [`negotiate`]: smc_proto::negotiate
 
 mod link;
+mod psn;
 
 use crate::state::{HandshakePhase, LgrAction, LgrEvent, LgrState};
 use link::{LinkRes, WrKind, MAX_SENDS, RECV_SLOT_LEN};
+use psn::PsnSource;
 use smc_proto::clc_stream::{self, ClcReader, FailReason, HandshakeEnd};
 use smc_proto::close::{CloseEvent, CloseFlags, CloseState, Closer};
 use smc_proto::datapath::{DataPath, DataPathConfig, Violation};
@@ -79,7 +92,7 @@ use smc_rdma::{
 use smc_wire::cdc::{CdcMessage, RingChunks};
 use smc_wire::clc::{
     AcceptConfirm, AcceptConfirmKind, ClcMessage, ClcType, Decline, DeclineCode, FceV2x,
-    FirstContactExt, Proposal, CLC_WAIT_TIME, OS_LINUX, SMC_V1, SMC_V2,
+    FirstContactExt, Proposal, CLC_WAIT_TIME, CLC_WAIT_TIME_SHORT, OS_LINUX, SMC_V1, SMC_V2,
 };
 use smc_wire::llc::LlcVersion;
 use smc_wire::types::{Eid, Gid, Mac, RmbeSize, SystemId};
@@ -98,6 +111,34 @@ const MAX_STREAM_WAIT: Duration = Duration::from_secs(2);
 /// to finish ([`HandshakePhase::AwaitLgr`]) before it makes its own: half the
 /// client's wait for the Accept, so that the Accept still comes in time.
 const LGR_PENDING_WAIT: Duration = Duration::from_secs(3);
+
+/// Late declines (the first link failed, or its CONFIRM_LINK did not come,
+/// after the CLC exchange: `protocol-clc.md` §4.2 step 8, §4.3 step 13, §4.6).
+/// Linux waits for the link (server 2 s, client 4 s), then reads for the peer's
+/// Decline for up to 1 s (`CLC_WAIT_TIME_SHORT`, `smc_clc_wait_msg`) and only
+/// then sends its own TIMEOUT_CL; a Decline is never answered with one. When
+/// both ends see the link fail at once (a QP error), that makes both decline
+/// together: the Declines cross, and each end hands the other's to its
+/// application as data (issue 13, finding 1). So the two roles wait
+/// differently, and the server is the one that declines:
+///
+/// * the server reads for the client's Decline for [`SERVER_LATE_DECLINE_WAIT`]
+///   after its link wait ended — long enough for a Decline already on its way,
+///   and shorter than the 1 s a Linux client reads after its own link fails, so
+///   that ours reaches a Linux client first when both see the failure together;
+///   it declines at most 2.5 s after the Confirm (2 s link wait);
+/// * the client reads for the server's Decline until [`CLIENT_LATE_DECLINE_WAIT`]
+///   after its Confirm (Linux's 4 s + 1 s) and at least `CLC_WAIT_TIME_SHORT`
+///   after its link failed — well after any server, ours or Linux's (2 s + 1 s
+///   after the Confirm), has declined.
+const SERVER_LATE_DECLINE_WAIT: Duration = Duration::from_millis(500);
+/// See [`SERVER_LATE_DECLINE_WAIT`].
+const CLIENT_LATE_DECLINE_WAIT: Duration = Duration::from_secs(5);
+/// After our own late Decline, how long the first bytes from the peer are
+/// looked at for a Decline that crossed ours (a peer with other timers): it
+/// was sent before ours arrived, so it is there within a round trip, ahead of
+/// any application data.
+const CROSSED_DECLINE_WAIT: Duration = CLC_WAIT_TIME_SHORT;
 
 /// Handle of a connection.
 pub type ConnId = usize;
@@ -193,7 +234,24 @@ enum Phase {
         deadline: Timestamp,
     },
     // both
-    AwaitLink,
+    /// First contact: CLC done (`since`: our Confirm went out / theirs came
+    /// in), the CONFIRM_LINK exchange runs.
+    AwaitLink {
+        version: u8,
+        since: Timestamp,
+    },
+    /// The link failed after the CLC exchange: the peer's Decline is read
+    /// until `deadline`, then we decline (see [`SERVER_LATE_DECLINE_WAIT`]).
+    AwaitLateDecline {
+        version: u8,
+        deadline: Timestamp,
+    },
+    /// Our late Decline (`reason`) is out; until `deadline` the first bytes
+    /// from the peer are looked at for a Decline that crossed it.
+    LateDeclined {
+        reason: DeclineCode,
+        deadline: Timestamp,
+    },
     Smc,
     Done(ConnStatus),
 }
@@ -207,7 +265,9 @@ impl Phase {
             Phase::AwaitLgr { .. } => HandshakePhase::AwaitLgr,
             Phase::ServerRkey { .. } => HandshakePhase::ServerRkey,
             Phase::AwaitConfirm { .. } => HandshakePhase::AwaitConfirm,
-            Phase::AwaitLink => HandshakePhase::AwaitLink,
+            Phase::AwaitLink { .. } => HandshakePhase::AwaitLink,
+            Phase::AwaitLateDecline { .. } => HandshakePhase::AwaitLateDecline,
+            Phase::LateDeclined { .. } => HandshakePhase::LateDeclined,
             Phase::Smc => HandshakePhase::Smc,
             Phase::Done(_) => HandshakePhase::Done,
         }
@@ -339,6 +399,24 @@ struct Conn<P: Provider> {
     /// The window onto the peer's RMB that write leases lend, with the link
     /// slot and rkey it was made for (made again when they change).
     peer_window: Option<(usize, u32, MemWindow)>,
+}
+
+/// The Decline code for a failed [`QueuePair::prepare_remote`] (see
+/// `Endpoint::prepare_peer_rmb`).
+fn prepare_error_code(e: &smc_rdma::Error) -> DeclineCode {
+    // ENOMEM, ENFILE, EMFILE: this process is short of memory or descriptors
+    const OUT_OF_RESOURCES: [i32; 3] = [12, 23, 24];
+    match e {
+        smc_rdma::Error::Io(io)
+            if io.kind() == std::io::ErrorKind::OutOfMemory
+                || io
+                    .raw_os_error()
+                    .is_some_and(|n| OUT_OF_RESOURCES.contains(&n)) =>
+        {
+            DeclineCode::Mem
+        }
+        _ => DeclineCode::ErrRtok,
+    }
 }
 
 /// Writes zeros over the first `len` bytes of `mr`.
@@ -529,6 +607,11 @@ pub struct Endpoint<P: Provider> {
     next_lgr_id: u32,
     gid: Gid,
     mac: Mac,
+    /// Initial PSNs of our QPs: random, keyed from the OS (or a seed).
+    psns: PsnSource,
+    /// Token allocation has wrapped around: new tokens are checked against the
+    /// live ones.
+    tokens_wrapped: bool,
     /// Time of the latest input (for deadlines set from engine outputs).
     now: Timestamp,
 }
@@ -537,8 +620,19 @@ pub struct Endpoint<P: Provider> {
 pub type Result<T> = smc_rdma::Result<T>;
 
 impl<P: Provider> Endpoint<P> {
-    /// Opens the configured device.
+    /// Opens the configured device. The initial PSNs of its QPs are random,
+    /// from a generator keyed by the operating system.
     pub fn new(provider: &P, cfg: EndpointConfig) -> Result<Endpoint<P>> {
+        Self::with_psns(provider, cfg, PsnSource::from_os())
+    }
+
+    /// [`Self::new`] with the PSN generator keyed from `seed`: the same seed
+    /// gives the same PSNs (the deterministic simulation).
+    pub fn new_seeded(provider: &P, cfg: EndpointConfig, seed: u64) -> Result<Endpoint<P>> {
+        Self::with_psns(provider, cfg, PsnSource::seeded(seed))
+    }
+
+    fn with_psns(provider: &P, cfg: EndpointConfig, psns: PsnSource) -> Result<Endpoint<P>> {
         let dev = provider.open_device(&cfg.device)?;
         let port = dev.query_port(1)?;
         let port_mtu = port.active_mtu;
@@ -567,6 +661,8 @@ impl<P: Provider> Endpoint<P> {
             next_lgr_id: 0x100,
             gid,
             mac,
+            psns,
+            tokens_wrapped: false,
             now: Duration::ZERO,
         })
     }
@@ -584,9 +680,28 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// The next alert token: what the peer puts into every CDC for the
+    /// connection, so it routes them (§2.1). Never 0 (Linux never hands out 0,
+    /// and a check of the peer's refuses it, see `negotiate::check_peer_values`),
+    /// and, once the counter has wrapped, none that a live connection holds.
+    fn next_alert_token(&mut self) -> u32 {
+        loop {
+            let token = self.next_token;
+            self.next_token = self.next_token.wrapping_add(1);
+            if self.next_token == 0 {
+                self.next_token = 1;
+                self.tokens_wrapped = true;
+            }
+            let taken =
+                self.tokens_wrapped && self.conns.iter().flatten().any(|c| c.token == token);
+            if token != 0 && !taken {
+                return token;
+            }
+        }
+    }
+
     fn new_conn(&mut self, role: Role, phase: Phase) -> ConnId {
-        let token = self.next_token;
-        self.next_token = self.next_token.wrapping_add(1).max(1);
+        let token = self.next_alert_token();
         let c = Conn {
             role,
             phase,
@@ -688,7 +803,16 @@ impl<P: Provider> Endpoint<P> {
     }
 
     fn finish(&mut self, id: ConnId, status: ConnStatus) {
-        // A handshake that dies before SMC was reached releases what it took.
+        self.drop_handshake_resources(id);
+        if let Some(c) = self.conn(id) {
+            c.phase = Phase::Done(status);
+        }
+    }
+
+    /// A handshake that dies before SMC was reached releases what it took: its
+    /// place in the link group (a first contact's group then ends, see
+    /// [`LgrState::on`]), its buffers and data path.
+    fn drop_handshake_resources(&mut self, id: ConnId) {
         let lgr = self.conn(id).and_then(|c| c.lgr.take());
         if let Some(l) = lgr {
             self.detach(id, l);
@@ -700,7 +824,44 @@ impl<P: Provider> Endpoint<P> {
             c.rmb = None;
             c.sndbuf = None;
             c.dp = None;
-            c.phase = Phase::Done(status);
+            c.peer_rmb = None;
+            c.peer_window = None;
+            c.early_cdcs.clear();
+        }
+    }
+
+    /// The first link of a first contact failed, or its CONFIRM_LINK did not
+    /// come in time, after the CLC exchange: read for the peer's Decline until
+    /// the role's deadline, then decline (see [`SERVER_LATE_DECLINE_WAIT`]).
+    /// The link group is of no more use to the connection and is let go now.
+    fn late_decline(&mut self, id: ConnId) {
+        let now = self.now;
+        let Some(c) = self.conn(id) else { return };
+        let Phase::AwaitLink { version, since } = c.phase else {
+            return;
+        };
+        let deadline = match c.role {
+            Role::Server => now + SERVER_LATE_DECLINE_WAIT,
+            Role::Client => (since + CLIENT_LATE_DECLINE_WAIT).max(now + CLC_WAIT_TIME_SHORT),
+        };
+        c.phase = Phase::AwaitLateDecline { version, deadline };
+        self.sweep_due = true;
+        self.drop_handshake_resources(id);
+    }
+
+    /// No Decline from the peer by the deadline: ours goes out (TIMEOUT_CL, the
+    /// code Linux sends after its CONFIRM_LINK wait), and the first bytes from
+    /// the peer are still looked at for one that crossed it.
+    fn send_late_decline(&mut self, id: ConnId, version: u8) {
+        let code = DeclineCode::TimeoutCl;
+        let d = Decline::new(version, self.cfg.system_id, code);
+        self.send_clc(id, &ClcMessage::Decline(d));
+        let deadline = self.now + CROSSED_DECLINE_WAIT;
+        if let Some(c) = self.conn(id) {
+            c.phase = Phase::LateDeclined {
+                reason: code,
+                deadline,
+            };
         }
     }
 
@@ -741,10 +902,24 @@ impl<P: Provider> Endpoint<P> {
                 Phase::AwaitProposal { .. } => ClcType::Proposal,
                 Phase::AwaitConfirm { .. } => ClcType::Confirm,
                 // a late Decline may still come while the link is being confirmed
-                Phase::AwaitLink
+                Phase::AwaitLink { .. }
+                | Phase::AwaitLateDecline { .. }
                 | Phase::ClientRkey { .. }
                 | Phase::ServerRkey { .. }
                 | Phase::AwaitLgr { .. } => ClcType::Decline,
+                // the rest of a peer Decline that began to arrive before ours
+                // went out
+                Phase::LateDeclined { .. } if !c.reader.is_idle() => ClcType::Decline,
+                Phase::LateDeclined { reason, .. } => {
+                    // The first bytes after our late Decline: a Decline of the
+                    // peer's that crossed ours is consumed, never handed to
+                    // the application; anything else is its data.
+                    let crossed = clc_stream::decline_at_head(&data[used..]);
+                    let n = crossed.as_ref().map_or(0, |(n, _)| *n);
+                    let peer = crossed.map(|(_, d)| d.diagnosis);
+                    self.finish(id, ConnStatus::Fallback { reason, peer });
+                    return used + n;
+                }
                 Phase::Smc | Phase::Done(_) => return used,
             };
             let (n, msg) = c.reader.feed(&data[used..], expected);
@@ -771,6 +946,11 @@ impl<P: Provider> Endpoint<P> {
     pub fn tcp_closed(&mut self, id: ConnId) {
         self.sweep_due = true;
         let deadline = self.now + PEER_GONE_GRACE;
+        if let Some(Phase::LateDeclined { reason, .. }) = self.conn(id).map(|c| c.phase.clone()) {
+            // Our Decline is out and no crossed one came: the connection is on
+            // TCP, and the peer's close is the application's end of file.
+            return self.finish(id, ConnStatus::Fallback { reason, peer: None });
+        }
         match self.status(id) {
             Some(ConnStatus::Handshaking) => {
                 self.finish(id, ConnStatus::Failed(FailReason::TcpClosed))
@@ -792,6 +972,12 @@ impl<P: Provider> Endpoint<P> {
                         lg.group.terminate(smc_wire::llc::DEL_PROG_INIT_TERM, false);
                     }
                 }
+            }
+            if let Some(Phase::LateDeclined { reason, .. }) = self.conn(id).map(|c| c.phase.clone())
+            {
+                // it crossed ours
+                let peer = Some(d.diagnosis);
+                return self.finish(id, ConnStatus::Fallback { reason, peer });
             }
             let HandshakeEnd::Fallback {
                 reason,
@@ -846,7 +1032,8 @@ impl<P: Provider> Endpoint<P> {
     ) -> Result<LgrId> {
         let pd = self.dev.alloc_pd()?;
         // The first link is slot 0 (§1.7); its QP goes out in CLC.
-        let first = LinkRes::new(&self.dev, &pd, &self.chan, self.max_inline)?;
+        let psn = self.psns.next_psn();
+        let first = LinkRes::new(&self.dev, &pd, &self.chan, self.max_inline, psn)?;
         let id = self.next_lgr_id;
         self.next_lgr_id = self.next_lgr_id.wrapping_add(0x100);
         let group = LinkGroup::new(LgrConfig {
@@ -903,40 +1090,42 @@ impl<P: Provider> Endpoint<P> {
             LgrAction::EstablishWaiting => {
                 let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
                 for id in ids {
-                    if matches!(self.conn(id).map(|c| &c.phase), Some(Phase::AwaitLink)) {
+                    if matches!(
+                        self.conn(id).map(|c| &c.phase),
+                        Some(Phase::AwaitLink { .. })
+                    ) {
                         self.established(id);
                     }
                 }
             }
             // Linux: DELETE_LINK ALL|ORDERLY, program initiated (§5.6).
             LgrAction::DeleteAll => lg.group.terminate(smc_wire::llc::DEL_PROG_INIT_TERM, true),
+            // (no link is active: nothing is sent)
+            LgrAction::Abandon => lg.group.terminate(smc_wire::llc::DEL_PROG_INIT_TERM, false),
             LgrAction::KillConnections => {
                 let v = lg.version;
                 let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
                 for id in ids {
                     let phase = self.conn(id).map(|c| c.phase.kind());
-                    let first_contact = matches!(
-                        self.conn(id).map(|c| &c.phase),
-                        Some(Phase::AwaitConfirm {
-                            first_contact: true,
-                            ..
-                        })
-                    );
                     match phase {
-                        // The first-contact link never came up: decline and fall back
-                        // (Linux: TIMEOUT_CL after the CONFIRM_LINK wait).
-                        Some(
-                            HandshakePhase::AwaitLink
-                            | HandshakePhase::ClientRkey
-                            | HandshakePhase::ServerRkey,
-                        ) => self.decline(id, v, DeclineCode::TimeoutCl),
-                        // First contact: the Confirm would find no link to run
-                        // on, and the client (in AwaitLink) falls back with us. On a
-                        // reused group the client is established once it sent its
-                        // Confirm: the Confirm establishes ours and the kill follows.
-                        Some(HandshakePhase::AwaitConfirm) if first_contact => {
-                            self.decline(id, v, DeclineCode::ErrRdyLnk)
+                        // The first-contact link never came up after the CLC
+                        // exchange: the late decline, without crossing the
+                        // peer's (Linux: TIMEOUT_CL after the CONFIRM_LINK wait).
+                        Some(HandshakePhase::AwaitLink) => self.late_decline(id),
+                        // Our CONFIRM_RKEY flow died with the group; the peer
+                        // waits for our Accept / Confirm and sends nothing
+                        // meanwhile, so our Decline cannot cross one.
+                        Some(HandshakePhase::ClientRkey | HandshakePhase::ServerRkey) => {
+                            self.decline(id, v, DeclineCode::TimeoutCl)
                         }
+                        // AwaitConfirm stays: the client's Confirm may already be
+                        // on its way, and a Decline now would leave it to reach
+                        // our application as data. It is read (Linux reads it
+                        // too, `smc_listen_work`) and declined then — a first
+                        // contact has no link left to run on; a client on a
+                        // reused group is established once it sent its Confirm:
+                        // the Confirm establishes ours and the kill follows.
+                        Some(HandshakePhase::AwaitConfirm) => {}
                         Some(HandshakePhase::Smc) => {
                             if let Some(c) = self.conn(id) {
                                 c.closer.handle(CloseEvent::Kill { can_send: false });
@@ -1050,28 +1239,103 @@ impl<P: Provider> Endpoint<P> {
             .min_by_key(|&s| (loads[s], s))
     }
 
-    /// First contact: connects the first link's QP to the peer's and starts the
-    /// CONFIRM_LINK exchange (§1.7).
-    fn connect_first_link(&mut self, l: LgrId, peer: PeerPort, now: Timestamp) -> Result<()> {
-        let mtu = self.dev.query_port(1)?.active_mtu;
+    /// First contact: connects the first link's QP to the peer's, readies it
+    /// for the peer RMB of connection `id` (see [`Self::prepare_peer_rmb`]) and
+    /// starts the CONFIRM_LINK exchange (§1.7). The peer RMB is readied before
+    /// CONFIRM_LINK goes out: a failure then is a plain Decline of this
+    /// connection, while after the exchange one end would already be
+    /// established. Errors are the Decline codes: ERR_RDYLNK for the QP (as
+    /// Linux's failed `smc_ib_ready_link`), ERR_RTOK / MEM for the peer RMB.
+    fn connect_first_link(
+        &mut self,
+        l: LgrId,
+        id: ConnId,
+        peer: PeerPort,
+        now: Timestamp,
+    ) -> std::result::Result<(), DeclineCode> {
+        let mtu = self
+            .dev
+            .query_port(1)
+            .map_err(|_| DeclineCode::ErrRdyLnk)?
+            .active_mtu;
+        let res = self
+            .lgrs
+            .get_mut(l)
+            .and_then(Option::as_mut)
+            .filter(|lg| !lg.group.is_terminated())
+            .and_then(|lg| lg.links[0].as_mut())
+            .ok_or(DeclineCode::ErrRdyLnk)?;
+        res.connect(&peer, mtu)
+            .map_err(|_| DeclineCode::ErrRdyLnk)?;
+        self.prepare_peer_rmb(id, 0)?;
         let (gid, mac) = (self.gid, self.mac);
         let lg = self
             .lgrs
             .get_mut(l)
             .and_then(Option::as_mut)
-            .ok_or_else(|| smc_rdma::Error::InvalidArgument("no link group".into()))?;
-        let res = lg.links[0]
-            .as_mut()
-            .ok_or_else(|| smc_rdma::Error::InvalidArgument("no first link".into()))?;
-        res.connect(&peer, mtu)?;
+            .ok_or(DeclineCode::ErrRdyLnk)?;
+        let res = lg.links[0].as_mut().ok_or(DeclineCode::ErrRdyLnk)?;
         let local = res.local_port(gid, mac, mtu);
         lg.group.add_first_link(local, peer, now);
         self.lgr_step(l, LgrEvent::FirstLinkConnected);
         Ok(())
     }
 
+    /// Readies the QP of link `slot` for the RDMA WRITEs of connection `id`
+    /// into the peer's RMB element ([`QueuePair::prepare_remote`]): called when
+    /// the connection's peer RMB becomes known on a connected QP — before it
+    /// counts as established — and when it moves or fails over to another
+    /// link, where the peer's RMB has that link's rkey. A provider that needs
+    /// resources of this process to reach peer memory takes them here, where a
+    /// failure costs this connection only, not at a WRITE, where it would fail
+    /// the QP and every connection on it. The Decline code of a failure: MEM
+    /// when this process is out of resources (Linux's code for its own memory
+    /// shortage), else ERR_RTOK — the peer's RMB cannot be reached (Linux's
+    /// code when the peer's rkey / address cannot be taken into its rtoken
+    /// table, `smc_rtoken_add`).
+    fn prepare_peer_rmb(&self, id: ConnId, slot: usize) -> std::result::Result<(), DeclineCode> {
+        let c = self
+            .conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .ok_or(DeclineCode::IntErr)?;
+        let (Some(l), Some(peer), Some(dp)) = (c.lgr, c.peer_rmb, c.dp.as_ref()) else {
+            return Err(DeclineCode::IntErr);
+        };
+        let lg = self
+            .lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .ok_or(DeclineCode::IntErr)?;
+        let (rkey, base) = lg
+            .group
+            .rtoken(peer.row)
+            .and_then(|t| t.get(slot).copied().flatten())
+            .ok_or(DeclineCode::ErrRtok)?;
+        let len = dp.config().peer_rmbe_len;
+        // (an address from LLC for another link is checked here, as the one
+        // from CLC was by `check_peer_values`)
+        let addr = base
+            .checked_add(peer.offset)
+            .filter(|a| a.checked_add(len as u64).is_some())
+            .ok_or(DeclineCode::ErrRtok)?;
+        let res = lg
+            .links
+            .get(slot)
+            .and_then(Option::as_ref)
+            .ok_or(DeclineCode::IntErr)?;
+        res.qp
+            .prepare_remote(rkey, addr, len)
+            .map_err(|e| prepare_error_code(&e))
+    }
+
     fn setup_datapath(&mut self, id: ConnId, peer: &AcceptConfirm) -> bool {
         let Some((l, slot)) = self.conn(id).and_then(|c| Some((c.lgr?, c.link?))) else {
+            return false;
+        };
+        // The peer's element is at rmbe_size × (index − 1) of its RMB (§3.3);
+        // the values were checked (`negotiate::check_peer_values`).
+        let Some((off, peer_len)) = negotiate::peer_rmbe_range(peer) else {
             return false;
         };
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
@@ -1089,9 +1353,6 @@ impl<P: Provider> Endpoint<P> {
         let Some(rmb) = c.rmb.as_ref() else {
             return false;
         };
-        let peer_len = peer.rmbe_size.bytes();
-        // The peer writes at rmbe_size × (index − 1) of its RMB (§3.3).
-        let off = peer_len as u64 * u64::from(peer.rmbe_idx.max(1) - 1);
         c.peer_rmb = Some(PeerRmb { row, offset: off });
         c.dp = Some(DataPath::new(DataPathConfig {
             sndbuf_len,
@@ -1167,7 +1428,9 @@ impl<P: Provider> Endpoint<P> {
         a: AcceptConfirm,
         now: Timestamp,
     ) {
-        let agreement: ClientAgreement = match negotiate::client_check_accept(proposal, &a) {
+        let agreement: ClientAgreement = match negotiate::client_check_accept(proposal, &a)
+            .and_then(|x| negotiate::check_peer_values(&a).map(|()| x))
+        {
             Ok(x) => x,
             Err(code) => return self.decline(id, a.version, code),
         };
@@ -1190,8 +1453,8 @@ impl<P: Provider> Endpoint<P> {
             if !self.setup_datapath(id, &a) {
                 return self.decline(id, version, DeclineCode::ErrRtok);
             }
-            if self.connect_first_link(l, peer, now).is_err() {
-                return self.decline(id, version, DeclineCode::ErrRdyLnk);
+            if let Err(code) = self.connect_first_link(l, id, peer, now) {
+                return self.decline(id, version, code);
             }
             match self.our_accept_confirm(
                 id,
@@ -1204,7 +1467,10 @@ impl<P: Provider> Endpoint<P> {
                 None => return self.decline(id, version, DeclineCode::IntErr),
             }
             if let Some(c) = self.conn(id) {
-                c.phase = Phase::AwaitLink;
+                c.phase = Phase::AwaitLink {
+                    version,
+                    since: now,
+                };
             }
         } else {
             // Reuse: the group the server chose must be one of ours, and the
@@ -1234,6 +1500,10 @@ impl<P: Provider> Endpoint<P> {
             }
             if !self.setup_datapath(id, &a) {
                 return self.decline(id, version, DeclineCode::ErrRtok);
+            }
+            // the server waits for our Confirm: a Decline now is clean
+            if let Err(code) = self.prepare_peer_rmb(id, slot) {
+                return self.decline(id, version, code);
             }
             let Some(confirm) = self.our_accept_confirm(
                 id,
@@ -1405,6 +1675,19 @@ impl<P: Provider> Endpoint<P> {
         c: AcceptConfirm,
         now: Timestamp,
     ) {
+        if let Err(code) = negotiate::check_peer_values(&c) {
+            return self.decline(id, version, code);
+        }
+        let lgr_alive = self.conn(id).and_then(|x| x.lgr).is_some_and(|l| {
+            self.lgrs
+                .get(l)
+                .and_then(Option::as_ref)
+                .is_some_and(|lg| !lg.group.is_terminated())
+        });
+        if first_contact && !lgr_alive {
+            // the group died while the Confirm was on its way: no link to ready
+            return self.decline(id, version, DeclineCode::ErrRdyLnk);
+        }
         if !self.setup_datapath(id, &c) {
             return self.decline(id, version, DeclineCode::ErrRtok);
         }
@@ -1422,14 +1705,41 @@ impl<P: Provider> Endpoint<P> {
                 psn: c.psn,
                 mtu: c.qp_mtu,
             };
-            if self.connect_first_link(l, peer, now).is_err() {
-                return self.decline(id, version, DeclineCode::ErrRdyLnk);
+            // (the client waits for CONFIRM_LINK or our Decline)
+            if let Err(code) = self.connect_first_link(l, id, peer, now) {
+                return self.decline(id, version, code);
             }
             if let Some(x) = self.conn(id) {
-                x.phase = Phase::AwaitLink;
+                x.phase = Phase::AwaitLink {
+                    version,
+                    since: now,
+                };
             }
         } else {
+            // A reused group's client counts itself established once its
+            // Confirm went out: a Decline now would leave it an SMC connection
+            // whose peer is gone. A peer RMB we cannot ready costs this
+            // connection its life instead: established, and aborted at once
+            // (the abort CDC needs no rkey), so the client sees a reset.
+            // (a group that died meanwhile kills the connection anyway)
+            let slot = self.conn(id).and_then(|x| x.link);
+            let prepared = !lgr_alive || slot.is_some_and(|s| self.prepare_peer_rmb(id, s).is_ok());
             self.established(id);
+            if !prepared {
+                self.abort_now(id);
+            }
+        }
+    }
+
+    /// Kills an established connection of ours with an abort CDC to the peer
+    /// (which needs no rkey: it can go whatever became of the peer's RMB).
+    fn abort_now(&mut self, id: ConnId) {
+        self.mark_tx(id);
+        if let Some(c) = self.conn(id) {
+            let o = c.closer.handle(CloseEvent::Kill { can_send: true });
+            if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                dp.set_close_flags(f);
+            }
         }
     }
 
@@ -1489,6 +1799,22 @@ impl<P: Provider> Endpoint<P> {
             if due {
                 self.sweep_due = true;
                 self.finish(id, ConnStatus::Failed(FailReason::Timeout));
+            }
+            match self
+                .conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .map(|c| &c.phase)
+            {
+                Some(&Phase::AwaitLateDecline { version, deadline }) if now >= deadline => {
+                    self.sweep_due = true;
+                    self.send_late_decline(id, version);
+                }
+                Some(&Phase::LateDeclined { reason, deadline }) if now >= deadline => {
+                    self.sweep_due = true;
+                    self.finish(id, ConnStatus::Fallback { reason, peer: None });
+                }
+                _ => {}
             }
             if matches!(
                 self.conns
@@ -1731,16 +2057,21 @@ impl<P: Provider> Endpoint<P> {
     /// established connection rewinds its sender and sends the failover
     /// validation CDC first; a handshake in progress is just re-pointed.
     fn failover(&mut self, id: ConnId, to: usize) {
+        // the peer's RMB has the new link's rkey there: ready it first
+        let smc = matches!(self.conn(id).map(|c| &c.phase), Some(Phase::Smc));
+        let prepared = !smc || self.prepare_peer_rmb(id, to).is_ok();
         let Some(c) = self.conn(id) else { return };
         c.link = Some(to);
         c.move_to = None;
-        if matches!(c.phase, Phase::Smc) {
+        if smc {
             if let Some(dp) = c.dp.as_mut() {
-                if dp.replay_from() < c.direct_sent {
-                    // Written directly and not confirmed: not in the send
-                    // buffer, so it cannot be replayed. Abort rather than
-                    // deliver garbage (a group that had one link when it was
-                    // written; see `write_direct`).
+                // Written directly and not confirmed: not in the send buffer,
+                // so it cannot be replayed; or the new link cannot reach the
+                // peer's RMB. Abort this connection (only) rather than
+                // deliver garbage or fail the new link's QP.
+                if dp.replay_from() < c.direct_sent || !prepared {
+                    // (a direct write: a group that had one link when it was
+                    // written; see `write_direct`)
                     c.closer.handle(CloseEvent::Kill { can_send: true });
                     dp.failover_rewind();
                     dp.set_close_flags(CloseFlags {
@@ -3017,7 +3348,8 @@ impl<P: Provider> Endpoint<P> {
     /// its CDCs is in flight there, so nothing is sent twice and nothing of the
     /// old link can overtake the new one. False if the connection is not
     /// established, is already there, or the link is not usable for it (not
-    /// active, or the peer's rkey for its RMB is unknown on that link).
+    /// active, the peer's rkey for its RMB is unknown on that link, or the
+    /// link's QP cannot be readied for it, `QueuePair::prepare_remote`).
     pub fn move_connection(&mut self, id: ConnId, slot: usize) -> bool {
         self.sweep_due = true;
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
@@ -3041,6 +3373,10 @@ impl<P: Provider> Endpoint<P> {
                     .rtoken(row)
                     .is_some_and(|t| t.get(slot).is_some_and(Option::is_some))
         });
+        // The peer's RMB has that link's rkey there: ready it before the
+        // move; a connection that cannot be readied on the link stays where
+        // it is, on its healthy link.
+        let usable = usable && self.prepare_peer_rmb(id, slot).is_ok();
         if usable {
             if let Some(c) = self.conn(id) {
                 c.move_to = Some(slot);
@@ -3077,7 +3413,9 @@ impl<P: Provider> Endpoint<P> {
             .group
             .free_slot()
             .ok_or_else(|| bad("no free link slot"))?;
-        let mut res: LinkRes<P> = LinkRes::new(&self.dev, &lg.pd, &self.chan, self.max_inline)?;
+        let psn = self.psns.next_psn();
+        let mut res: LinkRes<P> =
+            LinkRes::new(&self.dev, &lg.pd, &self.chan, self.max_inline, psn)?;
         lg.known_rkeys.clear();
         if lg.role == Role::Server {
             res.offered_id = lg.group.next_link_id();

@@ -10,7 +10,11 @@
 //! link as soon as it is up (the test-only bring-up, `protocol-llc-cdc.md` §1.8
 //! stand-in): new connections spread over both links, connections are moved
 //! between them at random (§6), and a QP error then hits one of the two links,
-//! whose connections fail over to the other (§7.2). Invariants:
+//! whose connections fail over to the other (§7.2). In a share of the runs
+//! (drawn from a generator of their own, so that the other choices of a seed
+//! stay) the provider's `QueuePair::prepare_remote` fails now and then, and in
+//! another share the first link of a first contact fails on both sides at once
+//! right after the CLC exchange (the late decline). Invariants:
 //!
 //! * every byte read is the byte the peer wrote at that stream offset (in order,
 //!   never duplicated or altered) — checked on every read;
@@ -23,6 +27,14 @@
 //!   run that has not ended within its virtual deadline is a hang;
 //! * every connection, RMB, send buffer and link group is released at the end
 //!   (the idle link groups expire as in Linux);
+//! * no CLC byte is left for an application: when a handshake ends on TCP on
+//!   both sides, every byte that went over its TCP connection was taken by
+//!   the engines (no Declines that crossed, issue 13 finding 1); a first link
+//!   lost on both sides after the CLC exchange ends with exactly one Decline,
+//!   the server's;
+//! * a failed `prepare_remote` costs its own connection at most (a Decline
+//!   with ERR_RTOK or MEM, or an abort once the peer is established): no more
+//!   connections end so than calls failed, and none of the others loses data;
 //! * half the reads and writes go through leases (`Endpoint::read_lease` /
 //!   `write_lease`, the copy made by the caller, as the socket library does it
 //!   outside its lock), sometimes with a pump (and whatever fault it brings)
@@ -41,14 +53,21 @@
 use crate::endpoint::{
     ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, ReadPlan, WritePlan,
 };
-use crate::state::LgrState;
+use crate::state::{HandshakePhase, LgrState};
 use smc_proto::close::CloseEvent;
 use smc_proto::negotiate::IfAddr;
-use smc_rdma::sim::SimFabric;
+use smc_rdma::sim::{SimChannel, SimCq, SimDevice, SimFabric, SimMr, SimPd, SimQp};
+use smc_rdma::{
+    AsyncEvent, Device, DeviceInfo, MemWindow, PortAttr, ProtectionDomain, Provider, QpCap,
+    QpModify, QpState, QueuePair, RecvWr, SendWr,
+};
+use smc_wire::clc::DeclineCode;
 use smc_wire::types::{Eid, Mac, SystemId};
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// splitmix64.
@@ -89,6 +108,184 @@ impl Rng {
             4 => rmb + self.below(3 * rmb),
             _ => 1 + self.below(rmb / 2),
         }
+    }
+}
+
+/// `QueuePair::prepare_remote` failing now and then (a provider short of
+/// descriptors, a peer region that went away): the sim fabric with that one
+/// fault added. Each call fails with probability `percent`, decided by the
+/// run's own generator, so a seed replays the same failures; `fail_next`
+/// calls fail in any case (tests).
+struct PrepareFaults {
+    rng: Rng,
+    percent: u64,
+    fail_next: usize,
+    failed: usize,
+}
+
+/// The sim fabric whose QPs' `prepare_remote` may fail: the provider of the
+/// simulation, and of tests of what such a failure costs.
+#[doc(hidden)]
+#[derive(Clone)]
+pub struct Faulty {
+    fabric: SimFabric,
+    faults: Arc<Mutex<PrepareFaults>>,
+}
+
+#[doc(hidden)]
+pub struct FaultyDevice {
+    dev: SimDevice,
+    faults: Arc<Mutex<PrepareFaults>>,
+}
+
+#[doc(hidden)]
+pub struct FaultyPd {
+    pd: SimPd,
+    faults: Arc<Mutex<PrepareFaults>>,
+}
+
+#[doc(hidden)]
+pub struct FaultyQp {
+    qp: SimQp,
+    faults: Arc<Mutex<PrepareFaults>>,
+}
+
+impl Faulty {
+    /// `fabric`, whose `prepare_remote` calls fail with probability
+    /// `percent` (drawn from `seed`).
+    pub fn new(fabric: SimFabric, seed: u64, percent: u64) -> Faulty {
+        Faulty {
+            fabric,
+            faults: Arc::new(Mutex::new(PrepareFaults {
+                rng: Rng::new(seed),
+                percent,
+                fail_next: 0,
+                failed: 0,
+            })),
+        }
+    }
+
+    /// The next `n` calls fail.
+    pub fn fail_next_prepares(&self, n: usize) {
+        if let Ok(mut f) = self.faults.lock() {
+            f.fail_next = n;
+        }
+    }
+
+    /// Calls that failed so far.
+    pub fn failed_prepares(&self) -> usize {
+        self.faults.lock().map_or(0, |f| f.failed)
+    }
+}
+
+impl Provider for Faulty {
+    type Device = FaultyDevice;
+    type Pd = FaultyPd;
+    type Mr = SimMr;
+    type Cq = SimCq;
+    type Channel = SimChannel;
+    type Qp = FaultyQp;
+
+    fn devices(&self) -> smc_rdma::Result<Vec<DeviceInfo>> {
+        self.fabric.devices()
+    }
+
+    fn open_device(&self, name: &str) -> smc_rdma::Result<FaultyDevice> {
+        Ok(FaultyDevice {
+            dev: self.fabric.open_device(name)?,
+            faults: self.faults.clone(),
+        })
+    }
+}
+
+impl Device for FaultyDevice {
+    type P = Faulty;
+    fn info(&self) -> DeviceInfo {
+        self.dev.info()
+    }
+    fn query_port(&self, port: u8) -> smc_rdma::Result<PortAttr> {
+        self.dev.query_port(port)
+    }
+    fn alloc_pd(&self) -> smc_rdma::Result<FaultyPd> {
+        Ok(FaultyPd {
+            pd: self.dev.alloc_pd()?,
+            faults: self.faults.clone(),
+        })
+    }
+    fn create_channel(&self) -> smc_rdma::Result<SimChannel> {
+        self.dev.create_channel()
+    }
+    fn create_cq(&self, depth: u32, channel: Option<&SimChannel>) -> smc_rdma::Result<SimCq> {
+        self.dev.create_cq(depth, channel)
+    }
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        self.dev.poll_async_event()
+    }
+    fn async_fd(&self) -> BorrowedFd<'_> {
+        self.dev.async_fd()
+    }
+}
+
+impl ProtectionDomain for FaultyPd {
+    type P = Faulty;
+    fn alloc_mr(&self, len: usize, access: smc_rdma::Access) -> smc_rdma::Result<SimMr> {
+        self.pd.alloc_mr(len, access)
+    }
+    fn create_qp(
+        &self,
+        send_cq: &SimCq,
+        recv_cq: &SimCq,
+        cap: QpCap,
+    ) -> smc_rdma::Result<FaultyQp> {
+        Ok(FaultyQp {
+            qp: self.pd.create_qp(send_cq, recv_cq, cap)?,
+            faults: self.faults.clone(),
+        })
+    }
+}
+
+impl QueuePair for FaultyQp {
+    fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+    fn state(&self) -> QpState {
+        self.qp.state()
+    }
+    fn modify(&self, m: &QpModify) -> smc_rdma::Result<()> {
+        self.qp.modify(m)
+    }
+    fn post_send(&self, wr: &SendWr<'_>) -> smc_rdma::Result<()> {
+        self.qp.post_send(wr)
+    }
+    fn post_recv(&self, wr: &RecvWr<'_>) -> smc_rdma::Result<()> {
+        self.qp.post_recv(wr)
+    }
+    fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {
+        self.qp.remote_window(rkey, addr, len)
+    }
+    fn prepare_remote(&self, rkey: u32, addr: u64, len: usize) -> smc_rdma::Result<()> {
+        let mut f = self
+            .faults
+            .lock()
+            .map_err(|_| smc_rdma::Error::InvalidArgument("prepare fault state poisoned".into()))?;
+        let p = f.percent;
+        let fail = if f.fail_next > 0 {
+            f.fail_next -= 1;
+            true
+        } else {
+            f.rng.chance(p)
+        };
+        if fail {
+            f.failed += 1;
+            // alternately a peer region out of reach and a process out of
+            // descriptors (ERR_RTOK and MEM)
+            return Err(if f.failed % 2 == 0 {
+                smc_rdma::Error::InvalidArgument("peer region out of reach".into())
+            } else {
+                smc_rdma::Error::Io(std::io::Error::from_raw_os_error(24))
+            });
+        }
+        self.qp.prepare_remote(rkey, addr, len)
     }
 }
 
@@ -166,6 +363,15 @@ pub struct Report {
     pub survivable_fault: bool,
     /// Connections moved between healthy links.
     pub moves: usize,
+    /// `prepare_remote` failed now and then in this run.
+    pub prepare_faults: bool,
+    /// How often it failed.
+    pub prepare_failures: usize,
+    /// Both ends' first link failed right after a first contact's CLC exchange.
+    pub confirm_link_fault: bool,
+    /// Connections that a failed `prepare_remote` ended (declined, or aborted
+    /// when their peer was established already).
+    pub prepare_victims: usize,
     /// Human-readable event trace.
     pub trace: Vec<String>,
 }
@@ -179,6 +385,8 @@ struct Side {
     shut: bool,
     oob_sent: bool,
     oob_got: bool,
+    /// A read or write failed (the connection was aborted or reset).
+    error: bool,
 }
 
 struct ConnRun {
@@ -193,6 +401,10 @@ struct ConnRun {
     s2c_wire: VecDeque<(Duration, Vec<u8>)>,
     smc: bool,
     ended: bool,
+    /// The handshake phases last seen (client, server).
+    phases: (Option<HandshakePhase>, Option<HandshakePhase>),
+    /// Its first link was failed on purpose after the CLC exchange.
+    link_fault: bool,
 }
 
 /// Moves the bytes on a "TCP" wire that have arrived by `now` to the receiver.
@@ -247,10 +459,41 @@ pub fn run(seed: u64) -> Result<Report, String> {
         Duration::from_micros(1 + rng.below(20)),
         Duration::from_micros(rng.below(10)),
     );
-    let mut client =
-        Endpoint::new(&fabric, cfg("simC", 0x1111, 1, rmb, sndbuf)).map_err(|e| e.to_string())?;
-    let mut server =
-        Endpoint::new(&fabric, cfg("simS", 0x2222, 2, rmb, sndbuf)).map_err(|e| e.to_string())?;
+    // A share of the runs has QPs whose `prepare_remote` fails now and then.
+    // Decided by a generator of its own, so that every other choice of a
+    // seed stays as it was.
+    let mut prng = Rng::new(seed ^ 0x0BAD_9E70_5EED_0001);
+    let percent = if prng.chance(15) {
+        10 + prng.below(40)
+    } else {
+        0
+    };
+    // And a share of the runs loses the first link of a first contact on both
+    // sides at once, right after the CLC exchange: the late decline
+    // (finding 1; exactly one side declines, no CLC byte is left over).
+    let mut confirm_fault = prng.chance(8);
+    let provider = Faulty {
+        fabric: fabric.clone(),
+        faults: Arc::new(Mutex::new(PrepareFaults {
+            rng: prng,
+            percent,
+            fail_next: 0,
+            failed: 0,
+        })),
+    };
+    // (the PSNs are drawn from the seed: a run replays exactly)
+    let mut client = Endpoint::new_seeded(
+        &provider,
+        cfg("simC", 0x1111, 1, rmb, sndbuf),
+        seed.wrapping_mul(2),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut server = Endpoint::new_seeded(
+        &provider,
+        cfg("simS", 0x2222, 2, rmb, sndbuf),
+        seed.wrapping_mul(2) + 1,
+    )
+    .map_err(|e| e.to_string())?;
     let client_ip = IpAddr::from([10, 77, 0, 1]);
     // TCP is usually slower than the RDMA link; sometimes much slower.
     let tcp_delay = Duration::from_micros([0, 0, 30, 200, 2000][rng.below(5) as usize]);
@@ -293,6 +536,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     shut: false,
                     oob_sent: false,
                     oob_got: false,
+                    error: false,
                 },
                 s: Side {
                     id: 0,
@@ -303,6 +547,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     shut: false,
                     oob_sent: false,
                     oob_got: false,
+                    error: false,
                 },
                 c2s: Vec::new(),
                 s2c: Vec::new(),
@@ -310,6 +555,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 s2c_wire: VecDeque::new(),
                 smc: false,
                 ended: false,
+                phases: (None, None),
+                link_fault: false,
             }
         })
         .collect();
@@ -347,6 +594,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
     let mut report = Report {
         seed,
         fault,
+        prepare_faults: percent > 0,
         ..Report::default()
     };
     let mut now = Duration::ZERO;
@@ -362,7 +610,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
     trace(
         &mut report,
         now,
-        format!("seed {seed}: {n} connection(s), rmb {rmb}, sndbuf {sndbuf}, fault {fault:?} at {fault_at:?}"),
+        format!("seed {seed}: {n} connection(s), rmb {rmb}, sndbuf {sndbuf}, fault {fault:?} at {fault_at:?}, prepare fails {percent}%"),
     );
     loop {
         let mut progress = false;
@@ -375,9 +623,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 match f {
                     Fault::QpError { client: on_client } => {
                         // with two usable links on both sides, one of them dies
-                        let two = |ep: &Endpoint<SimFabric>| {
-                            (0..8).find(|&l| ep.usable_links(l).len() >= 2)
-                        };
+                        let two =
+                            |ep: &Endpoint<Faulty>| (0..8).find(|&l| ep.usable_links(l).len() >= 2);
                         let ep = if on_client { &client } else { &server };
                         match (two(&client), two(&server)) {
                             (Some(lc), Some(ls)) => {
@@ -479,7 +726,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 .find(|c| c.smc && !c.ended)
                 .and_then(|c| Some((client.link_group_of(c.c.id)?, server.link_group_of(c.s.id)?)));
             if let Some((lc, ls)) = pair {
-                let active = |ep: &Endpoint<SimFabric>, l| {
+                let active = |ep: &Endpoint<Faulty>, l| {
                     ep.link_group_state(l) == Some(LgrState::Active)
                         && ep.usable_links(l).len() == 1
                 };
@@ -568,7 +815,64 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 cr.s2c.drain(..k);
                 progress |= k > 0;
             }
+            // what the input made them say goes out now, as the socket
+            // library writes it before it reports the handshake's end (an
+            // application may release its connection right after)
+            if !cr.c.released {
+                let out = client.clc_output(cr.c.id);
+                if !out.is_empty() {
+                    cr.c2s_wire.push_back((now + tcp_delay, out));
+                }
+            }
+            if !cr.s.released {
+                let out = server.clc_output(cr.s.id);
+                if !out.is_empty() {
+                    cr.s2c_wire.push_back((now + tcp_delay, out));
+                }
+            }
             progress |= !cr.c2s_wire.is_empty() || !cr.s2c_wire.is_empty();
+            // every step of each handshake, for the trace
+            let phases = (
+                (!cr.c.released)
+                    .then(|| client.handshake_phase(cr.c.id))
+                    .flatten(),
+                (!cr.s.released)
+                    .then(|| server.handshake_phase(cr.s.id))
+                    .flatten(),
+            );
+            if confirm_fault
+                && dead.is_none()
+                && phases
+                    == (
+                        Some(HandshakePhase::AwaitLink),
+                        Some(HandshakePhase::AwaitLink),
+                    )
+            {
+                confirm_fault = false;
+                cr.link_fault = true;
+                for (ep, id) in [(&client, cr.c.id), (&server, cr.s.id)] {
+                    if let Some(q) = ep.link_group_of(id).and_then(|l| ep.qp_num(l)) {
+                        fabric.fail_qp(q);
+                    }
+                }
+                report.confirm_link_fault = true;
+                trace(
+                    &mut report,
+                    now,
+                    format!("conn {i}: both first-link QPs fail after the CLC exchange"),
+                );
+            }
+            if phases != cr.phases && !cr.smc {
+                cr.phases = phases;
+                trace(
+                    &mut report,
+                    now,
+                    format!(
+                        "conn {i}: handshake client {:?} server {:?}",
+                        phases.0, phases.1
+                    ),
+                );
+            }
             let sc = client.status(cr.c.id);
             let ss = server.status(cr.s.id);
             if !cr.smc && sc == Some(ConnStatus::Smc) && ss == Some(ConnStatus::Smc) {
@@ -585,15 +889,79 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 )
             };
             if !cr.smc && (done(&sc) || done(&ss)) && !(cr.c.released && cr.s.released) {
+                // (one side may end its handshake before the other: a late
+                // Decline is read for a while, and a crossed one after ours)
                 let both_ended = done(&sc) && done(&ss)
-                    || (done(&sc) && ss != Some(ConnStatus::Smc))
-                    || (done(&ss) && sc != Some(ConnStatus::Smc));
+                    || (done(&sc) && ss.is_none())
+                    || (done(&ss) && sc.is_none());
                 if both_ended || now > cr.plan.open_at + Duration::from_secs(12) {
                     trace(
                         &mut report,
                         now,
                         format!("conn {i}: not SMC: client {sc:?} server {ss:?}"),
                     );
+                    // Both on TCP: whatever is still in the pipe or on its way
+                    // would be read by an application as its data. Only CLC
+                    // went over this TCP connection, so it must all have been
+                    // taken by the engines (no crossed Declines, finding 1).
+                    let on_tcp =
+                        |s: &Option<ConnStatus>| matches!(s, Some(ConnStatus::Fallback { .. }));
+                    let left = cr.c2s.len()
+                        + cr.s2c.len()
+                        + cr.c2s_wire
+                            .iter()
+                            .chain(&cr.s2c_wire)
+                            .map(|(_, b)| b.len())
+                            .sum::<usize>();
+                    if on_tcp(&sc) && on_tcp(&ss) && left > 0 {
+                        return Err(fail(
+                            &report,
+                            format!(
+                                "conn {i}: {left} CLC bytes would reach an application after \
+                                 the fallback (client {sc:?}, server {ss:?})"
+                            ),
+                        ));
+                    }
+                    let rtok = |s: &Option<ConnStatus>| {
+                        matches!(
+                            s,
+                            Some(ConnStatus::Fallback { reason, peer })
+                                if [*reason, peer.unwrap_or(DeclineCode::PeerDecl)]
+                                    .iter()
+                                    .any(|c| matches!(c, DeclineCode::ErrRtok | DeclineCode::Mem))
+                        )
+                    };
+                    if cr.link_fault {
+                        // exactly one side declined, the other took its Decline
+                        let expect = (
+                            Some(ConnStatus::Fallback {
+                                reason: DeclineCode::PeerDecl,
+                                peer: Some(DeclineCode::TimeoutCl),
+                            }),
+                            Some(ConnStatus::Fallback {
+                                reason: DeclineCode::TimeoutCl,
+                                peer: None,
+                            }),
+                        );
+                        if fault.is_none() && (sc.clone(), ss.clone()) != expect {
+                            return Err(fail(
+                                &report,
+                                format!(
+                                    "conn {i}: after the link failed at once on both sides: \
+                                     client {sc:?} server {ss:?}"
+                                ),
+                            ));
+                        }
+                    } else if rtok(&sc) || rtok(&ss) {
+                        report.prepare_victims += 1;
+                    } else if fault.is_none() && percent > 0 {
+                        return Err(fail(
+                            &report,
+                            format!(
+                                "conn {i}: not SMC without a fault: client {sc:?} server {ss:?}"
+                            ),
+                        ));
+                    }
                     client.release(cr.c.id);
                     server.release(cr.s.id);
                     cr.c.released = true;
@@ -670,6 +1038,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                         Err(e) => {
                             trace(&mut report, now, format!("conn {i}: write error {e:?}"));
                             me.closed = true;
+                            me.error = true;
                         }
                     }
                 }
@@ -714,6 +1083,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                             ),
                         );
                         me.closed = true;
+                        me.error = true;
                     }
                 }
                 // after the read: a pump inside it (a lease) may have brought
@@ -778,6 +1148,9 @@ pub fn run(seed: u64) -> Result<Report, String> {
                             me.sent, me.got
                         ),
                     );
+                    // (an end of file after our own abort is no clean end:
+                    // the application's next read would fail)
+                    me.error |= ep.sent_close_flags(me.id).is_some_and(|f| f.abort);
                     ep.release(me.id);
                     me.released = true;
                     progress = true;
@@ -786,7 +1159,13 @@ pub fn run(seed: u64) -> Result<Report, String> {
             if cr.c.released && cr.s.released {
                 cr.ended = true;
                 report.bytes += cr.c.got + cr.s.got;
-                let clean = (fault.is_none() || survivable) && !cr.plan.abort;
+                // A connection a failed prepare_remote ended is aborted (its
+                // peer was established already): it may end short. The end
+                // of the run checks that no more connections ended so than
+                // prepares failed.
+                let victim = percent > 0 && !cr.plan.abort && (cr.c.error || cr.s.error);
+                report.prepare_victims += usize::from(victim && fault.is_none());
+                let clean = (fault.is_none() || survivable) && !cr.plan.abort && !victim;
                 let oob_lost = (cr.plan.oob_at[0].is_some() && !cr.s.oob_got)
                     || (cr.plan.oob_at[1].is_some() && !cr.c.oob_got);
                 if clean && oob_lost {
@@ -836,7 +1215,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         }
         let all_ended = conns.iter().all(|c| c.ended);
         // the dead process's state is gone with it: only the survivor must be clean
-        let live = |ep: &Endpoint<SimFabric>, is_client: bool| {
+        let live = |ep: &Endpoint<Faulty>, is_client: bool| {
             if dead == Some(is_client) {
                 (0, 0)
             } else {
@@ -906,6 +1285,18 @@ pub fn run(seed: u64) -> Result<Report, String> {
         }
     }
     report.virtual_time = now;
+    report.prepare_failures = provider.failed_prepares();
+    // A failed prepare_remote costs its own connection at most: never a
+    // link, a link group, or a connection whose prepares went through.
+    if fault.is_none() && report.prepare_victims > report.prepare_failures {
+        return Err(fail(
+            &report,
+            format!(
+                "{} connections ended by {} failed prepare_remote calls",
+                report.prepare_victims, report.prepare_failures
+            ),
+        ));
+    }
     trace(
         &mut report,
         now,
@@ -921,7 +1312,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
 /// invariant broke (another write got a byte in while the lease was out).
 #[allow(clippy::type_complexity)]
 fn write_leased(
-    ep: &mut Endpoint<SimFabric>,
+    ep: &mut Endpoint<Faulty>,
     id: ConnId,
     data: &[u8],
     pump: Option<smc_proto::Timestamp>,
@@ -948,7 +1339,7 @@ fn write_leased(
 /// A read as the socket library makes it with a lease (see `write_leased`).
 #[allow(clippy::type_complexity)]
 fn read_leased(
-    ep: &mut Endpoint<SimFabric>,
+    ep: &mut Endpoint<Faulty>,
     id: ConnId,
     max: usize,
     pump: Option<smc_proto::Timestamp>,
@@ -980,7 +1371,7 @@ fn read_leased(
     })
 }
 
-fn first_qp(ep: &Endpoint<SimFabric>) -> Option<u32> {
+fn first_qp(ep: &Endpoint<Faulty>) -> Option<u32> {
     (0..8).find_map(|l| ep.qp_num(l))
 }
 

@@ -84,7 +84,13 @@ impl LgrState {
             (S::Creating, _) => (S::Creating, A::Nothing),
 
             (S::Confirming, E::LinkActive) => (S::Active, A::EstablishWaiting),
-            // CONFIRM_LINK still decides: the group then idles or terminates.
+            // The handshake that created the group failed (declined, TCP
+            // closed, its link lost) while the link was being confirmed: the
+            // group ends with it (Linux `smc_conn_abort` →
+            // `smc_lgr_cleanup_early` for a local first contact) rather than
+            // idling for ten minutes once the peer's CONFIRM_LINK completes it.
+            (S::Confirming, E::LastConnGone) => (S::Terminating, A::Abandon),
+            // CONFIRM_LINK still decides.
             (S::Confirming, _) => (S::Confirming, A::Nothing),
 
             // A further link joined: new connections may be assigned to it.
@@ -164,8 +170,13 @@ pub enum LgrAction {
     /// initiated" (§5.6), then the group terminates.
     DeleteAll,
     /// Kill every connection (§5.5): handshakes in progress decline and fall
-    /// back (TIMEOUT_CL), established ones are aborted without a CDC.
+    /// back (TIMEOUT_CL; a first contact after its CLC exchange through
+    /// [`HandshakePhase::AwaitLateDecline`]), established ones are aborted
+    /// without a CDC.
     KillConnections,
+    /// End a group whose first contact failed before its link was confirmed:
+    /// no link is active, so nothing goes to the peer; the group terminates.
+    Abandon,
     /// Release the provider objects and forget the group.
     Free,
 }
@@ -192,6 +203,19 @@ pub enum HandshakePhase {
     AwaitConfirm,
     /// First contact: CLC done, waiting for the CONFIRM_LINK exchange (§1.7).
     AwaitLink,
+    /// First contact: the link failed (or CONFIRM_LINK did not come) after the
+    /// CLC exchange. The peer's Decline is read until a deadline — a server
+    /// 0.5 s, a client until 5 s after its Confirm, so that the server is the
+    /// one that declines — and ends the handshake (PEERDECL) without one of
+    /// ours; without it, ours (TIMEOUT_CL) goes out (`protocol-clc.md` §4.2,
+    /// §4.3, §4.6; Linux `smcr_serv_conf_first_link`,
+    /// `smcr_clnt_conf_first_link`).
+    AwaitLateDecline,
+    /// Our late Decline is out. A Decline of the peer's that crossed it would
+    /// be the first thing on TCP: it is consumed, never handed to the
+    /// application as data; any other first bytes are data. Ends (fallback)
+    /// with those first bytes, the TCP end, or after 1 s.
+    LateDeclined,
     /// Established: data moves over RDMA.
     Smc,
     /// Ended without SMC-R or failed (fallback to TCP, or an error).
@@ -200,7 +224,7 @@ pub enum HandshakePhase {
 
 impl HandshakePhase {
     /// Every phase.
-    pub const ALL: [HandshakePhase; 9] = [
+    pub const ALL: [HandshakePhase; 11] = [
         HandshakePhase::AwaitAccept,
         HandshakePhase::ClientRkey,
         HandshakePhase::AwaitProposal,
@@ -208,6 +232,8 @@ impl HandshakePhase {
         HandshakePhase::ServerRkey,
         HandshakePhase::AwaitConfirm,
         HandshakePhase::AwaitLink,
+        HandshakePhase::AwaitLateDecline,
+        HandshakePhase::LateDeclined,
         HandshakePhase::Smc,
         HandshakePhase::Done,
     ];

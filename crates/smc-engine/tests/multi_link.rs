@@ -339,7 +339,9 @@ fn a_waiting_connection_makes_its_own_first_contact_when_the_first_one_fails() {
         Some(HandshakePhase::AwaitLgr)
     );
     w.fabric.set_unresponsive("simC", true).unwrap();
-    for _ in 0..300 {
+    // (2 s for CONFIRM_LINK, 0.5 s for a late Decline of the client's, then
+    // the server's own, and 1 s for one that crossed it)
+    for _ in 0..400 {
         w.step(&mut [&mut a]);
         w.now += Duration::from_millis(10);
     }

@@ -44,6 +44,8 @@ struct World {
     now: Timestamp,
     /// Every CLC byte each side has sent (client, server).
     said: [Vec<u8>; 2],
+    /// (connections, link groups) of (client, server) before the latest `open`.
+    before: [(usize, usize); 2],
 }
 
 const STEP: Duration = Duration::from_micros(20);
@@ -59,6 +61,7 @@ impl World {
             fabric,
             now: Duration::ZERO,
             said: [Vec::new(), Vec::new()],
+            before: [(0, 0); 2],
         }
     }
 
@@ -73,6 +76,10 @@ impl World {
     }
 
     fn open(&mut self) -> Tcp {
+        self.before = [
+            (self.client.connections(), self.client.link_groups()),
+            (self.server.connections(), self.server.link_groups()),
+        ];
         let s = self.server.accept(self.now);
         let c = self.client.connect(IpAddr::from([10, 99, 0, 1]), self.now);
         let mut t = Tcp {
@@ -177,6 +184,59 @@ fn decline_to(w: &mut World, t: &mut Tcp, role: Role) {
     }
 }
 
+/// The QPs of the link group of the connection under test fail, then both
+/// ends run for 10 ms.
+fn lose_link(case: &mut Case) {
+    let id = case.id();
+    let ep = case.ep();
+    let qps: Vec<u32> = ep
+        .link_group_of(id)
+        .map(|l| (0..3).filter_map(|s| ep.link_qp_num(l, s)).collect())
+        .unwrap_or_default();
+    for q in qps {
+        case.w.fabric.fail_qp(q);
+    }
+    let (w, t) = (&mut case.w, &mut case.t);
+    w.rdma(t, Duration::from_millis(10));
+}
+
+/// Time passes for the connection under test (its peer silent).
+fn later(case: &mut Case, d: Duration) {
+    case.w.now += d;
+    let now = case.w.now;
+    case.ep().pump(now).unwrap();
+    // (a deadline met in a pump is acted on by the next one)
+    case.ep().pump(now).unwrap();
+    let (w, t) = (&mut case.w, &mut case.t);
+    w.collect(t);
+}
+
+/// A first contact of `role` resting in AwaitLink.
+fn await_link(role: Role) -> Case {
+    let mut w = World::new();
+    let mut t = w.open();
+    w.deliver_to_server(&mut t);
+    w.deliver_to_client(&mut t);
+    if role == Role::Server {
+        w.deliver_to_server(&mut t);
+    }
+    Case { w, t, role }
+}
+
+/// A first contact of `role` whose link failed after the CLC exchange.
+fn await_late_decline(role: Role) -> Case {
+    let mut c = await_link(role);
+    lose_link(&mut c);
+    c
+}
+
+/// ... and whose own late Decline went out.
+fn late_declined(role: Role) -> Case {
+    let mut c = await_late_decline(role);
+    later(&mut c, Duration::from_secs(6));
+    c
+}
+
 /// Every phase a connection can rest in, per role, and how to get there. CLC
 /// bytes the peer has sent but we have not read stay in the pipe.
 /// A named resting phase of one role and how to get there.
@@ -216,17 +276,11 @@ fn states() -> Vec<State> {
                 role: Role::Client,
             }
         }),
-        ("AwaitLink", Role::Client, || {
-            let mut w = World::new();
-            let mut t = w.open();
-            w.deliver_to_server(&mut t);
-            w.deliver_to_client(&mut t);
-            Case {
-                w,
-                t,
-                role: Role::Client,
-            }
+        ("AwaitLink", Role::Client, || await_link(Role::Client)),
+        ("AwaitLateDecline", Role::Client, || {
+            await_late_decline(Role::Client)
         }),
+        ("LateDeclined", Role::Client, || late_declined(Role::Client)),
         ("Smc", Role::Client, || {
             let mut w = World::new();
             let t = w.handshake();
@@ -300,18 +354,11 @@ fn states() -> Vec<State> {
                 role: Role::Server,
             }
         }),
-        ("AwaitLink", Role::Server, || {
-            let mut w = World::new();
-            let mut t = w.open();
-            w.deliver_to_server(&mut t);
-            w.deliver_to_client(&mut t);
-            w.deliver_to_server(&mut t);
-            Case {
-                w,
-                t,
-                role: Role::Server,
-            }
+        ("AwaitLink", Role::Server, || await_link(Role::Server)),
+        ("AwaitLateDecline", Role::Server, || {
+            await_late_decline(Role::Server)
         }),
+        ("LateDeclined", Role::Server, || late_declined(Role::Server)),
         ("Smc", Role::Server, || {
             let mut w = World::new();
             let t = w.handshake();
@@ -416,23 +463,8 @@ fn apply(case: &mut Case, ev: &str) {
             let (w, t) = (&mut case.w, &mut case.t);
             w.rdma(t, Duration::from_millis(10));
         }
-        "link lost" => {
-            let ep = case.ep();
-            let qps: Vec<u32> = ep
-                .link_group_of(id)
-                .map(|l| (0..3).filter_map(|s| ep.link_qp_num(l, s)).collect())
-                .unwrap_or_default();
-            for q in qps {
-                case.w.fabric.fail_qp(q);
-            }
-            let (w, t) = (&mut case.w, &mut case.t);
-            w.rdma(t, Duration::from_millis(10));
-        }
-        "timers +6 s, peer silent" => {
-            case.w.now += Duration::from_secs(6);
-            let now = case.w.now;
-            case.ep().pump(now).unwrap();
-        }
+        "link lost" => lose_link(case),
+        "timers +6 s, peer silent" => later(case, Duration::from_secs(6)),
         "TCP closed" => case.ep().tcp_closed(id),
         "release()" => case.ep().release(id),
         _ => unreachable!(),
@@ -521,7 +553,7 @@ fn table() -> String {
                 .and_then(|l| ep.link_group_state(l))
                 .map_or("-".to_string(), |s| s.to_string());
             out.push_str(&format!(
-                "    {ev:<26} -> {phase:<13} {st:<30} {sent:<22} {lgr}\n"
+                "    {ev:<26} -> {phase:<16} {st:<30} {sent:<22} {lgr}\n"
             ));
         }
     }
@@ -551,5 +583,50 @@ fn every_phase_is_covered() {
     }
     for p in HandshakePhase::ALL {
         assert!(seen.contains(&p), "no row for {p:?}");
+    }
+}
+
+/// The TCP connection closes (or ends) in every phase: the connection ends at
+/// once and, once the application releases it, nothing of it is left — no
+/// connection, and no link group beyond those that were there before it (a
+/// first contact's group ends with the handshake that created it; an
+/// established connection's group stays, idle, as Linux keeps it).
+#[test]
+fn a_tcp_close_in_every_phase_ends_the_connection_and_releases_it() {
+    for (name, role, make) in states() {
+        let mut case = make();
+        let id = case.id();
+        let start = case.ep().handshake_phase(id).unwrap();
+        let side = usize::from(role == Role::Server);
+        let (conns_before, groups_before) = case.w.before[side];
+        case.ep().tcp_closed(id);
+        let status = case.ep().status(id);
+        assert!(
+            !matches!(status, Some(ConnStatus::Handshaking)),
+            "{role:?} / {name}: still handshaking after the TCP close"
+        );
+        case.ep().release(id);
+        // both ends run for 12 s (link timers, idle checks, the peer's own end)
+        for _ in 0..12_000 {
+            let (w, t) = (&mut case.w, &mut case.t);
+            w.client.pump(w.now).unwrap();
+            w.server.pump(w.now).unwrap();
+            w.collect(t);
+            w.fabric.advance(Duration::from_millis(1));
+            w.now += Duration::from_millis(1);
+        }
+        let ep = case.ep();
+        assert_eq!(
+            ep.connections(),
+            conns_before,
+            "{role:?} / {name}: connection left"
+        );
+        // (another connection's first contact may have timed out meanwhile)
+        let kept = usize::from(start == HandshakePhase::Smc);
+        assert!(
+            ep.link_groups() <= groups_before + kept,
+            "{role:?} / {name}: {} link groups left, {groups_before} before",
+            ep.link_groups()
+        );
     }
 }

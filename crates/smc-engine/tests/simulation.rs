@@ -20,6 +20,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     let mut failures = Vec::new();
     let (mut smc, mut faults, mut aborts, mut bytes) = (0, 0, 0, 0u64);
     let (mut two_links, mut failovers, mut moves) = (0, 0, 0);
+    let (mut prepare_failures, mut late) = (0, 0);
     for seed in start..start + n {
         match simulate::run(seed) {
             Ok(r) => {
@@ -30,6 +31,8 @@ fn a_thousand_seeds_hold_every_invariant() {
                 two_links += usize::from(r.second_link);
                 failovers += usize::from(r.survivable_fault);
                 moves += r.moves;
+                prepare_failures += r.prepare_failures;
+                late += usize::from(r.confirm_link_fault);
             }
             Err(e) => failures.push(e),
         }
@@ -58,12 +61,22 @@ fn a_thousand_seeds_hold_every_invariant() {
         "too few link failovers: {failovers}"
     );
     assert!(moves as u64 >= n, "too few moves: {moves}");
+    // failing prepare_remote calls, and first links lost right after the CLC
+    // exchange (the late decline)
+    assert!(
+        prepare_failures as u64 >= n / 20,
+        "too few prepare failures: {prepare_failures}"
+    );
+    assert!(late as u64 >= n / 40, "too few late link failures: {late}");
 }
 
 #[test]
 fn a_seed_replays_identically() {
-    let a = simulate::run(4242).unwrap();
-    let b = simulate::run(4242).unwrap();
-    assert_eq!(a.trace, b.trace);
-    assert_eq!(a.bytes, b.bytes);
+    for seed in [4242, 4243] {
+        let a = simulate::run(seed).unwrap();
+        let b = simulate::run(seed).unwrap();
+        assert_eq!(a.trace, b.trace);
+        assert_eq!(a.bytes, b.bytes);
+        assert_eq!(a.prepare_failures, b.prepare_failures);
+    }
 }

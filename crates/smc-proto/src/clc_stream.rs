@@ -53,6 +53,11 @@ impl ClcReader {
         ClcReader::default()
     }
 
+    /// No part of a message is held (nothing fed since the last whole one).
+    pub fn is_idle(&self) -> bool {
+        self.buf.is_empty()
+    }
+
     /// How many more bytes the current message needs (so the caller can read
     /// exactly that many and never swallow data that follows the message).
     pub fn wanted(&self) -> usize {
@@ -166,6 +171,34 @@ pub fn peer_declined(code: DeclineCode) -> HandshakeEnd {
     }
 }
 
+/// A peer's Decline that crossed ours: after a side sent a late Decline (the
+/// link failed after the CLC exchange, `protocol-clc.md` §4.2, §4.3), the peer
+/// may have sent its own before ours reached it — then that Decline is the
+/// first thing on the TCP stream, ahead of the peer's application data
+/// (Linux `smc_clc_wait_msg` reads such a pending Decline on the same path).
+/// Returns its length and the message when `data` (the first bytes that
+/// arrived) begins with a whole, valid Decline; `None` when it does not, and
+/// then every byte is the peer's application data. A Decline is written at
+/// once and arrives in one piece, so a fragment is taken for data rather
+/// than held back: holding back bytes that may be data could stall an
+/// application that waits for an answer. Stricter than a Decline the
+/// handshake expects (whose trailer Linux does not check): here the trailer
+/// must be there too, as these bytes might be data.
+pub fn decline_at_head(data: &[u8]) -> Option<(usize, smc_wire::clc::Decline)> {
+    let h = ClcHeader::peek(data).ok()?;
+    let len = usize::from(h.length);
+    if h.msg_type != ClcType::Decline
+        || data.len() < len
+        || data.get(len.saturating_sub(4)..len) != Some(&smc_wire::clc::EYECATCHER_SMCR[..])
+    {
+        return None;
+    }
+    match ClcMessage::decode(&data[..len]) {
+        Ok(ClcMessage::Decline(d)) => Some((len, d)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +267,29 @@ mod tests {
         let (used, m) = r.feed(&hex(DECLINE)[..20], ClcType::Accept);
         assert_eq!((used, m), (20, None));
         assert_eq!(r.wanted(), 8);
+    }
+
+    #[test]
+    fn a_crossed_decline_is_recognized_only_whole_and_at_the_head() {
+        let d = hex(DECLINE);
+        let mut stream = d.clone();
+        stream.extend_from_slice(b"data");
+        let (n, m) = decline_at_head(&stream).unwrap();
+        assert_eq!((n, m.diagnosis), (28, DeclineCode::DiffPrefix));
+        assert_eq!(decline_at_head(&d[..27]), None, "a fragment is data");
+        assert_eq!(decline_at_head(b"hello, world, this is data"), None);
+        assert_eq!(decline_at_head(b""), None);
+        let mut late = b"x".to_vec();
+        late.extend_from_slice(&d);
+        assert_eq!(decline_at_head(&late), None, "only at the head");
+        // an Accept-shaped head is not a Decline
+        let mut acc = d.clone();
+        acc[4] = 2;
+        assert_eq!(decline_at_head(&acc), None);
+        // a bad trailer is not a Decline either
+        let mut bad = d.clone();
+        bad[27] ^= 1;
+        assert_eq!(decline_at_head(&bad), None);
     }
 
     #[test]

@@ -246,6 +246,12 @@ pub fn server_choose(p: &Proposal, caps: &LocalCapabilities) -> Result<ServerCho
         match &p.v2_ext {
             None => note(DeclineCode::NoV2Ext, &mut first_failure),
             Some(ext) if ext.eids.is_empty() => note(DeclineCode::NoUeid, &mut first_failure),
+            // The GID names the client's port (its link group is found by
+            // it, §4.5): an unusable one rules the path out, as the link to it
+            // could never be readied (finding 7).
+            Some(ext) if !gid_usable(&ext.roce_v2_gid) => {
+                note(DeclineCode::ErrRdyLnk, &mut first_failure)
+            }
             Some(ext) => {
                 let eid = ext.eids.iter().find(|e| caps.ueids.contains(e)).copied();
                 if let (Some(eid), Some(_)) = (eid, caps.v2_gid) {
@@ -277,6 +283,9 @@ pub fn server_choose(p: &Proposal, caps: &LocalCapabilities) -> Result<ServerCho
     }
     // v1 path
     if v1_offered && prefix_ok && caps.v1.is_some() {
+        if !gid_usable(&p.gid) {
+            return Err(first_failure.unwrap_or(DeclineCode::ErrRdyLnk));
+        }
         return Ok(ServerChoice {
             version: SMC_V1,
             eid: None,
@@ -363,6 +372,60 @@ pub fn client_check_accept(
             max_links: MAX_LINKS,
         })
     }
+}
+
+/// Whether `gid` can name a peer's RoCE port: not all zero (an unset field)
+/// and not multicast (`ff00::/8`, which an RC QP cannot be connected to).
+pub fn gid_usable(gid: &smc_wire::types::Gid) -> bool {
+    *gid != smc_wire::types::Gid::ZERO && gid.0[0] != 0xff
+}
+
+/// The checks of the values in a peer's Accept (client) or Confirm (server)
+/// that this side acts on, before it acts on any of them (issue 13, finding 7).
+/// Linux takes them as they come (`smc_link_save_peer_info`,
+/// `smcr_conn_save_peer_info`) and fails later, or not at all, and then
+/// harms more than the one connection; we refuse the values here, with the
+/// code Linux sends where it would fail, or the closest:
+///
+/// * the link: QP MTU (IB enum 1..=5), QP number (not 0 or 1, the IB special
+///   QPs), GID (`gid_usable`) — ERR_RDYLNK, the code of a failed
+///   `smc_ib_ready_link`: an MTU of 0 makes Linux's RTR transition fail
+///   (`smc_ib_modify_qp_rtr` takes the smaller of its own and the peer's MTU),
+///   6..=15 Linux silently replaces by its own, and no RC QP can be connected
+///   to QP 0 or 1 or to an unset or multicast GID;
+/// * the RMB element: the alert token, which routes every CDC to the
+///   connection (Linux never hands out 0, `smc_lgr_register_conn`; a CDC
+///   carrying 0 finds no connection and is dropped, so both ends would wait
+///   for each other for ever), the RMBE index (1-based: 0 would put the
+///   element before the RMB), and the element's address range, which must not
+///   overflow — ERR_RTOK, Linux's code for an unusable peer RMB ("rtoken
+///   handling failed"). Every size class of the 4-bit field is usable by our
+///   data path (cursors are 32-bit offsets; the largest class is 512 MiB);
+///   whether the peer's region really has that size only the provider can
+///   tell (`QueuePair::prepare_remote`).
+///
+/// The PSN (any 24-bit value) and the MAC (unused on RoCE v2, and by our
+/// providers) need no check; the system id only names the peer.
+pub fn check_peer_values(m: &AcceptConfirm) -> Result<(), DeclineCode> {
+    if m.mtu().is_none() || m.qpn <= 1 || !gid_usable(&m.gid) {
+        return Err(DeclineCode::ErrRdyLnk);
+    }
+    if m.alert_token == 0 || peer_rmbe_range(m).is_none() {
+        return Err(DeclineCode::ErrRtok);
+    }
+    Ok(())
+}
+
+/// Where the peer's RMB element lies in its RMB: `(offset in the RMB, length)`
+/// — `rmbe_size × (index − 1)`, `protocol-clc.md` §3.3 — or `None` when the
+/// index is 0 or the element's end does not fit in a 64-bit address from the
+/// RMB's virtual address.
+pub fn peer_rmbe_range(m: &AcceptConfirm) -> Option<(u64, usize)> {
+    let len = m.rmbe_size.bytes();
+    let idx = u64::from(m.rmbe_idx.checked_sub(1)?);
+    let off = (len as u64).checked_mul(idx)?;
+    m.rmb_vaddr.checked_add(off)?.checked_add(len as u64)?;
+    Some((off, len))
 }
 
 #[cfg(test)]
@@ -637,5 +700,84 @@ mod tests {
                 .release,
             0
         );
+    }
+
+    /// Finding 7: every value of an Accept / Confirm we act on, one bad value
+    /// at a time, with the code we decline it with (both roles use this check).
+    #[test]
+    fn peer_values_we_act_on_are_checked() {
+        let mut good = accept(1, "", None);
+        good.gid = Gid::from_ipv4(Ipv4Addr::new(10, 0, 0, 2));
+        good.rmb_vaddr = 0x7f00_0000_0000;
+        assert_eq!(check_peer_values(&good), Ok(()));
+        type Tweak = fn(&mut AcceptConfirm);
+        let bad: Vec<(&str, Tweak, DeclineCode)> = vec![
+            ("MTU 0", |m| m.qp_mtu = 0, DeclineCode::ErrRdyLnk),
+            ("MTU 6", |m| m.qp_mtu = 6, DeclineCode::ErrRdyLnk),
+            ("MTU 15", |m| m.qp_mtu = 15, DeclineCode::ErrRdyLnk),
+            ("QP 0", |m| m.qpn = 0, DeclineCode::ErrRdyLnk),
+            ("QP 1", |m| m.qpn = 1, DeclineCode::ErrRdyLnk),
+            ("GID zero", |m| m.gid = Gid::ZERO, DeclineCode::ErrRdyLnk),
+            (
+                "GID multicast",
+                |m| m.gid = Gid([0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]),
+                DeclineCode::ErrRdyLnk,
+            ),
+            ("alert token 0", |m| m.alert_token = 0, DeclineCode::ErrRtok),
+            ("RMBE index 0", |m| m.rmbe_idx = 0, DeclineCode::ErrRtok),
+            (
+                "RMBE beyond the address space",
+                |m| m.rmb_vaddr = u64::MAX - 4096,
+                DeclineCode::ErrRtok,
+            ),
+            (
+                "RMBE index beyond the address space",
+                |m| {
+                    m.rmb_vaddr = u64::MAX - (100 << 30);
+                    m.rmbe_size = RmbeSize::from_class(15).unwrap();
+                    m.rmbe_idx = 255;
+                },
+                DeclineCode::ErrRtok,
+            ),
+        ];
+        for (what, f, code) in bad {
+            let mut m = good.clone();
+            f(&mut m);
+            assert_eq!(check_peer_values(&m), Err(code), "{what}");
+        }
+        // what stays acceptable: every MTU and size class, any PSN, an RMBE
+        // further into a large RMB, rkey 0 (only the provider can judge keys)
+        for mtu in 1..=5 {
+            let mut m = good.clone();
+            m.qp_mtu = mtu;
+            assert_eq!(check_peer_values(&m), Ok(()));
+        }
+        for class in 0..=15 {
+            let mut m = good.clone();
+            m.rmbe_size = RmbeSize::from_class(class).unwrap();
+            m.rmbe_idx = 3;
+            m.psn = 0xff_ffff;
+            m.rmb_rkey = 0;
+            assert_eq!(check_peer_values(&m), Ok(()));
+            let (off, len) = peer_rmbe_range(&m).unwrap();
+            assert_eq!((off, len), (2 * len as u64, 16384 << class));
+        }
+    }
+
+    #[test]
+    fn a_proposal_with_an_unusable_gid_for_its_path_is_declined() {
+        let local: IpAddr = "192.168.10.1".parse().unwrap();
+        let addrs = vec![v4([192, 168, 10, 1], 24)];
+        let srv = caps(true, true, &["A"], vec![v4([192, 168, 10, 2], 24)]);
+        let mut v2only = build_proposal(local, &caps(false, true, &["A"], vec![])).unwrap();
+        v2only.v2_ext.as_mut().unwrap().roce_v2_gid = Gid::ZERO;
+        assert_eq!(server_choose(&v2only, &srv), Err(DeclineCode::ErrRdyLnk));
+        let mut v1only = build_proposal(local, &caps(true, false, &[], addrs.clone())).unwrap();
+        v1only.gid = Gid::ZERO;
+        assert_eq!(server_choose(&v1only, &srv), Err(DeclineCode::ErrRdyLnk));
+        // both offered, v2's GID unusable: v1 still works
+        let mut both = build_proposal(local, &caps(true, true, &["A"], addrs)).unwrap();
+        both.v2_ext.as_mut().unwrap().roce_v2_gid = Gid::ZERO;
+        assert_eq!(server_choose(&both, &srv).map(|c| c.version), Ok(1));
     }
 }

@@ -41,6 +41,8 @@ fn main() -> ExitCode {
             let (mut smc, mut not_smc, mut bytes, mut faults, mut aborts, mut failed) =
                 (0, 0, 0u64, 0, 0, 0);
             let (mut two_links, mut failovers, mut moves) = (0, 0, 0);
+            let (mut prepare_runs, mut prepare_failures, mut prepare_victims, mut late) =
+                (0, 0, 0, 0);
             for seed in start..start + n {
                 match simulate::run(seed) {
                     Ok(r) => {
@@ -52,6 +54,10 @@ fn main() -> ExitCode {
                         two_links += usize::from(r.second_link);
                         failovers += usize::from(r.survivable_fault);
                         moves += r.moves;
+                        prepare_runs += usize::from(r.prepare_faults);
+                        prepare_failures += r.prepare_failures;
+                        prepare_victims += r.prepare_victims;
+                        late += usize::from(r.confirm_link_fault);
                     }
                     Err(e) => {
                         failed += 1;
@@ -69,6 +75,9 @@ fn main() -> ExitCode {
             );
             println!(
                 "  {two_links} runs with a second link, {failovers} of them lost one link (failover), {moves} connection moves"
+            );
+            println!(
+                "  {prepare_runs} runs with failing prepare_remote: {prepare_failures} failures ended {prepare_victims} connections; {late} runs lost a first link right after the CLC exchange"
             );
             if failed == 0 {
                 ExitCode::SUCCESS

@@ -68,12 +68,14 @@ pub(super) struct LinkRes<P: Provider> {
 impl<P: Provider> LinkRes<P> {
     /// A new link: CQs, an RC QP in INIT on port 1 and its receive buffers posted.
     /// A link's QP with its CQs on the endpoint's completion channel `chan`,
-    /// accepting inline payloads up to `max_inline` bytes.
+    /// accepting inline payloads up to `max_inline` bytes, starting at the
+    /// (random) initial send PSN `psn`.
     pub fn new(
         dev: &P::Device,
         pd: &P::Pd,
         chan: &P::Channel,
         max_inline: u32,
+        psn: u32,
     ) -> Result<LinkRes<P>> {
         let scq = dev.create_cq(1024, Some(chan))?;
         let rcq = dev.create_cq(1024, Some(chan))?;
@@ -98,7 +100,7 @@ impl<P: Provider> LinkRes<P> {
                 sges: &[sge],
             })?;
         }
-        let psn = qp.qp_num().wrapping_mul(2_654_435_761) & 0x00ff_ffff;
+        let psn = psn & 0x00ff_ffff;
         Ok(LinkRes {
             scq,
             rcq,
