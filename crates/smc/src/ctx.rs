@@ -651,6 +651,11 @@ impl Drop for Locked<'_> {
 
 struct Context {
     provider: Option<ShmProvider>,
+    /// The instance part of this process's system ID, and the lock that
+    /// keeps it unique among the processes of the device directory (see
+    /// [`crate::sysid`]).
+    instance: u16,
+    _instance_lock: Option<OwnedFd>,
     endpoints: Mutex<HashMap<String, Arc<Shared>>>,
     /// Recent device choices per local address (see [`endpoint_for`]).
     #[allow(clippy::type_complexity)]
@@ -669,13 +674,26 @@ pub(crate) fn now() -> Timestamp {
 
 fn context() -> &'static Context {
     static C: OnceLock<Context> = OnceLock::new();
-    C.get_or_init(|| Context {
+    C.get_or_init(|| {
         // Devices are declared in the file named by SMC_RDMA_SHM_CONFIG; without
         // it this process has no SMC device and its connections decline.
-        provider: ShmProvider::from_env().ok(),
-        endpoints: Mutex::new(HashMap::new()),
-        selection: Mutex::new(HashMap::new()),
+        let provider = ShmProvider::from_env().ok();
+        let (instance, lock) =
+            crate::sysid::allocate(provider.as_ref().map(|p| p.config().rundir.as_path()));
+        Context {
+            provider,
+            instance,
+            _instance_lock: lock,
+            endpoints: Mutex::new(HashMap::new()),
+            selection: Mutex::new(HashMap::new()),
+        }
     })
+}
+
+/// This process's system ID with the MAC of the port it speaks for (every
+/// endpoint's, and that of the Declines sent without one).
+pub(crate) fn system_id(mac: Mac) -> SystemId {
+    SystemId::new(context().instance, mac)
 }
 
 /// Default size of each connection's RMB and send buffer (1 MiB). Measured
@@ -693,12 +711,6 @@ fn buf_len(var: &str) -> usize {
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
         .map_or(DEFAULT_BUF, |k| k << 10)
-}
-
-fn random_instance() -> u16 {
-    // The instance part of the system id only has to differ between processes.
-    let t = origin().elapsed().as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(17);
-    (t ^ (t >> 16) ^ (t >> 32)) as u16
 }
 
 /// The interface that owns `local`, or whose prefix covers it (all of
@@ -802,7 +814,7 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
         .unwrap_or_default();
     let sndbuf_len = buf_len("SMC_SNDBUF_KIB");
     let cfg = EndpointConfig {
-        system_id: SystemId::new(random_instance(), mac),
+        system_id: SystemId::new(ctx.instance, mac),
         device: device.to_string(),
         offer_v2: !ueids.is_empty(),
         ueids,

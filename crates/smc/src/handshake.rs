@@ -5,7 +5,7 @@ use crate::stream::Fallback;
 use smc_proto::clc_stream::{ClcReadError, ClcReader};
 use smc_proto::negotiate::{self, LocalCapabilities};
 use smc_wire::clc::{ClcMessage, ClcType, Decline, DeclineCode, CLC_WAIT_TIME, SMC_V1};
-use smc_wire::types::SystemId;
+use smc_wire::types::{Mac, SystemId};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, TcpStream};
 
@@ -59,29 +59,46 @@ fn read_clc(tcp: &mut TcpStream, expected: ClcType) -> io::Result<ClcMessage> {
 /// prefix check first as Linux does and declines "no SMC device" rather than
 /// "different prefix" when the prefixes agree.
 fn capabilities(local: IpAddr) -> LocalCapabilities {
+    let (system_id, if_addrs) = match crate::ctx::interface_of(local) {
+        Some((ifname, a)) => (local_system_id(&ifname), a),
+        None => (crate::ctx::system_id(Mac::default()), Vec::new()),
+    };
     LocalCapabilities {
-        system_id: SystemId::default(),
+        system_id,
         v1: None,
         v2_gid: None,
         ueids: Vec::new(),
-        if_addrs: crate::ctx::interface_of(local)
-            .map(|(_, a)| a)
-            .unwrap_or_default(),
+        if_addrs,
     }
 }
 
-fn decline(version: u8, code: DeclineCode) -> Vec<u8> {
-    ClcMessage::Decline(Decline::new(version, SystemId::default(), code)).encode()
+/// This process's system ID as an endpoint on `ifname` would send it: a
+/// Decline carries the sender's system ID (Linux fills in its
+/// `local_systemid` even without a device, smc_clc.c `smc_clc_send_decline`).
+fn local_system_id(ifname: &str) -> SystemId {
+    let base = smc_config::pnet::base_netdev(std::path::Path::new("/sys/class/net"), ifname);
+    let mac = smc_rdma::sys::link(&base)
+        .ok()
+        .flatten()
+        .and_then(|l| l.mac)
+        .map(Mac)
+        .unwrap_or_default();
+    crate::ctx::system_id(mac)
+}
+
+fn decline(version: u8, system_id: SystemId, code: DeclineCode) -> Vec<u8> {
+    ClcMessage::Decline(Decline::new(version, system_id, code)).encode()
 }
 
 /// Client without a device, after the SYN-ACK carried the option: the first CLC
 /// message to send, and the outcome if that ends the handshake.
 pub(crate) fn client_start(local: IpAddr) -> (Vec<u8>, Option<Fallback>) {
-    match negotiate::build_proposal(local, &capabilities(local)) {
+    let caps = capabilities(local);
+    match negotiate::build_proposal(local, &caps) {
         Ok(p) => (ClcMessage::Proposal(p).encode(), None),
         // Linux: a client with nothing to offer declines instead of proposing.
         Err(code) => (
-            decline(SMC_V1, code),
+            decline(SMC_V1, caps.system_id, code),
             Some(Fallback {
                 reason: code,
                 peer: None,
@@ -92,7 +109,7 @@ pub(crate) fn client_start(local: IpAddr) -> (Vec<u8>, Option<Fallback>) {
 
 /// Client without a device: the server's answer to our Proposal. Returns what
 /// to send back (possibly nothing) and the outcome.
-pub(crate) fn client_reply(m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
+pub(crate) fn client_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
     match m {
         ClcMessage::Decline(d) => Ok((
             Vec::new(),
@@ -103,7 +120,11 @@ pub(crate) fn client_reply(m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
         )),
         // An Accept we cannot honour without a device: decline it.
         ClcMessage::Accept(a) => Ok((
-            decline(a.version, DeclineCode::NoSmcRDev),
+            decline(
+                a.version,
+                capabilities(local).system_id,
+                DeclineCode::NoSmcRDev,
+            ),
             Fallback {
                 reason: DeclineCode::NoSmcRDev,
                 peer: None,
@@ -125,13 +146,14 @@ pub(crate) fn server_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>,
             },
         )),
         ClcMessage::Proposal(p) => {
-            let code = match negotiate::server_choose(&p, &capabilities(local)) {
+            let caps = capabilities(local);
+            let code = match negotiate::server_choose(&p, &caps) {
                 Err(code) => code,
                 // not reachable without capabilities; decline all the same
                 Ok(_) => DeclineCode::NoSmcDev,
             };
             Ok((
-                decline(negotiate::decline_version(&p), code),
+                decline(negotiate::decline_version(&p), caps.system_id, code),
                 Fallback {
                     reason: code,
                     peer: None,
@@ -149,7 +171,8 @@ pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
     if let Some(f) = done {
         return Ok(f);
     }
-    let (answer, f) = client_reply(read_clc(tcp, ClcType::Accept)?)?;
+    let local = tcp.local_addr()?.ip();
+    let (answer, f) = client_reply(local, read_clc(tcp, ClcType::Accept)?)?;
     tcp.write_all(&answer)?;
     Ok(f)
 }

@@ -35,6 +35,7 @@ mod ctx;
 mod handshake;
 mod rendezvous;
 mod stream;
+mod sysid;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
@@ -60,13 +61,21 @@ pub fn use_loopback_device(tag: &str) {
     let _ = std::fs::create_dir_all(dir.join("run"));
     let _ = std::fs::create_dir_all(dir.join("conf"));
     let cfg = dir.join("shm.conf");
-    let _ = std::fs::write(
-        &cfg,
-        format!(
-            "rundir {}\ndevice shm-lo netdev lo\n",
-            dir.join("run").display()
-        ),
+    let text = format!(
+        "rundir {}\ndevice shm-lo netdev lo\n",
+        dir.join("run").display()
     );
+    // Processes started together all get here: one that reads the file
+    // while another rewrites it in place would find it empty or cut short
+    // (and go without a device for its whole life). So the file is written
+    // only if it differs, and then whole: a private temporary file renamed
+    // over it (rename(2) replaces atomically).
+    if std::fs::read_to_string(&cfg).ok().as_deref() != Some(text.as_str()) {
+        let tmp = dir.join(format!(".shm.conf.{}.tmp", std::process::id()));
+        if std::fs::write(&tmp, &text).is_ok() && std::fs::rename(&tmp, &cfg).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
     std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
     if std::env::var_os("SMC_RS_CONFIG_DIR").is_none() {
         std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));

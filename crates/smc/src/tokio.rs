@@ -270,12 +270,13 @@ async fn read_clc(tcp: &TcpStream, expected: ClcType) -> io::Result<ClcMessage> 
 
 /// Client without a device: Proposal (or Decline), then the server's answer.
 async fn client_no_device(tcp: &TcpStream) -> io::Result<Fallback> {
-    let (first, done) = client_start(tcp.local_addr()?.ip());
+    let local = tcp.local_addr()?.ip();
+    let (first, done) = client_start(local);
     write_all(tcp, &first).await?;
     if let Some(f) = done {
         return Ok(f);
     }
-    let (answer, f) = client_reply(read_clc(tcp, ClcType::Accept).await?)?;
+    let (answer, f) = client_reply(local, read_clc(tcp, ClcType::Accept).await?)?;
     write_all(tcp, &answer).await?;
     Ok(f)
 }
