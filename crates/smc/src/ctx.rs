@@ -1,7 +1,7 @@
 //! The process-wide SMC state: the shared-memory provider, one endpoint per
 //! device, and device selection for a connection (`tools.md` §6).
 
-use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::event::{epoll, PollFd, PollFlags, Timespec};
 use smc_config::pnet::{base_netdev, select_port, PnetTable, PortInfo};
 use smc_config::store::{ConfigDir, Table};
 use smc_config::ueid::UeidTable;
@@ -14,8 +14,9 @@ use smc_rdma::{PortState, Provider};
 use smc_wire::types::{Mac, SystemId};
 use std::collections::HashMap;
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::IpAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -90,6 +91,13 @@ pub(crate) struct Shared {
     /// Whether a leader is polling `notify`.
     leader: Mutex<bool>,
     spin: Spin,
+    /// The TCP sockets of this endpoint's SMC-R connections, watched for
+    /// their end (see [`Shared::watch_tcp`]); polled by whoever sleeps on
+    /// `notify` and by the progress thread.
+    watch: OwnedFd,
+    /// When connections whose TCP connection ended are reset, if their peer
+    /// sent no close by then: every waiting thread and task looks again.
+    recheck_at: Mutex<std::collections::VecDeque<Instant>>,
     /// Tasks of the tokio adapter waiting for progress; every pump that takes
     /// completions wakes them, as `cv` wakes the sleeping threads. (Their own
     /// wake-up, an edge on the completion channel, is lost when a sleeping
@@ -224,16 +232,21 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
             let mut ep = s.lock();
             s.pump(&mut ep)
         };
+        s.recheck_if_due();
         if s.active.load(Ordering::Acquire) == 0 && s.busy.load(Ordering::Acquire) == 0 {
             if s.sleep(None, seen, Some(Instant::now() + IDLE_SLEEP)) {
                 s.hand_over();
             }
         } else {
-            drop(s);
-            std::thread::sleep(Duration::from_millis(1));
+            // the application threads pump; TCP ends are looked at here
+            s.poll_watch(Duration::from_millis(1));
         }
     }
 }
+
+/// After a TCP end, everyone waiting looks again this long after the
+/// engine's grace (its pump must have run past the deadline).
+const RECHECK_MARGIN: Duration = Duration::from_millis(20);
 
 /// How long the progress thread sleeps on the channel when nothing happens.
 const IDLE_SLEEP: Duration = Duration::from_millis(20);
@@ -245,7 +258,10 @@ const MAX_SLEEP: Duration = Duration::from_millis(5);
 impl Shared {
     fn new(ep: Endpoint<ShmProvider>, sndbuf_len: usize) -> io::Result<Shared> {
         let notify = ep.notify_fd().try_clone_to_owned()?;
+        let watch = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         Ok(Shared {
+            watch,
+            recheck_at: Mutex::new(std::collections::VecDeque::new()),
             gen: AtomicU64::new(ep.completions()),
             ep: Mutex::new(ep),
             notify,
@@ -323,6 +339,103 @@ impl Shared {
         }
         #[cfg(feature = "tokio")]
         self.wake_tasks();
+    }
+
+    /// Watches the TCP socket of the established connection `id` for its end
+    /// (EOF, RST, error): Linux aborts an SMC connection whose TCP connection
+    /// goes away (af_smc.c `smc_clcsock_state_change` → `smc_close_active_abort`
+    /// after `smc_clcsock_data_ready`); here the engine is told
+    /// ([`Endpoint::tcp_closed`]) and resets the connection unless the peer's
+    /// close arrives within `PEER_GONE_GRACE` (a peer closing normally shuts
+    /// its TCP connection down right after its close CDC). One epoll set per
+    /// endpoint, no descriptor or thread per connection. The socket must stay
+    /// open until [`Shared::unwatch_tcp`].
+    pub(crate) fn watch_tcp(&self, tcp: BorrowedFd<'_>, id: ConnId, token: u32) -> io::Result<()> {
+        // one event is all it takes (ONESHOT): a socket that ended stays readable
+        let data = epoll::EventData::new_u64(((id as u64) << 32) | u64::from(token));
+        epoll::add(
+            &self.watch,
+            tcp,
+            data,
+            epoll::EventFlags::RDHUP | epoll::EventFlags::ONESHOT,
+        )?;
+        Ok(())
+    }
+
+    /// Stops watching a socket given to [`Shared::watch_tcp`] (before it is closed).
+    pub(crate) fn unwatch_tcp(&self, tcp: BorrowedFd<'_>) {
+        let _ = epoll::delete(&self.watch, tcp);
+    }
+
+    /// Tells the engine of the watched TCP connections that ended (with the
+    /// endpoint locked). Handshakes fail at once; established connections are
+    /// reset after `PEER_GONE_GRACE` unless their peer closes meanwhile, so
+    /// everyone waiting looks again now and then.
+    fn take_tcp_ends(&self, ep: &mut Endpoint<ShmProvider>) {
+        let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 64];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let Ok((got, _)) = epoll::wait(&self.watch, &mut buf, Some(&zero)) else {
+            return;
+        };
+        if got.is_empty() {
+            return;
+        }
+        for ev in got.iter() {
+            let data = ev.data;
+            let d = data.u64();
+            let (id, token) = ((d >> 32) as ConnId, d as u32);
+            // (a connection freed meanwhile, its id maybe reused: not this one)
+            if ep.alert_token(id) == Some(token) {
+                ep.tcp_closed(id);
+            }
+        }
+        self.recheck_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(Instant::now() + smc_engine::endpoint::PEER_GONE_GRACE + RECHECK_MARGIN);
+        self.pump(ep);
+        self.wake(ep, true);
+        #[cfg(feature = "tokio")]
+        self.wake_tasks();
+    }
+
+    /// Waits up to `timeout` for a watched TCP connection to end, and deals
+    /// with it (the progress thread, while application threads pump).
+    fn poll_watch(&self, timeout: Duration) {
+        let mut pfd = [PollFd::new(&self.watch, PollFlags::IN)];
+        let ts = Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        if matches!(rustix::event::poll(&mut pfd, Some(&ts)), Ok(n) if n > 0) {
+            let mut ep = self.lock();
+            self.take_tcp_ends(&mut ep);
+        }
+    }
+
+    /// Once the grace after a TCP end has passed: the connections it reset
+    /// wake their waiters (a reset need not come with a completion).
+    fn recheck_if_due(&self) {
+        let due = {
+            let mut r = self.recheck_at.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let mut due = false;
+            while r.front().is_some_and(|t| now >= *t) {
+                r.pop_front();
+                due = true;
+            }
+            due
+        };
+        if due {
+            let mut ep = self.lock();
+            self.pump(&mut ep);
+            self.wake(&ep, true);
+            #[cfg(feature = "tokio")]
+            self.wake_tasks();
+        }
     }
 
     /// Wakes one parked thread (any), to take over as the leader.
@@ -579,19 +692,27 @@ impl Shared {
             // arm, then look once more: a completion before arming signals nobody
             ep.arm().is_ok() && self.pump(&mut ep) == seen
         };
+        let mut tcp_ended = false;
         if quiet {
-            let mut pfd = [PollFd::new(&self.notify, PollFlags::IN)];
+            let mut pfd = [
+                PollFd::new(&self.notify, PollFlags::IN),
+                PollFd::new(&self.watch, PollFlags::IN),
+            ];
             let ts = Timespec {
                 tv_sec: timeout.as_secs() as i64,
                 tv_nsec: i64::from(timeout.subsec_nanos()),
             };
             let _ = rustix::event::poll(&mut pfd, Some(&ts));
+            tcp_ended = !pfd[1].revents().is_empty();
         }
         {
             let mut ep = self.lock();
             ep.take_notification();
             // whatever woke us, the waiters it concerns go on
             self.pump(&mut ep);
+            if tcp_ended {
+                self.take_tcp_ends(&mut ep);
+            }
         }
         *self.leader.lock().unwrap_or_else(|e| e.into_inner()) = false;
         // Back to the caller, which tries again and most likely sleeps again

@@ -177,14 +177,6 @@ pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
     Ok(f)
 }
 
-/// Server side, after the SYN carried the option.
-pub(crate) fn server(tcp: &mut TcpStream) -> io::Result<Fallback> {
-    let local = tcp.local_addr()?.ip();
-    let (answer, f) = server_reply(local, read_clc(tcp, ClcType::Proposal)?)?;
-    tcp.write_all(&answer)?;
-    Ok(f)
-}
-
 /// Whether a handshake driven by an endpoint is over, from the connection's
 /// status: its outcome, or an error if the connection is gone.
 pub(crate) fn ended(
@@ -221,7 +213,7 @@ pub(crate) fn take_input(
 /// Returns the connection's status and any TCP bytes that followed the CLC
 /// messages (the peer's first application data after a Decline).
 pub(crate) fn with_endpoint(
-    tcp: &mut TcpStream,
+    tcp: &TcpStream,
     shared: &crate::ctx::Shared,
     id: smc_engine::endpoint::ConnId,
 ) -> io::Result<(smc_engine::endpoint::ConnStatus, Vec<u8>)> {
@@ -238,14 +230,14 @@ pub(crate) fn with_endpoint(
         };
         if !out.is_empty() {
             tcp.set_nonblocking(false)?;
-            let w = tcp.write_all(&out);
+            let w = (&*tcp).write_all(&out);
             tcp.set_nonblocking(true)?;
             w?;
         }
         if let Some(r) = ended(status) {
             break r;
         }
-        match tcp.read(&mut buf) {
+        match (&*tcp).read(&mut buf) {
             Ok(n) => take_input(shared, id, &buf[..n], &mut leftover),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Spin a little (an LLC answer or the next CLC message is
@@ -254,7 +246,7 @@ pub(crate) fn with_endpoint(
                 let now = std::time::Instant::now();
                 if now >= *spin_until.get_or_insert(now + crate::ctx::spin_time()) {
                     use rustix::event::{poll, PollFd, PollFlags, Timespec};
-                    let mut pfd = [PollFd::new(&*tcp, PollFlags::IN)];
+                    let mut pfd = [PollFd::new(tcp, PollFlags::IN)];
                     let ts = Timespec {
                         tv_sec: 0,
                         tv_nsec: 100_000,
@@ -272,4 +264,229 @@ pub(crate) fn with_endpoint(
     };
     tcp.set_nonblocking(false)?;
     result.map(|s| (s, leftover))
+}
+
+/// What a server-side handshake waits for next (see [`Accepting::step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// The TCP socket: readable, or writable with `write`. `rdma`: a step of
+    /// the handshake runs over the device meanwhile (link confirmation, rkey
+    /// exchange, a first contact it waits for), so look again soon.
+    Wait { write: bool, rdma: bool },
+    /// Over: [`Accepting::into_stream`].
+    Done,
+}
+
+/// How a server-side handshake runs.
+enum How {
+    /// An endpoint serves the connection.
+    Engine(crate::stream::SmcConn),
+    /// No device: the client's Proposal is declined (or its Decline taken).
+    NoDevice {
+        local: IpAddr,
+        reader: ClcReader,
+        deadline: std::time::Instant,
+        outcome: Option<Fallback>,
+        failed: bool,
+    },
+}
+
+/// A server-side CLC handshake stepped without ever blocking, by the
+/// listener's driver thread, which runs every pending handshake this way
+/// (Linux runs each on a work item of its own, af_smc.c `smc_listen_work`).
+/// Each has its own deadlines: the engine's (6 s per expected CLC message),
+/// or [`CLC_WAIT_TIME`] for the Proposal without a device.
+pub(crate) struct Accepting {
+    tcp: TcpStream,
+    /// CLC bytes not yet written.
+    out: Vec<u8>,
+    /// TCP bytes behind the CLC messages (the client's first data after a
+    /// Decline).
+    leftover: Vec<u8>,
+    how: How,
+}
+
+impl Accepting {
+    /// Starts the handshake on `tcp` (whose SYN carried the SMC option), over
+    /// the endpoint serving its local address if there is one.
+    pub(crate) fn start(tcp: TcpStream) -> io::Result<Accepting> {
+        tcp.set_nonblocking(true)?;
+        let local = tcp.local_addr()?.ip();
+        let how = match crate::ctx::endpoint_for(local) {
+            Some(shared) => {
+                let id = shared.lock().accept(crate::ctx::now());
+                How::Engine(crate::stream::SmcConn::handshaking(shared, id))
+            }
+            None => How::NoDevice {
+                local,
+                reader: ClcReader::new(),
+                deadline: std::time::Instant::now() + CLC_WAIT_TIME,
+                outcome: None,
+                failed: false,
+            },
+        };
+        Ok(Accepting {
+            tcp,
+            out: Vec::new(),
+            leftover: Vec::new(),
+            how,
+        })
+    }
+
+    /// The TCP socket, to poll.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    fn tcp_gone(&mut self) {
+        match &mut self.how {
+            How::Engine(c) => c.shared.lock().tcp_closed(c.id),
+            How::NoDevice { failed, .. } => *failed = true,
+        }
+    }
+
+    /// Does what can be done now: writes pending CLC bytes, feeds what the
+    /// socket has to the handshake, takes its output. Never blocks.
+    pub(crate) fn step(&mut self) -> Progress {
+        use smc_engine::state::HandshakePhase as P;
+        let mut buf = [0u8; 2048];
+        loop {
+            if !self.out.is_empty() {
+                match (&self.tcp).write(&self.out) {
+                    Ok(n) => {
+                        self.out.drain(..n);
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        return Progress::Wait {
+                            write: true,
+                            rdma: false,
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => {
+                        self.out.clear();
+                        self.tcp_gone();
+                        return Progress::Done;
+                    }
+                }
+            }
+            let rdma = match &mut self.how {
+                How::Engine(c) => {
+                    let (out, status, phase) = {
+                        let mut ep = c.shared.lock();
+                        (
+                            ep.clc_output(c.id),
+                            ep.status(c.id),
+                            ep.handshake_phase(c.id),
+                        )
+                    };
+                    if !out.is_empty() {
+                        self.out = out;
+                        continue;
+                    }
+                    if ended(status).is_some() {
+                        return Progress::Done;
+                    }
+                    !matches!(
+                        phase,
+                        Some(P::AwaitProposal) | Some(P::AwaitConfirm) | Some(P::AwaitAccept)
+                    )
+                }
+                How::NoDevice {
+                    outcome,
+                    failed,
+                    deadline,
+                    ..
+                } => {
+                    if outcome.is_some() || *failed {
+                        return Progress::Done;
+                    }
+                    if std::time::Instant::now() >= *deadline {
+                        *failed = true;
+                        return Progress::Done;
+                    }
+                    false
+                }
+            };
+            let n = match (&self.tcp).read(&mut buf) {
+                Ok(0) => {
+                    self.tcp_gone();
+                    continue;
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Progress::Wait { write: false, rdma }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.tcp_gone();
+                    continue;
+                }
+            };
+            match &mut self.how {
+                How::Engine(c) => {
+                    let used = c
+                        .shared
+                        .lock()
+                        .clc_input(c.id, &buf[..n], crate::ctx::now());
+                    self.leftover.extend_from_slice(&buf[used..n]);
+                }
+                How::NoDevice {
+                    local,
+                    reader,
+                    outcome,
+                    failed,
+                    ..
+                } => {
+                    let (used, msg) = reader.feed(&buf[..n], ClcType::Proposal);
+                    match msg {
+                        None => {}
+                        Some(Ok(m)) => match server_reply(*local, m) {
+                            Ok((answer, f)) => {
+                                self.out = answer;
+                                *outcome = Some(f);
+                                self.leftover.extend_from_slice(&buf[used..n]);
+                            }
+                            Err(_) => *failed = true,
+                        },
+                        Some(Err(_)) => *failed = true,
+                    }
+                }
+            }
+        }
+    }
+
+    /// The connection once [`Progress::Done`]: SMC-R or a TCP fallback, in
+    /// blocking mode; `None` if the handshake failed (the connection is
+    /// closed, as Linux's listen worker drops it).
+    pub(crate) fn into_stream(self) -> Option<crate::SmcStream> {
+        use smc_engine::endpoint::ConnStatus;
+        let Accepting {
+            tcp, leftover, how, ..
+        } = self;
+        let mode = match how {
+            How::Engine(c) => {
+                let status = c.shared.lock().status(c.id);
+                match status {
+                    Some(ConnStatus::Smc) => {
+                        tcp.set_nonblocking(false).ok()?;
+                        return Some(crate::SmcStream::smc(tcp, c));
+                    }
+                    Some(ConnStatus::Fallback { reason, peer }) => {
+                        crate::Mode::Tcp(Fallback { reason, peer })
+                    }
+                    _ => return None,
+                }
+            }
+            How::NoDevice {
+                outcome: Some(f),
+                failed: false,
+                ..
+            } => crate::Mode::Tcp(f),
+            How::NoDevice { .. } => return None,
+        };
+        tcp.set_nonblocking(false).ok()?;
+        Some(crate::SmcStream::tcp_only(tcp, mode, leftover))
+    }
 }

@@ -33,6 +33,7 @@
 
 mod ctx;
 mod handshake;
+mod listen;
 mod rendezvous;
 mod stream;
 mod sysid;
@@ -40,7 +41,8 @@ mod sysid;
 pub mod tokio;
 
 pub use ctx::{state, DeviceState};
-pub use stream::{Fallback, Mode, SmcListener, SmcStream};
+pub use listen::SmcListener;
+pub use stream::{Fallback, Mode, SmcStream};
 
 /// smc-rs's own fallback reason for "the SYN option could not be used on this
 /// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel
