@@ -837,8 +837,11 @@ fn buf_len(var: &str) -> usize {
 /// The interface that owns `local`, or whose prefix covers it (all of
 /// 127.0.0.0/8 is lo's, though only 127.0.0.1 is configured), with all of that
 /// interface's addresses: what the CLC prefix rules compare.
-pub(crate) fn interface_of(local: IpAddr) -> Option<(String, Vec<IfAddr>)> {
-    let addrs = smc_rdma::sys::interface_addrs().ok()?;
+/// `Err`: the interface list could not be read (out of descriptors or
+/// memory).
+#[allow(clippy::type_complexity)]
+pub(crate) fn interface_of(local: IpAddr) -> io::Result<Option<(String, Vec<IfAddr>)>> {
+    let addrs = smc_rdma::sys::interface_addrs()?;
     let local = match local {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
         v4 => v4,
@@ -858,12 +861,14 @@ pub(crate) fn interface_of(local: IpAddr) -> Option<(String, Vec<IfAddr>)> {
         }
         _ => false,
     };
-    let ifname = addrs
+    let Some(found) = addrs
         .iter()
         .find(|a| a.addr == local)
-        .or_else(|| addrs.iter().find(|a| covers(a)))?
-        .ifname
-        .clone();
+        .or_else(|| addrs.iter().find(|a| covers(a)))
+    else {
+        return Ok(None);
+    };
+    let ifname = found.ifname.clone();
     let if_addrs = addrs
         .iter()
         .filter(|a| a.ifname == ifname)
@@ -872,13 +877,24 @@ pub(crate) fn interface_of(local: IpAddr) -> Option<(String, Vec<IfAddr>)> {
             prefix_len: a.prefix_len,
         })
         .collect();
-    Some((ifname, if_addrs))
+    Ok(Some((ifname, if_addrs)))
 }
 
-/// The endpoint for a connection whose local address is `local`, or `None`
-/// when no SMC device serves that address's interface (the connection then
-/// declines with "no SMC device").
-pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
+/// The device for a connection, as [`endpoint_for`] found it.
+pub(crate) enum Device {
+    /// The endpoint of the device serving the connection's interface.
+    Endpoint(Arc<Shared>),
+    /// No SMC device serves it: decline "no SMC device" (or what the prefix
+    /// rules say).
+    None,
+    /// The selection could not be made now (out of descriptors or memory,
+    /// the device failed to open): decline with "insufficient resources"
+    /// (Linux's SMC_CLC_DECL_MEM), and look again for the next connection.
+    Unavailable,
+}
+
+/// The endpoint for a connection whose local address is `local` (see [`Device`]).
+pub(crate) fn endpoint_for(local: IpAddr) -> Device {
     let ctx = context();
     // Device selection reads the pnet table, the interface list (netlink) and
     // the ports; a connection-per-request client would redo that for every
@@ -887,26 +903,37 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
     let mut cache = ctx.selection.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((at, choice)) = cache.get(&local) {
         if at.elapsed() < SELECTION_TTL {
-            return choice.clone();
+            return choice.clone().map_or(Device::None, Device::Endpoint);
         }
     }
-    let choice = select_endpoint(ctx, local);
-    cache.insert(local, (Instant::now(), choice.clone()));
-    choice
+    match select_endpoint(ctx, local) {
+        Ok(choice) => {
+            cache.insert(local, (Instant::now(), choice.clone()));
+            choice.map_or(Device::None, Device::Endpoint)
+        }
+        // (not kept: the next connection looks again)
+        Err(()) => Device::Unavailable,
+    }
 }
 
 /// How long a device choice for a local address is reused.
 const SELECTION_TTL: Duration = Duration::from_secs(1);
 
-fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
-    let provider = ctx.provider.as_ref()?;
-    let (ifname, if_addrs) = interface_of(local)?;
+/// `Ok(None)`: no device serves `local`; `Err`: it could not be found out
+/// or the device could not be opened now.
+fn select_endpoint(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Shared>>, ()> {
+    let Some(provider) = ctx.provider.as_ref() else {
+        return Ok(None);
+    };
+    let Some((ifname, if_addrs)) = interface_of(local).map_err(|_| ())? else {
+        return Ok(None);
+    };
     let base = base_netdev(Path::new("/sys/class/net"), &ifname);
     let dir = ConfigDir::from_env();
     let pnet = PnetTable::load(&dir).unwrap_or_default();
     let ports: Vec<PortInfo> = provider
         .devices()
-        .ok()?
+        .map_err(|_| ())?
         .into_iter()
         .flat_map(|d| {
             d.ports.into_iter().map(move |p| PortInfo {
@@ -917,11 +944,13 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
             })
         })
         .collect();
-    let sel = select_port(&pnet, &base, &ports)?;
+    let Some(sel) = select_port(&pnet, &base, &ports) else {
+        return Ok(None);
+    };
     let (device, _port) = sel.port();
     let mut eps = ctx.endpoints.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = eps.get(device) {
-        return Some(s.clone());
+        return Ok(Some(s.clone()));
     }
     let ueids = UeidTable::load(&dir)
         .map(|t| t.eids().to_vec())
@@ -950,8 +979,8 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
             .unwrap_or_default(),
         lgr_idle_timeout: Duration::from_secs(600),
     };
-    let ep = Endpoint::new(provider, cfg).ok()?;
-    let shared = Arc::new(Shared::new(ep, sndbuf_len).ok()?);
+    let ep = Endpoint::new(provider, cfg).map_err(|_| ())?;
+    let shared = Arc::new(Shared::new(ep, sndbuf_len).map_err(|_| ())?);
     // Control traffic nobody waits for (LLC requests, keepalives, the final CDCs
     // of released connections) is handled by a small progress thread; data moves
     // in the application's threads.
@@ -959,7 +988,7 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
     std::thread::Builder::new()
         .name(format!("smc-progress-{device}"))
         .spawn(move || progress_loop(weak))
-        .ok()?;
+        .map_err(|_| ())?;
     eps.insert(device.to_string(), shared.clone());
-    Some(shared)
+    Ok(Some(shared))
 }

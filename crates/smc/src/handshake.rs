@@ -58,18 +58,22 @@ fn read_clc(tcp: &mut TcpStream, expected: ClcType) -> io::Result<ClcMessage> {
 /// the addresses of the connection's interface, so that a server runs the
 /// prefix check first as Linux does and declines "no SMC device" rather than
 /// "different prefix" when the prefixes agree.
-fn capabilities(local: IpAddr) -> LocalCapabilities {
+/// `Err`: the interface list could not be read now (out of descriptors or
+/// memory), so the prefix rules cannot be applied: decline with "insufficient
+/// resources" (Linux's SMC_CLC_DECL_MEM) rather than a wrong reason.
+fn capabilities(local: IpAddr) -> Result<LocalCapabilities, SystemId> {
     let (system_id, if_addrs) = match crate::ctx::interface_of(local) {
-        Some((ifname, a)) => (local_system_id(&ifname), a),
-        None => (crate::ctx::system_id(Mac::default()), Vec::new()),
+        Ok(Some((ifname, a))) => (local_system_id(&ifname), a),
+        Ok(None) => (crate::ctx::system_id(Mac::default()), Vec::new()),
+        Err(_) => return Err(crate::ctx::system_id(Mac::default())),
     };
-    LocalCapabilities {
+    Ok(LocalCapabilities {
         system_id,
         v1: None,
         v2_gid: None,
         ueids: Vec::new(),
         if_addrs,
-    }
+    })
 }
 
 /// This process's system ID as an endpoint on `ifname` would send it: a
@@ -92,13 +96,19 @@ fn decline(version: u8, system_id: SystemId, code: DeclineCode) -> Vec<u8> {
 
 /// Client without a device, after the SYN-ACK carried the option: the first CLC
 /// message to send, and the outcome if that ends the handshake.
-pub(crate) fn client_start(local: IpAddr) -> (Vec<u8>, Option<Fallback>) {
-    let caps = capabilities(local);
-    match negotiate::build_proposal(local, &caps) {
+/// `unavailable`: the device could not be had now (see
+/// [`crate::ctx::Device::Unavailable`]).
+pub(crate) fn client_start(local: IpAddr, unavailable: bool) -> (Vec<u8>, Option<Fallback>) {
+    let (system_id, r) = match capabilities(local) {
+        Ok(_) if unavailable => (crate::ctx::system_id(Mac::default()), Err(DeclineCode::Mem)),
+        Ok(caps) => (caps.system_id, negotiate::build_proposal(local, &caps)),
+        Err(id) => (id, Err(DeclineCode::Mem)),
+    };
+    match r {
         Ok(p) => (ClcMessage::Proposal(p).encode(), None),
         // Linux: a client with nothing to offer declines instead of proposing.
         Err(code) => (
-            decline(SMC_V1, caps.system_id, code),
+            decline(SMC_V1, system_id, code),
             Some(Fallback {
                 reason: code,
                 peer: None,
@@ -122,7 +132,7 @@ pub(crate) fn client_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>,
         ClcMessage::Accept(a) => Ok((
             decline(
                 a.version,
-                capabilities(local).system_id,
+                capabilities(local).map_or_else(|id| id, |c| c.system_id),
                 DeclineCode::NoSmcRDev,
             ),
             Fallback {
@@ -135,8 +145,13 @@ pub(crate) fn client_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>,
 }
 
 /// Server without a device: the client's first CLC message. Returns what to
-/// send back (possibly nothing) and the outcome.
-pub(crate) fn server_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
+/// send back (possibly nothing) and the outcome. `unavailable`: the device
+/// could not be had now.
+pub(crate) fn server_reply(
+    local: IpAddr,
+    unavailable: bool,
+    m: ClcMessage,
+) -> io::Result<(Vec<u8>, Fallback)> {
     match m {
         ClcMessage::Decline(d) => Ok((
             Vec::new(),
@@ -146,14 +161,17 @@ pub(crate) fn server_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>,
             },
         )),
         ClcMessage::Proposal(p) => {
-            let caps = capabilities(local);
-            let code = match negotiate::server_choose(&p, &caps) {
-                Err(code) => code,
-                // not reachable without capabilities; decline all the same
-                Ok(_) => DeclineCode::NoSmcDev,
+            let (system_id, code) = match capabilities(local) {
+                Ok(caps) if unavailable => (caps.system_id, DeclineCode::Mem),
+                Ok(caps) => match negotiate::server_choose(&p, &caps) {
+                    Err(code) => (caps.system_id, code),
+                    // not reachable without capabilities; decline all the same
+                    Ok(_) => (caps.system_id, DeclineCode::NoSmcDev),
+                },
+                Err(id) => (id, DeclineCode::Mem),
             };
             Ok((
-                decline(negotiate::decline_version(&p), caps.system_id, code),
+                decline(negotiate::decline_version(&p), system_id, code),
                 Fallback {
                     reason: code,
                     peer: None,
@@ -165,8 +183,8 @@ pub(crate) fn server_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>,
 }
 
 /// Client side, after the SYN-ACK carried the option.
-pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
-    let (first, done) = client_start(tcp.local_addr()?.ip());
+pub(crate) fn client(tcp: &mut TcpStream, unavailable: bool) -> io::Result<Fallback> {
+    let (first, done) = client_start(tcp.local_addr()?.ip(), unavailable);
     tcp.write_all(&first)?;
     if let Some(f) = done {
         return Ok(f);
@@ -284,6 +302,7 @@ enum How {
     /// No device: the client's Proposal is declined (or its Decline taken).
     NoDevice {
         local: IpAddr,
+        unavailable: bool,
         reader: ClcReader,
         deadline: std::time::Instant,
         outcome: Option<Fallback>,
@@ -312,13 +331,15 @@ impl Accepting {
     pub(crate) fn start(tcp: TcpStream) -> io::Result<Accepting> {
         tcp.set_nonblocking(true)?;
         let local = tcp.local_addr()?.ip();
-        let how = match crate::ctx::endpoint_for(local) {
-            Some(shared) => {
+        let dev = crate::ctx::endpoint_for(local);
+        let how = match dev {
+            crate::ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().accept(crate::ctx::now());
                 How::Engine(crate::stream::SmcConn::handshaking(shared, id))
             }
-            None => How::NoDevice {
+            _ => How::NoDevice {
                 local,
+                unavailable: matches!(dev, crate::ctx::Device::Unavailable),
                 reader: ClcReader::new(),
                 deadline: std::time::Instant::now() + CLC_WAIT_TIME,
                 outcome: None,
@@ -434,6 +455,7 @@ impl Accepting {
                 }
                 How::NoDevice {
                     local,
+                    unavailable,
                     reader,
                     outcome,
                     failed,
@@ -442,7 +464,7 @@ impl Accepting {
                     let (used, msg) = reader.feed(&buf[..n], ClcType::Proposal);
                     match msg {
                         None => {}
-                        Some(Ok(m)) => match server_reply(*local, m) {
+                        Some(Ok(m)) => match server_reply(*local, *unavailable, m) {
                             Ok((answer, f)) => {
                                 self.out = answer;
                                 *outcome = Some(f);

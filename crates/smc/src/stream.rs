@@ -289,12 +289,13 @@ impl SmcStream {
         }
         let local = tcp.local_addr()?.ip();
         match ctx::endpoint_for(local) {
-            Some(shared) => {
+            ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().connect(local, ctx::now());
                 SmcStream::finish_handshake(tcp, shared, id)
             }
-            None => {
-                let f = handshake::client(&mut tcp)?;
+            dev => {
+                let unavailable = matches!(dev, ctx::Device::Unavailable);
+                let f = handshake::client(&mut tcp, unavailable)?;
                 Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
             }
         }

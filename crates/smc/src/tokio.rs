@@ -324,9 +324,9 @@ async fn read_clc(tcp: &TcpStream, expected: ClcType) -> io::Result<ClcMessage> 
 }
 
 /// Client without a device: Proposal (or Decline), then the server's answer.
-async fn client_no_device(tcp: &TcpStream) -> io::Result<Fallback> {
+async fn client_no_device(tcp: &TcpStream, unavailable: bool) -> io::Result<Fallback> {
     let local = tcp.local_addr()?.ip();
-    let (first, done) = client_start(local);
+    let (first, done) = client_start(local, unavailable);
     write_all(tcp, &first).await?;
     if let Some(f) = done {
         return Ok(f);
@@ -337,9 +337,10 @@ async fn client_no_device(tcp: &TcpStream) -> io::Result<Fallback> {
 }
 
 /// Server without a device: the client's Proposal, declined.
-async fn server_no_device(tcp: &TcpStream) -> io::Result<Fallback> {
+async fn server_no_device(tcp: &TcpStream, unavailable: bool) -> io::Result<Fallback> {
     let local = tcp.local_addr()?.ip();
-    let (answer, f) = server_reply(local, read_clc(tcp, ClcType::Proposal).await?)?;
+    let m = read_clc(tcp, ClcType::Proposal).await?;
+    let (answer, f) = server_reply(local, unavailable, m)?;
     write_all(tcp, &answer).await?;
     Ok(f)
 }
@@ -487,12 +488,13 @@ impl SmcStream {
         }
         let local = tcp.local_addr()?.ip();
         match ctx::endpoint_for(local) {
-            Some(shared) => {
+            ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().connect(local, ctx::now());
                 Self::finish_handshake(tcp, SmcConn::handshaking(shared, id)).await
             }
-            None => {
-                let f = client_no_device(&tcp).await?;
+            dev => {
+                let unavailable = matches!(dev, ctx::Device::Unavailable);
+                let f = client_no_device(&tcp, unavailable).await?;
                 Ok(Self::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
             }
         }
@@ -979,7 +981,7 @@ impl SmcListener {
         }
         let local = tcp.local_addr()?.ip();
         Ok(Arrival::Handshake(match ctx::endpoint_for(local) {
-            Some(shared) => {
+            ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().accept(ctx::now());
                 // the connection is released if the handshake is dropped unpolled
                 Box::pin(SmcStream::finish_handshake(
@@ -987,10 +989,13 @@ impl SmcListener {
                     SmcConn::handshaking(shared, id),
                 ))
             }
-            None => Box::pin(async move {
-                let f = server_no_device(&tcp).await?;
-                Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
-            }),
+            dev => {
+                let unavailable = matches!(dev, ctx::Device::Unavailable);
+                Box::pin(async move {
+                    let f = server_no_device(&tcp, unavailable).await?;
+                    Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
+                })
+            }
         }))
     }
 }
