@@ -412,3 +412,44 @@ fn finding5_a_tcp_end_in_every_phase_leaves_nothing_behind() {
     }
     srv.settles_to(base, "RST on established connections of a dead process");
 }
+
+/// The tokio adapter: a task waiting in `read().await` on a connection whose
+/// peer's TCP connection went away is woken with an error (the engine resets
+/// the connection after its 1 s grace, with no completion to wake anyone).
+#[cfg(feature = "tokio")]
+#[test]
+fn finding5_a_tcp_end_wakes_a_waiting_tokio_reader_with_an_error() {
+    use tokio::io::AsyncReadExt;
+    setup();
+    if std::env::var_os("SMC_F5_SERVER").is_some() || std::env::var_os("SMC_F5_CLIENT").is_some() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let l = rt
+        .block_on(smc::tokio::SmcListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = l.local_addr().unwrap();
+    let reader = rt.spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        assert_eq!(s.mode(), Mode::SmcR);
+        let mut b = [0u8; 16];
+        let t = Instant::now();
+        let r = tokio::time::timeout(SETTLE, s.read(&mut b)).await;
+        (r.map(|r| r.map_err(|e| e.kind())), t.elapsed())
+    });
+    let c = SmcStream::connect(addr).unwrap();
+    assert_eq!(c.mode(), Mode::SmcR);
+    thread::sleep(Duration::from_millis(100));
+    rustix::net::shutdown(c.as_fd(), rustix::net::Shutdown::Both).unwrap();
+    let (r, took) = rt.block_on(reader).unwrap();
+    match r {
+        Ok(Err(kind)) => eprintln!("reader: {kind:?} after {took:?}"),
+        Ok(Ok(n)) => panic!("reader got {n} bytes instead of an error"),
+        Err(_) => panic!("the reader was not woken within {SETTLE:?}"),
+    }
+    drop(c);
+}
