@@ -394,13 +394,18 @@ impl Accepting {
             }
             let rdma = match &mut self.how {
                 How::Engine(c) => {
-                    let (out, status, phase) = {
+                    let (out, status, rdma) = {
                         let mut ep = c.shared.lock();
-                        (
-                            ep.clc_output(c.id),
-                            ep.status(c.id),
+                        let rdma = !matches!(
                             ep.handshake_phase(c.id),
-                        )
+                            Some(P::AwaitProposal) | Some(P::AwaitConfirm) | Some(P::AwaitAccept)
+                        );
+                        if rdma {
+                            // the step over the device goes on without waiting
+                            // for the progress thread
+                            c.shared.pump(&mut ep);
+                        }
+                        (ep.clc_output(c.id), ep.status(c.id), rdma)
                     };
                     if !out.is_empty() {
                         self.out = out;
@@ -409,10 +414,7 @@ impl Accepting {
                     if ended(status).is_some() {
                         return Progress::Done;
                     }
-                    !matches!(
-                        phase,
-                        Some(P::AwaitProposal) | Some(P::AwaitConfirm) | Some(P::AwaitAccept)
-                    )
+                    rdma
                 }
                 How::NoDevice {
                     outcome,

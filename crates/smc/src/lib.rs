@@ -16,6 +16,21 @@
 //! with "no SMC device" and stays on TCP. The data path is the `smc-engine`
 //! endpoint; reads and writes run it in the application's thread.
 //!
+//! [`SmcListener`] runs the CLC handshakes of its connections in a driver
+//! thread of its own, all at once and apart from `accept()`, which takes
+//! finished connections (SMC-R or fallback) from a bounded queue, as Linux's
+//! listen worker does: a client that stays silent delays no one else.
+//!
+//! An established SMC-R connection's TCP socket stays open as long as the
+//! connection and is watched for its end: a peer whose TCP connection goes
+//! away without an SMC close has its connection reset after the engine's 1 s
+//! grace (Linux aborts an SMC connection whose TCP connection ends), so
+//! readers and writers get `ConnectionReset` and nothing is left behind.
+//!
+//! Each process is an SMC host of its own: its system ID's instance is unique
+//! among the live processes sharing the device directory (a lock file per
+//! instance), so that a server never takes two processes for one peer.
+//!
 //! Closing (dropping the last handle of) an SMC-R `SmcStream` blocks until its
 //! unsent data and the close have been handed to the device — at most about
 //! 3 s: after Linux's 2 s `SMC_MAX_STREAM_WAIT_TIMEOUT` without room at the

@@ -209,3 +209,32 @@ fn finding2_silent_clients_do_not_stall_the_tokio_listener() {
             .map(|s| s.mode())
     });
 }
+
+/// The driver's side effects end with the listener: a non-blocking accept
+/// says WouldBlock while only handshakes are pending, and dropping the
+/// listener closes the connections still in their handshake (the driver,
+/// which holds them, has ended).
+#[test]
+fn finding2_a_dropped_listener_closes_its_pending_handshakes() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    setup();
+    let l = smc::SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let pending: Vec<TcpStream> = silent(addr, 3).into_iter().map(TcpStream::from).collect();
+    thread::sleep(Duration::from_millis(200));
+    l.set_nonblocking(true).unwrap();
+    match l.accept() {
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+        Ok((s, _)) => panic!("a silent client was accepted: {:?}", s.mode()),
+    }
+    drop(l);
+    for mut s in pending {
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut b = [0u8; 16];
+        assert!(
+            matches!(s.read(&mut b), Ok(0)),
+            "a pending connection stays open after the listener is gone"
+        );
+    }
+}
