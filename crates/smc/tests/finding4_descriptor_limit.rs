@@ -1,8 +1,8 @@
-//! Issue 13, finding 4 (b): a server process at its descriptor limit.
-//! Another client process's existing SMC-R connections keep moving data,
-//! new connections fall back or fail cleanly, and the server does not spin
-//! on accept's EMFILE. The server and the holding client are this test
-//! binary started again.
+//! Issue 13, finding 4 (b): a server process at its descriptor limit does
+//! not spin on accept's EMFILE (blocking and tokio listeners), its new
+//! connections fall back or fail cleanly, and another client process's
+//! existing SMC-R connections keep moving data. The servers and the holding
+//! client are this test binary started again.
 
 mod common;
 
@@ -22,13 +22,18 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-/// The server of (b): echoes on every connection, with a descriptor limit
-/// it reaches once `SMC_F4_LIMIT` connections are open.
+/// The server: echoes on every connection, with a descriptor limit it
+/// reaches once about `SMC_F4_LIMIT` descriptors are open
+/// (`SMC_F4_TOKIO`: with the tokio listener).
 fn limited_server() {
     let l = SmcListener::bind("127.0.0.1:0").unwrap();
     println!("port {}", l.local_addr().unwrap().port());
     std::io::stdout().flush().unwrap();
     let limit: u64 = std::env::var("SMC_F4_LIMIT").unwrap().parse().unwrap();
+    #[cfg(feature = "tokio")]
+    if std::env::var_os("SMC_F4_TOKIO").is_some() {
+        return limited_tokio_server(l, limit);
+    }
     // the limit counts from the descriptors this process has now
     set_nofile(fds() as u64 + limit);
     let mut errors = 0u64;
@@ -60,7 +65,37 @@ fn limited_server() {
     }
 }
 
-/// The client process of (b) holding connections that must keep working.
+#[cfg(feature = "tokio")]
+fn limited_tokio_server(l: SmcListener, limit: u64) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let l = smc::tokio::SmcListener::from_std(l).unwrap();
+        set_nofile(fds() as u64 + limit);
+        loop {
+            match l.accept().await {
+                Ok((mut s, _)) => {
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 64];
+                        while let Ok(n @ 1..) = s.read(&mut buf).await {
+                            if s.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+                // as with a TcpListener: the error is reported, the server goes on
+                Err(_) => {}
+            }
+        }
+    });
+}
+
+/// The client process holding connections that must keep working.
 fn holding_client() {
     let port: u16 = std::env::var("SMC_F4_PORT").unwrap().parse().unwrap();
     let n: usize = std::env::var("SMC_F4_HOLD").unwrap().parse().unwrap();
@@ -94,49 +129,69 @@ fn holding_client() {
     }
 }
 
-#[test]
-fn finding4_a_server_at_its_descriptor_limit_hurts_only_new_connections() {
-    setup();
+/// The held connections of another process: `round(r)` moves a message on
+/// each and returns how many failed.
+struct Holder {
+    _child: Reaped,
+    tx: std::process::ChildStdin,
+    rx: BufReader<std::process::ChildStdout>,
+}
+
+impl Holder {
+    fn start(test: &str, port: u16, n: usize) -> Holder {
+        let mut c = Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env("SMC_F4_HOLDER", "1")
+            .env("SMC_F4_PORT", port.to_string())
+            .env("SMC_F4_HOLD", n.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let tx = c.stdin.take().unwrap();
+        let mut rx = BufReader::new(c.stdout.take().unwrap());
+        line_with(&mut rx, "held ");
+        Holder {
+            _child: Reaped(c),
+            tx,
+            rx,
+        }
+    }
+
+    fn round(&mut self, r: usize) -> usize {
+        writeln!(self.tx, "{r}").unwrap();
+        self.tx.flush().unwrap();
+        let l = line_with(&mut self.rx, "round ");
+        l.rsplit(' ').next().unwrap().parse::<usize>().unwrap()
+    }
+}
+
+/// Connections another process holds while the server reaches its limit.
+const HOLD: usize = 100;
+
+/// The scenario of `test`: a server (`tokio`: with the tokio listener) with
+/// room for about HOLD SMC-R connections; with `hold`, another process holds
+/// HOLD of them, which must keep working throughout.
+fn at_the_limit(test: &str, tokio: bool, hold: bool) {
     if std::env::var_os("SMC_F4_LIMITED").is_some() {
         return limited_server();
     }
     if std::env::var_os("SMC_F4_HOLDER").is_some() {
         return holding_client();
     }
-    const HOLD: usize = 100;
-    // room for the held connections, not for many more
     let limit = 4 * HOLD + 40;
-    let (server, _sout, port) = spawn_self(
-        "finding4_a_server_at_its_descriptor_limit_hurts_only_new_connections",
-        &[
-            ("SMC_F4_LIMITED", "1".as_ref()),
-            ("SMC_F4_LIMIT", limit.to_string().as_ref()),
-        ],
-    );
-    let mut holder = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "finding4_a_server_at_its_descriptor_limit_hurts_only_new_connections",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("SMC_F4_HOLDER", "1")
-        .env("SMC_F4_PORT", port.to_string())
-        .env("SMC_F4_HOLD", HOLD.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut hin = holder.stdin.take().unwrap();
-    let mut hout = BufReader::new(holder.stdout.take().unwrap());
-    let (server, holder) = (Reaped(server), Reaped(holder));
-    line_with(&mut hout, "held ");
-    let mut round = |r: usize| {
-        writeln!(hin, "{r}").unwrap();
-        hin.flush().unwrap();
-        let l = line_with(&mut hout, "round ");
-        l.rsplit(' ').next().unwrap().parse::<usize>().unwrap()
-    };
+    let mut env: Vec<(&str, std::ffi::OsString)> = vec![
+        ("SMC_F4_LIMITED", "1".into()),
+        ("SMC_F4_LIMIT", limit.to_string().into()),
+    ];
+    if tokio {
+        env.push(("SMC_F4_TOKIO", "1".into()));
+    }
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let (server, _sout, port) = spawn_self(test, &env);
+    let server = Reaped(server);
+    let mut holder = hold.then(|| Holder::start(test, port, HOLD));
+    let mut round = |r: usize| holder.as_mut().map_or(0, |h| h.round(r));
     assert_eq!(round(0), 0, "the held connections work before the limit");
     // Plain TCP connections from this process until the server has no
     // descriptor left: the last one is not served (it waits in the
@@ -220,6 +275,36 @@ fn finding4_a_server_at_its_descriptor_limit_hurts_only_new_connections() {
     );
     drop(plain);
     drop(extra);
-    drop(hin);
-    drop((holder, server));
+    drop(server);
+}
+
+#[test]
+fn finding4_a_blocking_listener_at_its_descriptor_limit_does_not_spin() {
+    setup();
+    at_the_limit(
+        "finding4_a_blocking_listener_at_its_descriptor_limit_does_not_spin",
+        false,
+        false,
+    );
+}
+
+#[cfg(feature = "tokio")]
+#[test]
+fn finding4_a_tokio_listener_at_its_descriptor_limit_does_not_spin() {
+    setup();
+    at_the_limit(
+        "finding4_a_tokio_listener_at_its_descriptor_limit_does_not_spin",
+        true,
+        false,
+    );
+}
+
+#[test]
+fn finding4_a_server_at_its_descriptor_limit_hurts_only_new_connections() {
+    setup();
+    at_the_limit(
+        "finding4_a_server_at_its_descriptor_limit_hurts_only_new_connections",
+        false,
+        true,
+    );
 }
