@@ -342,9 +342,11 @@ impl Shared {
     }
 
     /// Watches the TCP socket of the established connection `id` for its end
-    /// (EOF, RST, error): Linux aborts an SMC connection whose TCP connection
-    /// goes away (af_smc.c `smc_clcsock_state_change` → `smc_close_active_abort`
-    /// after `smc_clcsock_data_ready`); here the engine is told
+    /// (EOF, RST, error). In Linux an SMC connection and its TCP connection
+    /// end together (smc_close.c `smc_close_active_abort` aborts the TCP
+    /// socket with the connection, af_smc.c `__smc_release` releases it with
+    /// the socket); a user-space peer whose process dies or misbehaves takes
+    /// its TCP socket away and may send no close CDC. So the engine is told
     /// ([`Endpoint::tcp_closed`]) and resets the connection unless the peer's
     /// close arrives within `PEER_GONE_GRACE` (a peer closing normally shuts
     /// its TCP connection down right after its close CDC). One epoll set per

@@ -4,9 +4,9 @@
 //! the link-group reuse path, or on an established connection — leaves
 //! nothing behind in the server: no SMC connection (`smc::state()`), no
 //! thread, no descriptor, no memfd, no resident memory beyond its baseline,
-//! within a few seconds. Linux aborts an SMC connection when its TCP
-//! connection goes away (af_smc.c `smc_clcsock_state_change`,
-//! smc_close.c `smc_close_active_abort`).
+//! within a few seconds. In Linux an SMC connection and its TCP connection
+//! end together (smc_close.c `smc_close_active_abort`, af_smc.c
+//! `__smc_release`).
 //!
 //! The server is this test binary started again (`SMC_F5_SERVER`): a
 //! thread accepting, a thread per connection reading until end-of-file or
