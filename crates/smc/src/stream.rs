@@ -1,4 +1,4 @@
-//! `SmcListener` and `SmcStream`.
+//! `SmcStream` (the listener is in `listen.rs`).
 
 use crate::ctx::{self, Shared, Want};
 use crate::rendezvous::{peer_offered_smc, socket_for};
