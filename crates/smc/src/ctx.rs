@@ -1,7 +1,7 @@
 //! The process-wide SMC state: the shared-memory provider, one endpoint per
 //! device, and device selection for a connection (`tools.md` §6).
 
-use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::event::{epoll, PollFd, PollFlags, Timespec};
 use smc_config::pnet::{base_netdev, select_port, PnetTable, PortInfo};
 use smc_config::store::{ConfigDir, Table};
 use smc_config::ueid::UeidTable;
@@ -14,8 +14,9 @@ use smc_rdma::{PortState, Provider};
 use smc_wire::types::{Mac, SystemId};
 use std::collections::HashMap;
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::IpAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -90,6 +91,13 @@ pub(crate) struct Shared {
     /// Whether a leader is polling `notify`.
     leader: Mutex<bool>,
     spin: Spin,
+    /// The TCP sockets of this endpoint's SMC-R connections, watched for
+    /// their end (see [`Shared::watch_tcp`]); polled by whoever sleeps on
+    /// `notify` and by the progress thread.
+    watch: OwnedFd,
+    /// When connections whose TCP connection ended are reset, if their peer
+    /// sent no close by then: every waiting thread and task looks again.
+    recheck_at: Mutex<std::collections::VecDeque<Instant>>,
     /// Tasks of the tokio adapter waiting for progress; every pump that takes
     /// completions wakes them, as `cv` wakes the sleeping threads. (Their own
     /// wake-up, an edge on the completion channel, is lost when a sleeping
@@ -224,16 +232,21 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
             let mut ep = s.lock();
             s.pump(&mut ep)
         };
+        s.recheck_if_due();
         if s.active.load(Ordering::Acquire) == 0 && s.busy.load(Ordering::Acquire) == 0 {
             if s.sleep(None, seen, Some(Instant::now() + IDLE_SLEEP)) {
                 s.hand_over();
             }
         } else {
-            drop(s);
-            std::thread::sleep(Duration::from_millis(1));
+            // the application threads pump; TCP ends are looked at here
+            s.poll_watch(Duration::from_millis(1));
         }
     }
 }
+
+/// After a TCP end, everyone waiting looks again this long after the
+/// engine's grace (its pump must have run past the deadline).
+const RECHECK_MARGIN: Duration = Duration::from_millis(20);
 
 /// How long the progress thread sleeps on the channel when nothing happens.
 const IDLE_SLEEP: Duration = Duration::from_millis(20);
@@ -245,7 +258,10 @@ const MAX_SLEEP: Duration = Duration::from_millis(5);
 impl Shared {
     fn new(ep: Endpoint<ShmProvider>, sndbuf_len: usize) -> io::Result<Shared> {
         let notify = ep.notify_fd().try_clone_to_owned()?;
+        let watch = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         Ok(Shared {
+            watch,
+            recheck_at: Mutex::new(std::collections::VecDeque::new()),
             gen: AtomicU64::new(ep.completions()),
             ep: Mutex::new(ep),
             notify,
@@ -323,6 +339,105 @@ impl Shared {
         }
         #[cfg(feature = "tokio")]
         self.wake_tasks();
+    }
+
+    /// Watches the TCP socket of the established connection `id` for its end
+    /// (EOF, RST, error). In Linux an SMC connection and its TCP connection
+    /// end together (smc_close.c `smc_close_active_abort` aborts the TCP
+    /// socket with the connection, af_smc.c `__smc_release` releases it with
+    /// the socket); a user-space peer whose process dies or misbehaves takes
+    /// its TCP socket away and may send no close CDC. So the engine is told
+    /// ([`Endpoint::tcp_closed`]) and resets the connection unless the peer's
+    /// close arrives within `PEER_GONE_GRACE` (a peer closing normally shuts
+    /// its TCP connection down right after its close CDC). One epoll set per
+    /// endpoint, no descriptor or thread per connection. The socket must stay
+    /// open until [`Shared::unwatch_tcp`].
+    pub(crate) fn watch_tcp(&self, tcp: BorrowedFd<'_>, id: ConnId, token: u32) -> io::Result<()> {
+        // one event is all it takes (ONESHOT): a socket that ended stays readable
+        let data = epoll::EventData::new_u64(((id as u64) << 32) | u64::from(token));
+        epoll::add(
+            &self.watch,
+            tcp,
+            data,
+            epoll::EventFlags::RDHUP | epoll::EventFlags::ONESHOT,
+        )?;
+        Ok(())
+    }
+
+    /// Stops watching a socket given to [`Shared::watch_tcp`] (before it is closed).
+    pub(crate) fn unwatch_tcp(&self, tcp: BorrowedFd<'_>) {
+        let _ = epoll::delete(&self.watch, tcp);
+    }
+
+    /// Tells the engine of the watched TCP connections that ended (with the
+    /// endpoint locked). Handshakes fail at once; established connections are
+    /// reset after `PEER_GONE_GRACE` unless their peer closes meanwhile, so
+    /// everyone waiting looks again now and then.
+    fn take_tcp_ends(&self, ep: &mut Endpoint<ShmProvider>) {
+        let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 64];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let Ok((got, _)) = epoll::wait(&self.watch, &mut buf, Some(&zero)) else {
+            return;
+        };
+        if got.is_empty() {
+            return;
+        }
+        for ev in got.iter() {
+            let data = ev.data;
+            let d = data.u64();
+            let (id, token) = ((d >> 32) as ConnId, d as u32);
+            // (a connection freed meanwhile, its id maybe reused: not this one)
+            if ep.alert_token(id) == Some(token) {
+                ep.tcp_closed(id);
+            }
+        }
+        self.recheck_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(Instant::now() + smc_engine::endpoint::PEER_GONE_GRACE + RECHECK_MARGIN);
+        self.pump(ep);
+        self.wake(ep, true);
+        #[cfg(feature = "tokio")]
+        self.wake_tasks();
+    }
+
+    /// Waits up to `timeout` for a watched TCP connection to end, and deals
+    /// with it (the progress thread, while application threads pump).
+    fn poll_watch(&self, timeout: Duration) {
+        let mut pfd = [PollFd::new(&self.watch, PollFlags::IN)];
+        let ts = Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        if matches!(rustix::event::poll(&mut pfd, Some(&ts)), Ok(n) if n > 0) {
+            let mut ep = self.lock();
+            self.take_tcp_ends(&mut ep);
+        }
+    }
+
+    /// Once the grace after a TCP end has passed: the connections it reset
+    /// wake their waiters (a reset need not come with a completion).
+    fn recheck_if_due(&self) {
+        let due = {
+            let mut r = self.recheck_at.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let mut due = false;
+            while r.front().is_some_and(|t| now >= *t) {
+                r.pop_front();
+                due = true;
+            }
+            due
+        };
+        if due {
+            let mut ep = self.lock();
+            self.pump(&mut ep);
+            self.wake(&ep, true);
+            #[cfg(feature = "tokio")]
+            self.wake_tasks();
+        }
     }
 
     /// Wakes one parked thread (any), to take over as the leader.
@@ -579,19 +694,27 @@ impl Shared {
             // arm, then look once more: a completion before arming signals nobody
             ep.arm().is_ok() && self.pump(&mut ep) == seen
         };
+        let mut tcp_ended = false;
         if quiet {
-            let mut pfd = [PollFd::new(&self.notify, PollFlags::IN)];
+            let mut pfd = [
+                PollFd::new(&self.notify, PollFlags::IN),
+                PollFd::new(&self.watch, PollFlags::IN),
+            ];
             let ts = Timespec {
                 tv_sec: timeout.as_secs() as i64,
                 tv_nsec: i64::from(timeout.subsec_nanos()),
             };
             let _ = rustix::event::poll(&mut pfd, Some(&ts));
+            tcp_ended = !pfd[1].revents().is_empty();
         }
         {
             let mut ep = self.lock();
             ep.take_notification();
             // whatever woke us, the waiters it concerns go on
             self.pump(&mut ep);
+            if tcp_ended {
+                self.take_tcp_ends(&mut ep);
+            }
         }
         *self.leader.lock().unwrap_or_else(|e| e.into_inner()) = false;
         // Back to the caller, which tries again and most likely sleeps again
@@ -651,6 +774,11 @@ impl Drop for Locked<'_> {
 
 struct Context {
     provider: Option<ShmProvider>,
+    /// The instance part of this process's system ID, and the lock that
+    /// keeps it unique among the processes of the device directory (see
+    /// [`crate::sysid`]).
+    instance: u16,
+    _instance_lock: Option<OwnedFd>,
     endpoints: Mutex<HashMap<String, Arc<Shared>>>,
     /// Recent device choices per local address (see [`endpoint_for`]).
     #[allow(clippy::type_complexity)]
@@ -669,13 +797,26 @@ pub(crate) fn now() -> Timestamp {
 
 fn context() -> &'static Context {
     static C: OnceLock<Context> = OnceLock::new();
-    C.get_or_init(|| Context {
+    C.get_or_init(|| {
         // Devices are declared in the file named by SMC_RDMA_SHM_CONFIG; without
         // it this process has no SMC device and its connections decline.
-        provider: ShmProvider::from_env().ok(),
-        endpoints: Mutex::new(HashMap::new()),
-        selection: Mutex::new(HashMap::new()),
+        let provider = ShmProvider::from_env().ok();
+        let (instance, lock) =
+            crate::sysid::allocate(provider.as_ref().map(|p| p.config().rundir.as_path()));
+        Context {
+            provider,
+            instance,
+            _instance_lock: lock,
+            endpoints: Mutex::new(HashMap::new()),
+            selection: Mutex::new(HashMap::new()),
+        }
     })
+}
+
+/// This process's system ID with the MAC of the port it speaks for (every
+/// endpoint's, and that of the Declines sent without one).
+pub(crate) fn system_id(mac: Mac) -> SystemId {
+    SystemId::new(context().instance, mac)
 }
 
 /// Default size of each connection's RMB and send buffer (1 MiB). Measured
@@ -695,17 +836,14 @@ fn buf_len(var: &str) -> usize {
         .map_or(DEFAULT_BUF, |k| k << 10)
 }
 
-fn random_instance() -> u16 {
-    // The instance part of the system id only has to differ between processes.
-    let t = origin().elapsed().as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(17);
-    (t ^ (t >> 16) ^ (t >> 32)) as u16
-}
-
 /// The interface that owns `local`, or whose prefix covers it (all of
 /// 127.0.0.0/8 is lo's, though only 127.0.0.1 is configured), with all of that
 /// interface's addresses: what the CLC prefix rules compare.
-pub(crate) fn interface_of(local: IpAddr) -> Option<(String, Vec<IfAddr>)> {
-    let addrs = smc_rdma::sys::interface_addrs().ok()?;
+/// `Err`: the interface list could not be read (out of descriptors or
+/// memory).
+#[allow(clippy::type_complexity)]
+pub(crate) fn interface_of(local: IpAddr) -> io::Result<Option<(String, Vec<IfAddr>)>> {
+    let addrs = smc_rdma::sys::interface_addrs()?;
     let local = match local {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(local, IpAddr::V4),
         v4 => v4,
@@ -725,12 +863,14 @@ pub(crate) fn interface_of(local: IpAddr) -> Option<(String, Vec<IfAddr>)> {
         }
         _ => false,
     };
-    let ifname = addrs
+    let Some(found) = addrs
         .iter()
         .find(|a| a.addr == local)
-        .or_else(|| addrs.iter().find(|a| covers(a)))?
-        .ifname
-        .clone();
+        .or_else(|| addrs.iter().find(|a| covers(a)))
+    else {
+        return Ok(None);
+    };
+    let ifname = found.ifname.clone();
     let if_addrs = addrs
         .iter()
         .filter(|a| a.ifname == ifname)
@@ -739,13 +879,24 @@ pub(crate) fn interface_of(local: IpAddr) -> Option<(String, Vec<IfAddr>)> {
             prefix_len: a.prefix_len,
         })
         .collect();
-    Some((ifname, if_addrs))
+    Ok(Some((ifname, if_addrs)))
 }
 
-/// The endpoint for a connection whose local address is `local`, or `None`
-/// when no SMC device serves that address's interface (the connection then
-/// declines with "no SMC device").
-pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
+/// The device for a connection, as [`endpoint_for`] found it.
+pub(crate) enum Device {
+    /// The endpoint of the device serving the connection's interface.
+    Endpoint(Arc<Shared>),
+    /// No SMC device serves it: decline "no SMC device" (or what the prefix
+    /// rules say).
+    None,
+    /// The selection could not be made now (out of descriptors or memory,
+    /// the device failed to open): decline with "insufficient resources"
+    /// (Linux's SMC_CLC_DECL_MEM), and look again for the next connection.
+    Unavailable,
+}
+
+/// The endpoint for a connection whose local address is `local` (see [`Device`]).
+pub(crate) fn endpoint_for(local: IpAddr) -> Device {
     let ctx = context();
     // Device selection reads the pnet table, the interface list (netlink) and
     // the ports; a connection-per-request client would redo that for every
@@ -754,26 +905,37 @@ pub(crate) fn endpoint_for(local: IpAddr) -> Option<Arc<Shared>> {
     let mut cache = ctx.selection.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((at, choice)) = cache.get(&local) {
         if at.elapsed() < SELECTION_TTL {
-            return choice.clone();
+            return choice.clone().map_or(Device::None, Device::Endpoint);
         }
     }
-    let choice = select_endpoint(ctx, local);
-    cache.insert(local, (Instant::now(), choice.clone()));
-    choice
+    match select_endpoint(ctx, local) {
+        Ok(choice) => {
+            cache.insert(local, (Instant::now(), choice.clone()));
+            choice.map_or(Device::None, Device::Endpoint)
+        }
+        // (not kept: the next connection looks again)
+        Err(()) => Device::Unavailable,
+    }
 }
 
 /// How long a device choice for a local address is reused.
 const SELECTION_TTL: Duration = Duration::from_secs(1);
 
-fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
-    let provider = ctx.provider.as_ref()?;
-    let (ifname, if_addrs) = interface_of(local)?;
+/// `Ok(None)`: no device serves `local`; `Err`: it could not be found out
+/// or the device could not be opened now.
+fn select_endpoint(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Shared>>, ()> {
+    let Some(provider) = ctx.provider.as_ref() else {
+        return Ok(None);
+    };
+    let Some((ifname, if_addrs)) = interface_of(local).map_err(|_| ())? else {
+        return Ok(None);
+    };
     let base = base_netdev(Path::new("/sys/class/net"), &ifname);
     let dir = ConfigDir::from_env();
     let pnet = PnetTable::load(&dir).unwrap_or_default();
     let ports: Vec<PortInfo> = provider
         .devices()
-        .ok()?
+        .map_err(|_| ())?
         .into_iter()
         .flat_map(|d| {
             d.ports.into_iter().map(move |p| PortInfo {
@@ -784,11 +946,13 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
             })
         })
         .collect();
-    let sel = select_port(&pnet, &base, &ports)?;
+    let Some(sel) = select_port(&pnet, &base, &ports) else {
+        return Ok(None);
+    };
     let (device, _port) = sel.port();
     let mut eps = ctx.endpoints.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(s) = eps.get(device) {
-        return Some(s.clone());
+        return Ok(Some(s.clone()));
     }
     let ueids = UeidTable::load(&dir)
         .map(|t| t.eids().to_vec())
@@ -802,7 +966,7 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
         .unwrap_or_default();
     let sndbuf_len = buf_len("SMC_SNDBUF_KIB");
     let cfg = EndpointConfig {
-        system_id: SystemId::new(random_instance(), mac),
+        system_id: SystemId::new(ctx.instance, mac),
         device: device.to_string(),
         offer_v2: !ueids.is_empty(),
         ueids,
@@ -817,8 +981,8 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
             .unwrap_or_default(),
         lgr_idle_timeout: Duration::from_secs(600),
     };
-    let ep = Endpoint::new(provider, cfg).ok()?;
-    let shared = Arc::new(Shared::new(ep, sndbuf_len).ok()?);
+    let ep = Endpoint::new(provider, cfg).map_err(|_| ())?;
+    let shared = Arc::new(Shared::new(ep, sndbuf_len).map_err(|_| ())?);
     // Control traffic nobody waits for (LLC requests, keepalives, the final CDCs
     // of released connections) is handled by a small progress thread; data moves
     // in the application's threads.
@@ -826,7 +990,7 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Option<Arc<Shared>> {
     std::thread::Builder::new()
         .name(format!("smc-progress-{device}"))
         .spawn(move || progress_loop(weak))
-        .ok()?;
+        .map_err(|_| ())?;
     eps.insert(device.to_string(), shared.clone());
-    Some(shared)
+    Ok(Some(shared))
 }

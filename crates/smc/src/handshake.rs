@@ -5,7 +5,7 @@ use crate::stream::Fallback;
 use smc_proto::clc_stream::{ClcReadError, ClcReader};
 use smc_proto::negotiate::{self, LocalCapabilities};
 use smc_wire::clc::{ClcMessage, ClcType, Decline, DeclineCode, CLC_WAIT_TIME, SMC_V1};
-use smc_wire::types::SystemId;
+use smc_wire::types::{Mac, SystemId};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, TcpStream};
 
@@ -58,30 +58,57 @@ fn read_clc(tcp: &mut TcpStream, expected: ClcType) -> io::Result<ClcMessage> {
 /// the addresses of the connection's interface, so that a server runs the
 /// prefix check first as Linux does and declines "no SMC device" rather than
 /// "different prefix" when the prefixes agree.
-fn capabilities(local: IpAddr) -> LocalCapabilities {
-    LocalCapabilities {
-        system_id: SystemId::default(),
+/// `Err`: the interface list could not be read now (out of descriptors or
+/// memory), so the prefix rules cannot be applied: decline with "insufficient
+/// resources" (Linux's SMC_CLC_DECL_MEM) rather than a wrong reason.
+fn capabilities(local: IpAddr) -> Result<LocalCapabilities, SystemId> {
+    let (system_id, if_addrs) = match crate::ctx::interface_of(local) {
+        Ok(Some((ifname, a))) => (local_system_id(&ifname), a),
+        Ok(None) => (crate::ctx::system_id(Mac::default()), Vec::new()),
+        Err(_) => return Err(crate::ctx::system_id(Mac::default())),
+    };
+    Ok(LocalCapabilities {
+        system_id,
         v1: None,
         v2_gid: None,
         ueids: Vec::new(),
-        if_addrs: crate::ctx::interface_of(local)
-            .map(|(_, a)| a)
-            .unwrap_or_default(),
-    }
+        if_addrs,
+    })
 }
 
-fn decline(version: u8, code: DeclineCode) -> Vec<u8> {
-    ClcMessage::Decline(Decline::new(version, SystemId::default(), code)).encode()
+/// This process's system ID as an endpoint on `ifname` would send it: a
+/// Decline carries the sender's system ID (Linux fills in its
+/// `local_systemid` even without a device, smc_clc.c `smc_clc_send_decline`).
+fn local_system_id(ifname: &str) -> SystemId {
+    let base = smc_config::pnet::base_netdev(std::path::Path::new("/sys/class/net"), ifname);
+    let mac = smc_rdma::sys::link(&base)
+        .ok()
+        .flatten()
+        .and_then(|l| l.mac)
+        .map(Mac)
+        .unwrap_or_default();
+    crate::ctx::system_id(mac)
+}
+
+fn decline(version: u8, system_id: SystemId, code: DeclineCode) -> Vec<u8> {
+    ClcMessage::Decline(Decline::new(version, system_id, code)).encode()
 }
 
 /// Client without a device, after the SYN-ACK carried the option: the first CLC
 /// message to send, and the outcome if that ends the handshake.
-pub(crate) fn client_start(local: IpAddr) -> (Vec<u8>, Option<Fallback>) {
-    match negotiate::build_proposal(local, &capabilities(local)) {
+/// `unavailable`: the device could not be had now (see
+/// [`crate::ctx::Device::Unavailable`]).
+pub(crate) fn client_start(local: IpAddr, unavailable: bool) -> (Vec<u8>, Option<Fallback>) {
+    let (system_id, r) = match capabilities(local) {
+        Ok(_) if unavailable => (crate::ctx::system_id(Mac::default()), Err(DeclineCode::Mem)),
+        Ok(caps) => (caps.system_id, negotiate::build_proposal(local, &caps)),
+        Err(id) => (id, Err(DeclineCode::Mem)),
+    };
+    match r {
         Ok(p) => (ClcMessage::Proposal(p).encode(), None),
         // Linux: a client with nothing to offer declines instead of proposing.
         Err(code) => (
-            decline(SMC_V1, code),
+            decline(SMC_V1, system_id, code),
             Some(Fallback {
                 reason: code,
                 peer: None,
@@ -92,7 +119,7 @@ pub(crate) fn client_start(local: IpAddr) -> (Vec<u8>, Option<Fallback>) {
 
 /// Client without a device: the server's answer to our Proposal. Returns what
 /// to send back (possibly nothing) and the outcome.
-pub(crate) fn client_reply(m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
+pub(crate) fn client_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
     match m {
         ClcMessage::Decline(d) => Ok((
             Vec::new(),
@@ -103,7 +130,11 @@ pub(crate) fn client_reply(m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
         )),
         // An Accept we cannot honour without a device: decline it.
         ClcMessage::Accept(a) => Ok((
-            decline(a.version, DeclineCode::NoSmcRDev),
+            decline(
+                a.version,
+                capabilities(local).map_or_else(|id| id, |c| c.system_id),
+                DeclineCode::NoSmcRDev,
+            ),
             Fallback {
                 reason: DeclineCode::NoSmcRDev,
                 peer: None,
@@ -114,8 +145,13 @@ pub(crate) fn client_reply(m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
 }
 
 /// Server without a device: the client's first CLC message. Returns what to
-/// send back (possibly nothing) and the outcome.
-pub(crate) fn server_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>, Fallback)> {
+/// send back (possibly nothing) and the outcome. `unavailable`: the device
+/// could not be had now.
+pub(crate) fn server_reply(
+    local: IpAddr,
+    unavailable: bool,
+    m: ClcMessage,
+) -> io::Result<(Vec<u8>, Fallback)> {
     match m {
         ClcMessage::Decline(d) => Ok((
             Vec::new(),
@@ -125,13 +161,17 @@ pub(crate) fn server_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>,
             },
         )),
         ClcMessage::Proposal(p) => {
-            let code = match negotiate::server_choose(&p, &capabilities(local)) {
-                Err(code) => code,
-                // not reachable without capabilities; decline all the same
-                Ok(_) => DeclineCode::NoSmcDev,
+            let (system_id, code) = match capabilities(local) {
+                Ok(caps) if unavailable => (caps.system_id, DeclineCode::Mem),
+                Ok(caps) => match negotiate::server_choose(&p, &caps) {
+                    Err(code) => (caps.system_id, code),
+                    // not reachable without capabilities; decline all the same
+                    Ok(_) => (caps.system_id, DeclineCode::NoSmcDev),
+                },
+                Err(id) => (id, DeclineCode::Mem),
             };
             Ok((
-                decline(negotiate::decline_version(&p), code),
+                decline(negotiate::decline_version(&p), system_id, code),
                 Fallback {
                     reason: code,
                     peer: None,
@@ -143,21 +183,14 @@ pub(crate) fn server_reply(local: IpAddr, m: ClcMessage) -> io::Result<(Vec<u8>,
 }
 
 /// Client side, after the SYN-ACK carried the option.
-pub(crate) fn client(tcp: &mut TcpStream) -> io::Result<Fallback> {
-    let (first, done) = client_start(tcp.local_addr()?.ip());
+pub(crate) fn client(tcp: &mut TcpStream, unavailable: bool) -> io::Result<Fallback> {
+    let (first, done) = client_start(tcp.local_addr()?.ip(), unavailable);
     tcp.write_all(&first)?;
     if let Some(f) = done {
         return Ok(f);
     }
-    let (answer, f) = client_reply(read_clc(tcp, ClcType::Accept)?)?;
-    tcp.write_all(&answer)?;
-    Ok(f)
-}
-
-/// Server side, after the SYN carried the option.
-pub(crate) fn server(tcp: &mut TcpStream) -> io::Result<Fallback> {
     let local = tcp.local_addr()?.ip();
-    let (answer, f) = server_reply(local, read_clc(tcp, ClcType::Proposal)?)?;
+    let (answer, f) = client_reply(local, read_clc(tcp, ClcType::Accept)?)?;
     tcp.write_all(&answer)?;
     Ok(f)
 }
@@ -198,7 +231,7 @@ pub(crate) fn take_input(
 /// Returns the connection's status and any TCP bytes that followed the CLC
 /// messages (the peer's first application data after a Decline).
 pub(crate) fn with_endpoint(
-    tcp: &mut TcpStream,
+    tcp: &TcpStream,
     shared: &crate::ctx::Shared,
     id: smc_engine::endpoint::ConnId,
 ) -> io::Result<(smc_engine::endpoint::ConnStatus, Vec<u8>)> {
@@ -215,14 +248,14 @@ pub(crate) fn with_endpoint(
         };
         if !out.is_empty() {
             tcp.set_nonblocking(false)?;
-            let w = tcp.write_all(&out);
+            let w = (&*tcp).write_all(&out);
             tcp.set_nonblocking(true)?;
             w?;
         }
         if let Some(r) = ended(status) {
             break r;
         }
-        match tcp.read(&mut buf) {
+        match (&*tcp).read(&mut buf) {
             Ok(n) => take_input(shared, id, &buf[..n], &mut leftover),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Spin a little (an LLC answer or the next CLC message is
@@ -231,7 +264,7 @@ pub(crate) fn with_endpoint(
                 let now = std::time::Instant::now();
                 if now >= *spin_until.get_or_insert(now + crate::ctx::spin_time()) {
                     use rustix::event::{poll, PollFd, PollFlags, Timespec};
-                    let mut pfd = [PollFd::new(&*tcp, PollFlags::IN)];
+                    let mut pfd = [PollFd::new(tcp, PollFlags::IN)];
                     let ts = Timespec {
                         tv_sec: 0,
                         tv_nsec: 100_000,
@@ -249,4 +282,235 @@ pub(crate) fn with_endpoint(
     };
     tcp.set_nonblocking(false)?;
     result.map(|s| (s, leftover))
+}
+
+/// What a server-side handshake waits for next (see [`Accepting::step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// The TCP socket: readable, or writable with `write`. `rdma`: a step of
+    /// the handshake runs over the device meanwhile (link confirmation, rkey
+    /// exchange, a first contact it waits for), so look again soon.
+    Wait { write: bool, rdma: bool },
+    /// Over: [`Accepting::into_stream`].
+    Done,
+}
+
+/// How a server-side handshake runs.
+enum How {
+    /// An endpoint serves the connection.
+    Engine(crate::stream::SmcConn),
+    /// No device: the client's Proposal is declined (or its Decline taken).
+    NoDevice {
+        local: IpAddr,
+        unavailable: bool,
+        reader: ClcReader,
+        deadline: std::time::Instant,
+        outcome: Option<Fallback>,
+        failed: bool,
+    },
+}
+
+/// A server-side CLC handshake stepped without ever blocking, by the
+/// listener's driver thread, which runs every pending handshake this way
+/// (Linux runs each on a work item of its own, af_smc.c `smc_listen_work`).
+/// Each has its own deadlines: the engine's (6 s per expected CLC message),
+/// or [`CLC_WAIT_TIME`] for the Proposal without a device.
+pub(crate) struct Accepting {
+    tcp: TcpStream,
+    /// CLC bytes not yet written.
+    out: Vec<u8>,
+    /// TCP bytes behind the CLC messages (the client's first data after a
+    /// Decline).
+    leftover: Vec<u8>,
+    how: How,
+}
+
+impl Accepting {
+    /// Starts the handshake on `tcp` (whose SYN carried the SMC option), over
+    /// the endpoint serving its local address if there is one.
+    pub(crate) fn start(tcp: TcpStream) -> io::Result<Accepting> {
+        tcp.set_nonblocking(true)?;
+        let local = tcp.local_addr()?.ip();
+        let dev = crate::ctx::endpoint_for(local);
+        let how = match dev {
+            crate::ctx::Device::Endpoint(shared) => {
+                let id = shared.lock().accept(crate::ctx::now());
+                How::Engine(crate::stream::SmcConn::handshaking(shared, id))
+            }
+            _ => How::NoDevice {
+                local,
+                unavailable: matches!(dev, crate::ctx::Device::Unavailable),
+                reader: ClcReader::new(),
+                deadline: std::time::Instant::now() + CLC_WAIT_TIME,
+                outcome: None,
+                failed: false,
+            },
+        };
+        Ok(Accepting {
+            tcp,
+            out: Vec::new(),
+            leftover: Vec::new(),
+            how,
+        })
+    }
+
+    /// The TCP socket, to poll.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    fn tcp_gone(&mut self) {
+        match &mut self.how {
+            How::Engine(c) => c.shared.lock().tcp_closed(c.id),
+            How::NoDevice { failed, .. } => *failed = true,
+        }
+    }
+
+    /// Does what can be done now: writes pending CLC bytes, feeds what the
+    /// socket has to the handshake, takes its output. Never blocks.
+    pub(crate) fn step(&mut self) -> Progress {
+        use smc_engine::state::HandshakePhase as P;
+        let mut buf = [0u8; 2048];
+        loop {
+            if !self.out.is_empty() {
+                match (&self.tcp).write(&self.out) {
+                    Ok(n) => {
+                        self.out.drain(..n);
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        return Progress::Wait {
+                            write: true,
+                            rdma: false,
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => {
+                        self.out.clear();
+                        self.tcp_gone();
+                        return Progress::Done;
+                    }
+                }
+            }
+            let rdma = match &mut self.how {
+                How::Engine(c) => {
+                    let (out, status, rdma) = {
+                        let mut ep = c.shared.lock();
+                        let rdma = !matches!(
+                            ep.handshake_phase(c.id),
+                            Some(P::AwaitProposal) | Some(P::AwaitConfirm) | Some(P::AwaitAccept)
+                        );
+                        if rdma {
+                            // the step over the device goes on without waiting
+                            // for the progress thread
+                            c.shared.pump(&mut ep);
+                        }
+                        (ep.clc_output(c.id), ep.status(c.id), rdma)
+                    };
+                    if !out.is_empty() {
+                        self.out = out;
+                        continue;
+                    }
+                    if ended(status).is_some() {
+                        return Progress::Done;
+                    }
+                    rdma
+                }
+                How::NoDevice {
+                    outcome,
+                    failed,
+                    deadline,
+                    ..
+                } => {
+                    if outcome.is_some() || *failed {
+                        return Progress::Done;
+                    }
+                    if std::time::Instant::now() >= *deadline {
+                        *failed = true;
+                        return Progress::Done;
+                    }
+                    false
+                }
+            };
+            let n = match (&self.tcp).read(&mut buf) {
+                Ok(0) => {
+                    self.tcp_gone();
+                    continue;
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Progress::Wait { write: false, rdma }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.tcp_gone();
+                    continue;
+                }
+            };
+            match &mut self.how {
+                How::Engine(c) => {
+                    let used = c
+                        .shared
+                        .lock()
+                        .clc_input(c.id, &buf[..n], crate::ctx::now());
+                    self.leftover.extend_from_slice(&buf[used..n]);
+                }
+                How::NoDevice {
+                    local,
+                    unavailable,
+                    reader,
+                    outcome,
+                    failed,
+                    ..
+                } => {
+                    let (used, msg) = reader.feed(&buf[..n], ClcType::Proposal);
+                    match msg {
+                        None => {}
+                        Some(Ok(m)) => match server_reply(*local, *unavailable, m) {
+                            Ok((answer, f)) => {
+                                self.out = answer;
+                                *outcome = Some(f);
+                                self.leftover.extend_from_slice(&buf[used..n]);
+                            }
+                            Err(_) => *failed = true,
+                        },
+                        Some(Err(_)) => *failed = true,
+                    }
+                }
+            }
+        }
+    }
+
+    /// The connection once [`Progress::Done`]: SMC-R or a TCP fallback, in
+    /// blocking mode; `None` if the handshake failed (the connection is
+    /// closed, as Linux's listen worker drops it).
+    pub(crate) fn into_stream(self) -> Option<crate::SmcStream> {
+        use smc_engine::endpoint::ConnStatus;
+        let Accepting {
+            tcp, leftover, how, ..
+        } = self;
+        let mode = match how {
+            How::Engine(c) => {
+                let status = c.shared.lock().status(c.id);
+                match status {
+                    Some(ConnStatus::Smc) => {
+                        tcp.set_nonblocking(false).ok()?;
+                        return Some(crate::SmcStream::smc(tcp, c));
+                    }
+                    Some(ConnStatus::Fallback { reason, peer }) => {
+                        crate::Mode::Tcp(Fallback { reason, peer })
+                    }
+                    _ => return None,
+                }
+            }
+            How::NoDevice {
+                outcome: Some(f),
+                failed: false,
+                ..
+            } => crate::Mode::Tcp(f),
+            How::NoDevice { .. } => return None,
+        };
+        tcp.set_nonblocking(false).ok()?;
+        Some(crate::SmcStream::tcp_only(tcp, mode, leftover))
+    }
 }

@@ -16,6 +16,21 @@
 //! with "no SMC device" and stays on TCP. The data path is the `smc-engine`
 //! endpoint; reads and writes run it in the application's thread.
 //!
+//! [`SmcListener`] runs the CLC handshakes of its connections in a driver
+//! thread of its own, all at once and apart from `accept()`, which takes
+//! finished connections (SMC-R or fallback) from a bounded queue, as Linux's
+//! listen worker does: a client that stays silent delays no one else.
+//!
+//! An established SMC-R connection's TCP socket stays open as long as the
+//! connection and is watched for its end: a peer whose TCP connection goes
+//! away without an SMC close has its connection reset after the engine's 1 s
+//! grace (Linux aborts an SMC connection whose TCP connection ends), so
+//! readers and writers get `ConnectionReset` and nothing is left behind.
+//!
+//! Each process is an SMC host of its own: its system ID's instance is unique
+//! among the live processes sharing the device directory (a lock file per
+//! instance), so that a server never takes two processes for one peer.
+//!
 //! Closing (dropping the last handle of) an SMC-R `SmcStream` blocks until its
 //! unsent data and the close have been handed to the device — at most about
 //! 3 s: after Linux's 2 s `SMC_MAX_STREAM_WAIT_TIMEOUT` without room at the
@@ -33,13 +48,16 @@
 
 mod ctx;
 mod handshake;
+mod listen;
 mod rendezvous;
 mod stream;
+mod sysid;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
 pub use ctx::{state, DeviceState};
-pub use stream::{Fallback, Mode, SmcListener, SmcStream};
+pub use listen::SmcListener;
+pub use stream::{Fallback, Mode, SmcStream};
 
 /// smc-rs's own fallback reason for "the SYN option could not be used on this
 /// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel
@@ -60,13 +78,21 @@ pub fn use_loopback_device(tag: &str) {
     let _ = std::fs::create_dir_all(dir.join("run"));
     let _ = std::fs::create_dir_all(dir.join("conf"));
     let cfg = dir.join("shm.conf");
-    let _ = std::fs::write(
-        &cfg,
-        format!(
-            "rundir {}\ndevice shm-lo netdev lo\n",
-            dir.join("run").display()
-        ),
+    let text = format!(
+        "rundir {}\ndevice shm-lo netdev lo\n",
+        dir.join("run").display()
     );
+    // Processes started together all get here: one that reads the file
+    // while another rewrites it in place would find it empty or cut short
+    // (and go without a device for its whole life). So the file is written
+    // only if it differs, and then whole: a private temporary file renamed
+    // over it (rename(2) replaces atomically).
+    if std::fs::read_to_string(&cfg).ok().as_deref() != Some(text.as_str()) {
+        let tmp = dir.join(format!(".shm.conf.{}.tmp", std::process::id()));
+        if std::fs::write(&tmp, &text).is_ok() && std::fs::rename(&tmp, &cfg).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
     std::env::set_var("SMC_RDMA_SHM_CONFIG", &cfg);
     if std::env::var_os("SMC_RS_CONFIG_DIR").is_none() {
         std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));

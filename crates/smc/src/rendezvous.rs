@@ -4,7 +4,7 @@ use rustix::net::{AddressFamily, SocketType};
 use smc_bpf::{Rendezvous, RendezvousError};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Once;
 
 /// The host's rendezvous, or why there is none (said once on stderr, as the
@@ -36,4 +36,15 @@ pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
         Err(_) => false,
     };
     Ok((fd, opted))
+}
+
+/// Whether the peer's SYN (or SYN-ACK) on the connected socket `fd` carried
+/// the SMC option; the rendezvous forgets the connection either way.
+pub(crate) fn peer_offered_smc(fd: BorrowedFd<'_>) -> bool {
+    let r = rendezvous().ok();
+    let offered = r.is_some_and(|r| r.peer_offered_smc(fd).unwrap_or(false));
+    if let Some(r) = r {
+        r.forget(fd);
+    }
+    offered
 }

@@ -1,7 +1,7 @@
-//! `SmcListener` and `SmcStream`.
+//! `SmcStream` (the listener is in `listen.rs`).
 
 use crate::ctx::{self, Shared, Want};
-use crate::rendezvous::{rendezvous, socket_for};
+use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
     ConnError, ConnId, ConnStatus, Endpoint, ReadLease, ReadPlan, WriteLease, WritePlan,
@@ -12,7 +12,7 @@ use smc_rdma::shm::ShmProvider;
 use smc_wire::clc::DeclineCode;
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,7 +55,9 @@ pub enum Mode {
 
 /// A connection: SMC-R when both ends could, TCP otherwise.
 pub struct SmcStream {
-    tcp: TcpStream,
+    /// The TCP socket, shared by every handle of the connection (as a
+    /// duplicate descriptor would be; `try_clone` costs no descriptor).
+    tcp: Arc<TcpStream>,
     mode: Mode,
     /// SMC-R: the device's endpoint and our connection on it.
     smc: Option<Arc<SmcConn>>,
@@ -79,6 +81,41 @@ pub(crate) struct SmcConn {
     /// Whether dropping the last handle waits for the close to leave (see
     /// [`LINGER`]); the tokio adapter does not block its runtime.
     pub(crate) linger: AtomicBool,
+    /// The TCP socket of the established connection, watched for its end
+    /// while the connection lives ([`Shared::watch_tcp`]) and closed after
+    /// the SMC close has gone out, as Linux releases the TCP socket after
+    /// the SMC close (af_smc.c `smc_release` → `__smc_release`).
+    tcp: Option<Arc<TcpStream>>,
+}
+
+impl SmcConn {
+    /// Connection `id` of `shared`, handshaking (released if dropped).
+    pub(crate) fn handshaking(shared: Arc<Shared>, id: ConnId) -> SmcConn {
+        SmcConn {
+            shared,
+            id,
+            linger: AtomicBool::new(false),
+            tcp: None,
+        }
+    }
+
+    /// The handshake reached SMC-R on `tcp`: watched from now on.
+    pub(crate) fn established(mut self, tcp: Arc<TcpStream>, linger: bool) -> SmcConn {
+        let token = self.shared.lock().alert_token(self.id);
+        if let Some(t) = token {
+            // (without the watch the connection still works; it is reset
+            // only when the peer's device says it is gone)
+            let _ = self.shared.watch_tcp(tcp.as_fd(), self.id, t);
+        }
+        self.linger.store(linger, Ordering::Relaxed);
+        self.tcp = Some(tcp);
+        self
+    }
+
+    /// The TCP socket of an established connection.
+    pub(crate) fn tcp(&self) -> Option<&Arc<TcpStream>> {
+        self.tcp.as_ref()
+    }
 }
 
 /// Reads and writes of at least this many bytes copy outside the endpoint's
@@ -102,6 +139,10 @@ const LINGER: Duration = Duration::from_secs(3);
 
 impl Drop for SmcConn {
     fn drop(&mut self) {
+        if let Some(t) = &self.tcp {
+            // (still open: `self.tcp` is dropped after this)
+            self.shared.unwatch_tcp(t.as_fd());
+        }
         let id = self.id;
         let token = {
             let mut ep = self.shared.lock();
@@ -238,12 +279,7 @@ impl SmcStream {
         if !opted {
             return Ok(SmcStream::tcp_only(tcp, no_rendezvous(), Vec::new()));
         }
-        let r = rendezvous().ok();
-        let offered = r.is_some_and(|r| r.peer_offered_smc(tcp.as_fd()).unwrap_or(false));
-        if let Some(r) = r {
-            r.forget(tcp.as_fd());
-        }
-        if !offered {
+        if !peer_offered_smc(tcp.as_fd()) {
             // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
             return Ok(SmcStream::tcp_only(
                 tcp,
@@ -253,20 +289,21 @@ impl SmcStream {
         }
         let local = tcp.local_addr()?.ip();
         match ctx::endpoint_for(local) {
-            Some(shared) => {
+            ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().connect(local, ctx::now());
                 SmcStream::finish_handshake(tcp, shared, id)
             }
-            None => {
-                let f = handshake::client(&mut tcp)?;
+            dev => {
+                let unavailable = matches!(dev, ctx::Device::Unavailable);
+                let f = handshake::client(&mut tcp, unavailable)?;
                 Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
             }
         }
     }
 
-    fn tcp_only(tcp: TcpStream, mode: Mode, pending: Vec<u8>) -> SmcStream {
+    pub(crate) fn tcp_only(tcp: TcpStream, mode: Mode, pending: Vec<u8>) -> SmcStream {
         SmcStream {
-            tcp,
+            tcp: Arc::new(tcp),
             mode,
             smc: None,
             pending: Arc::new(Mutex::new(pending)),
@@ -274,23 +311,23 @@ impl SmcStream {
         }
     }
 
-    fn finish_handshake(
-        mut tcp: TcpStream,
-        shared: Arc<Shared>,
-        id: ConnId,
-    ) -> io::Result<SmcStream> {
-        let conn = SmcConn {
-            shared: shared.clone(),
-            id,
-            linger: AtomicBool::new(true),
-        };
-        let (status, leftover) = handshake::with_endpoint(&mut tcp, &shared, id)?;
+    /// An SMC-R stream whose handshake `conn` finished on `tcp` (blocking).
+    pub(crate) fn smc(tcp: TcpStream, conn: SmcConn) -> SmcStream {
+        let tcp = Arc::new(tcp);
+        SmcStream {
+            tcp: tcp.clone(),
+            mode: Mode::SmcR,
+            smc: Some(Arc::new(conn.established(tcp, true))),
+            pending: Arc::new(Mutex::new(Vec::new())),
+            opts: Arc::new(Opts::default()),
+        }
+    }
+
+    fn finish_handshake(tcp: TcpStream, shared: Arc<Shared>, id: ConnId) -> io::Result<SmcStream> {
+        let conn = SmcConn::handshaking(shared.clone(), id);
+        let (status, leftover) = handshake::with_endpoint(&tcp, &shared, id)?;
         match status {
-            ConnStatus::Smc => {
-                let mut s = SmcStream::tcp_only(tcp, Mode::SmcR, Vec::new());
-                s.smc = Some(Arc::new(conn));
-                Ok(s)
-            }
+            ConnStatus::Smc => Ok(SmcStream::smc(tcp, conn)),
             ConnStatus::Fallback { reason, peer } => Ok(SmcStream::tcp_only(
                 tcp,
                 Mode::Tcp(Fallback { reason, peer }),
@@ -317,9 +354,13 @@ impl SmcStream {
     /// A stream from its parts (the TCP socket in blocking mode).
     #[cfg(feature = "tokio")]
     pub(crate) fn from_parts(p: Parts) -> SmcStream {
-        let mut s = SmcStream::tcp_only(p.tcp, p.mode, p.pending);
-        s.smc = p.smc;
-        s
+        SmcStream {
+            tcp: p.tcp,
+            mode: p.mode,
+            smc: p.smc,
+            pending: Arc::new(Mutex::new(p.pending)),
+            opts: Arc::new(Opts::default()),
+        }
     }
 
     fn timeout(m: &Mutex<Option<Duration>>) -> Option<Instant> {
@@ -472,13 +513,13 @@ impl SmcStream {
                 return Ok(n);
             }
         }
-        (&self.tcp).read(buf)
+        (&*self.tcp).read(buf)
     }
 
     fn do_write(&self, buf: &[u8]) -> io::Result<usize> {
         match &self.smc {
             Some(c) => self.smc_write(c, buf),
-            None => (&self.tcp).write(buf),
+            None => (&*self.tcp).write(buf),
         }
     }
 
@@ -499,7 +540,7 @@ impl SmcStream {
                 )
             }
             None => {
-                rustix::net::send(&self.tcp, &[byte], rustix::net::SendFlags::OOB)?;
+                rustix::net::send(&*self.tcp, &[byte], rustix::net::SendFlags::OOB)?;
                 Ok(())
             }
         }
@@ -516,7 +557,7 @@ impl SmcStream {
             }
             None => {
                 let mut b = [0u8; 1];
-                match rustix::net::recv(&self.tcp, &mut b, rustix::net::RecvFlags::OOB) {
+                match rustix::net::recv(&*self.tcp, &mut b, rustix::net::RecvFlags::OOB) {
                     Ok((1, _)) => Ok(Some(b[0])),
                     Ok(_) => Ok(None),
                     Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::AGAIN) => Ok(None),
@@ -529,6 +570,27 @@ impl SmcStream {
     /// SMC-R, or TCP with the reason.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Whether dropping the last handle waits for the SMC close to leave
+    /// (a connection queued in a listener does not: nobody wrote on it).
+    pub(crate) fn set_linger(&self, on: bool) {
+        if let Some(c) = &self.smc {
+            c.linger.store(on, Ordering::Relaxed);
+        }
+    }
+
+    /// An SMC-R connection that was reset or aborted (its peer is gone).
+    pub(crate) fn smc_gone(&self) -> bool {
+        use smc_proto::close::CloseState;
+        self.smc.as_ref().is_some_and(|c| {
+            matches!(
+                c.shared.lock().close_state(c.id),
+                None | Some(CloseState::Closed)
+                    | Some(CloseState::ProcessAbort)
+                    | Some(CloseState::PeerAbortWait)
+            )
+        })
     }
 
     /// The peer's address.
@@ -590,10 +652,11 @@ impl SmcStream {
         Ok(())
     }
 
-    /// Another handle to the same connection.
+    /// Another handle to the same connection (sharing its TCP socket: no
+    /// further descriptor).
     pub fn try_clone(&self) -> io::Result<SmcStream> {
         Ok(SmcStream {
-            tcp: self.tcp.try_clone()?,
+            tcp: self.tcp.clone(),
             mode: self.mode,
             smc: self.smc.clone(),
             pending: self.pending.clone(),
@@ -635,104 +698,23 @@ impl Write for &SmcStream {
 /// What a stream is made of, for the tokio adapter.
 #[cfg(feature = "tokio")]
 pub(crate) struct Parts {
-    pub(crate) tcp: TcpStream,
+    pub(crate) tcp: Arc<TcpStream>,
     pub(crate) mode: Mode,
     pub(crate) smc: Option<Arc<SmcConn>>,
     /// TCP bytes that arrived behind the CLC messages.
     pub(crate) pending: Vec<u8>,
 }
 
-/// A listener whose connections use SMC-R when the client can.
-#[derive(Debug)]
-pub struct SmcListener {
-    tcp: TcpListener,
-    opted: bool,
+impl std::os::fd::AsFd for SmcStream {
+    /// The connection's TCP socket (on SMC-R, the one its CLC handshake ran
+    /// on, which stays open as long as the connection).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.tcp.as_fd()
+    }
 }
 
-impl SmcListener {
-    /// Binds like `TcpListener::bind` (the first address that works).
-    pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<SmcListener> {
-        let mut last = None;
-        for a in addr.to_socket_addrs()? {
-            match Self::bind_one(&a) {
-                Ok(l) => return Ok(l),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last
-            .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no addresses to bind")))
-    }
-
-    fn bind_one(addr: &SocketAddr) -> io::Result<SmcListener> {
-        let (fd, opted) = socket_for(addr)?;
-        rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
-        rustix::net::bind(&fd, addr)?;
-        rustix::net::listen(&fd, 128)?;
-        Ok(SmcListener {
-            tcp: TcpListener::from(fd),
-            opted,
-        })
-    }
-
-    /// The listening socket and whether it is opted in to the SMC option.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn into_parts(self) -> (TcpListener, bool) {
-        (self.tcp, self.opted)
-    }
-
-    /// A listener from its parts.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn from_parts(tcp: TcpListener, opted: bool) -> SmcListener {
-        SmcListener { tcp, opted }
-    }
-
-    /// Accepts the next connection. A connection whose SMC handshake fails (a
-    /// peer sending garbage, vanishing or staying silent for 6 s) is closed and
-    /// the listener goes on to the next one, as Linux's listen worker does.
-    pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        loop {
-            let (mut tcp, addr) = self.tcp.accept()?;
-            if !self.opted {
-                return Ok((SmcStream::tcp_only(tcp, no_rendezvous(), Vec::new()), addr));
-            }
-            let r = rendezvous().ok();
-            let offered = r.is_some_and(|r| r.peer_offered_smc(tcp.as_fd()).unwrap_or(false));
-            if let Some(r) = r {
-                r.forget(tcp.as_fd());
-            }
-            if !offered {
-                let mode = no_smc(DeclineCode::PeerNoSmc);
-                return Ok((SmcStream::tcp_only(tcp, mode, Vec::new()), addr));
-            }
-            let local = tcp.local_addr()?.ip();
-            let r = match ctx::endpoint_for(local) {
-                Some(shared) => {
-                    let id = shared.lock().accept(ctx::now());
-                    SmcStream::finish_handshake(tcp, shared, id)
-                }
-                None => handshake::server(&mut tcp)
-                    .map(|f| SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new())),
-            };
-            match r {
-                Ok(s) => return Ok((s, addr)),
-                // this connection failed its handshake; serve the next one
-                Err(_) => continue,
-            }
-        }
-    }
-
-    /// An iterator over incoming connections.
-    pub fn incoming(&self) -> impl Iterator<Item = io::Result<SmcStream>> + '_ {
-        std::iter::from_fn(move || Some(self.accept().map(|(s, _)| s)))
-    }
-
-    /// Our address.
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.tcp.local_addr()
-    }
-
-    /// Non-blocking accept.
-    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        self.tcp.set_nonblocking(on)
+impl std::os::fd::AsRawFd for SmcStream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.tcp.as_raw_fd()
     }
 }

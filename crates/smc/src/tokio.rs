@@ -49,15 +49,18 @@
 //! once more — a completion that arrived before arming signals nobody — and
 //! then waits for the endpoint's completion channel to become readable.
 //!
-//! Each stream direction (read and write) has its own duplicate of the
-//! channel's descriptor, registered with tokio's reactor through
-//! [`AsyncFd`]: every duplicate is a separate registration in the reactor's
-//! epoll set, so one signal wakes every waiting task of every connection on
-//! the device (an `AsyncFd` keeps one waker per direction, so it is never
-//! shared between tasks). A woken task clears its readiness and retries; a
-//! task woken for another connection's completion finds nothing, re-arms and
-//! sleeps again. The channel is not drained here: epoll reports each signal
-//! as a new edge.
+//! Each stream has its own duplicate of the channel's descriptor (one
+//! descriptor per stream, made when it first has to wait), registered with
+//! tokio's reactor through [`AsyncFd`]: every duplicate is a separate
+//! registration in the reactor's epoll set, so one signal wakes every
+//! waiting task of every connection on the device. The reading task waits
+//! in the `AsyncFd`'s read slot, the writing task in a `readable()` future
+//! of its own (the `AsyncFd` keeps one waker per slot). A woken task clears
+//! the readiness it saw and retries; a task woken for another connection's
+//! completion finds nothing, re-arms and sleeps again. The channel is not
+//! drained here: epoll reports each signal as a new edge. (One duplicate
+//! per endpoint would do for all streams of a runtime, but a registration
+//! belongs to the runtime that made it, and a process may run several.)
 //!
 //! An edge is lost, though, if someone drains the channel before the reactor
 //! collects it — a blocking stream's thread of the same process sleeping on
@@ -79,24 +82,30 @@
 //! ## Handshakes
 //!
 //! The CLC handshake is async too: the task writes the endpoint's CLC output
-//! to the TCP socket, and sleeps until the socket is readable, the completion
-//! channel signals (first contact confirms the link over RDMA) or a 5 ms tick
-//! passes (the engine's 6 s handshake deadlines). Without an SMC device the
-//! Proposal/Decline exchange runs on the TCP socket alone.
+//! to the TCP socket and, while it waits for the peer's next CLC message,
+//! sleeps until the socket is readable (or a 500 ms tick passes, for the
+//! engine's 6 s deadlines); while a step runs over the device (first contact
+//! confirms the link, rkeys are exchanged), until the completion channel
+//! signals or a 5 ms tick passes. Without an SMC device the Proposal/Decline
+//! exchange runs on the TCP socket alone.
 //!
 //! `SmcListener::accept` runs the handshakes of all connections that have
 //! arrived concurrently, inside the listener, and returns the first one that
-//! finishes: a client that stays silent delays no one else. Handshakes make
-//! progress while some task polls `accept` (a server normally always does). A
-//! connection whose handshake fails is closed and skipped, as by the
-//! blocking listener. Up to 128 handshakes run at once; later connections
-//! wait in the kernel's backlog. Device selection reads the PNET table and the
-//! interface list when a connection arrives, in the accepting task (small
-//! files, no network waits).
+//! finishes: a client that stays silent delays no one else. Each handshake
+//! has a waker of its own, and a wake-up polls only the handshakes it
+//! concerns. Handshakes make progress while some task polls `accept` (a
+//! server normally always does). A connection whose handshake fails is
+//! closed and skipped, as by the blocking listener. Up to 4096 handshakes run
+//! at once; later connections wait in the kernel's backlog. Device selection
+//! reads the PNET table and the interface list when a connection arrives, in
+//! the accepting task (small files, no network waits).
+//!
+//! An SMC-R stream's TCP socket is watched by the device's endpoint for its
+//! end (as the blocking stream's), not by the reactor.
 
 use crate::ctx::{self, Shared};
 use crate::handshake::{self, client_reply, client_start, server_reply};
-use crate::rendezvous::{rendezvous, socket_for};
+use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::stream::{
     conn_error, fail_error, no_rendezvous, no_smc, Fallback, Mode, Parts, SmcConn,
 };
@@ -104,26 +113,35 @@ use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use ::tokio::net::{lookup_host, TcpListener, TcpStream, ToSocketAddrs};
 use smc_engine::endpoint::{ConnStatus, Endpoint};
+use smc_engine::state::HandshakePhase;
 use smc_proto::clc_stream::ClcReader;
 use smc_proto::close::CloseEvent;
 use smc_rdma::shm::ShmProvider;
 use smc_wire::clc::{ClcMessage, ClcType, DeclineCode, CLC_WAIT_TIME};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-/// How often a handshake looks at the engine's deadlines while it waits.
+/// While a handshake step runs over the device, how often the handshake
+/// looks at the engine without a signal.
 const HANDSHAKE_TICK: Duration = Duration::from_millis(5);
 
-/// Handshakes a listener runs at once.
-const MAX_HANDSHAKES: usize = 128;
+/// While a handshake waits for the peer's next CLC message, how often it
+/// looks at the engine (which fails it after 6 s) without TCP input.
+const CLC_TICK: Duration = Duration::from_millis(500);
+
+/// How long the listener stops taking connections after running out of a
+/// resource (descriptors, memory): they wait in the kernel's backlog, and
+/// `accept` does not spin on the error.
+const PAUSE: Duration = Duration::from_millis(100);
 
 /// Wake-ups one poll handles before it yields to the runtime.
 const MAX_ROUNDS: usize = 3;
@@ -132,38 +150,79 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One direction's sleep on the device's completion channel: its own
-/// duplicate of the channel's descriptor, registered with the reactor on
-/// first use.
-#[derive(Default)]
-struct Waiter(Option<AsyncFd<OwnedFd>>);
+type WaitFuture = Pin<Box<dyn Future<Output = io::Result<()>> + Send>>;
 
-impl Waiter {
-    /// Ready once the channel signalled since the last time (the readiness is
-    /// consumed); otherwise registers `cx` for the next signal.
-    fn poll_signal(&mut self, shared: &Shared, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.0.is_none() {
-            // `with_interest` is deprecated since tokio 1.53 because a generic
-            // `AsRawFd` can name a descriptor it does not own; its unsafe
-            // successor's contract (the descriptor stays open and the same
-            // for the `AsyncFd`'s lifetime) holds by construction for an
-            // `OwnedFd`, which this crate cannot state in `unsafe` code.
-            #[allow(deprecated)]
-            let fd = AsyncFd::with_interest(shared.notify_dup()?, Interest::READABLE)?;
-            self.0 = Some(fd);
+/// Which of a stream's waits.
+#[derive(Clone, Copy)]
+enum Dir {
+    Read,
+    Write,
+}
+
+/// A stream's sleep on the device's completion channel: its own duplicate
+/// of the channel's descriptor, registered with the reactor on first use.
+/// The reader (and the handshake) waits in the `AsyncFd`'s read slot, the
+/// writer in a `readable()` future of its own: both are woken by a signal.
+#[derive(Default)]
+struct Chan {
+    fd: Option<Arc<AsyncFd<OwnedFd>>>,
+    wr: Option<WaitFuture>,
+}
+
+impl Chan {
+    fn fd(&mut self, shared: &Shared) -> io::Result<Arc<AsyncFd<OwnedFd>>> {
+        if let Some(fd) = &self.fd {
+            return Ok(fd.clone());
         }
-        let Some(fd) = &self.0 else {
-            return Poll::Pending;
-        };
-        let mut guard = ready!(fd.poll_read_ready(cx))?;
-        guard.clear_ready();
-        Poll::Ready(Ok(()))
+        // `with_interest` is deprecated since tokio 1.53 because a generic
+        // `AsRawFd` can name a descriptor it does not own; its unsafe
+        // successor's contract (the descriptor stays open and the same for
+        // the `AsyncFd`'s lifetime) holds by construction for an `OwnedFd`,
+        // which this crate cannot state in `unsafe` code.
+        #[allow(deprecated)]
+        let fd = Arc::new(AsyncFd::with_interest(
+            shared.notify_dup()?,
+            Interest::READABLE,
+        )?);
+        self.fd = Some(fd.clone());
+        Ok(fd)
+    }
+
+    /// Ready once the channel signalled since the last time (the readiness
+    /// seen is consumed); otherwise registers `cx` for the next signal.
+    fn poll_signal(
+        &mut self,
+        dir: Dir,
+        shared: &Shared,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        let fd = self.fd(shared)?;
+        match dir {
+            Dir::Read => {
+                let mut guard = ready!(fd.poll_read_ready(cx))?;
+                guard.clear_ready();
+                Poll::Ready(Ok(()))
+            }
+            Dir::Write => {
+                let f = self.wr.get_or_insert_with(|| {
+                    Box::pin(async move {
+                        let mut guard = fd.readable().await?;
+                        guard.clear_ready();
+                        Ok(())
+                    })
+                });
+                let r = ready!(f.as_mut().poll(cx));
+                self.wr = None;
+                Poll::Ready(r)
+            }
+        }
     }
 
     /// Runs `op` on the endpoint until it returns `Some`, sleeping on the
     /// completion channel in between.
     fn poll_op<R>(
         &mut self,
+        dir: Dir,
         shared: &Shared,
         cx: &mut Context<'_>,
         mut op: impl FnMut(&mut Endpoint<ShmProvider>) -> Option<io::Result<R>>,
@@ -172,7 +231,7 @@ impl Waiter {
             if let Some(r) = shared.try_or_arm(cx.waker(), &mut op) {
                 return Poll::Ready(r);
             }
-            ready!(self.poll_signal(shared, cx))?;
+            ready!(self.poll_signal(dir, shared, cx))?;
         }
         // signals keep coming (other connections' traffic): let others run
         cx.waker().wake_by_ref();
@@ -180,21 +239,25 @@ impl Waiter {
     }
 }
 
-/// The SMC-R half of a stream.
+/// The SMC-R half of a stream (its TCP socket is in the connection).
 struct Smc {
     conn: Arc<SmcConn>,
-    rd: Waiter,
-    wr: Waiter,
+    chan: Chan,
     /// `poll_shutdown` closed the write side already.
     shut_wr: bool,
+}
+
+/// How a stream moves data.
+enum Io {
+    Tcp(TcpStream),
+    Smc(Smc),
 }
 
 /// An async connection: SMC-R when both ends could, TCP otherwise
 /// (`tokio::net::TcpStream`-shaped).
 pub struct SmcStream {
-    tcp: TcpStream,
+    io: Io,
     mode: Mode,
-    smc: Option<Smc>,
     /// TCP bytes that arrived behind the CLC messages (data after a Decline),
     /// read before the socket.
     pending: Vec<u8>,
@@ -204,19 +267,11 @@ pub struct SmcStream {
 impl fmt::Debug for SmcStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SmcStream")
-            .field("tcp", &self.tcp)
+            .field("local", &self.local_addr().ok())
+            .field("peer", &self.peer_addr().ok())
             .field("mode", &self.mode)
             .finish()
     }
-}
-
-fn peer_offered_smc(tcp: &TcpStream) -> bool {
-    let r = rendezvous().ok();
-    let offered = r.is_some_and(|r| r.peer_offered_smc(tcp.as_fd()).unwrap_or(false));
-    if let Some(r) = r {
-        r.forget(tcp.as_fd());
-    }
-    offered
 }
 
 async fn write_all(tcp: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
@@ -269,38 +324,57 @@ async fn read_clc(tcp: &TcpStream, expected: ClcType) -> io::Result<ClcMessage> 
 }
 
 /// Client without a device: Proposal (or Decline), then the server's answer.
-async fn client_no_device(tcp: &TcpStream) -> io::Result<Fallback> {
-    let (first, done) = client_start(tcp.local_addr()?.ip());
+async fn client_no_device(tcp: &TcpStream, unavailable: bool) -> io::Result<Fallback> {
+    let local = tcp.local_addr()?.ip();
+    let (first, done) = client_start(local, unavailable);
     write_all(tcp, &first).await?;
     if let Some(f) = done {
         return Ok(f);
     }
-    let (answer, f) = client_reply(read_clc(tcp, ClcType::Accept).await?)?;
+    let (answer, f) = client_reply(local, read_clc(tcp, ClcType::Accept).await?)?;
     write_all(tcp, &answer).await?;
     Ok(f)
 }
 
 /// Server without a device: the client's Proposal, declined.
-async fn server_no_device(tcp: &TcpStream) -> io::Result<Fallback> {
+async fn server_no_device(tcp: &TcpStream, unavailable: bool) -> io::Result<Fallback> {
     let local = tcp.local_addr()?.ip();
-    let (answer, f) = server_reply(local, read_clc(tcp, ClcType::Proposal).await?)?;
+    let m = read_clc(tcp, ClcType::Proposal).await?;
+    let (answer, f) = server_reply(local, unavailable, m)?;
     write_all(tcp, &answer).await?;
     Ok(f)
 }
 
-/// Waits until the TCP socket is readable, the endpoint takes completions
-/// (`seen`: its count when the caller last looked) or [`HANDSHAKE_TICK`]
-/// passes.
+/// Whether the handshake waits for the peer's next CLC message (rather than
+/// for a step over the device).
+fn awaits_clc(phase: Option<HandshakePhase>) -> bool {
+    matches!(
+        phase,
+        Some(HandshakePhase::AwaitAccept)
+            | Some(HandshakePhase::AwaitProposal)
+            | Some(HandshakePhase::AwaitConfirm)
+    )
+}
+
+/// Waits until the TCP socket is readable or a tick passes; while a step
+/// runs over the device (`rdma`), also until the endpoint takes completions
+/// (`seen`: its count when the caller last looked). A handshake waiting
+/// for the peer's CLC message does not wake for the device's traffic.
 async fn handshake_wait(
     tcp: &TcpStream,
     shared: &Shared,
-    w: &mut Waiter,
+    chan: &mut Chan,
     seen: u64,
+    rdma: bool,
 ) -> io::Result<()> {
     let mut armed = false;
-    let mut tick = std::pin::pin!(::tokio::time::sleep(HANDSHAKE_TICK));
+    let mut tick = std::pin::pin!(::tokio::time::sleep(if rdma {
+        HANDSHAKE_TICK
+    } else {
+        CLC_TICK
+    }));
     std::future::poll_fn(|cx| {
-        {
+        if rdma {
             let mut ep = shared.lock();
             if !armed {
                 // arm, then look once more: a completion before arming signals nobody
@@ -315,8 +389,10 @@ async fn handshake_wait(
         if tcp.poll_read_ready(cx).is_ready() {
             return Poll::Ready(Ok(()));
         }
-        if let Poll::Ready(r) = w.poll_signal(shared, cx) {
-            return Poll::Ready(r);
+        if rdma {
+            if let Poll::Ready(r) = chan.poll_signal(Dir::Read, shared, cx) {
+                return Poll::Ready(r);
+            }
         }
         tick.as_mut().poll(cx).map(Ok)
     })
@@ -329,16 +405,22 @@ async fn handshake_wait(
 async fn with_endpoint(
     tcp: &TcpStream,
     conn: &SmcConn,
-    w: &mut Waiter,
+    chan: &mut Chan,
 ) -> io::Result<(ConnStatus, Vec<u8>)> {
     let (shared, id) = (&*conn.shared, conn.id);
     let mut leftover = Vec::new();
     let mut buf = [0u8; 1024];
     loop {
-        let (out, status, seen) = {
+        let (out, status, seen, rdma) = {
             let mut ep = shared.lock();
-            let seen = shared.pump(&mut ep);
-            (ep.clc_output(id), ep.status(id), seen)
+            let rdma = !awaits_clc(ep.handshake_phase(id));
+            // (pumped only when the device has a part in the next step)
+            let seen = if rdma {
+                shared.pump(&mut ep)
+            } else {
+                ep.completions()
+            };
+            (ep.clc_output(id), ep.status(id), seen, rdma)
         };
         if !out.is_empty() {
             write_all(tcp, &out).await?;
@@ -349,7 +431,7 @@ async fn with_endpoint(
         match tcp.try_read(&mut buf) {
             Ok(n) => handshake::take_input(shared, id, &buf[..n], &mut leftover),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                handshake_wait(tcp, shared, w, seen).await?
+                handshake_wait(tcp, shared, chan, seen, rdma).await?
             }
             Err(e) => {
                 shared.lock().tcp_closed(id);
@@ -362,9 +444,8 @@ async fn with_endpoint(
 impl SmcStream {
     fn tcp_only(tcp: TcpStream, mode: Mode, pending: Vec<u8>) -> SmcStream {
         SmcStream {
-            tcp,
+            io: Io::Tcp(tcp),
             mode,
-            smc: None,
             pending,
             pending_at: 0,
         }
@@ -400,27 +481,20 @@ impl SmcStream {
         if !opted {
             return Ok(Self::tcp_only(tcp, no_rendezvous(), Vec::new()));
         }
-        if !peer_offered_smc(&tcp) {
+        if !peer_offered_smc(tcp.as_fd()) {
             // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
             let mode = no_smc(DeclineCode::PeerNoSmc);
             return Ok(Self::tcp_only(tcp, mode, Vec::new()));
         }
         let local = tcp.local_addr()?.ip();
         match ctx::endpoint_for(local) {
-            Some(shared) => {
+            ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().connect(local, ctx::now());
-                Self::finish_handshake(
-                    tcp,
-                    SmcConn {
-                        shared,
-                        id,
-                        linger: AtomicBool::new(false),
-                    },
-                )
-                .await
+                Self::finish_handshake(tcp, SmcConn::handshaking(shared, id)).await
             }
-            None => {
-                let f = client_no_device(&tcp).await?;
+            dev => {
+                let unavailable = matches!(dev, ctx::Device::Unavailable);
+                let f = client_no_device(&tcp, unavailable).await?;
                 Ok(Self::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
             }
         }
@@ -428,21 +502,23 @@ impl SmcStream {
 
     /// Runs the handshake of `conn` (released if it does not end in SMC-R).
     async fn finish_handshake(tcp: TcpStream, conn: SmcConn) -> io::Result<SmcStream> {
-        let mut rd = Waiter::default();
-        let (status, leftover) = with_endpoint(&tcp, &conn, &mut rd).await?;
+        let mut chan = Chan::default();
+        let (status, leftover) = with_endpoint(&tcp, &conn, &mut chan).await?;
         match status {
-            ConnStatus::Smc => Ok(SmcStream {
-                tcp,
-                mode: Mode::SmcR,
-                smc: Some(Smc {
-                    conn: Arc::new(conn),
-                    rd,
-                    wr: Waiter::default(),
-                    shut_wr: false,
-                }),
-                pending: Vec::new(),
-                pending_at: 0,
-            }),
+            ConnStatus::Smc => {
+                // the endpoint watches the socket from now on, not the reactor
+                let tcp = Arc::new(tcp.into_std()?);
+                Ok(SmcStream {
+                    io: Io::Smc(Smc {
+                        conn: Arc::new(conn.established(tcp, false)),
+                        chan,
+                        shut_wr: false,
+                    }),
+                    mode: Mode::SmcR,
+                    pending: Vec::new(),
+                    pending_at: 0,
+                })
+            }
             ConnStatus::Fallback { reason, peer } => Ok(Self::tcp_only(
                 tcp,
                 Mode::Tcp(Fallback { reason, peer }),
@@ -454,24 +530,31 @@ impl SmcStream {
     }
 
     /// An async stream from a blocking one (from this library's listener or
-    /// connect). Must be called inside a tokio runtime. The TCP socket is put
-    /// in non-blocking mode, which other handles of it (`try_clone`) share.
+    /// connect). Must be called inside a tokio runtime. A TCP stream's socket
+    /// is put in non-blocking mode, which other handles of it (`try_clone`)
+    /// share.
     pub fn from_std(s: crate::SmcStream) -> io::Result<SmcStream> {
         let p = s.into_parts();
-        p.tcp.set_nonblocking(true)?;
-        Ok(SmcStream {
-            tcp: TcpStream::from_std(p.tcp)?,
-            mode: p.mode,
-            smc: p.smc.map(|conn| {
+        let io = match p.smc {
+            Some(conn) => {
                 // dropping it must not block the runtime (see poll_shutdown)
                 conn.linger.store(false, Ordering::Relaxed);
-                Smc {
+                Io::Smc(Smc {
                     conn,
-                    rd: Waiter::default(),
-                    wr: Waiter::default(),
+                    chan: Chan::default(),
                     shut_wr: false,
-                }
-            }),
+                })
+            }
+            None => {
+                // other handles keep their own descriptor
+                let tcp = Arc::try_unwrap(p.tcp).or_else(|t| t.try_clone())?;
+                tcp.set_nonblocking(true)?;
+                Io::Tcp(TcpStream::from_std(tcp)?)
+            }
+        };
+        Ok(SmcStream {
+            io,
+            mode: p.mode,
             pending: p.pending,
             pending_at: 0,
         })
@@ -479,14 +562,27 @@ impl SmcStream {
 
     /// The blocking stream (in blocking mode, without timeouts).
     pub fn into_std(self) -> io::Result<crate::SmcStream> {
-        let tcp = self.tcp.into_std()?;
-        tcp.set_nonblocking(false)?;
         let mut pending = self.pending;
         pending.drain(..self.pending_at);
+        let (tcp, smc) = match self.io {
+            Io::Smc(s) => {
+                let tcp = s
+                    .conn
+                    .tcp()
+                    .cloned()
+                    .ok_or_else(|| io::Error::other("SMC-R stream without its TCP socket"))?;
+                (tcp, Some(s.conn))
+            }
+            Io::Tcp(t) => {
+                let tcp = t.into_std()?;
+                tcp.set_nonblocking(false)?;
+                (Arc::new(tcp), None)
+            }
+        };
         Ok(crate::SmcStream::from_parts(Parts {
             tcp,
             mode: self.mode,
-            smc: self.smc.map(|s| s.conn),
+            smc,
             pending,
         }))
     }
@@ -496,24 +592,47 @@ impl SmcStream {
         self.mode
     }
 
+    fn std_tcp(&self) -> Option<&std::net::TcpStream> {
+        match &self.io {
+            Io::Smc(s) => s.conn.tcp().map(|t| &**t),
+            Io::Tcp(_) => None,
+        }
+    }
+
+    fn no_socket() -> io::Error {
+        io::Error::other("SMC-R stream without its TCP socket")
+    }
+
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        self.tcp.peer_addr()
+        match &self.io {
+            Io::Tcp(t) => t.peer_addr(),
+            Io::Smc(_) => self.std_tcp().ok_or_else(Self::no_socket)?.peer_addr(),
+        }
     }
 
     /// Our address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.tcp.local_addr()
+        match &self.io {
+            Io::Tcp(t) => t.local_addr(),
+            Io::Smc(_) => self.std_tcp().ok_or_else(Self::no_socket)?.local_addr(),
+        }
     }
 
     /// `TCP_NODELAY` (SMC-R sends at once anyway).
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        self.tcp.set_nodelay(on)
+        match &self.io {
+            Io::Tcp(t) => t.set_nodelay(on),
+            Io::Smc(_) => self.std_tcp().ok_or_else(Self::no_socket)?.set_nodelay(on),
+        }
     }
 
     /// Whether `TCP_NODELAY` is set.
     pub fn nodelay(&self) -> io::Result<bool> {
-        self.tcp.nodelay()
+        match &self.io {
+            Io::Tcp(t) => t.nodelay(),
+            Io::Smc(_) => self.std_tcp().ok_or_else(Self::no_socket)?.nodelay(),
+        }
     }
 }
 
@@ -524,19 +643,22 @@ impl AsyncRead for SmcStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(Smc { conn, rd, .. }) = &mut this.smc {
-            let dst = buf.initialize_unfilled();
-            let n = ready!(rd.poll_op(&conn.shared, cx, |ep| {
-                match ep.read_into(conn.id, dst) {
-                    Ok(0) if dst.is_empty() || ep.peer_done(conn.id) => Some(Ok(0)),
-                    Ok(0) => None,
-                    Ok(n) => Some(Ok(n)),
-                    Err(e) => Some(Err(conn_error(e))),
-                }
-            }))?;
-            buf.advance(n);
-            return Poll::Ready(Ok(()));
-        }
+        let tcp = match &mut this.io {
+            Io::Smc(Smc { conn, chan, .. }) => {
+                let dst = buf.initialize_unfilled();
+                let n = ready!(chan.poll_op(Dir::Read, &conn.shared, cx, |ep| {
+                    match ep.read_into(conn.id, dst) {
+                        Ok(0) if dst.is_empty() || ep.peer_done(conn.id) => Some(Ok(0)),
+                        Ok(0) => None,
+                        Ok(n) => Some(Ok(n)),
+                        Err(e) => Some(Err(conn_error(e))),
+                    }
+                }))?;
+                buf.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            Io::Tcp(t) => t,
+        };
         if this.pending_at < this.pending.len() {
             let rest = &this.pending[this.pending_at..];
             let n = rest.len().min(buf.remaining());
@@ -548,7 +670,7 @@ impl AsyncRead for SmcStream {
             }
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.tcp).poll_read(cx, buf)
+        Pin::new(tcp).poll_read(cx, buf)
     }
 }
 
@@ -558,43 +680,44 @@ impl AsyncWrite for SmcStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        match &mut this.smc {
-            Some(Smc { conn, wr, .. }) => {
+        match &mut self.get_mut().io {
+            Io::Smc(Smc { conn, chan, .. }) => {
                 if buf.is_empty() {
                     return Poll::Ready(Ok(0));
                 }
-                wr.poll_op(&conn.shared, cx, |ep| match ep.write(conn.id, buf) {
-                    Ok(0) => None,
-                    Ok(n) => Some(Ok(n)),
-                    Err(e) => Some(Err(conn_error(e))),
+                chan.poll_op(Dir::Write, &conn.shared, cx, |ep| {
+                    match ep.write(conn.id, buf) {
+                        Ok(0) => None,
+                        Ok(n) => Some(Ok(n)),
+                        Err(e) => Some(Err(conn_error(e))),
+                    }
                 })
             }
-            None => Pin::new(&mut this.tcp).poll_write(cx, buf),
+            Io::Tcp(t) => Pin::new(t).poll_write(cx, buf),
         }
     }
 
     /// Data is posted as it is written (SMC-R) or handed to the kernel (TCP).
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        match &this.smc {
-            Some(_) => Poll::Ready(Ok(())),
-            None => Pin::new(&mut this.tcp).poll_flush(cx),
+        match &mut self.get_mut().io {
+            Io::Smc(_) => Poll::Ready(Ok(())),
+            Io::Tcp(t) => Pin::new(t).poll_flush(cx),
         }
     }
 
     /// Shuts down the write side, as `SmcStream::shutdown(Shutdown::Write)`:
     /// the peer reads end-of-file after everything written before.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        match &mut this.smc {
+        match &mut self.get_mut().io {
             // Ready once the data written and the shutdown have left: a
             // process may exit right after, and no kernel finishes sending
             // for it (dropping an async stream does not wait, so as not to
             // block the runtime; the engine still sends in the background
             // while the process lives).
-            Some(Smc {
-                conn, wr, shut_wr, ..
+            Io::Smc(Smc {
+                conn,
+                chan,
+                shut_wr,
             }) => {
                 let id = conn.id;
                 if !*shut_wr {
@@ -603,9 +726,11 @@ impl AsyncWrite for SmcStream {
                     ep.close(id, CloseEvent::AppShutdownWrite);
                     conn.shared.pump(&mut ep);
                 }
-                wr.poll_op(&conn.shared, cx, |ep| ep.close_sent(id).then_some(Ok(())))
+                chan.poll_op(Dir::Write, &conn.shared, cx, |ep| {
+                    ep.close_sent(id).then_some(Ok(()))
+                })
             }
-            None => Pin::new(&mut this.tcp).poll_shutdown(cx),
+            Io::Tcp(t) => Pin::new(t).poll_shutdown(cx),
         }
     }
 }
@@ -613,30 +738,68 @@ impl AsyncWrite for SmcStream {
 /// A connection's handshake, run inside the listener.
 type Handshake = Pin<Box<dyn Future<Output = io::Result<SmcStream>> + Send>>;
 
-/// Wakes every task waiting in `accept` (the handshakes run inside the
-/// listener, polled by whichever task accepts; this waker stands for all).
+/// Wake-ups of a listener: the tasks waiting in `accept` (the handshakes
+/// run inside the listener, polled by whichever task accepts), and which
+/// handshakes were woken (each has a waker of its own, so that a wake-up
+/// polls only the handshakes it concerns).
 #[derive(Default)]
-struct Wakers(Mutex<Vec<Waker>>);
+struct ListenWake {
+    accept: Mutex<Vec<Waker>>,
+    woken: Mutex<Vec<u64>>,
+}
 
-impl Wakers {
+impl ListenWake {
     fn register(&self, w: &Waker) {
-        let mut v = lock(&self.0);
+        let mut v = lock(&self.accept);
         if !v.iter().any(|x| x.will_wake(w)) {
             v.push(w.clone());
         }
     }
 }
 
-impl Wake for Wakers {
+impl Wake for ListenWake {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        let v = std::mem::take(&mut *lock(&self.0));
+        let v = std::mem::take(&mut *lock(&self.accept));
         for w in v {
             w.wake();
         }
     }
+}
+
+/// The waker of one handshake of a listener.
+struct HandshakeWaker {
+    key: u64,
+    listen: Arc<ListenWake>,
+}
+
+impl Wake for HandshakeWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        lock(&self.listen.woken).push(self.key);
+        self.listen.wake_by_ref();
+    }
+}
+
+/// A handshake in progress inside a listener.
+struct Slot {
+    fut: Handshake,
+    addr: SocketAddr,
+    waker: Waker,
+}
+
+#[derive(Default)]
+struct Handshakes {
+    next_key: u64,
+    slots: HashMap<u64, Slot>,
+    /// Finished connections taken over from a blocking listener.
+    ready: Vec<(SmcStream, SocketAddr)>,
+    /// Taking connections is paused after running out of a resource.
+    paused: Option<Pin<Box<::tokio::time::Sleep>>>,
 }
 
 /// An async listener whose connections use SMC-R when the client can
@@ -644,8 +807,8 @@ impl Wake for Wakers {
 pub struct SmcListener {
     tcp: TcpListener,
     opted: bool,
-    handshakes: Mutex<Vec<(Handshake, SocketAddr)>>,
-    wakers: Arc<Wakers>,
+    hs: Mutex<Handshakes>,
+    wake: Arc<ListenWake>,
 }
 
 impl fmt::Debug for SmcListener {
@@ -663,6 +826,18 @@ enum Arrival {
     Handshake(Handshake),
 }
 
+/// Out of a resource the system may give back later (accept(2): EMFILE,
+/// ENFILE, ENOBUFS, ENOMEM).
+fn out_of_resources(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
+        Some(rustix::io::Errno::MFILE)
+            | Some(rustix::io::Errno::NFILE)
+            | Some(rustix::io::Errno::NOBUFS)
+            | Some(rustix::io::Errno::NOMEM)
+    )
+}
+
 impl SmcListener {
     /// Binds like `tokio::net::TcpListener::bind` (the first address that works).
     pub async fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<SmcListener> {
@@ -678,24 +853,34 @@ impl SmcListener {
     }
 
     /// An async listener from a blocking one. Must be called inside a tokio
-    /// runtime.
+    /// runtime. Connections the blocking listener had finished are kept;
+    /// those still in their handshake are closed.
     pub fn from_std(l: crate::SmcListener) -> io::Result<SmcListener> {
-        let (tcp, opted) = l.into_parts();
+        let (tcp, opted, ready) = l.into_parts();
         tcp.set_nonblocking(true)?;
+        // (taken from the end: the oldest last)
+        let ready = ready
+            .into_iter()
+            .rev()
+            .map(|(s, a)| SmcStream::from_std(s).map(|s| (s, a)))
+            .collect::<io::Result<Vec<_>>>()?;
         Ok(SmcListener {
             tcp: TcpListener::from_std(tcp)?,
             opted,
-            handshakes: Mutex::new(Vec::new()),
-            wakers: Arc::default(),
+            hs: Mutex::new(Handshakes {
+                ready,
+                ..Handshakes::default()
+            }),
+            wake: Arc::default(),
         })
     }
 
     /// The blocking listener (in blocking mode). Connections still in their
-    /// handshake are closed.
+    /// handshake, or finished but not accepted, are closed.
     pub fn into_std(self) -> io::Result<crate::SmcListener> {
         let tcp = self.tcp.into_std()?;
         tcp.set_nonblocking(false)?;
-        Ok(crate::SmcListener::from_parts(tcp, self.opted))
+        crate::SmcListener::from_parts(tcp, self.opted)
     }
 
     /// Our address.
@@ -709,39 +894,73 @@ impl SmcListener {
         std::future::poll_fn(|cx| self.poll_accept(cx)).await
     }
 
-    /// Polls for the next connection whose handshake has finished.
+    /// Polls for the next connection whose handshake has finished. After the
+    /// listener ran out of descriptors or memory taking a connection, the
+    /// error is returned once (as `TcpListener::poll_accept` returns it) and
+    /// no connection is taken for 100 ms (they wait in the kernel's backlog).
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(SmcStream, SocketAddr)>> {
         // register first: a wake-up between the polls below is not lost
-        self.wakers.register(cx.waker());
-        let waker = Waker::from(self.wakers.clone());
-        let mut icx = Context::from_waker(&waker);
-        let mut hs = lock(&self.handshakes);
-        let mut i = 0;
-        while i < hs.len() {
-            match hs[i].0.as_mut().poll(&mut icx) {
-                Poll::Pending => i += 1,
-                Poll::Ready(r) => {
-                    let (_, addr) = hs.remove(i);
-                    match r {
-                        Ok(s) => return Poll::Ready(Ok((s, addr))),
-                        // this connection failed its handshake; serve the others
-                        Err(_) => continue,
-                    }
-                }
+        self.wake.register(cx.waker());
+        let mut hs = lock(&self.hs);
+        if let Some(r) = hs.ready.pop() {
+            return Poll::Ready(Ok(r));
+        }
+        let woken = std::mem::take(&mut *lock(&self.wake.woken));
+        for (i, key) in woken.iter().enumerate() {
+            let Some(slot) = hs.slots.get_mut(key) else {
+                continue;
+            };
+            let waker = slot.waker.clone();
+            let Poll::Ready(r) = slot.fut.as_mut().poll(&mut Context::from_waker(&waker)) else {
+                continue;
+            };
+            let slot = hs.slots.remove(key).expect("polled just now");
+            // (a connection that failed its handshake is closed; serve the others)
+            if let Ok(s) = r {
+                // the others woken are polled next time
+                lock(&self.wake.woken).extend_from_slice(&woken[i + 1..]);
+                cx.waker().wake_by_ref();
+                return Poll::Ready(Ok((s, slot.addr)));
             }
         }
-        while hs.len() < MAX_HANDSHAKES {
-            let (tcp, addr) = match self.tcp.poll_accept(&mut icx) {
+        if let Some(p) = &mut hs.paused {
+            if p.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            hs.paused = None;
+        }
+        let lw = Waker::from(self.wake.clone());
+        let mut lcx = Context::from_waker(&lw);
+        while hs.slots.len() < crate::listen::MAX_HANDSHAKES {
+            let (tcp, addr) = match self.tcp.poll_accept(&mut lcx) {
                 Poll::Pending => break,
-                Poll::Ready(r) => r?,
+                Poll::Ready(Ok(c)) => c,
+                Poll::Ready(Err(e)) if out_of_resources(&e) => {
+                    let mut p = Box::pin(::tokio::time::sleep(PAUSE));
+                    let _ = p.as_mut().poll(cx);
+                    hs.paused = Some(p);
+                    return Poll::Ready(Err(e));
+                }
+                // that connection only (ECONNABORTED, ...)
+                Poll::Ready(Err(_)) => continue,
             };
             match self.arrival(tcp) {
                 Ok(Arrival::Ready(s)) => return Poll::Ready(Ok((s, addr))),
-                Ok(Arrival::Handshake(mut h)) => match h.as_mut().poll(&mut icx) {
-                    Poll::Pending => hs.push((h, addr)),
-                    Poll::Ready(Ok(s)) => return Poll::Ready(Ok((s, addr))),
-                    Poll::Ready(Err(_)) => {}
-                },
+                Ok(Arrival::Handshake(mut fut)) => {
+                    let key = hs.next_key;
+                    hs.next_key += 1;
+                    let waker = Waker::from(Arc::new(HandshakeWaker {
+                        key,
+                        listen: self.wake.clone(),
+                    }));
+                    match fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+                        Poll::Pending => {
+                            hs.slots.insert(key, Slot { fut, addr, waker });
+                        }
+                        Poll::Ready(Ok(s)) => return Poll::Ready(Ok((s, addr))),
+                        Poll::Ready(Err(_)) => {}
+                    }
+                }
                 Err(_) => {}
             }
         }
@@ -756,26 +975,27 @@ impl SmcListener {
                 Vec::new(),
             )));
         }
-        if !peer_offered_smc(&tcp) {
+        if !peer_offered_smc(tcp.as_fd()) {
             let mode = no_smc(DeclineCode::PeerNoSmc);
             return Ok(Arrival::Ready(SmcStream::tcp_only(tcp, mode, Vec::new())));
         }
         let local = tcp.local_addr()?.ip();
         Ok(Arrival::Handshake(match ctx::endpoint_for(local) {
-            Some(shared) => {
+            ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().accept(ctx::now());
                 // the connection is released if the handshake is dropped unpolled
-                let conn = SmcConn {
-                    shared,
-                    id,
-                    linger: AtomicBool::new(false),
-                };
-                Box::pin(SmcStream::finish_handshake(tcp, conn))
+                Box::pin(SmcStream::finish_handshake(
+                    tcp,
+                    SmcConn::handshaking(shared, id),
+                ))
             }
-            None => Box::pin(async move {
-                let f = server_no_device(&tcp).await?;
-                Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
-            }),
+            dev => {
+                let unavailable = matches!(dev, ctx::Device::Unavailable);
+                Box::pin(async move {
+                    let f = server_no_device(&tcp, unavailable).await?;
+                    Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
+                })
+            }
         }))
     }
 }

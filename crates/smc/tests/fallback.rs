@@ -185,3 +185,42 @@ fn a_client_that_vanishes_mid_handshake_fails_that_connection_only() {
     assert_eq!(&back, b"after");
     srv.join().unwrap();
 }
+
+/// Issue 14: a Decline sent without a device carries this process's system
+/// ID, as Linux's carries its `local_systemid`, not an all-zero one. Two
+/// connections of one process carry the same one.
+#[test]
+fn a_decline_without_a_device_carries_this_processs_system_id() {
+    require_root();
+    let fd = common::opted_in_socket();
+    rustix::net::bind(&fd, &"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap()).unwrap();
+    rustix::net::listen(&fd, 8).unwrap();
+    let l = TcpListener::from(fd);
+    let addr = l.local_addr().unwrap();
+    let srv = thread::spawn(move || {
+        (0..2)
+            .map(|_| {
+                let (mut s, _) = l.accept().unwrap();
+                let mut head = [0u8; 8];
+                s.read_exact(&mut head).unwrap();
+                assert_eq!(head[4], 4, "no device: a Decline, not a Proposal");
+                let len = usize::from(u16::from_be_bytes([head[5], head[6]]));
+                let mut msg = head.to_vec();
+                msg.resize(len, 0);
+                s.read_exact(&mut msg[8..]).unwrap();
+                smc_wire::clc::Decline::decode(&msg).unwrap().peer_id
+            })
+            .collect::<Vec<_>>()
+    });
+    for _ in 0..2 {
+        let c = SmcStream::connect(addr).unwrap();
+        assert!(matches!(c.mode(), Mode::Tcp(_)));
+    }
+    let ids = srv.join().unwrap();
+    assert_ne!(
+        ids[0],
+        smc_wire::types::SystemId::default(),
+        "all-zero system ID"
+    );
+    assert_eq!(ids[0], ids[1], "one system ID per process");
+}

@@ -108,3 +108,66 @@ pub fn spawn_self(
     };
     (child, out, port)
 }
+
+/// Descriptors of this process.
+#[allow(dead_code)]
+pub fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("listing needs a descriptor")
+        .count()
+}
+
+/// What this process's descriptors are, by kind (for reports).
+#[allow(dead_code)]
+pub fn fd_kinds() -> String {
+    let mut k = std::collections::BTreeMap::<String, usize>::new();
+    let rd = match std::fs::read_dir("/proc/self/fd") {
+        Ok(rd) => rd,
+        Err(e) => return format!("(cannot list them: {e})"),
+    };
+    for e in rd.flatten() {
+        let l = std::fs::read_link(e.path())
+            .map_or_else(|_| "?".into(), |l| l.to_string_lossy().into_owned());
+        let kind = l.split([':', '[']).next().unwrap_or("?").to_string();
+        *k.entry(kind).or_default() += 1;
+    }
+    format!("{k:?}")
+}
+
+/// Sets the soft descriptor limit (at most the hard one).
+#[allow(dead_code)]
+pub fn set_nofile(n: u64) {
+    let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(lim.maximum.map_or(n, |m| m.min(n))),
+            maximum: lim.maximum,
+        },
+    )
+    .unwrap();
+}
+
+/// A child process that is killed if the test fails.
+#[allow(dead_code)]
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The next line of a child's output containing `marker`, from it on.
+#[allow(dead_code)]
+pub fn line_with(out: &mut std::io::BufReader<std::process::ChildStdout>, marker: &str) -> String {
+    use std::io::BufRead;
+    loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        if let Some(i) = line.find(marker) {
+            return line[i..].trim().to_string();
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! `SmcListener`: CLC handshakes run apart from `accept()`, all at once.
+//!
+//! Linux's listening SMC socket takes every TCP connection off its internal
+//! TCP listener in a work item (af_smc.c `smc_tcp_listen_work`) and runs each
+//! connection's handshake in a work item of its own (`smc_listen_work`);
+//! finished connections, SMC-R or fallback, wait in the accept queue
+//! (`smc_accept_enqueue`) for `accept()`. A client that sends nothing after
+//! its SYN delays no one else.
+//!
+//! Here one driver thread per listener does the same: it accepts TCP
+//! connections, steps every pending handshake without blocking
+//! ([`Accepting::step`]) as its socket becomes readable (or, while a step
+//! runs over the device, every millisecond), and queues the finished
+//! connections. `accept()` takes from that queue. The queue is bounded like a
+//! backlog: while it is full the driver leaves new TCP connections in the
+//! kernel's backlog. At most [`MAX_HANDSHAKES`] handshakes run at once, each
+//! with its own CLC deadlines (6 s per expected message). No thread per
+//! connection.
+
+use crate::handshake::{Accepting, Progress};
+use crate::rendezvous::{peer_offered_smc, socket_for};
+use crate::stream::{no_rendezvous, no_smc, SmcStream};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use smc_wire::clc::DeclineCode;
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The kernel backlog of the TCP listener, and the bound of the queue of
+/// finished connections waiting for `accept()`.
+const BACKLOG: usize = 128;
+
+/// Handshakes a listener runs at once; further connections wait in the
+/// kernel's backlog. Each costs its TCP socket and a few hundred bytes.
+pub(crate) const MAX_HANDSHAKES: usize = 4096;
+
+/// TCP connections taken from the kernel in one round, before the pending
+/// handshakes get their turn.
+const ACCEPT_BATCH: usize = 64;
+
+/// How often pending handshakes are looked at without an event (the
+/// engine's deadlines), and queued connections checked for a reset.
+const TICK: Duration = Duration::from_millis(100);
+
+/// While a handshake step runs over the device (link confirmation, rkey
+/// exchange, a first contact it waits for), how soon it is looked at again.
+const RDMA_TICK: Duration = Duration::from_millis(1);
+
+/// How long the listener stops taking connections after running out of a
+/// resource (descriptors, memory): they wait in the kernel's backlog rather
+/// than having the driver spin on the error.
+const PAUSE: Duration = Duration::from_millis(100);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Finished connections waiting for `accept()`.
+#[derive(Default)]
+struct Queue {
+    ready: VecDeque<(SmcStream, SocketAddr)>,
+    /// A resource error of the TCP listener, for the next `accept()` (as
+    /// `TcpListener::accept` would return it).
+    error: Option<io::Error>,
+    /// The listener is dropped: the driver ends.
+    stop: bool,
+    /// The driver stopped taking connections because `ready` was full.
+    full: bool,
+}
+
+struct Inner {
+    tcp: TcpListener,
+    opted: bool,
+    nonblocking: AtomicBool,
+    q: Mutex<Queue>,
+    cv: Condvar,
+    /// Wakes the driver from its poll (an eventfd).
+    wake: OwnedFd,
+}
+
+impl Inner {
+    fn wake_driver(&self) {
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+
+    fn push(&self, s: SmcStream, addr: SocketAddr) {
+        // until someone accepts it, dropping it need not wait for its close
+        s.set_linger(false);
+        lock(&self.q).ready.push_back((s, addr));
+        self.cv.notify_one();
+    }
+}
+
+/// A listener whose connections use SMC-R when the client can.
+pub struct SmcListener {
+    inner: Arc<Inner>,
+    /// The handshake driver (opted-in listeners only).
+    driver: Option<std::thread::JoinHandle<()>>,
+}
+
+impl fmt::Debug for SmcListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmcListener")
+            .field("tcp", &self.inner.tcp)
+            .field("opted", &self.inner.opted)
+            .finish()
+    }
+}
+
+impl SmcListener {
+    /// Binds like `TcpListener::bind` (the first address that works).
+    pub fn bind<A: ToSocketAddrs>(addr: A) -> io::Result<SmcListener> {
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match Self::bind_one(&a) {
+                Ok(l) => return Ok(l),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no addresses to bind")))
+    }
+
+    fn bind_one(addr: &SocketAddr) -> io::Result<SmcListener> {
+        let (fd, opted) = socket_for(addr)?;
+        rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
+        rustix::net::bind(&fd, addr)?;
+        rustix::net::listen(&fd, BACKLOG as i32)?;
+        Self::start(TcpListener::from(fd), opted, Vec::new())
+    }
+
+    /// A listener on `tcp`, with a driver if it is opted in; `ready` are
+    /// connections already finished.
+    fn start(
+        tcp: TcpListener,
+        opted: bool,
+        ready: Vec<(SmcStream, SocketAddr)>,
+    ) -> io::Result<SmcListener> {
+        tcp.set_nonblocking(opted)?;
+        let wake = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )?;
+        let inner = Arc::new(Inner {
+            tcp,
+            opted,
+            nonblocking: AtomicBool::new(false),
+            q: Mutex::new(Queue {
+                ready: ready.into(),
+                ..Queue::default()
+            }),
+            cv: Condvar::new(),
+            wake,
+        });
+        let driver = if opted {
+            let i = inner.clone();
+            let port = i.tcp.local_addr().map_or(0, |a| a.port());
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("smc-listen-{port}"))
+                    .spawn(move || drive(&i))?,
+            )
+        } else {
+            None
+        };
+        Ok(SmcListener { inner, driver })
+    }
+
+    /// Stops the driver; pending handshakes are closed. Returns the TCP
+    /// listener (in blocking mode) and the finished connections not yet
+    /// accepted.
+    #[cfg(feature = "tokio")]
+    fn stop(mut self) -> (TcpListener, bool, Vec<(SmcStream, SocketAddr)>) {
+        self.stop_driver();
+        let inner = self.inner.clone();
+        drop(self);
+        let inner = Arc::into_inner(inner).expect("the driver has ended");
+        let q = inner.q.into_inner().unwrap_or_else(|e| e.into_inner());
+        let _ = inner.tcp.set_nonblocking(false);
+        (inner.tcp, inner.opted, q.ready.into())
+    }
+
+    fn stop_driver(&mut self) {
+        if let Some(d) = self.driver.take() {
+            lock(&self.inner.q).stop = true;
+            self.inner.wake_driver();
+            let _ = d.join();
+        }
+    }
+
+    /// The listening socket, whether it is opted in to the SMC option, and
+    /// the connections that finished their handshake (those still in it are
+    /// closed).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_parts(self) -> (TcpListener, bool, Vec<(SmcStream, SocketAddr)>) {
+        self.stop()
+    }
+
+    /// A listener from its parts.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn from_parts(tcp: TcpListener, opted: bool) -> io::Result<SmcListener> {
+        Self::start(tcp, opted, Vec::new())
+    }
+
+    /// Accepts the next connection whose handshake has finished (SMC-R or a
+    /// TCP fallback). Handshakes run in the listener's driver thread whether
+    /// or not someone is in `accept()`; a connection whose handshake fails (a
+    /// peer sending garbage, vanishing or staying silent for 6 s) is closed
+    /// there, as Linux's listen worker does. If the listener ran out of
+    /// descriptors or memory taking a connection, the error is returned once
+    /// (as `TcpListener::accept` returns it) and the connection waits in the
+    /// kernel's backlog.
+    pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
+        if self.driver.is_none() {
+            let (tcp, addr) = self.inner.tcp.accept()?;
+            return Ok((SmcStream::tcp_only(tcp, no_rendezvous(), Vec::new()), addr));
+        }
+        let mut q = lock(&self.inner.q);
+        loop {
+            if let Some((s, addr)) = q.ready.pop_front() {
+                let resume = std::mem::take(&mut q.full);
+                drop(q);
+                if resume {
+                    self.inner.wake_driver();
+                }
+                s.set_linger(true);
+                return Ok((s, addr));
+            }
+            if let Some(e) = q.error.take() {
+                return Err(e);
+            }
+            if self.inner.nonblocking.load(Ordering::Relaxed) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            q = self.inner.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// An iterator over incoming connections.
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<SmcStream>> + '_ {
+        std::iter::from_fn(move || Some(self.accept().map(|(s, _)| s)))
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.tcp.local_addr()
+    }
+
+    /// Non-blocking accept: `WouldBlock` while no finished connection waits.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        if self.driver.is_none() {
+            return self.inner.tcp.set_nonblocking(on);
+        }
+        self.inner.nonblocking.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Drop for SmcListener {
+    /// Stops the driver: handshakes in progress and connections nobody
+    /// accepted are closed.
+    fn drop(&mut self) {
+        self.stop_driver();
+    }
+}
+
+/// A freshly accepted TCP connection: ready at once, or handshaking.
+enum Arrival {
+    Ready(SmcStream),
+    Handshake(Accepting),
+}
+
+fn arrival(tcp: std::net::TcpStream, opted: bool) -> io::Result<Arrival> {
+    if !opted {
+        return Ok(Arrival::Ready(SmcStream::tcp_only(
+            tcp,
+            no_rendezvous(),
+            Vec::new(),
+        )));
+    }
+    if !peer_offered_smc(tcp.as_fd()) {
+        // The SYN lacked the option: no CLC at all (Linux: PEERNOSMC).
+        let mode = no_smc(DeclineCode::PeerNoSmc);
+        return Ok(Arrival::Ready(SmcStream::tcp_only(tcp, mode, Vec::new())));
+    }
+    Ok(Arrival::Handshake(Accepting::start(tcp)?))
+}
+
+/// Out of a resource the system may give back later (accept(2): EMFILE,
+/// ENFILE, ENOBUFS, ENOMEM): the connection stays in the backlog.
+fn out_of_resources(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
+        Some(rustix::io::Errno::MFILE)
+            | Some(rustix::io::Errno::NFILE)
+            | Some(rustix::io::Errno::NOBUFS)
+            | Some(rustix::io::Errno::NOMEM)
+    )
+}
+
+/// A handshake in progress and what it waits for.
+struct Pending {
+    hs: Accepting,
+    addr: SocketAddr,
+    wait: Progress,
+}
+
+/// The driver thread: takes TCP connections, steps handshakes, queues
+/// finished connections, until the listener is dropped.
+fn drive(inner: &Inner) {
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut paused_until: Option<Instant> = None;
+    let mut next_tick = Instant::now() + TICK;
+    let mut wake_buf = [0u8; 8];
+    loop {
+        let (stop, room) = {
+            let mut q = lock(&inner.q);
+            let room = q.ready.len() < BACKLOG;
+            q.full = !room;
+            (q.stop, room)
+        };
+        if stop {
+            return;
+        }
+        let now = Instant::now();
+        if paused_until.is_some_and(|t| now >= t) {
+            paused_until = None;
+        }
+        let accepting = room && pending.len() < MAX_HANDSHAKES && paused_until.is_none();
+        let rdma = pending
+            .iter()
+            .any(|p| matches!(p.wait, Progress::Wait { rdma: true, .. }));
+        let timeout = if rdma {
+            Some(RDMA_TICK)
+        } else if !pending.is_empty() || !lock(&inner.q).ready.is_empty() {
+            Some(next_tick.saturating_duration_since(now))
+        } else {
+            paused_until.map(|t| t.saturating_duration_since(now))
+        };
+        // poll: the wake-up, the listener (if taking connections), every
+        // pending handshake's socket
+        let (woken, listener_ready, ready): (bool, bool, Vec<bool>) = {
+            let mut pfd = Vec::with_capacity(pending.len() + 2);
+            pfd.push(PollFd::new(&inner.wake, PollFlags::IN));
+            pfd.push(PollFd::new(
+                &inner.tcp,
+                if accepting {
+                    PollFlags::IN
+                } else {
+                    PollFlags::empty()
+                },
+            ));
+            for p in &pending {
+                let f = match p.wait {
+                    Progress::Wait { write: true, .. } => PollFlags::OUT,
+                    _ => PollFlags::IN,
+                };
+                pfd.push(PollFd::new(p.hs.tcp(), f));
+            }
+            let ts = timeout.map(|t| Timespec {
+                tv_sec: t.as_secs() as i64,
+                tv_nsec: i64::from(t.subsec_nanos()),
+            });
+            let _ = rustix::event::poll(&mut pfd, ts.as_ref());
+            let r: Vec<bool> = pfd.iter().map(|p| !p.revents().is_empty()).collect();
+            (r[0], r[1], r[2..].to_vec())
+        };
+        if woken {
+            let _ = rustix::io::read(&inner.wake, &mut wake_buf);
+        }
+        let now = Instant::now();
+        let tick = now >= next_tick;
+        if tick {
+            next_tick = now + TICK;
+        }
+        // step the handshakes that can go on (all of them at a tick, for
+        // their deadlines)
+        let mut finished = Vec::new();
+        for (k, p) in pending.iter_mut().enumerate() {
+            let due = ready.get(k).copied().unwrap_or(false)
+                || tick
+                || matches!(p.wait, Progress::Wait { rdma: true, .. });
+            if due {
+                p.wait = p.hs.step();
+                if p.wait == Progress::Done {
+                    finished.push(k);
+                }
+            }
+        }
+        for k in finished.into_iter().rev() {
+            let p = pending.swap_remove(k);
+            if let Some(s) = p.hs.into_stream() {
+                inner.push(s, p.addr);
+            }
+        }
+        if tick {
+            // queued SMC-R connections reset meanwhile (their TCP connection
+            // ended, their peer is gone): nobody will want them
+            lock(&inner.q).ready.retain(|(s, _)| !s.smc_gone());
+        }
+        if accepting && listener_ready {
+            for _ in 0..ACCEPT_BATCH {
+                if pending.len() >= MAX_HANDSHAKES || lock(&inner.q).ready.len() >= BACKLOG {
+                    break;
+                }
+                match inner.tcp.accept() {
+                    Ok((tcp, addr)) => match arrival(tcp, inner.opted) {
+                        Ok(Arrival::Ready(s)) => inner.push(s, addr),
+                        Ok(Arrival::Handshake(mut hs)) => {
+                            let wait = hs.step();
+                            if wait == Progress::Done {
+                                if let Some(s) = hs.into_stream() {
+                                    inner.push(s, addr);
+                                }
+                            } else {
+                                pending.push(Pending { hs, addr, wait });
+                            }
+                        }
+                        // this connection could not be set up; it is closed
+                        Err(_) => {}
+                    },
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if out_of_resources(&e) => {
+                        paused_until = Some(Instant::now() + PAUSE);
+                        let mut q = lock(&inner.q);
+                        if q.error.is_none() {
+                            q.error = Some(e);
+                            inner.cv.notify_all();
+                        }
+                        break;
+                    }
+                    // that connection only (ECONNABORTED, ...)
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}
