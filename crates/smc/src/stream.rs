@@ -113,6 +113,7 @@ impl SmcConn {
     }
 
     /// The TCP socket of an established connection.
+    #[cfg(feature = "tokio")]
     pub(crate) fn tcp(&self) -> Option<&Arc<TcpStream>> {
         self.tcp.as_ref()
     }
