@@ -1094,7 +1094,16 @@ impl<P: Provider> Endpoint<P> {
                         self.conn(id).map(|c| &c.phase),
                         Some(Phase::AwaitLink { .. })
                     ) {
+                        // Both ends are past CONFIRM_LINK and count the
+                        // connection established: a peer RMB we cannot ready
+                        // now costs it its life (an abort CDC, which needs no
+                        // rkey), as on a reused group's Confirm.
+                        let slot = self.conn(id).and_then(|c| c.link);
+                        let prepared = slot.is_some_and(|s| self.prepare_peer_rmb(id, s).is_ok());
                         self.established(id);
+                        if !prepared {
+                            self.abort_now(id);
+                        }
                     }
                 }
             }
@@ -1239,17 +1248,16 @@ impl<P: Provider> Endpoint<P> {
             .min_by_key(|&s| (loads[s], s))
     }
 
-    /// First contact: connects the first link's QP to the peer's, readies it
-    /// for the peer RMB of connection `id` (see [`Self::prepare_peer_rmb`]) and
-    /// starts the CONFIRM_LINK exchange (§1.7). The peer RMB is readied before
-    /// CONFIRM_LINK goes out: a failure then is a plain Decline of this
-    /// connection, while after the exchange one end would already be
-    /// established. Errors are the Decline codes: ERR_RDYLNK for the QP (as
-    /// Linux's failed `smc_ib_ready_link`), ERR_RTOK / MEM for the peer RMB.
+    /// First contact: connects the first link's QP to the peer's and starts
+    /// the CONFIRM_LINK exchange (§1.7). The peer RMB of the connection is
+    /// readied once the link is active ([`LgrAction::EstablishWaiting`]): a
+    /// provider may reach peer memory only over a link both ends have
+    /// brought to RTS (the shm device authenticates its peer then), and the
+    /// client's QP reaches RTS only with the CONFIRM_LINK request. Errors are
+    /// the Decline code ERR_RDYLNK (as Linux's failed `smc_ib_ready_link`).
     fn connect_first_link(
         &mut self,
         l: LgrId,
-        id: ConnId,
         peer: PeerPort,
         now: Timestamp,
     ) -> std::result::Result<(), DeclineCode> {
@@ -1267,7 +1275,6 @@ impl<P: Provider> Endpoint<P> {
             .ok_or(DeclineCode::ErrRdyLnk)?;
         res.connect(&peer, mtu)
             .map_err(|_| DeclineCode::ErrRdyLnk)?;
-        self.prepare_peer_rmb(id, 0)?;
         let (gid, mac) = (self.gid, self.mac);
         let lg = self
             .lgrs
@@ -1453,7 +1460,7 @@ impl<P: Provider> Endpoint<P> {
             if !self.setup_datapath(id, &a) {
                 return self.decline(id, version, DeclineCode::ErrRtok);
             }
-            if let Err(code) = self.connect_first_link(l, id, peer, now) {
+            if let Err(code) = self.connect_first_link(l, peer, now) {
                 return self.decline(id, version, code);
             }
             match self.our_accept_confirm(
@@ -1706,7 +1713,7 @@ impl<P: Provider> Endpoint<P> {
                 mtu: c.qp_mtu,
             };
             // (the client waits for CONFIRM_LINK or our Decline)
-            if let Err(code) = self.connect_first_link(l, id, peer, now) {
+            if let Err(code) = self.connect_first_link(l, peer, now) {
                 return self.decline(id, version, code);
             }
             if let Some(x) = self.conn(id) {

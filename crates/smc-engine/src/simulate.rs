@@ -115,10 +115,11 @@ impl Rng {
 /// descriptors, a peer region that went away): the sim fabric with that one
 /// fault added. Each call fails with probability `percent`, decided by the
 /// run's own generator, so a seed replays the same failures; `fail_next`
-/// calls fail in any case (tests).
+/// calls after the next `pass_first` fail in any case (tests).
 struct PrepareFaults {
     rng: Rng,
     percent: u64,
+    pass_first: usize,
     fail_next: usize,
     failed: usize,
 }
@@ -159,6 +160,7 @@ impl Faulty {
             faults: Arc::new(Mutex::new(PrepareFaults {
                 rng: Rng::new(seed),
                 percent,
+                pass_first: 0,
                 fail_next: 0,
                 failed: 0,
             })),
@@ -167,7 +169,13 @@ impl Faulty {
 
     /// The next `n` calls fail.
     pub fn fail_next_prepares(&self, n: usize) {
+        self.fail_prepares_after(0, n);
+    }
+
+    /// The `n` calls after the next `pass` fail.
+    pub fn fail_prepares_after(&self, pass: usize, n: usize) {
         if let Ok(mut f) = self.faults.lock() {
+            f.pass_first = pass;
             f.fail_next = n;
         }
     }
@@ -269,7 +277,10 @@ impl QueuePair for FaultyQp {
             .lock()
             .map_err(|_| smc_rdma::Error::InvalidArgument("prepare fault state poisoned".into()))?;
         let p = f.percent;
-        let fail = if f.fail_next > 0 {
+        let fail = if f.pass_first > 0 {
+            f.pass_first -= 1;
+            false
+        } else if f.fail_next > 0 {
             f.fail_next -= 1;
             true
         } else {
@@ -477,6 +488,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         faults: Arc::new(Mutex::new(PrepareFaults {
             rng: prng,
             percent,
+            pass_first: 0,
             fail_next: 0,
             failed: 0,
         })),

@@ -243,56 +243,53 @@ impl FaultyWorld {
 }
 
 #[test]
-fn a_first_contact_whose_peer_rmb_cannot_be_readied_is_declined() {
-    // the client's prepare at the Accept, then the server's at the Confirm
-    for (calls_before, code_side) in [(0, "client"), (1, "server")] {
+fn a_first_contact_whose_peer_rmb_cannot_be_readied_is_aborted_alone() {
+    // A first contact readies the peer RMB once the link is active (both
+    // QPs in RTS), when both ends already count the connection established:
+    // the side whose prepare fails aborts it, the other sees the abort, and
+    // the group goes on serving the next connection.
+    for (first, side) in [(0, "client"), (1, "server")] {
         let mut w = FaultyWorld::new();
         let mut t = w.open();
-        if calls_before == 0 {
-            w.p.fail_next_prepares(1);
-        }
-        w.step(&mut [&mut t]); // Proposal
-        w.step(&mut [&mut t]); // Accept → client
-        if calls_before == 1 {
-            w.p.fail_next_prepares(1);
-        }
+        // the client's prepare comes first (CONFIRM_LINK request), the
+        // server's with the response
+        w.p.fail_prepares_after(first, 1);
         w.settle(&mut [&mut t], Duration::from_millis(2));
-        assert_eq!(w.p.failed_prepares(), 1, "{code_side}");
-        let (decliner, other) = if calls_before == 0 {
-            (w.client.status(t.c), w.server.status(t.s))
+        assert_eq!(w.p.failed_prepares(), 1, "{side}");
+        assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc), "{side}");
+        assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc), "{side}");
+        let (failed, other) = if first == 0 {
+            (&mut w.client, t.s)
         } else {
-            (w.server.status(t.s), w.client.status(t.c))
+            (&mut w.server, t.c)
         };
-        // (the sim fabric's failure is "out of reach": ERR_RTOK)
-        let code = match decliner {
-            Some(ConnStatus::Fallback { reason, peer: None }) => reason,
-            s => panic!("{code_side}: {s:?}"),
+        let failed_id = if first == 0 { t.c } else { t.s };
+        assert!(
+            failed.sent_close_flags(failed_id).unwrap().abort,
+            "{side}: aborted"
+        );
+        let (oc, os) = if first == 0 {
+            (&mut w.server, other)
+        } else {
+            (&mut w.client, other)
         };
         assert!(
-            matches!(code, DeclineCode::ErrRtok | DeclineCode::Mem),
-            "{code_side}: {code:?}"
-        );
-        assert_eq!(
-            other,
-            Some(ConnStatus::Fallback {
-                reason: DeclineCode::PeerDecl,
-                peer: Some(code)
-            }),
-            "{code_side}"
+            oc.read(os, 10).is_err() || oc.peer_closed(os),
+            "{side}: the peer sees the abort"
         );
         assert!(
             t.c2s.is_empty() && t.s2c.is_empty(),
-            "{code_side}: CLC left over"
+            "{side}: CLC left over"
         );
         w.client.release(t.c);
         w.server.release(t.s);
         w.settle(&mut [], Duration::from_millis(1));
-        assert_eq!((w.client.link_groups(), w.server.link_groups()), (0, 0));
-        // and the next connection makes its first contact over SMC-R
+        // and the next connection runs over SMC-R
         let mut t2 = w.open();
         w.settle(&mut [&mut t2], Duration::from_millis(2));
-        assert_eq!(w.client.status(t2.c), Some(ConnStatus::Smc), "{code_side}");
-        assert_eq!(w.server.status(t2.s), Some(ConnStatus::Smc), "{code_side}");
+        assert_eq!(w.client.status(t2.c), Some(ConnStatus::Smc), "{side}");
+        assert_eq!(w.server.status(t2.s), Some(ConnStatus::Smc), "{side}");
+        w.echo_check(&mut t2, &mut []);
     }
 }
 
