@@ -119,7 +119,8 @@ pub fn poll_raw(fds: &mut [(RawFd, i16, i16)], timeout: Option<Duration>) -> io:
 ///
 /// A mapping does not need its descriptor: [`SharedMem::close_fd`] drops it
 /// once nobody needs it any more (it is only kept to hand it to a peer), and
-/// [`SharedMem::map_peer`] maps a peer's memfd without keeping one.
+/// [`SharedMem::map_peer`] and [`SharedMem::map_peer_range`] map a peer's
+/// memfd (or one range of it) without keeping one.
 #[derive(Debug)]
 pub struct SharedMem {
     ptr: NonNull<u8>,

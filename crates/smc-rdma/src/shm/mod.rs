@@ -23,14 +23,14 @@
 //!   the crate README the threat model).
 //! * Registered memory is memfd-backed (`pd.alloc_mr`), so an RDMA WRITE is
 //!   one memcpy straight into the peer's mapping. The remote-access regions
-//!   of a PD are ranges of a few memfds of that PD ([`arena`]), handed out
-//!   as (memfd, offset, length); the peer maps only the range. The writer checks bounds and
-//!   access against what the owner told it (and the region's validity word,
-//!   so deregistration stops a correct writer at once); these checks catch
-//!   bugs, the owner's protection is that it hands a region only to the QP
-//!   it is meant for. A violation completes the WR with `RemoteAccessError`
-//!   and moves the writer's QP to ERR; nothing outside the region is ever
-//!   touched.
+//!   of a PD are ranges of a few memfds of that PD (`arena.rs`), handed out
+//!   as (memfd, offset, length); the peer maps only the range. The writer
+//!   checks bounds and access against what the owner told it (and the
+//!   region's validity word, so deregistration stops a correct writer at
+//!   once); these checks catch bugs, the owner's protection is that it
+//!   hands a region only to the QP it is meant for. A violation completes
+//!   the WR with `RemoteAccessError` and moves the writer's QP to ERR;
+//!   nothing outside the region is ever touched.
 //! * SENDs (and WRITE WITH IMMEDIATE) are slots of the peer's receive ring,
 //!   published with a release store *after* any earlier WRITE's copy, so the
 //!   receiver sees written data before a later SEND (RC ordering). The
@@ -42,8 +42,9 @@
 //!   never bookkeeping.
 //! * Descriptors: a mapping keeps no descriptor. The remote-access regions
 //!   of a PD share a few memfds (kept to hand them out); a local-only
-//!   region, a peer's region or ring, keep none. A connected QP holds the socket it
-//!   dialed, the socket its peer dialed and the peer's channel eventfd(s).
+//!   region, a peer's region or ring, keep none. A connected QP holds the
+//!   socket it dialed, the socket its peer dialed and the peer's channel
+//!   eventfd(s).
 //! * There is no data-path thread: posting copies in the caller's thread, and
 //!   polling a CQ makes progress. The device thread only handles rendezvous,
 //!   region requests, port state, heartbeats and peer death (socket hang-up
@@ -1048,7 +1049,8 @@ fn new_ring() -> Result<(Arc<SharedMem>, Option<OwnedFd>)> {
     Ok((Arc::new(m), fd))
 }
 
-/// A memory region of an `shm` device (shared memory, see [`LocalMr`]).
+/// A memory region of an `shm` device (shared memory: a slice of its PD's
+/// arena if registered for remote access, else a mapping of its own).
 pub struct ShmMr {
     dev: Arc<DevShared>,
     mr: Arc<LocalMr>,
