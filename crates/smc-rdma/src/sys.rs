@@ -119,7 +119,8 @@ pub fn poll_raw(fds: &mut [(RawFd, i16, i16)], timeout: Option<Duration>) -> io:
 ///
 /// A mapping does not need its descriptor: [`SharedMem::close_fd`] drops it
 /// once nobody needs it any more (it is only kept to hand it to a peer), and
-/// [`SharedMem::map_peer`] maps a peer's memfd without keeping one.
+/// [`SharedMem::map_peer`] and [`SharedMem::map_peer_range`] map a peer's
+/// memfd (or one range of it) without keeping one.
 #[derive(Debug)]
 pub struct SharedMem {
     ptr: NonNull<u8>,
@@ -167,18 +168,23 @@ impl SharedMem {
     /// Maps a memfd received from another process; its size comes from fstat
     /// so a lying peer cannot make us access beyond the file.
     pub fn map(fd: OwnedFd) -> io::Result<SharedMem> {
-        // SAFETY: fstat writes into a zeroed local stat struct.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid fd and pointer to a local stat.
-        cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-        let len = st.st_size as usize;
+        let len = file_size(fd.as_fd())?;
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "empty shared memory",
             ));
         }
-        // SAFETY: mapping a regular shared file of `len` bytes at a kernel-chosen address.
+        Self::map_at(fd, 0, len)
+    }
+
+    /// Maps `len` bytes of `fd` from `off` (page aligned, inside the file),
+    /// keeping the descriptor.
+    fn map_at(fd: OwnedFd, off: u64, len: usize) -> io::Result<SharedMem> {
+        let off = libc::off_t::try_from(off).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: mapping `len` bytes of a regular shared file at a
+        // kernel-chosen address; the callers checked that the range lies in
+        // the file (and the kernel refuses an unaligned offset).
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -186,7 +192,7 @@ impl SharedMem {
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
-                0,
+                off,
             )
         };
         if p == libc::MAP_FAILED {
@@ -206,24 +212,61 @@ impl SharedMem {
     /// a page fault) and exactly `len` bytes long (a peer cannot make us
     /// reserve more address space than the protocol says).
     pub fn map_peer(fd: OwnedFd, len: usize) -> io::Result<SharedMem> {
-        // SAFETY: F_GET_SEALS on a valid descriptor; fails with EINVAL for
-        // anything but a memfd (shmem or hugetlbfs).
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        check_peer_seals(fd.as_fd())?;
+        let size = file_size(fd.as_fd())?;
+        if size != len || len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                "peer memory is not a memfd sealed against shrinking",
+                format!("peer memory is {size} bytes, expected {len}"),
             ));
         }
-        let mut m = Self::map(fd)?;
-        if m.len != len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("peer memory is {} bytes, expected {len}", m.len),
-            ));
-        }
+        let mut m = Self::map_at(fd, 0, len)?;
         m.fd = None;
         Ok(m)
+    }
+
+    /// Maps `len` bytes at `off` of memory a peer handed us (one region of a
+    /// larger memfd) and closes the descriptor. Refused unless the memfd is
+    /// sealed against shrinking (see [`SharedMem::map_peer`]), `off` is page
+    /// aligned and the range lies inside it. Only the range is mapped, so a
+    /// peer cannot make us reserve more address space than the protocol
+    /// says, whatever the size of the file.
+    pub fn map_peer_range(fd: OwnedFd, off: u64, len: usize) -> io::Result<SharedMem> {
+        check_peer_seals(fd.as_fd())?;
+        let size = file_size(fd.as_fd())? as u64;
+        let end = off.checked_add(len as u64);
+        if len == 0 || !off.is_multiple_of(page_size() as u64) || end.is_none_or(|e| e > size) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{len} bytes at {off} are not a page-aligned range of the peer's {size}"),
+            ));
+        }
+        let mut m = Self::map_at(fd, off, len)?;
+        m.fd = None;
+        Ok(m)
+    }
+
+    /// Gives the pages of `len` bytes at `off` (page aligned) back to the
+    /// system (`MADV_REMOVE`, a hole punched in the memfd): they read as
+    /// zeros afterwards, in every process that maps them, and cost no
+    /// memory until written again.
+    pub fn discard(&self, off: usize, len: usize) -> io::Result<()> {
+        self.check(off, len)?;
+        let page = page_size();
+        if !off.is_multiple_of(page) || !len.is_multiple_of(page) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "discarding an unaligned range",
+            ));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: a page-aligned range inside our shared, writable mapping.
+        // Its bytes become zeros under whoever accesses them, as when a peer
+        // writes them: all access goes through raw copies and atomics.
+        cvt(unsafe { libc::madvise(self.ptr.as_ptr().add(off).cast(), len, libc::MADV_REMOVE) })?;
+        Ok(())
     }
 
     /// Mapping length.
@@ -329,6 +372,39 @@ impl Drop for SharedMem {
         // into it outlive self (atomics borrow self).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
+}
+
+/// The size of the file behind `fd`.
+fn file_size(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    // SAFETY: fstat writes into a zeroed local stat struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and pointer to a local stat.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    usize::try_from(st.st_size).map_err(|_| io::ErrorKind::InvalidData.into())
+}
+
+/// Memory from a peer must be a memfd sealed against shrinking.
+fn check_peer_seals(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_GET_SEALS on a valid descriptor; fails with EINVAL for
+    // anything but a memfd (shmem or hugetlbfs).
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "peer memory is not a memfd sealed against shrinking",
+        ));
+    }
+    Ok(())
+}
+
+/// The system's page size.
+pub fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(p).ok().filter(|p| *p > 0).unwrap_or(4096)
+    })
 }
 
 /// A unix `SOCK_SEQPACKET` socket that can pass descriptors.
@@ -962,6 +1038,60 @@ mod tests {
         let f = std::fs::File::open(&path).unwrap();
         assert!(SharedMem::map_peer(f.into(), 8192).is_err());
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn peer_ranges_are_page_aligned_and_inside_a_sealed_memfd() {
+        let page = page_size();
+        let a = SharedMem::create("t", 4 * page).unwrap();
+        let dup = || a.fd().unwrap().try_clone_to_owned().unwrap();
+        a.write(2 * page + 5, b"range").unwrap();
+        let m = SharedMem::map_peer_range(dup(), 2 * page as u64, page + 100).unwrap();
+        assert!(m.fd().is_none(), "the peer's descriptor is kept");
+        assert_eq!(m.len(), page + 100, "only the range is mapped");
+        let mut b = [0u8; 5];
+        m.read(5, &mut b).unwrap();
+        assert_eq!(&b, b"range");
+        assert!(m.read(page + 100, &mut [0u8; 1]).is_err());
+        for (off, len) in [
+            (3 * page as u64, page + 1), // past the end
+            (100, page),                 // unaligned
+            (!(page as u64 - 1), page),  // overflows
+            (0, 0),
+        ] {
+            let r = SharedMem::map_peer_range(dup(), off, len);
+            assert_eq!(
+                r.map(|_| ()).unwrap_err().kind(),
+                io::ErrorKind::InvalidData,
+                "{off} {len}"
+            );
+        }
+        let path = std::env::temp_dir().join(format!("smc-sys-range-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4 * page]).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        assert!(SharedMem::map_peer_range(f.into(), 0, page).is_err());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn discarded_pages_read_as_zeros_everywhere() {
+        let page = page_size();
+        let a = SharedMem::create("t", 4 * page).unwrap();
+        let b = SharedMem::map_peer_range(
+            a.fd().unwrap().try_clone_to_owned().unwrap(),
+            page as u64,
+            2 * page,
+        )
+        .unwrap();
+        a.fill(0, 4 * page, 0x5a).unwrap();
+        a.discard(page, page).unwrap();
+        let mut x = [0u8; 2];
+        a.read(page - 1, &mut x).unwrap();
+        assert_eq!(x, [0x5a, 0], "only the range goes");
+        b.read(page - 1, &mut x).unwrap();
+        assert_eq!(x, [0, 0x5a], "the peer's mapping sees the hole");
+        assert!(a.discard(1, page).is_err(), "unaligned");
+        assert!(a.discard(3 * page, 2 * page).is_err(), "out of bounds");
     }
 
     #[test]

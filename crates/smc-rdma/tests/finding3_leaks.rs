@@ -352,3 +352,79 @@ fn finding3_a_destroyed_qp_lets_go_of_its_peer() {
     drop((mr, ro_mr, scq, rcq, chan, pd, dev, peer));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Bytes of memory the PD arenas of this process hold (pages of their
+/// memfds, whether or not anybody maps them).
+fn arena_bytes() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:smc-pd-arena"))
+        })
+        .filter_map(|e| std::fs::metadata(e.path()).ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+/// A long-lived PD (a link group's) does not keep its peak: regions come
+/// and go while one stays (so its arena's first memfd stays open); the peer
+/// process writes each of them whole. What went gives its memory back —
+/// a hole is punched where it was — also the pages the peer wrote through
+/// its own mapping.
+#[test]
+fn finding3_a_long_lived_pd_does_not_keep_its_peak() {
+    let _serial = serial();
+    setup!(need_lo());
+    let dir = rundir();
+    let cfg = dir.join("shm.conf");
+    std::fs::write(&cfg, lo_config(&dir).to_text()).unwrap();
+    let p = ShmProvider::new(lo_config(&dir));
+    let dev = p.open_device("shm0").unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let chan = dev.create_channel().unwrap();
+    let gid = dev.query_port(1).unwrap().gids[0].gid;
+    let s = server_side(&dev, &pd, &chan);
+    let mut peer = spawn_peer(&cfg);
+    peer.cmd(&format!("connect {}", s.info(gid).to_line()))
+        .unwrap();
+    s.connect(&peer.info);
+    let base = arena_bytes();
+    for round in 0..3u64 {
+        let mrs: Vec<_> = (0..8)
+            .map(|_| {
+                pd.alloc_mr(REGION, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                    .unwrap()
+            })
+            .collect();
+        for (i, m) in mrs.iter().enumerate() {
+            let r = m.remote();
+            let seed = 100 * round + i as u64;
+            let st = peer
+                .cmd(&format!("write {} {} {REGION} {seed}", r.rkey, r.addr))
+                .unwrap();
+            assert_eq!(st, "Success");
+            let mut b = vec![0u8; 64];
+            m.read_at(REGION - 64, &mut b).unwrap();
+            assert_eq!(b, pattern(seed, REGION)[REGION - 64..]);
+        }
+        let peak = arena_bytes();
+        assert!(
+            peak >= base + 8 * REGION as u64,
+            "the peer's writes are not in the arena: {base} -> {peak}"
+        );
+        drop(mrs);
+        let now = arena_bytes();
+        assert!(
+            now <= base,
+            "round {round}: the arena keeps {now} bytes, {base} before the regions came"
+        );
+    }
+    assert_eq!(s.qp.state(), QpState::Rts);
+    let _ = peer.cmd("quit");
+    let _ = peer.child.wait();
+    drop((s, chan, pd, dev));
+    let _ = std::fs::remove_dir_all(&dir);
+}

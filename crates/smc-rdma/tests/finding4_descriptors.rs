@@ -1,10 +1,11 @@
 //! Issue 13, finding 4 (the provider's part): descriptors. What a connected
 //! QP, a region and a connection cost is counted exactly (a connection — an
 //! RMB, a send buffer and the peer's RMB readied with `prepare_remote` —
-//! costs one: its RMB's memfd, kept to hand it to the peer); and a process at
-//! its descriptor limit keeps its existing QPs working (traffic,
-//! heartbeats), refuses new work cleanly, and its device thread does not
-//! spin.
+//! costs nothing of its own: the remote-access regions of a PD share a few
+//! memfds, its arena's chunks, kept to hand them to the peer, so 255 RMBs of
+//! one link group cost a handful of descriptors); and a process at its
+//! descriptor limit keeps its existing QPs working (traffic, heartbeats),
+//! refuses new work cleanly, and its device thread does not spin.
 mod common;
 
 use common::*;
@@ -84,11 +85,15 @@ fn parse_mr(s: &str) -> RemoteMr {
 }
 
 /// Exact descriptor costs, in the process that owns them (the peer is
-/// another process): a device instance 5, a channel 1, CQs and PDs 0, a
-/// remote-access region 1, a local-only region 0, a
-/// connected QP 3 (the socket it dialed, the socket its peer dialed, the
-/// peer's completion channel), a readied or written peer region 0 — so a
-/// connection (RMB + send buffer + the peer's RMB readied) costs 1.
+/// another process): a device instance 5, a channel 1, CQs and PDs 0, the
+/// first remote-access region of a PD 1 (its arena's first chunk), more
+/// regions of that PD 0 while they fit (chunks grow geometrically, so 266
+/// regions of 64 KiB take 2), a local-only region 0, a connected QP 3 (the
+/// socket it dialed, the socket its peer dialed, the peer's completion
+/// channel), a readied or written peer region 0 — so a connection (RMB +
+/// send buffer + the peer's RMB readied) costs nothing of its own. Every
+/// region is a slice of its chunk: what the peer writes into one lands
+/// there and nowhere else.
 #[test]
 fn finding4_descriptor_budget_per_qp_region_and_connection() {
     let _serial = serial();
@@ -114,7 +119,7 @@ fn finding4_descriptor_budget_per_qp_region_and_connection() {
     let rmb = pd
         .alloc_mr(65536, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
-    assert_eq!(fds(), n0 + 1, "a remote-access region");
+    assert_eq!(fds(), n0 + 1, "a PD's first remote-access region");
     let sndbuf = pd.alloc_mr(65536, Access::LOCAL_WRITE).unwrap();
     assert_eq!(fds(), n0 + 1, "a local-only region keeps no descriptor");
 
@@ -191,7 +196,7 @@ fn finding4_descriptor_budget_per_qp_region_and_connection() {
     assert_eq!(w[0].status, WcStatus::Success);
     assert_eq!(fds(), n1 + 3);
 
-    // Ten more connections on this QP: one descriptor each.
+    // Ten more connections on this QP: nothing more.
     let n2 = fds();
     let mut conns = vec![];
     for i in 0..10 {
@@ -208,9 +213,73 @@ fn finding4_descriptor_budget_per_qp_region_and_connection() {
         assert_eq!(st, "Success");
         conns.push((rmb, snd, theirs));
     }
-    assert_eq!(fds(), n2 + 10, "a connection costs one descriptor");
-    assert_eq!(qp.state(), QpState::Rts);
+    assert_eq!(
+        fds(),
+        n2,
+        "connections of one PD share its arena's descriptor"
+    );
+    for (i, (rmb, _, _)) in conns.iter().enumerate() {
+        let mut b = vec![0u8; 4096];
+        rmb.read_at(0, &mut b).unwrap();
+        assert_eq!(b, pattern(10 + i as u64, 4096), "connection {i}'s RMB");
+    }
+
+    // A link group's worth of RMBs (255, with the 11 above: 266 × 68 KiB
+    // in chunks of 8 and 16 MiB) costs one more descriptor. The peer writes
+    // the last 4 KiB of each: it lands in that region, and its neighbours
+    // keep their bytes.
+    let many: Vec<_> = (0..255)
+        .map(|_| {
+            pd.alloc_mr(65536, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap()
+        })
+        .collect();
+    let n3 = fds();
+    assert_eq!(n3, n2 + 1, "255 regions of one PD: a second chunk");
+    for (i, m) in many.iter().enumerate().step_by(17) {
+        let r = m.remote();
+        let st = peer
+            .cmd(&format!(
+                "write {} {} 4096 {}",
+                r.rkey,
+                r.addr + 65536 - 4096,
+                100 + i
+            ))
+            .unwrap();
+        assert_eq!(st, "Success", "region {i}");
+    }
+    for (i, m) in many.iter().enumerate() {
+        let mut b = vec![0u8; 65536];
+        m.read_at(0, &mut b).unwrap();
+        let written = i % 17 == 0;
+        assert!(
+            b[..65536 - 4096].iter().all(|x| *x == 0),
+            "region {i} was written outside what its peer wrote"
+        );
+        if written {
+            assert_eq!(
+                b[65536 - 4096..],
+                pattern(100 + i as u64, 4096)[..],
+                "region {i}"
+            );
+        } else {
+            assert!(b[65536 - 4096..].iter().all(|x| *x == 0), "region {i}");
+        }
+    }
+    assert_eq!(fds(), n3, "the peer's writes cost nothing here");
+    // Another PD never shares a chunk: its first remote region costs one.
+    let pd2 = dev.alloc_pd().unwrap();
+    let other = pd2
+        .alloc_mr(65536, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    assert_eq!(fds(), n3 + 1, "another PD's region: a chunk of its own");
+    drop((other, pd2));
+    assert_eq!(fds(), n3, "a chunk closes with its last region");
+    // Regions that go give their chunk back once it is empty.
+    drop(many);
     drop(conns);
+    assert_eq!(fds(), n2, "the second chunk closes with its last region");
+    assert_eq!(qp.state(), QpState::Rts);
     drop((qp, rmb, sndbuf, scq, rcq, chan, pd, dev, peer));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -219,9 +288,11 @@ fn finding4_descriptor_budget_per_qp_region_and_connection() {
 /// ours and busy. Existing work goes on: data both ways (also into a region
 /// of S we never wrote before, and from S into one of ours S readied
 /// before), heartbeats (no failure for several peer timeouts); new work
-/// fails cleanly: S cannot create a QP or a region or ready a region of a
-/// new connection, and a QP dialing S is refused at once. S's device thread
-/// does not spin on the connection it cannot accept.
+/// that needs a descriptor fails cleanly: S cannot create a QP, a region
+/// its PD's arena has no room for, or ready a region of a new connection,
+/// and a QP dialing S is refused at once (a region that fits its PD's arena
+/// needs no descriptor, and is registered). S's device thread does not spin
+/// on the connection it cannot accept.
 #[test]
 fn finding4_at_the_descriptor_limit_only_new_work_fails() {
     let _serial = serial();
@@ -305,9 +376,11 @@ fn finding4_at_the_descriptor_limit_only_new_work_fails() {
     let r = s.cmd("newqp");
     assert!(r.is_err(), "a QP was created without descriptors: {r:?}");
     let r = s.cmd("newmr 4096");
+    assert!(r.is_ok(), "a region that fits its PD's arena: {r:?}");
+    let r = s.cmd(&format!("newmr {}", 64 << 20));
     assert!(
         r.is_err(),
-        "a region was registered without descriptors: {r:?}"
+        "a region that needs a new chunk was registered without descriptors: {r:?}"
     );
     let c2 = c_r2.remote();
     let r = s.cmd(&format!("prepare {} {} 4096", c2.rkey, c2.addr));

@@ -343,6 +343,95 @@ fn finding6_peer_gets_only_its_pds_remote_regions() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The remote-access regions of a PD share memfds (its arena's chunks), and
+/// a peer asking for one region gets the memfd of its chunk. A hostile peer
+/// that maps all of that memfd instead of the region's range reaches the
+/// other remote-access regions of its QP's PD — which it may ask for anyway
+/// — and nothing else: no region of another PD (registered in between, on
+/// the same device), no local-only region.
+#[test]
+fn finding6_a_region_memfd_holds_only_its_pds_regions() {
+    use smc_rdma::shm::layout::{HDR, MR_MAGIC, MR_RKEY};
+    use smc_rdma::sys::{page_size, SharedMem};
+    let _serial = serial();
+    setup!(need_lo());
+    let dir = rundir();
+    let p = ShmProvider::new(lo_config(&dir));
+    let victim = Endpoint::open(&p, "shm0", ConnParams::default()).unwrap();
+    let peer = Endpoint::open(&p, "shm0", ConnParams::default()).unwrap();
+    let pd2 = victim.dev.alloc_pd().unwrap();
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    const SECRET: &[u8; 16] = b"another PD's !!!";
+    const PRIVATE: &[u8; 16] = b"local-only data!";
+    // Regions of both PDs registered alternately, and local-only ones.
+    let (mut own, mut other, mut local) = (vec![], vec![], vec![]);
+    for i in 0..40 {
+        let len = 4096 * (1 + i % 5);
+        own.push(victim.pd.alloc_mr(len, rw).unwrap());
+        let o = pd2.alloc_mr(len, rw).unwrap();
+        o.write_at(0, SECRET).unwrap();
+        o.write_at(len - 16, SECRET).unwrap();
+        other.push(o);
+        let l = victim.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
+        l.write_at(0, PRIVATE).unwrap();
+        local.push(l);
+    }
+    victim.connect(&peer.info()).unwrap();
+    peer.connect(&victim.info()).unwrap();
+    round(&peer, &victim, 1).unwrap();
+    let own_keys: std::collections::HashSet<u64> = own
+        .iter()
+        .chain([&victim.mr])
+        .map(|m| u64::from(m.rkey()))
+        .collect();
+    let mut chunks = 0;
+    for m in own.iter().chain([&victim.mr]) {
+        let (fd, off, len) = peer
+            .qp
+            .peer_region_memfd(m.rkey())
+            .expect("the QP's own PD's region is handed out");
+        assert_eq!(len, m.len());
+        assert_eq!(off % page_size() as u64, 0);
+        // All of it, not just the region's range.
+        let all = SharedMem::map(fd).unwrap();
+        let mut bytes = vec![0u8; all.len()];
+        all.read(0, &mut bytes).unwrap();
+        if off == 0 {
+            chunks += 1;
+        }
+        for secret in [&SECRET[..], &PRIVATE[..]] {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret),
+                "a region's memfd holds {:?}",
+                String::from_utf8_lossy(secret)
+            );
+        }
+        // Every region header in it is one of this PD's remote regions.
+        for page in (0..all.len()).step_by(page_size()) {
+            if page + HDR > all.len()
+                || all.atomic(page).unwrap().load(Ordering::Acquire) != MR_MAGIC
+            {
+                continue;
+            }
+            let k = all.atomic(page + MR_RKEY).unwrap().load(Ordering::Acquire);
+            assert!(
+                own_keys.contains(&k),
+                "a region of another PD ({k:#x}) shares a memfd with the QP's PD"
+            );
+        }
+    }
+    assert!(chunks >= 1, "no region at the start of a memfd");
+    // The other PD's regions are intact and not handed out.
+    for o in &other {
+        assert!(!peer.qp.peer_hands_out(o.rkey()));
+        let mut b = [0u8; 16];
+        o.read_at(0, &mut b).unwrap();
+        assert_eq!(&b, SECRET);
+    }
+    drop((own, other, local, pd2, victim, peer));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Keys and region addresses are not derived from anything a stranger can
 /// see: two regions registered back to back share no structure an attacker
 /// could extrapolate (distinct keys and addresses, and neither follows from

@@ -323,6 +323,7 @@ fn hostile_peer(
         gid: fake_gid,
         x: nonce,
         y: wire::hello_proof(0, &fake_gid, 777, qp.qp_num(), nonce),
+        z: 0,
     };
     back.send(&hello.encode(), &[fake_ring.fd().unwrap()])
         .unwrap();

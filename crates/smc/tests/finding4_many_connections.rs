@@ -1,9 +1,14 @@
 //! Issue 13, finding 4 (a): 10,000 concurrent SMC-R connections between two
 //! processes, each moving a few bytes both ways, with at most 2 descriptors
 //! per connection on each side (the kernel's SMC costs one: its TCP socket).
+//! Here a connection costs its TCP socket and a share of its link group's
+//! (the QP's sockets and eventfd, the PD's arena memfds that its RMBs live
+//! in): about one.
 //!
 //! Small buffers (`SMC_RMB_KIB`, `SMC_SNDBUF_KIB` = 16) keep the memory
-//! modest; the server is this test binary started again.
+//! modest; the server is this test binary started again. Both processes
+//! raise their soft descriptor limit to the hard one; a hard limit that
+//! cannot hold the connections fails the test (it is never scaled down).
 
 mod common;
 
@@ -12,38 +17,53 @@ use smc::{Mode, SmcListener, SmcStream};
 use std::io::{BufReader, Read, Write};
 use std::process::{Command, Stdio};
 
-/// Connections of test (a): 10,000, unless the hard descriptor limit (which
-/// may not be raised where CAP_SYS_RESOURCE is missing) cannot hold two per
-/// connection and the constant.
-fn many() -> usize {
-    let want = std::env::var("SMC_F4_CONNS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10_000);
-    let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .maximum
-        .map_or(usize::MAX, |m| m as usize);
-    want.min(hard.saturating_sub(CONSTANT) / 2)
-}
+/// Connections of test (a).
+const CONNS: usize = 10_000;
 
-/// Raises the soft descriptor limit to the hard one (or `n` if it may).
-fn raise_nofile(n: u64) {
+/// Descriptors a process may have besides its connections' budget (the
+/// test harness, the device, the CLC listener).
+const CONSTANT: usize = 200;
+
+/// Raises the soft descriptor limit as far as the connections may need:
+/// their 2 each and the constant, or as far as the hard limit goes (which
+/// cannot be raised without CAP_SYS_RESOURCE). A hard limit below what the
+/// connections need at the least — a TCP socket each and the constant —
+/// fails here, with a clear message, rather than somewhere in the middle.
+fn raise_nofile() {
+    let want = (2 * CONNS + CONSTANT) as u64;
     let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     let r = rustix::process::setrlimit(
         rustix::process::Resource::Nofile,
         rustix::process::Rlimit {
-            current: Some(n),
-            maximum: Some(lim.maximum.map_or(n, |m| m.max(n))),
+            current: Some(want),
+            maximum: Some(lim.maximum.map_or(want, |m| m.max(want))),
         },
     );
     if r.is_err() {
-        set_nofile(lim.maximum.unwrap_or(n));
+        set_nofile(lim.maximum.unwrap_or(want));
     }
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    assert!(
+        soft >= (CONNS + CONSTANT) as u64,
+        "the descriptor limit ({soft}, hard {:?}) cannot hold {CONNS} connections: they need \
+         at least {} (a TCP socket each and {CONSTANT}); raise the hard RLIMIT_NOFILE",
+        lim.maximum,
+        CONNS + CONSTANT
+    );
 }
 
-/// Descriptors a process may have besides its connections' (the test
-/// harness, the device, the link groups: one per 255 connections).
-const CONSTANT: usize = 200;
+/// Checks the budget while connections are being set up (so that a process
+/// that spends more than 2 per connection fails on the budget, not on
+/// running out of descriptors at the limit).
+fn check_budget(side: &str, used: usize, conns: usize) {
+    assert!(
+        used <= 2 * conns + CONSTANT,
+        "{side}: {used} descriptors for {conns} connections (at most 2 each and {CONSTANT}): {}",
+        fd_kinds()
+    );
+}
 
 fn small_buffers() {
     std::env::set_var("SMC_RMB_KIB", "16");
@@ -51,12 +71,12 @@ fn small_buffers() {
 }
 
 fn many_server() {
-    raise_nofile(4 * many() as u64 + 1024);
+    raise_nofile();
     let l = SmcListener::bind("127.0.0.1:0").unwrap();
     println!("port {}", l.local_addr().unwrap().port());
     std::io::stdout().flush().unwrap();
     let base = fds();
-    let n = many();
+    let n = CONNS;
     let mut held = Vec::with_capacity(n);
     for i in 0..n {
         let s = match l.accept() {
@@ -65,6 +85,9 @@ fn many_server() {
         };
         assert_eq!(s.mode(), Mode::SmcR, "server side, connection {i}");
         held.push(s);
+        if (i + 1) % 1000 == 0 {
+            check_budget("server", fds() - base, i + 1);
+        }
     }
     // every connection moves a few bytes each way
     for s in &mut held {
@@ -86,11 +109,8 @@ fn finding4_ten_thousand_smc_r_connections_at_two_descriptors_each() {
     if std::env::var_os("SMC_F4_MANY_SERVER").is_some() {
         return many_server();
     }
-    let n = many();
-    raise_nofile(4 * n as u64 + 1024);
-    if n < 10_000 {
-        eprintln!("the hard descriptor limit allows {n} connections at two descriptors each");
-    }
+    let n = CONNS;
+    raise_nofile();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "finding4_ten_thousand_smc_r_connections_at_two_descriptors_each",
@@ -117,6 +137,9 @@ fn finding4_ten_thousand_smc_r_connections_at_two_descriptors_each() {
         });
         assert_eq!(c.mode(), Mode::SmcR, "connection {i}");
         conns.push(c);
+        if (i + 1) % 1000 == 0 {
+            check_budget("client", fds() - base, i + 1);
+        }
     }
     for (i, c) in conns.iter_mut().enumerate() {
         c.write_all(&(i as u64).to_le_bytes()).unwrap();
@@ -142,12 +165,9 @@ fn finding4_ten_thousand_smc_r_connections_at_two_descriptors_each() {
     );
     drop(conns);
     assert!(child.0.wait().unwrap().success(), "server failed");
-    assert!(
-        client <= 2 * n + CONSTANT,
-        "client: {client} descriptors for {n} connections"
-    );
+    check_budget("client", client, n);
     assert!(
         server <= 2 * n + CONSTANT,
-        "server: {server} descriptors for {n} connections"
+        "server: {server} descriptors for {n} connections (at most 2 each and {CONSTANT}): {line}"
     );
 }

@@ -380,6 +380,7 @@ mod stranger {
                             gid: *gid,
                             x: u64::from(rand32()),
                             y: u64::from(rand32()),
+                            z: 0,
                         };
                         let Some(ring_fd) = ring.fd() else { continue };
                         let _ = c.send(&hello.encode(), &[ring_fd, efd.as_fd()]);

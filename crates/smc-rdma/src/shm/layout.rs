@@ -1,7 +1,11 @@
 //! Shared-memory layouts of the `shm` provider (all little-endian u64 words
 //! accessed atomically through [`SharedMem::atomic`]).
 //!
-//! Memory region memfd: one 4 KiB header page, then the region's bytes.
+//! Memory region: one 4 KiB header page, then the region's bytes. A
+//! region registered for remote access is a range of a memfd it shares with
+//! the other remote-access regions of its protection domain (an arena
+//! chunk), at a page-aligned offset; a local-only region has a memfd of its
+//! own.
 //! Receive ring memfd (one per QP, owned by the receiver, written by the
 //! peer's sender): one 4 KiB header page, then `NSLOTS` slots of
 //! `SLOT_SIZE` bytes, each a 64-byte slot header followed by the payload.
@@ -125,12 +129,14 @@ impl<'a> Ring<'a> {
     }
 }
 
-/// Typed view of an MR mapping.
-pub struct MrView<'a>(pub &'a SharedMem);
+/// Typed view of an MR header: the header page at byte `.1` of a mapping.
+pub struct MrView<'a>(pub &'a SharedMem, pub usize);
 
 impl<'a> MrView<'a> {
-    /// Header word (validated mappings are ≥ one page).
+    /// Header word (a region's mapping holds its whole header page).
     pub fn h(&self, off: usize) -> &'a AtomicU64 {
-        self.0.atomic(off).expect("mr header words are in bounds")
+        self.0
+            .atomic(self.1 + off)
+            .expect("mr header words are in bounds")
     }
 }

@@ -21,14 +21,16 @@
 //!   second proof over both PSNs, only for its own QP's protection domain
 //!   and only if registered for remote access ([`wire`] has the protocol,
 //!   the crate README the threat model).
-//! * Registered memory is a memfd (`pd.alloc_mr`), so an RDMA WRITE is one
-//!   memcpy straight into the peer's mapping. The writer checks bounds and
-//!   access against what the owner told it (and the region's validity word,
-//!   so deregistration stops a correct writer at once); these checks catch
-//!   bugs, the owner's protection is that it hands a region only to the QP
-//!   it is meant for. A violation completes the WR with `RemoteAccessError`
-//!   and moves the writer's QP to ERR; nothing outside the region is ever
-//!   touched.
+//! * Registered memory is memfd-backed (`pd.alloc_mr`), so an RDMA WRITE is
+//!   one memcpy straight into the peer's mapping. The remote-access regions
+//!   of a PD are ranges of a few memfds of that PD (`arena.rs`), handed out
+//!   as (memfd, offset, length); the peer maps only the range. The writer
+//!   checks bounds and access against what the owner told it (and the
+//!   region's validity word, so deregistration stops a correct writer at
+//!   once); these checks catch bugs, the owner's protection is that it
+//!   hands a region only to the QP it is meant for. A violation completes
+//!   the WR with `RemoteAccessError` and moves the writer's QP to ERR;
+//!   nothing outside the region is ever touched.
 //! * SENDs (and WRITE WITH IMMEDIATE) are slots of the peer's receive ring,
 //!   published with a release store *after* any earlier WRITE's copy, so the
 //!   receiver sees written data before a later SEND (RC ordering). The
@@ -38,10 +40,11 @@
 //!   receiver keeps its own consumer index (and the sender its producer
 //!   index) in process memory: ring words the peer can write are signals,
 //!   never bookkeeping.
-//! * Descriptors: a mapping keeps no descriptor. A region registered for
-//!   remote access keeps its memfd (to hand it out); a local-only region,
-//!   a peer's region or ring, keep none. A connected QP holds the socket it
-//!   dialed, the socket its peer dialed and the peer's channel eventfd(s).
+//! * Descriptors: a mapping keeps no descriptor. The remote-access regions
+//!   of a PD share a few memfds (kept to hand them out); a local-only
+//!   region, a peer's region or ring, keep none. A connected QP holds the
+//!   socket it dialed, the socket its peer dialed and the peer's channel
+//!   eventfd(s).
 //! * There is no data-path thread: posting copies in the caller's thread, and
 //!   polling a CQ makes progress. The device thread only handles rendezvous,
 //!   region requests, port state, heartbeats and peer death (socket hang-up
@@ -53,9 +56,12 @@
 //! This module has no `unsafe`: mapping and raw copies live in [`crate::sys`].
 #![forbid(unsafe_code)]
 
+mod arena;
 pub mod layout;
 pub mod registry;
 pub mod wire;
+
+use arena::Arena;
 
 use registry::Registry;
 pub use registry::{QPN_MAX, QPN_MIN};
@@ -407,17 +413,30 @@ impl Provider for ShmProvider {
     }
 }
 
-/// A region registered here. Its mapping keeps the memfd only if the region
-/// may be handed to a peer (REMOTE_WRITE); the bookkeeping lives here, in
-/// process memory, never in the shared header a peer can write.
+/// A region registered here: its header page and bytes at `base` of `mem`,
+/// a slice of its PD's arena chunk if it may be handed to a peer
+/// (REMOTE_WRITE), else a mapping of its own without a descriptor. The
+/// bookkeeping lives here, in process memory, never in the shared header a
+/// peer can write.
 struct LocalMr {
     lkey: u32,
     rkey: u32,
     pd: u32,
-    mem: SharedMem,
+    mem: Arc<SharedMem>,
+    base: usize,
     len: usize,
     iova: u64,
     access: Access,
+    /// The arena range, given back (and its pages freed) when the last
+    /// user of the region (a window lent, a WR being executed) is gone.
+    _slice: Option<arena::Slice>,
+}
+
+impl LocalMr {
+    /// Byte `off` of the region, in `mem`.
+    fn at(&self, off: usize) -> usize {
+        self.base + HDR + off
+    }
 }
 
 struct DevShared {
@@ -635,6 +654,7 @@ impl Device for ShmDevice {
         Ok(ShmPd {
             dev: self.sh.clone(),
             pd: random_u64()? as u32,
+            arena: Arena::new(),
         })
     }
 
@@ -924,6 +944,8 @@ fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
 pub struct ShmPd {
     dev: Arc<DevShared>,
     pd: u32,
+    /// Where its remote-access regions live (this PD's only).
+    arena: Arc<Arena>,
 }
 
 impl ProtectionDomain for ShmPd {
@@ -931,43 +953,51 @@ impl ProtectionDomain for ShmPd {
 
     /// Keys and the address are random (a peer learns them only when the
     /// owner's application tells it, as over a CLC exchange). A region with
-    /// REMOTE_WRITE keeps its memfd, to hand it to a peer that asks on an
-    /// authenticated link of a QP of this PD; any other region keeps no
-    /// descriptor and never leaves the process.
+    /// REMOTE_WRITE is a range of this PD's arena, whose memfd is handed to
+    /// a peer that asks for the region on an authenticated link of a QP of
+    /// this PD; any other region has a memfd of its own, closed at once: it
+    /// never leaves the process.
     fn alloc_mr(&self, len: usize, access: Access) -> Result<ShmMr> {
         if len == 0 || len > MAX_REGION {
             return Err(Error::InvalidArgument(format!(
                 "memory region length {len} out of range"
             )));
         }
-        let mut mem = SharedMem::create("smc-mr", HDR + len)?;
-        if !access.contains(Access::REMOTE_WRITE) {
+        let (mem, base, slice) = if access.contains(Access::REMOTE_WRITE) {
+            let s = self.arena.alloc(HDR + len)?;
+            (s.mem().clone(), s.offset(), Some(s))
+        } else {
+            let mut mem = SharedMem::create("smc-mr", HDR + len)?;
             mem.close_fd();
-        }
+            (Arc::new(mem), 0, None)
+        };
         // Page aligned, below 2^63, so iova + len never overflows.
         let iova = (random_u64()? >> 1 & !0xfff).max(0x1000);
         let mut lkeys = lock(&self.dev.lkeys);
         let mut rkeys = lock(&self.dev.rkeys);
         let lkey = fresh_key(&lkeys)?;
         let rkey = fresh_key(&rkeys)?;
-        // The header is what a correct writer checks (it catches bugs); the
-        // owner itself never reads it back.
-        let v = MrView(&mem);
+        // The header is what a correct writer checks (it catches bugs, and
+        // tells a writer still holding a region that went from the one
+        // that took its range since); the owner itself never reads it back.
+        let v = MrView(&mem, base);
         v.h(MR_RKEY).store(rkey as u64, Relaxed);
         v.h(MR_LEN).store(len as u64, Relaxed);
         v.h(MR_ACCESS).store(access.bits() as u64, Relaxed);
         v.h(MR_IOVA).store(iova, Relaxed);
         v.h(MR_PD).store(self.pd as u64, Relaxed);
-        v.h(MR_VALID).store(1, Relaxed);
+        v.h(MR_VALID).store(1, Release);
         v.h(0).store(MR_MAGIC, Release);
         let mr = Arc::new(LocalMr {
             lkey,
             rkey,
             pd: self.pd,
             mem,
+            base,
             len,
             iova,
             access,
+            _slice: slice,
         });
         lkeys.insert(lkey, mr.clone());
         rkeys.insert(rkey, mr.clone());
@@ -1019,7 +1049,8 @@ fn new_ring() -> Result<(Arc<SharedMem>, Option<OwnedFd>)> {
     Ok((Arc::new(m), fd))
 }
 
-/// A memory region of an `shm` device (a memfd shared with peers).
+/// A memory region of an `shm` device (shared memory: a slice of its PD's
+/// arena if registered for remote access, else a mapping of its own).
 pub struct ShmMr {
     dev: Arc<DevShared>,
     mr: Arc<LocalMr>,
@@ -1043,14 +1074,14 @@ impl MemoryRegion for ShmMr {
     }
     fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<()> {
         check_range(off, buf.len(), self.mr.len)?;
-        Ok(self.mr.mem.read(HDR + off, buf)?)
+        Ok(self.mr.mem.read(self.mr.at(off), buf)?)
     }
     fn write_at(&self, off: usize, data: &[u8]) -> Result<()> {
         check_range(off, data.len(), self.mr.len)?;
-        Ok(self.mr.mem.write(HDR + off, data)?)
+        Ok(self.mr.mem.write(self.mr.at(off), data)?)
     }
     fn window(&self) -> Option<MemWindow> {
-        Some(MemWindow::new(self.mr.clone(), HDR, self.mr.len))
+        Some(MemWindow::new(self.mr.clone(), self.mr.at(0), self.mr.len))
     }
 }
 
@@ -1075,9 +1106,13 @@ struct PeerMr {
 
 impl PeerMr {
     /// Still registered by its owner (a correct writer stops at once when
-    /// the owner deregisters it).
+    /// the owner deregisters it). The owner may give the region's range to
+    /// another region of its PD afterwards: that one has other keys.
     fn valid(&self) -> bool {
-        MrView(&self.mem).h(MR_VALID).load(Acquire) == 1
+        let v = MrView(&self.mem, 0);
+        v.h(MR_VALID).load(Acquire) == 1
+            && v.h(MR_RKEY).load(Relaxed) == u64::from(self.rkey)
+            && v.h(MR_IOVA).load(Relaxed) == self.iova
     }
     /// The byte offset in the mapping of a WRITE of `len` bytes at `addr`.
     fn check(&self, addr: u64, len: usize) -> std::result::Result<usize, WcStatus> {
@@ -1116,7 +1151,9 @@ impl MappedMem for RemoteMem {
 impl Drop for ShmMr {
     fn drop(&mut self) {
         // Revoke remote access first: peers check this word before each write.
-        MrView(&self.mr.mem).h(MR_VALID).store(0, SeqCst);
+        MrView(&self.mr.mem, self.mr.base)
+            .h(MR_VALID)
+            .store(0, SeqCst);
         lock(&self.dev.lkeys).remove(&self.mr.lkey);
         lock(&self.dev.rkeys).remove(&self.mr.rkey);
     }
@@ -1584,6 +1621,7 @@ impl QpInner {
                 gid: sgid,
                 x: nonce,
                 y: wire::hello_proof(rq_psn, &sgid, self.qpn, remote.qp_num, nonce),
+                z: 0,
             };
             let mut fds = vec![ring_fd.as_fd()];
             if let Some(c) = &self.recv_cq.chan {
@@ -1928,9 +1966,11 @@ impl QpInner {
     }
 
     /// Answers a region request on the verified, authenticated inbound
-    /// connection: the region's memfd if it is of this QP's PD, registered
-    /// for remote writes, and the QP grants remote writes; else a refusal.
-    /// False if the peer does not take the answer (it stopped reading).
+    /// connection: the memfd of the region's arena chunk (which holds
+    /// remote-access regions of this PD only), with the region's offset and
+    /// length in it, if the region is of this QP's PD, registered for remote
+    /// writes, and the QP grants remote writes; else a refusal. False if the
+    /// peer does not take the answer (it stopped reading).
     fn serve_region(&self, qp_access: Access, s: &SeqPacket, id: u32, rkey: u32) -> bool {
         let mr = lock(&self.dev.rkeys).get(&rkey).cloned().filter(|mr| {
             mr.pd == self.pd
@@ -1945,6 +1985,7 @@ impl QpInner {
                     c: mr.access.bits(),
                     x: mr.iova,
                     y: mr.len as u64,
+                    z: mr.base as u64,
                     ..Msg::new(Kind::MrResp)
                 }
                 .encode(),
@@ -1977,9 +2018,10 @@ impl QpInner {
         }
     }
 
-    /// Asks the peer for its region `rkey` on the connection we dialed, and
-    /// maps it. Holds no lock of ours but the request lock while it waits.
-    fn fetch_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
+    /// Asks the peer for its region `rkey` on the connection we dialed: the
+    /// answer and the memfd the region lives in. Holds no lock of ours but
+    /// the request lock while it waits.
+    fn ask_region(&self, rkey: u32) -> std::result::Result<(Msg, OwnedFd), FetchError> {
         let out = lock(&self.ctl).out.clone().ok_or_else(|| {
             FetchError::remote(WcStatus::RetryExceeded, "the QP is not connected")
         })?;
@@ -2038,29 +2080,41 @@ impl QpInner {
             if m.b != rkey || fds.len() != 1 || len == 0 || len > MAX_REGION {
                 return Err(refused("malformed region answer"));
             }
-            let mem = SharedMem::map_peer(fds.remove(0), HDR + len).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::InvalidData {
-                    refused("the peer's region is not a sealed memfd of its size")
-                } else {
-                    FetchError {
-                        status: WcStatus::LocalQpOperationError,
-                        why: format!("cannot map the peer's region: {e}"),
-                        local: true,
-                    }
-                }
-            })?;
-            let v = MrView(&mem);
-            if v.h(0).load(Acquire) != MR_MAGIC || v.h(MR_RKEY).load(Acquire) != u64::from(rkey) {
-                return Err(refused("the peer's region header is wrong"));
-            }
-            return Ok(Arc::new(PeerMr {
-                mem,
-                rkey,
-                iova: m.x,
-                len,
-                access: Access::from_bits(m.c),
-            }));
+            return Ok((m, fds.remove(0)));
         }
+    }
+
+    /// Fetches the peer's region `rkey` ([`QpInner::ask_region`]) and maps
+    /// it: only its range of the memfd, which is closed then.
+    fn fetch_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
+        let (m, fd) = self.ask_region(rkey)?;
+        let refused = |why: &str| FetchError::remote(WcStatus::RemoteAccessError, why);
+        let len = m.y as usize;
+        let mem = SharedMem::map_peer_range(fd, m.z, HDR + len).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                refused("the peer's region is not a range of a sealed memfd")
+            } else {
+                FetchError {
+                    status: WcStatus::LocalQpOperationError,
+                    why: format!("cannot map the peer's region: {e}"),
+                    local: true,
+                }
+            }
+        })?;
+        let v = MrView(&mem, 0);
+        if v.h(0).load(Acquire) != MR_MAGIC
+            || v.h(MR_RKEY).load(Acquire) != u64::from(rkey)
+            || v.h(MR_IOVA).load(Acquire) != m.x
+        {
+            return Err(refused("the peer's region header is wrong"));
+        }
+        Ok(Arc::new(PeerMr {
+            mem,
+            rkey,
+            iova: m.x,
+            len,
+            access: Access::from_bits(m.c),
+        }))
     }
 
     /// The peer's region `rkey` for this QP: mapped already, or fetched now.
@@ -2281,7 +2335,7 @@ impl QpInner {
                         as usize;
                     check_range(off, s.length as usize, mr.len)
                         .map_err(|_| WcStatus::LocalProtectionError)?;
-                    dst.copy_from(pos, &mr.mem, HDR + off, s.length as usize)
+                    dst.copy_from(pos, &mr.mem, mr.at(off), s.length as usize)
                         .map_err(|_| WcStatus::LocalQpOperationError)?;
                     pos += s.length as usize;
                 }
@@ -2517,7 +2571,7 @@ impl QpInner {
                                     check_range(off as usize, n, mr.len).is_ok()
                                         && mr
                                             .mem
-                                            .copy_from(HDR + off as usize, &ring, src, n)
+                                            .copy_from(mr.at(off as usize), &ring, src, n)
                                             .is_ok()
                                 })
                         });
@@ -2595,6 +2649,16 @@ impl ShmQp {
     #[doc(hidden)]
     pub fn peer_hands_out(&self, rkey: u32) -> bool {
         self.inner.fetch_region(rkey).is_ok()
+    }
+
+    /// Test hook for the threat-model tests: what the peer hands out for its
+    /// region `rkey` over this QP's link, as a hostile peer's own code would
+    /// keep it — the memfd the region lives in, and the region's offset and
+    /// length in it — or `None` if it refuses.
+    #[doc(hidden)]
+    pub fn peer_region_memfd(&self, rkey: u32) -> Option<(OwnedFd, u64, usize)> {
+        let (m, fd) = self.inner.ask_region(rkey).ok()?;
+        Some((fd, m.z, m.y as usize))
     }
 }
 

@@ -29,10 +29,14 @@
 //!    [`auth_proof`], keyed by *both* PSNs. The acceptor checks it with its
 //!    own `sq_psn` and `rq_psn`; a wrong one fails the QP.
 //! 3. `MrReq` (dialer → acceptor) asks for one region by rkey. The acceptor
-//!    answers `MrResp` with that region's memfd only after step 2 succeeded,
-//!    only for a region of the QP's protection domain registered with
-//!    REMOTE_WRITE, on a QP whose access flags allow remote writes; else
-//!    [`Kind::Nak`]. Requests that arrive before step 2 wait for it.
+//!    answers `MrResp` only after step 2 succeeded, only for a region of the
+//!    QP's protection domain registered with REMOTE_WRITE, on a QP whose
+//!    access flags allow remote writes; else [`Kind::Nak`]. Requests that
+//!    arrive before step 2 wait for it. The answer carries the memfd the
+//!    region lives in — shared by the remote-access regions of that PD
+//!    only — and the region's page-aligned offset and length in it: the
+//!    dialer maps that range (its header page and bytes) and closes the
+//!    descriptor.
 //!
 //! The order fits SMC's first contact, where the client's QP stays in RTR
 //! until the server's CONFIRM LINK arrived (net/smc/af_smc.c:
@@ -103,14 +107,17 @@ pub const F_SAME_CHAN: u32 = 4;
 
 /// One message. Field use by kind:
 ///
-/// | kind | `a` | `b` | `c` | `gid` | `x` | `y` |
-/// |---|---|---|---|---|---|---|
-/// | Hello | dialer QPN | acceptor QPN | flags | dialer GID | nonce | [`hello_proof`] |
-/// | Received | – | – | – | – | – | – |
-/// | Auth | – | – | – | – | – | [`auth_proof`] |
-/// | MrReq | request id | rkey | – | – | – | – |
-/// | MrResp | request id | rkey | access bits | – | iova | length |
-/// | Nak | request id | rkey | – | – | – | – |
+/// | kind | `a` | `b` | `c` | `gid` | `x` | `y` | `z` |
+/// |---|---|---|---|---|---|---|---|
+/// | Hello | dialer QPN | acceptor QPN | flags | dialer GID | nonce | [`hello_proof`] | – |
+/// | Received | – | – | – | – | – | – | – |
+/// | Auth | – | – | – | – | – | [`auth_proof`] | – |
+/// | MrReq | request id | rkey | – | – | – | – | – |
+/// | MrResp | request id | rkey | access bits | – | iova | length | offset of the region's header page in the memfd |
+/// | Nak | request id | rkey | – | – | – | – | – |
+///
+/// Bytes: `MAGIC`, kind, `a`, `b`, `c` (u32 each) at 0..20, `gid` at 20..36,
+/// `x` at 40, `y` at 48, `z` at 56 (little endian); the rest is zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Msg {
     /// Kind.
@@ -127,6 +134,8 @@ pub struct Msg {
     pub x: u64,
     /// See the table.
     pub y: u64,
+    /// See the table.
+    pub z: u64,
 }
 
 impl Msg {
@@ -140,6 +149,7 @@ impl Msg {
             gid: Gid::ZERO,
             x: 0,
             y: 0,
+            z: 0,
         }
     }
     /// The bytes on the wire (little endian).
@@ -154,6 +164,7 @@ impl Msg {
         b[20..36].copy_from_slice(&self.gid.0);
         b[40..48].copy_from_slice(&self.x.to_le_bytes());
         b[48..56].copy_from_slice(&self.y.to_le_bytes());
+        b[56..64].copy_from_slice(&self.z.to_le_bytes());
         b
     }
     /// Parses exactly [`MSG_LEN`] bytes with the right magic and a known kind.
@@ -176,6 +187,7 @@ impl Msg {
             gid: Gid(gid),
             x: q(40),
             y: q(48),
+            z: q(56),
         })
     }
 }
@@ -325,6 +337,7 @@ mod tests {
             gid: Gid([7; 16]),
             x: 0x1122_3344_5566_7788,
             y: 42,
+            z: 0x8000_1000,
         };
         assert_eq!(Msg::decode(&m.encode()), Some(m));
         assert!(Msg::decode(&[0u8; MSG_LEN]).is_none());
