@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod prf;
 pub mod shm;
 pub mod sim;
 pub mod sys;
