@@ -3,6 +3,7 @@
 //! ways and exit: the server's descriptors, memfds, mappings and resident
 //! memory return to their baseline. A QP whose peer died lets go of what it
 //! held of that peer at once, and a QP destroyed normally as well.
+#[macro_use]
 mod common;
 
 use common::*;
@@ -10,26 +11,6 @@ use smc_rdma::conformance::*;
 use smc_rdma::shm::{ShmChannel, ShmCq, ShmMr, ShmProvider, ShmQp};
 use smc_rdma::*;
 use std::time::{Duration, Instant};
-
-fn skip(e: &Error) -> bool {
-    if let Error::Unsupported(why) = e {
-        if std::env::var_os("SMC_RDMA_REQUIRE_ALL").is_none() {
-            eprintln!("SKIPPED: {why}");
-            return true;
-        }
-    }
-    false
-}
-
-macro_rules! setup {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) if skip(&e) => return,
-            Err(e) => panic!("setup: {e}"),
-        }
-    };
-}
 
 /// The tests of this file count the process's descriptors and mappings:
 /// they run one at a time.

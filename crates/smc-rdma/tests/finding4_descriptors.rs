@@ -6,6 +6,7 @@
 //! one link group cost a handful of descriptors); and a process at its
 //! descriptor limit keeps its existing QPs working (traffic, heartbeats),
 //! refuses new work cleanly, and its device thread does not spin.
+#[macro_use]
 mod common;
 
 use common::*;
@@ -14,26 +15,6 @@ use smc_rdma::shm::ShmProvider;
 use smc_rdma::sys::SeqPacket;
 use smc_rdma::*;
 use std::time::{Duration, Instant};
-
-fn skip(e: &Error) -> bool {
-    if let Error::Unsupported(why) = e {
-        if std::env::var_os("SMC_RDMA_REQUIRE_ALL").is_none() {
-            eprintln!("SKIPPED: {why}");
-            return true;
-        }
-    }
-    false
-}
-
-macro_rules! setup {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) if skip(&e) => return,
-            Err(e) => panic!("setup: {e}"),
-        }
-    };
-}
 
 /// The tests of this file count descriptors: they run one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

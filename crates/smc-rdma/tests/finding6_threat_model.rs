@@ -4,6 +4,7 @@
 //! it attacks stays intact; a peer of one QP gets only the regions of that
 //! QP's protection domain that were registered for remote access. (The
 //! crate README's "Threat model" section says what holds and what does not.)
+#[macro_use]
 mod common;
 
 use common::*;
@@ -16,32 +17,12 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-fn skip(e: &Error) -> bool {
-    if let Error::Unsupported(why) = e {
-        if std::env::var_os("SMC_RDMA_REQUIRE_ALL").is_none() {
-            eprintln!("SKIPPED: {why}");
-            return true;
-        }
-    }
-    false
-}
-
 /// The tests of this file count the process's descriptors and mappings:
 /// they run one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-macro_rules! setup {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) if skip(&e) => return,
-            Err(e) => panic!("setup: {e}"),
-        }
-    };
 }
 
 /// A rundir the device creates itself (so with the modes it gives a shared

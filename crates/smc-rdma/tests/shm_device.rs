@@ -1,4 +1,5 @@
 //! `shm`-specific behaviour beyond the shared conformance suite.
+#[macro_use]
 mod common;
 
 use common::*;
@@ -6,26 +7,6 @@ use smc_rdma::conformance::*;
 use smc_rdma::shm::{gid_table, ShmProvider};
 use smc_rdma::*;
 use std::time::{Duration, Instant};
-
-fn skip(e: &Error) -> bool {
-    if let Error::Unsupported(why) = e {
-        if std::env::var_os("SMC_RDMA_REQUIRE_ALL").is_none() {
-            eprintln!("SKIPPED: {why}");
-            return true;
-        }
-    }
-    false
-}
-
-macro_rules! setup {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) if skip(&e) => return,
-            Err(e) => panic!("setup: {e}"),
-        }
-    };
-}
 
 #[test]
 fn enumeration_ports_and_gids_follow_the_interface() {

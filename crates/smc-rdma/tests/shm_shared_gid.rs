@@ -1,6 +1,7 @@
 //! `shm` with many users of one interface: QP numbers are unique host-wide,
 //! (GID, QPN) reaches the right instance, stale registry entries of dead
 //! processes are survived. All on `lo`, no root needed.
+#[macro_use]
 mod common;
 
 use common::*;
@@ -12,26 +13,6 @@ use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn skip(e: &Error) -> bool {
-    if let Error::Unsupported(why) = e {
-        if std::env::var_os("SMC_RDMA_REQUIRE_ALL").is_none() {
-            eprintln!("SKIPPED: {why}");
-            return true;
-        }
-    }
-    false
-}
-
-macro_rules! setup {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) if skip(&e) => return,
-            Err(e) => panic!("setup: {e}"),
-        }
-    };
-}
 
 /// One WRITE and one SEND from `a` to `b`; checks both arrived.
 fn exchange(a: &Endpoint<ShmProvider>, b: &Endpoint<ShmProvider>, seed: u64) {

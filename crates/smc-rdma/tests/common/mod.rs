@@ -25,6 +25,32 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 /// Needs root (veth, netns): returns Unsupported with a clear reason otherwise.
+/// Whether a setup error is a skip ("needs root", ...): it is, unless
+/// `SMC_RDMA_REQUIRE_ALL` makes skips failures (CI).
+#[allow(dead_code)] // not every test binary uses it
+pub fn skip(e: &Error) -> bool {
+    if let Error::Unsupported(why) = e {
+        if std::env::var_os("SMC_RDMA_REQUIRE_ALL").is_none() {
+            eprintln!("SKIPPED: {why}");
+            return true;
+        }
+    }
+    false
+}
+
+/// The value of a setup step, or return from the test if it is a skip
+/// (see [`skip`]); any other error fails the test.
+#[allow(unused_macros)] // not every test binary uses it
+macro_rules! setup {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) if common::skip(&e) => return,
+            Err(e) => panic!("setup: {e}"),
+        }
+    };
+}
+
 pub fn need_root() -> Result<()> {
     if !smc_rdma::sys::is_root() {
         return Err(Error::Unsupported(
