@@ -32,26 +32,7 @@ const RSS_SLACK_KIB: u64 = 8 << 10;
 
 /// conns, groups, threads, fds, memfds, rss (KiB) of this process.
 fn counts() -> [u64; 6] {
-    let st = smc::state();
-    let conns = st.iter().map(|d| d.connections as u64).sum();
-    let groups = st.iter().map(|d| d.link_groups as u64).sum();
-    let threads = std::fs::read_dir("/proc/self/task").unwrap().count() as u64;
-    let (mut fds, mut memfds) = (0, 0);
-    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
-        fds += 1;
-        if std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:")) {
-            memfds += 1;
-        }
-    }
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let rss = statm
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 4;
-    [conns, groups, threads, fds, memfds, rss]
+    common::held()
 }
 
 fn server() {

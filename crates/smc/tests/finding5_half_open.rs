@@ -35,25 +35,7 @@ const SETTLE: Duration = Duration::from_secs(8);
 
 /// Counts of this process.
 fn counts() -> String {
-    let conns: usize = smc::state().iter().map(|d| d.connections).sum();
-    let groups: usize = smc::state().iter().map(|d| d.link_groups).sum();
-    let threads = std::fs::read_dir("/proc/self/task").unwrap().count();
-    let mut fds = 0;
-    let mut memfds = 0;
-    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
-        fds += 1;
-        if std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:")) {
-            memfds += 1;
-        }
-    }
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let rss_kib = statm
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 4;
+    let [conns, groups, threads, fds, memfds, rss_kib] = common::held();
     format!("conns={conns} groups={groups} threads={threads} fds={fds} memfds={memfds} rss_kib={rss_kib}")
 }
 
