@@ -191,6 +191,31 @@ fn nothing_left_but(groups: usize, what: &str) {
     }
 }
 
+/// What the process holds after the first case, the baseline every later
+/// (hostile) case must get back to: threads, descriptors, memfds, and
+/// resident memory within a slack for allocator caches (`common::held`).
+fn back_to(base: Option<[u64; 6]>, what: &str) -> [u64; 6] {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = common::held();
+        let Some(base) = base else { return now };
+        let over = now[2] > base[2]
+            || now[3] > base[3]
+            || now[4] > base[4]
+            || now[5] > base[5] + (8 << 10);
+        if !over {
+            return base;
+        }
+        assert!(
+            Instant::now() < end,
+            "{what}: threads, fds, memfds, rss KiB {:?} above the baseline {:?}",
+            &now[2..],
+            &base[2..]
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// One SMC-R connection through the honest listener / stream, data echoed.
 fn smc_r_still_works(l: Option<&SmcListener>, what: &str) {
     let own;
@@ -225,6 +250,7 @@ fn a_hostile_server_gets_a_decline_for_each_bad_value_of_its_accept() {
     setup();
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let groups = link_groups();
+    let mut base = None;
     let good: Tweak = |_| {};
     let mut cases = vec![("no bad value", good, None)];
     cases.extend(bad_values().into_iter().map(|(w, f, c)| (w, f, Some(c))));
@@ -269,6 +295,7 @@ fn a_hostile_server_gets_a_decline_for_each_bad_value_of_its_accept() {
             );
         }
         nothing_left_but(groups, what);
+        base = Some(back_to(base, what));
     }
     // the library serves the next connection over SMC-R
     smc_r_still_works(None, "after the hostile server");
@@ -295,6 +322,7 @@ fn a_hostile_client_gets_a_decline_for_each_bad_value_of_its_confirm() {
             prefix_len: 8,
         }],
     };
+    let mut base = None;
     let good: Tweak = |_| {};
     let mut cases = vec![("no bad value", good, DeclineCode::TimeoutCl)];
     cases.extend(bad_values());
@@ -330,6 +358,7 @@ fn a_hostile_client_gets_a_decline_for_each_bad_value_of_its_confirm() {
                 "{what}"
             );
             nothing_left_but(groups, what);
+            base = Some(back_to(base, what));
         }
         // the listener serves the next client over SMC-R; its link groups
         // (one per role in this process, unless an earlier test left them)
