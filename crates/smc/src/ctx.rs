@@ -204,6 +204,13 @@ fn max_spinners() -> usize {
     })
 }
 
+/// Whether a wait may spin at all: not on a single CPU, where the spinning
+/// thread holds the core its peer needs.
+pub(crate) fn may_spin() -> bool {
+    static M: OnceLock<bool> = OnceLock::new();
+    *M.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
 /// How long a waiting thread polls before it sleeps (`SMC_SPIN_US`, default 50 µs).
 pub(crate) fn spin_time() -> Duration {
     static T: OnceLock<Duration> = OnceLock::new();

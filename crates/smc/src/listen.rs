@@ -308,7 +308,19 @@ struct Pending {
     hs: Accepting,
     addr: SocketAddr,
     wait: Progress,
+    /// Stepped in this round of the driver and not over: its peer's next
+    /// CLC message is likely microseconds away (see [`SPIN_MAX`]).
+    fresh: bool,
 }
+
+/// Handshakes that moved in a round are stepped again in a loop for up to
+/// `ctx::spin_time()` before the driver sleeps in `poll()`, when there are
+/// at most this many of them and more than one CPU: the client answers an
+/// Accept within microseconds, and a driver that slept would be woken for
+/// every CLC message (a wake-up costs more than the spin), as the accepting
+/// thread that ran the handshake itself used to spin through it. A flood of
+/// new connections is not spun on.
+const SPIN_MAX: usize = 4;
 
 /// The driver thread: takes TCP connections, steps handshakes, queues
 /// finished connections, until the listener is dropped.
@@ -385,10 +397,13 @@ fn drive(inner: &Inner) {
             let due = ready.get(k).copied().unwrap_or(false)
                 || tick
                 || matches!(p.wait, Progress::Wait { rdma: true, .. });
+            p.fresh = false;
             if due {
                 p.wait = p.hs.step();
                 if p.wait == Progress::Done {
                     finished.push(k);
+                } else {
+                    p.fresh = ready.get(k).copied().unwrap_or(false);
                 }
             }
         }
@@ -418,7 +433,12 @@ fn drive(inner: &Inner) {
                                     inner.push(s, addr);
                                 }
                             } else {
-                                pending.push(Pending { hs, addr, wait });
+                                pending.push(Pending {
+                                    hs,
+                                    addr,
+                                    wait,
+                                    fresh: true,
+                                });
                             }
                         }
                         // this connection could not be set up; it is closed
@@ -439,5 +459,40 @@ fn drive(inner: &Inner) {
                 }
             }
         }
+        spin(inner, &mut pending);
+    }
+}
+
+/// Steps the handshakes that moved this round again, without sleeping, for
+/// up to `ctx::spin_time()` or until none is left (see [`SPIN_MAX`]).
+fn spin(inner: &Inner, pending: &mut Vec<Pending>) {
+    let hot = pending.iter().filter(|p| p.fresh).count();
+    if hot == 0 || hot > SPIN_MAX || !crate::ctx::may_spin() {
+        return;
+    }
+    let end = Instant::now() + crate::ctx::spin_time();
+    while Instant::now() < end {
+        let mut any = false;
+        let mut k = 0;
+        while k < pending.len() {
+            if !pending[k].fresh {
+                k += 1;
+                continue;
+            }
+            any = true;
+            pending[k].wait = pending[k].hs.step();
+            if pending[k].wait == Progress::Done {
+                let p = pending.swap_remove(k);
+                if let Some(s) = p.hs.into_stream() {
+                    inner.push(s, p.addr);
+                }
+            } else {
+                k += 1;
+            }
+        }
+        if !any {
+            return;
+        }
+        std::hint::spin_loop();
     }
 }
