@@ -292,8 +292,9 @@ fn arrival(tcp: std::net::TcpStream, opted: bool) -> io::Result<Arrival> {
 }
 
 /// Out of a resource the system may give back later (accept(2): EMFILE,
-/// ENFILE, ENOBUFS, ENOMEM): the connection stays in the backlog.
-fn out_of_resources(e: &io::Error) -> bool {
+/// ENFILE, ENOBUFS, ENOMEM): the connection stays in the backlog. (The
+/// tokio listener asks the same.)
+pub(crate) fn out_of_resources(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
         Some(rustix::io::Errno::MFILE)

@@ -105,6 +105,7 @@
 
 use crate::ctx::{self, Shared};
 use crate::handshake::{self, client_reply, client_start, server_reply};
+use crate::listen::out_of_resources;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::stream::{
     conn_error, fail_error, no_rendezvous, no_smc, Fallback, Mode, Parts, SmcConn,
@@ -824,18 +825,6 @@ impl fmt::Debug for SmcListener {
 enum Arrival {
     Ready(SmcStream),
     Handshake(Handshake),
-}
-
-/// Out of a resource the system may give back later (accept(2): EMFILE,
-/// ENFILE, ENOBUFS, ENOMEM).
-fn out_of_resources(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error().map(rustix::io::Errno::from_raw_os_error),
-        Some(rustix::io::Errno::MFILE)
-            | Some(rustix::io::Errno::NFILE)
-            | Some(rustix::io::Errno::NOBUFS)
-            | Some(rustix::io::Errno::NOMEM)
-    )
 }
 
 impl SmcListener {
