@@ -318,9 +318,9 @@ struct Pending {
 /// `ctx::spin_time()` before the driver sleeps in `poll()`, when there are
 /// at most this many of them and more than one CPU: the client answers an
 /// Accept within microseconds, and a driver that slept would be woken for
-/// every CLC message (a wake-up costs more than the spin), as the accepting
-/// thread that ran the handshake itself used to spin through it. A flood of
-/// new connections is not spun on.
+/// every CLC message (a wake-up costs more than the spin; the client's
+/// `handshake::with_endpoint` spins the same way). A flood of new
+/// connections is not spun on.
 const SPIN_MAX: usize = 4;
 
 /// The driver thread: takes TCP connections, steps handshakes, queues
