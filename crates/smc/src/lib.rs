@@ -49,6 +49,7 @@
 mod ctx;
 mod handshake;
 mod listen;
+pub mod provider;
 mod rendezvous;
 mod stream;
 mod sysid;
