@@ -16,6 +16,7 @@
 
 use crate::store::Table;
 use core::fmt;
+use smc_wire::types::Gid;
 use std::path::Path;
 
 /// File name of the table inside the configuration directory.
@@ -350,6 +351,35 @@ pub struct PortInfo {
     pub netdev: Option<String>,
     /// The port is ACTIVE.
     pub active: bool,
+    /// The port has a RoCE v1 GID, which SMC-R v1 needs (smc_ib.c
+    /// `smc_ib_determine_gid_rcu` without `smcrv2`; VLANs are not told
+    /// apart here).
+    pub roce_v1: bool,
+    /// The port's RoCE v2 GIDs (SMC-R v2 needs the connection's, see
+    /// [`Route::v2_gid`]).
+    pub roce_v2: Vec<Gid>,
+}
+
+/// A connection, as device selection sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route<'a> {
+    /// The base interface (see [`base_netdev`]) of the interface the
+    /// connection's TCP traffic leaves through.
+    pub base_netdev: &'a str,
+    /// The RoCE v2 GID SMC-R v2 would use: the IPv4-mapped local address
+    /// (`::ffff:a.b.c.d`). `None` where SMC-R v2 is not possible: an IPv6
+    /// connection (Linux 6.12 offers SMC-R v2 over IPv4 only, af_smc.c
+    /// `smc_find_proposal_devices`) or no UEID configured.
+    pub v2_gid: Option<Gid>,
+}
+
+impl PortInfo {
+    /// Whether the port has a GID the connection can use (smc_pnet.c
+    /// `smc_pnet_determine_gid`: a RoCE v1 GID for SMC-R v1, the RoCE v2 GID
+    /// of the connection's local IPv4 address for SMC-R v2).
+    fn has_gid_for(&self, route: &Route<'_>) -> bool {
+        self.roce_v1 || route.v2_gid.is_some_and(|g| self.roce_v2.contains(&g))
+    }
 }
 
 /// How a port was chosen for a connection.
@@ -372,6 +402,19 @@ pub enum Selection {
         /// Port number.
         port: u8,
     },
+    /// No PNET ID for the interface: a port whose interface is not known
+    /// as the base interface but that carries the connection's RoCE v2 GID,
+    /// `::ffff:<local address>`. The kernel derives that GID from the
+    /// interface that has the address, so it reaches the port through the
+    /// handshake-device rule; here a port's interface name may be unknown
+    /// (a verbs port without a readable `gid_attrs/ndevs`) or differ from
+    /// the one in our network namespace.
+    ByRoceV2Gid {
+        /// Device name.
+        device: String,
+        /// Port number.
+        port: u8,
+    },
 }
 
 impl Selection {
@@ -379,37 +422,54 @@ impl Selection {
     pub fn port(&self) -> (&str, u8) {
         match self {
             Selection::ByPnetId { device, port, .. }
-            | Selection::HandshakeDevice { device, port } => (device, *port),
+            | Selection::HandshakeDevice { device, port }
+            | Selection::ByRoceV2Gid { device, port } => (device, *port),
         }
     }
 }
 
-/// Chooses the RDMA port for a connection whose TCP traffic leaves through
-/// `base_netdev` (after walking down VLAN/bond devices, see [`base_netdev`]),
-/// following `tools.md` §6: if the interface has a PNET ID, the first active port
-/// with the same PNET ID; otherwise the first active port whose own interface is
-/// `base_netdev`. `None` means no device: the connection declines with
-/// "no SMC device found". Callers check GIDs (VLAN, RoCE v2 route) afterwards.
-pub fn select_port(table: &PnetTable, base_netdev: &str, ports: &[PortInfo]) -> Option<Selection> {
-    match table.pnetid_of_interface(base_netdev) {
-        Some(id) => ports
-            .iter()
-            .filter(|p| p.active)
-            .find(|p| table.pnetid_of_port(&p.device, p.port) == Some(id))
+/// Every port that may serve a connection on `route`, in the order of
+/// `ports`, following smc_pnet.c `smc_pnet_find_roce_by_pnetid` (see
+/// `tools.md` §6): if the base interface has a PNET ID, the active ports
+/// with the same PNET ID; otherwise the active ports whose own interface is
+/// the base interface ("handshake device", `smc_pnet_find_rdma_dev`), or
+/// that carry the connection's RoCE v2 GID ([`Selection::ByRoceV2Gid`]).
+/// Either way only ports with a GID the connection can use
+/// (`smc_pnet_determine_gid`); a port without one is passed over, as the
+/// kernel goes on to the next. Empty: no device, the connection declines
+/// with "no SMC device found". The kernel takes the first; the caller may
+/// pass over ports that cannot reach the peer (a shared-memory device and
+/// a peer on another host).
+pub fn candidates(table: &PnetTable, route: &Route<'_>, ports: &[PortInfo]) -> Vec<Selection> {
+    let usable = ports.iter().filter(|p| p.active && p.has_gid_for(route));
+    match table.pnetid_of_interface(route.base_netdev) {
+        Some(id) => usable
+            .filter(|p| table.pnetid_of_port(&p.device, p.port) == Some(id))
             .map(|p| Selection::ByPnetId {
                 pnetid: id.clone(),
                 device: p.device.clone(),
                 port: p.port,
-            }),
-        None => ports
-            .iter()
-            .filter(|p| p.active)
-            .find(|p| p.netdev.as_deref() == Some(base_netdev))
-            .map(|p| Selection::HandshakeDevice {
-                device: p.device.clone(),
-                port: p.port,
-            }),
+            })
+            .collect(),
+        None => usable
+            .filter_map(|p| {
+                let (device, port) = (p.device.clone(), p.port);
+                if p.netdev.as_deref() == Some(route.base_netdev) {
+                    Some(Selection::HandshakeDevice { device, port })
+                } else if route.v2_gid.is_some_and(|g| p.roce_v2.contains(&g)) {
+                    Some(Selection::ByRoceV2Gid { device, port })
+                } else {
+                    None
+                }
+            })
+            .collect(),
     }
+}
+
+/// The port the kernel would choose: the first of [`candidates`]. `None`
+/// means no device: the connection declines with "no SMC device found".
+pub fn select_port(table: &PnetTable, route: &Route<'_>, ports: &[PortInfo]) -> Option<Selection> {
+    candidates(table, route, ports).into_iter().next()
 }
 
 /// Walks down stacked interfaces (VLAN, macvlan, bond, ...) to the base interface
@@ -523,49 +583,163 @@ mod tests {
         assert!(e.to_string().contains("line 1"));
     }
 
-    fn port(d: &str, p: u8, nd: Option<&str>, active: bool) -> PortInfo {
+    /// A port with a RoCE v1 GID (`v1`) and the RoCE v2 GIDs of `v2`.
+    fn port(d: &str, p: u8, nd: Option<&str>, active: bool, v1: bool, v2: &[&str]) -> PortInfo {
         PortInfo {
             device: d.into(),
             port: p,
             netdev: nd.map(Into::into),
             active,
+            roce_v1: v1,
+            roce_v2: v2.iter().map(|a| gid(a)).collect(),
         }
     }
 
+    fn gid(addr: &str) -> Gid {
+        Gid::from_ip(addr.parse().unwrap())
+    }
+
+    /// The ports every row of the table below chooses from.
+    fn ports() -> Vec<PortInfo> {
+        vec![
+            // an RNIC with RoCE v1 and v2 GIDs
+            port("mlx5_0", 1, Some("eth0"), true, true, &["10.0.0.1"]),
+            port("mlx5_1", 1, Some("eth1"), false, true, &["10.1.0.1"]),
+            port("shm0", 1, Some("veth0"), true, true, &["10.2.0.1"]),
+            // Soft-RoCE: RoCE v2 GIDs only
+            port("rxe0", 1, Some("enp0s2"), true, false, &["10.99.0.2"]),
+            // a port whose interface name is not known
+            port("rxe1", 1, None, true, false, &["10.98.0.2"]),
+        ]
+    }
+
+    /// Device selection, one row per rule: the PNET table, and what decides
+    /// without an entry (the port's own interface, the RoCE v2 GID).
     #[test]
     fn device_selection_rules() {
-        let ports = [
-            port("mlx5_0", 1, Some("eth0"), true),
-            port("mlx5_1", 1, Some("eth1"), false),
-            port("shm0", 1, Some("veth0"), true),
+        use Selection as S;
+        let hs = |d: &str| S::HandshakeDevice {
+            device: d.into(),
+            port: 1,
+        };
+        let v2 = |d: &str| S::ByRoceV2Gid {
+            device: d.into(),
+            port: 1,
+        };
+        let by_id = |id_: &str, d: &str| S::ByPnetId {
+            pnetid: id(id_),
+            device: d.into(),
+            port: 1,
+        };
+        let mut pnet = PnetTable::new();
+        pnet.add(&id("NETA"), Some("eth9"), Some(("shm0", 1)))
+            .unwrap();
+        pnet.add(&id("NETB"), Some("eth0"), None).unwrap();
+        pnet.add(&id("NETC"), Some("enp0s2"), Some(("rxe1", 1)))
+            .unwrap();
+        let none = PnetTable::new();
+        // (table, base interface, v2 GID of the connection, expected choices)
+        let rows: Vec<(&PnetTable, &str, Option<&str>, Vec<S>, &str)> = vec![
+            (
+                &none,
+                "eth0",
+                None,
+                vec![hs("mlx5_0")],
+                "no PNET ID: the port of the interface",
+            ),
+            (
+                &none,
+                "eth0",
+                Some("10.0.0.1"),
+                vec![hs("mlx5_0")],
+                "same with v2",
+            ),
+            (&none, "eth1", None, vec![], "its port is not active"),
+            (&none, "eth9", None, vec![], "no port has that interface"),
+            (
+                &none,
+                "enp0s2",
+                None,
+                vec![],
+                "rxe0 has no RoCE v1 GID and v2 is off",
+            ),
+            (
+                &none,
+                "enp0s2",
+                Some("10.99.0.2"),
+                vec![hs("rxe0")],
+                "rxe0 by its interface, v2",
+            ),
+            (
+                &none,
+                "enp0s2",
+                Some("10.99.0.3"),
+                vec![],
+                "rxe0 lacks the connection's v2 GID",
+            ),
+            (
+                &none,
+                "veth7",
+                Some("10.98.0.2"),
+                vec![v2("rxe1")],
+                "rxe1 by its v2 GID",
+            ),
+            (
+                &none,
+                "eth0",
+                Some("10.98.0.2"),
+                vec![hs("mlx5_0"), v2("rxe1")],
+                "both rules, port order",
+            ),
+            (
+                &pnet,
+                "eth9",
+                None,
+                vec![by_id("NETA", "shm0")],
+                "a PNET ID: its ports only",
+            ),
+            (
+                &pnet,
+                "veth0",
+                None,
+                vec![hs("shm0")],
+                "the port's PNET ID does not matter without the interface's",
+            ),
+            (
+                &pnet,
+                "eth0",
+                None,
+                vec![],
+                "a PNET ID without ports: nothing, not the handshake device",
+            ),
+            (
+                &pnet,
+                "enp0s2",
+                Some("10.99.0.2"),
+                vec![],
+                "PNET ID wins over the interface: rxe1 lacks the GID",
+            ),
+            (
+                &pnet,
+                "enp0s2",
+                Some("10.98.0.2"),
+                vec![by_id("NETC", "rxe1")],
+                "PNET ID wins over the interface",
+            ),
         ];
-        let mut t = PnetTable::new();
-        // no PNET ID: the handshake device whose netdev is the interface
-        assert_eq!(
-            select_port(&t, "eth0", &ports),
-            Some(Selection::HandshakeDevice {
-                device: "mlx5_0".into(),
-                port: 1
-            })
-        );
-        assert_eq!(select_port(&t, "eth1", &ports), None, "inactive port");
-        assert_eq!(select_port(&t, "eth9", &ports), None);
-        // a PNET ID for the interface: only ports of that PNET qualify
-        t.add(&id("NETA"), Some("eth9"), Some(("shm0", 1))).unwrap();
-        assert_eq!(
-            select_port(&t, "eth9", &ports),
-            Some(Selection::ByPnetId {
-                pnetid: id("NETA"),
-                device: "shm0".into(),
-                port: 1
-            })
-        );
-        t.add(&id("NETB"), Some("eth0"), None).unwrap();
-        assert_eq!(
-            select_port(&t, "eth0", &ports),
-            None,
-            "PNET without a device port"
-        );
+        let ports = ports();
+        for (table, base, v2_gid, want, why) in rows {
+            let route = Route {
+                base_netdev: base,
+                v2_gid: v2_gid.map(gid),
+            };
+            assert_eq!(candidates(table, &route, &ports), want, "{why}");
+            assert_eq!(
+                select_port(table, &route, &ports),
+                want.first().cloned(),
+                "{why}"
+            );
+        }
     }
 
     #[test]
