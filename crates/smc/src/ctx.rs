@@ -1,16 +1,22 @@
-//! The process-wide SMC state: the shared-memory provider, one endpoint per
-//! device, and device selection for a connection (`tools.md` §6).
+//! The process-wide SMC state: the provider (shm and libibverbs devices,
+//! [`crate::provider`]), one endpoint per device, and device selection for a
+//! connection (`tools.md` §6): the interface of the connection's local
+//! address, through the PNET table or the port's own interface (or its
+//! RoCE v2 GID) to a device port, as Linux chooses (smc_pnet.c
+//! `smc_pnet_find_roce_resource`), except that a shared-memory device serves
+//! only peers on this host (see [`pick`] and [`shm_reaches`]).
 
+use crate::provider::AnyProvider;
+use crate::provider::Kind;
 use rustix::event::{epoll, PollFd, PollFlags, Timespec};
-use smc_config::pnet::{base_netdev, select_port, PnetTable, PortInfo};
+use smc_config::pnet::{base_netdev, candidates, PnetTable, PortInfo, Route};
 use smc_config::store::{ConfigDir, Table};
 use smc_config::ueid::UeidTable;
 use smc_engine::endpoint::{ConnId, Endpoint, EndpointConfig};
 use smc_proto::close::CloseState;
 use smc_proto::negotiate::IfAddr;
 use smc_proto::Timestamp;
-use smc_rdma::shm::ShmProvider;
-use smc_rdma::{PortState, Provider};
+use smc_rdma::{GidType, PortState};
 use smc_wire::types::{Mac, SystemId};
 use std::collections::HashMap;
 use std::io;
@@ -67,7 +73,7 @@ pub fn state() -> Vec<DeviceState> {
 /// leader wakes up. While some thread spins nobody is armed, so the peer posts
 /// without a system call and nothing here makes one.
 pub(crate) struct Shared {
-    ep: Mutex<Endpoint<ShmProvider>>,
+    ep: Mutex<Endpoint<AnyProvider>>,
     /// The endpoint's completion-channel descriptor (a dup, to poll without the lock).
     notify: OwnedFd,
     /// The endpoint's completion count when last looked at.
@@ -133,7 +139,7 @@ impl Want {
         }
     }
 
-    fn ready(self, ep: &Endpoint<ShmProvider>, sndbuf_len: usize) -> bool {
+    fn ready(self, ep: &Endpoint<AnyProvider>, sndbuf_len: usize) -> bool {
         let (id, more) = match self {
             Want::Read(id) => (id, ep.readable(id) > 0 || ep.peer_done(id)),
             Want::Write(id) => (id, ep.unacked(id) < sndbuf_len || ep.peer_closed(id)),
@@ -263,7 +269,7 @@ const IDLE_SLEEP: Duration = Duration::from_millis(20);
 const MAX_SLEEP: Duration = Duration::from_millis(5);
 
 impl Shared {
-    fn new(ep: Endpoint<ShmProvider>, sndbuf_len: usize) -> io::Result<Shared> {
+    fn new(ep: Endpoint<AnyProvider>, sndbuf_len: usize) -> io::Result<Shared> {
         let notify = ep.notify_fd().try_clone_to_owned()?;
         let watch = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         Ok(Shared {
@@ -294,7 +300,7 @@ impl Shared {
     /// one). Called with the endpoint locked: the threads are unparked when
     /// it is released ([`Locked`]), as a woken thread's first step is to take
     /// that lock.
-    fn wake(&self, ep: &Endpoint<ShmProvider>, all: bool) {
+    fn wake(&self, ep: &Endpoint<AnyProvider>, all: bool) {
         let mut w = self.waiters();
         let mut u = self.to_unpark.lock().unwrap_or_else(|e| e.into_inner());
         w.retain(|x| {
@@ -337,7 +343,7 @@ impl Shared {
     /// After a read or write lease of connection `id` ended (with the
     /// endpoint locked): threads and tasks that were turned away while it was
     /// out look again (without a completion nothing else would wake them).
-    pub(crate) fn after_lease(&self, ep: &mut Endpoint<ShmProvider>, id: ConnId) {
+    pub(crate) fn after_lease(&self, ep: &mut Endpoint<AnyProvider>, id: ConnId) {
         if !ep.take_lease_waited(id) {
             return;
         }
@@ -380,7 +386,7 @@ impl Shared {
     /// endpoint locked). Handshakes fail at once; established connections are
     /// reset after `PEER_GONE_GRACE` unless their peer closes meanwhile, so
     /// everyone waiting looks again now and then.
-    fn take_tcp_ends(&self, ep: &mut Endpoint<ShmProvider>) {
+    fn take_tcp_ends(&self, ep: &mut Endpoint<AnyProvider>) {
         let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 64];
         let zero = Timespec {
             tv_sec: 0,
@@ -466,7 +472,7 @@ impl Shared {
 
     /// Pumps the endpoint and wakes the sleepers if it took completions.
     /// Returns the completion count seen.
-    pub(crate) fn pump(&self, ep: &mut Endpoint<ShmProvider>) -> u64 {
+    pub(crate) fn pump(&self, ep: &mut Endpoint<AnyProvider>) -> u64 {
         let _ = self.try_pump(ep);
         ep.completions()
     }
@@ -474,7 +480,7 @@ impl Shared {
     /// [`Self::pump`] for callers that act on a provider error (the handshake).
     pub(crate) fn try_pump(
         &self,
-        ep: &mut Endpoint<ShmProvider>,
+        ep: &mut Endpoint<AnyProvider>,
     ) -> smc_engine::endpoint::Result<()> {
         let r = ep.pump(now());
         let n = ep.completions();
@@ -497,7 +503,7 @@ impl Shared {
         want: Want,
         deadline: Option<Instant>,
         nonblocking: bool,
-        mut op: impl FnMut(&mut Endpoint<ShmProvider>) -> Option<io::Result<R>>,
+        mut op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
     ) -> io::Result<R> {
         struct Active<'a>(&'a AtomicUsize);
         impl Drop for Active<'_> {
@@ -596,7 +602,7 @@ impl Shared {
     #[cfg(feature = "tokio")]
     pub(crate) fn wake_on_progress(
         &self,
-        _ep: &mut Endpoint<ShmProvider>,
+        _ep: &mut Endpoint<AnyProvider>,
         waker: &std::task::Waker,
     ) {
         let mut v = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
@@ -615,7 +621,7 @@ impl Shared {
     pub(crate) fn try_or_arm<R>(
         &self,
         waker: &std::task::Waker,
-        mut op: impl FnMut(&mut Endpoint<ShmProvider>) -> Option<io::Result<R>>,
+        mut op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
     ) -> Option<io::Result<R>> {
         let mut ep = self.lock();
         let mut r = op(&mut ep);
@@ -755,12 +761,12 @@ impl Drop for Busy<'_> {
 /// thread would run (on the other core, or in place of the pumping one) only
 /// to block on the lock again.
 pub(crate) struct Locked<'a> {
-    guard: Option<MutexGuard<'a, Endpoint<ShmProvider>>>,
+    guard: Option<MutexGuard<'a, Endpoint<AnyProvider>>>,
     shared: &'a Shared,
 }
 
 impl std::ops::Deref for Locked<'_> {
-    type Target = Endpoint<ShmProvider>;
+    type Target = Endpoint<AnyProvider>;
     fn deref(&self) -> &Self::Target {
         self.guard.as_ref().expect("held until dropped")
     }
@@ -780,16 +786,19 @@ impl Drop for Locked<'_> {
 }
 
 struct Context {
-    provider: Option<ShmProvider>,
+    provider: AnyProvider,
     /// The instance part of this process's system ID, and the lock that
     /// keeps it unique among the processes of the device directory (see
     /// [`crate::sysid`]).
     instance: u16,
     _instance_lock: Option<OwnedFd>,
     endpoints: Mutex<HashMap<String, Arc<Shared>>>,
-    /// Recent device choices per local address (see [`endpoint_for`]).
+    /// Recent device candidates per local address (see [`endpoint_for`]).
     #[allow(clippy::type_complexity)]
-    selection: Mutex<HashMap<IpAddr, (Instant, Option<Arc<Shared>>)>>,
+    selection: Mutex<HashMap<IpAddr, (Instant, Option<Arc<Choice>>)>>,
+    /// This network namespace's addresses, recently read (see [`in_namespace`]).
+    #[allow(clippy::type_complexity)]
+    addrs: Mutex<Option<(Instant, Arc<Vec<IpAddr>>)>>,
 }
 
 fn origin() -> Instant {
@@ -805,17 +814,19 @@ pub(crate) fn now() -> Timestamp {
 fn context() -> &'static Context {
     static C: OnceLock<Context> = OnceLock::new();
     C.get_or_init(|| {
-        // Devices are declared in the file named by SMC_RDMA_SHM_CONFIG; without
-        // it this process has no SMC device and its connections decline.
-        let provider = ShmProvider::from_env().ok();
+        // shm devices are declared in the file named by SMC_RDMA_SHM_CONFIG,
+        // verbs devices are whatever libibverbs finds; without either this
+        // process has no SMC device and its connections decline.
+        let provider = AnyProvider::from_env();
         let (instance, lock) =
-            crate::sysid::allocate(provider.as_ref().map(|p| p.config().rundir.as_path()));
+            crate::sysid::allocate(provider.shm().map(|p| p.config().rundir.as_path()));
         Context {
             provider,
             instance,
             _instance_lock: lock,
             endpoints: Mutex::new(HashMap::new()),
             selection: Mutex::new(HashMap::new()),
+            addrs: Mutex::new(None),
         }
     })
 }
@@ -893,6 +904,13 @@ pub(crate) fn interface_of(local: IpAddr) -> io::Result<Option<(String, Vec<IfAd
 pub(crate) enum Device {
     /// The endpoint of the device serving the connection's interface.
     Endpoint(Arc<Shared>),
+    /// (Server) Only a shared-memory device serves the connection, and the
+    /// client's address is not one of our network namespace: the device
+    /// serves it only if the client turns out to be on this host. Ask
+    /// [`shm_reaches`] once the client's first CLC bytes are there (it
+    /// opened its device before sending them), before the handshake starts
+    /// on the endpoint; if not, decline as without a device.
+    IfOnHost(Arc<Shared>),
     /// No SMC device serves it: decline "no SMC device" (or what the prefix
     /// rules say).
     None,
@@ -902,70 +920,230 @@ pub(crate) enum Device {
     Unavailable,
 }
 
-/// The endpoint for a connection whose local address is `local` (see [`Device`]).
-pub(crate) fn endpoint_for(local: IpAddr) -> Device {
-    let ctx = context();
-    // Device selection reads the pnet table, the interface list (netlink) and
-    // the ports; a connection-per-request client would redo that for every
-    // connection, so the choice per local address is kept for a second (a
-    // changed pnet table or port state takes effect within that second).
-    let mut cache = ctx.selection.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((at, choice)) = cache.get(&local) {
-        if at.elapsed() < SELECTION_TTL {
-            return choice.clone().map_or(Device::None, Device::Endpoint);
-        }
+/// Which end of the connection asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The connecting side: it must decide before its Proposal.
+    Client,
+    /// The accepting side: it may wait for the client's first bytes.
+    Server,
+}
+
+/// A device port that may serve connections from one local address
+/// ([`smc_config::pnet::candidates`]), with its provider.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub(crate) device: String,
+    pub(crate) kind: Kind,
+    /// The port has a RoCE v1 GID (SMC-R v1 may be offered).
+    pub(crate) roce_v1: bool,
+    /// The port has a RoCE v2 GID (SMC-R v2 may be offered).
+    pub(crate) roce_v2: bool,
+}
+
+/// The candidates for one local address, in the kernel's order, and what an
+/// endpoint opened for one of them is configured with.
+struct Choice {
+    candidates: Vec<Candidate>,
+    base: String,
+    if_addrs: Vec<IfAddr>,
+    ueids: Vec<smc_wire::types::Eid>,
+}
+
+/// Which candidate a connection uses (see [`pick`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pick<'a> {
+    /// This one.
+    Use(&'a Candidate),
+    /// This shared-memory device, if the peer is on this host after all
+    /// (see [`shm_reaches`]).
+    IfOnHost(&'a Candidate),
+    /// None.
+    Nothing,
+}
+
+/// Chooses among the candidates of a connection's local address. The kernel
+/// takes the first (smc_pnet.c `smc_pnet_find_roce_by_pnetid`); a
+/// shared-memory device, though, serves only peers on this host (it is
+/// reached through the rundir, never through the wire), so when the peer's
+/// address is not one of our network namespace the first device of another
+/// provider is taken, and a shared-memory device only once the peer is
+/// known to be on this host.
+pub(crate) fn pick(candidates: &[Candidate], peer_in_namespace: bool) -> Pick<'_> {
+    if peer_in_namespace {
+        return candidates.first().map_or(Pick::Nothing, Pick::Use);
     }
-    match select_endpoint(ctx, local) {
-        Ok(choice) => {
-            cache.insert(local, (Instant::now(), choice.clone()));
-            choice.map_or(Device::None, Device::Endpoint)
-        }
-        // (not kept: the next connection looks again)
+    if let Some(c) = candidates.iter().find(|c| c.kind != Kind::Shm) {
+        return Pick::Use(c);
+    }
+    candidates.first().map_or(Pick::Nothing, Pick::IfOnHost)
+}
+
+/// The endpoint for a connection from `local` to `peer` (see [`Device`]).
+pub(crate) fn endpoint_for(local: IpAddr, peer: IpAddr, role: Role) -> Device {
+    let ctx = context();
+    let Ok(choice) = choice_for(ctx, local) else {
+        return Device::Unavailable;
+    };
+    let Some(choice) = choice else {
+        return Device::None;
+    };
+    let Ok(peer_here) = in_namespace(ctx, peer) else {
+        return Device::Unavailable;
+    };
+    let (cand, if_on_host) = match pick(&choice.candidates, peer_here) {
+        Pick::Use(c) => (c, false),
+        Pick::IfOnHost(c) => (c, true),
+        Pick::Nothing => return Device::None,
+    };
+    // A client decides now: its Proposal would name the device. (The
+    // server's endpoint is open by now if it listens on this host: a
+    // listener opens its shared-memory devices when it is bound.)
+    if if_on_host && role == Role::Client && !shm_reaches(peer) {
+        return Device::None;
+    }
+    match endpoint_of(ctx, &choice, cand) {
+        Ok(s) if if_on_host && role == Role::Server => Device::IfOnHost(s),
+        Ok(s) => Device::Endpoint(s),
         Err(()) => Device::Unavailable,
     }
 }
 
-/// How long a device choice for a local address is reused.
+/// Opens the shared-memory devices that serve connections to `addr` (every
+/// address of our network namespace if it is unspecified), for a listener
+/// bound there: a device registers the GIDs of its interface in the rundir
+/// when it is opened, and a client in another network namespace of this
+/// host proposes over its own shared-memory device only once the server's
+/// address is registered there (see [`shm_reaches`]), which without this
+/// would wait for the listener's first connection. Failures are left for
+/// the connections to meet.
+pub(crate) fn open_devices_for_listener(addr: IpAddr) {
+    let ctx = context();
+    let locals: Vec<IpAddr> = if addr.is_unspecified() {
+        let Ok(all) = smc_rdma::sys::interface_addrs() else {
+            return;
+        };
+        let mut seen = std::collections::HashSet::new();
+        all.into_iter()
+            .filter(|a| seen.insert(a.ifname.clone()))
+            .map(|a| a.addr)
+            .collect()
+    } else {
+        vec![addr]
+    };
+    for local in locals {
+        if let Ok(Some(choice)) = choice_for(ctx, local) {
+            for c in choice.candidates.iter().filter(|c| c.kind == Kind::Shm) {
+                let _ = endpoint_of(ctx, &choice, c);
+            }
+        }
+    }
+}
+
+/// How long a device choice for a local address, and the list of this
+/// namespace's addresses, are reused.
 const SELECTION_TTL: Duration = Duration::from_secs(1);
 
-/// `Ok(None)`: no device serves `local`; `Err`: it could not be found out
-/// or the device could not be opened now.
-fn select_endpoint(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Shared>>, ()> {
-    let Some(provider) = ctx.provider.as_ref() else {
-        return Ok(None);
-    };
+/// The candidates for `local`, kept for [`SELECTION_TTL`]: device selection
+/// reads the pnet and UEID tables, the interface list (netlink) and the
+/// ports, and a connection-per-request client would redo that for every
+/// connection (a changed table or port state takes effect within that
+/// second). `Ok(None)`: no device serves `local`; `Err`: it could not be
+/// found out now (not kept: the next connection looks again).
+fn choice_for(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Choice>>, ()> {
+    let mut cache = ctx.selection.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((at, choice)) = cache.get(&local) {
+        if at.elapsed() < SELECTION_TTL {
+            return Ok(choice.clone());
+        }
+    }
+    let choice = find_candidates(ctx, local)?.map(Arc::new);
+    cache.insert(local, (Instant::now(), choice.clone()));
+    Ok(choice)
+}
+
+fn find_candidates(ctx: &Context, local: IpAddr) -> Result<Option<Choice>, ()> {
     let Some((ifname, if_addrs)) = interface_of(local).map_err(|_| ())? else {
         return Ok(None);
     };
+    let devices = ctx.provider.devices_by_kind().map_err(|_| ())?;
+    if devices.is_empty() {
+        return Ok(None);
+    }
     let base = base_netdev(Path::new("/sys/class/net"), &ifname);
     let dir = ConfigDir::from_env();
     let pnet = PnetTable::load(&dir).unwrap_or_default();
-    let ports: Vec<PortInfo> = provider
-        .devices()
-        .map_err(|_| ())?
-        .into_iter()
-        .flat_map(|d| {
-            d.ports.into_iter().map(move |p| PortInfo {
-                device: d.name.clone(),
-                port: p.port_num,
-                netdev: p.netdev.clone(),
-                active: p.state == PortState::Active,
-            })
-        })
-        .collect();
-    let Some(sel) = select_port(&pnet, &base, &ports) else {
-        return Ok(None);
-    };
-    let (device, _port) = sel.port();
-    let mut eps = ctx.endpoints.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(s) = eps.get(device) {
-        return Ok(Some(s.clone()));
-    }
     let ueids = UeidTable::load(&dir)
         .map(|t| t.eids().to_vec())
         .unwrap_or_default();
+    let local4 = match local {
+        IpAddr::V4(a) => Some(a),
+        IpAddr::V6(a) => a.to_ipv4_mapped(),
+    };
+    let route = Route {
+        base_netdev: &base,
+        // SMC-R v2 needs a UEID, and Linux 6.12 offers it over IPv4 only
+        // (af_smc.c `smc_find_proposal_devices`)
+        v2_gid: local4
+            .filter(|_| !ueids.is_empty())
+            .map(smc_wire::types::Gid::from_ipv4),
+    };
+    let ports: Vec<(Kind, PortInfo)> = devices
+        .into_iter()
+        .flat_map(|(kind, d)| {
+            d.ports.into_iter().map(move |p| {
+                let v2 = |g: &&smc_rdma::GidEntry| g.gid_type == GidType::RoceV2;
+                (
+                    kind,
+                    PortInfo {
+                        device: d.name.clone(),
+                        port: p.port_num,
+                        netdev: p.netdev.clone(),
+                        active: p.state == PortState::Active,
+                        roce_v1: p.gids.iter().any(|g| g.gid_type == GidType::RoceV1),
+                        roce_v2: p.gids.iter().filter(v2).map(|g| g.gid).collect(),
+                    },
+                )
+            })
+        })
+        .collect();
+    let infos: Vec<PortInfo> = ports.iter().map(|(_, p)| p.clone()).collect();
+    let candidates: Vec<Candidate> = candidates(&pnet, &route, &infos)
+        .iter()
+        // (the engine opens port 1 of a device: one port per device here)
+        .filter_map(|sel| {
+            let (device, port) = sel.port();
+            ports
+                .iter()
+                .find(|(_, p)| p.device == device && p.port == port)
+        })
+        .map(|(kind, p)| Candidate {
+            device: p.device.clone(),
+            kind: *kind,
+            roce_v1: p.roce_v1,
+            roce_v2: !p.roce_v2.is_empty(),
+        })
+        .collect();
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Choice {
+        candidates,
+        base,
+        if_addrs,
+        ueids,
+    }))
+}
+
+/// The endpoint of `cand`'s device, opened now if this process has none yet.
+fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<Shared>, ()> {
+    let device = cand.device.as_str();
+    let mut eps = ctx.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(s) = eps.get(device) {
+        return Ok(s.clone());
+    }
     // (from our network namespace: /sys/class/net may belong to another one)
-    let mac = smc_rdma::sys::link(&base)
+    let mac = smc_rdma::sys::link(&choice.base)
         .ok()
         .flatten()
         .and_then(|l| l.mac)
@@ -975,10 +1153,13 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Shared>>, 
     let cfg = EndpointConfig {
         system_id: SystemId::new(ctx.instance, mac),
         device: device.to_string(),
-        offer_v2: !ueids.is_empty(),
-        ueids,
-        offer_v1: true,
-        if_addrs,
+        // SMC-R v1 needs a RoCE v1 GID, v2 a RoCE v2 GID and a UEID
+        // (smc_pnet.c `smc_pnet_determine_gid`, af_smc.c
+        // `smc_find_proposal_devices`)
+        offer_v2: !choice.ueids.is_empty() && cand.roce_v2,
+        ueids: choice.ueids.clone(),
+        offer_v1: cand.roce_v1,
+        if_addrs: choice.if_addrs.clone(),
         rmb_len: buf_len("SMC_RMB_KIB"),
         sndbuf_len,
         testlink: Some(Duration::from_secs(30)),
@@ -988,7 +1169,7 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Shared>>, 
             .unwrap_or_default(),
         lgr_idle_timeout: Duration::from_secs(600),
     };
-    let ep = Endpoint::new(provider, cfg).map_err(|_| ())?;
+    let ep = Endpoint::new(&ctx.provider, cfg).map_err(|_| ())?;
     let shared = Arc::new(Shared::new(ep, sndbuf_len).map_err(|_| ())?);
     // Control traffic nobody waits for (LLC requests, keepalives, the final CDCs
     // of released connections) is handled by a small progress thread; data moves
@@ -999,5 +1180,172 @@ fn select_endpoint(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Shared>>, 
         .spawn(move || progress_loop(weak))
         .map_err(|_| ())?;
     eps.insert(device.to_string(), shared.clone());
-    Ok(Some(shared))
+    Ok(shared)
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn unmapped(a: IpAddr) -> IpAddr {
+    match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether `addr` is an address of our network namespace: a loopback
+/// address, or one assigned to one of its interfaces (read at most every
+/// [`SELECTION_TTL`]). `Err`: the interface list could not be read.
+fn in_namespace(ctx: &Context, addr: IpAddr) -> Result<bool, ()> {
+    let addr = unmapped(addr);
+    if addr.is_loopback() {
+        return Ok(true);
+    }
+    let mut cache = ctx.addrs.lock().unwrap_or_else(|e| e.into_inner());
+    let list = match &*cache {
+        Some((at, list)) if at.elapsed() < SELECTION_TTL => list.clone(),
+        _ => {
+            let list: Arc<Vec<IpAddr>> = Arc::new(
+                smc_rdma::sys::interface_addrs()
+                    .map_err(|_| ())?
+                    .into_iter()
+                    .map(|a| a.addr)
+                    .collect(),
+            );
+            *cache = Some((Instant::now(), list.clone()));
+            list
+        }
+    };
+    Ok(list.contains(&addr))
+}
+
+/// Whether this process's shared-memory devices can reach a peer at
+/// `peer`, i.e. whether the peer is on this host: `peer` is an address of
+/// our network namespace, or a shared-memory device whose interface has
+/// that address is registered in our rundir (every shm device registers
+/// the GIDs of its interface's addresses there when it is opened, see
+/// `smc_rdma::shm::registry`). The second covers processes in other network
+/// namespaces of this host that share the rundir (what the shm device
+/// needs to reach them); a peer on another machine never has its address
+/// there.
+pub(crate) fn shm_reaches(peer: IpAddr) -> bool {
+    let ctx = context();
+    if in_namespace(ctx, peer).unwrap_or(false) {
+        return true;
+    }
+    ctx.provider.shm().is_some_and(|p| {
+        registered_in_rundir(
+            &p.config().rundir,
+            &smc_wire::types::Gid::from_ip(unmapped(peer)),
+        )
+    })
+}
+
+/// Whether the shm rundir `dir` has a device registered under `gid`:
+/// an entry `gid-<hex>.<instance>` (or the single-owner `gid-<hex>`), the
+/// names `smc_rdma::shm::registry` documents.
+fn registered_in_rundir(dir: &Path, gid: &smc_wire::types::Gid) -> bool {
+    let name = format!("gid-{}", gid.to_hex());
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    rd.flatten().any(|e| {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        n.strip_prefix(name.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(device: &str, kind: Kind) -> Candidate {
+        Candidate {
+            device: device.into(),
+            kind,
+            roce_v1: true,
+            roce_v2: true,
+        }
+    }
+
+    /// Which candidate a connection takes, by where its peer is: the
+    /// kernel's first, except that a shared-memory device never serves a
+    /// peer elsewhere.
+    #[test]
+    fn a_shared_memory_device_only_for_peers_of_this_host() {
+        let shm = cand("shm-eth0", Kind::Shm);
+        let shm2 = cand("shm-eth0b", Kind::Shm);
+        let rxe = cand("rxe0", Kind::Verbs);
+        let mlx = cand("mlx5_0", Kind::Verbs);
+        // (candidates, peer in our namespace, expected)
+        let rows: Vec<(Vec<&Candidate>, bool, Pick<'_>, &str)> = vec![
+            (
+                vec![&shm, &rxe],
+                true,
+                Pick::Use(&shm),
+                "local peer: the first",
+            ),
+            (
+                vec![&rxe, &shm],
+                true,
+                Pick::Use(&rxe),
+                "local peer: the first",
+            ),
+            (
+                vec![&shm, &rxe],
+                false,
+                Pick::Use(&rxe),
+                "peer elsewhere: not shm",
+            ),
+            (
+                vec![&shm, &rxe, &mlx],
+                false,
+                Pick::Use(&rxe),
+                "the first that is not shm",
+            ),
+            (vec![&mlx], false, Pick::Use(&mlx), "verbs serves any peer"),
+            (vec![&shm], true, Pick::Use(&shm), "local peer over shm"),
+            (
+                vec![&shm, &shm2],
+                false,
+                Pick::IfOnHost(&shm),
+                "only shm: if on this host",
+            ),
+            (vec![], true, Pick::Nothing, "no candidates"),
+            (vec![], false, Pick::Nothing, "no candidates"),
+        ];
+        for (cands, here, want, why) in rows {
+            let cands: Vec<Candidate> = cands.into_iter().cloned().collect();
+            let got = pick(&cands, here);
+            // (compared by device: `want` borrows the rows' candidates)
+            let name = |p: Pick<'_>| match p {
+                Pick::Use(c) => format!("use {}", c.device),
+                Pick::IfOnHost(c) => format!("if on host {}", c.device),
+                Pick::Nothing => "nothing".into(),
+            };
+            assert_eq!(name(got), name(want), "{why}");
+        }
+    }
+
+    /// A peer address is of this host for the shm device when a device of
+    /// our rundir registered its GID (`gid-<hex>.<instance>`, or the
+    /// single-owner `gid-<hex>`), and only then.
+    #[test]
+    fn the_rundir_says_which_addresses_are_of_this_host() {
+        let dir = std::env::temp_dir().join(format!("smc-ctx-rundir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let gid = |a: &str| smc_wire::types::Gid::from_ip(a.parse().unwrap());
+        let (a, b, c) = (gid("10.0.0.1"), gid("10.0.0.2"), gid("10.0.0.3"));
+        assert!(!registered_in_rundir(&dir, &a), "empty rundir");
+        std::fs::write(dir.join(format!("gid-{}.dev-x-1-0-ab", a.to_hex())), "").unwrap();
+        std::fs::write(dir.join(format!("gid-{}", b.to_hex())), "").unwrap();
+        // a longer name that only starts like c's is not c's entry
+        std::fs::write(dir.join(format!("gid-{}00.dev", c.to_hex())), "").unwrap();
+        assert!(registered_in_rundir(&dir, &a));
+        assert!(registered_in_rundir(&dir, &b));
+        assert!(!registered_in_rundir(&dir, &c));
+        assert!(!registered_in_rundir(&dir.join("missing"), &a));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -299,6 +299,19 @@ pub(crate) enum Progress {
 enum How {
     /// An endpoint serves the connection.
     Engine(crate::stream::SmcConn),
+    /// Only a shared-memory device serves the connection and the client's
+    /// address is not of our network namespace (see
+    /// [`crate::ctx::Device::IfOnHost`]): nothing is sent until the
+    /// client's first bytes are there, then the endpoint runs the handshake
+    /// if the client is on this host, else it is declined as without a
+    /// device (finding 3: an Accept followed by a Decline would cost a
+    /// kernel client 4 s).
+    IfOnHost {
+        shared: std::sync::Arc<crate::ctx::Shared>,
+        local: IpAddr,
+        peer: IpAddr,
+        deadline: std::time::Instant,
+    },
     /// No device: the client's Proposal is declined (or its Decline taken).
     NoDevice {
         local: IpAddr,
@@ -308,6 +321,24 @@ enum How {
         outcome: Option<Fallback>,
         failed: bool,
     },
+}
+
+impl How {
+    fn engine(shared: std::sync::Arc<crate::ctx::Shared>) -> How {
+        let id = shared.lock().accept(crate::ctx::now());
+        How::Engine(crate::stream::SmcConn::handshaking(shared, id))
+    }
+
+    fn no_device(local: IpAddr, unavailable: bool) -> How {
+        How::NoDevice {
+            local,
+            unavailable,
+            reader: ClcReader::new(),
+            deadline: std::time::Instant::now() + CLC_WAIT_TIME,
+            outcome: None,
+            failed: false,
+        }
+    }
 }
 
 /// A server-side CLC handshake stepped without ever blocking, by the
@@ -329,22 +360,22 @@ impl Accepting {
     /// Starts the handshake on `tcp` (whose SYN carried the SMC option), over
     /// the endpoint serving its local address if there is one.
     pub(crate) fn start(tcp: TcpStream) -> io::Result<Accepting> {
+        use crate::ctx::Device;
         tcp.set_nonblocking(true)?;
         let local = tcp.local_addr()?.ip();
-        let dev = crate::ctx::endpoint_for(local);
+        let peer = tcp.peer_addr()?.ip();
+        let dev = crate::ctx::endpoint_for(local, peer, crate::ctx::Role::Server);
         let how = match dev {
-            crate::ctx::Device::Endpoint(shared) => {
-                let id = shared.lock().accept(crate::ctx::now());
-                How::Engine(crate::stream::SmcConn::handshaking(shared, id))
-            }
-            _ => How::NoDevice {
+            Device::Endpoint(shared) => How::engine(shared),
+            Device::IfOnHost(shared) => How::IfOnHost {
+                shared,
                 local,
-                unavailable: matches!(dev, crate::ctx::Device::Unavailable),
-                reader: ClcReader::new(),
+                peer,
                 deadline: std::time::Instant::now() + CLC_WAIT_TIME,
-                outcome: None,
-                failed: false,
             },
+            Device::None | Device::Unavailable => {
+                How::no_device(local, matches!(dev, Device::Unavailable))
+            }
         };
         Ok(Accepting {
             tcp,
@@ -363,6 +394,13 @@ impl Accepting {
         match &mut self.how {
             How::Engine(c) => c.shared.lock().tcp_closed(c.id),
             How::NoDevice { failed, .. } => *failed = true,
+            How::IfOnHost { local, .. } => {
+                let mut how = How::no_device(*local, false);
+                if let How::NoDevice { failed, .. } = &mut how {
+                    *failed = true;
+                }
+                self.how = how;
+            }
         }
     }
 
@@ -431,6 +469,40 @@ impl Accepting {
                     }
                     false
                 }
+                How::IfOnHost {
+                    shared,
+                    local,
+                    peer,
+                    deadline,
+                } => {
+                    let (shared, local, peer, deadline) =
+                        (shared.clone(), *local, *peer, *deadline);
+                    // Only look whether the client sent something: its
+                    // bytes are for whichever way the handshake goes.
+                    match self.tcp.peek(&mut buf[..1]) {
+                        Ok(0) => self.tcp_gone(),
+                        Ok(_) => {
+                            self.how = if crate::ctx::shm_reaches(peer) {
+                                How::engine(shared)
+                            } else {
+                                How::no_device(local, false)
+                            };
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if std::time::Instant::now() >= deadline {
+                                self.tcp_gone();
+                                return Progress::Done;
+                            }
+                            return Progress::Wait {
+                                write: false,
+                                rdma: false,
+                            };
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => self.tcp_gone(),
+                    }
+                    continue;
+                }
             };
             let n = match (&self.tcp).read(&mut buf) {
                 Ok(0) => {
@@ -455,6 +527,8 @@ impl Accepting {
                         .clc_input(c.id, &buf[..n], crate::ctx::now());
                     self.leftover.extend_from_slice(&buf[used..n]);
                 }
+                // (never: its arm above decides before anything is read)
+                How::IfOnHost { .. } => {}
                 How::NoDevice {
                     local,
                     unavailable,
@@ -508,7 +582,7 @@ impl Accepting {
                 failed: false,
                 ..
             } => crate::Mode::Tcp(f),
-            How::NoDevice { .. } => return None,
+            How::NoDevice { .. } | How::IfOnHost { .. } => return None,
         };
         tcp.set_nonblocking(false).ok()?;
         Some(crate::SmcStream::tcp_only(tcp, mode, leftover))

@@ -9,10 +9,35 @@
 //! [`SmcStream::mode`] records why, with the 32-bit reason code smc-tools shows
 //! (`protocol-clc.md` §2.4, §4.1).
 //!
-//! SMC-R runs over the shared-memory device (`smc-rdma`'s `shm` provider):
-//! devices are declared in the file named by `SMC_RDMA_SHM_CONFIG` and bound to
-//! interfaces; a connection uses the device of its interface (PNET table or the
-//! device bound to that interface, as Linux chooses). Without one it declines
+//! SMC-R runs over two kinds of device ([`provider`]), one endpoint per
+//! device, both kinds at once in one process:
+//! * RNICs and Soft-RoCE through libibverbs (`smc-verbs`, loaded at run
+//!   time): every device libibverbs lists. Without rdma-core there are none,
+//!   which is no error.
+//! * Shared-memory devices (`smc-rdma`'s `shm` provider), declared in the
+//!   file named by `SMC_RDMA_SHM_CONFIG` and bound to interfaces. A
+//!   shared-memory device reaches only processes of this host: those that
+//!   share its rundir, also in other network namespaces. So it serves a
+//!   connection only if the peer's address is one of our network namespace,
+//!   or a shared-memory device of our rundir has registered it (its
+//!   interface has that address); a peer elsewhere gets no Proposal from us
+//!   over it, and its Proposal is declined at once with "no SMC device". A
+//!   listener opens its shared-memory devices when it is bound, so that
+//!   clients in other namespaces find them registered from the first
+//!   connection on. A shm device declared with the name of a verbs device
+//!   hides that verbs device.
+//!
+//! A connection uses the device Linux would choose (smc_pnet.c
+//! `smc_pnet_find_roce_resource`): its local address's interface (walked down
+//! to its base interface) has a PNET ID in the PNET table, and the first
+//! active port with that PNET ID is taken; without a PNET ID, the first active
+//! port whose own interface it is (`rxe0` on `enp0s2` serves `enp0s2`, no
+//! table needed), or that carries the connection's RoCE v2 GID
+//! (`::ffff:a.b.c.d`, the local IPv4 address). A port qualifies only with a
+//! GID the connection can use: a RoCE v1 GID for SMC-R v1, that RoCE v2 GID
+//! (and a UEID) for SMC-R v2. Shared-memory devices come before verbs devices
+//! in that order; for a peer elsewhere the first device that is not a
+//! shared-memory device is taken. Without a device the connection declines
 //! with "no SMC device" and stays on TCP. The data path is the `smc-engine`
 //! endpoint; reads and writes run it in the application's thread.
 //!

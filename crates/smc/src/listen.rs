@@ -131,6 +131,11 @@ impl SmcListener {
         rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
         rustix::net::bind(&fd, addr)?;
         rustix::net::listen(&fd, BACKLOG as i32)?;
+        if opted {
+            // (so that clients in other network namespaces of this host find
+            // our shared-memory devices from the first connection on)
+            crate::ctx::open_devices_for_listener(addr.ip());
+        }
         Self::start(TcpListener::from(fd), opted, Vec::new())
     }
 

@@ -1,6 +1,7 @@
 //! `SmcStream` (the listener is in `listen.rs`).
 
 use crate::ctx::{self, Shared, Want};
+use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
@@ -8,7 +9,6 @@ use smc_engine::endpoint::{
 };
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
-use smc_rdma::shm::ShmProvider;
 use smc_wire::clc::DeclineCode;
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -289,7 +289,8 @@ impl SmcStream {
             ));
         }
         let local = tcp.local_addr()?.ip();
-        match ctx::endpoint_for(local) {
+        let peer = tcp.peer_addr()?.ip();
+        match ctx::endpoint_for(local, peer, ctx::Role::Client) {
             ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().connect(local, ctx::now());
                 SmcStream::finish_handshake(tcp, shared, id)
@@ -440,7 +441,7 @@ impl SmcStream {
         }
         let deadline = Self::timeout(&self.opts.write_timeout);
         let nonblocking = self.nonblocking();
-        let op = |ep: &mut Endpoint<ShmProvider>, buffer: bool| {
+        let op = |ep: &mut Endpoint<AnyProvider>, buffer: bool| {
             let r = if buffer {
                 ep.write(c.id, buf)
             } else {

@@ -106,6 +106,7 @@
 use crate::ctx::{self, Shared};
 use crate::handshake::{self, client_reply, client_start, server_reply};
 use crate::listen::out_of_resources;
+use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::stream::{
     conn_error, fail_error, no_rendezvous, no_smc, Fallback, Mode, Parts, SmcConn,
@@ -117,7 +118,6 @@ use smc_engine::endpoint::{ConnStatus, Endpoint};
 use smc_engine::state::HandshakePhase;
 use smc_proto::clc_stream::ClcReader;
 use smc_proto::close::CloseEvent;
-use smc_rdma::shm::ShmProvider;
 use smc_wire::clc::{ClcMessage, ClcType, DeclineCode, CLC_WAIT_TIME};
 use std::collections::HashMap;
 use std::fmt;
@@ -226,7 +226,7 @@ impl Chan {
         dir: Dir,
         shared: &Shared,
         cx: &mut Context<'_>,
-        mut op: impl FnMut(&mut Endpoint<ShmProvider>) -> Option<io::Result<R>>,
+        mut op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
     ) -> Poll<io::Result<R>> {
         for _ in 0..MAX_ROUNDS {
             if let Some(r) = shared.try_or_arm(cx.waker(), &mut op) {
@@ -488,7 +488,8 @@ impl SmcStream {
             return Ok(Self::tcp_only(tcp, mode, Vec::new()));
         }
         let local = tcp.local_addr()?.ip();
-        match ctx::endpoint_for(local) {
+        let peer = tcp.peer_addr()?.ip();
+        match ctx::endpoint_for(local, peer, ctx::Role::Client) {
             ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().connect(local, ctx::now());
                 Self::finish_handshake(tcp, SmcConn::handshaking(shared, id)).await
@@ -969,22 +970,55 @@ impl SmcListener {
             return Ok(Arrival::Ready(SmcStream::tcp_only(tcp, mode, Vec::new())));
         }
         let local = tcp.local_addr()?.ip();
-        Ok(Arrival::Handshake(match ctx::endpoint_for(local) {
-            ctx::Device::Endpoint(shared) => {
-                let id = shared.lock().accept(ctx::now());
-                // the connection is released if the handshake is dropped unpolled
-                Box::pin(SmcStream::finish_handshake(
-                    tcp,
-                    SmcConn::handshaking(shared, id),
-                ))
-            }
-            dev => {
-                let unavailable = matches!(dev, ctx::Device::Unavailable);
-                Box::pin(async move {
-                    let f = server_no_device(&tcp, unavailable).await?;
-                    Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
-                })
-            }
-        }))
+        let peer = tcp.peer_addr()?.ip();
+        Ok(Arrival::Handshake(
+            match ctx::endpoint_for(local, peer, ctx::Role::Server) {
+                ctx::Device::Endpoint(shared) => {
+                    let id = shared.lock().accept(ctx::now());
+                    // the connection is released if the handshake is dropped unpolled
+                    Box::pin(SmcStream::finish_handshake(
+                        tcp,
+                        SmcConn::handshaking(shared, id),
+                    ))
+                }
+                ctx::Device::IfOnHost(shared) => Box::pin(async move {
+                    // nothing is sent before the client's first bytes are
+                    // there; then the device serves it only if it is on this
+                    // host (see `ctx::Device::IfOnHost`)
+                    let mut b = [0u8; 1];
+                    match ::tokio::time::timeout(CLC_WAIT_TIME, tcp.peek(&mut b)).await {
+                        Ok(Ok(n)) if n > 0 => {}
+                        Ok(Ok(_)) => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::ConnectionReset,
+                                "SMC handshake failed: the peer closed the connection",
+                            ))
+                        }
+                        Ok(Err(e)) => return Err(e),
+                        Err(_) => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "SMC handshake failed: no CLC message within 6 s",
+                            ))
+                        }
+                    }
+                    if ctx::shm_reaches(peer) {
+                        let id = shared.lock().accept(ctx::now());
+                        SmcStream::finish_handshake(tcp, SmcConn::handshaking(shared, id)).await
+                    } else {
+                        drop(shared);
+                        let f = server_no_device(&tcp, false).await?;
+                        Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
+                    }
+                }),
+                dev => {
+                    let unavailable = matches!(dev, ctx::Device::Unavailable);
+                    Box::pin(async move {
+                        let f = server_no_device(&tcp, unavailable).await?;
+                        Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
+                    })
+                }
+            },
+        ))
     }
 }
