@@ -10,6 +10,10 @@
 //! are private to this run, so the addresses cannot clash with the host's or
 //! with another run's.
 //!
+//! A second test gives each end a shm rundir of its own, as two machines
+//! have, and checks that neither offers nor accepts the shared-memory device
+//! for a peer that is not on its host (finding 3 of issue 14).
+//!
 //! The children talk to the referee over their stdin/stdout: the server says
 //! its port, each side reports its mode, the device it used and the hashes of
 //! what it sent and received, then waits for "exit" so that neither side goes
@@ -177,14 +181,67 @@ impl Drop for Lab {
 }
 
 impl Lab {
+    /// Two fresh network namespaces joined by a veth pair, the server's end
+    /// with [`SERVER_IP`], the client's with [`CLIENT_IP`], both up. Names
+    /// are unique to this process and `tag` (a single character: interface
+    /// names have at most 15 bytes, pids at most 7 digits).
+    fn network(&mut self, tag: &str) -> (String, String, String, String) {
+        let pid = std::process::id();
+        let (ns_s, ns_c) = (
+            format!("smc-lib-s{tag}{pid}"),
+            format!("smc-lib-c{tag}{pid}"),
+        );
+        let (if_s, if_c) = (format!("smcls{tag}{pid}"), format!("smclc{tag}{pid}"));
+        for ns in [&ns_s, &ns_c] {
+            run("ip", &["netns", "add", ns]);
+            self.namespaces.push(ns.clone());
+        }
+        // Created inside the server's namespace, so that deleting the namespaces
+        // always deletes the pair; then one end moves to the client's.
+        run(
+            "ip",
+            &[
+                "-n", &ns_s, "link", "add", &if_s, "type", "veth", "peer", "name", &if_c,
+            ],
+        );
+        run("ip", &["-n", &ns_s, "link", "set", &if_c, "netns", &ns_c]);
+        for (ns, ifname, ip) in [(&ns_s, &if_s, SERVER_IP), (&ns_c, &if_c, CLIENT_IP)] {
+            run(
+                "ip",
+                &["-n", ns, "addr", "add", &format!("{ip}/30"), "dev", ifname],
+            );
+            run("ip", &["-n", ns, "link", "set", ifname, "up"]);
+            run("ip", &["-n", ns, "link", "set", "lo", "up"]);
+        }
+        wait_up(&ns_s, &if_s);
+        wait_up(&ns_c, &if_c);
+        (ns_s, ns_c, if_s, if_c)
+    }
     /// Starts this test binary in namespace `ns` as `role`.
     fn spawn(&mut self, ns: &str, role: &str, port: &str) -> (ChildStdin, BufReader<ChildStdout>) {
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{ns}"))
+        self.spawn_test(TEST, ns, role, port, &[])
+    }
+
+    /// Starts the test `test` of this binary in namespace `ns` as `role`,
+    /// with the environment `env` on top of ours.
+    fn spawn_test(
+        &mut self,
+        test: &str,
+        ns: &str,
+        role: &str,
+        port: &str,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> (ChildStdin, BufReader<ChildStdout>) {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{ns}"))
             .arg(std::env::current_exe().unwrap())
-            .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env("SMC_NETNS_ROLE", role)
-            .env("SMC_NETNS_PORT", port)
+            .env("SMC_NETNS_PORT", port);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -241,36 +298,9 @@ fn smc_r_between_two_network_namespaces() {
         0,
         "needs root (BPF, network namespaces); CI runs as root"
     );
-    // Names unique to this process: parallel runs do not collide (interface
-    // names have at most 15 bytes; pids at most 7 digits).
     let pid = std::process::id();
     let mut lab = Lab::default();
-    let (ns_s, ns_c) = (format!("smc-lib-s{pid}"), format!("smc-lib-c{pid}"));
-    let (if_s, if_c) = (format!("smcls{pid}"), format!("smclc{pid}"));
-    for ns in [&ns_s, &ns_c] {
-        run("ip", &["netns", "add", ns]);
-        lab.namespaces.push(ns.clone());
-    }
-    // Created inside the server's namespace, so that deleting the namespaces
-    // always deletes the pair; then one end moves to the client's.
-    run(
-        "ip",
-        &[
-            "-n", &ns_s, "link", "add", &if_s, "type", "veth", "peer", "name", &if_c,
-        ],
-    );
-    run("ip", &["-n", &ns_s, "link", "set", &if_c, "netns", &ns_c]);
-    for (ns, ifname, ip) in [(&ns_s, &if_s, SERVER_IP), (&ns_c, &if_c, CLIENT_IP)] {
-        run(
-            "ip",
-            &["-n", ns, "addr", "add", &format!("{ip}/30"), "dev", ifname],
-        );
-        run("ip", &["-n", ns, "link", "set", ifname, "up"]);
-        run("ip", &["-n", ns, "link", "set", "lo", "up"]);
-    }
-    wait_up(&ns_s, &if_s);
-    wait_up(&ns_c, &if_c);
-
+    let (ns_s, ns_c, if_s, if_c) = lab.network("");
     // One shm config for both processes: a device per veth end. Each process
     // sees only its own end, so each must pick its own device.
     let dir = std::env::temp_dir().join(format!("smc-netns-test-{pid}"));
@@ -326,5 +356,147 @@ fn smc_r_between_two_network_namespaces() {
     for (who, c) in ["server", "client"].iter().zip(&mut lab.children) {
         let st = c.wait().unwrap();
         assert!(st.success(), "{who} process failed: {st}");
+    }
+}
+
+const OFF_HOST_TEST: &str = "a_shared_memory_device_serves_no_peer_on_another_host";
+
+/// One side of an off-host connection: reports its mode, then checks that
+/// the connection carries data over TCP both ways.
+fn off_host_side(role: &str, s: SmcStream) {
+    let mode = match s.mode() {
+        Mode::SmcR => "SmcR".to_string(),
+        Mode::Tcp(f) => format!("{:08x}/{:08x}", f.code(), f.peer.map_or(0, |p| p.to_u32())),
+    };
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let mut buf = [0u8; 5];
+    if role == "server" {
+        (&s).read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        (&s).write_all(b"world").unwrap();
+    } else {
+        (&s).write_all(b"hello").unwrap();
+        (&s).read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"world");
+    }
+    println!("{role} done mode {mode}");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+}
+
+/// Finding 3: a shared-memory device reaches only processes of this host
+/// (through its rundir), so neither end may offer or accept it for a peer
+/// elsewhere. "Elsewhere" is made here by giving each end a rundir of its
+/// own (as two machines have): the client's address is not one of the
+/// server's namespace and no shm device of the server's rundir has it, and
+/// the other way round.
+///
+/// * The client sees the server is elsewhere and declines at once (no
+///   device): both ends run over TCP.
+/// * A client that takes the server for one of its host (its rundir has
+///   the server's GID, as a kernel client proposes whatever its RNIC has)
+///   proposes; the server must decline at once with "no SMC device" —
+///   never Accept and Decline later, which costs a kernel client 4 s
+///   (`SMC_LLC_WAIT_TIME` twice) and shows up here as a late reason
+///   (0x0999xxxx) instead.
+#[test]
+fn a_shared_memory_device_serves_no_peer_on_another_host() {
+    match std::env::var("SMC_NETNS_ROLE").as_deref() {
+        Ok("server") => {
+            let l = SmcListener::bind((SERVER_IP, 0)).unwrap();
+            println!("port {}", l.local_addr().unwrap().port());
+            std::io::stdout().flush().unwrap();
+            let (s, _) = l.accept().unwrap();
+            return off_host_side("server", s);
+        }
+        Ok("client") => {
+            let port: u16 = std::env::var("SMC_NETNS_PORT").unwrap().parse().unwrap();
+            let s = SmcStream::connect((SERVER_IP, port)).unwrap();
+            return off_host_side("client", s);
+        }
+        _ => {}
+    }
+    assert_eq!(
+        rustix::process::geteuid().as_raw(),
+        0,
+        "needs root (BPF, network namespaces); CI runs as root"
+    );
+    let pid = std::process::id();
+    let mut lab = Lab::default();
+    let (ns_s, ns_c, if_s, if_c) = lab.network("o");
+    let dir = std::env::temp_dir().join(format!("smc-offhost-test-{pid}"));
+    lab.dir = Some(dir.clone());
+    // a rundir and a device configuration per end, as on two machines
+    let conf = |who: &str, dev: &str, ifname: &str| {
+        let run = dir.join(format!("run-{who}"));
+        std::fs::create_dir_all(&run).unwrap();
+        let cfg = dir.join(format!("{who}.conf"));
+        std::fs::write(
+            &cfg,
+            format!("rundir {}\ndevice {dev} netdev {ifname}\n", run.display()),
+        )
+        .unwrap();
+        (cfg, run)
+    };
+    let (cfg_s, _) = conf("server", "shm-srv", &if_s);
+    let (cfg_c, run_c) = conf("client", "shm-cli", &if_c);
+    let tables = dir.join("conf");
+    std::fs::create_dir_all(&tables).unwrap();
+
+    // (reason, peer's reason) of each end, as `off_host_side` prints them
+    let no_dev = smc_wire::clc::DeclineCode::NoSmcDev.to_u32();
+    let peer_decl = smc_wire::clc::DeclineCode::PeerDecl.to_u32();
+    let cases = [
+        (
+            "the client declines",
+            false,
+            format!("{no_dev:08x}/00000000"),
+            format!("{peer_decl:08x}/{no_dev:08x}"),
+        ),
+        (
+            "the server declines at once",
+            true,
+            format!("{peer_decl:08x}/{no_dev:08x}"),
+            format!("{no_dev:08x}/00000000"),
+        ),
+    ];
+    for (what, client_believes, want_client, want_server) in cases {
+        if client_believes {
+            // the server's GID in the client's rundir, as if a device of
+            // the client's host had the server's address
+            let gid = smc_wire::types::Gid::from_ip(SERVER_IP.parse().unwrap());
+            std::fs::write(run_c.join(format!("gid-{}.elsewhere", gid.to_hex())), "").unwrap();
+        }
+        let (t, s_cfg, c_cfg) = (tables.as_os_str(), cfg_s.as_os_str(), cfg_c.as_os_str());
+        let env_s = [("SMC_RDMA_SHM_CONFIG", s_cfg), ("SMC_RS_CONFIG_DIR", t)];
+        let env_c = [("SMC_RDMA_SHM_CONFIG", c_cfg), ("SMC_RS_CONFIG_DIR", t)];
+        let (mut srv_in, mut srv_out) = lab.spawn_test(OFF_HOST_TEST, &ns_s, "server", "", &env_s);
+        let port = expect_line(&mut srv_out, "server", "port ");
+        let (mut cli_in, mut cli_out) =
+            lab.spawn_test(OFF_HOST_TEST, &ns_c, "client", &port, &env_c);
+        let c_mode = expect_line(&mut cli_out, "client", "client done mode ");
+        let s_mode = expect_line(&mut srv_out, "server", "server done mode ");
+        assert_eq!(
+            (c_mode.as_str(), s_mode.as_str()),
+            (want_client.as_str(), want_server.as_str()),
+            "{what}: (client, server) reason/peer's reason"
+        );
+        for stdin in [&mut srv_in, &mut cli_in] {
+            writeln!(stdin, "exit").unwrap();
+        }
+        for (who, out) in [("server", &mut srv_out), ("client", &mut cli_out)] {
+            let mut rest = String::new();
+            out.read_to_string(&mut rest).unwrap();
+            assert!(
+                rest.contains("test result: ok"),
+                "{what}: {who} did not finish cleanly:\n{rest}"
+            );
+        }
+        for c in lab.children.iter_mut() {
+            let st = c.wait().unwrap();
+            assert!(st.success(), "{what}: a process failed: {st}");
+        }
+        lab.children.clear();
     }
 }
