@@ -1091,26 +1091,31 @@ fn find_candidates(ctx: &Context, local: IpAddr) -> Result<Option<Choice>, ()> {
     let ports: Vec<(Kind, PortInfo)> = devices
         .into_iter()
         .flat_map(|(kind, d)| {
-            d.ports.into_iter().map(move |p| {
-                let v2 = |g: &&smc_rdma::GidEntry| g.gid_type == GidType::RoceV2;
-                (
-                    kind,
-                    PortInfo {
-                        device: d.name.clone(),
-                        port: p.port_num,
-                        netdev: p.netdev.clone(),
-                        active: p.state == PortState::Active,
-                        roce_v1: p.gids.iter().any(|g| g.gid_type == GidType::RoceV1),
-                        roce_v2: p.gids.iter().filter(v2).map(|g| g.gid).collect(),
-                    },
-                )
-            })
+            // The engine drives port 1 of its device (RoCE RNICs show each
+            // port as a device of its own: mlx5_0, mlx5_1): other ports are
+            // no candidates.
+            d.ports
+                .into_iter()
+                .filter(|p| p.port_num == 1)
+                .map(move |p| {
+                    let v2 = |g: &&smc_rdma::GidEntry| g.gid_type == GidType::RoceV2;
+                    (
+                        kind,
+                        PortInfo {
+                            device: d.name.clone(),
+                            port: p.port_num,
+                            netdev: p.netdev.clone(),
+                            active: p.state == PortState::Active,
+                            roce_v1: p.gids.iter().any(|g| g.gid_type == GidType::RoceV1),
+                            roce_v2: p.gids.iter().filter(v2).map(|g| g.gid).collect(),
+                        },
+                    )
+                })
         })
         .collect();
     let infos: Vec<PortInfo> = ports.iter().map(|(_, p)| p.clone()).collect();
     let candidates: Vec<Candidate> = candidates(&pnet, &route, &infos)
         .iter()
-        // (the engine opens port 1 of a device: one port per device here)
         .filter_map(|sel| {
             let (device, port) = sel.port();
             ports
