@@ -638,8 +638,9 @@ mod tests {
         pnet.add(&id("NETC"), Some("enp0s2"), Some(("rxe1", 1)))
             .unwrap();
         let none = PnetTable::new();
-        // (table, base interface, v2 GID of the connection, expected choices)
-        let rows: Vec<(&PnetTable, &str, Option<&str>, Vec<S>, &str)> = vec![
+        // (table, base interface, v2 GID of the connection, expected choices, why)
+        type Row<'a> = (&'a PnetTable, &'a str, Option<&'a str>, Vec<S>, &'a str);
+        let rows: Vec<Row<'_>> = vec![
             (
                 &none,
                 "eth0",
