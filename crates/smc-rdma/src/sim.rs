@@ -47,6 +47,8 @@ const MAX_INLINE: u32 = 256;
 struct DevSt {
     name: String,
     gid: Gid,
+    /// The port's GID table (index order); `gid` is its first entry.
+    gids: Vec<GidEntry>,
     netdev: Option<String>,
     port_up: bool,
     unresponsive: bool,
@@ -101,6 +103,8 @@ struct QpSt {
     recv_cq: u32,
     access: Access,
     remote: Option<RemoteQp>,
+    /// The source GID chosen at RTR (`sgid_index` into the port's table).
+    sgid: Option<Gid>,
     min_rnr_timer: u64,
     timeout: u64,
     retry_cnt: u8,
@@ -233,7 +237,9 @@ impl St {
         d.efd.signal();
     }
     fn dev_by_gid(&self, gid: Gid) -> Option<usize> {
-        self.devs.iter().position(|d| d.gid == gid)
+        self.devs
+            .iter()
+            .position(|d| d.gids.iter().any(|e| e.gid == gid))
     }
 
     /// Moves a QP to ERR, completing the failing WR with `failing.1` and
@@ -343,6 +349,7 @@ impl St {
         let src_dev = qp.dev;
         let remote = qp.remote;
         // Find the responder; None = no answer at all.
+        let sgid = qp.sgid;
         let dst: Option<u32> = remote.and_then(|r| {
             let d = self.dev_by_gid(r.gid)?;
             let dv = &self.devs[d];
@@ -350,7 +357,13 @@ impl St {
                 return None;
             }
             let q = self.qps.get(&r.qp_num)?;
-            (q.dev == d && matches!(q.state, QpState::Rtr | QpState::Rts)).then_some(r.qp_num)
+            // As rxe's `check_addr`: a responder takes a packet only when its
+            // source address is the responder's destination GID and its
+            // destination the responder's own source GID (the two ends
+            // announced the GIDs they connect with).
+            let addressed = q.sgid == Some(r.gid) && q.remote.map(|x| x.gid) == sgid;
+            (q.dev == d && addressed && matches!(q.state, QpState::Rtr | QpState::Rts))
+                .then_some(r.qp_num)
         });
         let outcome = match dst {
             None => Outcome::NoAnswer,
@@ -600,18 +613,52 @@ impl SimFabric {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a device with one active port; its GID is a RoCE v1 GID derived
-    /// from a MAC generated from the seed. Returns the device name.
+    /// Adds a device with one active port; its GID is a link-local GID
+    /// derived from a MAC generated from the seed, listed as RoCE v1 (index
+    /// 0) and RoCE v2 (index 1). Returns the device name.
     pub fn add_device(&self, name: &str, netdev: Option<&str>) -> Result<String> {
+        self.add_device_with_addrs(name, netdev, &[], true)
+    }
+
+    /// Adds a device whose port's GID table is built the way the kernel
+    /// builds a RoCE port's from its network interface: the link-local GID
+    /// from the MAC, then one GID per address of `addrs` (IPv4 ones
+    /// IPv4-mapped, `::ffff:a.b.c.d`), each as a RoCE v1 entry (when
+    /// `roce_v1`) followed by a RoCE v2 entry. rxe has no RoCE v1 GIDs
+    /// (`roce_v1` false); mlx5 lists both. Returns the device name.
+    pub fn add_device_with_addrs(
+        &self,
+        name: &str,
+        netdev: Option<&str>,
+        addrs: &[std::net::IpAddr],
+        roce_v1: bool,
+    ) -> Result<String> {
         let mut st = self.st();
         if st.devs.iter().any(|d| d.name == name) {
             return Err(Error::Config(format!("device {name} exists")));
         }
         let r = st.rand().to_be_bytes();
         let mac = [0x02, r[0], r[1], r[2], r[3], st.devs.len() as u8];
+        let link_local = Gid::roce_v1_link_local(smc_wire::types::Mac(mac));
+        let mut gids: Vec<GidEntry> = Vec::new();
+        for g in std::iter::once(link_local).chain(addrs.iter().map(|&a| Gid::from_ip(a))) {
+            let types: &[GidType] = if roce_v1 {
+                &[GidType::RoceV1, GidType::RoceV2]
+            } else {
+                &[GidType::RoceV2]
+            };
+            for &t in types {
+                gids.push(GidEntry {
+                    index: gids.len() as u16,
+                    gid: g,
+                    gid_type: t,
+                });
+            }
+        }
         st.devs.push(DevSt {
             name: name.into(),
-            gid: Gid::roce_v1_link_local(smc_wire::types::Mac(mac)),
+            gid: link_local,
+            gids,
             netdev: netdev.map(Into::into),
             port_up: true,
             unresponsive: false,
@@ -794,18 +841,7 @@ impl Device for SimDevice {
                 PortState::Down
             },
             active_mtu: Mtu::Mtu1024,
-            gids: vec![
-                GidEntry {
-                    index: 0,
-                    gid: d.gid,
-                    gid_type: GidType::RoceV1,
-                },
-                GidEntry {
-                    index: 1,
-                    gid: d.gid,
-                    gid_type: GidType::RoceV2,
-                },
-            ],
+            gids: d.gids.clone(),
             netdev: d.netdev.clone(),
         })
     }
@@ -913,6 +949,7 @@ impl ProtectionDomain for SimPd {
                 recv_cq: recv_cq.id,
                 access: Access::NONE,
                 remote: None,
+                sgid: None,
                 min_rnr_timer: 0,
                 timeout: 0,
                 retry_cnt: 0,
@@ -1101,7 +1138,8 @@ impl QueuePair for SimQp {
     }
 
     fn modify(&self, m: &QpModify) -> Result<()> {
-        let mut st = self.f.st();
+        let mut guard = self.f.st();
+        let st = &mut *guard;
         let qp = st.qps.get_mut(&self.qpn).expect("qp exists");
         let next = qp.state.next(m.kind())?;
         match *m {
@@ -1113,6 +1151,7 @@ impl QueuePair for SimQp {
             }
             QpModify::Rtr {
                 remote,
+                sgid_index,
                 path_mtu,
                 min_rnr_timer,
                 ..
@@ -1122,6 +1161,16 @@ impl QueuePair for SimQp {
                         "path MTU {path_mtu:?} exceeds the port's active MTU Mtu1024"
                     )));
                 }
+                let Some(sgid) = st.devs[qp.dev]
+                    .gids
+                    .get(usize::from(sgid_index))
+                    .map(|e| e.gid)
+                else {
+                    return Err(Error::InvalidArgument(format!(
+                        "no GID index {sgid_index}"
+                    )));
+                };
+                qp.sgid = Some(sgid);
                 qp.remote = Some(remote);
                 qp.min_rnr_timer = ns(min_rnr_timer);
             }
@@ -1148,6 +1197,7 @@ impl QueuePair for SimQp {
                 qp.inflight.clear();
                 qp.tx_scheduled = false;
                 qp.remote = None;
+                qp.sgid = None;
             }
         }
         qp.state = next;
