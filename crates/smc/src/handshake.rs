@@ -334,7 +334,7 @@ impl Accepting {
         let dev = crate::ctx::endpoint_for(local);
         let how = match dev {
             crate::ctx::Device::Endpoint(shared) => {
-                let id = shared.lock().accept(crate::ctx::now());
+                let id = shared.lock().accept(local, crate::ctx::now());
                 How::Engine(crate::stream::SmcConn::handshaking(shared, id))
             }
             _ => How::NoDevice {

@@ -971,7 +971,7 @@ impl SmcListener {
         let local = tcp.local_addr()?.ip();
         Ok(Arrival::Handshake(match ctx::endpoint_for(local) {
             ctx::Device::Endpoint(shared) => {
-                let id = shared.lock().accept(ctx::now());
+                let id = shared.lock().accept(local, ctx::now());
                 // the connection is released if the handshake is dropped unpolled
                 Box::pin(SmcStream::finish_handshake(
                     tcp,

@@ -31,6 +31,11 @@ pub(super) const RECV_SLOTS: usize = 48;
 pub(super) const RECV_SLOT_LEN: usize = 8192;
 /// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
 pub(super) const MAX_SENDS: usize = 16;
+/// Linux `SMC_QP_MIN_RNR_TIMER` 5: the IB RNR NAK timer code for 60 µs.
+pub(super) const MIN_RNR_TIMER: Duration = Duration::from_micros(60);
+/// Linux `SMC_QP_TIMEOUT` 15: the local ACK timeout code for 4.096 µs ×
+/// 2^15 (providers round up to the next code, which this is).
+pub(super) const QP_TIMEOUT: Duration = Duration::from_nanos(4096 << 15);
 
 /// What a signaled SEND carried, to act on its completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +61,9 @@ pub(super) struct LinkRes<P: Provider> {
     pub peer_qpn: u32,
     /// The QP is connected (RTR and RTS with the peer's values).
     pub connected: bool,
+    /// The link's path MTU once connected: the smaller of ours and the
+    /// peer's.
+    pub path_mtu: Option<IbMtu>,
     /// Server: the link id chosen when this (further) link was offered.
     pub offered_id: u8,
     /// Signaled SENDs in flight, oldest first (an RC send queue completes
@@ -110,6 +118,7 @@ impl<P: Provider> LinkRes<P> {
             peer_gid: Gid::ZERO,
             peer_qpn: 0,
             connected: false,
+            path_mtu: None,
             offered_id: 0,
             wrs: VecDeque::new(),
             sends_in_flight: 0,
@@ -128,28 +137,37 @@ impl<P: Provider> LinkRes<P> {
         }
     }
 
-    /// Connects the QP to the peer's (INIT → RTR → RTS) with Linux's attributes.
-    pub fn connect(&mut self, peer: &PeerPort, local_mtu: IbMtu) -> Result<()> {
+    /// Connects the QP to the peer's (INIT → RTR → RTS) with Linux's
+    /// attributes (smc_ib.c `smc_ib_modify_qp_init`, `_rtr`, `_rts`): path
+    /// MTU the smaller of the port's and the peer's, the source GID at
+    /// `sgid_index` of the port's table (the group's GID), RNR timer code 5
+    /// (60 µs, `SMC_QP_MIN_RNR_TIMER`), local ACK timeout code 15 (4.096 µs
+    /// × 2^15 ≈ 134 ms, `SMC_QP_TIMEOUT`), retry and RNR retry 7
+    /// (`SMC_QP_RETRY_CNT`, `SMC_QP_RNR_RETRY`). The provider adds the rest
+    /// as Linux sets it: P_Key index 0, one outstanding RDMA READ/atomic
+    /// each way, GRH hop limit 1 (a direct link, `v2_direct`), traffic
+    /// class and flow label 0.
+    pub fn connect(&mut self, peer: &PeerPort, local_mtu: IbMtu, sgid_index: u16) -> Result<()> {
         let mtu = smc_rdma::Mtu::from_code(peer.mtu).map_or(local_mtu, |m| m.min(local_mtu));
         self.qp.modify(&QpModify::Rtr {
             remote: RemoteQp {
                 gid: peer.gid,
                 qp_num: peer.qpn,
             },
-            sgid_index: 0,
+            sgid_index,
             rq_psn: peer.psn,
             path_mtu: mtu,
-            min_rnr_timer: Duration::from_micros(640),
+            min_rnr_timer: MIN_RNR_TIMER,
         })?;
-        // Linux: timeout 15 (~134 ms), retry 7, rnr_retry 7 (§4.3).
         self.qp.modify(&QpModify::Rts {
             sq_psn: self.psn,
-            timeout: Duration::from_millis(134),
+            timeout: QP_TIMEOUT,
             retry_cnt: 7,
             rnr_retry: 7,
         })?;
         self.peer_gid = peer.gid;
         self.peer_qpn = peer.qpn;
+        self.path_mtu = Some(mtu);
         self.connected = true;
         Ok(())
     }
