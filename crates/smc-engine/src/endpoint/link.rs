@@ -31,6 +31,16 @@ pub(super) const RECV_SLOTS: usize = 48;
 pub(super) const RECV_SLOT_LEN: usize = 8192;
 /// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
 pub(super) const MAX_SENDS: usize = 16;
+/// Send-queue depth: every SEND may be preceded by two RDMA WRITEs (Linux
+/// `smc_ib_create_queue_pair`: `SMC_WR_BUF_CNT * 3`).
+const SQ_DEPTH: usize = 3 * MAX_SENDS;
+/// Registered send slots for SENDs above the inline limit: one small slot
+/// per send-queue entry (CDCs and the LLC messages we send are 44 bytes),
+/// and a few that take an SMC-Rv2 LLC message of up to 8 KiB (Linux
+/// `SMC_WR_BUF_V2_SIZE`; its LLC flows send one at a time).
+const SMALL_SLOT: usize = 64;
+const LARGE_SLOTS: usize = 4;
+const LARGE_SLOT: usize = RECV_SLOT_LEN;
 /// Linux `SMC_QP_MIN_RNR_TIMER` 5: the IB RNR NAK timer code for 60 µs.
 pub(super) const MIN_RNR_TIMER: Duration = Duration::from_micros(60);
 /// Linux `SMC_QP_TIMEOUT` 15: the local ACK timeout code for 4.096 µs ×
@@ -46,6 +56,22 @@ pub(super) enum WrKind {
     Cdc(ConnId, u16),
     /// A failover validation CDC (§2.4): nothing to do on completion.
     Validation,
+}
+
+/// A registered send slot (see `LinkRes::post`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SendSlot {
+    Small(u16),
+    Large(u16),
+}
+
+impl SendSlot {
+    fn offset(self) -> usize {
+        match self {
+            SendSlot::Small(i) => usize::from(i) * SMALL_SLOT,
+            SendSlot::Large(i) => SQ_DEPTH * SMALL_SLOT + usize::from(i) * LARGE_SLOT,
+        }
+    }
 }
 
 /// One link's provider objects and send bookkeeping.
@@ -67,8 +93,16 @@ pub(super) struct LinkRes<P: Provider> {
     /// Server: the link id chosen when this (further) link was offered.
     pub offered_id: u8,
     /// Signaled SENDs in flight, oldest first (an RC send queue completes
-    /// in order, so a completion is almost always the front one).
-    pub wrs: VecDeque<(u64, WrKind)>,
+    /// in order, so a completion is almost always the front one), with the
+    /// send slot each one holds.
+    pub wrs: VecDeque<(u64, WrKind, Option<SendSlot>)>,
+    /// The QP's inline limit: longer SENDs go from `sendbuf`.
+    max_inline: usize,
+    /// Registered send slots (when the inline limit is below the longest
+    /// message): SQ_DEPTH small ones, then LARGE_SLOTS large ones.
+    sendbuf: Option<P::Mr>,
+    free_small: Vec<u16>,
+    free_large: Vec<u16>,
     pub sends_in_flight: usize,
     pub next_wr: u64,
 }
@@ -91,7 +125,7 @@ impl<P: Provider> LinkRes<P> {
             &scq,
             &rcq,
             QpCap {
-                max_send_wr: 3 * MAX_SENDS as u32,
+                max_send_wr: SQ_DEPTH as u32,
                 max_recv_wr: RECV_SLOTS as u32,
                 max_inline_data: max_inline,
             },
@@ -109,6 +143,19 @@ impl<P: Provider> LinkRes<P> {
             })?;
         }
         let psn = psn & 0x00ff_ffff;
+        // Linux sends every message from registered buffers (its QPs have
+        // `max_inline_data` 0); we send inline what the device takes inline
+        // and the rest from registered slots, so that a device with a small
+        // inline limit (or none) carries CDCs and v2 LLC messages of up to
+        // 8 KiB all the same.
+        let sendbuf = if (max_inline as usize) < LARGE_SLOT {
+            Some(pd.alloc_mr(
+                SQ_DEPTH * SMALL_SLOT + LARGE_SLOTS * LARGE_SLOT,
+                Access::LOCAL_WRITE,
+            )?)
+        } else {
+            None
+        };
         Ok(LinkRes {
             scq,
             rcq,
@@ -121,6 +168,10 @@ impl<P: Provider> LinkRes<P> {
             path_mtu: None,
             offered_id: 0,
             wrs: VecDeque::new(),
+            max_inline: max_inline as usize,
+            sendbuf,
+            free_small: (0..SQ_DEPTH as u16).rev().collect(),
+            free_large: (0..LARGE_SLOTS as u16).rev().collect(),
             sends_in_flight: 0,
             next_wr: 1 << 32,
         })
@@ -172,18 +223,67 @@ impl<P: Provider> LinkRes<P> {
         Ok(())
     }
 
-    /// Posts a signaled SEND (LLC or CDC, inline).
+    /// Posts a signaled SEND (LLC or CDC): inline when the device takes it
+    /// inline, else from a registered send slot, held until its completion.
     pub fn post(&mut self, kind: WrKind, bytes: &[u8]) -> Result<()> {
         self.next_wr += 1;
-        self.qp.post_send(&SendWr {
-            wr_id: self.next_wr,
-            op: SendOp::Send,
-            payload: Payload::Inline(bytes),
-            signaled: true,
-        })?;
-        self.wrs.push_back((self.next_wr, kind));
+        let wr_id = self.next_wr;
+        if bytes.len() <= self.max_inline {
+            self.qp.post_send(&SendWr {
+                wr_id,
+                op: SendOp::Send,
+                payload: Payload::Inline(bytes),
+                signaled: true,
+            })?;
+            self.wrs.push_back((wr_id, kind, None));
+        } else {
+            let slot = self.take_slot(bytes.len())?;
+            let posted = self.post_from_slot(wr_id, slot, bytes);
+            if let Err(e) = posted {
+                self.give_slot(slot);
+                return Err(e);
+            }
+            self.wrs.push_back((wr_id, kind, Some(slot)));
+        }
         self.sends_in_flight += 1;
         Ok(())
+    }
+
+    fn post_from_slot(&self, wr_id: u64, slot: SendSlot, bytes: &[u8]) -> Result<()> {
+        let buf = self
+            .sendbuf
+            .as_ref()
+            .ok_or_else(|| smc_rdma::Error::InvalidArgument("no send buffer".into()))?;
+        let at = slot.offset();
+        buf.write_at(at, bytes)?;
+        let sge = buf.sge(at, bytes.len() as u32)?;
+        self.qp.post_send(&SendWr {
+            wr_id,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[sge]),
+            signaled: true,
+        })
+    }
+
+    /// A free send slot that takes `len` bytes.
+    fn take_slot(&mut self, len: usize) -> Result<SendSlot> {
+        let slot = if len <= SMALL_SLOT {
+            self.free_small.pop().map(SendSlot::Small)
+        } else if len <= LARGE_SLOT {
+            self.free_large.pop().map(SendSlot::Large)
+        } else {
+            return Err(smc_rdma::Error::InvalidArgument(format!(
+                "a SEND of {len} bytes exceeds the largest LLC message"
+            )));
+        };
+        slot.ok_or(smc_rdma::Error::QueueFull)
+    }
+
+    fn give_slot(&mut self, slot: SendSlot) {
+        match slot {
+            SendSlot::Small(i) => self.free_small.push(i),
+            SendSlot::Large(i) => self.free_large.push(i),
+        }
     }
 
     /// Posts an unsignaled RDMA WRITE of `sges` to the peer's `(rkey, addr)`.
@@ -209,10 +309,15 @@ impl<P: Provider> LinkRes<P> {
         })
     }
 
-    /// Takes the signaled SEND `wr_id` out of [`Self::wrs`]: what it carried.
+    /// Takes the signaled SEND `wr_id` out of [`Self::wrs`] (its send slot
+    /// is free again): what it carried.
     pub fn complete(&mut self, wr_id: u64) -> Option<WrKind> {
-        let i = self.wrs.iter().position(|&(id, _)| id == wr_id)?;
-        self.wrs.remove(i).map(|(_, k)| k)
+        let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;
+        let (_, kind, slot) = self.wrs.remove(i)?;
+        if let Some(s) = slot {
+            self.give_slot(s);
+        }
+        Some(kind)
     }
 
     /// Asks both CQs to signal the endpoint's channel at their next completion.
