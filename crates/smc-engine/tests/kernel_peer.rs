@@ -460,3 +460,33 @@ fn our_test_link_is_the_kernels() {
     assert_eq!(lab.ours.status(c), Some(ConnStatus::Smc));
     assert_eq!(lab.ours.write(c, b"alive"), Ok(5));
 }
+
+/// Our QP is brought up with the attributes Linux uses (smc_ib.c
+/// `smc_ib_modify_qp_rtr` / `_rts`): the group's GID as source (index 1
+/// of an rxe port), the smaller of the two MTUs, RNR timer code 5 (60 µs),
+/// ACK timeout code 15, retries 7; and a Confirm names that path MTU
+/// (smc_clc.c: `min(link->path_mtu, link->peer_mtu)`), here against a
+/// kernel whose port has MTU 512.
+#[test]
+fn our_qp_takes_the_kernels_attributes_and_the_smaller_mtu() {
+    let mut lab = Lab::new(2, None);
+    let c = lab.ours.connect(ip("10.99.0.2"), lab.now);
+    lab.ours.clc_output(c);
+    let mut accept = kernels(7, &lab.k);
+    accept.qp_mtu = 2;
+    lab.ours
+        .clc_input(c, &encode(accept, true), lab.now);
+    let got = accept_confirm(&lab.ours.clc_output(c));
+    assert_eq!(got.qp_mtu, 2, "the Confirm names the path MTU");
+    assert_eq!(
+        lab.fabric.qp_attrs(got.qpn),
+        Some(smc_rdma::sim::SimQpAttrs {
+            sgid_index: 1,
+            path_mtu: Some(smc_rdma::Mtu::Mtu512),
+            min_rnr_timer: Duration::from_micros(60),
+            timeout: Duration::from_nanos(4096 << 15),
+            retry_cnt: 7,
+            rnr_retry: 7,
+        })
+    );
+}

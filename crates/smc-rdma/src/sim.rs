@@ -25,6 +25,24 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+/// The attributes a QP was brought to RTR and RTS with
+/// ([`SimFabric::qp_attrs`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimQpAttrs {
+    /// Index of the source GID in the port's table.
+    pub sgid_index: u16,
+    /// Path MTU.
+    pub path_mtu: Option<Mtu>,
+    /// RNR NAK timer the QP asks its peer to wait.
+    pub min_rnr_timer: Duration,
+    /// Local ACK timeout.
+    pub timeout: Duration,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7: for ever).
+    pub rnr_retry: u8,
+}
+
 /// A point on the fabric's virtual clock (nanoseconds since creation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct SimInstant(pub u64);
@@ -105,6 +123,8 @@ struct QpSt {
     remote: Option<RemoteQp>,
     /// The source GID chosen at RTR (`sgid_index` into the port's table).
     sgid: Option<Gid>,
+    /// What the QP was connected with (RTR and RTS), for tests.
+    attrs: SimQpAttrs,
     min_rnr_timer: u64,
     timeout: u64,
     retry_cnt: u8,
@@ -727,6 +747,11 @@ impl SimFabric {
         Ok(())
     }
 
+    /// The attributes QP `qp_num` was connected with (`None`: no such QP).
+    pub fn qp_attrs(&self, qp_num: u32) -> Option<SimQpAttrs> {
+        self.st().qps.get(&qp_num).map(|q| q.attrs)
+    }
+
     /// Fault: moves a QP to ERR (flushing) and raises `QpFatal`.
     pub fn fail_qp(&self, qp_num: u32) {
         self.st().qp_error(qp_num, None, true);
@@ -950,6 +975,7 @@ impl ProtectionDomain for SimPd {
                 access: Access::NONE,
                 remote: None,
                 sgid: None,
+                attrs: SimQpAttrs::default(),
                 min_rnr_timer: 0,
                 timeout: 0,
                 retry_cnt: 0,
@@ -1172,6 +1198,9 @@ impl QueuePair for SimQp {
                 };
                 qp.sgid = Some(sgid);
                 qp.remote = Some(remote);
+                qp.attrs.sgid_index = sgid_index;
+                qp.attrs.path_mtu = Some(path_mtu);
+                qp.attrs.min_rnr_timer = min_rnr_timer;
                 qp.min_rnr_timer = ns(min_rnr_timer);
             }
             QpModify::Rts {
@@ -1186,6 +1215,9 @@ impl QueuePair for SimQp {
                 qp.timeout = ns(timeout);
                 qp.retry_cnt = retry_cnt;
                 qp.rnr_retry = rnr_retry;
+                qp.attrs.timeout = timeout;
+                qp.attrs.retry_cnt = retry_cnt;
+                qp.attrs.rnr_retry = rnr_retry;
             }
             QpModify::Err => {
                 st.qp_error(self.qpn, None, false);
