@@ -490,3 +490,115 @@ fn our_qp_takes_the_kernels_attributes_and_the_smaller_mtu() {
         })
     );
 }
+
+/// An SMC-Rv2 LLC message of up to 8 KiB (Linux `SMC_WR_BUF_V2_SIZE`): an
+/// ADD_LINK whose extension lists 255 rkeys (`SMC_LLC_RKEYS_PER_MSG_V2`),
+/// 4152 bytes, is received whole and rejected with the 44-byte v2 reject.
+#[test]
+fn a_large_v2_add_link_is_received_and_rejected() {
+    let (mut lab, c) = kernel_server_first_contact();
+    let mut big = send(MAIN, 15);
+    big.truncate(72);
+    for i in 0..255u32 {
+        big.extend_from_slice(&(0x1000 + i).to_be_bytes());
+        big.extend_from_slice(&(0x2000 + i).to_be_bytes());
+        big.extend_from_slice(&u64::from(i).to_be_bytes());
+    }
+    let len = big.len() as u16;
+    big[1..3].copy_from_slice(&len.to_le_bytes());
+    big[70..72].copy_from_slice(&255u16.to_le_bytes());
+    assert_eq!(big.len(), 4152);
+    lab.k.send(&big);
+    assert_eq!(lab.llc(), send(MAIN, 17));
+    assert_eq!(lab.ours.status(c), Some(ConnStatus::Smc));
+}
+
+/// A second connection while the first is open needs a new RMB: our server
+/// announces it with CONFIRM_RKEY before its Accept, shaped as the kernel
+/// server's (frame 371), and goes on when the kernel client answers.
+#[test]
+fn our_server_announces_a_new_rmb_with_confirm_rkey_before_the_accept() {
+    let (mut lab, _s) = kernel_client_first_contact();
+    let s2 = lab.ours.accept(ip("10.99.0.1"), lab.now);
+    lab.ours.clc_input(s2, &clc(MAIN, 369), lab.now);
+    assert!(lab.ours.clc_output(s2).is_empty(), "no Accept before the rkey");
+    let req = lab.llc();
+    let mut want = send(MAIN, 371);
+    want[5..17].copy_from_slice(&req[5..17]);
+    assert_eq!(req, want, "CONFIRM_RKEY request");
+    let mut resp = req.clone();
+    resp[3] = 0x80;
+    lab.k.send(&resp);
+    for _ in 0..50 {
+        lab.tick();
+    }
+    let got = accept_confirm(&lab.ours.clc_output(s2));
+    assert!(!got.first_contact);
+    assert_eq!(got.rmb_rkey.to_be_bytes(), req[5..9]);
+    assert_eq!(got.rmb_vaddr.to_be_bytes(), req[9..17]);
+    assert_eq!(got.alert_token, 2);
+}
+
+/// The kernel server's `rmmod smc` teardown as the client side saw it
+/// (teardown capture frames 3 and 18): DELETE_LINK ALL|ORDERLY, then a
+/// second DELETE_LINK ALL with another reason from its group cleanup. Our
+/// client answers neither (a Linux client does not), takes the first as
+/// the end of the group and ignores the second.
+#[test]
+fn a_kernel_servers_delete_link_all_ends_our_group() {
+    let (mut lab, c) = kernel_server_first_contact();
+    lab.k.send(&send(TEARDOWN, 3));
+    lab.k.send(&send(TEARDOWN, 18));
+    lab.quiet(Duration::from_millis(20));
+    assert!(lab.ours.write(c, b"x").is_err(), "the connection ended");
+    lab.ours.release(c);
+    lab.quiet(Duration::from_millis(20));
+    assert_eq!(lab.ours.link_groups(), 0);
+}
+
+/// An idle link group ends with DELETE_LINK ALL|ORDERLY, program
+/// initiated, as Linux's `smc_lgr_free_work` sends it.
+#[test]
+fn an_idle_group_ends_with_the_kernels_delete_link() {
+    let lab = Lab::with(2, None, |c| c.lgr_idle_timeout = Duration::from_secs(1));
+    let (mut lab, c) = kernel_server_first_contact_over(lab);
+    lab.run_apps(c, true);
+    let mut want = send(TEARDOWN, 3);
+    want[6] = 0x03;
+    assert_eq!(lab.llc(), want, "DELETE_LINK ALL|ORDERLY, reason 0x00030000");
+    for _ in 0..100 {
+        lab.tick();
+    }
+    assert_eq!(lab.ours.link_groups(), 0);
+}
+
+/// An abort from either side: a close with unread data sends
+/// peer_conn_abort (smc_close.c `smc_close_final`), and the other side's
+/// next call fails with a reset.
+#[test]
+fn aborts_both_ways_as_the_kernel_sends_and_takes_them() {
+    use smc_engine::endpoint::ConnError;
+    // the kernel closes with our data unread
+    let (mut lab, c) = kernel_server_first_contact();
+    lab.k.conn.peer_rmb.2 = 65536;
+    assert_eq!(lab.ours.write(c, b"unread"), Ok(6));
+    lab.quiet(Duration::from_millis(1));
+    assert_eq!(lab.k.readable(), 6);
+    lab.k.close();
+    assert_eq!(
+        lab.k.conn.cdcs_sent.last().map(|b| b[25]),
+        Some(0x20),
+        "the kernel's abort CDC"
+    );
+    lab.quiet(Duration::from_millis(1));
+    assert_eq!(lab.ours.write(c, b"more"), Err(ConnError::Reset));
+    // we close with the kernel's data unread
+    let (mut lab, c) = kernel_server_first_contact();
+    kernel::Sock::write(&mut lab.k, b"unread");
+    lab.quiet(Duration::from_millis(1));
+    assert_eq!(lab.ours.readable(c), 6);
+    lab.ours.release(c);
+    lab.quiet(Duration::from_millis(1));
+    assert!(lab.k.conn.peer_aborted, "our abort CDC");
+    assert_eq!(lab.our_cdcs().last().map(|b| b[25]), Some(0x20));
+}
