@@ -105,10 +105,7 @@ fn no_smc_r_v2_over_ipv6_on_either_side() {
     let ClcMessage::Proposal(p) = ClcMessage::decode(&w.client.clc_output(c)).unwrap() else {
         panic!("a Proposal")
     };
-    assert_eq!(
-        p.v2_ext.unwrap().roce_v2_gid,
-        Gid::from_ip(ip("10.99.0.1"))
-    );
+    assert_eq!(p.v2_ext.unwrap().roce_v2_gid, Gid::from_ip(ip("10.99.0.1")));
     // a server on an IPv6 connection gets an IPv4 client's v2 Proposal:
     // NOSMCRDEV, as the Linux 6.12 server in the lab (RESULTS v2)
     let proposal = {

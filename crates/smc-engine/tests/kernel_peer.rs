@@ -226,8 +226,7 @@ fn kernel_server_first_contact_over(mut lab: Lab) -> (Lab, ConnId) {
     );
     let accept = kernels(7, &lab.k);
     lab.k.conn.my_token = accept.alert_token;
-    lab.ours
-        .clc_input(c, &encode(accept, true), lab.now);
+    lab.ours.clc_input(c, &encode(accept, true), lab.now);
     let bytes = lab.ours.clc_output(c);
     let got = accept_confirm(&bytes);
     assert_eq!(
@@ -299,8 +298,7 @@ fn our_client_sends_the_kernel_clients_cdcs_and_reuses_the_group() {
     lab.k.conn = Default::default();
     let accept = kernels(375, &lab.k);
     lab.k.conn.my_token = accept.alert_token;
-    lab.ours
-        .clc_input(c2, &encode(accept, true), lab.now);
+    lab.ours.clc_input(c2, &encode(accept, true), lab.now);
     for _ in 0..100 {
         lab.tick();
     }
@@ -416,8 +414,7 @@ fn our_server_sends_the_kernel_servers_cdcs_and_a_kernel_client_reuses_the_group
     want[3] = 0x80;
     assert_eq!(lab.llc(), want, "CONFIRM_RKEY response (frame 379)");
     let confirm = kernels(381, &lab.k);
-    lab.ours
-        .clc_input(s2, &encode(confirm, false), lab.now);
+    lab.ours.clc_input(s2, &encode(confirm, false), lab.now);
     lab.quiet(Duration::from_millis(5));
     assert_eq!(lab.ours.status(s2), Some(ConnStatus::Smc));
     assert_eq!(lab.ours.link_groups(), 1);
@@ -474,8 +471,7 @@ fn our_qp_takes_the_kernels_attributes_and_the_smaller_mtu() {
     lab.ours.clc_output(c);
     let mut accept = kernels(7, &lab.k);
     accept.qp_mtu = 2;
-    lab.ours
-        .clc_input(c, &encode(accept, true), lab.now);
+    lab.ours.clc_input(c, &encode(accept, true), lab.now);
     let got = accept_confirm(&lab.ours.clc_output(c));
     assert_eq!(got.qp_mtu, 2, "the Confirm names the path MTU");
     assert_eq!(
@@ -521,7 +517,10 @@ fn our_server_announces_a_new_rmb_with_confirm_rkey_before_the_accept() {
     let (mut lab, _s) = kernel_client_first_contact();
     let s2 = lab.ours.accept(ip("10.99.0.1"), lab.now);
     lab.ours.clc_input(s2, &clc(MAIN, 369), lab.now);
-    assert!(lab.ours.clc_output(s2).is_empty(), "no Accept before the rkey");
+    assert!(
+        lab.ours.clc_output(s2).is_empty(),
+        "no Accept before the rkey"
+    );
     let req = lab.llc();
     let mut want = send(MAIN, 371);
     want[5..17].copy_from_slice(&req[5..17]);
@@ -565,7 +564,11 @@ fn an_idle_group_ends_with_the_kernels_delete_link() {
     lab.run_apps(c, true);
     let mut want = send(TEARDOWN, 3);
     want[6] = 0x03;
-    assert_eq!(lab.llc(), want, "DELETE_LINK ALL|ORDERLY, reason 0x00030000");
+    assert_eq!(
+        lab.llc(),
+        want,
+        "DELETE_LINK ALL|ORDERLY, reason 0x00030000"
+    );
     for _ in 0..100 {
         lab.tick();
     }

@@ -70,8 +70,7 @@ fn smc_r_v2_over_shm_uses_the_ipv4_mapped_gid() {
         server.pump(now).unwrap();
         c2s.extend(client.clc_output(c));
         s2c.extend(server.clc_output(s));
-        if client.status(c) == Some(ConnStatus::Smc) && server.status(s) == Some(ConnStatus::Smc)
-        {
+        if client.status(c) == Some(ConnStatus::Smc) && server.status(s) == Some(ConnStatus::Smc) {
             break;
         }
         std::thread::sleep(Duration::from_micros(200));

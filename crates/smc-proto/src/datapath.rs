@@ -481,8 +481,7 @@ impl DataPath {
         // A requested close can go out once nothing written before it is unsent.
         let close_due = self.close_flags != self.close_requested
             && (self.close_requested.abort || to_send == len);
-        if len == 0 && !self.cdc_wanted && !consumer_update && !close_due && !urgent_news
-        {
+        if len == 0 && !self.cdc_wanted && !consumer_update && !close_due && !urgent_news {
             return None;
         }
         let mut writes = Writes::default();

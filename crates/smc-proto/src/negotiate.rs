@@ -691,8 +691,8 @@ mod tests {
         // v1 offered as well, prefixes matching, no v1 device either: the v2
         // path's code comes first (as in the lab, where our Proposal had both)
         let p6: IpAddr = "2001:db8:1::5".parse().unwrap();
-        let both = build_proposal(p6, &caps(true, true, &["A"], vec![v6("2001:db8:1::5", 64)]))
-            .unwrap();
+        let both =
+            build_proposal(p6, &caps(true, true, &["A"], vec![v6("2001:db8:1::5", 64)])).unwrap();
         assert!(both.typev1.offers_r());
         assert_eq!(
             server_choose(&both, &srv(&["A"])),
@@ -741,7 +741,10 @@ mod tests {
     #[test]
     fn server_confirm_checks_as_linux() {
         let a = accept(2, "A", Some(fce(1, 255, 1)));
-        assert_eq!(server_check_confirm(&a, &accept(2, "A", Some(fce(1, 255, 1)))), Ok(()));
+        assert_eq!(
+            server_check_confirm(&a, &accept(2, "A", Some(fce(1, 255, 1)))),
+            Ok(())
+        );
         assert_eq!(
             server_check_confirm(&a, &accept(2, "A", Some(fce(1, 255, 2)))),
             Err(DeclineCode::MaxLinkErr)
@@ -756,7 +759,10 @@ mod tests {
         );
         // release 0 on both: nothing more to compare; reuse: no extension
         let a0 = accept(2, "A", Some(fce(0, 255, 1)));
-        assert_eq!(server_check_confirm(&a0, &accept(2, "A", Some(fce(0, 9, 9)))), Ok(()));
+        assert_eq!(
+            server_check_confirm(&a0, &accept(2, "A", Some(fce(0, 9, 9)))),
+            Ok(())
+        );
         assert_eq!(server_check_confirm(&a, &accept(2, "A", None)), Ok(()));
     }
 

@@ -1192,9 +1192,7 @@ impl QueuePair for SimQp {
                     .get(usize::from(sgid_index))
                     .map(|e| e.gid)
                 else {
-                    return Err(Error::InvalidArgument(format!(
-                        "no GID index {sgid_index}"
-                    )));
+                    return Err(Error::InvalidArgument(format!("no GID index {sgid_index}")));
                 };
                 qp.sgid = Some(sgid);
                 qp.remote = Some(remote);

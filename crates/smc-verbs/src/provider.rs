@@ -737,7 +737,10 @@ mod tests {
             send_flags(&SendOp::Send, true),
             IBV_SEND_SIGNALED | IBV_SEND_SOLICITED
         );
-        assert_eq!(send_flags(&SendOp::SendWithImm(7), false), IBV_SEND_SOLICITED);
+        assert_eq!(
+            send_flags(&SendOp::SendWithImm(7), false),
+            IBV_SEND_SOLICITED
+        );
         assert_eq!(send_flags(&write, false), 0);
         assert_eq!(send_flags(&write, true), IBV_SEND_SIGNALED);
     }

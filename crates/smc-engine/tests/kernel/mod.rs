@@ -331,7 +331,10 @@ impl Kernel {
         }
         c.rx_seq = m.seqno;
         c.rx_prod = absolute(m.prod, K_RMB, c.rx_prod);
-        assert!(c.rx_prod - c.rx_cons <= K_RMB as u64, "the peer overran our RMB");
+        assert!(
+            c.rx_prod - c.rx_cons <= K_RMB as u64,
+            "the peer overran our RMB"
+        );
         let plen = c.peer_rmb.2.max(1);
         c.tx_peer_cons = absolute(m.cons, plen, c.tx_peer_cons);
         c.peer_write_blocked = m.prod_flags.write_blocked();
