@@ -605,3 +605,35 @@ fn aborts_both_ways_as_the_kernel_sends_and_takes_them() {
     assert!(lab.k.conn.peer_aborted, "our abort CDC");
     assert_eq!(lab.our_cdcs().last().map(|b| b[25]), Some(0x20));
 }
+
+/// Which token a CDC carries (token-skew capture, captures §6.2): the
+/// receiver's, the one it announced in CLC. The kernel server's token is 3
+/// here, ours 1.
+#[test]
+fn cdcs_carry_the_receivers_token() {
+    let mut lab = Lab::new(2, None);
+    let c = lab.ours.connect(ip("10.99.0.2"), lab.now);
+    lab.ours.clc_output(c);
+    let mut accept = kernels(7, &lab.k);
+    accept.alert_token = 3;
+    lab.k.conn.my_token = 3;
+    lab.ours.clc_input(c, &encode(accept, true), lab.now);
+    let got = accept_confirm(&lab.ours.clc_output(c));
+    assert_eq!(got.alert_token, 1);
+    lab.k.conn.peer_token = got.alert_token;
+    lab.k.conn.peer_rmb = (got.rmb_rkey, got.rmb_vaddr, 65536);
+    lab.k.connect(got.gid, got.qpn, got.psn);
+    let mut req = send(MAIN, 11);
+    put24(&mut req, 26, lab.k.qpn());
+    lab.k.send(&req);
+    lab.llc();
+    // (the kernel harness asserts the token of every CDC it takes)
+    assert_eq!(lab.ours.write(c, b"to 3"), Ok(4));
+    lab.quiet(Duration::from_millis(1));
+    assert_eq!(lab.our_cdcs()[0][4..8], [0, 0, 0, 3]);
+    assert_eq!(lab.k.read(4), b"to 3");
+    kernel::Sock::write(&mut lab.k, b"to 1");
+    lab.quiet(Duration::from_millis(1));
+    assert_eq!(lab.k.conn.cdcs_sent[0][4..8], [0, 0, 0, 1]);
+    assert_eq!(lab.ours.read(c, 8).unwrap(), b"to 1");
+}
