@@ -71,10 +71,12 @@
 //!
 //! [`negotiate`]: smc_proto::negotiate
 
+mod gid;
 mod link;
 mod psn;
 
 use crate::state::{HandshakePhase, LgrAction, LgrEvent, LgrState};
+use gid::{ConnGids, LocalGid};
 use link::{LinkRes, WrKind, MAX_SENDS, RECV_SLOT_LEN};
 use psn::PsnSource;
 use smc_proto::clc_stream::{self, ClcReader, FailReason, HandshakeEnd};
@@ -86,8 +88,8 @@ use smc_proto::negotiate::{
 };
 use smc_proto::Timestamp;
 use smc_rdma::{
-    Access, AsyncEvent, CompletionChannel, CompletionQueue, Device, MemWindow, MemoryRegion,
-    ProtectionDomain, Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
+    Access, AsyncEvent, CompletionChannel, CompletionQueue, Device, GidEntry, MemWindow,
+    MemoryRegion, ProtectionDomain, Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
 };
 use smc_wire::cdc::{CdcMessage, RingChunks};
 use smc_wire::clc::{
@@ -139,6 +141,15 @@ const CLIENT_LATE_DECLINE_WAIT: Duration = Duration::from_secs(5);
 /// was sent before ours arrived, so it is there within a round trip, ahead of
 /// any application data.
 const CROSSED_DECLINE_WAIT: Duration = CLC_WAIT_TIME_SHORT;
+
+/// What a first contact agreed for its link group (SMC v2.1 first-contact
+/// extension; v1 groups take the defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Limits {
+    release: u8,
+    max_conns: u8,
+    max_links: u8,
+}
 
 /// Handle of a connection.
 pub type ConnId = usize;
@@ -301,6 +312,12 @@ struct Lgr<P: Provider> {
     /// The peer GID of the CLC exchange that created the group (reuse and
     /// first-contact serialization match on it, §6).
     peer_gid: Gid,
+    /// Our GID on the group's links (and its table index, the QPs' source
+    /// GID): the one the connection that created the group chose (see
+    /// `endpoint/gid.rs`); only connections with the same GID join.
+    local: LocalGid,
+    /// The SMC v2 release the first contact agreed (first-contact extension).
+    release: u8,
     tokens: BTreeMap<u32, ConnId>,
     rkey_queue: VecDeque<RkeyFlow>,
     /// Released RMBs and send buffers kept registered for reuse (Linux keeps
@@ -353,6 +370,8 @@ pub struct LinkOffer {
 struct Conn<P: Provider> {
     role: Role,
     phase: Phase,
+    /// The GIDs this connection may use, from its local address.
+    gids: ConnGids,
     lgr: Option<LgrId>,
     /// The link (slot) the connection is assigned to.
     link: Option<usize>,
@@ -605,7 +624,11 @@ pub struct Endpoint<P: Provider> {
     conns: Vec<Option<Conn<P>>>,
     next_token: u32,
     next_lgr_id: u32,
-    gid: Gid,
+    /// The port's GID table, read at open and again at port events and when
+    /// a connection's address has no GID in it (a new address).
+    gids: Vec<GidEntry>,
+    /// When the GID table was last read again for a missing address.
+    gids_reread: Option<Timestamp>,
     mac: Mac,
     /// Initial PSNs of our QPs: random, keyed from the OS (or a seed).
     psns: PsnSource,
@@ -636,7 +659,7 @@ impl<P: Provider> Endpoint<P> {
         let dev = provider.open_device(&cfg.device)?;
         let port = dev.query_port(1)?;
         let port_mtu = port.active_mtu;
-        let gid = port.gids.first().map(|g| g.gid).unwrap_or_default();
+        let gids = port.gids;
         let mac = cfg.system_id.mac();
         let chan = dev.create_channel()?;
         let max_inline = dev.info().max_inline;
@@ -659,7 +682,8 @@ impl<P: Provider> Endpoint<P> {
             conns: Vec::new(),
             next_token: 1,
             next_lgr_id: 0x100,
-            gid,
+            gids,
+            gids_reread: None,
             mac,
             psns,
             tokens_wrapped: false,
@@ -667,14 +691,41 @@ impl<P: Provider> Endpoint<P> {
         })
     }
 
-    fn caps(&self) -> LocalCapabilities {
+    /// The GIDs a connection from `local` may use (see `endpoint/gid.rs`),
+    /// for the versions this endpoint offers.
+    fn conn_gids(&mut self, local: IpAddr) -> ConnGids {
+        let pick = |gids: &[GidEntry], cfg: &EndpointConfig| ConnGids {
+            v1: cfg.offer_v1.then(|| gid::v1_gid(gids)).flatten(),
+            v2: cfg
+                .offer_v2
+                .then(|| gid::v2_gid(gids, local, &cfg.if_addrs))
+                .flatten(),
+        };
+        let g = pick(&self.gids, &self.cfg);
+        // An IPv4 address the table lacks may have been added since it was
+        // read: read it again, at most once a second.
+        let missing = self.cfg.offer_v2 && g.v2.is_none() && gid::ipv4_of(local).is_some();
+        let due = self
+            .gids_reread
+            .is_none_or(|t| self.now >= t + Duration::from_secs(1));
+        if missing && due {
+            self.gids_reread = Some(self.now);
+            if let Ok(port) = self.dev.query_port(1) {
+                self.gids = port.gids;
+                return pick(&self.gids, &self.cfg);
+            }
+        }
+        g
+    }
+
+    fn caps(&self, gids: &ConnGids) -> LocalCapabilities {
         LocalCapabilities {
             system_id: self.cfg.system_id,
-            v1: self.cfg.offer_v1.then_some(RoceV1Port {
-                gid: self.gid,
+            v1: gids.v1.map(|g| RoceV1Port {
+                gid: g.gid,
                 mac: self.mac,
             }),
-            v2_gid: self.cfg.offer_v2.then_some(self.gid),
+            v2_gid: gids.v2.map(|g| g.gid),
             ueids: self.cfg.ueids.clone(),
             if_addrs: self.cfg.if_addrs.clone(),
         }
@@ -700,11 +751,12 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    fn new_conn(&mut self, role: Role, phase: Phase) -> ConnId {
+    fn new_conn(&mut self, role: Role, phase: Phase, gids: ConnGids) -> ConnId {
         let token = self.next_alert_token();
         let c = Conn {
             role,
             phase,
+            gids,
             lgr: None,
             link: None,
             move_to: None,
@@ -747,8 +799,12 @@ impl<P: Provider> Endpoint<P> {
 
     /// Client: the TCP connection to the peer is up and the peer offered SMC on its
     /// SYN-ACK. Queues the Proposal (or a Decline when we have nothing to offer).
+    /// `local_ip` is the TCP connection's local address: it chooses the
+    /// GIDs (see `endpoint/gid.rs`; no SMC-R v2 over IPv6).
     pub fn connect(&mut self, local_ip: IpAddr, now: Timestamp) -> ConnId {
-        match negotiate::build_proposal(local_ip, &self.caps()) {
+        self.now = self.now.max(now);
+        let gids = self.conn_gids(local_ip);
+        match negotiate::build_proposal(local_ip, &self.caps(&gids)) {
             Ok(p) => {
                 let id = self.new_conn(
                     Role::Client,
@@ -756,26 +812,31 @@ impl<P: Provider> Endpoint<P> {
                         proposal: Box::new(p.clone()),
                         deadline: now + CLC_WAIT_TIME,
                     },
+                    gids,
                 );
                 self.send_clc(id, &ClcMessage::Proposal(p));
                 id
             }
             Err(code) => {
-                let id = self.new_conn(Role::Client, Phase::AwaitProposal { deadline: now });
+                let id = self.new_conn(Role::Client, Phase::AwaitProposal { deadline: now }, gids);
                 self.decline(id, SMC_V1, code);
                 id
             }
         }
     }
 
-    /// Server: a TCP connection whose SYN carried the SMC option was accepted;
-    /// waits for the Proposal.
-    pub fn accept(&mut self, now: Timestamp) -> ConnId {
+    /// Server: a TCP connection whose SYN carried the SMC option was accepted
+    /// at the local address `local_ip` (which chooses the GIDs, as for
+    /// [`Self::connect`]); waits for the Proposal.
+    pub fn accept(&mut self, local_ip: IpAddr, now: Timestamp) -> ConnId {
+        self.now = self.now.max(now);
+        let gids = self.conn_gids(local_ip);
         self.new_conn(
             Role::Server,
             Phase::AwaitProposal {
                 deadline: now + CLC_WAIT_TIME,
             },
+            gids,
         )
     }
 
@@ -1023,12 +1084,17 @@ impl<P: Provider> Endpoint<P> {
 
     // ------------------------------------------------------------- resources
 
+    /// A new link group whose links use our GID `local`, with the `limits`
+    /// the CLC exchange agreed, which our CONFIRM_LINK and first-contact CLC
+    /// repeat.
     fn new_lgr(
         &mut self,
         role: Role,
         version: u8,
         peer_system_id: SystemId,
         peer_gid: Gid,
+        local: LocalGid,
+        limits: Limits,
     ) -> Result<LgrId> {
         let pd = self.dev.alloc_pd()?;
         // The first link is slot 0 (§1.7); its QP goes out in CLC.
@@ -1044,9 +1110,8 @@ impl<P: Provider> Endpoint<P> {
             } else {
                 LlcVersion::V1
             },
-            // We do not negotiate ADD_LINK: a Linux peer then adds no link.
-            max_links: 1,
-            max_conns: self.cfg.max_conns,
+            max_links: limits.max_links,
+            max_conns: limits.max_conns,
             testlink_interval: self.cfg.testlink,
         });
         let l = Lgr {
@@ -1058,6 +1123,8 @@ impl<P: Provider> Endpoint<P> {
             version,
             peer_system_id,
             peer_gid,
+            local,
+            release: limits.release,
             tokens: BTreeMap::new(),
             rkey_queue: VecDeque::new(),
             free_bufs: Vec::new(),
@@ -1266,23 +1333,18 @@ impl<P: Provider> Endpoint<P> {
             .query_port(1)
             .map_err(|_| DeclineCode::ErrRdyLnk)?
             .active_mtu;
-        let res = self
-            .lgrs
-            .get_mut(l)
-            .and_then(Option::as_mut)
-            .filter(|lg| !lg.group.is_terminated())
-            .and_then(|lg| lg.links[0].as_mut())
-            .ok_or(DeclineCode::ErrRdyLnk)?;
-        res.connect(&peer, mtu)
-            .map_err(|_| DeclineCode::ErrRdyLnk)?;
-        let (gid, mac) = (self.gid, self.mac);
+        let mac = self.mac;
         let lg = self
             .lgrs
             .get_mut(l)
             .and_then(Option::as_mut)
+            .filter(|lg| !lg.group.is_terminated())
             .ok_or(DeclineCode::ErrRdyLnk)?;
+        let gid = lg.local;
         let res = lg.links[0].as_mut().ok_or(DeclineCode::ErrRdyLnk)?;
-        let local = res.local_port(gid, mac, mtu);
+        res.connect(&peer, mtu, gid.index)
+            .map_err(|_| DeclineCode::ErrRdyLnk)?;
+        let local = res.local_port(gid.gid, mac, mtu);
         lg.group.add_first_link(local, peer, now);
         self.lgr_step(l, LgrEvent::FirstLinkConnected);
         Ok(())
@@ -1388,13 +1450,25 @@ impl<P: Provider> Endpoint<P> {
         // the connection's link is the one this message names (§6)
         let link = lg.links.get(c.link?)?.as_ref()?;
         let rmb = c.rmb.as_ref()?;
-        let mtu = self.port_mtu;
+        // Linux (smc_clc.c `smcr_clc_prep_confirm_accept`): an Accept names
+        // our port's MTU, a Confirm the link's path MTU, the smaller of ours
+        // and the peer's.
+        let mtu = match kind {
+            AcceptConfirmKind::Accept => self.port_mtu,
+            AcceptConfirmKind::Confirm => link.path_mtu.unwrap_or(self.port_mtu),
+        };
         let v2 = version >= SMC_V2;
+        // The limits the CLC exchange agreed: a server's Accept offers them,
+        // a client's Confirm repeats the Accept's, which a Linux server
+        // checks (smc_clc.c `smc_clc_v2x_features_confirm_check`: another
+        // max_conns or max_links is declined MAXCONNERR / MAXLINKERR).
+        let limits = lg.group.config();
         Some(AcceptConfirm {
             version,
             first_contact,
             peer_id: self.cfg.system_id,
-            gid: self.gid,
+            // the group's GID: Linux sends its link's (`link->gid`)
+            gid: lg.local.gid,
             mac: self.mac,
             qpn: link.qp.qp_num(),
             rmb_rkey: rmb.rkey(),
@@ -1409,20 +1483,33 @@ impl<P: Provider> Endpoint<P> {
             } else {
                 Eid::default()
             },
+            // (Linux `smc_clc_fill_fce_v2x`: the agreed release; its SMC-R
+            // extension always has the v2.1 fields, zero before release 1)
             fce: (v2 && first_contact).then(|| FirstContactExt {
                 v2_direct: true,
                 os_type: OS_LINUX,
-                release: negotiate::OUR_RELEASE,
+                release: lg.release,
                 hostname: FirstContactExt::hostname_from_str(&self.cfg.hostname),
-                v2x: Some(FceV2x {
-                    max_conns: self.cfg.max_conns,
-                    max_links: 1,
-                    feature_mask: 0,
-                    vendor_opts: [0; 4],
+                v2x: Some(if lg.release >= smc_wire::clc::SMC_RELEASE_1 {
+                    FceV2x {
+                        max_conns: limits.max_conns,
+                        max_links: limits.max_links,
+                        feature_mask: 0,
+                        vendor_opts: [0; 4],
+                    }
+                } else {
+                    FceV2x {
+                        max_conns: 0,
+                        max_links: 0,
+                        feature_mask: 0,
+                        vendor_opts: [0; 4],
+                    }
                 }),
             }),
+            // (Linux lists an alternate device's GID too, `smc_fill_gid_list`;
+            // we have one device per endpoint)
             gid_list: (v2 && first_contact && kind == AcceptConfirmKind::Confirm)
-                .then(|| vec![self.gid]),
+                .then(|| vec![lg.local.gid]),
         })
     }
 
@@ -1442,6 +1529,10 @@ impl<P: Provider> Endpoint<P> {
             Err(code) => return self.decline(id, a.version, code),
         };
         let version = agreement.version;
+        // our GID for the version the server chose (one we offered)
+        let Some(local) = self.conn(id).and_then(|c| c.gids.for_version(version)) else {
+            return self.decline(id, version, DeclineCode::ModeUnsupp);
+        };
         let peer = PeerPort {
             gid: a.gid,
             mac: a.mac,
@@ -1450,7 +1541,12 @@ impl<P: Provider> Endpoint<P> {
             mtu: a.qp_mtu,
         };
         if a.first_contact {
-            let l = match self.new_lgr(Role::Client, version, a.peer_id, a.gid) {
+            let limits = Limits {
+                release: agreement.release,
+                max_conns: agreement.max_conns,
+                max_links: agreement.max_links,
+            };
+            let l = match self.new_lgr(Role::Client, version, a.peer_id, a.gid, local, limits) {
                 Ok(l) => l,
                 Err(_) => return self.decline(id, version, DeclineCode::Mem),
             };
@@ -1488,6 +1584,7 @@ impl<P: Provider> Endpoint<P> {
                     || !lg.state.accepts_connections()
                     || lg.group.is_terminated()
                     || lg.peer_system_id != a.peer_id
+                    || lg.local != local
                 {
                     return None;
                 }
@@ -1569,22 +1666,32 @@ impl<P: Provider> Endpoint<P> {
         park_until: Option<Timestamp>,
     ) {
         let dversion = negotiate::decline_version(&p);
-        let choice: ServerChoice = match negotiate::server_choose(&p, &self.caps()) {
+        let gids = self.conn(id).map(|c| c.gids).unwrap_or_default();
+        let choice: ServerChoice = match negotiate::server_choose(&p, &self.caps(&gids)) {
             Ok(c) => c,
             Err(code) => return self.decline(id, dversion, code),
         };
         let version = choice.version;
+        let Some(local) = gids.for_version(version) else {
+            return self.decline(id, dversion, DeclineCode::IntErr);
+        };
+        // The group is the peer's by the Proposal's system id and GID, as
+        // Linux keeps them (`smc_lgr_create` takes `ini->peer_systemid`,
+        // `smc_link_save_peer_info` the Proposal's GID): a v2-only Proposal
+        // carries an all-zero system id, every time (captures §8.4).
         let (peer_id, peer_gid) = match &p.v2_ext {
             Some(ext) if version >= SMC_V2 => (p.peer_id, ext.roce_v2_gid),
             _ => (p.peer_id, p.gid),
         };
-        let max = usize::from(self.cfg.max_conns.min(choice.max_conns));
+        let max_conns = self.cfg.max_conns.min(choice.max_conns);
+        let max = usize::from(max_conns);
         let same_peer = |lg: &Lgr<P>| {
             lg.role == Role::Server
                 && !lg.group.is_terminated()
                 && lg.version == version
                 && lg.peer_system_id == peer_id
                 && lg.peer_gid == peer_gid
+                && lg.local == local
         };
         // §6: a group with an active link to the peer's GID and room for one more.
         let reuse = self.lgrs.iter().position(|lg| {
@@ -1646,7 +1753,20 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
             None => {
-                let l = match self.new_lgr(Role::Server, version, peer_id, peer_gid) {
+                // One link per group: we cannot add a second (ADD_LINK is not
+                // negotiated), so we offer max_links 1, as a Linux server
+                // with `smcr_max_links_per_lgr` 1 does; a Linux client then
+                // waits for no ADD_LINK after CONFIRM_LINK (af_smc.c
+                // `smcr_clnt_conf_first_link` waits SMC_LLC_WAIT_TIME for
+                // one when max_links > 1), and a Linux server with max_links
+                // 1 sends none either (smc_llc.c `smc_llc_srv_add_link`).
+                let limits = Limits {
+                    release: choice.release,
+                    max_conns,
+                    max_links: 1,
+                };
+                let l = match self.new_lgr(Role::Server, version, peer_id, peer_gid, local, limits)
+                {
                     Ok(l) => l,
                     Err(_) => return self.decline(id, dversion, DeclineCode::Mem),
                 };
@@ -1685,6 +1805,13 @@ impl<P: Provider> Endpoint<P> {
         if let Err(code) = negotiate::check_peer_values(&c) {
             return self.decline(id, version, code);
         }
+        if first_contact {
+            // what our Accept said (rebuilt from the group) against the Confirm
+            let ours = self.our_accept_confirm(id, version, true, None, AcceptConfirmKind::Accept);
+            if let Some(Err(code)) = ours.map(|a| negotiate::server_check_confirm(&a, &c)) {
+                return self.decline(id, version, code);
+            }
+        }
         let lgr_alive = self.conn(id).and_then(|x| x.lgr).is_some_and(|l| {
             self.lgrs
                 .get(l)
@@ -1702,9 +1829,7 @@ impl<P: Provider> Endpoint<P> {
             let Some(l) = self.conn(id).and_then(|x| x.lgr) else {
                 return self.decline(id, version, DeclineCode::IntErr);
             };
-            if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
-                lg.peer_system_id = c.peer_id;
-            }
+            // (the group keeps the Proposal's system id: see `server_on_proposal`)
             let peer = PeerPort {
                 gid: c.gid,
                 mac: c.mac,
@@ -3434,7 +3559,7 @@ impl<P: Provider> Endpoint<P> {
             .map(|m| (m.rkey(), m.rkey(), m.addr()))
             .collect();
         let offer = LinkOffer {
-            gid: self.gid,
+            gid: lg.local.gid,
             mac: self.mac,
             qpn: res.qp.qp_num(),
             psn: res.psn,
@@ -3475,7 +3600,7 @@ impl<P: Provider> Endpoint<P> {
         now: Timestamp,
     ) -> Result<usize> {
         let mtu = self.dev.query_port(1)?.active_mtu;
-        let (gid, mac) = (self.gid, self.mac);
+        let mac = self.mac;
         let bad = |m: &str| smc_rdma::Error::InvalidArgument(m.into());
         let lg = self
             .lgrs
@@ -3506,8 +3631,8 @@ impl<P: Provider> Endpoint<P> {
             psn: peer.psn,
             mtu: peer.mtu,
         };
-        res.connect(&peer_port, mtu)?;
-        let local = res.local_port(gid, mac, mtu);
+        res.connect(&peer_port, mtu, lg.local.index)?;
+        let local = res.local_port(lg.local.gid, mac, mtu);
         if lg.group.add_link(link_id, local, peer_port, now) != Some(slot) {
             return Err(bad("link group refused the link"));
         }

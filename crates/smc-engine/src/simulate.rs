@@ -464,8 +464,15 @@ pub fn run(seed: u64) -> Result<Report, String> {
     if seed % 2 == 1 {
         fabric.set_max_inline(1 << 30);
     }
-    fabric.add_device("simC", None).map_err(|e| e.to_string())?;
-    fabric.add_device("simS", None).map_err(|e| e.to_string())?;
+    // RoCE ports whose GID tables carry the endpoints' addresses (v1 and v2
+    // entries, as an RNIC's): SMC-R v2 with the IPv4-mapped GIDs.
+    let (client_ip, server_ip) = (IpAddr::from([10, 77, 0, 1]), IpAddr::from([10, 77, 0, 2]));
+    fabric
+        .add_device_with_addrs("simC", None, &[client_ip], true)
+        .map_err(|e| e.to_string())?;
+    fabric
+        .add_device_with_addrs("simS", None, &[server_ip], true)
+        .map_err(|e| e.to_string())?;
     fabric.set_latency(
         Duration::from_micros(1 + rng.below(20)),
         Duration::from_micros(rng.below(10)),
@@ -506,7 +513,6 @@ pub fn run(seed: u64) -> Result<Report, String> {
         seed.wrapping_mul(2) + 1,
     )
     .map_err(|e| e.to_string())?;
-    let client_ip = IpAddr::from([10, 77, 0, 1]);
     // TCP is usually slower than the RDMA link; sometimes much slower.
     let tcp_delay = Duration::from_micros([0, 0, 30, 200, 2000][rng.below(5) as usize]);
 
@@ -786,7 +792,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
             if !cr.opened {
                 if now >= cr.plan.open_at {
                     cr.opened = true;
-                    cr.s.id = server.accept(now);
+                    cr.s.id = server.accept(server_ip, now);
                     cr.c.id = client.connect(client_ip, now);
                     progress = true;
                     trace(

@@ -206,7 +206,7 @@ fn fallbacks_carry_linux_decline_codes() {
 fn garbage_timeouts_and_tcp_loss_fail_the_connection() {
     let mut w = World::default();
     // garbage instead of a Proposal
-    let s = w.server.accept(w.now);
+    let s = w.server.accept(w.server_ip, w.now);
     w.server
         .clc_input(s, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", w.now);
     assert!(matches!(
@@ -223,7 +223,7 @@ fn garbage_timeouts_and_tcp_loss_fail_the_connection() {
         Some(ConnStatus::Failed(FailReason::Timeout))
     );
     // the TCP connection breaks mid-handshake
-    let s2 = w.server.accept(w.now);
+    let s2 = w.server.accept(w.server_ip, w.now);
     w.server.tcp_closed(s2);
     assert_eq!(
         w.server.status(s2),

@@ -184,12 +184,16 @@ struct FaultyWorld {
 impl FaultyWorld {
     fn new() -> FaultyWorld {
         let fabric = SimFabric::new(5);
-        fabric.add_device("simC", None).unwrap();
-        fabric.add_device("simS", None).unwrap();
+        let (ccfg, scfg) = (
+            simple_config("simC", 0x1111, 1),
+            simple_config("simS", 0x2222, 2),
+        );
+        add_device_for(&fabric, &ccfg);
+        add_device_for(&fabric, &scfg);
         let p = Faulty::new(fabric.clone(), 5, 0);
         FaultyWorld {
-            client: Endpoint::new_seeded(&p, simple_config("simC", 0x1111, 1), 1).unwrap(),
-            server: Endpoint::new_seeded(&p, simple_config("simS", 0x2222, 2), 2).unwrap(),
+            client: Endpoint::new_seeded(&p, ccfg, 1).unwrap(),
+            server: Endpoint::new_seeded(&p, scfg, 2).unwrap(),
             p,
             fabric,
             now: Duration::ZERO,
@@ -197,7 +201,9 @@ impl FaultyWorld {
     }
 
     fn open(&mut self) -> Tcp {
-        let s = self.server.accept(self.now);
+        let s = self
+            .server
+            .accept(std::net::IpAddr::from([10, 99, 0, 2]), self.now);
         let c = self
             .client
             .connect(std::net::IpAddr::from([10, 99, 0, 1]), self.now);

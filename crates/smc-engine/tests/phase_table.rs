@@ -53,11 +53,12 @@ const STEP: Duration = Duration::from_micros(20);
 impl World {
     fn new() -> World {
         let fabric = SimFabric::new(3);
-        fabric.add_device("simC", None).unwrap();
-        fabric.add_device("simS", None).unwrap();
+        let (ccfg, scfg) = (config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+        common::add_device_for(&fabric, &ccfg);
+        common::add_device_for(&fabric, &scfg);
         World {
-            client: Endpoint::new(&fabric, config("simC", 0x1111, 1)).unwrap(),
-            server: Endpoint::new(&fabric, config("simS", 0x2222, 2)).unwrap(),
+            client: Endpoint::new(&fabric, ccfg).unwrap(),
+            server: Endpoint::new(&fabric, scfg).unwrap(),
             fabric,
             now: Duration::ZERO,
             said: [Vec::new(), Vec::new()],
@@ -80,7 +81,7 @@ impl World {
             (self.client.connections(), self.client.link_groups()),
             (self.server.connections(), self.server.link_groups()),
         ];
-        let s = self.server.accept(self.now);
+        let s = self.server.accept(IpAddr::from([10, 99, 0, 2]), self.now);
         let c = self.client.connect(IpAddr::from([10, 99, 0, 1]), self.now);
         let mut t = Tcp {
             c,

@@ -14,16 +14,17 @@ use smc_wire::clc::ClcMessage;
 /// (`None`: the operating system).
 fn accept_qpn_psn(fabric_seed: u64, psn_seed: Option<u64>) -> (u32, u32) {
     let fabric = SimFabric::new(fabric_seed);
-    fabric.add_device("simC", None).unwrap();
-    fabric.add_device("simS", None).unwrap();
-    let mut client = Endpoint::new(&fabric, simple_config("simC", 0x1111, 1)).unwrap();
+    let ccfg = simple_config("simC", 0x1111, 1);
     let scfg = simple_config("simS", 0x2222, 2);
+    add_device_for(&fabric, &ccfg);
+    add_device_for(&fabric, &scfg);
+    let mut client = Endpoint::new(&fabric, ccfg).unwrap();
     let mut server = match psn_seed {
         Some(s) => Endpoint::new_seeded(&fabric, scfg, s).unwrap(),
         None => Endpoint::new(&fabric, scfg).unwrap(),
     };
     let now = std::time::Duration::ZERO;
-    let s = server.accept(now);
+    let s = server.accept(std::net::IpAddr::from([10, 99, 0, 2]), now);
     let c = client.connect(std::net::IpAddr::from([10, 99, 0, 1]), now);
     let p = client.clc_output(c);
     server.clc_input(s, &p, now);

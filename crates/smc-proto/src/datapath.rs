@@ -465,20 +465,23 @@ impl DataPath {
         if let Some(u) = self.tx_urgent {
             len = len.min((u + 1 - self.tx_sent) as usize);
         }
-        let blocked = blocked && to_send > 0;
+        // write_blocked as Linux sets it (smc_tx.c `smc_tx_rdma_writes`): on
+        // a CDC that carries data, when the data to send fills the peer's
+        // free space; it stays as it was on CDCs without data (the kernel
+        // keeps it in `local_tx_ctrl.prod_flags`) and never calls for a CDC
+        // of its own: the peer forgets it once it has read everything, and
+        // with its RMB full it sends the consumer update anyway (§3.4).
+        let blocked = if len > 0 {
+            blocked
+        } else {
+            self.write_blocked_sent
+        };
         let consumer_update = self.consumer_update_due();
         let urgent_news = self.tx_urgent.is_some() && !self.tx_urgent_announced;
-        let blocked_changed = blocked != self.write_blocked_sent;
         // A requested close can go out once nothing written before it is unsent.
         let close_due = self.close_flags != self.close_requested
             && (self.close_requested.abort || to_send == len);
-        if len == 0
-            && !self.cdc_wanted
-            && !consumer_update
-            && !blocked_changed
-            && !close_due
-            && !urgent_news
-        {
+        if len == 0 && !self.cdc_wanted && !consumer_update && !close_due && !urgent_news {
             return None;
         }
         let mut writes = Writes::default();

@@ -13,8 +13,8 @@
 //! (send the message, or send a Decline with the code and fall back to TCP).
 
 use smc_wire::clc::{
-    AcceptConfirm, DeclineCode, IpPrefixes, Ipv6Prefix, Proposal, ProposalV2Ext, SmcPath, SmcdInfo,
-    SMC_RELEASE_1, SMC_V1, SMC_V2,
+    AcceptConfirm, DeclineCode, FirstContactExt, IpPrefixes, Ipv6Prefix, Proposal, ProposalV2Ext,
+    SmcPath, SmcdInfo, SMC_RELEASE_1, SMC_V1, SMC_V2,
 };
 use smc_wire::types::{Eid, Gid, Mac, SystemId};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -154,6 +154,14 @@ pub fn prefixes_match(p: &IpPrefixes, if_addrs: &[IfAddr]) -> bool {
 /// as current Linux sends it, offering SMC-R v1 if a RoCE v1 port and a prefix
 /// exist and SMC-R v2 if a RoCE v2 GID and a UEID exist. With neither, the
 /// connection declines with NOSMCDEV (or CNFERR when only the prefix is missing).
+///
+/// The system id goes in even when only v2 is offered, where Linux leaves
+/// the v1 fields zero: a server takes the Proposal's id to tell its peers
+/// apart (`smc_lgr_create`, `smcr_lgr_match`), and every process of ours is
+/// an SMC instance of its own. With a zero id a Linux server would put a
+/// second process's first connection on the first process's link group
+/// (same zero id, same GID), that process would decline the reuse it cannot
+/// follow with SYNCERR, and the server would end the group of both.
 pub fn build_proposal(local: IpAddr, caps: &LocalCapabilities) -> Result<Proposal, DeclineCode> {
     let prefixes = caps.v1.and_then(|_| client_prefixes(local, &caps.if_addrs));
     let v1 = caps.v1.filter(|_| prefixes.is_some());
@@ -169,11 +177,7 @@ pub fn build_proposal(local: IpAddr, caps: &LocalCapabilities) -> Result<Proposa
         version: SMC_V2,
         typev1: if v1.is_some() { SmcPath::R } else { SmcPath::N },
         typev2: if v2 { SmcPath::R } else { SmcPath::N },
-        peer_id: if v1.is_some() {
-            caps.system_id
-        } else {
-            SystemId::default()
-        },
+        peer_id: caps.system_id,
         gid: v1.map_or(Gid::ZERO, |p| p.gid),
         mac: v1.map_or(Mac::default(), |p| p.mac),
         smcd: Some(SmcdInfo::default()),
@@ -254,6 +258,14 @@ pub fn server_choose(p: &Proposal, caps: &LocalCapabilities) -> Result<ServerCho
             }
             Some(ext) => {
                 let eid = ext.eids.iter().find(|e| caps.ueids.contains(e)).copied();
+                // Linux (af_smc.c `smc_find_rdma_v2_device_serv`): no shared
+                // EID rules v2 out without a code; then a device with a RoCE
+                // v2 GID for the connection's IPv4 address must exist, else
+                // NOSMCRDEV — which is what an IPv6 connection gets (no
+                // SMC-R v2 over IPv6, RESULTS case v2: 0x03030002).
+                if eid.is_some() && caps.v2_gid.is_none() {
+                    note(DeclineCode::NoSmcRDev, &mut first_failure);
+                }
                 if let (Some(eid), Some(_)) = (eid, caps.v2_gid) {
                     let release = ext.release.min(OUR_RELEASE);
                     let (max_conns, max_links) = if release >= SMC_RELEASE_1 {
@@ -371,6 +383,35 @@ pub fn client_check_accept(
             max_conns: MAX_CONNS,
             max_links: MAX_LINKS,
         })
+    }
+}
+
+/// The server's checks of a client's first-contact v2 Confirm against its
+/// own Accept (Linux smc_clc.c `smc_clc_v2x_features_confirm_check`): the
+/// release must be the Accept's (RELEASEERR), and from release 1 on the
+/// client must repeat the Accept's max_conns (MAXCONNERR) and max_links
+/// (MAXLINKERR). Anything else passes.
+pub fn server_check_confirm(
+    accept: &AcceptConfirm,
+    confirm: &AcceptConfirm,
+) -> Result<(), DeclineCode> {
+    if confirm.version < SMC_V2 || !confirm.first_contact {
+        return Ok(());
+    }
+    let (Some(ours), Some(theirs)) = (&accept.fce, &confirm.fce) else {
+        return Ok(());
+    };
+    if theirs.release != ours.release {
+        return Err(DeclineCode::ReleaseErr);
+    }
+    if theirs.release < SMC_RELEASE_1 {
+        return Ok(());
+    }
+    let limits = |f: &FirstContactExt| f.v2x.map(|x| (x.max_conns, x.max_links));
+    match (limits(ours), limits(theirs)) {
+        (Some((c, _)), Some((tc, _))) if c != tc => Err(DeclineCode::MaxConnErr),
+        (Some((_, l)), Some((_, tl))) if l != tl => Err(DeclineCode::MaxLinkErr),
+        _ => Ok(()),
     }
 }
 
@@ -513,10 +554,12 @@ mod tests {
         assert_eq!((p.version, p.typev1, p.typev2), (2, SmcPath::R, SmcPath::R));
         let bytes = ClcMessage::Proposal(p.clone()).encode();
         assert_eq!(bytes[7], 0x20, "version 2, typev2 R, typev1 R");
-        // v2 only: zero v1 fields, no prefixes (as in the kernel capture)
+        // v2 only: zero v1 GID and MAC, no prefixes (as in the kernel
+        // capture), but our system id (see `build_proposal`)
         let p = build_proposal(local, &caps(false, true, &["SMC-TEST-UEID"], vec![])).unwrap();
         assert_eq!((p.typev1, p.typev2), (SmcPath::N, SmcPath::R));
-        assert_eq!(p.peer_id, SystemId::default());
+        assert_eq!((p.gid, p.mac), (Gid::ZERO, Mac::default()));
+        assert_eq!(p.peer_id, caps(false, true, &[], vec![]).system_id);
         assert_eq!(
             ClcMessage::Proposal(p).encode().len(),
             156,
@@ -620,6 +663,43 @@ mod tests {
         assert_eq!(decline_version(&both), 2);
     }
 
+    /// A server whose connection has no RoCE v2 GID — an IPv6 connection
+    /// (no SMC-R v2 over IPv6), or no such GID on the port — declines a
+    /// v2 Proposal whose EID it shares with NOSMCRDEV, as Linux 6.12 did in
+    /// the lab (RESULTS case v2: `rs Prop v2 ... / Decline 0x03030002`);
+    /// without a shared EID v2 leaves no code and NOSMCDEV follows.
+    #[test]
+    fn a_server_without_a_v2_gid_for_the_connection_declines_nosmcrdev() {
+        let local: IpAddr = "192.168.10.1".parse().unwrap();
+        let v2only = build_proposal(local, &caps(false, true, &["A"], vec![])).unwrap();
+        let v6_addrs = vec![v6("2001:db8:1::2", 64)];
+        // the server's capabilities on an IPv6 connection over rxe: no v1 GID,
+        // and no v2 GID for the connection
+        let srv = |ueids: &[&str]| LocalCapabilities {
+            v1: None,
+            v2_gid: None,
+            ..caps(false, false, ueids, v6_addrs.clone())
+        };
+        assert_eq!(
+            server_choose(&v2only, &srv(&["A"])),
+            Err(DeclineCode::NoSmcRDev)
+        );
+        assert_eq!(
+            server_choose(&v2only, &srv(&["Z"])),
+            Err(DeclineCode::NoSmcDev)
+        );
+        // v1 offered as well, prefixes matching, no v1 device either: the v2
+        // path's code comes first (as in the lab, where our Proposal had both)
+        let p6: IpAddr = "2001:db8:1::5".parse().unwrap();
+        let both =
+            build_proposal(p6, &caps(true, true, &["A"], vec![v6("2001:db8:1::5", 64)])).unwrap();
+        assert!(both.typev1.offers_r());
+        assert_eq!(
+            server_choose(&both, &srv(&["A"])),
+            Err(DeclineCode::NoSmcRDev)
+        );
+    }
+
     fn accept(version: u8, e: &str, fce: Option<FirstContactExt>) -> AcceptConfirm {
         AcceptConfirm {
             version,
@@ -654,6 +734,36 @@ mod tests {
                 vendor_opts: [0; 4],
             }),
         }
+    }
+
+    /// A Linux server declines a first-contact Confirm that does not repeat
+    /// its Accept's release, max_conns and max_links.
+    #[test]
+    fn server_confirm_checks_as_linux() {
+        let a = accept(2, "A", Some(fce(1, 255, 1)));
+        assert_eq!(
+            server_check_confirm(&a, &accept(2, "A", Some(fce(1, 255, 1)))),
+            Ok(())
+        );
+        assert_eq!(
+            server_check_confirm(&a, &accept(2, "A", Some(fce(1, 255, 2)))),
+            Err(DeclineCode::MaxLinkErr)
+        );
+        assert_eq!(
+            server_check_confirm(&a, &accept(2, "A", Some(fce(1, 16, 1)))),
+            Err(DeclineCode::MaxConnErr)
+        );
+        assert_eq!(
+            server_check_confirm(&a, &accept(2, "A", Some(fce(0, 0, 0)))),
+            Err(DeclineCode::ReleaseErr)
+        );
+        // release 0 on both: nothing more to compare; reuse: no extension
+        let a0 = accept(2, "A", Some(fce(0, 255, 1)));
+        assert_eq!(
+            server_check_confirm(&a0, &accept(2, "A", Some(fce(0, 9, 9)))),
+            Ok(())
+        );
+        assert_eq!(server_check_confirm(&a, &accept(2, "A", None)), Ok(()));
     }
 
     #[test]

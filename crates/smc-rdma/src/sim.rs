@@ -25,6 +25,24 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+/// The attributes a QP was brought to RTR and RTS with
+/// ([`SimFabric::qp_attrs`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimQpAttrs {
+    /// Index of the source GID in the port's table.
+    pub sgid_index: u16,
+    /// Path MTU.
+    pub path_mtu: Option<Mtu>,
+    /// RNR NAK timer the QP asks its peer to wait.
+    pub min_rnr_timer: Duration,
+    /// Local ACK timeout.
+    pub timeout: Duration,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7: for ever).
+    pub rnr_retry: u8,
+}
+
 /// A point on the fabric's virtual clock (nanoseconds since creation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct SimInstant(pub u64);
@@ -47,6 +65,8 @@ const MAX_INLINE: u32 = 256;
 struct DevSt {
     name: String,
     gid: Gid,
+    /// The port's GID table (index order); `gid` is its first entry.
+    gids: Vec<GidEntry>,
     netdev: Option<String>,
     port_up: bool,
     unresponsive: bool,
@@ -101,6 +121,10 @@ struct QpSt {
     recv_cq: u32,
     access: Access,
     remote: Option<RemoteQp>,
+    /// The source GID chosen at RTR (`sgid_index` into the port's table).
+    sgid: Option<Gid>,
+    /// What the QP was connected with (RTR and RTS), for tests.
+    attrs: SimQpAttrs,
     min_rnr_timer: u64,
     timeout: u64,
     retry_cnt: u8,
@@ -233,7 +257,9 @@ impl St {
         d.efd.signal();
     }
     fn dev_by_gid(&self, gid: Gid) -> Option<usize> {
-        self.devs.iter().position(|d| d.gid == gid)
+        self.devs
+            .iter()
+            .position(|d| d.gids.iter().any(|e| e.gid == gid))
     }
 
     /// Moves a QP to ERR, completing the failing WR with `failing.1` and
@@ -343,6 +369,7 @@ impl St {
         let src_dev = qp.dev;
         let remote = qp.remote;
         // Find the responder; None = no answer at all.
+        let sgid = qp.sgid;
         let dst: Option<u32> = remote.and_then(|r| {
             let d = self.dev_by_gid(r.gid)?;
             let dv = &self.devs[d];
@@ -350,7 +377,13 @@ impl St {
                 return None;
             }
             let q = self.qps.get(&r.qp_num)?;
-            (q.dev == d && matches!(q.state, QpState::Rtr | QpState::Rts)).then_some(r.qp_num)
+            // As rxe's `check_addr`: a responder takes a packet only when its
+            // source address is the responder's destination GID and its
+            // destination the responder's own source GID (the two ends
+            // announced the GIDs they connect with).
+            let addressed = q.sgid == Some(r.gid) && q.remote.map(|x| x.gid) == sgid;
+            (q.dev == d && addressed && matches!(q.state, QpState::Rtr | QpState::Rts))
+                .then_some(r.qp_num)
         });
         let outcome = match dst {
             None => Outcome::NoAnswer,
@@ -600,18 +633,52 @@ impl SimFabric {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a device with one active port; its GID is a RoCE v1 GID derived
-    /// from a MAC generated from the seed. Returns the device name.
+    /// Adds a device with one active port; its GID is a link-local GID
+    /// derived from a MAC generated from the seed, listed as RoCE v1 (index
+    /// 0) and RoCE v2 (index 1). Returns the device name.
     pub fn add_device(&self, name: &str, netdev: Option<&str>) -> Result<String> {
+        self.add_device_with_addrs(name, netdev, &[], true)
+    }
+
+    /// Adds a device whose port's GID table is built the way the kernel
+    /// builds a RoCE port's from its network interface: the link-local GID
+    /// from the MAC, then one GID per address of `addrs` (IPv4 ones
+    /// IPv4-mapped, `::ffff:a.b.c.d`), each as a RoCE v1 entry (when
+    /// `roce_v1`) followed by a RoCE v2 entry. rxe has no RoCE v1 GIDs
+    /// (`roce_v1` false); mlx5 lists both. Returns the device name.
+    pub fn add_device_with_addrs(
+        &self,
+        name: &str,
+        netdev: Option<&str>,
+        addrs: &[std::net::IpAddr],
+        roce_v1: bool,
+    ) -> Result<String> {
         let mut st = self.st();
         if st.devs.iter().any(|d| d.name == name) {
             return Err(Error::Config(format!("device {name} exists")));
         }
         let r = st.rand().to_be_bytes();
         let mac = [0x02, r[0], r[1], r[2], r[3], st.devs.len() as u8];
+        let link_local = Gid::roce_v1_link_local(smc_wire::types::Mac(mac));
+        let mut gids: Vec<GidEntry> = Vec::new();
+        for g in std::iter::once(link_local).chain(addrs.iter().map(|&a| Gid::from_ip(a))) {
+            let types: &[GidType] = if roce_v1 {
+                &[GidType::RoceV1, GidType::RoceV2]
+            } else {
+                &[GidType::RoceV2]
+            };
+            for &t in types {
+                gids.push(GidEntry {
+                    index: gids.len() as u16,
+                    gid: g,
+                    gid_type: t,
+                });
+            }
+        }
         st.devs.push(DevSt {
             name: name.into(),
-            gid: Gid::roce_v1_link_local(smc_wire::types::Mac(mac)),
+            gid: link_local,
+            gids,
             netdev: netdev.map(Into::into),
             port_up: true,
             unresponsive: false,
@@ -678,6 +745,11 @@ impl SimFabric {
         let i = self.dev_idx(dev)?;
         self.st().devs[i].extra_delay = ns(extra);
         Ok(())
+    }
+
+    /// The attributes QP `qp_num` was connected with (`None`: no such QP).
+    pub fn qp_attrs(&self, qp_num: u32) -> Option<SimQpAttrs> {
+        self.st().qps.get(&qp_num).map(|q| q.attrs)
     }
 
     /// Fault: moves a QP to ERR (flushing) and raises `QpFatal`.
@@ -794,18 +866,7 @@ impl Device for SimDevice {
                 PortState::Down
             },
             active_mtu: Mtu::Mtu1024,
-            gids: vec![
-                GidEntry {
-                    index: 0,
-                    gid: d.gid,
-                    gid_type: GidType::RoceV1,
-                },
-                GidEntry {
-                    index: 1,
-                    gid: d.gid,
-                    gid_type: GidType::RoceV2,
-                },
-            ],
+            gids: d.gids.clone(),
             netdev: d.netdev.clone(),
         })
     }
@@ -913,6 +974,8 @@ impl ProtectionDomain for SimPd {
                 recv_cq: recv_cq.id,
                 access: Access::NONE,
                 remote: None,
+                sgid: None,
+                attrs: SimQpAttrs::default(),
                 min_rnr_timer: 0,
                 timeout: 0,
                 retry_cnt: 0,
@@ -1101,7 +1164,8 @@ impl QueuePair for SimQp {
     }
 
     fn modify(&self, m: &QpModify) -> Result<()> {
-        let mut st = self.f.st();
+        let mut guard = self.f.st();
+        let st = &mut *guard;
         let qp = st.qps.get_mut(&self.qpn).expect("qp exists");
         let next = qp.state.next(m.kind())?;
         match *m {
@@ -1113,6 +1177,7 @@ impl QueuePair for SimQp {
             }
             QpModify::Rtr {
                 remote,
+                sgid_index,
                 path_mtu,
                 min_rnr_timer,
                 ..
@@ -1122,7 +1187,18 @@ impl QueuePair for SimQp {
                         "path MTU {path_mtu:?} exceeds the port's active MTU Mtu1024"
                     )));
                 }
+                let Some(sgid) = st.devs[qp.dev]
+                    .gids
+                    .get(usize::from(sgid_index))
+                    .map(|e| e.gid)
+                else {
+                    return Err(Error::InvalidArgument(format!("no GID index {sgid_index}")));
+                };
+                qp.sgid = Some(sgid);
                 qp.remote = Some(remote);
+                qp.attrs.sgid_index = sgid_index;
+                qp.attrs.path_mtu = Some(path_mtu);
+                qp.attrs.min_rnr_timer = min_rnr_timer;
                 qp.min_rnr_timer = ns(min_rnr_timer);
             }
             QpModify::Rts {
@@ -1137,6 +1213,9 @@ impl QueuePair for SimQp {
                 qp.timeout = ns(timeout);
                 qp.retry_cnt = retry_cnt;
                 qp.rnr_retry = rnr_retry;
+                qp.attrs.timeout = timeout;
+                qp.attrs.retry_cnt = retry_cnt;
+                qp.attrs.rnr_retry = rnr_retry;
             }
             QpModify::Err => {
                 st.qp_error(self.qpn, None, false);
@@ -1148,6 +1227,7 @@ impl QueuePair for SimQp {
                 qp.inflight.clear();
                 qp.tx_scheduled = false;
                 qp.remote = None;
+                qp.sgid = None;
             }
         }
         qp.state = next;

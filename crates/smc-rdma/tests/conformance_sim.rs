@@ -251,3 +251,100 @@ fn prepare_remote_readies_what_writes_reach_and_refuses_the_rest() {
     let mut h = make(&ConnParams::default()).unwrap();
     prepare_remote_checks(&mut h).unwrap();
 }
+
+/// Brings `ep`'s QP to RTS towards `(gid, qpn, psn)` with the source GID at
+/// `sgid_index` of its port's table.
+fn connect_via(ep: &Endpoint<SimFabric>, gid: Gid, qpn: u32, psn: u32, sgid_index: u16) {
+    ep.qp
+        .modify(&QpModify::Rtr {
+            remote: RemoteQp { gid, qp_num: qpn },
+            sgid_index,
+            rq_psn: psn,
+            path_mtu: Mtu::Mtu1024,
+            min_rnr_timer: ep.params.min_rnr_timer,
+        })
+        .unwrap();
+    ep.qp
+        .modify(&QpModify::Rts {
+            sq_psn: ep.psn,
+            timeout: ep.params.timeout,
+            retry_cnt: ep.params.retry_cnt,
+            rnr_retry: ep.params.rnr_retry,
+        })
+        .unwrap();
+}
+
+/// A device built from its interface's addresses has the GID table a
+/// kernel RoCE port has (rxe: link-local, then `::ffff:a.b.c.d`, RoCE v2
+/// only), and its responders take a packet only from the GID they were
+/// connected to, sent to the GID they connected with — as rxe's
+/// `check_addr` drops the rest, so an end that announces one GID and sends
+/// from another is never answered.
+#[test]
+fn sim_gid_tables_from_addresses_and_responders_check_addresses() {
+    let f = SimFabric::new(3);
+    let (ip_a, ip_b): (std::net::IpAddr, std::net::IpAddr) =
+        ("10.99.0.1".parse().unwrap(), "10.99.0.2".parse().unwrap());
+    f.add_device_with_addrs("rxeA", Some("ethA"), &[ip_a], false)
+        .unwrap();
+    f.add_device_with_addrs("rxeB", Some("ethB"), &[ip_b], false)
+        .unwrap();
+    f.add_device_with_addrs("mlxC", Some("ethC"), &[ip_a], true)
+        .unwrap();
+    let ports = |name: &str| f.open_device(name).unwrap().query_port(1).unwrap();
+    let a = ports("rxeA");
+    assert_eq!(a.gids.len(), 2);
+    assert!(a.gids.iter().all(|g| g.gid_type == GidType::RoceV2));
+    assert_eq!(a.gids[1].gid, Gid::from_ip(ip_a));
+    assert_eq!(a.gids[1].index, 1);
+    let c = ports("mlxC");
+    let types: Vec<GidType> = c.gids.iter().map(|g| g.gid_type).collect();
+    assert_eq!(
+        types,
+        [
+            GidType::RoceV1,
+            GidType::RoceV2,
+            GidType::RoceV1,
+            GidType::RoceV2
+        ]
+    );
+    assert_eq!(c.gids[3].gid, Gid::from_ip(ip_a));
+
+    let params = ConnParams {
+        timeout: Duration::from_millis(1),
+        retry_cnt: 1,
+        ..ConnParams::default()
+    };
+    let (gid_a, gid_b) = (Gid::from_ip(ip_a), Gid::from_ip(ip_b));
+    for (sgid_index_a, delivered) in [(1u16, true), (0u16, false)] {
+        let x = Endpoint::open(&f, "rxeA", params).unwrap();
+        let y = Endpoint::open(&f, "rxeB", params).unwrap();
+        // y expects x at its IPv4 GID; x sends from index `sgid_index_a`
+        connect_via(&y, gid_a, x.qp.qp_num(), x.psn, 1);
+        connect_via(&x, gid_b, y.qp.qp_num(), y.psn, sgid_index_a);
+        let sge = y.mr.sge(0, 64).unwrap();
+        y.qp.post_recv(&RecvWr {
+            wr_id: 1,
+            sges: &[sge],
+        })
+        .unwrap();
+        x.qp.post_send(&SendWr {
+            wr_id: 2,
+            op: SendOp::Send,
+            payload: Payload::Inline(b"hello"),
+            signaled: true,
+        })
+        .unwrap();
+        f.advance(Duration::from_millis(20));
+        let sent = x.poll_send();
+        let got = y.poll_recv();
+        assert_eq!(sent.len(), 1, "sgid index {sgid_index_a}");
+        if delivered {
+            assert_eq!(sent[0].status, WcStatus::Success);
+            assert_eq!(got.len(), 1);
+        } else {
+            assert_eq!(sent[0].status, WcStatus::RetryExceeded);
+            assert!(got.is_empty());
+        }
+    }
+}

@@ -369,6 +369,7 @@ pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
 pub const IBV_WR_SEND: c_int = 2;
 pub const IBV_WR_SEND_WITH_IMM: c_int = 3;
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+pub const IBV_SEND_SOLICITED: c_uint = 1 << 2;
 pub const IBV_SEND_INLINE: c_uint = 1 << 3;
 pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
 

@@ -525,6 +525,22 @@ pub fn qp_attr(m: &QpModify, from: QpState, port: u8) -> (ibv_qp_attr, i32) {
     (a, mask)
 }
 
+/// The `ibv_send_flags` of a work request (`IBV_SEND_INLINE` is added for
+/// inline payloads). Every SEND is solicited, as Linux posts its CDC and
+/// LLC messages (smc_wr.c `smc_wr_init_sge`: `IB_SEND_SIGNALED |
+/// IB_SEND_SOLICITED`; the capture shows SE=1 on every SEND): a kernel peer
+/// arms its receive CQ for solicited completions only (smc_wr.c
+/// `smc_wr_rx_tasklet_fn`, smc_ib.c `smc_ib_ready_link`:
+/// `IB_CQ_SOLICITED_MASK`), so an unsolicited SEND would wait unnoticed in
+/// its CQ until something else woke it.
+pub fn send_flags(op: &SendOp, signaled: bool) -> u32 {
+    let signaled = if signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
+    match op {
+        SendOp::Send | SendOp::SendWithImm(_) => signaled | ffi::IBV_SEND_SOLICITED,
+        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => signaled,
+    }
+}
+
 fn post_error(what: &str, e: std::io::Error) -> Error {
     match e.raw_os_error() {
         Some(libc::ENOMEM) | Some(libc::EAGAIN) => Error::QueueFull,
@@ -597,11 +613,7 @@ impl QueuePair for VerbsQp {
                 imm,
             } => (ffi::IBV_WR_RDMA_WRITE_WITH_IMM, imm, remote_addr, rkey),
         };
-        let mut flags = if wr.signaled {
-            ffi::IBV_SEND_SIGNALED
-        } else {
-            0
-        };
+        let mut flags = send_flags(&wr.op, wr.signaled);
         let sges: Vec<ibv_sge> = match wr.payload {
             Payload::Sges(s) => s
                 .iter()
@@ -711,6 +723,35 @@ mod tests {
             mask,
             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
         );
+    }
+
+    /// Every SEND is solicited (a kernel peer's receive CQ wakes for
+    /// solicited completions only); RDMA WRITEs are not.
+    #[test]
+    fn sends_are_solicited_as_linux_posts_them() {
+        let write = SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: 1,
+        };
+        assert_eq!(
+            send_flags(&SendOp::Send, true),
+            IBV_SEND_SIGNALED | IBV_SEND_SOLICITED
+        );
+        assert_eq!(
+            send_flags(&SendOp::SendWithImm(7), false),
+            IBV_SEND_SOLICITED
+        );
+        assert_eq!(send_flags(&write, false), 0);
+        assert_eq!(send_flags(&write, true), IBV_SEND_SIGNALED);
+    }
+
+    /// The engine's QP timers (`smc-engine` endpoint/link.rs) map to the
+    /// codes Linux sets (smc_ib.c: `SMC_QP_MIN_RNR_TIMER` 5,
+    /// `SMC_QP_TIMEOUT` 15).
+    #[test]
+    fn linux_smc_qp_timer_codes() {
+        assert_eq!(map::rnr_timer_code(Duration::from_micros(60)), 5);
+        assert_eq!(map::timeout_code(Duration::from_nanos(4096 << 15)), 15);
     }
 
     #[test]

@@ -324,8 +324,8 @@ enum How {
 }
 
 impl How {
-    fn engine(shared: std::sync::Arc<crate::ctx::Shared>) -> How {
-        let id = shared.lock().accept(crate::ctx::now());
+    fn engine(shared: std::sync::Arc<crate::ctx::Shared>, local: IpAddr) -> How {
+        let id = shared.lock().accept(local, crate::ctx::now());
         How::Engine(crate::stream::SmcConn::handshaking(shared, id))
     }
 
@@ -366,7 +366,7 @@ impl Accepting {
         let peer = tcp.peer_addr()?.ip();
         let dev = crate::ctx::endpoint_for(local, peer, crate::ctx::Role::Server);
         let how = match dev {
-            Device::Endpoint(shared) => How::engine(shared),
+            Device::Endpoint(shared) => How::engine(shared, local),
             Device::IfOnHost(shared) => How::IfOnHost {
                 shared,
                 local,
@@ -483,7 +483,7 @@ impl Accepting {
                         Ok(0) => self.tcp_gone(),
                         Ok(_) => {
                             self.how = if crate::ctx::shm_reaches(peer) {
-                                How::engine(shared)
+                                How::engine(shared, local)
                             } else {
                                 How::no_device(local, false)
                             };

@@ -974,7 +974,7 @@ impl SmcListener {
         Ok(Arrival::Handshake(
             match ctx::endpoint_for(local, peer, ctx::Role::Server) {
                 ctx::Device::Endpoint(shared) => {
-                    let id = shared.lock().accept(ctx::now());
+                    let id = shared.lock().accept(local, ctx::now());
                     // the connection is released if the handshake is dropped unpolled
                     Box::pin(SmcStream::finish_handshake(
                         tcp,
@@ -1003,7 +1003,7 @@ impl SmcListener {
                         }
                     }
                     if ctx::shm_reaches(peer) {
-                        let id = shared.lock().accept(ctx::now());
+                        let id = shared.lock().accept(local, ctx::now());
                         SmcStream::finish_handshake(tcp, SmcConn::handshaking(shared, id)).await
                     } else {
                         drop(shared);

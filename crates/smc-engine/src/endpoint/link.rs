@@ -31,6 +31,21 @@ pub(super) const RECV_SLOTS: usize = 48;
 pub(super) const RECV_SLOT_LEN: usize = 8192;
 /// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
 pub(super) const MAX_SENDS: usize = 16;
+/// Send-queue depth: every SEND may be preceded by two RDMA WRITEs (Linux
+/// `smc_ib_create_queue_pair`: `SMC_WR_BUF_CNT * 3`).
+const SQ_DEPTH: usize = 3 * MAX_SENDS;
+/// Registered send slots for SENDs above the inline limit: one small slot
+/// per send-queue entry (CDCs and the LLC messages we send are 44 bytes),
+/// and a few that take an SMC-Rv2 LLC message of up to 8 KiB (Linux
+/// `SMC_WR_BUF_V2_SIZE`; its LLC flows send one at a time).
+const SMALL_SLOT: usize = 64;
+const LARGE_SLOTS: usize = 4;
+const LARGE_SLOT: usize = RECV_SLOT_LEN;
+/// Linux `SMC_QP_MIN_RNR_TIMER` 5: the IB RNR NAK timer code for 60 µs.
+pub(super) const MIN_RNR_TIMER: Duration = Duration::from_micros(60);
+/// Linux `SMC_QP_TIMEOUT` 15: the local ACK timeout code for 4.096 µs ×
+/// 2^15 (providers round up to the next code, which this is).
+pub(super) const QP_TIMEOUT: Duration = Duration::from_nanos(4096 << 15);
 
 /// What a signaled SEND carried, to act on its completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +56,22 @@ pub(super) enum WrKind {
     Cdc(ConnId, u16),
     /// A failover validation CDC (§2.4): nothing to do on completion.
     Validation,
+}
+
+/// A registered send slot (see `LinkRes::post`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SendSlot {
+    Small(u16),
+    Large(u16),
+}
+
+impl SendSlot {
+    fn offset(self) -> usize {
+        match self {
+            SendSlot::Small(i) => usize::from(i) * SMALL_SLOT,
+            SendSlot::Large(i) => SQ_DEPTH * SMALL_SLOT + usize::from(i) * LARGE_SLOT,
+        }
+    }
 }
 
 /// One link's provider objects and send bookkeeping.
@@ -56,11 +87,22 @@ pub(super) struct LinkRes<P: Provider> {
     pub peer_qpn: u32,
     /// The QP is connected (RTR and RTS with the peer's values).
     pub connected: bool,
+    /// The link's path MTU once connected: the smaller of ours and the
+    /// peer's.
+    pub path_mtu: Option<IbMtu>,
     /// Server: the link id chosen when this (further) link was offered.
     pub offered_id: u8,
     /// Signaled SENDs in flight, oldest first (an RC send queue completes
-    /// in order, so a completion is almost always the front one).
-    pub wrs: VecDeque<(u64, WrKind)>,
+    /// in order, so a completion is almost always the front one), with the
+    /// send slot each one holds.
+    pub wrs: VecDeque<(u64, WrKind, Option<SendSlot>)>,
+    /// The QP's inline limit: longer SENDs go from `sendbuf`.
+    max_inline: usize,
+    /// Registered send slots (when the inline limit is below the longest
+    /// message): SQ_DEPTH small ones, then LARGE_SLOTS large ones.
+    sendbuf: Option<P::Mr>,
+    free_small: Vec<u16>,
+    free_large: Vec<u16>,
     pub sends_in_flight: usize,
     pub next_wr: u64,
 }
@@ -83,7 +125,7 @@ impl<P: Provider> LinkRes<P> {
             &scq,
             &rcq,
             QpCap {
-                max_send_wr: 3 * MAX_SENDS as u32,
+                max_send_wr: SQ_DEPTH as u32,
                 max_recv_wr: RECV_SLOTS as u32,
                 max_inline_data: max_inline,
             },
@@ -101,6 +143,19 @@ impl<P: Provider> LinkRes<P> {
             })?;
         }
         let psn = psn & 0x00ff_ffff;
+        // Linux sends every message from registered buffers (its QPs have
+        // `max_inline_data` 0); we send inline what the device takes inline
+        // and the rest from registered slots, so that a device with a small
+        // inline limit (or none) carries CDCs and v2 LLC messages of up to
+        // 8 KiB all the same.
+        let sendbuf = if (max_inline as usize) < LARGE_SLOT {
+            Some(pd.alloc_mr(
+                SQ_DEPTH * SMALL_SLOT + LARGE_SLOTS * LARGE_SLOT,
+                Access::LOCAL_WRITE,
+            )?)
+        } else {
+            None
+        };
         Ok(LinkRes {
             scq,
             rcq,
@@ -110,8 +165,13 @@ impl<P: Provider> LinkRes<P> {
             peer_gid: Gid::ZERO,
             peer_qpn: 0,
             connected: false,
+            path_mtu: None,
             offered_id: 0,
             wrs: VecDeque::new(),
+            max_inline: max_inline as usize,
+            sendbuf,
+            free_small: (0..SQ_DEPTH as u16).rev().collect(),
+            free_large: (0..LARGE_SLOTS as u16).rev().collect(),
             sends_in_flight: 0,
             next_wr: 1 << 32,
         })
@@ -128,44 +188,102 @@ impl<P: Provider> LinkRes<P> {
         }
     }
 
-    /// Connects the QP to the peer's (INIT → RTR → RTS) with Linux's attributes.
-    pub fn connect(&mut self, peer: &PeerPort, local_mtu: IbMtu) -> Result<()> {
+    /// Connects the QP to the peer's (INIT → RTR → RTS) with Linux's
+    /// attributes (smc_ib.c `smc_ib_modify_qp_init`, `_rtr`, `_rts`): path
+    /// MTU the smaller of the port's and the peer's, the source GID at
+    /// `sgid_index` of the port's table (the group's GID), RNR timer code 5
+    /// (60 µs, `SMC_QP_MIN_RNR_TIMER`), local ACK timeout code 15 (4.096 µs
+    /// × 2^15 ≈ 134 ms, `SMC_QP_TIMEOUT`), retry and RNR retry 7
+    /// (`SMC_QP_RETRY_CNT`, `SMC_QP_RNR_RETRY`). The provider adds the rest
+    /// as Linux sets it: P_Key index 0, one outstanding RDMA READ/atomic
+    /// each way, GRH hop limit 1 (a direct link, `v2_direct`), traffic
+    /// class and flow label 0.
+    pub fn connect(&mut self, peer: &PeerPort, local_mtu: IbMtu, sgid_index: u16) -> Result<()> {
         let mtu = smc_rdma::Mtu::from_code(peer.mtu).map_or(local_mtu, |m| m.min(local_mtu));
         self.qp.modify(&QpModify::Rtr {
             remote: RemoteQp {
                 gid: peer.gid,
                 qp_num: peer.qpn,
             },
-            sgid_index: 0,
+            sgid_index,
             rq_psn: peer.psn,
             path_mtu: mtu,
-            min_rnr_timer: Duration::from_micros(640),
+            min_rnr_timer: MIN_RNR_TIMER,
         })?;
-        // Linux: timeout 15 (~134 ms), retry 7, rnr_retry 7 (§4.3).
         self.qp.modify(&QpModify::Rts {
             sq_psn: self.psn,
-            timeout: Duration::from_millis(134),
+            timeout: QP_TIMEOUT,
             retry_cnt: 7,
             rnr_retry: 7,
         })?;
         self.peer_gid = peer.gid;
         self.peer_qpn = peer.qpn;
+        self.path_mtu = Some(mtu);
         self.connected = true;
         Ok(())
     }
 
-    /// Posts a signaled SEND (LLC or CDC, inline).
+    /// Posts a signaled SEND (LLC or CDC): inline when the device takes it
+    /// inline, else from a registered send slot, held until its completion.
     pub fn post(&mut self, kind: WrKind, bytes: &[u8]) -> Result<()> {
         self.next_wr += 1;
-        self.qp.post_send(&SendWr {
-            wr_id: self.next_wr,
-            op: SendOp::Send,
-            payload: Payload::Inline(bytes),
-            signaled: true,
-        })?;
-        self.wrs.push_back((self.next_wr, kind));
+        let wr_id = self.next_wr;
+        if bytes.len() <= self.max_inline {
+            self.qp.post_send(&SendWr {
+                wr_id,
+                op: SendOp::Send,
+                payload: Payload::Inline(bytes),
+                signaled: true,
+            })?;
+            self.wrs.push_back((wr_id, kind, None));
+        } else {
+            let slot = self.take_slot(bytes.len())?;
+            let posted = self.post_from_slot(wr_id, slot, bytes);
+            if let Err(e) = posted {
+                self.give_slot(slot);
+                return Err(e);
+            }
+            self.wrs.push_back((wr_id, kind, Some(slot)));
+        }
         self.sends_in_flight += 1;
         Ok(())
+    }
+
+    fn post_from_slot(&self, wr_id: u64, slot: SendSlot, bytes: &[u8]) -> Result<()> {
+        let buf = self
+            .sendbuf
+            .as_ref()
+            .ok_or_else(|| smc_rdma::Error::InvalidArgument("no send buffer".into()))?;
+        let at = slot.offset();
+        buf.write_at(at, bytes)?;
+        let sge = buf.sge(at, bytes.len() as u32)?;
+        self.qp.post_send(&SendWr {
+            wr_id,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[sge]),
+            signaled: true,
+        })
+    }
+
+    /// A free send slot that takes `len` bytes.
+    fn take_slot(&mut self, len: usize) -> Result<SendSlot> {
+        let slot = if len <= SMALL_SLOT {
+            self.free_small.pop().map(SendSlot::Small)
+        } else if len <= LARGE_SLOT {
+            self.free_large.pop().map(SendSlot::Large)
+        } else {
+            return Err(smc_rdma::Error::InvalidArgument(format!(
+                "a SEND of {len} bytes exceeds the largest LLC message"
+            )));
+        };
+        slot.ok_or(smc_rdma::Error::QueueFull)
+    }
+
+    fn give_slot(&mut self, slot: SendSlot) {
+        match slot {
+            SendSlot::Small(i) => self.free_small.push(i),
+            SendSlot::Large(i) => self.free_large.push(i),
+        }
     }
 
     /// Posts an unsignaled RDMA WRITE of `sges` to the peer's `(rkey, addr)`.
@@ -191,10 +309,15 @@ impl<P: Provider> LinkRes<P> {
         })
     }
 
-    /// Takes the signaled SEND `wr_id` out of [`Self::wrs`]: what it carried.
+    /// Takes the signaled SEND `wr_id` out of [`Self::wrs`] (its send slot
+    /// is free again): what it carried.
     pub fn complete(&mut self, wr_id: u64) -> Option<WrKind> {
-        let i = self.wrs.iter().position(|&(id, _)| id == wr_id)?;
-        self.wrs.remove(i).map(|(_, k)| k)
+        let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;
+        let (_, kind, slot) = self.wrs.remove(i)?;
+        if let Some(s) = slot {
+            self.give_slot(s);
+        }
+        Some(kind)
     }
 
     /// Asks both CQs to signal the endpoint's channel at their next completion.

@@ -45,12 +45,30 @@ pub fn simple_config(dev: &str, inst: u16, last: u8) -> EndpointConfig {
     config(dev, inst, last, &["SMC-TEST-UEID"], true, true, [10, 99, 0])
 }
 
+/// Adds the RoCE device an endpoint configuration names to the fabric: a
+/// port whose GID table carries the configuration's addresses, with RoCE v1
+/// and v2 entries (an RNIC's table; the GIDs a connection uses follow from
+/// its local address).
+pub fn add_device_for(fabric: &SimFabric, cfg: &EndpointConfig) {
+    add_port_for(fabric, cfg, true);
+}
+
+/// [`add_device_for`], with RoCE v1 entries or (`roce_v1` false) only RoCE
+/// v2 ones, as rxe.
+pub fn add_port_for(fabric: &SimFabric, cfg: &EndpointConfig, roce_v1: bool) {
+    let addrs: Vec<IpAddr> = cfg.if_addrs.iter().map(|a| a.addr).collect();
+    fabric
+        .add_device_with_addrs(&cfg.device, None, &addrs, roce_v1)
+        .unwrap();
+}
+
 pub struct World {
     pub fabric: SimFabric,
     pub client: Endpoint<SimFabric>,
     pub server: Endpoint<SimFabric>,
     pub now: Timestamp,
     pub client_ip: IpAddr,
+    pub server_ip: IpAddr,
 }
 
 /// One TCP connection: the CLC bytes in flight each way.
@@ -67,16 +85,29 @@ impl World {
     }
 
     pub fn with_seed(seed: u64, client_cfg: EndpointConfig, server_cfg: EndpointConfig) -> World {
+        World::with_ports(seed, client_cfg, server_cfg, true)
+    }
+
+    /// Two endpoints whose ports have RoCE v1 entries or (`roce_v1` false)
+    /// only RoCE v2 ones, as rxe.
+    pub fn with_ports(
+        seed: u64,
+        client_cfg: EndpointConfig,
+        server_cfg: EndpointConfig,
+        roce_v1: bool,
+    ) -> World {
         let fabric = SimFabric::new(seed);
-        fabric.add_device("simC", None).unwrap();
-        fabric.add_device("simS", None).unwrap();
+        add_port_for(&fabric, &client_cfg, roce_v1);
+        add_port_for(&fabric, &server_cfg, roce_v1);
         let client_ip = client_cfg.if_addrs[0].addr;
+        let server_ip = server_cfg.if_addrs[0].addr;
         World {
             client: Endpoint::new(&fabric, client_cfg).unwrap(),
             server: Endpoint::new(&fabric, server_cfg).unwrap(),
             fabric,
             now: Duration::ZERO,
             client_ip,
+            server_ip,
         }
     }
 
@@ -104,8 +135,13 @@ impl World {
     }
 
     pub fn open(&mut self) -> Tcp {
-        let s = self.server.accept(self.now);
-        let c = self.client.connect(self.client_ip, self.now);
+        self.open_between(self.client_ip, self.server_ip)
+    }
+
+    /// A TCP connection from `client_ip` to `server_ip`.
+    pub fn open_between(&mut self, client_ip: IpAddr, server_ip: IpAddr) -> Tcp {
+        let s = self.server.accept(server_ip, self.now);
+        let c = self.client.connect(client_ip, self.now);
         Tcp {
             c,
             s,
