@@ -23,7 +23,8 @@
 //
 // Every result is one line on stdout, "SMCI-<WHAT> key=value ...", which the host
 // reads from the serial log. A watchdog ends the program after --timeout seconds
-// and reports each unfinished connection as a hang.
+// and reports each unfinished connection as a hang. Exit status: 0 if every
+// connection succeeded, 1 if one failed, 2 for bad arguments, 3 on the watchdog.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -679,6 +680,7 @@ struct conn {
 	volatile uint64_t sent, recvd;
 	volatile int64_t last_ns; /* last progress, CLOCK_MONOTONIC ns */
 	volatile int done;
+	int ok; /* everything arrived intact and the close went as asked */
 	int werr;
 	double t_connect, t_up;
 	pthread_t th;
@@ -848,6 +850,7 @@ static void run_conn(struct conn *c)
 		}
 	}
 	close(c->fd);
+	c->ok = !err && (!strcmp(close_role, "active") || !strcmp(eof, "yes"));
 	c->done = 1;
 	double mib = (c->recvd + c->sent) / 2.0 / 1048576.0;
 	out("SMCI-CONN case=%s impl=kernel side=%s id=%d ev=end result=%s err=%s at=%s mode=%s fb=0x%08x peer_fb=0x%08x "
@@ -945,14 +948,14 @@ static int cmd_server(int port, int conns, int af, double timeout)
 			die("pthread_create");
 	}
 	close(l);
-	int bad = 0;
+	int failed = 0;
 	for (int i = 0; i < conns; i++) {
 		pthread_join(all_conns[i].th, NULL);
-		bad += all_conns[i].werr != 0;
+		failed += !all_conns[i].ok;
 	}
 	print_lgrs("end");
 	out("SMCI-PEER case=%s impl=kernel ev=exit conns=%d after_s=%.1f", case_name, conns, now() - t_start);
-	return 0;
+	return failed ? 1 : 0;
 }
 
 static int cmd_client(const char *target, const char *rounds, uint64_t bytes, const char *close_mode, int af,
@@ -1043,13 +1046,16 @@ static int cmd_client(const char *target, const char *rounds, uint64_t bytes, co
 		snprintf(when, sizeof(when), "round-%d", r + 1);
 		print_lgrs(when);
 	}
+	int failed = 0;
+	for (int i = 0; i < total; i++)
+		failed += !all_conns[i].ok;
 	out("SMCI-PEER case=%s impl=kernel ev=exit conns=%d after_s=%.1f", case_name, total, now() - t_start);
-	return 0;
+	return failed ? 1 : 0;
 }
 
 static int cmd_diag(double wait_empty)
 {
-	double give_up = now() + wait_empty;
+	double t0 = now(), give_up = t0 + wait_empty;
 	int n;
 	for (;;) {
 		n = diag_dump(NULL, NULL);
@@ -1060,7 +1066,7 @@ static int cmd_diag(double wait_empty)
 		usleep(250000);
 	}
 	diag_dump(diag_print_cb, NULL);
-	out("SMCI-KDIAG case=%s socks=%d waited_s=%.1f", case_name, n, wait_empty - (give_up - now() > 0 ? give_up - now() : 0));
+	out("SMCI-KDIAG case=%s socks=%d waited_s=%.1f", case_name, n, now() - t0);
 	return 0;
 }
 
