@@ -1,0 +1,190 @@
+#!/bin/bash
+# guest.sh — runs in each VM of scripts/vm/run-kernel-interop.sh, from the payload disk
+# (/opt/smcv), started by the image's /sbin/smcv-init. Sets the VM up (the kernel's smc
+# and smc_diag modules, rxe0 on the data NIC, the kernel UEID, the BPF mounts smc-rs
+# needs), then does what the host asks on the second serial port (/dev/ttyS1), one line
+# at a time: "prep CASE", "run CASE", "post CASE" or "quit". Each answer is a line
+# "SMCI-ACK <phase> <case> rc=N" on the console (ttyS0), after the phase's own SMCI lines.
+set -u
+P=/opt/smcv
+# shellcheck source=/dev/null
+. $P/params.sh
+# shellcheck source=cases.sh
+. $P/cases.sh
+
+role=
+for a in $(cat /proc/cmdline); do case $a in smci.role=*) role=${a#*=};; esac; done
+case $role in kern) id=1;; rs) id=2;; *) echo "SMCI-FATAL role=$role unknown role"; exit 1;; esac
+ME=10.99.0.$id PEER=10.99.0.$((3 - id))
+say() { echo "SMCI-LOG role=$role up=$(cut -d' ' -f1 /proc/uptime) $*"; }
+fatal() { echo "SMCI-FATAL role=$role $*"; exit 1; }
+
+modprobe virtio_net
+for m in rdma_rxe smc smc_diag; do modprobe $m || fatal "modprobe $m"; done
+IF=
+for _ in $(seq 100); do
+  for d in /sys/class/net/*; do [ "$(cat "$d/address" 2>/dev/null)" = "$SMCI_MAC_PREFIX:0$id" ] && IF=${d##*/}; done
+  [ -n "$IF" ] && break; sleep 0.2
+done
+[ -n "$IF" ] || fatal "data NIC not found: $(ls /sys/class/net)"
+ip link set lo up
+# rxe's GID 0 is the link-local RoCE v2 GID: usable without DAD once the link is up
+sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 "net.ipv6.conf.$IF.accept_dad=0"
+ip addr add $ME/24 dev "$IF"; ip link set "$IF" up
+
+rxe_up() { # rxe0 on the data NIC, ACTIVE
+  rdma link add rxe0 type rxe netdev "$IF" || return 1
+  for _ in $(seq 200); do grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+rxe_up || fatal "rxe0 did not come up"
+# TEST_LINK after this many idle seconds (net/smc/smc_sysctl.c; default 30): a dead
+# peer's link group goes away sooner
+sysctl -qw net.smc.smcr_testlink_time="$SMCI_TESTLINK" || fatal "net.smc.smcr_testlink_time"
+$P/kpeer ueid add SMC-TEST-UEID >/dev/null || fatal "kernel UEID"
+# smc-rs: the SYN-option rendezvous is a cgroup BPF program (cgroup2 + bpffs)
+mkdir -p /sys/fs/cgroup /sys/fs/bpf
+mount -t cgroup2 none /sys/fs/cgroup; mount -t bpf bpf /sys/fs/bpf
+mkdir -p /run/smci/rs-conf /run/smci/rundir
+echo SMC-TEST-UEID > /run/smci/rs-conf/ueid.conf
+printf 'rundir /run/smci/rundir\ndevice shm0 netdev %s\n' "$IF" > /run/smci/shm.conf
+for i in $(seq 60); do ping -c1 -W1 $PEER >/dev/null 2>&1 && break; done
+ping -c1 -W1 $PEER >/dev/null 2>&1 || fatal "peer $PEER unreachable"
+
+# the environment of the smc-rs process: its device configuration (SMCI_RS_DEVICE) and UEID
+case $SMCI_RS_DEVICE in
+  # a shared-memory device bound to the data NIC (cannot reach another host: it declines)
+  shm) RS_ENV=(env SMC_RDMA_SHM_CONFIG=/run/smci/shm.conf SMC_RS_CONFIG_DIR=/run/smci/rs-conf);;
+  # no device at all (none), or whatever the library finds itself (verbs: libibverbs devices)
+  *) RS_ENV=(env -u SMC_RDMA_SHM_CONFIG SMC_RS_CONFIG_DIR=/run/smci/rs-conf);;
+esac
+# shellcheck disable=SC2206
+RS_ENV+=($SMCI_RS_ENV)
+
+lgr_ids() { # the kernel's SMC-R link group ids, one per line
+  $P/kpeer lgr | sed -n 's/.* ids=\([^ ]*\).*/\1/p' | tr ',' '\n' | cut -d: -f1 | grep -v '^-$' || true
+}
+
+# the case's programs: kernel (kpeer) or smc-rs (smc-iop-peer), client or server
+prog_args() {
+  local impl=$1 side=$2
+  if [ "$impl" = rs ]; then PROG=("${RS_ENV[@]}" $P/smc-iop-peer); else PROG=($P/kpeer); fi
+  if [ "$side" = server ]; then
+    ARGS=(server --port "$PORT" --conns "$CONNS")
+  else
+    ARGS=(client --connect "$PEER:$PORT" --rounds "$ROUNDS" --bytes "$BYTES" --close "$CLOSE" --retry 60)
+  fi
+  ARGS+=(--case "$NAME" --timeout "$TIMEOUT")
+  if [ "$impl" = rs ] && [ "$SCEN" = idle ]; then ARGS+=(--linger "$SMCI_IDLE_WAIT"); fi
+}
+
+wait_up() { # wait_up FILE PID: until the program reports a connection up, or exits
+  for _ in $(seq 1200); do
+    grep -q ' ev=up ' "$1" 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+do_prep() {
+  [ $role = kern ] || return 0
+  lgr_ids > /tmp/lgr-start
+  $P/kpeer lgr --case "$NAME" | sed 's/SMCI-KLGR /SMCI-KLGR when=prep /'
+  case $KUEID in
+    none) $P/kpeer ueid flush --case "$NAME";;
+    other) $P/kpeer ueid flush --case "$NAME"; $P/kpeer ueid add SMC-OTHER-UEID --case "$NAME";;
+  esac
+  $P/kpeer ueid list --case "$NAME"
+}
+
+do_run() {
+  local impl=kernel side=server out=/tmp/out-$NAME pid rc
+  [ $role = rs ] && impl=$VM2_IMPL
+  [ "$CLIENT_VM" = $role ] && side=client
+  prog_args $impl $side
+  say "case $NAME: $impl $side: ${PROG[*]} ${ARGS[*]}"
+  if [ "$FAULT" = kill ] && [ $role = rs ]; then
+    "${PROG[@]}" "${ARGS[@]}" > >(tee "$out") 2>&1 &
+    pid=$!
+    if wait_up "$out" $pid; then
+      sleep "$SMCI_FAULT_DELAY"
+      if kill -0 $pid 2>/dev/null; then
+        kill -KILL $pid
+        echo "SMCI-FAULT case=$NAME what=sigkill pid=$pid up=$(cut -d' ' -f1 /proc/uptime)"
+      else
+        echo "SMCI-FAULT case=$NAME what=sigkill done=no reason=exited-before"
+      fi
+    else
+      echo "SMCI-FAULT case=$NAME what=sigkill done=no reason=never-up"
+    fi
+    wait $pid; rc=$?
+  elif [ "$FAULT" = rxedel ] && [ $role = kern ]; then
+    "${PROG[@]}" "${ARGS[@]}" > >(tee "$out") 2>&1 &
+    pid=$!
+    if wait_up "$out" $pid && ! grep -q ' ev=up .*mode=SMCR' "$out"; then
+      # over TCP rxe0 does not matter: end the case instead of waiting for the watchdogs
+      kill -KILL $pid
+      echo "SMCI-FAULT case=$NAME what=rxedel done=no reason=not-smc-r"
+    elif grep -q ' ev=up ' "$out"; then
+      sleep "$SMCI_FAULT_DELAY"
+      rdma link delete rxe0
+      echo "SMCI-FAULT case=$NAME what=rxedel rc=$? up=$(cut -d' ' -f1 /proc/uptime)"
+    else
+      echo "SMCI-FAULT case=$NAME what=rxedel done=no reason=never-up"
+    fi
+    wait $pid; rc=$?
+    if [ ! -e /sys/class/infiniband/rxe0 ]; then
+      rxe_up; echo "SMCI-FAULT case=$NAME what=rxe-restored state=$(cat /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null | tr -d ' ')"
+    fi
+  else
+    timeout -k 5 $((TIMEOUT + 30)) "${PROG[@]}" "${ARGS[@]}" 2>&1; rc=$?
+  fi
+  return $rc
+}
+
+do_post() {
+  if [ $role = kern ] || [ "$VM2_IMPL" = kernel ]; then
+    $P/kpeer diag --wait-empty 20 --case "$NAME"
+  fi
+  [ $role = kern ] || return 0
+  if [ "$FAULT" != none ] || [ "$SCEN" = idle ]; then
+    # After a fault the link groups this case created must go (TEST_LINK, QP errors or
+    # the device's removal end them); after the idle wait every link group must be gone
+    # (the kernel frees an idle one after SMC_LGR_FREE_DELAY_SERV/CLNT, 600/610 s).
+    local t0=$SECONDS left= limit=$SMCI_LGR_WAIT old=/tmp/lgr-start
+    [ "$SCEN" = idle ] && { limit=$((SMCI_IDLE_WAIT + 60)); old=/dev/null; }
+    while :; do
+      left=$(lgr_ids | grep -vxF -f $old | tr '\n' ',' || true)
+      [ -z "$left" ] && break
+      [ $((SECONDS - t0)) -ge "$limit" ] && break
+      sleep 1
+    done
+    echo "SMCI-LGRGONE case=$NAME gone=$([ -z "$left" ] && echo yes || echo no) after_s=$((SECONDS - t0)) left=${left:--}"
+  fi
+  $P/kpeer lgr --case "$NAME" | sed 's/SMCI-KLGR /SMCI-KLGR when=post /'
+  if [ "$KUEID" != keep ]; then
+    $P/kpeer ueid flush --case "$NAME" >/dev/null; $P/kpeer ueid add SMC-TEST-UEID --case "$NAME" >/dev/null
+  fi
+  $P/kpeer stats --case "$NAME"
+}
+
+# the host's commands arrive on the second serial port
+stty -F /dev/ttyS1 raw -echo || fatal "no /dev/ttyS1"
+exec 3< /dev/ttyS1
+echo "SMCI-READY role=$role kernel=$(uname -r) if=$IF addr=$ME rxe0=$(tr -d ' ' < /sys/class/infiniband/rxe0/ports/1/state)" \
+  "gids=$(cat /sys/class/infiniband/rxe0/ports/1/gids/0 /sys/class/infiniband/rxe0/ports/1/gids/1 | tr '\n' ' ')" \
+  "testlink=$(sysctl -n net.smc.smcr_testlink_time) rsdev=$SMCI_RS_DEVICE"
+while read -r -u 3 phase NAME _; do
+  phase=${phase//$'\r'/}; NAME=${NAME//$'\r'/}
+  [ "$phase" = quit ] && break
+  if ! case_def "$NAME"; then echo "SMCI-ACK $phase $NAME rc=unknown-case"; continue; fi
+  case $phase in
+    prep) do_prep; rc=$?;;
+    run) do_run; rc=$?;;
+    post) do_post; rc=$?;;
+    *) rc=unknown-phase;;
+  esac
+  echo "SMCI-ACK $phase $NAME rc=$rc"
+done
+say "quit"

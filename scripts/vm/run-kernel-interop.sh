@@ -1,0 +1,510 @@
+#!/bin/bash
+# run-kernel-interop.sh — smc-rs against the Linux kernel's AF_SMC, across two qemu (TCG)
+# VMs joined by a virtual wire, over Soft-RoCE (rxe), on the verbs suite's images
+# (Linux 6.12, rdma-core; built by scripts/vm/run-verbs-suite.sh, reused here).
+#
+#   scripts/vm/run-kernel-interop.sh           # every default case; exit 0 iff all PASS
+#   SMCI_CASES='smcr.kr,wire.*' scripts/vm/run-kernel-interop.sh
+#
+# VM "kern" (10.99.0.1) runs the kernel's AF_SMC through kpeer (scripts/vm/interop/kpeer.c);
+# VM "rs" (10.99.0.2) runs smc-rs through smc-iop-peer (crates/smc-interop), or kpeer for the
+# control cases. Both VMs load smc + smc_diag and put rxe0 on their data NIC. The host drives
+# the cases one phase at a time (prep, run, post) over each VM's second serial port, captures
+# the wire of each case with qemu's filter-dump (both directions), reads the results from the
+# serial logs and judges every case PASS or FAIL with its reasons. The case list and what each
+# checks: scripts/vm/interop/cases.sh and scripts/vm/interop/README.md.
+#
+# Environment:
+#   SMCI_CASES          comma-separated case names, or shell patterns over the default
+#                       cases (all but idle.*), e.g. SMCI_CASES='smcr.kr,*.kc'
+#   SMCI_BYTES          bytes each way of the first connection of smcr.* (default 64M)
+#   SMCI_REUSE_BYTES    ... of the second and third (default 4M)
+#   SMCI_CONC_BYTES     ... of each of the 20 concurrent ones (default 1M)
+#   SMCI_DECLINE_BYTES  ... of the UEID cases' connection (default 8M)
+#   SMCI_FAULT_BYTES    ... in the kill/rxedel cases (default 4G: still moving when hit)
+#                       (TCG moves about 2.5 MiB/s each way between the VMs)
+#   SMCI_RS_DEVICE      smc-rs's device: shm (default: a shared-memory device on the data NIC,
+#                       which cannot reach the other VM and declines), none, or verbs (the
+#                       library's own choice among the libibverbs devices)
+#   SMCI_RS_ENV         extra VAR=VALUE words for the smc-rs process
+#   SMCI_TESTLINK       net.smc.smcr_testlink_time in both VMs (default 5; the kernel's is 30)
+#   SMCI_WORKDIR        payload, logs, captures (default /var/tmp/smc-kernel-interop)
+#   SMCV_WORKDIR        the images (default /var/tmp/smc-verbs-vm)
+#   SMCI_PORT           UDP base port of the virtual wire on 127.0.0.1 (default 47301)
+#   SMCI_MEM, SMCI_SNAPLEN (bytes captured per frame, default 300), SMCI_IDLE_WAIT (s, 640)
+# Results: $SMCI_WORKDIR/results/{kern,rs}.log (serial consoles), cases/CASE.pcap (captures),
+# summary.txt.
+set -euo pipefail
+
+W=${SMCV_WORKDIR:-/var/tmp/smc-verbs-vm}
+I=${SMCI_WORKDIR:-/var/tmp/smc-kernel-interop}
+MEM=${SMCI_MEM:-1024}
+PORT=${SMCI_PORT:-47301}
+SNAP=${SMCI_SNAPLEN:-300}
+VM_TIMEOUT=${SMCI_VM_TIMEOUT:-7200}
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+T0=$(date +%s)
+RES=$I/results
+
+log() { echo "[run-kernel-interop +$(( $(date +%s) - T0 ))s] $*"; }
+die() { log "FAIL: $*"; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root (qemu, images)"
+
+# the run's parameters; the guests get them as params.sh on the payload disk
+SMCI_BYTES=${SMCI_BYTES:-64M}
+SMCI_REUSE_BYTES=${SMCI_REUSE_BYTES:-4M}
+SMCI_CONC_BYTES=${SMCI_CONC_BYTES:-1M}
+SMCI_DECLINE_BYTES=${SMCI_DECLINE_BYTES:-8M}
+SMCI_FAULT_BYTES=${SMCI_FAULT_BYTES:-4G}
+SMCI_RS_DEVICE=${SMCI_RS_DEVICE:-shm}
+SMCI_RS_ENV=${SMCI_RS_ENV:-}
+SMCI_TESTLINK=${SMCI_TESTLINK:-5}
+SMCI_IDLE_WAIT=${SMCI_IDLE_WAIT:-640}
+SMCI_CASE_TIMEOUT=${SMCI_CASE_TIMEOUT:-900}
+SMCI_FAULT_DELAY=${SMCI_FAULT_DELAY:-3}
+# a fault case whose connection is not SMC-R goes on over TCP: its peers give up after this
+SMCI_FAULT_TIMEOUT=${SMCI_FAULT_TIMEOUT:-120}
+SMCI_LGR_WAIT=${SMCI_LGR_WAIT:-90}
+SMCI_MAC_PREFIX=52:54:00:5c:31
+# shellcheck source=interop/cases.sh
+. "$HERE/interop/cases.sh"
+
+QEMU_PIDS=()
+cleanup() { # on any exit: no qemu and no helper process of this run is left behind
+  local p
+  for p in "${QEMU_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in kern rs; do
+    [ -r "$RES/$p.pid" ] && kill "$(cat "$RES/$p.pid")" 2>/dev/null || true
+  done
+  jobs -p | xargs -r kill 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# ------------------------------------------------------------------ cases
+select_cases() { # names pick any case; patterns (e.g. '*.kc', 'smcr.*') only default ones
+  local sel=${SMCI_CASES:-} c p out=
+  if [ -z "$sel" ]; then echo "$SMCI_DEFAULT"; return; fi
+  for p in ${sel//,/ }; do
+    local hit=0 pool=$SMCI_DEFAULT
+    case " $SMCI_KNOWN " in *" $p "*) pool=$p;; esac
+    for c in $pool; do
+      # shellcheck disable=SC2053
+      if [[ $c == $p ]]; then hit=1; case " $out " in *" $c "*) ;; *) out="$out $c";; esac; fi
+    done
+    [ $hit = 1 ] || die "SMCI_CASES: no case matches '$p' (cases: $SMCI_KNOWN)"
+  done
+  # run in the canonical order
+  local ordered=
+  for c in $SMCI_KNOWN; do case " $out " in *" $c "*) ordered="$ordered $c";; esac; done
+  echo "${ordered# }"
+}
+CASES=$(select_cases)
+for c in $CASES; do case_def "$c" || die "case $c: not a valid case"; done
+
+# ------------------------------------------------------------------ build
+step_build() {
+  log "build: kpeer (gcc), smc-iop-peer and smc-iop-pcap (cargo --release; host glibc == guest glibc 2.36)"
+  mkdir -p "$I/bin"
+  gcc -O2 -Wall -Wextra -pthread -o "$I/bin/kpeer" "$HERE/interop/kpeer.c" || die "gcc kpeer.c"
+  (cd "$REPO" && timeout 1800 cargo build --release -q -p smc-interop --bins) || die "cargo build failed"
+  PEER_BIN=$REPO/target/release/smc-iop-peer
+  PCAP_BIN=$REPO/target/release/smc-iop-pcap
+  [ -x "$PEER_BIN" ] && [ -x "$PCAP_BIN" ] || die "no smc-iop-peer / smc-iop-pcap"
+}
+
+# sha256 of stream SEED's first BYTES bytes, cached by (seed, bytes)
+expected_sha() {
+  local key="$1 $2" h
+  h=$(grep -m1 "^$key " "$I/sha-cache" 2>/dev/null | cut -d' ' -f3 || true)
+  if [ -z "$h" ]; then
+    h=$("$I/bin/kpeer" gen "$1" "$2" | sha256sum | cut -d' ' -f1)
+    echo "$key $h" >> "$I/sha-cache"
+  fi
+  echo "$h"
+}
+
+# conn_bytes: "ID BYTES" per connection of the current case (its rounds)
+conn_bytes() {
+  local r id=0 k n b
+  for r in ${ROUNDS//,/ }; do
+    n=${r%%x*}; b=$BYTES; [ "$r" != "$n" ] && b=${r#*x}
+    for k in $(seq "$n"); do id=$((id + 1)); echo "$id $b"; done
+  done
+}
+
+step_hashes() {
+  local c n=0
+  for c in $CASES; do
+    case_def "$c"
+    [ "$EXPECT" = fault ] && continue
+    while read -r id b; do
+      expected_sha $((2 * id)) "$b" >/dev/null; expected_sha $((2 * id + 1)) "$b" >/dev/null; n=$((n + 2))
+    done < <(conn_bytes)
+  done
+  log "expected SHA-256 of $n streams ready ($I/sha-cache)"
+}
+
+# ------------------------------------------------------------------ payload disk
+step_payload() {
+  local st=$I/payload
+  rm -rf "$st" "$I/payload.img"; mkdir -p "$st"
+  cp "$I/bin/kpeer" "$PEER_BIN" "$HERE/interop/guest.sh" "$HERE/interop/cases.sh" "$st/"
+  strip --strip-debug "$st/smc-iop-peer" 2>/dev/null || true
+  {
+    for v in SMCI_BYTES SMCI_REUSE_BYTES SMCI_CONC_BYTES SMCI_DECLINE_BYTES SMCI_FAULT_BYTES SMCI_RS_DEVICE SMCI_RS_ENV SMCI_TESTLINK SMCI_IDLE_WAIT \
+             SMCI_CASE_TIMEOUT SMCI_FAULT_DELAY SMCI_FAULT_TIMEOUT SMCI_LGR_WAIT SMCI_MAC_PREFIX; do
+      printf '%s=%q\n' "$v" "${!v}"
+    done
+  } > "$st/params.sh"
+  truncate -s 64M "$I/payload.img"
+  mkfs.ext4 -q -F -L smcipayload -d "$st" "$I/payload.img" || die "mkfs.ext4 payload"
+}
+
+# ------------------------------------------------------------------ VMs
+# Each VM: console ttyS0 -> $RES/NAME.log; commands from the host on ttyS1 (FIFO
+# $RES/NAME.ctl.in); the monitor (HMP) on FIFO $RES/NAME.mon.in, for the captures.
+boot() { # NAME ID NETDEV-SPEC
+  local name=$1 id=$2 f
+  for f in ctl.in ctl.out mon.in mon.out; do rm -f "$RES/$name.$f"; mkfifo "$RES/$name.$f"; done
+  smcv_qemu "$RES/$name.log" "$RES/$name.pid" "$I/payload.img" "smci.role=$name" \
+    -chardev pipe,id=ctl,path="$RES/$name.ctl" -serial chardev:ctl \
+    -chardev pipe,id=mon,path="$RES/$name.mon" -mon chardev=mon,mode=readline \
+    -netdev socket,id=d0,"$3" -device virtio-net-pci,netdev=d0,mac=$SMCI_MAC_PREFIX:0$id &
+  QEMU_PIDS+=($!)
+  # keep qemu's side of the FIFOs drained
+  cat "$RES/$name.ctl.out" > /dev/null &
+  cat "$RES/$name.mon.out" > "$RES/$name.monitor.log" &
+}
+
+vm_alive() { kill -0 "$1" 2>/dev/null; }
+send() { printf '%s\n' "$2" > "$RES/$1.ctl.in"; } # send VM LINE
+hmp() { printf '%s\n' "$1" > "$RES/kern.mon.in"; }
+
+# wait_for PATTERN SECONDS: until both logs have a line matching PATTERN (grep -E);
+# 1 on timeout, 2 if a VM died or reported a fatal error
+wait_for() {
+  local pat=$1 until=$(( $(date +%s) + $2 )) v ok
+  while :; do
+    ok=1
+    for v in kern rs; do grep -qE "$pat" "$RES/$v.log" 2>/dev/null || ok=0; done
+    [ $ok = 1 ] && return 0
+    grep -q '^SMCI-FATAL' "$RES/kern.log" "$RES/rs.log" 2>/dev/null && return 2
+    for v in "${QEMU_PIDS[@]}"; do vm_alive "$v" || return 2; done
+    [ "$(date +%s)" -ge "$until" ] && return 1
+    sleep 0.5
+  done
+}
+
+step_boot() {
+  rm -rf "$RES" "$I/cases"; mkdir -p "$RES" "$I/cases"
+  local a=127.0.0.1
+  log "boot: two VMs (TCG, 1 vCPU, ${MEM} MiB each); logs in $RES/"
+  boot kern 1 "udp=$a:$((PORT + 1)),localaddr=$a:$PORT"
+  boot rs 2 "udp=$a:$PORT,localaddr=$a:$((PORT + 1))"
+  local rc=0
+  wait_for '^SMCI-READY' 300 || rc=$?
+  [ $rc = 0 ] || { grep -h 'SMCI-FATAL' "$RES"/*.log || true; die "VMs not ready (rc $rc); see $RES/kern.log, $RES/rs.log"; }
+  grep -h '^SMCI-READY' "$RES/kern.log" "$RES/rs.log" | sed 's/^/    /'
+  log "VMs ready"
+}
+
+declare -A CASE_SECS CASE_ABORT
+# phase CASE PHASE TIMEOUT: sends the phase to both VMs and waits for both answers
+phase() {
+  local c=$1 ph=$2 rc=0
+  send kern "$ph $c"; send rs "$ph $c"
+  wait_for "^SMCI-ACK $ph $c " "$3" || rc=$?
+  if [ $rc != 0 ]; then
+    CASE_ABORT[$c]="phase $ph: $([ $rc = 1 ] && echo "no answer within $3 s" || echo "a VM died or failed")"
+    return 1
+  fi
+}
+
+step_cases() {
+  local c i=0 t capfile aborted=
+  for c in $CASES; do
+    i=$((i + 1))
+    if [ -n "$aborted" ]; then CASE_ABORT[$c]="not run: the run stopped at $aborted"; continue; fi
+    case_def "$c"
+    t=$(date +%s)
+    log "case $c ($i of $(wc -w <<< "$CASES")): $SCEN, $DIR, $CONNS connection(s)"
+    capfile=
+    if [ "$CAPTURE" = 1 ]; then
+      capfile=$I/cases/$c.pcap
+      hmp "object_add filter-dump,id=cap$i,netdev=d0,file=$capfile,maxlen=$SNAP"
+      for _ in $(seq 50); do [ -s "$capfile" ] && break; sleep 0.1; done
+      [ -s "$capfile" ] || log "  capture did not start (see $RES/kern.monitor.log)"
+    fi
+    local post=$((SMCI_LGR_WAIT + 90))
+    [ "$SCEN" = idle ] && post=$((SMCI_IDLE_WAIT + 150))
+    phase "$c" prep 60 && phase "$c" run $((TIMEOUT + 120)) && phase "$c" post $post || aborted=$c
+    [ -n "$capfile" ] && hmp "object_del cap$i"
+    CASE_SECS[$c]=$(( $(date +%s) - t ))
+    judge "$c" | tee -a "$RES/judged.txt"
+  done
+  send kern quit; send rs quit
+  local p
+  for p in "${QEMU_PIDS[@]}"; do
+    for _ in $(seq 60); do vm_alive "$p" || break; sleep 0.5; done
+  done
+}
+
+# ------------------------------------------------------------------ judging
+# Lines of case C from VM V's log: "SMCI-... case=C ..."
+lines() { grep -aF " case=$1 " "$RES/$2.log" | grep -a '^SMCI-' || true; }
+kv() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<< " $1" | head -1; } # kv LINE KEY
+
+CHECKS=; CASE_FAIL=0
+check() { # check ok|FAIL TEXT
+  CHECKS+="    $(printf '%-4s' "$1") $2"$'\n'
+  [ "$1" = ok ] || CASE_FAIL=1
+}
+
+# The Decline each UEID case must see, as the kernel sends it, and the fallback reason
+# each end must then report (kernel: smc_diag; smc-rs: Mode::Tcp), "fb/peer_fb":
+#  - the kern VM's kernel without a UEID proposes no SMC-R v2 as a client (v2 needs a UEID,
+#    net/smc/af_smc.c smc_find_proposal_devices) and has no v1 device (rxe has no RoCE v1
+#    GID): it declines NOSMCDEV before any Proposal. As a server it finds no v2 device for
+#    the Proposal (smc_find_rdma_v2_device_serv: smc_clc_match_eid fails) nor a v1 one:
+#    NOSMCDEV again (smc_listen_find_device). Either way the kern VM declines.
+#  - with another UEID the kern VM's kernel proposes v2 as a client, and the server end
+#    (rs VM) finds no matching UEID: it declines NOSMCDEV, as the kernel server does; as a
+#    server the kern VM's kernel declines NOSMCDEV itself.
+expect_decline() { # CASE -> "CODE KERN_FB KERN_PEERFB VM2_FB VM2_PEERFB"
+  local d=$SMCI_DECL_NOSMCDEV p=$SMCI_DECL_PEERDECL z=0x00000000
+  case $1 in
+    noueid.*|otherueid.rk|otherueid.ck) echo "$d $d $z $p $d";; # the kern VM declines
+    otherueid.kr|otherueid.kc) echo "$d $p $d $d $z";;         # the rs VM's server declines
+  esac
+}
+
+judge() {
+  # (runs in a subshell of its own: a grep that finds nothing is an answer, not an error)
+  set +e +o pipefail
+  local c=$1
+  case_def "$c"
+  CHECKS=; CASE_FAIL=0
+  if [ -n "${CASE_ABORT[$c]:-}" ]; then check FAIL "${CASE_ABORT[$c]}"; fi
+  local K R
+  K=$(lines "$c" kern); R=$(lines "$c" rs)
+  local ALL="$K"$'\n'"$R"
+  local vm2=smc-rs; [ "$VM2_IMPL" = kernel ] && vm2="kernel(rs VM)"
+  # who is who
+  local cl sv
+  if [ "$CLIENT_VM" = kern ]; then cl=$K; sv=$R; else cl=$R; sv=$K; fi
+
+  # --- connections: one up and one end line per id and side
+  local ends ups hang n_ok=0 bad= line id side want sha exp b eof res
+  ends=$(grep -a ' ev=end ' <<< "$ALL" || true)
+  ups=$(grep -a ' ev=up ' <<< "$ALL" || true)
+  hang=$(grep -ac 'result=hang' <<< "$ends" || true)
+  [ "$hang" = 0 ] || check FAIL "$hang connection end(s) hung (watchdog): $(grep -a 'result=hang' <<< "$ends" | head -2 | cut -c1-200)"
+
+  if [ "$EXPECT" != fault ]; then
+    while read -r id b; do
+      for side in client server; do
+        line=$(grep -a " side=$side id=$id ev=end " <<< "$ends" | head -1)
+        if [ -z "$line" ]; then bad+=" $side#$id:no-end"; continue; fi
+        res=$(kv "$line" result); want=$(kv "$line" want_recv); sha=$(kv "$line" sha256); eof=$(kv "$line" eof)
+        if [ "$side" = server ]; then exp=$(expected_sha $((2 * id)) "$b"); else exp=$(expected_sha $((2 * id + 1)) "$b"); fi
+        if [ "$res" != ok ]; then bad+=" $side#$id:$res/$(kv "$line" err)@$(kv "$line" at)"
+        elif [ "$(kv "$line" recv)" != "$want" ] || [ "$sha" != "$exp" ]; then bad+=" $side#$id:sha-mismatch"
+        elif [ "$(kv "$line" close)" = passive ] && [ "$eof" != yes ]; then bad+=" $side#$id:eof=$eof"
+        else n_ok=$((n_ok + 1)); fi
+      done
+    done < <(conn_bytes)
+    if [ -z "$bad" ]; then
+      check ok "$CONNS/$CONNS connections intact both ways (SHA-256 of what each end received = of what the other sent), closes: $CLOSE"
+    else
+      check FAIL "$n_ok of $((2 * CONNS)) connection ends intact; bad:$(cut -c1-400 <<< "$bad")"
+    fi
+  fi
+
+  # --- modes
+  local nup nsmcr modes
+  nup=$(grep -ac . <<< "$ups" || true); [ -z "$ups" ] && nup=0
+  nsmcr=$(grep -ac ' mode=SMCR ' <<< "$ups" || true)
+  modes=$(sed -n 's/.* impl=\([a-z]*\) side=\([a-z]*\) .* mode=\([A-Za-z]*\) fb=\([0-9a-fx]*\) peer_fb=\([0-9a-fx]*\).*/\1-\2:\3:\4\/\5/p' <<< "$ups" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+  case $EXPECT in
+    smcr|fault)
+      if [ "$nup" -gt 0 ] && [ "$nsmcr" = "$nup" ]; then
+        check ok "SMC-R on both ends of every connection ($nup ends: kernel smc_diag mode SMCR$([ "$VM2_IMPL" = rs ] && echo ", smc-rs Mode::SmcR"))"
+      else
+        check FAIL "$([ "$EXPECT" = fault ] && echo "precondition: ")not SMC-R everywhere: $nsmcr of $nup ends; (count impl-side:mode:fb/peer_fb)$modes"
+      fi;;
+    decline)
+      local e code kfb kpf vfb vpf wrong=
+      e=$(expect_decline "$c"); read -r code kfb kpf vfb vpf <<< "$e"
+      while read -r line; do
+        [ -z "$line" ] && continue
+        local impl m fb pf
+        impl=$(kv "$line" impl); m=$(kv "$line" mode); fb=$(kv "$line" fb); pf=$(kv "$line" peer_fb)
+        if grep -qxF -- "$line" <<< "$K"; then
+          [ "$m/$fb/$pf" = "TCP/$kfb/$kpf" ] || wrong+=" kern:$m/$fb/$pf(want TCP/$kfb/$kpf)"
+        else
+          [ "$m/$fb/$pf" = "TCP/$vfb/$vpf" ] || wrong+=" $impl@rs:$m/$fb/$pf(want TCP/$vfb/$vpf)"
+        fi
+      done <<< "$ups"
+      if [ "$nup" -gt 0 ] && [ -z "$wrong" ]; then
+        check ok "TCP fallback on both ends ($nup ends): kernel reason $kfb/peer $kpf, $vm2 reason $vfb/peer $vpf"
+      else
+        check FAIL "fallback reasons: $nup ends up;$(cut -c1-400 <<< "$wrong")"
+      fi;;
+  esac
+
+  # --- link groups: which the kernel (kern VM) created during the case
+  local start new
+  start=$(grep -a 'SMCI-KLGR when=prep' <<< "$K" | head -1 | sed -n 's/.* ids=\([^ ]*\).*/\1/p' | tr ',' '\n' | cut -d: -f1)
+  new=$(grep -a 'SMCI-KLGR' <<< "$K" | grep -v 'when=prep' | sed -n 's/.* ids=\([^ ]*\).*/\1/p' | tr ',' '\n' | cut -d: -f1 \
+        | grep -v '^-$' | sort -u | grep -vxF -f <(echo "${start:-none}") || true)
+  local nnew; nnew=$(grep -c . <<< "$new" || true); [ -z "$new" ] && nnew=0
+  case $EXPECT in
+    smcr)
+      # a fresh smc-rs process is a new peer (its own system ID): one new group; two
+      # kernels may still share the group of an earlier control case (10 min idle)
+      if [ "$nnew" = 1 ]; then
+        check ok "kernel: one new link group for all $CONNS connections (id $new; the others reused it)"
+      elif [ "$nnew" = 0 ] && [ "$VM2_IMPL" = kernel ]; then
+        check ok "kernel: all $CONNS connections reused the link group of an earlier case"
+      else
+        check FAIL "kernel: $nnew new link groups during the case (want $([ "$VM2_IMPL" = rs ] && echo 1 || echo '0 or 1')): ${new//$'\n'/,}"
+      fi
+      if [ "$VM2_IMPL" = rs ]; then
+        local st badst
+        st=$(grep -a '^SMCI-RSSTATE' <<< "$R" | grep -v 'when=start' || true)
+        badst=$(grep -av ' lgrs=1 ' <<< "$st" | grep -av 'when=linger' || true)
+        if [ -n "$st" ] && [ -z "$badst" ]; then
+          check ok "smc-rs: one link group after every round (smc::state)"
+        else
+          check FAIL "smc-rs: link groups after the rounds: $(sed -n 's/.* when=\([^ ]*\).* lgrs=\([0-9]*\).*/\1:\2/p' <<< "$st" | tr '\n' ' ')"
+        fi
+      fi;;
+    decline)
+      [ "$nnew" = 0 ] && check ok "kernel: no link group created" || check FAIL "kernel: $nnew link groups created by a declined case";;
+  esac
+
+  # --- faults (on an SMC-R connection; over TCP they prove nothing)
+  local pre=1
+  [ "$EXPECT" = fault ] && { [ "$nup" -gt 0 ] && [ "$nsmcr" = "$nup" ] || pre=0; }
+  [ $pre = 0 ] && check FAIL "fault checks skipped: the connection was not SMC-R"
+  if [ "$EXPECT" = fault ] && [ $pre = 1 ]; then
+    local f ke ve
+    f=$(grep -a '^SMCI-FAULT' <<< "$ALL" | head -1)
+    if grep -qE 'what=(sigkill pid=|rxedel rc=0)' <<< "$f"; then check ok "fault applied: $(cut -d' ' -f3- <<< "$f")"
+    else check FAIL "fault not applied: ${f:-no SMCI-FAULT line}"; fi
+    ke=$(grep -a ' ev=end ' <<< "$K" | head -1)
+    ve=$(grep -a ' ev=end ' <<< "$R" | head -1)
+    if [ "$FAULT" = kill ]; then
+      if [ -n "$ve" ]; then check FAIL "the smc-rs end finished before the SIGKILL: $(cut -c1-200 <<< "$ve")"; fi
+      if [ "$(kv "$ke" result)" = error ]; then
+        check ok "kernel: the connection ended with an error ($(kv "$ke" err) at $(kv "$ke" at), $(kv "$ke" stall_s) s without progress)"
+      else
+        check FAIL "kernel: the connection did not end with an error: ${ke:-no end line}"
+      fi
+    else
+      local err stall okerr
+      err=$(kv "$ve" err); stall=$(kv "$ve" stall_s)
+      # smc-rs must say reset/aborted; the kernel (control) reports an SMC-R connection
+      # killed under it as a premature EOF (smc_rx_recvmsg after smc_conn_kill)
+      okerr=$([ "$VM2_IMPL" = rs ] && echo 'ConnectionReset|ConnectionAborted' || echo 'ECONNRESET|ECONNABORTED|EOF')
+      if [ "$(kv "$ve" result)" = error ] && grep -qxE "$okerr" <<< "$err" && awk -v s="$stall" 'BEGIN{exit !(s <= 30)}'; then
+        check ok "$vm2: the connection ended with $err $stall s after its last progress (limit 30 s)"
+      else
+        check FAIL "$vm2: want an end with $okerr within 30 s: ${ve:-no end line (hang?)}"
+      fi
+      [ -n "$ke" ] && [ "$(kv "$ke" result)" != hang ] && check ok "kernel: its end finished too ($(kv "$ke" result) $(kv "$ke" err))" \
+        || check FAIL "kernel: its end did not finish: ${ke:-no end line}"
+    fi
+  fi
+  if { [ "$FAULT" != none ] && [ $pre = 1 ]; } || [ "$SCEN" = idle ]; then
+    local g; g=$(grep -a '^SMCI-LGRGONE' <<< "$K" | head -1)
+    if [ "$(kv "$g" gone)" = yes ]; then check ok "kernel: $([ "$SCEN" = idle ] && echo "every link group" || echo "the case's link groups") gone ($(kv "$g" after_s) s after the programs ended)"
+    else check FAIL "kernel: link groups left: ${g:-no SMCI-LGRGONE line}"; fi
+  fi
+  if [ "$SCEN" = idle ] && [ "$VM2_IMPL" = rs ]; then
+    local last; last=$(grep -a '^SMCI-RSSTATE' <<< "$R" | grep -a 'when=linger' | tail -1)
+    [ "$(kv "$last" lgrs)" = 0 ] && check ok "smc-rs: link group freed after the idle time ($(kv "$last" when))" \
+      || check FAIL "smc-rs: link groups after ${SMCI_IDLE_WAIT} s idle: ${last:-no linger report}"
+  fi
+
+  # --- nothing left behind
+  local kd vd rst
+  kd=$(grep -a '^SMCI-KDIAG' <<< "$K" | tail -1)
+  [ "$(kv "$kd" socks)" = 0 ] && check ok "kernel (kern VM): no AF_SMC socket left (smc_diag)" \
+    || check FAIL "kernel (kern VM): smc_diag still lists sockets: ${kd:-no SMCI-KDIAG line} $(grep -a '^SMCI-KSOCK' <<< "$K" | head -3 | cut -c1-160 | tr '\n' ';')"
+  if [ "$VM2_IMPL" = kernel ]; then
+    vd=$(grep -a '^SMCI-KDIAG' <<< "$R" | tail -1)
+    [ "$(kv "$vd" socks)" = 0 ] && check ok "kernel (rs VM): no AF_SMC socket left" \
+      || check FAIL "kernel (rs VM): smc_diag still lists sockets: ${vd:-no SMCI-KDIAG line}"
+  elif [ "$FAULT" != kill ]; then
+    rst=$(grep -a '^SMCI-RSSTATE' <<< "$R" | grep -a 'when=end' | tail -1)
+    [ "$(kv "$rst" conns)" = 0 ] && check ok "smc-rs: no connection left (smc::state; link groups: $(kv "$rst" lgrs), freed after their idle time)" \
+      || check FAIL "smc-rs: connections left: ${rst:-no end report}"
+  fi
+  local kl; kl=$(grep -a 'SMCI-KLGR when=post' <<< "$K" | head -1)
+  [ -n "$kl" ] && CHECKS+="    info kernel link groups after the case: $(kv "$kl" lgrs) ($(kv "$kl" ids); idle ones are freed after 10 min: SMC_LGR_FREE_DELAY_SERV/CLNT, no sysctl in 6.12)"$'\n'
+
+  # --- the wire
+  if [ "$CAPTURE" = 1 ] && [ -z "${CASE_ABORT[$c]:-}" ]; then
+    local w; w=$("$PCAP_BIN" --tag "$c" "$I/cases/$c.pcap" 2>&1 | tail -1)
+    echo "$w" >> "$RES/wire.txt"
+    if ! grep -q '^SMCI-WIRE' <<< "$w"; then check FAIL "capture: $w"
+    else
+      local wbad=
+      [ "$(kv "$w" errors)" = 0 ] || wbad+=" $(kv "$w" errors) undecodable messages (smc-iop-pcap --list $I/cases/$c.pcap);"
+      [ "$(kv "$w" tcp_cut)" = 0 ] || wbad+=" CLC cut by the snap length;"
+      [ "$(kv "$w" synack_smc)" = "$CONNS" ] || wbad+=" SYN-ACKs with the SMC option $(kv "$w" synack_smc) (want $CONNS);"
+      case $EXPECT in
+        smcr)
+          [ "$(kv "$w" proposals)/$(kv "$w" accepts)/$(kv "$w" confirms)" = "$CONNS/$CONNS/$CONNS" ] \
+            || wbad+=" Proposal/Accept/Confirm $(kv "$w" proposals)/$(kv "$w" accepts)/$(kv "$w" confirms) (want $CONNS each);"
+          # first contacts and CONFIRM_LINKs on the wire = link groups the kernel created
+          [ "$(kv "$w" accepts_fc)/$(kv "$w" confirms_fc)" = "$nnew/$nnew" ] \
+            || wbad+=" first-contact Accept/Confirm $(kv "$w" accepts_fc)/$(kv "$w" confirms_fc) but $nnew new link groups in the kernel's dump (must be equal);"
+          local cl; cl=$(tr ',' '\n' <<< "$(kv "$w" llc)" | sed -n 's/^confirm_link=//p'); cl=${cl:-0/0}
+          [ "$cl" = "$nnew/$nnew" ] || wbad+=" CONFIRM_LINK req/resp $cl but $nnew new link groups (want one pair each);"
+          [ "$(kv "$w" declines)" = - ] || wbad+=" Declines $(kv "$w" declines);"
+          [ "$(kv "$w" cdc_data)" -gt 0 ] && [ "$(kv "$w" rdma_writes)" -gt 0 ] || wbad+=" no data (CDC/RDMA WRITE);"
+          [ -z "$wbad" ] && check ok "wire: $CONNS x Proposal/Accept/Confirm, first contact and CONFIRM_LINK $cl (= new link groups), $(kv "$w" rdma_writes) RDMA WRITEs, $(kv "$w" cdc_data) data CDCs, LLC $(kv "$w" llc)";;
+        decline)
+          local want; want=$(for _ in $(seq "$CONNS"); do printf '%s,' "$(cut -d' ' -f1 <<< "$(expect_decline "$c")")"; done)
+          [ "$(kv "$w" declines)," = "$want" ] || wbad+=" Declines $(kv "$w" declines) (want ${want%,});"
+          # (idle link groups of earlier cases may exchange TEST_LINKs meanwhile)
+          local llc; llc=$(kv "$w" llc)
+          [ "$(kv "$w" accepts)/$(kv "$w" confirms)/$(kv "$w" cdc)" = 0/0/0 ] && ! grep -qE 'confirm_(link|rkey)' <<< "$llc" \
+            || wbad+=" Accept/Confirm/CDC $(kv "$w" accepts)/$(kv "$w" confirms)/$(kv "$w" cdc), LLC $llc (want no SMC-R);"
+          [ -z "$wbad" ] && check ok "wire: Decline $(kv "$w" declines), no Accept, no SMC-R (LLC: $llc)";;
+      esac
+      [ -z "$wbad" ] || check FAIL "wire:$wbad ($I/cases/$c.pcap)"
+    fi
+  fi
+
+  local verdict=PASS; [ $CASE_FAIL = 1 ] && verdict=FAIL
+  echo "CASE $c $verdict (${CASE_SECS[$c]:-?} s)"
+  printf '%s' "$CHECKS"
+  echo "$c $verdict" >> "$RES/verdicts"
+}
+
+# ------------------------------------------------------------------ main
+step_packages
+step_rootfs
+step_build
+step_hashes
+step_payload
+step_boot
+step_cases
+pass=$(grep -c ' PASS$' "$RES/verdicts" || true); fail=$(grep -c ' FAIL$' "$RES/verdicts" || true)
+{
+  echo "smc-rs <-> Linux AF_SMC interop — $(date -u +%FT%TZ); kernel $(cat "$W/kernel-version"), qemu $(qemu-system-x86_64 --version | head -1 | awk '{print $4}') TCG"
+  echo "smc-rs device: $SMCI_RS_DEVICE; bytes $SMCI_BYTES each way (concurrent: $SMCI_CONC_BYTES); testlink $SMCI_TESTLINK s"
+  cat "$RES/judged.txt"
+  echo "$pass passed, $fail failed: $(grep ' FAIL$' "$RES/verdicts" | cut -d' ' -f1 | tr '\n' ' ')"
+  echo "total wall time: $(( $(date +%s) - T0 )) s"
+} > "$RES/summary.txt"
+log "summary: $RES/summary.txt"
+tail -2 "$RES/summary.txt" | sed 's/^/    /'
+[ "$fail" = 0 ] && [ "$pass" -gt 0 ] && { log "PASS"; exit 0; }
+die "$fail case(s) failed"
