@@ -6,8 +6,7 @@
 //! `smc_pnet_find_roce_resource`), except that a shared-memory device serves
 //! only peers on this host (see [`pick`] and [`shm_reaches`]).
 
-use crate::provider::AnyProvider;
-use crate::provider::Kind;
+use crate::provider::{AnyProvider, Kind};
 use rustix::event::{epoll, PollFd, PollFlags, Timespec};
 use smc_config::pnet::{base_netdev, candidates, PnetTable, PortInfo, Route};
 use smc_config::store::{ConfigDir, Table};

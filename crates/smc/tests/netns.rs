@@ -410,6 +410,21 @@ fn a_shared_memory_device_serves_no_peer_on_another_host() {
             let (s, _) = l.accept().unwrap();
             return off_host_side("server", s);
         }
+        #[cfg(feature = "tokio")]
+        Ok("server-tokio") => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let s = rt.block_on(async {
+                let l = smc::tokio::SmcListener::bind((SERVER_IP, 0)).await.unwrap();
+                println!("port {}", l.local_addr().unwrap().port());
+                std::io::stdout().flush().unwrap();
+                let (s, _) = l.accept().await.unwrap();
+                s.into_std().unwrap()
+            });
+            return off_host_side("server", s);
+        }
         Ok("client") => {
             let port: u16 = std::env::var("SMC_NETNS_PORT").unwrap().parse().unwrap();
             let s = SmcStream::connect((SERVER_IP, port)).unwrap();
@@ -447,21 +462,34 @@ fn a_shared_memory_device_serves_no_peer_on_another_host() {
     // (reason, peer's reason) of each end, as `off_host_side` prints them
     let no_dev = smc_wire::clc::DeclineCode::NoSmcDev.to_u32();
     let peer_decl = smc_wire::clc::DeclineCode::PeerDecl.to_u32();
-    let cases = [
-        (
-            "the client declines",
-            false,
-            format!("{no_dev:08x}/00000000"),
-            format!("{peer_decl:08x}/{no_dev:08x}"),
-        ),
+    let declined_by_client = (
+        format!("{no_dev:08x}/00000000"),
+        format!("{peer_decl:08x}/{no_dev:08x}"),
+    );
+    let declined_by_server = (
+        format!("{peer_decl:08x}/{no_dev:08x}"),
+        format!("{no_dev:08x}/00000000"),
+    );
+    // (what, the client takes the server for one of its host, server role,
+    // (client's, server's) reason/peer's reason)
+    #[allow(unused_mut)]
+    let mut cases = vec![
+        ("the client declines", false, "server", declined_by_client),
         (
             "the server declines at once",
             true,
-            format!("{peer_decl:08x}/{no_dev:08x}"),
-            format!("{no_dev:08x}/00000000"),
+            "server",
+            declined_by_server.clone(),
         ),
     ];
-    for (what, client_believes, want_client, want_server) in cases {
+    #[cfg(feature = "tokio")]
+    cases.push((
+        "the tokio server declines at once",
+        true,
+        "server-tokio",
+        declined_by_server,
+    ));
+    for (what, client_believes, server_role, (want_client, want_server)) in cases {
         if client_believes {
             // the server's GID in the client's rundir, as if a device of
             // the client's host had the server's address
@@ -471,7 +499,8 @@ fn a_shared_memory_device_serves_no_peer_on_another_host() {
         let (t, s_cfg, c_cfg) = (tables.as_os_str(), cfg_s.as_os_str(), cfg_c.as_os_str());
         let env_s = [("SMC_RDMA_SHM_CONFIG", s_cfg), ("SMC_RS_CONFIG_DIR", t)];
         let env_c = [("SMC_RDMA_SHM_CONFIG", c_cfg), ("SMC_RS_CONFIG_DIR", t)];
-        let (mut srv_in, mut srv_out) = lab.spawn_test(OFF_HOST_TEST, &ns_s, "server", "", &env_s);
+        let (mut srv_in, mut srv_out) =
+            lab.spawn_test(OFF_HOST_TEST, &ns_s, server_role, "", &env_s);
         let port = expect_line(&mut srv_out, "server", "port ");
         let (mut cli_in, mut cli_out) =
             lab.spawn_test(OFF_HOST_TEST, &ns_c, "client", &port, &env_c);
