@@ -6,7 +6,8 @@
 //! [`SimFabric::run_until_idle`]. Latency jitter comes from a seeded
 //! splitmix64 generator, so a run is a pure function of its seed and the
 //! calls made. Faults can be injected: extra delay, QP error, port down/up, a
-//! device that stops answering and a device that dies.
+//! device that stops answering and a device that dies; a device may retry as
+//! Soft-RoCE does ([`SimFabric::set_rxe_retry`]).
 //!
 //! The transport model follows RC: messages of one QP are delivered in order
 //! (go-back-N: a message that gets no answer is retried after the QP timeout,
@@ -70,6 +71,9 @@ struct DevSt {
     netdev: Option<String>,
     port_up: bool,
     unresponsive: bool,
+    /// Requesters on this device retry forever at a transport retry count
+    /// of 7 ([`SimFabric::set_rxe_retry`]).
+    rxe_retry: bool,
     extra_delay: u64,
     events: VecDeque<AsyncEvent>,
     efd: Arc<EventFd>,
@@ -414,7 +418,11 @@ impl St {
                 }
             }
             Outcome::NoAnswer => {
-                qp.retries += 1;
+                // (rxe: a retry count of 7 never runs out, see `set_rxe_retry`)
+                let forever = qp.retry_cnt == 7 && self.devs[src_dev].rxe_retry;
+                if !forever {
+                    qp.retries += 1;
+                }
                 if qp.retries > qp.retry_cnt as u32 {
                     let id = qp.inflight.front().map(|m| m.out_id).unwrap_or(0);
                     self.qp_error(qpn, Some((id, WcStatus::RetryExceeded)), false);
@@ -682,6 +690,7 @@ impl SimFabric {
             netdev: netdev.map(Into::into),
             port_up: true,
             unresponsive: false,
+            rxe_retry: false,
             extra_delay: 0,
             events: VecDeque::new(),
             efd: Arc::new(EventFd::new()?),
@@ -781,6 +790,18 @@ impl SimFabric {
                 st.qp_error(q, None, false);
             }
         }
+        Ok(())
+    }
+
+    /// Requesters on `dev` retry unanswered requests forever when their
+    /// transport retry count is 7, as Soft-RoCE does (rxe_comp.c,
+    /// `COMPST_ERROR_RETRY`, decrements the count only when it is not 7, as
+    /// for the RNR retry count): a send to a peer QP that vanished then never
+    /// completes, instead of ending in `RetryExceeded` after 7 retries as on
+    /// an RNIC.
+    pub fn set_rxe_retry(&self, dev: &str, on: bool) -> Result<()> {
+        let i = self.dev_idx(dev)?;
+        self.st().devs[i].rxe_retry = on;
         Ok(())
     }
 
