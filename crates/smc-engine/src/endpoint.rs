@@ -1004,6 +1004,11 @@ impl<P: Provider> Endpoint<P> {
     /// abort CDC has arrived within [`PEER_GONE_GRACE`] of the TCP end, the peer
     /// is taken for dead — a user-space peer whose process died cannot send a
     /// CDC, but its kernel closes the TCP socket — and the connection is reset.
+    /// Its link is then probed with a TEST_LINK at once (see
+    /// [`smc_proto::link::LinkGroup::probe_link`]): a peer whose device went
+    /// away takes the link with it, and an unanswered probe ends the link
+    /// (and a group left without one) after `SMC_LLC_WAIT_TIME`, so that a
+    /// released connection does not wait for CDCs that cannot complete.
     pub fn tcp_closed(&mut self, id: ConnId) {
         self.sweep_due = true;
         let deadline = self.now + PEER_GONE_GRACE;
@@ -1970,6 +1975,19 @@ impl<P: Provider> Endpoint<P> {
                         }));
                         if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
                             dp.set_close_flags(f);
+                        }
+                        // Its link may have died with it, silently (a peer
+                        // whose device went away sends no DELETE_LINK): then
+                        // our CDCs on it never complete where the transport
+                        // retries forever (rxe at retry count 7), and the
+                        // connection, released, would wait for them until
+                        // the next keepalive. Probe the link now: unanswered,
+                        // it goes down after SMC_LLC_WAIT_TIME and, as the
+                        // last link, ends the group (Linux `smcr_link_down`).
+                        if let (Some(l), Some(slot)) = (c.lgr, c.link) {
+                            if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                                lg.group.probe_link(slot, now);
+                            }
                         }
                     }
                 }

@@ -847,6 +847,27 @@ impl LinkGroup {
         }
     }
 
+    /// Asks the peer of the link in `slot` for a sign of life now — a TEST_LINK
+    /// request (§1.10) — rather than once the keepalive interval has passed
+    /// without one: the driver has reason to think the peer is gone. As for the
+    /// keepalive's own request (Linux `smc_llc_testlink_work`), no answer within
+    /// `SMC_LLC_WAIT_TIME` takes the link down. Nothing happens if the link is
+    /// not active or a request is already out.
+    pub fn probe_link(&mut self, slot: usize, now: Timestamp) {
+        if self.terminated.is_some() {
+            return;
+        }
+        let Some(l) = self.links.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if l.state != LinkState::Active || l.testlink_sent.is_some() {
+            return;
+        }
+        l.testlink_sent = Some(now);
+        let msg = LlcMessage::TestLink(TestLink::request(self.cfg.version));
+        self.out.push_back(LgrOutput::SendLlc { slot, msg });
+    }
+
     /// Any completed receive on the link counts as a sign of life (§1.10).
     pub fn on_rx_activity(&mut self, slot: usize, now: Timestamp) {
         if let Some(l) = self.links.get_mut(slot).and_then(Option::as_mut) {
