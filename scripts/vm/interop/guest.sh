@@ -140,6 +140,18 @@ do_run() {
   else
     timeout -k 5 $((TIMEOUT + 30)) "${PROG[@]}" "${ARGS[@]}" 2>&1; rc=$?
   fi
+  if [ "$SCEN" = idle ] && [ $role = kern ]; then
+    # how long the case's link group outlives its last connection (the kernel frees an
+    # idle one after SMC_LGR_FREE_DELAY_SERV/CLNT, 600/610 s; earlier means it died)
+    local t0=$SECONDS left=
+    while :; do
+      left=$(lgr_ids | grep -vxF -f /tmp/lgr-start | tr '\n' ',' || true)
+      [ -z "$left" ] && break
+      [ $((SECONDS - t0)) -ge $((SMCI_IDLE_WAIT + 60)) ] && break
+      sleep 2
+    done
+    echo "SMCI-LGRIDLE case=$NAME gone=$([ -z "$left" ] && echo yes || echo no) after_s=$((SECONDS - t0)) left=${left:--}"
+  fi
   return $rc
 }
 
@@ -148,16 +160,14 @@ do_post() {
     $P/kpeer diag --wait-empty 20 --case "$NAME"
   fi
   [ $role = kern ] || return 0
-  if [ "$FAULT" != none ] || [ "$SCEN" = idle ]; then
-    # After a fault the link groups this case created must go (TEST_LINK, QP errors or
-    # the device's removal end them); after the idle wait every link group must be gone
-    # (the kernel frees an idle one after SMC_LGR_FREE_DELAY_SERV/CLNT, 600/610 s).
-    local t0=$SECONDS left= limit=$SMCI_LGR_WAIT old=/tmp/lgr-start
-    [ "$SCEN" = idle ] && { limit=$((SMCI_IDLE_WAIT + 60)); old=/dev/null; }
+  if [ "$FAULT" != none ]; then
+    # the link groups this case created must go (TEST_LINK, QP errors or the device's
+    # removal end them)
+    local t0=$SECONDS left=
     while :; do
-      left=$(lgr_ids | grep -vxF -f $old | tr '\n' ',' || true)
+      left=$(lgr_ids | grep -vxF -f /tmp/lgr-start | tr '\n' ',' || true)
       [ -z "$left" ] && break
-      [ $((SECONDS - t0)) -ge "$limit" ] && break
+      [ $((SECONDS - t0)) -ge "$SMCI_LGR_WAIT" ] && break
       sleep 1
     done
     echo "SMCI-LGRGONE case=$NAME gone=$([ -z "$left" ] && echo yes || echo no) after_s=$((SECONDS - t0)) left=${left:--}"
@@ -169,9 +179,19 @@ do_post() {
   $P/kpeer stats --case "$NAME"
 }
 
+DMESG_SEEN=0
+dmesg_new() { # the kernel's SMC and rxe messages since the last call
+  local all
+  all=$(dmesg | grep -iE 'smc|rxe|rdma' || true)
+  [ -n "$all" ] && tail -n +$((DMESG_SEEN + 1)) <<< "$all" | sed "s/^/SMCI-DMESG case=$NAME role=$role /"
+  DMESG_SEEN=$(grep -c . <<< "$all")
+}
+
 # the host's commands arrive on the second serial port
 stty -F /dev/ttyS1 raw -echo || fatal "no /dev/ttyS1"
 exec 3< /dev/ttyS1
+NAME=boot dmesg_new
+echo "SMCI-LOG role=$role net.smc sysctls: $(cd /proc/sys/net/smc && grep -H . * | tr '\n' ' ')"
 echo "SMCI-READY role=$role kernel=$(uname -r) if=$IF addr=$ME rxe0=$(tr -d ' ' < /sys/class/infiniband/rxe0/ports/1/state)" \
   "gids=$(cat /sys/class/infiniband/rxe0/ports/1/gids/0 /sys/class/infiniband/rxe0/ports/1/gids/1 | tr '\n' ' ')" \
   "testlink=$(sysctl -n net.smc.smcr_testlink_time) rsdev=$SMCI_RS_DEVICE"
@@ -182,7 +202,7 @@ while read -r -u 3 phase NAME _; do
   case $phase in
     prep) do_prep; rc=$?;;
     run) do_run; rc=$?;;
-    post) do_post; rc=$?;;
+    post) do_post; rc=$?; dmesg_new;;
     *) rc=unknown-phase;;
   esac
   echo "SMCI-ACK $phase $NAME rc=$rc"
