@@ -23,9 +23,10 @@
 #   SMCI_DECLINE_BYTES  ... of the UEID cases' connection (default 8M)
 #   SMCI_FAULT_BYTES    ... in the kill/rxedel cases (default 4G: still moving when hit)
 #                       (TCG moves about 2.5 MiB/s each way between the VMs)
-#   SMCI_RS_DEVICE      smc-rs's device: shm (default: a shared-memory device on the data NIC,
-#                       which cannot reach the other VM and declines), none, or verbs (the
-#                       library's own choice among the libibverbs devices)
+#   SMCI_RS_DEVICE      smc-rs's devices: verbs (default: the library's own choice among the
+#                       libibverbs devices, rxe0), or shm (a shared-memory device on the data NIC
+#                       as well: one process with both kinds, the library must pass over the shm
+#                       device for the other VM and use rxe0)
 #   SMCI_RS_ENV         extra VAR=VALUE words for the smc-rs process
 #   SMCI_TESTLINK       net.smc.smcr_testlink_time in both VMs (default 5; the kernel's is 30)
 #   SMCI_WORKDIR        payload, logs, captures (default /var/tmp/smc-kernel-interop)
@@ -59,7 +60,7 @@ SMCI_REUSE_BYTES=${SMCI_REUSE_BYTES:-4M}
 SMCI_CONC_BYTES=${SMCI_CONC_BYTES:-1M}
 SMCI_DECLINE_BYTES=${SMCI_DECLINE_BYTES:-8M}
 SMCI_FAULT_BYTES=${SMCI_FAULT_BYTES:-4G}
-SMCI_RS_DEVICE=${SMCI_RS_DEVICE:-shm}
+SMCI_RS_DEVICE=${SMCI_RS_DEVICE:-verbs}
 SMCI_RS_ENV=${SMCI_RS_ENV:-}
 SMCI_TESTLINK=${SMCI_TESTLINK:-5}
 SMCI_IDLE_WAIT=${SMCI_IDLE_WAIT:-640}

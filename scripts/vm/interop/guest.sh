@@ -53,9 +53,10 @@ ping -c1 -W1 $PEER >/dev/null 2>&1 || fatal "peer $PEER unreachable"
 
 # the environment of the smc-rs process: its device configuration (SMCI_RS_DEVICE) and UEID
 case $SMCI_RS_DEVICE in
-  # a shared-memory device bound to the data NIC (cannot reach another host: it declines)
+  # a shared-memory device bound to the data NIC besides the libibverbs devices (it cannot
+  # reach another host: the library must choose rxe0 for the other VM)
   shm) RS_ENV=(env SMC_RDMA_SHM_CONFIG=/run/smci/shm.conf SMC_RS_CONFIG_DIR=/run/smci/rs-conf);;
-  # no device at all (none), or whatever the library finds itself (verbs: libibverbs devices)
+  # whatever the library finds itself (verbs: the libibverbs devices)
   *) RS_ENV=(env -u SMC_RDMA_SHM_CONFIG SMC_RS_CONFIG_DIR=/run/smci/rs-conf);;
 esac
 # shellcheck disable=SC2206
