@@ -6,10 +6,11 @@
 //! (Proposal, Accept and Confirm with first contact, then CONFIRM_LINK request
 //! and response on the new link), a second one that reuses it (no first
 //! contact, no CONFIRM_LINK, same QPs), data announced by CDCs whose
-//! producer cursor wraps the 64 KiB RMBE, and an orderly close from each end.
+//! producer cursor wraps a receiver's RMBE smaller than the stream (the
+//! kernel's 64 KiB), and an orderly close from each end.
 //!
-//! Files: every `tests/data/*.pcap` (the first one is a kernel <-> kernel run of
-//! Linux 6.12 over Soft-RoCE), plus `$SMC_INTEROP_PCAP` if set (a capture to
+//! Files: every `tests/data/*.pcap` (a kernel <-> kernel run of Linux 6.12 over
+//! Soft-RoCE, and one run each way between that kernel and smc-rs over rxe0), plus `$SMC_INTEROP_PCAP` if set (a capture to
 //! check before committing it, e.g. `/var/tmp/smc-kernel-interop/cases/wire.kr.pcap`).
 
 use smc_interop::pcap;
@@ -19,6 +20,9 @@ use smc_wire::llc::LlcMessage;
 use std::collections::BTreeMap;
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
+
+/// Bytes each way of every connection of the `wire.*` cases (128 KiB, the harness's size).
+const WIRE_BYTES: u64 = 128 * 1024;
 
 fn captures() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
@@ -242,9 +246,20 @@ fn kernel_captures_decode_and_show_the_smc_r_v2_flow() {
         for (i, c) in conns.iter().enumerate() {
             let (a, f) = (c.accept().unwrap(), c.confirm().unwrap());
             let client_ip = *c.client.unwrap().ip();
-            for (dir, from_ip, token) in [
-                ("client->server", client_ip, a.alert_token),
-                ("server->client", *c.server.unwrap().ip(), f.alert_token),
+            // (the receiver's RMBE: the server's is in its Accept, the client's in its Confirm)
+            for (dir, from_ip, token, rmbe) in [
+                (
+                    "client->server",
+                    client_ip,
+                    a.alert_token,
+                    a.rmbe_size.bytes(),
+                ),
+                (
+                    "server->client",
+                    *c.server.unwrap().ip(),
+                    f.alert_token,
+                    f.rmbe_size.bytes(),
+                ),
             ] {
                 let cdcs: Vec<_> = ev
                     .iter()
@@ -256,10 +271,18 @@ fn kernel_captures_decode_and_show_the_smc_r_v2_flow() {
                     !cdcs.is_empty(),
                     "{name}: conn {i} {dir}: no CDC with token {token:#x}"
                 );
+                // The stream (WIRE_BYTES) outgrows a 64 KiB RMBE (the kernel's
+                // default), which the cursor must wrap; it fits into smc-rs's 1 MiB one.
                 let last = cdcs.last().unwrap();
+                let announced =
+                    u64::from(last.prod.wrap) * rmbe as u64 + u64::from(last.prod.count);
                 assert!(
-                    last.prod.wrap > 0,
-                    "{name}: conn {i} {dir}: producer cursor never wrapped (last {:?})",
+                    announced >= WIRE_BYTES,
+                    "{name}: conn {i} {dir}: {announced} bytes announced, the stream is {WIRE_BYTES}"
+                );
+                assert!(
+                    (last.prod.wrap > 0) == (WIRE_BYTES > rmbe as u64),
+                    "{name}: conn {i} {dir}: producer cursor {:?} for a {rmbe}-byte RMBE",
                     last.prod
                 );
                 assert!(
