@@ -22,7 +22,7 @@
 #   SMCI_CONC_BYTES     ... of each of the 20 concurrent ones (default 1M)
 #   SMCI_DECLINE_BYTES  ... of the UEID cases' connection (default 8M)
 #   SMCI_FAULT_BYTES    ... in the kill/rxedel cases (default 4G: still moving when hit)
-#                       (TCG moves about 2.5 MiB/s each way between the VMs)
+#                       (emulated VMs move data slowly: the sizes keep a run to minutes)
 #   SMCI_RS_DEVICE      smc-rs's devices: verbs (default: the library's own choice among the
 #                       libibverbs devices, rxe0), or shm (a shared-memory device on the data NIC
 #                       as well: one process with both kinds, the library must pass over the shm
