@@ -20,6 +20,7 @@
 #   SMCI_BYTES          bytes each way of the first connection of smcr.* (default 64M)
 #   SMCI_REUSE_BYTES    ... of the second and third (default 4M)
 #   SMCI_CONC_BYTES     ... of each of the 20 concurrent ones (default 1M)
+#   SMCI_URG_BYTES      ... of each connection of urg.* (default 4M)
 #   SMCI_DECLINE_BYTES  ... of the UEID cases' connection (default 8M)
 #   SMCI_FAULT_BYTES    ... in the kill/rxedel cases (default 4G: still moving when hit)
 #                       (emulated VMs move data slowly: the sizes keep a run to minutes)
@@ -58,6 +59,7 @@ die() { log "FAIL: $*"; exit 1; }
 SMCI_BYTES=${SMCI_BYTES:-64M}
 SMCI_REUSE_BYTES=${SMCI_REUSE_BYTES:-4M}
 SMCI_CONC_BYTES=${SMCI_CONC_BYTES:-1M}
+SMCI_URG_BYTES=${SMCI_URG_BYTES:-4M}
 SMCI_DECLINE_BYTES=${SMCI_DECLINE_BYTES:-8M}
 SMCI_FAULT_BYTES=${SMCI_FAULT_BYTES:-4G}
 SMCI_RS_DEVICE=${SMCI_RS_DEVICE:-verbs}
@@ -156,7 +158,7 @@ step_payload() {
   cp "$I/bin/kpeer" "$PEER_BIN" "$HERE/interop/guest.sh" "$HERE/interop/cases.sh" "$st/"
   strip --strip-debug "$st/smc-iop-peer" 2>/dev/null || true
   {
-    for v in SMCI_BYTES SMCI_REUSE_BYTES SMCI_CONC_BYTES SMCI_DECLINE_BYTES SMCI_FAULT_BYTES SMCI_RS_DEVICE SMCI_RS_ENV SMCI_TESTLINK SMCI_IDLE_WAIT \
+    for v in SMCI_BYTES SMCI_REUSE_BYTES SMCI_CONC_BYTES SMCI_URG_BYTES SMCI_DECLINE_BYTES SMCI_FAULT_BYTES SMCI_RS_DEVICE SMCI_RS_ENV SMCI_TESTLINK SMCI_IDLE_WAIT \
              SMCI_CASE_TIMEOUT SMCI_FAULT_DELAY SMCI_FAULT_TIMEOUT SMCI_LGR_WAIT SMCI_MAC_PREFIX; do
       printf '%s=%q\n' "$v" "${!v}"
     done
@@ -323,6 +325,20 @@ judge() {
     fi
   fi
 
+  # --- urgent data: each end got the other's byte out of band (the checksums above
+  # show it stayed out of the streams)
+  if [ "$URGENT" = 1 ]; then
+    local urg nurg badurg
+    urg=$(grep -a '^SMCI-URG' <<< "$ALL" || true)
+    nurg=$(grep -ac ' ok=yes ' <<< "$urg" || true); [ -z "$urg" ] && nurg=0
+    if [ "$nurg" = $((2 * CONNS)) ]; then
+      check ok "urgent data: $nurg of $((2 * CONNS)) ends received the peer's MSG_OOB byte out of band (client 0xc1, server 0x5e)"
+    else
+      badurg=$(grep -av ' ok=yes ' <<< "$urg" | sed -n 's/.* impl=\([a-z]*\) side=\([a-z]*\) id=\([0-9]*\) .* got=\([^ ]*\) .* err=\([^ ]*\).*/\1-\2#\3:got=\4,err=\5/p' | tr '\n' ' ')
+      check FAIL "urgent data: $nurg of $((2 * CONNS)) ends got the peer's byte; bad: ${badurg:-no SMCI-URG lines} "
+    fi
+  fi
+
   # --- modes
   local nup nsmcr modes
   nup=$(grep -ac . <<< "$ups" || true); [ -z "$ups" ] && nup=0
@@ -483,7 +499,10 @@ judge() {
           [ "$cl" = "$nnew/$nnew" ] || wbad+=" CONFIRM_LINK req/resp $cl but $nnew new link groups (want one pair each);"
           [ "$(kv "$w" declines)" = - ] || wbad+=" Declines $(kv "$w" declines);"
           [ "$(kv "$w" cdc_data)" -gt 0 ] && [ "$(kv "$w" rdma_writes)" -gt 0 ] || wbad+=" no data (CDC/RDMA WRITE);"
-          [ -z "$wbad" ] && check ok "wire: $CONNS x Proposal/Accept/Confirm, first contact and CONFIRM_LINK $cl (= new link groups), $(kv "$w" rdma_writes) RDMA WRITEs, $(kv "$w" cdc_data) data CDCs, LLC $(kv "$w" llc)";;
+          if [ "$URGENT" = 1 ]; then
+            [ "$(kv "$w" cdc_urg)" -ge $((2 * CONNS)) ] || wbad+=" $(kv "$w" cdc_urg) CDCs with urg_data_present (want at least $((2 * CONNS)): one per urgent byte);"
+          fi
+          [ -z "$wbad" ] && check ok "wire: $CONNS x Proposal/Accept/Confirm, first contact and CONFIRM_LINK $cl (= new link groups), $(kv "$w" rdma_writes) RDMA WRITEs, $(kv "$w" cdc_data) data CDCs ($(kv "$w" cdc_urg) with urg_data_present), LLC $(kv "$w" llc)";;
         decline)
           local want; want=$(for _ in $(seq "$CONNS"); do printf '%s,' "$(cut -d' ' -f1 <<< "$(expect_decline "$c")")"; done)
           [ "$(kv "$w" declines)," = "$want" ] || wbad+=" Declines $(kv "$w" declines) (want ${want%,});"

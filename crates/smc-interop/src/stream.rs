@@ -22,10 +22,35 @@ pub struct Header {
     pub id: u32,
     /// The server closes first (else the client does).
     pub server_closes: bool,
+    /// Before the streams, each end sends [`URGENT_PREFIX_LEN`] in-band bytes
+    /// ([`urgent_prefix`]) and then one urgent byte (`MSG_OOB`): the client
+    /// [`URGENT_FROM_CLIENT`] right after the header, the server
+    /// [`URGENT_FROM_SERVER`] once it has received the client's. A receiver
+    /// fetches the urgent byte out of band first, then reads the prefix in band:
+    /// the urgent byte must not be among those bytes, nor in the stream after.
+    pub urgent: bool,
+}
+
+/// The client's urgent byte (see [`Header::urgent`]).
+pub const URGENT_FROM_CLIENT: u8 = 0xC1;
+/// The server's urgent byte.
+pub const URGENT_FROM_SERVER: u8 = 0x5E;
+/// In-band bytes before each urgent byte. Not zero on purpose: Linux 6.12
+/// (`net/smc/smc_rx.c`, `smc_rx_recv_urg`) leaves an urgent byte in band when
+/// `recv(MSG_OOB)` fetches it while it is the very next unread byte (it marks
+/// the skip only when the byte lies further ahead), and a reader then gets the
+/// urgent byte in band and waits forever for the stream's last byte.
+pub const URGENT_PREFIX_LEN: usize = 64;
+
+/// The in-band bytes an end sends before its urgent byte `urgent`: byte `i`
+/// is `i ^ urgent`.
+pub fn urgent_prefix(urgent: u8) -> [u8; URGENT_PREFIX_LEN] {
+    std::array::from_fn(|i| (i as u8) ^ urgent)
 }
 
 impl Header {
-    /// `MAGIC`, two big-endian u64 sizes, the big-endian id, the closer byte, 3 zeros.
+    /// `MAGIC`, two big-endian u64 sizes, the big-endian id, the closer byte, the
+    /// urgent byte, 2 zeros.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
         h[..8].copy_from_slice(&MAGIC);
@@ -33,6 +58,7 @@ impl Header {
         h[16..24].copy_from_slice(&self.to_client.to_be_bytes());
         h[24..28].copy_from_slice(&self.id.to_be_bytes());
         h[28] = u8::from(self.server_closes);
+        h[29] = u8::from(self.urgent);
         h
     }
 
@@ -51,6 +77,7 @@ impl Header {
             to_client: u64_at(16),
             id: u32::from_be_bytes([h[24], h[25], h[26], h[27]]),
             server_closes: h[28] != 0,
+            urgent: h[29] != 0,
         })
     }
 }
@@ -110,10 +137,11 @@ mod tests {
             to_client: 3,
             id: 0x0102_0304,
             server_closes: true,
+            urgent: true,
         };
         let b = h.encode();
         assert_eq!(&b[..8], b"SMCIOP1\0");
-        assert_eq!(&b[24..29], &[1, 2, 3, 4, 1]);
+        assert_eq!(&b[24..30], &[1, 2, 3, 4, 1, 1]);
         assert_eq!(Header::decode(&b), Ok(h));
         let mut bad = b;
         bad[0] = b'X';

@@ -480,6 +480,8 @@ pub struct Counts {
     pub cdc: usize,
     /// CDCs whose producer cursor moved (data announced).
     pub cdc_data: usize,
+    /// CDCs with urg_data_present (an urgent byte announced, RFC 7609 §4.5).
+    pub cdc_urg: usize,
     /// CDCs with peer_conn_closed.
     pub cdc_closed: usize,
     /// CDCs with peer_conn_abort.
@@ -543,6 +545,7 @@ pub fn count(d: &Decoded) -> Counts {
                     );
                     let before = last_prod.insert(key, m.prod).unwrap_or_default();
                     c.cdc_data += usize::from(before != m.prod);
+                    c.cdc_urg += usize::from(m.prod_flags.urg_data_present());
                     c.cdc_closed += usize::from(m.conn_flags.peer_conn_closed());
                     c.cdc_abort += usize::from(m.conn_flags.peer_conn_abort());
                 }

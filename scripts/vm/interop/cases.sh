@@ -15,6 +15,10 @@
 #              once (SMCI_CONC_BYTES each); closes alternate between client and server
 #   wire       two connections of 128 KiB (first contact, then reuse): the capture
 #              whose flow the host checks message by message (and the one to commit)
+#   urg        two connections (first contact, then reuse): right after the header each
+#              end sends one urgent byte (MSG_OOB; the client first, the server once it
+#              has the client's), then the streams of SMCI_URG_BYTES each way; the urgent
+#              bytes must arrive out of band and stay out of the streams
 #   noueid     the kern VM's kernel has no UEID: its Decline, TCP both ways, data intact
 #   otherueid  the kern VM's kernel has another UEID (SMC-OTHER-UEID)
 #   kill       the rs VM's peer process is SIGKILLed mid-transfer
@@ -24,7 +28,7 @@
 #              (opt-in: ~11 min)
 
 # every case, in the order they run when selected
-SMCI_KNOWN="wire.kc wire.ck smcr.kc smcr.ck wire.kr wire.rk smcr.kr smcr.rk \
+SMCI_KNOWN="wire.kc wire.ck smcr.kc smcr.ck wire.kr wire.rk smcr.kr smcr.rk urg.kc urg.ck urg.kr urg.rk \
 noueid.kc noueid.ck noueid.kr noueid.rk otherueid.kc otherueid.ck otherueid.kr otherueid.rk \
 kill.kr kill.rk rxedel.kc rxedel.ck rxedel.kr rxedel.rk idle.kc idle.kr idle.rk"
 # the default selection: everything but idle.*
@@ -40,6 +44,7 @@ SMCI_DECL_NOSMCDEV=0x03030000   # SMC_CLC_DECL_NOSMCDEV: no SMC device found (R 
 #   CLIENT_VM SERVER_VM         kern | rs
 #   ROUNDS BYTES CLOSE CONNS    the client's rounds (COUNT[xBYTES],...), default bytes
 #                               each way, who closes first (client|server|alt), total
+#   URGENT                      1: the client asks for the urgent-byte exchange
 #   KUEID                       keep | none | other: the kern VM's kernel UEID table
 #   FAULT                       none | kill | rxedel
 #   EXPECT                      smcr | decline | fault
@@ -58,11 +63,12 @@ case_def() {
     ck) VM2_IMPL=kernel; CLIENT_VM=rs;   SERVER_VM=kern;;
     *) return 1;;
   esac
-  ROUNDS=1; BYTES=$SMCI_BYTES; CLOSE=client; KUEID=keep; FAULT=none; EXPECT=smcr; CAPTURE=1
+  ROUNDS=1; BYTES=$SMCI_BYTES; CLOSE=client; URGENT=0; KUEID=keep; FAULT=none; EXPECT=smcr; CAPTURE=1
   TIMEOUT=$SMCI_CASE_TIMEOUT
   case $SCEN in
     smcr) ROUNDS="1,1x$SMCI_REUSE_BYTES,1x$SMCI_REUSE_BYTES,20x$SMCI_CONC_BYTES"; CLOSE=alt;;
     wire) ROUNDS=1,1; BYTES=128K; CLOSE=alt;;
+    urg) ROUNDS=1,1; BYTES=${SMCI_URG_BYTES:-4M}; CLOSE=alt; URGENT=1;;
     noueid) KUEID=none; EXPECT=decline; BYTES=$SMCI_DECLINE_BYTES;;
     otherueid) KUEID=other; EXPECT=decline; BYTES=$SMCI_DECLINE_BYTES;;
     kill) FAULT=kill; EXPECT=fault; BYTES=$SMCI_FAULT_BYTES; CAPTURE=0; TIMEOUT=$SMCI_FAULT_TIMEOUT;;

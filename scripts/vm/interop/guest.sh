@@ -74,6 +74,7 @@ prog_args() {
     ARGS=(server --port "$PORT" --conns "$CONNS")
   else
     ARGS=(client --connect "$PEER:$PORT" --rounds "$ROUNDS" --bytes "$BYTES" --close "$CLOSE" --retry 60)
+    if [ "$URGENT" = 1 ]; then ARGS+=(--urgent); fi
   fi
   ARGS+=(--case "$NAME" --timeout "$TIMEOUT")
   if [ "$impl" = rs ] && [ "$SCEN" = idle ]; then ARGS+=(--linger "$SMCI_IDLE_WAIT"); fi

@@ -675,7 +675,7 @@ enum { CLOSER_CLIENT = 0, CLOSER_SERVER = 1 };
 #define HDR_LEN 32
 
 struct conn {
-	int fd, server, id, closer;
+	int fd, server, id, closer, urgent;
 	uint64_t want_out, want_in;
 	volatile uint64_t sent, recvd;
 	volatile int64_t last_ns; /* last progress, CLOCK_MONOTONIC ns */
@@ -758,6 +758,92 @@ static int read_full(int fd, void *b, size_t n)
 	return 0;
 }
 
+#define URGENT_FROM_CLIENT 0xC1
+#define URGENT_FROM_SERVER 0x5E
+
+/* Waits (30 s at most) for the peer's urgent byte: POLLPRI, then recv(MSG_OOB).
+ * Returns the byte, -1 if none came, -2 - errno on an error. */
+static int urgent_wait(int fd)
+{
+	double give_up = now() + 30;
+	while (now() < give_up) {
+		struct pollfd pfd = { .fd = fd, .events = POLLPRI };
+		int pr = poll(&pfd, 1, 1000);
+		if (pr < 0 && errno == EINTR)
+			continue;
+		if (pr < 0)
+			return -2 - errno;
+		if (pr == 0 || !(pfd.revents & POLLPRI))
+			continue;
+		uint8_t b;
+		ssize_t r = recv(fd, &b, 1, MSG_OOB);
+		if (r == 1)
+			return b;
+		if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EINVAL))
+			continue; /* announced, not yet there */
+		return -2 - (r < 0 ? errno : EIO);
+	}
+	return -1;
+}
+
+/* In-band bytes before each urgent byte: byte i is i ^ the urgent byte. Not zero
+ * on purpose: this kernel (net/smc/smc_rx.c, smc_rx_recv_urg) leaves an urgent
+ * byte in band when recv(MSG_OOB) fetches it while it is the very next unread
+ * byte, and the reader then waits forever for the stream's last byte. */
+#define URGENT_PREFIX_LEN 64
+
+static int urgent_send(struct conn *c, uint8_t mine)
+{
+	uint8_t p[URGENT_PREFIX_LEN];
+	for (int i = 0; i < URGENT_PREFIX_LEN; i++)
+		p[i] = (uint8_t)i ^ mine;
+	if (send(c->fd, p, sizeof(p), MSG_NOSIGNAL) != (ssize_t)sizeof(p))
+		return errno ? errno : EIO;
+	if (send(c->fd, &mine, 1, MSG_OOB | MSG_NOSIGNAL) != 1)
+		return errno ? errno : EIO;
+	return 0;
+}
+
+/* The urgent bytes of a header with the urgent flag: the client sends its in-band
+ * prefix and its byte out of band, the server waits for the byte (POLLPRI, then
+ * recv(MSG_OOB)), reads the prefix in band and answers the same way; one SMCI-URG
+ * line (same fields as smc-iop-peer's). The streams run afterwards either way. */
+static void urgent_exchange(struct conn *c)
+{
+	uint8_t mine = c->server ? URGENT_FROM_SERVER : URGENT_FROM_CLIENT;
+	int theirs = c->server ? URGENT_FROM_CLIENT : URGENT_FROM_SERVER, got = -1, err = 0;
+	const char *prefix = "-";
+	double t0 = now();
+	if (!c->server)
+		err = urgent_send(c, mine);
+	if (!err) {
+		got = urgent_wait(c->fd);
+		if (got <= -2) {
+			err = -2 - got;
+			got = -1;
+		}
+	}
+	if (!err && got >= 0) {
+		uint8_t p[URGENT_PREFIX_LEN];
+		err = read_full(c->fd, p, sizeof(p));
+		if (!err) {
+			prefix = "ok";
+			for (int i = 0; i < URGENT_PREFIX_LEN; i++)
+				if (p[i] != ((uint8_t)i ^ (uint8_t)theirs))
+					prefix = "bad";
+		}
+	}
+	if (!err && c->server)
+		err = urgent_send(c, mine);
+	progress(c);
+	char gs[16] = "-";
+	if (got >= 0)
+		snprintf(gs, sizeof(gs), "0x%02x", got);
+	out("SMCI-URG case=%s impl=kernel side=%s id=%d sent=0x%02x got=%s want=0x%02x prefix=%s ok=%s err=%s wait_s=%.3f",
+	    case_name, c->server ? "server" : "client", c->id, mine, gs, theirs, prefix,
+	    got == theirs && !strcmp(prefix, "ok") ? "yes" : "no", errname(err), now() - t0);
+}
+
 /* Runs one connection after connect/accept: header, both streams, close. */
 static void run_conn(struct conn *c)
 {
@@ -776,6 +862,7 @@ static void run_conn(struct conn *c)
 		for (int i = 0; i < 4; i++)
 			hdr[24 + i] = (uint8_t)((uint32_t)c->id >> (24 - 8 * i));
 		hdr[28] = (uint8_t)c->closer;
+		hdr[29] = (uint8_t)c->urgent;
 		if (send(c->fd, hdr, sizeof(hdr), MSG_NOSIGNAL) != sizeof(hdr))
 			err = errno ? errno : EIO;
 	} else {
@@ -790,6 +877,7 @@ static void run_conn(struct conn *c)
 			}
 			c->id = (int)((uint32_t)hdr[24] << 24 | (uint32_t)hdr[25] << 16 | (uint32_t)hdr[26] << 8 | hdr[27]);
 			c->closer = hdr[28] ? CLOSER_SERVER : CLOSER_CLIENT;
+			c->urgent = hdr[29] != 0;
 		}
 	}
 	out("SMCI-CONN case=%s impl=kernel side=%s id=%d ev=up mode=%s fb=0x%08x peer_fb=0x%08x gid=%s peer_gid=%s connect_s=%.3f",
@@ -802,6 +890,8 @@ static void run_conn(struct conn *c)
 		c->done = 1;
 		return;
 	}
+	if (c->urgent)
+		urgent_exchange(c);
 	struct hasher h;
 	int hrc = hasher_start(&h);
 	if (hrc)
@@ -958,8 +1048,8 @@ static int cmd_server(int port, int conns, int af, double timeout)
 	return failed ? 1 : 0;
 }
 
-static int cmd_client(const char *target, const char *rounds, uint64_t bytes, const char *close_mode, int af,
-		      double timeout, double retry)
+static int cmd_client(const char *target, const char *rounds, uint64_t bytes, const char *close_mode, int urgent,
+		      int af, double timeout, double retry)
 {
 	char host[64];
 	const char *colon = strrchr(target, ':');
@@ -1001,6 +1091,7 @@ static int cmd_client(const char *target, const char *rounds, uint64_t bytes, co
 			struct conn *c = &all_conns[id];
 			c->id = id + 1;
 			c->want_out = c->want_in = sizes[r];
+			c->urgent = urgent;
 			c->closer = !strcmp(close_mode, "server") ? CLOSER_SERVER
 				    : !strcmp(close_mode, "alt")  ? (c->id % 2 ? CLOSER_CLIENT : CLOSER_SERVER)
 								  : CLOSER_CLIENT;
@@ -1074,7 +1165,7 @@ static void usage(void)
 {
 	fprintf(stderr,
 		"usage: kpeer server --port P --conns N [--family smc|tcp] [--case C] [--timeout S]\n"
-		"       kpeer client --connect IP:PORT --rounds COUNT[xBYTES][,..] [--bytes N] [--close client|server|alt]\n"
+		"       kpeer client --connect IP:PORT --rounds COUNT[xBYTES][,..] [--bytes N] [--close client|server|alt] [--urgent]\n"
 		"                    [--family smc|tcp] [--case C] [--timeout S] [--retry S]\n"
 		"       kpeer gen SEED BYTES | diag [--wait-empty S] | lgr | stats | ueid add NAME|flush|list  [--case C]\n");
 	exit(2);
@@ -1103,7 +1194,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	/* options after the command */
-	int port = 0, conns = 1, af = AF_SMC;
+	int port = 0, conns = 1, af = AF_SMC, urgent = 0;
 	double timeout = 600, retry = 60, wait_empty = 0;
 	const char *target = NULL, *rounds = "1", *close_mode = "client";
 	uint64_t bytes = 1 << 20;
@@ -1137,6 +1228,8 @@ int main(int argc, char **argv)
 			close_mode = v;
 		} else if (OPT("--wait-empty"))
 			wait_empty = parse_num(v, "wait-empty", 0, 3600);
+		else if (!strcmp(o, "--urgent"))
+			urgent = 1;
 		else if (o[0] == '-' && o[1] == '-')
 			die("unknown option %s", o);
 		else if (posc < 8)
@@ -1153,7 +1246,7 @@ int main(int argc, char **argv)
 	if (!strcmp(cmd, "client")) {
 		if (!target)
 			die("client needs --connect IP:PORT");
-		return cmd_client(target, rounds, bytes, close_mode, af, timeout, retry);
+		return cmd_client(target, rounds, bytes, close_mode, urgent, af, timeout, retry);
 	}
 	if (!strcmp(cmd, "diag"))
 		return cmd_diag(wait_empty);

@@ -66,7 +66,7 @@ fn main() -> ExitCode {
     let _ = writeln!(
         out,
         "SMCI-WIRE case={} frames={} syn_smc={} synack_smc={} syn_plain={} proposals={} accepts={} accepts_fc={} \
-         confirms={} confirms_fc={} declines={} llc={} cdc={} cdc_data={} cdc_closed={} cdc_abort={} \
+         confirms={} confirms_fc={} declines={} llc={} cdc={} cdc_data={} cdc_urg={} cdc_closed={} cdc_abort={} \
          rdma_writes={} write_bytes={} acks={} retransmits={} errors={} tcp_cut={} file_cut={}",
         a.tag,
         decoded.frames,
@@ -90,6 +90,7 @@ fn main() -> ExitCode {
         },
         c.cdc,
         c.cdc_data,
+        c.cdc_urg,
         c.cdc_closed,
         c.cdc_abort,
         decoded.rdma_write_packets,

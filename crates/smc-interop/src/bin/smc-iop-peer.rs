@@ -7,7 +7,7 @@
 //! ```text
 //! smc-iop-peer server --port P --conns N [--case C] [--timeout S] [--linger S]
 //! smc-iop-peer client --connect IP:PORT --rounds COUNT[xBYTES][,...] [--bytes N]
-//!                     [--close client|server|alt] [--case C] [--timeout S] [--retry S] [--linger S]
+//!                     [--close client|server|alt] [--urgent] [--case C] [--timeout S] [--retry S] [--linger S]
 //! smc-iop-peer gen SEED BYTES
 //! ```
 //!
@@ -67,6 +67,9 @@ enum Cmd {
         /// Which end closes first.
         #[arg(long, value_enum, default_value_t = Closer::Client)]
         close: Closer,
+        /// Before the streams, exchange one urgent (MSG_OOB) byte each way.
+        #[arg(long)]
+        urgent: bool,
         /// Seconds to retry a refused connect (the server may not listen yet).
         #[arg(long, default_value_t = 60)]
         retry: u64,
@@ -293,6 +296,63 @@ fn kind(e: &io::Error) -> String {
 
 /// One connection after connect/accept: header, both streams, close.
 /// Returns whether everything arrived intact and closed as asked.
+/// The urgent bytes of [`Header::urgent`]: the client sends its in-band
+/// prefix and its byte out of band, the server waits for the byte, reads the
+/// prefix and answers the same way. One `SMCI-URG` line: what was sent, what
+/// arrived out of band (`-` if nothing within 30 s), whether the prefix arrived
+/// intact in band (`prefix=ok|bad|-`), `ok=yes` if both. The streams run
+/// afterwards either way; their checksums show whether an urgent byte slipped
+/// into them.
+fn urgent_exchange(s: &mut SmcStream, c: &Conn) {
+    let (mine, theirs) = if c.server {
+        (stream::URGENT_FROM_SERVER, stream::URGENT_FROM_CLIENT)
+    } else {
+        (stream::URGENT_FROM_CLIENT, stream::URGENT_FROM_SERVER)
+    };
+    let t = Instant::now();
+    let send = |s: &mut SmcStream| -> io::Result<()> {
+        s.write_all(&stream::urgent_prefix(mine))?;
+        s.send_oob(mine)
+    };
+    // the peer's byte out of band, then its prefix in band
+    let receive = |s: &mut SmcStream| -> io::Result<(Option<u8>, bool)> {
+        let mut got = None;
+        // recv_oob does not block: poll it until the peer's byte is there
+        while t.elapsed() < Duration::from_secs(30) {
+            got = s.recv_oob()?;
+            if got.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if got.is_none() {
+            return Ok((None, false));
+        }
+        let mut p = [0u8; stream::URGENT_PREFIX_LEN];
+        s.read_exact(&mut p)?;
+        Ok((got, p == stream::urgent_prefix(theirs)))
+    };
+    let r = if c.server {
+        receive(s).and_then(|g| send(s).map(|()| g))
+    } else {
+        send(s).and_then(|()| receive(s))
+    };
+    c.progress();
+    let (got, prefix, err) = match r {
+        Ok((g, p)) => (g, if g.is_some() { if p { "ok" } else { "bad" } } else { "-" }, "-".to_string()),
+        Err(e) => (None, "-", kind(&e)),
+    };
+    out!(
+        "SMCI-URG case={} impl=rs side={} id={} sent={mine:#04x} got={} want={theirs:#04x} prefix={prefix} ok={} err={err} wait_s={:.3}",
+        case(),
+        c.side(),
+        c.id.load(Ordering::Relaxed),
+        got.map_or("-".into(), |b| format!("{b:#04x}")),
+        if got == Some(theirs) && prefix == "ok" { "yes" } else { "no" },
+        t.elapsed().as_secs_f64()
+    );
+}
+
 fn run_conn(s: SmcStream, c: &Arc<Conn>, mut hdr: Option<Header>, connect_s: f64) -> bool {
     let side = c.side();
     let mode = mode_fields(s.mode());
@@ -328,6 +388,9 @@ fn run_conn(s: SmcStream, c: &Arc<Conn>, mut hdr: Option<Header>, connect_s: f64
         }
     };
     hdr = Some(h);
+    if h.urgent {
+        urgent_exchange(&mut s, c);
+    }
     let (want_out, want_in) = if c.server {
         (h.to_client, h.to_server)
     } else {
@@ -550,6 +613,7 @@ fn client(
     rounds: &Rounds,
     bytes: u64,
     close: Closer,
+    urgent: bool,
     retry: u64,
     common: &Common,
 ) -> ExitCode {
@@ -575,6 +639,7 @@ fn client(
                     Closer::Server => true,
                     Closer::Alt => id.is_multiple_of(2),
                 },
+                urgent,
             };
             match connect(addr, retry) {
                 Ok((s, connect_s)) => connected.push((s, c, hdr, connect_s)),
@@ -635,6 +700,7 @@ fn main() -> ExitCode {
             rounds,
             bytes,
             close,
+            urgent,
             retry,
             common,
         } => {
@@ -643,7 +709,7 @@ fn main() -> ExitCode {
                 eprintln!("smc-iop-peer: --connect {connect}: IPv4 only (Linux 6.12 has no SMC-R v2 over IPv6)");
                 return ExitCode::from(2);
             }
-            client(connect, &rounds, bytes, close, retry, &common)
+            client(connect, &rounds, bytes, close, urgent, retry, &common)
         }
         Cmd::Gen { seed, bytes } => gen(seed, bytes),
     }
