@@ -1,10 +1,12 @@
 //! The machine's own limits, measured in the same run: what one core can copy
-//! per second (the floor of any one-copy data path), and what one cache line
-//! costs to bounce between the two cores (the floor of any shared-memory
-//! notification, hence of an SMC-R round trip on this host), and how fast
-//! two cores can move a stream through a shared ring with one copy in and
-//! one copy out (the ceiling of any data path that copies on both sides, as
-//! SMC-R with a socket API does).
+//! per second (the floor of any one-copy data path), what one cache line
+//! costs to bounce between two cores (the floor of any shared-memory
+//! notification, hence of an SMC-R round trip across cores on this host), how
+//! fast a stream moves through a shared ring with one copy in and one copy
+//! out (the ceiling of any data path that copies on both sides, as SMC-R with
+//! a socket API does), and request/response over nothing but such copies.
+//! Everything but the memcpy runs on the CPUs of a placement: the client
+//! side's threads on the client's CPU, the server side's on the server's.
 
 use crate::sys;
 use std::hint::black_box;
