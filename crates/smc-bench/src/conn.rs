@@ -93,6 +93,14 @@ impl Conn {
         }
     }
 
+    /// Non-blocking mode, as `TcpStream::set_nonblocking`.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Conn::Smc(s) => s.set_nonblocking(on),
+            Conn::Tcp(s) => s.set_nonblocking(on),
+        }
+    }
+
     /// Write timeout, as `TcpStream::set_write_timeout`.
     pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {

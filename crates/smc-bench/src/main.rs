@@ -7,6 +7,8 @@
 
 mod conn;
 mod peer;
+mod placement;
+mod poll;
 mod reference;
 mod report;
 mod server;
@@ -14,9 +16,10 @@ mod sys;
 mod wire;
 mod workloads;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use conn::Transport;
 use peer::ServerProc;
+use placement::{Kind, Placement};
 use report::{Better, Report, Spec, Target, Workload};
 use serde_json::json;
 use std::io::Write;
@@ -32,7 +35,9 @@ const EXIT_FALLBACK: u8 = 3;
 /// loopback, between two processes, interleaved round by round.
 ///
 /// Prints medians over the rounds, the ratio SMC/TCP of each figure, the
-/// issue's target and PASS/MISS, and each connection's mode. Needs root (the
+/// issue's target and PASS/MISS, and each connection's mode. Every figure
+/// that depends on where the two processes run is measured in each
+/// placement (`--placement`), each process pinned to one CPU. Needs root (the
 /// SMC rendezvous loads a BPF program); if SMC falls back to TCP the run says
 /// so and exits with status 3. Exits 0 when everything was measured, whether
 /// the targets were met or not.
@@ -66,6 +71,18 @@ struct Cli {
     /// and the settings as JSON to PATH
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+
+    /// Placements to measure (comma-separated): cross = client and server
+    /// process pinned to two different CPUs, same = both pinned to one CPU
+    /// [default: cross,same; only same when this process may use one CPU]
+    #[arg(long, value_enum, value_name = "PLACEMENT", value_delimiter = ',', num_args = 1..)]
+    placement: Vec<Kind>,
+
+    /// CLIENT[,SERVER]: cross pins the client process to CLIENT and the
+    /// server process to SERVER, same pins both to CLIENT; each must be a CPU
+    /// this process may use [default: the first two it may use]
+    #[arg(long, value_name = "CPU", value_delimiter = ',', num_args = 1..)]
+    cpus: Vec<usize>,
 }
 
 /// Sizes and counts of one invocation.
@@ -73,6 +90,11 @@ struct Cli {
 struct Plan {
     rounds: usize,
     workloads: Vec<Workload>,
+    /// Where the processes run, in the order of the first round (the order
+    /// alternates round by round, as the transports' does).
+    placements: Vec<Placement>,
+    /// Why a placement was left out, if one was.
+    placement_note: Option<String>,
     /// (message size, recorded round trips)
     pingpong: Vec<(usize, usize)>,
     rr_conns: usize,
@@ -91,7 +113,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(cli: &Cli) -> Plan {
+    fn new(cli: &Cli, placements: Vec<Placement>, placement_note: Option<String>) -> Plan {
         let q = cli.quick;
         let bulk = match (cli.bulk_gib, cli.bulk_mib) {
             (Some(g), _) => g << 30,
@@ -109,6 +131,8 @@ impl Plan {
         Plan {
             rounds: cli.rounds.map_or(if q { 2 } else { 5 }, |r| r as usize),
             workloads,
+            placements,
+            placement_note,
             pingpong: if q {
                 vec![(1, 200), (64, 200), (1024, 200), (16384, 100), (65536, 50)]
             } else {
@@ -159,8 +183,22 @@ fn main() -> ExitCode {
         _ => {}
     }
     let cli = Cli::parse();
+    let allowed = match sys::allowed_cpus() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("smc-bench: sched_getaffinity: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (placements, note) = match placement::choose(&cli.placement, &cli.cpus, &allowed) {
+        Ok(x) => x,
+        // a bad --placement / --cpus: exit status 2, as clap's own errors
+        Err(e) => Cli::command()
+            .error(clap::error::ErrorKind::InvalidValue, e)
+            .exit(),
+    };
     smc::use_loopback_device("smc-bench");
-    match run(&cli) {
+    match run(&cli, Plan::new(&cli, placements, note)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("smc-bench: {e}");
@@ -230,6 +268,15 @@ fn host_meta(report: &mut Report, plan: &Plan, server_pid: u32) {
     );
     m.insert("rounds".into(), json!(plan.rounds));
     m.insert(
+        "placements".into(),
+        json!(plan
+            .placements
+            .iter()
+            .map(|p| json!({"placement": p.key(), "client_cpu": p.client, "server_cpu": p.server}))
+            .collect::<Vec<_>>()),
+    );
+    m.insert("placement_note".into(), json!(plan.placement_note));
+    m.insert(
         "workloads".into(),
         json!(plan.workloads.iter().map(|w| w.key()).collect::<Vec<_>>()),
     );
@@ -281,8 +328,7 @@ fn preflight(server: &mut ServerProc, report: &mut Report) -> Result<bool, Strin
     Ok(report.fallbacks().is_empty())
 }
 
-fn run(cli: &Cli) -> Result<ExitCode, String> {
-    let plan = Plan::new(cli);
+fn run(cli: &Cli, plan: Plan) -> Result<ExitCode, String> {
     // Fail on an unwritable --json path now, not after the run.
     let mut json_out = match &cli.json {
         Some(p) => {
@@ -318,10 +364,23 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
         sys::allowed_cpus().map(|c| c.len()).unwrap_or(0),
         sys::allowed_cpus().unwrap_or_default(),
     );
+    println!(
+        "placements (each process pinned, all its threads): {}",
+        plan.placements
+            .iter()
+            .map(|p| p.describe())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    if let Some(n) = &plan.placement_note {
+        println!("note: {n}");
+    }
     println!();
     print!("{}", report.table());
     println!();
-    println!("ratio = SMC-R median / TCP median; target = the issue's goal for that ratio;");
+    println!("ratio = SMC-R median / TCP median; target = issue 15's goal for that ratio;");
+    println!("a row \"vs ... (ref)\" holds the reference of the same placement and run in the TCP");
+    println!("column and SMC-R median / that reference as its ratio;");
     println!("spread = (max - min) / median over rounds, the worse of the two sides.");
     if let Some(f) = json_out.as_mut() {
         let doc = serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?;
@@ -342,7 +401,21 @@ fn run(cli: &Cli) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Pins every thread of both processes for placement `p`.
+fn pin(p: Placement, server: &mut ServerProc, report: &mut Report) -> Result<(), String> {
+    let client = sys::pin_process(p.client).map_err(|e| format!("pinning the client: {e}"))?;
+    let server = server.pin(p.server).map_err(|e| e.to_string())?;
+    let e = report
+        .meta
+        .entry("pinned_threads".into())
+        .or_insert_with(|| json!({}));
+    e[p.key()] = json!({"client": client, "server": server});
+    Ok(())
+}
+
 /// All rounds. Stops at the first error or fallback (recorded in `report`).
+/// A round runs, in each placement, every selected workload whose figures
+/// depend on it, then the ones that do not (memory; the one-core memcpy).
 fn measure(plan: &Plan, server: &mut ServerProc, report: &mut Report) {
     for round in 0..plan.rounds {
         let order = if round % 2 == 0 {
@@ -350,46 +423,69 @@ fn measure(plan: &Plan, server: &mut ServerProc, report: &mut Report) {
         } else {
             [Transport::Tcp, Transport::Smc]
         };
-        for &w in &plan.workloads {
-            let t0 = Instant::now();
-            let r = one_workload(plan, w, order, server, report).and_then(|_| {
-                server
-                    .quiesce(Duration::from_secs(10))
-                    .map_err(|e| e.to_string())
-            });
-            eprintln!(
-                "round {}/{}: {:<9} {:>6.1} s{}",
-                round + 1,
-                plan.rounds,
-                w.key(),
-                t0.elapsed().as_secs_f64(),
-                match &r {
-                    Ok(()) => String::new(),
-                    Err(e) => format!("  FAILED: {e}"),
+        let mut placements: Vec<Option<Placement>> =
+            plan.placements.iter().copied().map(Some).collect();
+        if round % 2 == 1 {
+            placements.reverse();
+        }
+        placements.push(None);
+        for p in placements {
+            if let Some(p) = p {
+                if let Err(e) = pin(p, server, report) {
+                    report
+                        .errors
+                        .push(format!("round {}, {}: {e}", round + 1, p.key()));
+                    return;
                 }
-            );
-            if let Err(e) = r {
-                report
-                    .errors
-                    .push(format!("round {}, {}: {e}", round + 1, w.key()));
-                return;
             }
-            if !report.fallbacks().is_empty() {
-                report.errors.push(format!(
-                    "round {}, {}: SMC fell back to TCP",
+            for &w in &plan.workloads {
+                let runs = match p {
+                    Some(_) => w != Workload::Memory,
+                    None => matches!(w, Workload::Memory | Workload::Reference),
+                };
+                if !runs {
+                    continue;
+                }
+                let t0 = Instant::now();
+                let r = one_workload(plan, w, p, order, server, report).and_then(|_| {
+                    server
+                        .quiesce(Duration::from_secs(10))
+                        .map_err(|e| e.to_string())
+                });
+                let at = format!(
+                    "round {}, {}{}",
                     round + 1,
-                    w.key()
-                ));
-                return;
+                    w.key(),
+                    p.map(|p| format!(" ({})", p.key())).unwrap_or_default()
+                );
+                eprintln!(
+                    "{at:<28} {:>6.1} s{}",
+                    t0.elapsed().as_secs_f64(),
+                    match &r {
+                        Ok(()) => String::new(),
+                        Err(e) => format!("  FAILED: {e}"),
+                    }
+                );
+                if let Err(e) = r {
+                    report.errors.push(format!("{at}: {e}"));
+                    return;
+                }
+                if !report.fallbacks().is_empty() {
+                    report.errors.push(format!("{at}: SMC fell back to TCP"));
+                    return;
+                }
             }
         }
         report.rounds_done += 1;
     }
 }
 
+/// One workload in placement `p` (None: its part that does not depend on
+/// placement), both transports in `order`.
 fn one_workload(
     plan: &Plan,
     w: Workload,
+    p: Option<Placement>,
     order: [Transport; 2],
     server: &mut ServerProc,
     report: &mut Report,
@@ -402,6 +498,7 @@ fn one_workload(
         let t = t.key();
         move |e: std::io::Error| format!("{what} over {t}: {e}")
     };
+    let kind = p.map(|p| p.kind);
     match w {
         Workload::Pingpong => {
             for &(size, iters) in &plan.pingpong {
@@ -412,11 +509,6 @@ fn one_workload(
                     "us",
                     Better::Lower,
                 );
-                let med = if size == 64 {
-                    med.target(Target::AtMost(0.25))
-                } else {
-                    med
-                };
                 let p99 = Spec::new(
                     format!("pingpong.{size}.p99_us"),
                     w,
@@ -424,6 +516,19 @@ fn one_workload(
                     "us",
                     Better::Lower,
                 );
+                // issue 15: 64 B median <= 0.15x TCP across cores, <= 0.7x
+                // on one core; p99 no worse than TCP's in either
+                let (med, p99) = match (size, kind) {
+                    (64, Some(Kind::Cross)) => (
+                        med.target(Target::AtMost(0.15)),
+                        p99.target(Target::AtMost(1.0)),
+                    ),
+                    (64, Some(Kind::Same)) => (
+                        med.target(Target::AtMost(0.7)),
+                        p99.target(Target::AtMost(1.0)),
+                    ),
+                    _ => (med, p99),
+                };
                 for t in order {
                     let mut tally = Tally::new();
                     let r = workloads::pingpong(
@@ -437,8 +542,8 @@ fn one_workload(
                     .map_err(err(t, "ping-pong"));
                     report.modes(w, t, &tally);
                     let r = r?;
-                    report.add(&med, t, r.median_us);
-                    report.add(&p99, t, r.p99_us);
+                    report.add(&med, p, t, r.median_us);
+                    report.add(&p99, p, t, r.p99_us);
                     server
                         .quiesce(Duration::from_secs(10))
                         .map_err(|e| e.to_string())?;
@@ -446,11 +551,31 @@ fn one_workload(
             }
         }
         Workload::Rr => {
-            let spec = Spec::new(
+            // issue 15: >= 1.5x TCP and >= 60 % of the ideal shared-memory
+            // reference with a thread per connection; >= 2.5x TCP with one
+            // polling thread per side
+            let threads = Spec::new(
                 "rr.tps".into(),
                 w,
                 format!(
-                    "req/resp {} conns, {} each way",
+                    "rr {} x {}, thread per conn",
+                    plan.rr_conns,
+                    size_label(plan.rr_size)
+                ),
+                "trans/s",
+                Better::Higher,
+            )
+            .target(Target::AtLeast(1.5))
+            .against(
+                "reference.rr_ideal_threads_tps",
+                "vs ideal shm rr",
+                Target::AtLeast(0.6),
+            );
+            let polling = Spec::new(
+                "rr.polling_tps".into(),
+                w,
+                format!(
+                    "rr {} x {}, 1 polling thread/side",
                     plan.rr_conns,
                     size_label(plan.rr_size)
                 ),
@@ -458,25 +583,33 @@ fn one_workload(
                 Better::Higher,
             )
             .target(Target::AtLeast(2.5));
-            for t in order {
-                let mut tally = Tally::new();
-                let r = workloads::request_response(
-                    t,
-                    port(server, t),
-                    plan.rr_conns,
-                    plan.rr_size,
-                    plan.rr_time,
-                    &mut tally,
-                )
-                .map_err(err(t, "request/response"));
-                report.modes(w, t, &tally);
-                report.add(&spec, t, r?);
-                server
-                    .quiesce(Duration::from_secs(10))
-                    .map_err(|e| e.to_string())?;
+            for (spec, poll) in [(&threads, false), (&polling, true)] {
+                for t in order {
+                    let mut tally = Tally::new();
+                    let f = if poll {
+                        workloads::request_response_polling
+                    } else {
+                        workloads::request_response
+                    };
+                    let r = f(
+                        t,
+                        port(server, t),
+                        plan.rr_conns,
+                        plan.rr_size,
+                        plan.rr_time,
+                        &mut tally,
+                    )
+                    .map_err(err(t, "request/response"));
+                    report.modes(w, t, &tally);
+                    report.add(spec, p, t, r?);
+                    server
+                        .quiesce(Duration::from_secs(10))
+                        .map_err(|e| e.to_string())?;
+                }
             }
         }
         Workload::Bulk => {
+            // issue 15: >= 95 % of the ring-copy reference through Read/Write
             let gbps = Spec::new(
                 "bulk.gbps".into(),
                 w,
@@ -484,15 +617,18 @@ fn one_workload(
                 "GB/s",
                 Better::Higher,
             )
-            .target(Target::AtLeast(2.5));
+            .against(
+                "reference.ring_copy_gbps",
+                "vs ring copy",
+                Target::AtLeast(0.95),
+            );
             let cpu = Spec::new(
                 "bulk.cpu_s_per_gib".into(),
                 w,
                 "CPU per GiB, both processes".into(),
                 "s/GiB",
                 Better::Lower,
-            )
-            .target(Target::AtMost(0.5));
+            );
             let user = Spec::new(
                 "bulk.user_s_per_gib".into(),
                 w,
@@ -515,16 +651,17 @@ fn one_workload(
                     .map_err(err(t, "bulk"));
                 report.modes(w, t, &tally);
                 let r = r?;
-                report.add(&gbps, t, r.gbps);
-                report.add(&cpu, t, r.cpu_s_per_gib);
-                report.add(&user, t, r.user_s_per_gib);
-                report.add(&sys, t, r.sys_s_per_gib);
+                report.add(&gbps, p, t, r.gbps);
+                report.add(&cpu, p, t, r.cpu_s_per_gib);
+                report.add(&user, p, t, r.user_s_per_gib);
+                report.add(&sys, p, t, r.sys_s_per_gib);
                 server
                     .quiesce(Duration::from_secs(10))
                     .map_err(|e| e.to_string())?;
             }
         }
         Workload::Setup => {
+            // issue 15: >= 0.8x TCP
             let spec = Spec::new(
                 "setup.conn_per_s".into(),
                 w,
@@ -532,7 +669,7 @@ fn one_workload(
                 "conn/s",
                 Better::Higher,
             )
-            .target(Target::AtLeast(0.5));
+            .target(Target::AtLeast(0.8));
             for t in order {
                 let mut tally = Tally::new();
                 let r = workloads::setup(
@@ -544,7 +681,7 @@ fn one_workload(
                 )
                 .map_err(err(t, "connection setup"));
                 report.modes(w, t, &tally);
-                report.add(&spec, t, r?);
+                report.add(&spec, p, t, r?);
                 server
                     .quiesce(Duration::from_secs(10))
                     .map_err(|e| e.to_string())?;
@@ -577,101 +714,112 @@ fn one_workload(
                 let r = r?;
                 let vals = [r.first_rss, r.first_mapped, r.each_rss, r.each_mapped];
                 for (s, v) in specs.iter().zip(vals) {
-                    report.add(s, t, v / 1024.0);
+                    report.add(s, p, t, v / 1024.0);
                 }
                 server
                     .quiesce(Duration::from_secs(10))
                     .map_err(|e| e.to_string())?;
             }
         }
-        Workload::Reference => {
-            let small = Spec::new(
-                "reference.memcpy_small_gbps".into(),
+        Workload::Reference => reference_rows(plan, p, report)?,
+    }
+    Ok(())
+}
+
+/// The physical reference rows: in a placement, the ring copy, its CPU, the
+/// ideal request/response in both shapes (client side on the client's CPU,
+/// server side on the server's), and across cores the cache-line round trip;
+/// without one, the one-core memcpy figures (on the first placement's
+/// client CPU).
+fn reference_rows(plan: &Plan, p: Option<Placement>, report: &mut Report) -> Result<(), String> {
+    let w = Workload::Reference;
+    let e = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
+    let Some(pl) = p else {
+        let cpu = plan.placements.first().map_or(0, |p| p.client);
+        for (key, (size, total), what) in [
+            ("memcpy_small_gbps", plan.memcpy_small, "in cache"),
+            ("memcpy_large_gbps", plan.memcpy_large, "memory"),
+        ] {
+            let spec = Spec::new(
+                format!("reference.{key}"),
                 w,
-                format!(
-                    "memcpy {}, one core (in cache)",
-                    size_label(plan.memcpy_small.0)
-                ),
+                format!("memcpy {}, CPU {cpu} ({what})", size_label(size)),
                 "GB/s",
                 Better::Higher,
             );
-            let large = Spec::new(
-                "reference.memcpy_large_gbps".into(),
-                w,
-                format!(
-                    "memcpy {}, one core (memory)",
-                    size_label(plan.memcpy_large.0)
-                ),
-                "GB/s",
-                Better::Higher,
-            );
-            let bounce = Spec::new(
-                "reference.cacheline_rtt_ns".into(),
-                w,
-                "cache line round trip, 2 pinned cores".into(),
-                "ns",
-                Better::Lower,
-            );
-            let ring = Spec::new(
-                "reference.ring_copy_gbps".into(),
-                w,
-                format!(
-                    "ring copy in+out, 2 cores ({} ring)",
-                    size_label(plan.ring.0)
-                ),
-                "GB/s",
-                Better::Higher,
-            )
-            .versus("bulk.gbps");
-            // what the two copies of any socket-API stream cost at that
-            // rate: both cores busy for 1 GiB (the floor of SMC-R's CPU per
-            // GiB, which copies once on each side)
-            let ring_cpu = Spec::new(
-                "reference.ring_copy_cpu_s_per_gib".into(),
-                w,
-                "  its CPU per GiB (both cores busy)".into(),
-                "s/GiB",
-                Better::Lower,
-            )
-            .versus("bulk.cpu_s_per_gib");
-            // request/response with nothing but the copies and one wake-up
-            // per message: the ceiling of the rr figure in its shape
-            let rr_threads = Spec::new(
-                "reference.rr_ideal_threads_tps".into(),
-                w,
-                "ideal shm rr, thread per connection".into(),
-                "trans/s",
-                Better::Higher,
-            )
-            .versus("rr.tps");
-            let rr_polling = Spec::new(
-                "reference.rr_ideal_polling_tps".into(),
-                w,
-                "  same, one polling thread per side".into(),
-                "trans/s",
-                Better::Higher,
-            )
-            .versus("rr.tps")
-            .no_verdict();
-            let e = |what: &'static str| move |e: std::io::Error| format!("{what}: {e}");
-            let v = reference::memcpy_gbps(plan.memcpy_small.0, plan.memcpy_small.1)
-                .map_err(e("memcpy"))?;
-            report.add_reference(&small, v);
-            let v = reference::memcpy_gbps(plan.memcpy_large.0, plan.memcpy_large.1)
-                .map_err(e("memcpy"))?;
-            report.add_reference(&large, v);
-            let v = reference::cacheline_rtt_ns(plan.bounce_iters).map_err(e("cache line"))?;
-            report.add_reference(&bounce, v);
-            let v = reference::ring_copy_gbps(plan.ring.0, plan.ring.1, plan.ring.2)
-                .map_err(e("ring copy"))?;
-            report.add_reference(&ring, v);
-            report.add_reference(&ring_cpu, 2.0 * f64::from(1u32 << 30) / (v * 1e9));
-            for (spec, polling) in [(&rr_threads, false), (&rr_polling, true)] {
-                let v = reference::rr_ideal_tps(plan.rr_conns, plan.rr_size, plan.rr_time, polling)
-                    .map_err(e("ideal request/response"))?;
-                report.add_reference(spec, v);
-            }
+            let v = reference::memcpy_gbps(size, total, cpu).map_err(e("memcpy"))?;
+            report.add_reference(&spec, None, v);
         }
+        return Ok(());
+    };
+    let cross = pl.kind == Kind::Cross;
+    if cross {
+        let bounce = Spec::new(
+            "reference.cacheline_rtt_ns".into(),
+            w,
+            format!("cache line round trip, CPUs {}+{}", pl.client, pl.server),
+            "ns",
+            Better::Lower,
+        );
+        let v = reference::cacheline_rtt_ns(plan.bounce_iters, pl.client, pl.server)
+            .map_err(e("cache line"))?;
+        report.add_reference(&bounce, p, v);
+    }
+    let ring = Spec::new(
+        "reference.ring_copy_gbps".into(),
+        w,
+        format!("ring copy in+out ({} ring)", size_label(plan.ring.0)),
+        "GB/s",
+        Better::Higher,
+    )
+    .versus("bulk.gbps");
+    // what the two copies of any socket-API stream cost at that rate: its
+    // CPUs busy for 1 GiB (the floor of SMC-R's CPU per GiB, which copies
+    // once on each side)
+    let ring_cpu = Spec::new(
+        "reference.ring_copy_cpu_s_per_gib".into(),
+        w,
+        format!(
+            "  its CPU per GiB ({} busy)",
+            if cross { "both CPUs" } else { "the CPU" }
+        ),
+        "s/GiB",
+        Better::Lower,
+    )
+    .versus("bulk.cpu_s_per_gib");
+    // request/response with nothing but the copies and one wake-up per
+    // message: the ceiling of the rr figure in its shape
+    let rr_threads = Spec::new(
+        "reference.rr_ideal_threads_tps".into(),
+        w,
+        "ideal shm rr, thread per conn".into(),
+        "trans/s",
+        Better::Higher,
+    )
+    .versus("rr.tps");
+    let rr_polling = Spec::new(
+        "reference.rr_ideal_polling_tps".into(),
+        w,
+        "ideal shm rr, 1 polling thread/side".into(),
+        "trans/s",
+        Better::Higher,
+    )
+    .versus("rr.polling_tps");
+    let v = reference::ring_copy_gbps(plan.ring.0, plan.ring.1, plan.ring.2, pl.client, pl.server)
+        .map_err(e("ring copy"))?;
+    report.add_reference(&ring, p, v);
+    let busy = if cross { 2.0 } else { 1.0 };
+    report.add_reference(&ring_cpu, p, busy * f64::from(1u32 << 30) / (v * 1e9));
+    for (spec, polling) in [(&rr_threads, false), (&rr_polling, true)] {
+        let v = reference::rr_ideal_tps(
+            plan.rr_conns,
+            plan.rr_size,
+            plan.rr_time,
+            polling,
+            (pl.client, pl.server),
+        )
+        .map_err(e("ideal request/response"))?;
+        report.add_reference(spec, p, v);
     }
     Ok(())
 }

@@ -106,6 +106,18 @@ impl ServerProc {
         }
     }
 
+    /// Pins every thread of the server process to `cpu`; the number of
+    /// threads pinned.
+    pub fn pin(&mut self, cpu: usize) -> io::Result<usize> {
+        let r = self.cmd(&format!("pin {cpu}"))?;
+        match r.strip_prefix("ok ").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(n),
+            _ => Err(io::Error::other(format!(
+                "the server could not pin itself to CPU {cpu}: {r}"
+            ))),
+        }
+    }
+
     /// Modes of the connections its SMC listener accepted.
     pub fn accepted(&mut self) -> io::Result<BTreeMap<String, u64>> {
         let r = self.cmd("accepted")?;

@@ -1,10 +1,12 @@
 //! The machine's own limits, measured in the same run: what one core can copy
-//! per second (the floor of any one-copy data path), and what one cache line
-//! costs to bounce between the two cores (the floor of any shared-memory
-//! notification, hence of an SMC-R round trip on this host), and how fast
-//! two cores can move a stream through a shared ring with one copy in and
-//! one copy out (the ceiling of any data path that copies on both sides, as
-//! SMC-R with a socket API does).
+//! per second (the floor of any one-copy data path), what one cache line
+//! costs to bounce between two cores (the floor of any shared-memory
+//! notification, hence of an SMC-R round trip across cores on this host), how
+//! fast a stream moves through a shared ring with one copy in and one copy
+//! out (the ceiling of any data path that copies on both sides, as SMC-R with
+//! a socket API does), and request/response over nothing but such copies.
+//! Everything but the memcpy runs on the CPUs of a placement: the client
+//! side's threads on the client's CPU, the server side's on the server's.
 
 use crate::sys;
 use std::hint::black_box;
@@ -13,11 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Single-core memcpy bandwidth, GB/s: `size`-byte copies repeated until about
-/// `total` bytes are copied, on a thread pinned to the first allowed CPU.
-pub fn memcpy_gbps(size: usize, total: usize) -> io::Result<f64> {
-    let cpu = *sys::allowed_cpus()?
-        .first()
-        .ok_or_else(|| io::Error::other("no CPU allowed"))?;
+/// `total` bytes are copied, on a thread pinned to `cpu`.
+pub fn memcpy_gbps(size: usize, total: usize, cpu: usize) -> io::Result<f64> {
     std::thread::scope(|s| {
         s.spawn(move || -> io::Result<f64> {
             sys::pin_to(cpu)?;
@@ -44,16 +43,15 @@ pub fn memcpy_gbps(size: usize, total: usize) -> io::Result<f64> {
 struct Line(AtomicU64);
 
 /// Round-trip time of one cache line bounced between two threads pinned to
-/// two different CPUs: thread A writes an odd value, B answers with the next
-/// even value, `iters` times. The median over 20 batches, in nanoseconds (a
-/// batch hit by a preemption does not move it).
-pub fn cacheline_rtt_ns(iters: usize) -> io::Result<f64> {
-    let cpus = sys::allowed_cpus()?;
-    let (Some(&a), Some(&b)) = (cpus.first(), cpus.get(1)) else {
+/// the two different CPUs `a` and `b`: thread A writes an odd value, B
+/// answers with the next even value, `iters` times. The median over 20
+/// batches, in nanoseconds (a batch hit by a preemption does not move it).
+pub fn cacheline_rtt_ns(iters: usize, a: usize, b: usize) -> io::Result<f64> {
+    if a == b {
         return Err(io::Error::other(
-            "the cache-line round trip needs two CPUs; this process may use one",
+            "the cache-line round trip needs two different CPUs",
         ));
-    };
+    }
     const BATCHES: usize = 20;
     let per = (iters / BATCHES).max(1);
     let line = Line(AtomicU64::new(0));
@@ -102,15 +100,27 @@ pub fn cacheline_rtt_ns(iters: usize) -> io::Result<f64> {
 }
 
 /// Stream bandwidth through a ring in shared memory (a memfd mapping, as the
-/// shm device's RMBs are) between two threads pinned to two CPUs: the producer
-/// copies `chunk`-byte pieces from its own buffer into the ring whenever there
-/// is room, the consumer copies them out into its own buffer; cursors are two
-/// atomics on their own cache lines. GB/s over about `total` bytes.
-pub fn ring_copy_gbps(ring: usize, chunk: usize, total: u64) -> io::Result<f64> {
+/// shm device's RMBs are) between a producer thread pinned to CPU `a` and a
+/// consumer thread pinned to CPU `b`: the producer copies `chunk`-byte
+/// pieces from its own buffer into the ring whenever there is room, the
+/// consumer copies them out into its own buffer; cursors are two atomics on
+/// their own cache lines. A thread that finds nothing to do spins on two
+/// CPUs and yields the CPU on one (where spinning would only hold the core
+/// its peer needs). GB/s over about `total` bytes.
+pub fn ring_copy_gbps(
+    ring: usize,
+    chunk: usize,
+    total: u64,
+    a: usize,
+    b: usize,
+) -> io::Result<f64> {
     use smc_rdma::sys::SharedMem;
-    let cpus = sys::allowed_cpus()?;
-    let (Some(&a), Some(&b)) = (cpus.first(), cpus.get(1)) else {
-        return Err(io::Error::other("the ring copy needs two CPUs"));
+    let wait = move || {
+        if a == b {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     };
     let chunk = chunk.min(ring).max(1);
     // ring, then the producer's and the consumer's cursors 128 bytes apart
@@ -127,7 +137,7 @@ pub fn ring_copy_gbps(ring: usize, chunk: usize, total: u64) -> io::Result<f64> 
             while got < total {
                 let p = prod.load(Ordering::Acquire);
                 if p == got {
-                    std::hint::spin_loop();
+                    wait();
                     continue;
                 }
                 let off = (got % ring as u64) as usize;
@@ -146,7 +156,7 @@ pub fn ring_copy_gbps(ring: usize, chunk: usize, total: u64) -> io::Result<f64> 
             while sent < total {
                 let free = ring - (sent - cons.load(Ordering::Acquire)) as usize;
                 if free == 0 {
-                    std::hint::spin_loop();
+                    wait();
                     continue;
                 }
                 let off = (sent % ring as u64) as usize;
@@ -234,17 +244,26 @@ impl Mailbox {
 }
 
 /// Request/response over the leanest shared-memory transport there can be,
-/// in the bench's shape: `conns` client threads and `conns` server threads
-/// (not pinned), each pair owning two mailboxes in memfd mappings; a request
-/// of `size` bytes is copied into the server's mailbox, the server copies it
-/// out, copies a response of `size` bytes into the client's mailbox, and the
-/// client copies it out. A waiting thread sleeps (park/unpark, i.e. one
-/// futex each way). No protocol, no lock, no cursor
-/// exchange beyond one counter: the ceiling of any SMC-like data path with
-/// one copy on each side and a thread per connection. With `polling`, one
-/// client thread and one server thread walk all the pairs without ever
-/// waiting instead. Transactions per second over `dur`.
-pub fn rr_ideal_tps(conns: usize, size: usize, dur: Duration, polling: bool) -> io::Result<f64> {
+/// in the bench's shape: `conns` client threads (pinned to `cpus.0`) and
+/// `conns` server threads (pinned to `cpus.1`), each pair owning two
+/// mailboxes in memfd mappings; a request of `size` bytes is copied into the
+/// server's mailbox, the server copies it out, copies a response of `size`
+/// bytes into the client's mailbox, and the client copies it out. A waiting
+/// thread sleeps (park/unpark, i.e. one futex each way). No protocol, no
+/// lock, no cursor exchange beyond one counter: the ceiling of any SMC-like
+/// data path with one copy on each side and a thread per connection. With
+/// `polling`, one client thread and one server thread walk all the pairs
+/// without sleeping instead, yielding the CPU after a pass that found
+/// nothing (as the polling workload does, `poll.rs`). Transactions per
+/// second over `dur`.
+pub fn rr_ideal_tps(
+    conns: usize,
+    size: usize,
+    dur: Duration,
+    polling: bool,
+    cpus: (usize, usize),
+) -> io::Result<f64> {
+    let (client_cpu, server_cpu) = cpus;
     use std::sync::atomic::AtomicBool;
     let pairs: Vec<(Mailbox, Mailbox)> = (0..conns)
         .map(|_| Ok((Mailbox::new(size)?, Mailbox::new(size)?)))
@@ -258,21 +277,28 @@ pub fn rr_ideal_tps(conns: usize, size: usize, dur: Duration, polling: bool) -> 
         if polling {
             let pairs = &pairs;
             hs.push(s.spawn(move || -> io::Result<()> {
+                let pinned = sys::pin_to(server_cpu);
                 let mut buf = vec![0u8; size];
                 let mut seen = vec![0u64; pairs.len()];
                 while !stop.load(Ordering::Relaxed) {
+                    let mut idle = true;
                     for (i, (req, resp)) in pairs.iter().enumerate() {
                         let n = req.seq()?.load(Ordering::Acquire);
                         if n > seen[i] {
                             req.mem.read(0, &mut buf)?;
                             seen[i] = n;
                             resp.put(&buf, n)?;
+                            idle = false;
                         }
                     }
+                    if idle {
+                        std::thread::yield_now();
+                    }
                 }
-                Ok(())
+                pinned
             }));
             hs.push(s.spawn(move || -> io::Result<()> {
+                let pinned = sys::pin_to(client_cpu);
                 let msg = vec![0x5au8; size];
                 let mut buf = vec![0u8; size];
                 let mut sent = vec![0u64; pairs.len()];
@@ -282,30 +308,37 @@ pub fn rr_ideal_tps(conns: usize, size: usize, dur: Duration, polling: bool) -> 
                 }
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
+                    let mut idle = true;
                     for (i, (req, resp)) in pairs.iter().enumerate() {
                         if resp.seq()?.load(Ordering::Acquire) >= sent[i] {
                             resp.mem.read(0, &mut buf)?;
                             n += 1;
                             sent[i] += 1;
                             req.put(&msg, sent[i])?;
+                            idle = false;
                         }
+                    }
+                    if idle {
+                        std::thread::yield_now();
                     }
                 }
                 done.fetch_add(n, Ordering::Relaxed);
-                Ok(())
+                pinned
             }));
         } else {
             for (req, resp) in &pairs {
                 hs.push(s.spawn(move || -> io::Result<()> {
+                    let pinned = sys::pin_to(server_cpu);
                     let mut buf = vec![0u8; size];
                     let mut n = 1;
                     while req.take(&mut buf, n, stop)? {
                         resp.put(&buf, n)?;
                         n += 1;
                     }
-                    Ok(())
+                    pinned
                 }));
                 hs.push(s.spawn(move || -> io::Result<()> {
+                    let pinned = sys::pin_to(client_cpu);
                     let msg = vec![0x5au8; size];
                     let mut buf = vec![0u8; size];
                     let mut n = 1;
@@ -317,7 +350,7 @@ pub fn rr_ideal_tps(conns: usize, size: usize, dur: Duration, polling: bool) -> 
                         n += 1;
                     }
                     done.fetch_add(n - 1, Ordering::Relaxed);
-                    Ok(())
+                    pinned
                 }));
             }
         }

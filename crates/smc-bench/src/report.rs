@@ -2,6 +2,7 @@
 //! connection modes, the printed table and the JSON document.
 
 use crate::conn::{Transport, SMC_R};
+use crate::placement::Placement;
 use crate::workloads::Tally;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -107,9 +108,10 @@ pub struct Spec {
     /// one): the table holds it against that figure's TCP median, which
     /// says whether that figure's target is physically within reach here.
     pub versus: Option<String>,
-    /// With `versus`: whether the bounded figure's target is judged against
-    /// this reference (not when it measures another program shape).
-    pub verdict: bool,
+    /// A second goal of a compared figure, against a reference of the same
+    /// run and placement rather than TCP: (the reference's key, the row's
+    /// label, the goal for SMC-R median / reference median).
+    pub vs_ref: Option<(String, String, Target)>,
 }
 
 impl Spec {
@@ -132,17 +134,18 @@ impl Spec {
             smc_zero_ok: false,
             tcp_zero_ok: false,
             versus: None,
-            verdict: true,
+            vs_ref: None,
         }
+    }
+    /// With a goal for SMC-R median / the median of reference `key` (same
+    /// placement), shown as a row labelled `label` under this one.
+    pub fn against(mut self, key: &str, label: &str, t: Target) -> Spec {
+        self.vs_ref = Some((key.to_string(), label.to_string(), t));
+        self
     }
     /// A reference figure that bounds the compared figure `key`.
     pub fn versus(mut self, key: &str) -> Spec {
         self.versus = Some(key.to_string());
-        self
-    }
-    /// With `versus`: the ratio only, no verdict on the bounded target.
-    pub fn no_verdict(mut self) -> Spec {
-        self.verdict = false;
         self
     }
     /// With a target.
@@ -168,13 +171,20 @@ impl Spec {
     }
 }
 
-/// One figure: per-round values per transport (reference figures use `smc`
-/// only and have no transport).
+/// One figure in one placement: per-round values per transport (reference
+/// figures use `smc` only and have no transport). `placement` is None for
+/// figures that do not depend on it (memory, one-core memcpy).
 #[derive(Clone, Debug)]
 struct Figure {
     spec: Spec,
+    placement: Option<Placement>,
     smc: Vec<f64>,
     tcp: Vec<f64>,
+}
+
+/// Print order of placements: cross, same, then what has none.
+fn rank(p: Option<Placement>) -> usize {
+    p.map_or(2, |p| p.kind as usize)
 }
 
 /// Median (mean of the two middle values for an even count).
@@ -224,12 +234,17 @@ pub struct Report {
 }
 
 impl Report {
-    fn figure(&mut self, spec: &Spec) -> &mut Figure {
-        let i = match self.figures.iter().position(|f| f.spec.key == spec.key) {
+    fn figure(&mut self, spec: &Spec, placement: Option<Placement>) -> &mut Figure {
+        let i = match self
+            .figures
+            .iter()
+            .position(|f| f.spec.key == spec.key && f.placement == placement)
+        {
             Some(i) => i,
             None => {
                 self.figures.push(Figure {
                     spec: spec.clone(),
+                    placement,
                     smc: Vec::new(),
                     tcp: Vec::new(),
                 });
@@ -239,18 +254,36 @@ impl Report {
         &mut self.figures[i]
     }
 
-    /// Records one round's value of a compared figure.
-    pub fn add(&mut self, spec: &Spec, t: Transport, v: f64) {
-        let f = self.figure(spec);
+    /// Records one round's value of a compared figure in a placement.
+    pub fn add(&mut self, spec: &Spec, placement: Option<Placement>, t: Transport, v: f64) {
+        let f = self.figure(spec, placement);
         match t {
             Transport::Smc => f.smc.push(v),
             Transport::Tcp => f.tcp.push(v),
         }
     }
 
-    /// Records one round's value of a reference figure.
-    pub fn add_reference(&mut self, spec: &Spec, v: f64) {
-        self.figure(spec).smc.push(v);
+    /// Records one round's value of a reference figure in a placement.
+    pub fn add_reference(&mut self, spec: &Spec, placement: Option<Placement>, v: f64) {
+        self.figure(spec, placement).smc.push(v);
+    }
+
+    /// The figure `key` of placement `p`.
+    fn find(&self, key: &str, p: Option<Placement>) -> Option<&Figure> {
+        self.figures
+            .iter()
+            .find(|g| g.spec.key == key && g.placement == p)
+    }
+
+    /// For a compared figure with a goal against a reference: the
+    /// reference's median (same placement) and SMC-R median / it.
+    fn against(&self, f: &Figure) -> Option<(f64, Option<f64>)> {
+        let (key, _, _) = f.spec.vs_ref.as_ref()?;
+        let r = median(&self.find(key, f.placement)?.smc)?;
+        let ratio = median(&f.smc)
+            .filter(|s| s.is_finite() && r > 0.0)
+            .map(|s| s / r);
+        Some((r, ratio))
     }
 
     /// Counts connection modes of one workload.
@@ -296,7 +329,7 @@ impl Report {
     /// ratio any implementation could show on this machine).
     fn bound<'a>(&'a self, f: &Figure) -> Option<(&'a Figure, f64, f64)> {
         let key = f.spec.versus.as_deref()?;
-        let g = self.figures.iter().find(|g| g.spec.key == key)?;
+        let g = self.find(key, f.placement)?;
         let (s, t) = (median(&f.smc)?, median(&g.tcp)?);
         (t > 0.0 && s.is_finite()).then(|| (g, t, s / t))
     }
@@ -352,8 +385,23 @@ impl Report {
             "result",
             "spread"
         );
+        let mut order: Vec<&Figure> = self.figures.iter().collect();
+        order.sort_by_key(|f| (rank(f.placement), f.spec.workload));
         let mut last = None;
-        for f in &self.figures {
+        let mut last_placement = None;
+        for f in order {
+            if last_placement != Some(f.placement) {
+                let _ = writeln!(
+                    o,
+                    "== {}",
+                    match f.placement {
+                        Some(p) => p.describe(),
+                        None => "any placement (not pinned per placement)".to_string(),
+                    }
+                );
+                last_placement = Some(f.placement);
+                last = None;
+            }
             if last != Some(f.spec.workload) {
                 let _ = writeln!(o, "{}", match f.spec.workload {
                     Workload::Pingpong => "-- ping-pong latency (one connection per size, per-message RTT)",
@@ -371,7 +419,7 @@ impl Report {
             let ratio = Self::ratio(f).or(bound.map(|b| b.2));
             let (target, result) = match (f.spec.target, ratio, bound) {
                 // a bound: is the bounded figure's target within it?
-                (_, _, Some((g, _, r))) => match g.spec.target.filter(|_| f.spec.verdict) {
+                (_, _, Some((g, _, r))) => match g.spec.target {
                     Some(t) => (
                         t.text(),
                         if t.met(r) { "reach" } else { "beyond" }.to_string(),
@@ -406,6 +454,26 @@ impl Report {
                 result,
                 sp.map(|s| format!("{:.0}%", s * 100.0)).unwrap_or_default(),
             );
+            if let (Some((_, label, t)), Some((r, ratio))) = (&f.spec.vs_ref, self.against(f)) {
+                let _ = writeln!(
+                    o,
+                    "{:<38} {:>7} {:>11} {:>11} {:>8} {:>8} {:>6} {:>7}",
+                    format!("  {label} (ref)"),
+                    f.spec.unit,
+                    num(median(&f.smc)),
+                    num(Some(r)),
+                    ratio
+                        .map(|r| format!("{}x", fmt_num(r)))
+                        .unwrap_or_default(),
+                    t.text(),
+                    match ratio {
+                        Some(x) if t.met(x) => "PASS",
+                        Some(_) => "MISS",
+                        None => "-",
+                    },
+                    "",
+                );
+            }
         }
         o
     }
@@ -422,6 +490,8 @@ impl Report {
                     let side = |v: &[f64]| json!({ "median": median(v), "rounds": v });
                     let mut j = json!({
                         "key": f.spec.key,
+                        "placement": f.placement.map(|p| p.key()),
+                        "cpus": f.placement.map(|p| json!({ "client": p.client, "server": p.server })),
                         "label": f.spec.label,
                         "unit": f.spec.unit,
                         "better": match f.spec.better { Better::Lower => "lower", Better::Higher => "higher" },
@@ -434,7 +504,7 @@ impl Report {
                                 "figure": g.spec.key,
                                 "tcp_median": t,
                                 "ratio_to_tcp": r,
-                                "target_within_reach": g.spec.target.filter(|_| f.spec.verdict).map(|x| x.met(r)),
+                                "target_within_reach": g.spec.target.map(|x| x.met(r)),
                             });
                         }
                     } else {
@@ -443,11 +513,19 @@ impl Report {
                         let r = Self::ratio(f);
                         j["ratio"] = json!(r);
                         if let Some(t) = f.spec.target {
-                            j["target"] = match t {
-                                Target::AtMost(x) => json!({ "at_most": x }),
-                                Target::AtLeast(x) => json!({ "at_least": x }),
-                            };
+                            j["target"] = target_json(t);
                             j["pass"] = json!(r.map(|r| t.met(r)));
+                        }
+                        if let Some((key, label, t)) = &f.spec.vs_ref {
+                            let (rm, ratio) = self.against(f).unwrap_or((f64::NAN, None));
+                            j["vs_reference"] = json!({
+                                "figure": key,
+                                "label": label,
+                                "reference_median": rm.is_finite().then_some(rm),
+                                "ratio": ratio,
+                                "target": target_json(*t),
+                                "pass": ratio.map(|r| t.met(r)),
+                            });
                         }
                     }
                     j
@@ -473,6 +551,13 @@ impl Report {
             "fallbacks": self.fallbacks(),
             "errors": self.errors,
         })
+    }
+}
+
+fn target_json(t: Target) -> Value {
+    match t {
+        Target::AtMost(x) => json!({ "at_most": x }),
+        Target::AtLeast(x) => json!({ "at_least": x }),
     }
 }
 

@@ -8,11 +8,13 @@
 //! cpu            -> cpu <total_ns> <user_ticks> <sys_ticks>   this process's CPU time
 //! quiesce <ms>   -> quiesce <n>     waits up to <ms> until no handler runs; n = still running
 //! accepted       -> accepted <json> modes of the connections the SMC listener accepted
+//! pin <cpu>      -> pin ok <n> | pin error <why>   pins all n threads of this process to <cpu>
 //! quit / EOF     -> exits
 //! ```
 
 use crate::conn::{mode_label, Conn};
-use crate::sys::CpuTime;
+use crate::poll::{gone, Step};
+use crate::sys::{self, CpuTime};
 use crate::wire::{Header, Job};
 use smc::SmcListener;
 use std::collections::BTreeMap;
@@ -32,10 +34,19 @@ struct State {
     active: AtomicUsize,
     /// Modes of the connections accepted on the SMC listener.
     accepted: Mutex<BTreeMap<String, u64>>,
+    /// Polling groups still being connected: id -> connections so far (the
+    /// group counts in `active` from its first connection on).
+    groups: Mutex<BTreeMap<u32, (Vec<Conn>, Active)>>,
 }
 
-/// Decrements `active` when a handler ends, however it ends.
+/// Counts in `active` from its creation until a handler ends, however it ends.
 struct Active(Arc<State>);
+impl Active {
+    fn new(state: &Arc<State>) -> Active {
+        state.active.fetch_add(1, Ordering::SeqCst);
+        Active(state.clone())
+    }
+}
 impl Drop for Active {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::SeqCst);
@@ -128,6 +139,13 @@ pub fn serve() -> ExitCode {
                     serde_json::to_string(&m).unwrap_or_else(|_| "{}".into())
                 )
             }
+            Some("pin") => match words.next().map(str::parse::<usize>) {
+                Some(Ok(cpu)) => match sys::pin_process(cpu) {
+                    Ok(n) => format!("pin ok {n}"),
+                    Err(e) => format!("pin error {e}"),
+                },
+                _ => "pin error no CPU number".to_string(),
+            },
             Some("quit") => break,
             _ => format!("error unknown command {line:?}"),
         };
@@ -158,8 +176,11 @@ fn dispatch(mut c: Conn, state: &Arc<State>) {
         return;
     }
     let _ = c.set_read_timeout(None);
-    state.active.fetch_add(1, Ordering::SeqCst);
-    let guard = Active(state.clone());
+    if let Job::PollEcho { size, group, count } = h.0 {
+        join_group(c, size as usize, group, count as usize, state);
+        return;
+    }
+    let guard = Active::new(state);
     let spawned = std::thread::Builder::new()
         .name("smc-bench-conn".into())
         .spawn(move || {
@@ -179,6 +200,69 @@ fn dispatch(mut c: Conn, state: &Arc<State>) {
     if let Err(e) = spawned {
         eprintln!("smc-bench server: cannot start a handler thread: {e}");
     }
+}
+
+/// Adds a connection to its polling group; the last one to arrive starts the
+/// group's one polling thread.
+fn join_group(c: Conn, size: usize, group: u32, count: usize, state: &Arc<State>) {
+    let mut groups = state.groups.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = groups
+        .entry(group)
+        .or_insert_with(|| (Vec::new(), Active::new(state)));
+    entry.0.push(c);
+    if entry.0.len() < count {
+        return;
+    }
+    let Some((conns, guard)) = groups.remove(&group) else {
+        return;
+    };
+    drop(groups);
+    let spawned = std::thread::Builder::new()
+        .name("smc-bench-poll".into())
+        .spawn(move || {
+            let _guard = guard;
+            if let Err(e) = poll_echo(conns, size) {
+                eprintln!("smc-bench server: polling group {group}: {e}");
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("smc-bench server: cannot start a polling thread: {e}");
+    }
+}
+
+/// Serves a polling group: each connection reads a `size`-byte request and
+/// writes a `size`-byte response, over and over, all from this one thread,
+/// until every client has closed its end. A group that moves nothing for
+/// this long is abandoned (its client has gone without closing).
+fn poll_echo(mut conns: Vec<Conn>, size: usize) -> io::Result<()> {
+    const STALL: Duration = Duration::from_secs(60);
+    for c in &conns {
+        c.set_nonblocking(true)?;
+    }
+    let mut steps: Vec<Option<Step>> = conns.iter().map(|_| Some(Step::new(size, false))).collect();
+    let mut last = Instant::now();
+    while steps.iter().any(Option::is_some) {
+        let mut moved = false;
+        for (c, slot) in conns.iter_mut().zip(&mut steps) {
+            let Some(step) = slot else { continue };
+            match step.advance(c) {
+                Ok(m) => moved |= m.bytes,
+                Err(e) if gone(&e) => *slot = None,
+                Err(e) => return Err(e),
+            }
+        }
+        if moved {
+            last = Instant::now();
+        } else if last.elapsed() > STALL {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "nothing moved for 60 s",
+            ));
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
 }
 
 fn once(c: &mut Conn, req: usize, resp: usize) -> io::Result<()> {
@@ -229,5 +313,6 @@ fn run(mut c: Conn, job: Job) -> io::Result<()> {
             drain(&mut c)
         }
         Job::Once { req, resp } => once(&mut c, req as usize, resp as usize),
+        Job::PollEcho { size, .. } => poll_echo(vec![c], size as usize),
     }
 }

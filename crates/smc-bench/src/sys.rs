@@ -106,3 +106,50 @@ pub fn pin_to(cpu: usize) -> io::Result<()> {
     rustix::thread::sched_setaffinity(None, &set)?;
     Ok(())
 }
+
+/// Pins every thread of this process to `cpu`, the ones the socket library
+/// started on its own included; threads started later inherit the mask of
+/// the thread that starts them. Returns how many threads were pinned.
+///
+/// `sched_setaffinity` acts on one thread, so each entry of
+/// `/proc/self/task` is pinned by its id; the listing is repeated until it
+/// shows no thread not pinned yet (one started by a not-yet-pinned thread
+/// during the walk), a few times at most.
+pub fn pin_process(cpu: usize) -> io::Result<usize> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    let mut pinned = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let mut fresh = 0;
+        for entry in std::fs::read_dir("/proc/self/task")? {
+            let Some(tid) = entry?
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if pinned.contains(&tid) {
+                continue;
+            }
+            let Some(pid) = rustix::process::Pid::from_raw(tid) else {
+                continue;
+            };
+            match rustix::thread::sched_setaffinity(Some(pid), &set) {
+                // ESRCH: the thread ended since the listing
+                Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+                Err(e) => {
+                    return Err(io::Error::other(format!(
+                        "pinning thread {tid} to CPU {cpu}: {e}"
+                    )))
+                }
+            }
+            pinned.insert(tid);
+            fresh += 1;
+        }
+        if fresh == 0 {
+            break;
+        }
+    }
+    Ok(pinned.len())
+}

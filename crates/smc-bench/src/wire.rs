@@ -33,7 +33,21 @@ pub enum Job {
     /// Send one byte (so the client knows the server holds it), then hold the
     /// connection, idle, until end-of-file.
     Idle,
+    /// As `Echo` with `size` both ways, but the connection is one of `count`
+    /// of group `group`, and one server thread serves the whole group,
+    /// polling its connections without blocking (see `poll.rs`).
+    PollEcho {
+        /// Request and response size.
+        size: u64,
+        /// The group's id, unique within the client process.
+        group: u32,
+        /// Connections in the group.
+        count: u32,
+    },
 }
+
+/// Most connections of one polling group.
+pub const MAX_GROUP: u32 = 1024;
 
 /// A job header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +61,9 @@ impl Header {
             Job::Sink { total } => (2, total, 0),
             Job::Once { req, resp } => (3, req, resp),
             Job::Idle => (4, 0, 0),
+            Job::PollEcho { size, group, count } => {
+                (5, size, (u64::from(group) << 32) | u64::from(count))
+            }
         };
         let mut out = [0u8; HEADER_LEN];
         out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -76,6 +93,11 @@ impl Header {
             2 => Job::Sink { total: a },
             3 => Job::Once { req: a, resp: bb },
             4 => Job::Idle,
+            5 => Job::PollEcho {
+                size: a,
+                group: (bb >> 32) as u32,
+                count: bb as u32,
+            },
             k => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -84,6 +106,14 @@ impl Header {
             }
         };
         // Message sizes are held in memory: refuse absurd ones.
+        if let Job::PollEcho { size, count, .. } = job {
+            if size > 1 << 30 || count == 0 || count > MAX_GROUP {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "polling group: message above 1 GiB or group size not 1..=1024",
+                ));
+            }
+        }
         if let Job::Echo { req, resp } | Job::Once { req, resp } = job {
             if req > 1 << 30 || resp > 1 << 30 {
                 return Err(io::Error::new(
@@ -117,8 +147,21 @@ mod tests {
             Job::Sink { total: 4 << 30 },
             Job::Once { req: 64, resp: 64 },
             Job::Idle,
+            Job::PollEcho {
+                size: 16384,
+                group: u32::MAX,
+                count: 10,
+            },
         ] {
             assert_eq!(Header::decode(&Header(j).encode()).unwrap(), Header(j));
+        }
+        for count in [0, MAX_GROUP + 1] {
+            let h = Header(Job::PollEcho {
+                size: 1,
+                group: 1,
+                count,
+            });
+            assert!(Header::decode(&h.encode()).is_err(), "count {count}");
         }
         let mut bad = Header(Job::Idle).encode();
         bad[0] ^= 1;

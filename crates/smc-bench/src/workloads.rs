@@ -3,12 +3,14 @@
 
 use crate::conn::{Conn, Transport};
 use crate::peer::ServerProc;
+use crate::poll::Step;
 use crate::sys::{self, CpuTime};
-use crate::wire::{Header, Job, HEADER_LEN};
+use crate::wire::{Header, Job, HEADER_LEN, MAX_GROUP};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -151,6 +153,70 @@ pub fn request_response(
         tps += r?;
     }
     Ok(tps)
+}
+
+/// Request/response over `conns` connections in the polling shape: this
+/// thread alone drives them all, non-blocking (see `poll.rs`), against one
+/// polling server thread. Timing starts once every connection has completed
+/// one transaction. Transactions per second over `dur`.
+pub fn request_response_polling(
+    t: Transport,
+    port: u16,
+    conns: usize,
+    size: usize,
+    dur: Duration,
+    tally: &mut Tally,
+) -> io::Result<f64> {
+    static GROUP: AtomicU32 = AtomicU32::new(1);
+    let job = Job::PollEcho {
+        size: size as u64,
+        group: GROUP.fetch_add(1, Ordering::Relaxed),
+        count: u32::try_from(conns)
+            .ok()
+            .filter(|&c| (1..=MAX_GROUP).contains(&c))
+            .ok_or_else(|| io::Error::other("polling group of 1..=1024 connections"))?,
+    };
+    let mut cs = (0..conns)
+        .map(|_| open(t, port, job, tally))
+        .collect::<io::Result<Vec<_>>>()?;
+    for c in &cs {
+        c.set_nonblocking(true)?;
+    }
+    let mut steps: Vec<Step> = (0..conns).map(|_| Step::new(size, true)).collect();
+    let mut warm = vec![false; conns];
+    let mut start: Option<Instant> = None;
+    let mut n = 0u64;
+    let mut last = Instant::now();
+    loop {
+        let mut moved = false;
+        for ((c, st), w) in cs.iter_mut().zip(&mut steps).zip(&mut warm) {
+            let m = st.advance(c)?;
+            moved |= m.bytes;
+            // a response received (the step turned to sending) ends a transaction
+            if m.message && st.sending {
+                *w = true;
+                if start.is_some() {
+                    n += 1;
+                }
+            }
+        }
+        let now = Instant::now();
+        match start {
+            None if warm.iter().all(|&w| w) => start = Some(now),
+            Some(t0) if now - t0 >= dur => return Ok(n as f64 / (now - t0).as_secs_f64()),
+            _ => {}
+        }
+        if moved {
+            last = now;
+        } else if now - last > IO_TIMEOUT {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("polling: nothing moved for {} s", IO_TIMEOUT.as_secs()),
+            ));
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// One-way bulk transfer.

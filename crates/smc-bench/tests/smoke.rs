@@ -1,14 +1,43 @@
 //! The benchmark as a user runs it, with tiny sizes: `smc-bench --quick` as two
 //! processes over SMC-R and TCP (root: BPF). Every workload must be in the JSON
-//! with positive figures, the SMC connections must all be SMC-R and the TCP
+//! with positive figures, in both placements (cross and same CPU) where the
+//! placement matters, the SMC connections must all be SMC-R and the TCP
 //! ones plain TCP. A second run without a usable SMC device must fall back,
-//! say so loudly and exit 3.
+//! say so loudly and exit 3. A run allowed one CPU measures the same-CPU
+//! placement only and says so; bad CPUs and placements are refused.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const WORKLOADS: [&str; 6] = ["pingpong", "rr", "bulk", "setup", "memory", "reference"];
+
+/// Figures measured in each placement, by workload (memory has none).
+const PLACED: [(&str, &[&str]); 5] = [
+    ("pingpong", &["pingpong.64.median_us", "pingpong.64.p99_us"]),
+    ("rr", &["rr.tps", "rr.polling_tps"]),
+    ("bulk", &["bulk.gbps", "bulk.cpu_s_per_gib"]),
+    ("setup", &["setup.conn_per_s"]),
+    (
+        "reference",
+        &[
+            "reference.ring_copy_gbps",
+            "reference.rr_ideal_threads_tps",
+            "reference.rr_ideal_polling_tps",
+        ],
+    ),
+];
+
+/// The figures of workload `w` with key `key`, as (placement, figure).
+fn placements_of<'a>(doc: &'a Value, w: &str, key: &str) -> Vec<(Option<&'a str>, &'a Value)> {
+    doc["workloads"][w]["figures"]
+        .as_array()
+        .unwrap_or_else(|| panic!("workload {w} missing: {doc:#}"))
+        .iter()
+        .filter(|f| f["key"] == key)
+        .map(|f| (f["placement"].as_str(), f))
+        .collect()
+}
 
 fn need_root() {
     assert_eq!(
@@ -69,7 +98,19 @@ fn quick_run_measures_every_workload_over_smc_r_and_tcp() {
         "smc-bench failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
-    for col in ["SMC-R", "TCP", "SMC/TCP", "target", "result", "PASS|MISS"] {
+    for col in [
+        "SMC-R",
+        "TCP",
+        "SMC/TCP",
+        "target",
+        "result",
+        "PASS|MISS",
+        "== cross: client process on CPU",
+        "== same: client and server process both on CPU",
+        "1 polling thread/side",
+        "vs ideal shm rr (ref)",
+        "vs ring copy (ref)",
+    ] {
         let found = col.split('|').any(|c| stdout.contains(c));
         assert!(found, "table lacks {col:?}:\n{stdout}");
     }
@@ -128,15 +169,157 @@ fn quick_run_measures_every_workload_over_smc_r_and_tcp() {
             "{w}: {conns}"
         );
     }
-    // The issue's five targets each have a verdict.
+    // Placements: both, on two different allowed CPUs, every placed figure
+    // in each (one value per round), both processes pinned.
+    let placements = doc["meta"]["placements"].as_array().unwrap();
+    let names: Vec<&str> = placements
+        .iter()
+        .map(|p| p["placement"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["cross", "same"], "{doc:#}");
+    let cpu = |i: usize, side: &str| placements[i][side].as_u64().unwrap();
+    assert_ne!(cpu(0, "client_cpu"), cpu(0, "server_cpu"), "{doc:#}");
+    assert_eq!(cpu(1, "client_cpu"), cpu(1, "server_cpu"), "{doc:#}");
+    for name in names {
+        for side in ["client", "server"] {
+            let n = &doc["meta"]["pinned_threads"][name][side];
+            assert!(n.as_u64().unwrap_or(0) >= 1, "{name} {side}: {doc:#}");
+        }
+    }
+    for (w, keys) in PLACED {
+        for key in keys {
+            let got = placements_of(&doc, w, key);
+            let ps: Vec<Option<&str>> = got.iter().map(|(p, _)| *p).collect();
+            assert_eq!(ps, [Some("cross"), Some("same")], "{key}: {doc:#}");
+            for (p, f) in got {
+                let i = usize::from(p == Some("same"));
+                assert_eq!(f["cpus"]["client"].as_u64(), Some(cpu(i, "client_cpu")));
+                assert_eq!(f["cpus"]["server"].as_u64(), Some(cpu(i, "server_cpu")));
+                let side = if w == "reference" { "value" } else { "smc" };
+                assert_eq!(f[side]["rounds"].as_array().map(Vec::len), Some(2), "{key}");
+            }
+        }
+    }
+    // placement-independent figures appear once, without a placement
+    for (w, key) in [
+        ("memory", "memory.each_rss_kib"),
+        ("reference", "reference.memcpy_small_gbps"),
+    ] {
+        let ps: Vec<_> = placements_of(&doc, w, key)
+            .iter()
+            .map(|(p, _)| *p)
+            .collect();
+        assert_eq!(ps, [None], "{key}: {doc:#}");
+    }
+    // the cache-line round trip is a cross-core figure
+    let ps: Vec<_> = placements_of(&doc, "reference", "reference.cacheline_rtt_ns")
+        .iter()
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(ps, [Some("cross")], "{doc:#}");
+
+    // Issue 15's targets, per placement, each with a verdict: against TCP
+    // (64 B median and p99, rr in both shapes, setup) and against a
+    // reference of the same placement (rr vs the ideal, bulk vs the ring).
+    let target = |w: &str, key: &str, p: &str, vs_ref: bool| {
+        let (_, f) = placements_of(&doc, w, key)
+            .into_iter()
+            .find(|(q, _)| *q == Some(p))
+            .unwrap_or_else(|| panic!("{key} {p}: {doc:#}"));
+        let j = if vs_ref { &f["vs_reference"] } else { f };
+        assert!(j["pass"].is_boolean(), "{key} {p}: no verdict: {f}");
+        let t = &j["target"];
+        t["at_most"].as_f64().or(t["at_least"].as_f64()).unwrap()
+    };
+    assert_eq!(
+        target("pingpong", "pingpong.64.median_us", "cross", false),
+        0.15
+    );
+    assert_eq!(
+        target("pingpong", "pingpong.64.median_us", "same", false),
+        0.7
+    );
+    for p in ["cross", "same"] {
+        assert_eq!(target("pingpong", "pingpong.64.p99_us", p, false), 1.0);
+        assert_eq!(target("rr", "rr.tps", p, false), 1.5);
+        assert_eq!(target("rr", "rr.tps", p, true), 0.6);
+        assert_eq!(target("rr", "rr.polling_tps", p, false), 2.5);
+        assert_eq!(target("bulk", "bulk.gbps", p, true), 0.95);
+        assert_eq!(target("setup", "setup.conn_per_s", p, false), 0.8);
+    }
     let verdicts = doc["workloads"]
         .as_object()
         .unwrap()
         .values()
         .flat_map(|w| w["figures"].as_array().unwrap())
-        .filter(|f| f["pass"].is_boolean())
-        .count();
-    assert_eq!(verdicts, 5, "{doc:#}");
+        .map(|f| {
+            usize::from(f["pass"].is_boolean())
+                + usize::from(f["vs_reference"]["pass"].is_boolean())
+        })
+        .sum::<usize>();
+    assert_eq!(verdicts, 14, "7 targets in each of 2 placements: {doc:#}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Pins the calling thread (so the processes it starts) to one of the CPUs
+/// it may use, and returns that CPU.
+fn pin_this_thread_to_one_cpu() -> usize {
+    let set = rustix::thread::sched_getaffinity(None).unwrap();
+    let cpu = (0..rustix::thread::CpuSet::MAX_CPU)
+        .find(|&c| set.is_set(c))
+        .unwrap();
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(cpu);
+    rustix::thread::sched_setaffinity(None, &one).unwrap();
+    cpu
+}
+
+#[test]
+fn one_cpu_measures_the_same_placement_only_and_says_so() {
+    need_root();
+    let cpu = pin_this_thread_to_one_cpu();
+    let dir = device_dir("onecpu", "lo");
+    let json = dir.join("out.json");
+    let out = bench(
+        &dir,
+        &[
+            "--quick",
+            "--rounds",
+            "1",
+            "--only",
+            "pingpong,reference",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}:\n{stdout}\n{stderr}", out.status);
+    assert!(
+        stdout.contains("note: this process may use one CPU only"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("== cross"), "{stdout}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(
+        doc["meta"]["placements"],
+        serde_json::json!([{"placement": "same", "client_cpu": cpu, "server_cpu": cpu}]),
+        "{doc:#}"
+    );
+    assert!(doc["meta"]["placement_note"].is_string(), "{doc:#}");
+    for (p, _) in placements_of(&doc, "pingpong", "pingpong.64.median_us") {
+        assert_eq!(p, Some("same"), "{doc:#}");
+    }
+    // nothing needing two CPUs was attempted
+    assert!(placements_of(&doc, "reference", "reference.cacheline_rtt_ns").is_empty());
+    // and cross cannot be asked for
+    let out = bench(&dir, &["--quick", "--placement", "cross"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--placement cross needs two CPUs"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -159,6 +342,15 @@ fn a_fallback_is_loud_and_fails_the_run() {
 
 #[test]
 fn bad_arguments_are_refused_clearly() {
+    // a CPU this process may not use (sched_getaffinity): past the last one
+    let set = rustix::thread::sched_getaffinity(None).unwrap();
+    let allowed: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| set.is_set(c))
+        .collect();
+    let (first, last) = (allowed[0], allowed[allowed.len() - 1]);
+    let bad_cpu = format!("{first},{}", last + 1);
+    let twice = format!("{first},{first}");
+    let not_allowed = format!("CPU {} is not one this process may use", last + 1);
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_smc-bench"))
             .args(args)
@@ -174,10 +366,24 @@ fn bad_arguments_are_refused_clearly() {
         (&["--only", "pingpong,nonsense"][..], "nonsense"),
         (&["--bulk-mib", "0"][..], "--bulk-mib"),
         (&["--json", "/nonexistent-dir/x.json"][..], "--json"),
+        (&["--placement", "cross,sideways"][..], "sideways"),
+        (&["--cpus", "zero"][..], "--cpus"),
+        (&["--cpus", "0,1,0"][..], "one or two CPUs"),
+        (&["--cpus", &bad_cpu][..], &not_allowed),
     ] {
         let out = run(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} accepted");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
+    // placement errors are argument errors (status 2), found before any
+    // process starts
+    for args in [&["--cpus", &bad_cpu][..], &["--cpus", &twice][..]] {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(!stderr.contains("smc-bench: client pid"), "{stderr}");
+    }
+    let out = run(&["--cpus", &twice]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must differ"));
 }
