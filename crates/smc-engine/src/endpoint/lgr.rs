@@ -19,7 +19,7 @@ use crate::state::{HandshakePhase, LgrAction, LgrEvent, LgrState};
 use smc_proto::close::CloseEvent;
 use smc_proto::link::{LgrConfig, LinkGroup, PeerPort, Role, LINK_SLOTS};
 use smc_proto::Timestamp;
-use smc_rdma::{Access, Device, MemoryRegion, ProtectionDomain, Provider, QueuePair};
+use smc_rdma::{Device, Provider, QueuePair};
 use smc_wire::clc::{DeclineCode, SMC_V2};
 use smc_wire::llc::LlcVersion;
 use smc_wire::types::{Gid, RmbeSize, SystemId};
@@ -248,19 +248,7 @@ impl<P: Provider> Endpoint<P> {
             .get_mut(l)
             .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such link group".into()))?;
-        let pooled = lg
-            .free_bufs
-            .iter()
-            .position(|(r, s)| r.len() == rmb_len && s.len() == sndbuf_len);
-        let (rmb, sndbuf) = match pooled {
-            // (zeroed on release, see `reap`)
-            Some(i) => lg.free_bufs.swap_remove(i),
-            None => (
-                lg.pd
-                    .alloc_mr(rmb_len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
-                lg.pd.alloc_mr(sndbuf_len, Access::LOCAL_WRITE)?,
-            ),
-        };
+        let (rmb, sndbuf) = lg.take_bufs(rmb_len, sndbuf_len)?;
         let c = self
             .conns
             .get_mut(id)

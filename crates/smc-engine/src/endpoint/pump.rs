@@ -11,15 +11,13 @@
 //! groups).
 
 use super::conn::{ConnStatus, Phase};
-use super::pools::{zero, KNOWN_RKEYS_MAX};
-use super::rkey::RkeyFlow;
 use super::{Endpoint, LgrId, Result};
 use crate::state::{LgrEvent, LgrState};
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::{CloseEvent, CloseFlags};
 use smc_proto::link::LINK_SLOTS;
 use smc_proto::Timestamp;
-use smc_rdma::{CompletionChannel, CompletionQueue, Device, MemoryRegion, Provider};
+use smc_rdma::{CompletionChannel, CompletionQueue, Device, Provider};
 use std::time::Duration;
 
 /// How often a pump flushes every connection, not only those marked as
@@ -206,39 +204,7 @@ impl<P: Provider> Endpoint<P> {
             if finished {
                 if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
                     self.detach(id, l);
-                    // bytes the peer put into the RMB (all of it once it wrapped)
-                    let used = self.conns[id]
-                        .as_ref()
-                        .and_then(|c| c.dp.as_ref())
-                        .map_or(usize::MAX, |dp| {
-                            usize::try_from(dp.totals().0).unwrap_or(usize::MAX)
-                        });
-                    let bufs = self.conns[id]
-                        .as_mut()
-                        .and_then(|c| Some((c.rmb.take()?, c.sndbuf.take()?)));
-                    if let Some((rmb, _)) = &bufs {
-                        // A reused RMB starts clean, as Linux zeroes released
-                        // buffers: only the part that was written, so that a
-                        // short connection does not pay for a large buffer.
-                        zero(rmb, used.min(rmb.len()));
-                    }
-                    if let (Some((rmb, sndbuf)), Some(lg)) =
-                        (bufs, self.lgrs.get_mut(l).and_then(Option::as_mut))
-                    {
-                        if !lg.group.is_terminated() {
-                            if lg.links.iter().flatten().count() == 1
-                                && lg.known_rkeys.len() < KNOWN_RKEYS_MAX
-                            {
-                                // kept known at the peer (see `known_rkeys`)
-                                lg.known_rkeys.insert(rmb.rkey());
-                            } else {
-                                // The peer forgets this RMB (§1.11), then it is reused.
-                                lg.known_rkeys.remove(&rmb.rkey());
-                                lg.rkey_queue.push_back(RkeyFlow::Delete(rmb.rkey()));
-                            }
-                            lg.free_bufs.push((rmb, sndbuf));
-                        }
-                    }
+                    self.pool_bufs(id, l);
                 }
                 self.conns[id] = None;
             }
