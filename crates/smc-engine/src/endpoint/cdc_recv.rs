@@ -105,14 +105,13 @@ impl<P: Provider> Endpoint<P> {
         self.mark_tx(id);
         let Some(c) = self.conn(id) else { return };
         let Some(dp) = c.dp.as_mut() else {
-            if matches!(
-                c.phase,
-                Phase::ServerRkey { .. } | Phase::AwaitConfirm { .. }
-            ) {
-                if c.early_cdcs.len() >= EARLY_CDC_MAX {
-                    c.early_cdcs.pop_front();
+            if let Phase::ServerRkey { early, .. } | Phase::AwaitConfirm { early, .. } =
+                &mut c.phase
+            {
+                if early.len() >= EARLY_CDC_MAX {
+                    early.pop_front();
                 }
-                c.early_cdcs.push_back(*m);
+                early.push_back(*m);
             }
             return;
         };

@@ -75,11 +75,23 @@ pub(super) enum Phase {
     ServerRkey {
         accept: Box<AcceptConfirm>,
         version: u8,
+        /// CDCs that arrived before the data path exists (see `AwaitConfirm`).
+        early: VecDeque<CdcMessage>,
     },
     AwaitConfirm {
         version: u8,
         first_contact: bool,
         deadline: Timestamp,
+        /// CDCs that arrived before the data path exists. A client that
+        /// reuses a link group may write as soon as it has sent its CLC
+        /// Confirm, and its RDMA SEND can overtake that Confirm on TCP; Linux
+        /// processes such a CDC as soon as the token is known
+        /// (smc_cdc_rx_handler), so we keep it and apply it once the Confirm
+        /// is in. Cursors are cumulative, so when more than
+        /// [`EARLY_CDC_MAX`](super::cdc_recv::EARLY_CDC_MAX) pile up the
+        /// oldest can be dropped. Only these two server phases hold them: the
+        /// connection has a token the peer knows and no data path yet.
+        early: VecDeque<CdcMessage>,
     },
     // both
     /// First contact: CLC done (`since`: our Confirm went out / theirs came
@@ -149,13 +161,6 @@ pub(super) struct Conn<P: Provider> {
     pub(super) tcp_gone_deadline: Option<Timestamp>,
     /// The peer's latest urgent (out-of-band) byte, until the application reads it.
     pub(super) oob: Option<u8>,
-    /// CDCs that arrived before the data path exists. A client that reuses a
-    /// link group may write as soon as it has sent its CLC Confirm, and its
-    /// RDMA SEND can overtake that Confirm on TCP; Linux processes such a CDC
-    /// as soon as the token is known (smc_cdc_rx_handler), so we keep it and
-    /// apply it once the Confirm is in. Cursors are cumulative, so when more
-    /// than [`EARLY_CDC_MAX`](super::cdc_recv::EARLY_CDC_MAX) pile up the oldest can be dropped.
-    pub(super) early_cdcs: VecDeque<CdcMessage>,
     /// The send cursor (absolute) after the last direct write: data up to
     /// here never was in the send buffer and cannot be replayed.
     pub(super) direct_sent: u64,
@@ -218,7 +223,6 @@ impl<P: Provider> Endpoint<P> {
             close_deadline: None,
             tcp_gone_deadline: None,
             oob: None,
-            early_cdcs: VecDeque::new(),
             direct_sent: 0,
             read_leased: false,
             write_leased: false,

@@ -29,6 +29,7 @@ use smc_wire::clc::{
     FirstContactExt, CLC_WAIT_TIME_SHORT, OS_LINUX, SMC_V2,
 };
 use smc_wire::types::{Eid, RmbeSize};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -145,7 +146,6 @@ impl<P: Provider> Endpoint<P> {
             c.dp = None;
             c.peer_rmb = None;
             c.peer_window = None;
-            c.early_cdcs.clear();
         }
     }
 
@@ -343,8 +343,13 @@ impl<P: Provider> Endpoint<P> {
             peer_rmbe_len: peer_len,
             peer_token: peer.alert_token,
         }));
-        // CDCs that overtook the CLC Confirm (see `Conn::early_cdcs`).
-        let early = std::mem::take(&mut c.early_cdcs);
+        // CDCs that overtook the CLC Confirm (see `Phase::AwaitConfirm`).
+        let early = match &mut c.phase {
+            Phase::ServerRkey { early, .. } | Phase::AwaitConfirm { early, .. } => {
+                std::mem::take(early)
+            }
+            _ => VecDeque::new(),
+        };
         for m in &early {
             self.on_cdc(id, m);
         }

@@ -18,6 +18,7 @@ use smc_rdma::Provider;
 use smc_wire::clc::{
     AcceptConfirm, AcceptConfirmKind, ClcMessage, DeclineCode, Proposal, CLC_WAIT_TIME, SMC_V2,
 };
+use std::collections::VecDeque;
 use std::net::IpAddr;
 
 impl<P: Provider> Endpoint<P> {
@@ -126,6 +127,7 @@ impl<P: Provider> Endpoint<P> {
                     c.phase = Phase::ServerRkey {
                         accept: Box::new(accept),
                         version,
+                        early: VecDeque::new(),
                     };
                 }
                 if !self.start_rkey_flow(id, l, now) {
@@ -168,6 +170,7 @@ impl<P: Provider> Endpoint<P> {
                         version,
                         first_contact: true,
                         deadline: now + CLC_WAIT_TIME,
+                        early: VecDeque::new(),
                     };
                 }
             }

@@ -62,7 +62,11 @@ impl<P: Provider> Endpoint<P> {
                     self.decline(id, confirm.version, DeclineCode::ErrRegBuf);
                 }
             }
-            Some(Phase::ServerRkey { accept, version }) => {
+            Some(Phase::ServerRkey {
+                accept,
+                version,
+                early,
+            }) => {
                 if ok {
                     self.send_clc(id, &ClcMessage::Accept(*accept));
                     let deadline = self.now + CLC_WAIT_TIME;
@@ -71,6 +75,7 @@ impl<P: Provider> Endpoint<P> {
                             version,
                             first_contact: false,
                             deadline,
+                            early,
                         };
                     }
                 } else {
