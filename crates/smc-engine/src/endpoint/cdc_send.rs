@@ -163,7 +163,7 @@ impl<P: Provider> Endpoint<P> {
             let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
                 return Ok(true);
             };
-            if !matches!(c.phase, Phase::Smc) {
+            if !matches!(c.phase, Phase::Smc { .. }) {
                 break;
             }
             // A requested move happens once nothing of the connection is in

@@ -51,8 +51,9 @@ impl<P: Provider> Endpoint<P> {
                 self.finish(id, ConnStatus::Failed(FailReason::TcpClosed))
             }
             Some(ConnStatus::Smc) => {
-                if let Some(c) = self.conn(id) {
-                    c.tcp_gone_deadline.get_or_insert(deadline);
+                if let Some(Phase::Smc { tcp_gone_deadline }) = self.conn(id).map(|c| &mut c.phase)
+                {
+                    tcp_gone_deadline.get_or_insert(deadline);
                 }
             }
             _ => {}
@@ -95,7 +96,7 @@ impl<P: Provider> Endpoint<P> {
             return;
         };
         match &c.phase {
-            Phase::Smc => {
+            Phase::Smc { .. } => {
                 let unread_data = c.dp.as_ref().is_some_and(|dp| dp.unread() > 0);
                 self.close(id, CloseEvent::AppClose { unread_data });
             }
@@ -161,7 +162,7 @@ impl<P: Provider> Endpoint<P> {
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
             return true;
         };
-        if !matches!(c.phase, Phase::Smc) || c.link.is_none() {
+        if !matches!(c.phase, Phase::Smc { .. }) || c.link.is_none() {
             return true;
         }
         let Some(dp) = c.dp.as_ref() else {

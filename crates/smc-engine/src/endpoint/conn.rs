@@ -112,7 +112,13 @@ pub(super) enum Phase {
         reason: DeclineCode,
         deadline: Timestamp,
     },
-    Smc,
+    /// Established: data moves over RDMA. Nothing leaves this phase (the
+    /// connection is freed once closed).
+    Smc {
+        /// The TCP connection ended; without a close CDC by then the peer is
+        /// dead (see [`PEER_GONE_GRACE`](super::PEER_GONE_GRACE)).
+        tcp_gone_deadline: Option<Timestamp>,
+    },
     Done(ConnStatus),
 }
 
@@ -128,7 +134,7 @@ impl Phase {
             Phase::AwaitLink { .. } => HandshakePhase::AwaitLink,
             Phase::AwaitLateDecline { .. } => HandshakePhase::AwaitLateDecline,
             Phase::LateDeclined { .. } => HandshakePhase::LateDeclined,
-            Phase::Smc => HandshakePhase::Smc,
+            Phase::Smc { .. } => HandshakePhase::Smc,
             Phase::Done(_) => HandshakePhase::Done,
         }
     }
@@ -157,8 +163,6 @@ pub(super) struct Conn<P: Provider> {
     pub(super) violation: Option<Violation>,
     /// When a close waiting for the send buffer to drain is sent anyway.
     pub(super) close_deadline: Option<Timestamp>,
-    /// The TCP connection ended; without a close CDC by then the peer is dead.
-    pub(super) tcp_gone_deadline: Option<Timestamp>,
     /// The peer's latest urgent (out-of-band) byte, until the application reads it.
     pub(super) oob: Option<u8>,
     /// The send cursor (absolute) after the last direct write: data up to
@@ -221,7 +225,6 @@ impl<P: Provider> Endpoint<P> {
             peer_rmb: None,
             violation: None,
             close_deadline: None,
-            tcp_gone_deadline: None,
             oob: None,
             direct_sent: 0,
             read_leased: false,
@@ -250,7 +253,7 @@ impl<P: Provider> Endpoint<P> {
     pub fn status(&self, id: ConnId) -> Option<ConnStatus> {
         let c = self.conns.get(id)?.as_ref()?;
         Some(match &c.phase {
-            Phase::Smc => ConnStatus::Smc,
+            Phase::Smc { .. } => ConnStatus::Smc,
             Phase::Done(s) => s.clone(),
             _ => ConnStatus::Handshaking,
         })

@@ -84,7 +84,7 @@ impl<P: Provider> Endpoint<P> {
     /// validation CDC first; a handshake in progress is just re-pointed.
     fn failover(&mut self, id: ConnId, to: usize) {
         // the peer's RMB has the new link's rkey there: ready it first
-        let smc = matches!(self.conn(id).map(|c| &c.phase), Some(Phase::Smc));
+        let smc = matches!(self.conn(id).map(|c| &c.phase), Some(Phase::Smc { .. }));
         let prepared = !smc || self.prepare_peer_rmb(id, to).is_ok();
         let Some(c) = self.conn(id) else { return };
         c.link = Some(to);
@@ -128,7 +128,7 @@ impl<P: Provider> Endpoint<P> {
         let (Some(l), Some(row)) = (c.lgr, c.peer_rmb.map(|p| p.row)) else {
             return false;
         };
-        if !matches!(c.phase, Phase::Smc) || c.link == Some(slot) {
+        if !matches!(c.phase, Phase::Smc { .. }) || c.link == Some(slot) {
             return false;
         }
         let usable = self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {

@@ -239,7 +239,7 @@ impl<P: Provider> Endpoint<P> {
                     self.finish(id, ConnStatus::Fallback { reason, peer });
                     return used + n;
                 }
-                Phase::Smc | Phase::Done(_) => return used,
+                Phase::Smc { .. } | Phase::Done(_) => return used,
             };
             let (n, msg) = c.reader.feed(&data[used..], expected);
             used += n;
@@ -442,7 +442,9 @@ impl<P: Provider> Endpoint<P> {
                 .is_none_or(|lg| lg.group.is_terminated())
         });
         if let Some(c) = self.conn(id) {
-            c.phase = Phase::Smc;
+            c.phase = Phase::Smc {
+                tcp_gone_deadline: None,
+            };
             c.closer.handle(CloseEvent::Established);
             if lgr_dead {
                 c.closer.handle(CloseEvent::Kill { can_send: false });

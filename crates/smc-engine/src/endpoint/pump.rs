@@ -89,9 +89,14 @@ impl<P: Provider> Endpoint<P> {
                 self.retry_parked(id, now);
             }
             if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
-                if c.tcp_gone_deadline.is_some_and(|d| now >= d) {
+                let tcp_gone = match &mut c.phase {
+                    Phase::Smc { tcp_gone_deadline } => {
+                        tcp_gone_deadline.take_if(|d| now >= *d).is_some()
+                    }
+                    _ => false,
+                };
+                if tcp_gone {
                     self.sweep_due = true;
-                    c.tcp_gone_deadline = None;
                     if !c.closer.rx_flags().any_close() {
                         // treated like an abort from the peer: ECONNRESET
                         let o = c.closer.handle(CloseEvent::Peer(CloseFlags {

@@ -132,7 +132,7 @@ impl<P: Provider> Endpoint<P> {
         else {
             return Err(Direct::No);
         };
-        if !matches!(c.phase, Phase::Smc)
+        if !matches!(c.phase, Phase::Smc { .. })
             || c.move_to.is_some()
             || c.validation.is_some()
             || !c.closer.can_write()
