@@ -1,0 +1,147 @@
+//! Receiving: the receive completions of a link, each message dispatched by
+//! its type byte — LLC to the link group, a CDC to the connection whose alert
+//! token it carries, whatever link it came on — and a CDC applied to its
+//! connection: cursors, urgent byte, close flags, violations.
+//!
+//! Spec: `protocol-llc-cdc.md` §0 (framing), §2 (CDC messages, §2.3 sequence
+//! numbers, §2.4 failover validation), §3.4 (receive side), §3.5 (urgent
+//! data), §4.2 (per-link receive side), §9. Linux: smc_wr.c
+//! (`smc_wr_rx_tasklet_fn`), smc_cdc.c (`smc_cdc_rx_handler`,
+//! `smc_cdc_msg_recv`).
+
+use super::conn::Phase;
+use super::link::RECV_SLOT_LEN;
+use super::{ConnId, Endpoint, LgrId, Result};
+use smc_proto::close::CloseEvent;
+use smc_proto::Timestamp;
+use smc_rdma::{
+    CompletionQueue, MemoryRegion, Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
+};
+use smc_wire::cdc::CdcMessage;
+use smc_wire::WrMessage;
+
+/// CDCs kept per connection while its CLC Confirm is still on the way.
+pub(super) const EARLY_CDC_MAX: usize = 64;
+
+impl<P: Provider> Endpoint<P> {
+    /// Receive completions of link `slot`: LLC to the link group (as arrived on
+    /// that link), CDCs to the connection of their token, whatever link they
+    /// came on (§9).
+    pub(super) fn poll_recv(&mut self, l: LgrId, slot: usize, now: Timestamp) -> Result<()> {
+        // one receive buffer's bytes (a CDC or LLC message), copied out before
+        // the buffer is posted again
+        let mut msg = std::mem::take(&mut self.scratch_msg);
+        msg.resize(RECV_SLOT_LEN, 0);
+        let r = self.poll_recv_with(l, slot, now, &mut msg);
+        self.scratch_msg = msg;
+        r
+    }
+
+    fn poll_recv_with(
+        &mut self,
+        l: LgrId,
+        slot: usize,
+        now: Timestamp,
+        msg: &mut [u8],
+    ) -> Result<()> {
+        let mut wcs = [WorkCompletion::default(); 16];
+        loop {
+            let Some(res) = self
+                .lgrs
+                .get_mut(l)
+                .and_then(Option::as_mut)
+                .and_then(|lg| lg.links.get_mut(slot))
+                .and_then(Option::as_mut)
+            else {
+                return Ok(());
+            };
+            let n = res.rcq.poll(&mut wcs)?;
+            self.completions += n as u64;
+            for wc in wcs.iter().take(n) {
+                let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                    return Ok(());
+                };
+                let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+                    return Ok(());
+                };
+                if wc.status != WcStatus::Success {
+                    if wc.status != WcStatus::WrFlushError {
+                        lg.group.on_link_failure(slot);
+                    }
+                    continue;
+                }
+                let at = wc.wr_id as usize * RECV_SLOT_LEN;
+                let buf = &mut msg[..(wc.byte_len as usize).min(RECV_SLOT_LEN)];
+                res.recv.read_at(at, buf)?;
+                let reposted = res.recv.sge(at, RECV_SLOT_LEN as u32).and_then(|sge| {
+                    res.qp.post_recv(&RecvWr {
+                        wr_id: wc.wr_id,
+                        sges: &[sge],
+                    })
+                });
+                lg.group.on_rx_activity(slot, now);
+                match WrMessage::decode(buf) {
+                    Ok(WrMessage::Llc(m)) => lg.group.on_llc(slot, m, now),
+                    Ok(WrMessage::Cdc(c)) => {
+                        // The CDC carries the receiver's alert token (§2.1).
+                        match lg.tokens.get(&c.token) {
+                            Some(&id) => self.on_cdc(id, &c),
+                            None => lg.group.dropped += 1,
+                        }
+                    }
+                    Err(_) => lg.group.dropped += 1,
+                }
+                if let Err(e) = reposted {
+                    self.link_error(l, slot, e)?;
+                }
+            }
+            if n < wcs.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    pub(super) fn on_cdc(&mut self, id: ConnId, m: &CdcMessage) {
+        self.mark_tx(id);
+        let Some(c) = self.conn(id) else { return };
+        let Some(dp) = c.dp.as_mut() else {
+            if let Phase::ServerRkey { early, .. } | Phase::AwaitConfirm { early, .. } =
+                &mut c.phase
+            {
+                if early.len() >= EARLY_CDC_MAX {
+                    early.pop_front();
+                }
+                early.push_back(*m);
+            }
+            return;
+        };
+        let r = dp.on_cdc(m);
+        // Keep the urgent byte apart at once: normal reads skip it and its RMB
+        // space is then reused, while recv(MSG_OOB) may come later (TCP keeps it).
+        if let (Some(off), Some(rmb)) = (dp.urgent_offset(), c.rmb.as_ref()) {
+            let mut b = [0u8; 1];
+            if rmb.read_at(off, &mut b).is_ok() {
+                c.oob = Some(b[0]);
+                dp.urgent_taken();
+            }
+        }
+        match r {
+            Ok(r) if r.close.any() => {
+                let o = c.closer.handle(CloseEvent::Peer(r.close));
+                if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                    dp.set_close_flags(f);
+                }
+            }
+            Ok(_) => {}
+            Err(v) => {
+                // A broken peer, or loss shown by a failover validation (§2.4):
+                // abort, with a CDC that says so.
+                c.violation = Some(v);
+                let o = c.closer.handle(CloseEvent::Kill { can_send: true });
+                if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                    dp.set_close_flags(f);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Closing: `shutdown` and `close` of the application (unsent data first,
+//! dropped after `SMC_MAX_STREAM_WAIT_TIMEOUT`), release of a connection,
+//! aborts, the end of the TCP connection (a peer that died), and the close
+//! state as the application sees it. The close decisions are smc-proto's
+//! [`Closer`].
+//!
+//! Spec: `protocol-llc-cdc.md` §5 (close: what is sent, active and passive
+//! transitions, §5.5 abort, §5.6 timeouts). Linux: smc_close.c
+//! (`smc_close_active`, `smc_close_passive_work`, `smc_close_active_abort`).
+//!
+//! [`Closer`]: smc_proto::close::Closer
+
+use super::conn::{Conn, ConnError, ConnStatus, Phase};
+use super::{ConnId, Endpoint};
+use smc_proto::clc_stream::FailReason;
+use smc_proto::close::{CloseEvent, CloseFlags, CloseState};
+use smc_rdma::Provider;
+use std::time::Duration;
+
+/// How long after the TCP connection ended a close CDC may still arrive before
+/// the peer is taken for dead.
+pub const PEER_GONE_GRACE: Duration = Duration::from_secs(1);
+
+/// Longest wait for the send buffer to drain before a close (Linux
+/// `SMC_MAX_STREAM_WAIT_TIMEOUT`).
+const MAX_STREAM_WAIT: Duration = Duration::from_secs(2);
+
+impl<P: Provider> Endpoint<P> {
+    /// The TCP connection closed or failed during the handshake.
+    ///
+    /// On an SMC connection the TCP connection normally closes right after the
+    /// peer's close CDC (the active closer shuts it down, §5.2). If no close or
+    /// abort CDC has arrived within [`PEER_GONE_GRACE`] of the TCP end, the peer
+    /// is taken for dead — a user-space peer whose process died cannot send a
+    /// CDC, but its kernel closes the TCP socket — and the connection is reset.
+    /// Its link is then probed with a TEST_LINK at once (see
+    /// [`smc_proto::link::LinkGroup::probe_link`]): a peer whose device went
+    /// away takes the link with it, and an unanswered probe ends the link
+    /// (and a group left without one) after `SMC_LLC_WAIT_TIME`, so that a
+    /// released connection does not wait for CDCs that cannot complete.
+    pub fn tcp_closed(&mut self, id: ConnId) {
+        self.sweep_due = true;
+        let deadline = self.now + PEER_GONE_GRACE;
+        if let Some(Phase::LateDeclined { reason, .. }) = self.conn(id).map(|c| c.phase.clone()) {
+            // Our Decline is out and no crossed one came: the connection is on
+            // TCP, and the peer's close is the application's end of file.
+            return self.finish(id, ConnStatus::Fallback { reason, peer: None });
+        }
+        match self.status(id) {
+            Some(ConnStatus::Handshaking) => {
+                self.finish(id, ConnStatus::Failed(FailReason::TcpClosed))
+            }
+            Some(ConnStatus::Smc) => {
+                if let Some(Phase::Smc { tcp_gone_deadline }) = self.conn(id).map(|c| &mut c.phase)
+                {
+                    tcp_gone_deadline.get_or_insert(deadline);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Kills an established connection of ours with an abort CDC to the peer
+    /// (which needs no rkey: it can go whatever became of the peer's RMB).
+    pub(super) fn abort_now(&mut self, id: ConnId) {
+        self.mark_tx(id);
+        if let Some(c) = self.conn(id) {
+            let o = c.closer.handle(CloseEvent::Kill { can_send: true });
+            if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                dp.set_close_flags(f);
+            }
+        }
+    }
+
+    pub(super) fn close_error(c: &Conn<P>) -> ConnError {
+        match c.closer.error() {
+            Some(smc_proto::close::CloseError::Reset) => ConnError::Reset,
+            Some(smc_proto::close::CloseError::Aborted) => ConnError::Aborted,
+            // writing to a peer that closed: ECONNRESET, as Linux
+            None if c.closer.rx_flags().any_close() && !c.closer.tx_flags().any() => {
+                ConnError::Reset
+            }
+            None => ConnError::Closed,
+        }
+    }
+
+    /// The application is done with the connection (`close()` on the socket). An
+    /// SMC connection closes (an abort if received data is left unread) and is
+    /// freed once the close completes; a fallen-back, failed or unfinished one is
+    /// freed at once (its TCP socket is the caller's to close).
+    pub fn release(&mut self, id: ConnId) {
+        // (the next pump frees the connection once it is finished)
+        self.sweep_due = true;
+        self.mark_tx(id);
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return;
+        };
+        match &c.phase {
+            Phase::Smc { .. } => {
+                let unread_data = c.dp.as_ref().is_some_and(|dp| dp.unread() > 0);
+                self.close(id, CloseEvent::AppClose { unread_data });
+            }
+            _ => {
+                if matches!(self.status(id), Some(ConnStatus::Handshaking)) {
+                    self.finish(id, ConnStatus::Failed(FailReason::TcpClosed));
+                }
+                if let Some(l) = self.conns[id].as_mut().and_then(|c| c.lgr.take()) {
+                    self.detach(id, l);
+                }
+                self.conns[id] = None;
+            }
+        }
+    }
+
+    /// The peer closed (or aborted) the connection, as opposed to only shutting
+    /// down its write side.
+    pub fn peer_closed(&self, id: ConnId) -> bool {
+        self.conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.closer.rx_flags().any_close())
+    }
+
+    /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first; after
+    /// `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) without room at the peer it is dropped
+    /// and the close is sent anyway, as Linux does (§5.2).
+    pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
+        self.sweep_due = true;
+        self.mark_tx(id);
+        let deadline = self.now + MAX_STREAM_WAIT;
+        if let Some(c) = self.conn(id) {
+            let o = c.closer.handle(ev);
+            if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                dp.set_close_flags(f);
+                if dp.close_pending() {
+                    c.close_deadline = Some(deadline);
+                }
+            }
+        }
+    }
+
+    /// A connection's close state.
+    pub fn close_state(&self, id: ConnId) -> Option<CloseState> {
+        self.conns.get(id)?.as_ref().map(|c| c.closer.state())
+    }
+
+    /// Close flags we have sent on a connection.
+    pub fn sent_close_flags(&self, id: ConnId) -> Option<CloseFlags> {
+        self.conns.get(id)?.as_ref().map(|c| c.closer.tx_flags())
+    }
+
+    /// Whether a closed connection has nothing left to send: its data and its
+    /// close (or abort) CDC have been handed to the device, or it is gone.
+    /// Until then the process must stay for them to leave — a user-space
+    /// connection has no kernel to finish the close after an exit (Linux's
+    /// close() waits for pending sends the same way, up to
+    /// `SMC_MAX_STREAM_WAIT_TIMEOUT`, §5.2). Posted is enough: waiting for the
+    /// peer's acknowledgement as well made every close cost a wake-up round
+    /// trip (connection setup rate fell to a fifth); the shm device delivers
+    /// what was posted even after the sender exits.
+    pub fn close_sent(&self, id: ConnId) -> bool {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return true;
+        };
+        if !matches!(c.phase, Phase::Smc { .. }) || c.link.is_none() {
+            return true;
+        }
+        let Some(dp) = c.dp.as_ref() else {
+            return true;
+        };
+        if matches!(
+            c.closer.state(),
+            CloseState::Closed | CloseState::ProcessAbort | CloseState::PeerAbortWait
+        ) {
+            return true;
+        }
+        !dp.close_pending() && dp.close_flags_sent().any() && dp.unsent() == 0
+    }
+}

@@ -1,0 +1,138 @@
+//! Read-only views of connections and link groups, for tests, the
+//! simulation, tools and diagnostics: roles, tokens, links, link-group
+//! states and buffers, a debug dump.
+
+use super::{ConnId, Endpoint, LgrId};
+use crate::state::{HandshakePhase, LgrState};
+use smc_proto::datapath::{DataPath, Violation};
+use smc_proto::link::Role;
+use smc_rdma::{Provider, QueuePair};
+
+impl<P: Provider> Endpoint<P> {
+    /// Which side of the handshake a connection is.
+    pub fn role(&self, id: ConnId) -> Option<Role> {
+        self.conns.get(id)?.as_ref().map(|c| c.role)
+    }
+
+    /// A connection's alert token (unique among the live connections of its
+    /// link group; with the id it tells a connection from a later one that
+    /// reuses the id).
+    pub fn alert_token(&self, id: ConnId) -> Option<u32> {
+        self.conns.get(id)?.as_ref().map(|c| c.token)
+    }
+
+    /// Unsent or unconfirmed bytes of ours on a connection.
+    pub fn unacked(&self, id: ConnId) -> usize {
+        self.conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.dp.as_ref())
+            .map_or(0, DataPath::unacked)
+    }
+
+    /// Live link groups.
+    pub fn link_groups(&self) -> usize {
+        self.lgrs.iter().flatten().count()
+    }
+
+    /// Connections of the link group a connection uses.
+    pub fn link_group_of(&self, id: ConnId) -> Option<LgrId> {
+        self.conns.get(id)?.as_ref()?.lgr
+    }
+
+    /// Connections still allocated (not yet reaped).
+    pub fn connections(&self) -> usize {
+        self.conns.iter().flatten().count()
+    }
+
+    /// LLC messages posted so far (requests and responses, every group).
+    pub fn llc_sent(&self) -> u64 {
+        self.llc_sent
+    }
+
+    /// Peer RMBs a link group knows (its rtoken table) and our released buffers
+    /// it keeps for reuse.
+    pub fn link_group_buffers(&self, l: LgrId) -> Option<(usize, usize)> {
+        self.lgrs
+            .get(l)?
+            .as_ref()
+            .map(|lg| (lg.group.rtoken_count(), lg.free_bufs.len()))
+    }
+
+    /// QP number of a link group's first link (lowest slot; for fault injection
+    /// in tests).
+    pub fn qp_num(&self, l: LgrId) -> Option<u32> {
+        let lg = self.lgrs.get(l)?.as_ref()?;
+        lg.links.iter().flatten().map(|r| r.qp.qp_num()).next()
+    }
+
+    /// QP number of the link in `slot` of a link group.
+    pub fn link_qp_num(&self, l: LgrId, slot: usize) -> Option<u32> {
+        let lg = self.lgrs.get(l)?.as_ref()?;
+        lg.links.get(slot)?.as_ref().map(|r| r.qp.qp_num())
+    }
+
+    /// Slots of a link group's usable (active) links.
+    pub fn usable_links(&self, l: LgrId) -> Vec<usize> {
+        self.lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .map(|lg| lg.group.active_slots().collect())
+            .unwrap_or_default()
+    }
+
+    /// A link group's life-cycle state.
+    pub fn link_group_state(&self, l: LgrId) -> Option<LgrState> {
+        Some(self.lgrs.get(l)?.as_ref()?.state)
+    }
+
+    /// The link (slot) a connection is assigned to.
+    pub fn link_of(&self, id: ConnId) -> Option<usize> {
+        self.conns.get(id)?.as_ref()?.link
+    }
+
+    /// Where a connection's handshake stands.
+    pub fn handshake_phase(&self, id: ConnId) -> Option<HandshakePhase> {
+        Some(self.conns.get(id)?.as_ref()?.phase.kind())
+    }
+
+    /// Debug dump of a connection's data path and close state.
+    pub fn debug_conn(&self, id: ConnId) -> String {
+        match self.conns.get(id).and_then(Option::as_ref) {
+            Some(c) => {
+                let lg = c.lgr.and_then(|l| self.lgrs.get(l)?.as_ref());
+                let rtoken = c.peer_rmb.and_then(|p| lg?.group.rtoken(p.row).copied());
+                let sends: Vec<usize> = lg
+                    .map(|lg| {
+                        lg.links
+                            .iter()
+                            .flatten()
+                            .map(|r| r.sends_in_flight)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "token {} lgr {:?} link {:?} move_to {:?} validation {} peer rtoken {:?} \
+                     usable {:?} sends in flight {:?} {:?} {:?} {:?}",
+                    c.token,
+                    c.lgr,
+                    c.link,
+                    c.move_to,
+                    c.validation.is_some(),
+                    rtoken,
+                    lg.map(|lg| lg.group.active_slots().collect::<Vec<_>>()),
+                    sends,
+                    c.phase,
+                    c.closer,
+                    c.dp
+                )
+            }
+            None => "gone".into(),
+        }
+    }
+
+    /// The violation that killed a connection, if any.
+    pub fn violation(&self, id: ConnId) -> Option<Violation> {
+        self.conns.get(id)?.as_ref()?.violation
+    }
+}

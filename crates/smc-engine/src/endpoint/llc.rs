@@ -1,0 +1,105 @@
+//! What a link group's LLC state machine (smc-proto's [`LinkGroup`]) decided,
+//! carried out: LLC messages posted on the link smc-proto chose (CONFIRM_LINK,
+//! TEST_LINK, DELETE_LINK, CONFIRM_RKEY, DELETE_RKEY and their responses),
+//! links that came up or went down, a terminated group, finished rkey flows.
+//! Also the device's asynchronous events and provider errors on posting,
+//! which take links down.
+//!
+//! Received LLC messages reach smc-proto from `cdc_recv.rs` (one receive path
+//! for both kinds). Spec: `protocol-llc-cdc.md` §1 (LLC), §1.9 (DELETE_LINK),
+//! §1.10 (TEST_LINK), §7.1 (what takes a link down), §9 (which link carries
+//! which message). Linux: smc_llc.c, smc_ib.c (`smc_ib_global_event_handler`,
+//! `smc_ib_qp_event_handler`).
+//!
+//! [`LinkGroup`]: smc_proto::link::LinkGroup
+
+use super::link::{LinkRes, WrKind};
+use super::rkey::DELETE_TAG;
+use super::{ConnId, Endpoint, LgrId, Result};
+use crate::state::LgrEvent;
+use smc_proto::link::{LgrOutput, LINK_SLOTS};
+use smc_proto::Timestamp;
+use smc_rdma::{AsyncEvent, Device, Provider, QueuePair};
+
+impl<P: Provider> Endpoint<P> {
+    /// A device event: a QP or the port failed — link down at once (§7.1) rather
+    /// than at the next send or keepalive. A port coming back changes nothing:
+    /// re-adding links (§7.4) needs ADD_LINK.
+    pub(super) fn on_async_event(&mut self, ev: AsyncEvent) {
+        if let Ok(p) = self.dev.query_port(1) {
+            self.port_mtu = p.active_mtu;
+        }
+        for lg in self.lgrs.iter_mut().flatten() {
+            for slot in 0..LINK_SLOTS {
+                let Some(res) = lg.links[slot].as_ref() else {
+                    continue;
+                };
+                let hit = match ev {
+                    AsyncEvent::QpFatal { qp_num } => res.qp.qp_num() == qp_num,
+                    // one device, all links on port 1
+                    AsyncEvent::PortError { .. } | AsyncEvent::DeviceFatal => true,
+                    AsyncEvent::PortActive { .. } => false,
+                };
+                if hit {
+                    lg.group.on_link_failure(slot);
+                }
+            }
+        }
+    }
+
+    /// A provider error while posting on link `slot`: a failed QP takes the link
+    /// down (§7.1: "failure to post a send"); anything else is the caller's.
+    pub(super) fn link_error(&mut self, l: LgrId, slot: usize, e: smc_rdma::Error) -> Result<()> {
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        let failed = lg
+            .links
+            .get(slot)
+            .and_then(Option::as_ref)
+            .is_none_or(LinkRes::failed);
+        if !failed {
+            return Err(e);
+        }
+        lg.group.on_link_failure(slot);
+        Ok(())
+    }
+
+    pub(super) fn drain_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
+        loop {
+            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+                return Ok(());
+            };
+            let Some(o) = lg.group.poll_output() else {
+                return Ok(());
+            };
+            if !matches!(o, LgrOutput::SendLlc { .. }) {
+                // links and rkeys change what connections can send
+                self.sweep_due = true;
+            }
+            match o {
+                LgrOutput::SendLlc { slot, msg } => {
+                    // LLC responses on the link of the request, the rest as
+                    // smc-proto chose (§9); a link already released sends nothing.
+                    let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+                        continue;
+                    };
+                    let bytes = msg.encode();
+                    self.llc_sent += 1;
+                    if let Err(e) = res.post(WrKind::Llc, &bytes) {
+                        self.link_error(l, slot, e)?;
+                    }
+                }
+                LgrOutput::LinkActive { .. } => {
+                    self.lgr_step(l, LgrEvent::LinkActive);
+                }
+                LgrOutput::LinkDown { slot, .. } => self.on_link_down(l, slot, now)?,
+                LgrOutput::Terminated { .. } => {
+                    self.lgr_step(l, LgrEvent::Terminated);
+                }
+                LgrOutput::RkeyFlowDone { tag, .. } if tag & DELETE_TAG != 0 => {}
+                LgrOutput::RkeyFlowDone { tag, ok } => self.on_rkey_done(tag as ConnId, ok),
+            }
+        }
+    }
+}

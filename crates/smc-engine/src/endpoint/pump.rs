@@ -1,0 +1,278 @@
+//! Progress: [`Endpoint::pump`] does everything due at a time — handshake,
+//! close and peer-gone deadlines, link-group timers (TEST_LINK, LLC
+//! timeouts, idle groups), device events, completions and LLC output, sending
+//! — and frees finished connections; the completion channel a driver sleeps
+//! on between pumps ([`Endpoint::arm`], [`Endpoint::notify_fd`]).
+//!
+//! Linux runs the same from tasklets and work queues (smc_wr.c completion
+//! tasklets, smc_core.c `smc_lgr_free_work`, smc_close.c timers); here time
+//! is passed in. Spec: `protocol-clc.md` §4.6 (handshake timeouts),
+//! `protocol-llc-cdc.md` §1.5 (LLC timers), §5.6 (close timeouts, idle
+//! groups).
+
+use super::conn::{ConnStatus, Phase};
+use super::{Endpoint, LgrId, Result};
+use crate::state::{LgrEvent, LgrState};
+use smc_proto::clc_stream::FailReason;
+use smc_proto::close::{CloseEvent, CloseFlags};
+use smc_proto::link::LINK_SLOTS;
+use smc_proto::Timestamp;
+use smc_rdma::{CompletionChannel, CompletionQueue, Device, Provider};
+use std::time::Duration;
+
+/// How often a pump flushes every connection, not only those marked as
+/// having something to send (see `Endpoint::flush_tx`): the safety net under
+/// the marks.
+pub(super) const FLUSH_SWEEP_EVERY: Duration = Duration::from_millis(1);
+
+impl<P: Provider> Endpoint<P> {
+    /// Does everything due at `now`: CLC timeouts, LLC traffic, completions,
+    /// received CDCs, data and cursor updates, keepalives, link failover.
+    /// Connection timers (handshake, close and peer-gone deadlines) and the
+    /// freeing of finished connections are looked at by the pumps that walk
+    /// every connection: at least one per millisecond of
+    /// `now`, and the next one after a link, handshake or close event.
+    pub fn pump(&mut self, now: Timestamp) -> Result<()> {
+        self.now = now;
+        while let Some(ev) = self.dev.poll_async_event() {
+            self.on_async_event(ev);
+        }
+        // Whether this pump walks every connection: to flush it (see
+        // `flush_tx`), for its timers, and to free it once finished. Every
+        // FLUSH_SWEEP_EVERY, or sooner after an event that calls for it
+        // (`sweep_due`); otherwise a message's cost would grow with the
+        // number of idle connections. (Events of this pump that call for a
+        // sweep set `sweep_due` again, for the next one.)
+        let sweep = std::mem::take(&mut self.sweep_due) || now >= self.next_sweep;
+        if sweep {
+            self.next_sweep = now + FLUSH_SWEEP_EVERY;
+        }
+        for id in 0..if sweep { self.conns.len() } else { 0 } {
+            let due = match self
+                .conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .map(|c| &c.phase)
+            {
+                Some(Phase::AwaitAccept { deadline, .. })
+                | Some(Phase::AwaitProposal { deadline })
+                | Some(Phase::AwaitConfirm { deadline, .. }) => now >= *deadline,
+                _ => false,
+            };
+            if due {
+                self.sweep_due = true;
+                self.finish(id, ConnStatus::Failed(FailReason::Timeout));
+            }
+            match self
+                .conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .map(|c| &c.phase)
+            {
+                Some(&Phase::AwaitLateDecline { version, deadline }) if now >= deadline => {
+                    self.sweep_due = true;
+                    self.send_late_decline(id, version);
+                }
+                Some(&Phase::LateDeclined { reason, deadline }) if now >= deadline => {
+                    self.sweep_due = true;
+                    self.finish(id, ConnStatus::Fallback { reason, peer: None });
+                }
+                _ => {}
+            }
+            if matches!(
+                self.conns
+                    .get(id)
+                    .and_then(Option::as_ref)
+                    .map(|c| &c.phase),
+                Some(Phase::AwaitLgr { .. })
+            ) {
+                self.retry_parked(id, now);
+            }
+            if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+                let tcp_gone = match &mut c.phase {
+                    Phase::Smc { tcp_gone_deadline } => {
+                        tcp_gone_deadline.take_if(|d| now >= *d).is_some()
+                    }
+                    _ => false,
+                };
+                if tcp_gone {
+                    self.sweep_due = true;
+                    if !c.closer.rx_flags().any_close() {
+                        // treated like an abort from the peer: ECONNRESET
+                        let o = c.closer.handle(CloseEvent::Peer(CloseFlags {
+                            done_writing: false,
+                            closed: false,
+                            abort: true,
+                        }));
+                        if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                            dp.set_close_flags(f);
+                        }
+                        // Its link may have died with it, silently (a peer
+                        // whose device went away sends no DELETE_LINK): then
+                        // our CDCs on it never complete where the transport
+                        // retries forever (rxe at retry count 7), and the
+                        // connection, released, would wait for them until
+                        // the next keepalive. Probe the link now: unanswered,
+                        // it goes down after SMC_LLC_WAIT_TIME and, as the
+                        // last link, ends the group (Linux `smcr_link_down`).
+                        if let (Some(l), Some(slot)) = (c.lgr, c.link) {
+                            if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                                lg.group.probe_link(slot, now);
+                            }
+                        }
+                    }
+                }
+                if c.close_deadline.is_some_and(|d| now >= d) {
+                    self.sweep_due = true;
+                    c.close_deadline = None;
+                    if let Some(dp) = c.dp.as_mut() {
+                        dp.discard_unsent();
+                    }
+                }
+            }
+        }
+        for l in 0..self.lgrs.len() {
+            if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
+                continue;
+            }
+            let idle_timeout = self.cfg.lgr_idle_timeout;
+            let mut idle_expired = false;
+            if let Some(lg) = self.lgrs[l].as_mut() {
+                lg.group.on_timeout(now);
+                if lg.tokens.is_empty() && lg.state == LgrState::Active {
+                    let since = *lg.idle_since.get_or_insert(now);
+                    idle_expired = now >= since + idle_timeout;
+                } else {
+                    lg.idle_since = None;
+                }
+            }
+            if idle_expired {
+                self.lgr_step(l, LgrEvent::IdleExpired);
+            }
+            self.retry_rkey_flows(l, now);
+            self.pump_lgr(l, now, sweep)?;
+        }
+        if sweep {
+            self.reap();
+        }
+        Ok(())
+    }
+
+    fn pump_lgr(&mut self, l: LgrId, now: Timestamp, sweep: bool) -> Result<()> {
+        self.drain_lgr(l, now)?;
+        for slot in 0..LINK_SLOTS {
+            // (pumps run in every waiting loop: skip empty slots cheaply)
+            let present = self
+                .lgrs
+                .get(l)
+                .and_then(Option::as_ref)
+                .is_some_and(|lg| lg.links[slot].is_some());
+            if !present {
+                continue;
+            }
+            self.poll_recv(l, slot, now)?;
+            self.poll_send(l, slot)?;
+        }
+        self.drain_lgr(l, now)?;
+        self.flush_tx(l, sweep)?;
+        // a link that failed while sending is dealt with now, not next time
+        self.drain_lgr(l, now)
+    }
+
+    /// Frees connections that are closed and released, and link groups that died.
+    fn reap(&mut self) {
+        for id in 0..self.conns.len() {
+            let finished = self
+                .conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| {
+                    // CDCs of a dead link group never complete; do not wait for them.
+                    let lgr_dead = c.lgr.is_none_or(|l| {
+                        self.lgrs
+                            .get(l)
+                            .and_then(Option::as_ref)
+                            .is_none_or(|lg| lg.group.is_terminated())
+                    });
+                    // Our final CDC must have gone out and completed: the peer
+                    // waits for it (PEERCLOSEWAIT) and may still write until then.
+                    // After a failover it is sent again on the new link.
+                    c.closer.is_finished()
+                        && (lgr_dead
+                            || (c.validation.is_none()
+                                && c.dp.as_ref().is_none_or(|dp| {
+                                    dp.cdcs_in_flight() == 0
+                                        && !dp.close_pending()
+                                        && !dp.cdc_wanted()
+                                })))
+                });
+            if finished {
+                if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
+                    self.detach(id, l);
+                    self.pool_bufs(id, l);
+                }
+                self.conns[id] = None;
+            }
+        }
+        for l in 0..self.lgrs.len() {
+            let dead = self.lgrs[l]
+                .as_ref()
+                .is_some_and(|lg| lg.state == LgrState::Terminating && lg.tokens.is_empty());
+            if dead {
+                self.lgr_step(l, LgrEvent::LastConnGone);
+            }
+        }
+    }
+
+    /// Asks every completion queue to signal the endpoint's descriptor
+    /// ([`Self::notify_fd`]) at its next completion. Arm, then [`Self::pump`] once
+    /// more (a completion may have come in before arming), then sleep on the
+    /// descriptor: nothing is missed, and while nobody sleeps peers post without
+    /// a system call.
+    pub fn arm(&mut self) -> Result<()> {
+        for lg in self.lgrs.iter().flatten() {
+            for res in lg.links.iter().flatten() {
+                res.arm()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A descriptor that becomes readable when an armed completion queue gets a
+    /// completion (the endpoint's completion channel).
+    pub fn notify_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.chan.fd()
+    }
+
+    /// Consumes the notification on [`Self::notify_fd`], if any.
+    pub fn take_notification(&self) -> bool {
+        self.chan.try_get_event().unwrap_or(false)
+    }
+
+    /// How many times a connection was looked at for something to send (one
+    /// connection each time), so far: a diagnostic of what pumps cost, which
+    /// grows with the connections that had something to do, not with the
+    /// idle ones.
+    pub fn conn_flushes(&self) -> u64 {
+        self.conn_flushes
+    }
+
+    /// Work completions processed so far: when it moves, [`Self::pump`] did
+    /// something (data, cursor updates, LLC) that a waiter may care about.
+    pub fn completions(&self) -> u64 {
+        self.completions
+    }
+
+    /// Whether a [`Self::pump`] now could find anything new on the links (a
+    /// cheap look for busy-waiting callers; may say `true` spuriously). It
+    /// does not cover timers or device events: a caller that stops pumping on
+    /// `false` must still pump now and then.
+    pub fn may_have_work(&self) -> bool {
+        self.lgrs.iter().flatten().any(|lg| {
+            lg.links
+                .iter()
+                .flatten()
+                .any(|r| r.scq.may_have_work() || r.rcq.may_have_work())
+        })
+    }
+}

@@ -1,0 +1,264 @@
+//! The device thread of an instance: accepts the connections peers dial to
+//! our QPs and routes their hellos, auth and region requests to the QP
+//! (`qp_rendezvous.rs`, `qp_region.rs`); ticks every `poll_interval` for the
+//! port state, heartbeats, rendezvous timeouts and QPs whose failure waited
+//! for a busy data path. It never blocks on a peer (non-blocking sockets)
+//! nor for long on a QP lock, and keeps one descriptor in reserve so that a
+//! process out of descriptors refuses new connections instead of spinning.
+
+use super::device::DevShared;
+use super::qp::QpInner;
+use super::{lock, lock_within, MAX_PENDING, PENDING_WAIT};
+
+use super::layout::*;
+use super::wire::{Kind, Msg};
+use crate::sys::{self, EventFd, SeqPacket};
+use crate::verbs::*;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release, SeqCst};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// What a polled socket is to the device thread.
+pub(super) enum Role {
+    /// Accepted, no hello yet (index into the pending list).
+    Pending(usize),
+    /// A QP's inbound connection: the verified one or a candidate (by id).
+    Inbound(Arc<QpInner>, u64),
+    /// The connection a QP dialed (watched for hang-up only).
+    Out(Arc<QpInner>),
+}
+
+pub(super) fn device_thread(sh: Arc<DevShared>, listener: SeqPacket, reserve: EventFd) {
+    let mut reserve = Some(reserve);
+    let mut pending: Vec<(Arc<SeqPacket>, Instant)> = vec![];
+    let mut accept_paused_until: Option<Instant> = None;
+    let mut last_tick = Instant::now();
+    let mut ticks: u64 = 0;
+    while !sh.stop.load(Acquire) {
+        if sh.frozen.load(Acquire) {
+            // Hung on purpose (test hook): no answers, no heartbeats.
+            let _ = sh.wake.wait(sh.poll_interval);
+            continue;
+        }
+        let qps = sh.qp_list();
+        // The sockets to watch, with the Arcs held across the poll so no
+        // descriptor number is closed (and reused) under it.
+        let mut socks: Vec<(Arc<SeqPacket>, Role, i16)> = vec![];
+        for (i, (s, _)) in pending.iter().enumerate() {
+            socks.push((s.clone(), Role::Pending(i), libc::POLLIN));
+        }
+        for qp in &qps {
+            // bounded: nobody holds `ctl` for long, but the device thread
+            // must never wait on a QP
+            let Some(ctl) = lock_within(&qp.ctl, Duration::from_millis(5)) else {
+                continue;
+            };
+            if let Some(o) = &ctl.out {
+                // Hang-up only (an unread answer must not make us spin).
+                socks.push((o.sock.clone(), Role::Out(qp.clone()), 0));
+            }
+            for b in ctl.inb.iter().chain(ctl.cands.iter()) {
+                socks.push((
+                    b.sock.clone(),
+                    Role::Inbound(qp.clone(), b.id),
+                    libc::POLLIN,
+                ));
+            }
+        }
+        let listen = accept_paused_until.is_none_or(|t| Instant::now() >= t);
+        let mut fds = vec![
+            (
+                listener.as_fd().as_raw_fd(),
+                if listen { libc::POLLIN } else { 0 },
+                0i16,
+            ),
+            (sh.wake.as_fd().as_raw_fd(), libc::POLLIN, 0),
+        ];
+        fds.extend(
+            socks
+                .iter()
+                .map(|(s, _, ev)| (s.as_fd().as_raw_fd(), *ev, 0)),
+        );
+        let _ = sys::poll_raw(&mut fds, Some(sh.poll_interval));
+        if sh.stop.load(Acquire) {
+            break;
+        }
+        if fds[1].2 != 0 {
+            sh.wake.drain();
+        }
+        if fds[0].2 & libc::POLLIN != 0 && !sh.frozen.load(Acquire) {
+            accept_paused_until = None;
+            accept_all(
+                &sh,
+                &listener,
+                &mut pending,
+                &mut reserve,
+                &mut accept_paused_until,
+            );
+        }
+        let mut done_pending = vec![];
+        for (i, (s, role, _)) in socks.iter().enumerate() {
+            let rev = fds[i + 2].2;
+            if rev == 0 || sh.frozen.load(Acquire) {
+                continue;
+            }
+            match role {
+                Role::Pending(p) => {
+                    if !on_pending(&sh, s) {
+                        done_pending.push(*p);
+                    }
+                }
+                Role::Inbound(qp, id) => qp.on_inbound(*id),
+                Role::Out(qp) => qp.on_out_hangup(s),
+            }
+        }
+        // Routed or dropped connections leave the pending list (the QP holds
+        // a routed one now).
+        let now = Instant::now();
+        let mut i = 0;
+        pending.retain(|(_, since)| {
+            let keep = !done_pending.contains(&i) && now.duration_since(*since) < PENDING_WAIT;
+            i += 1;
+            keep
+        });
+        if last_tick.elapsed() >= sh.poll_interval {
+            last_tick = Instant::now();
+            ticks += 1;
+            if !sh.frozen.load(Acquire) {
+                tick(&sh, &qps, ticks);
+            }
+            if reserve.is_none() {
+                reserve = EventFd::new().ok();
+            }
+        }
+    }
+    // Dropping the listener and the pending connections closes them.
+}
+
+/// Accepts what is queued on the listener. Out of descriptors (EMFILE,
+/// ENFILE), the connection cannot even be accepted and the listener stays
+/// readable: the reserve descriptor is given up to accept and close it (the
+/// dialer sees its connection refused), and accepting pauses for a tick
+/// instead of spinning.
+fn accept_all(
+    sh: &DevShared,
+    listener: &SeqPacket,
+    pending: &mut Vec<(Arc<SeqPacket>, Instant)>,
+    reserve: &mut Option<EventFd>,
+    paused_until: &mut Option<Instant>,
+) {
+    for _ in 0..MAX_PENDING {
+        match listener.accept_nonblocking() {
+            Ok(s) => {
+                if pending.len() >= MAX_PENDING {
+                    continue; // closed at once: a flood costs only its senders
+                }
+                pending.push((Arc::new(s), Instant::now()));
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) => {
+                if reserve.take().is_some() {
+                    drop(listener.accept_nonblocking());
+                    *reserve = EventFd::new().ok();
+                }
+                *paused_until = Some(Instant::now() + sh.poll_interval);
+                return;
+            }
+            Err(_) => return, // WouldBlock: all taken
+        }
+    }
+}
+
+/// The first message of an accepted connection: a hello for one of our QPs,
+/// which then holds the connection, or the connection is closed. Returns
+/// whether the connection stays pending.
+fn on_pending(sh: &DevShared, s: &Arc<SeqPacket>) -> bool {
+    let mut b = [0u8; 128];
+    let (m, fds) = match s.try_recv(&mut b) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+        Err(_) | Ok((0, _)) => return false,
+        Ok((n, fds)) => (Msg::decode(&b[..n]), fds),
+    };
+    let Some(m) = m.filter(|m| m.kind == Kind::Hello) else {
+        return false;
+    };
+    let Some(qp) = lock(&sh.qps).get(&m.b).and_then(Weak::upgrade) else {
+        return false;
+    };
+    qp.on_hello(s.clone(), m, fds);
+    false
+}
+
+pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
+    // A look that fails (not a "down" answer) changes nothing.
+    let up = match sh.probe.link(&sh.netdev) {
+        Ok(l) => l.is_some_and(|l| l.up),
+        Err(_) => sh.port_up.load(Acquire),
+    } && !sh.forced_down.load(Acquire);
+    if up != sh.port_up.swap(up, AcqRel) {
+        if up {
+            sh.raise(AsyncEvent::PortActive { port: 1 });
+        } else {
+            sh.raise(AsyncEvent::PortError { port: 1 });
+            for qp in qps {
+                qp.fail_async(None, false);
+            }
+        }
+    }
+    if ticks.is_multiple_of(25) {
+        sh.publish_gids();
+    }
+    let now = Instant::now();
+    for qp in qps {
+        if qp.fail_pending.load(Acquire) {
+            let (first, event) = *lock(&qp.fail_what);
+            qp.fail_async(first, event);
+            continue;
+        }
+        let mut dead = false;
+        {
+            // Only the heartbeat lock: `core` may be taken by the QP's owner
+            // (posting, polling, or fetching a peer region), and the
+            // heartbeat must go on regardless.
+            let mut hb = lock(&qp.hb);
+            if let Some(h) = hb.as_mut() {
+                let live = qp.live.load(SeqCst);
+                Ring(&h.peer_ring).h(R_PROD_HB).fetch_add(1, Release);
+                let own = Ring(&h.own_ring);
+                let v = own.h(R_PROD_HB).load(Acquire);
+                if v != h.last_hb {
+                    h.last_hb = v;
+                    h.last_hb_change = now;
+                }
+                if live && now.duration_since(h.last_hb_change) > sh.peer_timeout {
+                    dead = true;
+                }
+                if live && Ring(&h.peer_ring).h(R_CONS_CLOSED).load(Acquire) != 0
+                    || own.h(R_PROD_CLOSED).load(Acquire) != 0
+                {
+                    dead = true;
+                }
+            }
+        }
+        // A QP that never met its verified, authenticated peer fails too.
+        if let Some(ctl) = lock_within(&qp.ctl, Duration::from_millis(5)) {
+            let waiting = ctl.rtr_at.is_some_and(|t| {
+                now.duration_since(t) > sh.rendezvous_timeout
+                    && !ctl.inb.as_ref().is_some_and(|b| b.authed)
+            });
+            dead |= waiting && qp.live.load(SeqCst);
+        }
+        if dead {
+            qp.fail_async(Some(WcStatus::RetryExceeded), true);
+        }
+        // A verified link `core` was too busy to take.
+        let ready = lock_within(&qp.ctl, Duration::from_millis(5)).and_then(|mut c| c.ready.take());
+        if let Some(l) = ready {
+            qp.install_link(l);
+        }
+        // Peer regions deregistered since: unmap (windows lent keep theirs).
+        if let Ok(mut m) = qp.remote.try_lock() {
+            m.retain(|_, r| r.valid());
+        }
+    }
+}

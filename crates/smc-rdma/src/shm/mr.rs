@@ -1,0 +1,239 @@
+//! Protection domains and memory regions: [`ShmPd`] registers memfd-backed
+//! regions (the remote-access ones as ranges of the PD's arena, `arena.rs`;
+//! the header page of each in `layout.rs`), [`ShmMr`] reads, writes and lends
+//! windows onto them; a peer's region is mapped (`PeerMr`) only in the range
+//! its owner handed out, and WRITEs into it check bounds, access and its
+//! validity word. The receive rings of QPs are made here too (`new_ring`).
+
+use super::arena::Arena;
+use super::cq::ShmCq;
+use super::device::{DevShared, LocalMr, ShmProvider};
+use super::qp::{Core, Ctl, QpInner, ShmQp};
+use super::{fresh_key, lock, random_u64, KeyMap, MAX_INLINE, MAX_REGION};
+
+use super::layout::*;
+use crate::sys::SharedMem;
+use crate::verbs::*;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::{Arc, Mutex};
+
+/// A protection domain of an `shm` device.
+pub struct ShmPd {
+    pub(super) dev: Arc<DevShared>,
+    pub(super) pd: u32,
+    /// Where its remote-access regions live (this PD's only).
+    pub(super) arena: Arc<Arena>,
+}
+
+impl ProtectionDomain for ShmPd {
+    type P = ShmProvider;
+
+    /// Keys and the address are random (a peer learns them only when the
+    /// owner's application tells it, as over a CLC exchange). A region with
+    /// REMOTE_WRITE is a range of this PD's arena, whose memfd is handed to
+    /// a peer that asks for the region on an authenticated link of a QP of
+    /// this PD; any other region has a memfd of its own, closed at once: it
+    /// never leaves the process.
+    fn alloc_mr(&self, len: usize, access: Access) -> Result<ShmMr> {
+        if len == 0 || len > MAX_REGION {
+            return Err(Error::InvalidArgument(format!(
+                "memory region length {len} out of range"
+            )));
+        }
+        let (mem, base, slice) = if access.contains(Access::REMOTE_WRITE) {
+            let s = self.arena.alloc(HDR + len)?;
+            (s.mem().clone(), s.offset(), Some(s))
+        } else {
+            let mut mem = SharedMem::create("smc-mr", HDR + len)?;
+            mem.close_fd();
+            (Arc::new(mem), 0, None)
+        };
+        // Page aligned, below 2^63, so iova + len never overflows.
+        let iova = (random_u64()? >> 1 & !0xfff).max(0x1000);
+        let mut lkeys = lock(&self.dev.lkeys);
+        let mut rkeys = lock(&self.dev.rkeys);
+        let lkey = fresh_key(&lkeys)?;
+        let rkey = fresh_key(&rkeys)?;
+        // The header is what a correct writer checks (it catches bugs, and
+        // tells a writer still holding a region that went from the one
+        // that took its range since); the owner itself never reads it back.
+        let v = MrView(&mem, base);
+        v.h(MR_RKEY).store(rkey as u64, Relaxed);
+        v.h(MR_LEN).store(len as u64, Relaxed);
+        v.h(MR_ACCESS).store(access.bits() as u64, Relaxed);
+        v.h(MR_IOVA).store(iova, Relaxed);
+        v.h(MR_PD).store(self.pd as u64, Relaxed);
+        v.h(MR_VALID).store(1, Release);
+        v.h(0).store(MR_MAGIC, Release);
+        let mr = Arc::new(LocalMr {
+            lkey,
+            rkey,
+            pd: self.pd,
+            mem,
+            base,
+            len,
+            iova,
+            access,
+            _slice: slice,
+        });
+        lkeys.insert(lkey, mr.clone());
+        rkeys.insert(rkey, mr.clone());
+        Ok(ShmMr {
+            dev: self.dev.clone(),
+            mr,
+        })
+    }
+
+    fn create_qp(&self, send_cq: &ShmCq, recv_cq: &ShmCq, cap: QpCap) -> Result<ShmQp> {
+        if cap.max_inline_data > MAX_INLINE {
+            return Err(Error::InvalidArgument(format!(
+                "max_inline_data > {MAX_INLINE}"
+            )));
+        }
+        let (ring, ring_fd) = new_ring()?;
+        let qpn = self.dev.reg.alloc_qpn(&self.dev.sock_path)?;
+        let inner = Arc::new(QpInner {
+            dev: self.dev.clone(),
+            qpn,
+            pd: self.pd,
+            cap,
+            send_cq: send_cq.inner.clone(),
+            recv_cq: recv_cq.inner.clone(),
+            core: Mutex::new(Core::new(ring, ring_fd)),
+            hb: Mutex::new(None),
+            live: AtomicBool::new(false),
+            ctl: Mutex::new(Ctl::default()),
+            remote: Mutex::new(KeyMap::default()),
+            fail_pending: AtomicBool::new(false),
+            fail_what: Mutex::new((None, false)),
+        });
+        lock(&self.dev.qps).insert(qpn, Arc::downgrade(&inner));
+        lock(&send_cq.inner.qps).push(Arc::downgrade(&inner));
+        if !Arc::ptr_eq(&send_cq.inner, &recv_cq.inner) {
+            lock(&recv_cq.inner.qps).push(Arc::downgrade(&inner));
+        }
+        Ok(ShmQp { inner })
+    }
+}
+
+/// A new receive ring: the mapping, and its memfd until it is handed to the
+/// peer at RTR.
+pub(super) fn new_ring() -> Result<(Arc<SharedMem>, Option<OwnedFd>)> {
+    let mut m = SharedMem::create("smc-ring", RING_LEN)?;
+    Ring(&m).h(0).store(RING_MAGIC, Release);
+    let fd = m.fd().map(|f| f.try_clone_to_owned()).transpose()?;
+    m.close_fd();
+    Ok((Arc::new(m), fd))
+}
+
+/// A memory region of an `shm` device (shared memory: a slice of its PD's
+/// arena if registered for remote access, else a mapping of its own).
+pub struct ShmMr {
+    pub(super) dev: Arc<DevShared>,
+    pub(super) mr: Arc<LocalMr>,
+}
+
+impl MemoryRegion for ShmMr {
+    fn lkey(&self) -> u32 {
+        self.mr.lkey
+    }
+    fn rkey(&self) -> u32 {
+        self.mr.rkey
+    }
+    fn addr(&self) -> u64 {
+        self.mr.iova
+    }
+    fn len(&self) -> usize {
+        self.mr.len
+    }
+    fn access(&self) -> Access {
+        self.mr.access
+    }
+    fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<()> {
+        check_range(off, buf.len(), self.mr.len)?;
+        Ok(self.mr.mem.read(self.mr.at(off), buf)?)
+    }
+    fn write_at(&self, off: usize, data: &[u8]) -> Result<()> {
+        check_range(off, data.len(), self.mr.len)?;
+        Ok(self.mr.mem.write(self.mr.at(off), data)?)
+    }
+    fn window(&self) -> Option<MemWindow> {
+        Some(MemWindow::new(self.mr.clone(), self.mr.at(0), self.mr.len))
+    }
+}
+
+impl MappedMem for LocalMr {
+    fn read_mapped(&self, off: usize, buf: &mut [u8]) -> Result<()> {
+        Ok(self.mem.read(off, buf)?)
+    }
+    fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()> {
+        Ok(self.mem.write(off, data)?)
+    }
+}
+
+/// A peer's region mapped here for one QP: what its owner told us about it
+/// (in process memory), and the mapping (no descriptor kept).
+pub(super) struct PeerMr {
+    pub(super) mem: SharedMem,
+    pub(super) rkey: u32,
+    pub(super) iova: u64,
+    pub(super) len: usize,
+    pub(super) access: Access,
+}
+
+impl PeerMr {
+    /// Still registered by its owner (a correct writer stops at once when
+    /// the owner deregisters it). The owner may give the region's range to
+    /// another region of its PD afterwards: that one has other keys.
+    pub(super) fn valid(&self) -> bool {
+        let v = MrView(&self.mem, 0);
+        v.h(MR_VALID).load(Acquire) == 1
+            && v.h(MR_RKEY).load(Relaxed) == u64::from(self.rkey)
+            && v.h(MR_IOVA).load(Relaxed) == self.iova
+    }
+    /// The byte offset in the mapping of a WRITE of `len` bytes at `addr`.
+    pub(super) fn check(&self, addr: u64, len: usize) -> std::result::Result<usize, WcStatus> {
+        let off = addr
+            .checked_sub(self.iova)
+            .ok_or(WcStatus::RemoteAccessError)?;
+        if !self.access.contains(Access::REMOTE_WRITE)
+            || !self.valid()
+            || check_range(off as usize, len, self.len).is_err()
+        {
+            return Err(WcStatus::RemoteAccessError);
+        }
+        Ok(HDR + off as usize)
+    }
+}
+
+/// A peer's region mapped here, as a [`QueuePair::remote_window`] gives it:
+/// each copy into it first checks that the peer still has it registered,
+/// as each executed WRITE does.
+pub(super) struct RemoteMem(pub(super) Arc<PeerMr>);
+
+impl MappedMem for RemoteMem {
+    fn read_mapped(&self, off: usize, buf: &mut [u8]) -> Result<()> {
+        Ok(self.0.mem.read(off, buf)?)
+    }
+    fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()> {
+        if !self.0.valid() {
+            return Err(Error::InvalidArgument(
+                "the peer's memory region is no longer registered".into(),
+            ));
+        }
+        Ok(self.0.mem.write(off, data)?)
+    }
+}
+
+impl Drop for ShmMr {
+    fn drop(&mut self) {
+        // Revoke remote access first: peers check this word before each write.
+        MrView(&self.mr.mem, self.mr.base)
+            .h(MR_VALID)
+            .store(0, SeqCst);
+        lock(&self.dev.lkeys).remove(&self.mr.lkey);
+        lock(&self.dev.rkeys).remove(&self.mr.rkey);
+    }
+}

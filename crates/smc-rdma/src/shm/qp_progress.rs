@@ -1,0 +1,410 @@
+//! The data path of a QP, run in the caller's thread when it posts or polls:
+//! sends (SEND and WRITE WITH IMMEDIATE as slots of the peer's receive ring,
+//! published with a release store after any earlier WRITE's copy; RDMA
+//! WRITEs as one copy into the peer's mapped region), acknowledgements and
+//! RNR retries, and receives (published slots of our ring moved into posted
+//! receive buffers). The ring words the peer can write are signals, never
+//! bookkeeping: everything read from them is checked.
+
+use super::cq::CqInner;
+use super::qp::{send_opcode, wc, Core, OwnedPayload, QpInner, Stage};
+use super::{lock, MAX_RNR_TIMER};
+
+use super::layout::*;
+use crate::sys::SharedMem;
+use crate::verbs::*;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Whether the sender wrote slot `seq` of `ring` (published or withdrew it).
+pub(super) fn slot_taken(ring: &SharedMem, seq: u64) -> bool {
+    let w = Ring(ring).s(seq, S_STATE).load(SeqCst);
+    w >> 3 == seq && w & 7 != 0
+}
+
+impl QpInner {
+    /// The progress that can complete into `cq`: receives for the QP's
+    /// receive CQ, sends for its send CQ (both when they are one). Polling
+    /// one CQ of a QP need not also do the other direction's work, which its
+    /// own poll does (a pump polls both).
+    pub(super) fn progress_for(&self, cq: &Arc<CqInner>) {
+        let mut c = lock(&self.core);
+        if self.fail_pending.load(Relaxed) {
+            let (first, event) = *lock(&self.fail_what);
+            self.fail_locked(&mut c, first, event);
+        }
+        if !matches!(c.state, QpState::Rtr | QpState::Rts) {
+            return;
+        }
+        self.adopt_ready(&mut c);
+        if Arc::ptr_eq(&self.recv_cq, cq) {
+            self.progress_recv(&mut c);
+        }
+        if c.state == QpState::Rts && Arc::ptr_eq(&self.send_cq, cq) {
+            self.progress_send(&mut c);
+        }
+    }
+
+    /// Whether a WRITE posted now may land at once instead of queueing (and
+    /// having its inline payload copied twice): everything before it has been
+    /// executed already — SENDs published to the peer's ring and not refused
+    /// for lack of a receive (RC executes in order and stops behind an RNR'd
+    /// SEND) — so landing now keeps the order. A signaled WRITE also needs an
+    /// empty queue: its completion must not overtake earlier ones. (A bulk
+    /// sender posts each WRITE while its previous CDC still waits for the
+    /// peer's ACK; queueing those copied 256 KiB into a fresh Vec each time.)
+    pub(super) fn executes_at_post(&self, c: &Core, signaled: bool) -> bool {
+        if c.sq.is_empty() {
+            return true;
+        }
+        if signaled {
+            return false;
+        }
+        let Some(l) = c.link.as_ref() else {
+            return false;
+        };
+        let credits = Ring(&l.peer_ring).h(R_RECV_CREDITS).load(Acquire);
+        c.sq.iter().all(|p| match p.stage {
+            Stage::Published { seq, .. } => credits > seq,
+            Stage::Done(st) => st == WcStatus::Success,
+            Stage::Queued => false,
+        })
+    }
+
+    pub(super) fn progress_locked(&self, c: &mut Core) {
+        if !matches!(c.state, QpState::Rtr | QpState::Rts) {
+            return;
+        }
+        self.adopt_ready(c);
+        self.progress_recv(c);
+        if c.state == QpState::Rts {
+            self.progress_send(c);
+        }
+    }
+
+    /// Copies `len` bytes of the WR's payload to `dst` at `dst_off`.
+    fn gather(
+        &self,
+        p: &OwnedPayload,
+        dst: &SharedMem,
+        dst_off: usize,
+    ) -> std::result::Result<(), WcStatus> {
+        match p {
+            OwnedPayload::Inline(d) => dst
+                .write(dst_off, d)
+                .map_err(|_| WcStatus::LocalQpOperationError),
+            OwnedPayload::Small(b, n) => dst
+                .write(dst_off, &b[..usize::from(*n)])
+                .map_err(|_| WcStatus::LocalQpOperationError),
+            OwnedPayload::Sges(sges) => {
+                let mut pos = dst_off;
+                for s in sges.as_slice() {
+                    let mr = self
+                        .dev
+                        .local_mr(s.lkey)
+                        .ok_or(WcStatus::LocalProtectionError)?;
+                    if mr.pd != self.pd {
+                        return Err(WcStatus::LocalProtectionError);
+                    }
+                    let off = s
+                        .addr
+                        .checked_sub(mr.iova)
+                        .ok_or(WcStatus::LocalProtectionError)?
+                        as usize;
+                    check_range(off, s.length as usize, mr.len)
+                        .map_err(|_| WcStatus::LocalProtectionError)?;
+                    dst.copy_from(pos, &mr.mem, mr.at(off), s.length as usize)
+                        .map_err(|_| WcStatus::LocalQpOperationError)?;
+                    pos += s.length as usize;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn progress_send(&self, c: &mut Core) {
+        if let Some(l) = c.link.as_ref() {
+            // before the slot states: a consume after this load shows later
+            c.seen_peer_head = Ring(&l.peer_ring).h(R_HEAD).load(Acquire);
+        }
+        if c.sq.is_empty() {
+            return;
+        }
+        // The clock is read only while some SEND waits for a receive (RNR).
+        let mut now_cache = None;
+        let mut now = || *now_cache.get_or_insert_with(Instant::now);
+        let rnr_retry = c.rnr_retry;
+        let (credits, head, rnr_budget) = match c.link.as_ref() {
+            Some(l) => {
+                let pr = Ring(&l.peer_ring);
+                // the peer's timer, within what IB allows (the word is the peer's)
+                let timer = Duration::from_nanos(pr.h(R_RNR_TIMER).load(Relaxed))
+                    .clamp(Duration::from_micros(10), MAX_RNR_TIMER);
+                (
+                    pr.h(R_RECV_CREDITS).load(Acquire),
+                    pr.h(R_HEAD).load(Acquire),
+                    timer.saturating_mul(u32::from(rnr_retry) + 1),
+                )
+            }
+            None => (0, 0, Duration::ZERO),
+        };
+        // 1. ACKs of published slots, RNR timers.
+        if let Some(l) = c.link.as_ref() {
+            let pr = Ring(&l.peer_ring);
+            for p in c.sq.iter_mut() {
+                if let Stage::Published { seq, rnr_since } = &mut p.stage {
+                    let w = pr.s(*seq, S_STATE).load(SeqCst);
+                    let s = *seq;
+                    if w == s << 3 | ST_CONSUMED {
+                        p.stage = Stage::Done(WcStatus::Success);
+                    } else if w == s << 3 | ST_NAK {
+                        p.stage = Stage::Done(WcStatus::RemoteInvalidRequest);
+                        break; // later WRs flush
+                    } else if credits <= s {
+                        let since = *rnr_since.get_or_insert_with(&mut now);
+                        if rnr_retry != 7
+                            && now().duration_since(since) > rnr_budget
+                            && pr
+                                .s(s, S_STATE)
+                                .compare_exchange(
+                                    s << 3 | ST_PUBLISHED,
+                                    s << 3 | ST_CANCELLED,
+                                    SeqCst,
+                                    SeqCst,
+                                )
+                                .is_ok()
+                        {
+                            p.stage = Stage::Done(WcStatus::RnrRetryExceeded);
+                            break; // later WRs flush
+                        }
+                    } else {
+                        *rnr_since = None;
+                    }
+                }
+            }
+        }
+        // 2. Execute queued WRs in order (they are the tail of the queue).
+        // Without a link yet (the peer has not dialed us) only WRITEs ahead
+        // of any SEND can go: they need the peer's region, not its ring.
+        let queued = matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued));
+        let mut tail = c.link.as_ref().map_or(0, |l| l.tail);
+        let mut published = false;
+        // RC: while an earlier SEND is refused with RNR, the responder does not
+        // execute anything behind it, so a later WRITE must not land either.
+        let mut rnr_blocked = false;
+        for i in 0..if queued { c.sq.len() } else { 0 } {
+            let p = &c.sq[i];
+            match p.stage {
+                Stage::Queued => {}
+                Stage::Done(s) if s != WcStatus::Success => break,
+                Stage::Published { seq, .. } => {
+                    rnr_blocked |= credits <= seq;
+                    continue;
+                }
+                _ => continue,
+            }
+            let needs_slot = !matches!(p.op, SendOp::RdmaWrite { .. });
+            if rnr_blocked && !needs_slot {
+                break;
+            }
+            let ring = c.link.as_ref().map(|l| &*l.peer_ring);
+            if needs_slot && (ring.is_none() || tail.wrapping_sub(head) >= NSLOTS) {
+                break; // no link yet, or ring full: stays queued
+            }
+            let result: std::result::Result<Option<(u64, u64)>, WcStatus> = (|| {
+                match p.op {
+                    SendOp::RdmaWrite { remote_addr, rkey }
+                    | SendOp::RdmaWriteWithImm {
+                        remote_addr, rkey, ..
+                    } => {
+                        let (m, off) = self.check_remote(rkey, remote_addr, p.len as usize)?;
+                        self.gather(&p.payload, &m.mem, off)?;
+                    }
+                    _ => {
+                        let r = ring.expect("checked above");
+                        self.gather(&p.payload, r, Ring::slot(tail) + SLOT_HDR)?;
+                    }
+                }
+                let (op, imm) = match p.op {
+                    SendOp::RdmaWrite { .. } => return Ok(None),
+                    SendOp::Send => (OP_SEND, None),
+                    SendOp::SendWithImm(i) => (OP_SEND_IMM, Some(i)),
+                    SendOp::RdmaWriteWithImm { imm, .. } => (OP_WRITE_IMM, Some(imm)),
+                };
+                Ok(Some((op, imm.map(|i| i as u64 | 1 << 32).unwrap_or(0))))
+            })();
+            let len = p.len as u64;
+            let sq_psn = c.sq_psn;
+            let p = &mut c.sq[i];
+            match result {
+                Err(s) => {
+                    p.stage = Stage::Done(s);
+                    break;
+                }
+                Ok(None) => p.stage = Stage::Done(WcStatus::Success),
+                Ok(Some((op, imm))) => {
+                    let pr = Ring(ring.expect("a slot op has a ring"));
+                    let psn = (sq_psn as u64).wrapping_add(tail) & 0xff_ffff;
+                    pr.s(tail, S_META).store(op | len << 32, Relaxed);
+                    pr.s(tail, S_IMM).store(imm | psn << 40, Relaxed);
+                    // Publish: everything above (including earlier WRITE copies) happens-before.
+                    pr.s(tail, S_STATE).store(tail << 3 | ST_PUBLISHED, SeqCst);
+                    p.stage = Stage::Published {
+                        seq: tail,
+                        rnr_since: None,
+                    };
+                    tail = tail.wrapping_add(1);
+                    pr.h(R_TAIL).store(tail, Release);
+                    published = true;
+                }
+            }
+        }
+        if let Some(l) = c.link.as_mut() {
+            l.tail = tail;
+            if published && Ring(&l.peer_ring).h(R_RX_NOTIFY).swap(0, SeqCst) == 1 {
+                if let Some(e) = &l.peer_rx_efd {
+                    e.signal();
+                }
+            }
+        }
+        // 3. Complete in order.
+        while let Some(Stage::Done(s)) = c.sq.front().map(|p| p.stage) {
+            let p = c.sq.pop_front().expect("front exists");
+            if s != WcStatus::Success {
+                c.sq.push_front(p);
+                self.fail_locked(c, None, false);
+                return;
+            }
+            if p.signaled {
+                self.send_cq
+                    .push(wc(p.wr_id, s, send_opcode(p.op), p.len, None, self.qpn));
+            }
+        }
+    }
+
+    /// Takes published slots of our ring into posted receives. The slots are
+    /// the peer's to write, so everything read from them is checked, the
+    /// consumer index is ours (in `core`), and one pass looks at most at one
+    /// ring's worth of slots: a peer rewriting slots under us can make us
+    /// NAK and fail the QP, never loop, panic or copy out of bounds.
+    pub(super) fn progress_recv(&self, c: &mut Core) {
+        {
+            // nothing published at the head (the usual case): no more work
+            if !slot_taken(&c.ring, c.head) {
+                return;
+            }
+        }
+        let ring = c.ring.clone();
+        let r = Ring(&ring);
+        let mut consumed = false;
+        for _ in 0..NSLOTS {
+            let head = c.head;
+            let w = r.s(head, S_STATE).load(SeqCst);
+            if w >> 3 != head {
+                break;
+            }
+            match w & 7 {
+                ST_CANCELLED => {
+                    c.head = head.wrapping_add(1);
+                    r.h(R_HEAD).store(c.head, Release);
+                    continue;
+                }
+                ST_PUBLISHED => {}
+                _ => break,
+            }
+            let Some((wr_id, sges)) = c.rq.front() else {
+                break;
+            }; // RNR
+            let (wr_id, sges) = (*wr_id, sges.as_slice());
+            let meta = r.s(head, S_META).load(Relaxed);
+            let immw = r.s(head, S_IMM).load(Relaxed);
+            let (op, len) = (meta & 0xffff_ffff, (meta >> 32) as usize);
+            let imm = (immw & (1 << 32) != 0).then_some(immw as u32);
+            let psn = (immw >> 40) as u32 & 0xff_ffff;
+            let opcode = if op == OP_WRITE_IMM {
+                WcOpcode::RecvRdmaWithImm
+            } else {
+                WcOpcode::Recv
+            };
+            let expect_psn = (c.rq_psn as u64).wrapping_add(head) as u32 & 0xff_ffff;
+            let mut status = WcStatus::Success;
+            if !matches!(op, OP_SEND | OP_SEND_IMM | OP_WRITE_IMM) || psn != expect_psn {
+                status = WcStatus::RemoteInvalidRequest;
+            } else if op != OP_WRITE_IMM {
+                let cap: u64 = sges.iter().map(|s| s.length as u64).sum();
+                if len > SLOT_PAYLOAD || len as u64 > cap {
+                    status = WcStatus::LocalLengthError;
+                } else {
+                    let mut src = Ring::slot(head) + SLOT_HDR;
+                    let mut rest = len;
+                    for s in sges {
+                        if rest == 0 {
+                            break;
+                        }
+                        let n = rest.min(s.length as usize);
+                        let ok = self.dev.local_mr(s.lkey).is_some_and(|mr| {
+                            mr.pd == self.pd
+                                && mr.access.contains(Access::LOCAL_WRITE)
+                                && s.addr.checked_sub(mr.iova).is_some_and(|off| {
+                                    check_range(off as usize, n, mr.len).is_ok()
+                                        && mr
+                                            .mem
+                                            .copy_from(mr.at(off as usize), &ring, src, n)
+                                            .is_ok()
+                                })
+                        });
+                        if !ok {
+                            status = WcStatus::LocalProtectionError;
+                            break;
+                        }
+                        src += n;
+                        rest -= n;
+                    }
+                }
+            }
+            let next = if status == WcStatus::Success {
+                ST_CONSUMED
+            } else {
+                ST_NAK
+            };
+            c.head = head.wrapping_add(1);
+            if r.s(head, S_STATE)
+                .compare_exchange(head << 3 | ST_PUBLISHED, head << 3 | next, SeqCst, SeqCst)
+                .is_err()
+            {
+                // The sender withdrew it (RNR retries exhausted): skip, keep the receive.
+                r.h(R_HEAD).store(c.head, Release);
+                continue;
+            }
+            r.h(R_HEAD).store(c.head, Release);
+            c.rq.pop_front();
+            consumed = true;
+            self.recv_cq.push(wc(
+                wr_id,
+                status,
+                opcode,
+                if status == WcStatus::Success {
+                    len as u32
+                } else {
+                    0
+                },
+                imm,
+                self.qpn,
+            ));
+            if status != WcStatus::Success {
+                self.fail_locked(c, None, false);
+                break;
+            }
+        }
+        if consumed {
+            if let Some(l) = c.link.as_ref() {
+                if r.h(R_TX_NOTIFY).swap(0, SeqCst) == 1 {
+                    if let Some(e) = &l.peer_tx_efd {
+                        e.signal();
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Regions across a connected QP: serving a peer's request for one of our
+//! regions (only of this QP's PD, registered for remote writes, and only on
+//! the authenticated connection), and asking the peer for its region by
+//! rkey, mapping only the range it hands out, and checking a WRITE against
+//! it.
+
+use super::mr::PeerMr;
+use super::qp::{is_local_shortage, FetchError, QpInner};
+use super::{lock, ANSWER_WAIT, MAX_REGION};
+
+use super::layout::*;
+use super::wire::{Kind, Msg};
+use crate::sys::{SeqPacket, SharedMem};
+use crate::verbs::*;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering::Acquire;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl QpInner {
+    /// Answers a region request on the verified, authenticated inbound
+    /// connection: the memfd of the region's arena chunk (which holds
+    /// remote-access regions of this PD only), with the region's offset and
+    /// length in it, if the region is of this QP's PD, registered for remote
+    /// writes, and the QP grants remote writes; else a refusal. False if the
+    /// peer does not take the answer (it stopped reading).
+    pub(super) fn serve_region(
+        &self,
+        qp_access: Access,
+        s: &SeqPacket,
+        id: u32,
+        rkey: u32,
+    ) -> bool {
+        let mr = lock(&self.dev.rkeys).get(&rkey).cloned().filter(|mr| {
+            mr.pd == self.pd
+                && mr.access.contains(Access::REMOTE_WRITE)
+                && qp_access.contains(Access::REMOTE_WRITE)
+        });
+        let r = match mr.as_ref().and_then(|mr| Some((mr, mr.mem.fd()?))) {
+            Some((mr, fd)) => s.try_send(
+                &Msg {
+                    a: id,
+                    b: rkey,
+                    c: mr.access.bits(),
+                    x: mr.iova,
+                    y: mr.len as u64,
+                    z: mr.base as u64,
+                    ..Msg::new(Kind::MrResp)
+                }
+                .encode(),
+                &[fd],
+            ),
+            None => s.try_send(
+                &Msg {
+                    a: id,
+                    b: rkey,
+                    ..Msg::new(Kind::Nak)
+                }
+                .encode(),
+                &[],
+            ),
+        };
+        r.is_ok()
+    }
+
+    /// Asks the peer for its region `rkey` on the connection we dialed: the
+    /// answer and the memfd the region lives in. Holds no lock of ours but
+    /// the request lock while it waits.
+    pub(super) fn ask_region(&self, rkey: u32) -> std::result::Result<(Msg, OwnedFd), FetchError> {
+        let out = lock(&self.ctl).out.clone().ok_or_else(|| {
+            FetchError::remote(WcStatus::RetryExceeded, "the QP is not connected")
+        })?;
+        let mut next = lock(&out.req);
+        *next = next.wrapping_add(1);
+        let id = *next;
+        let gone = |e: std::io::Error| {
+            FetchError::remote(
+                WcStatus::RetryExceeded,
+                format!("peer does not answer: {e}"),
+            )
+        };
+        let req = Msg {
+            a: id,
+            b: rkey,
+            ..Msg::new(Kind::MrReq)
+        };
+        out.sock.send(&req.encode(), &[]).map_err(gone)?;
+        let deadline = Instant::now() + ANSWER_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(FetchError::remote(
+                    WcStatus::RetryExceeded,
+                    "peer did not answer the region request",
+                ));
+            }
+            out.sock.set_read_timeout(left).map_err(gone)?;
+            let mut b = [0u8; 128];
+            let (m, mut fds) = match out.sock.recv(&mut b) {
+                Ok((0, _)) => return Err(gone(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok((n, fds)) => (Msg::decode(&b[..n]), fds),
+                Err(e) if is_local_shortage(&e) => {
+                    return Err(FetchError {
+                        status: WcStatus::LocalQpOperationError,
+                        why: format!("cannot take the peer's region: {e}"),
+                        local: true,
+                    })
+                }
+                Err(e) => return Err(gone(e)),
+            };
+            let Some(m) = m else {
+                return Err(FetchError::remote(
+                    WcStatus::RemoteInvalidRequest,
+                    "malformed answer",
+                ));
+            };
+            if m.a != id || !matches!(m.kind, Kind::MrResp | Kind::Nak) {
+                continue; // the late answer of a request that timed out
+            }
+            let refused = |why: &str| FetchError::remote(WcStatus::RemoteAccessError, why);
+            if m.kind == Kind::Nak {
+                return Err(refused("the peer refused the region"));
+            }
+            let len = m.y as usize;
+            if m.b != rkey || fds.len() != 1 || len == 0 || len > MAX_REGION {
+                return Err(refused("malformed region answer"));
+            }
+            return Ok((m, fds.remove(0)));
+        }
+    }
+
+    /// Fetches the peer's region `rkey` ([`QpInner::ask_region`]) and maps
+    /// it: only its range of the memfd, which is closed then.
+    pub(super) fn fetch_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
+        let (m, fd) = self.ask_region(rkey)?;
+        let refused = |why: &str| FetchError::remote(WcStatus::RemoteAccessError, why);
+        let len = m.y as usize;
+        let mem = SharedMem::map_peer_range(fd, m.z, HDR + len).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                refused("the peer's region is not a range of a sealed memfd")
+            } else {
+                FetchError {
+                    status: WcStatus::LocalQpOperationError,
+                    why: format!("cannot map the peer's region: {e}"),
+                    local: true,
+                }
+            }
+        })?;
+        let v = MrView(&mem, 0);
+        if v.h(0).load(Acquire) != MR_MAGIC
+            || v.h(MR_RKEY).load(Acquire) != u64::from(rkey)
+            || v.h(MR_IOVA).load(Acquire) != m.x
+        {
+            return Err(refused("the peer's region header is wrong"));
+        }
+        Ok(Arc::new(PeerMr {
+            mem,
+            rkey,
+            iova: m.x,
+            len,
+            access: Access::from_bits(m.c),
+        }))
+    }
+
+    /// The peer's region `rkey` for this QP: mapped already, or fetched now.
+    pub(super) fn peer_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
+        {
+            let mut m = lock(&self.remote);
+            match m.get(&rkey) {
+                Some(r) if r.valid() => return Ok(r.clone()),
+                Some(_) => {
+                    m.remove(&rkey);
+                }
+                None => {}
+            }
+        }
+        let r = self.fetch_region(rkey)?;
+        debug_assert_eq!(r.rkey, rkey);
+        lock(&self.remote).insert(rkey, r.clone());
+        Ok(r)
+    }
+
+    /// Checks the peer region for a WRITE and returns (mapping, byte offset).
+    pub(super) fn check_remote(
+        &self,
+        rkey: u32,
+        addr: u64,
+        len: usize,
+    ) -> std::result::Result<(Arc<PeerMr>, usize), WcStatus> {
+        let m = self.peer_region(rkey).map_err(|e| e.status)?;
+        let off = m.check(addr, len)?;
+        Ok((m, off))
+    }
+}
