@@ -810,9 +810,43 @@ pub(crate) fn now() -> Timestamp {
     origin().elapsed()
 }
 
+static CONTEXT: OnceLock<Context> = OnceLock::new();
+
+/// The endpoints this process has opened, by device, and the devices its
+/// provider offers (for the registry, `crate::registry`); nothing if no
+/// connection has looked for a device yet (the registry does not open the
+/// provider).
+#[allow(clippy::type_complexity)]
+pub(crate) fn endpoints_and_devices(
+    with_devices: bool,
+) -> Option<(
+    Vec<(String, Arc<Shared>)>,
+    Vec<(Kind, smc_rdma::DeviceInfo)>,
+)> {
+    let ctx = CONTEXT.get()?;
+    let mut eps: Vec<(String, Arc<Shared>)> = ctx
+        .endpoints
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(n, s)| (n.clone(), s.clone()))
+        .collect();
+    eps.sort_by(|a, b| a.0.cmp(&b.0));
+    let devices = if with_devices {
+        ctx.provider.devices_by_kind().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    Some((eps, devices))
+}
+
+/// The RMB and send buffer size of this process's connections.
+pub(crate) fn buffer_sizes() -> (usize, usize) {
+    (buf_len("SMC_RMB_KIB"), buf_len("SMC_SNDBUF_KIB"))
+}
+
 fn context() -> &'static Context {
-    static C: OnceLock<Context> = OnceLock::new();
-    C.get_or_init(|| {
+    CONTEXT.get_or_init(|| {
         // shm devices are declared in the file named by SMC_RDMA_SHM_CONFIG,
         // verbs devices are whatever libibverbs finds; without either this
         // process has no SMC device and its connections decline.
