@@ -194,18 +194,36 @@ fn smcr_validation_and_usage_errors() {
 fn smcss_rejects_what_smcss_rejects() {
     let e = Env::new("smcss");
     for (args, msg) in [
-        (&["-D", "-R"][..], "--smcd together with --smcr is not supported"),
-        (&["-l", "-d"][..], "--listening together with --debug is not supported"),
-        (&["-la"][..], "--listening together with --all is not supported"),
-        (&["-l", "-R"][..], "--listening together with --smcr is not supported"),
-        (&["--listening", "--smcd"][..], "--listening together with --smcd is not supported"),
+        (
+            &["-D", "-R"][..],
+            "--smcd together with --smcr is not supported",
+        ),
+        (
+            &["-l", "-d"][..],
+            "--listening together with --debug is not supported",
+        ),
+        (
+            &["-la"][..],
+            "--listening together with --all is not supported",
+        ),
+        (
+            &["-l", "-R"][..],
+            "--listening together with --smcr is not supported",
+        ),
+        (
+            &["--listening", "--smcd"][..],
+            "--listening together with --smcd is not supported",
+        ),
         (&["-x"][..], "smcss: invalid option -- 'x'"),
         (&["--bogus"][..], "smcss: unrecognized option '--bogus'"),
     ] {
         let o = e.smcss(args);
         assert_eq!(o.status.code(), Some(1), "{args:?}");
         let text = err(&o);
-        assert!(text.starts_with(&format!("{msg}\nUsage: smcss [ OPTIONS ]\n")), "{args:?}: {text}");
+        assert!(
+            text.starts_with(&format!("{msg}\nUsage: smcss [ OPTIONS ]\n")),
+            "{args:?}: {text}"
+        );
         assert_eq!(out(&o), "");
     }
     let o = e.smcss(&["-h"]);
@@ -243,7 +261,10 @@ fn smcr_objects_parse_as_smc_tools_does() {
     assert!(out(&run(&["s"])).starts_with("SMC-R Connections Summary\n"));
     for (args, usage) in [
         (&["linkgroup", "bogus"][..], "Usage: smcr linkgroup"),
-        (&["linkgroup", "show", "1", "2", "3", "4", "5"][..], "Usage: smcr linkgroup"),
+        (
+            &["linkgroup", "show", "1", "2", "3", "4", "5"][..],
+            "Usage: smcr linkgroup",
+        ),
         (&["device", "ibdev"][..], "Usage: smcr device"),
         (&["stats", "bogus"][..], "Usage: smcr stats"),
         (&["info", "x"][..], "Usage: smcr info"),

@@ -182,6 +182,24 @@ fn the_tools_show_live_connections_of_two_processes() {
     let text = smcr(&["-d", "stats"], &dir);
     assert!(text.contains("PEER_NO_SMC"), "{text}");
 
+    // smc_dbg: all of it in one report
+    let o = tool(env!("CARGO_BIN_EXE_smc_dbg"), &[], &dir);
+    assert!(o.status.success(), "{o:?}");
+    let report = String::from_utf8(o.stdout).unwrap();
+    for section in [
+        "===== version =====",
+        "===== smcss --all --debug =====",
+        "===== smcr -d linkgroup link-show =====",
+        "===== smcr -d stats =====",
+        "===== rendezvous =====",
+    ] {
+        assert!(report.contains(section), "{section} missing:\n{report}");
+    }
+    assert!(
+        report.contains(&caddr) && report.contains(&format!("{child_pid}/")),
+        "{report}"
+    );
+
     // the child is killed: its entries go within a second
     child.kill().unwrap();
     child.wait().unwrap();
