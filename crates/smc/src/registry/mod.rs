@@ -174,10 +174,23 @@ fn info_of(fd: BorrowedFd<'_>) -> Info {
     }
 }
 
+/// Starts the registry thread, if it runs in this process, at the first SMC
+/// socket (before its first connection, so that the thread is there from
+/// the process's first connection on, not from some later one).
+pub(crate) fn start() {
+    if let Some(r) = registry() {
+        r.start();
+    }
+}
+
 impl Registry {
     fn add(&'static self, e: Entry) {
         lock(&self.entries).push(e);
         self.changed.store(true, Relaxed);
+        self.start();
+    }
+
+    fn start(&'static self) {
         self.thread.call_once(|| {
             // (no thread, no registry: the connection works all the same;
             // the failure is counted where the tools can see it if a later
@@ -193,6 +206,68 @@ impl Registry {
     }
 }
 
+/// Keeps a socket listed while it lives (for sockets not held in an
+/// `Arc<TcpStream>`: the tokio adapter's fallback connections).
+pub(crate) struct Token(#[allow(dead_code)] Arc<()>);
+
+/// A TCP (fallback) connection of the tokio adapter, established: counted,
+/// and listed while the returned token lives.
+#[cfg(feature = "tokio")]
+pub(crate) fn stream_fd(fd: BorrowedFd<'_>, role: Role, mode: Mode) -> Option<Token> {
+    let r = registry()?;
+    r.count(role, mode);
+    let token = Arc::new(());
+    let weak: Weak<()> = Arc::downgrade(&token);
+    r.add(Entry {
+        alive: weak,
+        what: What::Stream {
+            role,
+            mode,
+            tcp: Weak::new(),
+            smc: None,
+        },
+        info: Some(info_of(fd)),
+    });
+    Some(Token(token))
+}
+
+/// A listed connection's socket leaves its `Arc` (the tokio adapter takes
+/// it over): it stays listed while the returned token lives.
+#[cfg(feature = "tokio")]
+pub(crate) fn rebind(tcp: &Arc<TcpStream>) -> Option<Token> {
+    let r = registry()?;
+    let token = Arc::new(());
+    let mut es = lock(&r.entries);
+    let e = es.iter_mut().find(|e| match &e.what {
+        What::Stream { tcp: t, .. } => std::ptr::eq(t.as_ptr(), Arc::as_ptr(tcp)),
+        What::Listen => false,
+    })?;
+    if e.info.is_none() {
+        e.info = Some(info_of(tcp.as_fd()));
+    }
+    let weak: Weak<()> = Arc::downgrade(&token);
+    e.alive = weak;
+    Some(Token(token))
+}
+
+impl Registry {
+    fn count(&self, role: Role, mode: Mode) {
+        let s = side(role);
+        match mode {
+            Mode::SmcR => {
+                self.smc[s].fetch_add(1, Relaxed);
+            }
+            Mode::Tcp(f) => {
+                self.fallback[s].fetch_add(1, Relaxed);
+                *lock(&self.reasons).entry((s, f.code())).or_default() += 1;
+                if let Some(p) = f.peer {
+                    *lock(&self.peer_reasons).entry((s, p.to_u32())).or_default() += 1;
+                }
+            }
+        }
+    }
+}
+
 /// A connection is established (SMC-R or TCP fallback): counted and listed
 /// until its TCP socket is closed. `smc`: its endpoint and id, SMC-R only.
 pub(crate) fn stream(
@@ -202,19 +277,7 @@ pub(crate) fn stream(
     smc: Option<(&Arc<Shared>, ConnId, &Arc<ConnStats>)>,
 ) {
     let Some(r) = registry() else { return };
-    let s = side(role);
-    match mode {
-        Mode::SmcR => {
-            r.smc[s].fetch_add(1, Relaxed);
-        }
-        Mode::Tcp(f) => {
-            r.fallback[s].fetch_add(1, Relaxed);
-            *lock(&r.reasons).entry((s, f.code())).or_default() += 1;
-            if let Some(p) = f.peer {
-                *lock(&r.peer_reasons).entry((s, p.to_u32())).or_default() += 1;
-            }
-        }
-    }
+    r.count(role, mode);
     let weak: Weak<TcpStream> = Arc::downgrade(tcp);
     r.add(Entry {
         alive: weak.clone(),
