@@ -592,6 +592,14 @@ pub fn stats(c: &Value, gauges: (u64, u64), o: &SmcrOpts) -> String {
             }
         }
     }
+    if o.details >= 1 {
+        if let Some(errs) = c["errors"].as_object().filter(|m| !m.is_empty()) {
+            out.push_str("  Errors (smc-rs)\n");
+            for (kind, n) in errs {
+                let _ = writeln!(out, "     {:<25}{:>11}", kind, u(n));
+            }
+        }
+    }
     for (title, dir, usage) in [("RX", "rx", gauges.0), ("TX", "tx", gauges.1)] {
         let _ = writeln!(out, "\n{title} Stats");
         let bytes = u(&c[format!("{dir}_bytes").as_str()]);

@@ -1096,10 +1096,15 @@ fn choice_for(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Choice>>, ()> {
 }
 
 fn find_candidates(ctx: &Context, local: IpAddr) -> Result<Option<Choice>, ()> {
-    let Some((ifname, if_addrs)) = interface_of(local).map_err(|_| ())? else {
+    let Some((ifname, if_addrs)) = interface_of(local)
+        .map_err(|e| crate::registry::error("interfaces", format!("interface list: {e}")))?
+    else {
         return Ok(None);
     };
-    let devices = ctx.provider.devices_by_kind().map_err(|_| ())?;
+    let devices = ctx
+        .provider
+        .devices_by_kind()
+        .map_err(|e| crate::registry::error("devices", format!("device list: {e}")))?;
     if devices.is_empty() {
         return Ok(None);
     }
@@ -1207,8 +1212,12 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
             .unwrap_or_default(),
         lgr_idle_timeout: Duration::from_secs(600),
     };
-    let ep = Endpoint::new(&ctx.provider, cfg).map_err(|_| ())?;
-    let shared = Arc::new(Shared::new(ep, sndbuf_len).map_err(|_| ())?);
+    let ep = Endpoint::new(&ctx.provider, cfg)
+        .map_err(|e| crate::registry::error("endpoint_open", format!("device {device}: {e}")))?;
+    let shared =
+        Arc::new(Shared::new(ep, sndbuf_len).map_err(|e| {
+            crate::registry::error("endpoint_open", format!("device {device}: {e}"))
+        })?);
     // Control traffic nobody waits for (LLC requests, keepalives, the final CDCs
     // of released connections) is handled by a small progress thread; data moves
     // in the application's threads.
@@ -1216,7 +1225,9 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
     std::thread::Builder::new()
         .name(format!("smc-progress-{device}"))
         .spawn(move || progress_loop(weak))
-        .map_err(|_| ())?;
+        .map_err(|e| {
+            crate::registry::error("thread_start", format!("progress thread of {device}: {e}"))
+        })?;
     eps.insert(device.to_string(), shared.clone());
     Ok(shared)
 }

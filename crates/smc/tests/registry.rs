@@ -203,3 +203,44 @@ fn entries_of_dead_processes_are_reaped_into_the_totals_and_reset_works() {
     assert_eq!(c["smc"]["client"].as_u64(), Some(3), "{c}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A broken device configuration is reported in the registry (count and
+/// message), not only seen as connections that find no SMC device. Runs
+/// in a child process: the configuration is read once per process.
+#[test]
+fn a_broken_device_configuration_is_reported() {
+    if std::env::var_os("SMC_TEST_BROKEN_CONFIG_CHILD").is_some() {
+        let dir = files::run_dir();
+        let l = SmcListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || l.accept().map(|(s, _)| s));
+        let c = SmcStream::connect(addr).unwrap();
+        assert!(
+            matches!(c.mode(), Mode::Tcp(_)),
+            "no device: {:?}",
+            c.mode()
+        );
+        let _s = t.join().unwrap().unwrap();
+        let v = wait_entry(&dir, |v| v["errors"]["device_config"].is_string());
+        let msg = v["errors"]["device_config"].as_str().unwrap();
+        assert!(msg.contains("no-such-shm.conf"), "{msg}");
+        assert!(v["counters"]["errors"]["device_config"].as_u64() >= Some(1));
+        return;
+    }
+    setup();
+    let dir = std::env::temp_dir().join(format!("smc-registry-broken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let st = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_broken_device_configuration_is_reported",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("SMC_TEST_BROKEN_CONFIG_CHILD", "1")
+        .env("SMC_RDMA_SHM_CONFIG", dir.join("no-such-shm.conf"))
+        .env("SMC_RS_RUN_DIR", dir.join("registry"))
+        .status()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(st.success(), "the child's checks failed");
+}

@@ -79,6 +79,16 @@ fn sections() -> Vec<(&'static str, String)> {
                 p.json["uid"],
                 p.json["smc_rs"].as_str().unwrap_or("")
             );
+            if let Some(errs) = p.json["errors"].as_object() {
+                for (kind, msg) in errs {
+                    let n = &p.json["counters"]["errors"][kind];
+                    let _ = writeln!(
+                        reg,
+                        "  error {kind} ({n} times), last: {}",
+                        msg.as_str().unwrap_or("")
+                    );
+                }
+            }
         }
     }
     v.push(("registry", reg));

@@ -127,6 +127,8 @@ struct Registry {
     retired: ConnStats,
     /// Snapshots that could not be published.
     errors: AtomicU64,
+    /// Other failures by kind: count and last message (see [`error`]).
+    errors_by_kind: Mutex<BTreeMap<&'static str, (u64, String)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,6 +153,7 @@ fn registry() -> Option<&'static Registry> {
             peer_reasons: Mutex::new(BTreeMap::new()),
             retired: ConnStats::default(),
             errors: AtomicU64::new(0),
+            errors_by_kind: Mutex::new(BTreeMap::new()),
         })
     })
     .as_ref()
@@ -300,6 +303,20 @@ pub(crate) fn listener<T: Any + Send + Sync>(alive: &Arc<T>, fd: BorrowedFd<'_>)
         what: What::Listen,
         info: Some(info_of(fd)),
     });
+}
+
+/// Something failed that would otherwise only show as "no SMC device" or a
+/// fallback (a device that does not open, a broken configuration, a thread
+/// that cannot start): counted by `kind`, the last message kept, both
+/// published (`counters.errors`, `errors`).
+pub(crate) fn error(kind: &'static str, msg: String) {
+    if let Some(r) = registry() {
+        let mut e = lock(&r.errors_by_kind);
+        let slot = e.entry(kind).or_insert((0, String::new()));
+        slot.0 += 1;
+        slot.1 = msg;
+        r.changed.store(true, Relaxed);
+    }
 }
 
 /// A handshake failed: the connection is closed (neither SMC-R nor TCP).
@@ -624,7 +641,18 @@ impl Registry {
             }
             v
         };
+        let (err_counts, err_last) = {
+            let e = lock(&self.errors_by_kind);
+            let mut counts = serde_json::Map::new();
+            let mut last = serde_json::Map::new();
+            for (k, (n, m)) in e.iter() {
+                counts.insert((*k).to_string(), json!(n));
+                last.insert((*k).to_string(), json!(m));
+            }
+            (Value::Object(counts), Value::Object(last))
+        };
         Some(json!({
+            "errors": err_last,
             "sockets": sockets,
             "link_groups": lgrs,
             "devices": devs_json,
@@ -639,6 +667,7 @@ impl Registry {
                 "rx_cnt": bytes[2],
                 "tx_cnt": bytes[3],
                 "registry_errors": self.errors.load(Relaxed),
+                "errors": err_counts,
             },
             "gauges": {"rmb_usage": usage.0, "sndbuf_usage": usage.1},
         }))
