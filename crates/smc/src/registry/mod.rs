@@ -362,8 +362,22 @@ fn lg_id(pid: u32, dev: usize, lgr: usize) -> u32 {
 }
 
 const EVENT_PERIOD: Duration = Duration::from_millis(100);
+/// A snapshot and the pause after it take at least this many times the
+/// snapshot's own time (the thread's CPU share stays under 2 %).
+const COST_FACTOR: u32 = 50;
+/// Connections looked at per hold of an endpoint's lock.
+const LOCK_BATCH: usize = 256;
 const IDLE_PERIOD: Duration = Duration::from_secs(1);
 const DEVICE_PERIOD: Duration = Duration::from_secs(5);
+
+/// What the engine says about an SMC-R connection.
+#[derive(Clone, Copy)]
+struct Facts {
+    state: Option<CloseState>,
+    token: Option<u32>,
+    lgr: Option<usize>,
+    link: Option<usize>,
+}
 
 /// Per device: its link groups' roles seen (an idle group has no
 /// connection to tell).
@@ -385,8 +399,15 @@ impl Registry {
         let mut last_look = Instant::now() - IDLE_PERIOD;
         let mut devices: (Option<Instant>, Value) = (None, json!([]));
         let mut roles = Roles::new();
+        // (a snapshot of many sockets costs more: the next waits at least
+        // COST_FACTOR times as long as the last took, so that the thread
+        // takes a bounded share of a CPU and of the endpoints' locks)
+        let mut not_before = Instant::now();
         loop {
             std::thread::sleep(EVENT_PERIOD);
+            if Instant::now() < not_before {
+                continue;
+            }
             let event = self.changed.swap(false, Relaxed);
             if !event && last_look.elapsed() < IDLE_PERIOD {
                 continue;
@@ -419,6 +440,7 @@ impl Registry {
             } else {
                 self.errors.fetch_add(1, Relaxed);
             }
+            not_before = last_look + last_look.elapsed() * COST_FACTOR;
         }
     }
 
@@ -435,6 +457,20 @@ impl Registry {
             what: Option<(Role, Mode, Option<SmcRef>)>,
             info: Info,
         }
+        // the new sockets' addresses and inodes, looked up without the
+        // lock that connection events take
+        let new: Vec<Arc<TcpStream>> = lock(&self.entries)
+            .iter()
+            .filter(|e| e.info.is_none())
+            .filter_map(|e| match &e.what {
+                What::Stream { tcp, .. } => tcp.upgrade(),
+                What::Listen => None,
+            })
+            .collect();
+        let found: HashMap<usize, Info> = new
+            .iter()
+            .map(|t| (Arc::as_ptr(t) as usize, info_of(t.as_fd())))
+            .collect();
         let mut live = Vec::new();
         {
             let mut es = lock(&self.entries);
@@ -442,8 +478,8 @@ impl Registry {
             for e in es.iter_mut() {
                 if e.info.is_none() {
                     if let What::Stream { tcp, .. } = &e.what {
-                        let Some(t) = tcp.upgrade() else { continue };
-                        e.info = Some(info_of(t.as_fd()));
+                        // (the Arcs in `new` are alive: no address reused)
+                        e.info = found.get(&(tcp.as_ptr() as usize)).cloned();
                     }
                 }
                 let Some(info) = e.info.clone() else { continue };
@@ -456,6 +492,7 @@ impl Registry {
                 live.push(Live { what, info });
             }
         }
+        drop(new);
         let (rmb_len, sndbuf_len) = ctx::buffer_sizes();
         let (eps, devs) = ctx::endpoints_and_devices(refresh_devices).unwrap_or_default();
         let dev_index = |sh: &Arc<Shared>| eps.iter().position(|(_, s)| Arc::ptr_eq(s, sh));
@@ -465,8 +502,40 @@ impl Registry {
         let mut lgr_conns: BTreeMap<(usize, usize), (u32, [u32; 3])> = BTreeMap::new();
         let mut usage = (0u64, 0u64);
         let mut bytes = self.retired.get();
+        // the engine's facts of the SMC-R connections, a batch of them per
+        // hold of their endpoint's lock
+        let mut facts: Vec<Option<(Option<usize>, Facts)>> = vec![None; live.len()];
+        // (endpoint, [(index in `live`, connection)])
+        type ByEndpoint = Vec<(Arc<Shared>, Vec<(usize, ConnId)>)>;
+        let mut by_ep: ByEndpoint = Vec::new();
+        for (i, l) in live.iter().enumerate() {
+            if let Some((_, Mode::SmcR, Some((sh, id, _)))) = &l.what {
+                let Some(sh) = sh.upgrade() else { continue };
+                match by_ep.iter_mut().find(|(x, _)| Arc::ptr_eq(x, &sh)) {
+                    Some((_, v)) => v.push((i, *id)),
+                    None => by_ep.push((sh, vec![(i, *id)])),
+                }
+            }
+        }
+        for (sh, list) in &by_ep {
+            let di = dev_index(sh);
+            for batch in list.chunks(LOCK_BATCH) {
+                let ep = sh.lock();
+                for &(i, id) in batch {
+                    facts[i] = Some((
+                        di,
+                        Facts {
+                            state: ep.close_state(id),
+                            token: ep.alert_token(id),
+                            lgr: ep.link_group_of(id),
+                            link: ep.link_of(id),
+                        },
+                    ));
+                }
+            }
+        }
         let fmt_addr = |a: Option<SocketAddr>| a.map(|a| a.to_string());
-        for l in &live {
+        for (l, fact) in live.iter().zip(&facts) {
             let mut s = json!({
                 "inode": l.info.inode,
                 "uid": l.info.uid,
@@ -494,7 +563,7 @@ impl Registry {
                     s["mode"] = json!("SMCR");
                     s["role"] = json!(role_name(*role));
                     let mut state = CloseState::Closed;
-                    if let Some((sh, id, st)) = smc {
+                    if let Some((_, _, st)) = smc {
                         if !st.retired.load(Relaxed) {
                             let [a, b, c, d] = st.get();
                             s["rx_bytes"] = json!(a);
@@ -506,15 +575,13 @@ impl Registry {
                             bytes[2] += c;
                             bytes[3] += d;
                         }
-                        if let Some(sh) = sh.upgrade() {
-                            let di = dev_index(&sh);
-                            let ep = sh.lock();
-                            if let Some(cs) = ep.close_state(*id) {
+                        if let Some((di, f)) = fact {
+                            if let Some(cs) = f.state {
                                 state = cs;
                             }
-                            s["token"] = json!(ep.alert_token(*id));
-                            if let (Some(di), Some(lg)) = (di, ep.link_group_of(*id)) {
-                                let slot = ep.link_of(*id);
+                            s["token"] = json!(f.token);
+                            if let (Some(di), Some(lg)) = (*di, f.lgr) {
+                                let slot = f.link;
                                 s["device"] = json!(eps[di].0);
                                 s["lgr_id"] = json!(lg_id(pid, di, lg));
                                 s["link_id"] = json!(slot.map(|x| x + 1));
