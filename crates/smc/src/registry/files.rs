@@ -58,17 +58,31 @@ pub fn scan_dirs() -> Vec<PathBuf> {
     v
 }
 
-/// Creates the run directory (0700) if needed.
+/// Creates the run directory (0700) if needed. A directory that another
+/// user owns, or that others may write to, is refused: its files would be
+/// theirs to forge (`/tmp/smc-rs-<uid>` could have been made by anyone).
 pub fn ensure_dir(dir: &Path) -> io::Result<()> {
     match std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
     {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
     }
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.is_dir() || m.uid() != rustix::process::geteuid().as_raw() || m.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: not a directory of ours that only we may write to",
+                dir.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A process's start time (clock ticks since boot, `/proc/<pid>/stat`
@@ -338,6 +352,20 @@ mod tests {
         combine(&mut a, &json!({"x": 5, "f": {"client": {"0x2": 5}}}), -1);
         prune(&mut a);
         assert_eq!(a, json!({"y": 3, "f": {"client": {"0x1": 3}}}));
+    }
+
+    #[test]
+    fn a_run_directory_others_may_write_to_is_refused() {
+        let d = std::env::temp_dir().join(format!("smc-files-perm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        ensure_dir(&d).unwrap();
+        assert_eq!(
+            std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(ensure_dir(&d).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
