@@ -2,7 +2,7 @@
 //! processes, and the statistics that outlive a process (`smcr stats`).
 //! Used by the library (to publish and to reap) and by the tools (to read).
 //!
-//! Layout of the run directory (mode 0700, one per user):
+//! Layout of the run directory (mode 0700, one per user; see [`run_dir`]):
 //! * `<pid>.json`: a live process's entry (schema in the smc-tools README),
 //!   replaced whole (written to `.<pid>.json.tmp`, then renamed);
 //! * `totals.json`: the counters of processes that have exited, and the
@@ -22,25 +22,29 @@ use std::path::{Path, PathBuf};
 /// Schema version of the files (`"version"` key).
 pub const VERSION: u64 = 1;
 
+/// Name of the registry's directory under `/run` and `$XDG_RUNTIME_DIR`
+/// (not `smc-rs`: that is the shm device's rundir, shared by all users).
+const DIR_NAME: &str = "smc-rs-registry";
+
 /// The run directory of this user: `SMC_RS_RUN_DIR` if set, else
-/// `/run/smc-rs` for root, `$XDG_RUNTIME_DIR/smc-rs` for others, else
-/// `/tmp/smc-rs-<uid>`.
+/// `/run/smc-rs-registry` for root, `$XDG_RUNTIME_DIR/smc-rs-registry` for
+/// others, else `/tmp/smc-rs-registry-<uid>`.
 pub fn run_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("SMC_RS_RUN_DIR") {
         return PathBuf::from(d);
     }
     let uid = rustix::process::geteuid().as_raw();
     if uid == 0 {
-        return PathBuf::from("/run/smc-rs");
+        return Path::new("/run").join(DIR_NAME);
     }
     match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(x) if !x.is_empty() => PathBuf::from(x).join("smc-rs"),
-        _ => std::env::temp_dir().join(format!("smc-rs-{uid}")),
+        Some(x) if !x.is_empty() => PathBuf::from(x).join(DIR_NAME),
+        _ => std::env::temp_dir().join(format!("{DIR_NAME}-{uid}")),
     }
 }
 
 /// The directories a reader looks at: this user's; for root without
-/// `SMC_RS_RUN_DIR` also every user's `/run/user/<uid>/smc-rs` (root sees
+/// `SMC_RS_RUN_DIR` also every user's `/run/user/<uid>/smc-rs-registry` (root sees
 /// all sockets, as with the kernel's sock_diag).
 pub fn scan_dirs() -> Vec<PathBuf> {
     let mut v = vec![run_dir()];
@@ -48,7 +52,7 @@ pub fn scan_dirs() -> Vec<PathBuf> {
         if let Ok(rd) = std::fs::read_dir("/run/user") {
             let mut users: Vec<PathBuf> = rd
                 .flatten()
-                .map(|e| e.path().join("smc-rs"))
+                .map(|e| e.path().join(DIR_NAME))
                 .filter(|p| p.is_dir())
                 .collect();
             users.sort();
@@ -261,8 +265,31 @@ pub fn read(dir: &Path, reap: bool) -> Vec<Entry> {
     if reap && !dead.is_empty() {
         let _ = reap_dead(dir, dead);
     }
+    if reap {
+        remove_stale_temporaries(dir);
+    }
     live.sort_by_key(|e| e.pid);
     live
+}
+
+/// Removes the temporary files (`.<name>.<pid>.tmp`, see [`write_atomic`])
+/// of processes that died while writing.
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str() else { continue };
+        let pid = n
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.rsplit('.').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| start_time(p).is_none()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 fn reap_dead(dir: &Path, dead: Vec<(PathBuf, Option<Entry>)>) -> io::Result<()> {
