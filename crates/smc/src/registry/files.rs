@@ -16,7 +16,7 @@
 
 use serde_json::{json, Map, Value};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 /// Schema version of the files (`"version"` key).
@@ -107,15 +107,36 @@ pub fn alive(pid: u32, start: u64) -> bool {
 
 /// Writes `text` to `path` whole: a private temporary file renamed over it.
 pub fn write_atomic(path: &Path, text: &str) -> io::Result<()> {
+    write_atomic_with(path, |w| w.write_all(text.as_bytes()))
+}
+
+/// [`write_atomic`] with the content written by `f` (buffered).
+pub fn write_atomic_with(
+    path: &Path,
+    f: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
     let name = path
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text)?;
-    let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600));
-    std::fs::rename(&tmp, path).inspect_err(|_| {
+    let written = (|| {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let mut w = io::BufWriter::new(file);
+        f(&mut w)?;
+        w.flush()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
-    })
+    }
+    written
 }
 
 /// Holds the directory's `.lock` (exclusive) until dropped.
@@ -363,6 +384,7 @@ pub fn reset(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn combine_adds_and_subtracts_nested_counters() {

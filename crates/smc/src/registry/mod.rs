@@ -370,6 +370,19 @@ const LOCK_BATCH: usize = 256;
 const IDLE_PERIOD: Duration = Duration::from_secs(1);
 const DEVICE_PERIOD: Duration = Duration::from_secs(5);
 
+/// Feeds what is written to a hasher.
+struct HashWriter(std::collections::hash_map::DefaultHasher);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        std::hash::Hasher::write(&mut self.0, b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// What the engine says about an SMC-R connection.
 #[derive(Clone, Copy)]
 struct Facts {
@@ -395,7 +408,10 @@ impl Registry {
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
         let path = self.dir.join(format!("{pid}.json"));
-        let mut last = String::new();
+        // (a hash of the last document written, not the text: with
+        // thousands of sockets it is megabytes, and a process near its
+        // memory-map limit should not hold two such buffers for us)
+        let mut last: Option<u64> = None;
         let mut last_look = Instant::now() - IDLE_PERIOD;
         let mut devices: (Option<Instant>, Value) = (None, json!([]));
         let mut roles = Roles::new();
@@ -427,16 +443,24 @@ impl Registry {
             if let (Value::Object(d), Value::Object(b)) = (&mut doc, body) {
                 d.extend(b);
             }
-            let text = doc.to_string();
-            if text == last {
+            let hash = {
+                let mut h = HashWriter(std::collections::hash_map::DefaultHasher::new());
+                let _ = serde_json::to_writer(&mut h, &doc);
+                std::hash::Hasher::finish(&h.0)
+            };
+            if last == Some(hash) {
                 continue;
             }
             // (the directory may have been removed meanwhile)
             let ok = files::ensure_dir(&self.dir)
-                .and_then(|()| files::write_atomic(&path, &text))
+                .and_then(|()| {
+                    files::write_atomic_with(&path, |w| {
+                        serde_json::to_writer(w, &doc).map_err(std::io::Error::other)
+                    })
+                })
                 .is_ok();
             if ok {
-                last = text;
+                last = Some(hash);
             } else {
                 self.errors.fetch_add(1, Relaxed);
             }
