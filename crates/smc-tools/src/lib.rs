@@ -5,6 +5,25 @@
 #![warn(missing_docs)]
 
 pub mod getopt;
+pub mod view;
+
+/// The live processes' registry documents (all directories a reader looks
+/// at: `smc::registry::files::scan_dirs`), dead entries of our own
+/// directory reaped on the way.
+pub fn live_processes() -> Vec<serde_json::Value> {
+    let own = smc::registry::files::run_dir();
+    let mut v: Vec<serde_json::Value> = Vec::new();
+    for d in smc::registry::files::scan_dirs() {
+        let reap = d == own;
+        v.extend(
+            smc::registry::files::read(&d, reap)
+                .into_iter()
+                .map(|e| e.json),
+        );
+    }
+    v.sort_by_key(|p| p["pid"].as_u64());
+    v
+}
 
 /// Version string the tools print.
 pub fn version() -> String {

@@ -27,6 +27,14 @@ impl Env {
     fn smcr(&self, args: &[&str]) -> Output {
         self.run(env!("CARGO_BIN_EXE_smcr"), args)
     }
+    fn smcss(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_smcss"))
+            .args(args)
+            .env("SMC_RS_CONFIG_DIR", &self.dir)
+            .env("SMC_RS_RUN_DIR", self.dir.join("run"))
+            .output()
+            .unwrap()
+    }
 }
 
 impl Drop for Env {
@@ -180,4 +188,97 @@ fn smcr_validation_and_usage_errors() {
     let o = e.smcr(&["ueid", "add"]);
     assert_eq!(o.status.code(), Some(255));
     assert!(err(&o).contains("Usage: smcr ueid"));
+}
+
+#[test]
+fn smcss_rejects_what_smcss_rejects() {
+    let e = Env::new("smcss");
+    for (args, msg) in [
+        (
+            &["-D", "-R"][..],
+            "--smcd together with --smcr is not supported",
+        ),
+        (
+            &["-l", "-d"][..],
+            "--listening together with --debug is not supported",
+        ),
+        (
+            &["-la"][..],
+            "--listening together with --all is not supported",
+        ),
+        (
+            &["-l", "-R"][..],
+            "--listening together with --smcr is not supported",
+        ),
+        (
+            &["--listening", "--smcd"][..],
+            "--listening together with --smcd is not supported",
+        ),
+        (&["-x"][..], "smcss: invalid option -- 'x'"),
+        (&["--bogus"][..], "smcss: unrecognized option '--bogus'"),
+    ] {
+        let o = e.smcss(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let text = err(&o);
+        assert!(
+            text.starts_with(&format!("{msg}\nUsage: smcss [ OPTIONS ]\n")),
+            "{args:?}: {text}"
+        );
+        assert_eq!(out(&o), "");
+    }
+    let o = e.smcss(&["-h"]);
+    assert!(o.status.success());
+    assert!(out(&o).starts_with("Usage: smcss [ OPTIONS ]\n"));
+    let o = e.smcss(&["-v"]);
+    assert!(out(&o).starts_with("smcss utility, smc-rs-"));
+    // no process publishes anything: the header alone
+    let o = e.smcss(&[]);
+    assert!(o.status.success());
+    assert_eq!(
+        out(&o),
+        "State          UID   Inode   Local Address           Peer Address            Intf Mode PID/Program\n"
+    );
+    assert_eq!(out(&e.smcss(&["--json"])), "[]\n");
+}
+
+#[test]
+fn smcr_objects_parse_as_smc_tools_does() {
+    let e = Env::new("smcr-objects");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_smcr"))
+            .args(args)
+            .env("SMC_RS_CONFIG_DIR", &e.dir)
+            .env("SMC_RS_RUN_DIR", e.dir.join("run"))
+            .output()
+            .unwrap()
+    };
+    // prefixes: l = linkgroup, l = link-show, d = device, s = stats, i = info
+    let o = run(&["l", "l"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(out(&o).starts_with("LG-ID    LG-Role  LG-Type  Net-Dev"));
+    assert!(out(&run(&["d"])).starts_with("Net-Dev         IB-Dev"));
+    assert!(out(&run(&["i"])).starts_with("Kernel Capabilities\n"));
+    assert!(out(&run(&["s"])).starts_with("SMC-R Connections Summary\n"));
+    for (args, usage) in [
+        (&["linkgroup", "bogus"][..], "Usage: smcr linkgroup"),
+        (
+            &["linkgroup", "show", "1", "2", "3", "4", "5"][..],
+            "Usage: smcr linkgroup",
+        ),
+        (&["device", "ibdev"][..], "Usage: smcr device"),
+        (&["stats", "bogus"][..], "Usage: smcr stats"),
+        (&["info", "x"][..], "Usage: smcr info"),
+    ] {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(255), "{args:?}");
+        assert!(err(&o).starts_with(usage), "{args:?}: {}", err(&o));
+    }
+    // options before the object only (ours, --json, also after it)
+    let o = run(&["stats", "-d"]);
+    assert_eq!(o.status.code(), Some(255));
+    let j: serde_json::Value = serde_json::from_str(&out(&run(&["stats", "--json"]))).unwrap();
+    assert!(j["SMCR"].is_object());
+    // a reset with nothing running works and leaves zeros
+    assert!(run(&["stats", "reset"]).status.success());
+    assert!(out(&run(&["stats"])).contains("  Total connections handled             0\n"));
 }

@@ -810,9 +810,43 @@ pub(crate) fn now() -> Timestamp {
     origin().elapsed()
 }
 
+static CONTEXT: OnceLock<Context> = OnceLock::new();
+
+/// The endpoints this process has opened, by device, and the devices its
+/// provider offers (for the registry, `crate::registry`); nothing if no
+/// connection has looked for a device yet (the registry does not open the
+/// provider).
+#[allow(clippy::type_complexity)]
+pub(crate) fn endpoints_and_devices(
+    with_devices: bool,
+) -> Option<(
+    Vec<(String, Arc<Shared>)>,
+    Vec<(Kind, smc_rdma::DeviceInfo)>,
+)> {
+    let ctx = CONTEXT.get()?;
+    let mut eps: Vec<(String, Arc<Shared>)> = ctx
+        .endpoints
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(n, s)| (n.clone(), s.clone()))
+        .collect();
+    eps.sort_by(|a, b| a.0.cmp(&b.0));
+    let devices = if with_devices {
+        ctx.provider.devices_by_kind().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    Some((eps, devices))
+}
+
+/// The RMB and send buffer size of this process's connections.
+pub(crate) fn buffer_sizes() -> (usize, usize) {
+    (buf_len("SMC_RMB_KIB"), buf_len("SMC_SNDBUF_KIB"))
+}
+
 fn context() -> &'static Context {
-    static C: OnceLock<Context> = OnceLock::new();
-    C.get_or_init(|| {
+    CONTEXT.get_or_init(|| {
         // shm devices are declared in the file named by SMC_RDMA_SHM_CONFIG,
         // verbs devices are whatever libibverbs finds; without either this
         // process has no SMC device and its connections decline.
@@ -1062,10 +1096,15 @@ fn choice_for(ctx: &Context, local: IpAddr) -> Result<Option<Arc<Choice>>, ()> {
 }
 
 fn find_candidates(ctx: &Context, local: IpAddr) -> Result<Option<Choice>, ()> {
-    let Some((ifname, if_addrs)) = interface_of(local).map_err(|_| ())? else {
+    let Some((ifname, if_addrs)) = interface_of(local)
+        .map_err(|e| crate::registry::error("interfaces", format!("interface list: {e}")))?
+    else {
         return Ok(None);
     };
-    let devices = ctx.provider.devices_by_kind().map_err(|_| ())?;
+    let devices = ctx
+        .provider
+        .devices_by_kind()
+        .map_err(|e| crate::registry::error("devices", format!("device list: {e}")))?;
     if devices.is_empty() {
         return Ok(None);
     }
@@ -1173,8 +1212,12 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
             .unwrap_or_default(),
         lgr_idle_timeout: Duration::from_secs(600),
     };
-    let ep = Endpoint::new(&ctx.provider, cfg).map_err(|_| ())?;
-    let shared = Arc::new(Shared::new(ep, sndbuf_len).map_err(|_| ())?);
+    let ep = Endpoint::new(&ctx.provider, cfg)
+        .map_err(|e| crate::registry::error("endpoint_open", format!("device {device}: {e}")))?;
+    let shared =
+        Arc::new(Shared::new(ep, sndbuf_len).map_err(|e| {
+            crate::registry::error("endpoint_open", format!("device {device}: {e}"))
+        })?);
     // Control traffic nobody waits for (LLC requests, keepalives, the final CDCs
     // of released connections) is handled by a small progress thread; data moves
     // in the application's threads.
@@ -1182,7 +1225,9 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
     std::thread::Builder::new()
         .name(format!("smc-progress-{device}"))
         .spawn(move || progress_loop(weak))
-        .map_err(|_| ())?;
+        .map_err(|e| {
+            crate::registry::error("thread_start", format!("progress thread of {device}: {e}"))
+        })?;
     eps.insert(device.to_string(), shared.clone());
     Ok(shared)
 }

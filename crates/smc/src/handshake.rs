@@ -569,12 +569,15 @@ impl Accepting {
                 match status {
                     Some(ConnStatus::Smc) => {
                         tcp.set_nonblocking(false).ok()?;
-                        return Some(crate::SmcStream::smc(tcp, c));
+                        return Some(crate::SmcStream::smc(tcp, crate::ctx::Role::Server, c));
                     }
                     Some(ConnStatus::Fallback { reason, peer }) => {
                         crate::Mode::Tcp(Fallback { reason, peer })
                     }
-                    _ => return None,
+                    _ => {
+                        crate::registry::handshake_error(crate::ctx::Role::Server);
+                        return None;
+                    }
                 }
             }
             How::NoDevice {
@@ -582,9 +585,17 @@ impl Accepting {
                 failed: false,
                 ..
             } => crate::Mode::Tcp(f),
-            How::NoDevice { .. } | How::IfOnHost { .. } => return None,
+            How::NoDevice { .. } | How::IfOnHost { .. } => {
+                crate::registry::handshake_error(crate::ctx::Role::Server);
+                return None;
+            }
         };
         tcp.set_nonblocking(false).ok()?;
-        Some(crate::SmcStream::tcp_only(tcp, mode, leftover))
+        Some(crate::SmcStream::tcp_only(
+            tcp,
+            crate::ctx::Role::Server,
+            mode,
+            leftover,
+        ))
     }
 }

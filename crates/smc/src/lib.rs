@@ -75,6 +75,7 @@ mod ctx;
 mod handshake;
 mod listen;
 pub mod provider;
+pub mod registry;
 mod rendezvous;
 mod stream;
 mod sysid;

@@ -17,6 +17,7 @@
 //! with its own CLC deadlines (6 s per expected message). No thread per
 //! connection.
 
+use crate::ctx::Role;
 use crate::handshake::{Accepting, Progress};
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::stream::{no_rendezvous, no_smc, SmcStream};
@@ -162,6 +163,7 @@ impl SmcListener {
             cv: Condvar::new(),
             wake,
         });
+        crate::registry::listener(&inner, inner.tcp.as_fd());
         let driver = if opted {
             let i = inner.clone();
             let port = i.tcp.local_addr().map_or(0, |a| a.port());
@@ -223,7 +225,10 @@ impl SmcListener {
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
         if self.driver.is_none() {
             let (tcp, addr) = self.inner.tcp.accept()?;
-            return Ok((SmcStream::tcp_only(tcp, no_rendezvous(), Vec::new()), addr));
+            return Ok((
+                SmcStream::tcp_only(tcp, Role::Server, no_rendezvous(), Vec::new()),
+                addr,
+            ));
         }
         let mut q = lock(&self.inner.q);
         loop {
@@ -284,6 +289,7 @@ fn arrival(tcp: std::net::TcpStream, opted: bool) -> io::Result<Arrival> {
     if !opted {
         return Ok(Arrival::Ready(SmcStream::tcp_only(
             tcp,
+            Role::Server,
             no_rendezvous(),
             Vec::new(),
         )));
@@ -291,7 +297,12 @@ fn arrival(tcp: std::net::TcpStream, opted: bool) -> io::Result<Arrival> {
     if !peer_offered_smc(tcp.as_fd()) {
         // The SYN lacked the option: no CLC at all (Linux: PEERNOSMC).
         let mode = no_smc(DeclineCode::PeerNoSmc);
-        return Ok(Arrival::Ready(SmcStream::tcp_only(tcp, mode, Vec::new())));
+        return Ok(Arrival::Ready(SmcStream::tcp_only(
+            tcp,
+            Role::Server,
+            mode,
+            Vec::new(),
+        )));
     }
     Ok(Arrival::Handshake(Accepting::start(tcp)?))
 }

@@ -86,7 +86,21 @@ impl AnyProvider {
     /// `SMC_RDMA_SHM_CONFIG` (none if it is unset or unreadable) and every
     /// libibverbs device (none if libibverbs cannot be loaded).
     pub fn from_env() -> AnyProvider {
-        Pair::new(ShmProvider::from_env().ok(), Some(VerbsProvider::new()))
+        let shm = match ShmProvider::from_env() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                // a broken configuration is reported (registry, smc_dbg),
+                // not left to look like "no SMC device"
+                if let Some(f) = std::env::var_os("SMC_RDMA_SHM_CONFIG") {
+                    crate::registry::error(
+                        "device_config",
+                        format!("{}: {e}", std::path::Path::new(&f).display()),
+                    );
+                }
+                None
+            }
+        };
+        Pair::new(shm, Some(VerbsProvider::new()))
     }
 }
 

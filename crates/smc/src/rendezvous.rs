@@ -31,6 +31,7 @@ pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
         AddressFamily::INET6
     };
     let fd = rustix::net::socket(fam, SocketType::STREAM, None)?;
+    crate::registry::start();
     let opted = match rendezvous() {
         Ok(r) => r.opt_in(fd.as_fd()).is_ok(),
         Err(_) => false,

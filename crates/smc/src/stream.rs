@@ -86,6 +86,8 @@ pub(crate) struct SmcConn {
     /// the SMC close has gone out, as Linux releases the TCP socket after
     /// the SMC close (af_smc.c `smc_release` → `__smc_release`).
     tcp: Option<Arc<TcpStream>>,
+    /// Bytes and requests, for the registry.
+    pub(crate) stats: Arc<crate::registry::ConnStats>,
 }
 
 impl SmcConn {
@@ -96,6 +98,7 @@ impl SmcConn {
             id,
             linger: AtomicBool::new(false),
             tcp: None,
+            stats: Arc::default(),
         }
     }
 
@@ -140,6 +143,7 @@ const LINGER: Duration = Duration::from_secs(3);
 
 impl Drop for SmcConn {
     fn drop(&mut self) {
+        self.stats.retire();
         if let Some(t) = &self.tcp {
             // (still open: `self.tcp` is dropped after this)
             self.shared.unwatch_tcp(t.as_fd());
@@ -278,12 +282,18 @@ impl SmcStream {
 
     fn after_connect(mut tcp: TcpStream, opted: bool) -> io::Result<SmcStream> {
         if !opted {
-            return Ok(SmcStream::tcp_only(tcp, no_rendezvous(), Vec::new()));
+            return Ok(SmcStream::tcp_only(
+                tcp,
+                ctx::Role::Client,
+                no_rendezvous(),
+                Vec::new(),
+            ));
         }
         if !peer_offered_smc(tcp.as_fd()) {
             // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
             return Ok(SmcStream::tcp_only(
                 tcp,
+                ctx::Role::Client,
                 no_smc(DeclineCode::PeerNoSmc),
                 Vec::new(),
             ));
@@ -297,15 +307,29 @@ impl SmcStream {
             }
             dev => {
                 let unavailable = matches!(dev, ctx::Device::Unavailable);
-                let f = handshake::client(&mut tcp, unavailable)?;
-                Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
+                let f = handshake::client(&mut tcp, unavailable).inspect_err(|_| {
+                    crate::registry::handshake_error(ctx::Role::Client);
+                })?;
+                Ok(SmcStream::tcp_only(
+                    tcp,
+                    ctx::Role::Client,
+                    Mode::Tcp(f),
+                    Vec::new(),
+                ))
             }
         }
     }
 
-    pub(crate) fn tcp_only(tcp: TcpStream, mode: Mode, pending: Vec<u8>) -> SmcStream {
+    pub(crate) fn tcp_only(
+        tcp: TcpStream,
+        role: ctx::Role,
+        mode: Mode,
+        pending: Vec<u8>,
+    ) -> SmcStream {
+        let tcp = Arc::new(tcp);
+        crate::registry::stream(&tcp, role, mode, None);
         SmcStream {
-            tcp: Arc::new(tcp),
+            tcp,
             mode,
             smc: None,
             pending: Arc::new(Mutex::new(pending)),
@@ -314,8 +338,14 @@ impl SmcStream {
     }
 
     /// An SMC-R stream whose handshake `conn` finished on `tcp` (blocking).
-    pub(crate) fn smc(tcp: TcpStream, conn: SmcConn) -> SmcStream {
+    pub(crate) fn smc(tcp: TcpStream, role: ctx::Role, conn: SmcConn) -> SmcStream {
         let tcp = Arc::new(tcp);
+        crate::registry::stream(
+            &tcp,
+            role,
+            Mode::SmcR,
+            Some((&conn.shared, conn.id, &conn.stats)),
+        );
         SmcStream {
             tcp: tcp.clone(),
             mode: Mode::SmcR,
@@ -329,14 +359,21 @@ impl SmcStream {
         let conn = SmcConn::handshaking(shared.clone(), id);
         let (status, leftover) = handshake::with_endpoint(&tcp, &shared, id)?;
         match status {
-            ConnStatus::Smc => Ok(SmcStream::smc(tcp, conn)),
+            ConnStatus::Smc => Ok(SmcStream::smc(tcp, ctx::Role::Client, conn)),
             ConnStatus::Fallback { reason, peer } => Ok(SmcStream::tcp_only(
                 tcp,
+                ctx::Role::Client,
                 Mode::Tcp(Fallback { reason, peer }),
                 leftover,
             )),
-            ConnStatus::Failed(r) => Err(fail_error(r)),
-            ConnStatus::Handshaking => Err(io::Error::other("SMC handshake did not finish")),
+            ConnStatus::Failed(r) => {
+                crate::registry::handshake_error(ctx::Role::Client);
+                Err(fail_error(r))
+            }
+            ConnStatus::Handshaking => {
+                crate::registry::handshake_error(ctx::Role::Client);
+                Err(io::Error::other("SMC handshake did not finish"))
+            }
         }
     }
 
@@ -504,7 +541,11 @@ impl SmcStream {
 
     fn do_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         if let Some(c) = &self.smc {
-            return self.smc_read(c, buf);
+            let r = self.smc_read(c, buf);
+            if let Ok(n) = r {
+                c.stats.rx(n);
+            }
+            return r;
         }
         {
             let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -520,7 +561,13 @@ impl SmcStream {
 
     fn do_write(&self, buf: &[u8]) -> io::Result<usize> {
         match &self.smc {
-            Some(c) => self.smc_write(c, buf),
+            Some(c) => {
+                let r = self.smc_write(c, buf);
+                if let Ok(n) = r {
+                    c.stats.tx(n);
+                }
+                r
+            }
             None => (&*self.tcp).write(buf),
         }
     }

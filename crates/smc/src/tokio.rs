@@ -259,6 +259,8 @@ enum Io {
 pub struct SmcStream {
     io: Io,
     mode: Mode,
+    /// Keeps a fallback connection listed in the registry.
+    _listed: Option<crate::registry::Token>,
     /// TCP bytes that arrived behind the CLC messages (data after a Decline),
     /// read before the socket.
     pending: Vec<u8>,
@@ -443,8 +445,9 @@ async fn with_endpoint(
 }
 
 impl SmcStream {
-    fn tcp_only(tcp: TcpStream, mode: Mode, pending: Vec<u8>) -> SmcStream {
+    fn tcp_only(tcp: TcpStream, role: ctx::Role, mode: Mode, pending: Vec<u8>) -> SmcStream {
         SmcStream {
+            _listed: crate::registry::stream_fd(tcp.as_fd(), role, mode),
             io: Io::Tcp(tcp),
             mode,
             pending,
@@ -480,37 +483,63 @@ impl SmcStream {
             return Err(e);
         }
         if !opted {
-            return Ok(Self::tcp_only(tcp, no_rendezvous(), Vec::new()));
+            return Ok(Self::tcp_only(
+                tcp,
+                ctx::Role::Client,
+                no_rendezvous(),
+                Vec::new(),
+            ));
         }
         if !peer_offered_smc(tcp.as_fd()) {
             // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
             let mode = no_smc(DeclineCode::PeerNoSmc);
-            return Ok(Self::tcp_only(tcp, mode, Vec::new()));
+            return Ok(Self::tcp_only(tcp, ctx::Role::Client, mode, Vec::new()));
         }
         let local = tcp.local_addr()?.ip();
         let peer = tcp.peer_addr()?.ip();
         match ctx::endpoint_for(local, peer, ctx::Role::Client) {
             ctx::Device::Endpoint(shared) => {
                 let id = shared.lock().connect(local, ctx::now());
-                Self::finish_handshake(tcp, SmcConn::handshaking(shared, id)).await
+                Self::finish_handshake(tcp, ctx::Role::Client, SmcConn::handshaking(shared, id))
+                    .await
             }
             dev => {
                 let unavailable = matches!(dev, ctx::Device::Unavailable);
-                let f = client_no_device(&tcp, unavailable).await?;
-                Ok(Self::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
+                let f = client_no_device(&tcp, unavailable)
+                    .await
+                    .inspect_err(|_| crate::registry::handshake_error(ctx::Role::Client))?;
+                Ok(Self::tcp_only(
+                    tcp,
+                    ctx::Role::Client,
+                    Mode::Tcp(f),
+                    Vec::new(),
+                ))
             }
         }
     }
 
     /// Runs the handshake of `conn` (released if it does not end in SMC-R).
-    async fn finish_handshake(tcp: TcpStream, conn: SmcConn) -> io::Result<SmcStream> {
+    async fn finish_handshake(
+        tcp: TcpStream,
+        role: ctx::Role,
+        conn: SmcConn,
+    ) -> io::Result<SmcStream> {
         let mut chan = Chan::default();
-        let (status, leftover) = with_endpoint(&tcp, &conn, &mut chan).await?;
+        let (status, leftover) = with_endpoint(&tcp, &conn, &mut chan)
+            .await
+            .inspect_err(|_| crate::registry::handshake_error(role))?;
         match status {
             ConnStatus::Smc => {
                 // the endpoint watches the socket from now on, not the reactor
                 let tcp = Arc::new(tcp.into_std()?);
+                crate::registry::stream(
+                    &tcp,
+                    role,
+                    Mode::SmcR,
+                    Some((&conn.shared, conn.id, &conn.stats)),
+                );
                 Ok(SmcStream {
+                    _listed: None,
                     io: Io::Smc(Smc {
                         conn: Arc::new(conn.established(tcp, false)),
                         chan,
@@ -523,11 +552,18 @@ impl SmcStream {
             }
             ConnStatus::Fallback { reason, peer } => Ok(Self::tcp_only(
                 tcp,
+                role,
                 Mode::Tcp(Fallback { reason, peer }),
                 leftover,
             )),
-            ConnStatus::Failed(r) => Err(fail_error(r)),
-            ConnStatus::Handshaking => Err(io::Error::other("SMC handshake did not finish")),
+            ConnStatus::Failed(r) => {
+                crate::registry::handshake_error(role);
+                Err(fail_error(r))
+            }
+            ConnStatus::Handshaking => {
+                crate::registry::handshake_error(role);
+                Err(io::Error::other("SMC handshake did not finish"))
+            }
         }
     }
 
@@ -537,6 +573,7 @@ impl SmcStream {
     /// share.
     pub fn from_std(s: crate::SmcStream) -> io::Result<SmcStream> {
         let p = s.into_parts();
+        let mut listed = None;
         let io = match p.smc {
             Some(conn) => {
                 // dropping it must not block the runtime (see poll_shutdown)
@@ -548,6 +585,8 @@ impl SmcStream {
                 })
             }
             None => {
+                // (listed while this stream lives, the Arc is going)
+                listed = crate::registry::rebind(&p.tcp);
                 // other handles keep their own descriptor
                 let tcp = Arc::try_unwrap(p.tcp).or_else(|t| t.try_clone())?;
                 tcp.set_nonblocking(true)?;
@@ -555,6 +594,7 @@ impl SmcStream {
             }
         };
         Ok(SmcStream {
+            _listed: listed,
             io,
             mode: p.mode,
             pending: p.pending,
@@ -656,6 +696,7 @@ impl AsyncRead for SmcStream {
                         Err(e) => Some(Err(conn_error(e))),
                     }
                 }))?;
+                conn.stats.rx(n);
                 buf.advance(n);
                 return Poll::Ready(Ok(()));
             }
@@ -687,13 +728,17 @@ impl AsyncWrite for SmcStream {
                 if buf.is_empty() {
                     return Poll::Ready(Ok(0));
                 }
-                chan.poll_op(Dir::Write, &conn.shared, cx, |ep| {
+                let r = chan.poll_op(Dir::Write, &conn.shared, cx, |ep| {
                     match ep.write(conn.id, buf) {
                         Ok(0) => None,
                         Ok(n) => Some(Ok(n)),
                         Err(e) => Some(Err(conn_error(e))),
                     }
-                })
+                });
+                if let Poll::Ready(Ok(n)) = r {
+                    conn.stats.tx(n);
+                }
+                r
             }
             Io::Tcp(t) => Pin::new(t).poll_write(cx, buf),
         }
@@ -854,6 +899,8 @@ impl SmcListener {
             .rev()
             .map(|(s, a)| SmcStream::from_std(s).map(|s| (s, a)))
             .collect::<io::Result<Vec<_>>>()?;
+        let wake = Arc::default();
+        crate::registry::listener(&wake, tcp.as_fd());
         Ok(SmcListener {
             tcp: TcpListener::from_std(tcp)?,
             opted,
@@ -861,7 +908,7 @@ impl SmcListener {
                 ready,
                 ..Handshakes::default()
             }),
-            wake: Arc::default(),
+            wake,
         })
     }
 
@@ -961,13 +1008,19 @@ impl SmcListener {
         if !self.opted {
             return Ok(Arrival::Ready(SmcStream::tcp_only(
                 tcp,
+                ctx::Role::Server,
                 no_rendezvous(),
                 Vec::new(),
             )));
         }
         if !peer_offered_smc(tcp.as_fd()) {
             let mode = no_smc(DeclineCode::PeerNoSmc);
-            return Ok(Arrival::Ready(SmcStream::tcp_only(tcp, mode, Vec::new())));
+            return Ok(Arrival::Ready(SmcStream::tcp_only(
+                tcp,
+                ctx::Role::Server,
+                mode,
+                Vec::new(),
+            )));
         }
         let local = tcp.local_addr()?.ip();
         let peer = tcp.peer_addr()?.ip();
@@ -978,6 +1031,7 @@ impl SmcListener {
                     // the connection is released if the handshake is dropped unpolled
                     Box::pin(SmcStream::finish_handshake(
                         tcp,
+                        ctx::Role::Server,
                         SmcConn::handshaking(shared, id),
                     ))
                 }
@@ -1004,18 +1058,33 @@ impl SmcListener {
                     }
                     if ctx::shm_reaches(peer) {
                         let id = shared.lock().accept(local, ctx::now());
-                        SmcStream::finish_handshake(tcp, SmcConn::handshaking(shared, id)).await
+                        SmcStream::finish_handshake(
+                            tcp,
+                            ctx::Role::Server,
+                            SmcConn::handshaking(shared, id),
+                        )
+                        .await
                     } else {
                         drop(shared);
                         let f = server_no_device(&tcp, false).await?;
-                        Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
+                        Ok(SmcStream::tcp_only(
+                            tcp,
+                            ctx::Role::Server,
+                            Mode::Tcp(f),
+                            Vec::new(),
+                        ))
                     }
                 }),
                 dev => {
                     let unavailable = matches!(dev, ctx::Device::Unavailable);
                     Box::pin(async move {
                         let f = server_no_device(&tcp, unavailable).await?;
-                        Ok(SmcStream::tcp_only(tcp, Mode::Tcp(f), Vec::new()))
+                        Ok(SmcStream::tcp_only(
+                            tcp,
+                            ctx::Role::Server,
+                            Mode::Tcp(f),
+                            Vec::new(),
+                        ))
                     })
                 }
             },

@@ -533,3 +533,80 @@ async fn a_peer_without_a_device_declines_both_ways() {
     assert_eq!(child_mode("child client "), format!("{their_client:?}"));
     eprintln!("child server: {their_server:?}, child client: {their_client:?}");
 }
+
+/// This process's registry entry once `ok` holds for it.
+fn wait_entry(dir: &std::path::Path, ok: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let end = Instant::now() + Duration::from_secs(10);
+    let path = dir.join(format!("{}.json", std::process::id()));
+    loop {
+        let v = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        if let Some(v) = &v {
+            if ok(v) {
+                return v.clone();
+            }
+        }
+        assert!(Instant::now() < end, "registry entry never matched: {v:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sockets(v: &serde_json::Value) -> Vec<serde_json::Value> {
+    v["sockets"].as_array().cloned().unwrap_or_default()
+}
+
+/// The tokio adapter's connections and listener are listed too: SMC-R with
+/// its bytes, a fallback with its reason, the listener.
+#[test]
+fn the_tokio_adapter_publishes_its_sockets() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    setup();
+    let dir = smc::registry::files::run_dir();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let l = smc::tokio::SmcListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let srv = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 5];
+            s.read_exact(&mut b).await.unwrap();
+            s.write_all(&b).await.unwrap();
+            (s, l)
+        });
+        let mut c = smc::tokio::SmcStream::connect(addr).await.unwrap();
+        assert_eq!(c.mode(), Mode::SmcR);
+        c.write_all(b"tokio").await.unwrap();
+        let mut b = [0u8; 5];
+        c.read_exact(&mut b).await.unwrap();
+        let (_s, _l) = srv.await.unwrap();
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let f = smc::tokio::SmcStream::connect(plain.local_addr().unwrap())
+            .await
+            .unwrap();
+        let caddr = c.local_addr().unwrap().to_string();
+        let faddr = f.local_addr().unwrap().to_string();
+        let a = addr.to_string();
+        let v = tokio::task::spawn_blocking(move || {
+            wait_entry(&dir, |v| {
+                let ss = sockets(v);
+                ss.iter()
+                    .any(|s| s["local"] == caddr.as_str() && s["tx_bytes"].as_u64() == Some(5))
+                    && ss.iter().any(|s| {
+                        s["local"] == faddr.as_str()
+                            && s["fallback"]["reason"].as_u64() == Some(0x0301_0000)
+                    })
+                    && ss
+                        .iter()
+                        .any(|s| s["state"] == "LISTEN" && s["local"] == a.as_str())
+            })
+        })
+        .await
+        .unwrap();
+        assert!(v["counters"]["smc"]["server"].as_u64() >= Some(1), "{v:#}");
+        drop((c, f));
+    });
+}

@@ -34,6 +34,16 @@ pub fn setup() {
         // a device directory of our own, and tables (PNET, UEID) of our own
         std::env::remove_var("SMC_RS_CONFIG_DIR");
         smc::use_loopback_device(&format!("smc-shm-test-{}", std::process::id()));
+        // the registry (smcss, smcr) of the test's processes in the test's
+        // own directory, not the host's
+        if std::env::var_os("SMC_RS_RUN_DIR").is_none() {
+            std::env::set_var(
+                "SMC_RS_RUN_DIR",
+                std::env::temp_dir()
+                    .join(format!("smc-shm-test-{}", std::process::id()))
+                    .join("registry"),
+            );
+        }
     });
 }
 

@@ -1,0 +1,268 @@
+//! `smc_chk` — would SMC-R be used to this host and port? smc-tools' checks
+//! and messages (spec `tools.md` §2.4), built in rather than a script around
+//! `smc_run` and `smcss`, and not only on s390: `-C` connects with the smc
+//! library itself and reports the connection's mode and reasons; `-S` starts
+//! a server to connect to; `-i` prints an interface's PNET ID. Before the
+//! live test it reports what the decision depends on: the SYN option path
+//! (the BPF rendezvous), the UEIDs (SMC-R v2) and the PNET ID of the route's
+//! interface.
+
+use smc::{Mode, SmcListener, SmcStream};
+use smc_config::pnet::PnetTable;
+use smc_config::store::{ConfigDir, Table};
+use smc_config::ueid::UeidTable;
+use smc_tools::getopt::{self, Opt};
+use smc_tools::view::reason_text;
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+const PROG: &str = "smc_chk";
+
+const USAGE: &str = "Usage: smc_chk [OPTIONS] -C <IP>
+       smc_chk [OPTIONS] -S
+       smc_chk -i <iface>
+
+Check SMC setup
+
+   -C, --connect <IP>           connect to specified IP
+   -d, --debug                  show debug messages
+   -h, --help                   display this message
+   -i, --pnetid <IFACE>         print PNET ID and exit
+   -p, --port <PORT>            use the next free port starting
+                                with PORT (default: 37373)
+   -S, --server                 start server only
+   -v, --version                display version info
+   -6, --ipv6                   IP address is IPv6
+";
+
+const DEFAULT_PORT: u16 = 37373;
+
+const OPTS: &[Opt] = &[
+    Opt {
+        short: Some('C'),
+        long: "connect",
+        has_arg: true,
+    },
+    Opt {
+        short: Some('d'),
+        long: "debug",
+        has_arg: false,
+    },
+    Opt {
+        short: Some('h'),
+        long: "help",
+        has_arg: false,
+    },
+    Opt {
+        short: Some('i'),
+        long: "pnetid",
+        has_arg: true,
+    },
+    Opt {
+        short: Some('p'),
+        long: "port",
+        has_arg: true,
+    },
+    Opt {
+        short: Some('S'),
+        long: "server",
+        has_arg: false,
+    },
+    Opt {
+        short: Some('v'),
+        long: "version",
+        has_arg: false,
+    },
+    Opt {
+        short: Some('6'),
+        long: "ipv6",
+        has_arg: false,
+    },
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let p = match getopt::parse(&args, OPTS) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{PROG}: {e}");
+            eprint!("{USAGE}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if p.has("help") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    if p.has("version") {
+        println!("{PROG} utility, {}", smc_tools::version());
+        return ExitCode::SUCCESS;
+    }
+    let modes: Vec<&str> = ["connect", "server", "pnetid"]
+        .into_iter()
+        .filter(|m| p.has(m))
+        .collect();
+    if let [a, b, ..] = modes.as_slice() {
+        eprintln!("Error: Cannot combine options '--{a}' and '--{b}'");
+        return ExitCode::FAILURE;
+    }
+    let port = match p.value("port").map(str::parse::<u16>) {
+        None => DEFAULT_PORT,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            eprintln!(
+                "Error: Invalid port specified: '{}'",
+                p.value("port").unwrap_or("")
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let v6 = p.has("ipv6");
+    let debug = p.has("debug");
+    match modes.first() {
+        Some(&"pnetid") => pnetid(p.value("pnetid").unwrap_or_default()),
+        Some(&"server") => server(port, v6),
+        Some(&"connect") => connect(p.value("connect").unwrap_or_default(), port, v6, debug),
+        _ => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// The PNET ID of an interface: from the PNET table (`*`: set by the user;
+/// off IBM Z there are no hardware PNET IDs).
+fn pnetid(ifname: &str) -> ExitCode {
+    let table = PnetTable::load(&ConfigDir::from_env()).unwrap_or_default();
+    if let Some(id) = table.pnetid_of_interface(ifname) {
+        println!("{}*", id.as_str());
+    }
+    ExitCode::SUCCESS
+}
+
+/// A server to run `-C` against: the first free port from `port` on.
+fn server(port: u16, v6: bool) -> ExitCode {
+    let any: IpAddr = if v6 {
+        "::".parse().unwrap()
+    } else {
+        "0.0.0.0".parse().unwrap()
+    };
+    let mut listener = None;
+    for p in port..=u16::MAX {
+        if let Ok(l) = SmcListener::bind(SocketAddr::new(any, p)) {
+            listener = Some((l, p));
+            break;
+        }
+    }
+    let Some((l, p)) = listener else {
+        eprintln!("Error: No free port found");
+        return ExitCode::FAILURE;
+    };
+    println!("Server started on port {p}");
+    loop {
+        match l.accept() {
+            Ok((mut s, _)) => {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+                });
+            }
+            Err(e) => {
+                eprintln!("Error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+}
+
+fn connect(host: &str, port: u16, v6: bool, debug: bool) -> ExitCode {
+    let target = (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.find(|a| a.is_ipv6() == v6));
+    let Some(target) = target else {
+        eprintln!("Error: Cannot resolve '{host}'");
+        return ExitCode::FAILURE;
+    };
+    println!("Test with target IP {} and port {port}", target.ip());
+    // what the decision depends on
+    println!("  Configuration");
+    match smc_bpf::Rendezvous::shared() {
+        Ok(r) => println!(
+            "     SYN option:   ok (rendezvous program {} on {})",
+            r.prog_id(),
+            r.cgroup().display()
+        ),
+        Err(e) => println!(
+            "     SYN option:   not available ({e}): every connection falls back with {:#010x}",
+            smc::FALLBACK_NO_RENDEZVOUS
+        ),
+    }
+    let dir = ConfigDir::from_env();
+    match UeidTable::load(&dir).map(|t| t.eids().to_vec()) {
+        Ok(e) if !e.is_empty() => println!(
+            "     UEID:         {} (SMC-R v2 possible)",
+            e.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Ok(_) => println!("     UEID:         none (SMC-R v1 only: same subnet needed)"),
+        Err(e) => println!("     UEID:         table unreadable: {e}"),
+    }
+    println!("  Live test (SMC-R)");
+    let s = match SmcStream::connect_timeout(&target, Duration::from_secs(10)) {
+        Ok(s) => s,
+        Err(e) => {
+            if debug {
+                println!("     ({e})");
+            }
+            println!("     Failed, no connection");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Ok(local) = s.local_addr() {
+        let table = PnetTable::load(&dir).unwrap_or_default();
+        let iface = smc_rdma::sys::interface_addrs().ok().and_then(|a| {
+            a.into_iter()
+                .find(|x| x.addr == local.ip())
+                .map(|x| x.ifname)
+        });
+        if let Some(i) = iface {
+            let id = table.pnetid_of_interface(&i).map_or(
+                "none (the port of the interface itself is used)".to_string(),
+                |p| format!("{}*", p.as_str()),
+            );
+            println!("     Interface:    {i}, PNET ID {id}");
+        }
+    }
+    match s.mode() {
+        Mode::SmcR => {
+            let devs: Vec<String> = smc::state()
+                .into_iter()
+                .filter(|d| d.connections > 0)
+                .map(|d| d.device)
+                .collect();
+            if !devs.is_empty() {
+                println!("     Device:       {}", devs.join(", "));
+            }
+            println!("     Success, using SMC-R");
+            ExitCode::SUCCESS
+        }
+        Mode::Tcp(f) => {
+            println!("     Failed  (TCP fallback), reasons:");
+            let code = f.code();
+            println!(
+                "          Client:        {code:#010x}   {}",
+                reason_text(code)
+            );
+            if let Some(peer) = f.peer {
+                let c = peer.to_u32();
+                println!("          Server:        {c:#010x}   {}", reason_text(c));
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

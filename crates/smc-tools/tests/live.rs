@@ -1,0 +1,243 @@
+//! The tools against live processes: this test process holds SMC-R
+//! connections (shared-memory device on `lo`, root for the BPF
+//! rendezvous), a fallback and a listener; a child process holds another
+//! connection. `smcss`, `smcr linkgroup`, `smcr stats` see them with the
+//! right mode, state, reason and PID; a killed process disappears; a reset
+//! starts the counts again.
+
+use serde_json::Value;
+use smc::{Mode, SmcListener, SmcStream};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn setup() -> PathBuf {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "needs root (BPF); CI runs as root"
+    );
+    let base = std::env::temp_dir().join(format!("smc-tools-live-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::env::set_var("SMC_RS_RUN_DIR", base.join("registry"));
+    smc::use_loopback_device(&format!("smc-tools-live-{}", std::process::id()));
+    base.join("registry")
+}
+
+fn tool(bin: &str, args: &[&str], dir: &Path) -> Output {
+    Command::new(bin)
+        .args(args)
+        .env("SMC_RS_RUN_DIR", dir)
+        .output()
+        .unwrap()
+}
+
+fn smcss(args: &[&str], dir: &Path) -> String {
+    let o = tool(env!("CARGO_BIN_EXE_smcss"), args, dir);
+    assert!(o.status.success(), "{o:?}");
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn smcr(args: &[&str], dir: &Path) -> String {
+    let o = tool(env!("CARGO_BIN_EXE_smcr"), args, dir);
+    assert!(o.status.success(), "{o:?}");
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// Waits until `f` holds for `smcss --json -a` (registry files are
+/// rewritten within about 100 ms of an event).
+fn until(dir: &Path, what: &str, f: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = smcss(&["-a", "--json"], dir);
+        let v: Vec<Value> = serde_json::from_str(&out).unwrap();
+        if f(&v) {
+            return v;
+        }
+        assert!(Instant::now() < end, "{what}: never seen in {out}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_tools_show_live_connections_of_two_processes() {
+    let dir = setup();
+    let me = u64::from(std::process::id());
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(&b).unwrap();
+            v.push(s);
+        }
+        (v, l)
+    });
+    let mut c = SmcStream::connect(addr).unwrap();
+    assert_eq!(c.mode(), Mode::SmcR);
+    c.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b).unwrap();
+    // a fallback: a plain TCP server never offers SMC (PEERNOSMC)
+    let plain = TcpListener::bind("127.0.0.1:0").unwrap();
+    let f = SmcStream::connect(plain.local_addr().unwrap()).unwrap();
+    let (_p, _) = plain.accept().unwrap();
+    // a second process: a client that connects and waits
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["child_client", "--exact", "--nocapture"])
+        .env("CHILD_CONNECT", addr.to_string())
+        .env("SMC_RS_RUN_DIR", &dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let child_pid = u64::from(child.id());
+    let faddr = f.local_addr().unwrap().to_string();
+    let v = until(&dir, "both processes' sockets", |v| {
+        v.iter()
+            .any(|s| s["pid"] == child_pid && s["mode"] == "SMCR")
+            && v.iter().any(|s| s["local"] == faddr.as_str())
+            && v.iter()
+                .filter(|s| s["pid"] == me && s["mode"] == "SMCR")
+                .count()
+                >= 3
+    });
+    let fb = v.iter().find(|s| s["local"] == faddr.as_str()).unwrap();
+    assert_eq!(fb["mode"], "TCP");
+    assert_eq!(fb["fallback"]["reason"].as_u64(), Some(0x0301_0000));
+    assert_eq!(fb["pid"].as_u64(), Some(me));
+
+    // the human view: one line per connection, the mode, the reason, the pid
+    let text = smcss(&[], &dir);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("State          UID   Inode   Local Address"));
+    let mine = format!("{me}/");
+    let caddr = c.local_addr().unwrap().to_string();
+    let cl = lines
+        .iter()
+        .find(|l| l.contains(&caddr))
+        .expect("client line");
+    let fields: Vec<&str> = cl.split_whitespace().collect();
+    assert_eq!(fields[0], "ACTIVE");
+    assert_eq!(
+        fields[4],
+        addr.to_string(),
+        "peer is field 5, as smc_chk reads it"
+    );
+    assert_eq!(fields[6], "SMCR", "mode is field 7");
+    assert!(fields[7].starts_with(&mine), "{cl}");
+    let fl = lines
+        .iter()
+        .find(|l| l.contains(&faddr))
+        .expect("fallback line");
+    let fields: Vec<&str> = fl.split_whitespace().collect();
+    assert_eq!(&fields[6..8], &["TCP", "0x03010000"], "{fl}");
+    assert!(lines.iter().any(|l| l.contains(&format!("{child_pid}/"))));
+    assert!(!text.contains("LISTEN"), "no listeners without -a/-l");
+    let listening = smcss(&["-l"], &dir);
+    assert!(listening
+        .lines()
+        .any(|l| l.starts_with("LISTEN") && l.contains(&addr.to_string())));
+    let smcr_only = smcss(&["-R"], &dir);
+    assert!(!smcr_only.contains(&faddr), "-R: SMC-R sockets only");
+    assert!(smcr_only
+        .lines()
+        .any(|l| l.contains(&caddr) && l.contains("CLNT")));
+
+    // link groups of both processes
+    let lg = smcr(&["linkgroup"], &dir);
+    assert!(
+        lg.lines()
+            .any(|l| l.contains("CLNT") && l.contains("SINGLE") && l.contains(&mine)),
+        "{lg}"
+    );
+    assert!(
+        lg.lines().any(|l| l.contains(&format!("{child_pid}/"))),
+        "{lg}"
+    );
+    let ls = smcr(&["-d", "linkgroup", "link-show"], &dir);
+    assert!(ls.contains("LINK_ACTIVE"), "{ls}");
+    let dev = smcr(&["device"], &dir);
+    assert!(
+        dev.lines()
+            .any(|l| l.starts_with("lo ") && l.contains("SHM")),
+        "{dev}"
+    );
+
+    // stats: this test's connections (three SMC-R here and one in the
+    // child, one fallback)
+    let st: Value = serde_json::from_str(&smcr(&["stats", "--json"], &dir)).unwrap();
+    let s = &st["SMCR"];
+    assert!(s["smc"]["client"].as_u64() >= Some(2), "{st}");
+    assert!(s["smc"]["server"].as_u64() >= Some(2), "{st}");
+    assert_eq!(s["fallback"]["client"].as_u64(), Some(1), "{st}");
+    assert_eq!(
+        s["fallback_reasons"]["client"]["0x03010000"]["name"],
+        "PEER_NO_SMC"
+    );
+    let text = smcr(&["-d", "stats"], &dir);
+    assert!(text.contains("PEER_NO_SMC"), "{text}");
+
+    // smc_dbg: all of it in one report
+    let o = tool(env!("CARGO_BIN_EXE_smc_dbg"), &[], &dir);
+    assert!(o.status.success(), "{o:?}");
+    let report = String::from_utf8(o.stdout).unwrap();
+    for section in [
+        "===== version =====",
+        "===== smcss --all --debug =====",
+        "===== smcr -d linkgroup link-show =====",
+        "===== smcr -d stats =====",
+        "===== rendezvous =====",
+    ] {
+        assert!(report.contains(section), "{section} missing:\n{report}");
+    }
+    assert!(
+        report.contains(&caddr) && report.contains(&format!("{child_pid}/")),
+        "{report}"
+    );
+
+    // the child is killed: its entries go within a second
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let t = Instant::now();
+    until(&dir, "the killed child's entries gone", |v| {
+        !v.iter().any(|s| s["pid"] == child_pid)
+    });
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t.elapsed()
+    );
+    // its counts stay in the totals
+    let st: Value = serde_json::from_str(&smcr(&["stats", "--json"], &dir)).unwrap();
+    assert!(st["SMCR"]["smc"]["client"].as_u64() >= Some(2), "{st}");
+    // reset: counting from zero
+    smcr(&["stats", "reset"], &dir);
+    let st: Value = serde_json::from_str(&smcr(&["stats", "--json"], &dir)).unwrap();
+    assert_eq!(st["SMCR"]["smc"]["client"].as_u64(), None, "{st}");
+    let abs: Value = serde_json::from_str(&smcr(&["-a", "stats", "--json"], &dir)).unwrap();
+    assert!(abs["SMCR"]["smc"]["client"].as_u64() >= Some(2), "{abs}");
+    drop((c, f));
+    drop(srv.join().unwrap());
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+}
+
+/// The child process of the test above (run by it with `CHILD_CONNECT`;
+/// without it, nothing to do).
+#[test]
+fn child_client() {
+    let Ok(addr) = std::env::var("CHILD_CONNECT") else {
+        return;
+    };
+    let mut c = SmcStream::connect(addr.as_str()).unwrap();
+    assert_eq!(c.mode(), Mode::SmcR);
+    c.write_all(b"chld").unwrap();
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b).unwrap();
+    // until killed (or its parent closes our stdin)
+    let _ = std::io::stdin().read(&mut [0u8; 1]);
+}
