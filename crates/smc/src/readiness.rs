@@ -144,7 +144,11 @@ impl Readiness {
         let old = self.state.load(Ordering::Acquire);
         // the ends of a connection stay
         let new = want | (old & (EOF | HUP));
-        let new = if new & HUP != 0 { new | R | W | EOF } else { new };
+        let new = if new & HUP != 0 {
+            new | R | W | EOF
+        } else {
+            new
+        };
         if new == old {
             return;
         }
@@ -170,7 +174,6 @@ impl Readiness {
         }
         self.state.store(new, Ordering::Release);
     }
-
 }
 
 /// Takes every datagram queued on `fd`.
@@ -215,19 +218,18 @@ mod tests {
     /// Every combination, in every order, polls as set.
     #[test]
     fn poll_shows_each_state() {
-        let states = [
-            (false, false),
-            (true, false),
-            (false, true),
-            (true, true),
-        ];
+        let states = [(false, false), (true, false), (false, true), (true, true)];
         for from in states {
             for to in states {
                 let r = Readiness::new(level(from.0, from.1)).unwrap();
                 r.set(level(to.0, to.1));
                 let p = polled(&r);
                 assert_eq!(p.contains(PollFlags::IN), to.0, "{from:?} -> {to:?}: {p:?}");
-                assert_eq!(p.contains(PollFlags::OUT), to.1, "{from:?} -> {to:?}: {p:?}");
+                assert_eq!(
+                    p.contains(PollFlags::OUT),
+                    to.1,
+                    "{from:?} -> {to:?}: {p:?}"
+                );
                 assert!(!p.intersects(PollFlags::RDHUP | PollFlags::HUP));
             }
         }
@@ -247,7 +249,10 @@ mod tests {
         assert!(!p.contains(PollFlags::OUT) && !p.contains(PollFlags::HUP));
         r.set(level(false, true));
         let p = polled(&r);
-        assert!(p.contains(PollFlags::IN | PollFlags::RDHUP | PollFlags::OUT), "{p:?}");
+        assert!(
+            p.contains(PollFlags::IN | PollFlags::RDHUP | PollFlags::OUT),
+            "{p:?}"
+        );
         r.set(Level {
             hup: true,
             ..Level::default()
@@ -263,7 +268,8 @@ mod tests {
 
     fn wait(ep: &OwnedFd) -> Vec<epoll::EventFlags> {
         let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
-        let (got, _) = epoll::wait(ep, &mut buf, Some(&rustix::event::Timespec::default())).unwrap();
+        let (got, _) =
+            epoll::wait(ep, &mut buf, Some(&rustix::event::Timespec::default())).unwrap();
         got.iter().map(|e| e.flags).collect()
     }
 

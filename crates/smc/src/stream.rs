@@ -430,30 +430,31 @@ impl SmcStream {
         }
         let deadline = Self::timeout(&self.opts.read_timeout);
         let _busy = c.shared.busy();
-        let got = c.shared.run(
-            Want::Read(c.id),
-            deadline,
-            nonblocking,
-            |ep| noted(c, ep, |ep| match if ep.readable(c.id).min(buf.len()) < LEASE_MIN {
-                // a small copy costs less under the lock than a lease does
-                Ok(ReadPlan::NoWindow)
-            } else {
-                ep.read_lease(c.id, buf.len())
-            } {
-                Ok(ReadPlan::Lease(l)) => Some(Ok(Got::Lease(l))),
-                Ok(ReadPlan::Empty) if buf.is_empty() || ep.peer_done(c.id) => {
-                    Some(Ok(Got::Done(0)))
-                }
-                Ok(ReadPlan::Empty) => None,
-                Ok(ReadPlan::NoWindow) => match ep.read_into(c.id, buf) {
-                    Ok(0) if buf.is_empty() || ep.peer_done(c.id) => Some(Ok(Got::Done(0))),
-                    Ok(0) => None,
-                    Ok(n) => Some(Ok(Got::Done(n))),
-                    Err(e) => Some(Err(conn_error(e))),
-                },
-                Err(e) => Some(Err(conn_error(e))),
-            }),
-        )?;
+        let got = c
+            .shared
+            .run(Want::Read(c.id), deadline, nonblocking, |ep| {
+                noted(c, ep, |ep| {
+                    match if ep.readable(c.id).min(buf.len()) < LEASE_MIN {
+                        // a small copy costs less under the lock than a lease does
+                        Ok(ReadPlan::NoWindow)
+                    } else {
+                        ep.read_lease(c.id, buf.len())
+                    } {
+                        Ok(ReadPlan::Lease(l)) => Some(Ok(Got::Lease(l))),
+                        Ok(ReadPlan::Empty) if buf.is_empty() || ep.peer_done(c.id) => {
+                            Some(Ok(Got::Done(0)))
+                        }
+                        Ok(ReadPlan::Empty) => None,
+                        Ok(ReadPlan::NoWindow) => match ep.read_into(c.id, buf) {
+                            Ok(0) if buf.is_empty() || ep.peer_done(c.id) => Some(Ok(Got::Done(0))),
+                            Ok(0) => None,
+                            Ok(n) => Some(Ok(Got::Done(n))),
+                            Err(e) => Some(Err(conn_error(e))),
+                        },
+                        Err(e) => Some(Err(conn_error(e))),
+                    }
+                })
+            })?;
         let l = match got {
             Got::Done(n) => return Ok(n),
             Got::Lease(l) => l,
@@ -603,16 +604,14 @@ impl SmcStream {
         match &self.smc {
             Some(c) => {
                 let deadline = Self::timeout(&self.opts.write_timeout);
-                c.shared.run(
-                    Want::Write(c.id),
-                    deadline,
-                    self.nonblocking(),
-                    |ep| noted(c, ep, |ep| match ep.write_oob(c.id, byte) {
-                        Ok(true) => Some(Ok(())),
-                        Ok(false) => None,
-                        Err(e) => Some(Err(conn_error(e))),
-                    }),
-                )
+                c.shared
+                    .run(Want::Write(c.id), deadline, self.nonblocking(), |ep| {
+                        noted(c, ep, |ep| match ep.write_oob(c.id, byte) {
+                            Ok(true) => Some(Ok(())),
+                            Ok(false) => None,
+                            Err(e) => Some(Err(conn_error(e))),
+                        })
+                    })
             }
             None => {
                 rustix::net::send(&*self.tcp, &[byte], rustix::net::SendFlags::OOB)?;

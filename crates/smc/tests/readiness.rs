@@ -73,7 +73,11 @@ fn an_smc_r_stream_polls_as_its_reads_and_writes_would_go() {
     c.set_nonblocking(true).unwrap();
     s.set_nonblocking(true).unwrap();
     let (cfd, sfd) = (c.as_fd(), s.as_fd());
-    assert_ne!(cfd.as_raw_fd(), c.tcp_fd().as_raw_fd(), "not the TCP socket");
+    assert_ne!(
+        cfd.as_raw_fd(),
+        c.tcp_fd().as_raw_fd(),
+        "not the TCP socket"
+    );
     let both = PollFlags::IN | PollFlags::OUT;
     // nothing to read yet, room to write
     assert_eq!(poll(sfd, both, &NOW), PollFlags::OUT);
@@ -82,11 +86,18 @@ fn an_smc_r_stream_polls_as_its_reads_and_writes_would_go() {
     (&c).write_all(b"hello").unwrap();
     assert!(poll(sfd, PollFlags::IN, &LONG).contains(PollFlags::IN));
     assert_eq!(drain(&s), 5);
-    assert_eq!(poll(sfd, both, &NOW), PollFlags::OUT, "read it all: not readable");
+    assert_eq!(
+        poll(sfd, both, &NOW),
+        PollFlags::OUT,
+        "read it all: not readable"
+    );
     // the peer stops reading: the writer fills up and stops being writable
     let sent = fill(&c);
     assert!(sent > 0);
-    assert!(!poll(cfd, both, &NOW).contains(PollFlags::OUT), "full: not writable");
+    assert!(
+        !poll(cfd, both, &NOW).contains(PollFlags::OUT),
+        "full: not writable"
+    );
     assert!(poll(sfd, PollFlags::IN, &LONG).contains(PollFlags::IN));
     // the reader takes it all: writable again
     let mut got = 0;
@@ -118,7 +129,13 @@ fn epoll_level_and_edge_triggered_on_an_smc_r_stream() {
     let lt = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
     let et = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
     epoll::add(&lt, &s, epoll::EventData::new_u64(1), E::IN | E::RDHUP).unwrap();
-    epoll::add(&et, &s, epoll::EventData::new_u64(2), E::IN | E::RDHUP | E::ET).unwrap();
+    epoll::add(
+        &et,
+        &s,
+        epoll::EventData::new_u64(2),
+        E::IN | E::RDHUP | E::ET,
+    )
+    .unwrap();
     assert!(wait(&lt, &NOW).is_empty());
     assert!(wait(&et, &NOW).is_empty());
     (&c).write_all(b"abc").unwrap();
@@ -154,7 +171,10 @@ fn a_listener_polls_readable_when_accept_would_not_block() {
     assert_eq!(poll(lfd, PollFlags::IN, &LONG), PollFlags::IN);
     let (s, _) = l.accept().unwrap();
     assert_eq!(s.mode(), Mode::SmcR);
-    assert!(poll(lfd, PollFlags::IN, &NOW).is_empty(), "taken: not readable");
+    assert!(
+        poll(lfd, PollFlags::IN, &NOW).is_empty(),
+        "taken: not readable"
+    );
     drop((c, s));
 }
 
