@@ -110,6 +110,59 @@ static TABLE: RwLock<BTreeMap<RawFd, Entry>> = RwLock::new(BTreeMap::new());
 /// Entries in the table: none, and every call passes straight through.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
+/// Set in a child process after `fork()`: the library is off there.
+///
+/// The parent's connections live in the parent's threads (the engine's
+/// progress thread, listener drivers) and its endpoint state, none of which
+/// a child has; a child that dropped its copy of a connection, as a child
+/// closing the inherited descriptor before `exec` does (socat's `EXEC:`,
+/// `system()`), would send the SMC close and abort the parent's connection.
+/// So a child forgets the table without dropping anything (its lock may
+/// have been held by another thread at the fork) and passes every call
+/// through: its own new sockets are plain TCP, and the connections it
+/// inherited are not usable in it. (Connections shared across fork are the
+/// next phase of issue 16.)
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn in_child() {
+    FORKED.store(true, Ordering::Release);
+    COUNT.store(0, Ordering::Release);
+}
+
+/// At `exit()`: every connection still open is closed as `close()` would,
+/// so that its unsent data and its SMC close leave before the process is
+/// gone. (A kernel socket's data outlives its process, a user-space
+/// connection's does not; a program that exits without closing its
+/// sockets, as socat does, would otherwise leave the peer with missing data
+/// and an aborted connection. `_exit()` and fatal signals skip this.)
+extern "C" fn at_exit() {
+    if FORKED.load(Ordering::Acquire) {
+        return;
+    }
+    // (a lock held by another thread now is left alone)
+    let all = match TABLE.try_write() {
+        Ok(mut t) => {
+            COUNT.store(0, Ordering::Release);
+            std::mem::take(&mut *t)
+        }
+        Err(_) => return,
+    };
+    drop(all);
+}
+
+extern "C" fn init() {
+    // SAFETY: registers a handler that only stores to atomics (async-signal
+    // safe, as a child of a multi-threaded process needs).
+    unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    // SAFETY: registers a plain function to run at exit.
+    unsafe { libc::atexit(at_exit) };
+}
+
+/// Runs [`init`] when the library is loaded.
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
 fn get(fd: RawFd) -> Option<Entry> {
     if COUNT.load(Ordering::Acquire) == 0 {
         return None;
@@ -130,6 +183,11 @@ fn stream(fd: RawFd) -> Option<Arc<Conn>> {
 
 /// Sets `fd`'s entry; returns the one it replaces (drop it outside the lock).
 fn insert(fd: RawFd, e: Entry) -> Option<Entry> {
+    if FORKED.load(Ordering::Acquire) {
+        // (never dropped in a child: see FORKED)
+        std::mem::forget(e);
+        return None;
+    }
     let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
     let old = t.insert(fd, e);
     COUNT.store(t.len(), Ordering::Release);
@@ -263,7 +321,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
             }
         }
     }
-    if is_tcp(domain, ty, proto) {
+    if is_tcp(domain, ty, proto) && !FORKED.load(Ordering::Acquire) {
         let opted = smc::opt_in(borrow(fd));
         drop(insert(fd, Entry::Fresh { opted }));
     }

@@ -14,6 +14,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static void die(const char *m) { perror(m); exit(2); }
@@ -85,13 +86,22 @@ static int server(const char *portfile, int use_epoll) {
     return 0;
 }
 
-/* client PORT N: sends N bytes, half-closes, reads them back. */
-static int client(int port, size_t n) {
+/* client PORT N [fork]: sends N bytes, half-closes, reads them back. With
+ * "fork", a child process first closes its copy of the connection and exits
+ * (as a child does before exec): the parent's connection must go on. */
+static int client(int port, size_t n, int forked) {
     int s = socket(AF_INET, SOCK_STREAM, 0);
     if (s < 0) die("socket");
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     if (connect(s, (struct sockaddr *)&a, sizeof a)) die("connect");
+    if (forked) {
+        pid_t pid = fork();
+        if (pid < 0) die("fork");
+        if (pid == 0) { close(s); _exit(0); }
+        int st;
+        if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) die("child");
+    }
     unsigned char *out = malloc(n), *in = malloc(n);
     for (size_t i = 0; i < n; i++) out[i] = pat(i);
     /* writes and reads interleaved (the echo comes back while we send) */
@@ -126,7 +136,8 @@ static int client(int port, size_t n) {
 
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "server")) return server(argv[2], argc > 3 && !strcmp(argv[3], "epoll"));
-    if (argc == 4 && !strcmp(argv[1], "client")) return client(atoi(argv[2]), strtoul(argv[3], NULL, 0));
-    fprintf(stderr, "usage: echo server PORTFILE [epoll] | echo client PORT N\n");
+    if (argc >= 4 && !strcmp(argv[1], "client"))
+        return client(atoi(argv[2]), strtoul(argv[3], NULL, 0), argc > 4 && !strcmp(argv[4], "fork"));
+    fprintf(stderr, "usage: echo server PORTFILE [epoll] | echo client PORT N [fork]\n");
     return 1;
 }

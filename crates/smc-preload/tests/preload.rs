@@ -83,11 +83,13 @@ impl Setup {
         panic!("the server did not start");
     }
 
-    fn client(&self, preload: bool, port: u16, n: usize) -> Output {
-        self.cmd(preload)
-            .args(["client", &port.to_string(), &n.to_string()])
-            .output()
-            .unwrap()
+    fn client(&self, preload: bool, port: u16, n: usize, fork: bool) -> Output {
+        let mut c = self.cmd(preload);
+        c.args(["client", &port.to_string(), &n.to_string()]);
+        if fork {
+            c.arg("fork");
+        }
+        c.output().unwrap()
     }
 
     /// The library's record: one line per connection, "pid role local peer mode".
@@ -107,9 +109,20 @@ impl Drop for Setup {
 }
 
 fn run(tag: &str, server_preload: bool, client_preload: bool, epoll: bool, n: usize) -> Setup {
+    run_forked(tag, server_preload, client_preload, epoll, n, false)
+}
+
+fn run_forked(
+    tag: &str,
+    server_preload: bool,
+    client_preload: bool,
+    epoll: bool,
+    n: usize,
+    fork: bool,
+) -> Setup {
     let s = setup(tag);
     let (srv, port) = s.server(server_preload, epoll);
-    let out = s.client(client_preload, port, n);
+    let out = s.client(client_preload, port, n, fork);
     let srv = srv.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -149,6 +162,15 @@ fn both_sides_under_smc_run_talk_smc_r_with_poll() {
 #[test]
 fn both_sides_under_smc_run_talk_smc_r_with_edge_triggered_epoll() {
     let s = run("epoll", true, true, true, 8 << 20);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A child that closes its copy of an SMC-R connection (as one does before
+/// exec) leaves the parent's connection alone: the library is off in a
+/// forked child.
+#[test]
+fn a_forked_child_closing_its_copy_does_not_end_the_connection() {
+    let s = run_forked("fork", true, true, false, 4 << 20, true);
     assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }
 
@@ -216,4 +238,191 @@ fn smc_run_options_as_smc_tools() {
     let out = String::from_utf8_lossy(&e.stdout);
     assert!(out.starts_with("1 65536 /"), "{out}");
     assert!(out.trim_end().ends_with("libsmc_preload.so"), "{out}");
+}
+
+/// A program from the distribution (the CI installs it), found on PATH.
+fn program(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not installed (.ci/run installs it)"))
+}
+
+/// `prog args` in `s`'s environment, under smc_run if `preload`.
+fn under(s: &Setup, preload: bool, prog: &Path, args: &[&str]) -> Command {
+    let mut c = if preload {
+        let mut c = Command::new(SMC_RUN);
+        c.arg(prog);
+        c
+    } else {
+        Command::new(prog)
+    };
+    c.args(args)
+        .env("SMC_RDMA_SHM_CONFIG", s.dir.join("shm.conf"))
+        .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
+        .env("SMC_RUN_STATE", s.dir.join("state"))
+        .env_remove("LD_PRELOAD");
+    c
+}
+
+/// Kills the server when the test ends, whatever happened.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sha256(data: &[u8]) -> String {
+    let mut c = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    c.stdin.take().unwrap().write_all(data).unwrap();
+    let out = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn blob(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+/// python3's http.server serving a file, fetched with curl; the body's hash
+/// must match.
+fn http_server_and_curl(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    let s = setup(tag);
+    let www = s.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let body = blob(3 << 20);
+    std::fs::write(www.join("blob"), &body).unwrap();
+    let py = program("python3");
+    let mut srv = under(
+        &s,
+        server_preload,
+        &py,
+        &[
+            "-u",
+            "-m",
+            "http.server",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+        ],
+    );
+    srv.arg(&www).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = Server(srv.spawn().unwrap());
+    // "Serving HTTP on 127.0.0.1 port N (http://...) ..."
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .split_whitespace()
+        .skip_while(|w| *w != "port")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    let url = format!("http://127.0.0.1:{port}/blob");
+    let out = under(&s, client_preload, &program("curl"), &["-sf", &url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl: {:?}", out.status);
+    assert_eq!(out.stdout.len(), body.len());
+    assert_eq!(sha256(&out.stdout), sha256(&body), "the body curl got");
+    drop(child);
+    s
+}
+
+#[test]
+fn python_http_server_and_curl_over_smc_r() {
+    let s = http_server_and_curl("http", true, true);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+#[test]
+fn python_http_server_under_smc_run_and_plain_curl_fall_back() {
+    let s = http_server_and_curl("http-plain", true, false);
+    assert_modes(&s, &[("accept", "TCP 0x03010000")]);
+}
+
+/// socat in both roles (select()-driven; its server forks `cat`, whose copy
+/// of the connection must not close it, and exits without closing its
+/// socket, whose data must still arrive): what the client sends comes back
+/// through `cat`.
+/// Several rounds, one connection each (the forked `cat` closes its copy
+/// of the connection at varying moments).
+fn socat_echo(tag: &str, server_preload: bool, client_preload: bool, rounds: usize) -> Setup {
+    let s = setup(tag);
+    let body = blob(3 << 20);
+    let input = s.dir.join("input");
+    std::fs::write(&input, &body).unwrap();
+    for _ in 0..rounds {
+        socat_round(&s, &input, &body, server_preload, client_preload);
+    }
+    s
+}
+
+fn socat_round(s: &Setup, input: &Path, body: &[u8], server_preload: bool, client_preload: bool) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let socat = program("socat");
+    let listen = format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr");
+    let _srv = Server(
+        under(
+            s,
+            server_preload,
+            &socat,
+            &["-t", "10", &listen, "EXEC:cat"],
+        )
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    let connect = format!("TCP:127.0.0.1:{port}");
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = under(s, client_preload, &socat, &["-t", "10", "-", &connect])
+            .stdin(std::fs::File::open(input).unwrap())
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        if out.status.success() && !out.stdout.is_empty() {
+            assert_eq!(out.stdout.len(), body.len());
+            assert_eq!(sha256(&out.stdout), sha256(body), "what came back");
+            return;
+        }
+        // (the server is not listening yet: connection refused)
+        assert!(Instant::now() < end, "socat client: {:?}", out.status);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn socat_both_roles_over_smc_r() {
+    let s = socat_echo("socat", true, true, 3);
+    let modes = s.modes();
+    assert_eq!(modes.len(), 6, "{modes:?}");
+    assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
+}
+
+#[test]
+fn socat_client_under_smc_run_with_a_plain_socat_server_falls_back() {
+    let s = socat_echo("socat-plain", false, true, 1);
+    assert_modes(&s, &[("connect", "TCP 0x03010000")]);
 }
