@@ -110,6 +110,35 @@ pub(crate) struct Shared {
     /// next, and its pump wakes them.)
     #[cfg(feature = "tokio")]
     tasks: Mutex<Vec<std::task::Waker>>,
+    /// The readiness descriptors of this endpoint's connections (see
+    /// [`crate::readiness`]), set after every pump that took completions,
+    /// and their count, readable without the lock (none: no cost).
+    readiness: Mutex<Vec<std::sync::Weak<ConnReadiness>>>,
+    readied: AtomicUsize,
+}
+
+/// A connection's readiness descriptor.
+pub(crate) struct ConnReadiness {
+    id: ConnId,
+    pub(crate) fd: crate::readiness::Readiness,
+}
+
+/// What a connection's readiness descriptor shows: readable and writable as
+/// [`Want::Read`] and [`Want::Write`] are ready, end of file once the peer
+/// sends nothing more, the end once the connection is over.
+fn level(ep: &Endpoint<AnyProvider>, id: ConnId, sndbuf_len: usize) -> crate::readiness::Level {
+    let gone = matches!(
+        ep.close_state(id),
+        None | Some(CloseState::Closed)
+            | Some(CloseState::ProcessAbort)
+            | Some(CloseState::PeerAbortWait)
+    );
+    crate::readiness::Level {
+        readable: ep.readable(id) > 0,
+        writable: ep.unacked(id) < sndbuf_len || ep.peer_closed(id),
+        eof: ep.peer_done(id),
+        hup: gone,
+    }
 }
 
 /// What a waiting thread waits for.
@@ -288,6 +317,8 @@ impl Shared {
             spin: Spin::default(),
             #[cfg(feature = "tokio")]
             tasks: Mutex::new(Vec::new()),
+            readiness: Mutex::new(Vec::new()),
+            readied: AtomicUsize::new(0),
         })
     }
 
@@ -412,6 +443,7 @@ impl Shared {
             .push_back(Instant::now() + smc_engine::endpoint::PEER_GONE_GRACE + RECHECK_MARGIN);
         self.pump(ep);
         self.wake(ep, true);
+        self.refresh_readiness(ep);
         #[cfg(feature = "tokio")]
         self.wake_tasks();
     }
@@ -447,6 +479,7 @@ impl Shared {
             let mut ep = self.lock();
             self.pump(&mut ep);
             self.wake(&ep, true);
+            self.refresh_readiness(&ep);
             #[cfg(feature = "tokio")]
             self.wake_tasks();
         }
@@ -491,7 +524,50 @@ impl Shared {
         if moved {
             self.wake_tasks();
         }
+        if moved {
+            self.refresh_readiness(ep);
+        }
         r
+    }
+
+    /// A readiness descriptor for connection `id`, showing its state from
+    /// now on (with the endpoint locked).
+    pub(crate) fn readiness(
+        &self,
+        ep: &Endpoint<AnyProvider>,
+        id: ConnId,
+    ) -> io::Result<Arc<ConnReadiness>> {
+        let r = Arc::new(ConnReadiness {
+            id,
+            fd: crate::readiness::Readiness::new(level(ep, id, self.sndbuf_len))?,
+        });
+        let mut v = self.readiness.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(&r));
+        self.readied.store(v.len(), Ordering::Release);
+        Ok(r)
+    }
+
+    /// Sets one connection's readiness descriptor (with the endpoint locked).
+    pub(crate) fn refresh_one(&self, ep: &Endpoint<AnyProvider>, r: &ConnReadiness) {
+        r.fd.set(level(ep, r.id, self.sndbuf_len));
+    }
+
+    /// Sets every readiness descriptor of the endpoint to its connection's
+    /// state (with the endpoint locked; nothing to do without descriptors).
+    fn refresh_readiness(&self, ep: &Endpoint<AnyProvider>) {
+        if self.readied.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut v = self.readiness.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| match w.upgrade() {
+            Some(r) => {
+                self.refresh_one(ep, &r);
+                true
+            }
+            None => false,
+        });
+        self.readied.store(v.len(), Ordering::Release);
     }
 
     /// Runs `op` on the endpoint until it returns `Some`: pump, try, spin for

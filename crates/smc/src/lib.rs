@@ -75,6 +75,7 @@ mod ctx;
 mod handshake;
 mod listen;
 pub mod provider;
+mod readiness;
 pub mod registry;
 mod rendezvous;
 mod stream;
@@ -85,6 +86,16 @@ pub mod tokio;
 pub use ctx::{state, DeviceState};
 pub use listen::SmcListener;
 pub use stream::{Fallback, Mode, SmcStream};
+
+/// Opts the TCP socket `fd` in to the SMC option on its SYN (or SYN-ACK),
+/// before its `connect()` or `listen()`, through the host's rendezvous
+/// program. Returns whether it is opted in (`false`: no rendezvous on this
+/// host, its connections will use TCP). For programs that create their
+/// sockets themselves; see [`SmcStream::from_connected`] and
+/// [`SmcListener::from_listening`].
+pub fn opt_in(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    rendezvous::rendezvous().is_ok_and(|r| r.opt_in(fd).is_ok())
+}
 
 /// smc-rs's own fallback reason for "the SYN option could not be used on this
 /// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel

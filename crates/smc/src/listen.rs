@@ -19,6 +19,7 @@
 
 use crate::ctx::Role;
 use crate::handshake::{Accepting, Progress};
+use crate::readiness::{Level, Readiness};
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::stream::{no_rendezvous, no_smc, SmcStream};
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -82,6 +83,10 @@ struct Inner {
     cv: Condvar,
     /// Wakes the driver from its poll (an eventfd).
     wake: OwnedFd,
+    /// Readable while `accept()` would not block, once asked for
+    /// ([`SmcListener::readiness_fd`]): the TCP listener's own readiness
+    /// says nothing, as the driver takes its connections.
+    ready: std::sync::OnceLock<Readiness>,
 }
 
 impl Inner {
@@ -92,8 +97,23 @@ impl Inner {
     fn push(&self, s: SmcStream, addr: SocketAddr) {
         // until someone accepts it, dropping it need not wait for its close
         s.set_linger(false);
-        lock(&self.q).ready.push_back((s, addr));
+        let mut q = lock(&self.q);
+        q.ready.push_back((s, addr));
+        self.show(&q);
+        drop(q);
         self.cv.notify_one();
+    }
+
+    /// The readiness descriptor, if any, shows whether `accept()` would
+    /// block (with the queue locked). A listening TCP socket never polls
+    /// writable.
+    fn show(&self, q: &Queue) {
+        if let Some(r) = self.ready.get() {
+            r.set(Level {
+                readable: !q.ready.is_empty() || q.error.is_some(),
+                ..Level::default()
+            });
+        }
     }
 }
 
@@ -140,6 +160,21 @@ impl SmcListener {
         Self::start(TcpListener::from(fd), opted, Vec::new())
     }
 
+    /// A listener over `tcp`, a TCP socket already listening: runs the
+    /// handshakes of its connections in a driver thread if `opted` (the
+    /// socket was opted in to the SMC option, [`crate::opt_in`], before its
+    /// `listen()`); TCP connections otherwise. The socket is put in
+    /// non-blocking mode (the driver polls it). For programs that create
+    /// their listening sockets themselves (the preload library).
+    pub fn from_listening(tcp: TcpListener, opted: bool) -> io::Result<SmcListener> {
+        if opted {
+            if let Ok(a) = tcp.local_addr() {
+                crate::ctx::open_devices_for_listener(a.ip());
+            }
+        }
+        Self::start(tcp, opted, Vec::new())
+    }
+
     /// A listener on `tcp`, with a driver if it is opted in; `ready` are
     /// connections already finished.
     fn start(
@@ -162,6 +197,7 @@ impl SmcListener {
             }),
             cv: Condvar::new(),
             wake,
+            ready: std::sync::OnceLock::new(),
         });
         crate::registry::listener(&inner, inner.tcp.as_fd());
         let driver = if opted {
@@ -234,6 +270,7 @@ impl SmcListener {
         loop {
             if let Some((s, addr)) = q.ready.pop_front() {
                 let resume = std::mem::take(&mut q.full);
+                self.inner.show(&q);
                 drop(q);
                 if resume {
                     self.inner.wake_driver();
@@ -242,6 +279,7 @@ impl SmcListener {
                 return Ok((s, addr));
             }
             if let Some(e) = q.error.take() {
+                self.inner.show(&q);
                 return Err(e);
             }
             if self.inner.nonblocking.load(Ordering::Relaxed) {
@@ -261,13 +299,58 @@ impl SmcListener {
         self.inner.tcp.local_addr()
     }
 
+    /// The descriptor that polls readable exactly when `accept()` would
+    /// not block, for `poll()`, `select()` and `epoll`, also what `AsFd`
+    /// returns. With a handshake driver (the listener is opted in to the
+    /// SMC option) it is a readiness descriptor set by the library
+    /// whenever a finished connection is queued or taken (created at the
+    /// first call, which can fail: no descriptor left); without one, the
+    /// TCP listener itself.
+    pub fn readiness_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        if self.driver.is_none() {
+            return Ok(self.inner.tcp.as_fd());
+        }
+        if self.inner.ready.get().is_none() {
+            let q = lock(&self.inner.q);
+            if self.inner.ready.get().is_none() {
+                let _ = self.inner.ready.set(Readiness::new(Level::default())?);
+                self.inner.show(&q);
+            }
+        }
+        Ok(self.inner.ready.get().expect("set above").as_fd())
+    }
+
     /// Non-blocking accept: `WouldBlock` while no finished connection waits.
+    /// Turning it on also creates the readiness descriptor
+    /// ([`SmcListener::readiness_fd`]), as a reactor will ask for it next.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         if self.driver.is_none() {
             return self.inner.tcp.set_nonblocking(on);
         }
+        if on {
+            self.readiness_fd()?;
+        }
         self.inner.nonblocking.store(on, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+impl std::os::fd::AsFd for SmcListener {
+    /// The listener's readiness descriptor ([`SmcListener::readiness_fd`]).
+    /// If it cannot be created (no descriptor left) this panics: call
+    /// `readiness_fd()` or `set_nonblocking(true)` first to get the error.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self.readiness_fd() {
+            Ok(fd) => fd,
+            Err(e) => panic!("smc: cannot create the listener's readiness descriptor: {e}"),
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for SmcListener {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.as_fd().as_raw_fd()
     }
 }
 
@@ -433,7 +516,9 @@ fn drive(inner: &Inner) {
         if tick {
             // queued SMC-R connections reset meanwhile (their TCP connection
             // ended, their peer is gone): nobody will want them
-            lock(&inner.q).ready.retain(|(s, _)| !s.smc_gone());
+            let mut q = lock(&inner.q);
+            q.ready.retain(|(s, _)| !s.smc_gone());
+            inner.show(&q);
         }
         if accepting && listener_ready {
             for _ in 0..ACCEPT_BATCH {
@@ -467,6 +552,7 @@ fn drive(inner: &Inner) {
                         let mut q = lock(&inner.q);
                         if q.error.is_none() {
                             q.error = Some(e);
+                            inner.show(&q);
                             inner.cv.notify_all();
                         }
                         break;

@@ -88,9 +88,34 @@ pub(crate) struct SmcConn {
     tcp: Option<Arc<TcpStream>>,
     /// Bytes and requests, for the registry.
     pub(crate) stats: Arc<crate::registry::ConnStats>,
+    /// The readiness descriptor, once asked for ([`SmcConn::readiness`]).
+    ready: std::sync::OnceLock<Arc<ctx::ConnReadiness>>,
 }
 
 impl SmcConn {
+    /// The connection's readiness descriptor, created at the first call.
+    pub(crate) fn readiness(&self) -> io::Result<&ctx::ConnReadiness> {
+        if let Some(r) = self.ready.get() {
+            return Ok(r);
+        }
+        // (the endpoint's lock serializes creation)
+        let ep = self.shared.lock();
+        if self.ready.get().is_none() {
+            let r = self.shared.readiness(&ep, self.id)?;
+            let _ = self.ready.set(r);
+        }
+        drop(ep);
+        Ok(self.ready.get().expect("set above"))
+    }
+
+    /// After an operation of ours changed the connection (with the endpoint
+    /// locked): its readiness descriptor shows it.
+    pub(crate) fn note(&self, ep: &Endpoint<AnyProvider>) {
+        if let Some(r) = self.ready.get() {
+            self.shared.refresh_one(ep, r);
+        }
+    }
+
     /// Connection `id` of `shared`, handshaking (released if dropped).
     pub(crate) fn handshaking(shared: Arc<Shared>, id: ConnId) -> SmcConn {
         SmcConn {
@@ -99,6 +124,7 @@ impl SmcConn {
             linger: AtomicBool::new(false),
             tcp: None,
             stats: Arc::default(),
+            ready: std::sync::OnceLock::new(),
         }
     }
 
@@ -176,6 +202,17 @@ impl fmt::Debug for SmcStream {
             .field("mode", &self.mode)
             .finish()
     }
+}
+
+/// `op`, after which `c`'s readiness descriptor shows what it changed.
+fn noted<R>(
+    c: &SmcConn,
+    ep: &mut Endpoint<AnyProvider>,
+    op: impl FnOnce(&mut Endpoint<AnyProvider>) -> R,
+) -> R {
+    let r = op(ep);
+    c.note(ep);
+    r
 }
 
 pub(crate) fn no_smc(reason: DeclineCode) -> Mode {
@@ -277,6 +314,15 @@ impl SmcStream {
                 TcpStream::from(fd)
             }
         };
+        Self::after_connect(tcp, opted)
+    }
+
+    /// A stream over `tcp`, a TCP socket connected in blocking mode: runs
+    /// the client's CLC handshake if `opted` (the socket was opted in to
+    /// the SMC option, [`crate::opt_in`], before its connect) and the peer's
+    /// SYN-ACK offered SMC; TCP otherwise. For programs that create and
+    /// connect their sockets themselves (the preload library).
+    pub fn from_connected(tcp: TcpStream, opted: bool) -> io::Result<SmcStream> {
         Self::after_connect(tcp, opted)
     }
 
@@ -414,37 +460,38 @@ impl SmcStream {
     /// Reads with the copy out of the RMB made after the endpoint's lock is
     /// released (a [`ReadLease`]): other threads' messages are not held up
     /// behind it, and the lock is held for bookkeeping only.
-    fn smc_read(&self, c: &SmcConn, buf: &mut [u8]) -> io::Result<usize> {
+    fn smc_read(&self, c: &SmcConn, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
         enum Got {
             Done(usize),
             Lease(ReadLease),
         }
         let deadline = Self::timeout(&self.opts.read_timeout);
         let _busy = c.shared.busy();
-        let got = c.shared.run(
-            Want::Read(c.id),
-            deadline,
-            self.nonblocking(),
-            |ep| match if ep.readable(c.id).min(buf.len()) < LEASE_MIN {
-                // a small copy costs less under the lock than a lease does
-                Ok(ReadPlan::NoWindow)
-            } else {
-                ep.read_lease(c.id, buf.len())
-            } {
-                Ok(ReadPlan::Lease(l)) => Some(Ok(Got::Lease(l))),
-                Ok(ReadPlan::Empty) if buf.is_empty() || ep.peer_done(c.id) => {
-                    Some(Ok(Got::Done(0)))
-                }
-                Ok(ReadPlan::Empty) => None,
-                Ok(ReadPlan::NoWindow) => match ep.read_into(c.id, buf) {
-                    Ok(0) if buf.is_empty() || ep.peer_done(c.id) => Some(Ok(Got::Done(0))),
-                    Ok(0) => None,
-                    Ok(n) => Some(Ok(Got::Done(n))),
-                    Err(e) => Some(Err(conn_error(e))),
-                },
-                Err(e) => Some(Err(conn_error(e))),
-            },
-        )?;
+        let got = c
+            .shared
+            .run(Want::Read(c.id), deadline, nonblocking, |ep| {
+                noted(c, ep, |ep| {
+                    match if ep.readable(c.id).min(buf.len()) < LEASE_MIN {
+                        // a small copy costs less under the lock than a lease does
+                        Ok(ReadPlan::NoWindow)
+                    } else {
+                        ep.read_lease(c.id, buf.len())
+                    } {
+                        Ok(ReadPlan::Lease(l)) => Some(Ok(Got::Lease(l))),
+                        Ok(ReadPlan::Empty) if buf.is_empty() || ep.peer_done(c.id) => {
+                            Some(Ok(Got::Done(0)))
+                        }
+                        Ok(ReadPlan::Empty) => None,
+                        Ok(ReadPlan::NoWindow) => match ep.read_into(c.id, buf) {
+                            Ok(0) if buf.is_empty() || ep.peer_done(c.id) => Some(Ok(Got::Done(0))),
+                            Ok(0) => None,
+                            Ok(n) => Some(Ok(Got::Done(n))),
+                            Err(e) => Some(Err(conn_error(e))),
+                        },
+                        Err(e) => Some(Err(conn_error(e))),
+                    }
+                })
+            })?;
         let l = match got {
             Got::Done(n) => return Ok(n),
             Got::Lease(l) => l,
@@ -456,6 +503,7 @@ impl SmcStream {
         // the consumer cursor update, if one is due now
         let _ = ep.flush(c.id);
         c.shared.after_lease(&mut ep, c.id);
+        c.note(&ep);
         drop(ep);
         // bytes copied are delivered (a failed commit shows at the next read)
         copied.map_err(conn_error)?;
@@ -468,7 +516,7 @@ impl SmcStream {
     /// Writes straight into the peer's RMB when it has room, with the copy
     /// made after the endpoint's lock is released (a [`WriteLease`]), else
     /// through the send buffer.
-    fn smc_write(&self, c: &SmcConn, buf: &[u8]) -> io::Result<usize> {
+    fn smc_write(&self, c: &SmcConn, buf: &[u8], nonblocking: bool) -> io::Result<usize> {
         enum Wrote {
             Done(usize),
             Lease(WriteLease),
@@ -477,13 +525,13 @@ impl SmcStream {
             return Ok(0);
         }
         let deadline = Self::timeout(&self.opts.write_timeout);
-        let nonblocking = self.nonblocking();
         let op = |ep: &mut Endpoint<AnyProvider>, buffer: bool| {
             let r = if buffer {
                 ep.write(c.id, buf)
             } else {
                 ep.write_unbuffered(c.id, buf)
             };
+            c.note(ep);
             match r {
                 Ok(0) => None,
                 Ok(n) => Some(Ok(n)),
@@ -520,6 +568,7 @@ impl SmcStream {
                 let mut ep = c.shared.lock();
                 let r = ep.write_commit(c.id, &l, copied);
                 c.shared.after_lease(&mut ep, c.id);
+                c.note(&ep);
                 drop(ep);
                 match r {
                     Ok(true) => return Ok(l.len()),
@@ -540,8 +589,15 @@ impl SmcStream {
     }
 
     fn do_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_with(buf, false)
+    }
+
+    /// Reads as `read`, without blocking if `dont_wait` (`MSG_DONTWAIT`)
+    /// even in blocking mode.
+    pub fn read_with(&self, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
+        let nonblocking = dont_wait || self.nonblocking();
         if let Some(c) = &self.smc {
-            let r = self.smc_read(c, buf);
+            let r = self.smc_read(c, buf, nonblocking);
             if let Ok(n) = r {
                 c.stats.rx(n);
             }
@@ -556,19 +612,37 @@ impl SmcStream {
                 return Ok(n);
             }
         }
+        if dont_wait {
+            let (n, _) = rustix::net::recv(&*self.tcp, buf, rustix::net::RecvFlags::DONTWAIT)?;
+            return Ok(n);
+        }
         (&*self.tcp).read(buf)
     }
 
     fn do_write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.write_with(buf, false)
+    }
+
+    /// Writes as `write`, without blocking if `dont_wait` (`MSG_DONTWAIT`)
+    /// even in blocking mode. (Writing after the end of the connection is
+    /// `BrokenPipe` without a signal, as `send(MSG_NOSIGNAL)`.)
+    pub fn write_with(&self, buf: &[u8], dont_wait: bool) -> io::Result<usize> {
+        let nonblocking = dont_wait || self.nonblocking();
         match &self.smc {
             Some(c) => {
-                let r = self.smc_write(c, buf);
+                let r = self.smc_write(c, buf, nonblocking);
                 if let Ok(n) = r {
                     c.stats.tx(n);
                 }
                 r
             }
-            None => (&*self.tcp).write(buf),
+            None => {
+                let mut f = rustix::net::SendFlags::NOSIGNAL;
+                if dont_wait {
+                    f |= rustix::net::SendFlags::DONTWAIT;
+                }
+                Ok(rustix::net::send(&*self.tcp, buf, f)?)
+            }
         }
     }
 
@@ -577,16 +651,14 @@ impl SmcStream {
         match &self.smc {
             Some(c) => {
                 let deadline = Self::timeout(&self.opts.write_timeout);
-                c.shared.run(
-                    Want::Write(c.id),
-                    deadline,
-                    self.nonblocking(),
-                    |ep| match ep.write_oob(c.id, byte) {
-                        Ok(true) => Some(Ok(())),
-                        Ok(false) => None,
-                        Err(e) => Some(Err(conn_error(e))),
-                    },
-                )
+                c.shared
+                    .run(Want::Write(c.id), deadline, self.nonblocking(), |ep| {
+                        noted(c, ep, |ep| match ep.write_oob(c.id, byte) {
+                            Ok(true) => Some(Ok(())),
+                            Ok(false) => None,
+                            Err(e) => Some(Err(conn_error(e))),
+                        })
+                    })
             }
             None => {
                 rustix::net::send(&*self.tcp, &[byte], rustix::net::SendFlags::OOB)?;
@@ -602,7 +674,9 @@ impl SmcStream {
             Some(c) => {
                 let mut ep = c.shared.lock();
                 c.shared.pump(&mut ep);
-                ep.read_oob(c.id).map_err(conn_error)
+                let r = ep.read_oob(c.id).map_err(conn_error);
+                c.note(&ep);
+                r
             }
             None => {
                 let mut b = [0u8; 1];
@@ -614,6 +688,43 @@ impl SmcStream {
                 }
             }
         }
+    }
+
+    /// The descriptor that polls readable exactly when a read would not
+    /// block (data, end of file, an error) and writable exactly when a write
+    /// would not block, for `poll()`, `select()` and `epoll` (level- or
+    /// edge-triggered), also what `AsFd` returns. On SMC-R it is the
+    /// connection's readiness descriptor (an `AF_UNIX` datagram socket set
+    /// by the library whenever the connection changes; created at the first
+    /// call, which is why this can fail: no descriptor left); it shows
+    /// `POLLRDHUP` once the peer sends nothing more and `POLLHUP` once the
+    /// connection is over (reset, aborted or closed both ways; the error
+    /// is the next read's or write's). Never read from or write to it. On
+    /// TCP it is the TCP socket, except that bytes received behind a
+    /// Decline and not read yet ([`SmcStream::has_pending`]) do not show.
+    pub fn readiness_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
+        match &self.smc {
+            Some(c) => Ok(c.readiness()?.fd.as_fd()),
+            None => Ok(self.tcp.as_fd()),
+        }
+    }
+
+    /// The connection's TCP socket (on SMC-R, the one its CLC handshake ran
+    /// on, which stays open as long as the connection). Not for polling:
+    /// SMC-R data never shows on it ([`SmcStream::readiness_fd`] does).
+    pub fn tcp_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.tcp.as_fd()
+    }
+
+    /// TCP bytes that arrived behind the CLC messages and were not read yet
+    /// (a fallback connection only): a read returns them without blocking
+    /// though the TCP socket may not poll readable.
+    pub fn has_pending(&self) -> bool {
+        !self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
     }
 
     /// SMC-R, or TCP with the reason.
@@ -661,6 +772,7 @@ impl SmcStream {
                     let mut ep = c.shared.lock();
                     ep.close(c.id, CloseEvent::AppShutdownWrite);
                     c.shared.pump(&mut ep);
+                    c.note(&ep);
                 }
                 Ok(())
             }
@@ -674,7 +786,14 @@ impl SmcStream {
     }
 
     /// Non-blocking mode.
+    ///
+    /// On SMC-R, turning it on also creates the stream's readiness
+    /// descriptor (see [`SmcStream::readiness_fd`]), as a reactor will ask
+    /// for it next.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        if on {
+            self.readiness_fd()?;
+        }
         self.opts.nonblocking.store(on, Ordering::Relaxed);
         self.tcp.set_nonblocking(on)
     }
@@ -755,15 +874,21 @@ pub(crate) struct Parts {
 }
 
 impl std::os::fd::AsFd for SmcStream {
-    /// The connection's TCP socket (on SMC-R, the one its CLC handshake ran
-    /// on, which stays open as long as the connection).
+    /// The stream's readiness descriptor ([`SmcStream::readiness_fd`]), for
+    /// reactors (mio registers it). On SMC-R it is created at the first
+    /// call; if that fails (no descriptor left) this panics: call
+    /// `readiness_fd()` or `set_nonblocking(true)` first to get the error.
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.tcp.as_fd()
+        match self.readiness_fd() {
+            Ok(fd) => fd,
+            Err(e) => panic!("smc: cannot create the stream's readiness descriptor: {e}"),
+        }
     }
 }
 
 impl std::os::fd::AsRawFd for SmcStream {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.tcp.as_raw_fd()
+        use std::os::fd::AsFd;
+        self.as_fd().as_raw_fd()
     }
 }

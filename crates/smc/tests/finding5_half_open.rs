@@ -22,7 +22,7 @@ use smc_wire::clc::{AcceptConfirm, ClcMessage};
 use smc_wire::types::{Mac, SystemId};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -276,7 +276,7 @@ fn established_fin(addr: SocketAddr) -> SmcStream {
     c.write_all(b"ping").unwrap();
     let mut b = [0u8; 4];
     c.read_exact(&mut b).unwrap();
-    rustix::net::shutdown(c.as_fd(), rustix::net::Shutdown::Both).unwrap();
+    rustix::net::shutdown(c.tcp_fd(), rustix::net::Shutdown::Both).unwrap();
     c
 }
 
@@ -289,7 +289,7 @@ fn established_rst_client() {
     c.write_all(b"ping").unwrap();
     let mut b = [0u8; 4];
     c.read_exact(&mut b).unwrap();
-    rustix::net::sockopt::set_socket_linger(c.as_fd(), Some(Duration::ZERO)).unwrap();
+    rustix::net::sockopt::set_socket_linger(c.tcp_fd(), Some(Duration::ZERO)).unwrap();
     println!("connected");
     std::io::stdout().flush().unwrap();
     thread::sleep(Duration::from_secs(60));
@@ -426,7 +426,7 @@ fn finding5_a_tcp_end_wakes_a_waiting_tokio_reader_with_an_error() {
     let c = SmcStream::connect(addr).unwrap();
     assert_eq!(c.mode(), Mode::SmcR);
     thread::sleep(Duration::from_millis(100));
-    rustix::net::shutdown(c.as_fd(), rustix::net::Shutdown::Both).unwrap();
+    rustix::net::shutdown(c.tcp_fd(), rustix::net::Shutdown::Both).unwrap();
     let (r, took) = rt.block_on(reader).unwrap();
     match r {
         Ok(Err(kind)) => eprintln!("reader: {kind:?} after {took:?}"),

@@ -1,0 +1,1310 @@
+//! `libsmc_preload.so`: unmodified programs' TCP connections over SMC-R,
+//! loaded with `LD_PRELOAD` (by `smc_run`).
+//!
+//! The Linux preload only rewrites `socket()` (the kernel's AF_SMC does the
+//! rest); ours interposes the socket calls and routes those on SMC-R
+//! connections to `smc::SmcStream`:
+//! * `socket()` of a TCP socket (AF_INET/AF_INET6, SOCK_STREAM, protocol 0
+//!   or TCP) opts it in to the SMC SYN option (`smc::opt_in`); other
+//!   sockets are untouched. `SMC_SNDBUF`/`SMC_RCVBUF` are applied to every
+//!   new socket, as smc-tools' library does.
+//! * `connect()` connects (in blocking mode, also for a non-blocking socket,
+//!   which then returns 0 at once rather than `EINPROGRESS`) and runs the
+//!   CLC handshake; `listen()` starts an `smc::SmcListener` whose driver runs
+//!   the handshakes; `accept()`/`accept4()` take its finished connections.
+//! * The application's descriptor is the TCP socket and stays the
+//!   connection's identity (`getsockname`, `getpeername`, `setsockopt` go to
+//!   it unchanged); a table maps it to the `SmcStream`, which holds a
+//!   duplicate of it of its own (so that the library's own calls on its
+//!   socket are never routed back into the table). A connection that fell
+//!   back to TCP leaves the table: from then on every call goes straight to
+//!   the kernel.
+//! * Reads and writes (`read`, `write`, `readv`, `writev`, `recv`, `send`,
+//!   `recvfrom`, `sendto`, `recvmsg`, `sendmsg`; `MSG_PEEK`, `MSG_DONTWAIT`,
+//!   `MSG_WAITALL`, `MSG_NOSIGNAL`, `MSG_OOB`), `shutdown`, `close`, `dup`,
+//!   `dup2`, `dup3`, `fcntl` (`O_NONBLOCK`, `F_DUPFD*`), `ioctl` (`FIONBIO`,
+//!   `FIONREAD`) of SMC-R connections go to the stream; a write after the
+//!   end raises `SIGPIPE` unless `MSG_NOSIGNAL`.
+//! * `poll`, `ppoll`, `select` and `epoll_ctl` see a connection's (or
+//!   listener's) readiness descriptor in place of its socket
+//!   (`SmcStream::readiness_fd`); `epoll_wait` needs nothing more.
+//! * `SMC_DEBUG` (first character not `0`) prints a line per connection:
+//!   SMC-R, or the fallback reason. `SMC_RUN_STATE=FILE` appends the same
+//!   line to FILE (the library's record of each connection's mode, for
+//!   tests and scripts).
+//!
+//! Every function here is an `extern "C"` replacement of a libc function,
+//! so `unsafe` is allowed in this crate (and only here); each use says why
+//! it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(clippy::missing_safety_doc)]
+
+use libc::{
+    c_int, c_ulong, c_void, iovec, msghdr, nfds_t, pollfd, size_t, sockaddr, socklen_t, ssize_t,
+};
+use smc::{Mode, SmcListener, SmcStream};
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+/// The next definition of a libc function (the one we replace).
+macro_rules! real {
+    ($name:ident : fn($($t:ty),*) -> $r:ty) => {{
+        static P: AtomicUsize = AtomicUsize::new(0);
+        let p = sym(&P, concat!(stringify!($name), "\0"));
+        // SAFETY: `p` is libc's definition of this very function, whose C
+        // signature the type spells out.
+        #[allow(unused_unsafe)]
+        let f = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(p) };
+        f
+    }};
+}
+
+/// The address of the next definition of `name` (NUL-terminated), cached in `cache`.
+fn sym(cache: &AtomicUsize, name: &str) -> usize {
+    let mut p = cache.load(Ordering::Relaxed);
+    if p == 0 {
+        // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name has no
+        // preconditions.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr().cast()) } as usize;
+        if p == 0 {
+            // a dynamically linked program has libc behind us; without it
+            // there is nothing sensible to call
+            std::process::abort();
+        }
+        cache.store(p, Ordering::Relaxed);
+    }
+    p
+}
+
+/// A connection the library carries.
+struct Conn {
+    s: SmcStream,
+    /// Bytes read ahead for `MSG_PEEK` and `FIONREAD`, delivered first.
+    peeked: Mutex<Vec<u8>>,
+}
+
+/// A listener the library carries.
+struct Lst {
+    l: SmcListener,
+    /// The application's `O_NONBLOCK` (the socket itself stays non-blocking
+    /// for the listener's driver).
+    nonblock: AtomicBool,
+}
+
+#[derive(Clone)]
+enum Entry {
+    /// A TCP socket not yet connected or listening, and whether it is opted
+    /// in to the SMC option.
+    Fresh {
+        opted: bool,
+    },
+    Stream(Arc<Conn>),
+    Listener(Arc<Lst>),
+}
+
+static TABLE: RwLock<BTreeMap<RawFd, Entry>> = RwLock::new(BTreeMap::new());
+/// Entries in the table: none, and every call passes straight through.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Set in a child process after `fork()`: the library is off there.
+///
+/// The parent's connections live in the parent's threads (the engine's
+/// progress thread, listener drivers) and its endpoint state, none of which
+/// a child has; a child that dropped its copy of a connection, as a child
+/// closing the inherited descriptor before `exec` does (socat's `EXEC:`,
+/// `system()`), would send the SMC close and abort the parent's connection.
+/// So a child forgets the table without dropping anything (its lock may
+/// have been held by another thread at the fork) and passes every call
+/// through: its own new sockets are plain TCP, and the connections it
+/// inherited are not usable in it. (Connections shared across fork are the
+/// next phase of issue 16.)
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn in_child() {
+    FORKED.store(true, Ordering::Release);
+    COUNT.store(0, Ordering::Release);
+}
+
+/// At `exit()`: every connection still open is closed as `close()` would,
+/// so that its unsent data and its SMC close leave before the process is
+/// gone. (A kernel socket's data outlives its process, a user-space
+/// connection's does not; a program that exits without closing its
+/// sockets, as socat does, would otherwise leave the peer with missing data
+/// and an aborted connection. `_exit()` and fatal signals skip this.)
+extern "C" fn at_exit() {
+    if FORKED.load(Ordering::Acquire) {
+        return;
+    }
+    // (a lock held by another thread now is left alone)
+    let all = match TABLE.try_write() {
+        Ok(mut t) => {
+            COUNT.store(0, Ordering::Release);
+            std::mem::take(&mut *t)
+        }
+        Err(_) => return,
+    };
+    drop(all);
+}
+
+extern "C" fn init() {
+    // SAFETY: registers a handler that only stores to atomics (async-signal
+    // safe, as a child of a multi-threaded process needs).
+    unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    // SAFETY: registers a plain function to run at exit.
+    unsafe { libc::atexit(at_exit) };
+}
+
+/// Runs [`init`] when the library is loaded.
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+fn get(fd: RawFd) -> Option<Entry> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&fd)
+        .cloned()
+}
+
+fn stream(fd: RawFd) -> Option<Arc<Conn>> {
+    match get(fd)? {
+        Entry::Stream(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// Sets `fd`'s entry; returns the one it replaces (drop it outside the lock).
+fn insert(fd: RawFd, e: Entry) -> Option<Entry> {
+    if FORKED.load(Ordering::Acquire) {
+        // (never dropped in a child: see FORKED)
+        std::mem::forget(e);
+        return None;
+    }
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let old = t.insert(fd, e);
+    COUNT.store(t.len(), Ordering::Release);
+    old
+}
+
+fn remove(fd: RawFd) -> Option<Entry> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let old = t.remove(&fd);
+    COUNT.store(t.len(), Ordering::Release);
+    old
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn errno() -> c_int {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() }
+}
+
+/// The errno a socket call would have returned for `e`.
+fn errno_of(e: &io::Error) -> c_int {
+    if let Some(n) = e.raw_os_error() {
+        return n;
+    }
+    match e.kind() {
+        io::ErrorKind::WouldBlock => libc::EAGAIN,
+        io::ErrorKind::BrokenPipe => libc::EPIPE,
+        io::ErrorKind::ConnectionReset => libc::ECONNRESET,
+        io::ErrorKind::ConnectionAborted => libc::ECONNABORTED,
+        io::ErrorKind::NotConnected => libc::ENOTCONN,
+        io::ErrorKind::TimedOut => libc::ETIMEDOUT,
+        io::ErrorKind::InvalidInput => libc::EINVAL,
+        io::ErrorKind::Interrupted => libc::EINTR,
+        _ => libc::EIO,
+    }
+}
+
+fn fail<T: From<i8>>(e: &io::Error) -> T {
+    set_errno(errno_of(e));
+    T::from(-1)
+}
+
+fn debug() -> bool {
+    static D: OnceLock<bool> = OnceLock::new();
+    *D.get_or_init(|| {
+        std::env::var("SMC_DEBUG").is_ok_and(|v| !v.is_empty() && !v.starts_with('0'))
+    })
+}
+
+/// Says how a connection runs (stderr with `SMC_DEBUG`, the `SMC_RUN_STATE` file).
+fn report(role: &str, s: &SmcStream) {
+    let how = match s.mode() {
+        Mode::SmcR => "SMC-R".to_string(),
+        Mode::Tcp(f) => format!("TCP {:#010x} {f}", f.code()),
+    };
+    let addr = |a: io::Result<SocketAddr>| a.map_or_else(|_| "?".into(), |a| a.to_string());
+    let line = format!(
+        "{} {role} {} {} {how}",
+        std::process::id(),
+        addr(s.local_addr()),
+        addr(s.peer_addr())
+    );
+    if debug() {
+        eprintln!("libsmc-preload: {line}");
+    }
+    if let Some(path) = std::env::var_os("SMC_RUN_STATE") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+        {
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+}
+
+/// A size from `SMC_SNDBUF` / `SMC_RCVBUF`: digits, optional k/m suffix.
+fn env_size(var: &str) -> Option<c_int> {
+    let v = std::env::var(var).ok()?;
+    let (d, m) = match v.as_bytes().last()? {
+        b'k' | b'K' => (&v[..v.len() - 1], 1 << 10),
+        b'm' | b'M' => (&v[..v.len() - 1], 1 << 20),
+        _ => (&v[..], 1),
+    };
+    d.parse::<c_int>().ok()?.checked_mul(m)
+}
+
+fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
+    // SAFETY: only for descriptors the caller passed us, open for the
+    // duration of the call that borrows them.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+/// A duplicate of `fd` (close-on-exec) for the library's own use.
+fn dup_own(fd: RawFd) -> io::Result<OwnedFd> {
+    Ok(rustix::io::fcntl_dupfd_cloexec(borrow(fd), 0)?)
+}
+
+fn is_tcp(domain: c_int, ty: c_int, proto: c_int) -> bool {
+    (domain == libc::AF_INET || domain == libc::AF_INET6)
+        && ty & 0xf == libc::SOCK_STREAM
+        && (proto == 0 || proto == libc::IPPROTO_TCP)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let fd = unsafe { real!(socket: fn(c_int, c_int, c_int) -> c_int)(domain, ty, proto) };
+    if fd < 0 {
+        return fd;
+    }
+    for (var, opt) in [
+        ("SMC_SNDBUF", libc::SO_SNDBUF),
+        ("SMC_RCVBUF", libc::SO_RCVBUF),
+    ] {
+        if let Some(v) = env_size(var) {
+            // SAFETY: `v` lives across the call; its size is passed.
+            unsafe {
+                libc::setsockopt(fd, libc::SOL_SOCKET, opt, (&v as *const c_int).cast(), 4);
+            }
+            if debug() {
+                eprintln!("sockopt {opt} set to {v}");
+            }
+        }
+    }
+    if is_tcp(domain, ty, proto) && !FORKED.load(Ordering::Acquire) {
+        let opted = smc::opt_in(borrow(fd));
+        drop(insert(fd, Entry::Fresh { opted }));
+    }
+    fd
+}
+
+/// The address `addr` points to, if it is an IPv4 or IPv6 one.
+unsafe fn sockaddr_of(addr: *const sockaddr, len: socklen_t) -> Option<SocketAddr> {
+    if addr.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's address of `len` bytes; the family says which
+    // structure it is, and its size is checked before reading it.
+    unsafe {
+        match c_int::from((*addr).sa_family) {
+            libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+                let a = &*(addr as *const libc::sockaddr_in);
+                Some(SocketAddr::from((
+                    u32::from_be(a.sin_addr.s_addr).to_be_bytes(),
+                    u16::from_be(a.sin_port),
+                )))
+            }
+            libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+                let a = &*(addr as *const libc::sockaddr_in6);
+                Some(SocketAddr::from((
+                    a.sin6_addr.s6_addr,
+                    u16::from_be(a.sin6_port),
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Writes `a` to the caller's `addr`/`len` (truncated as accept(2) does).
+unsafe fn write_sockaddr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) {
+    if addr.is_null() || len.is_null() {
+        return;
+    }
+    let s = socket2_like(a);
+    // SAFETY: `len` is the caller's in/out length of `addr`; at most that
+    // many bytes are written.
+    unsafe {
+        let room = *len as usize;
+        let n = room.min(s.len());
+        std::ptr::copy_nonoverlapping(s.as_ptr(), addr.cast::<u8>(), n);
+        *len = s.len() as socklen_t;
+    }
+}
+
+/// `a` as the bytes of a `sockaddr_in` / `sockaddr_in6`.
+fn socket2_like(a: SocketAddr) -> Vec<u8> {
+    match a {
+        SocketAddr::V4(v4) => {
+            let mut s: libc::sockaddr_in = unsafe_zeroed_in();
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = v4.port().to_be();
+            s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            as_bytes(&s)
+        }
+        SocketAddr::V6(v6) => {
+            let mut s: libc::sockaddr_in6 = unsafe_zeroed_in6();
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = v6.port().to_be();
+            s.sin6_addr.s6_addr = v6.ip().octets();
+            s.sin6_flowinfo = v6.flowinfo();
+            s.sin6_scope_id = v6.scope_id();
+            as_bytes(&s)
+        }
+    }
+}
+
+fn unsafe_zeroed_in() -> libc::sockaddr_in {
+    // SAFETY: a plain C structure of integers, valid all zero.
+    unsafe { std::mem::zeroed() }
+}
+
+fn unsafe_zeroed_in6() -> libc::sockaddr_in6 {
+    // SAFETY: as above.
+    unsafe { std::mem::zeroed() }
+}
+
+fn as_bytes<T>(v: &T) -> Vec<u8> {
+    // SAFETY: a plain C structure (no padding read as anything but bytes
+    // the kernel would copy the same way), read for its own size.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+        .to_vec()
+}
+
+fn real_fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: libc's fcntl with the caller's arguments.
+    unsafe { real!(fcntl: fn(c_int, c_int, c_ulong) -> c_int)(fd, cmd, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let real_connect = real!(connect: fn(c_int, *const sockaddr, socklen_t) -> c_int);
+    let Some(Entry::Fresh { opted }) = get(fd) else {
+        // SAFETY: the caller's arguments, unchanged.
+        return unsafe { real_connect(fd, addr, len) };
+    };
+    // SAFETY: the caller's address of `len` bytes.
+    if unsafe { sockaddr_of(addr, len) }.is_none() {
+        drop(remove(fd));
+        // SAFETY: as above.
+        return unsafe { real_connect(fd, addr, len) };
+    }
+    // The handshake follows the connect at once: both run blocking, also
+    // for a non-blocking socket (which may return 0 rather than EINPROGRESS).
+    let flags = real_fcntl(fd, libc::F_GETFL, 0);
+    let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+    if nonblock {
+        real_fcntl(fd, libc::F_SETFL, (flags & !libc::O_NONBLOCK) as c_ulong);
+    }
+    // SAFETY: as above.
+    let r = unsafe { real_connect(fd, addr, len) };
+    if r != 0 {
+        let e = errno();
+        if nonblock {
+            real_fcntl(fd, libc::F_SETFL, flags as c_ulong);
+        }
+        set_errno(e);
+        return r;
+    }
+    let made = dup_own(fd).and_then(|own| SmcStream::from_connected(TcpStream::from(own), opted));
+    let s = match made {
+        Ok(s) => s,
+        Err(e) => {
+            drop(remove(fd));
+            if nonblock {
+                real_fcntl(fd, libc::F_SETFL, flags as c_ulong);
+            }
+            return fail(&e);
+        }
+    };
+    report("connect", &s);
+    if nonblock {
+        real_fcntl(fd, libc::F_SETFL, flags as c_ulong);
+    }
+    adopt(fd, s, nonblock);
+    0
+}
+
+/// Carries `s` on the application's `fd`, or leaves it to the kernel if it
+/// is plain TCP with nothing read ahead.
+fn adopt(fd: RawFd, s: SmcStream, nonblock: bool) {
+    if s.mode() == Mode::SmcR || s.has_pending() {
+        let _ = s.set_nonblocking(nonblock);
+        let c = Arc::new(Conn {
+            s,
+            peeked: Mutex::new(Vec::new()),
+        });
+        drop(insert(fd, Entry::Stream(c)));
+    } else {
+        drop(remove(fd));
+        // (dropping `s` closes the library's duplicate only)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(listen: fn(c_int, c_int) -> c_int)(fd, backlog) };
+    let Some(Entry::Fresh { opted }) = get(fd) else {
+        return r;
+    };
+    if r != 0 {
+        return r;
+    }
+    if !opted {
+        drop(remove(fd));
+        return r;
+    }
+    let flags = real_fcntl(fd, libc::F_GETFL, 0);
+    let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+    match dup_own(fd).and_then(|own| SmcListener::from_listening(TcpListener::from(own), true)) {
+        Ok(l) => {
+            let _ = l.set_nonblocking(nonblock);
+            let l = Arc::new(Lst {
+                l,
+                nonblock: AtomicBool::new(nonblock),
+            });
+            drop(insert(fd, Entry::Listener(l)));
+        }
+        Err(e) => {
+            if debug() {
+                eprintln!("libsmc-preload: listener on fd {fd} stays TCP: {e}");
+            }
+            drop(remove(fd));
+        }
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let Some(Entry::Listener(l)) = get(fd) else {
+        // SAFETY: the caller's arguments, unchanged.
+        return unsafe {
+            real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int)(
+                fd, addr, len, flags,
+            )
+        };
+    };
+    let (s, peer) = match l.l.accept() {
+        Ok(x) => x,
+        Err(e) => return fail(&e),
+    };
+    let cmd = if flags & libc::SOCK_CLOEXEC != 0 {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    let nfd = real_fcntl(s.tcp_fd().as_raw_fd(), cmd, 0);
+    if nfd < 0 {
+        return nfd;
+    }
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+    // (the file's O_NONBLOCK, shared with the library's duplicate)
+    let _ = s.set_nonblocking(nonblock);
+    // SAFETY: the caller's address buffer and its length.
+    unsafe { write_sockaddr(peer, addr, len) };
+    report("accept", &s);
+    adopt(nfd, s, nonblock);
+    nfd
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the caller's arguments.
+    unsafe { accept4(fd, addr, len, 0) }
+}
+
+/// Reads for `recv(flags)` into `buf`.
+fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
+    if flags & libc::MSG_OOB != 0 {
+        return match c.s.recv_oob()? {
+            Some(b) if !buf.is_empty() => {
+                buf[0] = b;
+                Ok(1)
+            }
+            _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        };
+    }
+    let dont_wait = flags & libc::MSG_DONTWAIT != 0;
+    let peek = flags & libc::MSG_PEEK != 0;
+    {
+        let mut p = c.peeked.lock().unwrap_or_else(|e| e.into_inner());
+        if !p.is_empty() {
+            let n = buf.len().min(p.len());
+            buf[..n].copy_from_slice(&p[..n]);
+            if !peek {
+                p.drain(..n);
+            }
+            return Ok(n);
+        }
+    }
+    if peek {
+        let mut tmp = vec![0u8; buf.len()];
+        let n = c.s.read_with(&mut tmp, dont_wait)?;
+        buf[..n].copy_from_slice(&tmp[..n]);
+        c.peeked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(&tmp[..n]);
+        return Ok(n);
+    }
+    if flags & libc::MSG_WAITALL != 0 && !dont_wait {
+        let mut got = 0;
+        while got < buf.len() {
+            match c.s.read_with(&mut buf[got..], false) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if got > 0 && e.kind() != io::ErrorKind::Interrupted => break,
+                Err(e) => return Err(e),
+            }
+        }
+        return Ok(got);
+    }
+    c.s.read_with(buf, dont_wait)
+}
+
+/// Writes for `send(flags)`: all of it unless non-blocking, as TCP does.
+fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize> {
+    let dont_wait = flags & libc::MSG_DONTWAIT != 0;
+    let r = (|| {
+        if flags & libc::MSG_OOB != 0 && !buf.is_empty() {
+            let n = write_all(c, &buf[..buf.len() - 1], dont_wait)?;
+            if n < buf.len() - 1 {
+                return Ok(n);
+            }
+            c.s.send_oob(buf[buf.len() - 1])?;
+            return Ok(buf.len());
+        }
+        write_all(c, buf, dont_wait)
+    })();
+    if let Err(e) = &r {
+        if e.kind() == io::ErrorKind::BrokenPipe && flags & libc::MSG_NOSIGNAL == 0 {
+            // SAFETY: raise has no preconditions.
+            unsafe { libc::raise(libc::SIGPIPE) };
+        }
+    }
+    r
+}
+
+fn write_all(c: &Conn, buf: &[u8], dont_wait: bool) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match c.s.write_with(&buf[done..], dont_wait) {
+            Ok(n) => done += n,
+            Err(e) if done > 0 && e.kind() != io::ErrorKind::Interrupted => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// The caller's buffer.
+unsafe fn slice_mut<'a>(buf: *mut c_void, n: size_t) -> &'a mut [u8] {
+    if buf.is_null() || n == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller passes `n` writable bytes at `buf`.
+    unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) }
+}
+
+unsafe fn slice<'a>(buf: *const c_void, n: size_t) -> &'a [u8] {
+    if buf.is_null() || n == 0 {
+        return &[];
+    }
+    // SAFETY: the caller passes `n` readable bytes at `buf`.
+    unsafe { std::slice::from_raw_parts(buf.cast(), n) }
+}
+
+fn ret(r: io::Result<usize>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(&e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    match stream(fd) {
+        // SAFETY: the caller's buffer of `n` bytes.
+        Some(c) => ret(conn_recv(&c, unsafe { slice_mut(buf, n) }, 0)),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf, n) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    match stream(fd) {
+        // SAFETY: the caller's buffer of `n` bytes.
+        Some(c) => ret(conn_recv(&c, unsafe { slice_mut(buf, n) }, flags)),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe {
+            real!(recv: fn(c_int, *mut c_void, size_t, c_int) -> ssize_t)(fd, buf, n, flags)
+        },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    match stream(fd) {
+        Some(c) => {
+            if !alen.is_null() {
+                // SAFETY: the caller's length; a connected stream has no source address
+                unsafe { *alen = 0 };
+            }
+            // SAFETY: the caller's buffer of `n` bytes.
+            ret(conn_recv(&c, unsafe { slice_mut(buf, n) }, flags))
+        }
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe {
+            real!(recvfrom: fn(c_int, *mut c_void, size_t, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t)(
+                fd, buf, n, flags, addr, alen,
+            )
+        },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    match stream(fd) {
+        // SAFETY: the caller's buffer of `n` bytes.
+        Some(c) => ret(conn_send(&c, unsafe { slice(buf, n) }, 0)),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real!(write: fn(c_int, *const c_void, size_t) -> ssize_t)(fd, buf, n) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    match stream(fd) {
+        // SAFETY: the caller's buffer of `n` bytes.
+        Some(c) => ret(conn_send(&c, unsafe { slice(buf, n) }, flags)),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe {
+            real!(send: fn(c_int, *const c_void, size_t, c_int) -> ssize_t)(fd, buf, n, flags)
+        },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    match stream(fd) {
+        // SAFETY: the caller's buffer of `n` bytes (a connected stream ignores the address).
+        Some(c) => ret(conn_send(&c, unsafe { slice(buf, n) }, flags)),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe {
+            real!(sendto: fn(c_int, *const c_void, size_t, c_int, *const sockaddr, socklen_t) -> ssize_t)(
+                fd, buf, n, flags, addr, alen,
+            )
+        },
+    }
+}
+
+/// The caller's iovecs.
+unsafe fn iovs<'a>(iov: *const iovec, cnt: c_int) -> &'a [iovec] {
+    if iov.is_null() || cnt <= 0 {
+        return &[];
+    }
+    // SAFETY: the caller passes `cnt` iovecs at `iov`.
+    unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
+}
+
+/// Reads for `readv`/`recvmsg`: one read into a buffer of their total size,
+/// scattered over them.
+unsafe fn recv_iov(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
+    let total: usize = iov.iter().map(|v| v.iov_len).sum();
+    let mut tmp = vec![0u8; total.min(4 << 20)];
+    let n = conn_recv(c, &mut tmp, flags)?;
+    let mut off = 0;
+    for v in iov {
+        if off >= n {
+            break;
+        }
+        let k = v.iov_len.min(n - off);
+        // SAFETY: the caller's iovec of `iov_len` writable bytes.
+        unsafe { slice_mut(v.iov_base, k) }.copy_from_slice(&tmp[off..off + k]);
+        off += k;
+    }
+    Ok(n)
+}
+
+/// Writes for `writev`/`sendmsg`: one iovec after the other.
+unsafe fn send_iov(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
+    let mut done = 0;
+    for v in iov {
+        // SAFETY: the caller's iovec of `iov_len` readable bytes.
+        let b = unsafe { slice(v.iov_base, v.iov_len) };
+        match conn_send(c, b, flags) {
+            Ok(n) => {
+                done += n;
+                if n < b.len() {
+                    break;
+                }
+            }
+            Err(e) if done > 0 && e.kind() != io::ErrorKind::BrokenPipe => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    match stream(fd) {
+        // SAFETY: the caller's iovecs.
+        Some(c) => ret(unsafe { recv_iov(&c, iovs(iov, cnt), 0) }),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real!(readv: fn(c_int, *const iovec, c_int) -> ssize_t)(fd, iov, cnt) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    match stream(fd) {
+        // SAFETY: the caller's iovecs.
+        Some(c) => ret(unsafe { send_iov(&c, iovs(iov, cnt), 0) }),
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real!(writev: fn(c_int, *const iovec, c_int) -> ssize_t)(fd, iov, cnt) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    match stream(fd) {
+        Some(c) if !msg.is_null() => {
+            // SAFETY: the caller's message header.
+            let m = unsafe { &mut *msg };
+            m.msg_namelen = 0;
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+            // SAFETY: its iovecs.
+            ret(unsafe { recv_iov(&c, iovs(m.msg_iov, m.msg_iovlen as c_int), flags) })
+        }
+        // SAFETY: the caller's arguments, unchanged.
+        _ => unsafe { real!(recvmsg: fn(c_int, *mut msghdr, c_int) -> ssize_t)(fd, msg, flags) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    match stream(fd) {
+        Some(c) if !msg.is_null() => {
+            // SAFETY: the caller's message header and its iovecs.
+            let m = unsafe { &*msg };
+            ret(unsafe { send_iov(&c, iovs(m.msg_iov, m.msg_iovlen as c_int), flags) })
+        }
+        // SAFETY: the caller's arguments, unchanged.
+        _ => unsafe { real!(sendmsg: fn(c_int, *const msghdr, c_int) -> ssize_t)(fd, msg, flags) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(c) = stream(fd) {
+        if c.s.mode() == Mode::SmcR {
+            let h = match how {
+                libc::SHUT_RD => std::net::Shutdown::Read,
+                libc::SHUT_WR => std::net::Shutdown::Write,
+                libc::SHUT_RDWR => std::net::Shutdown::Both,
+                _ => {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+            };
+            return match c.s.shutdown(h) {
+                Ok(()) => 0,
+                Err(e) => fail(&e),
+            };
+        }
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe { real!(shutdown: fn(c_int, c_int) -> c_int)(fd, how) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let old = remove(fd);
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(close: fn(c_int) -> c_int)(fd) };
+    let e = errno();
+    // the last handle of an SMC-R connection closes it (after its data left)
+    drop(old);
+    set_errno(e);
+    r
+}
+
+/// After `nfd` became a duplicate of `fd`: it carries what `fd` carries.
+fn duplicated(fd: c_int, nfd: c_int) {
+    if nfd < 0 || nfd == fd {
+        return;
+    }
+    let old = match get(fd) {
+        Some(e) => insert(nfd, e),
+        None => remove(nfd),
+    };
+    drop(old);
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(dup: fn(c_int) -> c_int)(fd) };
+    duplicated(fd, r);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(dup2: fn(c_int, c_int) -> c_int)(fd, nfd) };
+    duplicated(fd, r);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(dup3: fn(c_int, c_int, c_int) -> c_int)(fd, nfd, flags) };
+    duplicated(fd, r);
+    r
+}
+
+/// `O_NONBLOCK` set on `fd` by the application.
+fn nonblocking_set(fd: c_int, on: bool) {
+    match get(fd) {
+        Some(Entry::Stream(c)) => {
+            let _ = c.s.set_nonblocking(on);
+        }
+        Some(Entry::Listener(l)) => {
+            l.nonblock.store(on, Ordering::Relaxed);
+            let _ = l.l.set_nonblocking(on);
+            // the driver's socket stays non-blocking
+            let _ = rustix::io::ioctl_fionbio(borrow(fd), true);
+        }
+        _ => {}
+    }
+}
+
+/// `fcntl` (variadic in C; its one argument, if any, is passed in the
+/// register the third parameter takes on the ABIs Linux runs on).
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    let r = real_fcntl(fd, cmd, arg);
+    fcntl_after(fd, cmd, arg, r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: as `fcntl`.
+    let r = unsafe { real!(fcntl64: fn(c_int, c_int, c_ulong) -> c_int)(fd, cmd, arg) };
+    fcntl_after(fd, cmd, arg, r)
+}
+
+fn fcntl_after(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) -> c_int {
+    if r < 0 || COUNT.load(Ordering::Acquire) == 0 {
+        return r;
+    }
+    match cmd {
+        libc::F_SETFL => nonblocking_set(fd, arg as c_int & libc::O_NONBLOCK != 0),
+        libc::F_GETFL => {
+            if let Some(Entry::Listener(l)) = get(fd) {
+                let nb = if l.nonblock.load(Ordering::Relaxed) {
+                    libc::O_NONBLOCK
+                } else {
+                    0
+                };
+                return (r & !libc::O_NONBLOCK) | nb;
+            }
+        }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(fd, r),
+        _ => {}
+    }
+    r
+}
+
+/// `ioctl` (variadic in C, as `fcntl`).
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    if COUNT.load(Ordering::Acquire) != 0 {
+        if let Some(c) = stream(fd) {
+            if req == libc::FIONREAD as c_ulong && !arg.is_null() {
+                // what a read would return now: read ahead without waiting
+                let mut p = c.peeked.lock().unwrap_or_else(|e| e.into_inner());
+                let mut tmp = vec![0u8; 64 << 10];
+                if let Ok(n) = c.s.read_with(&mut tmp, true) {
+                    p.extend_from_slice(&tmp[..n]);
+                }
+                // SAFETY: FIONREAD's argument is an int.
+                unsafe { *(arg as *mut c_int) = p.len().min(c_int::MAX as usize) as c_int };
+                return 0;
+            }
+        }
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    let r = unsafe { real!(ioctl: fn(c_int, c_ulong, *mut c_void) -> c_int)(fd, req, arg) };
+    if r == 0 && req == libc::FIONBIO as c_ulong && !arg.is_null() {
+        // SAFETY: FIONBIO's argument is an int.
+        nonblocking_set(fd, unsafe { *(arg as *const c_int) } != 0);
+    }
+    r
+}
+
+/// What a poll on an SMC descriptor waits on instead: its readiness
+/// descriptor, and whether a read would return at once (bytes read ahead).
+fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
+    match get(fd)? {
+        Entry::Stream(c) => {
+            let now = c.s.has_pending()
+                || !c
+                    .peeked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_empty();
+            let r = c.s.readiness_fd().ok()?.as_raw_fd();
+            Some((r, now, Entry::Stream(c)))
+        }
+        Entry::Listener(l) => {
+            let r = l.l.readiness_fd().ok()?.as_raw_fd();
+            Some((r, false, Entry::Listener(l)))
+        }
+        Entry::Fresh { .. } => None,
+    }
+}
+
+/// Runs `f` on a copy of `fds` whose SMC descriptors are replaced by their
+/// readiness descriptors, and copies the results back.
+unsafe fn poll_via(
+    fds: *mut pollfd,
+    n: nfds_t,
+    f: impl FnOnce(*mut pollfd, nfds_t, bool) -> c_int,
+) -> Option<c_int> {
+    if COUNT.load(Ordering::Acquire) == 0 || fds.is_null() || n == 0 {
+        return None;
+    }
+    // SAFETY: the caller's `n` pollfds.
+    let user = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+    let mut copy: Vec<pollfd> = user.to_vec();
+    // (held until the poll returns: the descriptors stay open)
+    let mut keep = Vec::new();
+    let mut now = vec![false; copy.len()];
+    for (k, p) in copy.iter_mut().enumerate() {
+        if let Some((r, ready, e)) = poll_target(p.fd) {
+            p.fd = r;
+            now[k] = ready && p.events & libc::POLLIN != 0;
+            keep.push(e);
+        }
+    }
+    if keep.is_empty() {
+        return None;
+    }
+    let any_now = now.iter().any(|x| *x);
+    let r = f(copy.as_mut_ptr(), n, any_now);
+    if r < 0 {
+        return Some(r);
+    }
+    let mut count = 0;
+    for (k, (u, c)) in user.iter_mut().zip(copy.iter()).enumerate() {
+        u.revents = c.revents;
+        if now[k] {
+            u.revents |= libc::POLLIN;
+        }
+        if u.revents != 0 {
+            count += 1;
+        }
+    }
+    drop(keep);
+    Some(count)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    let real_poll = real!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int);
+    // SAFETY: the caller's pollfds; the real poll gets a copy of the same length.
+    let via = unsafe {
+        poll_via(fds, n, |p, n, now| {
+            real_poll(p, n, if now { 0 } else { timeout })
+        })
+    };
+    match via {
+        Some(r) => r,
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real_poll(fds, n, timeout) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let real_ppoll = real!(ppoll: fn(*mut pollfd, nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int);
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: as `poll`; the timeout and mask are the caller's.
+    let via = unsafe {
+        poll_via(fds, n, |p, n, now| {
+            real_ppoll(p, n, if now { &zero } else { ts }, sigmask)
+        })
+    };
+    match via {
+        Some(r) => r,
+        // SAFETY: the caller's arguments, unchanged.
+        None => unsafe { real_ppoll(fds, n, ts, sigmask) },
+    }
+}
+
+/// `select` on SMC descriptors: answered by `poll` on their readiness
+/// descriptors (FD_SETSIZE bounds both).
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    rd: *mut libc::fd_set,
+    wr: *mut libc::fd_set,
+    ex: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    let real_select = real!(select: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int);
+    let isset = |s: *mut libc::fd_set, fd: c_int| {
+        // SAFETY: the caller's set, for a descriptor below nfds.
+        !s.is_null() && unsafe { libc::FD_ISSET(fd, s) }
+    };
+    let nfds_c = nfds.clamp(0, libc::FD_SETSIZE as c_int);
+    let ours = COUNT.load(Ordering::Acquire) != 0
+        && (0..nfds_c).any(|fd| {
+            (isset(rd, fd) || isset(wr, fd) || isset(ex, fd))
+                && matches!(get(fd), Some(Entry::Stream(_)) | Some(Entry::Listener(_)))
+        });
+    if !ours {
+        // SAFETY: the caller's arguments, unchanged.
+        return unsafe { real_select(nfds, rd, wr, ex, tv) };
+    }
+    let mut pfds: Vec<pollfd> = Vec::new();
+    for fd in 0..nfds_c {
+        let mut ev = 0;
+        if isset(rd, fd) {
+            ev |= libc::POLLIN;
+        }
+        if isset(wr, fd) {
+            ev |= libc::POLLOUT;
+        }
+        if isset(ex, fd) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            pfds.push(pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            });
+        }
+    }
+    let timeout = if tv.is_null() {
+        -1
+    } else {
+        // SAFETY: the caller's timeout.
+        let t = unsafe { &*tv };
+        // (time_t and suseconds_t are narrower on some targets)
+        #[allow(clippy::unnecessary_cast)]
+        let ms = (t.tv_sec as i64 * 1000 + (t.tv_usec as i64 + 999) / 1000)
+            .clamp(0, c_int::MAX as i64) as c_int;
+        ms
+    };
+    // SAFETY: our own pollfds.
+    let r = unsafe { poll(pfds.as_mut_ptr(), pfds.len() as nfds_t, timeout) };
+    if r < 0 {
+        return r;
+    }
+    for s in [rd, wr, ex] {
+        if !s.is_null() {
+            // SAFETY: the caller's set.
+            unsafe { libc::FD_ZERO(s) };
+        }
+    }
+    let mut count = 0;
+    for p in &pfds {
+        let mut mark = |s: *mut libc::fd_set, hit: bool| {
+            if hit && !s.is_null() {
+                // SAFETY: the caller's set, for a descriptor below nfds.
+                unsafe { libc::FD_SET(p.fd, s) };
+                count += 1;
+            }
+        };
+        let bad = p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0;
+        mark(
+            rd,
+            p.events & libc::POLLIN != 0 && (p.revents & libc::POLLIN != 0 || bad),
+        );
+        mark(
+            wr,
+            p.events & libc::POLLOUT != 0 && (p.revents & libc::POLLOUT != 0 || bad),
+        );
+        mark(
+            ex,
+            p.events & libc::POLLPRI != 0 && p.revents & libc::POLLPRI != 0,
+        );
+    }
+    count
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    let target = if COUNT.load(Ordering::Acquire) == 0 {
+        None
+    } else {
+        poll_target(fd)
+    };
+    // SAFETY: the caller's arguments, with an SMC descriptor's readiness
+    // descriptor in its place (it lives as long as the connection).
+    unsafe { real_ctl(epfd, op, target.map_or(fd, |(r, _, _)| r), ev) }
+}
+
+// glibc's fortified variants (`_FORTIFY_SOURCE`, as distributions build
+// their programs): the same calls with the buffer's known size, checked
+// first as glibc does (`__chk_fail` aborts).
+
+fn chk(n: usize, room: usize) {
+    if n > room {
+        std::process::abort();
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    room: size_t,
+) -> ssize_t {
+    chk(n, room);
+    // SAFETY: the caller's arguments, checked as glibc checks them.
+    unsafe { read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    room: size_t,
+    flags: c_int,
+) -> ssize_t {
+    chk(n, room);
+    // SAFETY: as above.
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    room: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    chk(n, room);
+    // SAFETY: as above.
+    unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    room: size_t,
+) -> c_int {
+    chk(
+        (n as usize).saturating_mul(std::mem::size_of::<pollfd>()),
+        room,
+    );
+    // SAFETY: as above.
+    unsafe { poll(fds, n, timeout) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+    room: size_t,
+) -> c_int {
+    chk(
+        (n as usize).saturating_mul(std::mem::size_of::<pollfd>()),
+        room,
+    );
+    // SAFETY: as above.
+    unsafe { ppoll(fds, n, ts, sigmask) }
+}

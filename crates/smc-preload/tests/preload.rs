@@ -1,0 +1,428 @@
+//! `smc_run` and the preload library with a plain C program (tests/echo.c,
+//! which knows nothing of SMC): an echo server using non-blocking sockets
+//! with poll() or edge-triggered epoll, and a client that writes with
+//! writev() while it polls for the echo, half-closes and checks every byte.
+//! Each connection's mode is the library's record of it (`SMC_RUN_STATE`),
+//! not an assumption. (root: the SYN-option rendezvous loads a BPF program.)
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const SMC_RUN: &str = env!("CARGO_BIN_EXE_smc_run");
+
+/// A private directory with the shm device on `lo` and the compiled echo program.
+struct Setup {
+    dir: PathBuf,
+    echo: PathBuf,
+}
+
+fn setup(tag: &str) -> Setup {
+    let dir = std::env::temp_dir().join(format!("smc-preload-test-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("run")).unwrap();
+    std::fs::create_dir_all(dir.join("conf")).unwrap();
+    std::fs::write(
+        dir.join("shm.conf"),
+        format!(
+            "rundir {}\ndevice shm-lo netdev lo\n",
+            dir.join("run").display()
+        ),
+    )
+    .unwrap();
+    let echo = dir.join("echo");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/echo.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(cc)
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&echo)
+        .arg(&src)
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(st.success(), "compiling echo.c");
+    Setup { dir, echo }
+}
+
+impl Setup {
+    fn cmd(&self, preload: bool) -> Command {
+        let mut c = if preload {
+            let mut c = Command::new(SMC_RUN);
+            c.arg(&self.echo);
+            c
+        } else {
+            Command::new(&self.echo)
+        };
+        c.env("SMC_RDMA_SHM_CONFIG", self.dir.join("shm.conf"))
+            .env("SMC_RS_CONFIG_DIR", self.dir.join("conf"))
+            .env("SMC_RUN_STATE", self.dir.join("state"))
+            .env_remove("LD_PRELOAD");
+        c
+    }
+
+    fn server(&self, preload: bool, epoll: bool) -> (Child, u16) {
+        let portfile = self.dir.join("port");
+        let _ = std::fs::remove_file(&portfile);
+        let mut c = self.cmd(preload);
+        c.arg("server").arg(&portfile);
+        if epoll {
+            c.arg("epoll");
+        }
+        let mut child = c.stdout(Stdio::piped()).spawn().unwrap();
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            if let Some(p) = std::fs::read_to_string(&portfile)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                return (child, p);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the server did not start");
+    }
+
+    fn client(&self, preload: bool, port: u16, n: usize, fork: bool) -> Output {
+        let mut c = self.cmd(preload);
+        c.args(["client", &port.to_string(), &n.to_string()]);
+        if fork {
+            c.arg("fork");
+        }
+        c.output().unwrap()
+    }
+
+    /// The library's record: one line per connection, "pid role local peer mode".
+    fn modes(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("state"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split(' ').skip(1).collect::<Vec<_>>().join(" "))
+            .collect()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn run(tag: &str, server_preload: bool, client_preload: bool, epoll: bool, n: usize) -> Setup {
+    run_forked(tag, server_preload, client_preload, epoll, n, false)
+}
+
+fn run_forked(
+    tag: &str,
+    server_preload: bool,
+    client_preload: bool,
+    epoll: bool,
+    n: usize,
+    fork: bool,
+) -> Setup {
+    let s = setup(tag);
+    let (srv, port) = s.server(server_preload, epoll);
+    let out = s.client(client_preload, port, n, fork);
+    let srv = srv.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "client: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("client ok {n}\n")
+    );
+    assert!(srv.status.success(), "server: {:?}", srv.status);
+    assert_eq!(
+        String::from_utf8_lossy(&srv.stdout),
+        format!("server echoed {n}\n")
+    );
+    s
+}
+
+fn assert_modes(s: &Setup, want: &[(&str, &str)]) {
+    let got = s.modes();
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for (role, mode) in want {
+        assert!(
+            got.iter().any(|l| l.starts_with(role) && l.contains(mode)),
+            "no {role} connection in mode {mode}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn both_sides_under_smc_run_talk_smc_r_with_poll() {
+    let s = run("poll", true, true, false, 8 << 20);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+#[test]
+fn both_sides_under_smc_run_talk_smc_r_with_edge_triggered_epoll() {
+    let s = run("epoll", true, true, true, 8 << 20);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A child that closes its copy of an SMC-R connection (as one does before
+/// exec) leaves the parent's connection alone: the library is off in a
+/// forked child.
+#[test]
+fn a_forked_child_closing_its_copy_does_not_end_the_connection() {
+    let s = run_forked("fork", true, true, false, 4 << 20, true);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+#[test]
+fn a_plain_server_gets_tcp_from_a_client_under_smc_run() {
+    let s = run("plain-srv", false, true, false, 1 << 20);
+    // the server's SYN-ACK had no SMC option: Linux's PEERNOSMC
+    assert_modes(&s, &[("connect", "TCP 0x03010000")]);
+}
+
+#[test]
+fn a_plain_client_gets_tcp_from_a_server_under_smc_run() {
+    let s = run("plain-cli", true, false, true, 1 << 20);
+    assert_modes(&s, &[("accept", "TCP 0x03010000")]);
+}
+
+fn smc_run(args: &[&str]) -> Output {
+    Command::new(SMC_RUN).args(args).output().unwrap()
+}
+
+/// smc-tools' options, messages and exit codes (tools.md §2.1).
+#[test]
+fn smc_run_options_as_smc_tools() {
+    let h = smc_run(&["-h"]);
+    assert!(h.status.success());
+    let text = String::from_utf8_lossy(&h.stdout);
+    assert!(text.starts_with(
+        "Usage: smc_run [ OPTIONS ] COMMAND\n\nRun COMMAND using SMC for TCP sockets\n"
+    ));
+    assert!(text.contains("   -r <SIZE>  request receive buffer size in Bytes\n"));
+    let v = smc_run(&["-v"]);
+    assert!(String::from_utf8_lossy(&v.stdout).starts_with("smc_run utility, smc-tools-1.8.5"));
+    let x = smc_run(&["-x", "true"]);
+    assert_eq!(x.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&x.stderr),
+        "smc_run: Error: Invalid option: -x\n"
+    );
+    let m = smc_run(&["-d"]);
+    assert_eq!(m.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&m.stderr),
+        "smc_run: Error: Missing command parameter\n"
+    );
+    let b = smc_run(&["-r", "12q", "true"]);
+    assert_eq!(b.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&b.stderr),
+        "Error: Invalid buffer size specified: '12q'\n"
+    );
+    // the environment the command gets
+    let e = Command::new(SMC_RUN)
+        .args([
+            "-d",
+            "-t",
+            "64k",
+            "sh",
+            "-c",
+            "echo $SMC_DEBUG $SMC_SNDBUF $LD_PRELOAD",
+        ])
+        .env("LD_PRELOAD", "")
+        .output()
+        .unwrap();
+    assert!(e.status.success());
+    let out = String::from_utf8_lossy(&e.stdout);
+    assert!(out.starts_with("1 65536 /"), "{out}");
+    assert!(out.trim_end().ends_with("libsmc_preload.so"), "{out}");
+}
+
+/// A program from the distribution (the CI installs it), found on PATH.
+fn program(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not installed (.ci/run installs it)"))
+}
+
+/// `prog args` in `s`'s environment, under smc_run if `preload`.
+fn under(s: &Setup, preload: bool, prog: &Path, args: &[&str]) -> Command {
+    let mut c = if preload {
+        let mut c = Command::new(SMC_RUN);
+        c.arg(prog);
+        c
+    } else {
+        Command::new(prog)
+    };
+    c.args(args)
+        .env("SMC_RDMA_SHM_CONFIG", s.dir.join("shm.conf"))
+        .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
+        .env("SMC_RUN_STATE", s.dir.join("state"))
+        .env_remove("LD_PRELOAD");
+    c
+}
+
+/// Kills the server when the test ends, whatever happened.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sha256(data: &[u8]) -> String {
+    let mut c = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    c.stdin.take().unwrap().write_all(data).unwrap();
+    let out = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn blob(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+/// python3's http.server serving a file, fetched with curl; the body's hash
+/// must match.
+fn http_server_and_curl(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    let s = setup(tag);
+    let www = s.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let body = blob(3 << 20);
+    std::fs::write(www.join("blob"), &body).unwrap();
+    let py = program("python3");
+    let mut srv = under(
+        &s,
+        server_preload,
+        &py,
+        &[
+            "-u",
+            "-m",
+            "http.server",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+        ],
+    );
+    srv.arg(&www).stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = Server(srv.spawn().unwrap());
+    // "Serving HTTP on 127.0.0.1 port N (http://...) ..."
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .split_whitespace()
+        .skip_while(|w| *w != "port")
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    let url = format!("http://127.0.0.1:{port}/blob");
+    let out = under(&s, client_preload, &program("curl"), &["-sf", &url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl: {:?}", out.status);
+    assert_eq!(out.stdout.len(), body.len());
+    assert_eq!(sha256(&out.stdout), sha256(&body), "the body curl got");
+    drop(child);
+    s
+}
+
+#[test]
+fn python_http_server_and_curl_over_smc_r() {
+    let s = http_server_and_curl("http", true, true);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+#[test]
+fn python_http_server_under_smc_run_and_plain_curl_fall_back() {
+    let s = http_server_and_curl("http-plain", true, false);
+    assert_modes(&s, &[("accept", "TCP 0x03010000")]);
+}
+
+/// socat in both roles (select()-driven; its server forks `cat`, whose copy
+/// of the connection must not close it, and exits without closing its
+/// socket, whose data must still arrive): what the client sends comes back
+/// through `cat`.
+/// Several rounds, one connection each (the forked `cat` closes its copy
+/// of the connection at varying moments).
+fn socat_echo(tag: &str, server_preload: bool, client_preload: bool, rounds: usize) -> Setup {
+    let s = setup(tag);
+    let body = blob(3 << 20);
+    let input = s.dir.join("input");
+    std::fs::write(&input, &body).unwrap();
+    for _ in 0..rounds {
+        socat_round(&s, &input, &body, server_preload, client_preload);
+    }
+    s
+}
+
+fn socat_round(s: &Setup, input: &Path, body: &[u8], server_preload: bool, client_preload: bool) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let socat = program("socat");
+    let listen = format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr");
+    let _srv = Server(
+        under(
+            s,
+            server_preload,
+            &socat,
+            &["-t", "10", &listen, "EXEC:cat"],
+        )
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    let connect = format!("TCP:127.0.0.1:{port}");
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = under(s, client_preload, &socat, &["-t", "10", "-", &connect])
+            .stdin(std::fs::File::open(input).unwrap())
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        if out.status.success() && !out.stdout.is_empty() {
+            assert_eq!(out.stdout.len(), body.len());
+            assert_eq!(sha256(&out.stdout), sha256(body), "what came back");
+            return;
+        }
+        // (the server is not listening yet: connection refused)
+        assert!(Instant::now() < end, "socat client: {:?}", out.status);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn socat_both_roles_over_smc_r() {
+    let s = socat_echo("socat", true, true, 3);
+    let modes = s.modes();
+    assert_eq!(modes.len(), 6, "{modes:?}");
+    assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
+}
+
+#[test]
+fn socat_client_under_smc_run_with_a_plain_socat_server_falls_back() {
+    let s = socat_echo("socat-plain", false, true, 1);
+    assert_modes(&s, &[("connect", "TCP 0x03010000")]);
+}

@@ -1,0 +1,312 @@
+//! Readiness descriptors: a file descriptor per SMC-R stream or listener
+//! that `poll()`, `select()` and `epoll` (level- or edge-triggered) see
+//! readable exactly when a read (or `accept()`) would not block and
+//! writable exactly when a write would not block.
+//!
+//! An SMC-R connection's data never passes through a kernel object of its
+//! own: it lands in the RMB by RDMA WRITE and is announced by a CDC that the
+//! engine takes off a completion queue shared by every connection of the
+//! device. So the kernel cannot tell a reactor when *this* connection has
+//! data; the library has to say it, on a descriptor whose poll state it
+//! sets whenever the connection's state changes (a pump that took
+//! completions, a read or write of the application, a timer that reset the
+//! connection).
+//!
+//! Why a datagram socket pair. The descriptor must be able to show all four
+//! combinations of readable and writable, and the ends of a connection:
+//! * one eventfd polls readable while its counter is above 0 and writable
+//!   while it is below `u64::MAX - 1`, so it cannot be neither;
+//! * a pipe end polls only its own direction, and a pipe opened read-write
+//!   (through /proc) is readable while non-empty and writable while not
+//!   full, again never neither;
+//! * an epoll descriptor (over two eventfds, say) only ever polls readable;
+//! * a connected `AF_UNIX` `SOCK_DGRAM` pair `(user, ctl)` does it: `user`
+//!   is readable while a datagram waits in its receive queue (`ctl` sends a
+//!   one-byte token; draining `user` clears it) and writable while its
+//!   unconsumed sent datagrams take at most a quarter of its send buffer
+//!   (af_unix.c `unix_writable`): with the send buffer at its minimum, one
+//!   [`BLOCKER`]-byte datagram from `user` to `ctl` makes it unwritable
+//!   until `ctl` drains it. (For a socket pair `unix_dgram_poll` skips the
+//!   peer-queue test, so the send buffer alone decides.) `shutdown(user,
+//!   SHUT_RD)` makes it readable for good with `EPOLLRDHUP`, as a TCP
+//!   socket that received a FIN; `SHUT_RDWR` adds `EPOLLHUP`, as a TCP
+//!   socket that was reset or closed both ways. Each change wakes pollers
+//!   and epoll sets (edge-triggered ones get their edge).
+//!
+//! Cost: two descriptors and no thread, created only for a stream whose
+//! readiness is asked for; a state change is one system call, and a look
+//! that changes nothing costs a load (the state is cached). A blocked
+//! reader can sleep on the same descriptor, woken by whoever takes the
+//! CDC that made it readable (the per-connection wake-up of a faster data
+//! path).
+
+use rustix::net::{
+    recv, send, shutdown, socketpair, sockopt, AddressFamily, RecvFlags, SendFlags, Shutdown,
+    SocketFlags, SocketType,
+};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+
+/// Size of the datagram that makes `user` unwritable: its truesize is more
+/// than a quarter of the smallest send buffer (4608 bytes on Linux 6.x,
+/// `SOCK_MIN_SNDBUF`), and it is below the largest datagram that buffer
+/// lets through.
+const BLOCKER: usize = 1024;
+
+/// What a descriptor shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Level {
+    /// A read (or accept) would not block: data, end of file or an error.
+    pub readable: bool,
+    /// A write would not block: room, or an error it would return.
+    pub writable: bool,
+    /// The peer sends nothing more (`EPOLLRDHUP`; readable from now on).
+    pub eof: bool,
+    /// The connection is over (`EPOLLHUP`; readable and writable from now on).
+    pub hup: bool,
+}
+
+const R: u8 = 1;
+const W: u8 = 2;
+const EOF: u8 = 4;
+const HUP: u8 = 8;
+
+impl Level {
+    fn bits(self) -> u8 {
+        let mut b = 0;
+        if self.readable || self.eof || self.hup {
+            b |= R;
+        }
+        if self.writable || self.hup {
+            b |= W;
+        }
+        if self.eof || self.hup {
+            b |= EOF;
+        }
+        if self.hup {
+            b |= HUP;
+        }
+        b
+    }
+}
+
+/// A readiness descriptor (see the module documentation).
+pub struct Readiness {
+    /// The descriptor pollers see.
+    user: OwnedFd,
+    /// Its peer, through which the state is set.
+    ctl: OwnedFd,
+    /// The state shown (bits R, W, EOF, HUP).
+    state: AtomicU8,
+    /// Serializes changes (callers usually hold the endpoint's lock anyway).
+    change: Mutex<()>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness")
+            .field("user", &self.user)
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Readiness {
+    /// A descriptor showing `level`.
+    pub fn new(level: Level) -> io::Result<Readiness> {
+        let (user, ctl) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::DGRAM,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )?;
+        // the kernel raises it to its minimum
+        sockopt::set_socket_send_buffer_size(&user, 1)?;
+        let r = Readiness {
+            user,
+            ctl,
+            state: AtomicU8::new(W),
+            change: Mutex::new(()),
+        };
+        r.set(level);
+        Ok(r)
+    }
+
+    /// Shows `level` from now on (a system call only for what changes).
+    pub fn set(&self, level: Level) {
+        let want = level.bits();
+        if self.state.load(Ordering::Acquire) == want {
+            return;
+        }
+        let _g = self.change.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.state.load(Ordering::Acquire);
+        // the ends of a connection stay
+        let new = want | (old & (EOF | HUP));
+        let new = if new & HUP != 0 {
+            new | R | W | EOF
+        } else {
+            new
+        };
+        if new == old {
+            return;
+        }
+        let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
+        // writable first: a HUP shuts `user`'s sending down
+        if new & W != old & W {
+            if new & W != 0 {
+                drain(&self.ctl);
+            } else {
+                let _ = send(&self.user, &[0u8; BLOCKER], flags);
+            }
+        }
+        if new & HUP != old & HUP {
+            let _ = shutdown(&self.user, Shutdown::Both);
+        } else if new & EOF != old & EOF {
+            let _ = shutdown(&self.user, Shutdown::Read);
+        } else if new & EOF == 0 && new & R != old & R {
+            if new & R != 0 {
+                let _ = send(&self.ctl, &[1u8], flags);
+            } else {
+                drain(&self.user);
+            }
+        }
+        self.state.store(new, Ordering::Release);
+    }
+}
+
+/// Takes every datagram queued on `fd`.
+fn drain(fd: &OwnedFd) {
+    let mut buf = [0u8; BLOCKER];
+    // (0 bytes: nothing more after a shutdown; we never send empty datagrams)
+    while let Ok((n, _)) = recv(fd, &mut buf, RecvFlags::DONTWAIT) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+impl AsFd for Readiness {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.user.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::event::{epoll, PollFd, PollFlags};
+
+    fn polled(r: &Readiness) -> PollFlags {
+        let mut p = [PollFd::new(
+            r,
+            PollFlags::IN | PollFlags::OUT | PollFlags::RDHUP,
+        )];
+        rustix::event::poll(&mut p, Some(&rustix::event::Timespec::default())).unwrap();
+        p[0].revents()
+    }
+
+    fn level(readable: bool, writable: bool) -> Level {
+        Level {
+            readable,
+            writable,
+            ..Level::default()
+        }
+    }
+
+    /// Every combination, in every order, polls as set.
+    #[test]
+    fn poll_shows_each_state() {
+        let states = [(false, false), (true, false), (false, true), (true, true)];
+        for from in states {
+            for to in states {
+                let r = Readiness::new(level(from.0, from.1)).unwrap();
+                r.set(level(to.0, to.1));
+                let p = polled(&r);
+                assert_eq!(p.contains(PollFlags::IN), to.0, "{from:?} -> {to:?}: {p:?}");
+                assert_eq!(
+                    p.contains(PollFlags::OUT),
+                    to.1,
+                    "{from:?} -> {to:?}: {p:?}"
+                );
+                assert!(!p.intersects(PollFlags::RDHUP | PollFlags::HUP));
+            }
+        }
+    }
+
+    /// End of file: readable with RDHUP from then on; the end: HUP, readable
+    /// and writable.
+    #[test]
+    fn ends_are_shown_and_stay() {
+        let r = Readiness::new(level(false, false)).unwrap();
+        r.set(Level {
+            eof: true,
+            ..Level::default()
+        });
+        let p = polled(&r);
+        assert!(p.contains(PollFlags::IN | PollFlags::RDHUP), "{p:?}");
+        assert!(!p.contains(PollFlags::OUT) && !p.contains(PollFlags::HUP));
+        r.set(level(false, true));
+        let p = polled(&r);
+        assert!(
+            p.contains(PollFlags::IN | PollFlags::RDHUP | PollFlags::OUT),
+            "{p:?}"
+        );
+        r.set(Level {
+            hup: true,
+            ..Level::default()
+        });
+        let p = polled(&r);
+        assert!(
+            p.contains(PollFlags::IN | PollFlags::OUT | PollFlags::HUP | PollFlags::RDHUP),
+            "{p:?}"
+        );
+        r.set(level(false, false));
+        assert!(polled(&r).contains(PollFlags::IN | PollFlags::OUT | PollFlags::HUP));
+    }
+
+    fn wait(ep: &OwnedFd) -> Vec<epoll::EventFlags> {
+        let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
+        let (got, _) =
+            epoll::wait(ep, &mut buf, Some(&rustix::event::Timespec::default())).unwrap();
+        got.iter().map(|e| e.flags).collect()
+    }
+
+    /// Level-triggered epoll reports the state every time; edge-triggered
+    /// once per change to ready.
+    #[test]
+    fn epoll_level_and_edge() {
+        use epoll::EventFlags as E;
+        let r = Readiness::new(level(false, false)).unwrap();
+        let lt = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+        let et = epoll::create(epoll::CreateFlags::CLOEXEC).unwrap();
+        let d = epoll::EventData::new_u64(7);
+        epoll::add(&lt, &r, d, E::IN | E::OUT | E::RDHUP).unwrap();
+        epoll::add(&et, &r, d, E::IN | E::OUT | E::RDHUP | E::ET).unwrap();
+        assert!(wait(&lt).is_empty());
+        assert!(wait(&et).is_empty());
+        r.set(level(true, false));
+        assert_eq!(wait(&lt), vec![E::IN]);
+        assert_eq!(wait(&lt), vec![E::IN], "level: again");
+        assert_eq!(wait(&et), vec![E::IN]);
+        assert!(wait(&et).is_empty(), "edge: once");
+        r.set(level(true, true));
+        assert_eq!(wait(&lt), vec![E::IN | E::OUT]);
+        assert_eq!(wait(&et).len(), 1, "edge: writable is a new edge");
+        assert!(wait(&et).is_empty());
+        r.set(level(false, true));
+        assert_eq!(wait(&lt), vec![E::OUT]);
+        r.set(level(false, false));
+        assert!(wait(&lt).is_empty());
+        assert!(wait(&et).is_empty());
+        r.set(level(true, false));
+        assert_eq!(wait(&et), vec![E::IN], "edge: readable again");
+        r.set(Level {
+            eof: true,
+            ..Level::default()
+        });
+        assert_eq!(wait(&lt), vec![E::IN | E::RDHUP]);
+        assert_eq!(wait(&et), vec![E::IN | E::RDHUP]);
+    }
+}
