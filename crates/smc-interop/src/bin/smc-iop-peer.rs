@@ -339,7 +339,19 @@ fn urgent_exchange(s: &mut SmcStream, c: &Conn) {
     };
     c.progress();
     let (got, prefix, err) = match r {
-        Ok((g, p)) => (g, if g.is_some() { if p { "ok" } else { "bad" } } else { "-" }, "-".to_string()),
+        Ok((g, p)) => (
+            g,
+            if g.is_some() {
+                if p {
+                    "ok"
+                } else {
+                    "bad"
+                }
+            } else {
+                "-"
+            },
+            "-".to_string(),
+        ),
         Err(e) => (None, "-", kind(&e)),
     };
     out!(
