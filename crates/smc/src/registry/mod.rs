@@ -211,6 +211,7 @@ impl Registry {
 
 /// Keeps a socket listed while it lives (for sockets not held in an
 /// `Arc<TcpStream>`: the tokio adapter's fallback connections).
+#[cfg(feature = "tokio")]
 pub(crate) struct Token(#[allow(dead_code)] Arc<()>);
 
 /// A TCP (fallback) connection of the tokio adapter, established: counted,
