@@ -38,6 +38,35 @@ impl Parsed {
     }
 }
 
+/// The start every smc-tools command shares: parses this process's arguments;
+/// a parse error prints `PROG: error` and the usage to stderr, `--help` the usage,
+/// `--version` the version line (`PROG utility, VERSION`); each of those ends the
+/// program with the exit code returned in `Err`.
+pub fn parse_args_or_exit(
+    prog: &str,
+    usage: &str,
+    opts: &[Opt],
+) -> Result<Parsed, std::process::ExitCode> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let p = match parse(&args, opts) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{prog}: {e}");
+            eprint!("{usage}");
+            return Err(std::process::ExitCode::FAILURE);
+        }
+    };
+    if p.has("help") {
+        print!("{usage}");
+        return Err(std::process::ExitCode::SUCCESS);
+    }
+    if p.has("version") {
+        println!("{prog} utility, {}", crate::version());
+        return Err(std::process::ExitCode::SUCCESS);
+    }
+    Ok(p)
+}
+
 /// Parses `args` (without the program name). Errors are getopt's messages
 /// without the program name prefix.
 pub fn parse(args: &[String], opts: &[Opt]) -> Result<Parsed, String> {

@@ -202,23 +202,10 @@ fn sections() -> Vec<(&'static str, String)> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let p = match getopt::parse(&args, OPTS) {
+    let p = match getopt::parse_args_or_exit(PROG, USAGE, OPTS) {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("{PROG}: {e}");
-            eprint!("{USAGE}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    if p.has("help") {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    if p.has("version") {
-        println!("{PROG} utility, {}", smc_tools::version());
-        return ExitCode::SUCCESS;
-    }
     if !p.positional.is_empty() {
         eprint!("{USAGE}");
         return ExitCode::FAILURE;

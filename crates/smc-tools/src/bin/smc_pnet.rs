@@ -114,23 +114,10 @@ fn print(entries: &[&PnetEntry], json: bool) {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let p = match getopt::parse(&args, OPTS) {
+    let p = match getopt::parse_args_or_exit(PROG, USAGE, OPTS) {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("{PROG}: {e}");
-            eprint!("{USAGE}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    if p.has("help") {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    if p.has("version") {
-        println!("{PROG} utility, {}", smc_tools::version());
-        return ExitCode::SUCCESS;
-    }
     let json = p.has("json");
     let actions: Vec<&str> = ["add", "delete", "show", "flush"]
         .into_iter()
