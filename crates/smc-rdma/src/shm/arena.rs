@@ -15,6 +15,11 @@
 //! * Ranges are taken first-fit; a region that goes gives its range back,
 //!   and its pages to the system (a hole is punched: the memory does not
 //!   stay at the PD's peak). A chunk whose last region went is closed.
+//!   (A peer that still checks a freed region's header — `PeerMr::valid`,
+//!   before it forgets the region — reads a punched page of a shared memfd
+//!   mapping, and such a read allocates a zeroed page again: at most the
+//!   header page of each freed region comes back, until its range is reused
+//!   (`alloc` discards it) or the chunk closes.)
 //! * An arena belongs to one PD and is never shared: a peer granted one
 //!   region gets the descriptor of the whole chunk, so a chunk holds only
 //!   regions a peer of that PD may reach anyway (all remote-write regions of
