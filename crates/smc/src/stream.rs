@@ -787,13 +787,12 @@ impl SmcStream {
 
     /// Non-blocking mode.
     ///
-    /// On SMC-R, turning it on also creates the stream's readiness
-    /// descriptor (see [`SmcStream::readiness_fd`]), as a reactor will ask
-    /// for it next.
+    /// The readiness descriptor ([`SmcStream::readiness_fd`]) is not made
+    /// here: a program that polls its streams itself never needs it, and
+    /// keeping one exact costs system calls at every change of the stream's
+    /// state (a request/response loop over non-blocking streams lost a third
+    /// of its rate to them). A reactor asks for it when it registers.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        if on {
-            self.readiness_fd()?;
-        }
         self.opts.nonblocking.store(on, Ordering::Relaxed);
         self.tcp.set_nonblocking(on)
     }
@@ -877,7 +876,7 @@ impl std::os::fd::AsFd for SmcStream {
     /// The stream's readiness descriptor ([`SmcStream::readiness_fd`]), for
     /// reactors (mio registers it). On SMC-R it is created at the first
     /// call; if that fails (no descriptor left) this panics: call
-    /// `readiness_fd()` or `set_nonblocking(true)` first to get the error.
+    /// `readiness_fd()` first to get the error.
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         match self.readiness_fd() {
             Ok(fd) => fd,
