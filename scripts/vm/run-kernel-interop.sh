@@ -67,7 +67,7 @@ SMCI_RS_ENV=${SMCI_RS_ENV:-}
 SMCI_TESTLINK=${SMCI_TESTLINK:-5}
 SMCI_IDLE_WAIT=${SMCI_IDLE_WAIT:-640}
 SMCI_IDLE_MIN=${SMCI_IDLE_MIN:-570} # an idle link group ending sooner died
-SMCI_CASE_TIMEOUT=${SMCI_CASE_TIMEOUT:-900}
+SMCI_CASE_TIMEOUT=${SMCI_CASE_TIMEOUT:-300}
 SMCI_FAULT_DELAY=${SMCI_FAULT_DELAY:-3}
 # a fault case whose connection is not SMC-R goes on over TCP: its peers give up after this
 SMCI_FAULT_TIMEOUT=${SMCI_FAULT_TIMEOUT:-120}
@@ -215,7 +215,8 @@ step_boot() {
   log "VMs ready"
 }
 
-declare -A CASE_SECS CASE_ABORT
+declare -A CASE_SECS CASE_ABORT RETRIED
+FROM_K=1; FROM_R=1
 # phase CASE PHASE TIMEOUT: sends the phase to both VMs and waits for both answers
 phase() {
   local c=$1 ph=$2 rc=0
@@ -242,10 +243,36 @@ step_cases() {
       for _ in $(seq 50); do [ -s "$capfile" ] && break; sleep 0.1; done
       [ -s "$capfile" ] || log "  capture did not start (see $RES/kern.monitor.log)"
     fi
+    # the judge reads this attempt's lines only (a control case may run twice)
+    FROM_K=$(( $(wc -l < "$RES/kern.log") + 1 )); FROM_R=$(( $(wc -l < "$RES/rs.log") + 1 ))
     phase "$c" prep 60 && phase "$c" run $((TIMEOUT + 120)) && phase "$c" post $((SMCI_LGR_WAIT + 90)) || aborted=$c
     [ -n "$capfile" ] && hmp "object_del cap$i"
     CASE_SECS[$c]=$(( $(date +%s) - t ))
     judge "$c" | tee -a "$RES/judged.txt"
+    # A control case (the kernel on both VMs) proves the harness and pins the
+    # kernel's own behaviour; it does not test smc-rs. Linux 6.12 over rxe under
+    # emulation has failed one once (a kernel<->kernel transfer ended in EOF on one
+    # side while the other hung): such a case runs once more, and both attempts
+    # are reported. An smc-rs case never gets a second chance.
+    if [ "$VM2_IMPL" = kernel ] && [ -z "$aborted" ] && [ "$(tail -1 "$RES/verdicts")" = "$c FAIL" ] \
+       && [ -z "${RETRIED[$c]:-}" ]; then
+      RETRIED[$c]=1
+      sed -i '$ s/ FAIL$/ FAIL-RETRIED/' "$RES/verdicts"
+      log "control case $c failed (kernel <-> kernel): running it once more"
+      echo "    (control case failed: kernel <-> kernel; running it once more)" >> "$RES/judged.txt"
+      capfile=
+      if [ "$CAPTURE" = 1 ]; then
+        capfile=$I/cases/$c.pcap; rm -f "$capfile"
+        hmp "object_add filter-dump,id=capr$i,netdev=d0,file=$capfile,maxlen=$SNAP"
+        for _ in $(seq 50); do [ -s "$capfile" ] && break; sleep 0.1; done
+      fi
+      t=$(date +%s)
+      FROM_K=$(( $(wc -l < "$RES/kern.log") + 1 )); FROM_R=$(( $(wc -l < "$RES/rs.log") + 1 ))
+      phase "$c" prep 60 && phase "$c" run $((TIMEOUT + 120)) && phase "$c" post $((SMCI_LGR_WAIT + 90)) || aborted=$c
+      [ -n "$capfile" ] && hmp "object_del capr$i"
+      CASE_SECS[$c]=$(( $(date +%s) - t ))
+      judge "$c" | tee -a "$RES/judged.txt"
+    fi
   done
   send kern quit; send rs quit
   local p
@@ -256,7 +283,10 @@ step_cases() {
 
 # ------------------------------------------------------------------ judging
 # Lines of case C from VM V's log: "SMCI-... case=C ..."
-lines() { grep -aF " case=$1 " "$RES/$2.log" | grep -a '^SMCI-' || true; }
+lines() { # (from the current attempt's first line on: FROM_K, FROM_R)
+  local from=$FROM_K; [ "$2" = rs ] && from=$FROM_R
+  tail -n "+$from" "$RES/$2.log" | grep -aF " case=$1 " | grep -a '^SMCI-' || true
+}
 kv() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<< " $1" | head -1; } # kv LINE KEY
 
 CHECKS=; CASE_FAIL=0
@@ -536,6 +566,8 @@ pass=$(grep -c ' PASS$' "$RES/verdicts" || true); fail=$(grep -c ' FAIL$' "$RES/
   echo "smc-rs device: $SMCI_RS_DEVICE; bytes $SMCI_BYTES each way (concurrent: $SMCI_CONC_BYTES); testlink $SMCI_TESTLINK s"
   cat "$RES/judged.txt"
   echo "$pass passed, $fail failed: $(grep ' FAIL$' "$RES/verdicts" | cut -d' ' -f1 | tr '\n' ' ')"
+  retried=$(grep ' FAIL-RETRIED$' "$RES/verdicts" | cut -d' ' -f1 | tr '\n' ' ' || true)
+  [ -n "$retried" ] && echo "control cases that failed once and ran again: $retried"
   echo "total wall time: $(( $(date +%s) - T0 )) s"
 } > "$RES/summary.txt"
 log "summary: $RES/summary.txt"
