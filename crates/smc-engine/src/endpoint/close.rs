@@ -23,7 +23,7 @@ pub const PEER_GONE_GRACE: Duration = Duration::from_secs(1);
 
 /// Longest wait for the send buffer to drain before a close (Linux
 /// `SMC_MAX_STREAM_WAIT_TIMEOUT`).
-const MAX_STREAM_WAIT: Duration = Duration::from_secs(2);
+pub(super) const MAX_STREAM_WAIT: Duration = Duration::from_secs(2);
 
 impl<P: Provider> Endpoint<P> {
     /// The TCP connection closed or failed during the handshake.
@@ -123,7 +123,11 @@ impl<P: Provider> Endpoint<P> {
 
     /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first; after
     /// `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) without room at the peer it is dropped
-    /// and the close is sent anyway, as Linux does (§5.2).
+    /// and the close is sent anyway, as Linux does (§5.2). Unlike Linux the
+    /// 2 s start over whenever the peer takes some of it: our send buffer
+    /// (1 MiB by default) can hold far more than a slow reader takes in 2 s
+    /// (Linux's holds 64 KiB), and a peer that is still reading must get every
+    /// byte a write accepted.
     pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
         self.sweep_due = true;
         self.mark_tx(id);
@@ -134,6 +138,7 @@ impl<P: Provider> Endpoint<P> {
                 dp.set_close_flags(f);
                 if dp.close_pending() {
                     c.close_deadline = Some(deadline);
+                    c.close_unsent = dp.unsent();
                 }
             }
         }

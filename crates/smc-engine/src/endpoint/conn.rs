@@ -163,6 +163,9 @@ pub(super) struct Conn<P: Provider> {
     pub(super) violation: Option<Violation>,
     /// When a close waiting for the send buffer to drain is sent anyway.
     pub(super) close_deadline: Option<Timestamp>,
+    /// Unsent bytes when `close_deadline` was last set: the wait starts over
+    /// whenever the peer has taken some (see `Endpoint::close`).
+    pub(super) close_unsent: usize,
     /// The peer's latest urgent (out-of-band) byte, until the application reads it.
     pub(super) oob: Option<u8>,
     /// The send cursor (absolute) after the last direct write: data up to
@@ -225,6 +228,7 @@ impl<P: Provider> Endpoint<P> {
             peer_rmb: None,
             violation: None,
             close_deadline: None,
+            close_unsent: 0,
             oob: None,
             direct_sent: 0,
             read_leased: false,

@@ -122,6 +122,13 @@ impl<P: Provider> Endpoint<P> {
                         }
                     }
                 }
+                // the peer took some of what waits: it is alive and reading
+                if let (Some(_), Some(dp)) = (c.close_deadline, c.dp.as_ref()) {
+                    if dp.unsent() < c.close_unsent {
+                        c.close_unsent = dp.unsent();
+                        c.close_deadline = Some(now + super::close::MAX_STREAM_WAIT);
+                    }
+                }
                 if c.close_deadline.is_some_and(|d| now >= d) {
                     self.sweep_due = true;
                     c.close_deadline = None;
