@@ -27,7 +27,8 @@ fn a_close_waits_for_a_slow_reader_as_long_as_it_reads() {
     }
     // the peer's RMB and our send buffer are full
     assert!(sent > 0 && sent < data.len(), "{sent}");
-    w.client.close(t.c, CloseEvent::AppClose { unread_data: false });
+    w.client
+        .close(t.c, CloseEvent::AppClose { unread_data: false });
     let start = w.now;
     let mut got = Vec::new();
     // 512 bytes every 50 ms: far slower than the 2 s wait allows for `sent`
