@@ -117,9 +117,10 @@ fn the_tools_show_live_connections_of_two_processes() {
     assert!(lines[0].starts_with("State          UID   Inode   Local Address"));
     let mine = format!("{me}/");
     let caddr = c.local_addr().unwrap().to_string();
+    // (the server's end of the same connection has this address as its peer)
     let cl = lines
         .iter()
-        .find(|l| l.contains(&caddr))
+        .find(|l| l.split_whitespace().nth(3) == Some(caddr.as_str()))
         .expect("client line");
     let fields: Vec<&str> = cl.split_whitespace().collect();
     assert_eq!(fields[0], "ACTIVE");
@@ -132,7 +133,7 @@ fn the_tools_show_live_connections_of_two_processes() {
     assert!(fields[7].starts_with(&mine), "{cl}");
     let fl = lines
         .iter()
-        .find(|l| l.contains(&faddr))
+        .find(|l| l.split_whitespace().nth(3) == Some(faddr.as_str()))
         .expect("fallback line");
     let fields: Vec<&str> = fl.split_whitespace().collect();
     assert_eq!(&fields[6..8], &["TCP", "0x03010000"], "{fl}");
