@@ -790,8 +790,7 @@ impl SmcStream {
     /// The readiness descriptor ([`SmcStream::readiness_fd`]) is not made
     /// here: a program that polls its streams itself never needs it, and
     /// keeping one exact costs system calls at every change of the stream's
-    /// state (a request/response loop over non-blocking streams lost a third
-    /// of its rate to them). A reactor asks for it when it registers.
+    /// state. A reactor asks for it when it registers.
     pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         self.opts.nonblocking.store(on, Ordering::Relaxed);
         self.tcp.set_nonblocking(on)

@@ -160,8 +160,8 @@ impl<P: Provider> Endpoint<P> {
     /// connection has no kernel to finish the close after an exit (Linux's
     /// close() waits for pending sends the same way, up to
     /// `SMC_MAX_STREAM_WAIT_TIMEOUT`, §5.2). Posted is enough: waiting for the
-    /// peer's acknowledgement as well made every close cost a wake-up round
-    /// trip (connection setup rate fell to a fifth); the shm device delivers
+    /// peer's acknowledgement as well would make every close cost a wake-up
+    /// round trip; the shm device delivers
     /// what was posted even after the sender exits.
     pub fn close_sent(&self, id: ConnId) -> bool {
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
