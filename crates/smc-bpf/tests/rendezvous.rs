@@ -465,7 +465,13 @@ fn child_without_capabilities() {
             .all(|c| c == '0'),
         "still privileged: {eff}"
     );
-    match Rendezvous::open() {
+    // A namespace nobody installed: without capabilities a process can only open an
+    // installed instance (see `unprivileged_users_open_an_installed_instance_as_its_modes_allow`).
+    let cfg = Config {
+        namespace: format!("smc-rs-never-installed-{}", std::process::id()),
+        ..Config::default()
+    };
+    match Rendezvous::open_with(&cfg) {
         Err(e @ RendezvousError::NoPrivilege { .. }) => {
             let RendezvousError::NoPrivilege { missing, .. } = &e else {
                 unreachable!()
@@ -474,6 +480,7 @@ fn child_without_capabilities() {
                 missing.contains(&"CAP_BPF") && missing.contains(&"CAP_NET_ADMIN"),
                 "{e}"
             );
+            assert!(e.to_string().contains("smc-rendezvous install"), "{e}");
             assert_eq!(e.fallback_reason(), "rendezvous-no-privilege");
             println!("NOPRIV-RESULT ok: {e}");
         }
@@ -766,4 +773,134 @@ fn racing_first_opens_load_exactly_once() {
     );
     let id: u32 = ids[0].trim_start_matches("prog_id=").parse().unwrap();
     assert_eq!(smc_bpf::attached_programs(&cg).unwrap(), vec![id]);
+}
+
+// ----- use without privileges: the pins' modes decide -----
+
+const ACCESS_ENV: &str = "SMC_BPF_TEST_ACCESS_CHILD";
+const NOBODY: u32 = 65534;
+
+/// The child half of `unprivileged_users_open_an_installed_instance_as_its_modes_allow`, run
+/// as uid/gid `nobody`: opens the namespace named in the environment and either uses it (opt a
+/// socket in, read its status back, forget it) or reports the error.
+fn child_open_as_nobody(spec: &str) {
+    let mut it = spec.split(',');
+    let (ns, cg) = (it.next().unwrap(), it.next().unwrap());
+    let cfg = Config {
+        namespace: ns.to_string(),
+        cgroup: Some(cg.into()),
+        ..Config::default()
+    };
+    match Rendezvous::open_with(&cfg) {
+        Ok(r) => {
+            let s = tcp_socket(Fam::V4);
+            r.opt_in(s.as_fd())
+                .unwrap_or_else(|e| panic!("opt_in: {e}"));
+            assert_eq!(r.status(s.as_fd()).unwrap(), SocketStatus::OptedIn);
+            r.forget(s.as_fd());
+            assert_eq!(r.status(s.as_fd()).unwrap(), SocketStatus::Untracked);
+            println!("ACCESS-RESULT ok prog={} map={}", r.prog_id(), r.map_id());
+        }
+        Err(e) => println!("ACCESS-RESULT err {} {e}", e.fallback_reason()),
+    }
+}
+
+#[test]
+fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
+    if let Ok(spec) = std::env::var(ACCESS_ENV) {
+        child_open_as_nobody(&spec);
+        return;
+    }
+    require_root();
+    use smc_bpf::Access;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let root = rdv().cgroup().to_path_buf();
+    let pid = std::process::id();
+    let cg = root.join(format!("smc-rs-test-access-{pid}"));
+    std::fs::create_dir_all(&cg).unwrap();
+    let cfg = Config {
+        namespace: format!("smc-rs-test-access-{pid}"),
+        cgroup: Some(cg.clone()),
+        ..Config::default()
+    };
+    // Our build may sit where `nobody` cannot reach it (CI's checkout under /root).
+    let exe = std::env::temp_dir().join(format!("smc-bpf-access-test-{pid}"));
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    struct Cleanup(Config, std::path::PathBuf, std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = smc_bpf::uninstall(&self.0);
+            let _ = std::fs::remove_dir(&self.1);
+            let _ = std::fs::remove_file(&self.2);
+        }
+    }
+    let _cleanup = Cleanup(cfg.clone(), cg.clone(), exe.clone());
+    let run_child = |gid: u32| -> String {
+        let out = Command::new(&exe)
+            .args([
+                "--exact",
+                "unprivileged_users_open_an_installed_instance_as_its_modes_allow",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ACCESS_ENV, format!("{},{}", cfg.namespace, cg.display()))
+            .uid(NOBODY)
+            .gid(gid)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+            .lines()
+            .find_map(|l| l.find("ACCESS-RESULT").map(|i| l[i..].to_string()))
+            .unwrap_or_else(|| panic!("child did not run: {stdout}"))
+    };
+
+    // Not installed: nothing to open, and no privilege to install.
+    let line = run_child(NOBODY);
+    assert!(line.contains("err rendezvous-no-privilege"), "{line}");
+    assert!(line.contains("smc-rendezvous install"), "{line}");
+
+    // Installed by a privileged process on its own: root only.
+    let r = Rendezvous::open_with(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        smc_bpf::access_of(&cfg.namespace_dir()).unwrap(),
+        Access::Root
+    );
+    let line = run_child(NOBODY);
+    assert!(line.contains("err rendezvous-access-denied"), "{line}");
+    assert!(line.contains(&format!("uid {NOBODY}")), "{line}");
+
+    // Opened to every user: nobody uses the same map and program.
+    smc_bpf::set_access(&cfg, Access::Everyone).unwrap();
+    assert_eq!(
+        smc_bpf::access_of(&cfg.namespace_dir()).unwrap(),
+        Access::Everyone
+    );
+    let line = run_child(NOBODY);
+    assert!(
+        line.contains(&format!("ok prog={} map={}", r.prog_id(), r.map_id())),
+        "{line}"
+    );
+
+    // Opened to one group: its members only.
+    smc_bpf::set_access(&cfg, Access::Group(NOBODY)).unwrap();
+    let line = run_child(NOBODY);
+    assert!(line.contains("ok prog="), "member of the group: {line}");
+    let line = run_child(NOBODY - 1);
+    assert!(
+        line.contains("err rendezvous-access-denied"),
+        "not a member: {line}"
+    );
+
+    // Back to root only; a build installed later keeps what the namespace says.
+    smc_bpf::set_access(&cfg, Access::Root).unwrap();
+    let line = run_child(NOBODY);
+    assert!(line.contains("err rendezvous-access-denied"), "{line}");
 }
