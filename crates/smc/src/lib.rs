@@ -113,7 +113,10 @@ pub fn use_loopback_device(tag: &str) {
         return;
     }
     let dir = std::env::temp_dir().join(tag);
-    let _ = std::fs::create_dir_all(dir.join("run"));
+    // The rundir as the shm device makes it (1777): a process of another user
+    // (one that dropped root, say) must be able to register there too.
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = smc_rdma::shm::registry::create_rundir(&dir.join("run"));
     let _ = std::fs::create_dir_all(dir.join("conf"));
     let cfg = dir.join("shm.conf");
     let text = format!(
