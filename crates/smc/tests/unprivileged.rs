@@ -417,6 +417,19 @@ fn a_server_that_drops_root_after_bind_accepts_smc_r() {
         connect_pair(&a, TEST, None, &[("SMC_UNPRIV_DROP", "1".into())]);
     assert_eq!(smode, format!("server-mode {:?}", Mode::SmcR));
     assert_eq!(cmode, format!("client-mode {:?}", Mode::SmcR));
+    // Having changed its credentials, the server is not dumpable: not even
+    // the other processes of its new uid reach its buffers through /proc.
+    if std::fs::read_to_string("/proc/sys/fs/suid_dumpable").is_ok_and(|v| v.trim() == "0") {
+        let env = [
+            ("SMC_UNPRIV_VICTIMS", server.pid().to_string()),
+            ("SMC_UNPRIV_RUNDIR", a.rundir().display().to_string()),
+        ];
+        let mut s = a.spawn(TEST, "stranger", Some(NOBODY), &env);
+        let line = s.line("stranger ");
+        assert!(s.proc.0.wait().unwrap().success());
+        assert!(line.contains("memfds_opened=0"), "{line}");
+        assert!(line.contains("fd:PermissionDenied"), "{line}");
+    }
     client.finish();
     server.finish();
 }
