@@ -828,15 +828,19 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
     let exe = std::env::temp_dir().join(format!("smc-bpf-access-test-{pid}"));
     std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-    struct Cleanup(Config, std::path::PathBuf, std::path::PathBuf);
+    // `set_access` gives others the search bit on the bpffs mount point: put its mode back.
+    let bpffs_mode = std::fs::metadata(&cfg.bpffs).unwrap().permissions().mode();
+    struct Cleanup(Config, std::path::PathBuf, std::path::PathBuf, u32);
     impl Drop for Cleanup {
         fn drop(&mut self) {
             let _ = smc_bpf::uninstall(&self.0);
             let _ = std::fs::remove_dir(&self.1);
             let _ = std::fs::remove_file(&self.2);
+            let _ =
+                std::fs::set_permissions(&self.0.bpffs, std::fs::Permissions::from_mode(self.3));
         }
     }
-    let _cleanup = Cleanup(cfg.clone(), cg.clone(), exe.clone());
+    let _cleanup = Cleanup(cfg.clone(), cg.clone(), exe.clone(), bpffs_mode);
     let run_child = |gid: u32| -> String {
         let out = Command::new(&exe)
             .args([
@@ -862,9 +866,16 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
             .unwrap_or_else(|| panic!("child did not run: {stdout}"))
     };
 
-    // Not installed: nothing to open, and no privilege to install.
+    // Not installed: nothing to open, and no privilege to install (or, while the bpffs mount
+    // point is not searchable for others, nothing reachable: the same advice).
     let line = run_child(NOBODY);
-    assert!(line.contains("err rendezvous-no-privilege"), "{line}");
+    let searchable = bpffs_mode & 0o001 != 0;
+    let expected = if searchable {
+        "err rendezvous-no-privilege"
+    } else {
+        "err rendezvous-access-denied"
+    };
+    assert!(line.contains(expected), "{line}");
     assert!(line.contains("smc-rendezvous install"), "{line}");
 
     // Installed by a privileged process on its own: root only.
