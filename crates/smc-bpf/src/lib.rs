@@ -73,9 +73,14 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 pub use error::RendezvousError;
+
+/// How long [`Rendezvous::shared`] keeps an error an administrator can cure before it tries
+/// to open the rendezvous again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// Version of the pin layout and map protocol; part of the pin directory name.
 pub const LAYOUT_VERSION: u32 = 1;
@@ -161,14 +166,41 @@ impl Rendezvous {
         Rendezvous::open_with(&Config::default())
     }
 
-    /// A process-wide instance opened once with the default config. The error is cached too,
-    /// so a socket layer can log it once and fall back to TCP for every later socket.
+    /// A process-wide instance opened once with the default config. An error is kept too, so
+    /// that a socket layer can log it once and fall back to TCP cheaply for later sockets; the
+    /// errors an administrator can cure while the process runs (`NoPrivilege`: not installed
+    /// yet; `AccessDenied`: not open to this user yet) are kept for [`RETRY_AFTER`] only, then
+    /// the open is tried again, so a long-running program gets the rendezvous for the sockets
+    /// it makes after `smc-rendezvous install`.
     pub fn shared() -> Result<&'static Rendezvous, RendezvousError> {
-        static SHARED: OnceLock<Result<Rendezvous, RendezvousError>> = OnceLock::new();
-        SHARED
-            .get_or_init(Rendezvous::open)
-            .as_ref()
-            .map_err(Clone::clone)
+        static SHARED: OnceLock<Rendezvous> = OnceLock::new();
+        static LAST_ERR: Mutex<Option<(Instant, RendezvousError)>> = Mutex::new(None);
+        if let Some(r) = SHARED.get() {
+            return Ok(r);
+        }
+        let mut last = LAST_ERR.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = SHARED.get() {
+            return Ok(r);
+        }
+        if let Some((at, e)) = last.as_ref() {
+            let curable = matches!(
+                e,
+                RendezvousError::NoPrivilege { .. } | RendezvousError::AccessDenied { .. }
+            );
+            if !curable || at.elapsed() < RETRY_AFTER {
+                return Err(e.clone());
+            }
+        }
+        match Rendezvous::open() {
+            Ok(r) => {
+                *last = None;
+                Ok(SHARED.get_or_init(|| r))
+            }
+            Err(e) => {
+                *last = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
     }
 
     /// [`Rendezvous::open`] with an explicit configuration.

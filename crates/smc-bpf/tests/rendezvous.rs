@@ -778,6 +778,9 @@ fn racing_first_opens_load_exactly_once() {
 // ----- use without privileges: the pins' modes decide -----
 
 const ACCESS_ENV: &str = "SMC_BPF_TEST_ACCESS_CHILD";
+/// The tests that change access modes (and the bpffs mount point's mode, which each puts
+/// back) run one at a time.
+static ACCESS_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const NOBODY: u32 = 65534;
 
 /// The child half of `unprivileged_users_open_an_installed_instance_as_its_modes_allow`, run
@@ -815,6 +818,7 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
     use smc_bpf::Access;
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
+    let _serial = ACCESS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let root = rdv().cgroup().to_path_buf();
     let pid = std::process::id();
     let cg = root.join(format!("smc-rs-test-access-{pid}"));
@@ -914,4 +918,95 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
     smc_bpf::set_access(&cfg, Access::Root).unwrap();
     let line = run_child(NOBODY);
     assert!(line.contains("err rendezvous-access-denied"), "{line}");
+}
+
+const LATER_ENV: &str = "SMC_BPF_TEST_LATER_CHILD";
+
+/// The child half of `a_running_program_gets_the_rendezvous_once_installed_for_it`, as
+/// `nobody`: the host's instance is not open to it at first; once the parent says `go` it is.
+fn child_installed_later() {
+    let first = Rendezvous::shared()
+        .map(|_| ())
+        .map_err(|e| e.fallback_reason());
+    println!("LATER first={first:?}");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        match Rendezvous::shared() {
+            Ok(r) => break r,
+            Err(e) if Instant::now() > deadline => {
+                println!("LATER still {}", e.fallback_reason());
+                return;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let s = tcp_socket(Fam::V4);
+    r.opt_in(s.as_fd()).unwrap();
+    r.forget(s.as_fd());
+    println!("LATER then=ok");
+}
+
+#[test]
+fn a_running_program_gets_the_rendezvous_once_installed_for_it() {
+    if std::env::var(LATER_ENV).is_ok() {
+        child_installed_later();
+        return;
+    }
+    use smc_bpf::Access;
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    require_root();
+    rdv();
+    let _serial = ACCESS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cfg = Config::default();
+    let pid = std::process::id();
+    let prev = smc_bpf::access_of(&cfg.namespace_dir()).unwrap();
+    let bpffs_mode = std::fs::metadata(&cfg.bpffs).unwrap().permissions().mode();
+    let exe = std::env::temp_dir().join(format!("smc-bpf-later-test-{pid}"));
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    struct Restore(Access, u32, std::path::PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let cfg = Config::default();
+            let _ = smc_bpf::set_access(&cfg, self.0);
+            let _ = std::fs::set_permissions(&cfg.bpffs, std::fs::Permissions::from_mode(self.1));
+            let _ = std::fs::remove_file(&self.2);
+        }
+    }
+    let _restore = Restore(prev, bpffs_mode, exe.clone());
+    smc_bpf::set_access(&cfg, Access::Root).unwrap();
+    let mut child = Command::new(&exe)
+        .args([
+            "--exact",
+            "a_running_program_gets_the_rendezvous_once_installed_for_it",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(LATER_ENV, "1")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut next = |marker: &str| loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        if let Some(i) = line.find(marker) {
+            return line[i..].trim().to_string();
+        }
+    };
+    let first = next("LATER ");
+    assert!(first.contains("first=Err("), "{first}");
+    // `smc-rendezvous install` while the program runs
+    smc_bpf::set_access(&cfg, Access::Everyone).unwrap();
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    let then = next("LATER ");
+    assert_eq!(then, "LATER then=ok");
+    assert!(child.wait().unwrap().success());
 }
