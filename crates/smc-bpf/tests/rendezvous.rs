@@ -892,8 +892,30 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
     assert!(line.contains("err rendezvous-access-denied"), "{line}");
     assert!(line.contains(&format!("uid {NOBODY}")), "{line}");
 
+    // The administrator's command, for this private instance.
+    let install = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_smc-rendezvous"))
+            .args(["--namespace", &cfg.namespace, "--cgroup"])
+            .arg(&cg)
+            .arg("install")
+            .args(extra)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "smc-rendezvous install {extra:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+
     // Opened to every user: nobody uses the same map and program.
-    smc_bpf::set_access(&cfg, Access::Everyone).unwrap();
+    let said = install(&[]);
+    assert!(
+        said.contains("usable without privileges by: every user"),
+        "{said}"
+    );
     assert_eq!(
         smc_bpf::access_of(&cfg.namespace_dir()).unwrap(),
         Access::Everyone
@@ -904,8 +926,34 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
         "{line}"
     );
 
+    // A build installed later by a root process (here this build again, its pins gone) takes
+    // the access the namespace has.
+    let pin_dir = cfg.pin_dir();
+    for pin in ["prog", "cookies"] {
+        std::fs::remove_file(pin_dir.join(pin)).unwrap();
+    }
+    std::fs::remove_dir(&pin_dir).unwrap();
+    let r2 = Rendezvous::open_with(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert!(r2.loaded_by_this_open());
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&pin_dir), 0o755);
+    assert_eq!(mode(&pin_dir.join("cookies")), 0o666);
+    assert_eq!(mode(&pin_dir.join("prog")), 0o644);
+    let line = run_child(NOBODY);
+    assert!(
+        line.contains(&format!("ok prog={}", r2.prog_id())),
+        "{line}"
+    );
+    drop(r);
+
     // Opened to one group: its members only.
-    smc_bpf::set_access(&cfg, Access::Group(NOBODY)).unwrap();
+    let said = install(&["--group", &NOBODY.to_string()]);
+    assert!(
+        said.contains(&format!(
+            "usable without privileges by: root and group {NOBODY}"
+        )),
+        "{said}"
+    );
     let line = run_child(NOBODY);
     assert!(line.contains("ok prog="), "member of the group: {line}");
     let line = run_child(NOBODY - 1);
@@ -915,7 +963,11 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
     );
 
     // Back to root only; a build installed later keeps what the namespace says.
-    smc_bpf::set_access(&cfg, Access::Root).unwrap();
+    let said = install(&["--root-only"]);
+    assert!(
+        said.contains("usable without privileges by: root only"),
+        "{said}"
+    );
     let line = run_child(NOBODY);
     assert!(line.contains("err rendezvous-access-denied"), "{line}");
 }
