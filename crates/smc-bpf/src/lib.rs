@@ -209,11 +209,28 @@ impl Rendezvous {
     /// opens the installed instance's pins instead, as far as their file modes let it (see
     /// [`Access`] and [`set_access`]), and gets [`RendezvousError::NoPrivilege`] if nothing is
     /// installed, [`RendezvousError::AccessDenied`] if the pins are not open to it.
+    ///
+    /// A process with the capabilities but not root's files (a service granted `CAP_BPF` and
+    /// `CAP_NET_ADMIN` under its own uid) that is refused on the way uses the installed
+    /// instance the same way.
     pub fn open_with(cfg: &Config) -> Result<Rendezvous, RendezvousError> {
         let missing = missing_capabilities();
         if !missing.is_empty() {
             return open_installed(cfg, missing);
         }
+        match Rendezvous::open_privileged(cfg) {
+            Err(e @ RendezvousError::NoPrivilege { .. }) => open_installed(cfg, Vec::new())
+                .map_err(|second| match second {
+                    // installed but not open to us: say that, it is what to act on
+                    RendezvousError::AccessDenied { .. } => second,
+                    _ => e,
+                }),
+            r => r,
+        }
+    }
+
+    /// Install or reuse, attach if needed: the path of a process with the capabilities.
+    fn open_privileged(cfg: &Config) -> Result<Rendezvous, RendezvousError> {
         let cgroup = resolve_cgroup(cfg)?;
         let cgroup_dir = open_cgroup(&cgroup)?;
         ensure_bpffs(&cfg.bpffs, cfg.mount_bpffs)?;

@@ -845,19 +845,15 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
         }
     }
     let _cleanup = Cleanup(cfg.clone(), cg.clone(), exe.clone(), bpffs_mode);
-    let run_child = |gid: u32| -> String {
-        let out = Command::new(&exe)
-            .args([
-                "--exact",
-                "unprivileged_users_open_an_installed_instance_as_its_modes_allow",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ACCESS_ENV, format!("{},{}", cfg.namespace, cg.display()))
-            .uid(NOBODY)
-            .gid(gid)
-            .output()
-            .unwrap();
+    const ARGS: [&str; 4] = [
+        "--exact",
+        "unprivileged_users_open_an_installed_instance_as_its_modes_allow",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let spec = format!("{},{}", cfg.namespace, cg.display());
+    let run = |mut cmd: Command| -> String {
+        let out = cmd.env(ACCESS_ENV, &spec).output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         assert!(
             out.status.success(),
@@ -868,6 +864,25 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
             .lines()
             .find_map(|l| l.find("ACCESS-RESULT").map(|i| l[i..].to_string()))
             .unwrap_or_else(|| panic!("child did not run: {stdout}"))
+    };
+    let run_child = |gid: u32| {
+        let mut cmd = Command::new(&exe);
+        cmd.args(ARGS).uid(NOBODY).gid(gid);
+        run(cmd)
+    };
+    let run_child_with_caps = || {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=+bpf,+net_admin",
+            "--ambient-caps=+bpf,+net_admin",
+            "--",
+        ])
+        .arg(&exe)
+        .args(ARGS);
+        run(cmd)
     };
 
     // Not installed: nothing to open, and no privilege to install (or, while the bpffs mount
@@ -945,6 +960,13 @@ fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
         "{line}"
     );
     drop(r);
+    // A service that keeps CAP_BPF and CAP_NET_ADMIN but runs as an ordinary uid: it may not
+    // install (bpffs is root's), and must still use what is installed for it.
+    let line = run_child_with_caps();
+    assert!(
+        line.contains(&format!("ok prog={}", r2.prog_id())),
+        "with capabilities: {line}"
+    );
 
     // Opened to one group: its members only.
     let said = install(&["--group", &NOBODY.to_string()]);
