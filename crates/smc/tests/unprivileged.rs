@@ -19,6 +19,8 @@
 //! * `stranger`: a process of another uid tries to reach the buffers of the
 //!   two processes named in its environment: their memfds through `/proc`,
 //!   and every device socket of the rundir with region requests.
+//! * `acceptor` and `late-client`: a client that was running before the
+//!   rendezvous was opened to users connects again afterwards.
 
 mod common;
 use common::{line_with, pattern, Reaped};
@@ -349,11 +351,52 @@ fn role_stranger() {
     );
 }
 
+/// A few bytes there and back.
+fn ping(mut s: &SmcStream) {
+    s.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+}
+
+/// Accepts two connections, says each one's mode and echoes four bytes.
+fn role_acceptor() {
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    for i in 0..2 {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+        println!("acceptor-mode{i} {:?}", s.mode());
+    }
+    wait_for_exit();
+}
+
+/// Connects once, waits for `go` on stdin, lets the rendezvous's retry
+/// interval pass and connects again: a program that was running when the
+/// administrator installed the rendezvous for it.
+fn role_late_client() {
+    let port: u16 = std::env::var("SMC_UNPRIV_PORT").unwrap().parse().unwrap();
+    let s = SmcStream::connect(("127.0.0.1", port)).unwrap();
+    ping(&s);
+    println!("late-mode0 {:?}", s.mode());
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    std::thread::sleep(smc_bpf::RETRY_AFTER + Duration::from_millis(500));
+    let s2 = SmcStream::connect(("127.0.0.1", port)).unwrap();
+    ping(&s2);
+    println!("late-mode1 {:?}", s2.mode());
+    wait_for_exit();
+}
+
 /// Runs the role of a child started by a test, if this is one.
 fn child_role() -> bool {
     match std::env::var(ROLE_ENV).as_deref() {
         Ok("server") => role_server(),
         Ok("client") => role_client(),
+        Ok("acceptor") => role_acceptor(),
+        Ok("late-client") => role_late_client(),
         Ok("stranger") => role_stranger(),
         Ok(r) => panic!("unknown role {r}"),
         Err(_) => return false,
@@ -483,4 +526,45 @@ fn another_user_cannot_reach_the_buffers_of_a_connection() {
     assert!(line.contains("fds_received=0"), "{line}");
     client.finish();
     server.finish();
+}
+
+#[test]
+fn a_program_running_before_the_install_gets_smc_r_for_its_later_connections() {
+    const TEST: &str = "a_program_running_before_the_install_gets_smc_r_for_its_later_connections";
+    if child_role() {
+        return;
+    }
+    let a = Admin::new("later");
+    let cfg = smc_bpf::Config::default();
+    let mut acceptor = a.spawn(TEST, "acceptor", None, &[]);
+    let port = acceptor
+        .line("port ")
+        .trim_start_matches("port ")
+        .to_string();
+    // not (yet) open to users
+    smc_bpf::set_access(&cfg, smc_bpf::Access::Root).unwrap();
+    let mut client = a.spawn(
+        TEST,
+        "late-client",
+        Some(NOBODY),
+        &[("SMC_UNPRIV_PORT", port)],
+    );
+    let first = client.line("late-mode0 ");
+    assert!(first.starts_with("late-mode0 Tcp("), "{first}");
+    assert!(acceptor
+        .line("acceptor-mode0 ")
+        .starts_with("acceptor-mode0 Tcp("));
+    // `smc-rendezvous install` while the client runs
+    smc_bpf::set_access(&cfg, smc_bpf::Access::Everyone).unwrap();
+    writeln!(client.stdin, "go").unwrap();
+    assert_eq!(
+        client.line("late-mode1 "),
+        format!("late-mode1 {:?}", Mode::SmcR)
+    );
+    assert_eq!(
+        acceptor.line("acceptor-mode1 "),
+        format!("acceptor-mode1 {:?}", Mode::SmcR)
+    );
+    client.finish();
+    acceptor.finish();
 }
