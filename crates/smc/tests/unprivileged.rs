@@ -77,6 +77,7 @@ impl Admin {
         let reg = base.join("registry");
         std::fs::create_dir(&reg).unwrap();
         std::fs::set_permissions(&reg, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        std::fs::create_dir(base.join("conf")).unwrap();
         let conf = base.join("shm.conf");
         std::fs::write(
             &conf,
@@ -107,7 +108,8 @@ impl Admin {
             .env(ROLE_ENV, role)
             .env("SMC_RDMA_SHM_CONFIG", &self.conf)
             .env("SMC_RS_RUN_DIR", self.base.join("registry"))
-            .env_remove("SMC_RS_CONFIG_DIR")
+            // PNET and UEID tables of the run's own (none), not the host's
+            .env("SMC_RS_CONFIG_DIR", self.base.join("conf"))
             .env_remove("XDG_RUNTIME_DIR")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
