@@ -426,3 +426,136 @@ fn socat_client_under_smc_run_with_a_plain_socat_server_falls_back() {
     let s = socat_echo("socat-plain", false, true, 1);
     assert_modes(&s, &[("connect", "TCP 0x03010000")]);
 }
+
+/// tests/conform.c, compiled into `s`'s directory.
+fn conform_program(s: &Setup) -> PathBuf {
+    let exe = s.dir.join("conform");
+    if !exe.exists() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conform.c");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let st = Command::new(cc)
+            .args(["-O1", "-Wall", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .status()
+            .expect("a C compiler (cc)");
+        assert!(st.success(), "compiling conform.c");
+    }
+    exe
+}
+
+/// One run of the conformance program: (server's output, client's output).
+fn conform_run(s: &Setup, server_preload: bool, client_preload: bool) -> (String, String) {
+    let exe = conform_program(s);
+    let file = s.dir.join("sendfile-data");
+    if !file.exists() {
+        std::fs::write(&file, blob(300_000)).unwrap();
+    }
+    let portfile = s.dir.join("conform-port");
+    let _ = std::fs::remove_file(&portfile);
+    let srv = under(s, server_preload, &exe, &["server"])
+        .arg(&portfile)
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let srv = Server(srv);
+    let end = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&portfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(Instant::now() < end, "the conformance server did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let cli = under(s, client_preload, &exe, &["client", &port.to_string()])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let mut srv = srv;
+    let child = std::mem::replace(&mut srv.0, Command::new("true").spawn().unwrap());
+    let so = child.wait_with_output().unwrap();
+    assert!(
+        cli.status.success(),
+        "client {server_preload} {client_preload}: {:?} {}",
+        cli.status,
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert!(
+        so.status.success(),
+        "server {server_preload} {client_preload}: {:?} {}",
+        so.status,
+        String::from_utf8_lossy(&so.stderr)
+    );
+    (
+        String::from_utf8_lossy(&so.stdout).into_owned(),
+        String::from_utf8_lossy(&cli.stdout).into_owned(),
+    )
+}
+
+fn assert_same(plain: &str, other: &str, what: &str) {
+    for (k, (a, b)) in plain.lines().zip(other.lines()).enumerate() {
+        assert_eq!(a, b, "{what}: line {} differs from the plain run", k + 1);
+    }
+    assert_eq!(plain.lines().count(), other.lines().count(), "{what}");
+}
+
+/// The conformance test: the same scripted calls (tests/conform.c:
+/// non-blocking connect, refused and accepted, with poll and edge-triggered
+/// epoll; SO_ERROR; socket options; getsockname/getpeername; MSG_PEEK;
+/// FIONREAD; partial reads under EPOLLET; select/pselect; sendfile; half
+/// close with EPOLLRDHUP; EPOLLHUP; EPIPE and SIGPIPE after the peer
+/// closed) give the same results, errno values and readiness events under
+/// smc_run, both sides over SMC-R, as plain.
+#[test]
+fn conformance_under_smc_run_as_plain_tcp() {
+    let s = setup("conform");
+    let (ps, pc) = conform_run(&s, false, false);
+    // what the script must have exercised (on plain TCP)
+    for l in [
+        "client connect = -1 EINPROGRESS",
+        "client SO_ERROR refused ECONNREFUSED",
+        "client epoll refused: OUT ERR HUP",
+        "client epoll connected: OUT",
+        "client epoll after a partial read (ET): none",
+        "client epoll peer closed: IN OUT HUP RDHUP",
+        "client write after the peer closed: EPIPE, SIGPIPE 1",
+        "server epoll half close: IN RDHUP",
+        "server FIONREAD = 5",
+    ] {
+        assert!(pc.contains(l) || ps.contains(l), "plain run lacks {l:?}");
+    }
+    assert!(s.modes().is_empty());
+    let (ss, sc) = conform_run(&s, true, true);
+    assert_same(&ps, &ss, "server under smc_run");
+    assert_same(&pc, &sc, "client under smc_run");
+    // both connections (the script's and its closing one), both ends
+    let modes = s.modes();
+    assert_eq!(modes.len(), 4, "{modes:?}");
+    assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
+}
+
+/// The same with one side plain: the other falls back, transparently.
+#[test]
+fn conformance_with_one_side_plain_as_plain_tcp() {
+    let s = setup("conform-fallback");
+    let (ps, pc) = conform_run(&s, false, false);
+    for (sp, cp) in [(true, false), (false, true)] {
+        let _ = std::fs::remove_file(s.dir.join("state"));
+        let (ss, sc) = conform_run(&s, sp, cp);
+        assert_same(&ps, &ss, &format!("server (smc_run: {sp})"));
+        assert_same(&pc, &sc, &format!("client (smc_run: {cp})"));
+        let modes = s.modes();
+        assert_eq!(modes.len(), 2, "{modes:?}");
+        assert!(
+            modes
+                .iter()
+                .all(|m| m.ends_with("(peer did not indicate SMC)")),
+            "{modes:?}"
+        );
+    }
+}
