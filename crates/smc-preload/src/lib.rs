@@ -102,6 +102,13 @@ enum Entry {
     Fresh {
         opted: bool,
     },
+    /// A listening socket opted in to SMC whose listener (and its driver
+    /// thread, which accepts and runs the handshakes) starts at the first
+    /// `accept` or poll of it: a server that listens and then forks its
+    /// workers (nginx's master) has not used the library before the fork,
+    /// so each worker runs its own listener on the shared socket (see
+    /// [`USED`]).
+    Passive,
     Stream(Arc<Conn>),
     Listener(Arc<Lst>),
     /// A non-blocking `connect()` in progress (see [`Pend`]).
@@ -158,23 +165,51 @@ static TABLE: RwLock<BTreeMap<RawFd, Entry>> = RwLock::new(BTreeMap::new());
 /// Entries in the table: none, and every call passes straight through.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// Set in a child process after `fork()`: the library is off there.
+/// Set once this process made an SMC connection or listener (its engine,
+/// threads and endpoint state exist).
+static USED: AtomicBool = AtomicBool::new(false);
+
+/// Set in a child process after `fork()` of a process that had [`USED`]
+/// the library: it is off there.
 ///
 /// The parent's connections live in the parent's threads (the engine's
 /// progress thread, listener drivers) and its endpoint state, none of which
 /// a child has; a child that dropped its copy of a connection, as a child
 /// closing the inherited descriptor before `exec` does (socat's `EXEC:`,
 /// `system()`), would send the SMC close and abort the parent's connection.
-/// So a child forgets the table without dropping anything (its lock may
-/// have been held by another thread at the fork) and passes every call
-/// through: its own new sockets are plain TCP, and the connections it
-/// inherited are not usable in it. (Connections shared across fork are the
-/// next phase of issue 16.)
+/// So such a child forgets the table without dropping anything and passes
+/// every call through: its own new sockets are plain TCP, and the
+/// connections it inherited are not usable in it.
+///
+/// A child of a process that had not used the library yet keeps it: its
+/// table holds only sockets without state of the library's (fresh ones,
+/// listening ones whose listener has not started), which the child uses as
+/// its own (nginx's workers accept on the master's listening sockets, each
+/// with a listener of its own).
 static FORKED: AtomicBool = AtomicBool::new(false);
 
+thread_local! {
+    /// The table's lock, held by the thread that forks across `fork()`, so
+    /// that the child does not inherit it held by a thread it has not.
+    static FORK_GUARD: std::cell::RefCell<Option<std::sync::RwLockWriteGuard<'static, BTreeMap<RawFd, Entry>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+extern "C" fn before_fork() {
+    let g = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
+}
+
+extern "C" fn in_parent() {
+    FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
+}
+
 extern "C" fn in_child() {
-    FORKED.store(true, Ordering::Release);
-    COUNT.store(0, Ordering::Release);
+    if USED.load(Ordering::Acquire) {
+        FORKED.store(true, Ordering::Release);
+        COUNT.store(0, Ordering::Release);
+    }
+    FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
 }
 
 /// At `exit()`: every connection still open is closed as `close()` would,
@@ -198,10 +233,35 @@ extern "C" fn at_exit() {
     drop(all);
 }
 
+/// The `SMC_*` environment at load time (the device configuration, the
+/// state file, debugging).
+static SMC_ENV: OnceLock<Vec<(std::ffi::OsString, std::ffi::OsString)>> = OnceLock::new();
+
+/// Puts back the `SMC_*` variables a program removed from its environment
+/// since the library was loaded (nginx clears its workers' environment but
+/// for `env` directives; the library reads it at its first connection).
+fn restore_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (k, v) in SMC_ENV.get().map(|v| v.as_slice()).unwrap_or_default() {
+            if std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
+        }
+    });
+}
+
 extern "C" fn init() {
-    // SAFETY: registers a handler that only stores to atomics (async-signal
-    // safe, as a child of a multi-threaded process needs).
-    unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    let _ = SMC_ENV.set(
+        std::env::vars_os()
+            .filter(|(k, _)| k.to_str().is_some_and(|k| k.starts_with("SMC_")))
+            .collect(),
+    );
+    // SAFETY: registers handlers that take and release the table's lock
+    // around the fork and store to atomics (the child's is async-signal
+    // safe, as a child of a multi-threaded process needs: a futex unlock
+    // and stores).
+    unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
     // SAFETY: registers a plain function to run at exit.
     unsafe { libc::atexit(at_exit) };
 }
@@ -337,9 +397,21 @@ fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
     unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
-/// A duplicate of `fd` (close-on-exec) for the library's own use.
+/// A duplicate of `fd` (close-on-exec) for the library's own use, numbered
+/// in the upper half of the descriptor limit if there is room: programs
+/// size their tables by the descriptors they open themselves (wrk's event
+/// loop refuses a socket numbered above its size), so the library's stay
+/// clear of the low numbers (as the readiness descriptors do).
 fn dup_own(fd: RawFd) -> io::Result<OwnedFd> {
-    Ok(rustix::io::fcntl_dupfd_cloexec(borrow(fd), 0)?)
+    static BASE: OnceLock<RawFd> = OnceLock::new();
+    let base = *BASE.get_or_init(|| {
+        rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .map_or(512, |n| (n / 2).clamp(64, 1 << 16)) as RawFd
+    });
+    rustix::io::fcntl_dupfd_cloexec(borrow(fd), base)
+        .or_else(|_| rustix::io::fcntl_dupfd_cloexec(borrow(fd), 0))
+        .map_err(io::Error::from)
 }
 
 fn is_tcp(domain: c_int, ty: c_int, proto: c_int) -> bool {
@@ -477,6 +549,8 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         // SAFETY: as above.
         return unsafe { real_connect(fd, addr, len) };
     }
+    USED.store(true, Ordering::Release);
+    restore_env();
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
     let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
     // SAFETY: as above.
@@ -524,6 +598,7 @@ fn connect_in_background(fd: RawFd, opted: bool) {
             rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
             None,
         )?;
+        let (user, ctl) = (dup_own(user.as_raw_fd())?, dup_own(ctl.as_raw_fd())?);
         // (the kernel raises it to its minimum; one datagram then fills it)
         rustix::net::sockopt::set_socket_send_buffer_size(&user, 1)?;
         rustix::net::send(&user, &[0u8; 1024], rustix::net::SendFlags::empty())?;
@@ -651,6 +726,21 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         drop(remove(fd));
         return r;
     }
+    // (its driver starts at the first accept or poll: see Entry::Passive)
+    drop(insert(fd, Entry::Passive));
+    r
+}
+
+/// Starts the listener of a listening socket (Entry::Passive) on its first
+/// use; the entry `fd` has then.
+fn activate(fd: RawFd) -> Option<Entry> {
+    static ONE: Mutex<()> = Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(Entry::Passive) = get(fd) else {
+        return get(fd);
+    };
+    USED.store(true, Ordering::Release);
+    restore_env();
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
     let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
     match dup_own(fd).and_then(|own| SmcListener::from_listening(TcpListener::from(own), true)) {
@@ -660,16 +750,25 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
                 l,
                 nonblock: AtomicBool::new(nonblock),
             });
-            drop(insert(fd, Entry::Listener(l)));
+            drop(insert(fd, Entry::Listener(l.clone())));
+            Some(Entry::Listener(l))
         }
         Err(e) => {
             if debug() {
                 eprintln!("libsmc-preload: listener on fd {fd} stays TCP: {e}");
             }
             drop(remove(fd));
+            None
         }
     }
-    r
+}
+
+/// `fd`'s entry, a listener started if it is one.
+fn get_active(fd: RawFd) -> Option<Entry> {
+    match get(fd)? {
+        Entry::Passive => activate(fd),
+        e => Some(e),
+    }
 }
 
 #[no_mangle]
@@ -679,7 +778,7 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
-    let Some(Entry::Listener(l)) = get(fd) else {
+    let Some(Entry::Listener(l)) = get_active(fd) else {
         // SAFETY: the caller's arguments, unchanged.
         return unsafe {
             real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int)(
@@ -1208,7 +1307,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
 /// What a poll on an SMC descriptor waits on instead: its readiness
 /// descriptor, and whether a read would return at once (bytes read ahead).
 fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
-    match get(fd)? {
+    match get_active(fd)? {
         Entry::Stream(c) => {
             let now = c.s.has_pending()
                 || !c
@@ -1224,7 +1323,7 @@ fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
             Some((r, false, Entry::Listener(l)))
         }
         Entry::Connecting(p) => Some((p.user.as_raw_fd(), false, Entry::Connecting(p))),
-        Entry::Fresh { .. } => None,
+        Entry::Fresh { .. } | Entry::Passive => None,
     }
 }
 
@@ -1404,7 +1503,12 @@ unsafe fn select_via(
             (isset(rd, fd) || isset(wr, fd) || isset(ex, fd))
                 && matches!(
                     get(fd),
-                    Some(Entry::Stream(_) | Entry::Listener(_) | Entry::Connecting(_))
+                    Some(
+                        Entry::Stream(_)
+                            | Entry::Listener(_)
+                            | Entry::Connecting(_)
+                            | Entry::Passive
+                    )
                 )
         });
     if !ours {

@@ -559,3 +559,442 @@ fn conformance_with_one_side_plain_as_plain_tcp() {
         );
     }
 }
+
+// Real programs from Debian's packages (.ci/run installs them), each with
+// both sides under smc_run (every connection SMC-R, by the library's
+// record) and with one side plain (every connection a transparent
+// fallback); output checked.
+
+/// A free TCP port on 127.0.0.1 (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Reads `child`'s stdout until a line contains `what` (then keeps draining
+/// it in a thread, so that the program never blocks on a full pipe).
+fn wait_for_line(child: &mut Child, what: &str) {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let want = what.to_string();
+    std::thread::spawn(move || {
+        let mut seen = false;
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if !seen && line.contains(&want) {
+                seen = true;
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("the server never said {what:?}"));
+}
+
+/// Every connection the library recorded is in mode `mode` (suffix), and
+/// there are at least `min` of them.
+fn assert_all(s: &Setup, min: usize, mode: &str) -> Vec<String> {
+    let modes = s.modes();
+    assert!(modes.len() >= min, "{} connections: {modes:?}", modes.len());
+    assert!(
+        modes.iter().all(|m| m.ends_with(mode)),
+        "not all {mode}: {:?}",
+        modes
+            .iter()
+            .filter(|m| !m.ends_with(mode))
+            .collect::<Vec<_>>()
+    );
+    modes
+}
+
+const FALLBACK: &str = "(peer did not indicate SMC)";
+
+fn ok_output(what: &str, out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {:?}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// redis-server, redis-benchmark (SET and GET, 50 clients, pipelined and
+/// not) and redis-cli reading back what the benchmark wrote.
+fn redis(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    let s = setup(tag);
+    let port = free_port().to_string();
+    let mut srv = Server(
+        under(
+            &s,
+            server_preload,
+            &program("redis-server"),
+            &[
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    wait_for_line(&mut srv.0, "Ready to accept connections");
+    let bench = program("redis-benchmark");
+    for pipeline in ["1", "16"] {
+        let out = under(
+            &s,
+            client_preload,
+            &bench,
+            &[
+                "-p", &port, "-t", "set,get", "-n", "5000", "-c", "50", "-d", "100", "-P",
+                pipeline, "-q",
+            ],
+        )
+        .output()
+        .unwrap();
+        let text = ok_output("redis-benchmark", &out);
+        for t in ["SET: ", "GET: "] {
+            assert!(
+                text.split('\r')
+                    .any(|l| l.trim_start().starts_with(t) && l.contains("requests per second")),
+                "no {t} result: {text}"
+            );
+        }
+    }
+    let cli = program("redis-cli");
+    // (the benchmark's 100-byte value, as it wrote it)
+    let got = under(
+        &s,
+        client_preload,
+        &cli,
+        &["-p", &port, "--no-raw", "strlen", "key:__rand_int__"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(
+        ok_output("redis-cli", &got).trim_end(),
+        "(integer) 100",
+        "the benchmark's value"
+    );
+    let set = under(
+        &s,
+        client_preload,
+        &cli,
+        &["-p", &port, "set", "smc", "over SMC-R"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(ok_output("redis-cli set", &set).trim_end(), "OK");
+    let got = under(&s, client_preload, &cli, &["-p", &port, "get", "smc"])
+        .output()
+        .unwrap();
+    assert_eq!(ok_output("redis-cli get", &got).trim_end(), "over SMC-R");
+    drop(srv);
+    s
+}
+
+#[test]
+fn redis_server_and_benchmark_over_smc_r() {
+    let s = redis("redis", true, true);
+    // 2 x (50 clients and the benchmark's own) + 3 redis-cli, both ends
+    assert_all(&s, 2 * (2 * 51 + 3), " SMC-R");
+}
+
+#[test]
+fn redis_with_one_side_plain_falls_back() {
+    let s = redis("redis-plain-cli", true, false);
+    assert_all(&s, 2 * 51 + 3, FALLBACK);
+    let s = redis("redis-plain-srv", false, true);
+    assert_all(&s, 2 * 51 + 3, FALLBACK);
+}
+
+/// A number after `key` in iperf3's JSON (the first occurrence after `after`).
+fn json_number(text: &str, after: &str, key: &str) -> f64 {
+    let at = text
+        .find(after)
+        .unwrap_or_else(|| panic!("no {after} in {text}"));
+    let rest = &text[at..];
+    let k = rest
+        .find(key)
+        .unwrap_or_else(|| panic!("no {key} after {after}"));
+    rest[k + key.len()..]
+        .trim_start_matches([':', ' '])
+        .split([',', '\n', '}'])
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no number for {key}"))
+}
+
+/// iperf3 in both directions (-R): a fixed number of bytes, all received.
+fn iperf3(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    let s = setup(tag);
+    let iperf = program("iperf3");
+    for reverse in [false, true] {
+        let port = free_port().to_string();
+        let mut srv = Server(
+            under(
+                &s,
+                server_preload,
+                &iperf,
+                &["-s", "-1", "--forceflush", "-B", "127.0.0.1", "-p", &port],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        );
+        wait_for_line(&mut srv.0, "Server listening");
+        let mut args = vec!["-c", "127.0.0.1", "-p", &port, "-n", "256M", "-J"];
+        if reverse {
+            args.push("-R");
+        }
+        let out = under(&s, client_preload, &iperf, &args).output().unwrap();
+        let text = ok_output("iperf3", &out);
+        let sent = json_number(&text, "\"sum_sent\"", "\"bytes\"");
+        let got = json_number(&text, "\"sum_received\"", "\"bytes\"");
+        assert!(sent >= 256.0 * 1024.0 * 1024.0, "sent {sent}");
+        // (the receiver's count stops when the sender's end arrives on the
+        // control connection, a little before the last data: also on TCP)
+        assert!(
+            got > 0.95 * sent && got <= sent,
+            "iperf3 -R {reverse}: received {got} of {sent}"
+        );
+        let st = srv.0.wait().unwrap();
+        assert!(st.success(), "iperf3 server: {st:?}");
+    }
+    s
+}
+
+#[test]
+fn iperf3_both_directions_over_smc_r() {
+    let s = iperf3("iperf3", true, true);
+    // control and data connection per run, both ends
+    assert_all(&s, 8, " SMC-R");
+}
+
+#[test]
+fn iperf3_with_one_side_plain_falls_back() {
+    let s = iperf3("iperf3-plain-cli", true, false);
+    assert_all(&s, 4, FALLBACK);
+    let s = iperf3("iperf3-plain-srv", false, true);
+    assert_all(&s, 4, FALLBACK);
+}
+
+/// sockperf ping-pong and throughput against one server.
+fn sockperf(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    let s = setup(tag);
+    let sp = program("sockperf");
+    let port = free_port().to_string();
+    let mut srv = Server(
+        under(
+            &s,
+            server_preload,
+            &sp,
+            &["sr", "--tcp", "-i", "127.0.0.1", "-p", &port],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    wait_for_line(&mut srv.0, "to block on socket");
+    let base = ["--tcp", "-i", "127.0.0.1", "-p", &port, "-t", "1"];
+    let pp = under(&s, client_preload, &sp, &[&["pp"][..], &base].concat())
+        .output()
+        .unwrap();
+    let text = ok_output("sockperf pp", &pp);
+    assert!(text.contains("Summary: Latency is"), "{text}");
+    // every message came back
+    let valid = text
+        .lines()
+        .find(|l| l.contains("[Valid Duration]"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let num = |k: &str| -> u64 {
+        valid
+            .split(k)
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {valid}"))
+    };
+    assert!(num("SentMessages=") > 100, "{valid}");
+    assert_eq!(num("SentMessages="), num("ReceivedMessages="), "{valid}");
+    let tp = under(
+        &s,
+        client_preload,
+        &sp,
+        &[&["tp", "-m", "1400"][..], &base].concat(),
+    )
+    .output()
+    .unwrap();
+    let text = ok_output("sockperf tp", &tp);
+    assert!(text.contains("Summary: BandWidth is"), "{text}");
+    drop(srv);
+    s
+}
+
+#[test]
+fn sockperf_ping_pong_and_throughput_over_smc_r() {
+    let s = sockperf("sockperf", true, true);
+    assert_all(&s, 4, " SMC-R");
+}
+
+#[test]
+fn sockperf_with_one_side_plain_falls_back() {
+    let s = sockperf("sockperf-plain-cli", true, false);
+    assert_all(&s, 2, FALLBACK);
+    let s = sockperf("sockperf-plain-srv", false, true);
+    assert_all(&s, 2, FALLBACK);
+}
+
+/// nginx (master and two workers, which accept on the master's listening
+/// socket: it crosses fork()) serving a file with sendfile, fetched by curl
+/// (hash) and wrk.
+fn nginx(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    let s = setup(tag);
+    let www = s.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let body = blob(2 << 20);
+    std::fs::write(www.join("blob"), &body).unwrap();
+    std::fs::write(www.join("index.html"), "hello over SMC-R\n").unwrap();
+    let port = free_port();
+    let d = s.dir.display();
+    let conf = s.dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process on;\nworker_processes 2;\nuser root;\n\
+             pid {d}/nginx.pid;\nerror_log {d}/error.log notice;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n access_log off;\n sendfile on;\n\
+             client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n\
+             fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
+             server {{\n  listen 127.0.0.1:{port};\n  root {d}/www;\n }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(s.dir.join("tmp")).unwrap();
+    let srv = Nginx(
+        under(
+            &s,
+            server_preload,
+            &program_sbin("nginx"),
+            &["-c", &conf.display().to_string(), "-p", &d.to_string()],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(s.dir.join("error.log"))
+        .unwrap_or_default()
+        .matches("start worker process")
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < end, "nginx did not start its workers");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("http://127.0.0.1:{port}/blob");
+    let out = under(
+        &s,
+        client_preload,
+        &program("curl"),
+        &["-sf", "-m", "20", &url],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "curl: {:?}", out.status);
+    assert_eq!(out.stdout.len(), body.len());
+    assert_eq!(sha256(&out.stdout), sha256(&body), "the body curl got");
+    let url = format!("http://127.0.0.1:{port}/index.html");
+    let out = under(
+        &s,
+        client_preload,
+        &program("wrk"),
+        &["-t", "2", "-c", "20", "-d", "1", "--timeout", "5s", &url],
+    )
+    .output()
+    .unwrap();
+    let text = ok_output("wrk", &out);
+    assert!(!text.contains("Socket errors"), "{text}");
+    assert!(!text.contains("Non-2xx"), "{text}");
+    let n: u64 = text
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(n > 100, "{text}");
+    drop(srv);
+    s
+}
+
+/// Stops nginx when the test ends, whatever happened: SIGTERM to the
+/// master, which stops its workers (SIGKILL would leave them running).
+struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A program in an sbin directory (nginx), or on PATH.
+fn program_sbin(name: &str) -> PathBuf {
+    ["/usr/sbin", "/sbin", "/usr/local/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| program(name))
+}
+
+#[test]
+fn nginx_master_and_workers_with_curl_and_wrk_over_smc_r() {
+    let s = nginx("nginx", true, true);
+    let modes = assert_all(&s, 2 * 21, " SMC-R");
+    // accepted in the workers (the master only listens)
+    let master = std::fs::read_to_string(s.dir.join("nginx.pid")).unwrap_or_default();
+    let accepts: Vec<_> = std::fs::read_to_string(s.dir.join("state"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" accept "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    assert!(!accepts.is_empty(), "{modes:?}");
+    assert!(accepts.iter().all(|p| *p != master.trim()), "{accepts:?}");
+}
+
+#[test]
+fn nginx_with_one_side_plain_falls_back() {
+    let s = nginx("nginx-plain-cli", true, false);
+    assert_all(&s, 21, FALLBACK);
+    let s = nginx("nginx-plain-srv", false, true);
+    assert_all(&s, 21, FALLBACK);
+}
