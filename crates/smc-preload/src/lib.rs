@@ -8,10 +8,12 @@
 //!   or TCP) opts it in to the SMC SYN option (`smc::opt_in`); other
 //!   sockets are untouched. `SMC_SNDBUF`/`SMC_RCVBUF` are applied to every
 //!   new socket, as smc-tools' library does.
-//! * `connect()` connects (in blocking mode, also for a non-blocking socket,
-//!   which then returns 0 at once rather than `EINPROGRESS`) and runs the
-//!   CLC handshake; `listen()` starts an `smc::SmcListener` whose driver runs
-//!   the handshakes; `accept()`/`accept4()` take its finished connections.
+//! * `connect()` connects and runs the CLC handshake (on a non-blocking
+//!   socket: `EINPROGRESS`, and a thread of the library finishes it, see
+//!   `Pend`); `listen()` marks the socket, whose `smc::SmcListener` (its
+//!   driver runs the handshakes) starts at the first `accept()` or poll
+//!   (see `Entry::Passive`); `accept()`/`accept4()` take its finished
+//!   connections.
 //! * The application's descriptor is the TCP socket and stays the
 //!   connection's identity (`getsockname`, `getpeername`, `setsockopt` go to
 //!   it unchanged); a table maps it to the `SmcStream`, which holds a

@@ -625,7 +625,8 @@ fn ok_output(what: &str, out: &Output) -> String {
 }
 
 /// redis-server, redis-benchmark (SET and GET, 50 clients, pipelined and
-/// not) and redis-cli reading back what the benchmark wrote.
+/// not) and redis-cli reading back what the benchmark wrote; a background
+/// save (a forked child) while the server keeps serving.
 fn redis(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
     let s = setup(tag);
     let port = free_port().to_string();
@@ -645,6 +646,8 @@ fn redis(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
                 "no",
                 "--daemonize",
                 "no",
+                "--dir",
+                &s.dir.display().to_string(),
             ],
         )
         .stdout(Stdio::piped())
@@ -699,6 +702,34 @@ fn redis(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
     .output()
     .unwrap();
     assert_eq!(ok_output("redis-cli set", &set).trim_end(), "OK");
+    let got = under(&s, client_preload, &cli, &["-p", &port, "get", "smc"])
+        .output()
+        .unwrap();
+    assert_eq!(ok_output("redis-cli get", &got).trim_end(), "over SMC-R");
+    // a background save: a child of the server, which keeps serving
+    let save = under(&s, client_preload, &cli, &["-p", &port, "bgsave"])
+        .output()
+        .unwrap();
+    assert!(ok_output("redis-cli bgsave", &save).contains("Background saving started"));
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = under(
+            &s,
+            client_preload,
+            &cli,
+            &["-p", &port, "info", "persistence"],
+        )
+        .output()
+        .unwrap();
+        let info = ok_output("redis-cli info", &info);
+        if info.contains("rdb_bgsave_in_progress:0") && info.contains("rdb_saves:1") {
+            assert!(info.contains("rdb_last_bgsave_status:ok"), "{info}");
+            break;
+        }
+        assert!(Instant::now() < end, "{info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(s.dir.join("dump.rdb").exists());
     let got = under(&s, client_preload, &cli, &["-p", &port, "get", "smc"])
         .output()
         .unwrap();
