@@ -242,6 +242,17 @@ static void server(const char *portfile, const char *file) {
     show("accept second", c2 < 0 ? -1 : 0);
     show("close", close(c));
     show("close second", close(c2));
+    /* a third connection says the client is done: until then this process
+     * stays (a user-space SMC-R link ends with its process, and with it the
+     * peer's closed connections: not a TCP socket's behaviour to compare) */
+    struct pollfd lp = { l, POLLIN, 0 };
+    poll(&lp, 1, 10000);
+    int c3 = accept(l, NULL, NULL);
+    if (c3 >= 0) {
+        struct pollfd p3 = { c3, POLLIN, 0 };
+        while (poll(&p3, 1, 10000) == 1 && read(c3, buf, sizeof buf) > 0) {}
+        close(c3);
+    }
     close(l);
     close(ep);
 }
@@ -394,6 +405,9 @@ static void client(int port, const char *file) {
         usleep(10000);
     }
     printf("client write after the peer closed: %s, SIGPIPE %d\n", strerrorname_np(werr), sigpipes > 0);
+    int s3 = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(s3, (struct sockaddr *)&a, sizeof a) < 0) die("connect third");
+    close(s3);
     close(s2);
     close(s);
     close(ep);

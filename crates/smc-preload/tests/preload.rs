@@ -533,9 +533,9 @@ fn conformance_under_smc_run_as_plain_tcp() {
     let (ss, sc) = conform_run(&s, true, true);
     assert_same(&ps, &ss, "server under smc_run");
     assert_same(&pc, &sc, "client under smc_run");
-    // both connections (the script's and its closing one), both ends
+    // the script's three connections, both ends
     let modes = s.modes();
-    assert_eq!(modes.len(), 4, "{modes:?}");
+    assert_eq!(modes.len(), 6, "{modes:?}");
     assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
 }
 
@@ -550,7 +550,7 @@ fn conformance_with_one_side_plain_as_plain_tcp() {
         assert_same(&ps, &ss, &format!("server (smc_run: {sp})"));
         assert_same(&pc, &sc, &format!("client (smc_run: {cp})"));
         let modes = s.modes();
-        assert_eq!(modes.len(), 2, "{modes:?}");
+        assert_eq!(modes.len(), 3, "{modes:?}");
         assert!(
             modes
                 .iter()
