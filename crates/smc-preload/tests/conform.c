@@ -358,8 +358,26 @@ static void client(int port, const char *file) {
     FD_SET(s, &rd);
     FD_SET(s, &wr);
     show("select rd+wr", select(s + 1, &rd, &wr, NULL, &tv));
-    read_n(s, buf, 10);
+    /* EPOLLONESHOT, in an epoll set inside another */
+    int inner = epoll_create1(0), outer = epoll_create1(0);
+    struct epoll_event ie = { .events = EPOLLIN | EPOLLONESHOT, .data.fd = s };
+    show("epoll_ctl ADD ONESHOT", epoll_ctl(inner, EPOLL_CTL_ADD, s, &ie));
+    struct epoll_event oe = { .events = EPOLLIN, .data.fd = inner };
+    show("epoll_ctl ADD inner set", epoll_ctl(outer, EPOLL_CTL_ADD, inner, &oe));
+    ep_wait("epoll outer", outer, 1000);
+    ep_wait("epoll ONESHOT", inner, 1000);
+    ep_wait("epoll ONESHOT again", inner, 100);
+    ep_wait("epoll outer after ONESHOT", outer, 100);
+    show("epoll_ctl MOD re-arm", epoll_ctl(inner, EPOLL_CTL_MOD, s, &ie));
+    ep_wait("epoll ONESHOT re-armed", inner, 1000);
+    close(outer);
+    close(inner);
+    /* the data through a duplicate */
+    int d = dup(s);
+    read_n(d, buf, 10);
     printf("client got %.10s\n", buf);
+    show("read the duplicate again", read(d, buf, 10));
+    show("close the duplicate", close(d));
     write_all(s, "C", 1);
 
     /* the server's sendfile: the file, then its last 100 bytes */

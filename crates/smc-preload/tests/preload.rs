@@ -507,9 +507,9 @@ fn assert_same(plain: &str, other: &str, what: &str) {
 /// The conformance test: the same scripted calls (tests/conform.c:
 /// non-blocking connect, refused and accepted, with poll and edge-triggered
 /// epoll; SO_ERROR; socket options; getsockname/getpeername; MSG_PEEK;
-/// FIONREAD; partial reads under EPOLLET; select/pselect; sendfile; half
-/// close with EPOLLRDHUP; EPOLLHUP; EPIPE and SIGPIPE after the peer
-/// closed) give the same results, errno values and readiness events under
+/// FIONREAD; partial reads under EPOLLET; select/pselect; EPOLLONESHOT in
+/// an epoll set inside another; reads through dup(); sendfile; half close
+/// with EPOLLRDHUP; EPOLLHUP; EPIPE and SIGPIPE after the peer closed) give the same results, errno values and readiness events under
 /// smc_run, both sides over SMC-R, as plain.
 #[test]
 fn conformance_under_smc_run_as_plain_tcp() {
@@ -526,6 +526,11 @@ fn conformance_under_smc_run_as_plain_tcp() {
         "client write after the peer closed: EPIPE, SIGPIPE 1",
         "server epoll half close: IN RDHUP",
         "server FIONREAD = 5",
+        "client epoll outer: IN",
+        "client epoll ONESHOT again: none",
+        "client epoll ONESHOT re-armed: IN",
+        "client pselect = 1",
+        "client sendfile 300000 bytes equal 1",
     ] {
         assert!(pc.contains(l) || ps.contains(l), "plain run lacks {l:?}");
     }
