@@ -115,6 +115,9 @@ enum Entry {
     Listener(Arc<Lst>),
     /// A non-blocking `connect()` in progress (see [`Pend`]).
     Connecting(Arc<Pend>),
+    /// A non-blocking `connect()` whose handshake failed: the socket is shut
+    /// down, and `getsockopt(SO_ERROR)` returns this errno once.
+    Failed(c_int),
 }
 
 /// A non-blocking `connect()` that returned `EINPROGRESS`: a thread of the
@@ -338,6 +341,8 @@ fn errno_of(e: &io::Error) -> c_int {
         io::ErrorKind::TimedOut => libc::ETIMEDOUT,
         io::ErrorKind::InvalidInput => libc::EINVAL,
         io::ErrorKind::Interrupted => libc::EINTR,
+        // (a handshake the peer broke: af_smc.c says EPROTO too)
+        io::ErrorKind::InvalidData => libc::EPROTO,
         _ => libc::EIO,
     }
 }
@@ -665,11 +670,12 @@ fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, p: Arc<Pend>) {
             }
         }
         Some(Err(e)) => {
-            // a failed handshake ends the connection, as a reset would
+            // a failed handshake ends the connection, as a reset would,
+            // and SO_ERROR says why
             if debug() {
                 eprintln!("libsmc-preload: connect on fd {fd}: handshake failed: {e}");
             }
-            drop(remove(fd));
+            drop(insert(fd, Entry::Failed(errno_of(&e))));
             let _ = rustix::io::ioctl_fionbio(borrow(fd), true);
             let _ = rustix::net::shutdown(borrow(fd), rustix::net::Shutdown::Both);
             fd
@@ -1325,7 +1331,7 @@ fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
             Some((r, false, Entry::Listener(l)))
         }
         Entry::Connecting(p) => Some((p.user.as_raw_fd(), false, Entry::Connecting(p))),
-        Entry::Fresh { .. } | Entry::Passive => None,
+        Entry::Fresh { .. } | Entry::Passive | Entry::Failed(_) => None,
     }
 }
 
@@ -1695,6 +1701,37 @@ pub unsafe extern "C" fn __ppoll_chk(
     );
     // SAFETY: as above.
     unsafe { ppoll(fds, n, ts, sigmask) }
+}
+
+/// `getsockopt`: the kernel's answer, except `SO_ERROR` after a failed
+/// handshake (see `Entry::Failed`).
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    opt: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if level == libc::SOL_SOCKET && opt == libc::SO_ERROR && !val.is_null() && !len.is_null() {
+        if let Some(Entry::Failed(e)) = get(fd) {
+            // SAFETY: the caller's int-sized buffer and its length.
+            unsafe {
+                if *len as usize >= std::mem::size_of::<c_int>() {
+                    drop(remove(fd));
+                    *(val as *mut c_int) = e;
+                    *len = std::mem::size_of::<c_int>() as socklen_t;
+                    return 0;
+                }
+            }
+        }
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe {
+        real!(getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int)(
+            fd, level, opt, val, len,
+        )
+    }
 }
 
 /// `sendfile` into an SMC-R connection: a copy through the library (at most

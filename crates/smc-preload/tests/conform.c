@@ -431,8 +431,28 @@ static void client(int port, const char *file) {
     close(ep);
 }
 
+/* connect PORT: a non-blocking connect, its readiness and SO_ERROR */
+static void connect_only(int port) {
+    who = "connect";
+    int x = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    show("connect", connect(x, (struct sockaddr *)&a, sizeof a));
+    struct pollfd p = { x, POLLOUT, 0 };
+    show("poll", poll(&p, 1, 10000));
+    int err = -1;
+    socklen_t el = sizeof err;
+    show("getsockopt", getsockopt(x, SOL_SOCKET, SO_ERROR, &err, &el));
+    printf("connect SO_ERROR %s\n", err ? strerrorname_np(err) : "0");
+    err = -1;
+    getsockopt(x, SOL_SOCKET, SO_ERROR, &err, &el);
+    printf("connect SO_ERROR again %s\n", err ? strerrorname_np(err) : "0");
+    close(x);
+}
+
 int main(int argc, char **argv) {
-    if (argc >= 4 && !strcmp(argv[1], "server")) server(argv[2], argv[3]);
+    if (argc >= 3 && !strcmp(argv[1], "connect")) connect_only(atoi(argv[2]));
+    else if (argc >= 4 && !strcmp(argv[1], "server")) server(argv[2], argv[3]);
     else if (argc >= 4 && !strcmp(argv[1], "client")) client(atoi(argv[2]), argv[3]);
     else { fprintf(stderr, "usage: conform server PORTFILE FILE | client PORT FILE\n"); return 1; }
     return 0;

@@ -1034,3 +1034,44 @@ fn nginx_with_one_side_plain_falls_back() {
     let s = nginx("nginx-plain-srv", false, true);
     assert_all(&s, 21, FALLBACK);
 }
+
+/// A non-blocking connect whose handshake the peer breaks (its SYN-ACK
+/// offers SMC, then it answers the CLC proposal with bytes that are no CLC
+/// message) ends with an error in SO_ERROR, as a failed connect does.
+#[test]
+fn a_broken_handshake_after_a_non_blocking_connect_is_an_so_error() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    let s = setup("broken-handshake");
+    let exe = conform_program(&s);
+    // a listener opted in to the SMC option, that speaks no CLC
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        None,
+    )
+    .unwrap();
+    assert!(smc::opt_in(sock.as_fd()), "the rendezvous (root)");
+    rustix::net::bind(
+        &sock,
+        &"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap(),
+    )
+    .unwrap();
+    rustix::net::listen(&sock, 4).unwrap();
+    let l = std::net::TcpListener::from(sock);
+    let port = l.local_addr().unwrap().port();
+    let srv = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut proposal = [0u8; 8];
+        let _ = c.read(&mut proposal);
+        c.write_all(b"HTTP/1.0 400 Bad Request\r\n\r\n").unwrap();
+    });
+    let out = under(&s, true, &exe, &["connect", &port.to_string()])
+        .output()
+        .unwrap();
+    srv.join().unwrap();
+    let text = ok_output("conform connect", &out);
+    assert!(text.contains("connect connect = -1 EINPROGRESS"), "{text}");
+    assert!(text.contains("connect poll = 1"), "{text}");
+    assert!(text.contains("connect SO_ERROR EPROTO"), "{text}");
+}
