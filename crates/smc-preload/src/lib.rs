@@ -405,16 +405,17 @@ fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
 }
 
 /// A duplicate of `fd` (close-on-exec) for the library's own use, numbered
-/// in the upper half of the descriptor limit if there is room: programs
-/// size their tables by the descriptors they open themselves (wrk's event
-/// loop refuses a socket numbered above its size), so the library's stay
-/// clear of the low numbers (as the readiness descriptors do).
+/// in the upper half of the descriptor limit (at most 4096 up) if there is
+/// room: programs size their tables by the descriptors they open themselves
+/// (wrk's event loop refuses a socket numbered above its size), so the
+/// library's stay clear of the low numbers (as the readiness descriptors
+/// do).
 fn dup_own(fd: RawFd) -> io::Result<OwnedFd> {
     static BASE: OnceLock<RawFd> = OnceLock::new();
     let base = *BASE.get_or_init(|| {
         rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .current
-            .map_or(512, |n| (n / 2).clamp(64, 1 << 16)) as RawFd
+            .map_or(512, |n| (n / 2).clamp(64, 4096)) as RawFd
     });
     rustix::io::fcntl_dupfd_cloexec(borrow(fd), base)
         .or_else(|_| rustix::io::fcntl_dupfd_cloexec(borrow(fd), 0))

@@ -92,7 +92,8 @@ impl Level {
     }
 }
 
-/// `fd` moved to a number in the upper half of the descriptor limit, if
+/// `fd` moved to a number in the upper half of the descriptor limit (at
+/// most 4096 up: a higher number grows the process's descriptor table), if
 /// there is room: a program under the preload library (which makes these
 /// for the program's sockets) sizes its tables by the descriptors it opens
 /// itself (wrk's and redis' event loops refuse a socket numbered above
@@ -100,7 +101,7 @@ impl Level {
 pub(crate) fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
     let base = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
-        .map_or(512, |n| (n / 2).clamp(64, 1 << 16)) as i32;
+        .map_or(512, |n| (n / 2).clamp(64, 4096)) as i32;
     match rustix::io::fcntl_dupfd_cloexec(&fd, base) {
         Ok(high) => high,
         Err(_) => fd,
