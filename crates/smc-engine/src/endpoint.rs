@@ -111,6 +111,7 @@
 //! [`HandshakePhase::LateDeclined`]: crate::state::HandshakePhase::LateDeclined
 //! [`QueuePair::prepare_remote`]: smc_rdma::QueuePair::prepare_remote
 
+mod add_link;
 mod cdc_recv;
 mod cdc_send;
 mod close;
@@ -233,6 +234,8 @@ pub struct Endpoint<P: Provider> {
     tokens_wrapped: bool,
     /// Time of the latest input (for deadlines set from engine outputs).
     now: Timestamp,
+    /// Whether link groups add further links (`endpoint/add_link.rs`).
+    redundancy: smc_proto::link::Redundancy,
 }
 
 /// Provider errors.
@@ -284,6 +287,7 @@ impl<P: Provider> Endpoint<P> {
             psns,
             tokens_wrapped: false,
             now: Duration::ZERO,
+            redundancy: smc_proto::link::Redundancy::default(),
         })
     }
 }

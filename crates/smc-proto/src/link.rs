@@ -659,9 +659,9 @@ impl LinkGroup {
         self.add.is_some()
             || self
                 .links
-            .iter()
-            .flatten()
-            .any(|l| l.state == LinkState::Activating && !l.first_contact)
+                .iter()
+                .flatten()
+                .any(|l| l.state == LinkState::Activating && !l.first_contact)
     }
 
     /// One of our LLC request flows is waiting for its response (§1.6).

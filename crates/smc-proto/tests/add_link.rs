@@ -77,11 +77,7 @@ impl Pair {
             events: Vec::new(),
             client_accepts: true,
             client_rkeys: Vec::new(),
-            client_port: if c_alt {
-                port(4, 0x22)
-            } else {
-                port(2, 0x22)
-            },
+            client_port: if c_alt { port(4, 0x22) } else { port(2, 0x22) },
         };
         p.run(T0);
         assert_eq!(p.s.usable_links(), 1);
@@ -286,7 +282,9 @@ fn without_an_alternate_path_on_either_side_the_client_rejects() {
         }
         p.s.on_llc(0, LlcMessage::decode(&rej).unwrap(), T0);
         p.run(T0);
-        assert!(p.events.contains(&(true, LgrOutput::AddLinkFailed { slot })));
+        assert!(p
+            .events
+            .contains(&(true, LgrOutput::AddLinkFailed { slot })));
         assert_eq!(p.s.usable_links(), 1);
         assert!(!p.s.adding_link());
         // no retry until something changes
@@ -308,7 +306,9 @@ fn a_client_with_redundancy_off_rejects_as_before() {
             (false, LlcType::AddLink, true)
         ]
     );
-    assert!(p.events.contains(&(true, LgrOutput::AddLinkFailed { slot })));
+    assert!(p
+        .events
+        .contains(&(true, LgrOutput::AddLinkFailed { slot })));
 }
 
 #[test]
@@ -349,7 +349,10 @@ fn a_missing_confirm_link_takes_the_new_link_down_with_delete_link() {
     assert!(matches!(outs[0], LgrOutput::ConnectLink { slot: 1, .. }));
     assert!(matches!(
         &outs[1],
-        LgrOutput::SendLlc { slot: 1, msg: LlcMessage::ConfirmLink(_) }
+        LgrOutput::SendLlc {
+            slot: 1,
+            msg: LlcMessage::ConfirmLink(_)
+        }
     ));
     let t = p.c.poll_timeout().unwrap();
     assert_eq!(t, T0 + llc::WAIT_FIRST_TIME);

@@ -142,10 +142,16 @@ impl<P: Provider> Endpoint<P> {
                 // `smcr_clnt_conf_first_link` waits SMC_LLC_WAIT_TIME for
                 // one when max_links > 1), and a Linux server with max_links
                 // 1 sends none either (smc_llc.c `smc_llc_srv_add_link`).
+                // (with redundancy on, the negotiated two: the ADD_LINK
+                // flow follows the first link, `endpoint/add_link.rs`)
                 let limits = Limits {
                     release: choice.release,
                     max_conns,
-                    max_links: 1,
+                    max_links: if self.redundancy.enabled {
+                        choice.max_links
+                    } else {
+                        1
+                    },
                 };
                 let l = match self.new_lgr(Role::Server, version, peer_id, peer_gid, local, limits)
                 {

@@ -23,8 +23,8 @@
 use super::{LgrOutput, Link, LinkGroup, LinkState, LocalPort, PeerPort, Role, LINK_SLOTS};
 use crate::Timestamp;
 use smc_wire::llc::{
-    self, AddLink, AddLinkCont, AddLinkRkey, AddLinkV2Ext, ByteOrder, LlcMessage,
-    FLAG_ADD_LNK_REJ, FLAG_RESP, RKEYS_PER_CONT_MSG,
+    self, AddLink, AddLinkCont, AddLinkRkey, AddLinkV2Ext, ByteOrder, LlcMessage, FLAG_ADD_LNK_REJ,
+    FLAG_RESP, RKEYS_PER_CONT_MSG,
 };
 use std::collections::VecDeque;
 
@@ -153,6 +153,12 @@ impl LinkGroup {
             && self.add_slot().is_some()
     }
 
+    /// The driver cannot prepare a QP for the wanted link now: no attempt
+    /// until the next trigger.
+    pub fn add_link_unavailable(&mut self) {
+        self.add_wanted = false;
+    }
+
     /// Asks for another ADD_LINK attempt (e.g. a port came back, §1.8).
     pub fn request_add_link(&mut self) {
         self.add_wanted = true;
@@ -250,7 +256,8 @@ impl LinkGroup {
                 let msg = LlcMessage::AddLink(AddLink::reject_for(&req));
                 self.out.push_back(LgrOutput::SendLlc { slot: f.via, msg });
             }
-            self.out.push_back(LgrOutput::AddLinkFailed { slot: f.slot });
+            self.out
+                .push_back(LgrOutput::AddLinkFailed { slot: f.slot });
             self.after_flow();
         }
     }
@@ -460,7 +467,8 @@ impl LinkGroup {
         };
         if a.flags & FLAG_ADD_LNK_REJ != 0 || a.qp_mtu == 0 {
             // the client has no path for it: the group stays as it is
-            self.out.push_back(LgrOutput::AddLinkFailed { slot: f.slot });
+            self.out
+                .push_back(LgrOutput::AddLinkFailed { slot: f.slot });
             self.after_flow();
             return;
         }
@@ -478,7 +486,8 @@ impl LinkGroup {
         };
         f.peer = Some(peer);
         self.new_link_record(&f, local, peer);
-        self.out.push_back(LgrOutput::ConnectLink { slot: f.slot, peer });
+        self.out
+            .push_back(LgrOutput::ConnectLink { slot: f.slot, peer });
         if self.cfg.version.is_v2() {
             self.store_ext_rkeys(f.slot, &a);
             f.to_send.clear();
@@ -547,7 +556,8 @@ impl LinkGroup {
         let Some(f) = self.add.take() else { return };
         self.pending_request = None;
         if self.links[f.slot].is_none() {
-            self.out.push_back(LgrOutput::AddLinkFailed { slot: f.slot });
+            self.out
+                .push_back(LgrOutput::AddLinkFailed { slot: f.slot });
         } else if f.slot != slot {
             // the new link goes down too (DELETE_LINK on a survivor, if any)
             self.link_down(f.slot, super::DownReason::Failure);
@@ -580,7 +590,10 @@ impl LinkGroup {
         }
         self.pending_request = None;
         if let Some((slot, a, now)) = self.delayed_add.take() {
-            if self.link(slot).is_some_and(|l| l.state == LinkState::Active) {
+            if self
+                .link(slot)
+                .is_some_and(|l| l.state == LinkState::Active)
+            {
                 self.on_add_link_request(slot, a, now);
             }
         }
