@@ -206,3 +206,74 @@ fn a_link_failing_under_load_moves_its_connections_and_a_link_is_added_again() {
         streams(&mut w, &[&t], 100_000, |_, _| {});
     }
 }
+
+/// The link a server's Accept names fails, and its DELETE_LINK reaches the
+/// client before the Accept: the client declines that connection with
+/// NOSRVLINK, as Linux's does (af_smc.c `smc_connect_rdma`), not with the
+/// out-of-sync SYNCERR that makes the server end the whole group — whose
+/// other connections live on over the surviving link. (Simulation seed 13736
+/// lost every connection of the group this way.)
+#[test]
+fn an_accept_naming_a_link_deleted_meanwhile_costs_only_its_connection() {
+    use smc_engine::state::HandshakePhase;
+    use smc_wire::clc::DeclineCode;
+    let mut w = world(true, true);
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    let ls = w.server.link_group_of(t0.s).unwrap();
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    assert_eq!(w.server.usable_links(ls).len(), 2);
+    // a second connection: the server answers, the Accept stays on the wire
+    let mut t1 = w.open();
+    let mut accept = Vec::new();
+    for _ in 0..500 {
+        t1.c2s.extend(w.client.clc_output(t1.c));
+        let n = w.server.clc_input(t1.s, &t1.c2s, w.now);
+        t1.c2s.drain(..n);
+        accept.extend(w.server.clc_output(t1.s));
+        w.tick();
+        if w.server.handshake_phase(t1.s) == Some(HandshakePhase::AwaitConfirm) {
+            break;
+        }
+    }
+    assert_eq!(
+        w.server.handshake_phase(t1.s),
+        Some(HandshakePhase::AwaitConfirm)
+    );
+    accept.extend(w.server.clc_output(t1.s));
+    // the server's end of the link the Accept names fails; the client learns
+    // by DELETE_LINK on the other link
+    let qps = |w: &World| -> Vec<u32> {
+        let mut v: Vec<u32> = w
+            .client
+            .usable_links(lc)
+            .iter()
+            .filter_map(|&s| w.client.link_qp_num(lc, s))
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let before = qps(&w);
+    let slot = w.server.link_of(t1.s).unwrap();
+    let qpn = w.server.link_qp_num(ls, slot).unwrap();
+    w.fabric.fail_qp(qpn);
+    for _ in 0..100 {
+        w.tick();
+    }
+    // (the server has added a link again meanwhile)
+    assert_ne!(qps(&w), before, "DELETE_LINK arrived");
+    // now the Accept arrives
+    t1.s2c.extend(accept);
+    w.settle(&mut [&mut t0, &mut t1], Duration::from_millis(3));
+    assert_eq!(
+        w.client.status(t1.c),
+        Some(ConnStatus::Fallback {
+            reason: DeclineCode::NoSrvLink,
+            peer: None
+        })
+    );
+    assert_eq!(w.client.link_group_state(lc), Some(LgrState::Active));
+    assert_eq!(w.server.link_group_state(ls), Some(LgrState::Active));
+    // the first connection still carries data
+    streams(&mut w, &[&t0], 100_000, |_, _| {});
+}
