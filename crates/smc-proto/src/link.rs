@@ -794,8 +794,9 @@ impl LinkGroup {
             return;
         }
         if let Some(l) = self.links.get_mut(slot).and_then(Option::as_mut) {
-            if self.cfg.role == Role::Client {
-                // The client adopts the link id the server assigned (§1.7 step 2).
+            if self.cfg.role == Role::Client && first_contact {
+                // The client adopts the link id the server assigned (§1.7 step
+                // 2); an added link has the id of its ADD_LINK (§1.8).
                 l.link_id = c.link_num;
             }
             l.peer_link_uid = c.link_uid;

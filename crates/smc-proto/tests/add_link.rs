@@ -430,3 +430,226 @@ fn an_add_link_during_our_rkey_flow_waits_for_it() {
     assert_eq!(p.s.usable_links(), 2);
     assert_eq!(p.c.usable_links(), 2);
 }
+
+mod hostile {
+    //! A peer that sends anything: ADD_LINK, ADD_LINK_CONT and CONFIRM_LINK
+    //! messages with random fields (and random bytes that happen to decode),
+    //! in any order, on any slot, between timeouts and the driver's answers.
+    //! Whatever it sends, the group never panics, never holds two live links
+    //! with one id, and an ADD_LINK flow never outlives its timers.
+
+    use super::*;
+    use proptest::prelude::*;
+    use smc_wire::llc::{AddLink, AddLinkCont, AddLinkRkey, ConfirmLink, FLAG_RESP};
+
+    #[derive(Clone, Debug)]
+    enum Ev {
+        Msg(usize, LlcMessage),
+        Raw(usize, Vec<u8>),
+        Wait(u64),
+        Fail(usize),
+        Start,
+    }
+
+    fn add_link(v: LlcVersion) -> impl Strategy<Value = LlcMessage> {
+        (
+            any::<u8>(),
+            any::<[u8; 4]>(),
+            0u8..4,
+            0u8..6,
+            any::<bool>(),
+            0u32..3,
+        )
+            .prop_map(move |(flags, g, link, mtu, same_port, nrk)| {
+                let gid = if same_port {
+                    port(1, 0).gid
+                } else {
+                    Gid::from_ipv4(Ipv4Addr::new(10, g[0], g[1], g[2]))
+                };
+                LlcMessage::AddLink(AddLink {
+                    version: v,
+                    flags: flags & 0xC0,
+                    reject_reason: 0,
+                    sender_mac: port(1, 0).mac,
+                    sender_gid: gid,
+                    sender_qpn: u32::from(g[3]) + 0x40,
+                    link_num: link,
+                    qp_mtu: mtu,
+                    initial_psn: 7,
+                    ext: v.is_v2().then(|| smc_wire::llc::AddLinkV2Ext {
+                        rkeys: (0..nrk)
+                            .map(|i| AddLinkRkey {
+                                rmb_key: 0x500 + i,
+                                rmb_key_new: 0x600 + i,
+                                rmb_vaddr_new: 0x1000,
+                            })
+                            .collect(),
+                        ..Default::default()
+                    }),
+                })
+            })
+    }
+
+    fn cont() -> impl Strategy<Value = LlcMessage> {
+        (any::<bool>(), 0u8..4, 0u8..6).prop_map(|(resp, link, n)| {
+            LlcMessage::AddLinkCont(AddLinkCont {
+                version: LlcVersion::V1,
+                flags: if resp { FLAG_RESP } else { 0 },
+                link_num: link,
+                num_rkeys: n,
+                rkeys: (0..u32::from(n).min(2))
+                    .map(|i| AddLinkRkey {
+                        rmb_key: 0x500 + i,
+                        rmb_key_new: 0x700 + i,
+                        rmb_vaddr_new: 0x2000,
+                    })
+                    .collect(),
+            })
+        })
+    }
+
+    fn confirm(v: LlcVersion) -> impl Strategy<Value = LlcMessage> {
+        (any::<bool>(), 0u8..4).prop_map(move |(resp, link)| {
+            LlcMessage::ConfirmLink(ConfirmLink::new(
+                v,
+                resp,
+                port(1, 0).mac,
+                port(1, 0).gid,
+                0x50,
+                link,
+                0,
+                2,
+                255,
+            ))
+        })
+    }
+
+    fn events(v: LlcVersion) -> impl Strategy<Value = Vec<Ev>> {
+        let ev = prop_oneof![
+            3 => (0usize..3, add_link(v)).prop_map(|(s, m)| Ev::Msg(s, m)),
+            3 => (0usize..3, cont()).prop_map(|(s, m)| Ev::Msg(s, m)),
+            2 => (0usize..3, confirm(v)).prop_map(|(s, m)| Ev::Msg(s, m)),
+            1 => (0usize..3, proptest::collection::vec(any::<u8>(), 44..120))
+                .prop_map(|(s, b)| Ev::Raw(s, b)),
+            2 => (0u64..6000).prop_map(Ev::Wait),
+            1 => (0usize..3).prop_map(Ev::Fail),
+            1 => Just(Ev::Start),
+        ];
+        proptest::collection::vec(ev, 1..40)
+    }
+
+    fn check(g: &LinkGroup) -> Result<(), TestCaseError> {
+        let mut ids: Vec<u8> = (0..LINK_SLOTS)
+            .filter_map(|s| g.link(s))
+            .filter(|l| l.state != LinkState::Inactive && l.link_id != 0)
+            .map(|l| l.link_id)
+            .collect();
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        prop_assert_eq!(ids.len(), n, "two live links with one id");
+        Ok(())
+    }
+
+    fn run(role: Role, v: LlcVersion, evs: Vec<Ev>) -> Result<(), TestCaseError> {
+        let mut g = lgr(role, v, true);
+        match role {
+            Role::Server => g.add_first_link(port(1, 0x11), peer_of(port(2, 0x21)), T0),
+            Role::Client => g.add_first_link(port(2, 0x21), peer_of(port(1, 0x11)), T0),
+        };
+        let first = LlcMessage::ConfirmLink(ConfirmLink::new(
+            v,
+            role == Role::Server,
+            port(9, 0).mac,
+            port(9, 0).gid,
+            0x11,
+            1,
+            0,
+            2,
+            255,
+        ));
+        g.on_llc(0, first, T0);
+        let mut now = T0;
+        let mut qpn = 0x100;
+        let mut prepared: Vec<usize> = Vec::new();
+        for ev in evs {
+            match ev {
+                Ev::Msg(s, m) => g.on_llc(s, m, now),
+                Ev::Raw(s, b) => {
+                    if let Ok(m) = LlcMessage::decode(&b) {
+                        g.on_llc(s, m, now)
+                    }
+                }
+                Ev::Wait(ms) => {
+                    now += Duration::from_millis(ms);
+                    g.on_timeout(now);
+                }
+                Ev::Fail(s) => g.on_link_failure(s),
+                Ev::Start => {
+                    if g.can_start_add_link() {
+                        let slot = g.add_slot().unwrap();
+                        qpn += 1;
+                        prop_assert!(g.start_add_link(slot, port(3, qpn), &[], now));
+                        prepared.push(slot);
+                    }
+                }
+            }
+            // the driver's part: answer offers (every other one refused)
+            while let Some(o) = g.poll_output() {
+                match o {
+                    LgrOutput::AddLinkOffer { slot, .. } => {
+                        prop_assert!(g.link(slot).is_none(), "offer for a taken slot");
+                        qpn += 1;
+                        if qpn % 2 == 0 {
+                            g.accept_add_link(port(4, qpn), &[(0x500, 0x800, 0x10)], now);
+                        } else {
+                            g.refuse_add_link();
+                        }
+                    }
+                    LgrOutput::SendLlc { msg, .. } => {
+                        // everything we send encodes and decodes
+                        prop_assert!(LlcMessage::decode(&msg.encode()).is_ok());
+                    }
+                    LgrOutput::LinkDown { slot, .. } => {
+                        g.clear_link(slot);
+                    }
+                    _ => {}
+                }
+            }
+            check(&g)?;
+        }
+        // with no more input, every flow ends within its timers
+        for _ in 0..4 {
+            now += Duration::from_secs(6);
+            g.on_timeout(now);
+            while let Some(o) = g.poll_output() {
+                if let LgrOutput::LinkDown { slot, .. } = o {
+                    g.clear_link(slot);
+                }
+            }
+        }
+        prop_assert!(
+            !g.add_flow_running(),
+            "an ADD_LINK flow outlived its timers"
+        );
+        check(&g)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+        #[test]
+        fn a_hostile_peer_cannot_break_the_add_link_flow(
+            server in any::<bool>(),
+            v2 in any::<bool>(),
+            evs in events(LlcVersion::V1),
+            evs2 in events(LlcVersion::V2_LE),
+        ) {
+            let role = if server { Role::Server } else { Role::Client };
+            if v2 {
+                run(role, LlcVersion::V2_LE, evs2)?;
+            } else {
+                run(role, LlcVersion::V1, evs)?;
+            }
+        }
+    }
+}
