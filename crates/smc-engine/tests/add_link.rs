@@ -277,3 +277,42 @@ fn an_accept_naming_a_link_deleted_meanwhile_costs_only_its_connection() {
     // the first connection still carries data
     streams(&mut w, &[&t0], 100_000, |_, _| {});
 }
+
+/// The link a reused group's connection was accepted on fails just before
+/// the client's Confirm is read (the failure not yet taken in): the server
+/// cannot ready the peer's RMB on that link, but the connection is not at
+/// fault — it fails over to the other link with its group instead of being
+/// aborted. (Simulation seed 31424, also on main, reset such a connection.)
+#[test]
+fn a_confirm_read_on_a_link_that_just_failed_fails_over_instead_of_aborting() {
+    for fail_client_too in [false, true] {
+        let mut w = world(true, true);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        assert_eq!(w.server.usable_links(ls).len(), 2);
+        let mut t1 = w.open();
+        for _ in 0..500 {
+            w.step(&mut [&mut t1]);
+            if w.client.status(t1.c) == Some(ConnStatus::Smc) {
+                break;
+            }
+        }
+        // the Confirm is out of the client, not yet read by the server
+        assert_eq!(w.client.status(t1.c), Some(ConnStatus::Smc));
+        assert_eq!(w.server.status(t1.s), Some(ConnStatus::Handshaking));
+        let slot = w.server.link_of(t1.s).unwrap();
+        w.fabric.fail_qp(w.server.link_qp_num(ls, slot).unwrap());
+        if fail_client_too {
+            let lc = w.client.link_group_of(t1.c).unwrap();
+            let cs = w.client.link_of(t1.c).unwrap();
+            w.fabric.fail_qp(w.client.link_qp_num(lc, cs).unwrap());
+        }
+        w.step(&mut [&mut t1]);
+        assert_eq!(w.server.status(t1.s), Some(ConnStatus::Smc));
+        w.settle(&mut [&mut t0, &mut t1], Duration::from_millis(2));
+        // both connections carry every byte
+        streams(&mut w, &[&t0, &t1], 100_000, |_, _| {});
+        assert_eq!(w.server.link_group_state(ls), Some(LgrState::Active));
+    }
+}
