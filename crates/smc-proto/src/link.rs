@@ -718,6 +718,11 @@ impl LinkGroup {
             LlcMessage::AddLinkCont(c) => self.on_add_link_cont(&c, now),
             LlcMessage::ReqAddLink(r) if !r.is_response() => {
                 if self.cfg.role == Role::Server {
+                    // (a v2 client's invitation: with redundancy on, the
+                    // server runs its own ADD_LINK flow when it can, §1.8)
+                    if self.redundancy.enabled {
+                        self.add_wanted = true;
+                    }
                     let msg = LlcMessage::ReqAddLink(ReqAddLink::response_to(&r));
                     self.out.push_back(LgrOutput::SendLlc { slot, msg });
                 } else {

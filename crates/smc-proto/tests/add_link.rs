@@ -653,3 +653,29 @@ mod hostile {
         }
     }
 }
+
+#[test]
+fn a_clients_req_add_link_makes_the_server_try_again() {
+    let mut p = Pair::new(LlcVersion::V2_LE, true, false);
+    p.start(port(1, 0x12), &[]);
+    p.run(T0);
+    assert_eq!(p.s.usable_links(), 1, "rejected: no alternate path");
+    assert!(!p.s.can_start_add_link());
+    // the client got a second port and invites the server (v2 REQ_ADD_LINK)
+    let req = smc_wire::llc::ReqAddLink {
+        version: LlcVersion::V2_LE,
+        flags: 0,
+        gids: vec![port(4, 0).gid],
+    };
+    p.s.on_llc(0, LlcMessage::ReqAddLink(req), T0);
+    assert!(p.s.can_start_add_link());
+    p.c.set_redundancy(Redundancy {
+        enabled: true,
+        alternate: true,
+    });
+    p.client_port = port(4, 0x22);
+    p.start(port(1, 0x13), &[]);
+    p.run(T0);
+    assert_eq!(p.s.usable_links(), 2);
+    assert_eq!(p.c.usable_links(), 2);
+}
