@@ -262,6 +262,7 @@ extern "C" fn init() {
             .filter(|(k, _)| k.to_str().is_some_and(|k| k.starts_with("SMC_")))
             .collect(),
     );
+    let _ = STATE_FILE.set(open_state_file());
     // SAFETY: registers handlers that take and release the table's lock
     // around the fork and store to atomics (the child's is async-signal
     // safe, as a child of a multi-threaded process needs: a futex unlock
@@ -375,16 +376,27 @@ fn report(role: &str, s: &SmcStream) {
     if debug() {
         eprintln!("libsmc-preload: {line}");
     }
-    if let Some(path) = std::env::var_os("SMC_RUN_STATE") {
+    if let Some(Some(f)) = STATE_FILE.get() {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path)
-        {
-            let _ = f.write_all(format!("{line}\n").as_bytes());
-        }
+        // (one write of an O_APPEND file: lines of processes sharing it stay whole)
+        let _ = (&*f).write_all(format!("{line}\n").as_bytes());
     }
+}
+
+/// The `SMC_RUN_STATE` file, opened when the library is loaded: a process
+/// that drops privileges later (nginx's workers, as www-data) still writes
+/// to the file its root parent could open, through the inherited
+/// descriptor (close-on-exec, numbered as the library's own).
+static STATE_FILE: OnceLock<Option<std::fs::File>> = OnceLock::new();
+
+fn open_state_file() -> Option<std::fs::File> {
+    let path = std::env::var_os("SMC_RUN_STATE")?;
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .ok()?;
+    Some(dup_own(f.as_raw_fd()).map(std::fs::File::from).unwrap_or(f))
 }
 
 /// A size from `SMC_SNDBUF` / `SMC_RCVBUF`: digits, optional k/m suffix.

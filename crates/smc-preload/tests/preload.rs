@@ -633,27 +633,79 @@ fn ok_output(what: &str, out: &Output) -> String {
 /// not) and redis-cli reading back what the benchmark wrote; a background
 /// save (a forked child) while the server keeps serving.
 fn redis(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    redis_as(tag, server_preload, client_preload, None)
+}
+
+/// `cmd` run as `user` instead (its own uid, gid and groups: `setpriv`, as
+/// an init system starts a service), from a directory it can reach.
+fn as_user(cmd: Command, user: Option<&str>) -> Command {
+    let Some(user) = user else { return cmd };
+    let mut c = Command::new("setpriv");
+    c.args([
+        &format!("--reuid={user}"),
+        &format!("--regid={user}"),
+        "--init-groups",
+        "--",
+    ])
+    .arg(cmd.get_program())
+    .args(cmd.get_args())
+    .current_dir("/");
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.env_remove("XDG_RUNTIME_DIR");
+    c
+}
+
+/// redis as above; with `user`, redis-server runs as that user (as Debian's
+/// service does) and keeps its data in a directory of that user's.
+fn redis_as(tag: &str, server_preload: bool, client_preload: bool, user: Option<&str>) -> Setup {
     let s = setup(tag);
+    let _open = user.map(|_| OpenToUsers::new(&s));
+    let data = match user {
+        None => s.dir.clone(),
+        Some(user) => {
+            let data = s.dir.join("data");
+            std::fs::create_dir(&data).unwrap();
+            let st = Command::new("chown")
+                .args([&format!("{user}:"), data.to_str().unwrap()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+            // the record every process of the run appends to
+            std::fs::write(s.dir.join("state"), "").unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(s.dir.join("state"), std::fs::Permissions::from_mode(0o666))
+                .unwrap();
+            data
+        }
+    };
     let port = free_port().to_string();
     let mut srv = Server(
-        under(
-            &s,
-            server_preload,
-            &program("redis-server"),
-            &[
-                "--port",
-                &port,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--dir",
-                &s.dir.display().to_string(),
-            ],
+        as_user(
+            under(
+                &s,
+                server_preload,
+                &program("redis-server"),
+                &[
+                    "--port",
+                    &port,
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--daemonize",
+                    "no",
+                    "--dir",
+                    &data.display().to_string(),
+                ],
+            ),
+            user,
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -734,7 +786,21 @@ fn redis(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
         assert!(Instant::now() < end, "{info}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(s.dir.join("dump.rdb").exists());
+    assert!(data.join("dump.rdb").exists());
+    if let Some(user) = user {
+        // (the server, not setpriv, is the child: setpriv execs it)
+        let st = std::fs::read_to_string(format!("/proc/{}/status", srv.0.id())).unwrap();
+        let uid = String::from_utf8(
+            Command::new("id")
+                .args(["-u", user])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let line = st.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        assert_eq!(line.split_whitespace().nth(1), Some(uid.trim()), "{line}");
+    }
     let got = under(&s, client_preload, &cli, &["-p", &port, "get", "smc"])
         .output()
         .unwrap();
@@ -748,6 +814,16 @@ fn redis_server_and_benchmark_over_smc_r() {
     let s = redis("redis", true, true);
     // 2 x (50 clients and the benchmark's own) + 3 redis-cli, both ends
     assert_all(&s, 2 * (2 * 51 + 3), " SMC-R");
+}
+
+/// redis-server as the `redis` user (Debian's service), the rendezvous
+/// opened to users by its install: every connection SMC-R.
+#[test]
+fn redis_server_as_an_ordinary_user_over_smc_r() {
+    let s = redis_as("redis-user", true, true, Some("redis"));
+    assert_all(&s, 2 * (2 * 51 + 3), " SMC-R");
+    // the server's own record (its accepts) is there
+    assert!(s.modes().iter().filter(|m| m.starts_with("accept")).count() >= 2 * 51 + 3);
 }
 
 #[test]
@@ -901,7 +977,64 @@ fn sockperf_with_one_side_plain_falls_back() {
 /// socket: it crosses fork()) serving a file with sendfile, fetched by curl
 /// (hash) and wrk.
 fn nginx(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    nginx_as(tag, server_preload, client_preload, None)
+}
+
+/// The tests that open the rendezvous to every user change the host's
+/// access: one at a time (as crates/smc/tests/unprivileged.rs does; cargo
+/// runs test binaries one after the other).
+static ADMIN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// What `smc-rendezvous install` does (the rendezvous open to every user),
+/// with the run's shm rundir and registry made as for every user; undone on
+/// drop.
+struct OpenToUsers {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    prev_access: smc_bpf::Access,
+    prev_bpffs_mode: u32,
+}
+
+impl OpenToUsers {
+    fn new(s: &Setup) -> OpenToUsers {
+        use std::os::unix::fs::PermissionsExt;
+        let serial = ADMIN.lock().unwrap_or_else(|e| e.into_inner());
+        let cfg = smc_bpf::Config::default();
+        smc_bpf::Rendezvous::open_with(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let prev_access = smc_bpf::access_of(&cfg.namespace_dir()).unwrap();
+        let prev_bpffs_mode = std::fs::metadata(&cfg.bpffs).unwrap().permissions().mode();
+        smc_bpf::set_access(&cfg, smc_bpf::Access::Everyone).unwrap_or_else(|e| panic!("{e}"));
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(&s.dir, 0o755);
+        // (as the shm device makes its rundir)
+        let _ = std::fs::remove_dir_all(s.dir.join("run"));
+        smc_rdma::shm::registry::create_rundir(&s.dir.join("run")).unwrap();
+        OpenToUsers {
+            _serial: serial,
+            prev_access,
+            prev_bpffs_mode,
+        }
+    }
+}
+
+impl Drop for OpenToUsers {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        let cfg = smc_bpf::Config::default();
+        let _ = smc_bpf::set_access(&cfg, self.prev_access);
+        let _ = std::fs::set_permissions(
+            &cfg.bpffs,
+            std::fs::Permissions::from_mode(self.prev_bpffs_mode),
+        );
+    }
+}
+
+/// nginx as above; with `user`, its workers run as that user (Debian's
+/// default: `user www-data;`, the master stays root).
+fn nginx_as(tag: &str, server_preload: bool, client_preload: bool, user: Option<&str>) -> Setup {
     let s = setup(tag);
+    let _open = user.map(|_| OpenToUsers::new(&s));
     let www = s.dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
     let body = blob(2 << 20);
@@ -913,13 +1046,14 @@ fn nginx(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
     std::fs::write(
         &conf,
         format!(
-            "daemon off;\nmaster_process on;\nworker_processes 2;\nuser root;\n\
+            "daemon off;\nmaster_process on;\nworker_processes 2;\nuser {user};\n\
              pid {d}/nginx.pid;\nerror_log {d}/error.log notice;\n\
              events {{ worker_connections 256; }}\n\
              http {{\n access_log off;\n sendfile on;\n\
              client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n\
              fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
-             server {{\n  listen 127.0.0.1:{port};\n  root {d}/www;\n }}\n}}\n"
+             server {{\n  listen 127.0.0.1:{port};\n  root {d}/www;\n }}\n}}\n",
+            user = user.unwrap_or("root")
         ),
     )
     .unwrap();
@@ -945,6 +1079,34 @@ fn nginx(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
     {
         assert!(Instant::now() < end, "nginx did not start its workers");
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(user) = user {
+        // the workers (children of the master) run as `user`
+        let uid = String::from_utf8(
+            Command::new("id")
+                .args(["-u", user])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let master = srv.0.id().to_string();
+        let field = |st: &str, k: &str| {
+            st.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .unwrap_or("")
+                .to_string()
+        };
+        let workers: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+            .filter(|st| field(st, "PPid:") == master)
+            .map(|st| field(&st, "Uid:"))
+            .collect();
+        assert_eq!(workers.len(), 2, "{workers:?}");
+        assert!(workers.iter().all(|u| *u == uid.trim()), "{workers:?}");
     }
     let url = format!("http://127.0.0.1:{port}/blob");
     let out = under(
@@ -1024,6 +1186,24 @@ fn nginx_master_and_workers_with_curl_and_wrk_over_smc_r() {
         .map(|l| l.split(' ').next().unwrap().to_string())
         .collect();
     assert!(!accepts.is_empty(), "{modes:?}");
+    assert!(accepts.iter().all(|p| *p != master.trim()), "{accepts:?}");
+}
+
+/// Debian's default: the master as root, the two workers as www-data (the
+/// rendezvous opened to users by its install); every connection SMC-R, and
+/// the workers' own record of each says so.
+#[test]
+fn nginx_with_workers_as_www_data_over_smc_r() {
+    let s = nginx_as("nginx-www-data", true, true, Some("www-data"));
+    assert_all(&s, 2 * 21, " SMC-R");
+    let master = std::fs::read_to_string(s.dir.join("nginx.pid")).unwrap_or_default();
+    let accepts: Vec<String> = std::fs::read_to_string(s.dir.join("state"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" accept "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    assert!(!accepts.is_empty());
     assert!(accepts.iter().all(|p| *p != master.trim()), "{accepts:?}");
 }
 
