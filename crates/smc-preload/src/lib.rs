@@ -41,6 +41,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod select;
+
 use libc::{
     c_int, c_ulong, c_void, iovec, msghdr, nfds_t, pollfd, size_t, sockaddr, socklen_t, ssize_t,
 };
@@ -367,12 +369,15 @@ fn report(role: &str, s: &SmcStream) {
         Mode::Tcp(f) => format!("TCP {:#010x} {f}", f.code()),
     };
     let addr = |a: io::Result<SocketAddr>| a.map_or_else(|_| "?".into(), |a| a.to_string());
-    let line = format!(
+    report_line(&format!(
         "{} {role} {} {} {how}",
         std::process::id(),
         addr(s.local_addr()),
         addr(s.peer_addr())
-    );
+    ));
+}
+
+fn report_line(line: &str) {
     if debug() {
         eprintln!("libsmc-preload: {line}");
     }
@@ -462,10 +467,64 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         }
     }
     if is_tcp(domain, ty, proto) && !FORKED.load(Ordering::Acquire) {
-        let opted = smc::opt_in(borrow(fd));
+        // (with SMC_RUN_PORTS/DESTS the opt-in waits for the address: see `selected`)
+        let opted = selection().is_all() && smc::opt_in(borrow(fd));
         drop(insert(fd, Entry::Fresh { opted }));
     }
     fd
+}
+
+/// `SMC_RUN_PORTS` and `SMC_RUN_DESTS` (see [`select`]), read once. Lists
+/// the library cannot read convert nothing (`smc_run` refuses them before
+/// the program starts).
+fn selection() -> &'static select::Select {
+    static S: OnceLock<select::Select> = OnceLock::new();
+    S.get_or_init(|| {
+        let var = |k| std::env::var(k).ok();
+        let (p, d) = (var("SMC_RUN_PORTS"), var("SMC_RUN_DESTS"));
+        select::Select::from_env(p.as_deref(), d.as_deref()).unwrap_or_else(|e| {
+            eprintln!("libsmc-preload: {e}: no socket is converted");
+            select::Select {
+                ports: Some(Vec::new()),
+                dests: None,
+            }
+        })
+    })
+}
+
+/// Under `SMC_RUN_PORTS`/`SMC_RUN_DESTS`: whether `fd`, about to connect
+/// or listen (`verdict`), is converted. It is opted in to the SMC option
+/// now, before its SYN or SYN-ACK, if so (`Ok(opted)`); if not it leaves
+/// the table and the kernel serves it (`Err(list that excluded it)`).
+/// Without a limit the opt-in was made at `socket()`.
+fn selected(
+    fd: RawFd,
+    opted: bool,
+    verdict: Result<(), &'static str>,
+) -> Result<bool, &'static str> {
+    if selection().is_all() {
+        return Ok(opted);
+    }
+    match verdict {
+        Ok(()) => Ok(smc::opt_in(borrow(fd))),
+        Err(list) => {
+            drop(remove(fd));
+            Err(list)
+        }
+    }
+}
+
+/// The report of a socket left to the kernel by `SMC_RUN_PORTS`/`DESTS`.
+fn report_unselected(role: &str, fd: RawFd, peer: Option<SocketAddr>, list: &str) {
+    let local = rustix::net::getsockname(borrow(fd))
+        .ok()
+        .and_then(|a| SocketAddr::try_from(a).ok())
+        .map_or_else(|| "?".into(), |a| a.to_string());
+    let peer = peer.map_or_else(|| "-".into(), |a| a.to_string());
+    report_line(&format!(
+        "{} {role} {local} {peer} TCP (not selected by {list})",
+        std::process::id()
+    ));
 }
 
 /// The address `addr` points to, if it is an IPv4 or IPv6 one.
@@ -564,11 +623,22 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         return unsafe { real_connect(fd, addr, len) };
     };
     // SAFETY: the caller's address of `len` bytes.
-    if unsafe { sockaddr_of(addr, len) }.is_none() {
+    let Some(to) = (unsafe { sockaddr_of(addr, len) }) else {
         drop(remove(fd));
         // SAFETY: as above.
         return unsafe { real_connect(fd, addr, len) };
-    }
+    };
+    let opted = match selected(fd, opted, selection().connect(to)) {
+        Ok(opted) => opted,
+        Err(list) => {
+            // SAFETY: as above.
+            let r = unsafe { real_connect(fd, addr, len) };
+            let e = errno();
+            report_unselected("connect", fd, Some(to), list);
+            set_errno(e);
+            return r;
+        }
+    };
     USED.store(true, Ordering::Release);
     restore_env();
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
@@ -735,10 +805,28 @@ fn adopt(fd: RawFd, s: SmcStream, nonblock: bool) {
 
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    // SAFETY: the caller's arguments, unchanged (so for every call below).
-    let r = unsafe { real!(listen: fn(c_int, c_int) -> c_int)(fd, backlog) };
+    let real_listen = real!(listen: fn(c_int, c_int) -> c_int);
     let Some(Entry::Fresh { opted }) = get(fd) else {
-        return r;
+        // SAFETY: the caller's arguments, unchanged (so for every call below).
+        return unsafe { real_listen(fd, backlog) };
+    };
+    // (before the real listen: a SYN may come at once; an unbound socket
+    // has port 0 here, and gets a port no list names)
+    let port = rustix::net::getsockname(borrow(fd))
+        .ok()
+        .and_then(|a| SocketAddr::try_from(a).ok())
+        .map_or(0, |a| a.port());
+    let selected = selected(fd, opted, selection().listen(port));
+    // SAFETY: as above.
+    let r = unsafe { real_listen(fd, backlog) };
+    let opted = match selected {
+        Ok(opted) => opted,
+        Err(list) => {
+            if r == 0 {
+                report_unselected("listen", fd, None, list);
+            }
+            return r;
+        }
     };
     if r != 0 {
         return r;

@@ -346,6 +346,144 @@ fn http_server_and_curl(tag: &str, server_preload: bool, client_preload: bool) -
     s
 }
 
+/// python3's http.server on a port of ours and curl, both under smc_run
+/// with `srv_env` and `cli_env`; returns the run and curl's stderr (where
+/// `-d` says how each connection runs).
+fn http_selected(
+    tag: &str,
+    srv_env: &[(&str, String)],
+    cli_env: &[(&str, String)],
+) -> (Setup, u16, String) {
+    let s = setup(tag);
+    let www = s.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let body = blob(1 << 20);
+    std::fs::write(www.join("blob"), &body).unwrap();
+    let port = free_port();
+    let mut srv = under(
+        &s,
+        true,
+        &program("python3"),
+        &[
+            "-u",
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+        ],
+    );
+    srv.arg(&www)
+        .envs(srv_env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = Server(srv.spawn().unwrap());
+    wait_for_line(&mut child.0, "Serving HTTP");
+    let url = format!("http://127.0.0.1:{port}/blob");
+    let out = Command::new(SMC_RUN)
+        .args(["-d", program("curl").to_str().unwrap(), "-sf", &url])
+        .env("SMC_RDMA_SHM_CONFIG", s.dir.join("shm.conf"))
+        .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
+        .env("SMC_RUN_STATE", s.dir.join("state"))
+        .env_remove("LD_PRELOAD")
+        .envs(cli_env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl: {:?}", out.status);
+    assert_eq!(sha256(&out.stdout), sha256(&body), "the body curl got");
+    drop(child);
+    (s, port, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `SMC_RUN_PORTS` / `SMC_RUN_DESTS` (`smc_run -p` / `-a`): connections and
+/// listeners outside the lists stay plain TCP (no SMC option in their SYN
+/// or SYN-ACK, so the peer falls back too), those inside get SMC-R; `-d`
+/// says which and why for each connection.
+#[test]
+fn ports_and_destinations_limit_what_is_converted() {
+    let v = |s: &str| s.to_string();
+    // a client whose destination port is not listed
+    let (s, _, err) = http_selected("sel-port", &[], &[("SMC_RUN_PORTS", v("1-1000"))]);
+    let m = s.modes();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().any(|l| l.starts_with("connect") && l.ends_with("TCP (not selected by SMC_RUN_PORTS)")), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("accept") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    assert!(err.contains("TCP (not selected by SMC_RUN_PORTS)"), "{err}");
+    // a client whose destination address is not listed
+    let (s, _, _) = http_selected("sel-dest", &[], &[("SMC_RUN_DESTS", v("10.0.0.0/8,::1"))]);
+    let m = s.modes();
+    assert!(m.iter().any(|l| l.starts_with("connect") && l.ends_with("TCP (not selected by SMC_RUN_DESTS)")), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("accept") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    // a server whose port is not listed: its listener stays TCP
+    let (s, port, _) = http_selected("sel-listen", &[("SMC_RUN_PORTS", v("1"))], &[]);
+    let m = s.modes();
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with(&format!("listen 127.0.0.1:{port} - TCP (not selected"))),
+        "{m:?}"
+    );
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("connect") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    assert!(!m.iter().any(|l| l.starts_with("accept")), "{m:?}");
+    // both lists naming the connection: SMC-R both ends
+    let (s, _, err) = http_selected(
+        "sel-both",
+        &[("SMC_RUN_PORTS", v("1024-65535"))],
+        &[
+            ("SMC_RUN_PORTS", v("1024-65535")),
+            ("SMC_RUN_DESTS", v("127.0.0.0/8")),
+        ],
+    );
+    let m = s.modes();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
+    assert!(err.contains(" SMC-R"), "{err}");
+}
+
+/// `smc_run -p` / `-a` set the lists; lists it cannot read are refused
+/// before the command runs.
+#[test]
+fn smc_run_checks_and_passes_the_lists() {
+    let e = smc_run(&[
+        "-p",
+        "80,8000-8100",
+        "-a",
+        "10.0.0.0/8",
+        "sh",
+        "-c",
+        "echo $SMC_RUN_PORTS $SMC_RUN_DESTS",
+    ]);
+    assert!(e.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&e.stdout),
+        "80,8000-8100 10.0.0.0/8\n"
+    );
+    let b = smc_run(&["-p", "80-70", "true"]);
+    assert_eq!(b.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&b.stderr).starts_with("smc_run: Error: invalid port range"));
+    let b = Command::new(SMC_RUN)
+        .args(["true"])
+        .env("SMC_RUN_DESTS", "10.0.0.0/40")
+        .output()
+        .unwrap();
+    assert_eq!(b.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&b.stderr).contains("invalid address or prefix"));
+    let h = smc_run(&["-h"]);
+    assert!(String::from_utf8_lossy(&h.stdout).contains("-p <PORTS>"));
+}
+
 #[test]
 fn python_http_server_and_curl_over_smc_r() {
     let s = http_server_and_curl("http", true, true);

@@ -1,4 +1,5 @@
-//! `smc_run [-d] [-h] [-r SIZE] [-t SIZE] [-v] COMMAND [ARGS]`: runs COMMAND
+//! `smc_run [-d] [-h] [-r SIZE] [-t SIZE] [-v] [-p PORTS] [-a DESTS] COMMAND
+//! [ARGS]`: runs COMMAND
 //! with its TCP sockets over SMC-R where both ends can (`tools.md` §2.1:
 //! smc-tools' options, messages and exit codes). It preloads
 //! `libsmc_preload.so` from this workspace, found next to this program (cargo
@@ -19,7 +20,19 @@ Run COMMAND using SMC for TCP sockets
    -r <SIZE>  request receive buffer size in Bytes
    -t <SIZE>  request transmit buffer size in Bytes
    -v         display version info
+   -p <PORTS> convert only connections to, and listeners on, these ports
+              (e.g. 6379,8000-8100; sets SMC_RUN_PORTS)
+   -a <DESTS> convert only connections to these addresses or prefixes
+              (e.g. 10.0.0.0/8,fd00::/8; sets SMC_RUN_DESTS)
+
+Other TCP sockets stay plain TCP. With -d (SMC_DEBUG) each connection
+prints one line: SMC-R, or TCP and the reason.
 ";
+
+// (the bin uses the parsers only)
+#[allow(dead_code)]
+#[path = "../select.rs"]
+mod select;
 
 const LIB: &str = "libsmc_preload.so";
 
@@ -79,7 +92,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut debug = false;
     let mut i = 0;
-    // getopt "dhr:t:v", stopping at the first operand (the command)
+    // getopt "dhr:t:vp:a:", stopping at the first operand (the command)
     while i < args.len() {
         let a = &args[i];
         if a == "--" {
@@ -105,7 +118,7 @@ fn main() {
                     );
                     exit(0)
                 }
-                c @ ('r' | 't') => {
+                c @ ('r' | 't' | 'p' | 'a') => {
                     let rest: String = flags[k + 1..].iter().collect();
                     let val = if !rest.is_empty() {
                         rest
@@ -119,6 +132,19 @@ fn main() {
                             }
                         }
                     };
+                    if c == 'p' || c == 'a' {
+                        let (var, ok) = if c == 'p' {
+                            ("SMC_RUN_PORTS", select::parse_ports(&val).map(|_| ()))
+                        } else {
+                            ("SMC_RUN_DESTS", select::parse_dests(&val).map(|_| ()))
+                        };
+                        if let Err(e) = ok {
+                            fail(&e)
+                        }
+                        std::env::set_var(var, &val);
+                        k = flags.len();
+                        continue;
+                    }
                     let Some(bytes) = size(&val) else {
                         eprintln!("Error: Invalid buffer size specified: '{val}'");
                         exit(1)
@@ -142,6 +168,12 @@ fn main() {
     let Some(cmd) = args.get(i) else {
         fail("Missing command parameter")
     };
+    // (lists from the environment are checked as the options are)
+    let ports = std::env::var("SMC_RUN_PORTS").ok();
+    let dests = std::env::var("SMC_RUN_DESTS").ok();
+    if let Err(e) = select::Select::from_env(ports.as_deref(), dests.as_deref()) {
+        fail(&e)
+    }
     std::env::set_var("SMC_DEBUG", if debug { "1" } else { "0" });
     let Some(lib) = library() else {
         fail(&format!(
