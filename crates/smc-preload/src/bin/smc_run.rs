@@ -66,9 +66,11 @@ fn raise_sysctl(name: &str, bytes: u64) {
     }
 }
 
-/// The preload library: `SMC_PRELOAD_LIB`, else next to this program (an
-/// install, or `cargo build`'s `target/<profile>/`), else in `deps/` below
-/// it, else in `../lib/`.
+/// The preload library: `SMC_PRELOAD_LIB`, else next to this program
+/// (`cargo build`'s `target/<profile>/`), else in `deps/` below it, else in
+/// `../lib/<multiarch>/` or `../lib/` (an install: `install.sh` puts
+/// `bin/smc_run` and `lib/<multiarch>/libsmc_preload.so` under a prefix, as
+/// Debian puts libraries in `/usr/lib/x86_64-linux-gnu/`).
 fn library() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("SMC_PRELOAD_LIB") {
         return Some(PathBuf::from(p));
@@ -79,6 +81,7 @@ fn library() -> Option<PathBuf> {
     [
         dir.join(LIB),
         dir.join("deps").join(LIB),
+        dir.join("../lib").join(multiarch()).join(LIB),
         dir.join("../lib").join(LIB),
     ]
     .into_iter()
@@ -86,6 +89,16 @@ fn library() -> Option<PathBuf> {
     .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
     .max_by_key(|(t, _)| *t)
     .map(|(_, p)| p)
+}
+
+/// Debian's multiarch directory name of this build (`x86_64-linux-gnu`).
+fn multiarch() -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86" => "i386",
+        "powerpc64" => "powerpc64le",
+        a => a,
+    };
+    format!("{arch}-linux-gnu")
 }
 
 fn main() {
