@@ -265,6 +265,7 @@ extern "C" fn init() {
             .collect(),
     );
     let _ = STATE_FILE.set(open_state_file());
+    adopt_inherited_listeners();
     // SAFETY: registers handlers that take and release the table's lock
     // around the fork and store to atomics (the child's is async-signal
     // safe, as a child of a multi-threaded process needs: a futex unlock
@@ -272,6 +273,61 @@ extern "C" fn init() {
     unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
     // SAFETY: registers a plain function to run at exit.
     unsafe { libc::atexit(at_exit) };
+}
+
+/// Listening TCP sockets this image inherited across exec (file ids), not
+/// looked at yet (see [`adopt_inherited_listeners`]).
+static INHERITED: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// A listening TCP socket inherited across exec (nginx's binary upgrade,
+/// an exec of the process itself) may be opted in to the SMC option by the
+/// image before: the kernel then offers SMC in its SYN-ACKs, and a plain
+/// `accept()` would hand the program connections whose peer speaks CLC
+/// first. So each one starts as a listening socket of the library's
+/// (`Entry::Passive`); at its first use, one that is not opted in (socket
+/// activation, a program without the library before) goes back to the
+/// kernel.
+fn adopt_inherited_listeners() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    use rustix::net::sockopt;
+    for fd in fds {
+        let b = borrow(fd);
+        let listening_tcp = sockopt::socket_acceptconn(b).unwrap_or(false)
+            && sockopt::socket_type(b).is_ok_and(|t| t == rustix::net::SocketType::STREAM)
+            && sockopt::socket_domain(b).is_ok_and(|d| {
+                d == rustix::net::AddressFamily::INET || d == rustix::net::AddressFamily::INET6
+            })
+            && sockopt::socket_protocol(b)
+                .is_ok_and(|p| p.is_none_or(|p| p == rustix::net::ipproto::TCP));
+        if !listening_tcp {
+            continue;
+        }
+        if let Some(id) = file_id(b) {
+            INHERITED.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+            drop(insert(fd, Entry::Passive));
+        }
+    }
+}
+
+/// Whether `fd` is an inherited listening socket not looked at yet (it is
+/// looked at now).
+fn was_inherited(fd: RawFd) -> bool {
+    let mut l = INHERITED.lock().unwrap_or_else(|e| e.into_inner());
+    if l.is_empty() {
+        return false;
+    }
+    let Some(id) = file_id(borrow(fd)) else {
+        return false;
+    };
+    let before = l.len();
+    l.retain(|&x| x != id);
+    l.len() != before
 }
 
 /// Runs [`init`] when the library is loaded.
@@ -848,6 +904,11 @@ fn activate(fd: RawFd) -> Option<Entry> {
     let Some(Entry::Passive) = get(fd) else {
         return get(fd);
     };
+    if was_inherited(fd) && !smc::is_opted_in(borrow(fd)) {
+        // (its SYN-ACKs carry no SMC option: the kernel serves it)
+        drop(remove(fd));
+        return None;
+    }
     USED.store(true, Ordering::Release);
     restore_env();
     let flags = real_fcntl(fd, libc::F_GETFL, 0);

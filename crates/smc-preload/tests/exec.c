@@ -1,6 +1,9 @@
 /* What a new image finds on an inherited descriptor of an SMC-R connection
  * (tests/preload.rs). Knows nothing of SMC.
  *   exec server PORTFILE     accepts one connection, echoes it, says how it ended
+ *   exec server-exec PORTFILE  the same, after an exec that the listening
+ *                            socket crosses
+ *   exec pings PORT          two pings, then close
  *   exec client PORT fork    pings, forks a child that execs `after` on the
  *                            connection's descriptor, then pings again
  *   exec client PORT self    pings, then execs `after` itself
@@ -26,7 +29,9 @@ static const char *err(ssize_t r) {
     return errno == ENOTCONN ? "ENOTCONN" : errno == EPIPE ? "EPIPE" : errno == EAGAIN ? "EAGAIN" : strerror(errno);
 }
 
-static int server(const char *portfile) {
+static int serve(int l);
+
+static int server(const char *portfile, const char *then_exec) {
     int l = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
@@ -36,6 +41,18 @@ static int server(const char *portfile) {
     if (!f) die("portfile");
     fprintf(f, "%d\n", ntohs(a.sin_port));
     fclose(f);
+    if (then_exec) {
+        /* the listening socket crosses the exec (as in nginx's upgrade) */
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", l);
+        fflush(stdout);
+        execv(then_exec, (char *[]){(char *)then_exec, "serve", fd, NULL});
+        die("execv");
+    }
+    return serve(l);
+}
+
+static int serve(int l) {
     int c = accept(l, NULL, NULL);
     if (c < 0) die("accept");
     char buf[256];
@@ -89,6 +106,17 @@ static int client(int port, const char *mode, const char *self) {
     return 0;
 }
 
+static int pings(int port) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a)) die("connect");
+    ping(s, "ping1");
+    ping(s, "ping2");
+    close(s);
+    printf("pings ok\n");
+    return 0;
+}
+
 static int after(int fd) {
     signal(SIGPIPE, SIG_IGN);
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLOUT};
@@ -108,7 +136,10 @@ static int after(int fd) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc >= 3 && !strcmp(argv[1], "server")) return server(argv[2]);
+    if (argc >= 3 && !strcmp(argv[1], "server")) return server(argv[2], NULL);
+    if (argc >= 3 && !strcmp(argv[1], "server-exec")) return server(argv[2], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "pings")) return pings(atoi(argv[2]));
     if (argc >= 4 && !strcmp(argv[1], "client")) return client(atoi(argv[2]), argv[3], argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "after")) return after(atoi(argv[2]));
     fprintf(stderr, "usage: see exec.c\n");
