@@ -41,6 +41,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::missing_safety_doc)]
 
+pub mod select;
+
 use libc::{
     c_int, c_ulong, c_void, iovec, msghdr, nfds_t, pollfd, size_t, sockaddr, socklen_t, ssize_t,
 };
@@ -262,6 +264,8 @@ extern "C" fn init() {
             .filter(|(k, _)| k.to_str().is_some_and(|k| k.starts_with("SMC_")))
             .collect(),
     );
+    let _ = STATE_FILE.set(open_state_file());
+    adopt_inherited_listeners();
     // SAFETY: registers handlers that take and release the table's lock
     // around the fork and store to atomics (the child's is async-signal
     // safe, as a child of a multi-threaded process needs: a futex unlock
@@ -269,6 +273,61 @@ extern "C" fn init() {
     unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
     // SAFETY: registers a plain function to run at exit.
     unsafe { libc::atexit(at_exit) };
+}
+
+/// Listening TCP sockets this image inherited across exec (file ids), not
+/// looked at yet (see [`adopt_inherited_listeners`]).
+static INHERITED: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// A listening TCP socket inherited across exec (nginx's binary upgrade,
+/// an exec of the process itself) may be opted in to the SMC option by the
+/// image before: the kernel then offers SMC in its SYN-ACKs, and a plain
+/// `accept()` would hand the program connections whose peer speaks CLC
+/// first. So each one starts as a listening socket of the library's
+/// (`Entry::Passive`); at its first use, one that is not opted in (socket
+/// activation, a program without the library before) goes back to the
+/// kernel.
+fn adopt_inherited_listeners() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    use rustix::net::sockopt;
+    for fd in fds {
+        let b = borrow(fd);
+        let listening_tcp = sockopt::socket_acceptconn(b).unwrap_or(false)
+            && sockopt::socket_type(b).is_ok_and(|t| t == rustix::net::SocketType::STREAM)
+            && sockopt::socket_domain(b).is_ok_and(|d| {
+                d == rustix::net::AddressFamily::INET || d == rustix::net::AddressFamily::INET6
+            })
+            && sockopt::socket_protocol(b)
+                .is_ok_and(|p| p.is_none_or(|p| p == rustix::net::ipproto::TCP));
+        if !listening_tcp {
+            continue;
+        }
+        if let Some(id) = file_id(b) {
+            INHERITED.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+            drop(insert(fd, Entry::Passive));
+        }
+    }
+}
+
+/// Whether `fd` is an inherited listening socket not looked at yet (it is
+/// looked at now).
+fn was_inherited(fd: RawFd) -> bool {
+    let mut l = INHERITED.lock().unwrap_or_else(|e| e.into_inner());
+    if l.is_empty() {
+        return false;
+    }
+    let Some(id) = file_id(borrow(fd)) else {
+        return false;
+    };
+    let before = l.len();
+    l.retain(|&x| x != id);
+    l.len() != before
 }
 
 /// Runs [`init`] when the library is loaded.
@@ -366,25 +425,39 @@ fn report(role: &str, s: &SmcStream) {
         Mode::Tcp(f) => format!("TCP {:#010x} {f}", f.code()),
     };
     let addr = |a: io::Result<SocketAddr>| a.map_or_else(|_| "?".into(), |a| a.to_string());
-    let line = format!(
+    report_line(&format!(
         "{} {role} {} {} {how}",
         std::process::id(),
         addr(s.local_addr()),
         addr(s.peer_addr())
-    );
+    ));
+}
+
+fn report_line(line: &str) {
     if debug() {
         eprintln!("libsmc-preload: {line}");
     }
-    if let Some(path) = std::env::var_os("SMC_RUN_STATE") {
+    if let Some(Some(f)) = STATE_FILE.get() {
         use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path)
-        {
-            let _ = f.write_all(format!("{line}\n").as_bytes());
-        }
+        // (one write of an O_APPEND file: lines of processes sharing it stay whole)
+        let _ = (&*f).write_all(format!("{line}\n").as_bytes());
     }
+}
+
+/// The `SMC_RUN_STATE` file, opened when the library is loaded: a process
+/// that drops privileges later (nginx's workers, as www-data) still writes
+/// to the file its root parent could open, through the inherited
+/// descriptor (close-on-exec, numbered as the library's own).
+static STATE_FILE: OnceLock<Option<std::fs::File>> = OnceLock::new();
+
+fn open_state_file() -> Option<std::fs::File> {
+    let path = std::env::var_os("SMC_RUN_STATE")?;
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .ok()?;
+    Some(dup_own(f.as_raw_fd()).map(std::fs::File::from).unwrap_or(f))
 }
 
 /// A size from `SMC_SNDBUF` / `SMC_RCVBUF`: digits, optional k/m suffix.
@@ -450,10 +523,64 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
         }
     }
     if is_tcp(domain, ty, proto) && !FORKED.load(Ordering::Acquire) {
-        let opted = smc::opt_in(borrow(fd));
+        // (with SMC_RUN_PORTS/DESTS the opt-in waits for the address: see `selected`)
+        let opted = selection().is_all() && smc::opt_in(borrow(fd));
         drop(insert(fd, Entry::Fresh { opted }));
     }
     fd
+}
+
+/// `SMC_RUN_PORTS` and `SMC_RUN_DESTS` (see [`select`]), read once. Lists
+/// the library cannot read convert nothing (`smc_run` refuses them before
+/// the program starts).
+fn selection() -> &'static select::Select {
+    static S: OnceLock<select::Select> = OnceLock::new();
+    S.get_or_init(|| {
+        let var = |k| std::env::var(k).ok();
+        let (p, d) = (var("SMC_RUN_PORTS"), var("SMC_RUN_DESTS"));
+        select::Select::from_env(p.as_deref(), d.as_deref()).unwrap_or_else(|e| {
+            eprintln!("libsmc-preload: {e}: no socket is converted");
+            select::Select {
+                ports: Some(Vec::new()),
+                dests: None,
+            }
+        })
+    })
+}
+
+/// Under `SMC_RUN_PORTS`/`SMC_RUN_DESTS`: whether `fd`, about to connect
+/// or listen (`verdict`), is converted. It is opted in to the SMC option
+/// now, before its SYN or SYN-ACK, if so (`Ok(opted)`); if not it leaves
+/// the table and the kernel serves it (`Err(list that excluded it)`).
+/// Without a limit the opt-in was made at `socket()`.
+fn selected(
+    fd: RawFd,
+    opted: bool,
+    verdict: Result<(), &'static str>,
+) -> Result<bool, &'static str> {
+    if selection().is_all() {
+        return Ok(opted);
+    }
+    match verdict {
+        Ok(()) => Ok(smc::opt_in(borrow(fd))),
+        Err(list) => {
+            drop(remove(fd));
+            Err(list)
+        }
+    }
+}
+
+/// The report of a socket left to the kernel by `SMC_RUN_PORTS`/`DESTS`.
+fn report_unselected(role: &str, fd: RawFd, peer: Option<SocketAddr>, list: &str) {
+    let local = rustix::net::getsockname(borrow(fd))
+        .ok()
+        .and_then(|a| SocketAddr::try_from(a).ok())
+        .map_or_else(|| "?".into(), |a| a.to_string());
+    let peer = peer.map_or_else(|| "-".into(), |a| a.to_string());
+    report_line(&format!(
+        "{} {role} {local} {peer} TCP (not selected by {list})",
+        std::process::id()
+    ));
 }
 
 /// The address `addr` points to, if it is an IPv4 or IPv6 one.
@@ -552,11 +679,22 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         return unsafe { real_connect(fd, addr, len) };
     };
     // SAFETY: the caller's address of `len` bytes.
-    if unsafe { sockaddr_of(addr, len) }.is_none() {
+    let Some(to) = (unsafe { sockaddr_of(addr, len) }) else {
         drop(remove(fd));
         // SAFETY: as above.
         return unsafe { real_connect(fd, addr, len) };
-    }
+    };
+    let opted = match selected(fd, opted, selection().connect(to)) {
+        Ok(opted) => opted,
+        Err(list) => {
+            // SAFETY: as above.
+            let r = unsafe { real_connect(fd, addr, len) };
+            let e = errno();
+            report_unselected("connect", fd, Some(to), list);
+            set_errno(e);
+            return r;
+        }
+    };
     USED.store(true, Ordering::Release);
     restore_env();
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
@@ -723,10 +861,28 @@ fn adopt(fd: RawFd, s: SmcStream, nonblock: bool) {
 
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    // SAFETY: the caller's arguments, unchanged (so for every call below).
-    let r = unsafe { real!(listen: fn(c_int, c_int) -> c_int)(fd, backlog) };
+    let real_listen = real!(listen: fn(c_int, c_int) -> c_int);
     let Some(Entry::Fresh { opted }) = get(fd) else {
-        return r;
+        // SAFETY: the caller's arguments, unchanged (so for every call below).
+        return unsafe { real_listen(fd, backlog) };
+    };
+    // (before the real listen: a SYN may come at once; an unbound socket
+    // has port 0 here, and gets a port no list names)
+    let port = rustix::net::getsockname(borrow(fd))
+        .ok()
+        .and_then(|a| SocketAddr::try_from(a).ok())
+        .map_or(0, |a| a.port());
+    let selected = selected(fd, opted, selection().listen(port));
+    // SAFETY: as above.
+    let r = unsafe { real_listen(fd, backlog) };
+    let opted = match selected {
+        Ok(opted) => opted,
+        Err(list) => {
+            if r == 0 {
+                report_unselected("listen", fd, None, list);
+            }
+            return r;
+        }
     };
     if r != 0 {
         return r;
@@ -748,6 +904,11 @@ fn activate(fd: RawFd) -> Option<Entry> {
     let Some(Entry::Passive) = get(fd) else {
         return get(fd);
     };
+    if was_inherited(fd) && !smc::is_opted_in(borrow(fd)) {
+        // (its SYN-ACKs carry no SMC option: the kernel serves it)
+        drop(remove(fd));
+        return None;
+    }
     USED.store(true, Ordering::Release);
     restore_env();
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
@@ -1916,4 +2077,182 @@ pub unsafe extern "C" fn splice(
         // SAFETY: the caller's arguments, unchanged.
         _ => unsafe { real_splice(fd_in, off_in, fd_out, off_out, len, flags) },
     }
+}
+
+// ----- exec -----
+//
+// An SMC-R connection lives in the process image that made it: its buffers,
+// its link and the threads that serve them. Its TCP socket is only the
+// connection's identity (after the CLC handshake no data flows on it,
+// RFC 7609 §2.2), so a new image that inherited the bare socket would wait
+// forever on reads and send its writes where the peer never reads them.
+// Before an exec the library therefore puts, on every descriptor that
+// survives it (no `FD_CLOEXEC`) and names a connection of the library's, a
+// fresh unconnected TCP socket of the same family: in the new image reads
+// fail with `ENOTCONN`, writes with `EPIPE` (and `SIGPIPE`), `poll` shows
+// `POLLHUP` at once, `getpeername` says `ENOTCONN` — a connection that is
+// gone, never one that hangs or loses data silently. If the exec fails, the
+// descriptors are put back as they were.
+//
+// What becomes of the connection itself: after `fork()` + exec in the
+// child (inetd, CGI), the parent still has it and keeps using it; after an
+// exec of the process itself, its image is gone, and the peer sees the
+// connection end as when a process exits. Covered: `execve`, `execv`,
+// `execvp`, `execvpe`, `fexecve`, `execveat`. The variadic `execl*` (which
+// stable Rust cannot define) and `posix_spawn` (whose exec is glibc's own,
+// not interposable) are not.
+
+/// Identity of an open file (device, inode): the same socket under any
+/// descriptor number.
+fn file_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
+    let st = rustix::fs::fstat(fd).ok()?;
+    Some((st.st_dev, st.st_ino))
+}
+
+/// Before an exec: the connections' descriptors that would survive it get a
+/// stand-in (see above); returns the originals (close-on-exec duplicates)
+/// to put back should the exec fail.
+fn detach_for_exec() -> Vec<(RawFd, OwnedFd)> {
+    if !USED.load(Ordering::Acquire) {
+        return Vec::new();
+    }
+    let forked = FORKED.load(Ordering::Acquire);
+    let ids: Vec<(u64, u64)> = {
+        // (a forked child's table is its parent's at the fork, kept unused)
+        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+        t.iter()
+            .filter_map(|(&fd, e)| match e {
+                Entry::Stream(c) => file_id(c.s.tcp_fd()),
+                // (its own duplicate is the connect thread's)
+                Entry::Connecting(_) if !forked => file_id(borrow(fd)),
+                _ => None,
+            })
+            .collect()
+    };
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut saved = Vec::new();
+    for fd in fds {
+        let survives = rustix::io::fcntl_getfd(borrow(fd))
+            .is_ok_and(|f| !f.contains(rustix::io::FdFlags::CLOEXEC));
+        if !survives || !file_id(borrow(fd)).is_some_and(|id| ids.contains(&id)) {
+            continue;
+        }
+        let v6 = rustix::net::getsockname(borrow(fd))
+            .is_ok_and(|a| a.address_family() == rustix::net::AddressFamily::INET6);
+        let family = if v6 {
+            rustix::net::AddressFamily::INET6
+        } else {
+            rustix::net::AddressFamily::INET
+        };
+        // (rustix's calls are system calls: none of them comes back here)
+        let stand_in = match rustix::net::socket(family, rustix::net::SocketType::STREAM, None) {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        let Ok(orig) = dup_own(fd) else { continue };
+        if let Ok(fl) = rustix::fs::fcntl_getfl(borrow(fd)) {
+            let _ = rustix::fs::fcntl_setfl(&stand_in, fl);
+        }
+        let mut target = borrow_owned(fd);
+        if rustix::io::dup2(&stand_in, &mut target).is_ok() {
+            saved.push((fd, orig));
+        }
+        std::mem::forget(target);
+    }
+    saved
+}
+
+/// `fd` as an `OwnedFd` for `dup2`'s target (forgotten after, never closed).
+fn borrow_owned(fd: RawFd) -> OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` is open (just listed); the caller forgets the value, so
+    // it is never closed through it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// After a failed exec: the descriptors as they were.
+fn reattach_after_exec(saved: Vec<(RawFd, OwnedFd)>) {
+    let e = errno();
+    for (fd, orig) in saved {
+        let mut target = borrow_owned(fd);
+        let _ = rustix::io::dup2(&orig, &mut target);
+        std::mem::forget(target);
+    }
+    set_errno(e);
+}
+
+type CStr = *const libc::c_char;
+type CArgv = *const *const libc::c_char;
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: CStr, argv: CArgv, envp: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: the caller's arguments, unchanged (so for every exec below).
+    let r = unsafe { real!(execve: fn(CStr, CArgv, CArgv) -> c_int)(path, argv, envp) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: CStr, argv: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe { real!(execv: fn(CStr, CArgv) -> c_int)(path, argv) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: CStr, argv: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe { real!(execvp: fn(CStr, CArgv) -> c_int)(file, argv) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: CStr, argv: CArgv, envp: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe { real!(execvpe: fn(CStr, CArgv, CArgv) -> c_int)(file, argv, envp) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: CArgv, envp: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe { real!(fexecve: fn(c_int, CArgv, CArgv) -> c_int)(fd, argv, envp) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execveat(
+    dirfd: c_int,
+    path: CStr,
+    argv: CArgv,
+    envp: CArgv,
+    flags: c_int,
+) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe {
+        real!(execveat: fn(c_int, CStr, CArgv, CArgv, c_int) -> c_int)(
+            dirfd, path, argv, envp, flags,
+        )
+    };
+    reattach_after_exec(saved);
+    r
 }

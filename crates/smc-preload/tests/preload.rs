@@ -346,6 +346,144 @@ fn http_server_and_curl(tag: &str, server_preload: bool, client_preload: bool) -
     s
 }
 
+/// python3's http.server on a port of ours and curl, both under smc_run
+/// with `srv_env` and `cli_env`; returns the run and curl's stderr (where
+/// `-d` says how each connection runs).
+fn http_selected(
+    tag: &str,
+    srv_env: &[(&str, String)],
+    cli_env: &[(&str, String)],
+) -> (Setup, u16, String) {
+    let s = setup(tag);
+    let www = s.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let body = blob(1 << 20);
+    std::fs::write(www.join("blob"), &body).unwrap();
+    let port = free_port();
+    let mut srv = under(
+        &s,
+        true,
+        &program("python3"),
+        &[
+            "-u",
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+        ],
+    );
+    srv.arg(&www)
+        .envs(srv_env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = Server(srv.spawn().unwrap());
+    wait_for_line(&mut child.0, "Serving HTTP");
+    let url = format!("http://127.0.0.1:{port}/blob");
+    let out = Command::new(SMC_RUN)
+        .args(["-d", program("curl").to_str().unwrap(), "-sf", &url])
+        .env("SMC_RDMA_SHM_CONFIG", s.dir.join("shm.conf"))
+        .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
+        .env("SMC_RUN_STATE", s.dir.join("state"))
+        .env_remove("LD_PRELOAD")
+        .envs(cli_env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl: {:?}", out.status);
+    assert_eq!(sha256(&out.stdout), sha256(&body), "the body curl got");
+    drop(child);
+    (s, port, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `SMC_RUN_PORTS` / `SMC_RUN_DESTS` (`smc_run -p` / `-a`): connections and
+/// listeners outside the lists stay plain TCP (no SMC option in their SYN
+/// or SYN-ACK, so the peer falls back too), those inside get SMC-R; `-d`
+/// says which and why for each connection.
+#[test]
+fn ports_and_destinations_limit_what_is_converted() {
+    let v = |s: &str| s.to_string();
+    // a client whose destination port is not listed
+    let (s, _, err) = http_selected("sel-port", &[], &[("SMC_RUN_PORTS", v("1-1000"))]);
+    let m = s.modes();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().any(|l| l.starts_with("connect") && l.ends_with("TCP (not selected by SMC_RUN_PORTS)")), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("accept") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    assert!(err.contains("TCP (not selected by SMC_RUN_PORTS)"), "{err}");
+    // a client whose destination address is not listed
+    let (s, _, _) = http_selected("sel-dest", &[], &[("SMC_RUN_DESTS", v("10.0.0.0/8,::1"))]);
+    let m = s.modes();
+    assert!(m.iter().any(|l| l.starts_with("connect") && l.ends_with("TCP (not selected by SMC_RUN_DESTS)")), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("accept") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    // a server whose port is not listed: its listener stays TCP
+    let (s, port, _) = http_selected("sel-listen", &[("SMC_RUN_PORTS", v("1"))], &[]);
+    let m = s.modes();
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with(&format!("listen 127.0.0.1:{port} - TCP (not selected"))),
+        "{m:?}"
+    );
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("connect") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    assert!(!m.iter().any(|l| l.starts_with("accept")), "{m:?}");
+    // both lists naming the connection: SMC-R both ends
+    let (s, _, err) = http_selected(
+        "sel-both",
+        &[("SMC_RUN_PORTS", v("1024-65535"))],
+        &[
+            ("SMC_RUN_PORTS", v("1024-65535")),
+            ("SMC_RUN_DESTS", v("127.0.0.0/8")),
+        ],
+    );
+    let m = s.modes();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
+    assert!(err.contains(" SMC-R"), "{err}");
+}
+
+/// `smc_run -p` / `-a` set the lists; lists it cannot read are refused
+/// before the command runs.
+#[test]
+fn smc_run_checks_and_passes_the_lists() {
+    let e = smc_run(&[
+        "-p",
+        "80,8000-8100",
+        "-a",
+        "10.0.0.0/8",
+        "sh",
+        "-c",
+        "echo $SMC_RUN_PORTS $SMC_RUN_DESTS",
+    ]);
+    assert!(e.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&e.stdout),
+        "80,8000-8100 10.0.0.0/8\n"
+    );
+    let b = smc_run(&["-p", "80-70", "true"]);
+    assert_eq!(b.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&b.stderr).starts_with("smc_run: Error: invalid port range"));
+    let b = Command::new(SMC_RUN)
+        .args(["true"])
+        .env("SMC_RUN_DESTS", "10.0.0.0/40")
+        .output()
+        .unwrap();
+    assert_eq!(b.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&b.stderr).contains("invalid address or prefix"));
+    let h = smc_run(&["-h"]);
+    assert!(String::from_utf8_lossy(&h.stdout).contains("-p <PORTS>"));
+}
+
 #[test]
 fn python_http_server_and_curl_over_smc_r() {
     let s = http_server_and_curl("http", true, true);
@@ -633,27 +771,79 @@ fn ok_output(what: &str, out: &Output) -> String {
 /// not) and redis-cli reading back what the benchmark wrote; a background
 /// save (a forked child) while the server keeps serving.
 fn redis(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    redis_as(tag, server_preload, client_preload, None)
+}
+
+/// `cmd` run as `user` instead (its own uid, gid and groups: `setpriv`, as
+/// an init system starts a service), from a directory it can reach.
+fn as_user(cmd: Command, user: Option<&str>) -> Command {
+    let Some(user) = user else { return cmd };
+    let mut c = Command::new("setpriv");
+    c.args([
+        &format!("--reuid={user}"),
+        &format!("--regid={user}"),
+        "--init-groups",
+        "--",
+    ])
+    .arg(cmd.get_program())
+    .args(cmd.get_args())
+    .current_dir("/");
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.env_remove("XDG_RUNTIME_DIR");
+    c
+}
+
+/// redis as above; with `user`, redis-server runs as that user (as Debian's
+/// service does) and keeps its data in a directory of that user's.
+fn redis_as(tag: &str, server_preload: bool, client_preload: bool, user: Option<&str>) -> Setup {
     let s = setup(tag);
+    let _open = user.map(|_| OpenToUsers::new(&s));
+    let data = match user {
+        None => s.dir.clone(),
+        Some(user) => {
+            let data = s.dir.join("data");
+            std::fs::create_dir(&data).unwrap();
+            let st = Command::new("chown")
+                .args([&format!("{user}:"), data.to_str().unwrap()])
+                .status()
+                .unwrap();
+            assert!(st.success());
+            // the record every process of the run appends to
+            std::fs::write(s.dir.join("state"), "").unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(s.dir.join("state"), std::fs::Permissions::from_mode(0o666))
+                .unwrap();
+            data
+        }
+    };
     let port = free_port().to_string();
     let mut srv = Server(
-        under(
-            &s,
-            server_preload,
-            &program("redis-server"),
-            &[
-                "--port",
-                &port,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--dir",
-                &s.dir.display().to_string(),
-            ],
+        as_user(
+            under(
+                &s,
+                server_preload,
+                &program("redis-server"),
+                &[
+                    "--port",
+                    &port,
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--daemonize",
+                    "no",
+                    "--dir",
+                    &data.display().to_string(),
+                ],
+            ),
+            user,
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -734,7 +924,21 @@ fn redis(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
         assert!(Instant::now() < end, "{info}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(s.dir.join("dump.rdb").exists());
+    assert!(data.join("dump.rdb").exists());
+    if let Some(user) = user {
+        // (the server, not setpriv, is the child: setpriv execs it)
+        let st = std::fs::read_to_string(format!("/proc/{}/status", srv.0.id())).unwrap();
+        let uid = String::from_utf8(
+            Command::new("id")
+                .args(["-u", user])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let line = st.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        assert_eq!(line.split_whitespace().nth(1), Some(uid.trim()), "{line}");
+    }
     let got = under(&s, client_preload, &cli, &["-p", &port, "get", "smc"])
         .output()
         .unwrap();
@@ -748,6 +952,16 @@ fn redis_server_and_benchmark_over_smc_r() {
     let s = redis("redis", true, true);
     // 2 x (50 clients and the benchmark's own) + 3 redis-cli, both ends
     assert_all(&s, 2 * (2 * 51 + 3), " SMC-R");
+}
+
+/// redis-server as the `redis` user (Debian's service), the rendezvous
+/// opened to users by its install: every connection SMC-R.
+#[test]
+fn redis_server_as_an_ordinary_user_over_smc_r() {
+    let s = redis_as("redis-user", true, true, Some("redis"));
+    assert_all(&s, 2 * (2 * 51 + 3), " SMC-R");
+    // the server's own record (its accepts) is there
+    assert!(s.modes().iter().filter(|m| m.starts_with("accept")).count() >= 2 * 51 + 3);
 }
 
 #[test]
@@ -901,7 +1115,64 @@ fn sockperf_with_one_side_plain_falls_back() {
 /// socket: it crosses fork()) serving a file with sendfile, fetched by curl
 /// (hash) and wrk.
 fn nginx(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
+    nginx_as(tag, server_preload, client_preload, None)
+}
+
+/// The tests that open the rendezvous to every user change the host's
+/// access: one at a time (as crates/smc/tests/unprivileged.rs does; cargo
+/// runs test binaries one after the other).
+static ADMIN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// What `smc-rendezvous install` does (the rendezvous open to every user),
+/// with the run's shm rundir and registry made as for every user; undone on
+/// drop.
+struct OpenToUsers {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    prev_access: smc_bpf::Access,
+    prev_bpffs_mode: u32,
+}
+
+impl OpenToUsers {
+    fn new(s: &Setup) -> OpenToUsers {
+        use std::os::unix::fs::PermissionsExt;
+        let serial = ADMIN.lock().unwrap_or_else(|e| e.into_inner());
+        let cfg = smc_bpf::Config::default();
+        smc_bpf::Rendezvous::open_with(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        let prev_access = smc_bpf::access_of(&cfg.namespace_dir()).unwrap();
+        let prev_bpffs_mode = std::fs::metadata(&cfg.bpffs).unwrap().permissions().mode();
+        smc_bpf::set_access(&cfg, smc_bpf::Access::Everyone).unwrap_or_else(|e| panic!("{e}"));
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(&s.dir, 0o755);
+        // (as the shm device makes its rundir)
+        let _ = std::fs::remove_dir_all(s.dir.join("run"));
+        smc_rdma::shm::registry::create_rundir(&s.dir.join("run")).unwrap();
+        OpenToUsers {
+            _serial: serial,
+            prev_access,
+            prev_bpffs_mode,
+        }
+    }
+}
+
+impl Drop for OpenToUsers {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        let cfg = smc_bpf::Config::default();
+        let _ = smc_bpf::set_access(&cfg, self.prev_access);
+        let _ = std::fs::set_permissions(
+            &cfg.bpffs,
+            std::fs::Permissions::from_mode(self.prev_bpffs_mode),
+        );
+    }
+}
+
+/// nginx as above; with `user`, its workers run as that user (Debian's
+/// default: `user www-data;`, the master stays root).
+fn nginx_as(tag: &str, server_preload: bool, client_preload: bool, user: Option<&str>) -> Setup {
     let s = setup(tag);
+    let _open = user.map(|_| OpenToUsers::new(&s));
     let www = s.dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
     let body = blob(2 << 20);
@@ -913,13 +1184,14 @@ fn nginx(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
     std::fs::write(
         &conf,
         format!(
-            "daemon off;\nmaster_process on;\nworker_processes 2;\nuser root;\n\
+            "daemon off;\nmaster_process on;\nworker_processes 2;\nuser {user};\n\
              pid {d}/nginx.pid;\nerror_log {d}/error.log notice;\n\
              events {{ worker_connections 256; }}\n\
              http {{\n access_log off;\n sendfile on;\n\
              client_body_temp_path {d}/tmp;\n proxy_temp_path {d}/tmp;\n\
              fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n scgi_temp_path {d}/tmp;\n\
-             server {{\n  listen 127.0.0.1:{port};\n  root {d}/www;\n }}\n}}\n"
+             server {{\n  listen 127.0.0.1:{port};\n  root {d}/www;\n }}\n}}\n",
+            user = user.unwrap_or("root")
         ),
     )
     .unwrap();
@@ -945,6 +1217,41 @@ fn nginx(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
     {
         assert!(Instant::now() < end, "nginx did not start its workers");
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(user) = user {
+        // the workers (children of the master) run as `user`
+        let uid = String::from_utf8(
+            Command::new("id")
+                .args(["-u", user])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let master = srv.0.id().to_string();
+        let field = |st: &str, k: &str| {
+            st.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .unwrap_or("")
+                .to_string()
+        };
+        // (a worker drops root shortly after the master logs its start)
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let workers: Vec<String> = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+                .filter(|st| field(st, "PPid:") == master)
+                .map(|st| field(&st, "Uid:"))
+                .collect();
+            if workers.len() == 2 && workers.iter().all(|u| *u == uid.trim()) {
+                break;
+            }
+            assert!(Instant::now() < end, "workers' uids: {workers:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     let url = format!("http://127.0.0.1:{port}/blob");
     let out = under(
@@ -1027,6 +1334,24 @@ fn nginx_master_and_workers_with_curl_and_wrk_over_smc_r() {
     assert!(accepts.iter().all(|p| *p != master.trim()), "{accepts:?}");
 }
 
+/// Debian's default: the master as root, the two workers as www-data (the
+/// rendezvous opened to users by its install); every connection SMC-R, and
+/// the workers' own record of each says so.
+#[test]
+fn nginx_with_workers_as_www_data_over_smc_r() {
+    let s = nginx_as("nginx-www-data", true, true, Some("www-data"));
+    assert_all(&s, 2 * 21, " SMC-R");
+    let master = std::fs::read_to_string(s.dir.join("nginx.pid")).unwrap_or_default();
+    let accepts: Vec<String> = std::fs::read_to_string(s.dir.join("state"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" accept "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    assert!(!accepts.is_empty());
+    assert!(accepts.iter().all(|p| *p != master.trim()), "{accepts:?}");
+}
+
 #[test]
 fn nginx_with_one_side_plain_falls_back() {
     let s = nginx("nginx-plain-cli", true, false);
@@ -1074,4 +1399,210 @@ fn a_broken_handshake_after_a_non_blocking_connect_is_an_so_error() {
     assert!(text.contains("connect connect = -1 EINPROGRESS"), "{text}");
     assert!(text.contains("connect poll = 1"), "{text}");
     assert!(text.contains("connect SO_ERROR EPROTO"), "{text}");
+}
+
+fn exec_program(s: &Setup) -> PathBuf {
+    let exe = s.dir.join("exec");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/exec.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(cc)
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(st.success(), "compiling exec.c");
+    exe
+}
+
+/// exec.c's server and client (`mode`: fork, self) under smc_run; returns
+/// the client's and the server's output.
+fn exec_run(tag: &str, mode: &str) -> (Setup, String, String) {
+    exec_run_with(tag, "server", &["client", mode])
+}
+
+fn exec_run_with(tag: &str, server: &str, client: &[&str]) -> (Setup, String, String) {
+    let s = setup(tag);
+    let exe = exec_program(&s);
+    let portfile = s.dir.join("port");
+    let mut srv = Server(
+        under(&s, true, &exe, &[server, portfile.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&portfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(Instant::now() < end, "the server did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let port = port.to_string();
+    let args: Vec<&str> = [client[0], &port]
+        .into_iter()
+        .chain(client[1..].iter().copied())
+        .collect();
+    let mut cli = under(&s, true, &exe, &args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // (no hang: the new image's calls must not block)
+    let end = Instant::now() + Duration::from_secs(30);
+    while cli.try_wait().unwrap().is_none() {
+        if Instant::now() > end {
+            let _ = cli.kill();
+            let _ = cli.wait();
+            panic!("the client hangs after the exec");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = cli.wait_with_output().unwrap();
+    let cli_text = ok_output("exec client", &out);
+    // the server learns that the connection ended (it does not hang either)
+    let end = Instant::now() + Duration::from_secs(30);
+    while srv.0.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < end,
+            "the server never saw the connection end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut srv_text = String::new();
+    use std::io::Read;
+    srv.0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut srv_text)
+        .unwrap();
+    (s, cli_text, srv_text)
+}
+
+const AFTER_EXEC: &str = "after poll=1 hup=1 read=ENOTCONN write=EPIPE peer=ENOTCONN\n";
+
+/// fork + exec with an SMC-R connection's descriptor inherited (inetd,
+/// CGI): the new image's descriptor is a connection that is gone (clear
+/// errors at once, no hang, nothing sent anywhere), and the parent keeps
+/// using the connection.
+#[test]
+fn an_smc_r_connection_inherited_across_fork_and_exec_is_a_clear_error_there() {
+    let (s, cli, srv) = exec_run("exec-fork", "fork");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    // the server echoed both pings and nothing else
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// An exec of the process itself: the same for the new image; the
+/// connection went with the old one, and the peer sees it end.
+#[test]
+fn an_smc_r_connection_surviving_exec_is_a_clear_error_in_the_new_image() {
+    let (s, cli, srv) = exec_run("exec-self", "self");
+    assert_eq!(cli, AFTER_EXEC);
+    assert!(
+        srv.starts_with("server end ") && srv.ends_with(" after 5\n"),
+        "{srv}"
+    );
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A listening socket that crosses an exec (nginx's binary upgrade): the
+/// new image's library takes it up (the image before opted it in, so the
+/// kernel offers SMC in its SYN-ACKs), and its connections are SMC-R with
+/// the data intact.
+#[test]
+fn a_listening_socket_inherited_across_exec_accepts_smc_r() {
+    let (s, cli, srv) = exec_run_with("exec-listen", "server-exec", &["pings"]);
+    assert_eq!(cli, "pings ok\n");
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// `install.sh` puts smc_run in PREFIX/bin and the library in
+/// PREFIX/lib/<multiarch>, and the installed smc_run finds it there (no
+/// copy next to it) and gives SMC-R.
+#[test]
+fn install_puts_smc_run_and_the_library_where_a_distribution_does() {
+    let s = setup("install");
+    let root = s.dir.join("root");
+    let from = Path::new(SMC_RUN).parent().unwrap();
+    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("install.sh"))
+        .args([
+            "--prefix",
+            "/usr",
+            "--destdir",
+            root.to_str().unwrap(),
+            "--from",
+        ])
+        .arg(from)
+        .output()
+        .unwrap();
+    ok_output("install.sh", &out);
+    let bin = root.join("usr/bin/smc_run");
+    let arch = match std::env::consts::ARCH {
+        "x86" => "i386",
+        "powerpc64" => "powerpc64le",
+        a => a,
+    };
+    let lib = root.join(format!("usr/lib/{arch}-linux-gnu/libsmc_preload.so"));
+    assert!(bin.is_file() && lib.is_file(), "{bin:?} {lib:?}");
+    let e = Command::new(&bin)
+        .args(["sh", "-c", "echo $LD_PRELOAD"])
+        .env_remove("LD_PRELOAD")
+        .env_remove("SMC_PRELOAD_LIB")
+        .output()
+        .unwrap();
+    let got = ok_output("installed smc_run", &e);
+    assert_eq!(
+        std::fs::canonicalize(got.trim_end()).unwrap(),
+        std::fs::canonicalize(&lib).unwrap()
+    );
+    // a connection through the installed pair
+    let portfile = s.dir.join("port");
+    let mut srv = Server(
+        Command::new(&bin)
+            .arg(&s.echo)
+            .args(["server", portfile.to_str().unwrap()])
+            .env("SMC_RDMA_SHM_CONFIG", s.dir.join("shm.conf"))
+            .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
+            .env("SMC_RUN_STATE", s.dir.join("state"))
+            .env_remove("LD_PRELOAD")
+            .env_remove("SMC_PRELOAD_LIB")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&portfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(Instant::now() < end, "the server did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = Command::new(&bin)
+        .arg(&s.echo)
+        .args(["client", &port.to_string(), &(1 << 20).to_string()])
+        .env("SMC_RDMA_SHM_CONFIG", s.dir.join("shm.conf"))
+        .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
+        .env("SMC_RUN_STATE", s.dir.join("state"))
+        .env_remove("LD_PRELOAD")
+        .env_remove("SMC_PRELOAD_LIB")
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok_output("echo client", &out),
+        format!("client ok {}\n", 1 << 20)
+    );
+    // (the server ends after the echo, its record written)
+    assert!(srv.0.wait().unwrap().success());
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }

@@ -97,6 +97,14 @@ pub fn opt_in(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     rendezvous::rendezvous().is_ok_and(|r| r.opt_in(fd).is_ok())
 }
 
+/// Whether `fd` (a TCP socket, e.g. a listening one a process inherited
+/// across exec) is opted in to the SMC SYN option and has no connection
+/// yet: a listener on it answers SYNs with the option.
+pub fn is_opted_in(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    rendezvous::rendezvous()
+        .is_ok_and(|r| matches!(r.status(fd), Ok(smc_bpf::SocketStatus::OptedIn)))
+}
+
 /// smc-rs's own fallback reason for "the SYN option could not be used on this
 /// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel
 /// always has its option.
