@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 use smc_config::store::Table;
 use smc_engine::endpoint::ConnId;
 use smc_engine::state::{ConnDiag, LgrDiag, MsgCounts};
-use smc_proto::link::LinkState;
 use smc_proto::close::CloseState;
+use smc_proto::link::LinkState;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpStream};
@@ -328,10 +328,12 @@ fn code_name(code: u32) -> String {
     if code == crate::FALLBACK_NO_RENDEZVOUS {
         return "NO_RENDEZVOUS".into();
     }
-    smc_wire::clc::DeclineCode::from_u32(code).name().map_or_else(
-        || format!("{code:#010x}"),
-        |n| n.trim_start_matches("SMC_CLC_DECL_").to_string(),
-    )
+    smc_wire::clc::DeclineCode::from_u32(code)
+        .name()
+        .map_or_else(
+            || format!("{code:#010x}"),
+            |n| n.trim_start_matches("SMC_CLC_DECL_").to_string(),
+        )
 }
 
 /// The log event of a connection's handshake result.
@@ -881,7 +883,11 @@ impl Registry {
             for k in &g.links {
                 let active = k.state == LinkState::Active;
                 usable += usize::from(active);
-                let link_id = if k.link_id == 0 { k.slot as u8 + 1 } else { k.link_id };
+                let link_id = if k.link_id == 0 {
+                    k.slot as u8 + 1
+                } else {
+                    k.link_id
+                };
                 let was = watch.links.get(&(*id, k.slot)).copied();
                 if active && was != Some(true) {
                     self.link_up.fetch_add(1, Relaxed);
@@ -1075,7 +1081,11 @@ impl Registry {
                 *x += 1;
             }
             if let Some(k) = g.links.iter().find(|k| k.slot == slot) {
-                let link_id = if k.link_id == 0 { slot as u8 + 1 } else { k.link_id };
+                let link_id = if k.link_id == 0 {
+                    slot as u8 + 1
+                } else {
+                    k.link_id
+                };
                 s["link_id"] = json!(link_id);
                 s["gid"] = json!(gid_str(&k.gid));
                 s["peer_gid"] = json!(gid_str(&k.peer_gid));
