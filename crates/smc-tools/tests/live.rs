@@ -296,3 +296,46 @@ fn child_client() {
     // until killed (or its parent closes our stdin)
     let _ = std::io::stdin().read(&mut [0u8; 1]);
 }
+
+/// `SMC_LOG=info`: a process's connection events on stderr, one line each
+/// (here a fallback, with its reason); nothing without it.
+#[test]
+fn smc_log_prints_connection_events() {
+    let _ = setup();
+    let plain = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = plain.local_addr().unwrap().to_string();
+    let run = |log: Option<&str>| {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args(["log_child", "--exact", "--nocapture"])
+            .env("CHILD_LOG_CONNECT", &addr)
+            .env_remove("SMC_LOG");
+        if let Some(l) = log {
+            c.env("SMC_LOG", l);
+        }
+        let child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let (_s, _) = plain.accept().unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8(o.stderr).unwrap()
+    };
+    let on = run(Some("info"));
+    let line = on
+        .lines()
+        .find(|l| l.starts_with("smc-rs INFO smc: connection fell back to TCP"))
+        .unwrap_or_else(|| panic!("no fallback event in {on:?}"));
+    assert!(line.contains("role=\"CLNT\""), "{line}");
+    assert!(line.contains(&format!("peer=\"{addr}\"")), "{line}");
+    assert!(line.contains("reason=\"0x0301"), "{line}");
+    let off = run(None);
+    assert!(!off.contains("smc-rs INFO"), "{off}");
+}
+
+/// The child of the test above: one connection to a plain TCP server.
+#[test]
+fn log_child() {
+    let Ok(addr) = std::env::var("CHILD_LOG_CONNECT") else {
+        return;
+    };
+    let c = SmcStream::connect(addr.as_str()).unwrap();
+    assert!(matches!(c.mode(), Mode::Tcp(_)));
+}

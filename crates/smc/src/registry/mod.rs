@@ -443,6 +443,17 @@ pub(crate) fn error(kind: &'static str, msg: String) {
     }
 }
 
+/// The failures this process recorded with [`error`] so far: kind, count,
+/// last message (for `smc_chk`, which runs the library itself).
+pub fn errors() -> Vec<(&'static str, u64, String)> {
+    registry().map_or_else(Vec::new, |r| {
+        lock(&r.errors_by_kind)
+            .iter()
+            .map(|(k, (n, m))| (*k, *n, m.clone()))
+            .collect()
+    })
+}
+
 /// A handshake failed: the connection is closed (neither SMC-R nor TCP).
 pub(crate) fn handshake_error(role: Role) {
     tracing::info!(target: "smc", role = role_name(role), "handshake failed: connection closed");
