@@ -23,7 +23,6 @@ const PROG: &str = "smc_chk";
 const USAGE: &str = "Usage: smc_chk [OPTIONS] -C <IP>
        smc_chk [OPTIONS] -S
        smc_chk -i <iface>
-       smc_chk [-d] [-l] [-s] [<iface> ...]
 
 Check SMC setup
 
@@ -31,18 +30,17 @@ Check SMC setup
    -d, --debug                  show debug messages
    -h, --help                   display this message
    -i, --pnetid <IFACE>         print PNET ID and exit
-   -l, --live-test              connect over every interface (or
-                                the ones named) to a server of ours
    -p, --port <PORT>            use the next free port starting
                                 with PORT (default: 37373)
-   -s, --static-analysis        show what SMC-R on every interface
-                                (or the ones named) depends on
    -S, --server                 start server only
    -v, --version                display version info
    -6, --ipv6                   IP address is IPv6
 ";
 
 const DEFAULT_PORT: u16 = 37373;
+
+// `-l`/`--live-test` and `-s`/`--static-analysis` are smc-tools'
+// undocumented modes: accepted, not in the usage text (as there).
 
 const OPTS: &[Opt] = &[
     Opt {

@@ -12,6 +12,13 @@
 //! adds in the connection's own counters, and everything else (addresses,
 //! engine state, devices) is looked at by the registry thread.
 //! `SMC_RS_REGISTRY=0` turns the registry off for the process.
+//!
+//! The engine's facts come from its read-only views (`conn_diag`,
+//! `lgr_diag`, `msg_counts`): cursors and flags of each connection's last
+//! CDCs, its link's GIDs, the link groups' links and peers, the CDC and LLC
+//! messages of each endpoint. Link events (up, down, a connection moved,
+//! aborted) are what two snapshots show; they are counted and logged
+//! ([`log`]), as are handshake results and failures.
 
 pub mod files;
 mod log;
