@@ -173,10 +173,13 @@ fn the_tools_show_live_connections_of_two_processes() {
     // (client), their two server ends here; one fallback (PEER_NO_SMC);
     // 4 bytes each way on each of the two connections; one CDC per write
     // (4 bytes each, no consumer update due), each received once.
+    // (each process publishes within a second; a snapshot may read the
+    // engine's message counts just before a byte count: wait for all)
     let want = |s: &Value| {
         s["smc"]["client"].as_u64() == Some(2)
             && s["rx_bytes"].as_u64() == Some(16)
             && s["tx_bytes"].as_u64() == Some(16)
+            && s["cdc_received"].as_u64() == Some(4)
     };
     let end = Instant::now() + Duration::from_secs(10);
     let st = loop {
@@ -301,13 +304,16 @@ fn child_client() {
 /// (here a fallback, with its reason); nothing without it.
 #[test]
 fn smc_log_prints_connection_events() {
-    let _ = setup();
+    // (not `setup`: the test above runs at the same time in this process
+    // and owns that directory)
+    let reg = std::env::temp_dir().join(format!("smc-tools-log-{}", std::process::id()));
     let plain = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = plain.local_addr().unwrap().to_string();
     let run = |log: Option<&str>| {
         let mut c = Command::new(std::env::current_exe().unwrap());
         c.args(["log_child", "--exact", "--nocapture"])
             .env("CHILD_LOG_CONNECT", &addr)
+            .env("SMC_RS_RUN_DIR", &reg)
             .env_remove("SMC_LOG");
         if let Some(l) = log {
             c.env("SMC_LOG", l);
@@ -328,6 +334,7 @@ fn smc_log_prints_connection_events() {
     assert!(line.contains("reason=\"0x0301"), "{line}");
     let off = run(None);
     assert!(!off.contains("smc-rs INFO"), "{off}");
+    let _ = std::fs::remove_dir_all(reg);
 }
 
 /// The child of the test above: one connection to a plain TCP server.
