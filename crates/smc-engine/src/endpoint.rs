@@ -212,6 +212,11 @@ pub struct Endpoint<P: Provider> {
     scratch_msg: Vec<u8>,
     /// LLC messages posted so far.
     llc_sent: u64,
+    /// LLC messages received, CDC messages posted and received so far
+    /// (`smcr stats`; a plain add under the endpoint's lock).
+    llc_received: u64,
+    cdc_sent: u64,
+    cdc_received: u64,
     /// The port's active MTU, for the CLC messages of every connection:
     /// querying the port reads the interface (netlink, ioctl) and would cost
     /// more than the rest of a handshake. Read again at each port event.
@@ -277,6 +282,9 @@ impl<P: Provider> Endpoint<P> {
             conn_flushes: 0,
             scratch_msg: Vec::new(),
             llc_sent: 0,
+            llc_received: 0,
+            cdc_sent: 0,
+            cdc_received: 0,
             port_mtu,
             max_inline,
             lgrs: Vec::new(),

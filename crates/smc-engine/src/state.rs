@@ -238,3 +238,80 @@ impl HandshakePhase {
         HandshakePhase::Done,
     ];
 }
+
+/// What `smcss -d` and `-R` show of one connection (Linux's
+/// `smc_diag_conninfo` and `smc_diag_lgrinfo`, smc_diag.c `__smc_diag_dump`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnDiag {
+    /// Our alert token.
+    pub token: u32,
+    /// Our send buffer, our RMBE and the peer's RMBE (bytes).
+    pub sndbuf_len: usize,
+    /// Our RMBE (bytes).
+    pub rmbe_len: usize,
+    /// The peer's RMBE (bytes).
+    pub peer_rmbe_len: usize,
+    /// Cursors and flags of the last CDCs (absent before the data path exists).
+    pub cursors: Option<smc_proto::datapath::DiagCursors>,
+    /// The link group and link (slot) the connection uses.
+    pub lgr: Option<usize>,
+    /// Its link's slot.
+    pub link: Option<usize>,
+}
+
+/// One link of a link group, as `smcr linkgroup link-show -dd` shows it
+/// (Linux's `SMC_NLA_LINK_*`, smc_core.c `smc_nl_fill_lgr_link`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkDiag {
+    /// smc-proto's slot.
+    pub slot: usize,
+    /// The link id (`link_num`; 0 until a client learns it).
+    pub link_id: u8,
+    /// Its state.
+    pub state: smc_proto::link::LinkState,
+    /// Our GID and QP number.
+    pub gid: smc_wire::types::Gid,
+    /// Our QP number.
+    pub qpn: u32,
+    /// The peer's GID.
+    pub peer_gid: smc_wire::types::Gid,
+    /// The peer's QP number.
+    pub peer_qpn: u32,
+    /// The peer's link user id (from its CONFIRM_LINK / ADD_LINK).
+    pub peer_link_uid: u32,
+}
+
+/// A link group as `smcr -d linkgroup` shows it (Linux's `SMC_NLA_LGR_R_*`,
+/// smc_core.c `smc_nl_fill_lgr`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LgrDiag {
+    /// Life-cycle state.
+    pub state: LgrState,
+    /// Whether we were client or server when the group was created.
+    pub role: smc_proto::link::Role,
+    /// The engine's link group id (sent in link user ids).
+    pub id: u32,
+    /// SMC version of the group (1 or 2) and the v2 release agreed.
+    pub version: u8,
+    /// The v2 release agreed (first-contact extension).
+    pub release: u8,
+    /// The peer's system id (instance and RoCE MAC).
+    pub peer_system_id: smc_wire::types::SystemId,
+    /// Our GID on the group's links.
+    pub gid: smc_wire::types::Gid,
+    /// Its links, by slot.
+    pub links: Vec<LinkDiag>,
+}
+
+/// Messages an endpoint has sent and received on its links, over its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MsgCounts {
+    /// CDC messages posted (data and cursor updates, failover validations).
+    pub cdc_sent: u64,
+    /// CDC messages received (for a connection of ours or not).
+    pub cdc_received: u64,
+    /// LLC messages posted (requests and responses).
+    pub llc_sent: u64,
+    /// LLC messages received.
+    pub llc_received: u64,
+}

@@ -657,3 +657,54 @@ fn a_message_does_not_flush_every_idle_connection() {
         "a message flushed {fewest} connections with 40 idle besides"
     );
 }
+
+#[test]
+fn diag_views_show_cursors_link_ends_and_message_counts() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    let msg = [7u8; 100];
+    assert_eq!(w.client.write(t.c, &msg).unwrap(), 100);
+    let mut got = Vec::new();
+    for _ in 0..10_000 {
+        got.extend(w.server.read(t.s, 1000).unwrap());
+        w.step(&mut [&mut t]);
+        if got.len() == 100 {
+            break;
+        }
+    }
+    assert_eq!(got.len(), 100);
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    // the cursors smcss -d shows: 100 bytes written, announced, confirmed
+    let c = w.client.conn_diag(t.c).unwrap();
+    assert_eq!(Some(c.token), w.client.alert_token(t.c));
+    let cur = c.cursors.unwrap();
+    assert_eq!(cur.tx_prod.count, 100);
+    assert_eq!(
+        (cur.tx_prep.count, cur.tx_sent.count, cur.tx_fin.count),
+        (100, 100, 100)
+    );
+    let s = w.server.conn_diag(t.s).unwrap();
+    assert_eq!(s.cursors.unwrap().rx_prod.count, 100);
+    assert_eq!(s.peer_rmbe_len, c.rmbe_len);
+    assert_eq!(c.peer_rmbe_len, s.rmbe_len);
+    // the two ends of the link, as link-show -dd and -d show them
+    let lc = w.client.lgr_diag(c.lgr.unwrap()).unwrap();
+    let ls = w.server.lgr_diag(s.lgr.unwrap()).unwrap();
+    assert_eq!(lc.links.len(), 1);
+    let (kc, ks) = (lc.links[0], ls.links[0]);
+    assert_eq!(kc.state, smc_proto::link::LinkState::Active);
+    assert_eq!((kc.gid, kc.qpn), (ks.peer_gid, ks.peer_qpn));
+    assert_eq!((ks.gid, ks.qpn), (kc.peer_gid, kc.peer_qpn));
+    assert_eq!(kc.link_id, ks.link_id);
+    // a link user id is the group id plus the link id (smc_core.c)
+    assert_eq!(kc.peer_link_uid, ls.id + u32::from(ks.link_id));
+    assert_eq!(ks.peer_link_uid, lc.id + u32::from(kc.link_id));
+    assert_eq!(lc.gid, kc.gid);
+    // every message posted by one end was received by the other
+    let (mc, ms) = (w.client.msg_counts(), w.server.msg_counts());
+    assert!(mc.cdc_sent >= 1 && mc.llc_sent >= 1, "{mc:?}");
+    assert_eq!(mc.cdc_sent, ms.cdc_received, "{mc:?} {ms:?}");
+    assert_eq!(ms.cdc_sent, mc.cdc_received, "{mc:?} {ms:?}");
+    assert_eq!(mc.llc_sent, ms.llc_received, "{mc:?} {ms:?}");
+    assert_eq!(ms.llc_sent, mc.llc_received, "{mc:?} {ms:?}");
+}

@@ -289,6 +289,37 @@ pub struct DataPath {
     rx_urgent_taken: bool,
     /// The peer announced urgent data that has not arrived yet.
     rx_urgent_pending: bool,
+    /// Flag bytes (producer, connection state) of the last CDC received
+    /// and of the last one sent, for [`DataPath::diag`].
+    rx_flags: [u8; 2],
+    tx_flags: [u8; 2],
+}
+
+/// A connection's cursors and CDC flags as Linux's `smc_diag` reports them
+/// (`struct smc_diag_conninfo`, filled in smc_diag.c `__smc_diag_dump`):
+/// `rx_*` the last CDC received (its producer cursor in our RMBE, its
+/// consumer cursor in the peer's), `tx_*` the last CDC sent, and the send
+/// buffer's prepared, sent and confirmed positions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiagCursors {
+    /// Producer cursor received (ring: our RMBE).
+    pub rx_prod: Cursor,
+    /// Consumer cursor received (ring: the peer's RMBE).
+    pub rx_cons: Cursor,
+    /// Producer cursor sent (ring: the peer's RMBE).
+    pub tx_prod: Cursor,
+    /// Consumer cursor sent (ring: our RMBE).
+    pub tx_cons: Cursor,
+    /// Send buffer: written by the application.
+    pub tx_prep: Cursor,
+    /// Send buffer: written to the peer.
+    pub tx_sent: Cursor,
+    /// Send buffer: confirmed by the send completion.
+    pub tx_fin: Cursor,
+    /// Producer and connection-state flag bytes received.
+    pub rx_flags: [u8; 2],
+    /// Producer and connection-state flag bytes sent.
+    pub tx_flags: [u8; 2],
 }
 
 impl DataPath {
@@ -319,6 +350,28 @@ impl DataPath {
             rx_urgent: None,
             rx_urgent_taken: false,
             rx_urgent_pending: false,
+            rx_flags: [0; 2],
+            tx_flags: [0; 2],
+        }
+    }
+
+    /// The cursors and flags `smcss -d` shows (see [`DiagCursors`]).
+    pub fn diag(&self) -> DiagCursors {
+        let (snd, rmbe, peer) = (
+            self.cfg.sndbuf_len,
+            self.cfg.rmbe_len,
+            self.cfg.peer_rmbe_len,
+        );
+        DiagCursors {
+            rx_prod: cursor_at(self.rx_prod, rmbe),
+            rx_cons: cursor_at(self.peer_cons, peer),
+            tx_prod: cursor_at(self.tx_sent, peer),
+            tx_cons: cursor_at(self.rx_cons_confirmed, rmbe),
+            tx_prep: cursor_at(self.tx_prep, snd),
+            tx_sent: cursor_at(self.tx_sent, snd),
+            tx_fin: cursor_at(self.tx_fin, snd),
+            rx_flags: self.rx_flags,
+            tx_flags: self.tx_flags,
         }
     }
 
@@ -546,6 +599,7 @@ impl DataPath {
             prod_flags,
             conn_flags,
         };
+        self.tx_flags = [prod_flags.bits(), conn_flags.bits()];
         self.inflight.push_back(Inflight {
             seqno: self.tx_seqno,
             sent: self.tx_sent,
@@ -689,6 +743,7 @@ impl DataPath {
             });
         }
         self.rx_last_seqno = Some(msg.seqno);
+        self.rx_flags = [msg.prod_flags.bits(), msg.conn_flags.bits()];
         // Cursors never move backwards (§2.3).
         let new_data = prod.saturating_sub(self.rx_prod) as usize;
         self.rx_prod = self.rx_prod.max(prod);
@@ -918,6 +973,36 @@ mod tests {
         assert!(b.cdc.prod_flags.write_blocked());
         assert_eq!(a.peer_space(), 0);
         assert!(a.poll_tx().is_none());
+    }
+
+    #[test]
+    fn diag_shows_the_cursors_and_flags_smc_diag_reports() {
+        // send buffer 8 KiB, our RMBE 16 KiB, the peer's 4 KiB
+        let mut a = DataPath::new(cfg(8192, 16384, 4096));
+        a.produced(5000);
+        let b = a.poll_tx().unwrap();
+        // (the peer has room for 4096 only: write-blocked)
+        assert!(b.cdc.prod_flags.write_blocked());
+        a.on_cdc_sent(1).unwrap();
+        let peer = CdcMessage {
+            seqno: 1,
+            token: 0,
+            prod: Cursor::new(0, 300),
+            cons: Cursor::new(1, 0),
+            prod_flags: ProducerFlags::WRITE_BLOCKED,
+            conn_flags: ConnStateFlags::PEER_DONE_WRITING,
+        };
+        a.on_cdc(&peer).unwrap();
+        let d = a.diag();
+        assert_eq!(d.rx_prod, Cursor::new(0, 300));
+        assert_eq!(d.rx_cons, Cursor::new(1, 0));
+        assert_eq!(d.tx_prod, Cursor::new(1, 0));
+        assert_eq!(d.tx_cons, Cursor::new(0, 0));
+        assert_eq!(d.tx_prep, Cursor::new(0, 5000));
+        assert_eq!(d.tx_sent, Cursor::new(0, 4096));
+        assert_eq!(d.tx_fin, Cursor::new(0, 4096));
+        assert_eq!(d.rx_flags, [0x80, 0x80]);
+        assert_eq!(d.tx_flags, [0x80, 0]);
     }
 
     #[test]

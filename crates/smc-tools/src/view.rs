@@ -169,10 +169,17 @@ pub fn smcss(procs: &Procs, o: &SsOpts) -> String {
         "State          UID   Inode   Local Address           Peer Address            Intf Mode ",
     );
     if o.debug {
-        out.push_str("Shutd Token    Sndbuf   Rcvbuf   ");
+        out.push_str(
+            "Shutd Token    Sndbuf   Rcvbuf   Peerbuf  rxprod-Cursor rxcons-Cursor rxFlags \
+             txprod-Cursor txcons-Cursor txFlags txprep-Cursor txsent-Cursor txfin-Cursor  ",
+        );
     }
     if o.smcr {
-        out.push_str("Role IB-device       Port Linkid ");
+        let _ = write!(
+            out,
+            "Role IB-device       Port Linkid {:<40} {:<40} ",
+            "GID", "Peer-GID"
+        );
     }
     if o.smcd {
         out.push_str("GID              Token            Peer-GID         Peer-Token       Linkid ");
@@ -218,22 +225,43 @@ pub fn smcss(procs: &Procs, o: &SsOpts) -> String {
                         let m = u(&sock["shutdown"]);
                         let _ = write!(
                             line,
-                            " {}-{}  {:08x} {:08x} {:08x} ",
+                            " {}-{}  {:08x} {:08x} {:08x} {:08x} ",
                             if m & 1 != 0 { 'R' } else { '<' },
                             if m & 2 != 0 { 'W' } else { '>' },
                             u(&sock["token"]),
                             u(&sock["sndbuf"]),
                             u(&sock["rmb"]),
+                            u(&sock["peer_rmb"]),
                         );
+                        let c = &sock["cursors"];
+                        let cur = |k: &str| {
+                            format!("{:04x}:{:08x} ", u(&c[k]["wrap"]), u(&c[k]["count"]))
+                        };
+                        let flags = |k: &str| {
+                            let f = &sock[k];
+                            format!("{:02x}:{:02x}   ", u(&f[0]), u(&f[1]))
+                        };
+                        line.push_str(&cur("rx_prod"));
+                        line.push_str(&cur("rx_cons"));
+                        line.push_str(&flags("rx_flags"));
+                        line.push_str(&cur("tx_prod"));
+                        line.push_str(&cur("tx_cons"));
+                        line.push_str(&flags("tx_flags"));
+                        line.push_str(&cur("tx_prep"));
+                        line.push_str(&cur("tx_sent"));
+                        line.push_str(&cur("tx_fin"));
+                        line.push(' ');
                     }
                     if o.smcr {
                         let _ = write!(
                             line,
-                            "{:>4} {:<15} {:02x}   {:02x}     ",
+                            "{:>4} {:<15} {:02x}   {:02x}     {:<40} {:<40} ",
                             s(&sock["role"]),
                             s(&sock["device"]),
                             1,
                             u(&sock["link_id"]),
+                            s(&sock["gid"]),
+                            s(&sock["peer_gid"]),
                         );
                     }
                 }
@@ -319,6 +347,11 @@ pub fn linkgroup_show(procs: &Procs, o: &SmcrOpts, id: Option<u32>) -> String {
                 let _ = writeln!(out, "LG-Type  : {}", s(&lg["type"]));
                 let _ = writeln!(out, "VLAN     : {}", u(&lg["vlan"]));
                 let _ = writeln!(out, "PNET-ID  : {}", pnet_of(p, dev));
+                let _ = writeln!(out, "Version  : {}", u(&lg["version"]));
+                if u(&lg["version"]) >= 2 {
+                    let _ = writeln!(out, "Peer-Rel : {}", u(&lg["release"]));
+                }
+                let _ = writeln!(out, "Peer-SID : {}", s(&lg["peer_system_id"]));
                 let _ = writeln!(out, "#Conns   : {}", u(&lg["conns"]));
                 let _ = writeln!(out, "IB-Dev   : {dev}");
                 let _ = writeln!(out, "State    : {}", s(&lg["state"]));
@@ -342,6 +375,9 @@ pub fn link_show(
         String::from("LG-ID    LG-Role  LG-Type  Net-Dev         Link-State      #Conns  ");
     if o.details >= 1 {
         out.push_str("Link-UID  Peer-UID  IB-Dev    IB-P  ");
+    }
+    if o.details >= 2 {
+        let _ = write!(out, "{:<42}{:<40}  ", "Local-GID", "Peer-GID");
     }
     out.push_str("PID/Program\n");
     for p in procs {
@@ -371,6 +407,9 @@ pub fn link_show(
                         &dev[..dev.len().min(8)],
                         u(&link["ib_port"]),
                     );
+                }
+                if o.details >= 2 {
+                    let _ = write!(out, "{:<42}{:<40}  ", s(&link["gid"]), s(&link["peer_gid"]));
                 }
                 out.push_str(&process(p));
                 out.push('\n');
@@ -622,9 +661,60 @@ pub fn stats(c: &Value, gauges: (u64, u64), o: &SmcrOpts) -> String {
             usage,
             abbrev(usage)
         );
+        let bufs = if dir == "rx" {
+            "rmb_hist"
+        } else {
+            "sndbuf_hist"
+        };
+        histogram(&mut out, &c[bufs], &c[format!("{dir}_hist").as_str()]);
+    }
+    // (no kernel counts these; smc-rs's own section)
+    out.push_str("\nMessages and links (smc-rs)\n");
+    row(&mut out, "  CDC messages sent", u(&c["cdc_sent"]));
+    row(&mut out, "  CDC messages received", u(&c["cdc_received"]));
+    row(&mut out, "  LLC messages sent", u(&c["llc_sent"]));
+    row(&mut out, "  LLC messages received", u(&c["llc_received"]));
+    if o.details >= 1 {
+        row(&mut out, "  Links up", u(&c["link_up"]));
+        row(&mut out, "  Links down", u(&c["link_down"]));
+        row(&mut out, "  Connections moved", u(&c["conn_moves"]));
+        row(&mut out, "  Connections aborted", u(&c["aborts"]));
     }
     let _ = o.absolute;
     out
+}
+
+/// The `Bufs` and `Reqs` lines of `smcr stats` (buffer sizes allocated,
+/// request sizes): the kernel's nine buckets, the last two folded into
+/// `>512KB` as smc-tools shows them.
+fn histogram(out: &mut String, bufs: &Value, reqs: &Value) {
+    let names = smc::registry::BUCKET_NAMES;
+    let cols = |h: &Value| -> [u64; 8] {
+        let mut v = [0u64; 8];
+        for (i, n) in names.iter().enumerate() {
+            v[i.min(7)] += u(&h[*n]);
+        }
+        v
+    };
+    out.push_str("      ");
+    for (i, l) in [
+        "8KB", "16KB", "32KB", "64KB", "128KB", "256KB", "512KB", ">512KB",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let w = if i == 0 { 9 } else { 8 };
+        let _ = write!(out, "{l:>w$}");
+    }
+    out.push('\n');
+    for (label, h) in [("Bufs", bufs), ("Reqs", reqs)] {
+        let _ = write!(out, "  {label}");
+        for (i, n) in cols(h).iter().enumerate() {
+            let w = if i == 0 { 9 } else { 8 };
+            let _ = write!(out, "{:>w$}", abbrev(*n));
+        }
+        out.push('\n');
+    }
 }
 
 /// `smcr stats --json`: the counters with every reason's name.
@@ -713,6 +803,53 @@ pub fn prometheus(c: &Value, gauges: (u64, u64)) -> String {
             ),
             vec![(String::new(), u(&c[format!("{dir}_cnt").as_str()]))],
         );
+    }
+    for (name, key, help) in [
+        ("smc_cdc_sent_total", "cdc_sent", "CDC messages posted."),
+        (
+            "smc_cdc_received_total",
+            "cdc_received",
+            "CDC messages received.",
+        ),
+        ("smc_llc_sent_total", "llc_sent", "LLC messages posted."),
+        (
+            "smc_llc_received_total",
+            "llc_received",
+            "LLC messages received.",
+        ),
+        ("smc_link_up_total", "link_up", "Links seen coming up."),
+        ("smc_link_down_total", "link_down", "Links seen going down."),
+        (
+            "smc_conn_moves_total",
+            "conn_moves",
+            "Connections moved to another link.",
+        ),
+        ("smc_aborts_total", "aborts", "Connections aborted."),
+    ] {
+        counter(name, help, vec![(String::new(), u(&c[key]))]);
+    }
+    let mut rows = Vec::new();
+    for (kind, key) in [
+        ("rx_request", "rx_hist"),
+        ("tx_request", "tx_hist"),
+        ("rmb", "rmb_hist"),
+        ("sndbuf", "sndbuf_hist"),
+    ] {
+        for b in smc::registry::BUCKET_NAMES {
+            rows.push((format!("{{kind=\"{kind}\",bucket=\"{b}\"}}"), u(&c[key][b])));
+        }
+    }
+    counter(
+        "smc_size_bucket_total",
+        "Requests by payload size and buffers by size (the kernel's buckets).",
+        rows,
+    );
+    if let Some(errs) = c["errors"].as_object() {
+        let rows = errs
+            .iter()
+            .map(|(k, n)| (format!("{{kind=\"{k}\"}}"), u(n)))
+            .collect();
+        counter("smc_errors_total", "smc-rs failures by kind.", rows);
     }
     for (name, v) in [
         ("smc_rmb_usage_bytes", gauges.0),

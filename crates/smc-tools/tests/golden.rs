@@ -79,6 +79,10 @@ fn smcr_views() {
         &view::link_show(&p, &d(1), None, None, None),
     );
     check(
+        "link-show-dd.txt",
+        &view::link_show(&p, &d(2), None, Some("shm-lo"), None),
+    );
+    check(
         "link-show-netdev.txt",
         &view::link_show(&p, &d(0), None, None, Some("eth9")),
     );

@@ -169,19 +169,76 @@ fn the_tools_show_live_connections_of_two_processes() {
         "{dev}"
     );
 
-    // stats: this test's connections (three SMC-R here and one in the
-    // child, one fallback)
-    let st: Value = serde_json::from_str(&smcr(&["stats", "--json"], &dir)).unwrap();
+    // stats: what this test did. SMC-R: `c` and the child's connection
+    // (client), their two server ends here; one fallback (PEER_NO_SMC);
+    // 4 bytes each way on each of the two connections; one CDC per write
+    // (4 bytes each, no consumer update due), each received once.
+    // (each process publishes within a second; a snapshot may read the
+    // engine's message counts just before a byte count: wait for all)
+    let want = |s: &Value| {
+        s["smc"]["client"].as_u64() == Some(2)
+            && s["rx_bytes"].as_u64() == Some(16)
+            && s["tx_bytes"].as_u64() == Some(16)
+            && s["cdc_received"].as_u64() == Some(4)
+    };
+    let end = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let st: Value = serde_json::from_str(&smcr(&["stats", "--json"], &dir)).unwrap();
+        if want(&st["SMCR"]) || Instant::now() > end {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let s = &st["SMCR"];
-    assert!(s["smc"]["client"].as_u64() >= Some(2), "{st}");
-    assert!(s["smc"]["server"].as_u64() >= Some(2), "{st}");
+    assert_eq!(s["smc"]["client"].as_u64(), Some(2), "{st}");
+    assert_eq!(s["smc"]["server"].as_u64(), Some(2), "{st}");
     assert_eq!(s["fallback"]["client"].as_u64(), Some(1), "{st}");
+    assert_eq!(s["fallback"]["server"].as_u64(), None, "{st}");
+    assert_eq!(s["handshake_errors"]["client"].as_u64(), None, "{st}");
     assert_eq!(
-        s["fallback_reasons"]["client"]["0x03010000"]["name"],
-        "PEER_NO_SMC"
+        s["fallback_reasons"]["client"]["0x03010000"],
+        serde_json::json!({"name": "PEER_NO_SMC", "count": 1}),
+        "{st}"
     );
+    assert_eq!(s["rx_bytes"].as_u64(), Some(16), "{st}");
+    assert_eq!(s["tx_bytes"].as_u64(), Some(16), "{st}");
+    assert_eq!(s["rx_hist"]["8K"], s["rx_cnt"], "{st}");
+    assert_eq!(s["tx_hist"]["8K"].as_u64(), Some(4), "{st}");
+    assert_eq!(s["cdc_sent"].as_u64(), Some(4), "{st}");
+    assert_eq!(s["cdc_received"].as_u64(), Some(4), "{st}");
+    // the first contacts' CONFIRM_LINK exchanges (request and response
+    // each way: two link groups, one per process pair direction)
+    assert!(s["llc_sent"].as_u64() >= Some(2), "{st}");
+    assert_eq!(s["llc_sent"], s["llc_received"], "{st}");
     let text = smcr(&["-d", "stats"], &dir);
     assert!(text.contains("PEER_NO_SMC"), "{text}");
+    assert!(
+        text.contains("  CDC messages sent                     4"),
+        "{text}"
+    );
+
+    // the engine's columns: cursors (4 bytes each way), GIDs
+    let v = until(&dir, "cursors", |v| {
+        v.iter().any(|s| {
+            s["local"] == caddr.as_str() && s["cursors"]["rx_prod"]["count"].as_u64() == Some(4)
+        })
+    });
+    let cs = v.iter().find(|s| s["local"] == caddr.as_str()).unwrap();
+    assert_eq!(cs["cursors"]["tx_prod"]["count"].as_u64(), Some(4), "{cs}");
+    assert_eq!(cs["cursors"]["tx_fin"]["count"].as_u64(), Some(4), "{cs}");
+    let dbg = smcss(&["-d"], &dir);
+    let dl = dbg.lines().find(|l| l.contains(&caddr)).unwrap();
+    assert!(dl.contains("0000:00000004 "), "{dl}");
+    let r = smcss(&["-R"], &dir);
+    let rl = r.lines().find(|l| l.contains(&caddr)).unwrap();
+    let gid = cs["gid"].as_str().unwrap_or_default();
+    assert_eq!(gid.len(), 39, "eight groups of four hex digits: {cs}");
+    assert!(
+        rl.contains(gid) && rl.contains(cs["peer_gid"].as_str().unwrap()),
+        "{rl}"
+    );
+    let dd = smcr(&["-dd", "linkgroup", "link-show"], &dir);
+    assert!(dd.contains("Local-GID") && dd.contains(gid), "{dd}");
 
     // smc_dbg: all of it in one report
     let o = tool(env!("CARGO_BIN_EXE_smc_dbg"), &[], &dir);
@@ -241,4 +298,51 @@ fn child_client() {
     c.read_exact(&mut b).unwrap();
     // until killed (or its parent closes our stdin)
     let _ = std::io::stdin().read(&mut [0u8; 1]);
+}
+
+/// `SMC_LOG=info`: a process's connection events on stderr, one line each
+/// (here a fallback, with its reason); nothing without it.
+#[test]
+fn smc_log_prints_connection_events() {
+    // (not `setup`: the test above runs at the same time in this process
+    // and owns that directory)
+    let reg = std::env::temp_dir().join(format!("smc-tools-log-{}", std::process::id()));
+    let plain = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = plain.local_addr().unwrap().to_string();
+    let run = |log: Option<&str>| {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args(["log_child", "--exact", "--nocapture"])
+            .env("CHILD_LOG_CONNECT", &addr)
+            .env("SMC_RS_RUN_DIR", &reg)
+            .env_remove("SMC_LOG");
+        if let Some(l) = log {
+            c.env("SMC_LOG", l);
+        }
+        let child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let (_s, _) = plain.accept().unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8(o.stderr).unwrap()
+    };
+    let on = run(Some("info"));
+    let line = on
+        .lines()
+        .find(|l| l.starts_with("smc-rs INFO smc: connection fell back to TCP"))
+        .unwrap_or_else(|| panic!("no fallback event in {on:?}"));
+    assert!(line.contains("role=\"CLNT\""), "{line}");
+    assert!(line.contains(&format!("peer=\"{addr}\"")), "{line}");
+    assert!(line.contains("reason=\"0x0301"), "{line}");
+    let off = run(None);
+    assert!(!off.contains("smc-rs INFO"), "{off}");
+    let _ = std::fs::remove_dir_all(reg);
+}
+
+/// The child of the test above: one connection to a plain TCP server.
+#[test]
+fn log_child() {
+    let Ok(addr) = std::env::var("CHILD_LOG_CONNECT") else {
+        return;
+    };
+    let c = SmcStream::connect(addr.as_str()).unwrap();
+    assert!(matches!(c.mode(), Mode::Tcp(_)));
 }

@@ -81,8 +81,12 @@ impl<P: Provider> Endpoint<P> {
                 });
                 lg.group.on_rx_activity(slot, now);
                 match WrMessage::decode(buf) {
-                    Ok(WrMessage::Llc(m)) => lg.group.on_llc(slot, m, now),
+                    Ok(WrMessage::Llc(m)) => {
+                        self.llc_received += 1;
+                        lg.group.on_llc(slot, m, now);
+                    }
                     Ok(WrMessage::Cdc(c)) => {
+                        self.cdc_received += 1;
                         // The CDC carries the receiver's alert token (§2.1).
                         match lg.tokens.get(&c.token) {
                             Some(&id) => self.on_cdc(id, &c),

@@ -194,6 +194,7 @@ impl<P: Provider> Endpoint<P> {
                     self.link_error(l, slot, e)?;
                     break;
                 }
+                self.cdc_sent += 1;
                 continue;
             }
             let (Some(dp), Some(peer), Some(sndbuf)) =
@@ -238,6 +239,7 @@ impl<P: Provider> Endpoint<P> {
             }
             if posted.is_ok() {
                 posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
+                self.cdc_sent += u64::from(posted.is_ok());
             }
             // A batch that did not go out stays accounted as in flight: the
             // link is down, and the failover rewind sends it again.

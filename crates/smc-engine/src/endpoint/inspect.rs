@@ -3,7 +3,7 @@
 //! states and buffers, a debug dump.
 
 use super::{ConnId, Endpoint, LgrId};
-use crate::state::{HandshakePhase, LgrState};
+use crate::state::{ConnDiag, HandshakePhase, LgrDiag, LgrState, LinkDiag, MsgCounts};
 use smc_proto::datapath::{DataPath, Violation};
 use smc_proto::link::Role;
 use smc_rdma::{Provider, QueuePair};
@@ -134,5 +134,61 @@ impl<P: Provider> Endpoint<P> {
     /// The violation that killed a connection, if any.
     pub fn violation(&self, id: ConnId) -> Option<Violation> {
         self.conns.get(id)?.as_ref()?.violation
+    }
+
+    /// What `smcss -d`/`-R` show of a connection: token, buffer sizes,
+    /// cursors and flags of its last CDCs, its link group and link.
+    pub fn conn_diag(&self, id: ConnId) -> Option<ConnDiag> {
+        let c = self.conns.get(id)?.as_ref()?;
+        let cfg = c.dp.as_ref().map(|dp| *dp.config());
+        Some(ConnDiag {
+            token: c.token,
+            sndbuf_len: cfg.map_or(0, |x| x.sndbuf_len),
+            rmbe_len: cfg.map_or(0, |x| x.rmbe_len),
+            peer_rmbe_len: cfg.map_or(0, |x| x.peer_rmbe_len),
+            cursors: c.dp.as_ref().map(DataPath::diag),
+            lgr: c.lgr,
+            link: c.link,
+        })
+    }
+
+    /// What `smcr -d linkgroup` and `link-show -dd` show of a link group.
+    pub fn lgr_diag(&self, l: LgrId) -> Option<LgrDiag> {
+        let lg = self.lgrs.get(l)?.as_ref()?;
+        let links = (0..lg.links.len())
+            .filter_map(|slot| {
+                let k = lg.group.link(slot)?;
+                Some(LinkDiag {
+                    slot,
+                    link_id: k.link_id,
+                    state: k.state,
+                    gid: k.local.gid,
+                    qpn: k.local.qpn,
+                    peer_gid: k.peer.gid,
+                    peer_qpn: k.peer.qpn,
+                    peer_link_uid: k.peer_link_uid,
+                })
+            })
+            .collect();
+        Some(LgrDiag {
+            state: lg.state,
+            role: lg.role,
+            id: lg.group.config().id,
+            version: lg.version,
+            release: lg.release,
+            peer_system_id: lg.peer_system_id,
+            gid: lg.local.gid,
+            links,
+        })
+    }
+
+    /// CDC and LLC messages this endpoint sent and received so far.
+    pub fn msg_counts(&self) -> MsgCounts {
+        MsgCounts {
+            cdc_sent: self.cdc_sent,
+            cdc_received: self.cdc_received,
+            llc_sent: self.llc_sent,
+            llc_received: self.llc_received,
+        }
     }
 }

@@ -252,6 +252,7 @@ impl<P: Provider> Endpoint<P> {
         }
         if posted.is_ok() {
             posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
+            self.cdc_sent += u64::from(posted.is_ok());
         }
         if let Err(e) = posted {
             // The link is broken and, being the only one, takes the connection

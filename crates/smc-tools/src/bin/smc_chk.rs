@@ -39,6 +39,9 @@ Check SMC setup
 
 const DEFAULT_PORT: u16 = 37373;
 
+// `-l`/`--live-test` and `-s`/`--static-analysis` are smc-tools'
+// undocumented modes: accepted, not in the usage text (as there).
+
 const OPTS: &[Opt] = &[
     Opt {
         short: Some('C'),
@@ -66,6 +69,16 @@ const OPTS: &[Opt] = &[
         has_arg: true,
     },
     Opt {
+        short: Some('l'),
+        long: "live-test",
+        has_arg: false,
+    },
+    Opt {
+        short: Some('s'),
+        long: "static-analysis",
+        has_arg: false,
+    },
+    Opt {
         short: Some('S'),
         long: "server",
         has_arg: false,
@@ -87,13 +100,22 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let modes: Vec<&str> = ["connect", "server", "pnetid"]
-        .into_iter()
-        .filter(|m| p.has(m))
-        .collect();
+    let modes: Vec<&str> = [
+        "connect",
+        "server",
+        "pnetid",
+        "live-test",
+        "static-analysis",
+    ]
+    .into_iter()
+    .filter(|m| p.has(m))
+    .collect();
+    // (-l and -s together give both, as smc-tools' script)
     if let [a, b, ..] = modes.as_slice() {
-        eprintln!("Error: Cannot combine options '--{a}' and '--{b}'");
-        return ExitCode::FAILURE;
+        if modes != ["live-test", "static-analysis"] {
+            eprintln!("Error: Cannot combine options '--{a}' and '--{b}'");
+            return ExitCode::FAILURE;
+        }
     }
     let port = match p.value("port").map(str::parse::<u16>) {
         None => DEFAULT_PORT,
@@ -112,6 +134,27 @@ fn main() -> ExitCode {
         Some(&"pnetid") => pnetid(p.value("pnetid").unwrap_or_default()),
         Some(&"server") => server(port, v6),
         Some(&"connect") => connect(p.value("connect").unwrap_or_default(), port, v6, debug),
+        Some(&"live-test" | &"static-analysis") => {
+            let ifaces = match interfaces(&p.positional) {
+                Ok(i) => i,
+                Err(e) => {
+                    eprintln!("Error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let mut ok = true;
+            if p.has("static-analysis") {
+                static_analysis(&ifaces);
+            }
+            if p.has("live-test") {
+                ok = live_test(&ifaces, debug);
+            }
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         _ => {
             print!("{USAGE}");
             ExitCode::SUCCESS
@@ -162,6 +205,193 @@ fn server(port: u16, v6: bool) -> ExitCode {
             }
         }
     }
+}
+
+/// Interfaces, each with its addresses and their prefix lengths.
+type Ifaces = Vec<(String, Vec<(IpAddr, u8)>)>;
+
+/// The interfaces with addresses (or those named).
+fn interfaces(named: &[String]) -> Result<Ifaces, String> {
+    let all = smc_rdma::sys::interface_addrs().map_err(|e| format!("interface list: {e}"))?;
+    let mut v: Ifaces = Vec::new();
+    for a in all {
+        if !named.is_empty() && !named.contains(&a.ifname) {
+            continue;
+        }
+        match v.iter_mut().find(|(n, _)| *n == a.ifname) {
+            Some((_, l)) => l.push((a.addr, a.prefix_len)),
+            None => v.push((a.ifname, vec![(a.addr, a.prefix_len)])),
+        }
+    }
+    if let Some(n) = named.iter().find(|n| !v.iter().any(|(x, _)| x == *n)) {
+        return Err(format!("Interface '{n}' has no address or does not exist"));
+    }
+    Ok(v)
+}
+
+/// The network of an address (its first `prefix` bits).
+fn subnet(a: IpAddr, prefix: u8) -> String {
+    match a {
+        IpAddr::V4(x) => {
+            let m = u32::MAX
+                .checked_shl(32 - u32::from(prefix.min(32)))
+                .unwrap_or(0);
+            format!("{}/{prefix}", std::net::Ipv4Addr::from(u32::from(x) & m))
+        }
+        IpAddr::V6(x) => {
+            let m = u128::MAX
+                .checked_shl(128 - u32::from(prefix.min(128)))
+                .unwrap_or(0);
+            format!("{}/{prefix}", std::net::Ipv6Addr::from(u128::from(x) & m))
+        }
+    }
+}
+
+/// `-s`: what SMC-R over each interface depends on, without a connection
+/// (smc-tools' static analysis is for SMC-D; this is its SMC-R
+/// counterpart): the SYN option, the interface's PNET ID, the RDMA ports
+/// that could serve it, the UEIDs and what is reachable.
+fn static_analysis(ifaces: &Ifaces) {
+    let dir = ConfigDir::from_env();
+    let pnet = PnetTable::load(&dir).unwrap_or_default();
+    let ueids = UeidTable::load(&dir)
+        .map(|t| t.eids().iter().map(ToString::to_string).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let devices = smc::provider::AnyProvider::from_env().devices_by_kind();
+    println!("Static analysis (SMC-R)");
+    match smc_bpf::Rendezvous::shared() {
+        Ok(_) => println!("  SYN option:     ok"),
+        Err(e) => println!(
+            "  SYN option:     not available ({e}): every connection falls back with {:#010x}",
+            smc::FALLBACK_NO_RENDEZVOUS
+        ),
+    }
+    if let Err(e) = &devices {
+        println!("  RDMA devices:   none ({e})");
+    }
+    for (name, addrs) in ifaces {
+        println!("  Interface {name}");
+        let id = pnet.pnetid_of_interface(name);
+        println!(
+            "     PNET ID:      {}",
+            id.map_or("n/a".to_string(), |i| format!("{}*", i.as_str()))
+        );
+        // the ports Linux's rules would consider: same PNET ID, else the
+        // port whose own interface this is; shared-memory devices serve
+        // peers on this host only
+        let mut ports = Vec::new();
+        for (kind, d) in devices.as_deref().unwrap_or_default() {
+            for p in &d.ports {
+                let pid = pnet.pnetid_of_port(&d.name, p.port_num).or_else(|| {
+                    p.netdev
+                        .as_deref()
+                        .and_then(|n| pnet.pnetid_of_interface(n))
+                });
+                let by_pnet = id.is_some() && pid == id;
+                let own = id.is_none() && p.netdev.as_deref() == Some(name.as_str());
+                if by_pnet || own {
+                    ports.push(format!(
+                        "{} port {} ({}, {:?}, {})",
+                        d.name,
+                        p.port_num,
+                        kind.as_str(),
+                        p.state,
+                        if by_pnet { "PNET ID" } else { "its interface" }
+                    ));
+                }
+            }
+        }
+        if ports.is_empty() {
+            println!("     RDMA ports:   none (connections decline with NOSMCRDEV)");
+        } else {
+            println!("     RDMA ports:   {}", ports.join(", "));
+        }
+        let nets: Vec<String> = addrs.iter().map(|(a, p)| subnet(*a, *p)).collect();
+        println!("     Reachable:    SMC-R v1: {}", nets.join(" "));
+        if ueids.is_empty() {
+            println!("                   SMC-R v2: none (no UEID)");
+        } else {
+            println!(
+                "                   SMC-R v2: Any (UEID {})",
+                ueids.join(", ")
+            );
+        }
+    }
+}
+
+/// `-l`: over each interface (its first address), a connection to a
+/// server of ours on that address, and its verdict.
+fn live_test(ifaces: &Ifaces, debug: bool) -> bool {
+    let mut ok = true;
+    for (name, addrs) in ifaces {
+        let Some(&(addr, _)) = addrs.first() else {
+            continue;
+        };
+        println!("  Live test on interface {name} ({addr})");
+        let l = match SmcListener::bind(SocketAddr::new(addr, 0)) {
+            Ok(l) => l,
+            Err(e) => {
+                println!("     Failed, no server ({e})");
+                ok = false;
+                continue;
+            }
+        };
+        let Ok(target) = l.local_addr() else {
+            ok = false;
+            continue;
+        };
+        let srv = std::thread::spawn(move || l.accept().map(|(s, _)| s));
+        match SmcStream::connect_timeout(&target, Duration::from_secs(10)) {
+            Ok(s) => ok &= verdict(&s),
+            Err(e) => {
+                if debug {
+                    println!("     ({e})");
+                }
+                println!("     Failed, no connection");
+                ok = false;
+            }
+        }
+        let _ = srv.join();
+    }
+    ok
+}
+
+/// smc-tools' verdict lines for a connection: `true` for SMC-R.
+fn verdict(s: &SmcStream) -> bool {
+    let ok = match s.mode() {
+        Mode::SmcR => {
+            let devs: Vec<String> = smc::state()
+                .into_iter()
+                .filter(|d| d.connections > 0)
+                .map(|d| d.device)
+                .collect();
+            if !devs.is_empty() {
+                println!("     Device:       {}", devs.join(", "));
+            }
+            println!("     Success, using SMC-R");
+            true
+        }
+        Mode::Tcp(f) => {
+            println!("     Failed  (TCP fallback), reasons:");
+            let code = f.code();
+            println!(
+                "          Client:        {code:#010x}   {}",
+                reason_text(code)
+            );
+            if let Some(peer) = f.peer {
+                let c = peer.to_u32();
+                println!("          Server:        {c:#010x}   {}", reason_text(c));
+            }
+            false
+        }
+    };
+    // failures the library recorded that explain a fallback (a device
+    // that did not open, a broken configuration, a thread that did not
+    // start): none is swallowed
+    for (kind, n, last) in smc::registry::errors() {
+        println!("     Error:        {kind} ({n}x): {last}");
+    }
+    ok
 }
 
 fn connect(host: &str, port: u16, v6: bool, debug: bool) -> ExitCode {
@@ -225,31 +455,9 @@ fn connect(host: &str, port: u16, v6: bool, debug: bool) -> ExitCode {
             println!("     Interface:    {i}, PNET ID {id}");
         }
     }
-    match s.mode() {
-        Mode::SmcR => {
-            let devs: Vec<String> = smc::state()
-                .into_iter()
-                .filter(|d| d.connections > 0)
-                .map(|d| d.device)
-                .collect();
-            if !devs.is_empty() {
-                println!("     Device:       {}", devs.join(", "));
-            }
-            println!("     Success, using SMC-R");
-            ExitCode::SUCCESS
-        }
-        Mode::Tcp(f) => {
-            println!("     Failed  (TCP fallback), reasons:");
-            let code = f.code();
-            println!(
-                "          Client:        {code:#010x}   {}",
-                reason_text(code)
-            );
-            if let Some(peer) = f.peer {
-                let c = peer.to_u32();
-                println!("          Server:        {c:#010x}   {}", reason_text(c));
-            }
-            ExitCode::FAILURE
-        }
+    if verdict(&s) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

@@ -153,6 +153,26 @@ pub fn lock(dir: &Path) -> io::Result<DirLock> {
     Ok(DirLock(f))
 }
 
+/// Takes `n` consecutive LG-ID numbers (1 to 0xffffff; the LG-ID is the
+/// number shifted left by 8, the low byte being the link id) from the
+/// counter in `<dir>/lgid`, under the directory's lock: the link groups of
+/// all processes of the run directory get distinct LG-IDs, as the kernel's
+/// host-wide `smc_lgr_list.num` gives them (smc_core.c `smc_lgr_create`).
+/// After 0xffffff the numbers start again at 1.
+pub fn alloc_lg_ids(dir: &Path, n: u32) -> io::Result<u32> {
+    ensure_dir(dir)?;
+    let _l = lock(dir)?;
+    let path = dir.join("lgid");
+    let next: u32 = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .filter(|x| (1..=0xff_ffff).contains(x))
+        .unwrap_or(1);
+    let first = if next + n > 0x100_0000 { 1 } else { next };
+    write_atomic(&path, &format!("{}\n", first + n))?;
+    Ok(first)
+}
+
 /// Adds (`sign` 1) or subtracts (`sign` -1) the numbers of `b` to those of
 /// `a`, key by key, through nested objects; a result below zero becomes 0.
 pub fn combine(a: &mut Value, b: &Value, sign: i8) {
@@ -414,6 +434,18 @@ mod tests {
         );
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
         assert!(ensure_dir(&d).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn lg_ids_are_handed_out_in_distinct_blocks() {
+        let d = std::env::temp_dir().join(format!("smc-files-lgid-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        assert_eq!(alloc_lg_ids(&d, 16).unwrap(), 1);
+        assert_eq!(alloc_lg_ids(&d, 16).unwrap(), 17);
+        // near the end the numbers start again at 1
+        write_atomic(&d.join("lgid"), "16777210").unwrap();
+        assert_eq!(alloc_lg_ids(&d, 16).unwrap(), 1);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -12,15 +12,25 @@
 //! adds in the connection's own counters, and everything else (addresses,
 //! engine state, devices) is looked at by the registry thread.
 //! `SMC_RS_REGISTRY=0` turns the registry off for the process.
+//!
+//! The engine's facts come from its read-only views (`conn_diag`,
+//! `lgr_diag`, `msg_counts`): cursors and flags of each connection's last
+//! CDCs, its link's GIDs, the link groups' links and peers, the CDC and LLC
+//! messages of each endpoint. Link events (up, down, a connection moved,
+//! aborted) are what two snapshots show; they are counted and logged
+//! ([`log`]), as are handshake results and failures.
 
 pub mod files;
+mod log;
 
 use crate::ctx::{self, Role, Shared};
 use crate::stream::Mode;
 use serde_json::{json, Value};
 use smc_config::store::Table;
 use smc_engine::endpoint::ConnId;
+use smc_engine::state::{ConnDiag, LgrDiag, MsgCounts};
 use smc_proto::close::CloseState;
+use smc_proto::link::LinkState;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpStream};
@@ -38,15 +48,59 @@ pub(crate) struct ConnStats {
     tx_bytes: AtomicU64,
     rx_cnt: AtomicU64,
     tx_cnt: AtomicU64,
+    /// Reads and writes by payload size ([`bucket`]).
+    rx_hist: Hist,
+    tx_hist: Hist,
     retired: AtomicBool,
 }
 
+/// Buckets of Linux's size histograms (smc_stats.h `SMC_BUF_MAX`): up to
+/// 8 KiB, 16 KiB, ... 1024 KiB, more.
+const BUCKETS: usize = 9;
+/// Their names in `smcr stats json` (`SMC_USR_TX_BUF_8K` ... `_G_1024K`).
+pub const BUCKET_NAMES: [&str; BUCKETS] = [
+    "8K", "16K", "32K", "64K", "128K", "256K", "512K", "1024K", "G_1024K",
+];
+
+type Hist = [AtomicU64; BUCKETS];
+
+/// The bucket of a size (smc_stats.h `SMC_STAT_PAYLOAD_SUB`: the bit length
+/// of `(len - 1) >> 13`, at most 8).
+#[inline]
+fn bucket(len: usize) -> usize {
+    let x = (len.max(1) - 1) >> 13;
+    ((usize::BITS - x.leading_zeros()) as usize).min(BUCKETS - 1)
+}
+
+fn hist_get(h: &Hist) -> [u64; BUCKETS] {
+    std::array::from_fn(|i| h[i].load(Relaxed))
+}
+
+fn hist_add(h: &Hist, v: &[u64; BUCKETS]) {
+    for (a, b) in h.iter().zip(v) {
+        a.fetch_add(*b, Relaxed);
+    }
+}
+
+fn hist_json(v: &[u64; BUCKETS]) -> Value {
+    let m: serde_json::Map<String, Value> = BUCKET_NAMES
+        .iter()
+        .zip(v)
+        .map(|(k, n)| ((*k).to_string(), json!(n)))
+        .collect();
+    Value::Object(m)
+}
+
 impl ConnStats {
-    /// A read that returned `n` bytes.
+    /// A read that returned `n` bytes (the kernel counts a request's size
+    /// only when it moved data: smc_rx.c `SMC_STAT_RMB_RX_SIZE_SMALL`...).
     #[inline]
     pub(crate) fn rx(&self, n: usize) {
         self.rx_bytes.fetch_add(n as u64, Relaxed);
         self.rx_cnt.fetch_add(1, Relaxed);
+        if n > 0 {
+            self.rx_hist[bucket(n)].fetch_add(1, Relaxed);
+        }
     }
 
     /// A write that took `n` bytes.
@@ -54,6 +108,9 @@ impl ConnStats {
     pub(crate) fn tx(&self, n: usize) {
         self.tx_bytes.fetch_add(n as u64, Relaxed);
         self.tx_cnt.fetch_add(1, Relaxed);
+        if n > 0 {
+            self.tx_hist[bucket(n)].fetch_add(1, Relaxed);
+        }
     }
 
     fn get(&self) -> [u64; 4] {
@@ -76,6 +133,8 @@ impl ConnStats {
             r.retired.tx_bytes.fetch_add(b, Relaxed);
             r.retired.rx_cnt.fetch_add(c, Relaxed);
             r.retired.tx_cnt.fetch_add(d, Relaxed);
+            hist_add(&r.retired.rx_hist, &hist_get(&self.rx_hist));
+            hist_add(&r.retired.tx_hist, &hist_get(&self.tx_hist));
         }
     }
 }
@@ -129,6 +188,14 @@ struct Registry {
     errors: AtomicU64,
     /// Other failures by kind: count and last message (see [`error`]).
     errors_by_kind: Mutex<BTreeMap<&'static str, (u64, String)>>,
+    /// Sizes of the RMBs and send buffers of SMC-R connections ([`bucket`]).
+    rmb_hist: Hist,
+    sndbuf_hist: Hist,
+    /// Link events the registry thread saw (see [`Watch`]).
+    link_up: AtomicU64,
+    link_down: AtomicU64,
+    failover: AtomicU64,
+    aborts: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -154,6 +221,12 @@ fn registry() -> Option<&'static Registry> {
             retired: ConnStats::default(),
             errors: AtomicU64::new(0),
             errors_by_kind: Mutex::new(BTreeMap::new()),
+            rmb_hist: Default::default(),
+            sndbuf_hist: Default::default(),
+            link_up: AtomicU64::new(0),
+            link_down: AtomicU64::new(0),
+            failover: AtomicU64::new(0),
+            aborts: AtomicU64::new(0),
         })
     })
     .as_ref()
@@ -181,6 +254,7 @@ fn info_of(fd: BorrowedFd<'_>) -> Info {
 /// socket (before its first connection, so that the thread is there from
 /// the process's first connection on, not from some later one).
 pub(crate) fn start() {
+    log::init();
     if let Some(r) = registry() {
         r.start();
     }
@@ -198,12 +272,12 @@ impl Registry {
             // (no thread, no registry: the connection works all the same;
             // the failure is counted where the tools can see it if a later
             // start succeeds)
-            if std::thread::Builder::new()
+            if let Err(e) = std::thread::Builder::new()
                 .name("smc-registry".into())
                 .spawn(move || self.run())
-                .is_err()
             {
                 self.errors.fetch_add(1, Relaxed);
+                tracing::error!(target: "smc", kind = "thread_start", error = %e, "registry thread did not start");
             }
         });
     }
@@ -218,6 +292,7 @@ pub(crate) struct Token(#[allow(dead_code)] Arc<()>);
 /// and listed while the returned token lives.
 #[cfg(feature = "tokio")]
 pub(crate) fn stream_fd(fd: BorrowedFd<'_>, role: Role, mode: Mode) -> Option<Token> {
+    log_result(role, mode, fd);
     let r = registry()?;
     r.count(role, mode);
     let token = Arc::new(());
@@ -254,12 +329,65 @@ pub(crate) fn rebind(tcp: &Arc<TcpStream>) -> Option<Token> {
     Some(Token(token))
 }
 
+/// The name of a reason code in logs: the kernel's macro name without
+/// `SMC_CLC_DECL_`, or smc-rs's own.
+fn code_name(code: u32) -> String {
+    if code == crate::FALLBACK_NO_RENDEZVOUS {
+        return "NO_RENDEZVOUS".into();
+    }
+    smc_wire::clc::DeclineCode::from_u32(code)
+        .name()
+        .map_or_else(
+            || format!("{code:#010x}"),
+            |n| n.trim_start_matches("SMC_CLC_DECL_").to_string(),
+        )
+}
+
+/// The log event of a connection's handshake result.
+fn log_result(role: Role, mode: Mode, fd: BorrowedFd<'_>) {
+    let role = role_name(role);
+    // (the addresses are looked up only when the event is enabled)
+    let addrs = || {
+        let i = info_of(fd);
+        (
+            i.local.map(|a| a.to_string()).unwrap_or_default(),
+            i.peer.map(|a| a.to_string()).unwrap_or_default(),
+        )
+    };
+    match mode {
+        Mode::SmcR => {
+            if tracing::enabled!(target: "smc", tracing::Level::INFO) {
+                let (local, peer) = addrs();
+                tracing::info!(target: "smc", role, local, peer, mode = "SMCR", "connection established");
+            }
+        }
+        Mode::Tcp(f) => {
+            if tracing::enabled!(target: "smc", tracing::Level::INFO) {
+                let (local, peer) = addrs();
+                let code = f.code();
+                let peer_code = f.peer.map(|p| format!("{:#010x}", p.to_u32()));
+                tracing::info!(
+                    target: "smc",
+                    role, local, peer, mode = "TCP",
+                    reason = format!("{code:#010x}").as_str(),
+                    reason_name = code_name(code).as_str(),
+                    peer_reason = peer_code.as_deref().unwrap_or("none"),
+                    "connection fell back to TCP"
+                );
+            }
+        }
+    }
+}
+
 impl Registry {
     fn count(&self, role: Role, mode: Mode) {
         let s = side(role);
         match mode {
             Mode::SmcR => {
                 self.smc[s].fetch_add(1, Relaxed);
+                let (rmb, snd) = ctx::buffer_sizes();
+                self.rmb_hist[bucket(rmb)].fetch_add(1, Relaxed);
+                self.sndbuf_hist[bucket(snd)].fetch_add(1, Relaxed);
             }
             Mode::Tcp(f) => {
                 self.fallback[s].fetch_add(1, Relaxed);
@@ -280,6 +408,7 @@ pub(crate) fn stream(
     mode: Mode,
     smc: Option<(&Arc<Shared>, ConnId, &Arc<ConnStats>)>,
 ) {
+    log_result(role, mode, tcp.as_fd());
     let Some(r) = registry() else { return };
     r.count(role, mode);
     let weak: Weak<TcpStream> = Arc::downgrade(tcp);
@@ -311,6 +440,7 @@ pub(crate) fn listener<T: Any + Send + Sync>(alive: &Arc<T>, fd: BorrowedFd<'_>)
 /// that cannot start): counted by `kind`, the last message kept, both
 /// published (`counters.errors`, `errors`).
 pub(crate) fn error(kind: &'static str, msg: String) {
+    tracing::warn!(target: "smc", kind, error = msg.as_str(), "smc-rs error");
     if let Some(r) = registry() {
         let mut e = lock(&r.errors_by_kind);
         let slot = e.entry(kind).or_insert((0, String::new()));
@@ -320,8 +450,20 @@ pub(crate) fn error(kind: &'static str, msg: String) {
     }
 }
 
+/// The failures this process recorded with [`error`] so far: kind, count,
+/// last message (for `smc_chk`, which runs the library itself).
+pub fn errors() -> Vec<(&'static str, u64, String)> {
+    registry().map_or_else(Vec::new, |r| {
+        lock(&r.errors_by_kind)
+            .iter()
+            .map(|(k, (n, m))| (*k, *n, m.clone()))
+            .collect()
+    })
+}
+
 /// A handshake failed: the connection is closed (neither SMC-R nor TCP).
 pub(crate) fn handshake_error(role: Role) {
+    tracing::info!(target: "smc", role = role_name(role), "handshake failed: connection closed");
     if let Some(r) = registry() {
         r.hs_err[side(role)].fetch_add(1, Relaxed);
         r.changed.store(true, Relaxed);
@@ -356,11 +498,8 @@ fn shutdown_of(s: CloseState) -> u8 {
     }
 }
 
-/// Host-unique-ish LG-ID: the low 16 bits of the pid, then 8 bits of
-/// (device, group), then the link id byte (smc-tools masks it off).
-fn lg_id(pid: u32, dev: usize, lgr: usize) -> u32 {
-    ((pid & 0xffff) << 16) | ((((dev << 5) + lgr) as u32 & 0xff) << 8)
-}
+/// LG-IDs a registry thread takes from its run directory at a time.
+const LG_ID_BLOCK: u32 = 16;
 
 const EVENT_PERIOD: Duration = Duration::from_millis(100);
 /// A snapshot and the pause after it take at least this many times the
@@ -388,14 +527,79 @@ impl std::io::Write for HashWriter {
 #[derive(Clone, Copy)]
 struct Facts {
     state: Option<CloseState>,
-    token: Option<u32>,
-    lgr: Option<usize>,
-    link: Option<usize>,
+    diag: Option<ConnDiag>,
 }
 
-/// Per device: its link groups' roles seen (an idle group has no
-/// connection to tell).
-type Roles = HashMap<(String, usize), Role>;
+/// A link group as the engine describes it: (device index, group index,
+/// the engine's description).
+type LgrSeen = (usize, usize, LgrDiag);
+
+/// What the registry thread remembers between snapshots: the LG-IDs it
+/// gave out, and what it saw of links and connections, for the link events it
+/// logs and counts (up, down, a connection moved, aborted). Events are what
+/// two looks (at least 100 ms apart) show: a link that comes and goes
+/// between them is not seen.
+#[derive(Default)]
+struct Watch {
+    /// (device index, group index, engine id) -> LG-ID.
+    lg_ids: HashMap<(usize, usize, u32), u32>,
+    /// LG-IDs left of the block taken from the run directory: (next, end).
+    free_ids: (u32, u32),
+    /// (LG-ID, slot) -> the link was active.
+    links: HashMap<(u32, usize), bool>,
+    /// Connection (address of its counters) -> (link slot, aborted).
+    conns: HashMap<usize, (Option<usize>, bool)>,
+}
+
+impl Watch {
+    /// The LG-ID of a link group: unique among the processes of the run
+    /// directory (a counter there hands out blocks), stable while the group
+    /// lives; the low byte is left for the link id, as the kernel's.
+    fn lg_id(&mut self, dir: &std::path::Path, key: (usize, usize, u32)) -> u32 {
+        if let Some(id) = self.lg_ids.get(&key) {
+            return *id;
+        }
+        if self.free_ids.0 >= self.free_ids.1 {
+            self.free_ids = match files::alloc_lg_ids(dir, LG_ID_BLOCK) {
+                Ok(first) => (first, first + LG_ID_BLOCK),
+                Err(e) => {
+                    error("lg_id", format!("LG-ID counter in {}: {e}", dir.display()));
+                    // (unique in this process at least)
+                    let n = 0xff_0000 + self.lg_ids.len() as u32 % 0xffff;
+                    (n, n + 1)
+                }
+            };
+        }
+        let id = (self.free_ids.0 & 0xff_ffff) << 8;
+        self.free_ids.0 += 1;
+        self.lg_ids.insert(key, id);
+        id
+    }
+}
+
+/// A GID as smcss and smcr print it: eight groups of four hex digits.
+fn gid_str(g: &smc_wire::types::Gid) -> String {
+    let mut s = String::with_capacity(39);
+    for (i, pair) in g.0.chunks(2).enumerate() {
+        if i > 0 {
+            s.push(':');
+        }
+        s.push_str(&format!("{:02x}{:02x}", pair[0], pair[1]));
+    }
+    s
+}
+
+fn link_state_name(s: LinkState) -> &'static str {
+    match s {
+        LinkState::Activating => "LINK_ACTIVATING",
+        LinkState::Active => "LINK_ACTIVE",
+        LinkState::Inactive => "LINK_INACTIVE",
+    }
+}
+
+fn cursor_json(c: smc_wire::cdc::Cursor) -> Value {
+    json!({"wrap": c.wrap, "count": c.count})
+}
 
 impl Registry {
     fn run(&'static self) {
@@ -415,7 +619,7 @@ impl Registry {
         let mut last: Option<u64> = None;
         let mut last_look = Instant::now() - IDLE_PERIOD;
         let mut devices: (Option<Instant>, Value) = (None, json!([]));
-        let mut roles = Roles::new();
+        let mut watch = Watch::default();
         // (a snapshot of many sockets costs more: the next waits at least
         // COST_FACTOR times as long as the last took, so that the thread
         // takes a bounded share of a CPU and of the endpoints' locks)
@@ -431,8 +635,7 @@ impl Registry {
             }
             last_look = Instant::now();
             let refresh = devices.0.is_none_or(|t| t.elapsed() >= DEVICE_PERIOD);
-            let body = self.snapshot(pid, &mut roles, refresh, &mut devices);
-            let Some(body) = body else { continue };
+            let body = self.snapshot(&mut watch, refresh, &mut devices);
             let mut doc = json!({
                 "version": files::VERSION,
                 "pid": pid,
@@ -472,11 +675,10 @@ impl Registry {
     /// The process's state as JSON (without the header).
     fn snapshot(
         &self,
-        pid: u32,
-        roles: &mut Roles,
+        watch: &mut Watch,
         refresh_devices: bool,
         devices: &mut (Option<Instant>, Value),
-    ) -> Option<Value> {
+    ) -> Value {
         // the live sockets, with their static facts
         struct Live {
             what: Option<(Role, Mode, Option<SmcRef>)>,
@@ -518,15 +720,46 @@ impl Registry {
             }
         }
         drop(new);
-        let (rmb_len, sndbuf_len) = ctx::buffer_sizes();
         let (eps, devs) = ctx::endpoints_and_devices(refresh_devices).unwrap_or_default();
         let dev_index = |sh: &Arc<Shared>| eps.iter().position(|(_, s)| Arc::ptr_eq(s, sh));
-        // per endpoint: the connections' engine facts, under one lock
+        // every endpoint's link groups and message counts, one lock each
+        let mut groups: Vec<LgrSeen> = Vec::new();
+        let mut msgs = MsgCounts::default();
+        for (di, (_, sh)) in eps.iter().enumerate() {
+            let ep = sh.lock();
+            let m = ep.msg_counts();
+            msgs.cdc_sent += m.cdc_sent;
+            msgs.cdc_received += m.cdc_received;
+            msgs.llc_sent += m.llc_sent;
+            msgs.llc_received += m.llc_received;
+            let n = ep.link_groups();
+            let (mut found, mut l) = (0, 0);
+            while found < n && l < 4096 {
+                if let Some(d) = ep.lgr_diag(l) {
+                    found += 1;
+                    groups.push((di, l, d));
+                }
+                l += 1;
+            }
+        }
+        let ids: Vec<u32> = groups
+            .iter()
+            .map(|(di, l, d)| watch.lg_id(&self.dir, (*di, *l, d.id)))
+            .collect();
+        let id_of = |di: usize, l: usize| {
+            groups
+                .iter()
+                .zip(&ids)
+                .find(|((d, x, _), _)| *d == di && *x == l)
+                .map(|((_, _, g), id)| (*id, g))
+        };
         let mut sockets = Vec::new();
-        // (device index, lgr) -> (conns, conns per link slot)
-        let mut lgr_conns: BTreeMap<(usize, usize), (u32, [u32; 3])> = BTreeMap::new();
+        // LG-ID -> (conns, conns per link slot)
+        let mut lgr_conns: HashMap<u32, (u32, [u32; 3])> = HashMap::new();
         let mut usage = (0u64, 0u64);
         let mut bytes = self.retired.get();
+        let mut rx_hist = hist_get(&self.retired.rx_hist);
+        let mut tx_hist = hist_get(&self.retired.tx_hist);
         // the engine's facts of the SMC-R connections, a batch of them per
         // hold of their endpoint's lock
         let mut facts: Vec<Option<(Option<usize>, Facts)>> = vec![None; live.len()];
@@ -551,14 +784,13 @@ impl Registry {
                         di,
                         Facts {
                             state: ep.close_state(id),
-                            token: ep.alert_token(id),
-                            lgr: ep.link_group_of(id),
-                            link: ep.link_of(id),
+                            diag: ep.conn_diag(id),
                         },
                     ));
                 }
             }
         }
+        let mut seen_conns = HashMap::new();
         let fmt_addr = |a: Option<SocketAddr>| a.map(|a| a.to_string());
         for (l, fact) in live.iter().zip(&facts) {
             let mut s = json!({
@@ -599,27 +831,52 @@ impl Registry {
                             bytes[1] += b;
                             bytes[2] += c;
                             bytes[3] += d;
+                            for (x, y) in rx_hist.iter_mut().zip(hist_get(&st.rx_hist)) {
+                                *x += y;
+                            }
+                            for (x, y) in tx_hist.iter_mut().zip(hist_get(&st.tx_hist)) {
+                                *x += y;
+                            }
                         }
                         if let Some((di, f)) = fact {
                             if let Some(cs) = f.state {
                                 state = cs;
                             }
-                            s["token"] = json!(f.token);
-                            if let (Some(di), Some(lg)) = (*di, f.lgr) {
-                                let slot = f.link;
-                                s["device"] = json!(eps[di].0);
-                                s["lgr_id"] = json!(lg_id(pid, di, lg));
-                                s["link_id"] = json!(slot.map(|x| x + 1));
-                                roles.entry((eps[di].0.clone(), lg)).or_insert(*role);
-                                let e = lgr_conns.entry((di, lg)).or_default();
-                                e.0 += 1;
-                                if let Some(x) = slot.filter(|x| *x < 3) {
-                                    e.1[x] += 1;
+                            if let Some(d) = f.diag {
+                                self.describe(&mut s, &d, *di, &id_of, &eps, &mut lgr_conns);
+                                if !matches!(state, CloseState::Closed) {
+                                    usage.0 += d.rmbe_len as u64;
+                                    usage.1 += d.sndbuf_len as u64;
                                 }
-                            }
-                            if !matches!(state, CloseState::Closed) {
-                                usage.0 += rmb_len as u64;
-                                usage.1 += sndbuf_len as u64;
+                                // (link events: a connection that changed
+                                // link, or was aborted)
+                                let key = Arc::as_ptr(st) as usize;
+                                let aborted = matches!(
+                                    state,
+                                    CloseState::ProcessAbort | CloseState::PeerAbortWait
+                                );
+                                if let Some((was, was_aborted)) = watch.conns.get(&key).copied() {
+                                    if let (Some(a), Some(b)) = (was, d.link) {
+                                        if a != b {
+                                            self.failover.fetch_add(1, Relaxed);
+                                            tracing::info!(
+                                                target: "smc",
+                                                lg_id = format!("{:08x}", s["lgr_id"].as_u64().unwrap_or(0)).as_str(),
+                                                from_link = a + 1, to_link = b + 1,
+                                                token = d.token,
+                                                "connection moved to another link (failover)"
+                                            );
+                                        }
+                                    }
+                                    if aborted && !was_aborted {
+                                        self.aborts.fetch_add(1, Relaxed);
+                                        tracing::warn!(target: "smc", token = d.token, state = state_name(state).0, "connection aborted");
+                                    }
+                                } else if aborted {
+                                    self.aborts.fetch_add(1, Relaxed);
+                                    tracing::warn!(target: "smc", token = d.token, state = state_name(state).0, "connection aborted");
+                                }
+                                seen_conns.insert(key, (d.link, aborted));
                             }
                         }
                     }
@@ -627,65 +884,89 @@ impl Registry {
                     s["state"] = json!(name);
                     s["state_num"] = json!(num);
                     s["shutdown"] = json!(shutdown_of(state));
-                    s["sndbuf"] = json!(sndbuf_len);
-                    s["rmb"] = json!(rmb_len);
                 }
             }
             sockets.push(s);
         }
+        watch.conns = seen_conns;
         // link groups of every endpoint, idle ones included
         let mut lgrs = Vec::new();
         let mut links_on: HashMap<String, (u32, bool)> = HashMap::new();
-        for (di, (dev, sh)) in eps.iter().enumerate() {
-            let ep = sh.lock();
-            let n = ep.link_groups();
-            let (mut found, mut l) = (0, 0);
-            while found < n && l < 4096 {
-                if let Some(st) = ep.link_group_state(l) {
-                    found += 1;
-                    let usable = ep.usable_links(l);
-                    let (conns, per_link) = lgr_conns.get(&(di, l)).copied().unwrap_or_default();
-                    let id = lg_id(pid, di, l);
-                    let mut links = Vec::new();
-                    for (slot, on_link) in per_link.iter().enumerate() {
-                        let Some(qp) = ep.link_qp_num(l, slot) else {
-                            continue;
-                        };
-                        let active = usable.contains(&slot);
-                        links.push(json!({
-                            "id": slot + 1,
-                            "uid": id | (slot as u32 + 1),
-                            "state": if active { "LINK_ACTIVE" } else { "LINK_ACTIVATING" },
-                            "conns": on_link,
-                            "qp": qp,
-                            "ib_dev": dev,
-                            "ib_port": 1,
-                        }));
-                    }
-                    let ty = match usable.len() {
-                        0 => "NONE",
-                        1 => "SINGLE",
-                        _ => "SYM",
-                    };
-                    let e = links_on.entry(dev.clone()).or_default();
-                    e.0 += links.len() as u32;
-                    e.1 |= ty == "SINGLE";
-                    lgrs.push(json!({
-                        "id": id,
-                        "device": dev,
-                        "index": l,
-                        "role": roles.get(&(dev.clone(), l)).map(|r| role_name(*r)),
-                        "type": ty,
-                        "state": format!("{st:?}").to_uppercase(),
-                        "vlan": 0,
-                        "conns": conns,
-                        "links": links,
-                    }));
+        let mut seen_links = HashMap::new();
+        for ((di, l, g), id) in groups.iter().zip(&ids) {
+            let dev = &eps[*di].0;
+            let (conns, per_link) = lgr_conns.get(id).copied().unwrap_or_default();
+            let mut links = Vec::new();
+            let mut usable = 0;
+            for k in &g.links {
+                let active = k.state == LinkState::Active;
+                usable += usize::from(active);
+                let link_id = if k.link_id == 0 {
+                    k.slot as u8 + 1
+                } else {
+                    k.link_id
+                };
+                let was = watch.links.get(&(*id, k.slot)).copied();
+                if active && was != Some(true) {
+                    self.link_up.fetch_add(1, Relaxed);
+                    tracing::info!(target: "smc", lg_id = format!("{id:08x}").as_str(), link_id, device = dev.as_str(), peer_gid = gid_str(&k.peer_gid).as_str(), "link up");
+                } else if !active && was == Some(true) {
+                    self.link_down.fetch_add(1, Relaxed);
+                    tracing::warn!(target: "smc", lg_id = format!("{id:08x}").as_str(), link_id, device = dev.as_str(), "link down");
                 }
-                l += 1;
+                seen_links.insert((*id, k.slot), active);
+                links.push(json!({
+                    "id": link_id,
+                    "slot": k.slot,
+                    "uid": id | u32::from(link_id),
+                    "peer_uid": k.peer_link_uid,
+                    "state": link_state_name(k.state),
+                    "conns": per_link.get(k.slot).copied().unwrap_or(0),
+                    "qp": k.qpn,
+                    "peer_qp": k.peer_qpn,
+                    "gid": gid_str(&k.gid),
+                    "peer_gid": gid_str(&k.peer_gid),
+                    "ib_dev": dev,
+                    "ib_port": 1,
+                }));
+            }
+            let ty = match usable {
+                0 => "NONE",
+                1 => "SINGLE",
+                _ => "SYM",
+            };
+            let e = links_on.entry(dev.clone()).or_default();
+            e.0 += links.len() as u32;
+            e.1 |= ty == "SINGLE";
+            let role = match g.role {
+                smc_proto::link::Role::Client => Role::Client,
+                smc_proto::link::Role::Server => Role::Server,
+            };
+            lgrs.push(json!({
+                "id": id,
+                "device": dev,
+                "index": l,
+                "role": role_name(role),
+                "type": ty,
+                "state": format!("{:?}", g.state).to_uppercase(),
+                "vlan": 0,
+                "conns": conns,
+                "version": g.version,
+                "release": g.release,
+                "peer_system_id": g.peer_system_id.0.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                "gid": gid_str(&g.gid),
+                "links": links,
+            }));
+        }
+        // links that went away with their group, or were cleared
+        for ((id, slot), active) in &watch.links {
+            if *active && !seen_links.contains_key(&(*id, *slot)) {
+                self.link_down.fetch_add(1, Relaxed);
+                tracing::warn!(target: "smc", lg_id = format!("{id:08x}").as_str(), link_id = slot + 1, "link down (removed)");
             }
         }
-        roles.retain(|(d, l), _| lgrs.iter().any(|g| g["device"] == *d && g["index"] == *l));
+        watch.links = seen_links;
+        watch.lg_ids.retain(|_, id| ids.contains(id));
         if refresh_devices {
             let pnet = smc_config::pnet::PnetTable::load(&smc_config::store::ConfigDir::from_env())
                 .unwrap_or_default();
@@ -743,7 +1024,7 @@ impl Registry {
             }
             (Value::Object(counts), Value::Object(last))
         };
-        Some(json!({
+        json!({
             "errors": err_last,
             "sockets": sockets,
             "link_groups": lgrs,
@@ -758,11 +1039,77 @@ impl Registry {
                 "tx_bytes": bytes[1],
                 "rx_cnt": bytes[2],
                 "tx_cnt": bytes[3],
+                "rx_hist": hist_json(&rx_hist),
+                "tx_hist": hist_json(&tx_hist),
+                "rmb_hist": hist_json(&hist_get(&self.rmb_hist)),
+                "sndbuf_hist": hist_json(&hist_get(&self.sndbuf_hist)),
+                "cdc_sent": msgs.cdc_sent,
+                "cdc_received": msgs.cdc_received,
+                "llc_sent": msgs.llc_sent,
+                "llc_received": msgs.llc_received,
+                "link_up": self.link_up.load(Relaxed),
+                "link_down": self.link_down.load(Relaxed),
+                "conn_moves": self.failover.load(Relaxed),
+                "aborts": self.aborts.load(Relaxed),
                 "registry_errors": self.errors.load(Relaxed),
                 "errors": err_counts,
             },
             "gauges": {"rmb_usage": usage.0, "sndbuf_usage": usage.1},
-        }))
+        })
+    }
+
+    /// An SMC-R socket's engine facts into its JSON: token, buffers,
+    /// cursors, its link group and link (counted there).
+    fn describe<'g>(
+        &self,
+        s: &mut Value,
+        d: &ConnDiag,
+        di: Option<usize>,
+        id_of: &dyn Fn(usize, usize) -> Option<(u32, &'g LgrDiag)>,
+        eps: &[(String, Arc<Shared>)],
+        lgr_conns: &mut HashMap<u32, (u32, [u32; 3])>,
+    ) {
+        s["token"] = json!(d.token);
+        s["sndbuf"] = json!(d.sndbuf_len);
+        s["rmb"] = json!(d.rmbe_len);
+        s["peer_rmb"] = json!(d.peer_rmbe_len);
+        if let Some(c) = d.cursors {
+            s["cursors"] = json!({
+                "rx_prod": cursor_json(c.rx_prod),
+                "rx_cons": cursor_json(c.rx_cons),
+                "tx_prod": cursor_json(c.tx_prod),
+                "tx_cons": cursor_json(c.tx_cons),
+                "tx_prep": cursor_json(c.tx_prep),
+                "tx_sent": cursor_json(c.tx_sent),
+                "tx_fin": cursor_json(c.tx_fin),
+            });
+            s["rx_flags"] = json!(c.rx_flags);
+            s["tx_flags"] = json!(c.tx_flags);
+        }
+        let (Some(di), Some(lg)) = (di, d.lgr) else {
+            return;
+        };
+        s["device"] = json!(eps[di].0);
+        let Some((id, g)) = id_of(di, lg) else { return };
+        s["lgr_id"] = json!(id);
+        let e = lgr_conns.entry(id).or_default();
+        e.0 += 1;
+        if let Some(slot) = d.link {
+            if let Some(x) = e.1.get_mut(slot) {
+                *x += 1;
+            }
+            if let Some(k) = g.links.iter().find(|k| k.slot == slot) {
+                let link_id = if k.link_id == 0 {
+                    slot as u8 + 1
+                } else {
+                    k.link_id
+                };
+                s["link_id"] = json!(link_id);
+                s["gid"] = json!(gid_str(&k.gid));
+                s["peer_gid"] = json!(gid_str(&k.peer_gid));
+                s["ib_port"] = json!(1);
+            }
+        }
     }
 }
 
