@@ -81,7 +81,7 @@ impl<P: Provider> Endpoint<P> {
         // application call, a CDC in either direction, a timer: `mark_tx`)
         // are flushed, so that a message's cost does not grow with the number
         // of idle connections; all of them after link and handshake events
-        // (`sweep_due`) and every FLUSH_SWEEP_EVERY regardless. Round robin,
+        // (`sweep_due`). Round robin,
         // a few batches per connection per pass, so that one busy connection
         // cannot take every send slot of its link.
         let mut ids = std::mem::take(&mut self.scratch_ids);
@@ -150,6 +150,16 @@ impl<P: Provider> Endpoint<P> {
         let clean = self.flush_conn_batches(l, id);
         if !matches!(clean, Ok(true)) {
             self.mark_tx(id);
+        }
+        // A close that waits for unsent data waits on while the peer takes
+        // some; a connection whose close is done may be freed (its last
+        // CDC's completion and the peer's close CDC both come through here).
+        let now = self.now;
+        if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+            super::pump::close_progress(c, now);
+            if c.closer.is_finished() {
+                self.conn_due(id);
+            }
         }
         clean.map(|_| ())
     }
