@@ -52,11 +52,18 @@ impl<P: Provider> Endpoint<P> {
             if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
                 continue;
             }
+            self.retry_rkey_flows(l, now);
+            self.pump_lgr(l, now, sweep)?;
+            // The group's timers after what its links received: a driver
+            // that sleeps until a deadline is woken by it and by nothing
+            // else, so an answer (a TEST_LINK response) that came in
+            // meanwhile must count before the wait for it is over.
             let idle_timeout = self.cfg.lgr_idle_timeout;
             let mut idle_expired = false;
-            if let Some(lg) = self.lgrs[l].as_mut() {
+            let mut fired = false;
+            if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
                 if lg.group.poll_timeout().is_some_and(|t| now >= t) {
-                    self.timer_events += 1;
+                    fired = true;
                     lg.group.on_timeout(now);
                 }
                 if lg.tokens.is_empty() && lg.state == LgrState::Active {
@@ -67,11 +74,14 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
             if idle_expired {
-                self.timer_events += 1;
+                fired = true;
                 self.lgr_step(l, LgrEvent::IdleExpired);
             }
-            self.retry_rkey_flows(l, now);
-            self.pump_lgr(l, now, sweep)?;
+            if fired {
+                self.timer_events += 1;
+                // what the timers decided goes out now
+                self.drain_lgr(l, now)?;
+            }
         }
         // connections that this pump's sending and receiving may have
         // finished (see `flush_conn`) are freed now, not at the next pump
