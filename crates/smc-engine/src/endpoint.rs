@@ -212,6 +212,9 @@ pub struct Endpoint<P: Provider> {
     scratch_due: Vec<ConnId>,
     /// Timers fired so far ([`Endpoint::timer_events`]).
     timer_events: u64,
+    /// The earliest timer of the link groups, as the last pump left them
+    /// (see `endpoint/timers.rs`).
+    lgr_next: Option<Timestamp>,
     /// Connections flushed so far, one by one (`conn_flushes`).
     conn_flushes: u64,
     /// Scratch copy of one received message (`poll_recv`), likewise.
@@ -281,6 +284,7 @@ impl<P: Provider> Endpoint<P> {
             due: Vec::new(),
             scratch_due: Vec::new(),
             timer_events: 0,
+            lgr_next: None,
             conn_flushes: 0,
             scratch_msg: Vec::new(),
             llc_sent: 0,

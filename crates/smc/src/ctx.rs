@@ -619,7 +619,9 @@ impl Shared {
         let n = ep.completions();
         let moved = self.gen.swap(n, Ordering::AcqRel) != n;
         let t = ep.timer_events();
-        let fired = self.timers_seen.swap(t, Ordering::AcqRel) != t;
+        // (a load first: timers fire rarely, a pump runs per message)
+        let fired = self.timers_seen.load(Ordering::Acquire) != t
+            && self.timers_seen.swap(t, Ordering::AcqRel) != t;
         if (moved || fired) && self.sleepers.load(Ordering::Acquire) > 0 {
             self.wake(ep, fired);
         }
@@ -762,9 +764,8 @@ impl Shared {
                     }
                     return r;
                 }
-                (ep.completions(), self.next_wake(&mut ep))
+                ep.completions()
             };
-            let (seen, next) = seen;
             if nonblocking {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
@@ -798,6 +799,12 @@ impl Shared {
                 self.spin.miss(budget);
                 slept = true;
             }
+            // (the engine's next deadline only now: a spinning round trip
+            // does not pay for it)
+            let next = {
+                let mut ep = self.lock();
+                self.next_wake(&mut ep)
+            };
             led = self.sleep(Some(want), seen, deadline, next);
         }
     }

@@ -143,5 +143,9 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
         }
+        // the peer's close may have been the last step: it may be freed
+        if c.closer.is_finished() {
+            self.conn_due(id);
+        }
     }
 }

@@ -52,6 +52,7 @@ impl<P: Provider> Endpoint<P> {
             if failed {
                 lg.group.on_link_failure(slot);
             }
+            let now = self.now;
             for &(id, seq) in &done[..ndone] {
                 self.mark_tx(id);
                 if let Some(c) = self.conn(id) {
@@ -60,6 +61,13 @@ impl<P: Provider> Endpoint<P> {
                     }
                     if let Some(Err(v)) = c.dp.as_mut().map(|dp| dp.on_cdc_sent(seq)) {
                         c.violation = Some(v);
+                    }
+                    // A close that waits for unsent data waits on while the
+                    // peer takes some; a connection whose close is done may
+                    // be freed once its last CDC completed.
+                    super::pump::close_progress(c, now);
+                    if c.closer.is_finished() {
+                        self.conn_due(id);
                     }
                 }
             }
@@ -150,16 +158,6 @@ impl<P: Provider> Endpoint<P> {
         let clean = self.flush_conn_batches(l, id);
         if !matches!(clean, Ok(true)) {
             self.mark_tx(id);
-        }
-        // A close that waits for unsent data waits on while the peer takes
-        // some; a connection whose close is done may be freed (its last
-        // CDC's completion and the peer's close CDC both come through here).
-        let now = self.now;
-        if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
-            super::pump::close_progress(c, now);
-            if c.closer.is_finished() {
-                self.conn_due(id);
-            }
         }
         clean.map(|_| ())
     }

@@ -35,25 +35,42 @@ impl<P: Provider> Endpoint<P> {
         // (events of this pump that call for a sweep set `sweep_due` again,
         // for the next one)
         let sweep = std::mem::take(&mut self.sweep_due);
-        let mut ids = std::mem::take(&mut self.scratch_due);
-        ids.clear();
-        if sweep {
-            // every connection's timers are looked at and armed, the heap's
-            // entries stay (they find nothing, or what is due anyway)
-            self.due.clear();
-            ids.extend(0..self.conns.len());
-        } else {
-            self.take_due(now, &mut ids);
+        // (the common case, nothing due, touches no list)
+        let timers_due = !self.due.is_empty()
+            || self
+                .timers
+                .peek()
+                .is_some_and(|std::cmp::Reverse((t, _))| *t <= now);
+        let mut ids = Vec::new();
+        if sweep || timers_due {
+            ids = std::mem::take(&mut self.scratch_due);
+            ids.clear();
+            if sweep {
+                // every connection's timers are looked at and armed, the
+                // heap's entries stay (they find nothing, or what is due anyway)
+                self.due.clear();
+                ids.extend(0..self.conns.len());
+            } else {
+                self.take_due(now, &mut ids);
+            }
+            for &id in &ids {
+                self.conn_timers(id, now);
+            }
         }
-        for &id in &ids {
-            self.conn_timers(id, now);
-        }
+        // The groups' timers are looked at when the earliest is due, or
+        // after an event (what changes a group's timers between pumps sets
+        // `sweep_due`): a message's pump does not pay for them.
+        let lgr_timers = sweep || self.lgr_next.is_some_and(|t| now >= t);
+        let mut lgr_next: Option<Timestamp> = None;
         for l in 0..self.lgrs.len() {
             if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
                 continue;
             }
             self.retry_rkey_flows(l, now);
             self.pump_lgr(l, now, sweep)?;
+            if !lgr_timers {
+                continue;
+            }
             // The group's timers after what its links received: a driver
             // that sleeps until a deadline is woken by it and by nothing
             // else, so an answer (a TEST_LINK response) that came in
@@ -61,42 +78,57 @@ impl<P: Provider> Endpoint<P> {
             let idle_timeout = self.cfg.lgr_idle_timeout;
             let mut idle_expired = false;
             let mut fired = false;
+            let mut next = None;
+            // (the linger of a group without connections, see `poll_timeout`)
+            let mut linger = None;
             if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
-                if lg.group.poll_timeout().is_some_and(|t| now >= t) {
+                next = lg.group.poll_timeout();
+                if next.is_some_and(|t| now >= t) {
                     fired = true;
                     lg.group.on_timeout(now);
                 }
                 if lg.tokens.is_empty() && lg.state == LgrState::Active {
                     let since = *lg.idle_since.get_or_insert(now);
                     idle_expired = now >= since + idle_timeout;
+                    linger = Some(since + idle_timeout);
                 } else {
                     lg.idle_since = None;
                 }
             }
             if idle_expired {
                 fired = true;
+                linger = None;
                 self.lgr_step(l, LgrEvent::IdleExpired);
             }
             if fired {
                 self.timer_events += 1;
                 // what the timers decided goes out now
                 self.drain_lgr(l, now)?;
+                next = self
+                    .lgrs
+                    .get(l)
+                    .and_then(Option::as_ref)
+                    .and_then(|lg| lg.group.poll_timeout());
             }
+            lgr_next = earliest(earliest(lgr_next, next), linger);
+        }
+        if lgr_timers {
+            self.lgr_next = lgr_next;
         }
         // connections that this pump's sending and receiving may have
-        // finished (see `flush_conn`) are freed now, not at the next pump
-        let late = std::mem::take(&mut self.due);
+        // finished (`conn_due`) are freed now, not at the next pump
         if sweep {
             self.reap(0..self.conns.len());
             self.reap_lgrs();
-        } else {
-            ids.extend_from_slice(&late);
+            self.due.clear();
+        } else if !ids.is_empty() || !self.due.is_empty() {
+            ids.append(&mut self.due);
             self.reap(ids.iter().copied());
         }
-        self.due = late;
-        self.due.clear();
+        if ids.capacity() > 0 {
+            self.scratch_due = ids;
+        }
         self.prune_timers();
-        self.scratch_due = ids;
         Ok(())
     }
 
@@ -330,5 +362,14 @@ pub(super) fn close_progress<P: Provider>(c: &mut super::conn::Conn<P>, now: Tim
             c.close_unsent = dp.unsent();
             c.close_deadline = Some(now + super::close::MAX_STREAM_WAIT);
         }
+    }
+}
+
+/// The earlier of two times, either of which may be none.
+#[inline]
+fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

@@ -19,7 +19,10 @@
 //! * each link group: smc-proto's [`LinkGroup::poll_timeout`] (CONFIRM_LINK
 //!   and LLC request waits, TEST_LINK, §1.5 and §1.10) and the linger of a
 //!   group without connections (Linux `smc_lgr_schedule_free_work`, §5.6).
-//!   Groups are few; they are looked at one by one.
+//!   Each pump looks at every group and keeps the earliest (`lgr_next`),
+//!   so that asking costs next to nothing (a driver asks whenever it
+//!   releases the endpoint); what changes a group's timers between pumps
+//!   (a handshake, a link event, a close) also sets `sweep_due`.
 //! * work that an event left for the next pump (`sweep_due`, connections
 //!   to look at, `due`): due at once.
 //!
@@ -27,7 +30,6 @@
 
 use super::conn::{Conn, Phase};
 use super::{ConnId, Endpoint, Result};
-use crate::state::LgrState;
 use smc_proto::Timestamp;
 use smc_rdma::Provider;
 use std::cmp::Reverse;
@@ -64,21 +66,11 @@ impl<P: Provider> Endpoint<P> {
         if self.sweep_due || !self.due.is_empty() {
             return Some(self.now);
         }
-        let mut t = self.timers.peek().map(|Reverse((d, _))| *d);
-        let mut earliest = |x: Timestamp| t = Some(t.map_or(x, |t| t.min(x)));
-        for lg in self.lgrs.iter().flatten() {
-            if let Some(d) = lg.group.poll_timeout() {
-                earliest(d);
-            }
-            if lg.tokens.is_empty() && lg.state == LgrState::Active {
-                // (a pump starts the linger: now)
-                earliest(
-                    lg.idle_since
-                        .map_or(self.now, |s| s + self.cfg.lgr_idle_timeout),
-                );
-            }
+        let conn = self.timers.peek().map(|Reverse((d, _))| *d);
+        match (conn, self.lgr_next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        t
     }
 
     /// Runs what is due at `now` (and whatever else a [`Self::pump`] finds:
