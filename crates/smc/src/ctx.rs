@@ -376,12 +376,15 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
                 s.hand_over();
             }
         } else {
-            // The application threads pump (one of them leads the sleepers
-            // and runs the timers); TCP ends are looked at here. Once they
-            // are gone this thread leads again: it looks after at most
-            // IDLE_SLEEP whether they are.
-            let idle = Instant::now() + IDLE_SLEEP;
-            s.poll_watch(next.map_or(idle, |n| n.min(idle)));
+            // The application threads pump; TCP ends are looked at here.
+            // Once they are gone this thread leads again: it looks whether
+            // they are every BUSY_LOOK while they poll (threads that spin
+            // on non-blocking calls need a leader soon after they stop),
+            // every IDLE_SLEEP while one of them sleeps as the leader (it
+            // arms the completion queues and runs the timers).
+            let led = s.leader_until.load(Ordering::Acquire) != NOBODY_SLEEPS;
+            let look = Instant::now() + if led { IDLE_SLEEP } else { BUSY_LOOK };
+            s.poll_watch(next.map_or(look, |n| n.min(look)));
         }
     }
 }
@@ -390,10 +393,14 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
 /// engine's grace (its pump must have run past the deadline).
 const RECHECK_MARGIN: Duration = Duration::from_millis(20);
 
-/// While application threads are in the endpoint, how often the progress
-/// thread looks whether they still are (it leads the sleepers, arming the
-/// completion queues, only once they are gone).
+/// While application threads are in the endpoint and one of them sleeps as
+/// the leader, how often the progress thread looks whether they still are
+/// (it leads the sleepers, arming the completion queues, only once they are
+/// gone).
 const IDLE_SLEEP: Duration = Duration::from_millis(20);
+
+/// The same while none of them sleeps as the leader (they poll).
+const BUSY_LOOK: Duration = Duration::from_millis(1);
 
 impl Shared {
     fn new(ep: Endpoint<AnyProvider>, sndbuf_len: usize) -> io::Result<Shared> {
@@ -954,7 +961,7 @@ impl Shared {
             let until = earliest(earliest(deadline, next), recheck);
             // from here on a call that moves the engine's next deadline
             // before `until` kicks this sleep (see `Locked`)
-            let at = until.map_or(NOBODY_SLEEPS, |u| {
+            let at = until.map_or(NOBODY_SLEEPS - 1, |u| {
                 nanos(u.saturating_duration_since(origin()))
             });
             self.leader_until.store(at, Ordering::Release);
