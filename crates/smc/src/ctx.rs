@@ -806,13 +806,7 @@ impl Shared {
                 self.spin.miss(budget);
                 slept = true;
             }
-            // (the engine's next deadline only now: a spinning round trip
-            // does not pay for it)
-            let next = {
-                let mut ep = self.lock();
-                self.next_wake(&mut ep)
-            };
-            led = self.sleep(Some(want), seen, deadline, next);
+            led = self.sleep(Some(want), seen, deadline, None);
         }
     }
 
@@ -884,8 +878,9 @@ impl Shared {
 
     /// Sleeps until completions arrive after `seen` (the leader) or `want` can
     /// be met (a follower), the caller's `deadline`, or the engine's next
-    /// deadline (`next`, as the caller saw it; the leader looks again when it
-    /// arms, and is kicked if it moves earlier while it sleeps).
+    /// deadline (the leader looks when it arms, and is kicked if it moves
+    /// earlier while it sleeps; a follower looks before it parks; `next`: as
+    /// the caller saw it, if it did).
     /// Returns whether this thread slept as the leader.
     fn sleep(
         &self,
@@ -898,7 +893,7 @@ impl Shared {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let until = earliest(deadline, next);
+        let mut until = earliest(deadline, next);
         let mut leader = self.leader.lock().unwrap_or_else(|e| e.into_inner());
         if self.gen.load(Ordering::Acquire) != seen {
             return false;
@@ -912,6 +907,13 @@ impl Shared {
                 std::thread::sleep(t.saturating_duration_since(Instant::now()));
                 return false;
             };
+            drop(leader);
+            // (the engine's next deadline only now: a round trip that does
+            // not sleep does not pay for it)
+            if next.is_none() {
+                let mut ep = self.lock();
+                until = earliest(until, self.next_wake(&mut ep));
+            }
             let woken = Arc::new(AtomicBool::new(false));
             {
                 let mut w = self.waiters();
@@ -922,7 +924,6 @@ impl Shared {
                 });
                 self.sleepers.store(w.len(), Ordering::Release);
             }
-            drop(leader);
             // a pump between `seen` and the registration woke nobody: look again
             if self.gen.load(Ordering::Acquire) == seen {
                 while !woken.load(Ordering::Acquire) {
@@ -977,9 +978,11 @@ impl Shared {
             let ts = timespec_until(until);
             let _ = rustix::event::poll(&mut pfd, ts.as_ref());
             tcp_ended = !pfd[1].revents().is_empty();
+            if !pfd[2].revents().is_empty() {
+                drain_eventfd(&self.kick);
+            }
         }
         self.leader_until.store(NOBODY_SLEEPS, Ordering::Release);
-        drain_eventfd(&self.kick);
         {
             let mut ep = self.lock();
             ep.take_notification();
