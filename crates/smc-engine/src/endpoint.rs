@@ -215,6 +215,8 @@ pub struct Endpoint<P: Provider> {
     /// The earliest timer of the link groups, as the last pump left them
     /// (see `endpoint/timers.rs`).
     lgr_next: Option<Timestamp>,
+    /// An LLC message came in: the next pump looks at the groups' timers.
+    lgr_recheck: bool,
     /// Connections flushed so far, one by one (`conn_flushes`).
     conn_flushes: u64,
     /// Scratch copy of one received message (`poll_recv`), likewise.
@@ -285,6 +287,7 @@ impl<P: Provider> Endpoint<P> {
             scratch_due: Vec::new(),
             timer_events: 0,
             lgr_next: None,
+            lgr_recheck: false,
             conn_flushes: 0,
             scratch_msg: Vec::new(),
             llc_sent: 0,

@@ -81,7 +81,11 @@ impl<P: Provider> Endpoint<P> {
                 });
                 lg.group.on_rx_activity(slot, now);
                 match WrMessage::decode(buf) {
-                    Ok(WrMessage::Llc(m)) => lg.group.on_llc(slot, m, now),
+                    Ok(WrMessage::Llc(m)) => {
+                        lg.group.on_llc(slot, m, now);
+                        // (an LLC flow may have started or moved its deadline)
+                        self.lgr_recheck = true;
+                    }
                     Ok(WrMessage::Cdc(c)) => {
                         // The CDC carries the receiver's alert token (§2.1).
                         match lg.tokens.get(&c.token) {

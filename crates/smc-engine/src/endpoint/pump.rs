@@ -58,9 +58,12 @@ impl<P: Provider> Endpoint<P> {
             }
         }
         // The groups' timers are looked at when the earliest is due, or
-        // after an event (what changes a group's timers between pumps sets
-        // `sweep_due`): a message's pump does not pay for them.
-        let lgr_timers = sweep || self.lgr_next.is_some_and(|t| now >= t);
+        // after an event (what changes a group's timers sets `sweep_due`,
+        // or `lgr_recheck` when an LLC message came in): a message's pump
+        // does not pay for them.
+        let lgr_timers = std::mem::take(&mut self.lgr_recheck)
+            || sweep
+            || self.lgr_next.is_some_and(|t| now >= t);
         let mut lgr_next: Option<Timestamp> = None;
         for l in 0..self.lgrs.len() {
             if self.lgrs.get(l).and_then(Option::as_ref).is_none() {

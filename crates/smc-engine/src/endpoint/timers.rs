@@ -22,7 +22,8 @@
 //!   Each pump looks at every group and keeps the earliest (`lgr_next`),
 //!   so that asking costs next to nothing (a driver asks whenever it
 //!   releases the endpoint); what changes a group's timers between pumps
-//!   (a handshake, a link event, a close) also sets `sweep_due`.
+//!   (a handshake, a link event, a close) also sets `sweep_due`, a received
+//!   LLC message `lgr_recheck`.
 //! * work that an event left for the next pump (`sweep_due`, connections
 //!   to look at, `due`): due at once.
 //!
@@ -63,7 +64,7 @@ impl<P: Provider> Endpoint<P> {
     /// into the endpoint come on top; after any call, this may have moved
     /// earlier.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        if self.sweep_due || !self.due.is_empty() {
+        if self.sweep_due || self.lgr_recheck || !self.due.is_empty() {
             return Some(self.now);
         }
         let conn = self.timers.peek().map(|Reverse((d, _))| *d);
