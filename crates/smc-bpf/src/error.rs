@@ -15,6 +15,10 @@ pub enum RendezvousError {
         missing: Vec<&'static str>,
         errno: Option<i32>,
     },
+    /// The rendezvous is installed (or its bpffs is mounted) but the pins at `path` are not
+    /// open to this user (`uid`): an administrator opens them with `smc-rendezvous install`
+    /// (every user) or `smc-rendezvous install --group GROUP`.
+    AccessDenied { path: PathBuf, uid: u32 },
     /// No cgroup v2 hierarchy was found, or the configured path is not a cgroup2 directory.
     NoCgroup2 {
         path: Option<PathBuf>,
@@ -52,6 +56,7 @@ impl RendezvousError {
     pub fn fallback_reason(&self) -> &'static str {
         match self {
             RendezvousError::NoPrivilege { .. } => "rendezvous-no-privilege",
+            RendezvousError::AccessDenied { .. } => "rendezvous-access-denied",
             RendezvousError::NoCgroup2 { .. } => "rendezvous-no-cgroup2",
             RendezvousError::NoBpffs { .. } => "rendezvous-no-bpffs",
             RendezvousError::Unsupported { .. } => "rendezvous-kernel-unsupported",
@@ -96,9 +101,14 @@ impl fmt::Display for RendezvousError {
                 }
                 write!(
                     f,
-                    "; run as root or grant CAP_BPF and CAP_NET_ADMIN, or have an administrator install it once (it stays pinned)"
+                    "; run as root or grant CAP_BPF and CAP_NET_ADMIN, or have an administrator install it once for every user with `smc-rendezvous install` (it stays pinned)"
                 )
             }
+            RendezvousError::AccessDenied { path, uid } => write!(
+                f,
+                "the SMC SYN-option rendezvous at {} is not installed or not open to this user (uid {uid}); an administrator opens it to every user with `smc-rendezvous install`, or to a group with `smc-rendezvous install --group GROUP`",
+                path.display()
+            ),
             RendezvousError::NoCgroup2 { path, detail } => {
                 write!(f, "SMC SYN-option rendezvous needs a cgroup v2 hierarchy")?;
                 if let Some(p) = path {

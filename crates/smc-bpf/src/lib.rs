@@ -51,8 +51,10 @@
 
 //!
 //! # Limits
-//! * Needs `CAP_BPF` (or `CAP_SYS_ADMIN`) and `CAP_NET_ADMIN` to install or open: checked
-//!   first, reported as [`RendezvousError::NoPrivilege`] with the missing capabilities.
+//! * Needs `CAP_BPF` (or `CAP_SYS_ADMIN`) and `CAP_NET_ADMIN` to install (load, pin,
+//!   attach). A process without them opens an installed instance if the pins' modes let it
+//!   ([`Access`], set by `smc-rendezvous install`); else [`RendezvousError::NoPrivilege`] (not
+//!   installed, with the missing capabilities) or [`RendezvousError::AccessDenied`].
 //! * Opted-in listeners keep each accepted socket's SYN (`TCP_SAVE_SYN`, ~60–100 bytes) until
 //!   the socket closes or user space reads `TCP_SAVED_SYN`. With SYN cookies there is no saved
 //!   SYN, so the accepted socket reports `false` (the kernel's SMC also gives up then).
@@ -69,11 +71,16 @@ mod sys;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 pub use error::RendezvousError;
+
+/// How long [`Rendezvous::shared`] keeps an error an administrator can cure before it tries
+/// to open the rendezvous again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// Version of the pin layout and map protocol; part of the pin directory name.
 pub const LAYOUT_VERSION: u32 = 1;
@@ -159,26 +166,71 @@ impl Rendezvous {
         Rendezvous::open_with(&Config::default())
     }
 
-    /// A process-wide instance opened once with the default config. The error is cached too,
-    /// so a socket layer can log it once and fall back to TCP for every later socket.
+    /// A process-wide instance opened once with the default config. An error is kept too, so
+    /// that a socket layer can log it once and fall back to TCP cheaply for later sockets; the
+    /// errors an administrator can cure while the process runs (`NoPrivilege`: not installed
+    /// yet; `AccessDenied`: not open to this user yet) are kept for [`RETRY_AFTER`] only, then
+    /// the open is tried again, so a long-running program gets the rendezvous for the sockets
+    /// it makes after `smc-rendezvous install`.
     pub fn shared() -> Result<&'static Rendezvous, RendezvousError> {
-        static SHARED: OnceLock<Result<Rendezvous, RendezvousError>> = OnceLock::new();
-        SHARED
-            .get_or_init(Rendezvous::open)
-            .as_ref()
-            .map_err(Clone::clone)
+        static SHARED: OnceLock<Rendezvous> = OnceLock::new();
+        static LAST_ERR: Mutex<Option<(Instant, RendezvousError)>> = Mutex::new(None);
+        if let Some(r) = SHARED.get() {
+            return Ok(r);
+        }
+        let mut last = LAST_ERR.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = SHARED.get() {
+            return Ok(r);
+        }
+        if let Some((at, e)) = last.as_ref() {
+            let curable = matches!(
+                e,
+                RendezvousError::NoPrivilege { .. } | RendezvousError::AccessDenied { .. }
+            );
+            if !curable || at.elapsed() < RETRY_AFTER {
+                return Err(e.clone());
+            }
+        }
+        match Rendezvous::open() {
+            Ok(r) => {
+                *last = None;
+                Ok(SHARED.get_or_init(|| r))
+            }
+            Err(e) => {
+                *last = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
     }
 
     /// [`Rendezvous::open`] with an explicit configuration.
+    ///
+    /// A process without `CAP_BPF`/`CAP_NET_ADMIN` cannot install or attach anything; it
+    /// opens the installed instance's pins instead, as far as their file modes let it (see
+    /// [`Access`] and [`set_access`]), and gets [`RendezvousError::NoPrivilege`] if nothing is
+    /// installed, [`RendezvousError::AccessDenied`] if the pins are not open to it.
+    ///
+    /// A process with the capabilities but not root's files (a service granted `CAP_BPF` and
+    /// `CAP_NET_ADMIN` under its own uid) that is refused on the way uses the installed
+    /// instance the same way.
     pub fn open_with(cfg: &Config) -> Result<Rendezvous, RendezvousError> {
         let missing = missing_capabilities();
         if !missing.is_empty() {
-            return Err(RendezvousError::NoPrivilege {
-                op: "capability check",
-                missing,
-                errno: None,
-            });
+            return open_installed(cfg, missing);
         }
+        match Rendezvous::open_privileged(cfg) {
+            Err(e @ RendezvousError::NoPrivilege { .. }) => open_installed(cfg, Vec::new())
+                .map_err(|second| match second {
+                    // installed but not open to us: say that, it is what to act on
+                    RendezvousError::AccessDenied { .. } => second,
+                    _ => e,
+                }),
+            r => r,
+        }
+    }
+
+    /// Install or reuse, attach if needed: the path of a process with the capabilities.
+    fn open_privileged(cfg: &Config) -> Result<Rendezvous, RendezvousError> {
         let cgroup = resolve_cgroup(cfg)?;
         let cgroup_dir = open_cgroup(&cgroup)?;
         ensure_bpffs(&cfg.bpffs, cfg.mount_bpffs)?;
@@ -188,13 +240,16 @@ impl Rendezvous {
         let prog_pin = pin_dir.join(PROG_PIN);
         let map_pin = pin_dir.join(MAP_PIN);
         let (map, prog, loaded_here) = if exists(&prog_pin) {
-            let (map, prog) = open_pinned(&map_pin, &prog_pin)?;
+            let (map, prog) = open_pinned(&map_pin, &prog_pin, 0)?;
             (map, prog, false)
         } else {
             // A fresh install is the moment to drop programs whose pins were lost (bpffs
             // unmounted or wiped while they stayed attached): nobody can reach their maps.
             let _ = detach_orphans_locked(cfg, cgroup_dir.as_fd());
             let (map, prog) = install(&pin_dir, &map_pin, &prog_pin)?;
+            // A new build's pins get the access the administrator gave the namespace.
+            let access = access_of(&cfg.namespace_dir())?;
+            apply_access_to_version(&pin_dir, access)?;
             (map, prog, true)
         };
         let prog_id = sys::prog_info(prog.as_fd())
@@ -449,6 +504,161 @@ fn remove_versions(cfg: &Config, keep: Option<&str>) -> Result<UninstallReport, 
     Ok(report)
 }
 
+/// Who may use an installed rendezvous without `CAP_BPF`/`CAP_NET_ADMIN`.
+///
+/// Using it means opening the pinned map read-write (`BPF_OBJ_GET`, for which the kernel
+/// checks the pin's file mode as `open(2)` would: kernel/bpf/inode.c `bpf_obj_do_get`) and
+/// the pinned program read-only, then looking up, updating and deleting map entries through
+/// that fd, which needs no capability (kernel/bpf/syscall.c `map_update_elem` checks only
+/// that the fd was opened for writing; `kernel.unprivileged_bpf_disabled` gates map and
+/// program *creation*, not this). Nobody without the capabilities can load, attach or
+/// detach anything. The access is kept in the modes of `<bpffs>/<namespace>`, so a build
+/// installed later (an upgrade) gets the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Only root (pins 0600, directories 0700): what a process that installs the rendezvous
+    /// on its own leaves behind.
+    Root,
+    /// Root and the members of this group (pins 0660/0640 and directories 0750, group-owned).
+    Group(u32),
+    /// Every user of the host, as the kernel's AF_SMC (pins 0666/0644, directories 0755).
+    Everyone,
+}
+
+impl Access {
+    /// (directory mode, map pin mode, program pin mode, group) for this access.
+    fn modes(self) -> (u32, u32, u32, u32) {
+        match self {
+            Access::Root => (0o700, 0o600, 0o600, 0),
+            Access::Group(g) => (0o750, 0o660, 0o640, g),
+            Access::Everyone => (0o755, 0o666, 0o644, 0),
+        }
+    }
+}
+
+impl std::fmt::Display for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Access::Root => write!(f, "root only"),
+            Access::Group(g) => write!(f, "root and group {g}"),
+            Access::Everyone => write!(f, "every user"),
+        }
+    }
+}
+
+/// The access the namespace directory's modes grant (see [`Access`]).
+pub fn access_of(namespace_dir: &Path) -> Result<Access, RendezvousError> {
+    let m = std::fs::metadata(namespace_dir).map_err(|e| ioerr("stat", namespace_dir, e))?;
+    let mode = m.mode();
+    Ok(if mode & 0o005 == 0o005 {
+        Access::Everyone
+    } else if mode & 0o050 == 0o050 {
+        Access::Group(m.gid())
+    } else {
+        Access::Root
+    })
+}
+
+/// Installs the rendezvous if needed (as [`Rendezvous::open_with`]) and sets who may use it
+/// without privileges: the modes and group of `<bpffs>/<namespace>`, of every version's
+/// directory and pins, and, unless `access` is [`Access::Root`], the search bit for others
+/// on the bpffs mount point (bpffs is commonly mounted 0700; a search bit lets a process
+/// reach pins whose names it knows, listing stays root's). Needs root.
+pub fn set_access(cfg: &Config, access: Access) -> Result<Rendezvous, RendezvousError> {
+    let r = Rendezvous::open_with(cfg)?;
+    let ns = cfg.namespace_dir();
+    let _lock = lock_namespace(&ns)?;
+    let (dir_mode, _, _, gid) = access.modes();
+    chmod_chown(&ns, dir_mode, gid)?;
+    for entry in std::fs::read_dir(&ns)
+        .map_err(|e| ioerr("read_dir", &ns, e))?
+        .flatten()
+    {
+        apply_access_to_version(&entry.path(), access)?;
+    }
+    if access != Access::Root {
+        let m = std::fs::metadata(&cfg.bpffs).map_err(|e| ioerr("stat", &cfg.bpffs, e))?;
+        // Others' search bit: the mount point's group is not the access group.
+        if m.mode() & 0o001 == 0 {
+            let mode = (m.mode() & 0o7777) | 0o001;
+            std::fs::set_permissions(&cfg.bpffs, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| ioerr("chmod", &cfg.bpffs, e))?;
+        }
+    }
+    Ok(r)
+}
+
+/// Gives one version's directory and pins the modes of `access`.
+fn apply_access_to_version(dir: &Path, access: Access) -> Result<(), RendezvousError> {
+    let (dir_mode, map_mode, prog_mode, gid) = access.modes();
+    chmod_chown(dir, dir_mode, gid)?;
+    for (pin, mode) in [(MAP_PIN, map_mode), (PROG_PIN, prog_mode)] {
+        let p = dir.join(pin);
+        if exists(&p) {
+            chmod_chown(&p, mode, gid)?;
+        }
+    }
+    Ok(())
+}
+
+fn chmod_chown(p: &Path, mode: u32, gid: u32) -> Result<(), RendezvousError> {
+    std::os::unix::fs::chown(p, None, Some(gid)).map_err(|e| ioerr("chown", p, e))?;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| ioerr("chmod", p, e))
+}
+
+/// The unprivileged open: the installed instance's pins, as far as their modes allow. Takes
+/// no lock (the namespace directory may not be readable): the program pin is the commit
+/// marker of an install, and the map is pinned before it.
+fn open_installed(cfg: &Config, missing: Vec<&'static str>) -> Result<Rendezvous, RendezvousError> {
+    let cgroup = resolve_cgroup(cfg)?;
+    let not_installed = |missing: Vec<&'static str>| RendezvousError::NoPrivilege {
+        op: "install (the rendezvous is not installed)",
+        missing,
+        errno: None,
+    };
+    if !sys::fs_magic(&cfg.bpffs).is_ok_and(|m| m == BPF_FS_MAGIC) {
+        return Err(not_installed(missing));
+    }
+    let pin_dir = cfg.pin_dir();
+    let prog_pin = pin_dir.join(PROG_PIN);
+    let map_pin = pin_dir.join(MAP_PIN);
+    let denied = || RendezvousError::AccessDenied {
+        path: pin_dir.clone(),
+        uid: sys::euid(),
+    };
+    // Told apart before the real opens so that their errors stay the kernel's.
+    if let Err(e) = std::fs::symlink_metadata(&prog_pin) {
+        return Err(match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) => not_installed(missing),
+            _ => denied(),
+        });
+    }
+    let (map, prog) = match open_pinned(&map_pin, &prog_pin, sys::F_RDONLY) {
+        Ok(x) => x,
+        Err(RendezvousError::NoPrivilege { .. }) => return Err(denied()),
+        Err(e) => return Err(e),
+    };
+    let prog_id = sys::prog_info(prog.as_fd())
+        .map_err(|e| kerr("BPF_OBJ_GET_INFO_BY_FD (prog)", e))?
+        .id;
+    let map_id = sys::map_info(map.as_fd())
+        .map_err(|e| kerr("BPF_OBJ_GET_INFO_BY_FD (map)", e))?
+        .id;
+    // Whether the program is still attached cannot be checked here (BPF_PROG_QUERY needs
+    // CAP_NET_ADMIN); if an administrator detached it, SYNs carry no option and every
+    // connection falls back to TCP, which is what a detach asks for.
+    Ok(Rendezvous {
+        map,
+        prog,
+        prog_id,
+        map_id,
+        pin_dir,
+        cgroup,
+        loaded_here: false,
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 
 fn exists(p: &Path) -> bool {
@@ -664,11 +874,15 @@ fn lock_namespace(ns: &Path) -> Result<File, RendezvousError> {
     })
 }
 
+/// Opens the pinned program (with `prog_flags`: 0, or [`sys::F_RDONLY`] for a process that
+/// only needs to check it) and the map (read-write: opting in writes it).
 fn open_pinned(
     map_pin: &Path,
     prog_pin: &Path,
+    prog_flags: u32,
 ) -> Result<(sys::CookieMap, OwnedFd), RendezvousError> {
-    let prog = sys::obj_get(prog_pin).map_err(|e| kerr("BPF_OBJ_GET (prog)", e))?;
+    let prog =
+        sys::obj_get_flags(prog_pin, prog_flags).map_err(|e| kerr("BPF_OBJ_GET (prog)", e))?;
     let info =
         sys::prog_info(prog.as_fd()).map_err(|e| kerr("BPF_OBJ_GET_INFO_BY_FD (prog)", e))?;
     if info.prog_type != sys::PROG_TYPE_SOCK_OPS {
@@ -834,6 +1048,10 @@ mod tests {
                 path: None,
                 detail: "d".into(),
             },
+            RendezvousError::AccessDenied {
+                path: "/p".into(),
+                uid: 65534,
+            },
             RendezvousError::NoBpffs {
                 path: "/sys/fs/bpf".into(),
                 detail: "d".into(),
@@ -869,7 +1087,12 @@ mod tests {
         assert_eq!(reasons.len(), errs.len());
         let s = errs[0].to_string();
         assert!(s.contains("CAP_BPF") && s.contains("root"), "{s}");
-        assert!(errs[4].to_string().contains("R1 invalid mem access"));
+        assert!(errs[5].to_string().contains("R1 invalid mem access"));
+        let denied = errs[2].to_string();
+        assert!(
+            denied.contains("smc-rendezvous install --group"),
+            "{denied}"
+        );
     }
 }
 

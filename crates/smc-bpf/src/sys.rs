@@ -37,6 +37,10 @@ pub const PROG_TYPE_SOCK_OPS: u32 = 13;
 pub const ATTACH_CGROUP_SOCK_OPS: u32 = 3;
 /// `BPF_F_ALLOW_MULTI`: coexist with other sock_ops programs on the same cgroup.
 pub const F_ALLOW_MULTI: u32 = 1 << 1;
+/// `BPF_F_RDONLY` (`file_flags` of `BPF_OBJ_GET`): an fd that may only read the object, for
+/// which read permission on the pin suffices (kernel/bpf/inode.c `bpf_obj_do_get` checks the
+/// pin's mode against these flags).
+pub const F_RDONLY: u32 = 1 << 3;
 /// `SO_COOKIE` (asm-generic socket.h; same value on every Linux architecture we build for).
 const SO_COOKIE: libc::c_int = 57;
 
@@ -249,11 +253,17 @@ pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     unsafe { bpf(BPF_OBJ_PIN, &mut a) }.map(|_| ())
 }
 
-/// `BPF_OBJ_GET`: opens the object pinned at `path`.
+/// `BPF_OBJ_GET`: opens the object pinned at `path` for reading and writing.
 pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    obj_get_flags(path, 0)
+}
+
+/// `BPF_OBJ_GET` with `file_flags` (0 or [`F_RDONLY`]). No capability is needed: the kernel
+/// checks the pin's file mode like `open(2)` would (read, or read and write).
+pub fn obj_get_flags(path: &Path, file_flags: u32) -> io::Result<OwnedFd> {
     let p = cpath(path)?;
     let mut a = Attr::new();
-    a.ptr(0, p.as_ptr());
+    a.ptr(0, p.as_ptr()).u32(12, file_flags);
     // SAFETY: `p` is a NUL-terminated path alive for the call.
     fd_from(unsafe { bpf(BPF_OBJ_GET, &mut a) }?)
 }
@@ -426,6 +436,12 @@ pub fn fs_magic(path: &Path) -> io::Result<u64> {
     let st = unsafe { st.assume_init() };
     #[allow(clippy::unnecessary_cast)]
     Ok(st.f_type as u64)
+}
+
+/// The effective uid (for messages).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
 }
 
 /// `mount -t bpf bpf <path> -o mode=0700`.

@@ -465,7 +465,13 @@ fn child_without_capabilities() {
             .all(|c| c == '0'),
         "still privileged: {eff}"
     );
-    match Rendezvous::open() {
+    // A namespace nobody installed: without capabilities a process can only open an
+    // installed instance (see `unprivileged_users_open_an_installed_instance_as_its_modes_allow`).
+    let cfg = Config {
+        namespace: format!("smc-rs-never-installed-{}", std::process::id()),
+        ..Config::default()
+    };
+    match Rendezvous::open_with(&cfg) {
         Err(e @ RendezvousError::NoPrivilege { .. }) => {
             let RendezvousError::NoPrivilege { missing, .. } = &e else {
                 unreachable!()
@@ -474,6 +480,7 @@ fn child_without_capabilities() {
                 missing.contains(&"CAP_BPF") && missing.contains(&"CAP_NET_ADMIN"),
                 "{e}"
             );
+            assert!(e.to_string().contains("smc-rendezvous install"), "{e}");
             assert_eq!(e.fallback_reason(), "rendezvous-no-privilege");
             println!("NOPRIV-RESULT ok: {e}");
         }
@@ -766,4 +773,314 @@ fn racing_first_opens_load_exactly_once() {
     );
     let id: u32 = ids[0].trim_start_matches("prog_id=").parse().unwrap();
     assert_eq!(smc_bpf::attached_programs(&cg).unwrap(), vec![id]);
+}
+
+// ----- use without privileges: the pins' modes decide -----
+
+const ACCESS_ENV: &str = "SMC_BPF_TEST_ACCESS_CHILD";
+/// The tests that change access modes (and the bpffs mount point's mode, which each puts
+/// back) run one at a time.
+static ACCESS_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+const NOBODY: u32 = 65534;
+
+/// The child half of `unprivileged_users_open_an_installed_instance_as_its_modes_allow`, run
+/// as uid/gid `nobody`: opens the namespace named in the environment and either uses it (opt a
+/// socket in, read its status back, forget it) or reports the error.
+fn child_open_as_nobody(spec: &str) {
+    let mut it = spec.split(',');
+    let (ns, cg) = (it.next().unwrap(), it.next().unwrap());
+    let cfg = Config {
+        namespace: ns.to_string(),
+        cgroup: Some(cg.into()),
+        ..Config::default()
+    };
+    match Rendezvous::open_with(&cfg) {
+        Ok(r) => {
+            let s = tcp_socket(Fam::V4);
+            r.opt_in(s.as_fd())
+                .unwrap_or_else(|e| panic!("opt_in: {e}"));
+            assert_eq!(r.status(s.as_fd()).unwrap(), SocketStatus::OptedIn);
+            r.forget(s.as_fd());
+            assert_eq!(r.status(s.as_fd()).unwrap(), SocketStatus::Untracked);
+            println!("ACCESS-RESULT ok prog={} map={}", r.prog_id(), r.map_id());
+        }
+        Err(e) => println!("ACCESS-RESULT err {} {e}", e.fallback_reason()),
+    }
+}
+
+#[test]
+fn unprivileged_users_open_an_installed_instance_as_its_modes_allow() {
+    if let Ok(spec) = std::env::var(ACCESS_ENV) {
+        child_open_as_nobody(&spec);
+        return;
+    }
+    require_root();
+    use smc_bpf::Access;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let _serial = ACCESS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let root = rdv().cgroup().to_path_buf();
+    let pid = std::process::id();
+    let cg = root.join(format!("smc-rs-test-access-{pid}"));
+    std::fs::create_dir_all(&cg).unwrap();
+    let cfg = Config {
+        namespace: format!("smc-rs-test-access-{pid}"),
+        cgroup: Some(cg.clone()),
+        ..Config::default()
+    };
+    // Our build may sit where `nobody` cannot reach it (CI's checkout under /root).
+    let exe = std::env::temp_dir().join(format!("smc-bpf-access-test-{pid}"));
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // `set_access` gives others the search bit on the bpffs mount point: put its mode back.
+    let bpffs_mode = std::fs::metadata(&cfg.bpffs).unwrap().permissions().mode();
+    struct Cleanup(Config, std::path::PathBuf, std::path::PathBuf, u32);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = smc_bpf::uninstall(&self.0);
+            let _ = std::fs::remove_dir(&self.1);
+            let _ = std::fs::remove_file(&self.2);
+            let _ =
+                std::fs::set_permissions(&self.0.bpffs, std::fs::Permissions::from_mode(self.3));
+        }
+    }
+    let _cleanup = Cleanup(cfg.clone(), cg.clone(), exe.clone(), bpffs_mode);
+    const ARGS: [&str; 4] = [
+        "--exact",
+        "unprivileged_users_open_an_installed_instance_as_its_modes_allow",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    let spec = format!("{},{}", cfg.namespace, cg.display());
+    let run = |mut cmd: Command| -> String {
+        let out = cmd.env(ACCESS_ENV, &spec).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+            .lines()
+            .find_map(|l| l.find("ACCESS-RESULT").map(|i| l[i..].to_string()))
+            .unwrap_or_else(|| panic!("child did not run: {stdout}"))
+    };
+    let run_child = |gid: u32| {
+        let mut cmd = Command::new(&exe);
+        cmd.args(ARGS).uid(NOBODY).gid(gid);
+        run(cmd)
+    };
+    let run_child_with_caps = || {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=+bpf,+net_admin",
+            "--ambient-caps=+bpf,+net_admin",
+            "--",
+        ])
+        .arg(&exe)
+        .args(ARGS);
+        run(cmd)
+    };
+
+    // Not installed: nothing to open, and no privilege to install (or, while the bpffs mount
+    // point is not searchable for others, nothing reachable: the same advice).
+    let line = run_child(NOBODY);
+    let searchable = bpffs_mode & 0o001 != 0;
+    let expected = if searchable {
+        "err rendezvous-no-privilege"
+    } else {
+        "err rendezvous-access-denied"
+    };
+    assert!(line.contains(expected), "{line}");
+    assert!(line.contains("smc-rendezvous install"), "{line}");
+
+    // Installed by a privileged process on its own: root only.
+    let r = Rendezvous::open_with(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        smc_bpf::access_of(&cfg.namespace_dir()).unwrap(),
+        Access::Root
+    );
+    let line = run_child(NOBODY);
+    assert!(line.contains("err rendezvous-access-denied"), "{line}");
+    assert!(line.contains(&format!("uid {NOBODY}")), "{line}");
+
+    // The administrator's command, for this private instance.
+    let install = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_smc-rendezvous"))
+            .args(["--namespace", &cfg.namespace, "--cgroup"])
+            .arg(&cg)
+            .arg("install")
+            .args(extra)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "smc-rendezvous install {extra:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+
+    // Opened to every user: nobody uses the same map and program.
+    let said = install(&[]);
+    assert!(
+        said.contains("usable without privileges by: every user"),
+        "{said}"
+    );
+    assert_eq!(
+        smc_bpf::access_of(&cfg.namespace_dir()).unwrap(),
+        Access::Everyone
+    );
+    let line = run_child(NOBODY);
+    assert!(
+        line.contains(&format!("ok prog={} map={}", r.prog_id(), r.map_id())),
+        "{line}"
+    );
+
+    // A build installed later by a root process (here this build again, its pins gone) takes
+    // the access the namespace has.
+    let pin_dir = cfg.pin_dir();
+    for pin in ["prog", "cookies"] {
+        std::fs::remove_file(pin_dir.join(pin)).unwrap();
+    }
+    std::fs::remove_dir(&pin_dir).unwrap();
+    let r2 = Rendezvous::open_with(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert!(r2.loaded_by_this_open());
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&pin_dir), 0o755);
+    assert_eq!(mode(&pin_dir.join("cookies")), 0o666);
+    assert_eq!(mode(&pin_dir.join("prog")), 0o644);
+    let line = run_child(NOBODY);
+    assert!(
+        line.contains(&format!("ok prog={}", r2.prog_id())),
+        "{line}"
+    );
+    drop(r);
+    // A service that keeps CAP_BPF and CAP_NET_ADMIN but runs as an ordinary uid: it may not
+    // install (bpffs is root's), and must still use what is installed for it.
+    let line = run_child_with_caps();
+    assert!(
+        line.contains(&format!("ok prog={}", r2.prog_id())),
+        "with capabilities: {line}"
+    );
+
+    // Opened to one group: its members only.
+    let said = install(&["--group", &NOBODY.to_string()]);
+    assert!(
+        said.contains(&format!(
+            "usable without privileges by: root and group {NOBODY}"
+        )),
+        "{said}"
+    );
+    let line = run_child(NOBODY);
+    assert!(line.contains("ok prog="), "member of the group: {line}");
+    let line = run_child(NOBODY - 1);
+    assert!(
+        line.contains("err rendezvous-access-denied"),
+        "not a member: {line}"
+    );
+
+    // Back to root only; a build installed later keeps what the namespace says.
+    let said = install(&["--root-only"]);
+    assert!(
+        said.contains("usable without privileges by: root only"),
+        "{said}"
+    );
+    let line = run_child(NOBODY);
+    assert!(line.contains("err rendezvous-access-denied"), "{line}");
+}
+
+const LATER_ENV: &str = "SMC_BPF_TEST_LATER_CHILD";
+
+/// The child half of `a_running_program_gets_the_rendezvous_once_installed_for_it`, as
+/// `nobody`: the host's instance is not open to it at first; once the parent says `go` it is.
+fn child_installed_later() {
+    let first = Rendezvous::shared()
+        .map(|_| ())
+        .map_err(|e| e.fallback_reason());
+    println!("LATER first={first:?}");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        match Rendezvous::shared() {
+            Ok(r) => break r,
+            Err(e) if Instant::now() > deadline => {
+                println!("LATER still {}", e.fallback_reason());
+                return;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let s = tcp_socket(Fam::V4);
+    r.opt_in(s.as_fd()).unwrap();
+    r.forget(s.as_fd());
+    println!("LATER then=ok");
+}
+
+#[test]
+fn a_running_program_gets_the_rendezvous_once_installed_for_it() {
+    if std::env::var(LATER_ENV).is_ok() {
+        child_installed_later();
+        return;
+    }
+    use smc_bpf::Access;
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    require_root();
+    rdv();
+    let _serial = ACCESS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cfg = Config::default();
+    let pid = std::process::id();
+    let prev = smc_bpf::access_of(&cfg.namespace_dir()).unwrap();
+    let bpffs_mode = std::fs::metadata(&cfg.bpffs).unwrap().permissions().mode();
+    let exe = std::env::temp_dir().join(format!("smc-bpf-later-test-{pid}"));
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    struct Restore(Access, u32, std::path::PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let cfg = Config::default();
+            let _ = smc_bpf::set_access(&cfg, self.0);
+            let _ = std::fs::set_permissions(&cfg.bpffs, std::fs::Permissions::from_mode(self.1));
+            let _ = std::fs::remove_file(&self.2);
+        }
+    }
+    let _restore = Restore(prev, bpffs_mode, exe.clone());
+    smc_bpf::set_access(&cfg, Access::Root).unwrap();
+    let mut child = Command::new(&exe)
+        .args([
+            "--exact",
+            "a_running_program_gets_the_rendezvous_once_installed_for_it",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(LATER_ENV, "1")
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut next = |marker: &str| loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "child exited early");
+        if let Some(i) = line.find(marker) {
+            return line[i..].trim().to_string();
+        }
+    };
+    let first = next("LATER ");
+    assert!(first.contains("first=Err("), "{first}");
+    // `smc-rendezvous install` while the program runs
+    smc_bpf::set_access(&cfg, Access::Everyone).unwrap();
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    let then = next("LATER ");
+    assert_eq!(then, "LATER then=ok");
+    assert!(child.wait().unwrap().success());
 }

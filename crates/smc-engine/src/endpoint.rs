@@ -62,12 +62,13 @@
 //! With no usable link left the group terminates and its connections are aborted
 //! (`ECONNABORTED`, or the peer's reset), as before.
 //!
-//! Limits of this version (later issues): ADD_LINK is not negotiated — a peer's
-//! ADD_LINK is rejected and CONFIRM_LINK advertises one link — so further links
-//! come only from [`Endpoint::extra_link_offer`] / [`Endpoint::extra_link_accept`],
-//! which tests and the simulation use between two of our endpoints; one device
-//! per endpoint, so all links of a group share its port; the links of a group
-//! share one protection domain (see `endpoint/link.rs`).
+//! Further links come by ADD_LINK (§1.8) once redundancy is on
+//! ([`Endpoint::set_redundancy`], `endpoint/add_link.rs`); off (the default) a
+//! peer's ADD_LINK is rejected and CONFIRM_LINK advertises one link. Tests may
+//! still bring a link up without LLC ([`Endpoint::extra_link_offer`] /
+//! [`Endpoint::extra_link_accept`]). Limits: one device per endpoint, so all
+//! links of a group share its port; the links of a group share one protection
+//! domain (see `endpoint/link.rs`).
 //!
 //!
 //! # Where things are
@@ -93,7 +94,8 @@
 //! | `lease.rs` | zero-copy read and write leases |
 //! | `close.rs` | shutdown, close, release, abort, peer gone |
 //! | `failover.rs` | link down, failover, moving a connection between links |
-//! | `extra_link.rs` | further links (test and simulation stand-in for ADD_LINK) |
+//! | `add_link.rs` | the driver's part of the ADD_LINK flow (further links negotiated) |
+//! | `extra_link.rs` | further links without LLC (a test bring-up) |
 //! | `pump.rs` | progress: `pump`, connection timers, reaping, the completion channel |
 //! | `timers.rs` | when the endpoint next needs to run: `poll_timeout`, `handle_timeout` |
 //! | `inspect.rs` | read-only views for tests, tools and diagnostics |
@@ -112,6 +114,7 @@
 //! [`HandshakePhase::LateDeclined`]: crate::state::HandshakePhase::LateDeclined
 //! [`QueuePair::prepare_remote`]: smc_rdma::QueuePair::prepare_remote
 
+mod add_link;
 mod cdc_recv;
 mod cdc_send;
 mod close;
@@ -247,6 +250,8 @@ pub struct Endpoint<P: Provider> {
     tokens_wrapped: bool,
     /// Time of the latest input (for deadlines set from engine outputs).
     now: Timestamp,
+    /// Whether link groups add further links (`endpoint/add_link.rs`).
+    redundancy: smc_proto::link::Redundancy,
 }
 
 /// Provider errors.
@@ -303,6 +308,7 @@ impl<P: Provider> Endpoint<P> {
             psns,
             tokens_wrapped: false,
             now: Duration::ZERO,
+            redundancy: smc_proto::link::Redundancy::default(),
         })
     }
 }

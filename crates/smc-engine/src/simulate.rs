@@ -6,11 +6,15 @@
 //! write and read sizes (0, small, larger than the RMB), who closes first, whether
 //! an application closes with unread data (an abort), and at most one fault
 //! (a QP error on either side, a port going down, a peer that stops answering for
-//! a while, extra delay). In a share of the runs the link group gets a second
-//! link as soon as it is up (the test-only bring-up, `protocol-llc-cdc.md` §1.8
-//! stand-in): new connections spread over both links, connections are moved
-//! between them at random (§6), and a QP error then hits one of the two links,
-//! whose connections fail over to the other (§7.2). In a share of the runs
+//! a while, extra delay). In a share of the runs both endpoints have
+//! redundancy on and the server adds a second link by ADD_LINK as soon as the
+//! first is up (`protocol-llc-cdc.md` §1.8; v1 or v2 as the handshake chose;
+//! without an alternate path on the client, in a few of them, it is rejected):
+//! new connections spread over both links, connections are moved between them
+//! at random (§6), a QP error then hits one of the two links, whose
+//! connections fail over to the other (§7.2) and the server adds a link again;
+//! or a QP fails while an ADD_LINK flow runs — the new link's (the flow fails,
+//! nothing may be lost) or the existing link's. In a share of the runs
 //! (drawn from a generator of their own, so that the other choices of a seed
 //! stay) the provider's `QueuePair::prepare_remote` fails now and then, and in
 //! another share the first link of a first contact fails on both sides at once
@@ -53,8 +57,9 @@
 use crate::endpoint::{
     ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, ReadPlan, WritePlan,
 };
-use crate::state::{HandshakePhase, LgrState};
+use crate::state::HandshakePhase;
 use smc_proto::close::CloseEvent;
+use smc_proto::link::Redundancy;
 use smc_proto::negotiate::IfAddr;
 use smc_rdma::sim::{SimChannel, SimCq, SimDevice, SimFabric, SimMr, SimPd, SimQp};
 use smc_rdma::{
@@ -329,6 +334,16 @@ pub enum Fault {
         /// The client dies (else the server).
         client: bool,
     },
+    /// While an ADD_LINK flow runs (§1.8), a QP of that side fails: the new
+    /// link's (the flow fails, the group keeps its link: nothing may be
+    /// lost) or the existing link's (with no other link active yet, the
+    /// group ends).
+    AddLinkQpError {
+        /// On the client side.
+        client: bool,
+        /// The new link's QP (else the existing link's).
+        new_link: bool,
+    },
     /// Extra one-way delay on a device.
     Delay {
         /// The client's device.
@@ -374,6 +389,8 @@ pub struct Report {
     pub survivable_fault: bool,
     /// Connections moved between healthy links.
     pub moves: usize,
+    /// A QP failed while an ADD_LINK flow ran (`Fault::AddLinkQpError`).
+    pub add_link_fault: bool,
     /// `prepare_remote` failed now and then in this run.
     pub prepare_faults: bool,
     /// How often it failed.
@@ -578,7 +595,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
             }
         })
         .collect();
-    let fault = if rng.chance(35) {
+    let mut fault = if rng.chance(35) {
         let client = rng.chance(50);
         Some(match rng.below(5) {
             0 => Fault::QpError { client },
@@ -601,7 +618,31 @@ pub fn run(seed: u64) -> Result<Report, String> {
     let multi_link = rng.chance(40);
     let kill_slot = rng.below(2) as usize;
     let move_period = 1 + rng.below(60);
-    let mut link_offered = false;
+    // In multi-link runs the server adds the second link by ADD_LINK (§1.8)
+    // right after the first contact (and again after one was lost). The
+    // client has an alternate path in most runs; without one it rejects
+    // ("no alternate path") and the group stays single.
+    let client_alt = multi_link && rng.chance(85);
+    if multi_link {
+        server.set_redundancy(Redundancy {
+            enabled: true,
+            alternate: rng.chance(50),
+        });
+        client.set_redundancy(Redundancy {
+            enabled: true,
+            alternate: client_alt,
+        });
+    }
+    // A share of the runs without another fault fails a QP while an
+    // ADD_LINK flow runs, after a random number of steps into it.
+    let mut add_fault_delay = 0;
+    if multi_link && client_alt && fault.is_none() && rng.chance(30) {
+        fault = Some(Fault::AddLinkQpError {
+            client: rng.chance(50),
+            new_link: rng.chance(60),
+        });
+        add_fault_delay = rng.below(4);
+    }
     let mut steps = 0u64;
     let mut survivable = false;
     let mut fault_done = false;
@@ -624,6 +665,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
             .trace
             .push(format!("{:>12.6}s {s}", now.as_secs_f64()));
     };
+    let mut adding_seen = 0u64;
     let mut buf = vec![0u8; 4 * 65536 + 1];
     trace(
         &mut report,
@@ -633,8 +675,44 @@ pub fn run(seed: u64) -> Result<Report, String> {
     loop {
         let mut progress = false;
         // faults
+        if let (
+            Some(Fault::AddLinkQpError {
+                client: on_client,
+                new_link,
+            }),
+            false,
+        ) = (fault, fault_done)
+        {
+            let ep = if on_client { &client } else { &server };
+            if let Some(l) = (0..8).find(|&l| ep.adding_link(l)) {
+                adding_seen += 1;
+                if adding_seen > add_fault_delay {
+                    fault_done = true;
+                    progress = true;
+                    let usable = ep.usable_links(l);
+                    let slot = (0..3).find(|&s| {
+                        ep.link_qp_num(l, s).is_some() && usable.contains(&s) != new_link
+                    });
+                    if let Some(qpn) = slot.and_then(|s| ep.link_qp_num(l, s)) {
+                        fabric.fail_qp(qpn);
+                        report.add_link_fault = true;
+                        // the existing link survives a failed new one
+                        survivable = new_link;
+                        report.survivable_fault = new_link;
+                    }
+                    trace(
+                        &mut report,
+                        now,
+                        format!(
+                            "fault injected during ADD_LINK: {:?} (slot {slot:?})",
+                            fault
+                        ),
+                    );
+                }
+            }
+        }
         if let (Some(f), false) = (fault, fault_done) {
-            if now >= fault_at {
+            if now >= fault_at && !matches!(f, Fault::AddLinkQpError { .. }) {
                 fault_done = true;
                 progress = true;
                 let dev = |on_client: bool| if on_client { "simC" } else { "simS" };
@@ -714,6 +792,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     } => {
                         let _ = fabric.inject_delay(dev(on_client), Duration::from_micros(us));
                     }
+                    Fault::AddLinkQpError { .. } => {}
                 }
                 trace(&mut report, now, format!("fault injected: {f:?}"));
             }
@@ -737,33 +816,12 @@ pub fn run(seed: u64) -> Result<Report, String> {
             }
         }
         steps += 1;
-        if multi_link && !link_offered && dead.is_none() {
-            // once a connection is on SMC-R on both sides and its groups are up
-            let pair = conns
-                .iter()
-                .find(|c| c.smc && !c.ended)
-                .and_then(|c| Some((client.link_group_of(c.c.id)?, server.link_group_of(c.s.id)?)));
-            if let Some((lc, ls)) = pair {
-                let active = |ep: &Endpoint<Faulty>, l| {
-                    ep.link_group_state(l) == Some(LgrState::Active)
-                        && ep.usable_links(l).len() == 1
-                };
-                if active(&client, lc)
-                    && active(&server, ls)
-                    && client.extra_link_ready(lc)
-                    && server.extra_link_ready(ls)
-                {
-                    link_offered = true;
-                    let up = (|| -> smc_rdma::Result<usize> {
-                        let so = server.extra_link_offer(ls)?;
-                        let co = client.extra_link_offer(lc)?;
-                        client.extra_link_accept(lc, &so, now)?;
-                        server.extra_link_accept(ls, &co, now)
-                    })();
-                    report.second_link = up.is_ok();
-                    trace(&mut report, now, format!("second link offered: {up:?}"));
-                    progress = true;
-                }
+        if multi_link && !report.second_link {
+            // the second link came up by ADD_LINK on both sides
+            let two = |ep: &Endpoint<Faulty>| (0..8).any(|l| ep.usable_links(l).len() >= 2);
+            if two(&client) && two(&server) {
+                report.second_link = true;
+                trace(&mut report, now, "second link up (ADD_LINK)".into());
             }
         }
         if multi_link && steps.is_multiple_of(move_period) {

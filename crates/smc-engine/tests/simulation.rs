@@ -1,6 +1,7 @@
 //! The seeded simulation as a test: 1000 seeds by default (`SMC_SIM_SEEDS` to
 //! change, `SMC_SIM_START` to shift), each a random workload with or without a
-//! fault, some with a second link (moves, failover); any broken invariant fails
+//! fault, some with a second link by ADD_LINK (moves, failover, QP failures
+//! during ADD_LINK); any broken invariant fails
 //! with the seed, the trace tail and the replay command
 //! (`cargo run -p smc-engine --bin smc-sim -- replay SEED`).
 
@@ -19,7 +20,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     let start = env("SMC_SIM_START", 0);
     let mut failures = Vec::new();
     let (mut smc, mut faults, mut aborts, mut bytes) = (0, 0, 0, 0u64);
-    let (mut two_links, mut failovers, mut moves) = (0, 0, 0);
+    let (mut two_links, mut failovers, mut moves, mut add_faults) = (0, 0, 0, 0);
     let (mut prepare_failures, mut late) = (0, 0);
     for seed in start..start + n {
         match simulate::run(seed) {
@@ -31,6 +32,7 @@ fn a_thousand_seeds_hold_every_invariant() {
                 two_links += usize::from(r.second_link);
                 failovers += usize::from(r.survivable_fault);
                 moves += r.moves;
+                add_faults += usize::from(r.add_link_fault);
                 prepare_failures += r.prepare_failures;
                 late += usize::from(r.confirm_link_fault);
             }
@@ -39,7 +41,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     }
     eprintln!("{n} seeds: {smc} SMC-R connections, {faults} runs with a fault, {aborts} aborts, {bytes} bytes");
     eprintln!(
-        "  {two_links} runs with a second link, {failovers} of them lost one link, {moves} moves"
+        "  {two_links} runs with a second link (by ADD_LINK), {failovers} of them lost one link, {moves} moves, {add_faults} QP failures during ADD_LINK"
     );
     assert!(
         failures.is_empty(),
@@ -61,6 +63,11 @@ fn a_thousand_seeds_hold_every_invariant() {
         "too few link failovers: {failovers}"
     );
     assert!(moves as u64 >= n, "too few moves: {moves}");
+    // and QPs failing while an ADD_LINK flow runs
+    assert!(
+        add_faults as u64 >= n / 100,
+        "too few QP failures during ADD_LINK: {add_faults}"
+    );
     // failing prepare_remote calls, and first links lost right after the CLC
     // exchange (the late decline)
     assert!(

@@ -10,11 +10,12 @@
 //! v2, double DELETE_LINK ALL).
 //!
 //! A [`LinkGroup`] holds up to three link slots (Linux `SMC_LINKS_PER_LGR_MAX`); the
-//! engine never assumes a single link. This version does not yet *negotiate* a
-//! second link: an ADD_LINK request from a peer is rejected at once, as Linux's own
-//! single-port client does (§11 item 3), and a REQ_ADD_LINK gets the negative
-//! response. A further link whose QP parameters and rkeys were exchanged by other
-//! means (tests and the simulation, until the ADD_LINK flow of §1.8 exists) joins
+//! engine never assumes a single link. With [`Redundancy`] on, a server adds a
+//! further link by the ADD_LINK flow of §1.8 (`link/add_link.rs`) after the first
+//! link is confirmed and after a link was lost, and a client answers it; off (the
+//! default), an ADD_LINK request is rejected at once, as Linux's own single-port
+//! client does (§11 item 3), and a REQ_ADD_LINK gets the negative response. A
+//! further link whose QP parameters and rkeys were exchanged by other means joins
 //! with [`LinkGroup::add_link`] and [`LinkGroup::add_link_rtokens`] and runs the
 //! CONFIRM_LINK exchange of §1.8 step 7 on the new link. When one of several links
 //! fails, the group stays up: the driver moves that link's connections (§7.2) and
@@ -23,6 +24,10 @@
 //!
 //! Sans-I/O: inputs are [`LinkGroup::on_llc`], [`LinkGroup::on_timeout`]
 //! and the request methods; outputs are drained with [`LinkGroup::poll_output`].
+
+mod add_link;
+
+pub use add_link::{LgrType, Redundancy};
 
 use crate::Timestamp;
 use core::fmt;
@@ -107,6 +112,10 @@ pub struct Link {
     confirm_deadline: Option<Timestamp>,
     /// The link of the first contact (CONFIRM_LINK eye-catcher check, §1.3).
     first_contact: bool,
+    /// Added over our existing port (Linux "asymmetric local").
+    asym_local: bool,
+    /// Added over the peer's existing port ("asymmetric peer").
+    asym_peer: bool,
 }
 
 /// Why a link went down.
@@ -151,6 +160,32 @@ pub enum LgrOutput {
     Terminated {
         /// DELETE_LINK reason code (ours or the peer's).
         reason: u32,
+    },
+    /// Client: the server offers a further link (ADD_LINK, §1.8). Prepare a
+    /// QP in `slot`, connect it to `peer` (RTR, RTS) and answer with
+    /// [`LinkGroup::accept_add_link`], or [`LinkGroup::refuse_add_link`].
+    AddLinkOffer {
+        /// The slot the new link takes.
+        slot: usize,
+        /// Its link id (the server's).
+        link_id: u8,
+        /// The server's end of it.
+        peer: PeerPort,
+    },
+    /// Server: the client answered our ADD_LINK: connect the new link's QP
+    /// in `slot` to `peer` (RTR, RTS); a failure is reported with
+    /// [`LinkGroup::on_link_failure`].
+    ConnectLink {
+        /// The new link's slot.
+        slot: usize,
+        /// The client's end of it.
+        peer: PeerPort,
+    },
+    /// An ADD_LINK flow ended before its link existed (rejected, timed out,
+    /// refused): free the QP prepared in `slot`.
+    AddLinkFailed {
+        /// The slot.
+        slot: usize,
     },
     /// One of our rkey flows finished.
     RkeyFlowDone {
@@ -197,6 +232,17 @@ pub struct LinkGroup {
     local_flow: Option<LocalFlow>,
     out: VecDeque<LgrOutput>,
     terminated: Option<u32>,
+    /// How this group takes part in adding links.
+    redundancy: Redundancy,
+    /// The ADD_LINK flow in progress (it holds the local flow slot, §1.6).
+    add: Option<add_link::AddFlow>,
+    /// A server trigger for the ADD_LINK flow is pending (§1.8).
+    add_wanted: bool,
+    /// Client: the ADD_LINK request being answered (for a reject).
+    pending_request: Option<AddLink>,
+    /// An ADD_LINK request that came while our rkey flow ran (§1.6 rule 2:
+    /// Linux parks the first conflicting one).
+    delayed_add: Option<(usize, AddLink, Timestamp)>,
     /// Unknown or unexpected LLC messages dropped (Linux drops them silently too).
     pub dropped: u64,
 }
@@ -221,6 +267,11 @@ impl LinkGroup {
             local_flow: None,
             out: VecDeque::new(),
             terminated: None,
+            redundancy: Redundancy::default(),
+            add: None,
+            add_wanted: false,
+            pending_request: None,
+            delayed_add: None,
             dropped: 0,
         }
     }
@@ -300,6 +351,8 @@ impl LinkGroup {
             testlink_sent: None,
             confirm_deadline: Some(now + wait),
             first_contact,
+            asym_local: false,
+            asym_peer: false,
         });
         if self.cfg.role == Role::Server {
             let msg = self.confirm_link_msg(slot, false);
@@ -316,9 +369,11 @@ impl LinkGroup {
             .unwrap_or(1)
     }
 
-    /// The lowest free link slot, if any.
+    /// The lowest free link slot, if any (not the one an ADD_LINK flow
+    /// holds for its link).
     pub fn free_slot(&self) -> Option<usize> {
-        self.links.iter().position(Option::is_none)
+        let held = self.add.as_ref().map(|f| f.slot);
+        (0..LINK_SLOTS).find(|&s| self.links[s].is_none() && Some(s) != held)
     }
 
     /// A further link, whose QP parameters (and the rkeys of §1.8 step 6) were
@@ -338,7 +393,10 @@ impl LinkGroup {
         peer: PeerPort,
         now: Timestamp,
     ) -> Option<usize> {
-        if self.terminated.is_some() || self.slot_of_link_id(link_id).is_some() {
+        if self.terminated.is_some()
+            || self.slot_of_link_id(link_id).is_some()
+            || self.add.is_some()
+        {
             return None;
         }
         let slot = self.free_slot()?;
@@ -390,22 +448,31 @@ impl LinkGroup {
         if let Some(l) = self.links.get_mut(slot).and_then(Option::as_mut) {
             l.state = LinkState::Active;
             l.confirm_deadline = None;
+            let first = l.first_contact;
             self.out.push_back(LgrOutput::LinkActive { slot });
+            // §1.7 step 5: after the first contact, a server adds a link
+            if first && self.cfg.role == Role::Server {
+                self.add_wanted = true;
+            }
+            self.add_flow_link_active(slot);
         }
     }
 
     fn link_down(&mut self, slot: usize, reason: DownReason) {
         let mut link_id = 0;
+        let mut was_active = false;
         if let Some(l) = self.links.get_mut(slot).and_then(Option::as_mut) {
             if l.state == LinkState::Inactive {
                 return;
             }
             link_id = l.link_id;
+            was_active = l.state == LinkState::Active;
             l.state = LinkState::Inactive;
             l.testlink_sent = None;
             l.confirm_deadline = None;
             self.out.push_back(LgrOutput::LinkDown { slot, reason });
         }
+        self.add_flow_link_down(slot);
         let survivor = self.active_slots().next();
         match survivor {
             None if self.terminated.is_none() => self.terminate_quietly(llc::DEL_LOST_PATH),
@@ -430,10 +497,16 @@ impl LinkGroup {
             }
             Some(_) => {}
         }
+        if was_active && survivor.is_some() {
+            self.add_flow_after_loss();
+        }
     }
 
     fn terminate_quietly(&mut self, reason: u32) {
         self.terminated = Some(reason);
+        self.add = None;
+        self.delayed_add = None;
+        self.pending_request = None;
         for l in self.links.iter_mut().flatten() {
             l.state = LinkState::Inactive;
         }
@@ -583,10 +656,12 @@ impl LinkGroup {
 
     /// A further link is being added (ACTIVATING, not the first contact's).
     pub fn adding_link(&self) -> bool {
-        self.links
-            .iter()
-            .flatten()
-            .any(|l| l.state == LinkState::Activating && !l.first_contact)
+        self.add.is_some()
+            || self
+                .links
+                .iter()
+                .flatten()
+                .any(|l| l.state == LinkState::Activating && !l.first_contact)
     }
 
     /// One of our LLC request flows is waiting for its response (§1.6).
@@ -596,7 +671,7 @@ impl LinkGroup {
 
     /// Starts a DELETE_RKEY flow for our released RMB (its rkey on `slot`).
     pub fn start_delete_rkey(&mut self, slot: usize, rkey: u32, tag: u64, now: Timestamp) -> bool {
-        if self.local_flow.is_some() || self.terminated.is_some() {
+        if self.local_flow.is_some() || self.terminated.is_some() || self.add.is_some() {
             return false;
         }
         let msg = LlcMessage::DeleteRkey(DeleteRkey::request(self.cfg.version, vec![rkey]));
@@ -637,14 +712,17 @@ impl LinkGroup {
                 }
             }
             LlcMessage::ConfirmLink(c) => self.on_confirm_link(slot, &c),
-            LlcMessage::AddLink(a) if !a.is_response() => {
-                // We have no alternate path to offer: reject at once so a Linux
-                // server does not stall its accept path (§11 item 3).
-                let msg = LlcMessage::AddLink(AddLink::reject_for(&a));
-                self.out.push_back(LgrOutput::SendLlc { slot, msg });
-            }
+            // Without redundancy every request is rejected at once, so that a
+            // Linux server does not stall its accept path (§11 item 3).
+            LlcMessage::AddLink(a) => self.on_add_link(slot, a, now),
+            LlcMessage::AddLinkCont(c) => self.on_add_link_cont(&c, now),
             LlcMessage::ReqAddLink(r) if !r.is_response() => {
                 if self.cfg.role == Role::Server {
+                    // (a v2 client's invitation: with redundancy on, the
+                    // server runs its own ADD_LINK flow when it can, §1.8)
+                    if self.redundancy.enabled {
+                        self.add_wanted = true;
+                    }
                     let msg = LlcMessage::ReqAddLink(ReqAddLink::response_to(&r));
                     self.out.push_back(LgrOutput::SendLlc { slot, msg });
                 } else {
@@ -663,6 +741,7 @@ impl LinkGroup {
                         tag,
                         ok: !c.is_negative(),
                     });
+                    self.after_flow();
                 } else {
                     self.dropped += 1;
                 }
@@ -686,6 +765,7 @@ impl LinkGroup {
                         tag,
                         ok: !d.is_negative(),
                     });
+                    self.after_flow();
                 } else {
                     self.dropped += 1;
                 }
@@ -703,7 +783,12 @@ impl LinkGroup {
             Role::Client => !c.is_response(),
             Role::Server => c.is_response(),
         };
-        if !activating || !expected {
+        // (a further link is confirmed only once its rkeys are exchanged)
+        let early = self
+            .add
+            .as_ref()
+            .is_some_and(|f| f.slot == slot && f.stage != add_link::Stage::Confirming);
+        if !activating || !expected || early {
             self.dropped += 1;
             return;
         }
@@ -714,8 +799,9 @@ impl LinkGroup {
             return;
         }
         if let Some(l) = self.links.get_mut(slot).and_then(Option::as_mut) {
-            if self.cfg.role == Role::Client {
-                // The client adopts the link id the server assigned (§1.7 step 2).
+            if self.cfg.role == Role::Client && first_contact {
+                // The client adopts the link id the server assigned (§1.7 step
+                // 2); an added link has the id of its ADD_LINK (§1.8).
                 l.link_id = c.link_num;
             }
             l.peer_link_uid = c.link_uid;
@@ -782,6 +868,9 @@ impl LinkGroup {
             None => None,
         };
         let mut earliest = |x: Timestamp| t = Some(t.map_or(x, |t| t.min(x)));
+        if let Some(f) = &self.add {
+            earliest(f.deadline);
+        }
         for l in self.links.iter().flatten() {
             if let Some(d) = l.confirm_deadline {
                 earliest(d);
@@ -809,9 +898,11 @@ impl LinkGroup {
                 self.local_flow = None;
                 self.out
                     .push_back(LgrOutput::RkeyFlowDone { tag, ok: false });
+                self.after_flow();
             }
             _ => {}
         }
+        self.add_flow_timeout(now);
         for slot in 0..LINK_SLOTS {
             enum Due {
                 Nothing,

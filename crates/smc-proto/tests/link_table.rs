@@ -194,6 +194,9 @@ fn outputs(g: &mut LinkGroup) -> String {
             LgrOutput::LinkDown { reason, .. } => format!("link down ({reason:?})"),
             LgrOutput::Terminated { reason } => format!("terminated ({reason:#010x})"),
             LgrOutput::RkeyFlowDone { ok, .. } => format!("rkey flow done ok={ok}"),
+            LgrOutput::AddLinkOffer { slot, .. } => format!("add link offer (slot {slot})"),
+            LgrOutput::ConnectLink { slot, .. } => format!("connect link (slot {slot})"),
+            LgrOutput::AddLinkFailed { slot } => format!("add link failed (slot {slot})"),
         });
     }
     if v.is_empty() {

@@ -218,11 +218,17 @@ pub(crate) struct ConnReadiness {
 /// [`Want::Read`] and [`Want::Write`] are ready, end of file once the peer
 /// sends nothing more, the end once the connection is over.
 fn level(ep: &Endpoint<AnyProvider>, id: ConnId, sndbuf_len: usize) -> crate::readiness::Level {
+    // (also both directions shut, each by one side: EPOLLHUP as a TCP
+    // socket whose sk_shutdown is SHUTDOWN_MASK, tcp.c tcp_poll, and as
+    // af_smc.c smc_poll)
     let gone = matches!(
         ep.close_state(id),
         None | Some(CloseState::Closed)
             | Some(CloseState::ProcessAbort)
             | Some(CloseState::PeerAbortWait)
+            | Some(CloseState::AppFinCloseWait)
+            | Some(CloseState::AppCloseWait2)
+            | Some(CloseState::PeerCloseWait2)
     );
     crate::readiness::Level {
         readable: ep.readable(id) > 0,

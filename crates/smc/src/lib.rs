@@ -97,6 +97,14 @@ pub fn opt_in(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     rendezvous::rendezvous().is_ok_and(|r| r.opt_in(fd).is_ok())
 }
 
+/// Whether `fd` (a TCP socket, e.g. a listening one a process inherited
+/// across exec) is opted in to the SMC SYN option and has no connection
+/// yet: a listener on it answers SYNs with the option.
+pub fn is_opted_in(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    rendezvous::rendezvous()
+        .is_ok_and(|r| matches!(r.status(fd), Ok(smc_bpf::SocketStatus::OptedIn)))
+}
+
 /// smc-rs's own fallback reason for "the SYN option could not be used on this
 /// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel
 /// always has its option.
@@ -113,7 +121,21 @@ pub fn use_loopback_device(tag: &str) {
         return;
     }
     let dir = std::env::temp_dir().join(tag);
-    let _ = std::fs::create_dir_all(dir.join("run"));
+    // The rundir as the shm device makes it (1777): a process of another user
+    // (one that dropped root, say) must be able to register there too.
+    let _ = std::fs::create_dir_all(&dir);
+    let run = dir.join("run");
+    let _ = smc_rdma::shm::registry::create_rundir(&run);
+    // One of ours that an earlier build made with the umask's mode: repaired
+    // (this directory is the demo's and the tests', no administrator's choice).
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if let Ok(m) = std::fs::metadata(&run) {
+            if m.uid() == rustix::process::geteuid().as_raw() && m.mode() & 0o7777 != 0o1777 {
+                let _ = std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o1777));
+            }
+        }
+    }
     let _ = std::fs::create_dir_all(dir.join("conf"));
     let cfg = dir.join("shm.conf");
     let text = format!(

@@ -8,11 +8,23 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Once;
 
 /// The host's rendezvous, or why there is none (said once on stderr, as the
-/// issue asks: a clear message, then TCP).
+/// issue asks: a clear message, then TCP). An administrator may install it
+/// (or open it to this user) while the process runs: `Rendezvous::shared`
+/// tries again then, and the first socket that gets it says so once.
 pub(crate) fn rendezvous() -> Result<&'static Rendezvous, RendezvousError> {
     static WARN: Once = Once::new();
+    static LATER: Once = Once::new();
     match Rendezvous::shared() {
-        Ok(r) => Ok(r),
+        Ok(r) => {
+            if WARN.is_completed() {
+                LATER.call_once(|| {
+                    eprintln!(
+                        "smc-rs: the SMC TCP option can be used now; new connections may use SMC-R"
+                    );
+                });
+            }
+            Ok(r)
+        }
         Err(e) => {
             WARN.call_once(|| {
                 eprintln!("smc-rs: the SMC TCP option cannot be used on this host, connections use plain TCP: {e}");

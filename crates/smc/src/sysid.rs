@@ -62,14 +62,23 @@ fn still_there(fd: &OwnedFd, path: &Path) -> bool {
     }
 }
 
-/// Opens and locks `path` if nobody holds it.
+/// Opens and locks `path` if nobody holds it. Processes of every user share
+/// the directory, so a file another user left is taken as well: it is opened
+/// read-only (all `flock` needs), and without `O_CREAT` unless it is missing
+/// (`fs.protected_regular` refuses `O_CREAT` on another user's file in a
+/// sticky directory).
 fn try_take(path: &Path) -> Option<OwnedFd> {
-    let fd = rustix::fs::open(
-        path,
-        OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o644),
-    )
-    .ok()?;
+    let open = |flags| rustix::fs::open(path, flags, Mode::from_raw_mode(0o644));
+    let ro = OFlags::RDONLY | OFlags::CLOEXEC;
+    let fd = match open(ro) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => match open(ro | OFlags::CREATE | OFlags::EXCL) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::EXIST) => open(ro).ok()?,
+            Err(_) => return None,
+        },
+        Err(_) => return None,
+    };
     rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).ok()?;
     still_there(&fd, path).then_some(fd)
 }
@@ -96,13 +105,34 @@ fn remove_stale(dir: &Path, ours: &str) {
     }
 }
 
+/// Makes `dir` (below `rundir`) a directory every user may create lock files
+/// in, mode 1777 like the rundir, whose processes of all users must not share
+/// a number. The rundir is created as the shm device creates it (this may
+/// come first). A `dir` of ours with another mode (made by an earlier build
+/// with the umask's 0755, which kept other users' processes out) is repaired.
+fn shared_dir(rundir: &Path, dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    smc_rdma::shm::registry::create_rundir(rundir)?;
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::metadata(dir)?;
+    if m.uid() == rustix::process::geteuid().as_raw() && m.mode() & 0o7777 != 0o1777 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))?;
+    }
+    Ok(())
+}
+
 /// This process's instance number and, when `rundir` is known, the lock that
 /// keeps it unique (held until the process ends).
 pub(crate) fn allocate(rundir: Option<&Path>) -> (u16, Option<OwnedFd>) {
-    let Some(dir) = rundir.map(|d| d.join("system-ids")) else {
+    let Some(rundir) = rundir else {
         return (random_u16(), None);
     };
-    if std::fs::create_dir_all(&dir).is_err() {
+    let dir = rundir.join("system-ids");
+    if shared_dir(rundir, &dir).is_err() {
         return (random_u16(), None);
     }
     // 65 536 numbers; a full directory is not a reason to go without one
@@ -134,6 +164,35 @@ mod tests {
         drop(held);
         assert!(try_take(&p).is_some(), "not released");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_directories_are_open_to_every_user() {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let base = std::env::temp_dir().join(format!("smc-sysid-unit3-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        // a missing rundir is made as the shm device makes it
+        let run = base.join("run");
+        let (_, fd) = allocate(Some(&run));
+        assert!(fd.is_some());
+        assert_eq!(mode(&run), 0o1777, "rundir");
+        assert_eq!(mode(&run.join("system-ids")), 0o1777, "system-ids");
+        // a directory an earlier build made with the umask's mode is repaired
+        let old = base.join("old");
+        std::fs::DirBuilder::new().mode(0o755).create(&old).unwrap();
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(old.join("system-ids"))
+            .unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (_, fd2) = allocate(Some(&old));
+        assert!(fd2.is_some());
+        assert_eq!(mode(&old.join("system-ids")), 0o1777);
+        assert_eq!(mode(&old), 0o755, "an existing rundir keeps its mode");
+        drop((fd, fd2));
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]

@@ -40,7 +40,7 @@ fn main() -> ExitCode {
             let t = std::time::Instant::now();
             let (mut smc, mut not_smc, mut bytes, mut faults, mut aborts, mut failed) =
                 (0, 0, 0u64, 0, 0, 0);
-            let (mut two_links, mut failovers, mut moves) = (0, 0, 0);
+            let (mut two_links, mut failovers, mut moves, mut add_faults) = (0, 0, 0, 0);
             let (mut prepare_runs, mut prepare_failures, mut prepare_victims, mut late) =
                 (0, 0, 0, 0);
             for seed in start..start + n {
@@ -54,6 +54,7 @@ fn main() -> ExitCode {
                         two_links += usize::from(r.second_link);
                         failovers += usize::from(r.survivable_fault);
                         moves += r.moves;
+                        add_faults += usize::from(r.add_link_fault);
                         prepare_runs += usize::from(r.prepare_faults);
                         prepare_failures += r.prepare_failures;
                         prepare_victims += r.prepare_victims;
@@ -74,7 +75,7 @@ fn main() -> ExitCode {
                 bytes as f64 / (1 << 20) as f64
             );
             println!(
-                "  {two_links} runs with a second link, {failovers} of them lost one link (failover), {moves} connection moves"
+                "  {two_links} runs with a second link, {failovers} of them lost one link (failover), {moves} connection moves, {add_faults} QP failures during ADD_LINK"
             );
             println!(
                 "  {prepare_runs} runs with failing prepare_remote: {prepare_failures} failures ended {prepare_victims} connections; {late} runs lost a first link right after the CLC exchange"

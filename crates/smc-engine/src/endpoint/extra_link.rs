@@ -1,7 +1,7 @@
-//! Further links of a link group, for tests and the simulation until ADD_LINK
-//! is negotiated: each end offers a prepared QP ([`LinkOffer`], what ADD_LINK
-//! and ADD_LINK_CONT would carry), then accepts the other's; the CONFIRM_LINK
-//! exchange follows.
+//! Further links of a link group without the ADD_LINK flow, for tests (the
+//! negotiated way is `endpoint/add_link.rs`): each end offers a prepared QP
+//! ([`LinkOffer`], what ADD_LINK and ADD_LINK_CONT carry), then accepts the
+//! other's; the CONFIRM_LINK exchange follows.
 //!
 //! Spec: `protocol-llc-cdc.md` §1.8 (adding a link). Linux: smc_llc.c
 //! `smc_llc_srv_add_link`, `smc_llc_cli_add_link`.

@@ -112,16 +112,15 @@ impl<P: Provider> Endpoint<P> {
         } else {
             // Reuse: the group the server chose must be one of ours, and the
             // connection goes on the link whose peer QP the Accept names (§4.5, §6).
+            let group = |lg: &super::lgr::Lgr<P>| {
+                lg.role == Role::Client
+                    && lg.state.accepts_connections()
+                    && !lg.group.is_terminated()
+                    && lg.peer_system_id == a.peer_id
+                    && lg.local == local
+            };
             let found = self.lgrs.iter().enumerate().find_map(|(i, lg)| {
-                let lg = lg.as_ref()?;
-                if lg.role != Role::Client
-                    || !lg.state.accepts_connections()
-                    || lg.group.is_terminated()
-                    || lg.peer_system_id != a.peer_id
-                    || lg.local != local
-                {
-                    return None;
-                }
+                let lg = lg.as_ref().filter(|lg| group(lg))?;
                 let slot = lg.group.active_slots().find(|&s| {
                     lg.links
                         .get(s)
@@ -131,7 +130,18 @@ impl<P: Provider> Endpoint<P> {
                 Some((i, slot))
             });
             let Some((l, slot)) = found else {
-                return self.decline(id, version, DeclineCode::SyncErr);
+                // A group with the peer but not the link the Accept names: it
+                // went down since the server chose it (its DELETE_LINK may
+                // have overtaken the Accept). Linux's client declines this
+                // connection with NOSRVLINK, which — unlike SYNCERR, "no such
+                // group" — does not make the server end the group
+                // (af_smc.c `smc_connect_rdma`).
+                let code = if self.lgrs.iter().flatten().any(group) {
+                    DeclineCode::NoSrvLink
+                } else {
+                    DeclineCode::SyncErr
+                };
+                return self.decline(id, version, code);
             };
             if self.attach(id, l, slot).is_err() {
                 return self.decline(id, version, DeclineCode::Mem);

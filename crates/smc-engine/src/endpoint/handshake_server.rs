@@ -142,10 +142,16 @@ impl<P: Provider> Endpoint<P> {
                 // `smcr_clnt_conf_first_link` waits SMC_LLC_WAIT_TIME for
                 // one when max_links > 1), and a Linux server with max_links
                 // 1 sends none either (smc_llc.c `smc_llc_srv_add_link`).
+                // (with redundancy on, the negotiated two: the ADD_LINK
+                // flow follows the first link, `endpoint/add_link.rs`)
                 let limits = Limits {
                     release: choice.release,
                     max_conns,
-                    max_links: 1,
+                    max_links: if self.redundancy.enabled {
+                        choice.max_links
+                    } else {
+                        1
+                    },
                 };
                 let l = match self.new_lgr(Role::Server, version, peer_id, peer_gid, local, limits)
                 {
@@ -237,10 +243,30 @@ impl<P: Provider> Endpoint<P> {
             // connection its life instead: established, and aborted at once
             // (the abort CDC needs no rkey), so the client sees a reset.
             // (a group that died meanwhile kills the connection anyway)
+            // A link whose QP failed meanwhile (its failure not yet taken in)
+            // cannot be readied either, but that is the link's fault, not the
+            // connection's: it goes down now and the connection fails over
+            // to a link that can reach the peer's RMB (§7.2), or dies with the
+            // group if none is left.
             let slot = self.conn(id).and_then(|x| x.link);
-            let prepared = !lgr_alive || slot.is_some_and(|s| self.prepare_peer_rmb(id, s).is_ok());
+            let l = self.conn(id).and_then(|x| x.lgr);
+            let link_failed = slot.zip(l).filter(|&(s, l)| {
+                self.lgrs
+                    .get(l)
+                    .and_then(Option::as_ref)
+                    .and_then(|lg| lg.links.get(s)?.as_ref())
+                    .is_some_and(super::link::LinkRes::failed)
+            });
+            let prepared = !lgr_alive
+                || link_failed.is_some()
+                || slot.is_some_and(|s| self.prepare_peer_rmb(id, s).is_ok());
             self.established(id);
-            if !prepared {
+            if let Some((s, l)) = link_failed {
+                // (the next pump carries out the failover)
+                if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                    lg.group.on_link_failure(s);
+                }
+            } else if !prepared {
                 self.abort_now(id);
             }
         }

@@ -130,6 +130,8 @@ impl<P: Provider> Endpoint<P> {
             max_conns: limits.max_conns,
             testlink_interval: self.cfg.testlink,
         });
+        let mut group = group;
+        group.set_redundancy(self.redundancy);
         let l = Lgr {
             pd,
             links: [Some(first), None, None],

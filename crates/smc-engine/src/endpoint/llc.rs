@@ -23,13 +23,16 @@ use smc_rdma::{AsyncEvent, Device, Provider, QueuePair};
 
 impl<P: Provider> Endpoint<P> {
     /// A device event: a QP or the port failed — link down at once (§7.1) rather
-    /// than at the next send or keepalive. A port coming back changes nothing:
-    /// re-adding links (§7.4) needs ADD_LINK.
+    /// than at the next send or keepalive. A port coming back is a trigger for
+    /// a server to add a link again (§7.4, Linux `smcr_port_add`).
     pub(super) fn on_async_event(&mut self, ev: AsyncEvent) {
         if let Ok(p) = self.dev.query_port(1) {
             self.port_mtu = p.active_mtu;
         }
         for lg in self.lgrs.iter_mut().flatten() {
+            if matches!(ev, AsyncEvent::PortActive { .. }) {
+                lg.group.request_add_link();
+            }
             for slot in 0..LINK_SLOTS {
                 let Some(res) = lg.links[slot].as_ref() else {
                     continue;
@@ -71,6 +74,12 @@ impl<P: Provider> Endpoint<P> {
                 return Ok(());
             };
             let Some(o) = lg.group.poll_output() else {
+                // a server that wants a further link starts its flow (§1.8)
+                if self.maybe_add_link(l, now) {
+                    // (its flow's deadline: see `endpoint/timers.rs`)
+                    self.lgr_recheck = true;
+                    continue;
+                }
                 return Ok(());
             };
             if !matches!(o, LgrOutput::SendLlc { .. }) {
@@ -97,6 +106,11 @@ impl<P: Provider> Endpoint<P> {
                 LgrOutput::Terminated { .. } => {
                     self.lgr_step(l, LgrEvent::Terminated);
                 }
+                LgrOutput::AddLinkOffer { slot, peer, .. } => {
+                    self.on_add_link_offer(l, slot, peer, now)
+                }
+                LgrOutput::ConnectLink { slot, peer } => self.on_connect_link(l, slot, peer),
+                LgrOutput::AddLinkFailed { slot } => self.on_add_link_failed(l, slot),
                 LgrOutput::RkeyFlowDone { tag, .. } if tag & DELETE_TAG != 0 => {}
                 LgrOutput::RkeyFlowDone { tag, ok } => self.on_rkey_done(tag as ConnId, ok),
             }

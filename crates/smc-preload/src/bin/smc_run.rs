@@ -1,4 +1,5 @@
-//! `smc_run [-d] [-h] [-r SIZE] [-t SIZE] [-v] COMMAND [ARGS]`: runs COMMAND
+//! `smc_run [-d] [-h] [-r SIZE] [-t SIZE] [-v] [-p PORTS] [-a DESTS] COMMAND
+//! [ARGS]`: runs COMMAND
 //! with its TCP sockets over SMC-R where both ends can (`tools.md` §2.1:
 //! smc-tools' options, messages and exit codes). It preloads
 //! `libsmc_preload.so` from this workspace, found next to this program (cargo
@@ -19,7 +20,19 @@ Run COMMAND using SMC for TCP sockets
    -r <SIZE>  request receive buffer size in Bytes
    -t <SIZE>  request transmit buffer size in Bytes
    -v         display version info
+   -p <PORTS> convert only connections to, and listeners on, these ports
+              (e.g. 6379,8000-8100; sets SMC_RUN_PORTS)
+   -a <DESTS> convert only connections to these addresses or prefixes
+              (e.g. 10.0.0.0/8,fd00::/8; sets SMC_RUN_DESTS)
+
+Other TCP sockets stay plain TCP. With -d (SMC_DEBUG) each connection
+prints one line: SMC-R, or TCP and the reason.
 ";
+
+// (the bin uses the parsers only)
+#[allow(dead_code)]
+#[path = "../select.rs"]
+mod select;
 
 const LIB: &str = "libsmc_preload.so";
 
@@ -53,9 +66,11 @@ fn raise_sysctl(name: &str, bytes: u64) {
     }
 }
 
-/// The preload library: `SMC_PRELOAD_LIB`, else next to this program (an
-/// install, or `cargo build`'s `target/<profile>/`), else in `deps/` below
-/// it, else in `../lib/`.
+/// The preload library: `SMC_PRELOAD_LIB`, else next to this program
+/// (`cargo build`'s `target/<profile>/`), else in `deps/` below it, else in
+/// `../lib/<multiarch>/` or `../lib/` (an install: `install.sh` puts
+/// `bin/smc_run` and `lib/<multiarch>/libsmc_preload.so` under a prefix, as
+/// Debian puts libraries in `/usr/lib/x86_64-linux-gnu/`).
 fn library() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("SMC_PRELOAD_LIB") {
         return Some(PathBuf::from(p));
@@ -66,6 +81,7 @@ fn library() -> Option<PathBuf> {
     [
         dir.join(LIB),
         dir.join("deps").join(LIB),
+        dir.join("../lib").join(multiarch()).join(LIB),
         dir.join("../lib").join(LIB),
     ]
     .into_iter()
@@ -75,11 +91,21 @@ fn library() -> Option<PathBuf> {
     .map(|(_, p)| p)
 }
 
+/// Debian's multiarch directory name of this build (`x86_64-linux-gnu`).
+fn multiarch() -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86" => "i386",
+        "powerpc64" => "powerpc64le",
+        a => a,
+    };
+    format!("{arch}-linux-gnu")
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut debug = false;
     let mut i = 0;
-    // getopt "dhr:t:v", stopping at the first operand (the command)
+    // getopt "dhr:t:vp:a:", stopping at the first operand (the command)
     while i < args.len() {
         let a = &args[i];
         if a == "--" {
@@ -105,7 +131,7 @@ fn main() {
                     );
                     exit(0)
                 }
-                c @ ('r' | 't') => {
+                c @ ('r' | 't' | 'p' | 'a') => {
                     let rest: String = flags[k + 1..].iter().collect();
                     let val = if !rest.is_empty() {
                         rest
@@ -119,6 +145,19 @@ fn main() {
                             }
                         }
                     };
+                    if c == 'p' || c == 'a' {
+                        let (var, ok) = if c == 'p' {
+                            ("SMC_RUN_PORTS", select::parse_ports(&val).map(|_| ()))
+                        } else {
+                            ("SMC_RUN_DESTS", select::parse_dests(&val).map(|_| ()))
+                        };
+                        if let Err(e) = ok {
+                            fail(&e)
+                        }
+                        std::env::set_var(var, &val);
+                        k = flags.len();
+                        continue;
+                    }
                     let Some(bytes) = size(&val) else {
                         eprintln!("Error: Invalid buffer size specified: '{val}'");
                         exit(1)
@@ -142,6 +181,12 @@ fn main() {
     let Some(cmd) = args.get(i) else {
         fail("Missing command parameter")
     };
+    // (lists from the environment are checked as the options are)
+    let ports = std::env::var("SMC_RUN_PORTS").ok();
+    let dests = std::env::var("SMC_RUN_DESTS").ok();
+    if let Err(e) = select::Select::from_env(ports.as_deref(), dests.as_deref()) {
+        fail(&e)
+    }
     std::env::set_var("SMC_DEBUG", if debug { "1" } else { "0" });
     let Some(lib) = library() else {
         fail(&format!(

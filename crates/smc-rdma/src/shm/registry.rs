@@ -75,7 +75,11 @@ fn share(f: &File) {
 /// Creates the rundir if it is missing: mode 1777 (sticky, world-writable),
 /// so every user's processes can register and nobody can remove another's
 /// entries. An existing rundir keeps the mode its creator gave it.
-pub(crate) fn create_rundir(dir: &Path) -> io::Result<()> {
+/// Creates `dir` as a rundir if it is missing: mode 1777, so that every
+/// user's processes can register in it and none can remove another's
+/// entries (see the README's threat model). An existing directory keeps its
+/// mode: that is the administrator's choice of who may use the device.
+pub fn create_rundir(dir: &Path) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if dir.is_dir() {
         return Ok(());

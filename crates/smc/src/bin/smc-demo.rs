@@ -6,8 +6,9 @@
 //! smc-demo serve           the server half (prints its two ports, then serves)
 //! ```
 //!
-//! Needs root for the SYN-option rendezvous (BPF); without it both connections
-//! run over TCP and the demo says why. Devices: if `SMC_RDMA_SHM_CONFIG` is not
+//! Needs root for the SYN-option rendezvous (BPF), or the rendezvous installed
+//! for this user (`smc-rendezvous install`); without it both connections run
+//! over TCP and the demo says why. Devices: if `SMC_RDMA_SHM_CONFIG` is not
 //! set, the demo declares a shared-memory device bound to `lo` in a temporary
 //! directory.
 #![forbid(unsafe_code)]

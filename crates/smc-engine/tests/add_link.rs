@@ -1,0 +1,318 @@
+//! Link redundancy negotiated between two endpoints over the sim fabric
+//! (`protocol-llc-cdc.md` §1.8, §7): with redundancy on, the server adds a
+//! second link by ADD_LINK right after the first contact (v1 with its
+//! ADD_LINK_CONT rkey exchange, v2 with the rkeys in the extension),
+//! connections spread over both links, a link that fails under load moves
+//! its connections to the other without losing a byte, and the server adds
+//! a link again; without an alternate path on the client the server's
+//! ADD_LINK is rejected and the group stays single.
+
+use smc_engine::endpoint::{ConnStatus, EndpointConfig};
+use smc_engine::state::LgrState;
+use smc_proto::link::{LgrType, Redundancy};
+use std::time::Duration;
+
+mod common;
+
+use common::{simple_config, Tcp, World};
+
+fn config(dev: &str, inst: u16, last: u8, v2: bool) -> EndpointConfig {
+    EndpointConfig {
+        testlink: Some(Duration::from_secs(30)),
+        offer_v2: v2,
+        ..simple_config(dev, inst, last)
+    }
+}
+
+fn world(v2: bool, client_alternate: bool) -> World {
+    let mut w = World::with_seed(
+        11,
+        config("simC", 0x1111, 1, v2),
+        config("simS", 0x2222, 2, v2),
+    );
+    w.server.set_redundancy(Redundancy {
+        enabled: true,
+        alternate: false,
+    });
+    w.client.set_redundancy(Redundancy {
+        enabled: true,
+        alternate: client_alternate,
+    });
+    w
+}
+
+fn smc(w: &mut World) -> Tcp {
+    let t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc));
+    t
+}
+
+fn byte(conn: usize, dir: usize, i: usize) -> u8 {
+    ((i.wrapping_mul(2654435761) >> 11) as u8) ^ (conn as u8 * 31) ^ (dir as u8 * 0x5a)
+}
+
+/// Bulk data both ways on every connection, every byte checked; `at_step`
+/// runs between rounds.
+fn streams(w: &mut World, ts: &[&Tcp], len: usize, mut at_step: impl FnMut(&mut World, u64)) {
+    let mut sent = vec![[0usize; 2]; ts.len()];
+    let mut got = vec![[0usize; 2]; ts.len()];
+    let mut steps = 0u64;
+    loop {
+        let mut busy = false;
+        for (i, t) in ts.iter().enumerate() {
+            for dir in 0..2 {
+                let (tx, rx, tid, rid) = if dir == 0 {
+                    (&mut w.client, &mut w.server, t.c, t.s)
+                } else {
+                    (&mut w.server, &mut w.client, t.s, t.c)
+                };
+                let at = sent[i][dir];
+                if at < len {
+                    let chunk: Vec<u8> =
+                        (at..len.min(at + 5000)).map(|k| byte(i, dir, k)).collect();
+                    sent[i][dir] += tx.write(tid, &chunk).unwrap();
+                }
+                let data = rx.read(rid, 7000).unwrap();
+                for (k, b) in data.iter().enumerate() {
+                    let off = got[i][dir] + k;
+                    assert_eq!(*b, byte(i, dir, off), "conn {i} dir {dir}: byte {off}");
+                }
+                got[i][dir] += data.len();
+                busy |= got[i][dir] < len;
+            }
+        }
+        if !busy {
+            return;
+        }
+        at_step(w, steps);
+        w.tick();
+        steps += 1;
+        assert!(steps < 400_000, "stalled");
+    }
+}
+
+#[test]
+fn the_server_adds_a_second_link_by_add_link_v1_and_v2() {
+    for v2 in [false, true] {
+        let mut w = world(v2, true);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        assert_eq!(w.client.usable_links(lc).len(), 2, "v2 {v2}");
+        assert_eq!(w.server.usable_links(ls).len(), 2, "v2 {v2}");
+        assert!(!w.client.adding_link(lc) && !w.server.adding_link(ls));
+        // the server's only port was offered again; the client used its
+        // alternate (both on one sim device here)
+        assert_eq!(w.server.link_group_type(ls), Some(LgrType::AsymmetricLocal));
+        // new connections spread over both links, and their data flows
+        let ts: Vec<Tcp> = (0..4).map(|_| smc(&mut w)).collect();
+        let mut links: Vec<usize> = ts.iter().map(|t| w.server.link_of(t.s).unwrap()).collect();
+        links.sort_unstable();
+        links.dedup();
+        assert_eq!(links.len(), 2, "connections on both links");
+        let mut all: Vec<&Tcp> = ts.iter().collect();
+        all.push(&t0);
+        streams(&mut w, &all, 200_000, |_, _| {});
+    }
+}
+
+#[test]
+fn without_an_alternate_path_the_client_rejects_and_the_group_stays_single() {
+    for v2 in [false, true] {
+        let mut w = world(v2, false);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        assert_eq!(w.client.usable_links(lc).len(), 1);
+        assert_eq!(w.server.usable_links(ls).len(), 1);
+        assert!(!w.server.adding_link(ls), "the reject ended the flow");
+        assert_eq!(w.server.link_group_type(ls), Some(LgrType::Single));
+        // one LLC message more each way than with redundancy off: the
+        // server's ADD_LINK and the client's reject
+        let mut off = World::with_seed(
+            11,
+            config("simC", 0x1111, 1, v2),
+            config("simS", 0x2222, 2, v2),
+        );
+        let mut o0 = smc(&mut off);
+        off.settle(&mut [&mut o0], Duration::from_millis(5));
+        assert_eq!(w.server.llc_sent(), off.server.llc_sent() + 1);
+        assert_eq!(w.client.llc_sent(), off.client.llc_sent() + 1);
+        // and the group works
+        let t = smc(&mut w);
+        streams(&mut w, &[&t, &t0], 50_000, |_, _| {});
+    }
+}
+
+#[test]
+fn a_link_failing_under_load_moves_its_connections_and_a_link_is_added_again() {
+    for (v2, kill_client, kill_first) in [
+        (true, true, false),
+        (true, false, true),
+        (false, true, true),
+        (false, false, false),
+    ] {
+        let mut w = world(v2, true);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        let ts: Vec<Tcp> = (0..7).map(|_| smc(&mut w)).collect();
+        let mut all: Vec<&Tcp> = ts.iter().collect();
+        all.push(&t0);
+        let (ep, l) = if kill_client {
+            (&w.client, lc)
+        } else {
+            (&w.server, ls)
+        };
+        let usable = ep.usable_links(l);
+        assert_eq!(usable.len(), 2);
+        let slot = if kill_first { usable[0] } else { usable[1] };
+        let qpn = ep.link_qp_num(l, slot).unwrap();
+        let fabric = w.fabric.clone();
+        streams(&mut w, &all, 400_000, |_, step| {
+            if step == 60 {
+                fabric.fail_qp(qpn);
+            }
+        });
+        for t in &all {
+            assert!(w.client.violation(t.c).is_none() && w.server.violation(t.s).is_none());
+        }
+        assert_eq!(w.client.link_group_state(lc), Some(LgrState::Active));
+        assert_eq!(w.server.link_group_state(ls), Some(LgrState::Active));
+        // the dead link is gone on both sides and the server added a new one
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+        assert_eq!(
+            w.client.usable_links(lc).len(),
+            2,
+            "re-added ({v2} {kill_client})"
+        );
+        assert_eq!(w.server.usable_links(ls).len(), 2);
+        assert!(!w
+            .client
+            .usable_links(lc)
+            .iter()
+            .any(|&s| w.client.link_qp_num(lc, s) == Some(qpn)));
+        assert!(!w
+            .server
+            .usable_links(ls)
+            .iter()
+            .any(|&s| w.server.link_qp_num(ls, s) == Some(qpn)));
+        // and carries data again
+        let t = smc(&mut w);
+        streams(&mut w, &[&t], 100_000, |_, _| {});
+    }
+}
+
+/// The link a server's Accept names fails, and its DELETE_LINK reaches the
+/// client before the Accept: the client declines that connection with
+/// NOSRVLINK, as Linux's does (af_smc.c `smc_connect_rdma`), not with the
+/// out-of-sync SYNCERR that makes the server end the whole group — whose
+/// other connections live on over the surviving link. (Simulation seed 13736
+/// lost every connection of the group this way.)
+#[test]
+fn an_accept_naming_a_link_deleted_meanwhile_costs_only_its_connection() {
+    use smc_engine::state::HandshakePhase;
+    use smc_wire::clc::DeclineCode;
+    let mut w = world(true, true);
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    let ls = w.server.link_group_of(t0.s).unwrap();
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    assert_eq!(w.server.usable_links(ls).len(), 2);
+    // a second connection: the server answers, the Accept stays on the wire
+    let mut t1 = w.open();
+    let mut accept = Vec::new();
+    for _ in 0..500 {
+        t1.c2s.extend(w.client.clc_output(t1.c));
+        let n = w.server.clc_input(t1.s, &t1.c2s, w.now);
+        t1.c2s.drain(..n);
+        accept.extend(w.server.clc_output(t1.s));
+        w.tick();
+        if w.server.handshake_phase(t1.s) == Some(HandshakePhase::AwaitConfirm) {
+            break;
+        }
+    }
+    assert_eq!(
+        w.server.handshake_phase(t1.s),
+        Some(HandshakePhase::AwaitConfirm)
+    );
+    accept.extend(w.server.clc_output(t1.s));
+    // the server's end of the link the Accept names fails; the client learns
+    // by DELETE_LINK on the other link
+    let qps = |w: &World| -> Vec<u32> {
+        let mut v: Vec<u32> = w
+            .client
+            .usable_links(lc)
+            .iter()
+            .filter_map(|&s| w.client.link_qp_num(lc, s))
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let before = qps(&w);
+    let slot = w.server.link_of(t1.s).unwrap();
+    let qpn = w.server.link_qp_num(ls, slot).unwrap();
+    w.fabric.fail_qp(qpn);
+    for _ in 0..100 {
+        w.tick();
+    }
+    // (the server has added a link again meanwhile)
+    assert_ne!(qps(&w), before, "DELETE_LINK arrived");
+    // now the Accept arrives
+    t1.s2c.extend(accept);
+    w.settle(&mut [&mut t0, &mut t1], Duration::from_millis(3));
+    assert_eq!(
+        w.client.status(t1.c),
+        Some(ConnStatus::Fallback {
+            reason: DeclineCode::NoSrvLink,
+            peer: None
+        })
+    );
+    assert_eq!(w.client.link_group_state(lc), Some(LgrState::Active));
+    assert_eq!(w.server.link_group_state(ls), Some(LgrState::Active));
+    // the first connection still carries data
+    streams(&mut w, &[&t0], 100_000, |_, _| {});
+}
+
+/// The link a reused group's connection was accepted on fails just before
+/// the client's Confirm is read (the failure not yet taken in): the server
+/// cannot ready the peer's RMB on that link, but the connection is not at
+/// fault — it fails over to the other link with its group instead of being
+/// aborted. (Simulation seed 31424, also on main, reset such a connection.)
+#[test]
+fn a_confirm_read_on_a_link_that_just_failed_fails_over_instead_of_aborting() {
+    for fail_client_too in [false, true] {
+        let mut w = world(true, true);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        assert_eq!(w.server.usable_links(ls).len(), 2);
+        let mut t1 = w.open();
+        for _ in 0..500 {
+            w.step(&mut [&mut t1]);
+            if w.client.status(t1.c) == Some(ConnStatus::Smc) {
+                break;
+            }
+        }
+        // the Confirm is out of the client, not yet read by the server
+        assert_eq!(w.client.status(t1.c), Some(ConnStatus::Smc));
+        assert_eq!(w.server.status(t1.s), Some(ConnStatus::Handshaking));
+        let slot = w.server.link_of(t1.s).unwrap();
+        w.fabric.fail_qp(w.server.link_qp_num(ls, slot).unwrap());
+        if fail_client_too {
+            let lc = w.client.link_group_of(t1.c).unwrap();
+            let cs = w.client.link_of(t1.c).unwrap();
+            w.fabric.fail_qp(w.client.link_qp_num(lc, cs).unwrap());
+        }
+        w.step(&mut [&mut t1]);
+        assert_eq!(w.server.status(t1.s), Some(ConnStatus::Smc));
+        w.settle(&mut [&mut t0, &mut t1], Duration::from_millis(2));
+        // both connections carry every byte
+        streams(&mut w, &[&t0, &t1], 100_000, |_, _| {});
+        assert_eq!(w.server.link_group_state(ls), Some(LgrState::Active));
+    }
+}

@@ -1,0 +1,459 @@
+/* The preload's conformance test: a scripted sequence of socket calls whose
+ * results, errno values and readiness events are printed, one per line, so
+ * that a run under smc_run can be compared with a plain run (the test
+ * asserts identical output). Two processes, lockstep through the data they
+ * exchange:
+ *   conform server PORTFILE   listens on 127.0.0.1:0, writes the port
+ *   conform client PORT FILE  (FILE: a file the server sendfile()s, known
+ *                              to both)
+ * It knows nothing of SMC. */
+#define _GNU_SOURCE
+#ifndef _FORTIFY_SOURCE
+#define _FORTIFY_SOURCE 2
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/select.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *who = "?";
+
+static void die(const char *m) { fprintf(stderr, "%s: %s: %s\n", who, m, strerror(errno)); exit(2); }
+
+/* a call's result: "NAME = R" or "NAME = -1 ERRNO" */
+static long show(const char *name, long r) {
+    if (r < 0)
+        printf("%s %s = -1 %s\n", who, name, strerrorname_np(errno));
+    else
+        printf("%s %s = %ld\n", who, name, r);
+    fflush(stdout);
+    return r;
+}
+
+static void show_events(const char *name, unsigned ev) {
+    printf("%s %s:", who, name);
+    struct { unsigned bit; const char *n; } b[] = {
+        { EPOLLIN, "IN" }, { EPOLLPRI, "PRI" }, { EPOLLOUT, "OUT" }, { EPOLLERR, "ERR" },
+        { EPOLLHUP, "HUP" }, { EPOLLRDHUP, "RDHUP" },
+    };
+    for (unsigned i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (ev & b[i].bit)
+            printf(" %s", b[i].n);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* one epoll_wait: the number of events and the events */
+static void ep_wait(const char *name, int ep, int ms) {
+    struct epoll_event e[4];
+    int n = epoll_wait(ep, e, 4, ms);
+    if (n < 0)
+        die("epoll_wait");
+    if (n == 0) {
+        printf("%s %s: none\n", who, name);
+        fflush(stdout);
+        return;
+    }
+    if (n > 1) {
+        printf("%s %s: %d events\n", who, name, n);
+    }
+    show_events(name, e[0].events);
+}
+
+static void poll_show(const char *name, int fd, short events, int ms) {
+    struct pollfd p = { fd, events, 0 };
+    int n = poll(&p, 1, ms);
+    printf("%s %s: %d", who, name, n);
+    if (p.revents & POLLIN) printf(" IN");
+    if (p.revents & POLLOUT) printf(" OUT");
+    if (p.revents & POLLERR) printf(" ERR");
+    if (p.revents & POLLHUP) printf(" HUP");
+    if (p.revents & POLLRDHUP) printf(" RDHUP");
+    printf("\n");
+    fflush(stdout);
+}
+
+/* reads exactly n bytes from a non-blocking socket, waiting with poll */
+static void read_n(int fd, char *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r > 0) { got += r; continue; }
+        if (r == 0) { fprintf(stderr, "%s: early EOF\n", who); exit(2); }
+        if (errno != EAGAIN) die("read");
+        struct pollfd p = { fd, POLLIN, 0 };
+        if (poll(&p, 1, 10000) != 1) { fprintf(stderr, "%s: read timed out\n", who); exit(3); }
+    }
+}
+
+static void write_all(int fd, const void *b, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = write(fd, (const char *)b + done, n - done);
+        if (r > 0) { done += r; continue; }
+        if (errno != EAGAIN) die("write");
+        struct pollfd p = { fd, POLLOUT, 0 };
+        poll(&p, 1, 10000);
+    }
+}
+
+/* waits for the one-byte step marker `c` */
+static void step(int fd, char c) {
+    char got;
+    read_n(fd, &got, 1);
+    if (got != c) { fprintf(stderr, "%s: step %c, got %c\n", who, c, got); exit(2); }
+}
+
+/* waits (poll, which consumes no edge) until fd shows `ev` */
+static void settle(int fd, short ev) {
+    for (int i = 0; i < 1000; i++) {
+        struct pollfd p = { fd, ev, 0 };
+        if (poll(&p, 1, 10) == 1 && (p.revents & ev)) return;
+    }
+    fprintf(stderr, "%s: no %d\n", who, ev);
+    exit(3);
+}
+
+/* consumes the edges seen so far */
+static void drain(int ep) {
+    struct epoll_event e;
+    while (epoll_wait(ep, &e, 1, 50) > 0) {}
+}
+
+static volatile sig_atomic_t sigpipes;
+static void on_sigpipe(int s) { (void)s; sigpipes++; }
+
+static unsigned long fnv(const unsigned char *b, size_t n) {
+    unsigned long h = 1469598103934665603ul;
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 1099511628211ul; }
+    return h;
+}
+
+static void server(const char *portfile, const char *file) {
+    who = "server";
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    if (l < 0) die("socket");
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0) die("bind");
+    if (listen(l, 8) < 0) die("listen");
+    show("fcntl O_NONBLOCK", fcntl(l, F_SETFL, fcntl(l, F_GETFL) | O_NONBLOCK));
+    show("accept (nothing yet)", accept(l, NULL, NULL));
+    socklen_t al = sizeof a;
+    getsockname(l, (struct sockaddr *)&a, &al);
+    FILE *f = fopen(portfile, "w");
+    fprintf(f, "%d\n", ntohs(a.sin_port));
+    fclose(f);
+
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event e = { .events = EPOLLIN, .data.fd = l };
+    show("epoll_ctl ADD listener", epoll_ctl(ep, EPOLL_CTL_ADD, l, &e));
+    ep_wait("epoll listener", ep, 10000);
+    struct sockaddr_in peer;
+    socklen_t pl = sizeof peer;
+    int c = accept4(l, (struct sockaddr *)&peer, &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    show("accept4", c < 0 ? -1 : 0);
+    if (c < 0) exit(2);
+    printf("server peer family %d len %u loopback %d\n", peer.sin_family, pl,
+           peer.sin_addr.s_addr == htonl(INADDR_LOOPBACK));
+    show("fcntl F_GETFL & O_NONBLOCK", fcntl(c, F_GETFL) & O_NONBLOCK ? 1 : 0);
+    show("fcntl F_GETFD & FD_CLOEXEC", fcntl(c, F_GETFD) & FD_CLOEXEC);
+    struct sockaddr_in me, pe;
+    socklen_t ml = sizeof me, pel = sizeof pe;
+    getsockname(c, (struct sockaddr *)&me, &ml);
+    getpeername(c, (struct sockaddr *)&pe, &pel);
+    printf("server sockname port is the listener's %d, peername port is peer's %d\n",
+           me.sin_port == a.sin_port, pe.sin_port == peer.sin_port);
+    show("epoll_ctl DEL listener", epoll_ctl(ep, EPOLL_CTL_DEL, l, NULL));
+    e.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+    e.data.fd = c;
+    show("epoll_ctl ADD conn ET", epoll_ctl(ep, EPOLL_CTL_ADD, c, &e));
+    /* nothing yet (the client waits for "A") */
+    show("read (nothing yet)", read(c, (char[8]){0}, 8));
+    show("FIONREAD (nothing yet)", ioctl(c, FIONREAD, &(int){0}));
+    write_all(c, "A", 1);
+
+    /* the client sends "hello" */
+    ep_wait("epoll hello", ep, 10000);
+    int avail = -1;
+    ioctl(c, FIONREAD, &avail);
+    show("FIONREAD", avail);
+    char buf[65536];
+    ssize_t r = show("recv MSG_PEEK 3", recv(c, buf, 3, MSG_PEEK));
+    printf("server peeked %.*s\n", (int)(r > 0 ? r : 0), buf);
+    r = show("recv MSG_PEEK 3 again", recv(c, buf, 3, MSG_PEEK | MSG_DONTWAIT));
+    r = show("read 100", read(c, buf, 100));
+    printf("server read %.*s\n", (int)(r > 0 ? r : 0), buf);
+    show("read again", read(c, buf, 100));
+    ep_wait("epoll after draining (ET)", ep, 200);
+
+    /* 3000 bytes for the client's partial reads */
+    memset(buf, 'x', 3000);
+    show("send 3000", send(c, buf, 3000, 0));
+    step(c, 'B');
+    /* the client checks pselect: nothing, then 10 bytes */
+    write_all(c, "0123456789", 10);
+    step(c, 'C');
+
+    /* sendfile of FILE */
+    int fd = open(file, O_RDONLY);
+    struct stat st;
+    fstat(fd, &st);
+    off_t off = 0;
+    size_t sent = 0;
+    while (sent < (size_t)st.st_size) {
+        ssize_t n = sendfile(c, fd, &off, st.st_size - sent);
+        if (n > 0) { sent += n; continue; }
+        if (n < 0 && errno != EAGAIN) die("sendfile");
+        struct pollfd p = { c, POLLOUT, 0 };
+        poll(&p, 1, 10000);
+    }
+    printf("server sendfile %zu offset %ld\n", sent, (long)off);
+    /* and once more from the file's own offset (NULL offset) */
+    lseek(fd, st.st_size - 100, SEEK_SET);
+    show("sendfile NULL offset 100", sendfile(c, fd, NULL, 100));
+    show("lseek after", lseek(fd, 0, SEEK_CUR) == st.st_size);
+    close(fd);
+    step(c, 'D');
+
+    /* the client half-closes */
+    ep_wait("epoll half close", ep, 10000);
+    show("read after half close", read(c, buf, 100));
+    show("read after half close again", read(c, buf, 100));
+    /* the other direction still works */
+    show("write after peer's half close", write(c, "bye", 3));
+    /* the client's second connection says it read "bye" */
+    poll_show("poll listener", l, POLLIN, 10000);
+    int c2 = accept(l, NULL, NULL);
+    show("accept second", c2 < 0 ? -1 : 0);
+    show("close", close(c));
+    show("close second", close(c2));
+    /* a third connection says the client is done: until then this process
+     * stays (a user-space SMC-R link ends with its process, and with it the
+     * peer's closed connections: not a TCP socket's behaviour to compare) */
+    struct pollfd lp = { l, POLLIN, 0 };
+    poll(&lp, 1, 10000);
+    int c3 = accept(l, NULL, NULL);
+    if (c3 >= 0) {
+        struct pollfd p3 = { c3, POLLIN, 0 };
+        while (poll(&p3, 1, 10000) == 1 && read(c3, buf, sizeof buf) > 0) {}
+        close(c3);
+    }
+    close(l);
+    close(ep);
+}
+
+static void client(int port, const char *file) {
+    who = "client";
+    struct sigaction sa = { .sa_handler = on_sigpipe };
+    sigaction(SIGPIPE, &sa, NULL);
+
+    /* a refused non-blocking connect */
+    int probe = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    bind(probe, (struct sockaddr *)&a, sizeof a);
+    socklen_t al = sizeof a;
+    getsockname(probe, (struct sockaddr *)&a, &al);
+    close(probe); /* a port nobody listens on */
+    int x = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    show("connect refused", connect(x, (struct sockaddr *)&a, sizeof a));
+    poll_show("poll refused", x, POLLOUT, 10000);
+    int err = -1;
+    socklen_t el = sizeof err;
+    getsockopt(x, SOL_SOCKET, SO_ERROR, &err, &el);
+    printf("client SO_ERROR refused %s\n", err ? strerrorname_np(err) : "0");
+    close(x);
+    /* and with epoll */
+    x = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int ep = epoll_create1(0);
+    show("connect refused (epoll)", connect(x, (struct sockaddr *)&a, sizeof a));
+    struct epoll_event e = { .events = EPOLLOUT | EPOLLET, .data.fd = x };
+    show("epoll_ctl ADD connecting", epoll_ctl(ep, EPOLL_CTL_ADD, x, &e));
+    ep_wait("epoll refused", ep, 10000);
+    err = -1;
+    getsockopt(x, SOL_SOCKET, SO_ERROR, &err, &el);
+    printf("client SO_ERROR refused %s\n", err ? strerrorname_np(err) : "0");
+    close(x);
+
+    /* a non-blocking connect to the server */
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    show("fcntl O_NONBLOCK", fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK));
+    show("setsockopt SO_RCVBUF 65536", setsockopt(s, SOL_SOCKET, SO_RCVBUF, &(int){65536}, sizeof(int)));
+    int v = 0;
+    socklen_t vl = sizeof v;
+    getsockopt(s, SOL_SOCKET, SO_RCVBUF, &v, &vl);
+    printf("client SO_RCVBUF %d\n", v);
+    a.sin_port = htons(port);
+    show("connect", connect(s, (struct sockaddr *)&a, sizeof a));
+    show("fcntl F_GETFL & O_NONBLOCK", fcntl(s, F_GETFL) & O_NONBLOCK ? 1 : 0);
+    e.events = EPOLLOUT | EPOLLET;
+    e.data.fd = s;
+    show("epoll_ctl ADD connecting", epoll_ctl(ep, EPOLL_CTL_ADD, s, &e));
+    ep_wait("epoll connected", ep, 10000);
+    err = -1;
+    getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el);
+    printf("client SO_ERROR %d\n", err);
+    ep_wait("epoll connected again (ET)", ep, 100);
+    struct sockaddr_in pe, me;
+    socklen_t pel = sizeof pe, ml = sizeof me;
+    show("getpeername", getpeername(s, (struct sockaddr *)&pe, &pel));
+    show("getsockname", getsockname(s, (struct sockaddr *)&me, &ml));
+    printf("client peer port is the server's %d, own family %d\n", pe.sin_port == a.sin_port, me.sin_family);
+    show("setsockopt TCP_NODELAY", setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int)));
+    v = -1;
+    getsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, &vl);
+    printf("client TCP_NODELAY %d\n", v != 0);
+    show("setsockopt SO_KEEPALIVE", setsockopt(s, SOL_SOCKET, SO_KEEPALIVE, &(int){1}, sizeof(int)));
+
+    step(s, 'A');
+    e.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    show("epoll_ctl MOD", epoll_ctl(ep, EPOLL_CTL_MOD, s, &e));
+    ep_wait("epoll after MOD", ep, 100);
+    ep_wait("epoll after MOD again (ET)", ep, 100);
+    show("send hello", send(s, "hello", 5, MSG_NOSIGNAL));
+
+    /* 3000 bytes: partial reads with edge-triggered epoll */
+    settle(s, POLLIN);
+    ep_wait("epoll 3000", ep, 10000);
+    char buf[65536];
+    /* (all 3000 are there once FIONREAD says so) */
+    int avail = 0;
+    for (int i = 0; i < 1000 && avail < 3000; i++) { ioctl(s, FIONREAD, &avail); if (avail < 3000) usleep(1000); }
+    show("FIONREAD", avail);
+    show("read 1000", read(s, buf, 1000));
+    ep_wait("epoll after a partial read (ET)", ep, 100);
+    show("read rest", read(s, buf, sizeof buf));
+    show("read again", read(s, buf, sizeof buf));
+
+    /* pselect */
+    fd_set rd;
+    FD_ZERO(&rd);
+    FD_SET(s, &rd);
+    struct timespec ts = { 0, 0 };
+    show("pselect (nothing)", pselect(s + 1, &rd, NULL, NULL, &ts, NULL));
+    write_all(s, "B", 1);
+    FD_ZERO(&rd);
+    FD_SET(s, &rd);
+    ts.tv_sec = 10;
+    show("pselect", pselect(s + 1, &rd, NULL, NULL, &ts, NULL));
+    show("FD_ISSET", FD_ISSET(s, &rd));
+    struct timeval tv = { 0, 0 };
+    fd_set wr;
+    FD_ZERO(&rd);
+    FD_ZERO(&wr);
+    FD_SET(s, &rd);
+    FD_SET(s, &wr);
+    show("select rd+wr", select(s + 1, &rd, &wr, NULL, &tv));
+    /* EPOLLONESHOT, in an epoll set inside another */
+    int inner = epoll_create1(0), outer = epoll_create1(0);
+    struct epoll_event ie = { .events = EPOLLIN | EPOLLONESHOT, .data.fd = s };
+    show("epoll_ctl ADD ONESHOT", epoll_ctl(inner, EPOLL_CTL_ADD, s, &ie));
+    struct epoll_event oe = { .events = EPOLLIN, .data.fd = inner };
+    show("epoll_ctl ADD inner set", epoll_ctl(outer, EPOLL_CTL_ADD, inner, &oe));
+    ep_wait("epoll outer", outer, 1000);
+    ep_wait("epoll ONESHOT", inner, 1000);
+    ep_wait("epoll ONESHOT again", inner, 100);
+    ep_wait("epoll outer after ONESHOT", outer, 100);
+    show("epoll_ctl MOD re-arm", epoll_ctl(inner, EPOLL_CTL_MOD, s, &ie));
+    ep_wait("epoll ONESHOT re-armed", inner, 1000);
+    close(outer);
+    close(inner);
+    /* the data through a duplicate */
+    int d = dup(s);
+    read_n(d, buf, 10);
+    printf("client got %.10s\n", buf);
+    show("read the duplicate again", read(d, buf, 10));
+    show("close the duplicate", close(d));
+    write_all(s, "C", 1);
+
+    /* the server's sendfile: the file, then its last 100 bytes */
+    int fd = open(file, O_RDONLY);
+    struct stat st;
+    fstat(fd, &st);
+    unsigned char *want = malloc(st.st_size), *got = malloc(st.st_size);
+    if (read(fd, want, st.st_size) != st.st_size) die("read file");
+    close(fd);
+    read_n(s, (char *)got, st.st_size);
+    printf("client sendfile %ld bytes equal %d\n", (long)st.st_size,
+           fnv(got, st.st_size) == fnv(want, st.st_size));
+    read_n(s, (char *)got, 100);
+    printf("client sendfile tail equal %d\n", memcmp(got, want + st.st_size - 100, 100) == 0);
+    free(want);
+    free(got);
+
+    /* half close */
+    write_all(s, "D", 1);
+    drain(ep);
+    show("shutdown SHUT_WR", shutdown(s, SHUT_WR));
+    read_n(s, buf, 3);
+    printf("client got %.3s\n", buf);
+    drain(ep);
+    show("write after own SHUT_WR", send(s, "x", 1, MSG_NOSIGNAL));
+    printf("client sigpipes %d\n", (int)sigpipes);
+    show("write after own SHUT_WR (SIGPIPE)", write(s, "x", 1));
+    printf("client sigpipes %d\n", (int)sigpipes);
+    /* a second connection tells the server to close both */
+    int s2 = socket(AF_INET, SOCK_STREAM, 0);
+    show("connect second (blocking)", connect(s2, (struct sockaddr *)&a, sizeof a));
+    settle(s, POLLRDHUP);
+    ep_wait("epoll peer closed", ep, 1000);
+    show("read at the end", read(s, buf, sizeof buf));
+    poll_show("poll at the end", s, POLLIN | POLLOUT | POLLRDHUP, 0);
+    settle(s2, POLLRDHUP);
+    poll_show("poll second closed", s2, POLLIN | POLLOUT | POLLRDHUP, 0);
+    show("read second at the end", read(s2, buf, sizeof buf));
+    sigpipes = 0;
+    int werr = 0;
+    for (int i = 0; i < 100; i++) {
+        if (write(s2, "y", 1) < 0) { werr = errno; break; }
+        usleep(10000);
+    }
+    printf("client write after the peer closed: %s, SIGPIPE %d\n", strerrorname_np(werr), sigpipes > 0);
+    int s3 = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(s3, (struct sockaddr *)&a, sizeof a) < 0) die("connect third");
+    close(s3);
+    close(s2);
+    close(s);
+    close(ep);
+}
+
+/* connect PORT: a non-blocking connect, its readiness and SO_ERROR */
+static void connect_only(int port) {
+    who = "connect";
+    int x = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    show("connect", connect(x, (struct sockaddr *)&a, sizeof a));
+    struct pollfd p = { x, POLLOUT, 0 };
+    show("poll", poll(&p, 1, 10000));
+    int err = -1;
+    socklen_t el = sizeof err;
+    show("getsockopt", getsockopt(x, SOL_SOCKET, SO_ERROR, &err, &el));
+    printf("connect SO_ERROR %s\n", err ? strerrorname_np(err) : "0");
+    err = -1;
+    getsockopt(x, SOL_SOCKET, SO_ERROR, &err, &el);
+    printf("connect SO_ERROR again %s\n", err ? strerrorname_np(err) : "0");
+    close(x);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && !strcmp(argv[1], "connect")) connect_only(atoi(argv[2]));
+    else if (argc >= 4 && !strcmp(argv[1], "server")) server(argv[2], argv[3]);
+    else if (argc >= 4 && !strcmp(argv[1], "client")) client(atoi(argv[2]), argv[3]);
+    else { fprintf(stderr, "usage: conform server PORTFILE FILE | client PORT FILE\n"); return 1; }
+    return 0;
+}

@@ -1,0 +1,147 @@
+/* What a new image finds on an inherited descriptor of an SMC-R connection
+ * (tests/preload.rs). Knows nothing of SMC.
+ *   exec server PORTFILE     accepts one connection, echoes it, says how it ended
+ *   exec server-exec PORTFILE  the same, after an exec that the listening
+ *                            socket crosses
+ *   exec pings PORT          two pings, then close
+ *   exec client PORT fork    pings, forks a child that execs `after` on the
+ *                            connection's descriptor, then pings again
+ *   exec client PORT self    pings, then execs `after` itself
+ *   exec after FD            what each call on FD does (never blocks)
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void die(const char *what) { perror(what); exit(2); }
+
+static const char *err(ssize_t r) {
+    if (r >= 0) return "ok";
+    return errno == ENOTCONN ? "ENOTCONN" : errno == EPIPE ? "EPIPE" : errno == EAGAIN ? "EAGAIN" : strerror(errno);
+}
+
+static int serve(int l);
+
+static int server(const char *portfile, const char *then_exec) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4)) die("listen");
+    if (getsockname(l, (struct sockaddr *)&a, &al)) die("getsockname");
+    FILE *f = fopen(portfile, "w");
+    if (!f) die("portfile");
+    fprintf(f, "%d\n", ntohs(a.sin_port));
+    fclose(f);
+    if (then_exec) {
+        /* the listening socket crosses the exec (as in nginx's upgrade) */
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", l);
+        fflush(stdout);
+        execv(then_exec, (char *[]){(char *)then_exec, "serve", fd, NULL});
+        die("execv");
+    }
+    return serve(l);
+}
+
+static int serve(int l) {
+    int c = accept(l, NULL, NULL);
+    if (c < 0) die("accept");
+    char buf[256];
+    long total = 0;
+    for (;;) {
+        ssize_t n = read(c, buf, sizeof buf);
+        if (n <= 0) {
+            printf("server end %s after %ld\n", n == 0 ? "eof" : "error", total);
+            return 0;
+        }
+        if (write(c, buf, n) != n) die("server write");
+        total += n;
+    }
+}
+
+static void ping(int s, const char *msg) {
+    char buf[16] = {0};
+    size_t n = strlen(msg), got = 0;
+    if (write(s, msg, n) != (ssize_t)n) die("client write");
+    while (got < n) {
+        ssize_t r = read(s, buf + got, n - got);
+        if (r <= 0) die("client read");
+        got += r;
+    }
+    if (memcmp(buf, msg, n)) { fprintf(stderr, "wrong echo\n"); exit(2); }
+}
+
+static int client(int port, const char *mode, const char *self) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a)) die("connect");
+    ping(s, "ping1");
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", s);
+    fflush(stdout);
+    if (!strcmp(mode, "self")) {
+        execv(self, (char *[]){(char *)self, "after", fd, NULL});
+        die("execv");
+    }
+    pid_t p = fork();
+    if (p < 0) die("fork");
+    if (p == 0) {
+        execv(self, (char *[]){(char *)self, "after", fd, NULL});
+        die("execv");
+    }
+    int st;
+    if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+    ping(s, "ping2");
+    printf("parent ok\n");
+    close(s);
+    return 0;
+}
+
+static int pings(int port) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a)) die("connect");
+    ping(s, "ping1");
+    ping(s, "ping2");
+    close(s);
+    printf("pings ok\n");
+    return 0;
+}
+
+static int after(int fd) {
+    signal(SIGPIPE, SIG_IGN);
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLOUT};
+    int n = poll(&p, 1, 5000);
+    char c;
+    ssize_t r = recv(fd, &c, 1, MSG_DONTWAIT);
+    const char *re = err(r);
+    ssize_t w = send(fd, "x", 1, MSG_DONTWAIT);
+    const char *we = err(w);
+    struct sockaddr_storage a;
+    socklen_t al = sizeof a;
+    int g = getpeername(fd, (struct sockaddr *)&a, &al);
+    printf("after poll=%d hup=%d read=%s write=%s peer=%s\n", n, !!(p.revents & POLLHUP), re, we,
+           g == 0 ? "ok" : err(-1));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 3 && !strcmp(argv[1], "server")) return server(argv[2], NULL);
+    if (argc >= 3 && !strcmp(argv[1], "server-exec")) return server(argv[2], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "pings")) return pings(atoi(argv[2]));
+    if (argc >= 4 && !strcmp(argv[1], "client")) return client(atoi(argv[2]), argv[3], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "after")) return after(atoi(argv[2]));
+    fprintf(stderr, "usage: see exec.c\n");
+    return 2;
+}
