@@ -96,7 +96,8 @@
 //! | `failover.rs` | link down, failover, moving a connection between links |
 //! | `add_link.rs` | the driver's part of the ADD_LINK flow (further links negotiated) |
 //! | `extra_link.rs` | further links without LLC (a test bring-up) |
-//! | `pump.rs` | progress: `pump`, timers, reaping, the completion channel |
+//! | `pump.rs` | progress: `pump`, connection timers, reaping, the completion channel |
+//! | `timers.rs` | when the endpoint next needs to run: `poll_timeout`, `handle_timeout` |
 //! | `inspect.rs` | read-only views for tests, tools and diagnostics |
 //! | `link.rs` | one link's provider objects (QP, CQs, receive buffers) |
 //! | `gid.rs` | which GID a connection uses |
@@ -134,6 +135,7 @@ mod psn;
 mod pump;
 mod read;
 mod rkey;
+mod timers;
 mod write;
 
 pub use close::PEER_GONE_GRACE;
@@ -201,11 +203,23 @@ pub struct Endpoint<P: Provider> {
     scratch_marked: Vec<ConnId>,
     /// Connections that may have something to send (see `flush_tx`).
     tx_dirty: Vec<ConnId>,
-    /// Every connection is flushed at the next pump (a link or handshake
-    /// event, whose effect on connections is not tracked one by one).
+    /// Every connection is flushed, and its timers looked at, at the next
+    /// pump (a link or handshake event, whose effect on connections is not
+    /// tracked one by one).
     sweep_due: bool,
-    /// When the next pump flushes every connection anyway.
-    next_sweep: Timestamp,
+    /// Connection deadlines (see `endpoint/timers.rs`).
+    timers: timers::TimerHeap,
+    /// Connections the next pump looks at (timers, freeing) without a sweep.
+    due: Vec<ConnId>,
+    /// Scratch list of the connections a pump looks at, likewise.
+    scratch_due: Vec<ConnId>,
+    /// Timers fired so far ([`Endpoint::timer_events`]).
+    timer_events: u64,
+    /// The earliest timer of the link groups, as the last pump left them
+    /// (see `endpoint/timers.rs`).
+    lgr_next: Option<Timestamp>,
+    /// An LLC message came in: the next pump looks at the groups' timers.
+    lgr_recheck: bool,
     /// Connections flushed so far, one by one (`conn_flushes`).
     conn_flushes: u64,
     /// Scratch copy of one received message (`poll_recv`), likewise.
@@ -278,7 +292,12 @@ impl<P: Provider> Endpoint<P> {
             scratch_marked: Vec::new(),
             tx_dirty: Vec::new(),
             sweep_due: true,
-            next_sweep: Timestamp::ZERO,
+            timers: timers::TimerHeap::new(),
+            due: Vec::new(),
+            scratch_due: Vec::new(),
+            timer_events: 0,
+            lgr_next: None,
+            lgr_recheck: false,
             conn_flushes: 0,
             scratch_msg: Vec::new(),
             llc_sent: 0,

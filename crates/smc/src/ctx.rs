@@ -115,6 +115,97 @@ pub(crate) struct Shared {
     /// and their count, readable without the lock (none: no cost).
     readiness: Mutex<Vec<std::sync::Weak<ConnReadiness>>>,
     readied: AtomicUsize,
+    /// The engine's count of fired timers when last looked at: a timer
+    /// (a handshake or close deadline, a peer taken for gone) changes a
+    /// connection without a completion, so every waiter looks again.
+    timers_seen: AtomicU64,
+    /// Wakes the leader from its `poll()` (an eventfd) when the engine's
+    /// next deadline moved before the one it sleeps until (see [`Locked`]).
+    kick: OwnedFd,
+    /// The engine time the leader sleeps until, in nanoseconds
+    /// ([`NOBODY_SLEEPS`]: no leader sleeps, or it was kicked already).
+    leader_until: AtomicU64,
+    /// Descriptors (eventfds) of threads that wait outside [`Shared::run`],
+    /// on a socket too (blocking handshakes, [`Shared::progress_fd`]): rung
+    /// by every pump that took completions or fired timers; and their
+    /// count, readable without the lock.
+    fd_waiters: Mutex<Vec<Arc<OwnedFd>>>,
+    fd_waiting: AtomicUsize,
+}
+
+/// [`Shared::leader_until`] when there is nothing to kick.
+const NOBODY_SLEEPS: u64 = u64::MAX;
+
+/// Where the engine's next deadline is, as an instant (`None`: it waits for
+/// nothing but events).
+pub(crate) fn engine_deadline(ep: &Endpoint<AnyProvider>) -> Option<Instant> {
+    ep.poll_timeout().map(|t| origin() + t)
+}
+
+/// A time in the engine's clock as [`Shared::leader_until`] holds it.
+fn nanos(t: Timestamp) -> u64 {
+    u64::try_from(t.as_nanos()).unwrap_or(NOBODY_SLEEPS - 1)
+}
+
+/// `poll()`'s timeout until `until` (`None`: none).
+fn timespec_until(until: Option<Instant>) -> Option<Timespec> {
+    until.map(|u| {
+        let d = u.saturating_duration_since(Instant::now());
+        Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
+        }
+    })
+}
+
+/// An eventfd's count taken (it polls readable no more).
+fn drain_eventfd(fd: &OwnedFd) {
+    let mut b = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut b);
+}
+
+/// An eventfd rung.
+fn ring_eventfd(fd: &OwnedFd) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+fn new_eventfd() -> io::Result<OwnedFd> {
+    Ok(rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )?)
+}
+
+/// A thread's registration to be woken by the endpoint's progress (see
+/// [`Shared::progress_fd`]); unregistered when dropped.
+pub(crate) struct ProgressFd<'a> {
+    shared: &'a Shared,
+    fd: Arc<OwnedFd>,
+}
+
+impl ProgressFd<'_> {
+    /// Readable once a pump took completions or fired timers since the last
+    /// [`Self::clear`].
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+
+    pub(crate) fn clear(&self) {
+        drain_eventfd(&self.fd);
+    }
+}
+
+impl Drop for ProgressFd<'_> {
+    fn drop(&mut self) {
+        let mut v = self
+            .shared
+            .fd_waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        v.retain(|x| !Arc::ptr_eq(x, &self.fd));
+        self.shared.fd_waiting.store(v.len(), Ordering::Release);
+    }
 }
 
 /// A connection's readiness descriptor.
@@ -267,26 +358,39 @@ pub(crate) fn spin_time() -> Duration {
 /// The device's progress thread: handles what no application thread waits
 /// for (the peer's LLC requests, keepalives, the last CDCs of released
 /// connections, timers). While application threads are busy in [`Shared::run`]
-/// or in a stream's read or write ([`Shared::busy`]) it looks every
-/// millisecond without arming anything (their pumps do the work, and an
-/// armed CQ would make the peer signal every message); while
-/// none is, it sleeps as the leader on the completion channel, so a peer's
-/// request (e.g. CONFIRM_RKEY during a handshake) is answered at once.
+/// or in a stream's read or write ([`Shared::busy`]) it watches only the TCP
+/// ends, without arming anything (their pumps do the work, one of them
+/// leads the sleepers, and an armed CQ would make the peer signal every
+/// message); while none is, it sleeps as the leader on the completion
+/// channel, so a peer's request (e.g. CONFIRM_RKEY during a handshake) is
+/// answered at once.
+///
+/// Time as the engine reports it ([`Endpoint::poll_timeout`]): the thread
+/// sleeps until the engine's next deadline or an event, never on a period,
+/// so an idle process is not woken at all.
 fn progress_loop(weak: std::sync::Weak<Shared>) {
     loop {
         let Some(s) = weak.upgrade() else { return };
-        let seen = {
+        let (seen, next) = {
             let mut ep = s.lock();
-            s.pump(&mut ep)
+            let seen = s.pump(&mut ep);
+            (seen, s.next_wake(&mut ep))
         };
         s.recheck_if_due();
         if s.active.load(Ordering::Acquire) == 0 && s.busy.load(Ordering::Acquire) == 0 {
-            if s.sleep(None, seen, Some(Instant::now() + IDLE_SLEEP)) {
+            if s.sleep(None, seen, None, next) {
                 s.hand_over();
             }
         } else {
-            // the application threads pump; TCP ends are looked at here
-            s.poll_watch(Duration::from_millis(1));
+            // The application threads pump; TCP ends are looked at here.
+            // Once they are gone this thread leads again: it looks whether
+            // they are every BUSY_LOOK while they poll (threads that spin
+            // on non-blocking calls need a leader soon after they stop),
+            // every IDLE_SLEEP while one of them sleeps as the leader (it
+            // arms the completion queues and runs the timers).
+            let led = s.leader_until.load(Ordering::Acquire) != NOBODY_SLEEPS;
+            let look = Instant::now() + if led { IDLE_SLEEP } else { BUSY_LOOK };
+            s.poll_watch(next.map_or(look, |n| n.min(look)));
         }
     }
 }
@@ -295,12 +399,14 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
 /// engine's grace (its pump must have run past the deadline).
 const RECHECK_MARGIN: Duration = Duration::from_millis(20);
 
-/// How long the progress thread sleeps on the channel when nothing happens.
+/// While application threads are in the endpoint and one of them sleeps as
+/// the leader, how often the progress thread looks whether they still are
+/// (it leads the sleepers, arming the completion queues, only once they are
+/// gone).
 const IDLE_SLEEP: Duration = Duration::from_millis(20);
 
-/// Longest single sleep: timers (close deadlines, handshake timeouts) are
-/// checked at least this often by every waiter.
-const MAX_SLEEP: Duration = Duration::from_millis(5);
+/// The same while none of them sleeps as the leader (they poll).
+const BUSY_LOOK: Duration = Duration::from_millis(1);
 
 impl Shared {
     fn new(ep: Endpoint<AnyProvider>, sndbuf_len: usize) -> io::Result<Shared> {
@@ -325,6 +431,11 @@ impl Shared {
             tasks: Mutex::new(Vec::new()),
             readiness: Mutex::new(Vec::new()),
             readied: AtomicUsize::new(0),
+            timers_seen: AtomicU64::new(0),
+            kick: new_eventfd()?,
+            leader_until: AtomicU64::new(NOBODY_SLEEPS),
+            fd_waiters: Mutex::new(Vec::new()),
+            fd_waiting: AtomicUsize::new(0),
         })
     }
 
@@ -454,15 +565,12 @@ impl Shared {
         self.wake_tasks();
     }
 
-    /// Waits up to `timeout` for a watched TCP connection to end, and deals
+    /// Waits until `until` for a watched TCP connection to end, and deals
     /// with it (the progress thread, while application threads pump).
-    fn poll_watch(&self, timeout: Duration) {
+    fn poll_watch(&self, until: Instant) {
         let mut pfd = [PollFd::new(&self.watch, PollFlags::IN)];
-        let ts = Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
-        if matches!(rustix::event::poll(&mut pfd, Some(&ts)), Ok(n) if n > 0) {
+        let ts = timespec_until(Some(until));
+        if matches!(rustix::event::poll(&mut pfd, ts.as_ref()), Ok(n) if n > 0) {
             let mut ep = self.lock();
             self.take_tcp_ends(&mut ep);
         }
@@ -523,15 +631,29 @@ impl Shared {
         let r = ep.pump(now());
         let n = ep.completions();
         let moved = self.gen.swap(n, Ordering::AcqRel) != n;
-        if moved && self.sleepers.load(Ordering::Acquire) > 0 {
-            self.wake(ep, false);
+        let t = ep.timer_events();
+        // (a load first: timers fire rarely, a pump runs per message)
+        let fired = self.timers_seen.load(Ordering::Acquire) != t
+            && self.timers_seen.swap(t, Ordering::AcqRel) != t;
+        if (moved || fired) && self.sleepers.load(Ordering::Acquire) > 0 {
+            self.wake(ep, fired);
         }
         #[cfg(feature = "tokio")]
-        if moved {
+        if moved || fired {
             self.wake_tasks();
         }
-        if moved {
+        if moved || fired {
             self.refresh_readiness(ep);
+            if self.fd_waiting.load(Ordering::Acquire) > 0 {
+                for fd in self
+                    .fd_waiters
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                {
+                    ring_eventfd(fd);
+                }
+            }
         }
         r
     }
@@ -574,6 +696,32 @@ impl Shared {
             None => false,
         });
         self.readied.store(v.len(), Ordering::Release);
+    }
+
+    /// When a thread that sleeps next should wake for the engine: its next
+    /// deadline. One already past is run now (a pump); if that leaves
+    /// work due at once (the pump's events ask for another), the sleep
+    /// is short rather than none.
+    pub(crate) fn next_wake(&self, ep: &mut Endpoint<AnyProvider>) -> Option<Instant> {
+        let next = engine_deadline(ep)?;
+        let now = Instant::now();
+        if next > now {
+            return Some(next);
+        }
+        self.pump(ep);
+        engine_deadline(ep).map(|n| n.max(now + Duration::from_micros(100)))
+    }
+
+    /// Registers the calling thread to be woken, through a descriptor it can
+    /// poll beside others (a socket), by every pump that takes completions
+    /// or fires timers: a thread that waits for the endpoint outside
+    /// [`Self::run`] (a blocking handshake).
+    pub(crate) fn progress_fd(&self) -> io::Result<ProgressFd<'_>> {
+        let fd = Arc::new(new_eventfd()?);
+        let mut v = self.fd_waiters.lock().unwrap_or_else(|e| e.into_inner());
+        v.push(fd.clone());
+        self.fd_waiting.store(v.len(), Ordering::Release);
+        Ok(ProgressFd { shared: self, fd })
     }
 
     /// Runs `op` on the endpoint until it returns `Some`: pump, try, spin for
@@ -664,7 +812,7 @@ impl Shared {
                 self.spin.miss(budget);
                 slept = true;
             }
-            led = self.sleep(Some(want), seen, deadline);
+            led = self.sleep(Some(want), seen, deadline, None);
         }
     }
 
@@ -735,12 +883,23 @@ impl Shared {
     }
 
     /// Sleeps until completions arrive after `seen` (the leader) or `want` can
-    /// be met (a follower), the deadline, or [`MAX_SLEEP`].
+    /// be met (a follower), the caller's `deadline`, or the engine's next
+    /// deadline (the leader looks when it arms, and is kicked if it moves
+    /// earlier while it sleeps; a follower looks before it parks; `next`: as
+    /// the caller saw it, if it did).
     /// Returns whether this thread slept as the leader.
-    fn sleep(&self, want: Option<Want>, seen: u64, deadline: Option<Instant>) -> bool {
-        let timeout = deadline.map_or(MAX_SLEEP, |d| {
-            d.saturating_duration_since(Instant::now()).min(MAX_SLEEP)
-        });
+    fn sleep(
+        &self,
+        want: Option<Want>,
+        seen: u64,
+        deadline: Option<Instant>,
+        next: Option<Instant>,
+    ) -> bool {
+        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut until = earliest(deadline, next);
         let mut leader = self.leader.lock().unwrap_or_else(|e| e.into_inner());
         if self.gen.load(Ordering::Acquire) != seen {
             return false;
@@ -749,9 +908,18 @@ impl Shared {
             let Some(want) = want else {
                 // the progress thread does not follow: it has nothing to wait for
                 drop(leader);
-                std::thread::sleep(timeout.min(Duration::from_millis(1)));
+                let soon = Instant::now() + Duration::from_millis(1);
+                let t = until.map_or(soon, |u| u.min(soon));
+                std::thread::sleep(t.saturating_duration_since(Instant::now()));
                 return false;
             };
+            drop(leader);
+            // (the engine's next deadline only now: a round trip that does
+            // not sleep does not pay for it)
+            if next.is_none() {
+                let mut ep = self.lock();
+                until = earliest(until, self.next_wake(&mut ep));
+            }
             let woken = Arc::new(AtomicBool::new(false));
             {
                 let mut w = self.waiters();
@@ -762,11 +930,13 @@ impl Shared {
                 });
                 self.sleepers.store(w.len(), Ordering::Release);
             }
-            drop(leader);
             // a pump between `seen` and the registration woke nobody: look again
             if self.gen.load(Ordering::Acquire) == seen {
-                let end = Instant::now() + timeout;
                 while !woken.load(Ordering::Acquire) {
+                    let Some(end) = until else {
+                        std::thread::park();
+                        continue;
+                    };
                     let left = end.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
@@ -783,24 +953,42 @@ impl Shared {
         }
         *leader = true;
         drop(leader);
-        let quiet = {
+        let (quiet, until) = {
             let mut ep = self.lock();
             // arm, then look once more: a completion before arming signals nobody
-            ep.arm().is_ok() && self.pump(&mut ep) == seen
+            let quiet = ep.arm().is_ok() && self.pump(&mut ep) == seen;
+            let next = self.next_wake(&mut ep);
+            // (a tcp end's recheck is due then too)
+            let recheck = self
+                .recheck_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .front()
+                .copied();
+            let until = earliest(earliest(deadline, next), recheck);
+            // from here on a call that moves the engine's next deadline
+            // before `until` kicks this sleep (see `Locked`)
+            let at = until.map_or(NOBODY_SLEEPS - 1, |u| {
+                nanos(u.saturating_duration_since(origin()))
+            });
+            self.leader_until.store(at, Ordering::Release);
+            (quiet, until)
         };
         let mut tcp_ended = false;
         if quiet {
             let mut pfd = [
                 PollFd::new(&self.notify, PollFlags::IN),
                 PollFd::new(&self.watch, PollFlags::IN),
+                PollFd::new(&self.kick, PollFlags::IN),
             ];
-            let ts = Timespec {
-                tv_sec: timeout.as_secs() as i64,
-                tv_nsec: i64::from(timeout.subsec_nanos()),
-            };
-            let _ = rustix::event::poll(&mut pfd, Some(&ts));
+            let ts = timespec_until(until);
+            let _ = rustix::event::poll(&mut pfd, ts.as_ref());
             tcp_ended = !pfd[1].revents().is_empty();
+            if !pfd[2].revents().is_empty() {
+                drain_eventfd(&self.kick);
+            }
         }
+        self.leader_until.store(NOBODY_SLEEPS, Ordering::Release);
         {
             let mut ep = self.lock();
             ep.take_notification();
@@ -861,6 +1049,26 @@ impl std::ops::DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
+        // A call may have given the engine an earlier deadline than the one
+        // the leader sleeps until (a close's wait for unsent data, a new
+        // handshake): wake it, once, to sleep again until the new one.
+        let until = self.shared.leader_until.load(Ordering::Acquire);
+        if until != NOBODY_SLEEPS {
+            let earlier = self
+                .guard
+                .as_ref()
+                .and_then(|ep| ep.poll_timeout())
+                .is_some_and(|t| nanos(t) < until);
+            if earlier
+                && self
+                    .shared
+                    .leader_until
+                    .swap(NOBODY_SLEEPS, Ordering::AcqRel)
+                    != NOBODY_SLEEPS
+            {
+                ring_eventfd(&self.shared.kick);
+            }
+        }
         drop(self.guard.take());
         self.shared.unpark_chosen();
     }

@@ -239,12 +239,16 @@ pub(crate) fn with_endpoint(
     let mut leftover = Vec::new();
     let mut buf = [0u8; 1024];
     let mut spin_until = None;
+    // woken by the endpoint's progress (a completion, a timer) while this
+    // thread waits for TCP data too
+    let progress = shared.progress_fd()?;
     let result = loop {
-        let (out, status) = {
+        let (out, status, next) = {
             let mut ep = shared.lock();
             // through Shared: a completion taken here may be a parked reader's
+            progress.clear();
             shared.try_pump(&mut ep).map_err(io::Error::other)?;
-            (ep.clc_output(id), ep.status(id))
+            (ep.clc_output(id), ep.status(id), shared.next_wake(&mut ep))
         };
         if !out.is_empty() {
             tcp.set_nonblocking(false)?;
@@ -259,17 +263,26 @@ pub(crate) fn with_endpoint(
             Ok(n) => take_input(shared, id, &buf[..n], &mut leftover),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 // Spin a little (an LLC answer or the next CLC message is
-                // usually microseconds away), then wait for TCP data; LLC
-                // completions are looked at again every 100 us.
+                // usually microseconds away), then wait for TCP data, the
+                // endpoint's progress (whoever pumps: the progress thread
+                // sleeps on the completion channel) or its next deadline
+                // (the handshake's own is one).
                 let now = std::time::Instant::now();
                 if now >= *spin_until.get_or_insert(now + crate::ctx::spin_time()) {
                     use rustix::event::{poll, PollFd, PollFlags, Timespec};
-                    let mut pfd = [PollFd::new(tcp, PollFlags::IN)];
-                    let ts = Timespec {
-                        tv_sec: 0,
-                        tv_nsec: 100_000,
-                    };
-                    let _ = poll(&mut pfd, Some(&ts));
+                    let pfd_progress = progress.fd();
+                    let mut pfd = [
+                        PollFd::new(tcp, PollFlags::IN),
+                        PollFd::new(&pfd_progress, PollFlags::IN),
+                    ];
+                    let ts = next.map(|n| {
+                        let d = n.saturating_duration_since(std::time::Instant::now());
+                        Timespec {
+                            tv_sec: d.as_secs() as i64,
+                            tv_nsec: i64::from(d.subsec_nanos()),
+                        }
+                    });
+                    let _ = poll(&mut pfd, ts.as_ref());
                 } else {
                     std::hint::spin_loop();
                 }

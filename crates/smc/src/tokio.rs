@@ -67,12 +67,12 @@
 //! the channel does. So a waiting task is also registered with the endpoint,
 //! while it is locked, and every pump that takes completions wakes the
 //! registered tasks (as it wakes sleeping threads): the drainer pumps right
-//! after draining, and the device's progress thread pumps every millisecond.
+//! after draining.
 //!
-//! Timers (close deadlines, keepalives) run in the device's progress thread,
-//! which pumps the endpoint every millisecond; what they change ends in a
-//! completion (a CDC, a flushed work request) that this pump or the next
-//! takes, which wakes the waiting tasks: a task learns of an abort too.
+//! Timers (close deadlines, keepalives, handshake deadlines) run in the
+//! device's progress thread, which sleeps until the engine's next deadline
+//! (`Endpoint::poll_timeout`); a pump that fires one wakes every waiting
+//! task, as one that takes completions does: a task learns of an abort too.
 //!
 //! On a `current_thread` runtime the only thread never sleeps anywhere but in
 //! the reactor: a client task and a server task of the same process may
@@ -83,10 +83,11 @@
 //!
 //! The CLC handshake is async too: the task writes the endpoint's CLC output
 //! to the TCP socket and, while it waits for the peer's next CLC message,
-//! sleeps until the socket is readable (or a 500 ms tick passes, for the
-//! engine's 6 s deadlines); while a step runs over the device (first contact
-//! confirms the link, rkeys are exchanged), until the completion channel
-//! signals or a 5 ms tick passes. Without an SMC device the Proposal/Decline
+//! sleeps until the socket is readable or the engine's next deadline (one
+//! timer, from `Endpoint::poll_timeout`: the handshake's 6 s deadline is
+//! one); while a step runs over the device (first contact confirms the
+//! link, rkeys are exchanged), also until the completion channel signals or
+//! a pump takes completions. Without an SMC device the Proposal/Decline
 //! exchange runs on the TCP socket alone.
 //!
 //! `SmcListener::accept` runs the handshakes of all connections that have
@@ -130,14 +131,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll, Wake, Waker};
 use std::time::Duration;
-
-/// While a handshake step runs over the device, how often the handshake
-/// looks at the engine without a signal.
-const HANDSHAKE_TICK: Duration = Duration::from_millis(5);
-
-/// While a handshake waits for the peer's next CLC message, how often it
-/// looks at the engine (which fails it after 6 s) without TCP input.
-const CLC_TICK: Duration = Duration::from_millis(500);
 
 /// How long the listener stops taking connections after running out of a
 /// resource (descriptors, memory): they wait in the kernel's backlog, and
@@ -359,23 +352,22 @@ fn awaits_clc(phase: Option<HandshakePhase>) -> bool {
     )
 }
 
-/// Waits until the TCP socket is readable or a tick passes; while a step
-/// runs over the device (`rdma`), also until the endpoint takes completions
-/// (`seen`: its count when the caller last looked). A handshake waiting
-/// for the peer's CLC message does not wake for the device's traffic.
+/// Waits until the TCP socket is readable or the engine's next deadline
+/// (`until`: the handshake's own is one) has come; while a step runs over
+/// the device (`rdma`), also until the endpoint takes completions (`seen`:
+/// its count when the caller last looked). A handshake waiting for the
+/// peer's CLC message does not wake for the device's traffic.
 async fn handshake_wait(
     tcp: &TcpStream,
     shared: &Shared,
     chan: &mut Chan,
     seen: u64,
     rdma: bool,
+    until: Option<std::time::Instant>,
 ) -> io::Result<()> {
     let mut armed = false;
-    let mut tick = std::pin::pin!(::tokio::time::sleep(if rdma {
-        HANDSHAKE_TICK
-    } else {
-        CLC_TICK
-    }));
+    // (no deadline: the handshake has none left, the events end the wait)
+    let mut tick = until.map(|u| Box::pin(::tokio::time::sleep_until(u.into())));
     std::future::poll_fn(|cx| {
         if rdma {
             let mut ep = shared.lock();
@@ -397,7 +389,10 @@ async fn handshake_wait(
                 return Poll::Ready(r);
             }
         }
-        tick.as_mut().poll(cx).map(Ok)
+        match tick.as_mut() {
+            Some(t) => t.as_mut().poll(cx).map(Ok),
+            None => Poll::Pending,
+        }
     })
     .await
 }
@@ -414,16 +409,18 @@ async fn with_endpoint(
     let mut leftover = Vec::new();
     let mut buf = [0u8; 1024];
     loop {
-        let (out, status, seen, rdma) = {
+        let (out, status, seen, rdma, until) = {
             let mut ep = shared.lock();
             let rdma = !awaits_clc(ep.handshake_phase(id));
-            // (pumped only when the device has a part in the next step)
+            // (pumped only when the device has a part in the next step, or
+            // a deadline is due)
             let seen = if rdma {
                 shared.pump(&mut ep)
             } else {
                 ep.completions()
             };
-            (ep.clc_output(id), ep.status(id), seen, rdma)
+            let until = shared.next_wake(&mut ep);
+            (ep.clc_output(id), ep.status(id), seen, rdma, until)
         };
         if !out.is_empty() {
             write_all(tcp, &out).await?;
@@ -434,7 +431,7 @@ async fn with_endpoint(
         match tcp.try_read(&mut buf) {
             Ok(n) => handshake::take_input(shared, id, &buf[..n], &mut leftover),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                handshake_wait(tcp, shared, chan, seen, rdma).await?
+                handshake_wait(tcp, shared, chan, seen, rdma, until).await?
             }
             Err(e) => {
                 shared.lock().tcp_closed(id);

@@ -84,6 +84,8 @@ impl<P: Provider> Endpoint<P> {
                     Ok(WrMessage::Llc(m)) => {
                         self.llc_received += 1;
                         lg.group.on_llc(slot, m, now);
+                        // (an LLC flow may have started or moved its deadline)
+                        self.lgr_recheck = true;
                     }
                     Ok(WrMessage::Cdc(c)) => {
                         self.cdc_received += 1;
@@ -146,6 +148,10 @@ impl<P: Provider> Endpoint<P> {
                     dp.set_close_flags(f);
                 }
             }
+        }
+        // the peer's close may have been the last step: it may be freed
+        if c.closer.is_finished() {
+            self.conn_due(id);
         }
     }
 }

@@ -52,6 +52,7 @@ impl<P: Provider> Endpoint<P> {
             if failed {
                 lg.group.on_link_failure(slot);
             }
+            let now = self.now;
             for &(id, seq) in &done[..ndone] {
                 self.mark_tx(id);
                 if let Some(c) = self.conn(id) {
@@ -60,6 +61,13 @@ impl<P: Provider> Endpoint<P> {
                     }
                     if let Some(Err(v)) = c.dp.as_mut().map(|dp| dp.on_cdc_sent(seq)) {
                         c.violation = Some(v);
+                    }
+                    // A close that waits for unsent data waits on while the
+                    // peer takes some; a connection whose close is done may
+                    // be freed once its last CDC completed.
+                    super::pump::close_progress(c, now);
+                    if c.closer.is_finished() {
+                        self.conn_due(id);
                     }
                 }
             }
@@ -81,7 +89,7 @@ impl<P: Provider> Endpoint<P> {
         // application call, a CDC in either direction, a timer: `mark_tx`)
         // are flushed, so that a message's cost does not grow with the number
         // of idle connections; all of them after link and handshake events
-        // (`sweep_due`) and every FLUSH_SWEEP_EVERY regardless. Round robin,
+        // (`sweep_due`). Round robin,
         // a few batches per connection per pass, so that one busy connection
         // cannot take every send slot of its link.
         let mut ids = std::mem::take(&mut self.scratch_ids);

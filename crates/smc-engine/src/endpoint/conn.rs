@@ -163,6 +163,9 @@ pub(super) struct Conn<P: Provider> {
     pub(super) violation: Option<Violation>,
     /// When a close waiting for the send buffer to drain is sent anyway.
     pub(super) close_deadline: Option<Timestamp>,
+    /// The deadline of this connection's entry in the timer heap, if it has
+    /// one (see `endpoint/timers.rs`).
+    pub(super) timer_at: Option<Timestamp>,
     /// Unsent bytes when `close_deadline` was last set: the wait starts over
     /// whenever the peer has taken some (see `Endpoint::close`).
     pub(super) close_unsent: usize,
@@ -228,6 +231,7 @@ impl<P: Provider> Endpoint<P> {
             peer_rmb: None,
             violation: None,
             close_deadline: None,
+            timer_at: None,
             close_unsent: 0,
             oob: None,
             direct_sent: 0,
@@ -237,7 +241,7 @@ impl<P: Provider> Endpoint<P> {
             peer_window: None,
             tx_dirty: false,
         };
-        match self.conns.iter().position(Option::is_none) {
+        let id = match self.conns.iter().position(Option::is_none) {
             Some(i) => {
                 self.conns[i] = Some(c);
                 i
@@ -246,7 +250,10 @@ impl<P: Provider> Endpoint<P> {
                 self.conns.push(Some(c));
                 self.conns.len() - 1
             }
-        }
+        };
+        // its handshake deadline
+        self.arm_conn_timer(id);
+        id
     }
 
     pub(super) fn conn(&mut self, id: ConnId) -> Option<&mut Conn<P>> {

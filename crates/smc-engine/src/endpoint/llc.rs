@@ -76,6 +76,8 @@ impl<P: Provider> Endpoint<P> {
             let Some(o) = lg.group.poll_output() else {
                 // a server that wants a further link starts its flow (§1.8)
                 if self.maybe_add_link(l, now) {
+                    // (its flow's deadline: see `endpoint/timers.rs`)
+                    self.lgr_recheck = true;
                     continue;
                 }
                 return Ok(());

@@ -11,158 +11,222 @@
 //! groups).
 
 use super::conn::{ConnStatus, Phase};
-use super::{Endpoint, LgrId, Result};
+use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::{LgrEvent, LgrState};
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::{CloseEvent, CloseFlags};
 use smc_proto::link::LINK_SLOTS;
 use smc_proto::Timestamp;
 use smc_rdma::{CompletionChannel, CompletionQueue, Device, Provider};
-use std::time::Duration;
-
-/// How often a pump flushes every connection, not only those marked as
-/// having something to send (see `Endpoint::flush_tx`): the safety net under
-/// the marks.
-pub(super) const FLUSH_SWEEP_EVERY: Duration = Duration::from_millis(1);
 
 impl<P: Provider> Endpoint<P> {
     /// Does everything due at `now`: CLC timeouts, LLC traffic, completions,
     /// received CDCs, data and cursor updates, keepalives, link failover.
-    /// Connection timers (handshake, close and peer-gone deadlines) and the
-    /// freeing of finished connections are looked at by the pumps that walk
-    /// every connection: at least one per millisecond of
-    /// `now`, and the next one after a link, handshake or close event.
+    /// Connection timers (handshake, close and peer-gone deadlines) run when
+    /// due (see `endpoint/timers.rs`); after a link, handshake or close
+    /// event (`sweep_due`) the pump walks every connection, once, otherwise
+    /// only those that a timer or an event names, so that neither a message
+    /// nor an idle endpoint costs more with more idle connections.
     pub fn pump(&mut self, now: Timestamp) -> Result<()> {
         self.now = now;
         while let Some(ev) = self.dev.poll_async_event() {
             self.on_async_event(ev);
         }
-        // Whether this pump walks every connection: to flush it (see
-        // `flush_tx`), for its timers, and to free it once finished. Every
-        // FLUSH_SWEEP_EVERY, or sooner after an event that calls for it
-        // (`sweep_due`); otherwise a message's cost would grow with the
-        // number of idle connections. (Events of this pump that call for a
-        // sweep set `sweep_due` again, for the next one.)
-        let sweep = std::mem::take(&mut self.sweep_due) || now >= self.next_sweep;
-        if sweep {
-            self.next_sweep = now + FLUSH_SWEEP_EVERY;
-        }
-        for id in 0..if sweep { self.conns.len() } else { 0 } {
-            let due = match self
-                .conns
-                .get(id)
-                .and_then(Option::as_ref)
-                .map(|c| &c.phase)
-            {
-                Some(Phase::AwaitAccept { deadline, .. })
-                | Some(Phase::AwaitProposal { deadline })
-                | Some(Phase::AwaitConfirm { deadline, .. }) => now >= *deadline,
-                _ => false,
-            };
-            if due {
-                self.sweep_due = true;
-                self.finish(id, ConnStatus::Failed(FailReason::Timeout));
+        // (events of this pump that call for a sweep set `sweep_due` again,
+        // for the next one)
+        let sweep = std::mem::take(&mut self.sweep_due);
+        // (the common case, nothing due, touches no list)
+        let timers_due = !self.due.is_empty()
+            || self
+                .timers
+                .peek()
+                .is_some_and(|std::cmp::Reverse((t, _))| *t <= now);
+        let mut ids = Vec::new();
+        if sweep || timers_due {
+            ids = std::mem::take(&mut self.scratch_due);
+            ids.clear();
+            if sweep {
+                // every connection's timers are looked at and armed, the
+                // heap's entries stay (they find nothing, or what is due anyway)
+                self.due.clear();
+                ids.extend(0..self.conns.len());
+            } else {
+                self.take_due(now, &mut ids);
             }
-            match self
-                .conns
-                .get(id)
-                .and_then(Option::as_ref)
-                .map(|c| &c.phase)
-            {
-                Some(&Phase::AwaitLateDecline { version, deadline }) if now >= deadline => {
-                    self.sweep_due = true;
-                    self.send_late_decline(id, version);
-                }
-                Some(&Phase::LateDeclined { reason, deadline }) if now >= deadline => {
-                    self.sweep_due = true;
-                    self.finish(id, ConnStatus::Fallback { reason, peer: None });
-                }
-                _ => {}
-            }
-            if matches!(
-                self.conns
-                    .get(id)
-                    .and_then(Option::as_ref)
-                    .map(|c| &c.phase),
-                Some(Phase::AwaitLgr { .. })
-            ) {
-                self.retry_parked(id, now);
-            }
-            if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
-                let tcp_gone = match &mut c.phase {
-                    Phase::Smc { tcp_gone_deadline } => {
-                        tcp_gone_deadline.take_if(|d| now >= *d).is_some()
-                    }
-                    _ => false,
-                };
-                if tcp_gone {
-                    self.sweep_due = true;
-                    if !c.closer.rx_flags().any_close() {
-                        // treated like an abort from the peer: ECONNRESET
-                        let o = c.closer.handle(CloseEvent::Peer(CloseFlags {
-                            done_writing: false,
-                            closed: false,
-                            abort: true,
-                        }));
-                        if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
-                            dp.set_close_flags(f);
-                        }
-                        // Its link may have died with it, silently (a peer
-                        // whose device went away sends no DELETE_LINK): then
-                        // our CDCs on it never complete where the transport
-                        // retries forever (rxe at retry count 7), and the
-                        // connection, released, would wait for them until
-                        // the next keepalive. Probe the link now: unanswered,
-                        // it goes down after SMC_LLC_WAIT_TIME and, as the
-                        // last link, ends the group (Linux `smcr_link_down`).
-                        if let (Some(l), Some(slot)) = (c.lgr, c.link) {
-                            if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
-                                lg.group.probe_link(slot, now);
-                            }
-                        }
-                    }
-                }
-                // the peer took some of what waits: it is alive and reading
-                if let (Some(_), Some(dp)) = (c.close_deadline, c.dp.as_ref()) {
-                    if dp.unsent() < c.close_unsent {
-                        c.close_unsent = dp.unsent();
-                        c.close_deadline = Some(now + super::close::MAX_STREAM_WAIT);
-                    }
-                }
-                if c.close_deadline.is_some_and(|d| now >= d) {
-                    self.sweep_due = true;
-                    c.close_deadline = None;
-                    if let Some(dp) = c.dp.as_mut() {
-                        dp.discard_unsent();
-                    }
-                }
+            for &id in &ids {
+                self.conn_timers(id, now);
             }
         }
+        // The groups' timers are looked at when the earliest is due, or
+        // after an event (what changes a group's timers sets `sweep_due`,
+        // or `lgr_recheck` when an LLC message came in): a message's pump
+        // does not pay for them.
+        let lgr_timers = std::mem::take(&mut self.lgr_recheck)
+            || sweep
+            || self.lgr_next.is_some_and(|t| now >= t);
+        let mut lgr_next: Option<Timestamp> = None;
         for l in 0..self.lgrs.len() {
             if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
                 continue;
             }
+            self.retry_rkey_flows(l, now);
+            self.pump_lgr(l, now, sweep)?;
+            if !lgr_timers {
+                continue;
+            }
+            // The group's timers after what its links received: a driver
+            // that sleeps until a deadline is woken by it and by nothing
+            // else, so an answer (a TEST_LINK response) that came in
+            // meanwhile must count before the wait for it is over.
             let idle_timeout = self.cfg.lgr_idle_timeout;
             let mut idle_expired = false;
-            if let Some(lg) = self.lgrs[l].as_mut() {
-                lg.group.on_timeout(now);
+            let mut fired = false;
+            let mut next = None;
+            // (the linger of a group without connections, see `poll_timeout`)
+            let mut linger = None;
+            if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                next = lg.group.poll_timeout();
+                if next.is_some_and(|t| now >= t) {
+                    fired = true;
+                    lg.group.on_timeout(now);
+                }
                 if lg.tokens.is_empty() && lg.state == LgrState::Active {
                     let since = *lg.idle_since.get_or_insert(now);
                     idle_expired = now >= since + idle_timeout;
+                    linger = Some(since + idle_timeout);
                 } else {
                     lg.idle_since = None;
                 }
             }
             if idle_expired {
+                fired = true;
+                linger = None;
                 self.lgr_step(l, LgrEvent::IdleExpired);
             }
-            self.retry_rkey_flows(l, now);
-            self.pump_lgr(l, now, sweep)?;
+            if fired {
+                self.timer_events += 1;
+                // what the timers decided goes out now
+                self.drain_lgr(l, now)?;
+                next = self
+                    .lgrs
+                    .get(l)
+                    .and_then(Option::as_ref)
+                    .and_then(|lg| lg.group.poll_timeout());
+            }
+            lgr_next = earliest(earliest(lgr_next, next), linger);
         }
+        if lgr_timers {
+            self.lgr_next = lgr_next;
+        }
+        // connections that this pump's sending and receiving may have
+        // finished (`conn_due`) are freed now, not at the next pump
         if sweep {
-            self.reap();
+            self.reap(0..self.conns.len());
+            self.reap_lgrs();
+            self.due.clear();
+        } else if !ids.is_empty() || !self.due.is_empty() {
+            ids.append(&mut self.due);
+            self.reap(ids.iter().copied());
         }
+        if ids.capacity() > 0 {
+            self.scratch_due = ids;
+        }
+        self.prune_timers();
         Ok(())
+    }
+
+    /// Connection `id`'s timers at `now` (see `endpoint/timers.rs`); arms its
+    /// next deadline.
+    fn conn_timers(&mut self, id: ConnId, now: Timestamp) {
+        let due = match self
+            .conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .map(|c| &c.phase)
+        {
+            Some(&Phase::AwaitAccept { deadline, .. })
+            | Some(&Phase::AwaitProposal { deadline })
+            | Some(&Phase::AwaitConfirm { deadline, .. }) => now >= deadline,
+            _ => false,
+        };
+        if due {
+            self.sweep_due = true;
+            self.timer_events += 1;
+            self.finish(id, ConnStatus::Failed(FailReason::Timeout));
+        }
+        match self
+            .conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .map(|c| &c.phase)
+        {
+            Some(&Phase::AwaitLateDecline { version, deadline }) if now >= deadline => {
+                self.sweep_due = true;
+                self.timer_events += 1;
+                self.send_late_decline(id, version);
+            }
+            Some(&Phase::LateDeclined { reason, deadline }) if now >= deadline => {
+                self.sweep_due = true;
+                self.timer_events += 1;
+                self.finish(id, ConnStatus::Fallback { reason, peer: None });
+            }
+            _ => {}
+        }
+        if matches!(
+            self.conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .map(|c| &c.phase),
+            Some(Phase::AwaitLgr { .. })
+        ) {
+            self.retry_parked(id, now);
+        }
+        if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+            let tcp_gone = match &mut c.phase {
+                Phase::Smc { tcp_gone_deadline } => {
+                    tcp_gone_deadline.take_if(|d| now >= *d).is_some()
+                }
+                _ => false,
+            };
+            if tcp_gone {
+                self.sweep_due = true;
+                self.timer_events += 1;
+                if !c.closer.rx_flags().any_close() {
+                    // treated like an abort from the peer: ECONNRESET
+                    let o = c.closer.handle(CloseEvent::Peer(CloseFlags {
+                        done_writing: false,
+                        closed: false,
+                        abort: true,
+                    }));
+                    if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
+                        dp.set_close_flags(f);
+                    }
+                    // Its link may have died with it, silently (a peer
+                    // whose device went away sends no DELETE_LINK): then
+                    // our CDCs on it never complete where the transport
+                    // retries forever (rxe at retry count 7), and the
+                    // connection, released, would wait for them until
+                    // the next keepalive. Probe the link now: unanswered,
+                    // it goes down after SMC_LLC_WAIT_TIME and, as the
+                    // last link, ends the group (Linux `smcr_link_down`).
+                    if let (Some(l), Some(slot)) = (c.lgr, c.link) {
+                        if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                            lg.group.probe_link(slot, now);
+                        }
+                    }
+                }
+            }
+            close_progress(c, now);
+            if c.close_deadline.is_some_and(|d| now >= d) {
+                self.sweep_due = true;
+                self.timer_events += 1;
+                c.close_deadline = None;
+                if let Some(dp) = c.dp.as_mut() {
+                    dp.discard_unsent();
+                }
+            }
+        }
+        self.arm_conn_timer(id);
     }
 
     fn pump_lgr(&mut self, l: LgrId, now: Timestamp, sweep: bool) -> Result<()> {
@@ -186,9 +250,9 @@ impl<P: Provider> Endpoint<P> {
         self.drain_lgr(l, now)
     }
 
-    /// Frees connections that are closed and released, and link groups that died.
-    fn reap(&mut self) {
-        for id in 0..self.conns.len() {
+    /// Frees those of connections `ids` that are closed and released.
+    fn reap(&mut self, ids: impl Iterator<Item = ConnId>) {
+        for id in ids {
             let finished = self
                 .conns
                 .get(id)
@@ -219,13 +283,22 @@ impl<P: Provider> Endpoint<P> {
                     self.pool_bufs(id, l);
                 }
                 self.conns[id] = None;
+                // (its group may be done: the next pump looks)
+                self.sweep_due = true;
             }
         }
+    }
+
+    /// Frees the link groups that died (in a sweep: the pump after the
+    /// group's end, not the one that posted its last LLC message).
+    fn reap_lgrs(&mut self) {
         for l in 0..self.lgrs.len() {
             let dead = self.lgrs[l]
                 .as_ref()
                 .is_some_and(|lg| lg.state == LgrState::Terminating && lg.tokens.is_empty());
             if dead {
+                // (connections parked for a first contact decide again)
+                self.sweep_due = true;
                 self.lgr_step(l, LgrEvent::LastConnGone);
             }
         }
@@ -281,5 +354,25 @@ impl<P: Provider> Endpoint<P> {
                 .flatten()
                 .any(|r| r.scq.may_have_work() || r.rcq.may_have_work())
         })
+    }
+}
+
+/// The close of `c` waits for unsent data (`close_deadline`): each time the
+/// peer has taken some of it, the wait starts over (see `Endpoint::close`).
+pub(super) fn close_progress<P: Provider>(c: &mut super::conn::Conn<P>, now: Timestamp) {
+    if let (Some(_), Some(dp)) = (c.close_deadline, c.dp.as_ref()) {
+        if dp.unsent() < c.close_unsent {
+            c.close_unsent = dp.unsent();
+            c.close_deadline = Some(now + super::close::MAX_STREAM_WAIT);
+        }
+    }
+}
+
+/// The earlier of two times, either of which may be none.
+#[inline]
+fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
