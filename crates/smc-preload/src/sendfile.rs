@@ -117,21 +117,8 @@ pub unsafe extern "C" fn splice(
                 match conn_send(&c, &buf[done..got], 0) {
                     Ok(n) => done += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        let fd = c.s.readiness_fd().map(|r| r.as_raw_fd());
-                        if let Ok(r) = fd {
-                            let mut p = [pollfd {
-                                fd: r,
-                                events: libc::POLLOUT,
-                                revents: 0,
-                            }];
-                            // SAFETY: our own pollfd.
-                            unsafe {
-                                real!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int)(
-                                    p.as_mut_ptr(),
-                                    1,
-                                    1000,
-                                )
-                            };
+                        if let Ok(r) = c.s.readiness_fd() {
+                            wait_writable(r.as_raw_fd());
                         }
                     }
                     Err(e) => return fail(&e),
@@ -160,21 +147,7 @@ pub unsafe extern "C" fn splice(
                 };
                 match w {
                     Ok(n) => done += n,
-                    Err(rustix::io::Errno::AGAIN) => {
-                        let mut p = [pollfd {
-                            fd: fd_out,
-                            events: libc::POLLOUT,
-                            revents: 0,
-                        }];
-                        // SAFETY: our own pollfd.
-                        unsafe {
-                            real!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int)(
-                                p.as_mut_ptr(),
-                                1,
-                                1000,
-                            )
-                        };
-                    }
+                    Err(rustix::io::Errno::AGAIN) => wait_writable(fd_out),
                     Err(e) => return fail(&e.into()),
                 }
             }
@@ -183,4 +156,17 @@ pub unsafe extern "C" fn splice(
         // SAFETY: the caller's arguments, unchanged.
         _ => unsafe { real_splice(fd_in, off_in, fd_out, off_out, len, flags) },
     }
+}
+
+/// Waits (at most 1 s, then the caller retries) until `fd` can take more
+/// bytes, with the real `poll`: `fd` is a descriptor of the library's own or
+/// one the library does not carry, never one to route back into the table.
+fn wait_writable(fd: RawFd) {
+    let mut p = [pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    }];
+    // SAFETY: our own pollfd.
+    unsafe { real!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int)(p.as_mut_ptr(), 1, 1000) };
 }
