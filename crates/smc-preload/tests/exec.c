@@ -1,5 +1,5 @@
 /* What a new image finds on an inherited descriptor of an SMC-R connection
- * (tests/preload.rs). Knows nothing of SMC.
+ * (tests/exec_fork.rs). Knows nothing of SMC.
  *   exec server PORTFILE     accepts one connection, echoes it, says how it ended
  *   exec server-exec PORTFILE  the same, after an exec that the listening
  *                            socket crosses

@@ -1,0 +1,182 @@
+//! The exec family: the library's connections across `execve` and its kin.
+
+use super::*;
+
+// ----- exec -----
+//
+// An SMC-R connection lives in the process image that made it: its buffers,
+// its link and the threads that serve them. Its TCP socket is only the
+// connection's identity (after the CLC handshake no data flows on it,
+// RFC 7609 §2.2), so a new image that inherited the bare socket would wait
+// forever on reads and send its writes where the peer never reads them.
+// Before an exec the library therefore puts, on every descriptor that
+// survives it (no `FD_CLOEXEC`) and names a connection of the library's, a
+// fresh unconnected TCP socket of the same family: in the new image reads
+// fail with `ENOTCONN`, writes with `EPIPE` (and `SIGPIPE`), `poll` shows
+// `POLLHUP` at once, `getpeername` says `ENOTCONN` — a connection that is
+// gone, never one that hangs or loses data silently. If the exec fails, the
+// descriptors are put back as they were.
+//
+// What becomes of the connection itself: after `fork()` + exec in the
+// child (inetd, CGI), the parent still has it and keeps using it; after an
+// exec of the process itself, its image is gone, and the peer sees the
+// connection end as when a process exits. Covered: `execve`, `execv`,
+// `execvp`, `execvpe`, `fexecve`, `execveat`. The variadic `execl*` (which
+// stable Rust cannot define) and `posix_spawn` (whose exec is glibc's own,
+// not interposable) are not.
+
+/// Identity of an open file (device, inode): the same socket under any
+/// descriptor number.
+pub(crate) fn file_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
+    let st = rustix::fs::fstat(fd).ok()?;
+    Some((st.st_dev, st.st_ino))
+}
+
+/// Before an exec: the connections' descriptors that would survive it get a
+/// stand-in (see above); returns the originals (close-on-exec duplicates)
+/// to put back should the exec fail.
+pub(crate) fn detach_for_exec() -> Vec<(RawFd, OwnedFd)> {
+    if !USED.load(Ordering::Acquire) {
+        return Vec::new();
+    }
+    let forked = FORKED.load(Ordering::Acquire);
+    let ids: Vec<(u64, u64)> = {
+        // (a forked child's table is its parent's at the fork, kept unused)
+        let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
+        t.iter()
+            .filter_map(|(&fd, e)| match e {
+                Entry::Stream(c) => file_id(c.s.tcp_fd()),
+                // (its own duplicate is the connect thread's)
+                Entry::Connecting(_) if !forked => file_id(borrow(fd)),
+                _ => None,
+            })
+            .collect()
+    };
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut saved = Vec::new();
+    for fd in fds {
+        let survives = rustix::io::fcntl_getfd(borrow(fd))
+            .is_ok_and(|f| !f.contains(rustix::io::FdFlags::CLOEXEC));
+        if !survives || !file_id(borrow(fd)).is_some_and(|id| ids.contains(&id)) {
+            continue;
+        }
+        let v6 = rustix::net::getsockname(borrow(fd))
+            .is_ok_and(|a| a.address_family() == rustix::net::AddressFamily::INET6);
+        let family = if v6 {
+            rustix::net::AddressFamily::INET6
+        } else {
+            rustix::net::AddressFamily::INET
+        };
+        // (rustix's calls are system calls: none of them comes back here)
+        let stand_in = match rustix::net::socket(family, rustix::net::SocketType::STREAM, None) {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        let Ok(orig) = dup_own(fd) else { continue };
+        if let Ok(fl) = rustix::fs::fcntl_getfl(borrow(fd)) {
+            let _ = rustix::fs::fcntl_setfl(&stand_in, fl);
+        }
+        let mut target = borrow_owned(fd);
+        if rustix::io::dup2(&stand_in, &mut target).is_ok() {
+            saved.push((fd, orig));
+        }
+        std::mem::forget(target);
+    }
+    saved
+}
+
+/// `fd` as an `OwnedFd` for `dup2`'s target (forgotten after, never closed).
+pub(crate) fn borrow_owned(fd: RawFd) -> OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: `fd` is open (just listed); the caller forgets the value, so
+    // it is never closed through it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// After a failed exec: the descriptors as they were.
+pub(crate) fn reattach_after_exec(saved: Vec<(RawFd, OwnedFd)>) {
+    let e = errno();
+    for (fd, orig) in saved {
+        let mut target = borrow_owned(fd);
+        let _ = rustix::io::dup2(&orig, &mut target);
+        std::mem::forget(target);
+    }
+    set_errno(e);
+}
+
+pub(crate) type CStr = *const libc::c_char;
+
+pub(crate) type CArgv = *const *const libc::c_char;
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: CStr, argv: CArgv, envp: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: the caller's arguments, unchanged (so for every exec below).
+    let r = unsafe { real!(execve: fn(CStr, CArgv, CArgv) -> c_int)(path, argv, envp) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: CStr, argv: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe { real!(execv: fn(CStr, CArgv) -> c_int)(path, argv) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: CStr, argv: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe { real!(execvp: fn(CStr, CArgv) -> c_int)(file, argv) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: CStr, argv: CArgv, envp: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe { real!(execvpe: fn(CStr, CArgv, CArgv) -> c_int)(file, argv, envp) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: CArgv, envp: CArgv) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe { real!(fexecve: fn(c_int, CArgv, CArgv) -> c_int)(fd, argv, envp) };
+    reattach_after_exec(saved);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execveat(
+    dirfd: c_int,
+    path: CStr,
+    argv: CArgv,
+    envp: CArgv,
+    flags: c_int,
+) -> c_int {
+    let saved = detach_for_exec();
+    // SAFETY: as above.
+    let r = unsafe {
+        real!(execveat: fn(c_int, CStr, CArgv, CArgv, c_int) -> c_int)(
+            dirfd, path, argv, envp, flags,
+        )
+    };
+    reattach_after_exec(saved);
+    r
+}

@@ -1,0 +1,158 @@
+//! Calls on the descriptor itself: `shutdown`, `close`, `dup`, `dup2`, `dup3`,
+//! `fcntl`, `fcntl64`, `ioctl`.
+
+use super::*;
+
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(c) = stream(fd) {
+        if c.s.mode() == Mode::SmcR {
+            let h = match how {
+                libc::SHUT_RD => std::net::Shutdown::Read,
+                libc::SHUT_WR => std::net::Shutdown::Write,
+                libc::SHUT_RDWR => std::net::Shutdown::Both,
+                _ => {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+            };
+            return match c.s.shutdown(h) {
+                Ok(()) => 0,
+                Err(e) => fail(&e),
+            };
+        }
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    unsafe { real!(shutdown: fn(c_int, c_int) -> c_int)(fd, how) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let old = remove(fd);
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(close: fn(c_int) -> c_int)(fd) };
+    let e = errno();
+    // the last handle of an SMC-R connection closes it (after its data left)
+    drop(old);
+    set_errno(e);
+    r
+}
+
+/// After `nfd` became a duplicate of `fd`: it carries what `fd` carries.
+pub(crate) fn duplicated(fd: c_int, nfd: c_int) {
+    if nfd < 0 || nfd == fd {
+        return;
+    }
+    let old = match get(fd) {
+        Some(e) => insert(nfd, e),
+        None => remove(nfd),
+    };
+    drop(old);
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(dup: fn(c_int) -> c_int)(fd) };
+    duplicated(fd, r);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(dup2: fn(c_int, c_int) -> c_int)(fd, nfd) };
+    duplicated(fd, r);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
+    // SAFETY: the caller's arguments, unchanged (so for every call below).
+    let r = unsafe { real!(dup3: fn(c_int, c_int, c_int) -> c_int)(fd, nfd, flags) };
+    duplicated(fd, r);
+    r
+}
+
+/// `O_NONBLOCK` set on `fd` by the application.
+pub(crate) fn nonblocking_set(fd: c_int, on: bool) {
+    match get(fd) {
+        Some(Entry::Stream(c)) => {
+            let _ = c.s.set_nonblocking(on);
+        }
+        Some(Entry::Listener(l)) => {
+            l.nonblock.store(on, Ordering::Relaxed);
+            let _ = l.l.set_nonblocking(on);
+            // the driver's socket stays non-blocking
+            let _ = rustix::io::ioctl_fionbio(borrow(fd), true);
+        }
+        _ => {}
+    }
+}
+
+/// `fcntl` (variadic in C; its one argument, if any, is passed in the
+/// register the third parameter takes on the ABIs Linux runs on).
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    let r = real_fcntl(fd, cmd, arg);
+    fcntl_after(fd, cmd, arg, r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: as `fcntl`.
+    let r = unsafe { real!(fcntl64: fn(c_int, c_int, c_ulong) -> c_int)(fd, cmd, arg) };
+    fcntl_after(fd, cmd, arg, r)
+}
+
+pub(crate) fn fcntl_after(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) -> c_int {
+    if r < 0 || COUNT.load(Ordering::Acquire) == 0 {
+        return r;
+    }
+    match cmd {
+        libc::F_SETFL => nonblocking_set(fd, arg as c_int & libc::O_NONBLOCK != 0),
+        libc::F_GETFL => match get(fd) {
+            Some(Entry::Listener(l)) => {
+                let nb = if l.nonblock.load(Ordering::Relaxed) {
+                    libc::O_NONBLOCK
+                } else {
+                    0
+                };
+                return (r & !libc::O_NONBLOCK) | nb;
+            }
+            // (blocking meanwhile for the handshake)
+            Some(Entry::Connecting(_)) => return r | libc::O_NONBLOCK,
+            _ => {}
+        },
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(fd, r),
+        _ => {}
+    }
+    r
+}
+
+/// `ioctl` (variadic in C, as `fcntl`).
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    if COUNT.load(Ordering::Acquire) != 0 {
+        if let Some(c) = stream(fd) {
+            if req == libc::FIONREAD as c_ulong && !arg.is_null() {
+                // what a read would return now: read ahead without waiting
+                let mut p = c.peeked.lock().unwrap_or_else(|e| e.into_inner());
+                let mut tmp = vec![0u8; 64 << 10];
+                if let Ok(n) = c.s.read_with(&mut tmp, true) {
+                    p.extend_from_slice(&tmp[..n]);
+                }
+                // SAFETY: FIONREAD's argument is an int.
+                unsafe { *(arg as *mut c_int) = p.len().min(c_int::MAX as usize) as c_int };
+                return 0;
+            }
+        }
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    let r = unsafe { real!(ioctl: fn(c_int, c_ulong, *mut c_void) -> c_int)(fd, req, arg) };
+    if r == 0 && req == libc::FIONBIO as c_ulong && !arg.is_null() {
+        // SAFETY: FIONBIO's argument is an int.
+        nonblocking_set(fd, unsafe { *(arg as *const c_int) } != 0);
+    }
+    r
+}

@@ -1,0 +1,164 @@
+//! Library load (`init`), `fork()` handlers, `exit()`, and listening sockets
+//! inherited across exec from an image that had opted them in.
+
+use super::*;
+
+/// Set in a child process after `fork()` of a process that had [`USED`]
+/// the library: it is off there.
+///
+/// The parent's connections live in the parent's threads (the engine's
+/// progress thread, listener drivers) and its endpoint state, none of which
+/// a child has; a child that dropped its copy of a connection, as a child
+/// closing the inherited descriptor before `exec` does (socat's `EXEC:`,
+/// `system()`), would send the SMC close and abort the parent's connection.
+/// So such a child forgets the table without dropping anything and passes
+/// every call through: its own new sockets are plain TCP, and the
+/// connections it inherited are not usable in it.
+///
+/// A child of a process that had not used the library yet keeps it: its
+/// table holds only sockets without state of the library's (fresh ones,
+/// listening ones whose listener has not started), which the child uses as
+/// its own (nginx's workers accept on the master's listening sockets, each
+/// with a listener of its own).
+pub(crate) static FORKED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// The table's lock, held by the thread that forks across `fork()`, so
+    /// that the child does not inherit it held by a thread it has not.
+    static FORK_GUARD: std::cell::RefCell<Option<std::sync::RwLockWriteGuard<'static, BTreeMap<RawFd, Entry>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+extern "C" fn before_fork() {
+    let g = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
+}
+
+extern "C" fn in_parent() {
+    FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
+}
+
+extern "C" fn in_child() {
+    if USED.load(Ordering::Acquire) {
+        FORKED.store(true, Ordering::Release);
+        COUNT.store(0, Ordering::Release);
+    }
+    FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
+}
+
+/// At `exit()`: every connection still open is closed as `close()` would,
+/// so that its unsent data and its SMC close leave before the process is
+/// gone. (A kernel socket's data outlives its process, a user-space
+/// connection's does not; a program that exits without closing its
+/// sockets, as socat does, would otherwise leave the peer with missing data
+/// and an aborted connection. `_exit()` and fatal signals skip this.)
+extern "C" fn at_exit() {
+    if FORKED.load(Ordering::Acquire) {
+        return;
+    }
+    // (a lock held by another thread now is left alone)
+    let all = match TABLE.try_write() {
+        Ok(mut t) => {
+            COUNT.store(0, Ordering::Release);
+            std::mem::take(&mut *t)
+        }
+        Err(_) => return,
+    };
+    drop(all);
+}
+
+/// The `SMC_*` environment at load time (the device configuration, the
+/// state file, debugging).
+pub(crate) static SMC_ENV: OnceLock<Vec<(std::ffi::OsString, std::ffi::OsString)>> =
+    OnceLock::new();
+
+/// Puts back the `SMC_*` variables a program removed from its environment
+/// since the library was loaded (nginx clears its workers' environment but
+/// for `env` directives; the library reads it at its first connection).
+pub(crate) fn restore_env() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (k, v) in SMC_ENV.get().map(|v| v.as_slice()).unwrap_or_default() {
+            if std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
+        }
+    });
+}
+
+extern "C" fn init() {
+    let _ = SMC_ENV.set(
+        std::env::vars_os()
+            .filter(|(k, _)| k.to_str().is_some_and(|k| k.starts_with("SMC_")))
+            .collect(),
+    );
+    let _ = STATE_FILE.set(open_state_file());
+    adopt_inherited_listeners();
+    // SAFETY: registers handlers that take and release the table's lock
+    // around the fork and store to atomics (the child's is async-signal
+    // safe, as a child of a multi-threaded process needs: a futex unlock
+    // and stores).
+    unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
+    // SAFETY: registers a plain function to run at exit.
+    unsafe { libc::atexit(at_exit) };
+}
+
+/// Listening TCP sockets this image inherited across exec (file ids), not
+/// looked at yet (see [`adopt_inherited_listeners`]).
+pub(crate) static INHERITED: Mutex<Vec<(u64, u64)>> = Mutex::new(Vec::new());
+
+/// A listening TCP socket inherited across exec (nginx's binary upgrade,
+/// an exec of the process itself) may be opted in to the SMC option by the
+/// image before: the kernel then offers SMC in its SYN-ACKs, and a plain
+/// `accept()` would hand the program connections whose peer speaks CLC
+/// first. So each one starts as a listening socket of the library's
+/// (`Entry::Passive`); at its first use, one that is not opted in (socket
+/// activation, a program without the library before) goes back to the
+/// kernel.
+pub(crate) fn adopt_inherited_listeners() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<RawFd> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    use rustix::net::sockopt;
+    for fd in fds {
+        let b = borrow(fd);
+        let listening_tcp = sockopt::socket_acceptconn(b).unwrap_or(false)
+            && sockopt::socket_type(b).is_ok_and(|t| t == rustix::net::SocketType::STREAM)
+            && sockopt::socket_domain(b).is_ok_and(|d| {
+                d == rustix::net::AddressFamily::INET || d == rustix::net::AddressFamily::INET6
+            })
+            && sockopt::socket_protocol(b)
+                .is_ok_and(|p| p.is_none_or(|p| p == rustix::net::ipproto::TCP));
+        if !listening_tcp {
+            continue;
+        }
+        if let Some(id) = file_id(b) {
+            INHERITED.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+            drop(insert(fd, Entry::Passive));
+        }
+    }
+}
+
+/// Whether `fd` is an inherited listening socket not looked at yet (it is
+/// looked at now).
+pub(crate) fn was_inherited(fd: RawFd) -> bool {
+    let mut l = INHERITED.lock().unwrap_or_else(|e| e.into_inner());
+    if l.is_empty() {
+        return false;
+    }
+    let Some(id) = file_id(borrow(fd)) else {
+        return false;
+    };
+    let before = l.len();
+    l.retain(|&x| x != id);
+    l.len() != before
+}
+
+/// Runs [`init`] when the library is loaded.
+#[used]
+#[link_section = ".init_array"]
+pub(crate) static INIT: extern "C" fn() = init;

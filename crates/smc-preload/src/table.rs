@@ -1,0 +1,197 @@
+//! The table of the descriptors the library carries (connections, listeners,
+//! connects in progress) and the errno helpers every call uses.
+
+use super::*;
+
+/// A connection the library carries.
+pub(crate) struct Conn {
+    pub(crate) s: SmcStream,
+    /// Bytes read ahead for `MSG_PEEK` and `FIONREAD`, delivered first.
+    pub(crate) peeked: Mutex<Vec<u8>>,
+}
+
+/// A listener the library carries.
+pub(crate) struct Lst {
+    pub(crate) l: SmcListener,
+    /// The application's `O_NONBLOCK` (the socket itself stays non-blocking
+    /// for the listener's driver).
+    pub(crate) nonblock: AtomicBool,
+}
+
+#[derive(Clone)]
+pub(crate) enum Entry {
+    /// A TCP socket not yet connected or listening, and whether it is opted
+    /// in to the SMC option.
+    Fresh {
+        opted: bool,
+    },
+    /// A listening socket opted in to SMC whose listener (and its driver
+    /// thread, which accepts and runs the handshakes) starts at the first
+    /// `accept` or poll of it: a server that listens and then forks its
+    /// workers (nginx's master) has not used the library before the fork,
+    /// so each worker runs its own listener on the shared socket (see
+    /// [`USED`]).
+    Passive,
+    Stream(Arc<Conn>),
+    Listener(Arc<Lst>),
+    /// A non-blocking `connect()` in progress (see [`Pend`]).
+    Connecting(Arc<Pend>),
+    /// A non-blocking `connect()` whose handshake failed: the socket is shut
+    /// down, and `getsockopt(SO_ERROR)` returns this errno once.
+    Failed(c_int),
+}
+
+/// A non-blocking `connect()` that returned `EINPROGRESS`: a thread of the
+/// library waits for the TCP connection and runs the CLC handshake on it
+/// (which must not wait for the application: the client speaks first, and
+/// an application may wait for the server to speak), then puts the
+/// connection in the table (SMC-R) or leaves the socket to the kernel (the
+/// TCP connect failed, or fell back).
+///
+/// Meanwhile `poll`, `select` and `epoll` see `user`, an `AF_UNIX`
+/// datagram socket that is neither readable nor writable (one datagram
+/// from it to `ctl` fills its minimal send buffer, af_unix.c
+/// `unix_writable`) until the thread is done, when it turns writable. The
+/// epoll sets it was registered in move to the connection's own descriptor
+/// (its readiness descriptor, or the TCP socket after a fallback or a
+/// failed connect, where the kernel then shows `EPOLLERR`/`EPOLLHUP` and
+/// `SO_ERROR` as for any TCP socket) before that, so an edge-triggered set
+/// gets its edge from the connection's descriptor.
+pub(crate) struct Pend {
+    pub(crate) user: OwnedFd,
+    pub(crate) ctl: OwnedFd,
+    /// `(epoll fd, event)` of each epoll set holding `user`; `None` once
+    /// the thread is done (the table has the connection's entry then).
+    pub(crate) reg: Mutex<Option<Vec<(RawFd, libc::epoll_event)>>>,
+}
+
+/// What a read or write on `fd` goes to.
+pub(crate) enum Io {
+    Smc(Arc<Conn>),
+    /// A non-blocking connect in progress: `EAGAIN`, as TCP before the
+    /// connection is established.
+    Busy,
+    Kernel,
+}
+
+pub(crate) fn io(fd: RawFd) -> Io {
+    match get(fd) {
+        Some(Entry::Stream(c)) => Io::Smc(c),
+        Some(Entry::Connecting(_)) => Io::Busy,
+        _ => Io::Kernel,
+    }
+}
+
+pub(crate) fn busy<T: From<i8>>() -> T {
+    set_errno(libc::EAGAIN);
+    T::from(-1)
+}
+
+pub(crate) static TABLE: RwLock<BTreeMap<RawFd, Entry>> = RwLock::new(BTreeMap::new());
+
+/// Entries in the table: none, and every call passes straight through.
+pub(crate) static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Set once this process made an SMC connection or listener (its engine,
+/// threads and endpoint state exist).
+pub(crate) static USED: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn get(fd: RawFd) -> Option<Entry> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&fd)
+        .cloned()
+}
+
+pub(crate) fn stream(fd: RawFd) -> Option<Arc<Conn>> {
+    match get(fd)? {
+        Entry::Stream(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// Sets `fd`'s entry; returns the one it replaces (drop it outside the lock).
+pub(crate) fn insert(fd: RawFd, e: Entry) -> Option<Entry> {
+    if FORKED.load(Ordering::Acquire) {
+        // (never dropped in a child: see FORKED)
+        std::mem::forget(e);
+        return None;
+    }
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let old = t.insert(fd, e);
+    COUNT.store(t.len(), Ordering::Release);
+    old
+}
+
+pub(crate) fn remove(fd: RawFd) -> Option<Entry> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let old = t.remove(&fd);
+    COUNT.store(t.len(), Ordering::Release);
+    old
+}
+
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+pub(crate) fn errno() -> c_int {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() }
+}
+
+/// The errno a socket call would have returned for `e`.
+pub(crate) fn errno_of(e: &io::Error) -> c_int {
+    if let Some(n) = e.raw_os_error() {
+        return n;
+    }
+    match e.kind() {
+        io::ErrorKind::WouldBlock => libc::EAGAIN,
+        io::ErrorKind::BrokenPipe => libc::EPIPE,
+        io::ErrorKind::ConnectionReset => libc::ECONNRESET,
+        io::ErrorKind::ConnectionAborted => libc::ECONNABORTED,
+        io::ErrorKind::NotConnected => libc::ENOTCONN,
+        io::ErrorKind::TimedOut => libc::ETIMEDOUT,
+        io::ErrorKind::InvalidInput => libc::EINVAL,
+        io::ErrorKind::Interrupted => libc::EINTR,
+        // (a handshake the peer broke: af_smc.c says EPROTO too)
+        io::ErrorKind::InvalidData => libc::EPROTO,
+        _ => libc::EIO,
+    }
+}
+
+pub(crate) fn fail<T: From<i8>>(e: &io::Error) -> T {
+    set_errno(errno_of(e));
+    T::from(-1)
+}
+
+pub(crate) fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
+    // SAFETY: only for descriptors the caller passed us, open for the
+    // duration of the call that borrows them.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+/// A duplicate of `fd` (close-on-exec) for the library's own use, numbered
+/// in the upper half of the descriptor limit (at most 4096 up) if there is
+/// room: programs size their tables by the descriptors they open themselves
+/// (wrk's event loop refuses a socket numbered above its size), so the
+/// library's stay clear of the low numbers (as the readiness descriptors
+/// do).
+pub(crate) fn dup_own(fd: RawFd) -> io::Result<OwnedFd> {
+    static BASE: OnceLock<RawFd> = OnceLock::new();
+    let base = *BASE.get_or_init(|| {
+        rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .map_or(512, |n| (n / 2).clamp(64, 4096)) as RawFd
+    });
+    rustix::io::fcntl_dupfd_cloexec(borrow(fd), base)
+        .or_else(|_| rustix::io::fcntl_dupfd_cloexec(borrow(fd), 0))
+        .map_err(io::Error::from)
+}

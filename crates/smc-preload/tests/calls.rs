@@ -1,0 +1,197 @@
+//! `smc_run` and the preload library with a plain C program (tests/echo.c,
+//! which knows nothing of SMC): an echo server using non-blocking sockets
+//! with poll() or edge-triggered epoll, and a client that writes with
+//! writev() while it polls for the echo, half-closes and checks every byte.
+//! Each connection's mode is the library's record of it (`SMC_RUN_STATE`),
+//! not an assumption. (root: the SYN-option rendezvous loads a BPF program.)
+
+mod common;
+
+use common::*;
+
+#[test]
+fn both_sides_under_smc_run_talk_smc_r_with_poll() {
+    let s = run("poll", true, true, false, 8 << 20);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+#[test]
+fn both_sides_under_smc_run_talk_smc_r_with_edge_triggered_epoll() {
+    let s = run("epoll", true, true, true, 8 << 20);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+#[test]
+fn a_plain_server_gets_tcp_from_a_client_under_smc_run() {
+    let s = run("plain-srv", false, true, false, 1 << 20);
+    // the server's SYN-ACK had no SMC option: Linux's PEERNOSMC
+    assert_modes(&s, &[("connect", "TCP 0x03010000")]);
+}
+
+#[test]
+fn a_plain_client_gets_tcp_from_a_server_under_smc_run() {
+    let s = run("plain-cli", true, false, true, 1 << 20);
+    assert_modes(&s, &[("accept", "TCP 0x03010000")]);
+}
+
+/// One run of the conformance program: (server's output, client's output).
+fn conform_run(s: &Setup, server_preload: bool, client_preload: bool) -> (String, String) {
+    let exe = conform_program(s);
+    let file = s.dir.join("sendfile-data");
+    if !file.exists() {
+        std::fs::write(&file, blob(300_000)).unwrap();
+    }
+    let portfile = s.dir.join("conform-port");
+    let _ = std::fs::remove_file(&portfile);
+    let srv = under(s, server_preload, &exe, &["server"])
+        .arg(&portfile)
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let srv = Server(srv);
+    let end = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&portfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(Instant::now() < end, "the conformance server did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let cli = under(s, client_preload, &exe, &["client", &port.to_string()])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let mut srv = srv;
+    let child = std::mem::replace(&mut srv.0, Command::new("true").spawn().unwrap());
+    let so = child.wait_with_output().unwrap();
+    assert!(
+        cli.status.success(),
+        "client {server_preload} {client_preload}: {:?} {}",
+        cli.status,
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert!(
+        so.status.success(),
+        "server {server_preload} {client_preload}: {:?} {}",
+        so.status,
+        String::from_utf8_lossy(&so.stderr)
+    );
+    (
+        String::from_utf8_lossy(&so.stdout).into_owned(),
+        String::from_utf8_lossy(&cli.stdout).into_owned(),
+    )
+}
+
+fn assert_same(plain: &str, other: &str, what: &str) {
+    for (k, (a, b)) in plain.lines().zip(other.lines()).enumerate() {
+        assert_eq!(a, b, "{what}: line {} differs from the plain run", k + 1);
+    }
+    assert_eq!(plain.lines().count(), other.lines().count(), "{what}");
+}
+
+/// The conformance test: the same scripted calls (tests/conform.c:
+/// non-blocking connect, refused and accepted, with poll and edge-triggered
+/// epoll; SO_ERROR; socket options; getsockname/getpeername; MSG_PEEK;
+/// FIONREAD; partial reads under EPOLLET; select/pselect; EPOLLONESHOT in
+/// an epoll set inside another; reads through dup(); sendfile; half close
+/// with EPOLLRDHUP; EPOLLHUP; EPIPE and SIGPIPE after the peer closed) give the same results, errno values and readiness events under
+/// smc_run, both sides over SMC-R, as plain.
+#[test]
+fn conformance_under_smc_run_as_plain_tcp() {
+    let s = setup("conform");
+    let (ps, pc) = conform_run(&s, false, false);
+    // what the script must have exercised (on plain TCP)
+    for l in [
+        "client connect = -1 EINPROGRESS",
+        "client SO_ERROR refused ECONNREFUSED",
+        "client epoll refused: OUT ERR HUP",
+        "client epoll connected: OUT",
+        "client epoll after a partial read (ET): none",
+        "client epoll peer closed: IN OUT HUP RDHUP",
+        "client write after the peer closed: EPIPE, SIGPIPE 1",
+        "server epoll half close: IN RDHUP",
+        "server FIONREAD = 5",
+        "client epoll outer: IN",
+        "client epoll ONESHOT again: none",
+        "client epoll ONESHOT re-armed: IN",
+        "client pselect = 1",
+        "client sendfile 300000 bytes equal 1",
+    ] {
+        assert!(pc.contains(l) || ps.contains(l), "plain run lacks {l:?}");
+    }
+    assert!(s.modes().is_empty());
+    let (ss, sc) = conform_run(&s, true, true);
+    assert_same(&ps, &ss, "server under smc_run");
+    assert_same(&pc, &sc, "client under smc_run");
+    // the script's three connections, both ends
+    let modes = s.modes();
+    assert_eq!(modes.len(), 6, "{modes:?}");
+    assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
+}
+
+/// The same with one side plain: the other falls back, transparently.
+#[test]
+fn conformance_with_one_side_plain_as_plain_tcp() {
+    let s = setup("conform-fallback");
+    let (ps, pc) = conform_run(&s, false, false);
+    for (sp, cp) in [(true, false), (false, true)] {
+        let _ = std::fs::remove_file(s.dir.join("state"));
+        let (ss, sc) = conform_run(&s, sp, cp);
+        assert_same(&ps, &ss, &format!("server (smc_run: {sp})"));
+        assert_same(&pc, &sc, &format!("client (smc_run: {cp})"));
+        let modes = s.modes();
+        assert_eq!(modes.len(), 3, "{modes:?}");
+        assert!(
+            modes
+                .iter()
+                .all(|m| m.ends_with("(peer did not indicate SMC)")),
+            "{modes:?}"
+        );
+    }
+}
+
+/// A non-blocking connect whose handshake the peer breaks (its SYN-ACK
+/// offers SMC, then it answers the CLC proposal with bytes that are no CLC
+/// message) ends with an error in SO_ERROR, as a failed connect does.
+#[test]
+fn a_broken_handshake_after_a_non_blocking_connect_is_an_so_error() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+    let s = setup("broken-handshake");
+    let exe = conform_program(&s);
+    // a listener opted in to the SMC option, that speaks no CLC
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        None,
+    )
+    .unwrap();
+    assert!(smc::opt_in(sock.as_fd()), "the rendezvous (root)");
+    rustix::net::bind(
+        &sock,
+        &"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap(),
+    )
+    .unwrap();
+    rustix::net::listen(&sock, 4).unwrap();
+    let l = std::net::TcpListener::from(sock);
+    let port = l.local_addr().unwrap().port();
+    let srv = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut proposal = [0u8; 8];
+        let _ = c.read(&mut proposal);
+        c.write_all(b"HTTP/1.0 400 Bad Request\r\n\r\n").unwrap();
+    });
+    let out = under(&s, true, &exe, &["connect", &port.to_string()])
+        .output()
+        .unwrap();
+    srv.join().unwrap();
+    let text = ok_output("conform connect", &out);
+    assert!(text.contains("connect connect = -1 EINPROGRESS"), "{text}");
+    assert!(text.contains("connect poll = 1"), "{text}");
+    assert!(text.contains("connect SO_ERROR EPROTO"), "{text}");
+}

@@ -1,0 +1,139 @@
+//! SMC-R connections and listening sockets across `fork()` and exec
+//! (tests/echo.c's forking client, tests/exec.c): a copy closed in a child,
+//! a connection inherited by a new image, a listening socket taken up by one.
+//! (root: the SYN-option rendezvous loads a BPF program.)
+
+mod common;
+
+use common::*;
+
+/// A child that closes its copy of an SMC-R connection (as one does before
+/// exec) leaves the parent's connection alone: the library is off in a
+/// forked child.
+#[test]
+fn a_forked_child_closing_its_copy_does_not_end_the_connection() {
+    let s = run_forked("fork", true, true, false, 4 << 20, true);
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+fn exec_program(s: &Setup) -> PathBuf {
+    let exe = s.dir.join("exec");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/exec.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(cc)
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(st.success(), "compiling exec.c");
+    exe
+}
+
+/// exec.c's server and client (`mode`: fork, self) under smc_run; returns
+/// the client's and the server's output.
+fn exec_run(tag: &str, mode: &str) -> (Setup, String, String) {
+    exec_run_with(tag, "server", &["client", mode])
+}
+
+fn exec_run_with(tag: &str, server: &str, client: &[&str]) -> (Setup, String, String) {
+    let s = setup(tag);
+    let exe = exec_program(&s);
+    let portfile = s.dir.join("port");
+    let mut srv = Server(
+        under(&s, true, &exe, &[server, portfile.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        if let Some(p) = std::fs::read_to_string(&portfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u16>().ok())
+        {
+            break p;
+        }
+        assert!(Instant::now() < end, "the server did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let port = port.to_string();
+    let args: Vec<&str> = [client[0], &port]
+        .into_iter()
+        .chain(client[1..].iter().copied())
+        .collect();
+    let mut cli = under(&s, true, &exe, &args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // (no hang: the new image's calls must not block)
+    let end = Instant::now() + Duration::from_secs(30);
+    while cli.try_wait().unwrap().is_none() {
+        if Instant::now() > end {
+            let _ = cli.kill();
+            let _ = cli.wait();
+            panic!("the client hangs after the exec");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = cli.wait_with_output().unwrap();
+    let cli_text = ok_output("exec client", &out);
+    // the server learns that the connection ended (it does not hang either)
+    let end = Instant::now() + Duration::from_secs(30);
+    while srv.0.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < end,
+            "the server never saw the connection end"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut srv_text = String::new();
+    use std::io::Read;
+    srv.0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut srv_text)
+        .unwrap();
+    (s, cli_text, srv_text)
+}
+
+const AFTER_EXEC: &str = "after poll=1 hup=1 read=ENOTCONN write=EPIPE peer=ENOTCONN\n";
+
+/// fork + exec with an SMC-R connection's descriptor inherited (inetd,
+/// CGI): the new image's descriptor is a connection that is gone (clear
+/// errors at once, no hang, nothing sent anywhere), and the parent keeps
+/// using the connection.
+#[test]
+fn an_smc_r_connection_inherited_across_fork_and_exec_is_a_clear_error_there() {
+    let (s, cli, srv) = exec_run("exec-fork", "fork");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    // the server echoed both pings and nothing else
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// An exec of the process itself: the same for the new image; the
+/// connection went with the old one, and the peer sees it end.
+#[test]
+fn an_smc_r_connection_surviving_exec_is_a_clear_error_in_the_new_image() {
+    let (s, cli, srv) = exec_run("exec-self", "self");
+    assert_eq!(cli, AFTER_EXEC);
+    assert!(
+        srv.starts_with("server end ") && srv.ends_with(" after 5\n"),
+        "{srv}"
+    );
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A listening socket that crosses an exec (nginx's binary upgrade): the
+/// new image's library takes it up (the image before opted it in, so the
+/// kernel offers SMC in its SYN-ACKs), and its connections are SMC-R with
+/// the data intact.
+#[test]
+fn a_listening_socket_inherited_across_exec_accepts_smc_r() {
+    let (s, cli, srv) = exec_run_with("exec-listen", "server-exec", &["pings"]);
+    assert_eq!(cli, "pings ok\n");
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}

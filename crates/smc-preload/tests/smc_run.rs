@@ -1,0 +1,195 @@
+//! `smc_run` itself: its options, messages and exit codes as smc-tools'
+//! (tools.md §2.1), and the port and destination lists (`-p`, `-a`) that
+//! limit which connections are converted. (root: the SYN-option rendezvous
+//! loads a BPF program.)
+
+mod common;
+
+use common::*;
+
+/// smc-tools' options, messages and exit codes (tools.md §2.1).
+#[test]
+fn smc_run_options_as_smc_tools() {
+    let h = smc_run(&["-h"]);
+    assert!(h.status.success());
+    let text = String::from_utf8_lossy(&h.stdout);
+    assert!(text.starts_with(
+        "Usage: smc_run [ OPTIONS ] COMMAND\n\nRun COMMAND using SMC for TCP sockets\n"
+    ));
+    assert!(text.contains("   -r <SIZE>  request receive buffer size in Bytes\n"));
+    let v = smc_run(&["-v"]);
+    assert!(String::from_utf8_lossy(&v.stdout).starts_with("smc_run utility, smc-tools-1.8.5"));
+    let x = smc_run(&["-x", "true"]);
+    assert_eq!(x.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&x.stderr),
+        "smc_run: Error: Invalid option: -x\n"
+    );
+    let m = smc_run(&["-d"]);
+    assert_eq!(m.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&m.stderr),
+        "smc_run: Error: Missing command parameter\n"
+    );
+    let b = smc_run(&["-r", "12q", "true"]);
+    assert_eq!(b.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&b.stderr),
+        "Error: Invalid buffer size specified: '12q'\n"
+    );
+    // the environment the command gets
+    let e = Command::new(SMC_RUN)
+        .args([
+            "-d",
+            "-t",
+            "64k",
+            "sh",
+            "-c",
+            "echo $SMC_DEBUG $SMC_SNDBUF $LD_PRELOAD",
+        ])
+        .env("LD_PRELOAD", "")
+        .output()
+        .unwrap();
+    assert!(e.status.success());
+    let out = String::from_utf8_lossy(&e.stdout);
+    assert!(out.starts_with("1 65536 /"), "{out}");
+    assert!(out.trim_end().ends_with("libsmc_preload.so"), "{out}");
+}
+
+/// python3's http.server on a port of ours and curl, both under smc_run
+/// with `srv_env` and `cli_env`; returns the run and curl's stderr (where
+/// `-d` says how each connection runs).
+fn http_selected(
+    tag: &str,
+    srv_env: &[(&str, String)],
+    cli_env: &[(&str, String)],
+) -> (Setup, u16, String) {
+    let s = setup(tag);
+    let www = s.dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let body = blob(1 << 20);
+    std::fs::write(www.join("blob"), &body).unwrap();
+    let port = free_port();
+    let mut srv = under(
+        &s,
+        true,
+        &program("python3"),
+        &[
+            "-u",
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+        ],
+    );
+    srv.arg(&www)
+        .envs(srv_env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = Server(srv.spawn().unwrap());
+    wait_for_line(&mut child.0, "Serving HTTP");
+    let url = format!("http://127.0.0.1:{port}/blob");
+    let out = Command::new(SMC_RUN)
+        .args(["-d", program("curl").to_str().unwrap(), "-sf", &url])
+        .env("SMC_RDMA_SHM_CONFIG", s.dir.join("shm.conf"))
+        .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
+        .env("SMC_RUN_STATE", s.dir.join("state"))
+        .env_remove("LD_PRELOAD")
+        .envs(cli_env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl: {:?}", out.status);
+    assert_eq!(sha256(&out.stdout), sha256(&body), "the body curl got");
+    drop(child);
+    (s, port, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `SMC_RUN_PORTS` / `SMC_RUN_DESTS` (`smc_run -p` / `-a`): connections and
+/// listeners outside the lists stay plain TCP (no SMC option in their SYN
+/// or SYN-ACK, so the peer falls back too), those inside get SMC-R; `-d`
+/// says which and why for each connection.
+#[test]
+fn ports_and_destinations_limit_what_is_converted() {
+    let v = |s: &str| s.to_string();
+    // a client whose destination port is not listed
+    let (s, _, err) = http_selected("sel-port", &[], &[("SMC_RUN_PORTS", v("1-1000"))]);
+    let m = s.modes();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().any(|l| l.starts_with("connect") && l.ends_with("TCP (not selected by SMC_RUN_PORTS)")), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("accept") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    assert!(err.contains("TCP (not selected by SMC_RUN_PORTS)"), "{err}");
+    // a client whose destination address is not listed
+    let (s, _, _) = http_selected("sel-dest", &[], &[("SMC_RUN_DESTS", v("10.0.0.0/8,::1"))]);
+    let m = s.modes();
+    assert!(m.iter().any(|l| l.starts_with("connect") && l.ends_with("TCP (not selected by SMC_RUN_DESTS)")), "{m:?}");
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("accept") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    // a server whose port is not listed: its listener stays TCP
+    let (s, port, _) = http_selected("sel-listen", &[("SMC_RUN_PORTS", v("1"))], &[]);
+    let m = s.modes();
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with(&format!("listen 127.0.0.1:{port} - TCP (not selected"))),
+        "{m:?}"
+    );
+    assert!(
+        m.iter()
+            .any(|l| l.starts_with("connect") && l.ends_with(FALLBACK)),
+        "{m:?}"
+    );
+    assert!(!m.iter().any(|l| l.starts_with("accept")), "{m:?}");
+    // both lists naming the connection: SMC-R both ends
+    let (s, _, err) = http_selected(
+        "sel-both",
+        &[("SMC_RUN_PORTS", v("1024-65535"))],
+        &[
+            ("SMC_RUN_PORTS", v("1024-65535")),
+            ("SMC_RUN_DESTS", v("127.0.0.0/8")),
+        ],
+    );
+    let m = s.modes();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
+    assert!(err.contains(" SMC-R"), "{err}");
+}
+
+/// `smc_run -p` / `-a` set the lists; lists it cannot read are refused
+/// before the command runs.
+#[test]
+fn smc_run_checks_and_passes_the_lists() {
+    let e = smc_run(&[
+        "-p",
+        "80,8000-8100",
+        "-a",
+        "10.0.0.0/8",
+        "sh",
+        "-c",
+        "echo $SMC_RUN_PORTS $SMC_RUN_DESTS",
+    ]);
+    assert!(e.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&e.stdout),
+        "80,8000-8100 10.0.0.0/8\n"
+    );
+    let b = smc_run(&["-p", "80-70", "true"]);
+    assert_eq!(b.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&b.stderr).starts_with("smc_run: Error: invalid port range"));
+    let b = Command::new(SMC_RUN)
+        .args(["true"])
+        .env("SMC_RUN_DESTS", "10.0.0.0/40")
+        .output()
+        .unwrap();
+    assert_eq!(b.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&b.stderr).contains("invalid address or prefix"));
+    let h = smc_run(&["-h"]);
+    assert!(String::from_utf8_lossy(&h.stdout).contains("-p <PORTS>"));
+}
