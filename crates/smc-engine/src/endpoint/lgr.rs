@@ -11,6 +11,7 @@
 //! `smcr_lgr_conn_assign_link`), smc_ib.c `smc_ib_ready_link`.
 
 use super::conn::Phase;
+use super::events::AbortCause;
 use super::gid::LocalGid;
 use super::link::LinkRes;
 use super::rkey::RkeyFlow;
@@ -221,6 +222,7 @@ impl<P: Provider> Endpoint<P> {
                         // the Confirm establishes ours and the kill follows.
                         Some(HandshakePhase::AwaitConfirm) => {}
                         Some(HandshakePhase::Smc) => {
+                            self.event_aborted(id, AbortCause::GroupTerminated);
                             if let Some(c) = self.conn(id) {
                                 c.closer.handle(CloseEvent::Kill { can_send: false });
                             }
