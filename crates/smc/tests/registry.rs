@@ -121,6 +121,10 @@ fn a_process_publishes_its_sockets_link_groups_and_counters() {
     assert_eq!(c["smc"]["client"].as_u64(), Some(1), "{c}");
     assert_eq!(c["smc"]["server"].as_u64(), Some(1));
     assert_eq!(c["fallback"]["client"].as_u64(), Some(1));
+    // the engine's events: each side's link came up once, nothing went down
+    assert_eq!(c["link_up"].as_u64(), Some(2), "{c}");
+    assert_eq!(c["link_down"].as_u64(), Some(0), "{c}");
+    assert_eq!(c["aborts"].as_u64(), Some(0), "{c}");
     assert_eq!(
         c["fallback_reasons"]["client"]["0x03010000"].as_u64(),
         Some(1)

@@ -125,6 +125,11 @@ impl<P: Provider> Endpoint<P> {
         self.events.q.pop_front()
     }
 
+    /// The device this endpoint runs on.
+    pub fn device_name(&self) -> &str {
+        &self.cfg.device
+    }
+
     /// Events dropped because the queue was full.
     pub fn events_lost(&self) -> u64 {
         self.events.lost
