@@ -301,6 +301,25 @@ pub struct LgrDiag {
     pub gid: smc_wire::types::Gid,
     /// Its links, by slot.
     pub links: Vec<LinkDiag>,
+    /// The peer's first-contact extension (v2 groups; Linux's
+    /// `SMC_NLA_LGR_V2_*`, kept by smc_clc.c `smc_conn_save_peer_info_fce`):
+    /// its host name, OS type (1 z/OS, 2 Linux, 3 AIX) and whether it
+    /// reaches us directly (no gateway, its `v2_direct` bit).
+    pub peer_v2: Option<PeerV2>,
+    /// The EID the v2 first contact agreed on.
+    pub eid: Option<smc_wire::types::Eid>,
+}
+
+/// What a v2 peer's first-contact extension (CLC Accept or Confirm) says
+/// about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerV2 {
+    /// Host name (blanks trimmed).
+    pub host: String,
+    /// OS type.
+    pub os: u8,
+    /// No gateway between the peers.
+    pub direct: bool,
 }
 
 /// Messages an endpoint has sent and received on its links, over its life.

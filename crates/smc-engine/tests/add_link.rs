@@ -388,3 +388,52 @@ fn a_qp_failure_yields_link_down_and_moved_events() {
     assert!(moved.iter().all(|&(_, f, t)| f == slot && t != slot));
     assert_eq!(w.client.events_lost(), 0);
 }
+
+/// A v2 link group keeps what the peer's first-contact extension said (its
+/// host name, OS type, direct path) and the agreed EID, on both sides
+/// (the client from the Accept, the server from the Confirm), for
+/// `smcr -d linkgroup`; a v1 group has none of them.
+#[test]
+fn a_v2_group_keeps_the_peers_host_os_and_the_eid() {
+    use smc_wire::types::Eid;
+    for v2 in [true, false] {
+        let mut w = World::with_seed(
+            5,
+            EndpointConfig {
+                hostname: "client-host".into(),
+                ..config("simC", 0x1111, 1, v2)
+            },
+            EndpointConfig {
+                hostname: "server-host".into(),
+                ..config("simS", 0x2222, 2, v2)
+            },
+        );
+        let t = smc(&mut w);
+        let dc = w
+            .client
+            .lgr_diag(w.client.link_group_of(t.c).unwrap())
+            .unwrap();
+        let ds = w
+            .server
+            .lgr_diag(w.server.link_group_of(t.s).unwrap())
+            .unwrap();
+        if !v2 {
+            assert_eq!((dc.peer_v2, dc.eid), (None, None));
+            assert_eq!((ds.peer_v2, ds.eid), (None, None));
+            continue;
+        }
+        let eid = Some(Eid::parse_ueid("SMC-TEST-UEID").unwrap());
+        let pc = dc.peer_v2.expect("client keeps the server's extension");
+        assert_eq!(
+            (pc.host.as_str(), pc.os, pc.direct),
+            ("server-host", 2, true)
+        );
+        assert_eq!(dc.eid, eid);
+        let ps = ds.peer_v2.expect("server keeps the client's extension");
+        assert_eq!(
+            (ps.host.as_str(), ps.os, ps.direct),
+            ("client-host", 2, true)
+        );
+        assert_eq!(ds.eid, eid);
+    }
+}

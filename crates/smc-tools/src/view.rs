@@ -350,6 +350,17 @@ pub fn linkgroup_show(procs: &Procs, o: &SmcrOpts, id: Option<u32>) -> String {
                 let _ = writeln!(out, "Version  : {}", u(&lg["version"]));
                 if u(&lg["version"]) >= 2 {
                     let _ = writeln!(out, "Peer-Rel : {}", u(&lg["release"]));
+                    // (registries before these fields have none of them)
+                    if let Some(host) = lg["peer_host"].as_str() {
+                        let _ = writeln!(out, "Peer-Host: {host}");
+                        let _ = writeln!(out, "Peer-OS  : {}", os_name(u(&lg["peer_os"])));
+                        let direct = lg["direct"].as_bool().unwrap_or(false);
+                        let _ = writeln!(out, "Direct   : {}", if direct { "Yes" } else { "No" });
+                    }
+                    if let Some(eid) = lg["eid"].as_str() {
+                        // (smc-tools prints the 32 blank-padded characters)
+                        let _ = writeln!(out, "EID      : {eid:<32}");
+                    }
                 }
                 let _ = writeln!(out, "Peer-SID : {}", s(&lg["peer_system_id"]));
                 let _ = writeln!(out, "#Conns   : {}", u(&lg["conns"]));
@@ -361,6 +372,17 @@ pub fn linkgroup_show(procs: &Procs, o: &SmcrOpts, id: Option<u32>) -> String {
         }
     }
     out
+}
+
+/// The peer's OS type as smc-tools names it (CLC first-contact extension:
+/// 1 z/OS, 2 Linux, 3 AIX).
+fn os_name(os: u64) -> String {
+    match os {
+        1 => "ZOS".into(),
+        2 => "LINUX".into(),
+        3 => "AIX".into(),
+        n => format!("Unknown (0x{n:02x})"),
+    }
 }
 
 /// `smcr linkgroup link-show`, with `ibdev`/`netdev` filters.

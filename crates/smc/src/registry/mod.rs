@@ -1007,6 +1007,11 @@ impl Registry {
                 "conns": conns,
                 "version": g.version,
                 "release": g.release,
+                // (v2: the peer's first-contact extension, the agreed EID)
+                "peer_host": g.peer_v2.as_ref().map(|p| p.host.clone()),
+                "peer_os": g.peer_v2.as_ref().map(|p| p.os),
+                "direct": g.peer_v2.as_ref().map(|p| p.direct),
+                "eid": g.eid.map(|e| String::from_utf8_lossy(&e.0).trim_end_matches([' ', '\0']).to_string()),
                 "peer_system_id": g.peer_system_id.0.iter().map(|b| format!("{b:02x}")).collect::<String>(),
                 "gid": gid_str(&g.gid),
                 "links": links,
