@@ -107,6 +107,8 @@ pub enum EngineEvent {
 pub(super) struct Events {
     q: VecDeque<EngineEvent>,
     lost: u64,
+    /// Buffer events, counted only (see [`crate::state::BufCounts`]).
+    pub(super) bufs: crate::state::BufCounts,
 }
 
 impl Events {
@@ -123,6 +125,11 @@ impl<P: Provider> Endpoint<P> {
     /// The oldest event not yet taken, if any.
     pub fn poll_event(&mut self) -> Option<EngineEvent> {
         self.events.q.pop_front()
+    }
+
+    /// Buffer events so far (`smcr stats`).
+    pub fn buf_counts(&self) -> crate::state::BufCounts {
+        self.events.bufs
     }
 
     /// The device this endpoint runs on.

@@ -285,7 +285,7 @@ impl<P: Provider> Endpoint<P> {
             .get_mut(l)
             .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such link group".into()))?;
-        let (rmb, sndbuf) = lg.take_bufs(rmb_len, sndbuf_len)?;
+        let (rmb, sndbuf) = lg.take_bufs(rmb_len, sndbuf_len, &mut self.events.bufs)?;
         let c = self
             .conns
             .get_mut(id)
