@@ -130,6 +130,10 @@ fn a_process_publishes_its_sockets_link_groups_and_counters() {
     assert_eq!(c["link_up"].as_u64(), Some(2), "{c}");
     assert_eq!(c["link_down"].as_u64(), Some(0), "{c}");
     assert_eq!(c["aborts"].as_u64(), Some(0), "{c}");
+    // each side registered an RMB and a send buffer, none from a pool
+    assert_eq!(c["rmb_alloc"].as_u64(), Some(2), "{c}");
+    assert_eq!(c["sndbuf_alloc"].as_u64(), Some(2), "{c}");
+    assert_eq!(c["rmb_reuse"].as_u64(), Some(0), "{c}");
     assert_eq!(
         c["fallback_reasons"]["client"]["0x03010000"].as_u64(),
         Some(1)

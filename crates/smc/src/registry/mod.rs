@@ -30,7 +30,7 @@ use crate::stream::Mode;
 use serde_json::{json, Value};
 use smc_config::store::Table;
 use smc_engine::endpoint::{ConnId, Endpoint, EngineEvent};
-use smc_engine::state::{ConnDiag, LgrDiag, MsgCounts};
+use smc_engine::state::{BufCounts, ConnDiag, LgrDiag, MsgCounts};
 use smc_proto::close::CloseState;
 use smc_proto::link::LinkState;
 use std::any::Any;
@@ -820,6 +820,7 @@ impl Registry {
         // every endpoint's link groups and message counts, one lock each
         let mut groups: Vec<LgrSeen> = Vec::new();
         let mut msgs = MsgCounts::default();
+        let mut bufs = BufCounts::default();
         for (di, (_, sh)) in eps.iter().enumerate() {
             let ep = sh.lock();
             let m = ep.msg_counts();
@@ -827,6 +828,13 @@ impl Registry {
             msgs.cdc_received += m.cdc_received;
             msgs.llc_sent += m.llc_sent;
             msgs.llc_received += m.llc_received;
+            let b = ep.buf_counts();
+            bufs.alloc += b.alloc;
+            bufs.reuse += b.reuse;
+            bufs.rmb_downgrade += b.rmb_downgrade;
+            bufs.tx_full += b.tx_full;
+            bufs.tx_too_small += b.tx_too_small;
+            bufs.tx_peer_too_small += b.tx_peer_too_small;
             let n = ep.link_groups();
             let (mut found, mut l) = (0, 0);
             while found < n && l < 4096 {
@@ -1098,6 +1106,16 @@ impl Registry {
                 "cdc_received": msgs.cdc_received,
                 "llc_sent": msgs.llc_sent,
                 "llc_received": msgs.llc_received,
+                // (the engine takes and registers an RMB and a send buffer
+                // together: each count is half of its pairs)
+                "rmb_alloc": bufs.alloc / 2,
+                "sndbuf_alloc": bufs.alloc / 2,
+                "rmb_reuse": bufs.reuse / 2,
+                "sndbuf_reuse": bufs.reuse / 2,
+                "rmb_downgrade": bufs.rmb_downgrade,
+                "tx_full": bufs.tx_full,
+                "tx_too_small": bufs.tx_too_small,
+                "tx_peer_too_small": bufs.tx_peer_too_small,
                 "link_up": self.link_up.load(Relaxed),
                 "link_down": self.link_down.load(Relaxed),
                 "conn_moves": self.failover.load(Relaxed),
