@@ -119,6 +119,7 @@ mod cdc_recv;
 mod cdc_send;
 mod close;
 mod conn;
+mod events;
 mod extra_link;
 mod failover;
 mod gid;
@@ -140,6 +141,7 @@ mod write;
 
 pub use close::PEER_GONE_GRACE;
 pub use conn::{ConnError, ConnStatus};
+pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};
 pub use extra_link::LinkOffer;
 pub use lease::{ReadLease, ReadPlan, WriteLease, WritePlan};
 
@@ -257,6 +259,8 @@ pub struct Endpoint<P: Provider> {
     now: Timestamp,
     /// Whether link groups add further links (`endpoint/add_link.rs`).
     redundancy: smc_proto::link::Redundancy,
+    /// Link and connection events for the driver (`endpoint/events.rs`).
+    events: events::Events,
 }
 
 /// Provider errors.
@@ -317,6 +321,7 @@ impl<P: Provider> Endpoint<P> {
             tokens_wrapped: false,
             now: Duration::ZERO,
             redundancy: smc_proto::link::Redundancy::default(),
+            events: events::Events::default(),
         })
     }
 }

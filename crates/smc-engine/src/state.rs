@@ -301,6 +301,47 @@ pub struct LgrDiag {
     pub gid: smc_wire::types::Gid,
     /// Its links, by slot.
     pub links: Vec<LinkDiag>,
+    /// The peer's first-contact extension (v2 groups; Linux's
+    /// `SMC_NLA_LGR_V2_*`, kept by smc_clc.c `smc_conn_save_peer_info_fce`):
+    /// its host name, OS type (1 z/OS, 2 Linux, 3 AIX) and whether it
+    /// reaches us directly (no gateway, its `v2_direct` bit).
+    pub peer_v2: Option<PeerV2>,
+    /// The EID the v2 first contact agreed on.
+    pub eid: Option<smc_wire::types::Eid>,
+}
+
+/// What a v2 peer's first-contact extension (CLC Accept or Confirm) says
+/// about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerV2 {
+    /// Host name (blanks trimmed).
+    pub host: String,
+    /// OS type.
+    pub os: u8,
+    /// No gateway between the peers.
+    pub direct: bool,
+}
+
+/// Buffer events of an endpoint over its life, as Linux counts them for
+/// `smcr stats` (smc_stats.h `SMC_STAT_RMB_*`): buffers registered anew
+/// and taken from a link group's pool, RMBs smaller than configured
+/// because the wanted size could not be registered, writes that found the
+/// send buffer full (once per wait, smc_tx.c `smc_tx_sendmsg`), and writes
+/// larger than the whole send buffer or the peer's RMB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BufCounts {
+    /// RMBs and send buffers registered (`SMC_STAT_RMB_ALLOC`).
+    pub alloc: u64,
+    /// RMBs and send buffers reused from a pool (`SMC_STAT_RMB_REUSE`).
+    pub reuse: u64,
+    /// RMBs registered smaller than wanted (`SMC_STAT_RMB_DOWNGRADE`).
+    pub rmb_downgrade: u64,
+    /// Writes that found the send buffer full (`SMC_STAT_RMB_TX_FULL`).
+    pub tx_full: u64,
+    /// Writes larger than the send buffer (`SMC_STAT_RMB_TX_SIZE_SMALL`).
+    pub tx_too_small: u64,
+    /// Writes larger than the peer's RMB (`SMC_STAT_RMB_TX_PEER_SIZE_SMALL`).
+    pub tx_peer_too_small: u64,
 }
 
 /// Messages an endpoint has sent and received on its links, over its life.

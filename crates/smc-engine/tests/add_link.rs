@@ -316,3 +316,124 @@ fn a_confirm_read_on_a_link_that_just_failed_fails_over_instead_of_aborting() {
         assert_eq!(w.server.link_group_state(ls), Some(LgrState::Active));
     }
 }
+
+/// A QP failure on a two-link group is reported as events the driver
+/// drains (`Endpoint::poll_event`): on the side whose QP failed, the link
+/// down (reason `Failure`) and every connection of that link moved to the
+/// other; links up for both links before.
+#[test]
+fn a_qp_failure_yields_link_down_and_moved_events() {
+    use smc_engine::endpoint::EngineEvent;
+    use smc_proto::link::DownReason;
+    let mut w = world(true, true);
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    let ts: Vec<Tcp> = (0..5).map(|_| smc(&mut w)).collect();
+    let mut all: Vec<&Tcp> = ts.iter().collect();
+    all.push(&t0);
+    let usable = w.client.usable_links(lc);
+    assert_eq!(usable.len(), 2);
+    let mut ups = Vec::new();
+    while let Some(e) = w.client.poll_event() {
+        if let EngineEvent::LinkUp { lgr, slot, .. } = e {
+            assert_eq!(lgr, lc);
+            ups.push(slot);
+        }
+    }
+    ups.sort_unstable();
+    assert_eq!(ups, usable, "a link-up event for each link");
+    let slot = usable[0];
+    let on_it: Vec<usize> = all
+        .iter()
+        .filter(|t| w.client.link_of(t.c) == Some(slot))
+        .map(|t| t.c)
+        .collect();
+    assert!(!on_it.is_empty());
+    let qpn = w.client.link_qp_num(lc, slot).unwrap();
+    let fabric = w.fabric.clone();
+    streams(&mut w, &all, 100_000, |_, step| {
+        if step == 20 {
+            fabric.fail_qp(qpn);
+        }
+    });
+    let (mut down, mut moved) = (Vec::new(), Vec::new());
+    while let Some(e) = w.client.poll_event() {
+        match e {
+            EngineEvent::LinkDown {
+                lgr,
+                slot: s,
+                reason,
+                ..
+            } if lgr == lc => down.push((s, reason)),
+            EngineEvent::ConnMoved {
+                lgr,
+                conn,
+                from,
+                to,
+                ..
+            } if lgr == lc => moved.push((conn, from, to)),
+            EngineEvent::ConnAborted { conn, cause, .. } => {
+                panic!("connection {conn} aborted ({cause:?})")
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(down.first(), Some(&(slot, DownReason::Failure)));
+    let mut conns: Vec<usize> = moved.iter().map(|m| m.0).collect();
+    conns.sort_unstable();
+    let mut want = on_it.clone();
+    want.sort_unstable();
+    assert_eq!(conns, want, "each connection of the failed link moved once");
+    assert!(moved.iter().all(|&(_, f, t)| f == slot && t != slot));
+    assert_eq!(w.client.events_lost(), 0);
+}
+
+/// A v2 link group keeps what the peer's first-contact extension said (its
+/// host name, OS type, direct path) and the agreed EID, on both sides
+/// (the client from the Accept, the server from the Confirm), for
+/// `smcr -d linkgroup`; a v1 group has none of them.
+#[test]
+fn a_v2_group_keeps_the_peers_host_os_and_the_eid() {
+    use smc_wire::types::Eid;
+    for v2 in [true, false] {
+        let mut w = World::with_seed(
+            5,
+            EndpointConfig {
+                hostname: "client-host".into(),
+                ..config("simC", 0x1111, 1, v2)
+            },
+            EndpointConfig {
+                hostname: "server-host".into(),
+                ..config("simS", 0x2222, 2, v2)
+            },
+        );
+        let t = smc(&mut w);
+        let dc = w
+            .client
+            .lgr_diag(w.client.link_group_of(t.c).unwrap())
+            .unwrap();
+        let ds = w
+            .server
+            .lgr_diag(w.server.link_group_of(t.s).unwrap())
+            .unwrap();
+        if !v2 {
+            assert_eq!((dc.peer_v2, dc.eid), (None, None));
+            assert_eq!((ds.peer_v2, ds.eid), (None, None));
+            continue;
+        }
+        let eid = Some(Eid::parse_ueid("SMC-TEST-UEID").unwrap());
+        let pc = dc.peer_v2.expect("client keeps the server's extension");
+        assert_eq!(
+            (pc.host.as_str(), pc.os, pc.direct),
+            ("server-host", 2, true)
+        );
+        assert_eq!(dc.eid, eid);
+        let ps = ds.peer_v2.expect("server keeps the client's extension");
+        assert_eq!(
+            (ps.host.as_str(), ps.os, ps.direct),
+            ("client-host", 2, true)
+        );
+        assert_eq!(ds.eid, eid);
+    }
+}

@@ -203,6 +203,9 @@ struct St {
     trace: Vec<String>,
     /// Devices' inline limit (see [`SimFabric::set_max_inline`]).
     max_inline: u32,
+    /// Largest memory region that can be registered (see
+    /// [`SimFabric::set_max_mr_len`]).
+    max_mr_len: usize,
 }
 
 impl St {
@@ -633,6 +636,7 @@ impl SimFabric {
                 next_id: 0,
                 trace: vec![],
                 max_inline: MAX_INLINE,
+                max_mr_len: usize::MAX,
             })),
         }
     }
@@ -718,6 +722,12 @@ impl SimFabric {
     /// QPs are created.
     pub fn set_max_inline(&self, max_inline: u32) {
         self.st().max_inline = max_inline;
+    }
+
+    /// Fault: memory regions larger than `len` bytes cannot be registered
+    /// (as a device out of resources refuses them).
+    pub fn set_max_mr_len(&self, len: usize) {
+        self.st().max_mr_len = len;
     }
 
     /// Sets base one-way latency and uniform jitter (0..=jitter, seeded).
@@ -954,6 +964,12 @@ impl ProtectionDomain for SimPd {
             return Err(Error::InvalidArgument("zero-length memory region".into()));
         }
         let mut st = self.f.st();
+        if len > st.max_mr_len {
+            return Err(Error::InvalidArgument(format!(
+                "memory region of {len} bytes: the device registers at most {}",
+                st.max_mr_len
+            )));
+        }
         let key = st.id();
         let addr = 0x7f00_0000_0000u64 + ((key as u64) << 24);
         st.mrs.insert(

@@ -350,6 +350,17 @@ pub fn linkgroup_show(procs: &Procs, o: &SmcrOpts, id: Option<u32>) -> String {
                 let _ = writeln!(out, "Version  : {}", u(&lg["version"]));
                 if u(&lg["version"]) >= 2 {
                     let _ = writeln!(out, "Peer-Rel : {}", u(&lg["release"]));
+                    // (registries before these fields have none of them)
+                    if let Some(host) = lg["peer_host"].as_str() {
+                        let _ = writeln!(out, "Peer-Host: {host}");
+                        let _ = writeln!(out, "Peer-OS  : {}", os_name(u(&lg["peer_os"])));
+                        let direct = lg["direct"].as_bool().unwrap_or(false);
+                        let _ = writeln!(out, "Direct   : {}", if direct { "Yes" } else { "No" });
+                    }
+                    if let Some(eid) = lg["eid"].as_str() {
+                        // (smc-tools prints the 32 blank-padded characters)
+                        let _ = writeln!(out, "EID      : {eid:<32}");
+                    }
                 }
                 let _ = writeln!(out, "Peer-SID : {}", s(&lg["peer_system_id"]));
                 let _ = writeln!(out, "#Conns   : {}", u(&lg["conns"]));
@@ -361,6 +372,17 @@ pub fn linkgroup_show(procs: &Procs, o: &SmcrOpts, id: Option<u32>) -> String {
         }
     }
     out
+}
+
+/// The peer's OS type as smc-tools names it (CLC first-contact extension:
+/// 1 z/OS, 2 Linux, 3 AIX).
+fn os_name(os: u64) -> String {
+    match os {
+        1 => "ZOS".into(),
+        2 => "LINUX".into(),
+        3 => "AIX".into(),
+        n => format!("Unknown (0x{n:02x})"),
+    }
 }
 
 /// `smcr linkgroup link-show`, with `ibdev`/`netdev` filters.
@@ -661,6 +683,36 @@ pub fn stats(c: &Value, gauges: (u64, u64), o: &SmcrOpts) -> String {
             usage,
             abbrev(usage)
         );
+        // (smc-rs counts no RX buffer full / too small and no TX buffer
+        // full at the peer: see the README)
+        let reqs = u(&c[format!("{dir}_cnt").as_str()]);
+        let pct = |out: &mut String, label: &str, n: u64| {
+            let p = if reqs == 0 {
+                0.0
+            } else {
+                n as f64 * 100.0 / reqs as f64
+            };
+            let _ = writeln!(out, "{label:<30}{n:>11} ({p:.2}%)");
+        };
+        if dir == "tx" {
+            pct(&mut out, "  Buffer full", u(&c["tx_full"]));
+            pct(&mut out, "  Buffer too small", u(&c["tx_too_small"]));
+            pct(
+                &mut out,
+                "  Buffer too small (remote)",
+                u(&c["tx_peer_too_small"]),
+            );
+        }
+        if o.details >= 1 {
+            let (down, reuse) = if dir == "rx" {
+                (u(&c["rmb_downgrade"]), u(&c["rmb_reuse"]))
+            } else {
+                // (send buffers are never downgraded)
+                (0, u(&c["sndbuf_reuse"]))
+            };
+            row(&mut out, "  Buffer downgrades", down);
+            row(&mut out, "  Buffer reuses", reuse);
+        }
         let bufs = if dir == "rx" {
             "rmb_hist"
         } else {
@@ -817,14 +869,54 @@ pub fn prometheus(c: &Value, gauges: (u64, u64)) -> String {
             "llc_received",
             "LLC messages received.",
         ),
-        ("smc_link_up_total", "link_up", "Links seen coming up."),
-        ("smc_link_down_total", "link_down", "Links seen going down."),
+        ("smc_link_up_total", "link_up", "Links that came up."),
+        ("smc_link_down_total", "link_down", "Links that went down."),
         (
             "smc_conn_moves_total",
             "conn_moves",
             "Connections moved to another link.",
         ),
         ("smc_aborts_total", "aborts", "Connections aborted."),
+        (
+            "smc_rmb_alloc_total",
+            "rmb_alloc",
+            "RMBs registered for connections.",
+        ),
+        (
+            "smc_sndbuf_alloc_total",
+            "sndbuf_alloc",
+            "Send buffers registered for connections.",
+        ),
+        (
+            "smc_rmb_reuse_total",
+            "rmb_reuse",
+            "RMBs reused from a link group's pool.",
+        ),
+        (
+            "smc_sndbuf_reuse_total",
+            "sndbuf_reuse",
+            "Send buffers reused from a link group's pool.",
+        ),
+        (
+            "smc_rmb_downgrade_total",
+            "rmb_downgrade",
+            "RMBs registered smaller than configured.",
+        ),
+        (
+            "smc_tx_full_total",
+            "tx_full",
+            "Writes that found the send buffer full (once per wait).",
+        ),
+        (
+            "smc_tx_too_small_total",
+            "tx_too_small",
+            "Writes larger than the send buffer.",
+        ),
+        (
+            "smc_tx_peer_too_small_total",
+            "tx_peer_too_small",
+            "Writes larger than the peer's RMB.",
+        ),
     ] {
         counter(name, help, vec![(String::new(), u(&c[key]))]);
     }

@@ -629,6 +629,7 @@ impl Shared {
         ep: &mut Endpoint<AnyProvider>,
     ) -> smc_engine::endpoint::Result<()> {
         let r = ep.pump(now());
+        crate::registry::engine_events(ep);
         let n = ep.completions();
         let moved = self.gen.swap(n, Ordering::AcqRel) != n;
         let t = ep.timer_events();

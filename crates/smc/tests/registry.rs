@@ -117,10 +117,23 @@ fn a_process_publishes_its_sockets_link_groups_and_counters() {
     assert_eq!(lg["conns"].as_u64(), Some(1));
     assert_eq!(lg["links"][0]["state"], "LINK_ACTIVE");
     assert_eq!(lg["links"][0]["conns"].as_u64(), Some(1));
+    // a v2 group keeps the peer's first-contact extension and the EID
+    // (v1 here, no UEID: a v2 group keeps the peer's first-contact
+    // extension and the EID, see smc-engine's tests/add_link.rs)
+    assert_eq!(lg["version"], 1, "{lg}");
+    assert!(lg["peer_host"].is_null() && lg["eid"].is_null(), "{lg}");
     let c = &v["counters"];
     assert_eq!(c["smc"]["client"].as_u64(), Some(1), "{c}");
     assert_eq!(c["smc"]["server"].as_u64(), Some(1));
     assert_eq!(c["fallback"]["client"].as_u64(), Some(1));
+    // the engine's events: each side's link came up once, nothing went down
+    assert_eq!(c["link_up"].as_u64(), Some(2), "{c}");
+    assert_eq!(c["link_down"].as_u64(), Some(0), "{c}");
+    assert_eq!(c["aborts"].as_u64(), Some(0), "{c}");
+    // each side registered an RMB and a send buffer, none from a pool
+    assert_eq!(c["rmb_alloc"].as_u64(), Some(2), "{c}");
+    assert_eq!(c["sndbuf_alloc"].as_u64(), Some(2), "{c}");
+    assert_eq!(c["rmb_reuse"].as_u64(), Some(0), "{c}");
     assert_eq!(
         c["fallback_reasons"]["client"]["0x03010000"].as_u64(),
         Some(1)

@@ -10,9 +10,10 @@
 //! `smc_cdc_msg_recv`).
 
 use super::conn::Phase;
+use super::events::AbortCause;
 use super::link::RECV_SLOT_LEN;
 use super::{ConnId, Endpoint, LgrId, Result};
-use smc_proto::close::CloseEvent;
+use smc_proto::close::{CloseEvent, CloseState};
 use smc_proto::Timestamp;
 use smc_rdma::{
     CompletionQueue, MemoryRegion, Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
@@ -131,14 +132,18 @@ impl<P: Provider> Endpoint<P> {
                 dp.urgent_taken();
             }
         }
-        match r {
+        let aborting =
+            |s: CloseState| matches!(s, CloseState::PeerAbortWait | CloseState::ProcessAbort);
+        let was_aborting = aborting(c.closer.state());
+        let cause = match r {
             Ok(r) if r.close.any() => {
                 let o = c.closer.handle(CloseEvent::Peer(r.close));
                 if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
                     dp.set_close_flags(f);
                 }
+                AbortCause::Peer
             }
-            Ok(_) => {}
+            Ok(_) => return,
             Err(v) => {
                 // A broken peer, or loss shown by a failover validation (§2.4):
                 // abort, with a CDC that says so.
@@ -147,7 +152,11 @@ impl<P: Provider> Endpoint<P> {
                 if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
                     dp.set_close_flags(f);
                 }
+                AbortCause::Violation
             }
+        };
+        if !was_aborting && aborting(c.closer.state()) {
+            self.event_aborted(id, cause);
         }
         // the peer's close may have been the last step: it may be freed
         if c.closer.is_finished() {

@@ -64,6 +64,7 @@ impl<P: Provider> Endpoint<P> {
     /// (which needs no rkey: it can go whatever became of the peer's RMB).
     pub(super) fn abort_now(&mut self, id: ConnId) {
         self.mark_tx(id);
+        self.event_aborted(id, super::events::AbortCause::Local);
         if let Some(c) = self.conn(id) {
             let o = c.closer.handle(CloseEvent::Kill { can_send: true });
             if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {

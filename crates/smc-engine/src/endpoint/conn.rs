@@ -182,6 +182,9 @@ pub(super) struct Conn<P: Provider> {
     /// A [`WriteLease`](super::WriteLease) is out: nothing else is written (or sent) until its
     /// commit, as it copies to where the next bytes go.
     pub(super) write_leased: bool,
+    /// A write found the send buffer full and none has taken bytes since
+    /// (the full send buffer is counted once per wait).
+    pub(super) tx_full_noted: bool,
     /// Something was refused because of a lease since the last
     /// [`Endpoint::take_lease_waited`].
     pub(super) lease_waited: bool,
@@ -237,6 +240,7 @@ impl<P: Provider> Endpoint<P> {
             direct_sent: 0,
             read_leased: false,
             write_leased: false,
+            tx_full_noted: false,
             lease_waited: false,
             peer_window: None,
             tx_dirty: false,

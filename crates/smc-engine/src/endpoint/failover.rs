@@ -10,6 +10,7 @@
 //! (`smcr_cdc_msg_send_validation`).
 
 use super::conn::Phase;
+use super::events::AbortCause;
 use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::{LgrAction, LgrEvent};
 use smc_proto::close::{CloseEvent, CloseFlags};
@@ -47,13 +48,20 @@ impl<P: Provider> Endpoint<P> {
                 }
                 let row = c.peer_rmb.map(|p| p.row);
                 match self.pick_link(l, row, Some(slot)) {
-                    Some(to) => self.failover(id, to),
+                    Some(to) => {
+                        if self.failover(id, to) {
+                            self.event_moved(l, id, slot, to);
+                        } else {
+                            self.event_aborted(id, AbortCause::FailoverLoss);
+                        }
+                    }
                     // No link has the peer's rkey for this RMB: it cannot be
                     // written any more. Abort; the abort CDC needs no rkey and
                     // goes out whatever the close state (a close CDC it may have
                     // owed could not go out either).
                     None => {
                         let to = self.pick_link(l, None, Some(slot));
+                        self.event_aborted(id, AbortCause::NoLink);
                         if let Some(c) = self.conn(id) {
                             c.link = to;
                             c.closer.handle(CloseEvent::Kill { can_send: true });
@@ -82,11 +90,12 @@ impl<P: Provider> Endpoint<P> {
     /// Moves connection `id` to link `to` because its link failed (§7.2): an
     /// established connection rewinds its sender and sends the failover
     /// validation CDC first; a handshake in progress is just re-pointed.
-    fn failover(&mut self, id: ConnId, to: usize) {
+    /// False if the connection was aborted instead.
+    fn failover(&mut self, id: ConnId, to: usize) -> bool {
         // the peer's RMB has the new link's rkey there: ready it first
         let smc = matches!(self.conn(id).map(|c| &c.phase), Some(Phase::Smc { .. }));
         let prepared = !smc || self.prepare_peer_rmb(id, to).is_ok();
-        let Some(c) = self.conn(id) else { return };
+        let Some(c) = self.conn(id) else { return true };
         c.link = Some(to);
         c.move_to = None;
         if smc {
@@ -105,11 +114,12 @@ impl<P: Provider> Endpoint<P> {
                         closed: false,
                         abort: true,
                     });
-                    return;
+                    return false;
                 }
                 c.validation = Some(dp.failover_rewind());
             }
         }
+        true
     }
 
     /// Moves an established connection to the usable link `slot` of its group

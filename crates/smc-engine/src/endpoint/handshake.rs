@@ -450,5 +450,8 @@ impl<P: Provider> Endpoint<P> {
                 c.closer.handle(CloseEvent::Kill { can_send: false });
             }
         }
+        if lgr_dead {
+            self.event_aborted(id, super::events::AbortCause::GroupTerminated);
+        }
     }
 }

@@ -84,6 +84,7 @@ impl<P: Provider> Endpoint<P> {
                 Ok(l) => l,
                 Err(_) => return self.decline(id, version, DeclineCode::Mem),
             };
+            self.keep_first_contact(l, a.fce.as_ref(), agreement.eid);
             if self.attach(id, l, 0).is_err() {
                 return self.decline(id, version, DeclineCode::Mem);
             }

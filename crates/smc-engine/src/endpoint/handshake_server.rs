@@ -158,6 +158,7 @@ impl<P: Provider> Endpoint<P> {
                     Ok(l) => l,
                     Err(_) => return self.decline(id, dversion, DeclineCode::Mem),
                 };
+                self.keep_first_contact(l, None, choice.eid);
                 if self.attach(id, l, 0).is_err() {
                     return self.decline(id, dversion, DeclineCode::Mem);
                 }
@@ -226,6 +227,8 @@ impl<P: Provider> Endpoint<P> {
                 psn: c.psn,
                 mtu: c.qp_mtu,
             };
+            // the client's first-contact extension: its host name, OS
+            self.keep_first_contact(l, c.fce.as_ref(), None);
             // (the client waits for CONFIRM_LINK or our Decline)
             if let Err(code) = self.connect_first_link(l, peer, now) {
                 return self.decline(id, version, code);

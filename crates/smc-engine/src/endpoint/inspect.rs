@@ -179,6 +179,8 @@ impl<P: Provider> Endpoint<P> {
             peer_system_id: lg.peer_system_id,
             gid: lg.local.gid,
             links,
+            peer_v2: lg.peer_v2.clone(),
+            eid: lg.eid,
         })
     }
 

@@ -11,6 +11,7 @@
 //! `smcr_lgr_conn_assign_link`), smc_ib.c `smc_ib_ready_link`.
 
 use super::conn::Phase;
+use super::events::AbortCause;
 use super::gid::LocalGid;
 use super::link::LinkRes;
 use super::rkey::RkeyFlow;
@@ -22,7 +23,7 @@ use smc_proto::Timestamp;
 use smc_rdma::{Device, Provider, QueuePair};
 use smc_wire::clc::{DeclineCode, SMC_V2};
 use smc_wire::llc::LlcVersion;
-use smc_wire::types::{Gid, RmbeSize, SystemId};
+use smc_wire::types::{Eid, Gid, RmbeSize, SystemId};
 use std::collections::{BTreeMap, VecDeque};
 
 /// What a first contact agreed for its link group (SMC v2.1 first-contact
@@ -55,6 +56,10 @@ pub(super) struct Lgr<P: Provider> {
     pub(super) local: LocalGid,
     /// The SMC v2 release the first contact agreed (first-contact extension).
     pub(super) release: u8,
+    /// The peer's first-contact extension and the agreed EID (v2; what
+    /// `smcr -d linkgroup` shows).
+    pub(super) peer_v2: Option<crate::state::PeerV2>,
+    pub(super) eid: Option<Eid>,
     pub(super) tokens: BTreeMap<u32, ConnId>,
     pub(super) rkey_queue: VecDeque<RkeyFlow>,
     /// Released RMBs and send buffers kept registered for reuse (Linux keeps
@@ -143,6 +148,8 @@ impl<P: Provider> Endpoint<P> {
             peer_gid,
             local,
             release: limits.release,
+            peer_v2: None,
+            eid: None,
             tokens: BTreeMap::new(),
             rkey_queue: VecDeque::new(),
             free_bufs: Vec::new(),
@@ -160,6 +167,33 @@ impl<P: Provider> Endpoint<P> {
                 self.lgrs.len() - 1
             }
         })
+    }
+
+    /// Keeps what a v2 first contact told about the peer and agreed on
+    /// (Linux smc_clc.c `smc_conn_save_peer_info_fce`; the EID:
+    /// `lgr->negotiated_eid`).
+    pub(super) fn keep_first_contact(
+        &mut self,
+        l: LgrId,
+        fce: Option<&smc_wire::clc::FirstContactExt>,
+        eid: Option<Eid>,
+    ) {
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return;
+        };
+        if lg.version < SMC_V2 {
+            return;
+        }
+        if let Some(f) = fce {
+            lg.peer_v2 = Some(crate::state::PeerV2 {
+                host: f.hostname_str(),
+                os: f.os_type,
+                direct: f.v2_direct,
+            });
+        }
+        if eid.is_some() {
+            lg.eid = eid;
+        }
     }
 
     /// One step of a link group's life cycle ([`LgrState::on`]) and its action.
@@ -221,6 +255,7 @@ impl<P: Provider> Endpoint<P> {
                         // the Confirm establishes ours and the kill follows.
                         Some(HandshakePhase::AwaitConfirm) => {}
                         Some(HandshakePhase::Smc) => {
+                            self.event_aborted(id, AbortCause::GroupTerminated);
                             if let Some(c) = self.conn(id) {
                                 c.closer.handle(CloseEvent::Kill { can_send: false });
                             }
@@ -250,7 +285,7 @@ impl<P: Provider> Endpoint<P> {
             .get_mut(l)
             .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such link group".into()))?;
-        let (rmb, sndbuf) = lg.take_bufs(rmb_len, sndbuf_len)?;
+        let (rmb, sndbuf) = lg.take_bufs(rmb_len, sndbuf_len, &mut self.events.bufs)?;
         let c = self
             .conns
             .get_mut(id)

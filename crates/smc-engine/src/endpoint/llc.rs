@@ -99,10 +99,14 @@ impl<P: Provider> Endpoint<P> {
                         self.link_error(l, slot, e)?;
                     }
                 }
-                LgrOutput::LinkActive { .. } => {
+                LgrOutput::LinkActive { slot } => {
+                    self.event_link_up(l, slot);
                     self.lgr_step(l, LgrEvent::LinkActive);
                 }
-                LgrOutput::LinkDown { slot, .. } => self.on_link_down(l, slot, now)?,
+                LgrOutput::LinkDown { slot, reason } => {
+                    self.event_link_down(l, slot, reason);
+                    self.on_link_down(l, slot, now)?
+                }
                 LgrOutput::Terminated { .. } => {
                     self.lgr_step(l, LgrEvent::Terminated);
                 }

@@ -10,6 +10,7 @@
 use super::lgr::Lgr;
 use super::rkey::RkeyFlow;
 use super::{ConnId, Endpoint, LgrId, Result};
+use crate::state::BufCounts;
 use smc_rdma::{Access, MemoryRegion, ProtectionDomain, Provider};
 
 /// Writes zeros over the first `len` bytes of `mr`.
@@ -30,28 +31,48 @@ fn zero<M: MemoryRegion>(mr: &M, len: usize) {
 /// every released RMB, and announced again when reused.
 const KNOWN_RKEYS_MAX: usize = 16;
 
+/// The smallest RMB (the smallest RMBE size class).
+const RMB_MIN: usize = 16 * 1024;
+
 impl<P: Provider> Lgr<P> {
     /// An RMB of `rmb_len` and a send buffer of `sndbuf_len` bytes for a
     /// connection joining the group: from its pool, or registered in its
-    /// protection domain.
+    /// protection domain — an RMB of a smaller size class if the wanted one
+    /// cannot be registered (Linux smc_core.c `__smc_buf_create` goes down
+    /// the size classes the same way; the CLC message announces the size
+    /// taken). Counted in `n` (`smcr stats`).
     pub(super) fn take_bufs(
         &mut self,
         rmb_len: usize,
         sndbuf_len: usize,
+        n: &mut BufCounts,
     ) -> Result<(P::Mr, P::Mr)> {
         let pooled = self
             .free_bufs
             .iter()
             .position(|(r, s)| r.len() == rmb_len && s.len() == sndbuf_len);
-        let (rmb, sndbuf) = match pooled {
+        if let Some(i) = pooled {
             // (zeroed on release, see `pool_bufs`)
-            Some(i) => self.free_bufs.swap_remove(i),
-            None => (
-                self.pd
-                    .alloc_mr(rmb_len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?,
-                self.pd.alloc_mr(sndbuf_len, Access::LOCAL_WRITE)?,
-            ),
+            n.reuse += 2;
+            return Ok(self.free_bufs.swap_remove(i));
+        }
+        let mut len = rmb_len;
+        let rmb = loop {
+            match self
+                .pd
+                .alloc_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            {
+                Ok(mr) => break mr,
+                // (16 KiB: the smallest RMBE size class, RFC 7609 §4.4)
+                Err(_) if len > RMB_MIN => len /= 2,
+                Err(e) => return Err(e),
+            }
         };
+        let sndbuf = self.pd.alloc_mr(sndbuf_len, Access::LOCAL_WRITE)?;
+        n.alloc += 2;
+        if len < rmb_len {
+            n.rmb_downgrade += 1;
+        }
         Ok((rmb, sndbuf))
     }
 }

@@ -102,8 +102,17 @@ impl<P: Provider> Endpoint<P> {
             n += len;
         }
         dp.produced(n);
+        // (smc_tx.c `smc_tx_sendmsg`: a send larger than the send buffer or
+        // the peer's RMB, and a send that must wait for room)
+        let (whole, peer) = (sndbuf.len(), dp.config().peer_rmbe_len);
+        let noted = std::mem::replace(&mut c.tx_full_noted, n == 0 && !data.is_empty());
+        let b = &mut self.events.bufs;
         if n > 0 {
+            b.tx_too_small += u64::from(data.len() > whole);
+            b.tx_peer_too_small += u64::from(data.len() > peer);
             self.mark_tx(id);
+        } else if !data.is_empty() && !noted {
+            b.tx_full += 1;
         }
         Ok(n)
     }

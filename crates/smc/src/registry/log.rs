@@ -142,4 +142,48 @@ mod tests {
             ["smc-rs INFO smc: fallback role=\"client\" reason=\"0x03010000\""]
         );
     }
+
+    /// The engine's link events as `SMC_LOG` prints them: with the LG-ID,
+    /// the link id, the device and the reason or cause.
+    #[test]
+    fn engine_events_are_logged_with_lg_id_and_reason() {
+        use smc_engine::endpoint::{AbortCause, EngineEvent};
+        use smc_proto::link::DownReason;
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let sub = Collect(got.clone(), Level::INFO);
+        tracing::subscriber::with_default(sub, || {
+            let down = EngineEvent::LinkDown {
+                lgr: 0,
+                lgr_id: 0x100,
+                slot: 1,
+                reason: DownReason::Failure,
+            };
+            super::super::log_event("shm-lo", Some(0x7300), &down);
+            let moved = EngineEvent::ConnMoved {
+                lgr: 0,
+                lgr_id: 0x100,
+                conn: 3,
+                token: 9,
+                from: 1,
+                to: 0,
+            };
+            super::super::log_event("shm-lo", Some(0x7300), &moved);
+            let aborted = EngineEvent::ConnAborted {
+                lgr_id: None,
+                conn: 3,
+                token: 9,
+                cause: AbortCause::NoLink,
+            };
+            super::super::log_event("shm-lo", None, &aborted);
+        });
+        let got = got.lock().unwrap();
+        assert_eq!(
+            got.as_slice(),
+            [
+                "smc-rs WARN smc: link down lg_id=\"00007300\" engine_lgr=256 link_id=2 device=\"shm-lo\" reason=\"Failure\"",
+                "smc-rs INFO smc: connection moved to another link (failover) lg_id=\"00007300\" engine_lgr=256 token=9 from_link=2 to_link=1 device=\"shm-lo\"",
+                "smc-rs WARN smc: connection aborted lg_id=\"\" token=9 device=\"shm-lo\" cause=\"no_link\"",
+            ]
+        );
+    }
 }

@@ -17,8 +17,10 @@
 //! `lgr_diag`, `msg_counts`): cursors and flags of each connection's last
 //! CDCs, its link's GIDs, the link groups' links and peers, the CDC and LLC
 //! messages of each endpoint. Link events (up, down, a connection moved,
-//! aborted) are what two snapshots show; they are counted and logged
-//! ([`log`]), as are handshake results and failures.
+//! aborted) are the engine's own ([`smc_engine::endpoint::EngineEvent`]),
+//! drained where the endpoint is pumped ([`engine_events`]): counted there,
+//! and logged ([`log`]) by the registry thread with the group's LG-ID, as
+//! are handshake results and failures.
 
 pub mod files;
 mod log;
@@ -27,8 +29,8 @@ use crate::ctx::{self, Role, Shared};
 use crate::stream::Mode;
 use serde_json::{json, Value};
 use smc_config::store::Table;
-use smc_engine::endpoint::ConnId;
-use smc_engine::state::{ConnDiag, LgrDiag, MsgCounts};
+use smc_engine::endpoint::{ConnId, Endpoint, EngineEvent};
+use smc_engine::state::{BufCounts, ConnDiag, LgrDiag, MsgCounts};
 use smc_proto::close::CloseState;
 use smc_proto::link::LinkState;
 use std::any::Any;
@@ -191,11 +193,15 @@ struct Registry {
     /// Sizes of the RMBs and send buffers of SMC-R connections ([`bucket`]).
     rmb_hist: Hist,
     sndbuf_hist: Hist,
-    /// Link events the registry thread saw (see [`Watch`]).
+    /// Link events of the engines ([`engine_events`]).
     link_up: AtomicU64,
     link_down: AtomicU64,
     failover: AtomicU64,
     aborts: AtomicU64,
+    /// Engine events (with their device) not yet logged, at most
+    /// [`PENDING_MAX`], and those dropped beyond.
+    pending: Mutex<Vec<(String, EngineEvent)>>,
+    pending_lost: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -227,6 +233,8 @@ fn registry() -> Option<&'static Registry> {
             link_down: AtomicU64::new(0),
             failover: AtomicU64::new(0),
             aborts: AtomicU64::new(0),
+            pending: Mutex::new(Vec::new()),
+            pending_lost: AtomicU64::new(0),
         })
     })
     .as_ref()
@@ -498,6 +506,79 @@ fn shutdown_of(s: CloseState) -> u8 {
     }
 }
 
+/// Engine events kept for the registry thread to log (it looks every
+/// [`EVENT_PERIOD`]); beyond, they are counted but not logged.
+const PENDING_MAX: usize = 1024;
+
+/// Takes the engine's link and connection events (see
+/// [`Endpoint::poll_event`]) where the endpoint is pumped, with its lock
+/// held: counts them, and queues them for the registry thread to log (or
+/// logs them at once, without LG-ID, when the registry is off). Nothing
+/// queued costs one check.
+pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) {
+    let Some(first) = ep.poll_event() else { return };
+    let r = registry();
+    let mut next = Some(first);
+    while let Some(e) = next {
+        match r {
+            Some(r) => {
+                let n = match e {
+                    EngineEvent::LinkUp { .. } => &r.link_up,
+                    EngineEvent::LinkDown { .. } => &r.link_down,
+                    EngineEvent::ConnMoved { .. } => &r.failover,
+                    EngineEvent::ConnAborted { .. } => &r.aborts,
+                };
+                n.fetch_add(1, Relaxed);
+                let mut p = lock(&r.pending);
+                if p.len() < PENDING_MAX {
+                    p.push((ep.device_name().to_string(), e));
+                } else {
+                    r.pending_lost.fetch_add(1, Relaxed);
+                }
+            }
+            None => log_event(ep.device_name(), None, &e),
+        }
+        next = ep.poll_event();
+    }
+    if let Some(r) = r {
+        r.changed.store(true, Relaxed);
+    }
+}
+
+/// One engine event as a `tracing` event (target `smc`).
+fn log_event(dev: &str, lg_id: Option<u32>, e: &EngineEvent) {
+    let lg = lg_id.map(|id| format!("{id:08x}")).unwrap_or_default();
+    let lg = lg.as_str();
+    match *e {
+        EngineEvent::LinkUp { lgr_id, slot, .. } => {
+            tracing::info!(target: "smc", lg_id = lg, engine_lgr = lgr_id, link_id = slot + 1, device = dev, "link up")
+        }
+        EngineEvent::LinkDown {
+            lgr_id,
+            slot,
+            reason,
+            ..
+        } => {
+            let reason = format!("{reason:?}");
+            tracing::warn!(target: "smc", lg_id = lg, engine_lgr = lgr_id, link_id = slot + 1, device = dev, reason = reason.as_str(), "link down")
+        }
+        EngineEvent::ConnMoved {
+            lgr_id,
+            token,
+            from,
+            to,
+            ..
+        } => tracing::info!(
+            target: "smc",
+            lg_id = lg, engine_lgr = lgr_id, token, from_link = from + 1, to_link = to + 1, device = dev,
+            "connection moved to another link (failover)"
+        ),
+        EngineEvent::ConnAborted { token, cause, .. } => {
+            tracing::warn!(target: "smc", lg_id = lg, token, device = dev, cause = cause.name(), "connection aborted")
+        }
+    }
+}
+
 /// LG-IDs a registry thread takes from its run directory at a time.
 const LG_ID_BLOCK: u32 = 16;
 
@@ -535,27 +616,20 @@ struct Facts {
 type LgrSeen = (usize, usize, LgrDiag);
 
 /// What the registry thread remembers between snapshots: the LG-IDs it
-/// gave out, and what it saw of links and connections, for the link events it
-/// logs and counts (up, down, a connection moved, aborted). Events are what
-/// two looks (at least 100 ms apart) show: a link that comes and goes
-/// between them is not seen.
+/// gave out.
 #[derive(Default)]
 struct Watch {
-    /// (device index, group index, engine id) -> LG-ID.
-    lg_ids: HashMap<(usize, usize, u32), u32>,
+    /// (device, the engine's group id) -> LG-ID.
+    lg_ids: HashMap<(String, u32), u32>,
     /// LG-IDs left of the block taken from the run directory: (next, end).
     free_ids: (u32, u32),
-    /// (LG-ID, slot) -> the link was active.
-    links: HashMap<(u32, usize), bool>,
-    /// Connection (address of its counters) -> (link slot, aborted).
-    conns: HashMap<usize, (Option<usize>, bool)>,
 }
 
 impl Watch {
     /// The LG-ID of a link group: unique among the processes of the run
     /// directory (a counter there hands out blocks), stable while the group
     /// lives; the low byte is left for the link id, as the kernel's.
-    fn lg_id(&mut self, dir: &std::path::Path, key: (usize, usize, u32)) -> u32 {
+    fn lg_id(&mut self, dir: &std::path::Path, key: (String, u32)) -> u32 {
         if let Some(id) = self.lg_ids.get(&key) {
             return *id;
         }
@@ -626,6 +700,7 @@ impl Registry {
         let mut not_before = Instant::now();
         loop {
             std::thread::sleep(EVENT_PERIOD);
+            self.log_events(&mut watch);
             if Instant::now() < not_before {
                 continue;
             }
@@ -669,6 +744,26 @@ impl Registry {
                 self.errors.fetch_add(1, Relaxed);
             }
             not_before = last_look + last_look.elapsed() * COST_FACTOR;
+        }
+    }
+
+    /// Logs the engine events drained since the last look, with the LG-ID
+    /// of their group (the one `smcr linkgroup` shows).
+    fn log_events(&self, watch: &mut Watch) {
+        let evs = std::mem::take(&mut *lock(&self.pending));
+        for (dev, e) in evs {
+            let mut lg = |id: u32| Some(watch.lg_id(&self.dir, (dev.clone(), id)));
+            let lg_id = match e {
+                EngineEvent::LinkUp { lgr_id, .. }
+                | EngineEvent::LinkDown { lgr_id, .. }
+                | EngineEvent::ConnMoved { lgr_id, .. } => lg(lgr_id),
+                EngineEvent::ConnAborted { lgr_id, .. } => lgr_id.and_then(lg),
+            };
+            log_event(&dev, lg_id, &e);
+        }
+        let lost = self.pending_lost.swap(0, Relaxed);
+        if lost > 0 {
+            tracing::warn!(target: "smc", lost, "engine events not logged (too many at once)");
         }
     }
 
@@ -725,6 +820,7 @@ impl Registry {
         // every endpoint's link groups and message counts, one lock each
         let mut groups: Vec<LgrSeen> = Vec::new();
         let mut msgs = MsgCounts::default();
+        let mut bufs = BufCounts::default();
         for (di, (_, sh)) in eps.iter().enumerate() {
             let ep = sh.lock();
             let m = ep.msg_counts();
@@ -732,6 +828,13 @@ impl Registry {
             msgs.cdc_received += m.cdc_received;
             msgs.llc_sent += m.llc_sent;
             msgs.llc_received += m.llc_received;
+            let b = ep.buf_counts();
+            bufs.alloc += b.alloc;
+            bufs.reuse += b.reuse;
+            bufs.rmb_downgrade += b.rmb_downgrade;
+            bufs.tx_full += b.tx_full;
+            bufs.tx_too_small += b.tx_too_small;
+            bufs.tx_peer_too_small += b.tx_peer_too_small;
             let n = ep.link_groups();
             let (mut found, mut l) = (0, 0);
             while found < n && l < 4096 {
@@ -744,7 +847,7 @@ impl Registry {
         }
         let ids: Vec<u32> = groups
             .iter()
-            .map(|(di, l, d)| watch.lg_id(&self.dir, (*di, *l, d.id)))
+            .map(|(di, _, d)| watch.lg_id(&self.dir, (eps[*di].0.clone(), d.id)))
             .collect();
         let id_of = |di: usize, l: usize| {
             groups
@@ -790,7 +893,6 @@ impl Registry {
                 }
             }
         }
-        let mut seen_conns = HashMap::new();
         let fmt_addr = |a: Option<SocketAddr>| a.map(|a| a.to_string());
         for (l, fact) in live.iter().zip(&facts) {
             let mut s = json!({
@@ -848,35 +950,6 @@ impl Registry {
                                     usage.0 += d.rmbe_len as u64;
                                     usage.1 += d.sndbuf_len as u64;
                                 }
-                                // (link events: a connection that changed
-                                // link, or was aborted)
-                                let key = Arc::as_ptr(st) as usize;
-                                let aborted = matches!(
-                                    state,
-                                    CloseState::ProcessAbort | CloseState::PeerAbortWait
-                                );
-                                if let Some((was, was_aborted)) = watch.conns.get(&key).copied() {
-                                    if let (Some(a), Some(b)) = (was, d.link) {
-                                        if a != b {
-                                            self.failover.fetch_add(1, Relaxed);
-                                            tracing::info!(
-                                                target: "smc",
-                                                lg_id = format!("{:08x}", s["lgr_id"].as_u64().unwrap_or(0)).as_str(),
-                                                from_link = a + 1, to_link = b + 1,
-                                                token = d.token,
-                                                "connection moved to another link (failover)"
-                                            );
-                                        }
-                                    }
-                                    if aborted && !was_aborted {
-                                        self.aborts.fetch_add(1, Relaxed);
-                                        tracing::warn!(target: "smc", token = d.token, state = state_name(state).0, "connection aborted");
-                                    }
-                                } else if aborted {
-                                    self.aborts.fetch_add(1, Relaxed);
-                                    tracing::warn!(target: "smc", token = d.token, state = state_name(state).0, "connection aborted");
-                                }
-                                seen_conns.insert(key, (d.link, aborted));
                             }
                         }
                     }
@@ -888,11 +961,9 @@ impl Registry {
             }
             sockets.push(s);
         }
-        watch.conns = seen_conns;
         // link groups of every endpoint, idle ones included
         let mut lgrs = Vec::new();
         let mut links_on: HashMap<String, (u32, bool)> = HashMap::new();
-        let mut seen_links = HashMap::new();
         for ((di, l, g), id) in groups.iter().zip(&ids) {
             let dev = &eps[*di].0;
             let (conns, per_link) = lgr_conns.get(id).copied().unwrap_or_default();
@@ -906,15 +977,6 @@ impl Registry {
                 } else {
                     k.link_id
                 };
-                let was = watch.links.get(&(*id, k.slot)).copied();
-                if active && was != Some(true) {
-                    self.link_up.fetch_add(1, Relaxed);
-                    tracing::info!(target: "smc", lg_id = format!("{id:08x}").as_str(), link_id, device = dev.as_str(), peer_gid = gid_str(&k.peer_gid).as_str(), "link up");
-                } else if !active && was == Some(true) {
-                    self.link_down.fetch_add(1, Relaxed);
-                    tracing::warn!(target: "smc", lg_id = format!("{id:08x}").as_str(), link_id, device = dev.as_str(), "link down");
-                }
-                seen_links.insert((*id, k.slot), active);
                 links.push(json!({
                     "id": link_id,
                     "slot": k.slot,
@@ -953,19 +1015,16 @@ impl Registry {
                 "conns": conns,
                 "version": g.version,
                 "release": g.release,
+                // (v2: the peer's first-contact extension, the agreed EID)
+                "peer_host": g.peer_v2.as_ref().map(|p| p.host.clone()),
+                "peer_os": g.peer_v2.as_ref().map(|p| p.os),
+                "direct": g.peer_v2.as_ref().map(|p| p.direct),
+                "eid": g.eid.map(|e| String::from_utf8_lossy(&e.0).trim_end_matches([' ', '\0']).to_string()),
                 "peer_system_id": g.peer_system_id.0.iter().map(|b| format!("{b:02x}")).collect::<String>(),
                 "gid": gid_str(&g.gid),
                 "links": links,
             }));
         }
-        // links that went away with their group, or were cleared
-        for ((id, slot), active) in &watch.links {
-            if *active && !seen_links.contains_key(&(*id, *slot)) {
-                self.link_down.fetch_add(1, Relaxed);
-                tracing::warn!(target: "smc", lg_id = format!("{id:08x}").as_str(), link_id = slot + 1, "link down (removed)");
-            }
-        }
-        watch.links = seen_links;
         watch.lg_ids.retain(|_, id| ids.contains(id));
         if refresh_devices {
             let pnet = smc_config::pnet::PnetTable::load(&smc_config::store::ConfigDir::from_env())
@@ -1047,6 +1106,16 @@ impl Registry {
                 "cdc_received": msgs.cdc_received,
                 "llc_sent": msgs.llc_sent,
                 "llc_received": msgs.llc_received,
+                // (the engine takes and registers an RMB and a send buffer
+                // together: each count is half of its pairs)
+                "rmb_alloc": bufs.alloc / 2,
+                "sndbuf_alloc": bufs.alloc / 2,
+                "rmb_reuse": bufs.reuse / 2,
+                "sndbuf_reuse": bufs.reuse / 2,
+                "rmb_downgrade": bufs.rmb_downgrade,
+                "tx_full": bufs.tx_full,
+                "tx_too_small": bufs.tx_too_small,
+                "tx_peer_too_small": bufs.tx_peer_too_small,
                 "link_up": self.link_up.load(Relaxed),
                 "link_down": self.link_down.load(Relaxed),
                 "conn_moves": self.failover.load(Relaxed),

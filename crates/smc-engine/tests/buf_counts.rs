@@ -1,0 +1,91 @@
+//! The buffer events an endpoint counts for `smcr stats` (Linux's
+//! smc_stats.h `SMC_STAT_RMB_*`): buffers registered and reused from a
+//! link group's pool, an RMB downgraded to a smaller size class when the
+//! wanted one cannot be registered, a write that found the send buffer full
+//! (once per wait), writes larger than the send buffer or the peer's RMB.
+
+use smc_engine::endpoint::{ConnStatus, EndpointConfig};
+use smc_engine::state::BufCounts;
+use std::time::Duration;
+
+mod common;
+
+use common::{simple_config, Tcp, World};
+
+#[test]
+fn buffers_registered_then_reused_from_the_pool() {
+    let mut w = World::default();
+    let mut ts: Vec<Tcp> = (0..2).map(|_| w.handshake()).collect();
+    assert_eq!(
+        w.client.buf_counts(),
+        BufCounts {
+            alloc: 4,
+            ..BufCounts::default()
+        }
+    );
+    for t in &ts {
+        w.client.release(t.c);
+        w.server.release(t.s);
+    }
+    let mut refs: Vec<&mut Tcp> = ts.iter_mut().collect();
+    w.settle(&mut refs, Duration::from_millis(2));
+    let t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    let b = w.client.buf_counts();
+    assert_eq!((b.alloc, b.reuse, b.rmb_downgrade), (4, 2, 0), "{b:?}");
+    assert_eq!(w.server.buf_counts().reuse, 2);
+}
+
+#[test]
+fn an_rmb_that_cannot_be_registered_is_downgraded_and_counted() {
+    let cfg = |dev: &str, inst: u16, last: u8| EndpointConfig {
+        rmb_len: 1024 * 1024,
+        sndbuf_len: 16 * 1024,
+        ..simple_config(dev, inst, last)
+    };
+    let mut w = World::with_seed(3, cfg("simC", 0x1111, 1), cfg("simS", 0x2222, 2));
+    // (a link's receive ring is 384 KiB: it stays below this)
+    w.fabric.set_max_mr_len(512 * 1024);
+    let mut t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    assert_eq!(w.client.buf_counts().rmb_downgrade, 1);
+    assert_eq!(w.server.buf_counts().rmb_downgrade, 1);
+    assert_eq!(
+        w.client.conn_diag(t.c).map(|d| d.rmbe_len),
+        Some(512 * 1024)
+    );
+    // the smaller RMB is what the peer writes into: data flows
+    let data = vec![7u8; 100_000];
+    let mut sent = 0;
+    let mut got = 0;
+    while got < data.len() {
+        sent += w.client.write(t.c, &data[sent..]).unwrap();
+        got += w.server.read(t.s, 70_000).unwrap().len();
+        w.step(&mut [&mut t]);
+    }
+}
+
+#[test]
+fn a_full_send_buffer_is_counted_once_per_wait() {
+    let mut w = World::default();
+    let t = w.handshake();
+    let sndbuf = 32 * 1024;
+    // larger than the send buffer and the peer's RMB (16 KiB)
+    let big = vec![1u8; sndbuf + 1];
+    let n = w.client.write(t.c, &big).unwrap();
+    assert!(n > 0);
+    // without a pump nothing leaves the send buffer: the next writes wait
+    let mut waits = 0;
+    loop {
+        let m = w.client.write(t.c, &big).unwrap();
+        if m == 0 {
+            waits += 1;
+            if waits == 3 {
+                break;
+            }
+        }
+    }
+    let b = w.client.buf_counts();
+    assert_eq!(b.tx_full, 1, "one wait, however often retried: {b:?}");
+    assert!(b.tx_too_small >= 1 && b.tx_peer_too_small >= 1, "{b:?}");
+}
