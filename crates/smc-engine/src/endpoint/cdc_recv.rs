@@ -155,11 +155,13 @@ impl<P: Provider> Endpoint<P> {
                 AbortCause::Violation
             }
         };
-        if !was_aborting && aborting(c.closer.state()) {
+        let now_aborting = !was_aborting && aborting(c.closer.state());
+        let finished = c.closer.is_finished();
+        if now_aborting {
             self.event_aborted(id, cause);
         }
         // the peer's close may have been the last step: it may be freed
-        if c.closer.is_finished() {
+        if finished {
             self.conn_due(id);
         }
     }
