@@ -51,17 +51,7 @@ fn conform_run(s: &Setup, server_preload: bool, client_preload: bool) -> (String
         .spawn()
         .unwrap();
     let srv = Server(srv);
-    let end = Instant::now() + Duration::from_secs(20);
-    let port = loop {
-        if let Some(p) = std::fs::read_to_string(&portfile)
-            .ok()
-            .and_then(|s| s.trim().parse::<u16>().ok())
-        {
-            break p;
-        }
-        assert!(Instant::now() < end, "the conformance server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let port = wait_for_port(&portfile).expect("the conformance server did not start");
     let cli = under(s, client_preload, &exe, &["client", &port.to_string()])
         .arg(&file)
         .output()

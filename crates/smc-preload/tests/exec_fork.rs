@@ -17,17 +17,7 @@ fn a_forked_child_closing_its_copy_does_not_end_the_connection() {
 }
 
 fn exec_program(s: &Setup) -> PathBuf {
-    let exe = s.dir.join("exec");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/exec.c");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = Command::new(cc)
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .expect("a C compiler (cc)");
-    assert!(st.success(), "compiling exec.c");
-    exe
+    compile_c("exec", &s.dir)
 }
 
 /// exec.c's server and client (`mode`: fork, self) under smc_run; returns
@@ -46,17 +36,7 @@ fn exec_run_with(tag: &str, server: &str, client: &[&str]) -> (Setup, String, St
             .spawn()
             .unwrap(),
     );
-    let end = Instant::now() + Duration::from_secs(20);
-    let port = loop {
-        if let Some(p) = std::fs::read_to_string(&portfile)
-            .ok()
-            .and_then(|s| s.trim().parse::<u16>().ok())
-        {
-            break p;
-        }
-        assert!(Instant::now() < end, "the server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let port = wait_for_port(&portfile).expect("the server did not start");
     let port = port.to_string();
     let args: Vec<&str> = [client[0], &port]
         .into_iter()

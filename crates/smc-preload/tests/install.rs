@@ -60,17 +60,7 @@ fn install_puts_smc_run_and_the_library_where_a_distribution_does() {
             .spawn()
             .unwrap(),
     );
-    let end = Instant::now() + Duration::from_secs(20);
-    let port = loop {
-        if let Some(p) = std::fs::read_to_string(&portfile)
-            .ok()
-            .and_then(|s| s.trim().parse::<u16>().ok())
-        {
-            break p;
-        }
-        assert!(Instant::now() < end, "the server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let port = wait_for_port(&portfile).expect("the server did not start");
     let out = Command::new(&bin)
         .arg(&s.echo)
         .args(["client", &port.to_string(), &(1 << 20).to_string()])

@@ -34,17 +34,42 @@ pub fn setup(tag: &str) -> Setup {
         ),
     )
     .unwrap();
-    let echo = dir.join("echo");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/echo.c");
+    let echo = compile_c("echo", &dir);
+    Setup { dir, echo }
+}
+
+/// tests/NAME.c compiled into `dir`/NAME (once per directory).
+pub fn compile_c(name: &str, dir: &Path) -> PathBuf {
+    let exe = dir.join(name);
+    if exe.exists() {
+        return exe;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{name}.c"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let st = Command::new(cc)
         .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&echo)
+        .arg(&exe)
         .arg(&src)
         .status()
         .expect("a C compiler (cc)");
-    assert!(st.success(), "compiling echo.c");
-    Setup { dir, echo }
+    assert!(st.success(), "compiling {name}.c");
+    exe
+}
+
+/// The port a test server wrote into `portfile`, waited for up to 20 s;
+/// `None` if it never came.
+pub fn wait_for_port(portfile: &Path) -> Option<u16> {
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end {
+        if let Some(p) = std::fs::read_to_string(portfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return Some(p);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
 }
 
 impl Setup {
@@ -72,15 +97,8 @@ impl Setup {
             c.arg("epoll");
         }
         let mut child = c.stdout(Stdio::piped()).spawn().unwrap();
-        let end = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < end {
-            if let Some(p) = std::fs::read_to_string(&portfile)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-            {
-                return (child, p);
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if let Some(p) = wait_for_port(&portfile) {
+            return (child, p);
         }
         let _ = child.kill();
         let _ = child.wait();
@@ -280,19 +298,7 @@ pub fn ok_output(what: &str, out: &Output) -> String {
 
 /// tests/conform.c, compiled into `s`'s directory.
 pub fn conform_program(s: &Setup) -> PathBuf {
-    let exe = s.dir.join("conform");
-    if !exe.exists() {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conform.c");
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let st = Command::new(cc)
-            .args(["-O1", "-Wall", "-Werror", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .status()
-            .expect("a C compiler (cc)");
-        assert!(st.success(), "compiling conform.c");
-    }
-    exe
+    compile_c("conform", &s.dir)
 }
 
 /// python3's http.server serving a file, fetched with curl; the body's hash
