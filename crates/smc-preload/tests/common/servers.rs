@@ -170,16 +170,9 @@ pub fn redis_as(
     if let Some(user) = user {
         // (the server, not setpriv, is the child: setpriv execs it)
         let st = std::fs::read_to_string(format!("/proc/{}/status", srv.0.id())).unwrap();
-        let uid = String::from_utf8(
-            Command::new("id")
-                .args(["-u", user])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
+        let uid = uid_of(user);
         let line = st.lines().find(|l| l.starts_with("Uid:")).unwrap();
-        assert_eq!(line.split_whitespace().nth(1), Some(uid.trim()), "{line}");
+        assert_eq!(line.split_whitespace().nth(1), Some(uid.as_str()), "{line}");
     }
     let got = under(&s, client_preload, &cli, &["-p", &port, "get", "smc"])
         .output()
@@ -303,14 +296,7 @@ pub fn nginx_as(
     }
     if let Some(user) = user {
         // the workers (children of the master) run as `user`
-        let uid = String::from_utf8(
-            Command::new("id")
-                .args(["-u", user])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
+        let uid = uid_of(user);
         let master = srv.0.id().to_string();
         let field = |st: &str, k: &str| {
             st.lines()
@@ -329,7 +315,7 @@ pub fn nginx_as(
                 .filter(|st| field(st, "PPid:") == master)
                 .map(|st| field(&st, "Uid:"))
                 .collect();
-            if workers.len() == 2 && workers.iter().all(|u| *u == uid.trim()) {
+            if workers.len() == 2 && workers.iter().all(|u| *u == uid) {
                 break;
             }
             assert!(Instant::now() < end, "workers' uids: {workers:?}");
@@ -399,4 +385,11 @@ pub fn program_sbin(name: &str) -> PathBuf {
         .map(|d| Path::new(d).join(name))
         .find(|p| p.is_file())
         .unwrap_or_else(|| program(name))
+}
+
+/// `user`'s numeric uid, as `id -u` prints it.
+fn uid_of(user: &str) -> String {
+    let out = Command::new("id").args(["-u", user]).output().unwrap();
+    assert!(out.status.success(), "no user {user}");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
