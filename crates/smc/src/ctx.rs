@@ -148,7 +148,7 @@ fn nanos(t: Timestamp) -> u64 {
 }
 
 /// `poll()`'s timeout until `until` (`None`: none).
-fn timespec_until(until: Option<Instant>) -> Option<Timespec> {
+pub(crate) fn timespec_until(until: Option<Instant>) -> Option<Timespec> {
     until.map(|u| {
         let d = u.saturating_duration_since(Instant::now());
         Timespec {

@@ -246,7 +246,6 @@ pub(crate) fn with_endpoint(
         let (out, status, next) = {
             let mut ep = shared.lock();
             // through Shared: a completion taken here may be a parked reader's
-            progress.clear();
             shared.try_pump(&mut ep).map_err(io::Error::other)?;
             (ep.clc_output(id), ep.status(id), shared.next_wake(&mut ep))
         };
@@ -269,20 +268,19 @@ pub(crate) fn with_endpoint(
                 // (the handshake's own is one).
                 let now = std::time::Instant::now();
                 if now >= *spin_until.get_or_insert(now + crate::ctx::spin_time()) {
-                    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+                    use rustix::event::{poll, PollFd, PollFlags};
                     let pfd_progress = progress.fd();
                     let mut pfd = [
                         PollFd::new(tcp, PollFlags::IN),
                         PollFd::new(&pfd_progress, PollFlags::IN),
                     ];
-                    let ts = next.map(|n| {
-                        let d = n.saturating_duration_since(std::time::Instant::now());
-                        Timespec {
-                            tv_sec: d.as_secs() as i64,
-                            tv_nsec: i64::from(d.subsec_nanos()),
-                        }
-                    });
+                    let ts = crate::ctx::timespec_until(next);
                     let _ = poll(&mut pfd, ts.as_ref());
+                    // Drained only when it was rung, and before the pump that
+                    // follows: a ring after this read still wakes the next poll.
+                    if pfd[1].revents().contains(PollFlags::IN) {
+                        progress.clear();
+                    }
                 } else {
                     std::hint::spin_loop();
                 }
