@@ -20,7 +20,6 @@ echo "hello over SMC-R" >"$W/www/index.html"
 # run MODE CMD...: CMD plainly or under smc_run
 run() { if [ "$1" = smc ]; then shift; exec "$SMC_RUN" "$@"; else shift; exec "$@"; fi; }
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 
 declare -A R
 for mode in tcp smc; do

@@ -113,70 +113,61 @@ pub(crate) fn reattach_after_exec(saved: Vec<(RawFd, OwnedFd)>) {
     set_errno(e);
 }
 
-pub(crate) type CStr = *const libc::c_char;
+/// An exec with the library's connections detached first (see above) and
+/// put back if it fails.
+fn around_exec(exec: impl FnOnce() -> c_int) -> c_int {
+    let saved = detach_for_exec();
+    let r = exec();
+    reattach_after_exec(saved);
+    r
+}
+
+pub(crate) type CPath = *const libc::c_char;
 
 pub(crate) type CArgv = *const *const libc::c_char;
 
 #[no_mangle]
-pub unsafe extern "C" fn execve(path: CStr, argv: CArgv, envp: CArgv) -> c_int {
-    let saved = detach_for_exec();
+pub unsafe extern "C" fn execve(path: CPath, argv: CArgv, envp: CArgv) -> c_int {
     // SAFETY: the caller's arguments, unchanged (so for every exec below).
-    let r = unsafe { real!(execve: fn(CStr, CArgv, CArgv) -> c_int)(path, argv, envp) };
-    reattach_after_exec(saved);
-    r
+    around_exec(|| unsafe { real!(execve: fn(CPath, CArgv, CArgv) -> c_int)(path, argv, envp) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn execv(path: CStr, argv: CArgv) -> c_int {
-    let saved = detach_for_exec();
+pub unsafe extern "C" fn execv(path: CPath, argv: CArgv) -> c_int {
     // SAFETY: as above.
-    let r = unsafe { real!(execv: fn(CStr, CArgv) -> c_int)(path, argv) };
-    reattach_after_exec(saved);
-    r
+    around_exec(|| unsafe { real!(execv: fn(CPath, CArgv) -> c_int)(path, argv) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn execvp(file: CStr, argv: CArgv) -> c_int {
-    let saved = detach_for_exec();
+pub unsafe extern "C" fn execvp(file: CPath, argv: CArgv) -> c_int {
     // SAFETY: as above.
-    let r = unsafe { real!(execvp: fn(CStr, CArgv) -> c_int)(file, argv) };
-    reattach_after_exec(saved);
-    r
+    around_exec(|| unsafe { real!(execvp: fn(CPath, CArgv) -> c_int)(file, argv) })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn execvpe(file: CStr, argv: CArgv, envp: CArgv) -> c_int {
-    let saved = detach_for_exec();
+pub unsafe extern "C" fn execvpe(file: CPath, argv: CArgv, envp: CArgv) -> c_int {
     // SAFETY: as above.
-    let r = unsafe { real!(execvpe: fn(CStr, CArgv, CArgv) -> c_int)(file, argv, envp) };
-    reattach_after_exec(saved);
-    r
+    around_exec(|| unsafe { real!(execvpe: fn(CPath, CArgv, CArgv) -> c_int)(file, argv, envp) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fexecve(fd: c_int, argv: CArgv, envp: CArgv) -> c_int {
-    let saved = detach_for_exec();
     // SAFETY: as above.
-    let r = unsafe { real!(fexecve: fn(c_int, CArgv, CArgv) -> c_int)(fd, argv, envp) };
-    reattach_after_exec(saved);
-    r
+    around_exec(|| unsafe { real!(fexecve: fn(c_int, CArgv, CArgv) -> c_int)(fd, argv, envp) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execveat(
     dirfd: c_int,
-    path: CStr,
+    path: CPath,
     argv: CArgv,
     envp: CArgv,
     flags: c_int,
 ) -> c_int {
-    let saved = detach_for_exec();
     // SAFETY: as above.
-    let r = unsafe {
-        real!(execveat: fn(c_int, CStr, CArgv, CArgv, c_int) -> c_int)(
+    around_exec(|| unsafe {
+        real!(execveat: fn(c_int, CPath, CArgv, CArgv, c_int) -> c_int)(
             dirfd, path, argv, envp, flags,
         )
-    };
-    reattach_after_exec(saved);
-    r
+    })
 }
