@@ -36,7 +36,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// The rkey list of a new link: every RMB in use as (rkey on the
     /// existing links, rkey on the new link, address on the new link).
-    fn add_link_rkeys(&self, l: LgrId) -> Vec<(u32, u32, u64)> {
+    pub(super) fn add_link_rkeys(&self, l: LgrId) -> Vec<(u32, u32, u64)> {
         let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
             return Vec::new();
         };

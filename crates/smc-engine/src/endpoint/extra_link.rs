@@ -10,12 +10,12 @@ use super::link::LinkRes;
 use super::{Endpoint, LgrId, Result};
 use smc_proto::link::{PeerPort, Role, LINK_SLOTS};
 use smc_proto::Timestamp;
-use smc_rdma::{Device, MemoryRegion, Provider, QueuePair};
+use smc_rdma::{Device, Provider, QueuePair};
 use smc_wire::types::{Gid, Mac};
 
 /// What one side offers for a further link of a group: what the ADD_LINK and
-/// ADD_LINK_CONT messages of §1.8 would carry. Test and simulation use only
-/// ([`Endpoint::extra_link_offer`]), until ADD_LINK is negotiated.
+/// ADD_LINK_CONT messages of §1.8 would carry. Tests only
+/// ([`Endpoint::extra_link_offer`]); endpoints negotiate by ADD_LINK.
 #[doc(hidden)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LinkOffer {
@@ -37,7 +37,7 @@ pub struct LinkOffer {
 }
 
 impl<P: Provider> Endpoint<P> {
-    /// Test and simulation only, until ADD_LINK is negotiated (§1.8): prepares a
+    /// Tests only (endpoints negotiate by ADD_LINK, §1.8): prepares a
     /// further link of an active group — a QP in the lowest free slot, in INIT
     /// with its receive buffers posted — and returns what the peer needs to know
     /// (what ADD_LINK and ADD_LINK_CONT would carry). Both ends offer, then both
@@ -56,6 +56,7 @@ impl<P: Provider> Endpoint<P> {
         if !self.extra_link_ready(l) {
             return Err(bad("link group not ready for a further link"));
         }
+        let rkeys = self.add_link_rkeys(l);
         let lg = self
             .lgrs
             .get_mut(l)
@@ -72,12 +73,6 @@ impl<P: Provider> Endpoint<P> {
         if lg.role == Role::Server {
             res.offered_id = lg.group.next_link_id();
         }
-        let rkeys = lg
-            .tokens
-            .values()
-            .filter_map(|&id| self.conns.get(id)?.as_ref()?.rmb.as_ref())
-            .map(|m| (m.rkey(), m.rkey(), m.addr()))
-            .collect();
         let offer = LinkOffer {
             gid: lg.local.gid,
             mac: self.mac,

@@ -11,6 +11,7 @@
 //! groups).
 
 use super::conn::{ConnStatus, Phase};
+use super::timers::earliest;
 use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::{LgrEvent, LgrState};
 use smc_proto::clc_stream::FailReason;
@@ -365,14 +366,5 @@ pub(super) fn close_progress<P: Provider>(c: &mut super::conn::Conn<P>, now: Tim
             c.close_unsent = dp.unsent();
             c.close_deadline = Some(now + super::close::MAX_STREAM_WAIT);
         }
-    }
-}
-
-/// The earlier of two times, either of which may be none.
-#[inline]
-fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }

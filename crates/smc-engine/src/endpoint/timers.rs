@@ -50,7 +50,12 @@ pub(super) fn conn_deadline<P: Provider>(c: &Conn<P>) -> Option<Timestamp> {
         Phase::Smc { tcp_gone_deadline } => *tcp_gone_deadline,
         _ => None,
     };
-    match (phase, c.close_deadline) {
+    earliest(phase, c.close_deadline)
+}
+
+/// The earlier of two optional times (`None`: no time).
+pub(super) fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
@@ -68,10 +73,7 @@ impl<P: Provider> Endpoint<P> {
             return Some(self.now);
         }
         let conn = self.timers.peek().map(|Reverse((d, _))| *d);
-        match (conn, self.lgr_next) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        earliest(conn, self.lgr_next)
     }
 
     /// Runs what is due at `now` (and whatever else a [`Self::pump`] finds:

@@ -72,9 +72,6 @@ fn share(f: &File) {
     }
 }
 
-/// Creates the rundir if it is missing: mode 1777 (sticky, world-writable),
-/// so every user's processes can register and nobody can remove another's
-/// entries. An existing rundir keeps the mode its creator gave it.
 /// Creates `dir` as a rundir if it is missing: mode 1777, so that every
 /// user's processes can register in it and none can remove another's
 /// entries (see the README's threat model). An existing directory keeps its
