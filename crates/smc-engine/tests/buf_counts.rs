@@ -58,7 +58,11 @@ fn an_rmb_that_cannot_be_registered_is_downgraded_and_counted() {
     let data = vec![7u8; 100_000];
     let mut sent = 0;
     let mut got = 0;
+    let mut steps = 0;
     while got < data.len() {
+        // (a stall fails here instead of hanging)
+        assert!(steps < 100_000, "stalled at {got} of {} bytes", data.len());
+        steps += 1;
         sent += w.client.write(t.c, &data[sent..]).unwrap();
         got += w.server.read(t.s, 70_000).unwrap().len();
         w.step(&mut [&mut t]);

@@ -1,8 +1,5 @@
 //! A close while the send buffer still holds data for a peer that reads
-//! slowly (found live: a Linux 6.12 server over Soft-RoCE under emulation
-//! read 20 connections at a fraction of a MiB/s each, and our client's close
-//! dropped the tail of what `write` had accepted after 2 s, the peer seeing
-//! a clean end of file). Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) ends a
+//! slowly: everything `write` accepted must arrive. Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) ends a
 //! close's wait when the peer makes no room; a peer that keeps reading gets
 //! everything.
 

@@ -117,9 +117,8 @@ fn a_process_publishes_its_sockets_link_groups_and_counters() {
     assert_eq!(lg["conns"].as_u64(), Some(1));
     assert_eq!(lg["links"][0]["state"], "LINK_ACTIVE");
     assert_eq!(lg["links"][0]["conns"].as_u64(), Some(1));
-    // a v2 group keeps the peer's first-contact extension and the EID
-    // (v1 here, no UEID: a v2 group keeps the peer's first-contact
-    // extension and the EID, see smc-engine's tests/add_link.rs)
+    // v1 here, no UEID: no peer extension, no EID (a v2 group keeps both,
+    // see smc-engine's tests/add_link.rs)
     assert_eq!(lg["version"], 1, "{lg}");
     assert!(lg["peer_host"].is_null() && lg["eid"].is_null(), "{lg}");
     let c = &v["counters"];
