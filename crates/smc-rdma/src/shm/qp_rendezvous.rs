@@ -79,7 +79,15 @@ impl QpInner {
                     fds.push(c.as_fd());
                 }
             }
-            s.send(&hello.encode(), &fds)?;
+            // A peer that closes instead of answering (e.g. out of descriptors)
+            // may do so before our hello is sent: a refusal as well, not an
+            // I/O error of ours.
+            s.send(&hello.encode(), &fds).map_err(|e| {
+                Error::Connect(format!(
+                    "peer QP {} closed the connection: {e}",
+                    remote.qp_num
+                ))
+            })?;
             let mut b = [0u8; 128];
             let answer = match s.recv(&mut b) {
                 Ok((n, _)) => Msg::decode(&b[..n]),
