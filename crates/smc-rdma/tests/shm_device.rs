@@ -758,14 +758,30 @@ fn an_armed_cq_raises_one_event_per_arm() {
         signaled: true,
     })
     .unwrap();
-    assert_eq!(events(&p.chan), 1, "the publishing peer signals the armed receiver");
+    assert_eq!(
+        events(&p.chan),
+        1,
+        "the publishing peer signals the armed receiver"
+    );
     let w = p.poll_recv();
     assert_eq!((w[0].wr_id, w[0].byte_len), (1, 4));
-    assert_eq!(events(&p.chan), 0, "the receive of that arm signals no more");
-    assert_eq!(events(&l.chan), 1, "the consuming peer signals the armed sender");
+    assert_eq!(
+        events(&p.chan),
+        0,
+        "the receive of that arm signals no more"
+    );
+    assert_eq!(
+        events(&l.chan),
+        1,
+        "the consuming peer signals the armed sender"
+    );
     let w = l.poll_send();
     assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::Success));
-    assert_eq!(events(&l.chan), 0, "the send completion of that arm signals no more");
+    assert_eq!(
+        events(&l.chan),
+        0,
+        "the send completion of that arm signals no more"
+    );
     // Not armed: nothing signals.
     h.peer.post_recv(3, RECV_AREA, 64).unwrap();
     let (l, p) = (&h.local, &h.peer.ep);
