@@ -47,12 +47,15 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// Arms the send CQs that something waits on now and that [`Self::arm`]
-    /// (or an earlier call of this) left unarmed: for a caller that changed
-    /// the endpoint while a driver sleeps on [`Self::notify_fd`] (a write
-    /// that filled the send buffer or took the last send slot, a close).
-    /// Returns whether it armed any; then pump once (a completion may have
-    /// come in before arming). Cheap when there is nothing to arm: it looks
-    /// at the signaled SENDs in flight, a few per link.
+    /// (or an earlier call of this) left unarmed, and polls each of them
+    /// once (a completion may have come in before arming): for what starts
+    /// waiting while a driver sleeps on [`Self::notify_fd`] (a write that
+    /// filled the send buffer or took the last send slot, a close), and at
+    /// the end of every [`Self::pump`] (the look after [`Self::arm`] may
+    /// post CDCs that something waits on). Returns whether it armed any;
+    /// then what the poll took is handled by the next pump. Cheap when
+    /// there is nothing to arm: it looks at the signaled SENDs in flight, a
+    /// few per link.
     pub fn arm_sends(&mut self) -> Result<bool> {
         let mut armed = false;
         for l in 0..self.lgrs.len() {
@@ -65,6 +68,7 @@ impl<P: Provider> Endpoint<P> {
                         res.arm_send()?;
                         armed = true;
                     }
+                    self.poll_send(l, slot)?;
                 }
             }
         }

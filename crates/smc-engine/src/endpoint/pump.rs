@@ -133,6 +133,9 @@ impl<P: Provider> Endpoint<P> {
             self.scratch_due = ids;
         }
         self.prune_timers();
+        // A driver arms, then pumps once more before it sleeps: what that
+        // pump posted may be waited for by its send completion.
+        self.arm_sends()?;
         Ok(())
     }
 
