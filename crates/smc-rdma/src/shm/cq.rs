@@ -58,8 +58,10 @@ impl CqInner {
         let qpn = wc.qp_num;
         lock(&self.entries).push_back(wc);
         if self.armed.swap(false, SeqCst) {
+            // (taken: the arm is spent, and its rings need not stay mapped)
+            let claims = std::mem::take(&mut *lock(&self.claims));
             let mut told = false;
-            for c in lock(&self.claims).iter().filter(|c| c.qpn == qpn) {
+            for c in claims.iter().filter(|c| c.qpn == qpn) {
                 // (swapped in any case: the word's peer must not signal again)
                 told |= Ring(&c.ring).h(c.word).swap(0, SeqCst) == 0;
             }
