@@ -1056,7 +1056,14 @@ impl Drop for Locked<'_> {
             // a call since may wait for a send completion too (a write that
             // filled the send buffer or took the last send slot, a close):
             // that is armed now, then looked at once (`Endpoint::arm_sends`).
-            let missed = match self.guard.as_mut().map(|ep| ep.arm_sends()) {
+            // (not while unwinding: no pump in a panicking thread)
+            let look = !std::thread::panicking();
+            let missed = match self
+                .guard
+                .as_mut()
+                .filter(|_| look)
+                .map(|ep| ep.arm_sends())
+            {
                 Some(Ok(true)) => {
                     if let Some(ep) = self.guard.as_mut() {
                         self.shared.pump(ep);
