@@ -115,6 +115,7 @@
 //! [`QueuePair::prepare_remote`]: smc_rdma::QueuePair::prepare_remote
 
 mod add_link;
+mod arm;
 mod cdc_recv;
 mod cdc_send;
 mod close;

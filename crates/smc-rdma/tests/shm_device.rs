@@ -723,3 +723,97 @@ fn hostile_peer_ring_words_stall_only_its_link_and_not_forever() {
     assert_eq!(qp2.state(), QpState::Rts);
     assert_eq!(h.local.qp.state(), QpState::Rts);
 }
+
+/// Events on a completion channel since it was last looked at (the
+/// eventfd's counter, read and so reset).
+fn events<C: CompletionChannel>(chan: &C) -> u64 {
+    use std::io::Read;
+    let mut f = std::fs::File::from(chan.fd().try_clone_to_owned().unwrap());
+    let mut b = [0u8; 8];
+    match f.read(&mut b) {
+        Ok(8) => u64::from_ne_bytes(b),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+        r => panic!("eventfd read: {r:?}"),
+    }
+}
+
+/// One arm, one event (`ibv_req_notify_cq`): the peer that publishes our
+/// receive's SEND, or consumes our SEND, signals us for the arm; moving
+/// that completion into the CQ at our next poll must not signal again (a
+/// second write, and a spurious wake-up of the next sleep). A completion
+/// no peer announced still signals once per arm.
+#[test]
+fn an_armed_cq_raises_one_event_per_arm() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    h.peer.post_recv(1, RECV_AREA, 64).unwrap();
+    let (l, p) = (&h.local, &h.peer.ep);
+    events(&l.chan);
+    events(&p.chan);
+    p.rcq.req_notify().unwrap();
+    l.scq.req_notify().unwrap();
+    l.qp.post_send(&SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"ping"),
+        signaled: true,
+    })
+    .unwrap();
+    assert_eq!(
+        events(&p.chan),
+        1,
+        "the publishing peer signals the armed receiver"
+    );
+    let w = p.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (1, 4));
+    assert_eq!(
+        events(&p.chan),
+        0,
+        "the receive of that arm signals no more"
+    );
+    assert_eq!(
+        events(&l.chan),
+        1,
+        "the consuming peer signals the armed sender"
+    );
+    let w = l.poll_send();
+    assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::Success));
+    assert_eq!(
+        events(&l.chan),
+        0,
+        "the send completion of that arm signals no more"
+    );
+    // Not armed: nothing signals.
+    h.peer.post_recv(3, RECV_AREA, 64).unwrap();
+    let (l, p) = (&h.local, &h.peer.ep);
+    l.qp.post_send(&SendWr {
+        wr_id: 4,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"pong"),
+        signaled: true,
+    })
+    .unwrap();
+    assert_eq!(p.poll_recv().len(), 1);
+    assert_eq!(l.poll_send().len(), 1);
+    assert_eq!((events(&l.chan), events(&p.chan)), (0, 0), "unarmed");
+    // Armed again, a completion that only this side sees (a WRITE done at
+    // post) signals, once.
+    l.scq.req_notify().unwrap();
+    let r = h.remote.mr;
+    for wr_id in [5, 6] {
+        h.local
+            .qp
+            .post_send(&SendWr {
+                wr_id,
+                op: SendOp::RdmaWrite {
+                    remote_addr: r.addr + 8192,
+                    rkey: r.rkey,
+                },
+                payload: Payload::Inline(b"data"),
+                signaled: true,
+            })
+            .unwrap();
+    }
+    assert_eq!(events(&h.local.chan), 1, "the arm's event, from here");
+    assert_eq!(h.local.poll_send().len(), 2);
+    assert_eq!(events(&h.local.chan), 0);
+}

@@ -1050,17 +1050,38 @@ impl std::ops::DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        // A call may have given the engine an earlier deadline than the one
-        // the leader sleeps until (a close's wait for unsent data, a new
-        // handshake): wake it, once, to sleep again until the new one.
         let until = self.shared.leader_until.load(Ordering::Acquire);
         if until != NOBODY_SLEEPS {
+            // The leader armed what was waited for when it went to sleep;
+            // a call since may wait for a send completion too (a write that
+            // filled the send buffer or took the last send slot, a close):
+            // that is armed now, then looked at once (`Endpoint::arm_sends`).
+            // (not while unwinding: no pump in a panicking thread)
+            let look = !std::thread::panicking();
+            let missed = match self
+                .guard
+                .as_mut()
+                .filter(|_| look)
+                .map(|ep| ep.arm_sends())
+            {
+                Some(Ok(true)) => {
+                    if let Some(ep) = self.guard.as_mut() {
+                        self.shared.pump(ep);
+                    }
+                    false
+                }
+                Some(Ok(false)) | None => false,
+                Some(Err(_)) => true,
+            };
+            // A call may have given the engine an earlier deadline than the
+            // one the leader sleeps until (a close's wait for unsent data, a
+            // new handshake): wake it, once, to sleep again until the new one.
             let earlier = self
                 .guard
                 .as_ref()
                 .and_then(|ep| ep.poll_timeout())
                 .is_some_and(|t| nanos(t) < until);
-            if earlier
+            if (earlier || missed)
                 && self
                     .shared
                     .leader_until

@@ -105,6 +105,9 @@ pub(super) struct LinkRes<P: Provider> {
     free_large: Vec<u16>,
     pub sends_in_flight: usize,
     pub next_wr: u64,
+    /// The send CQ was armed by the last [`Self::arm`] or since (an armed CQ
+    /// stays armed until its event, which wakes the driver, who arms again).
+    pub send_armed: bool,
 }
 
 impl<P: Provider> LinkRes<P> {
@@ -174,6 +177,7 @@ impl<P: Provider> LinkRes<P> {
             free_large: (0..LARGE_SLOTS as u16).rev().collect(),
             sends_in_flight: 0,
             next_wr: 1 << 32,
+            send_armed: false,
         })
     }
 
@@ -320,10 +324,29 @@ impl<P: Provider> LinkRes<P> {
         Some(kind)
     }
 
-    /// Asks both CQs to signal the endpoint's channel at their next completion.
-    pub fn arm(&self) -> Result<()> {
-        self.scq.req_notify()?;
+    /// Asks the receive CQ, and the send CQ if `send`, to signal the
+    /// endpoint's channel at their next completion (see `endpoint/arm.rs`).
+    pub fn arm(&mut self, send: bool) -> Result<()> {
+        // (false also when an earlier arm may still hold: `arm_sends` then
+        // arms again rather than trust it)
+        self.send_armed = false;
+        if send {
+            self.arm_send()?;
+        }
         self.rcq.req_notify()
+    }
+
+    /// Asks the send CQ to signal the endpoint's channel at its next completion.
+    pub fn arm_send(&mut self) -> Result<()> {
+        self.scq.req_notify()?;
+        self.send_armed = true;
+        Ok(())
+    }
+
+    /// Whether a SEND of any size could take a send slot now (inline ones
+    /// need none).
+    pub fn has_free_slots(&self) -> bool {
+        self.sendbuf.is_none() || (!self.free_small.is_empty() && !self.free_large.is_empty())
     }
 
     /// The QP has failed (posting to it fails with this, completions flush).

@@ -2,7 +2,7 @@
 //! close and peer-gone deadlines, link-group timers (TEST_LINK, LLC
 //! timeouts, idle groups), device events, completions and LLC output, sending
 //! — and frees finished connections; the completion channel a driver sleeps
-//! on between pumps ([`Endpoint::arm`], [`Endpoint::notify_fd`]).
+//! on between pumps ([`Endpoint::notify_fd`]; what it arms: `endpoint/arm.rs`).
 //!
 //! Linux runs the same from tasklets and work queues (smc_wr.c completion
 //! tasklets, smc_core.c `smc_lgr_free_work`, smc_close.c timers); here time
@@ -133,6 +133,9 @@ impl<P: Provider> Endpoint<P> {
             self.scratch_due = ids;
         }
         self.prune_timers();
+        // A driver arms, then pumps once more before it sleeps: what that
+        // pump posted may be waited for by its send completion.
+        self.arm_sends()?;
         Ok(())
     }
 
@@ -303,20 +306,6 @@ impl<P: Provider> Endpoint<P> {
                 self.lgr_step(l, LgrEvent::LastConnGone);
             }
         }
-    }
-
-    /// Asks every completion queue to signal the endpoint's descriptor
-    /// ([`Self::notify_fd`]) at its next completion. Arm, then [`Self::pump`] once
-    /// more (a completion may have come in before arming), then sleep on the
-    /// descriptor: nothing is missed, and while nobody sleeps peers post without
-    /// a system call.
-    pub fn arm(&mut self) -> Result<()> {
-        for lg in self.lgrs.iter().flatten() {
-            for res in lg.links.iter().flatten() {
-                res.arm()?;
-            }
-        }
-        Ok(())
     }
 
     /// A descriptor that becomes readable when an armed completion queue gets a

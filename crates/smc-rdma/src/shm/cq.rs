@@ -2,13 +2,22 @@
 //! when polled, makes progress on its QPs (there is no data-path thread);
 //! an armed CQ signals its [`ShmChannel`], an eventfd, at its next
 //! completion (the verbs `ibv_req_notify_cq` / `ibv_get_cq_event` pair).
+//!
+//! One arm, one event, as `ibv_req_notify_cq` has it. The event of an arm
+//! can be raised in two places: by the peer, which sees the notify word we
+//! set in a ring (`R_RX_NOTIFY` in ours, `R_TX_NOTIFY` in its) and swaps it
+//! to 0 before it writes our eventfd, or here, when a poll of ours moves a
+//! completion into the queue. Whoever swaps a word first tells the sleeper;
+//! a completion pushed here signals only when no word of its QP was taken
+//! (see [`CqInner::push`]), so a peer's wake-up is not followed by a second
+//! one of our own for the same arm.
 
 use super::lock;
 use super::qp::{QpInner, Stage};
 use super::qp_progress::slot_taken;
 
 use super::layout::*;
-use crate::sys::EventFd;
+use crate::sys::{EventFd, SharedMem};
 use crate::verbs::*;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -22,15 +31,50 @@ pub(super) struct CqInner {
     pub(super) armed: AtomicBool,
     pub(super) chan: Option<Arc<EventFd>>,
     pub(super) qps: Mutex<Vec<Weak<QpInner>>>,
+    /// The notify words the last `req_notify` set to 1, by QP number: a
+    /// word found 0 again means that QP's peer took the arm's event and
+    /// signalled the channel itself.
+    pub(super) claims: Mutex<Vec<Claim>>,
+}
+
+/// A ring notify word a peer swaps to 0 when it signals us (see the module
+/// documentation).
+pub(super) struct Claim {
+    qpn: u32,
+    ring: Arc<SharedMem>,
+    word: usize,
 }
 
 impl CqInner {
+    /// Queues `wc`; signals the channel if the CQ is armed and the event of
+    /// the arm has not been raised yet. A completion after an arm therefore
+    /// wakes the sleeper exactly once: here, or by the peer of its QP that
+    /// took the word first (it signals right after its swap). Only the
+    /// words of `wc`'s own QP are looked at, so a peer that clears its words
+    /// without signalling can hold back the wake-ups of its own link's
+    /// messages, which it could withhold anyway, and no other QP's; a QP's
+    /// failure signals regardless (`QpInner::fail_locked`).
     pub(super) fn push(&self, wc: WorkCompletion) {
+        let qpn = wc.qp_num;
         lock(&self.entries).push_back(wc);
         if self.armed.swap(false, SeqCst) {
-            if let Some(c) = &self.chan {
-                c.signal();
+            // (taken: the arm is spent, and its rings need not stay mapped)
+            let claims = std::mem::take(&mut *lock(&self.claims));
+            let mut told = false;
+            for c in claims.iter().filter(|c| c.qpn == qpn) {
+                // (swapped in any case: the word's peer must not signal again)
+                told |= Ring(&c.ring).h(c.word).swap(0, SeqCst) == 0;
             }
+            if !told {
+                self.signal();
+            }
+        }
+    }
+
+    /// Signals the channel, armed or not.
+    pub(super) fn signal(&self) {
+        if let Some(c) = &self.chan {
+            c.signal();
         }
     }
 }
@@ -113,23 +157,41 @@ impl CompletionQueue for ShmCq {
         false
     }
 
+    /// Sets the notify words of the CQ's QPs, records them, then arms: a
+    /// completion pushed before `armed` is set signals nobody (the caller
+    /// polls after arming, as with verbs), and a push after it finds the
+    /// words of this arm (never a stale 0 of an earlier one, which it would
+    /// take for a peer's signal).
     fn req_notify(&self) -> Result<()> {
-        self.inner.armed.store(true, SeqCst);
         let qps: Vec<Arc<QpInner>> = lock(&self.inner.qps)
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
+        let mut claims = Vec::with_capacity(qps.len());
         for qp in qps {
             let c = lock(&qp.core);
             if Arc::ptr_eq(&qp.recv_cq, &self.inner) {
                 Ring(&c.ring).h(R_RX_NOTIFY).store(1, SeqCst);
+                claims.push(Claim {
+                    qpn: qp.qpn,
+                    ring: c.ring.clone(),
+                    word: R_RX_NOTIFY,
+                });
             }
             if Arc::ptr_eq(&qp.send_cq, &self.inner) {
                 if let Some(l) = &c.link {
                     Ring(&l.peer_ring).h(R_TX_NOTIFY).store(1, SeqCst);
+                    claims.push(Claim {
+                        qpn: qp.qpn,
+                        ring: l.peer_ring.clone(),
+                        word: R_TX_NOTIFY,
+                    });
                 }
             }
         }
+        // (not under a QP's lock: `push` takes this one under it)
+        *lock(&self.inner.claims) = claims;
+        self.inner.armed.store(true, SeqCst);
         Ok(())
     }
 }

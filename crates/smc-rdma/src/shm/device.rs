@@ -363,6 +363,7 @@ impl Device for ShmDevice {
                 armed: AtomicBool::new(false),
                 chan: channel.map(|c| c.inner.clone()),
                 qps: Mutex::new(vec![]),
+                claims: Mutex::new(vec![]),
             }),
         })
     }

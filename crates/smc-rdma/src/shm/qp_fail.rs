@@ -9,6 +9,7 @@ use super::{lock, lock_within};
 use super::layout::*;
 use crate::verbs::*;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
 use std::time::Duration;
 
 impl QpInner {
@@ -50,6 +51,8 @@ impl QpInner {
                 return; // a bad message among them failed the QP already
             }
         }
+        // (a peer that took an event and died before signalling it: see below)
+        let had_peer = c.link.is_some();
         c.state = QpState::Err;
         self.live.store(false, SeqCst);
         self.fail_pending.store(false, SeqCst);
@@ -89,6 +92,16 @@ impl QpInner {
                 None,
                 self.qpn,
             ));
+        }
+        // Whoever sleeps on our channels looks, armed or not: the event of an
+        // arm may have been taken by the peer (its notify word swapped) that
+        // then died before it wrote our eventfd, and the flush completions
+        // above would not signal again for that arm (see `CqInner::push`).
+        if had_peer {
+            self.send_cq.signal();
+            if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+                self.recv_cq.signal();
+            }
         }
         self.release_link(c);
         if event {

@@ -1,0 +1,142 @@
+//! Which completion queues a sleeping driver arms ([`Endpoint::arm`]): every
+//! link's receive CQ, and a link's send CQ only while something waits for
+//! one of its send completions. A send completion frees a send slot and the
+//! send-buffer space of its CDC's data (`DataPath::on_cdc_sent`, RFC 7609
+//! §4.5: the sender's buffer is released when the CDC's send completed, as
+//! in the kernel's smc_cdc.c `smc_cdc_tx_handler`); a reader waiting for
+//! data needs none of that, and with the send CQ armed the peer would wake
+//! it for the completion of its own last message (the shared-memory device
+//! signals the sender when it consumes its SEND).
+//!
+//! Whatever can only be unblocked by a send completion keeps the send CQ
+//! armed: a link whose send slots are all taken (CDCs and LLC messages wait
+//! for one), LLC messages and failover validation CDCs in flight, a link
+//! or group that is not plainly up, and CDCs of connections that are not
+//! plainly open with room to write — a full send buffer (a writer waits), data
+//! not yet sent or a CDC owed (a flush may wait for a slot), a close in
+//! progress (its last CDC must complete before the connection is freed,
+//! see `reap`), a failover or move (they wait for the old link's CDCs).
+
+use super::conn::{Conn, Phase};
+use super::link::MAX_SENDS;
+use super::{Endpoint, LgrId, Result};
+use crate::state::LgrState;
+use smc_proto::close::CloseState;
+use smc_proto::link::LinkState;
+use smc_rdma::Provider;
+
+impl<P: Provider> Endpoint<P> {
+    /// Asks the completion queues to signal the endpoint's descriptor
+    /// ([`Self::notify_fd`]) at their next completion: every receive CQ, and
+    /// the send CQs whose completions something waits for (see the module
+    /// documentation). Arm, then [`Self::pump`] once more (a completion may
+    /// have come in before arming), then sleep on the descriptor: nothing is
+    /// missed, and while nobody sleeps peers post without a system call.
+    /// What starts to wait for a send completion while a driver sleeps is
+    /// armed by [`Self::arm_sends`].
+    pub fn arm(&mut self) -> Result<()> {
+        for l in 0..self.lgrs.len() {
+            for slot in 0..smc_proto::link::LINK_SLOTS {
+                let send = self.awaits_send_completions(l, slot);
+                if let Some(res) = self.link_res_mut(l, slot) {
+                    res.arm(send)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Arms the send CQs that something waits on now and that [`Self::arm`]
+    /// (or an earlier call of this) left unarmed, and polls each of them
+    /// once (a completion may have come in before arming): for what starts
+    /// waiting while a driver sleeps on [`Self::notify_fd`] (a write that
+    /// filled the send buffer or took the last send slot, a close), and at
+    /// the end of every [`Self::pump`] (the look after [`Self::arm`] may
+    /// post CDCs that something waits on). Returns whether it armed any;
+    /// then what the poll took is handled by the next pump. Cheap when
+    /// there is nothing to arm: it looks at the signaled SENDs in flight, a
+    /// few per link.
+    pub fn arm_sends(&mut self) -> Result<bool> {
+        let mut armed = false;
+        for l in 0..self.lgrs.len() {
+            for slot in 0..smc_proto::link::LINK_SLOTS {
+                let unarmed = self
+                    .link_res_mut(l, slot)
+                    .is_some_and(|res| !res.send_armed && !res.wrs.is_empty());
+                if unarmed && self.awaits_send_completions(l, slot) {
+                    if let Some(res) = self.link_res_mut(l, slot) {
+                        res.arm_send()?;
+                        armed = true;
+                    }
+                    self.poll_send(l, slot)?;
+                }
+            }
+        }
+        Ok(armed)
+    }
+
+    fn link_res_mut(&mut self, l: LgrId, slot: usize) -> Option<&mut super::link::LinkRes<P>> {
+        self.lgrs
+            .get_mut(l)
+            .and_then(Option::as_mut)
+            .and_then(|lg| lg.links.get_mut(slot))
+            .and_then(Option::as_mut)
+    }
+
+    /// Whether something waits for a send completion of link `slot` of
+    /// group `l` (see the module documentation).
+    fn awaits_send_completions(&self, l: LgrId, slot: usize) -> bool {
+        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+            return false;
+        };
+        let Some(res) = lg.links.get(slot).and_then(Option::as_ref) else {
+            return false;
+        };
+        if res.wrs.is_empty() {
+            // nothing signaled in flight: no send completion to wait for (a
+            // failed QP also flushes its receives, on the receive CQ)
+            return false;
+        }
+        if res.sends_in_flight >= MAX_SENDS
+            || !res.has_free_slots()
+            || lg.state != LgrState::Active
+            || lg
+                .group
+                .link(slot)
+                .is_none_or(|k| k.state != LinkState::Active)
+        {
+            return true;
+        }
+        res.wrs.iter().any(|&(_, kind, _)| match kind {
+            super::link::WrKind::Llc | super::link::WrKind::Validation => true,
+            super::link::WrKind::Cdc(id, _) => self
+                .conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| conn_awaits_send_completion(c, slot)),
+        })
+    }
+}
+
+/// Whether connection `c`, with a CDC in flight on link `slot`, may wait for
+/// its completion: anything but an open connection on that link with room in
+/// its send buffer and nothing left to send.
+fn conn_awaits_send_completion<P: Provider>(c: &Conn<P>, slot: usize) -> bool {
+    if !matches!(c.phase, Phase::Smc { .. })
+        || c.link != Some(slot)
+        || c.move_to.is_some()
+        || c.validation.is_some()
+        || c.close_deadline.is_some()
+        || c.tx_dirty
+        || c.closer.state() != CloseState::Active
+    {
+        return true;
+    }
+    c.dp.as_ref().is_none_or(|dp| {
+        dp.sndbuf_free() == 0
+            || dp.unsent() > 0
+            || dp.cdc_wanted()
+            || dp.urgent_pending()
+            || dp.close_pending()
+    })
+}
