@@ -244,6 +244,9 @@ impl ProtectionDomain for FaultyPd {
     fn alloc_mr(&self, len: usize, access: smc_rdma::Access) -> smc_rdma::Result<SimMr> {
         self.pd.alloc_mr(len, access)
     }
+    fn share_mr(&self, mr: &SimMr, access: smc_rdma::Access) -> smc_rdma::Result<SimMr> {
+        self.pd.share_mr(mr, access)
+    }
     fn create_qp(
         &self,
         send_cq: &SimCq,
