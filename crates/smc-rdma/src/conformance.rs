@@ -1163,10 +1163,16 @@ pub fn shared_mr_two_devices<P: Provider>(
         "post write on B",
     )?;
     let w = wait(&pb, 1)?;
-    ensure!(w.status == WcStatus::Success, "write through B's rkey: {w:?}");
+    ensure!(
+        w.status == WcStatus::Success,
+        "write through B's rkey: {w:?}"
+    );
     let mut got = vec![0; 8192];
     e(oa.mr.read_at(4096, &mut got), "read A")?;
-    ensure!(got == data, "B's write not visible through A's registration");
+    ensure!(
+        got == data,
+        "B's write not visible through A's registration"
+    );
 
     // the peer of A writes through A's rkey: the bytes show through B's view
     let data2 = pattern(22, 4096);
@@ -1178,15 +1184,22 @@ pub fn shared_mr_two_devices<P: Provider>(
         "post write on A",
     )?;
     let w = wait(&pa, 2)?;
-    ensure!(w.status == WcStatus::Success, "write through A's rkey: {w:?}");
+    ensure!(
+        w.status == WcStatus::Success,
+        "write through A's rkey: {w:?}"
+    );
     let mut got = vec![0; 4096];
     e(shared.read_at(0, &mut got), "read B")?;
-    ensure!(got == data2, "A's write not visible through B's registration");
+    ensure!(
+        got == data2,
+        "A's write not visible through B's registration"
+    );
 
     // B's registration goes: A's stays, and so does the memory
     drop(shared);
     e(
-        pa.qp.post_send(&write_wr(3, &[sge], a.addr + 8192, a.rkey, true)),
+        pa.qp
+            .post_send(&write_wr(3, &[sge], a.addr + 8192, a.rkey, true)),
         "post write on A",
     )?;
     let w = wait(&pa, 3)?;

@@ -529,9 +529,9 @@ impl St {
                     mr.dev == dq.dev
                         && mr.pd == dq.pd
                         && mr.access.contains(Access::REMOTE_WRITE)
-                        && addr.checked_sub(mr.addr).is_some_and(|off| {
-                            check_range(off as usize, len, mr.len()).is_ok()
-                        })
+                        && addr
+                            .checked_sub(mr.addr)
+                            .is_some_and(|off| check_range(off as usize, len, mr.len()).is_ok())
                 });
             if !ok {
                 return Outcome::Nak(WcStatus::RemoteAccessError);

@@ -807,7 +807,8 @@ impl Mr {
     pub fn register_again(pd: &Arc<Pd>, other: &Mr, access: c_int) -> std::io::Result<Mr> {
         // SAFETY: live PD; `other.base..+len` stays mapped while this
         // registration lives (it holds the mapping's Arc).
-        let mr = unsafe { (pd.ctx.lib.reg_mr)(pd.pd, other.base as *mut c_void, other.len, access) };
+        let mr =
+            unsafe { (pd.ctx.lib.reg_mr)(pd.pd, other.base as *mut c_void, other.len, access) };
         if mr.is_null() {
             return Err(errno());
         }
