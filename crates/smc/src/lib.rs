@@ -83,7 +83,7 @@ mod sysid;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
-pub use ctx::{state, DeviceState};
+pub use ctx::{redundancy, state, DeviceState};
 pub use listen::SmcListener;
 pub use stream::{Fallback, Mode, SmcStream};
 
