@@ -3,10 +3,10 @@
 //! PNET ID, and `SMC_REDUNDANCY=1`. The client opens 8 connections over the
 //! first pair; the server adds a second link to their link group by
 //! ADD_LINK over the second devices (visible in `smc::state()`); 8
-//! checksummed streams run both ways, the client's end of the second veth
-//! pair is taken down mid-stream, and every stream completes with its
-//! checksum (its connections moved to the first link). Root (BPF,
-//! namespaces).
+//! checksummed streams run both ways, the client's end of one veth pair is
+//! taken down mid-stream (the second pair, then in a new run the first),
+//! and every stream completes with its checksum (the connections of the
+//! lost link moved to the other). Root (BPF, namespaces).
 //!
 //! The children are this test binary again in their namespaces
 //! (`SMC_REDUNDANCY_ROLE`), entered with `nsenter --net` as in `netns.rs`;
@@ -334,16 +334,28 @@ fn a_two_link_group_survives_a_veth_going_down_mid_stream() {
         0,
         "needs root (BPF, network namespaces); CI runs as root"
     );
+    // the second pair (the link ADD_LINK added), then the first (the first
+    // contact's link; TCP, idle after the handshakes, runs over it too)
+    for cut in [1, 0] {
+        cut_one_pair(cut);
+    }
+}
+
+/// One run: the client's end of pair `cut` (0: the first) goes down.
+fn cut_one_pair(cut: usize) {
     let pid = std::process::id();
     let mut lab = Lab::default();
-    let (ns_s, ns_c) = (format!("smc-red-s{pid}"), format!("smc-red-c{pid}"));
+    let (ns_s, ns_c) = (
+        format!("smc-red-s{cut}{pid}"),
+        format!("smc-red-c{cut}{pid}"),
+    );
     for ns in [&ns_s, &ns_c] {
         run("ip", &["netns", "add", ns]);
         lab.namespaces.push(ns.clone());
         run("ip", &["-n", ns, "link", "set", "lo", "up"]);
     }
     let ifs: Vec<(String, String)> = (1..=2)
-        .map(|k| (format!("smcrs{k}{pid}"), format!("smcrc{k}{pid}")))
+        .map(|k| (format!("smcrs{k}{cut}{pid}"), format!("smcrc{k}{cut}{pid}")))
         .collect();
     for ((if_s, if_c), (ip_s, ip_c)) in ifs
         .iter()
@@ -368,7 +380,7 @@ fn a_two_link_group_survives_a_veth_going_down_mid_stream() {
         wait_up(&ns_s, if_s);
         wait_up(&ns_c, if_c);
     }
-    let dir = std::env::temp_dir().join(format!("smc-redundancy-test-{pid}"));
+    let dir = std::env::temp_dir().join(format!("smc-redundancy-test-{pid}-{cut}"));
     lab.dir = Some(dir.clone());
     std::fs::create_dir_all(dir.join("run")).unwrap();
     std::fs::create_dir_all(dir.join("conf")).unwrap();
@@ -398,15 +410,16 @@ fn a_two_link_group_survives_a_veth_going_down_mid_stream() {
     let links = expect_line(&mut cli_out, "client", "client ready links ");
     assert_eq!(links, "2", "a two-link group formed by ADD_LINK");
     expect_line(&mut cli_out, "client", "client quarter");
-    // the client's end of the second pair goes down mid-stream
-    run("ip", &["-n", &ns_c, "link", "set", &ifs[1].1, "down"]);
+    // the client's end of one pair goes down mid-stream
+    run("ip", &["-n", &ns_c, "link", "set", &ifs[cut].1, "down"]);
     writeln!(cli_in, "cut").unwrap();
-    let cut = expect_line(&mut cli_out, "client", "client cut at ");
-    let w: Vec<&str> = cut.split_whitespace().collect();
+    let cut_line = expect_line(&mut cli_out, "client", "client cut at ");
+    let w: Vec<&str> = cut_line.split_whitespace().collect();
     let (at, total): (u64, u64) = (w[0].parse().unwrap(), w[2].parse().unwrap());
-    assert!(at < total, "the cut came after the transfer: {cut}");
+    assert!(at < total, "the cut came after the transfer: {cut_line}");
     eprintln!(
-        "cut at {at} of {total} bytes received; traffic again after {} us",
+        "pair {}: cut at {at} of {total} bytes received; every connection received again after {} us",
+        cut + 1,
         w[4]
     );
     let c = hashes(&mut cli_out, "client");
