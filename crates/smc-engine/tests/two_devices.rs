@@ -207,3 +207,19 @@ fn a_second_link_forms_on_the_second_devices_and_survives_a_port_failure() {
         streams(&mut w, &[&t, &t2, &t0, &ts[5]], 100_000, |_, _| {});
     }
 }
+
+/// A simulation seed that found a two-device bug, 8018: a reused group's
+/// Confirm named the client's link on its first device, whose port went
+/// down before the server read the Confirm; the server put that device's
+/// rkey into the column of the link the connection had moved to (on the
+/// second device, where the rkey is another), and the client's RMB could
+/// not be reached (the urgent byte, and the rest, never arrived). The CLC
+/// rkey now goes into the column of the link the message names, or finds
+/// the row of the peer's CONFIRM_RKEY (`Lgr::add_clc_rtoken`).
+#[test]
+fn two_device_simulation_seed_8018() {
+    let seed = 8018;
+    let r = smc_engine::simulate::run(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    assert!(r.second_device && r.survivable_fault, "seed {seed}");
+    assert_eq!(r.handshake_resets, 0, "seed {seed}: a connection was reset");
+}

@@ -93,6 +93,31 @@ impl<P: Provider> Lgr<P> {
         }
     }
 
+    /// Records the peer RMB a CLC Accept / Confirm announces for a
+    /// connection now on link `slot`; returns its rtoken row. The rkey is
+    /// the peer's on the link the message names (its QP and GID, §1.11),
+    /// which is `slot` unless that link failed meanwhile and the connection
+    /// moved: on two devices the rkeys differ per link, so the rkey goes
+    /// into the named link's column, or — that link gone — finds the row
+    /// the peer's CONFIRM_RKEY flow made (which has every link's rkey).
+    pub(super) fn add_clc_rtoken(
+        &mut self,
+        slot: usize,
+        peer: &smc_wire::clc::AcceptConfirm,
+    ) -> std::result::Result<usize, smc_proto::link::RtokenTableFull> {
+        let named = (0..self.links.len()).find(|&s| {
+            self.links[s]
+                .as_ref()
+                .is_some_and(|r| r.connected && r.peer_qpn == peer.qpn && r.peer_gid == peer.gid)
+        });
+        let known = (0..self.links.len()).find_map(|s| self.group.find_rtoken(s, peer.rmb_rkey));
+        match (named, known) {
+            (Some(s), _) => self.group.add_rtoken(s, peer.rmb_rkey, peer.rmb_vaddr),
+            (None, Some(row)) => Ok(row),
+            (None, None) => self.group.add_rtoken(slot, peer.rmb_rkey, peer.rmb_vaddr),
+        }
+    }
+
     /// A connection's buffers, registered on the group's second PD too if
     /// it has one (and known to its links there).
     pub(super) fn share_bufs(&mut self, rmb: &P::Mr, sndbuf: &P::Mr) -> Result<()> {

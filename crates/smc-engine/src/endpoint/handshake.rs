@@ -324,9 +324,10 @@ impl<P: Provider> Endpoint<P> {
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return false;
         };
-        // The rkey in CLC is the peer RMB's on the link the CLC names — the
-        // connection's link (§1.11): its row may already exist from CONFIRM_RKEY.
-        let Ok(row) = lg.group.add_rtoken(slot, peer.rmb_rkey, peer.rmb_vaddr) else {
+        // The rkey in CLC is the peer RMB's on the link the CLC names (§1.11),
+        // which the connection may have left since (see `Lgr::add_clc_rtoken`):
+        // its row may already exist from CONFIRM_RKEY.
+        let Ok(row) = lg.add_clc_rtoken(slot, peer) else {
             return false;
         };
         let sndbuf_len = self.cfg.sndbuf_len;
