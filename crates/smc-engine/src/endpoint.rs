@@ -66,9 +66,11 @@
 //! ([`Endpoint::set_redundancy`], `endpoint/add_link.rs`); off (the default) a
 //! peer's ADD_LINK is rejected and CONFIRM_LINK advertises one link. Tests may
 //! still bring a link up without LLC ([`Endpoint::extra_link_offer`] /
-//! [`Endpoint::extra_link_accept`]). Limits: one device per endpoint, so all
-//! links of a group share its port; the links of a group share one protection
-//! domain (see `endpoint/link.rs`).
+//! [`Endpoint::extra_link_accept`]). An endpoint may have a second device
+//! ([`Endpoint::open_second_device`], `endpoint/devices.rs`) on which further
+//! links go, so that a port or device failure leaves the group a link; the
+//! links of a group on one device share one protection domain (see
+//! `endpoint/link.rs`).
 //!
 //!
 //! # Where things are
@@ -96,6 +98,7 @@
 //! | `failover.rs` | link down, failover, moving a connection between links |
 //! | `add_link.rs` | the driver's part of the ADD_LINK flow (further links negotiated) |
 //! | `extra_link.rs` | further links without LLC (a test bring-up) |
+//! | `devices.rs` | the second device: where a new link goes, buffers registered on it |
 //! | `pump.rs` | progress: `pump`, connection timers, reaping, the completion channel |
 //! | `timers.rs` | when the endpoint next needs to run: `poll_timeout`, `handle_timeout` |
 //! | `inspect.rs` | read-only views for tests, tools and diagnostics |
@@ -120,6 +123,7 @@ mod cdc_recv;
 mod cdc_send;
 mod close;
 mod conn;
+mod devices;
 mod events;
 mod extra_link;
 mod failover;
@@ -195,6 +199,8 @@ pub struct EndpointConfig {
 pub struct Endpoint<P: Provider> {
     cfg: EndpointConfig,
     dev: P::Device,
+    /// A second device for further links (`endpoint/devices.rs`).
+    dev2: Option<P::Device>,
     /// One completion channel for every CQ of this endpoint: a single
     /// descriptor to sleep on (see [`Endpoint::arm`]).
     chan: P::Channel,
@@ -291,6 +297,7 @@ impl<P: Provider> Endpoint<P> {
         Ok(Endpoint {
             cfg,
             dev,
+            dev2: None,
             chan,
             completions: 0,
             scratch_ids: Vec::new(),

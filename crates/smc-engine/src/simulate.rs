@@ -14,7 +14,13 @@
 //! at random (§6), a QP error then hits one of the two links, whose
 //! connections fail over to the other (§7.2) and the server adds a link again;
 //! or a QP fails while an ADD_LINK flow runs — the new link's (the flow fails,
-//! nothing may be lost) or the existing link's. In a share of the runs
+//! nothing may be lost) or the existing link's. In half of those runs each
+//! endpoint has a second device (`Endpoint::open_second_device`) and the
+//! second link runs over the second devices, its RMBs registered there too;
+//! a port going down (on either device) then leaves the group its other
+//! link, and nothing may be lost — except that a connection whose CLC
+//! handshake was under way may be reset (see `ConnRun::handshake_at_port_down`).
+//! A crashed process answers on none of its devices. In a share of the runs
 //! (drawn from a generator of their own, so that the other choices of a seed
 //! stay) the provider's `QueuePair::prepare_remote` fails now and then, and in
 //! another share the first link of a first contact fails on both sides at once
@@ -244,6 +250,9 @@ impl ProtectionDomain for FaultyPd {
     fn alloc_mr(&self, len: usize, access: smc_rdma::Access) -> smc_rdma::Result<SimMr> {
         self.pd.alloc_mr(len, access)
     }
+    fn share_mr(&self, mr: &SimMr, access: smc_rdma::Access) -> smc_rdma::Result<SimMr> {
+        self.pd.share_mr(mr, access)
+    }
     fn create_qp(
         &self,
         send_cq: &SimCq,
@@ -385,6 +394,12 @@ pub struct Report {
     pub virtual_time: Duration,
     /// A second link came up in the link group.
     pub second_link: bool,
+    /// That second link ran over the endpoints' second devices.
+    pub second_device: bool,
+    /// Connections reset because their handshake was under way when a
+    /// device's port went down and the peer's RMB could not be placed
+    /// (see `ConnRun::handshake_at_port_down`).
+    pub handshake_resets: usize,
     /// The fault was a QP error on one of two usable links (failover).
     pub survivable_fault: bool,
     /// Connections moved between healthy links.
@@ -433,6 +448,13 @@ struct ConnRun {
     phases: (Option<HandshakePhase>, Option<HandshakePhase>),
     /// Its first link was failed on purpose after the CLC exchange.
     link_fault: bool,
+    /// Its CLC handshake was under way when a device's port went down in a
+    /// two-device run: the Accept / Confirm may name a link that is gone by
+    /// the time it is read, whose rkey (that device's) the reader then
+    /// cannot always place (`Lgr::add_clc_rtoken`): it is reset then (an
+    /// abort for want of the peer's RMB, `AbortCause::Local`), which the
+    /// run allows; anything else must deliver every byte.
+    handshake_at_port_down: bool,
 }
 
 /// Moves the bytes on a "TCP" wire that have arrived by `now` to the receiver.
@@ -592,6 +614,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 ended: false,
                 phases: (None, None),
                 link_fault: false,
+                handshake_at_port_down: false,
             }
         })
         .collect();
@@ -623,10 +646,29 @@ pub fn run(seed: u64) -> Result<Report, String> {
     // client has an alternate path in most runs; without one it rejects
     // ("no alternate path") and the group stays single.
     let client_alt = multi_link && rng.chance(85);
+    // Half of the multi-link runs with an alternate path on the client give
+    // each endpoint a second device (`Endpoint::open_second_device`): the
+    // second link then runs over the second devices, with the RMBs
+    // registered there too. Drawn from a generator of its own, so that the
+    // other choices of a seed stay.
+    let two_devices = client_alt && Rng::new(seed ^ 0x7E0D_E71C_E5ED_0017).chance(50);
+    if two_devices {
+        for (name, ip, ep) in [
+            ("simC2", IpAddr::from([10, 78, 0, 1]), &mut client),
+            ("simS2", IpAddr::from([10, 78, 0, 2]), &mut server),
+        ] {
+            fabric
+                .add_device_with_addrs(name, None, &[ip], true)
+                .map_err(|e| e.to_string())?;
+            ep.open_second_device(&provider, name)
+                .map_err(|e| e.to_string())?;
+        }
+    }
     if multi_link {
+        let server_alt = rng.chance(50);
         server.set_redundancy(Redundancy {
             enabled: true,
-            alternate: rng.chance(50),
+            alternate: server_alt || two_devices,
         });
         client.set_redundancy(Redundancy {
             enabled: true,
@@ -643,7 +685,17 @@ pub fn run(seed: u64) -> Result<Report, String> {
         });
         add_fault_delay = rng.below(4);
     }
+    // the device whose port a PortDown fault takes down: the first one, or
+    // in half the two-device runs the second
+    let port_second = two_devices && Rng::new(seed ^ 0x9087_D0E5_5EC0_0D17).chance(50);
+    let mut port_dev = match fault {
+        Some(Fault::PortDown { client: true }) => "simC",
+        _ => "simS",
+    };
     let mut steps = 0u64;
+    // connections a side aborted because it could not reach the peer's RMB
+    // (`AbortCause::Local`): (client side, its id)
+    let mut local_aborts: Vec<(bool, ConnId)> = Vec::new();
     let mut survivable = false;
     let mut fault_done = false;
     let mut fault_undo: Option<Duration> = None;
@@ -745,7 +797,35 @@ pub fn run(seed: u64) -> Result<Report, String> {
                         }
                     }
                     Fault::PortDown { client: on_client } => {
-                        let _ = fabric.set_port(dev(on_client), false);
+                        // With a link on each device on both sides, the
+                        // port of one device going down leaves the group
+                        // the other link: nothing may be lost (§7.2).
+                        let across = |ep: &Endpoint<Faulty>| {
+                            (0..8).any(|l| {
+                                let on: Vec<Option<bool>> = ep
+                                    .usable_links(l)
+                                    .iter()
+                                    .map(|&s| ep.link_on_second_device(l, s))
+                                    .collect();
+                                on.contains(&Some(true)) && on.contains(&Some(false))
+                            })
+                        };
+                        if two_devices && across(&client) && across(&server) {
+                            survivable = true;
+                            for cr in conns.iter_mut() {
+                                cr.handshake_at_port_down = cr.opened && !cr.smc && !cr.ended;
+                            }
+                            report.survivable_fault = true;
+                            if port_second {
+                                port_dev = if on_client { "simC2" } else { "simS2" };
+                            }
+                            trace(
+                                &mut report,
+                                now,
+                                format!("port of {port_dev} goes down, the other device's link is usable"),
+                            );
+                        }
+                        let _ = fabric.set_port(port_dev, false);
                         fault_undo = Some(now + Duration::from_millis(50));
                     }
                     Fault::Unresponsive {
@@ -758,6 +838,11 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     Fault::PeerCrash { client: on_client } => {
                         dead = Some(on_client);
                         let _ = fabric.set_unresponsive(dev(on_client), true);
+                        if two_devices {
+                            // a dead process answers on none of its devices
+                            let second = if on_client { "simC2" } else { "simS2" };
+                            let _ = fabric.set_unresponsive(second, true);
+                        }
                         for cr in conns.iter_mut() {
                             if !cr.opened {
                                 // never started: nothing to connect to
@@ -801,8 +886,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
             if now >= t {
                 fault_undo = None;
                 match f {
-                    Fault::PortDown { client: on_client } => {
-                        let _ = fabric.set_port(if on_client { "simC" } else { "simS" }, true);
+                    Fault::PortDown { .. } => {
+                        let _ = fabric.set_port(port_dev, true);
                     }
                     Fault::Unresponsive {
                         client: on_client, ..
@@ -821,7 +906,27 @@ pub fn run(seed: u64) -> Result<Report, String> {
             let two = |ep: &Endpoint<Faulty>| (0..8).any(|l| ep.usable_links(l).len() >= 2);
             if two(&client) && two(&server) {
                 report.second_link = true;
-                trace(&mut report, now, "second link up (ADD_LINK)".into());
+                // (one link on each device, on both sides)
+                let across = |ep: &Endpoint<Faulty>| {
+                    (0..8).any(|l| {
+                        ep.usable_links(l)
+                            .iter()
+                            .any(|&s| ep.link_on_second_device(l, s) == Some(true))
+                    })
+                };
+                report.second_device = across(&client) && across(&server);
+                trace(
+                    &mut report,
+                    now,
+                    format!(
+                        "second link up (ADD_LINK){}",
+                        if across(&client) && across(&server) {
+                            " on the second devices"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
             }
         }
         if multi_link && steps.is_multiple_of(move_period) {
@@ -1241,7 +1346,11 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 // prepares failed.
                 let victim = percent > 0 && !cr.plan.abort && (cr.c.error || cr.s.error);
                 report.prepare_victims += usize::from(victim && fault.is_none());
-                let clean = (fault.is_none() || survivable) && !cr.plan.abort && !victim;
+                let placed = !cr.handshake_at_port_down
+                    || !(local_aborts.contains(&(true, cr.c.id))
+                        || local_aborts.contains(&(false, cr.s.id)));
+                report.handshake_resets += usize::from(!placed);
+                let clean = (fault.is_none() || survivable) && !cr.plan.abort && !victim && placed;
                 let oob_lost = (cr.plan.oob_at[0].is_some() && !cr.s.oob_got)
                     || (cr.plan.oob_at[1].is_some() && !cr.c.oob_got);
                 if clean && oob_lost {
@@ -1275,6 +1384,26 @@ pub fn run(seed: u64) -> Result<Report, String> {
         server
             .pump(now)
             .map_err(|e| fail(&report, format!("server provider error: {e}")))?;
+        // link events and aborts, with their causes, into the trace
+        for (who, ep) in [("client", &mut client), ("server", &mut server)] {
+            while let Some(e) = ep.poll_event() {
+                use crate::endpoint::EngineEvent as E;
+                if let E::ConnAborted {
+                    conn,
+                    cause: crate::endpoint::AbortCause::Local,
+                    ..
+                } = e
+                {
+                    local_aborts.push((who == "client", conn));
+                }
+                if matches!(
+                    e,
+                    E::ConnAborted { .. } | E::LinkDown { .. } | E::LinkUp { .. }
+                ) {
+                    trace(&mut report, now, format!("{who}: {e:?}"));
+                }
+            }
+        }
         for (i, cr) in conns.iter().enumerate() {
             for (ep, id) in [(&client, cr.c.id), (&server, cr.s.id)] {
                 if cr.opened && !cr.ended {

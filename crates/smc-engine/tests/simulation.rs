@@ -21,7 +21,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     let mut failures = Vec::new();
     let (mut smc, mut faults, mut aborts, mut bytes) = (0, 0, 0, 0u64);
     let (mut two_links, mut failovers, mut moves, mut add_faults) = (0, 0, 0, 0);
-    let (mut prepare_failures, mut late) = (0, 0);
+    let (mut prepare_failures, mut late, mut two_devices) = (0, 0, 0);
     for seed in start..start + n {
         match simulate::run(seed) {
             Ok(r) => {
@@ -35,13 +35,14 @@ fn a_thousand_seeds_hold_every_invariant() {
                 add_faults += usize::from(r.add_link_fault);
                 prepare_failures += r.prepare_failures;
                 late += usize::from(r.confirm_link_fault);
+                two_devices += usize::from(r.second_device);
             }
             Err(e) => failures.push(e),
         }
     }
     eprintln!("{n} seeds: {smc} SMC-R connections, {faults} runs with a fault, {aborts} aborts, {bytes} bytes");
     eprintln!(
-        "  {two_links} runs with a second link (by ADD_LINK), {failovers} of them lost one link, {moves} moves, {add_faults} QP failures during ADD_LINK"
+        "  {two_links} runs with a second link (by ADD_LINK; {two_devices} over second devices), {failovers} of them lost one link, {moves} moves, {add_faults} QP failures during ADD_LINK"
     );
     assert!(
         failures.is_empty(),
@@ -62,7 +63,15 @@ fn a_thousand_seeds_hold_every_invariant() {
         failovers as u64 >= n / 100,
         "too few link failovers: {failovers}"
     );
-    assert!(moves as u64 >= n, "too few moves: {moves}");
+    // (about 1.1 per run on one device; runs on two devices end sooner and
+    // move less, 0.97 per run over seeds 0..1000)
+    assert!(moves as u64 >= n * 9 / 10, "too few moves: {moves}");
+    // and second links on second devices (half the multi-link runs with an
+    // alternate path on the client)
+    assert!(
+        two_devices as u64 >= n / 10,
+        "too few runs with two devices: {two_devices}"
+    );
     // and QPs failing while an ADD_LINK flow runs
     assert!(
         add_faults as u64 >= n / 100,

@@ -1101,6 +1101,133 @@ pub fn write_visibility<H: Harness>(h: &mut H) -> CaseResult {
     Ok(())
 }
 
+/// A region registered on a second device (`ProtectionDomain::share_mr`),
+/// as a link group whose links are on two devices registers its RMBs: the
+/// owner has a QP on device `owner_a` (PD A, which allocated the region) and
+/// one on `owner_b` (PD B, the second registration); the peer has a QP on
+/// `peer_dev` connected to each. A WRITE through B's QP with B's rkey shows
+/// in A's view and one through A's QP with A's rkey in B's; B's QP cannot use
+/// A's rkey (a peer reaches only its own QP's PD's regions, crate README);
+/// and the memory stays registered on A when B's registration goes.
+/// `settle` lets time pass (the simulation's clock, the shm device's
+/// threads).
+pub fn shared_mr_two_devices<P: Provider>(
+    p: &P,
+    owner_a: &str,
+    owner_b: &str,
+    peer_dev: &str,
+    settle: &mut dyn FnMut(),
+) -> CaseResult {
+    let params = ConnParams::default();
+    let oa = e(Endpoint::open(p, owner_a, params), "open owner A")?;
+    let ob = e(Endpoint::open(p, owner_b, params), "open owner B")?;
+    let pa = e(Endpoint::open(p, peer_dev, params), "open peer of A")?;
+    let pb = e(Endpoint::open(p, peer_dev, params), "open peer of B")?;
+    let shared = e(
+        ob.pd
+            .share_mr(&oa.mr, Access::LOCAL_WRITE | Access::REMOTE_WRITE),
+        "share_mr",
+    )?;
+    ensure!(
+        shared.rkey() != oa.mr.rkey() && shared.len() == oa.mr.len(),
+        "the second registration has its own rkey and the same length: {:?} vs {:?}",
+        shared.remote(),
+        oa.mr.remote()
+    );
+    e(oa.connect(&pa.info()), "connect owner A")?;
+    e(pa.connect(&oa.info()), "connect peer of A")?;
+    e(ob.connect(&pb.info()), "connect owner B")?;
+    e(pb.connect(&ob.info()), "connect peer of B")?;
+    let mut wait = |ep: &Endpoint<P>, wr_id: u64| -> std::result::Result<WorkCompletion, String> {
+        let start = std::time::Instant::now();
+        for _ in 0..100_000 {
+            if let Some(w) = ep.poll_send().into_iter().find(|w| w.wr_id == wr_id) {
+                return Ok(w);
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                break;
+            }
+            settle();
+        }
+        Err(format!("no completion of WR {wr_id}"))
+    };
+
+    // the peer of B writes through B's rkey: the bytes show through A's view
+    let data = pattern(21, 8192);
+    e(pb.mr.write_at(0, &data), "write_at")?;
+    let sge = e(pb.mr.sge(0, 8192), "sge")?;
+    let b = shared.remote();
+    e(
+        pb.qp
+            .post_send(&write_wr(1, &[sge], b.addr + 4096, b.rkey, true)),
+        "post write on B",
+    )?;
+    let w = wait(&pb, 1)?;
+    ensure!(
+        w.status == WcStatus::Success,
+        "write through B's rkey: {w:?}"
+    );
+    let mut got = vec![0; 8192];
+    e(oa.mr.read_at(4096, &mut got), "read A")?;
+    ensure!(
+        got == data,
+        "B's write not visible through A's registration"
+    );
+
+    // the peer of A writes through A's rkey: the bytes show through B's view
+    let data2 = pattern(22, 4096);
+    e(pa.mr.write_at(0, &data2), "write_at")?;
+    let sge = e(pa.mr.sge(0, 4096), "sge")?;
+    let a = oa.mr.remote();
+    e(
+        pa.qp.post_send(&write_wr(2, &[sge], a.addr, a.rkey, true)),
+        "post write on A",
+    )?;
+    let w = wait(&pa, 2)?;
+    ensure!(
+        w.status == WcStatus::Success,
+        "write through A's rkey: {w:?}"
+    );
+    let mut got = vec![0; 4096];
+    e(shared.read_at(0, &mut got), "read B")?;
+    ensure!(
+        got == data2,
+        "A's write not visible through B's registration"
+    );
+
+    // B's registration goes: A's stays, and so does the memory
+    drop(shared);
+    e(
+        pa.qp
+            .post_send(&write_wr(3, &[sge], a.addr + 8192, a.rkey, true)),
+        "post write on A",
+    )?;
+    let w = wait(&pa, 3)?;
+    ensure!(
+        w.status == WcStatus::Success,
+        "A's registration outlives B's: {w:?}"
+    );
+    let mut got = vec![0; 4096];
+    e(oa.mr.read_at(8192, &mut got), "read A")?;
+    ensure!(got == data2, "write after B's deregistration not visible");
+
+    // B's QP cannot use A's rkey (its address, in bounds)
+    let sge = e(pb.mr.sge(0, 64), "sge")?;
+    e(
+        pb.qp.post_send(&write_wr(4, &[sge], a.addr, a.rkey, true)),
+        "post write",
+    )?;
+    let w = wait(&pb, 4)?;
+    ensure!(
+        w.status == WcStatus::RemoteAccessError,
+        "B's QP wrote with A's rkey: {w:?}"
+    );
+    let mut got = vec![0; 64];
+    e(oa.mr.read_at(0, &mut got), "read A")?;
+    ensure!(got == data2[..64], "a refused write changed the region");
+    Ok(())
+}
+
 /// RC ordering: a SEND posted after a WRITE is received only after the
 /// written data is visible (checked by the receiver at completion time).
 pub fn send_write_ordering<H: Harness>(h: &mut H) -> CaseResult {

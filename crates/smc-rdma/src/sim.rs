@@ -83,9 +83,20 @@ struct DevSt {
 struct MrSt {
     dev: usize,
     pd: u32,
-    data: Vec<u8>,
+    /// The region's bytes, shared by every registration of the same memory
+    /// (`SimPd::share_mr`).
+    data: Arc<Mutex<Vec<u8>>>,
     addr: u64,
     access: Access,
+}
+
+impl MrSt {
+    fn bytes(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.data.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
 }
 
 #[derive(Debug)]
@@ -359,8 +370,8 @@ impl St {
                 return None;
             }
             let off = s.addr.checked_sub(mr.addr)? as usize;
-            check_range(off, s.length as usize, mr.data.len()).ok()?;
-            v.extend_from_slice(&mr.data[off..off + s.length as usize]);
+            check_range(off, s.length as usize, mr.len()).ok()?;
+            v.extend_from_slice(&mr.bytes()[off..off + s.length as usize]);
         }
         Some(v)
     }
@@ -518,9 +529,9 @@ impl St {
                     mr.dev == dq.dev
                         && mr.pd == dq.pd
                         && mr.access.contains(Access::REMOTE_WRITE)
-                        && addr.checked_sub(mr.addr).is_some_and(|off| {
-                            check_range(off as usize, len, mr.data.len()).is_ok()
-                        })
+                        && addr
+                            .checked_sub(mr.addr)
+                            .is_some_and(|off| check_range(off as usize, len, mr.len()).is_ok())
                 });
             if !ok {
                 return Outcome::Nak(WcStatus::RemoteAccessError);
@@ -534,7 +545,7 @@ impl St {
         if matches!(op, MsgOp::Write | MsgOp::WriteImm) {
             let mr = self.mrs.get_mut(&rkey).expect("checked");
             let off = (addr - mr.addr) as usize;
-            mr.data[off..off + len].copy_from_slice(&data);
+            mr.bytes()[off..off + len].copy_from_slice(&data);
         }
         if matches!(op, MsgOp::Send | MsgOp::WriteImm) {
             let dq = self.qps.get_mut(&dst).expect("exists");
@@ -562,8 +573,8 @@ impl St {
                                 return None;
                             }
                             let off = s.addr.checked_sub(mr.addr)? as usize;
-                            check_range(off, n, mr.data.len()).ok()?;
-                            mr.data[off..off + n].copy_from_slice(&rest[..n]);
+                            check_range(off, n, mr.len()).ok()?;
+                            mr.bytes()[off..off + n].copy_from_slice(&rest[..n]);
                             Some(())
                         });
                         if ok.is_none() {
@@ -977,7 +988,7 @@ impl ProtectionDomain for SimPd {
             MrSt {
                 dev: self.dev,
                 pd: self.pd,
-                data: vec![0; len],
+                data: Arc::new(Mutex::new(vec![0; len])),
                 addr,
                 access,
             },
@@ -987,6 +998,36 @@ impl ProtectionDomain for SimPd {
             key,
             addr,
             len,
+            access,
+        })
+    }
+
+    /// A new key and address (on this PD's device) for the same bytes.
+    fn share_mr(&self, mr: &SimMr, access: Access) -> Result<SimMr> {
+        let mut st = self.f.st();
+        let data = st
+            .mrs
+            .get(&mr.key)
+            .ok_or_else(|| Error::InvalidArgument("memory region deregistered".into()))?
+            .data
+            .clone();
+        let key = st.id();
+        let addr = 0x7f00_0000_0000u64 + ((key as u64) << 24);
+        st.mrs.insert(
+            key,
+            MrSt {
+                dev: self.dev,
+                pd: self.pd,
+                data,
+                addr,
+                access,
+            },
+        );
+        Ok(SimMr {
+            f: self.f.clone(),
+            key,
+            addr,
+            len: mr.len,
             access,
         })
     }
@@ -1062,13 +1103,13 @@ impl MemoryRegion for SimMr {
     fn read_at(&self, off: usize, buf: &mut [u8]) -> Result<()> {
         check_range(off, buf.len(), self.len)?;
         let st = self.f.st();
-        buf.copy_from_slice(&st.mrs[&self.key].data[off..off + buf.len()]);
+        buf.copy_from_slice(&st.mrs[&self.key].bytes()[off..off + buf.len()]);
         Ok(())
     }
     fn write_at(&self, off: usize, data: &[u8]) -> Result<()> {
         check_range(off, data.len(), self.len)?;
         let mut st = self.f.st();
-        st.mrs.get_mut(&self.key).expect("registered").data[off..off + data.len()]
+        st.mrs.get_mut(&self.key).expect("registered").bytes()[off..off + data.len()]
             .copy_from_slice(data);
         Ok(())
     }
@@ -1099,8 +1140,8 @@ impl MappedMem for SimMapped {
             .mrs
             .get(&self.key)
             .ok_or_else(|| Error::InvalidArgument("memory region deregistered".into()))?;
-        check_range(off, buf.len(), mr.data.len())?;
-        buf.copy_from_slice(&mr.data[off..off + buf.len()]);
+        check_range(off, buf.len(), mr.len())?;
+        buf.copy_from_slice(&mr.bytes()[off..off + buf.len()]);
         Ok(())
     }
     fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()> {
@@ -1112,8 +1153,8 @@ impl MappedMem for SimMapped {
         if self.remote && !mr.access.contains(Access::REMOTE_WRITE) {
             return Err(Error::InvalidArgument("no remote write access".into()));
         }
-        check_range(off, data.len(), mr.data.len())?;
-        mr.data[off..off + data.len()].copy_from_slice(data);
+        check_range(off, data.len(), mr.len())?;
+        mr.bytes()[off..off + data.len()].copy_from_slice(data);
         Ok(())
     }
 }
@@ -1287,7 +1328,7 @@ impl QueuePair for SimQp {
             && mr.dev == dq.dev
             && mr.pd == dq.pd
             && mr.access.contains(Access::REMOTE_WRITE)
-            && check_range(off, len, mr.data.len()).is_ok();
+            && check_range(off, len, mr.len()).is_ok();
         let m = SimMapped {
             f: self.f.clone(),
             key: rkey,
@@ -1322,7 +1363,7 @@ impl QueuePair for SimQp {
                 && mr.access.contains(Access::REMOTE_WRITE)
                 && addr
                     .checked_sub(mr.addr)
-                    .is_some_and(|off| check_range(off as usize, len, mr.data.len()).is_ok())
+                    .is_some_and(|off| check_range(off as usize, len, mr.len()).is_ok())
         });
         if !ok {
             return Err(Error::InvalidArgument(format!(

@@ -596,6 +596,25 @@ pub trait ProtectionDomain: Send + Sync {
     type P: Provider;
     /// Allocates and registers `len` bytes (page aligned, zeroed).
     fn alloc_mr(&self, len: usize, access: Access) -> Result<<Self::P as Provider>::Mr>;
+    /// Registers the memory of `mr` — a region of any protection domain of
+    /// any device of this provider — in this protection domain too, as
+    /// `ibv_reg_mr` of the same memory on a second PD does: a new region
+    /// with its own lkey, rkey and address (a provider may keep the
+    /// address), whose bytes are those of `mr`, with `access`. A peer
+    /// reaches it only through a QP of this PD, with its rkey; `mr`'s rkey
+    /// stays valid on `mr`'s PD only. Each registration is deregistered when
+    /// it is dropped; the memory lives while one of them does. (A link group
+    /// whose links are on two devices registers its buffers on both.)
+    fn share_mr(
+        &self,
+        mr: &<Self::P as Provider>::Mr,
+        access: Access,
+    ) -> Result<<Self::P as Provider>::Mr> {
+        let _ = (mr, access);
+        Err(Error::Unsupported(
+            "registering a region in a second protection domain",
+        ))
+    }
     /// Creates an RC queue pair in RESET.
     fn create_qp(
         &self,

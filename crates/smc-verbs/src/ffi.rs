@@ -730,13 +730,31 @@ impl Drop for Pd {
     }
 }
 
+/// Page-aligned anonymous memory, unmapped when its last registration goes.
+struct Mapping {
+    base: *mut u8,
+    map_len: usize,
+}
+// SAFETY: the mapping is owned by this value and only unmapped in Drop.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; nothing is accessed through it here.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping `Mr::alloc` created; every registration
+        // of it (each holds this Arc) was deregistered before.
+        unsafe { libc::munmap(self.base as *mut c_void, self.map_len) };
+    }
+}
+
 /// Page-aligned anonymous memory registered as a memory region.
 pub struct Mr {
     pd: Arc<Pd>,
     mr: *mut ibv_mr,
     base: *mut u8,
     len: usize,
-    map_len: usize,
+    map: Arc<Mapping>,
 }
 // SAFETY: the mapping is owned by this value; concurrent access from the
 // NIC is the point of RDMA and is handled by copying through raw pointers.
@@ -777,7 +795,29 @@ impl Mr {
             mr,
             base: base as *mut u8,
             len,
-            map_len,
+            map: Arc::new(Mapping {
+                base: base as *mut u8,
+                map_len,
+            }),
+        })
+    }
+
+    /// Registers the memory of `other` (of any PD, any device) in `pd` too:
+    /// `ibv_reg_mr` of the same addresses, which yields its own keys.
+    pub fn register_again(pd: &Arc<Pd>, other: &Mr, access: c_int) -> std::io::Result<Mr> {
+        // SAFETY: live PD; `other.base..+len` stays mapped while this
+        // registration lives (it holds the mapping's Arc).
+        let mr =
+            unsafe { (pd.ctx.lib.reg_mr)(pd.pd, other.base as *mut c_void, other.len, access) };
+        if mr.is_null() {
+            return Err(errno());
+        }
+        Ok(Mr {
+            pd: pd.clone(),
+            mr,
+            base: other.base,
+            len: other.len,
+            map: other.map.clone(),
         })
     }
     /// Local key.
@@ -819,10 +859,10 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: deregister once, then unmap the memory it covered.
+        // SAFETY: deregister once; the memory is unmapped when its last
+        // registration drops the mapping (`Mapping`'s Drop, after this).
         unsafe {
             (self.pd.ctx.lib.dereg_mr)(self.mr);
-            libc::munmap(self.base as *mut c_void, self.map_len);
         }
     }
 }

@@ -264,6 +264,14 @@ impl ProtectionDomain for VerbsPd {
         Ok(VerbsMr { mr, access })
     }
 
+    /// `ibv_reg_mr` of `mr`'s memory on this PD: its own keys, the same
+    /// address (verbs addresses are virtual addresses).
+    fn share_mr(&self, mr: &VerbsMr, access: Access) -> Result<VerbsMr> {
+        let shared = ffi::Mr::register_again(&self.pd, &mr.mr, access.bits() as i32)
+            .map_err(|e| io("ibv_reg_mr", e))?;
+        Ok(VerbsMr { mr: shared, access })
+    }
+
     fn create_qp(&self, send_cq: &VerbsCq, recv_cq: &VerbsCq, cap: QpCap) -> Result<VerbsQp> {
         let want = ffi::ibv_qp_cap {
             max_send_wr: cap.max_send_wr,

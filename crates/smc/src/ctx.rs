@@ -37,6 +37,9 @@ pub struct DeviceState {
     pub link_groups: usize,
     /// Live SMC connections (handshaking, established or closing).
     pub connections: usize,
+    /// The usable links of each live link group (2 where a group added a
+    /// second link by ADD_LINK, see [`redundancy`]).
+    pub links: Vec<usize>,
 }
 
 /// One entry per device this process has used for SMC.
@@ -49,10 +52,20 @@ pub fn state() -> Vec<DeviceState> {
         .iter()
         .map(|(name, s)| {
             let ep = s.lock();
+            let n = ep.link_groups();
+            let mut links = Vec::new();
+            let mut l = 0;
+            while links.len() < n && l < 4096 {
+                if ep.link_group_state(l).is_some() {
+                    links.push(ep.usable_links(l).len());
+                }
+                l += 1;
+            }
             DeviceState {
                 device: name.clone(),
-                link_groups: ep.link_groups(),
+                link_groups: n,
                 connections: ep.connections(),
+                links,
             }
         })
         .collect();
@@ -1498,6 +1511,16 @@ fn find_candidates(ctx: &Context, local: IpAddr) -> Result<Option<Choice>, ()> {
     }))
 }
 
+/// Whether link groups add a second link by ADD_LINK (`SMC_REDUNDANCY=1`;
+/// off by default): an endpoint then opens the next device of its
+/// address's candidates (another port of the same PNET ID) as its second
+/// device, on which the further link goes (see `Endpoint::set_redundancy`,
+/// `Endpoint::open_second_device`).
+pub fn redundancy() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SMC_REDUNDANCY").is_ok_and(|v| v.trim() == "1"))
+}
+
 /// The endpoint of `cand`'s device, opened now if this process has none yet.
 fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<Shared>, ()> {
     let device = cand.device.as_str();
@@ -1532,8 +1555,34 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
             .unwrap_or_default(),
         lgr_idle_timeout: Duration::from_secs(600),
     };
-    let ep = Endpoint::new(&ctx.provider, cfg)
+    let mut ep = Endpoint::new(&ctx.provider, cfg)
         .map_err(|e| crate::registry::error("endpoint_open", format!("device {device}: {e}")))?;
+    if redundancy() {
+        // The alternate device: the next candidate of the same provider for
+        // this address, i.e. another port in the interface's PNET ID (Linux
+        // smc_llc.c `smc_llc_find_alt_link`, smc_pnet.c: an alternate
+        // device of the link group's PNET ID). Without one, further links
+        // share this device's port.
+        let alt = choice
+            .candidates
+            .iter()
+            .find(|c| c.kind == cand.kind && c.device != cand.device);
+        let alternate =
+            alt.is_some_and(|c| match ep.open_second_device(&ctx.provider, &c.device) {
+                Ok(()) => true,
+                Err(e) => {
+                    crate::registry::error(
+                        "endpoint_open",
+                        format!("second device {} of {device}: {e}", c.device),
+                    );
+                    false
+                }
+            });
+        ep.set_redundancy(smc_proto::link::Redundancy {
+            enabled: true,
+            alternate,
+        });
+    }
     let shared =
         Arc::new(Shared::new(ep, sndbuf_len).map_err(|e| {
             crate::registry::error("endpoint_open", format!("device {device}: {e}"))

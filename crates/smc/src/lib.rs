@@ -89,7 +89,7 @@ mod sysid;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
-pub use ctx::{state, DeviceState};
+pub use ctx::{redundancy, state, DeviceState};
 pub use fork::after_fork_in_child;
 pub use listen::SmcListener;
 pub use stream::{Fallback, Mode, SmcStream};

@@ -268,6 +268,14 @@ impl<S: Provider, V: Provider> ProtectionDomain for PairPd<S, V> {
         }
     }
 
+    fn share_mr(&self, mr: &PairMr<S, V>, access: Access) -> Result<PairMr<S, V>> {
+        match (self, mr) {
+            (PairPd::Shm(p), PairMr::Shm(m)) => p.share_mr(m, access).map(PairMr::Shm),
+            (PairPd::Verbs(p), PairMr::Verbs(m)) => p.share_mr(m, access).map(PairMr::Verbs),
+            _ => Err(mismatch("share_mr")),
+        }
+    }
+
     fn create_qp(
         &self,
         send_cq: &PairCq<S, V>,

@@ -41,6 +41,7 @@ fn main() -> ExitCode {
             let (mut smc, mut not_smc, mut bytes, mut faults, mut aborts, mut failed) =
                 (0, 0, 0u64, 0, 0, 0);
             let (mut two_links, mut failovers, mut moves, mut add_faults) = (0, 0, 0, 0);
+            let (mut two_devices, mut handshake_resets) = (0, 0);
             let (mut prepare_runs, mut prepare_failures, mut prepare_victims, mut late) =
                 (0, 0, 0, 0);
             for seed in start..start + n {
@@ -52,6 +53,8 @@ fn main() -> ExitCode {
                         faults += usize::from(r.fault.is_some());
                         aborts += r.aborts;
                         two_links += usize::from(r.second_link);
+                        two_devices += usize::from(r.second_device);
+                        handshake_resets += r.handshake_resets;
                         failovers += usize::from(r.survivable_fault);
                         moves += r.moves;
                         add_faults += usize::from(r.add_link_fault);
@@ -75,7 +78,7 @@ fn main() -> ExitCode {
                 bytes as f64 / (1 << 20) as f64
             );
             println!(
-                "  {two_links} runs with a second link, {failovers} of them lost one link (failover), {moves} connection moves, {add_faults} QP failures during ADD_LINK"
+                "  {two_links} runs with a second link ({two_devices} over second devices), {failovers} of them lost one link (failover), {moves} connection moves, {add_faults} QP failures during ADD_LINK, {handshake_resets} handshakes reset by a port going down"
             );
             println!(
                 "  {prepare_runs} runs with failing prepare_remote: {prepare_failures} failures ended {prepare_victims} connections; {late} runs lost a first link right after the CLC exchange"

@@ -4,13 +4,14 @@
 //! wants another; a client prepares and connects a QP for the server's offer;
 //! the server connects its QP to the client's answer; a flow that ended
 //! before its link existed frees the QP. The rkeys announced for the new link
-//! are those of every RMB in use (one protection domain per group, so an
-//! RMB's rkey is the same on every link, see `endpoint/link.rs`).
+//! are those of every RMB in use, on the new link's device (the group's
+//! second PD when the link is on the endpoint's second device, see
+//! `endpoint/devices.rs`; one PD per group and device, see
+//! `endpoint/link.rs`).
 //!
 //! Linux: smc_llc.c `smc_llc_srv_add_link`, `smc_llc_cli_add_link`;
 //! smc_core.c `smcr_link_init`.
 
-use super::link::LinkRes;
 use super::{Endpoint, LgrId};
 use smc_proto::link::{PeerPort, Redundancy, Role};
 use smc_proto::Timestamp;
@@ -24,9 +25,10 @@ impl<P: Provider> Endpoint<P> {
     /// client answers (or, without an alternate path on either side,
     /// rejects). Applies to existing groups too.
     ///
-    /// All links of a group use the endpoint's device (one device per
-    /// endpoint in this version), so `alternate` declares a second path
-    /// the driver knows of; a port failure still takes every link.
+    /// `alternate` declares a second path: the endpoint's second device
+    /// ([`Self::open_second_device`]), on which further links go; without
+    /// one, all links of a group share the device's port, and its failure
+    /// takes every link.
     pub fn set_redundancy(&mut self, r: Redundancy) {
         self.redundancy = r;
         for lg in self.lgrs.iter_mut().flatten() {
@@ -34,16 +36,23 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    /// The rkey list of a new link: every RMB in use as (rkey on the
-    /// existing links, rkey on the new link, address on the new link).
-    pub(super) fn add_link_rkeys(&self, l: LgrId) -> Vec<(u32, u32, u64)> {
+    /// The rkey list of a new link on the second device (`second`) or the
+    /// first: every RMB in use as (rkey on an existing link — the first
+    /// usable one, where the flow runs —, rkey on the new link, address on
+    /// the new link).
+    pub(super) fn add_link_rkeys(&self, l: LgrId, second: bool) -> Vec<(u32, u32, u64)> {
         let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
             return Vec::new();
         };
+        let via = lg.group.active_slots().next().unwrap_or(0);
         lg.tokens
             .values()
             .filter_map(|&id| self.conns.get(id)?.as_ref()?.rmb.as_ref())
-            .map(|m| (m.rkey(), m.rkey(), m.addr()))
+            .map(|m| {
+                let (old, _) = lg.rmb_token(via, m.rkey(), m.addr());
+                let (new, addr) = lg.rmb_token_on(second, m.rkey(), m.addr());
+                (old, new, addr)
+            })
             .collect()
     }
 
@@ -58,26 +67,29 @@ impl<P: Provider> Endpoint<P> {
         if !ready {
             return false;
         }
-        let rkeys = self.add_link_rkeys(l);
         let mtu = self.port_mtu;
         let mac = self.mac;
         let psn = self.psns.next_psn();
+        let slot = self.lgrs.get(l).and_then(Option::as_ref).and_then(|lg| {
+            lg.group
+                .add_slot()
+                .filter(|&s| lg.links.get(s).is_some_and(Option::is_none))
+        });
+        let res = slot.and_then(|_| self.new_link(l, psn).ok());
+        let rkeys = res
+            .as_ref()
+            .map(|r| self.add_link_rkeys(l, r.on.is_some()))
+            .unwrap_or_default();
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return false;
         };
-        let slot = lg
-            .group
-            .add_slot()
-            .filter(|&s| lg.links.get(s).is_some_and(Option::is_none));
-        let res = slot.and_then(|_| {
-            LinkRes::<P>::new(&self.dev, &lg.pd, &self.chan, self.max_inline, psn).ok()
-        });
         let (Some(slot), Some(res)) = (slot, res) else {
             // no QP for it now: wait for the next trigger
             lg.group.add_link_unavailable();
             return true;
         };
-        let local = res.local_port(lg.local.gid, mac, mtu);
+        let (gid, mtu) = res.port(lg.local, mtu);
+        let local = res.local_port(gid.gid, mac, mtu);
         lg.links[slot] = Some(res);
         // the peer's table gets the new link's column from this flow; a
         // pooled RMB it still knows needs CONFIRM_RKEY again to get one
@@ -102,27 +114,33 @@ impl<P: Provider> Endpoint<P> {
         peer: PeerPort,
         now: Timestamp,
     ) {
-        let rkeys = self.add_link_rkeys(l);
         let mtu = self.port_mtu;
         let mac = self.mac;
         let psn = self.psns.next_psn();
+        let free = self
+            .lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .is_some_and(|lg| lg.links.get(slot).is_some_and(Option::is_none));
+        let res = free.then(|| self.new_link(l, psn).ok()).flatten();
+        let rkeys = res
+            .as_ref()
+            .map(|r| self.add_link_rkeys(l, r.on.is_some()))
+            .unwrap_or_default();
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return;
         };
-        let free = lg.links.get(slot).is_some_and(Option::is_none);
-        let res = free
-            .then(|| LinkRes::<P>::new(&self.dev, &lg.pd, &self.chan, self.max_inline, psn).ok())
-            .flatten();
         let Some(mut res) = res else {
             lg.group.refuse_add_link();
             return;
         };
-        if res.connect(&peer, mtu, lg.local.index).is_err() {
+        let (gid, mtu) = res.port(lg.local, mtu);
+        if res.connect(&peer, mtu, gid.index).is_err() {
             res.shut();
             lg.group.refuse_add_link();
             return;
         }
-        let local = res.local_port(lg.local.gid, mac, mtu);
+        let local = res.local_port(gid.gid, mac, mtu);
         lg.links[slot] = Some(res);
         lg.known_rkeys.clear();
         lg.group.accept_add_link(local, &rkeys, now);
@@ -134,12 +152,15 @@ impl<P: Provider> Endpoint<P> {
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return;
         };
-        let index = lg.local.index;
+        let group = lg.local;
         let ok = lg
             .links
             .get_mut(slot)
             .and_then(Option::as_mut)
-            .is_some_and(|r| r.connect(&peer, mtu, index).is_ok());
+            .is_some_and(|r| {
+                let (gid, mtu) = r.port(group, mtu);
+                r.connect(&peer, mtu, gid.index).is_ok()
+            });
         if !ok {
             lg.group.on_link_failure(slot);
         }

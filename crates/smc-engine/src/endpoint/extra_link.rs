@@ -56,7 +56,7 @@ impl<P: Provider> Endpoint<P> {
         if !self.extra_link_ready(l) {
             return Err(bad("link group not ready for a further link"));
         }
-        let rkeys = self.add_link_rkeys(l);
+        let rkeys = self.add_link_rkeys(l, false);
         let lg = self
             .lgrs
             .get_mut(l)

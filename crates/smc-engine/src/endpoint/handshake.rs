@@ -324,9 +324,10 @@ impl<P: Provider> Endpoint<P> {
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return false;
         };
-        // The rkey in CLC is the peer RMB's on the link the CLC names — the
-        // connection's link (§1.11): its row may already exist from CONFIRM_RKEY.
-        let Ok(row) = lg.group.add_rtoken(slot, peer.rmb_rkey, peer.rmb_vaddr) else {
+        // The rkey in CLC is the peer RMB's on the link the CLC names (§1.11),
+        // which the connection may have left since (see `Lgr::add_clc_rtoken`):
+        // its row may already exist from CONFIRM_RKEY.
+        let Ok(row) = lg.add_clc_rtoken(slot, peer) else {
             return false;
         };
         let sndbuf_len = self.cfg.sndbuf_len;
@@ -369,12 +370,16 @@ impl<P: Provider> Endpoint<P> {
         // the connection's link is the one this message names (§6)
         let link = lg.links.get(c.link?)?.as_ref()?;
         let rmb = c.rmb.as_ref()?;
+        // the RMB's rkey and address on the connection's link's device
+        let (rmb_rkey, rmb_vaddr) = lg.rmb_token(c.link?, rmb.rkey(), rmb.addr());
         // Linux (smc_clc.c `smcr_clc_prep_confirm_accept`): an Accept names
         // our port's MTU, a Confirm the link's path MTU, the smaller of ours
         // and the peer's.
+        // (a link on the endpoint's second device: its GID and port there)
+        let (link_gid, port_mtu) = link.port(lg.local, self.port_mtu);
         let mtu = match kind {
-            AcceptConfirmKind::Accept => self.port_mtu,
-            AcceptConfirmKind::Confirm => link.path_mtu.unwrap_or(self.port_mtu),
+            AcceptConfirmKind::Accept => port_mtu,
+            AcceptConfirmKind::Confirm => link.path_mtu.unwrap_or(port_mtu),
         };
         let v2 = version >= SMC_V2;
         // The limits the CLC exchange agreed: a server's Accept offers them,
@@ -386,16 +391,17 @@ impl<P: Provider> Endpoint<P> {
             version,
             first_contact,
             peer_id: self.cfg.system_id,
-            // the group's GID: Linux sends its link's (`link->gid`)
-            gid: lg.local.gid,
+            // the link's GID, as Linux (`link->gid`): the group's, or the
+            // second device's for a link there
+            gid: link_gid.gid,
             mac: self.mac,
             qpn: link.qp.qp_num(),
-            rmb_rkey: rmb.rkey(),
+            rmb_rkey,
             rmbe_idx: 1,
             alert_token: c.token,
             rmbe_size: RmbeSize::for_size(rmb.len(), RmbeSize::MAX_CLASS),
             qp_mtu: mtu.code(),
-            rmb_vaddr: rmb.addr(),
+            rmb_vaddr,
             psn: link.psn,
             eid: if v2 {
                 eid.unwrap_or_default()

@@ -36,8 +36,12 @@ pub(super) struct Limits {
 }
 
 pub(super) struct Lgr<P: Provider> {
-    /// One protection domain for all links of the group (see `endpoint/link.rs`).
+    /// One protection domain for all links of the group on the endpoint's
+    /// first device (see `endpoint/link.rs`).
     pub(super) pd: P::Pd,
+    /// The group's PD on the second device and its buffers registered there,
+    /// from its first link on that device (`endpoint/devices.rs`).
+    pub(super) second: Option<super::devices::SecondPd<P>>,
     /// Provider objects of each link, by smc-proto link slot. A slot holds
     /// objects while smc-proto's slot holds the link, and briefly before: a
     /// further link offered and not yet accepted.
@@ -139,6 +143,7 @@ impl<P: Provider> Endpoint<P> {
         group.set_redundancy(self.redundancy);
         let l = Lgr {
             pd,
+            second: None,
             links: [Some(first), None, None],
             state: LgrState::Creating,
             group,
@@ -286,6 +291,11 @@ impl<P: Provider> Endpoint<P> {
             .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such link group".into()))?;
         let (rmb, sndbuf) = lg.take_bufs(rmb_len, sndbuf_len, &mut self.events.bufs)?;
+        // (on the group's second device too, if it has links there)
+        if let Err(e) = lg.share_bufs(&rmb, &sndbuf) {
+            lg.free_bufs.push((rmb, sndbuf));
+            return Err(e);
+        }
         let c = self
             .conns
             .get_mut(id)

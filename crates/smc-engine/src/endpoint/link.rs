@@ -6,13 +6,14 @@
 //! QPN/GID), §9 (CDCs and their RDMA WRITEs go on the same QP, RC ordering).
 //!
 //! Linux gives every link its own protection domain and registers each RMB once
-//! per link, hence one rkey per (RMB, link) (§4.3). Our providers allocate the
-//! memory of a region with its registration, so one buffer cannot be registered
-//! twice; the links of one group therefore share the group's protection domain,
-//! and an RMB has the same rkey on every link of its group. The protocol is
-//! unchanged: rkeys are still announced per link (CONFIRM_RKEY entries for the
-//! other links, the rkey list of a link's bring-up), and a peer with per-link
-//! rkeys is handled through its per-link rtoken columns.
+//! per link, hence one rkey per (RMB, link) (§4.3). Here the links of a group
+//! on the endpoint's (first) device share the group's protection domain, so an
+//! RMB has one rkey on all of them; links on a second device share a second
+//! PD of the group, where every buffer of the group is registered again
+//! (`ProtectionDomain::share_mr`, `endpoint/devices.rs`) with its own rkey
+//! and address. rkeys are announced per link (CONFIRM_RKEY entries for the
+//! other links, the rkey list of a link's bring-up), and a peer's per-link
+//! rkeys are kept in its per-link rtoken columns.
 
 use smc_proto::link::{LocalPort, PeerPort};
 use smc_rdma::{
@@ -20,10 +21,22 @@ use smc_rdma::{
     QpModify, QpState, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge,
 };
 use smc_wire::types::{Gid, IbMtu, Mac};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use super::gid::LocalGid;
 use super::{ConnId, Result};
+
+/// A link on the endpoint's second device (`endpoint/devices.rs`): its
+/// source GID and port MTU there, and the lkeys its WRITEs use for the
+/// group's send buffers (registered again on that device's PD).
+pub(super) struct OtherDevice {
+    pub gid: LocalGid,
+    pub mtu: IbMtu,
+    /// A send buffer's lkey on the first device → its (lkey, address) on
+    /// this one, and its address on the first.
+    pub lkeys: HashMap<u32, super::devices::OnSecond>,
+}
 
 /// Receive buffers posted per link (Linux: 3 × 16 = 48).
 pub(super) const RECV_SLOTS: usize = 48;
@@ -108,6 +121,8 @@ pub(super) struct LinkRes<P: Provider> {
     /// The send CQ was armed by the last [`Self::arm`] or since (an armed CQ
     /// stays armed until its event, which wakes the driver, who arms again).
     pub send_armed: bool,
+    /// `Some`: the link is on the endpoint's second device.
+    pub on: Option<OtherDevice>,
 }
 
 impl<P: Provider> LinkRes<P> {
@@ -178,6 +193,7 @@ impl<P: Provider> LinkRes<P> {
             sends_in_flight: 0,
             next_wr: 1 << 32,
             send_armed: false,
+            on: None,
         })
     }
 
@@ -291,8 +307,35 @@ impl<P: Provider> LinkRes<P> {
     }
 
     /// Posts an unsignaled RDMA WRITE of `sges` to the peer's `(rkey, addr)`.
+    /// (`sges` name the send buffer by its lkey on the first device; a link
+    /// on the second device uses that buffer's registration there.)
     pub fn post_write(&mut self, sges: &[Sge], rkey: u32, remote_addr: u64) -> Result<()> {
         self.next_wr += 1;
+        let mut local = [Sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; 2];
+        let sges = match &self.on {
+            Some(on) if sges.len() <= local.len() => {
+                for (d, s) in local.iter_mut().zip(sges) {
+                    let (lkey, here, first) = on.lkeys.get(&s.lkey).copied().ok_or_else(|| {
+                        smc_rdma::Error::InvalidArgument(
+                            "a send buffer not registered on the link's device".into(),
+                        )
+                    })?;
+                    let addr = s.addr.wrapping_sub(first).wrapping_add(here);
+                    *d = Sge { lkey, addr, ..*s };
+                }
+                &local[..sges.len()]
+            }
+            Some(_) => {
+                return Err(smc_rdma::Error::InvalidArgument(
+                    "more than two pieces in one WRITE".into(),
+                ))
+            }
+            None => sges,
+        };
         self.qp.post_send(&SendWr {
             wr_id: self.next_wr,
             op: SendOp::RdmaWrite { remote_addr, rkey },

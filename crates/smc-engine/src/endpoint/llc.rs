@@ -19,15 +19,18 @@ use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::LgrEvent;
 use smc_proto::link::{LgrOutput, LINK_SLOTS};
 use smc_proto::Timestamp;
-use smc_rdma::{AsyncEvent, Device, Provider, QueuePair};
+use smc_rdma::{AsyncEvent, Device, Provider};
 
 impl<P: Provider> Endpoint<P> {
     /// A device event: a QP or the port failed — link down at once (§7.1) rather
     /// than at the next send or keepalive. A port coming back is a trigger for
     /// a server to add a link again (§7.4, Linux `smcr_port_add`).
-    pub(super) fn on_async_event(&mut self, ev: AsyncEvent) {
-        if let Ok(p) = self.dev.query_port(1) {
-            self.port_mtu = p.active_mtu;
+    /// `second`: the event is the second device's (`endpoint/devices.rs`).
+    pub(super) fn on_async_event(&mut self, second: bool, ev: AsyncEvent) {
+        if !second {
+            if let Ok(p) = self.dev.query_port(1) {
+                self.port_mtu = p.active_mtu;
+            }
         }
         for lg in self.lgrs.iter_mut().flatten() {
             if matches!(ev, AsyncEvent::PortActive { .. }) {
@@ -37,13 +40,8 @@ impl<P: Provider> Endpoint<P> {
                 let Some(res) = lg.links[slot].as_ref() else {
                     continue;
                 };
-                let hit = match ev {
-                    AsyncEvent::QpFatal { qp_num } => res.qp.qp_num() == qp_num,
-                    // one device, all links on port 1
-                    AsyncEvent::PortError { .. } | AsyncEvent::DeviceFatal => true,
-                    AsyncEvent::PortActive { .. } => false,
-                };
-                if hit {
+                // (the links on that device, all on its port 1)
+                if Self::event_hits(second, ev, res) {
                     lg.group.on_link_failure(slot);
                 }
             }

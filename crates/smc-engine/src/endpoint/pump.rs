@@ -18,7 +18,7 @@ use smc_proto::clc_stream::FailReason;
 use smc_proto::close::{CloseEvent, CloseFlags};
 use smc_proto::link::LINK_SLOTS;
 use smc_proto::Timestamp;
-use smc_rdma::{CompletionChannel, CompletionQueue, Device, Provider};
+use smc_rdma::{CompletionChannel, CompletionQueue, Provider};
 
 impl<P: Provider> Endpoint<P> {
     /// Does everything due at `now`: CLC timeouts, LLC traffic, completions,
@@ -30,9 +30,7 @@ impl<P: Provider> Endpoint<P> {
     /// nor an idle endpoint costs more with more idle connections.
     pub fn pump(&mut self, now: Timestamp) -> Result<()> {
         self.now = now;
-        while let Some(ev) = self.dev.poll_async_event() {
-            self.on_async_event(ev);
-        }
+        self.poll_device_events();
         // (events of this pump that call for a sweep set `sweep_due` again,
         // for the next one)
         let sweep = std::mem::take(&mut self.sweep_due);

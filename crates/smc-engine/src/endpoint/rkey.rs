@@ -97,8 +97,9 @@ impl<P: Provider> Endpoint<P> {
                 return;
             };
             // CONFIRM_RKEY on the connection's link, entry 0 for that link and one
-            // entry per other active link (same rkey: one PD per group, see
-            // `link`); DELETE_RKEY on the first usable link (§9).
+            // entry per other active link (the RMB's rkey and address on each
+            // link's device, `devices`); DELETE_RKEY on the first usable link
+            // (§9), with the rkey on that link.
             let confirm = match flow {
                 RkeyFlow::Confirm(id) => Some(
                     self.conns
@@ -120,15 +121,20 @@ impl<P: Provider> Endpoint<P> {
                         .group
                         .active_slots()
                         .filter(|&s| s != slot)
-                        .map(|s| (s, rkey, addr))
+                        .map(|s| {
+                            let (k, a) = lg.rmb_token(s, rkey, addr);
+                            (s, k, a)
+                        })
                         .collect();
+                    let (k, a) = lg.rmb_token(slot, rkey, addr);
                     lg.group
-                        .start_confirm_rkey(slot, rkey, addr, &others, id as u64, now)
+                        .start_confirm_rkey(slot, k, a, &others, id as u64, now)
                 }
                 (RkeyFlow::Delete(rkey), _) => match lg.group.active_slots().min() {
                     Some(slot) => {
+                        let (k, _) = lg.rmb_token(slot, rkey, 0);
                         lg.group
-                            .start_delete_rkey(slot, rkey, DELETE_TAG | u64::from(rkey), now)
+                            .start_delete_rkey(slot, k, DELETE_TAG | u64::from(rkey), now)
                     }
                     None => false,
                 },

@@ -122,6 +122,15 @@ pub(super) struct LocalMr {
     /// The arena range, given back (and its pages freed) when the last
     /// user of the region (a window lent, a WR being executed) is gone.
     pub(super) _slice: Option<arena::Slice>,
+    /// Which registration of its memory this is (`layout::mr_reg_words`):
+    /// 0 for the one that allocated it, further ones by `share_mr`.
+    pub(super) slot: usize,
+    /// The registration slots of this memory in use (a bit each), shared by
+    /// all its registrations.
+    pub(super) regs: Arc<Mutex<u32>>,
+    /// A further registration keeps the memory of the first one (its arena
+    /// range) alive.
+    pub(super) _first: Option<Arc<LocalMr>>,
 }
 
 impl LocalMr {

@@ -38,6 +38,25 @@ pub const MR_ACCESS: usize = 32;
 pub const MR_IOVA: usize = 40;
 /// MR header: protection domain id (informational).
 pub const MR_PD: usize = 48;
+/// MR header: the registrations of the same memory in further protection
+/// domains (`ProtectionDomain::share_mr`), each three words (validity, rkey,
+/// iova, as `MR_VALID`, `MR_RKEY`, `MR_IOVA` are for the first one), from
+/// this offset.
+pub const MR_SHARED: usize = 256;
+/// Registrations a region's memory may have at once: the first one and
+/// `MR_REGS - 1` further ones (SMC-R has at most three links per group).
+pub const MR_REGS: usize = 8;
+
+/// The header offsets of (validity, rkey, iova) of registration `slot`
+/// (0: the region's first registration) of a region's memory.
+pub fn mr_reg_words(slot: usize) -> (usize, usize, usize) {
+    if slot == 0 {
+        (MR_VALID, MR_RKEY, MR_IOVA)
+    } else {
+        let at = MR_SHARED + (slot - 1) * 24;
+        (at, at + 8, at + 16)
+    }
+}
 
 // ---- ring header
 /// Magic value at offset 0 of a ring header.

@@ -77,12 +77,91 @@ impl ProtectionDomain for ShmPd {
             iova,
             access,
             _slice: slice,
+            slot: 0,
+            regs: Arc::new(Mutex::new(1)),
+            _first: None,
         });
         lkeys.insert(lkey, mr.clone());
         rkeys.insert(rkey, mr.clone());
         Ok(ShmMr {
             dev: self.dev.clone(),
             mr,
+        })
+    }
+
+    /// The memory of `mr` (of any PD of any `shm` device of this process)
+    /// registered in this PD too: new random keys and address, a further
+    /// registration slot of its header (`layout::mr_reg_words`), which a
+    /// writer checks as it checks the first one. Handed out as `mr` is
+    /// (the memfd of its arena chunk, its offset and length), but only on a
+    /// QP of this PD, by this registration's rkey: `mr`'s own rkey stays a
+    /// key of `mr`'s device and PD. So a peer of this PD that maps all of
+    /// the memfd reaches the other regions of `mr`'s chunk (of `mr`'s PD):
+    /// share the regions of a PD only with a PD whose peers may reach them
+    /// all, as the two PDs of a link group's links are (see the README).
+    /// A region that was not registered for remote writes has no memfd to
+    /// hand out: it can be registered again for local access only.
+    fn share_mr(&self, mr: &ShmMr, access: Access) -> Result<ShmMr> {
+        let first = mr.mr._first.clone().unwrap_or_else(|| mr.mr.clone());
+        if access.contains(Access::REMOTE_WRITE) && first.mem.fd().is_none() {
+            return Err(Error::InvalidArgument(
+                "a region registered without REMOTE_WRITE cannot be shared for remote writes"
+                    .into(),
+            ));
+        }
+        let slot = {
+            let mut regs = lock(&first.regs);
+            let slot = (1..MR_REGS)
+                .find(|&i| *regs & (1 << i) == 0)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "a region's memory has at most {MR_REGS} registrations"
+                    ))
+                })?;
+            *regs |= 1 << slot;
+            slot
+        };
+        let iova = match random_u64() {
+            Ok(r) => (r >> 1 & !0xfff).max(0x1000),
+            Err(e) => {
+                *lock(&first.regs) &= !(1 << slot);
+                return Err(e);
+            }
+        };
+        let mut lkeys = lock(&self.dev.lkeys);
+        let mut rkeys = lock(&self.dev.rkeys);
+        let keys = fresh_key(&lkeys).and_then(|l| Ok((l, fresh_key(&rkeys)?)));
+        let (lkey, rkey) = match keys {
+            Ok(k) => k,
+            Err(e) => {
+                *lock(&first.regs) &= !(1 << slot);
+                return Err(e);
+            }
+        };
+        let (valid, rk, io) = mr_reg_words(slot);
+        let v = MrView(&first.mem, first.base);
+        v.h(rk).store(rkey as u64, Relaxed);
+        v.h(io).store(iova, Relaxed);
+        v.h(valid).store(1, Release);
+        let shared = Arc::new(LocalMr {
+            lkey,
+            rkey,
+            pd: self.pd,
+            mem: first.mem.clone(),
+            base: first.base,
+            len: first.len,
+            iova,
+            access,
+            _slice: None,
+            slot,
+            regs: first.regs.clone(),
+            _first: Some(first),
+        });
+        lkeys.insert(lkey, shared.clone());
+        rkeys.insert(rkey, shared.clone());
+        Ok(ShmMr {
+            dev: self.dev.clone(),
+            mr: shared,
         })
     }
 
@@ -181,17 +260,21 @@ pub(super) struct PeerMr {
     pub(super) iova: u64,
     pub(super) len: usize,
     pub(super) access: Access,
+    /// The registration of the memory this rkey is (`layout::mr_reg_words`).
+    pub(super) slot: usize,
 }
 
 impl PeerMr {
     /// Still registered by its owner (a correct writer stops at once when
     /// the owner deregisters it). The owner may give the region's range to
-    /// another region of its PD afterwards: that one has other keys.
+    /// another region of its PD afterwards, or the registration slot to
+    /// another registration of the memory: those have other keys.
     pub(super) fn valid(&self) -> bool {
         let v = MrView(&self.mem, 0);
-        v.h(MR_VALID).load(Acquire) == 1
-            && v.h(MR_RKEY).load(Relaxed) == u64::from(self.rkey)
-            && v.h(MR_IOVA).load(Relaxed) == self.iova
+        let (valid, rkey, iova) = mr_reg_words(self.slot);
+        v.h(valid).load(Acquire) == 1
+            && v.h(rkey).load(Relaxed) == u64::from(self.rkey)
+            && v.h(iova).load(Relaxed) == self.iova
     }
     /// The byte offset in the mapping of a WRITE of `len` bytes at `addr`.
     pub(super) fn check(&self, addr: u64, len: usize) -> std::result::Result<usize, WcStatus> {
@@ -231,9 +314,10 @@ impl Drop for ShmMr {
     fn drop(&mut self) {
         // Revoke remote access first: peers check this word before each write.
         MrView(&self.mr.mem, self.mr.base)
-            .h(MR_VALID)
+            .h(mr_reg_words(self.mr.slot).0)
             .store(0, SeqCst);
         lock(&self.dev.lkeys).remove(&self.mr.lkey);
         lock(&self.dev.rkeys).remove(&self.mr.rkey);
+        *lock(&self.mr.regs) &= !(1 << self.mr.slot);
     }
 }

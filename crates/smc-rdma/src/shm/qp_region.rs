@@ -147,18 +147,22 @@ impl QpInner {
             }
         })?;
         let v = MrView(&mem, 0);
-        if v.h(0).load(Acquire) != MR_MAGIC
-            || v.h(MR_RKEY).load(Acquire) != u64::from(rkey)
-            || v.h(MR_IOVA).load(Acquire) != m.x
-        {
+        // which registration of the memory the rkey is (a region registered
+        // in several PDs has one per PD, `ShmPd::share_mr`)
+        let slot = (0..MR_REGS).find(|&i| {
+            let (_, k, a) = mr_reg_words(i);
+            v.h(k).load(Acquire) == u64::from(rkey) && v.h(a).load(Acquire) == m.x
+        });
+        let Some(slot) = slot.filter(|_| v.h(0).load(Acquire) == MR_MAGIC) else {
             return Err(refused("the peer's region header is wrong"));
-        }
+        };
         Ok(Arc::new(PeerMr {
             mem,
             rkey,
             iova: m.x,
             len,
             access: Access::from_bits(m.c),
+            slot,
         }))
     }
 

@@ -1,0 +1,225 @@
+//! Link redundancy over two devices per endpoint (`endpoint/devices.rs`) on
+//! the sim fabric: with a second device on each side, the server's ADD_LINK
+//! puts the group's second link on the second devices (its RMBs registered
+//! there too, their rkeys and addresses there carried by ADD_LINK /
+//! ADD_LINK_CONT and CONFIRM_RKEY), connections spread over both links, and
+//! when one device's port goes down under load its connections fail over to
+//! the link on the other device without losing a byte.
+
+use smc_engine::endpoint::{ConnStatus, Endpoint, EndpointConfig};
+use smc_engine::state::LgrState;
+use smc_proto::link::{LgrType, Redundancy};
+use smc_proto::negotiate::IfAddr;
+use smc_rdma::sim::SimFabric;
+use std::net::IpAddr;
+use std::time::Duration;
+
+mod common;
+
+use common::{add_port_for, simple_config, Tcp, World};
+
+fn config(dev: &str, inst: u16, last: u8, v2: bool) -> EndpointConfig {
+    EndpointConfig {
+        testlink: Some(Duration::from_secs(30)),
+        offer_v2: v2,
+        ..simple_config(dev, inst, last)
+    }
+}
+
+/// The second device of an endpoint: another port, on 10.98.0.`last`.
+fn second(dev: &str, last: u8) -> EndpointConfig {
+    EndpointConfig {
+        if_addrs: vec![IfAddr {
+            addr: IpAddr::from([10, 98, 0, last]),
+            prefix_len: 24,
+        }],
+        ..simple_config(dev, 0, last)
+    }
+}
+
+fn world(v2: bool) -> World {
+    let fabric = SimFabric::new(17);
+    let cc = config("simC", 0x1111, 1, v2);
+    let sc = config("simS", 0x2222, 2, v2);
+    for c in [&cc, &sc, &second("simC2", 1), &second("simS2", 2)] {
+        add_port_for(&fabric, c, true);
+    }
+    let client_ip = cc.if_addrs[0].addr;
+    let server_ip = sc.if_addrs[0].addr;
+    let mut client = Endpoint::new(&fabric, cc).unwrap();
+    let mut server = Endpoint::new(&fabric, sc).unwrap();
+    client.open_second_device(&fabric, "simC2").unwrap();
+    server.open_second_device(&fabric, "simS2").unwrap();
+    for ep in [&mut client, &mut server] {
+        ep.set_redundancy(Redundancy {
+            enabled: true,
+            alternate: true,
+        });
+    }
+    World {
+        fabric,
+        client,
+        server,
+        now: Duration::ZERO,
+        client_ip,
+        server_ip,
+    }
+}
+
+fn smc(w: &mut World) -> Tcp {
+    let t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc));
+    t
+}
+
+fn byte(conn: usize, dir: usize, i: usize) -> u8 {
+    ((i.wrapping_mul(2654435761) >> 11) as u8) ^ (conn as u8 * 31) ^ (dir as u8 * 0x5a)
+}
+
+/// Bulk data both ways on every connection, every byte checked; `at_step`
+/// runs between rounds.
+fn streams(w: &mut World, ts: &[&Tcp], len: usize, mut at_step: impl FnMut(&mut World, u64)) {
+    let mut sent = vec![[0usize; 2]; ts.len()];
+    let mut got = vec![[0usize; 2]; ts.len()];
+    let mut steps = 0u64;
+    loop {
+        let mut busy = false;
+        for (i, t) in ts.iter().enumerate() {
+            for dir in 0..2 {
+                let (tx, rx, tid, rid) = if dir == 0 {
+                    (&mut w.client, &mut w.server, t.c, t.s)
+                } else {
+                    (&mut w.server, &mut w.client, t.s, t.c)
+                };
+                let at = sent[i][dir];
+                if at < len {
+                    let chunk: Vec<u8> =
+                        (at..len.min(at + 5000)).map(|k| byte(i, dir, k)).collect();
+                    sent[i][dir] += tx.write(tid, &chunk).unwrap();
+                }
+                let data = rx.read(rid, 7000).unwrap();
+                for (k, b) in data.iter().enumerate() {
+                    let off = got[i][dir] + k;
+                    assert_eq!(*b, byte(i, dir, off), "conn {i} dir {dir}: byte {off}");
+                }
+                got[i][dir] += data.len();
+                busy |= got[i][dir] < len;
+            }
+        }
+        if !busy {
+            return;
+        }
+        at_step(w, steps);
+        w.tick();
+        steps += 1;
+        assert!(steps < 400_000, "stalled");
+    }
+}
+
+#[test]
+fn a_second_link_forms_on_the_second_devices_and_survives_a_port_failure() {
+    // (v2 and v1; the client's second device fails, or the server's first)
+    for (v2, fail) in [
+        (true, "simC2"),
+        (false, "simC2"),
+        (true, "simS"),
+        (false, "simS"),
+    ] {
+        let mut w = world(v2);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        assert_eq!(w.client.usable_links(lc).len(), 2, "v2 {v2}");
+        assert_eq!(w.server.usable_links(ls).len(), 2, "v2 {v2}");
+        assert_eq!(w.server.link_group_type(ls), Some(LgrType::Symmetric));
+        // one link on each device, on both sides
+        for (ep, l) in [(&w.client, lc), (&w.server, ls)] {
+            let mut on: Vec<bool> = ep
+                .usable_links(l)
+                .iter()
+                .map(|&s| ep.link_on_second_device(l, s).unwrap())
+                .collect();
+            on.sort_unstable();
+            assert_eq!(on, [false, true], "v2 {v2}");
+        }
+        // connections on both links (those on the second one announced by
+        // CONFIRM_RKEY with their rkeys there, and accepted with them)
+        let ts: Vec<Tcp> = (0..7).map(|_| smc(&mut w)).collect();
+        let mut all: Vec<&Tcp> = ts.iter().collect();
+        all.push(&t0);
+        let on_second = |w: &World| {
+            all.iter()
+                .filter(|t| {
+                    let s = w.server.link_of(t.s).unwrap();
+                    w.server.link_on_second_device(ls, s) == Some(true)
+                })
+                .count()
+        };
+        let n2 = on_second(&w);
+        assert!(n2 > 0 && n2 < all.len(), "spread: {n2} of {}", all.len());
+        let fabric = w.fabric.clone();
+        streams(&mut w, &all, 300_000, |_, step| {
+            if step == 60 {
+                fabric.set_port(fail, false).unwrap();
+            }
+        });
+        for t in &all {
+            assert!(w.client.violation(t.c).is_none() && w.server.violation(t.s).is_none());
+            assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+        }
+        assert_eq!(w.client.link_group_state(lc), Some(LgrState::Active));
+        assert_eq!(w.server.link_group_state(ls), Some(LgrState::Active));
+        // every connection left the failed device
+        let failed_second = fail.ends_with('2');
+        for t in &all {
+            let (ep, l, id) = if fail.starts_with("simC") {
+                (&w.client, lc, t.c)
+            } else {
+                (&w.server, ls, t.s)
+            };
+            let s = ep.link_of(id).unwrap();
+            assert_ne!(
+                ep.link_on_second_device(l, s),
+                Some(failed_second),
+                "{fail}"
+            );
+        }
+        // three connections close: each side withdraws their RMBs with
+        // DELETE_RKEY, by their rkeys on the link it runs on (which may be
+        // on the second device now), and the peer forgets them
+        assert_eq!(w.client.link_group_buffers(lc).unwrap().0, 8);
+        assert_eq!(w.server.link_group_buffers(ls).unwrap().0, 8);
+        for t in &ts[..3] {
+            w.client.release(t.c);
+            w.server.release(t.s);
+        }
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+        assert_eq!(w.client.link_group_buffers(lc).unwrap().0, 5, "{v2} {fail}");
+        assert_eq!(w.server.link_group_buffers(ls).unwrap().0, 5, "{v2} {fail}");
+        // the port comes back; new connections (on pooled buffers, announced
+        // again) still carry data
+        w.fabric.set_port(fail, true).unwrap();
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+        let t = smc(&mut w);
+        let t2 = smc(&mut w);
+        streams(&mut w, &[&t, &t2, &t0, &ts[5]], 100_000, |_, _| {});
+    }
+}
+
+/// A simulation seed that found a two-device bug, 8018: a reused group's
+/// Confirm named the client's link on its first device, whose port went
+/// down before the server read the Confirm; the server put that device's
+/// rkey into the column of the link the connection had moved to (on the
+/// second device, where the rkey is another), and the client's RMB could
+/// not be reached (the urgent byte, and the rest, never arrived). The CLC
+/// rkey now goes into the column of the link the message names, or finds
+/// the row of the peer's CONFIRM_RKEY (`Lgr::add_clc_rtoken`).
+#[test]
+fn two_device_simulation_seed_8018() {
+    let seed = 8018;
+    let r = smc_engine::simulate::run(seed).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    assert!(r.second_device && r.survivable_fault, "seed {seed}");
+    assert_eq!(r.handshake_resets, 0, "seed {seed}: a connection was reset");
+}

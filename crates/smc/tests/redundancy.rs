@@ -1,0 +1,444 @@
+//! Link redundancy between two processes (issue 17): two network namespaces
+//! joined by two veth pairs, a shm device on each veth end, the four in one
+//! PNET ID, and `SMC_REDUNDANCY=1`. The client opens 8 connections over the
+//! first pair; the server adds a second link to their link group by
+//! ADD_LINK over the second devices (visible in `smc::state()`); 8
+//! checksummed streams run both ways, the client's end of one veth pair is
+//! taken down mid-stream (the second pair, then in a new run the first),
+//! and every stream completes with its checksum (the connections of the
+//! lost link moved to the other). Root (BPF, namespaces).
+//!
+//! The children are this test binary again in their namespaces
+//! (`SMC_REDUNDANCY_ROLE`), entered with `nsenter --net` as in `netns.rs`;
+//! they talk to the referee over stdin/stdout.
+
+mod common;
+use common::{pattern, Fnv};
+use smc::{Mode, SmcListener, SmcStream};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::Shutdown;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+const TEST: &str = "a_two_link_group_survives_a_veth_going_down_mid_stream";
+const CONNS: usize = 8;
+const TOTAL: u64 = 24 << 20;
+const CHUNK: usize = 64_000;
+/// Benchmarking range (RFC 2544): pair 1 carries TCP (and the first link),
+/// pair 2 only the second link.
+const SERVER_IP: &str = "198.18.214.1";
+const CLIENT_IP: &str = "198.18.214.2";
+const SERVER_IP2: &str = "198.18.214.5";
+const CLIENT_IP2: &str = "198.18.214.6";
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Direction `dir` of connection `conn`: its own byte stream.
+fn byte(conn: u8, dir: u8, off: u64) -> u8 {
+    pattern(dir, off) ^ conn.wrapping_mul(37)
+}
+
+fn send(s: &SmcStream, conn: u8, dir: u8) -> u64 {
+    let mut h = Fnv::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut off = 0u64;
+    while off < TOTAL {
+        let n = (TOTAL - off).min(CHUNK as u64) as usize;
+        for (k, b) in buf[..n].iter_mut().enumerate() {
+            *b = byte(conn, dir, off + k as u64);
+        }
+        s.write_all_ref(&buf[..n], conn, dir, off);
+        h.feed(&buf[..n]);
+        off += n as u64;
+    }
+    s.shutdown(Shutdown::Write).expect("shutdown(Write)");
+    h.0
+}
+
+trait WriteAll {
+    fn write_all_ref(&self, b: &[u8], conn: u8, dir: u8, off: u64);
+}
+
+impl WriteAll for SmcStream {
+    fn write_all_ref(&self, b: &[u8], conn: u8, dir: u8, off: u64) {
+        (&*self)
+            .write_all(b)
+            .unwrap_or_else(|e| panic!("conn {conn}: write at {off} of direction {dir}: {e}"));
+    }
+}
+
+/// Receives TOTAL bytes, checking each, then the end of the stream;
+/// `progress` counts what came in.
+fn receive(s: &SmcStream, conn: u8, dir: u8, progress: &AtomicU64) -> u64 {
+    let mut h = Fnv::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut off = 0u64;
+    while off < TOTAL {
+        let n = (&*s)
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("conn {conn}: read at {off} of direction {dir}: {e}"));
+        assert!(n > 0, "conn {conn}: end of stream after {off} of {TOTAL}");
+        for (k, &b) in buf[..n].iter().enumerate() {
+            let o = off + k as u64;
+            assert_eq!(b, byte(conn, dir, o), "conn {conn}: byte {o} of {dir}");
+        }
+        h.feed(&buf[..n]);
+        off += n as u64;
+        progress.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    let n = (&*s).read(&mut buf).expect("read after the last byte");
+    assert_eq!(n, 0, "conn {conn}: bytes beyond the end");
+    h.0
+}
+
+/// Runs every connection's transfer (send `tx`, receive `1 - tx`), and
+/// returns per connection (sent hash, received hash).
+fn transfer(conns: Vec<(u8, SmcStream)>, tx: u8, progress: Progress) -> Vec<(u8, u64, u64)> {
+    let handles: Vec<_> = conns
+        .into_iter()
+        .map(|(i, s)| {
+            assert_eq!(s.mode(), Mode::SmcR, "conn {i} mode");
+            s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+            s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+            let w = s.try_clone().unwrap();
+            let p = progress.clone();
+            let sender = thread::spawn(move || send(&w, i, tx));
+            thread::spawn(move || {
+                let got = receive(&s, i, 1 - tx, &p[usize::from(i)]);
+                (i, sender.join().expect("sender"), got)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("conn"))
+        .collect()
+}
+
+/// Bytes received so far, per connection.
+type Progress = Arc<Vec<AtomicU64>>;
+
+fn progress() -> Progress {
+    Arc::new((0..CONNS).map(|_| AtomicU64::new(0)).collect())
+}
+
+fn sum(p: &Progress) -> u64 {
+    p.iter().map(|a| a.load(Ordering::Relaxed)).sum()
+}
+
+/// The most usable links of any link group of this process.
+fn max_links() -> usize {
+    smc::state()
+        .iter()
+        .flat_map(|d| d.links.iter().copied())
+        .max()
+        .unwrap_or(0)
+}
+
+fn say(line: String) {
+    println!("{line}");
+    std::io::stdout().flush().unwrap();
+}
+
+fn read_word() -> String {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    line.trim().to_string()
+}
+
+fn report(role: &str, results: &[(u8, u64, u64)]) {
+    for (i, sent, got) in results {
+        say(format!(
+            "{role} conn {i} sent {sent:016x} received {got:016x}"
+        ));
+    }
+    say(format!("{role} done links {}", max_links()));
+    assert_eq!(read_word(), "exit");
+}
+
+fn server() {
+    let l = SmcListener::bind((SERVER_IP, 0)).unwrap();
+    say(format!("port {}", l.local_addr().unwrap().port()));
+    let mut conns = Vec::new();
+    for _ in 0..CONNS {
+        let (s, _) = l.accept().unwrap();
+        let mut idx = [0u8; 1];
+        (&s).read_exact(&mut idx).unwrap();
+        conns.push((idx[0], s));
+    }
+    let results = transfer(conns, 1, progress());
+    report("server", &results);
+}
+
+fn client(port: u16) {
+    let mut conns = Vec::new();
+    for i in 0..CONNS as u8 {
+        let s = SmcStream::connect((SERVER_IP, port)).unwrap();
+        (&s).write_all(&[i]).unwrap();
+        conns.push((i, s));
+    }
+    // the second link: added by the server right after the first contact
+    let t0 = Instant::now();
+    while max_links() < 2 && t0.elapsed() < Duration::from_secs(10) {
+        thread::sleep(Duration::from_millis(5));
+    }
+    say(format!("client ready links {}", max_links()));
+    let progress = progress();
+    let p = progress.clone();
+    // the referee's "cut" (the veth is down): what had arrived by then, and
+    // how long until every connection that was not finished received
+    // again (those of the failed link after their failover)
+    let watcher = thread::spawn(move || {
+        assert_eq!(read_word(), "cut");
+        let at: Vec<u64> = p.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+        let t = Instant::now();
+        while t.elapsed() < IO_TIMEOUT
+            && p.iter()
+                .zip(&at)
+                .any(|(a, &was)| was < TOTAL && a.load(Ordering::Relaxed) == was)
+        {
+            thread::sleep(Duration::from_micros(200));
+        }
+        (at.iter().sum::<u64>(), t.elapsed())
+    });
+    let p = progress.clone();
+    let half = thread::spawn(move || {
+        while sum(&p) < TOTAL * CONNS as u64 / 4 {
+            thread::sleep(Duration::from_micros(200));
+        }
+        say("client quarter".into());
+    });
+    let results = transfer(conns, 0, progress);
+    half.join().unwrap();
+    let (at, resumed) = watcher.join().unwrap();
+    say(format!(
+        "client cut at {at} of {} resumed_us {}",
+        TOTAL * CONNS as u64,
+        resumed.as_micros()
+    ));
+    report("client", &results);
+}
+
+fn run(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+}
+
+fn wait_up(ns: &str, ifname: &str) {
+    let t0 = Instant::now();
+    loop {
+        let out = Command::new("ip")
+            .args(["-n", ns, "-o", "link", "show", "dev", ifname])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&out.stdout).contains(" state UP ") {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{ifname} not up");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[derive(Default)]
+struct Lab {
+    children: Vec<Child>,
+    namespaces: Vec<String>,
+    dir: Option<PathBuf>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in &self.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+impl Lab {
+    fn spawn(&mut self, ns: &str, role: &str, port: &str) -> (ChildStdin, BufReader<ChildStdout>) {
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{ns}"))
+            .arg(std::env::current_exe().unwrap())
+            .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env("SMC_REDUNDANCY_ROLE", role)
+            .env("SMC_REDUNDANCY_PORT", port)
+            .env("SMC_REDUNDANCY", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run nsenter (util-linux)");
+        let io = (
+            child.stdin.take().unwrap(),
+            BufReader::new(child.stdout.take().unwrap()),
+        );
+        self.children.push(child);
+        io
+    }
+}
+
+fn expect_line(out: &mut BufReader<ChildStdout>, who: &str, marker: &str) -> String {
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!("{who} exited before saying {marker:?}; its output:\n{seen}");
+        }
+        if let Some(i) = line.find(marker) {
+            return line[i + marker.len()..].trim().to_string();
+        }
+        seen += &line;
+    }
+}
+
+/// conn index -> (sent, received) from the report lines of `who`.
+fn hashes(out: &mut BufReader<ChildStdout>, who: &str) -> Vec<(String, String)> {
+    (0..CONNS)
+        .map(|i| {
+            let rest = expect_line(out, who, &format!("{who} conn {i} "));
+            let w: Vec<&str> = rest.split_whitespace().collect();
+            match w.as_slice() {
+                ["sent", s, "received", r] => (s.to_string(), r.to_string()),
+                _ => panic!("malformed report {rest:?}"),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_two_link_group_survives_a_veth_going_down_mid_stream() {
+    match std::env::var("SMC_REDUNDANCY_ROLE").as_deref() {
+        Ok("server") => return server(),
+        Ok("client") => {
+            let port = std::env::var("SMC_REDUNDANCY_PORT").unwrap();
+            return client(port.parse().unwrap());
+        }
+        _ => {}
+    }
+    assert_eq!(
+        rustix::process::geteuid().as_raw(),
+        0,
+        "needs root (BPF, network namespaces); CI runs as root"
+    );
+    // the second pair (the link ADD_LINK added), then the first (the first
+    // contact's link; TCP, idle after the handshakes, runs over it too)
+    for cut in [1, 0] {
+        cut_one_pair(cut);
+    }
+}
+
+/// One run: the client's end of pair `cut` (0: the first) goes down.
+fn cut_one_pair(cut: usize) {
+    let pid = std::process::id();
+    let mut lab = Lab::default();
+    let (ns_s, ns_c) = (
+        format!("smc-red-s{cut}{pid}"),
+        format!("smc-red-c{cut}{pid}"),
+    );
+    for ns in [&ns_s, &ns_c] {
+        run("ip", &["netns", "add", ns]);
+        lab.namespaces.push(ns.clone());
+        run("ip", &["-n", ns, "link", "set", "lo", "up"]);
+    }
+    let ifs: Vec<(String, String)> = (1..=2)
+        .map(|k| (format!("smcrs{k}{cut}{pid}"), format!("smcrc{k}{cut}{pid}")))
+        .collect();
+    for ((if_s, if_c), (ip_s, ip_c)) in ifs
+        .iter()
+        .zip([(SERVER_IP, CLIENT_IP), (SERVER_IP2, CLIENT_IP2)])
+    {
+        run(
+            "ip",
+            &[
+                "-n", &ns_s, "link", "add", if_s, "type", "veth", "peer", "name", if_c,
+            ],
+        );
+        run("ip", &["-n", &ns_s, "link", "set", if_c, "netns", &ns_c]);
+        for (ns, ifname, ip) in [(&ns_s, if_s, ip_s), (&ns_c, if_c, ip_c)] {
+            run(
+                "ip",
+                &["-n", ns, "addr", "add", &format!("{ip}/30"), "dev", ifname],
+            );
+            run("ip", &["-n", ns, "link", "set", ifname, "up"]);
+        }
+    }
+    for (if_s, if_c) in &ifs {
+        wait_up(&ns_s, if_s);
+        wait_up(&ns_c, if_c);
+    }
+    let dir = std::env::temp_dir().join(format!("smc-redundancy-test-{pid}-{cut}"));
+    lab.dir = Some(dir.clone());
+    std::fs::create_dir_all(dir.join("run")).unwrap();
+    std::fs::create_dir_all(dir.join("conf")).unwrap();
+    // a device per veth end; the first pair's interfaces and all four
+    // devices in one PNET ID, so each side's second device is its alternate
+    let devices = [
+        ("shm-s1", &ifs[0].0),
+        ("shm-s2", &ifs[1].0),
+        ("shm-c1", &ifs[0].1),
+        ("shm-c2", &ifs[1].1),
+    ];
+    let mut cfg = format!("rundir {}\n", dir.join("run").display());
+    let mut pnet = format!("NET1 eth {}\nNET1 eth {}\n", ifs[0].0, ifs[0].1);
+    for (d, i) in devices {
+        cfg += &format!("device {d} netdev {i}\n");
+        pnet += &format!("NET1 ib {d} 1\n");
+    }
+    std::fs::write(dir.join("shm.conf"), cfg).unwrap();
+    std::fs::write(dir.join("conf").join("pnet.conf"), pnet).unwrap();
+    std::env::set_var("SMC_RDMA_SHM_CONFIG", dir.join("shm.conf"));
+    std::env::set_var("SMC_RS_CONFIG_DIR", dir.join("conf"));
+    std::env::set_var("SMC_RS_RUN_DIR", dir.join("registry"));
+
+    let (mut srv_in, mut srv_out) = lab.spawn(&ns_s, "server", "");
+    let port = expect_line(&mut srv_out, "server", "port ");
+    let (mut cli_in, mut cli_out) = lab.spawn(&ns_c, "client", &port);
+    let links = expect_line(&mut cli_out, "client", "client ready links ");
+    assert_eq!(links, "2", "a two-link group formed by ADD_LINK");
+    expect_line(&mut cli_out, "client", "client quarter");
+    // the client's end of one pair goes down mid-stream
+    run("ip", &["-n", &ns_c, "link", "set", &ifs[cut].1, "down"]);
+    writeln!(cli_in, "cut").unwrap();
+    let cut_line = expect_line(&mut cli_out, "client", "client cut at ");
+    let w: Vec<&str> = cut_line.split_whitespace().collect();
+    let (at, total): (u64, u64) = (w[0].parse().unwrap(), w[2].parse().unwrap());
+    assert!(at < total, "the cut came after the transfer: {cut_line}");
+    eprintln!(
+        "pair {}: cut at {at} of {total} bytes received; every connection received again after {} us",
+        cut + 1,
+        w[4]
+    );
+    let c = hashes(&mut cli_out, "client");
+    let s = hashes(&mut srv_out, "server");
+    for i in 0..CONNS {
+        assert_eq!(c[i].0, s[i].1, "conn {i}: client to server");
+        assert_eq!(s[i].0, c[i].1, "conn {i}: server to client");
+    }
+    expect_line(&mut cli_out, "client", "client done links ");
+    expect_line(&mut srv_out, "server", "server done links ");
+    for stdin in [&mut srv_in, &mut cli_in] {
+        writeln!(stdin, "exit").unwrap();
+    }
+    for (who, out) in [("server", &mut srv_out), ("client", &mut cli_out)] {
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert!(rest.contains("test result: ok"), "{who}:\n{rest}");
+    }
+    for c in lab.children.iter_mut() {
+        assert!(c.wait().unwrap().success());
+    }
+}
