@@ -227,21 +227,34 @@ pub(crate) fn take_input(
     leftover.extend_from_slice(&data[used..]);
 }
 
+/// Whether the client handshakes of this process spin before they sleep
+/// (see [`crate::ctx::Spin`]): a handshake's wait is the server's whole step
+/// (its listener wakes, reads the Proposal, answers), which on a core shared
+/// with the server never ends while we spin, only once we sleep.
+fn client_spin() -> &'static crate::ctx::Spin {
+    static S: std::sync::OnceLock<crate::ctx::Spin> = std::sync::OnceLock::new();
+    S.get_or_init(crate::ctx::Spin::default)
+}
+
 /// The CLC handshake driven by an endpoint (a device serves this connection).
 /// Returns the connection's status and any TCP bytes that followed the CLC
 /// messages (the peer's first application data after a Decline).
+/// `tcp` stays in blocking mode: reads do not wait (`MSG_DONTWAIT`), writes
+/// may.
 pub(crate) fn with_endpoint(
     tcp: &TcpStream,
-    shared: &crate::ctx::Shared,
+    shared: &std::sync::Arc<crate::ctx::Shared>,
     id: smc_engine::endpoint::ConnId,
 ) -> io::Result<(smc_engine::endpoint::ConnStatus, Vec<u8>)> {
-    tcp.set_nonblocking(true)?;
+    use rustix::net::RecvFlags;
     let mut leftover = Vec::new();
     let mut buf = [0u8; 1024];
-    let mut spin_until = None;
+    // (until, budget) of the one spin, once the first wait began
+    let mut spin: Option<(std::time::Instant, std::time::Duration)> = None;
+    let mut slept = false;
     // woken by the endpoint's progress (a completion, a timer) while this
-    // thread waits for TCP data too
-    let progress = shared.progress_fd()?;
+    // thread waits for TCP data too; registered only if it sleeps
+    let mut progress = None;
     let result = loop {
         let (out, status, next) = {
             let mut ep = shared.lock();
@@ -250,48 +263,67 @@ pub(crate) fn with_endpoint(
             (ep.clc_output(id), ep.status(id), shared.next_wake(&mut ep))
         };
         if !out.is_empty() {
-            tcp.set_nonblocking(false)?;
-            let w = (&*tcp).write_all(&out);
-            tcp.set_nonblocking(true)?;
-            w?;
+            (&*tcp).write_all(&out)?;
         }
         if let Some(r) = ended(status) {
             break r;
         }
-        match (&*tcp).read(&mut buf) {
-            Ok(n) => take_input(shared, id, &buf[..n], &mut leftover),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+        match rustix::net::recv(tcp, &mut buf, RecvFlags::DONTWAIT) {
+            Ok((n, _)) => take_input(shared, id, &buf[..n], &mut leftover),
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {
                 // Spin a little (an LLC answer or the next CLC message is
-                // usually microseconds away), then wait for TCP data, the
-                // endpoint's progress (whoever pumps: the progress thread
-                // sleeps on the completion channel) or its next deadline
-                // (the handshake's own is one).
+                // usually microseconds away, when the server has a core of
+                // its own), then wait for TCP data, the endpoint's progress
+                // (whoever pumps: the progress thread sleeps on the
+                // completion channel) or its next deadline (the handshake's
+                // own is one).
                 let now = std::time::Instant::now();
-                if now >= *spin_until.get_or_insert(now + crate::ctx::spin_time()) {
-                    use rustix::event::{poll, PollFd, PollFlags};
-                    let pfd_progress = progress.fd();
-                    let mut pfd = [
-                        PollFd::new(tcp, PollFlags::IN),
-                        PollFd::new(&pfd_progress, PollFlags::IN),
-                    ];
-                    let ts = crate::ctx::timespec_until(next);
-                    let _ = poll(&mut pfd, ts.as_ref());
-                    // Drained only when it was rung, and before the pump that
-                    // follows: a ring after this read still wakes the next poll.
-                    if pfd[1].revents().contains(PollFlags::IN) {
-                        progress.clear();
-                    }
-                } else {
+                let (until, budget) = *spin.get_or_insert_with(|| {
+                    let b = if crate::ctx::may_spin() {
+                        client_spin().budget()
+                    } else {
+                        std::time::Duration::ZERO
+                    };
+                    (now + b, b)
+                });
+                if now < until {
                     std::hint::spin_loop();
+                    continue;
+                }
+                if !slept {
+                    client_spin().miss(budget);
+                    slept = true;
+                }
+                if progress.is_none() {
+                    progress = Some(shared.progress_fd()?);
+                    // (a pump between the look above and the registration
+                    // rang nobody: look again before sleeping)
+                    continue;
+                }
+                let progress = progress.as_ref().expect("registered above");
+                use rustix::event::{poll, PollFd, PollFlags};
+                let pfd_progress = progress.fd();
+                let mut pfd = [
+                    PollFd::new(tcp, PollFlags::IN),
+                    PollFd::new(&pfd_progress, PollFlags::IN),
+                ];
+                let ts = crate::ctx::timespec_until(next);
+                let _ = poll(&mut pfd, ts.as_ref());
+                // Drained only when it was rung, and before the pump that
+                // follows: a ring after this read still wakes the next poll.
+                if pfd[1].revents().contains(PollFlags::IN) {
+                    progress.clear();
                 }
             }
             Err(e) => {
                 shared.lock().tcp_closed(id);
-                break Err(e);
+                break Err(e.into());
             }
         }
     };
-    tcp.set_nonblocking(false)?;
+    if spin.is_some_and(|(_, b)| !b.is_zero()) && !slept {
+        client_spin().hit();
+    }
     result.map(|s| (s, leftover))
 }
 
@@ -300,7 +332,9 @@ pub(crate) fn with_endpoint(
 pub(crate) enum Progress {
     /// The TCP socket: readable, or writable with `write`. `rdma`: a step of
     /// the handshake runs over the device meanwhile (link confirmation, rkey
-    /// exchange, a first contact it waits for), so look again soon.
+    /// exchange, a first contact it waits for): look again when the
+    /// endpoint makes progress ([`Accepting::progress_fd`]), or soon if
+    /// there is no such descriptor.
     Wait { write: bool, rdma: bool },
     /// Over: [`Accepting::into_stream`].
     Done,
@@ -365,6 +399,11 @@ pub(crate) struct Accepting {
     /// Decline).
     leftover: Vec<u8>,
     how: How,
+    /// While a step runs over the device: rung by the endpoint's pumps
+    /// that take completions or fire timers (the progress thread's, on the
+    /// completion channel), so that the driver sleeps until then instead of
+    /// looking on a period.
+    progress: Option<crate::ctx::ProgressFd>,
 }
 
 impl Accepting {
@@ -393,12 +432,29 @@ impl Accepting {
             out: Vec::new(),
             leftover: Vec::new(),
             how,
+            progress: None,
         })
     }
 
     /// The TCP socket, to poll.
     pub(crate) fn tcp(&self) -> &TcpStream {
         &self.tcp
+    }
+
+    /// While a step runs over the device ([`Progress::Wait`] `rdma`): the
+    /// descriptor that polls readable once the endpoint made progress, to
+    /// poll beside the socket (`None`: none could be had, look again soon).
+    /// Cleared with [`Self::progress_seen`] before the next step.
+    pub(crate) fn progress_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.progress.as_ref().map(|p| p.fd())
+    }
+
+    /// The progress descriptor polled readable: drained, before the step
+    /// that looks (a ring after this still wakes the next poll).
+    pub(crate) fn progress_seen(&self) {
+        if let Some(p) = &self.progress {
+            p.clear();
+        }
     }
 
     fn tcp_gone(&mut self) {
@@ -461,7 +517,19 @@ impl Accepting {
                         continue;
                     }
                     if ended(status).is_some() {
+                        self.progress = None;
                         return Progress::Done;
+                    }
+                    if !rdma {
+                        self.progress = None;
+                    } else if self.progress.is_none() {
+                        // (without a descriptor, the driver looks soon)
+                        if let Ok(p) = c.shared.progress_fd() {
+                            self.progress = Some(p);
+                            // a pump between the look above and the
+                            // registration rang nobody: look again
+                            continue;
+                        }
                     }
                     rdma
                 }

@@ -10,8 +10,8 @@
 //! Here one driver thread per listener does the same: it accepts TCP
 //! connections, steps every pending handshake without blocking
 //! ([`Accepting::step`]) as its socket becomes readable (or, while a step
-//! runs over the device, every millisecond), and queues the finished
-//! connections. `accept()` takes from that queue. The queue is bounded like a
+//! runs over the device, as the endpoint makes progress), and queues the
+//! finished connections. `accept()` takes from that queue. The queue is bounded like a
 //! backlog: while it is full the driver leaves new TCP connections in the
 //! kernel's backlog. At most [`MAX_HANDSHAKES`] handshakes run at once, each
 //! with its own CLC deadlines (6 s per expected message). No thread per
@@ -50,7 +50,8 @@ const ACCEPT_BATCH: usize = 64;
 const TICK: Duration = Duration::from_millis(100);
 
 /// While a handshake step runs over the device (link confirmation, rkey
-/// exchange, a first contact it waits for), how soon it is looked at again.
+/// exchange, a first contact it waits for) and no progress descriptor could
+/// be had for it ([`Accepting::progress_fd`]), how soon it is looked at again.
 const RDMA_TICK: Duration = Duration::from_millis(1);
 
 /// How long the listener stops taking connections after running out of a
@@ -429,6 +430,7 @@ fn drive(inner: &Inner) {
     let mut paused_until: Option<Instant> = None;
     let mut next_tick = Instant::now() + TICK;
     let mut wake_buf = [0u8; 8];
+    let gate = crate::ctx::Spin::default();
     loop {
         let (stop, room) = {
             let mut q = lock(&inner.q);
@@ -444,9 +446,11 @@ fn drive(inner: &Inner) {
             paused_until = None;
         }
         let accepting = room && pending.len() < MAX_HANDSHAKES && paused_until.is_none();
-        let rdma = pending
-            .iter()
-            .any(|p| matches!(p.wait, Progress::Wait { rdma: true, .. }));
+        // (a device step without a progress descriptor: looked at soon)
+        let blind = |p: &Pending| {
+            matches!(p.wait, Progress::Wait { rdma: true, .. }) && p.hs.progress_fd().is_none()
+        };
+        let rdma = pending.iter().any(blind);
         let timeout = if rdma {
             Some(RDMA_TICK)
         } else if !pending.is_empty() || !lock(&inner.q).ready.is_empty() {
@@ -455,9 +459,10 @@ fn drive(inner: &Inner) {
             paused_until.map(|t| t.saturating_duration_since(now))
         };
         // poll: the wake-up, the listener (if taking connections), every
-        // pending handshake's socket
+        // pending handshake's socket, then the progress descriptors of those
+        // whose step runs over the device
         let (woken, listener_ready, ready): (bool, bool, Vec<bool>) = {
-            let mut pfd = Vec::with_capacity(pending.len() + 2);
+            let mut pfd = Vec::with_capacity(pending.len() + 4);
             pfd.push(PollFd::new(&inner.wake, PollFlags::IN));
             pfd.push(PollFd::new(
                 &inner.tcp,
@@ -474,13 +479,28 @@ fn drive(inner: &Inner) {
                 };
                 pfd.push(PollFd::new(p.hs.tcp(), f));
             }
+            let mut with_progress = Vec::new();
+            for (k, p) in pending.iter().enumerate() {
+                if let (Progress::Wait { rdma: true, .. }, Some(fd)) = (p.wait, p.hs.progress_fd())
+                {
+                    pfd.push(PollFd::from_borrowed_fd(fd, PollFlags::IN));
+                    with_progress.push(k);
+                }
+            }
             let ts = timeout.map(|t| Timespec {
                 tv_sec: t.as_secs() as i64,
                 tv_nsec: i64::from(t.subsec_nanos()),
             });
             let _ = rustix::event::poll(&mut pfd, ts.as_ref());
             let r: Vec<bool> = pfd.iter().map(|p| !p.revents().is_empty()).collect();
-            (r[0], r[1], r[2..].to_vec())
+            let mut ready = r[2..2 + pending.len()].to_vec();
+            for (&k, &rung) in with_progress.iter().zip(&r[2 + pending.len()..]) {
+                if rung {
+                    pending[k].hs.progress_seen();
+                    ready[k] = true;
+                }
+            }
+            (r[0], r[1], ready)
         };
         if woken {
             let _ = rustix::io::read(&inner.wake, &mut wake_buf);
@@ -494,9 +514,7 @@ fn drive(inner: &Inner) {
         // their deadlines)
         let mut finished = Vec::new();
         for (k, p) in pending.iter_mut().enumerate() {
-            let due = ready.get(k).copied().unwrap_or(false)
-                || tick
-                || matches!(p.wait, Progress::Wait { rdma: true, .. });
+            let due = ready.get(k).copied().unwrap_or(false) || tick || blind(p);
             p.fresh = false;
             if due {
                 p.wait = p.hs.step();
@@ -562,18 +580,25 @@ fn drive(inner: &Inner) {
                 }
             }
         }
-        spin(inner, &mut pending);
+        spin(inner, &mut pending, &gate);
     }
 }
 
 /// Steps the handshakes that moved this round again, without sleeping, for
-/// up to `ctx::spin_time()` or until none is left (see [`SPIN_MAX`]).
-fn spin(inner: &Inner, pending: &mut Vec<Pending>) {
+/// up to the spin time or until none is left (see [`SPIN_MAX`]). `gate`
+/// learns whether that pays: on a core shared with the clients a spin never
+/// sees their answer (they cannot run meanwhile), and the driver then sleeps
+/// at once (see [`crate::ctx::Spin`]).
+fn spin(inner: &Inner, pending: &mut Vec<Pending>, gate: &crate::ctx::Spin) {
     let hot = pending.iter().filter(|p| p.fresh).count();
     if hot == 0 || hot > SPIN_MAX || !crate::ctx::may_spin() {
         return;
     }
-    let end = Instant::now() + crate::ctx::spin_time();
+    let budget = gate.budget();
+    if budget.is_zero() {
+        return;
+    }
+    let end = Instant::now() + budget;
     while Instant::now() < end {
         let mut any = false;
         let mut k = 0;
@@ -594,8 +619,10 @@ fn spin(inner: &Inner, pending: &mut Vec<Pending>) {
             }
         }
         if !any {
+            gate.hit();
             return;
         }
         std::hint::spin_loop();
     }
+    gate.miss(budget);
 }
