@@ -390,7 +390,9 @@ impl How {
 /// listener's driver thread, which runs every pending handshake this way
 /// (Linux runs each on a work item of its own, af_smc.c `smc_listen_work`).
 /// Each has its own deadlines: the engine's (6 s per expected CLC message),
-/// or [`CLC_WAIT_TIME`] for the Proposal without a device.
+/// or [`CLC_WAIT_TIME`] for the Proposal without a device. The socket stays
+/// in blocking mode (as `accept()` hands it over): reads and writes here do
+/// not wait (`MSG_DONTWAIT`).
 pub(crate) struct Accepting {
     tcp: TcpStream,
     /// CLC bytes not yet written.
@@ -411,7 +413,6 @@ impl Accepting {
     /// the endpoint serving its local address if there is one.
     pub(crate) fn start(tcp: TcpStream) -> io::Result<Accepting> {
         use crate::ctx::Device;
-        tcp.set_nonblocking(true)?;
         let local = tcp.local_addr()?.ip();
         let peer = tcp.peer_addr()?.ip();
         let dev = crate::ctx::endpoint_for(local, peer, crate::ctx::Role::Server);
@@ -474,22 +475,28 @@ impl Accepting {
     /// Does what can be done now: writes pending CLC bytes, feeds what the
     /// socket has to the handshake, takes its output. Never blocks.
     pub(crate) fn step(&mut self) -> Progress {
+        use rustix::io::Errno;
+        use rustix::net::{RecvFlags, SendFlags};
         use smc_engine::state::HandshakePhase as P;
         let mut buf = [0u8; 2048];
         loop {
             if !self.out.is_empty() {
-                match (&self.tcp).write(&self.out) {
+                match rustix::net::send(
+                    &self.tcp,
+                    &self.out,
+                    SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+                ) {
                     Ok(n) => {
                         self.out.drain(..n);
                         continue;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    Err(Errno::AGAIN) => {
                         return Progress::Wait {
                             write: true,
                             rdma: false,
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(Errno::INTR) => continue,
                     Err(_) => {
                         self.out.clear();
                         self.tcp_gone();
@@ -558,8 +565,12 @@ impl Accepting {
                         (shared.clone(), *local, *peer, *deadline);
                     // Only look whether the client sent something: its
                     // bytes are for whichever way the handshake goes.
-                    match self.tcp.peek(&mut buf[..1]) {
-                        Ok(0) => self.tcp_gone(),
+                    match rustix::net::recv(
+                        &self.tcp,
+                        &mut buf[..1],
+                        RecvFlags::PEEK | RecvFlags::DONTWAIT,
+                    ) {
+                        Ok((0, _)) => self.tcp_gone(),
                         Ok(_) => {
                             self.how = if crate::ctx::shm_reaches(peer) {
                                 How::engine(shared, local)
@@ -567,7 +578,7 @@ impl Accepting {
                                 How::no_device(local, false)
                             };
                         }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        Err(Errno::AGAIN) => {
                             if std::time::Instant::now() >= deadline {
                                 self.tcp_gone();
                                 return Progress::Done;
@@ -577,22 +588,20 @@ impl Accepting {
                                 rdma: false,
                             };
                         }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(Errno::INTR) => {}
                         Err(_) => self.tcp_gone(),
                     }
                     continue;
                 }
             };
-            let n = match (&self.tcp).read(&mut buf) {
-                Ok(0) => {
+            let n = match rustix::net::recv(&self.tcp, &mut buf, RecvFlags::DONTWAIT) {
+                Ok((0, _)) => {
                     self.tcp_gone();
                     continue;
                 }
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Progress::Wait { write: false, rdma }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok((n, _)) => n,
+                Err(Errno::AGAIN) => return Progress::Wait { write: false, rdma },
+                Err(Errno::INTR) => continue,
                 Err(_) => {
                     self.tcp_gone();
                     continue;
@@ -647,7 +656,6 @@ impl Accepting {
                 let status = c.shared.lock().status(c.id);
                 match status {
                     Some(ConnStatus::Smc) => {
-                        tcp.set_nonblocking(false).ok()?;
                         return Some(crate::SmcStream::smc(tcp, crate::ctx::Role::Server, c));
                     }
                     Some(ConnStatus::Fallback { reason, peer }) => {
@@ -669,7 +677,6 @@ impl Accepting {
                 return None;
             }
         };
-        tcp.set_nonblocking(false).ok()?;
         Some(crate::SmcStream::tcp_only(
             tcp,
             crate::ctx::Role::Server,
