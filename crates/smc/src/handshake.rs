@@ -252,16 +252,32 @@ pub(crate) fn with_endpoint(
     // (until, budget) of the one spin, once the first wait began
     let mut spin: Option<(std::time::Instant, std::time::Duration)> = None;
     let mut slept = false;
-    // woken by the endpoint's progress (a completion, a timer) while this
-    // thread waits for TCP data too; registered only if it sleeps
+    // Woken by the endpoint's progress (a completion, a timer) while this
+    // thread waits for TCP data too: registered only when it sleeps while a
+    // step of the handshake runs over the device (CONFIRM_RKEY, the first
+    // link's CONFIRM_LINK). Waiting for the Accept it needs none (TCP data
+    // or its deadline end that wait), and one would ring at every pump of
+    // the endpoint's other connections.
     let mut progress = None;
     let result = loop {
-        let (out, status, next) = {
+        let (out, status, next, device_step) = {
             let mut ep = shared.lock();
             // through Shared: a completion taken here may be a parked reader's
             shared.try_pump(&mut ep).map_err(io::Error::other)?;
-            (ep.clc_output(id), ep.status(id), shared.next_wake(&mut ep))
+            let device_step = !matches!(
+                ep.handshake_phase(id),
+                Some(smc_engine::state::HandshakePhase::AwaitAccept)
+            );
+            (
+                ep.clc_output(id),
+                ep.status(id),
+                shared.next_wake(&mut ep),
+                device_step,
+            )
         };
+        if !device_step {
+            progress = None;
+        }
         if !out.is_empty() {
             (&*tcp).write_all(&out)?;
         }
@@ -294,25 +310,32 @@ pub(crate) fn with_endpoint(
                     client_spin().miss(budget);
                     slept = true;
                 }
-                if progress.is_none() {
+                if device_step && progress.is_none() {
                     progress = Some(shared.progress_fd()?);
                     // (a pump between the look above and the registration
                     // rang nobody: look again before sleeping)
                     continue;
                 }
-                let progress = progress.as_ref().expect("registered above");
                 use rustix::event::{poll, PollFd, PollFlags};
-                let pfd_progress = progress.fd();
-                let mut pfd = [
-                    PollFd::new(tcp, PollFlags::IN),
-                    PollFd::new(&pfd_progress, PollFlags::IN),
-                ];
                 let ts = crate::ctx::timespec_until(next);
-                let _ = poll(&mut pfd, ts.as_ref());
-                // Drained only when it was rung, and before the pump that
-                // follows: a ring after this read still wakes the next poll.
-                if pfd[1].revents().contains(PollFlags::IN) {
-                    progress.clear();
+                match &progress {
+                    Some(progress) => {
+                        let pfd_progress = progress.fd();
+                        let mut pfd = [
+                            PollFd::new(tcp, PollFlags::IN),
+                            PollFd::new(&pfd_progress, PollFlags::IN),
+                        ];
+                        let _ = poll(&mut pfd, ts.as_ref());
+                        // Drained only when it was rung, and before the pump
+                        // that follows: a ring after this read still wakes
+                        // the next poll.
+                        if pfd[1].revents().contains(PollFlags::IN) {
+                            progress.clear();
+                        }
+                    }
+                    None => {
+                        let _ = poll(&mut [PollFd::new(tcp, PollFlags::IN)], ts.as_ref());
+                    }
                 }
             }
             Err(e) => {
