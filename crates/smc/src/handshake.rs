@@ -424,11 +424,6 @@ pub(crate) struct Accepting {
     /// Decline).
     leftover: Vec<u8>,
     how: How,
-    /// While a step runs over the device: rung by the endpoint's pumps
-    /// that take completions or fire timers (the progress thread's, on the
-    /// completion channel), so that the driver sleeps until then instead of
-    /// looking on a period.
-    progress: Option<crate::ctx::ProgressFd>,
 }
 
 impl Accepting {
@@ -456,7 +451,6 @@ impl Accepting {
             out: Vec::new(),
             leftover: Vec::new(),
             how,
-            progress: None,
         })
     }
 
@@ -465,19 +459,13 @@ impl Accepting {
         &self.tcp
     }
 
-    /// While a step runs over the device ([`Progress::Wait`] `rdma`): the
-    /// descriptor that polls readable once the endpoint made progress, to
-    /// poll beside the socket (`None`: none could be had, look again soon).
-    /// Cleared with [`Self::progress_seen`] before the next step.
-    pub(crate) fn progress_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.progress.as_ref().map(|p| p.fd())
-    }
-
-    /// The progress descriptor polled readable: drained, before the step
-    /// that looks (a ring after this still wakes the next poll).
-    pub(crate) fn progress_seen(&self) {
-        if let Some(p) = &self.progress {
-            p.clear();
+    /// The endpoint that runs this handshake, if one does: while a step
+    /// runs over the device ([`Progress::Wait`] `rdma`) the driver sleeps
+    /// until that endpoint makes progress ([`crate::ctx::Shared::progress_fd`]).
+    pub(crate) fn endpoint(&self) -> Option<&std::sync::Arc<crate::ctx::Shared>> {
+        match &self.how {
+            How::Engine(c) => Some(&c.shared),
+            _ => None,
         }
     }
 
@@ -547,19 +535,7 @@ impl Accepting {
                         continue;
                     }
                     if ended(status).is_some() {
-                        self.progress = None;
                         return Progress::Done;
-                    }
-                    if !rdma {
-                        self.progress = None;
-                    } else if self.progress.is_none() {
-                        // (without a descriptor, the driver looks soon)
-                        if let Ok(p) = c.shared.progress_fd() {
-                            self.progress = Some(p);
-                            // a pump between the look above and the
-                            // registration rang nobody: look again
-                            continue;
-                        }
                     }
                     rdma
                 }

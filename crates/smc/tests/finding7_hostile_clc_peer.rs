@@ -457,3 +457,70 @@ fn a_listener_waiting_for_a_device_step_is_not_woken_on_a_period() {
         );
     });
 }
+
+/// Eventfds this process holds now.
+fn eventfds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[eventfd]")
+        })
+        .count()
+}
+
+/// Proposals of one peer parked while its first contact runs (Linux's
+/// `smc_server_lgr_pending`) wait for a device step of the listener's
+/// endpoint: the driver waits for that endpoint's progress with one
+/// registration (one eventfd), not one per parked handshake, which a pump
+/// would each ring.
+#[test]
+fn parked_proposals_share_one_progress_registration() {
+    setup();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let groups = link_groups();
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let gid = FakeRdma::new().gid;
+    let caps = LocalCapabilities {
+        system_id: SystemId::new(0x7e57, Mac([2, 0, 0, 0, 0x7e, 0x57])),
+        v1: Some(RoceV1Port {
+            gid,
+            mac: Mac([2, 0, 0, 0, 0x7e, 0x57]),
+        }),
+        v2_gid: None,
+        ueids: Vec::new(),
+        if_addrs: vec![IfAddr {
+            addr: "127.0.0.1".parse().unwrap(),
+            prefix_len: 8,
+        }],
+    };
+    let propose = || {
+        let mut s = opted_in_connect(addr);
+        let local = s.local_addr().unwrap().ip();
+        let p = negotiate::build_proposal(local, &caps).unwrap();
+        s.write_all(&ClcMessage::Proposal(p).encode()).unwrap();
+        s
+    };
+    // the first contact: Accept, then no Confirm (the group stays in the making)
+    let mut first = propose();
+    match read_clc(&mut first) {
+        ClcMessage::Accept(a) => assert!(a.first_contact),
+        m => panic!("{}", answer(&m)),
+    }
+    let before = eventfds();
+    const PARKED: usize = 8;
+    let parked: Vec<TcpStream> = (0..PARKED).map(|_| propose()).collect();
+    // (each is read and parked at once; they wait up to 3 s)
+    thread::sleep(Duration::from_millis(300));
+    let added = eventfds().saturating_sub(before);
+    assert!(
+        added <= 2,
+        "{added} eventfds for {PARKED} parked Proposals of one peer"
+    );
+    drop(parked);
+    drop(first);
+    drop(l);
+    nothing_left_but(groups, "parked proposals");
+}
