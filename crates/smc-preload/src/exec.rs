@@ -39,15 +39,13 @@ pub(crate) fn detach_for_exec() -> Vec<(RawFd, OwnedFd)> {
     if !USED.load(Ordering::Acquire) {
         return Vec::new();
     }
-    let forked = FORKED.load(Ordering::Acquire);
     let ids: Vec<(u64, u64)> = {
-        // (a forked child's table is its parent's at the fork, kept unused)
         let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
         t.iter()
             .filter_map(|(&fd, e)| match e {
                 Entry::Stream(c) => file_id(c.s.tcp_fd()),
                 // (its own duplicate is the connect thread's)
-                Entry::Connecting(_) if !forked => file_id(borrow(fd)),
+                Entry::Connecting(_) => file_id(borrow(fd)),
                 _ => None,
             })
             .collect()
@@ -69,29 +67,43 @@ pub(crate) fn detach_for_exec() -> Vec<(RawFd, OwnedFd)> {
         if !survives || !file_id(borrow(fd)).is_some_and(|id| ids.contains(&id)) {
             continue;
         }
-        let v6 = rustix::net::getsockname(borrow(fd))
-            .is_ok_and(|a| a.address_family() == rustix::net::AddressFamily::INET6);
-        let family = if v6 {
-            rustix::net::AddressFamily::INET6
-        } else {
-            rustix::net::AddressFamily::INET
-        };
-        // (rustix's calls are system calls: none of them comes back here)
-        let stand_in = match rustix::net::socket(family, rustix::net::SocketType::STREAM, None) {
-            Ok(s) => s,
-            Err(_) => continue,
-        };
         let Ok(orig) = dup_own(fd) else { continue };
-        if let Ok(fl) = rustix::fs::fcntl_getfl(borrow(fd)) {
-            let _ = rustix::fs::fcntl_setfl(&stand_in, fl);
-        }
-        let mut target = borrow_owned(fd);
-        if rustix::io::dup2(&stand_in, &mut target).is_ok() {
+        if stand_in(fd) {
             saved.push((fd, orig));
         }
-        std::mem::forget(target);
     }
     saved
+}
+
+/// Puts a fresh unconnected TCP socket of `fd`'s family, with its file
+/// status flags, on descriptor `fd` (see above); whether it did. System
+/// calls only (rustix's; none comes back here), so a forked child's
+/// `pthread_atfork` handler may call it too.
+pub(crate) fn stand_in(fd: RawFd) -> bool {
+    use rustix::net::{AddressFamily, SocketType};
+    let v6 = rustix::net::getsockname(borrow(fd))
+        .is_ok_and(|a| a.address_family() == AddressFamily::INET6);
+    let family = if v6 {
+        AddressFamily::INET6
+    } else {
+        AddressFamily::INET
+    };
+    let Ok(s) = rustix::net::socket(family, SocketType::STREAM, None) else {
+        return false;
+    };
+    if let Ok(fl) = rustix::fs::fcntl_getfl(borrow(fd)) {
+        let _ = rustix::fs::fcntl_setfl(&s, fl);
+    }
+    let mut target = borrow_owned(fd);
+    let done = rustix::io::dup2(&s, &mut target).is_ok();
+    std::mem::forget(target);
+    // (not `drop(s)`: std closes through the C library's `close`, which is
+    // ours and takes the table's lock, held here in a forked child)
+    let s = std::os::fd::IntoRawFd::into_raw_fd(s);
+    // SAFETY: `s` was just made here and is owned by nothing else; it is
+    // closed once, by a system call.
+    unsafe { rustix::io::close(s) };
+    done
 }
 
 /// `fd` as an `OwnedFd` for `dup2`'s target (forgotten after, never closed).

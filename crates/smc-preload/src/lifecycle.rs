@@ -3,25 +3,6 @@
 
 use super::*;
 
-/// Set in a child process after `fork()` of a process that had [`USED`]
-/// the library: it is off there.
-///
-/// The parent's connections live in the parent's threads (the engine's
-/// progress thread, listener drivers) and its endpoint state, none of which
-/// a child has; a child that dropped its copy of a connection, as a child
-/// closing the inherited descriptor before `exec` does (socat's `EXEC:`,
-/// `system()`), would send the SMC close and abort the parent's connection.
-/// So such a child forgets the table without dropping anything and passes
-/// every call through: its own new sockets are plain TCP, and the
-/// connections it inherited are not usable in it.
-///
-/// A child of a process that had not used the library yet keeps it: its
-/// table holds only sockets without state of the library's (fresh ones,
-/// listening ones whose listener has not started), which the child uses as
-/// its own (nginx's workers accept on the master's listening sockets, each
-/// with a listener of its own).
-pub(crate) static FORKED: AtomicBool = AtomicBool::new(false);
-
 thread_local! {
     /// The table's lock, held by the thread that forks across `fork()`, so
     /// that the child does not inherit it held by a thread it has not.
@@ -38,12 +19,58 @@ extern "C" fn in_parent() {
     FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
 }
 
+/// In a forked child. The parent's connections live in the parent: its
+/// endpoint state, the threads that serve it (progress, listener drivers),
+/// its queue pairs; a child has a frozen copy of the memory and none of the
+/// threads (see `smc::after_fork_in_child`, which starts the child's own
+/// library state). So the child's table keeps what has no state of the
+/// library's yet and gives up the rest, without dropping anything (a drop
+/// would send the SMC close of the parent's connection, or wait for one of
+/// its threads):
+/// * each SMC-R connection (or connect in progress) gets a fresh
+///   unconnected TCP socket on its descriptor, as before an exec
+///   (`exec.rs`): in the child reads fail with `ENOTCONN`, writes with
+///   `EPIPE`, poll shows `POLLHUP` — a connection that is gone, never a
+///   hang; the parent goes on with it (redis' `BGSAVE` child leaves them
+///   alone, a child closing its copy before exec closes the stand-in);
+/// * a listening socket whose listener runs (a thread of the parent's)
+///   starts a listener of the child's at its first use, as one inherited
+///   unused does (nginx's workers);
+/// * the child's own new sockets are SMC-capable, with endpoints, links
+///   and a system ID of its own.
+///
+/// Runs in the child of a possibly multi-threaded parent: system calls
+/// (socket, fcntl, dup2, close) and the table's entries taken out in place;
+/// the only allocator call is the table's freeing of removed entries (the C
+/// library's allocator is usable in a forked child).
 extern "C" fn in_child() {
-    if USED.load(Ordering::Acquire) {
-        FORKED.store(true, Ordering::Release);
-        COUNT.store(0, Ordering::Release);
+    smc::after_fork_in_child();
+    FORK_GUARD.with(|f| {
+        if let Some(t) = f.borrow_mut().as_mut() {
+            if USED.load(Ordering::Acquire) {
+                forget_the_parents(t);
+            }
+        }
+        drop(f.borrow_mut().take());
+    });
+    USED.store(false, Ordering::Release);
+}
+
+/// See [`in_child`].
+fn forget_the_parents(t: &mut BTreeMap<RawFd, Entry>) {
+    for (&fd, e) in t.iter_mut() {
+        let keep = match e {
+            Entry::Stream(_) | Entry::Connecting(_) => {
+                exec::stand_in(fd);
+                Entry::Failed(0)
+            }
+            Entry::Listener(_) => Entry::Passive,
+            _ => continue,
+        };
+        std::mem::forget(std::mem::replace(e, keep));
     }
-    FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
+    t.retain(|_, e| !matches!(e, Entry::Failed(0)));
+    COUNT.store(t.len(), Ordering::Release);
 }
 
 /// At `exit()`: every connection still open is closed as `close()` would,
@@ -53,9 +80,6 @@ extern "C" fn in_child() {
 /// sockets, as socat does, would otherwise leave the peer with missing data
 /// and an aborted connection. `_exit()` and fatal signals skip this.)
 extern "C" fn at_exit() {
-    if FORKED.load(Ordering::Acquire) {
-        return;
-    }
     // (a lock held by another thread now is left alone)
     let all = match TABLE.try_write() {
         Ok(mut t) => {

@@ -29,7 +29,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
             }
         }
     }
-    if is_tcp(domain, ty, proto) && !FORKED.load(Ordering::Acquire) {
+    if is_tcp(domain, ty, proto) {
         // (with SMC_RUN_PORTS/DESTS the opt-in waits for the address: see `selected`)
         let opted = selection().is_all() && smc::opt_in(borrow(fd));
         drop(insert(fd, Entry::Fresh { opted }));

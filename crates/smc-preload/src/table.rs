@@ -116,11 +116,6 @@ pub(crate) fn stream(fd: RawFd) -> Option<Arc<Conn>> {
 
 /// Sets `fd`'s entry; returns the one it replaces (drop it outside the lock).
 pub(crate) fn insert(fd: RawFd, e: Entry) -> Option<Entry> {
-    if FORKED.load(Ordering::Acquire) {
-        // (never dropped in a child: see FORKED)
-        std::mem::forget(e);
-        return None;
-    }
     let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
     let old = t.insert(fd, e);
     COUNT.store(t.len(), Ordering::Release);

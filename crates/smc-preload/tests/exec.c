@@ -1,12 +1,16 @@
-/* What a new image finds on an inherited descriptor of an SMC-R connection
- * (tests/exec_fork.rs). Knows nothing of SMC.
+/* What a new image, or a forked child, finds on an inherited descriptor of an
+ * SMC-R connection (tests/exec_fork.rs). Knows nothing of SMC.
  *   exec server PORTFILE     accepts one connection, echoes it, says how it ended
+ *   exec server2 PORTFILE    the same for two connections at once
  *   exec server-exec PORTFILE  the same, after an exec that the listening
  *                            socket crosses
  *   exec pings PORT          two pings, then close
  *   exec client PORT fork    pings, forks a child that execs `after` on the
  *                            connection's descriptor, then pings again
  *   exec client PORT self    pings, then execs `after` itself
+ *   exec client PORT use     pings, forks a child that runs `after` on the
+ *                            connection's descriptor and then `pings` on a
+ *                            connection of its own, then pings again
  *   exec after FD            what each call on FD does (never blocks)
  */
 #define _GNU_SOURCE
@@ -30,8 +34,9 @@ static const char *err(ssize_t r) {
 }
 
 static int serve(int l);
+static int serve2(int l);
 
-static int server(const char *portfile, const char *then_exec) {
+static int server(const char *portfile, const char *then_exec, int two) {
     int l = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
@@ -49,7 +54,7 @@ static int server(const char *portfile, const char *then_exec) {
         execv(then_exec, (char *[]){(char *)then_exec, "serve", fd, NULL});
         die("execv");
     }
-    return serve(l);
+    return two ? serve2(l) : serve(l);
 }
 
 static int serve(int l) {
@@ -67,6 +72,40 @@ static int serve(int l) {
         total += n;
     }
 }
+
+/* Echoes two connections at once (one poll loop), each until its end. */
+static int serve2(int l) {
+    struct pollfd p[3] = {{.fd = l, .events = POLLIN}, {.fd = -1}, {.fd = -1}};
+    long total[3] = {0};
+    int accepted = 0, ended = 0;
+    char buf[256];
+    while (ended < 2) {
+        if (poll(p, 3, -1) < 0) die("poll");
+        if (p[0].revents & POLLIN) {
+            int c = accept(l, NULL, NULL);
+            if (c < 0) die("accept");
+            p[1 + accepted] = (struct pollfd){.fd = c, .events = POLLIN};
+            if (++accepted == 2) p[0].fd = -1;
+        }
+        for (int i = 1; i < 3; i++) {
+            if (p[i].fd < 0 || !p[i].revents) continue;
+            ssize_t n = read(p[i].fd, buf, sizeof buf);
+            if (n <= 0) {
+                printf("server end %s after %ld\n", n == 0 ? "eof" : "error", total[i]);
+                close(p[i].fd);
+                p[i].fd = -1;
+                ended++;
+                continue;
+            }
+            if (write(p[i].fd, buf, n) != n) die("server write");
+            total[i] += n;
+        }
+    }
+    return 0;
+}
+
+static int after(int fd);
+static int pings(int port);
 
 static void ping(int s, const char *msg) {
     char buf[16] = {0};
@@ -94,6 +133,11 @@ static int client(int port, const char *mode, const char *self) {
     }
     pid_t p = fork();
     if (p < 0) die("fork");
+    if (p == 0 && !strcmp(mode, "use")) {
+        /* the inherited connection, then one of the child's own */
+        after(s);
+        exit(pings(port));
+    }
     if (p == 0) {
         execv(self, (char *[]){(char *)self, "after", fd, NULL});
         die("execv");
@@ -136,8 +180,9 @@ static int after(int fd) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc >= 3 && !strcmp(argv[1], "server")) return server(argv[2], NULL);
-    if (argc >= 3 && !strcmp(argv[1], "server-exec")) return server(argv[2], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server")) return server(argv[2], NULL, 0);
+    if (argc >= 3 && !strcmp(argv[1], "server2")) return server(argv[2], NULL, 1);
+    if (argc >= 3 && !strcmp(argv[1], "server-exec")) return server(argv[2], argv[0], 0);
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "pings")) return pings(atoi(argv[2]));
     if (argc >= 4 && !strcmp(argv[1], "client")) return client(atoi(argv[2]), argv[3], argv[0]);

@@ -8,8 +8,8 @@ mod common;
 use common::*;
 
 /// A child that closes its copy of an SMC-R connection (as one does before
-/// exec) leaves the parent's connection alone: the library is off in a
-/// forked child.
+/// exec) leaves the parent's connection alone: the connection is the
+/// parent's, the child closes a stand-in.
 #[test]
 fn a_forked_child_closing_its_copy_does_not_end_the_connection() {
     let s = run_forked("fork", true, true, false, 4 << 20, true);
@@ -91,6 +91,30 @@ fn an_smc_r_connection_inherited_across_fork_and_exec_is_a_clear_error_there() {
     // the server echoed both pings and nothing else
     assert_eq!(srv, "server end eof after 10\n");
     assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A forked child that uses the library: the parent's connection is a
+/// clear error there (it goes on in the parent, which pings on it after the
+/// child is done), and the child's own new connection is SMC-R, with a
+/// library state of its own.
+#[test]
+fn a_forked_child_gets_clear_errors_on_the_parents_connection_and_smc_r_of_its_own() {
+    let (s, cli, srv) = exec_run_with("fork-use", "server2", &["client", "use"]);
+    assert_eq!(cli, format!("{AFTER_EXEC}pings ok\nparent ok\n"));
+    // the child's two pings and the parent's two; the child's "x" went nowhere
+    assert_eq!(srv, "server end eof after 10\nserver end eof after 10\n");
+    let modes = s.modes();
+    let smc_r = |role: &str| {
+        modes
+            .iter()
+            .filter(|l| l.starts_with(role) && l.contains(" SMC-R"))
+            .count()
+    };
+    assert_eq!(
+        (modes.len(), smc_r("connect"), smc_r("accept")),
+        (4, 2, 2),
+        "{modes:?}"
+    );
 }
 
 /// An exec of the process itself: the same for the new image; the

@@ -41,10 +41,10 @@ pub struct DeviceState {
 
 /// One entry per device this process has used for SMC.
 pub fn state() -> Vec<DeviceState> {
-    let eps = context()
-        .endpoints
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    let Some(ctx) = context() else {
+        return Vec::new();
+    };
+    let eps = ctx.endpoints.lock().unwrap_or_else(|e| e.into_inner());
     let mut v: Vec<DeviceState> = eps
         .iter()
         .map(|(name, s)| {
@@ -1106,7 +1106,9 @@ pub(crate) fn now() -> Timestamp {
     origin().elapsed()
 }
 
-static CONTEXT: OnceLock<Context> = OnceLock::new();
+/// The devices and endpoints of this process (of its generation: a forked
+/// child starts with none, see `crate::fork`).
+static CONTEXT: crate::fork::PerFork<Context> = crate::fork::PerFork::new();
 
 /// The endpoints this process has opened, by device, and the devices its
 /// provider offers (for the registry, `crate::registry`); nothing if no
@@ -1141,7 +1143,9 @@ pub(crate) fn buffer_sizes() -> (usize, usize) {
     (buf_len("SMC_RMB_KIB"), buf_len("SMC_SNDBUF_KIB"))
 }
 
-fn context() -> &'static Context {
+/// This process's devices and endpoints; `None` in a process forked more
+/// than `fork::MAX_GENERATIONS` deep (its connections use TCP).
+fn context() -> Option<&'static Context> {
     CONTEXT.get_or_init(|| {
         // shm devices are declared in the file named by SMC_RDMA_SHM_CONFIG,
         // verbs devices are whatever libibverbs finds; without either this
@@ -1163,7 +1167,7 @@ fn context() -> &'static Context {
 /// This process's system ID with the MAC of the port it speaks for (every
 /// endpoint's, and that of the Declines sent without one).
 pub(crate) fn system_id(mac: Mac) -> SystemId {
-    SystemId::new(context().instance, mac)
+    SystemId::new(context().map_or(0, |c| c.instance), mac)
 }
 
 /// Default size of each connection's RMB and send buffer (1 MiB). Measured
@@ -1310,7 +1314,9 @@ pub(crate) fn pick(candidates: &[Candidate], peer_in_namespace: bool) -> Pick<'_
 
 /// The endpoint for a connection from `local` to `peer` (see [`Device`]).
 pub(crate) fn endpoint_for(local: IpAddr, peer: IpAddr, role: Role) -> Device {
-    let ctx = context();
+    let Some(ctx) = context() else {
+        return Device::None;
+    };
     let Ok(choice) = choice_for(ctx, local) else {
         return Device::Unavailable;
     };
@@ -1347,7 +1353,9 @@ pub(crate) fn endpoint_for(local: IpAddr, peer: IpAddr, role: Role) -> Device {
 /// would wait for the listener's first connection. Failures are left for
 /// the connections to meet.
 pub(crate) fn open_devices_for_listener(addr: IpAddr) {
-    let ctx = context();
+    let Some(ctx) = context() else {
+        return;
+    };
     let locals: Vec<IpAddr> = if addr.is_unspecified() {
         let Ok(all) = smc_rdma::sys::interface_addrs() else {
             return;
@@ -1572,7 +1580,9 @@ fn in_namespace(ctx: &Context, addr: IpAddr) -> Result<bool, ()> {
 /// needs to reach them); a peer on another machine never has its address
 /// there.
 pub(crate) fn shm_reaches(peer: IpAddr) -> bool {
-    let ctx = context();
+    let Some(ctx) = context() else {
+        return false;
+    };
     if in_namespace(ctx, peer).unwrap_or(false) {
         return true;
     }

@@ -65,6 +65,11 @@
 //! tokio adapter's drop does not block; `shutdown().await` completes once the
 //! data and the shutdown have left.
 //!
+//! `fork()`: a child process calls [`after_fork_in_child`] before it uses
+//! the library; it then has a library state of its own, and the streams and
+//! listeners it inherited are the parent's (`ENOTCONN` in the child, and
+//! dropped without effect on the parent's connection).
+//!
 //! With the cargo feature `tokio`, the `tokio` module has async
 //! `SmcStream`/`SmcListener` (`AsyncRead`/`AsyncWrite`, `accept().await`) that
 //! run the endpoint in the task's poll and sleep in tokio's reactor.
@@ -72,6 +77,7 @@
 #![warn(missing_docs)]
 
 mod ctx;
+mod fork;
 mod handshake;
 mod listen;
 pub mod provider;
@@ -84,6 +90,7 @@ mod sysid;
 pub mod tokio;
 
 pub use ctx::{state, DeviceState};
+pub use fork::after_fork_in_child;
 pub use listen::SmcListener;
 pub use stream::{Fallback, Mode, SmcStream};
 

@@ -118,11 +118,20 @@ impl Inner {
     }
 }
 
+/// A listener taken apart: the listening socket, whether it is opted in,
+/// and the connections that finished their handshake.
+#[cfg(feature = "tokio")]
+pub(crate) type Parts = (TcpListener, bool, Vec<(SmcStream, SocketAddr)>);
+
 /// A listener whose connections use SMC-R when the client can.
 pub struct SmcListener {
     inner: Arc<Inner>,
     /// The handshake driver (opted-in listeners only).
     driver: Option<std::thread::JoinHandle<()>>,
+    /// The process generation that made it (see `crate::fork`): in a forked
+    /// child the driver is the parent's, and so are the connections it
+    /// accepts.
+    born: usize,
 }
 
 impl fmt::Debug for SmcListener {
@@ -212,24 +221,38 @@ impl SmcListener {
         } else {
             None
         };
-        Ok(SmcListener { inner, driver })
+        Ok(SmcListener {
+            inner,
+            driver,
+            born: crate::fork::generation(),
+        })
     }
 
     /// Stops the driver; pending handshakes are closed. Returns the TCP
     /// listener (in blocking mode) and the finished connections not yet
     /// accepted.
     #[cfg(feature = "tokio")]
-    fn stop(mut self) -> (TcpListener, bool, Vec<(SmcStream, SocketAddr)>) {
+    fn stop(mut self) -> io::Result<Parts> {
+        if crate::fork::parents(self.born) {
+            return Err(crate::fork::parents_error());
+        }
         self.stop_driver();
         let inner = self.inner.clone();
         drop(self);
         let inner = Arc::into_inner(inner).expect("the driver has ended");
         let q = inner.q.into_inner().unwrap_or_else(|e| e.into_inner());
         let _ = inner.tcp.set_nonblocking(false);
-        (inner.tcp, inner.opted, q.ready.into())
+        Ok((inner.tcp, inner.opted, q.ready.into()))
     }
 
     fn stop_driver(&mut self) {
+        if crate::fork::parents(self.born) {
+            // (the driver is a thread of the parent's: none to stop here, and
+            // its state stays as it was)
+            std::mem::forget(self.driver.take());
+            std::mem::forget(self.inner.clone());
+            return;
+        }
         if let Some(d) = self.driver.take() {
             lock(&self.inner.q).stop = true;
             self.inner.wake_driver();
@@ -241,7 +264,7 @@ impl SmcListener {
     /// the connections that finished their handshake (those still in it are
     /// closed).
     #[cfg(feature = "tokio")]
-    pub(crate) fn into_parts(self) -> (TcpListener, bool, Vec<(SmcStream, SocketAddr)>) {
+    pub(crate) fn into_parts(self) -> io::Result<Parts> {
         self.stop()
     }
 
@@ -260,6 +283,9 @@ impl SmcListener {
     /// (as `TcpListener::accept` returns it) and the connection waits in the
     /// kernel's backlog.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
+        if self.driver.is_some() && crate::fork::parents(self.born) {
+            return Err(crate::fork::parents_error());
+        }
         if self.driver.is_none() {
             let (tcp, addr) = self.inner.tcp.accept()?;
             return Ok((

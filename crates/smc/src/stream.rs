@@ -90,6 +90,9 @@ pub(crate) struct SmcConn {
     pub(crate) stats: Arc<crate::registry::ConnStats>,
     /// The readiness descriptor, once asked for ([`SmcConn::readiness`]).
     ready: std::sync::OnceLock<Arc<ctx::ConnReadiness>>,
+    /// The process generation that made it: in a forked child the
+    /// connection is the parent's (see `crate::fork`).
+    born: usize,
 }
 
 impl SmcConn {
@@ -125,6 +128,7 @@ impl SmcConn {
             tcp: None,
             stats: Arc::default(),
             ready: std::sync::OnceLock::new(),
+            born: crate::fork::generation(),
         }
     }
 
@@ -169,6 +173,12 @@ const LINGER: Duration = Duration::from_secs(3);
 
 impl Drop for SmcConn {
     fn drop(&mut self) {
+        if crate::fork::parents(self.born) {
+            // The parent's connection, in a forked child: the parent goes on
+            // with it; nothing here is released or sent (the endpoint stays,
+            // held by the parent generation's context).
+            return;
+        }
         self.stats.retire();
         if let Some(t) = &self.tcp {
             // (still open: `self.tcp` is dropped after this)
@@ -453,6 +463,16 @@ impl SmcStream {
         t.map(|t| Instant::now() + t)
     }
 
+    /// The SMC-R connection, if the stream is one; `ENOTCONN` in a forked
+    /// child for a connection made before the fork (the parent's, see
+    /// `crate::fork`).
+    fn smc_conn(&self) -> io::Result<Option<&Arc<SmcConn>>> {
+        match &self.smc {
+            Some(c) if crate::fork::parents(c.born) => Err(crate::fork::parents_error()),
+            c => Ok(c.as_ref()),
+        }
+    }
+
     fn nonblocking(&self) -> bool {
         self.opts.nonblocking.load(Ordering::Relaxed)
     }
@@ -596,7 +616,7 @@ impl SmcStream {
     /// even in blocking mode.
     pub fn read_with(&self, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
         let nonblocking = dont_wait || self.nonblocking();
-        if let Some(c) = &self.smc {
+        if let Some(c) = self.smc_conn()? {
             let r = self.smc_read(c, buf, nonblocking);
             if let Ok(n) = r {
                 c.stats.rx(n);
@@ -628,7 +648,7 @@ impl SmcStream {
     /// `BrokenPipe` without a signal, as `send(MSG_NOSIGNAL)`.)
     pub fn write_with(&self, buf: &[u8], dont_wait: bool) -> io::Result<usize> {
         let nonblocking = dont_wait || self.nonblocking();
-        match &self.smc {
+        match self.smc_conn()? {
             Some(c) => {
                 let r = self.smc_write(c, buf, nonblocking);
                 if let Ok(n) = r {
@@ -648,7 +668,7 @@ impl SmcStream {
 
     /// Sends one byte of urgent (out-of-band) data, as `send(MSG_OOB)`.
     pub fn send_oob(&self, byte: u8) -> io::Result<()> {
-        match &self.smc {
+        match self.smc_conn()? {
             Some(c) => {
                 let deadline = Self::timeout(&self.opts.write_timeout);
                 c.shared
@@ -670,7 +690,7 @@ impl SmcStream {
     /// Receives the peer's urgent byte, if one arrived (`recv(MSG_OOB)`); on TCP
     /// this is the kernel's out-of-band byte.
     pub fn recv_oob(&self) -> io::Result<Option<u8>> {
-        match &self.smc {
+        match self.smc_conn()? {
             Some(c) => {
                 let mut ep = c.shared.lock();
                 c.shared.pump(&mut ep);
@@ -703,7 +723,7 @@ impl SmcStream {
     /// TCP it is the TCP socket, except that bytes received behind a
     /// Decline and not read yet ([`SmcStream::has_pending`]) do not show.
     pub fn readiness_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
-        match &self.smc {
+        match self.smc_conn()? {
             Some(c) => Ok(c.readiness()?.fd.as_fd()),
             None => Ok(self.tcp.as_fd()),
         }
@@ -744,12 +764,13 @@ impl SmcStream {
     pub(crate) fn smc_gone(&self) -> bool {
         use smc_proto::close::CloseState;
         self.smc.as_ref().is_some_and(|c| {
-            matches!(
-                c.shared.lock().close_state(c.id),
-                None | Some(CloseState::Closed)
-                    | Some(CloseState::ProcessAbort)
-                    | Some(CloseState::PeerAbortWait)
-            )
+            crate::fork::parents(c.born)
+                || matches!(
+                    c.shared.lock().close_state(c.id),
+                    None | Some(CloseState::Closed)
+                        | Some(CloseState::ProcessAbort)
+                        | Some(CloseState::PeerAbortWait)
+                )
         })
     }
 
@@ -766,7 +787,7 @@ impl SmcStream {
     /// Shuts down the read, write or both halves. On SMC-R, shutting down the
     /// write side gives the peer end-of-file after everything written before.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        match &self.smc {
+        match self.smc_conn()? {
             Some(c) => {
                 if matches!(how, Shutdown::Write | Shutdown::Both) {
                     let mut ep = c.shared.lock();

@@ -888,7 +888,7 @@ impl SmcListener {
     /// runtime. Connections the blocking listener had finished are kept;
     /// those still in their handshake are closed.
     pub fn from_std(l: crate::SmcListener) -> io::Result<SmcListener> {
-        let (tcp, opted, ready) = l.into_parts();
+        let (tcp, opted, ready) = l.into_parts()?;
         tcp.set_nonblocking(true)?;
         // (taken from the end: the oldest last)
         let ready = ready

@@ -246,7 +246,7 @@ pub fn auth_proof(
 // ---------------------------------------------------------------- keys
 
 /// Unpredictable 64-bit values for keys, region addresses and nonces:
-/// SipHash-2-4 in counter mode under a 128-bit key read once from the
+/// SipHash-2-4 in counter mode (counter and process id) under a 128-bit key read once from the
 /// kernel's random source (`getrandom`, else `/dev/urandom`). Fails only if
 /// neither can be read.
 pub fn random_u64() -> std::io::Result<u64> {
@@ -264,7 +264,12 @@ pub fn random_u64() -> std::io::Result<u64> {
         std::io::Error::other("no random source (getrandom and /dev/urandom both failed)")
     })?;
     let n = CTR.fetch_add(1, Relaxed);
-    Ok(siphash(k0, k1, &n.to_le_bytes()))
+    // The process id goes in too: a forked child has its parent's key and
+    // counter, and must not draw the values its parent draws next.
+    let mut input = [0u8; 12];
+    input[..8].copy_from_slice(&n.to_le_bytes());
+    input[8..].copy_from_slice(&std::process::id().to_le_bytes());
+    Ok(siphash(k0, k1, &input))
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
 use std::time::{Duration, Instant};
 
 /// Bytes and requests (successful reads and writes) of an SMC-R
@@ -209,7 +209,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn registry() -> Option<&'static Registry> {
-    static R: OnceLock<Option<Registry>> = OnceLock::new();
+    // (once per process generation: a forked child publishes its own
+    // connections, under its own pid, see `crate::fork`)
+    static R: crate::fork::PerFork<Option<Registry>> = crate::fork::PerFork::new();
     R.get_or_init(|| {
         if std::env::var("SMC_RS_REGISTRY").is_ok_and(|v| v == "0") {
             return None;
@@ -236,7 +238,7 @@ fn registry() -> Option<&'static Registry> {
             pending: Mutex::new(Vec::new()),
             pending_lost: AtomicU64::new(0),
         })
-    })
+    })?
     .as_ref()
 }
 
