@@ -354,6 +354,20 @@ impl Rendezvous {
         })
     }
 
+    /// Takes the socket's entry for this caller alone: `Ok(true)` if this call
+    /// removed it, `Ok(false)` if it was gone already (another process sharing
+    /// the socket took it first, or the connection closed and the program
+    /// removed it). For a connection accepted in one process and used in
+    /// another (a fork): the map's delete is the arbiter, so of several
+    /// processes racing for one socket exactly one gets `true`, and runs the
+    /// CLC handshake on it. Look at [`Rendezvous::peer_offered_smc`] first.
+    pub fn claim(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
+        let cookie = socket_cookie(fd)?;
+        self.map
+            .delete(cookie)
+            .map_err(|e| kerr("BPF_MAP_DELETE_ELEM", e))
+    }
+
     /// Drops the socket's entry (call before closing it). Never fails: an entry that is
     /// already gone (the program removes it at `TCP_CLOSE`) is fine.
     pub fn forget(&self, fd: BorrowedFd<'_>) {

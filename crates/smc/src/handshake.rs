@@ -454,6 +454,34 @@ impl Accepting {
         })
     }
 
+    /// A handshake on `tcp` that declines SMC whatever the client proposes
+    /// (as without a device): the client falls back to TCP, and so does
+    /// the connection ([`Self::into_tcp`]).
+    pub(crate) fn start_declining(tcp: TcpStream) -> io::Result<Accepting> {
+        let local = tcp.local_addr()?.ip();
+        Ok(Accepting {
+            tcp,
+            out: Vec::new(),
+            leftover: Vec::new(),
+            how: How::no_device(local, false),
+        })
+    }
+
+    /// The TCP socket of a handshake started with [`Self::start_declining`]
+    /// once [`Progress::Done`], with nothing of the CLC left on it; `None` if
+    /// it failed, or if bytes behind the CLC messages were read (which a
+    /// socket cannot take back).
+    pub(crate) fn into_tcp(self) -> Option<TcpStream> {
+        match self.how {
+            How::NoDevice {
+                outcome: Some(_),
+                failed: false,
+                ..
+            } if self.leftover.is_empty() && self.out.is_empty() => Some(self.tcp),
+            _ => None,
+        }
+    }
+
     /// The TCP socket, to poll.
     pub(crate) fn tcp(&self) -> &TcpStream {
         &self.tcp

@@ -57,3 +57,16 @@ pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
 pub(crate) fn peer_offered_smc(fd: BorrowedFd<'_>) -> bool {
     rendezvous().is_ok_and(|r| r.take_peer_offered_smc(fd).unwrap_or(false))
 }
+
+/// After `accept()`: whether the client offered SMC, leaving the socket's
+/// entry for [`claim`] (a connection whose handshake runs at its first use,
+/// `crate::deferred`).
+pub(crate) fn peer_offered_smc_unclaimed(fd: BorrowedFd<'_>) -> bool {
+    rendezvous().is_ok_and(|r| r.peer_offered_smc(fd).unwrap_or(false))
+}
+
+/// Takes the socket for this process's handshake: `false` if another
+/// process sharing it took it first (or it closed).
+pub(crate) fn claim(fd: BorrowedFd<'_>) -> bool {
+    rendezvous().is_ok_and(|r| r.claim(fd).unwrap_or(false))
+}
