@@ -14,8 +14,9 @@
 //! that has no SMC library (an exec), the Proposal is declined
 //! ([`PendingSmc::decline`]) and the connection goes on as plain TCP, as
 //! Linux falls back when the server declines (RFC 7609 §3.4.2). Until then
-//! the client waits for our Accept or Decline with its own CLC timeout, so
-//! the first use must not be far off.
+//! the client waits for our Accept or Decline, Linux for `CLC_WAIT_TIME`
+//! (6 s, af_smc.c `smc_connect_clc`), after which its `connect()` fails:
+//! the first use must come within that.
 
 use crate::handshake::{Accepting, Progress};
 use crate::stream::{no_rendezvous, no_smc, SmcStream};
