@@ -296,6 +296,31 @@ impl Rendezvous {
             .map_err(|e| kerr("BPF_MAP_UPDATE_ELEM (opt in)", e))
     }
 
+    /// [`Self::opt_in`] for a socket the caller has just created itself with
+    /// `socket(AF_INET[6], SOCK_STREAM, 0)`: TCP, not yet connected, so the type
+    /// and state checks are skipped (a connection's setup pays one `getsockopt` for
+    /// its cookie and the map update, not five system calls).
+    pub fn opt_in_new(&self, fd: BorrowedFd<'_>) -> Result<(), RendezvousError> {
+        let cookie = socket_cookie(fd)?;
+        self.map
+            .update(cookie, program::VAL_WANT, 0)
+            .map_err(|e| kerr("BPF_MAP_UPDATE_ELEM (opt in)", e))
+    }
+
+    /// [`Self::peer_offered_smc`] then [`Self::forget`], with one cookie read and
+    /// no socket type check: a socket that is no TCP socket has no entry
+    /// (`Ok(false)`), and one that is not a socket fails the cookie read.
+    pub fn take_peer_offered_smc(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
+        let cookie = socket_cookie(fd)?;
+        let status = self.status_by_cookie(cookie);
+        let _ = self.map.delete(cookie);
+        match status? {
+            SocketStatus::Untracked => Ok(false),
+            SocketStatus::OptedIn => Err(RendezvousError::NotEstablished),
+            SocketStatus::Established { peer_smc, .. } => Ok(peer_smc),
+        }
+    }
+
     /// After `connect()` returned (client) or `accept()` (server): did the peer offer SMC?
     /// `Ok(false)` for sockets that were not opted in (or whose listener was not).
     pub fn peer_offered_smc(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
@@ -327,6 +352,20 @@ impl Rendezvous {
             Some(v) if v & program::VAL_WANT != 0 => SocketStatus::OptedIn,
             Some(_) => SocketStatus::Untracked,
         })
+    }
+
+    /// Takes the socket's entry for this caller alone: `Ok(true)` if this call
+    /// removed it, `Ok(false)` if it was gone already (another process sharing
+    /// the socket took it first, or the connection closed and the program
+    /// removed it). For a connection accepted in one process and used in
+    /// another (a fork): the map's delete is the arbiter, so of several
+    /// processes racing for one socket exactly one gets `true`, and runs the
+    /// CLC handshake on it. Look at [`Rendezvous::peer_offered_smc`] first.
+    pub fn claim(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
+        let cookie = socket_cookie(fd)?;
+        self.map
+            .delete(cookie)
+            .map_err(|e| kerr("BPF_MAP_DELETE_ELEM", e))
     }
 
     /// Drops the socket's entry (call before closing it). Never fails: an entry that is

@@ -36,6 +36,7 @@ pub(crate) fn file_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
 /// stand-in (see above); returns the originals (close-on-exec duplicates)
 /// to put back should the exec fail.
 pub(crate) fn detach_for_exec() -> Vec<(RawFd, OwnedFd)> {
+    decline_lazy_for_exec();
     if !USED.load(Ordering::Acquire) {
         return Vec::new();
     }
@@ -73,6 +74,50 @@ pub(crate) fn detach_for_exec() -> Vec<(RawFd, OwnedFd)> {
         }
     }
     saved
+}
+
+/// Before an exec: an accepted connection whose handshake was left for its
+/// first use (`Entry::Lazy`) and whose descriptor survives the exec is
+/// declined (the client falls back to TCP), so the new image finds a plain
+/// TCP connection on it — what inetd and CGI-style servers hand their
+/// programs — with nothing of the CLC left to read. (One another process
+/// took first is that process's: a stand-in, as above.) Not undone if the
+/// exec fails: the connection is TCP then, and works as such.
+fn decline_lazy_for_exec() {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let lazy: Vec<(RawFd, Arc<Lazy>)> = TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(|(&fd, e)| match e {
+            Entry::Lazy(l) => Some((fd, l.clone())),
+            _ => None,
+        })
+        .collect();
+    for (fd, l) in lazy {
+        let survives = rustix::io::fcntl_getfd(borrow(fd))
+            .is_ok_and(|f| !f.contains(rustix::io::FdFlags::CLOEXEC));
+        if !survives {
+            continue;
+        }
+        let pending = l.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = pending {
+            match p.decline() {
+                // (dropping the library's duplicate; `fd` goes on as TCP)
+                Ok(tcp) => drop(tcp),
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => {
+                    stand_in(fd);
+                }
+                Err(_) => {
+                    let _ = rustix::net::shutdown(borrow(fd), rustix::net::Shutdown::Both);
+                }
+            }
+            let _ = l.done.set(None);
+        }
+        drop(remove(fd));
+    }
 }
 
 /// Puts a fresh unconnected TCP socket of `fd`'s family, with its file

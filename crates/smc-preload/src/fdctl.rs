@@ -43,7 +43,7 @@ pub(crate) fn duplicated(fd: c_int, nfd: c_int) {
     if nfd < 0 || nfd == fd {
         return;
     }
-    let old = match get(fd) {
+    let old = match get_raw(fd) {
         Some(e) => insert(nfd, e),
         None => remove(nfd),
     };
@@ -76,7 +76,9 @@ pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
 
 /// `O_NONBLOCK` set on `fd` by the application.
 pub(crate) fn nonblocking_set(fd: c_int, on: bool) {
-    match get(fd) {
+    // (a connection whose handshake waits for its first use has the
+    // socket's own flag, which the real call just set)
+    match get_raw(fd) {
         Some(Entry::Stream(c)) => {
             let _ = c.s.set_nonblocking(on);
         }
@@ -111,7 +113,7 @@ pub(crate) fn fcntl_after(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) -> c_in
     }
     match cmd {
         libc::F_SETFL => nonblocking_set(fd, arg as c_int & libc::O_NONBLOCK != 0),
-        libc::F_GETFL => match get(fd) {
+        libc::F_GETFL => match get_raw(fd) {
             Some(Entry::Listener(l)) => {
                 let nb = if l.nonblock.load(Ordering::Relaxed) {
                     libc::O_NONBLOCK

@@ -13,7 +13,10 @@
 //!   `Pend`); `listen()` marks the socket, whose `smc::SmcListener` (its
 //!   driver runs the handshakes) starts at the first `accept()` or poll
 //!   (see `Entry::Passive`); `accept()`/`accept4()` take its finished
-//!   connections.
+//!   connections. A listening socket in blocking mode then instead hands
+//!   out connections whose handshake runs at their first use, in the
+//!   process that uses them (`Entry::LazyListener`, `Entry::Lazy`: servers
+//!   that fork per connection).
 //! * The application's descriptor is the TCP socket and stays the
 //!   connection's identity (`getsockname`, `getpeername`, `setsockopt` go to
 //!   it unchanged); a table maps it to the `SmcStream`, which holds a

@@ -52,10 +52,16 @@ pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
         drop(remove(fd));
         return None;
     }
-    USED.store(true, Ordering::Release);
     restore_env();
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
     let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
+    if !nonblock {
+        // (no state of the library's: its connections are made at their
+        // first use, see Entry::LazyListener)
+        drop(insert(fd, Entry::LazyListener));
+        return Some(Entry::LazyListener);
+    }
+    USED.store(true, Ordering::Release);
     match dup_own(fd).and_then(|own| SmcListener::from_listening(TcpListener::from(own), true)) {
         Ok(l) => {
             let _ = l.set_nonblocking(nonblock);
@@ -91,13 +97,19 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
-    let Some(Entry::Listener(l)) = get_active(fd) else {
+    let real_accept4 = real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int);
+    let l = match get_active(fd) {
+        Some(Entry::Listener(l)) => l,
+        Some(Entry::LazyListener) => {
+            // SAFETY: the caller's arguments, unchanged.
+            let nfd = unsafe { real_accept4(fd, addr, len, flags) };
+            if nfd >= 0 {
+                accepted_lazily(nfd);
+            }
+            return nfd;
+        }
         // SAFETY: the caller's arguments, unchanged.
-        return unsafe {
-            real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int)(
-                fd, addr, len, flags,
-            )
-        };
+        _ => return unsafe { real_accept4(fd, addr, len, flags) },
     };
     let (s, peer) = match l.l.accept() {
         Ok(x) => x,
@@ -126,4 +138,96 @@ pub unsafe extern "C" fn accept4(
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: the caller's arguments.
     unsafe { accept4(fd, addr, len, 0) }
+}
+
+/// A connection `accept()` took from a lazy listener (see
+/// [`Entry::LazyListener`]): one whose client offered SMC gets its handshake
+/// at its first use; the others are plain TCP, the kernel's.
+fn accepted_lazily(nfd: RawFd) {
+    let own = match dup_own(nfd) {
+        Ok(o) => o,
+        Err(e) => {
+            // (without a handle of its own the library cannot take the
+            // handshake; the client's Proposal would be read as data)
+            if debug() {
+                eprintln!("libsmc-preload: accepted fd {nfd} shut down: {e}");
+            }
+            let _ = rustix::net::shutdown(borrow(nfd), rustix::net::Shutdown::Both);
+            return;
+        }
+    };
+    match smc::deferred::classify(TcpStream::from(own), true) {
+        smc::deferred::Deferred::Ready(s) => {
+            report("accept", &s);
+            // (plain TCP with nothing read ahead: left to the kernel)
+            drop(s);
+        }
+        smc::deferred::Deferred::Pending(p) => {
+            let l = Lazy {
+                pending: Mutex::new(Some(p)),
+                done: OnceLock::new(),
+            };
+            drop(insert(nfd, Entry::Lazy(Arc::new(l))));
+        }
+    }
+}
+
+/// The first use of `fd`, an accepted connection whose handshake was left
+/// for it (see [`Lazy`]): runs the handshake (the first of the descriptors
+/// sharing `l` to get here does), and puts the outcome in `fd`'s place.
+pub(crate) fn first_use(fd: RawFd, l: &Arc<Lazy>) -> Option<Entry> {
+    {
+        let mut p = l.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pending) = p.take() {
+            let conn = match pending.handshake() {
+                Ok(s) => {
+                    report("accept", &s);
+                    if s.mode() == Mode::SmcR || s.has_pending() {
+                        USED.store(true, Ordering::Release);
+                        // (the application's O_NONBLOCK, set on the shared
+                        // file meanwhile or at accept4)
+                        let fl = real_fcntl(fd, libc::F_GETFL, 0);
+                        let _ = s.set_nonblocking(fl >= 0 && fl & libc::O_NONBLOCK != 0);
+                        Some(Arc::new(Conn {
+                            s,
+                            peeked: Mutex::new(Vec::new()),
+                        }))
+                    } else {
+                        // (dropping `s` closes the library's duplicate only)
+                        None
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => {
+                    // Another process that shares the socket (a fork) took
+                    // the connection first: it is gone here, not there.
+                    if debug() {
+                        eprintln!("libsmc-preload: fd {fd}: {e}");
+                    }
+                    exec::stand_in(fd);
+                    None
+                }
+                Err(e) => {
+                    // As a connection the client gave up on: end of file,
+                    // then EPIPE (the listener's driver closes such a
+                    // connection before `accept()` would return it).
+                    if debug() {
+                        eprintln!("libsmc-preload: fd {fd}: {e}");
+                    }
+                    let _ = rustix::net::shutdown(borrow(fd), rustix::net::Shutdown::Both);
+                    None
+                }
+            };
+            let _ = l.done.set(conn);
+        }
+    }
+    match l.done.get().cloned().flatten() {
+        Some(c) => {
+            drop(insert(fd, Entry::Stream(c.clone())));
+            Some(Entry::Stream(c))
+        }
+        None => {
+            drop(remove(fd));
+            None
+        }
+    }
 }

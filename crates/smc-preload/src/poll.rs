@@ -21,7 +21,11 @@ pub(crate) fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
             Some((r, false, Entry::Listener(l)))
         }
         Entry::Connecting(p) => Some((p.user.as_raw_fd(), false, Entry::Connecting(p))),
-        Entry::Fresh { .. } | Entry::Passive | Entry::Failed(_) => None,
+        Entry::Fresh { .. }
+        | Entry::Passive
+        | Entry::LazyListener
+        | Entry::Lazy(_)
+        | Entry::Failed(_) => None,
     }
 }
 

@@ -34,11 +34,35 @@ pub(crate) enum Entry {
     Passive,
     Stream(Arc<Conn>),
     Listener(Arc<Lst>),
+    /// A listening socket opted in to SMC that was in blocking mode at its
+    /// first use: `accept()` takes its connections from the kernel in the
+    /// caller's thread, each with its handshake still to run ([`Entry::Lazy`]),
+    /// so that a server that forks a process per connection has the
+    /// handshake run in that process (see `smc::deferred`). Event-driven
+    /// servers (non-blocking listeners) keep the listener's driver, which
+    /// runs handshakes at once without holding up their loop.
+    LazyListener,
+    /// An accepted connection whose client offered SMC, its handshake to run
+    /// at its first use in whichever process (see [`Lazy`]); no lookup
+    /// returns it ([`get`] runs the handshake).
+    Lazy(Arc<Lazy>),
     /// A non-blocking `connect()` in progress (see [`Pend`]).
     Connecting(Arc<Pend>),
     /// A non-blocking `connect()` whose handshake failed: the socket is shut
     /// down, and `getsockopt(SO_ERROR)` returns this errno once.
     Failed(c_int),
+}
+
+/// An accepted connection whose handshake runs at its first use (see
+/// [`Entry::LazyListener`]): every call on it but `close` looks it up, and
+/// the first lookup runs the handshake (blocking, at most the CLC
+/// timeouts) and puts the connection in its place; descriptors duplicated
+/// before share it and take the same outcome at their next lookup.
+pub(crate) struct Lazy {
+    pub(crate) pending: Mutex<Option<smc::deferred::PendingSmc>>,
+    /// The outcome: the connection, or none (plain TCP, or a failed
+    /// handshake whose socket is shut down).
+    pub(crate) done: OnceLock<Option<Arc<Conn>>>,
 }
 
 /// A non-blocking `connect()` that returned `EINPROGRESS`: a thread of the
@@ -97,6 +121,18 @@ pub(crate) static COUNT: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static USED: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn get(fd: RawFd) -> Option<Entry> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    match get_raw(fd) {
+        Some(Entry::Lazy(l)) => listen::first_use(fd, &l),
+        e => e,
+    }
+}
+
+/// `fd`'s entry as it is: an [`Entry::Lazy`] stays one (for what does not
+/// use the connection: duplicating the descriptor, its file flags).
+pub(crate) fn get_raw(fd: RawFd) -> Option<Entry> {
     if COUNT.load(Ordering::Acquire) == 0 {
         return None;
     }

@@ -2,6 +2,11 @@
  * SMC-R connection (tests/exec_fork.rs). Knows nothing of SMC.
  *   exec server PORTFILE     accepts one connection, echoes it, says how it ended
  *   exec server2 PORTFILE    the same for two connections at once
+ *   exec server-fork PORTFILE  accepts two connections, each served by a
+ *                            child it forks (and closes in itself)
+ *   exec server-inetd PORTFILE  the same, each child execing `stdio` with
+ *                            the connection as its stdin and stdout
+ *   exec stdio               echoes stdin to stdout until end of file
  *   exec server-exec PORTFILE  the same, after an exec that the listening
  *                            socket crosses
  *   exec pings PORT          two pings, then close
@@ -34,6 +39,7 @@ static const char *err(ssize_t r) {
 }
 
 static int serve(int l);
+static int serve_fd(int c);
 static int serve2(int l);
 
 static int server(const char *portfile, const char *then_exec, int two) {
@@ -60,6 +66,10 @@ static int server(const char *portfile, const char *then_exec, int two) {
 static int serve(int l) {
     int c = accept(l, NULL, NULL);
     if (c < 0) die("accept");
+    return serve_fd(c);
+}
+
+static int serve_fd(int c) {
     char buf[256];
     long total = 0;
     for (;;) {
@@ -106,6 +116,64 @@ static int serve2(int l) {
 
 static int after(int fd);
 static int pings(int port);
+
+/* Accepts two connections, one forked child each (inetd: the child execs
+ * `stdio` on it), and waits for both. */
+static int server_fork(const char *portfile, const char *inetd) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4)) die("listen");
+    if (getsockname(l, (struct sockaddr *)&a, &al)) die("getsockname");
+    FILE *f = fopen(portfile, "w");
+    if (!f) die("portfile");
+    fprintf(f, "%d\n", ntohs(a.sin_port));
+    fclose(f);
+    pid_t kids[2];
+    for (int i = 0; i < 2; i++) {
+        int c = accept(l, NULL, NULL);
+        if (c < 0) die("accept");
+        fflush(stdout);
+        kids[i] = fork();
+        if (kids[i] < 0) die("fork");
+        if (kids[i] == 0) {
+            close(l);
+            if (inetd) {
+                if (dup2(c, 0) < 0 || dup2(c, 1) < 0) die("dup2");
+                close(c);
+                execv(inetd, (char *[]){(char *)inetd, "stdio", NULL});
+                die("execv");
+            }
+            exit(serve_fd(c) ? 1 : 0);
+        }
+        close(c);
+    }
+    for (int i = 0; i < 2; i++) {
+        int st;
+        if (waitpid(kids[i], &st, 0) != kids[i] || !WIFEXITED(st) || WEXITSTATUS(st)) {
+            printf("server child failed\n");
+            return 1;
+        }
+    }
+    printf("server done\n");
+    return 0;
+}
+
+/* inetd's program: echoes stdin to stdout, then says how much on stderr. */
+static int stdio(void) {
+    char buf[256];
+    long total = 0;
+    for (;;) {
+        ssize_t n = read(0, buf, sizeof buf);
+        if (n < 0) die("stdio read");
+        if (n == 0) break;
+        if (write(1, buf, n) != n) die("stdio write");
+        total += n;
+    }
+    fprintf(stderr, "stdio eof after %ld\n", total);
+    return 0;
+}
+
 
 static void ping(int s, const char *msg) {
     char buf[16] = {0};
@@ -182,6 +250,9 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "server")) return server(argv[2], NULL, 0);
     if (argc >= 3 && !strcmp(argv[1], "server2")) return server(argv[2], NULL, 1);
+    if (argc >= 3 && !strcmp(argv[1], "server-fork")) return server_fork(argv[2], NULL);
+    if (argc >= 3 && !strcmp(argv[1], "server-inetd")) return server_fork(argv[2], argv[0]);
+    if (argc >= 2 && !strcmp(argv[1], "stdio")) return stdio();
     if (argc >= 3 && !strcmp(argv[1], "server-exec")) return server(argv[2], argv[0], 0);
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "pings")) return pings(atoi(argv[2]));

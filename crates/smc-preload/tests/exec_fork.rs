@@ -141,3 +141,86 @@ fn a_listening_socket_inherited_across_exec_accepts_smc_r() {
     assert_eq!(srv, "server end eof after 10\n");
     assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }
+
+/// exec.c's `server` (a forking one) under smc_run, and two `pings`
+/// clients under smc_run one after the other; returns the server's output.
+fn fork_server_run(tag: &str, server: &str) -> (Setup, String) {
+    let s = setup(tag);
+    let exe = exec_program(&s);
+    let portfile = s.dir.join("port");
+    let mut srv = Server(
+        under(&s, true, &exe, &[server, portfile.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let port = wait_for_port(&portfile).expect("the server did not start");
+    for _ in 0..2 {
+        let out = under(&s, true, &exe, &["pings", &port.to_string()])
+            .output()
+            .unwrap();
+        assert_eq!(ok_output("pings", &out), "pings ok\n");
+    }
+    let end = Instant::now() + Duration::from_secs(30);
+    while srv.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < end, "the server did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut text = String::new();
+    use std::io::Read;
+    srv.0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    (s, text)
+}
+
+/// Lines of the state file of `role` whose mode contains `mode`.
+fn count_modes(s: &Setup, role: &str, mode: &str) -> usize {
+    s.modes()
+        .iter()
+        .filter(|l| l.starts_with(role) && l.contains(mode))
+        .count()
+}
+
+/// A server that accepts and forks a process per connection (Python's
+/// `ForkingMixIn`, `socat ...,fork`): its listening socket is blocking, so
+/// the library leaves each accepted connection's handshake for its first
+/// use, which is in the child; every connection is SMC-R, served by the
+/// child, and the parent's close of its copy takes nothing away.
+#[test]
+fn a_server_that_forks_per_connection_serves_smc_r_in_its_children() {
+    let (s, srv) = fork_server_run("fork-server", "server-fork");
+    assert_eq!(
+        srv,
+        "server end eof after 10\nserver end eof after 10\nserver done\n"
+    );
+    assert_eq!(
+        (
+            s.modes().len(),
+            count_modes(&s, "connect", " SMC-R"),
+            count_modes(&s, "accept", " SMC-R")
+        ),
+        (4, 2, 2),
+        "{:?}",
+        s.modes()
+    );
+}
+
+/// inetd: each child execs a program with the connection as its stdin and
+/// stdout. The program knows nothing of SMC, so the library declines SMC
+/// before the exec: the client falls back to TCP, and the program serves a
+/// plain TCP connection with nothing of the CLC left on it.
+#[test]
+fn an_inetd_style_server_hands_its_programs_plain_tcp() {
+    let (s, srv) = fork_server_run("fork-inetd", "server-inetd");
+    assert_eq!(srv, "server done\n");
+    assert_eq!(
+        (s.modes().len(), count_modes(&s, "connect", " TCP ")),
+        (2, 2),
+        "{:?}",
+        s.modes()
+    );
+}

@@ -191,12 +191,12 @@ fn new_eventfd() -> io::Result<OwnedFd> {
 
 /// A thread's registration to be woken by the endpoint's progress (see
 /// [`Shared::progress_fd`]); unregistered when dropped.
-pub(crate) struct ProgressFd<'a> {
-    shared: &'a Shared,
+pub(crate) struct ProgressFd {
+    shared: Arc<Shared>,
     fd: Arc<OwnedFd>,
 }
 
-impl ProgressFd<'_> {
+impl ProgressFd {
     /// Readable once a pump took completions or fired timers since the last
     /// [`Self::clear`].
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
@@ -209,7 +209,7 @@ impl ProgressFd<'_> {
     }
 }
 
-impl Drop for ProgressFd<'_> {
+impl Drop for ProgressFd {
     fn drop(&mut self) {
         let mut v = self
             .shared
@@ -299,9 +299,10 @@ impl Want {
 /// 126 us spinning 50 us, 25 us not spinning, 6 us spinning on an idle machine).
 /// So after [`SPIN_MISSES_OFF`] waits in a row that had to sleep, waits sleep at
 /// once, and every [`SPIN_PROBE_EVERY`]th one spins again to see whether
-/// things have changed.
+/// things have changed. (The handshakes keep one of their own: theirs wait
+/// for a peer's whole handshake step, not for one message.)
 #[derive(Default)]
-struct Spin {
+pub(crate) struct Spin {
     misses: AtomicU32,
     off: AtomicBool,
     waits: AtomicU32,
@@ -312,7 +313,7 @@ const SPIN_PROBE_EVERY: u32 = 32;
 
 impl Spin {
     /// How long the next wait may spin.
-    fn budget(&self) -> Duration {
+    pub(crate) fn budget(&self) -> Duration {
         if !self.off.load(Ordering::Relaxed) {
             return spin_time();
         }
@@ -324,13 +325,13 @@ impl Spin {
     }
 
     /// A wait ended while spinning.
-    fn hit(&self) {
+    pub(crate) fn hit(&self) {
         self.misses.store(0, Ordering::Relaxed);
         self.off.store(false, Ordering::Relaxed);
     }
 
     /// A wait spun for `budget` and then had to sleep.
-    fn miss(&self, budget: Duration) {
+    pub(crate) fn miss(&self, budget: Duration) {
         if !budget.is_zero() && self.misses.fetch_add(1, Ordering::Relaxed) + 1 >= SPIN_MISSES_OFF {
             self.off.store(true, Ordering::Relaxed);
         }
@@ -729,13 +730,17 @@ impl Shared {
     /// Registers the calling thread to be woken, through a descriptor it can
     /// poll beside others (a socket), by every pump that takes completions
     /// or fires timers: a thread that waits for the endpoint outside
-    /// [`Self::run`] (a blocking handshake).
-    pub(crate) fn progress_fd(&self) -> io::Result<ProgressFd<'_>> {
+    /// [`Self::run`] (a blocking handshake, a listener's handshake while a
+    /// step of it runs over the device).
+    pub(crate) fn progress_fd(self: &Arc<Self>) -> io::Result<ProgressFd> {
         let fd = Arc::new(new_eventfd()?);
         let mut v = self.fd_waiters.lock().unwrap_or_else(|e| e.into_inner());
         v.push(fd.clone());
         self.fd_waiting.store(v.len(), Ordering::Release);
-        Ok(ProgressFd { shared: self, fd })
+        Ok(ProgressFd {
+            shared: self.clone(),
+            fd,
+        })
     }
 
     /// Runs `op` on the endpoint until it returns `Some`: pump, try, spin for

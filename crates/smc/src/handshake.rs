@@ -227,71 +227,126 @@ pub(crate) fn take_input(
     leftover.extend_from_slice(&data[used..]);
 }
 
+/// Whether the client handshakes of this process spin before they sleep
+/// (see [`crate::ctx::Spin`]): a handshake's wait is the server's whole step
+/// (its listener wakes, reads the Proposal, answers), which on a core shared
+/// with the server never ends while we spin, only once we sleep.
+fn client_spin() -> &'static crate::ctx::Spin {
+    static S: std::sync::OnceLock<crate::ctx::Spin> = std::sync::OnceLock::new();
+    S.get_or_init(crate::ctx::Spin::default)
+}
+
 /// The CLC handshake driven by an endpoint (a device serves this connection).
 /// Returns the connection's status and any TCP bytes that followed the CLC
 /// messages (the peer's first application data after a Decline).
+/// `tcp` stays in blocking mode: reads do not wait (`MSG_DONTWAIT`), writes
+/// may.
 pub(crate) fn with_endpoint(
     tcp: &TcpStream,
-    shared: &crate::ctx::Shared,
+    shared: &std::sync::Arc<crate::ctx::Shared>,
     id: smc_engine::endpoint::ConnId,
 ) -> io::Result<(smc_engine::endpoint::ConnStatus, Vec<u8>)> {
-    tcp.set_nonblocking(true)?;
+    use rustix::net::RecvFlags;
     let mut leftover = Vec::new();
     let mut buf = [0u8; 1024];
-    let mut spin_until = None;
-    // woken by the endpoint's progress (a completion, a timer) while this
-    // thread waits for TCP data too
-    let progress = shared.progress_fd()?;
+    // (until, budget) of the one spin, once the first wait began
+    let mut spin: Option<(std::time::Instant, std::time::Duration)> = None;
+    let mut slept = false;
+    // Woken by the endpoint's progress (a completion, a timer) while this
+    // thread waits for TCP data too: registered only when it sleeps while a
+    // step of the handshake runs over the device (CONFIRM_RKEY, the first
+    // link's CONFIRM_LINK). Waiting for the Accept it needs none (TCP data
+    // or its deadline end that wait), and one would ring at every pump of
+    // the endpoint's other connections.
+    let mut progress = None;
     let result = loop {
-        let (out, status, next) = {
+        let (out, status, next, device_step) = {
             let mut ep = shared.lock();
             // through Shared: a completion taken here may be a parked reader's
             shared.try_pump(&mut ep).map_err(io::Error::other)?;
-            (ep.clc_output(id), ep.status(id), shared.next_wake(&mut ep))
+            let device_step = !matches!(
+                ep.handshake_phase(id),
+                Some(smc_engine::state::HandshakePhase::AwaitAccept)
+            );
+            (
+                ep.clc_output(id),
+                ep.status(id),
+                shared.next_wake(&mut ep),
+                device_step,
+            )
         };
+        if !device_step {
+            progress = None;
+        }
         if !out.is_empty() {
-            tcp.set_nonblocking(false)?;
-            let w = (&*tcp).write_all(&out);
-            tcp.set_nonblocking(true)?;
-            w?;
+            (&*tcp).write_all(&out)?;
         }
         if let Some(r) = ended(status) {
             break r;
         }
-        match (&*tcp).read(&mut buf) {
-            Ok(n) => take_input(shared, id, &buf[..n], &mut leftover),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+        match rustix::net::recv(tcp, &mut buf, RecvFlags::DONTWAIT) {
+            Ok((n, _)) => take_input(shared, id, &buf[..n], &mut leftover),
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {
                 // Spin a little (an LLC answer or the next CLC message is
-                // usually microseconds away), then wait for TCP data, the
-                // endpoint's progress (whoever pumps: the progress thread
-                // sleeps on the completion channel) or its next deadline
-                // (the handshake's own is one).
+                // usually microseconds away, when the server has a core of
+                // its own), then wait for TCP data, the endpoint's progress
+                // (whoever pumps: the progress thread sleeps on the
+                // completion channel) or its next deadline (the handshake's
+                // own is one).
                 let now = std::time::Instant::now();
-                if now >= *spin_until.get_or_insert(now + crate::ctx::spin_time()) {
-                    use rustix::event::{poll, PollFd, PollFlags};
-                    let pfd_progress = progress.fd();
-                    let mut pfd = [
-                        PollFd::new(tcp, PollFlags::IN),
-                        PollFd::new(&pfd_progress, PollFlags::IN),
-                    ];
-                    let ts = crate::ctx::timespec_until(next);
-                    let _ = poll(&mut pfd, ts.as_ref());
-                    // Drained only when it was rung, and before the pump that
-                    // follows: a ring after this read still wakes the next poll.
-                    if pfd[1].revents().contains(PollFlags::IN) {
-                        progress.clear();
-                    }
-                } else {
+                let (until, budget) = *spin.get_or_insert_with(|| {
+                    let b = if crate::ctx::may_spin() {
+                        client_spin().budget()
+                    } else {
+                        std::time::Duration::ZERO
+                    };
+                    (now + b, b)
+                });
+                if now < until {
                     std::hint::spin_loop();
+                    continue;
+                }
+                if !slept {
+                    client_spin().miss(budget);
+                    slept = true;
+                }
+                if device_step && progress.is_none() {
+                    progress = Some(shared.progress_fd()?);
+                    // (a pump between the look above and the registration
+                    // rang nobody: look again before sleeping)
+                    continue;
+                }
+                use rustix::event::{poll, PollFd, PollFlags};
+                let ts = crate::ctx::timespec_until(next);
+                match &progress {
+                    Some(progress) => {
+                        let pfd_progress = progress.fd();
+                        let mut pfd = [
+                            PollFd::new(tcp, PollFlags::IN),
+                            PollFd::new(&pfd_progress, PollFlags::IN),
+                        ];
+                        let _ = poll(&mut pfd, ts.as_ref());
+                        // Drained only when it was rung, and before the pump
+                        // that follows: a ring after this read still wakes
+                        // the next poll.
+                        if pfd[1].revents().contains(PollFlags::IN) {
+                            progress.clear();
+                        }
+                    }
+                    None => {
+                        let _ = poll(&mut [PollFd::new(tcp, PollFlags::IN)], ts.as_ref());
+                    }
                 }
             }
             Err(e) => {
                 shared.lock().tcp_closed(id);
-                break Err(e);
+                break Err(e.into());
             }
         }
     };
-    tcp.set_nonblocking(false)?;
+    if spin.is_some_and(|(_, b)| !b.is_zero()) && !slept {
+        client_spin().hit();
+    }
     result.map(|s| (s, leftover))
 }
 
@@ -300,7 +355,9 @@ pub(crate) fn with_endpoint(
 pub(crate) enum Progress {
     /// The TCP socket: readable, or writable with `write`. `rdma`: a step of
     /// the handshake runs over the device meanwhile (link confirmation, rkey
-    /// exchange, a first contact it waits for), so look again soon.
+    /// exchange, a first contact it waits for): look again when the
+    /// endpoint makes progress ([`Accepting::progress_fd`]), or soon if
+    /// there is no such descriptor.
     Wait { write: bool, rdma: bool },
     /// Over: [`Accepting::into_stream`].
     Done,
@@ -356,7 +413,9 @@ impl How {
 /// listener's driver thread, which runs every pending handshake this way
 /// (Linux runs each on a work item of its own, af_smc.c `smc_listen_work`).
 /// Each has its own deadlines: the engine's (6 s per expected CLC message),
-/// or [`CLC_WAIT_TIME`] for the Proposal without a device.
+/// or [`CLC_WAIT_TIME`] for the Proposal without a device. The socket stays
+/// in blocking mode (as `accept()` hands it over): reads and writes here do
+/// not wait (`MSG_DONTWAIT`).
 pub(crate) struct Accepting {
     tcp: TcpStream,
     /// CLC bytes not yet written.
@@ -372,7 +431,6 @@ impl Accepting {
     /// the endpoint serving its local address if there is one.
     pub(crate) fn start(tcp: TcpStream) -> io::Result<Accepting> {
         use crate::ctx::Device;
-        tcp.set_nonblocking(true)?;
         let local = tcp.local_addr()?.ip();
         let peer = tcp.peer_addr()?.ip();
         let dev = crate::ctx::endpoint_for(local, peer, crate::ctx::Role::Server);
@@ -396,9 +454,47 @@ impl Accepting {
         })
     }
 
+    /// A handshake on `tcp` that declines SMC whatever the client proposes
+    /// (as without a device): the client falls back to TCP, and so does
+    /// the connection ([`Self::into_tcp`]).
+    pub(crate) fn start_declining(tcp: TcpStream) -> io::Result<Accepting> {
+        let local = tcp.local_addr()?.ip();
+        Ok(Accepting {
+            tcp,
+            out: Vec::new(),
+            leftover: Vec::new(),
+            how: How::no_device(local, false),
+        })
+    }
+
+    /// The TCP socket of a handshake started with [`Self::start_declining`]
+    /// once [`Progress::Done`], with nothing of the CLC left on it; `None` if
+    /// it failed, or if bytes behind the CLC messages were read (which a
+    /// socket cannot take back).
+    pub(crate) fn into_tcp(self) -> Option<TcpStream> {
+        match self.how {
+            How::NoDevice {
+                outcome: Some(_),
+                failed: false,
+                ..
+            } if self.leftover.is_empty() && self.out.is_empty() => Some(self.tcp),
+            _ => None,
+        }
+    }
+
     /// The TCP socket, to poll.
     pub(crate) fn tcp(&self) -> &TcpStream {
         &self.tcp
+    }
+
+    /// The endpoint that runs this handshake, if one does: while a step
+    /// runs over the device ([`Progress::Wait`] `rdma`) the driver sleeps
+    /// until that endpoint makes progress ([`crate::ctx::Shared::progress_fd`]).
+    pub(crate) fn endpoint(&self) -> Option<&std::sync::Arc<crate::ctx::Shared>> {
+        match &self.how {
+            How::Engine(c) => Some(&c.shared),
+            _ => None,
+        }
     }
 
     fn tcp_gone(&mut self) {
@@ -418,22 +514,28 @@ impl Accepting {
     /// Does what can be done now: writes pending CLC bytes, feeds what the
     /// socket has to the handshake, takes its output. Never blocks.
     pub(crate) fn step(&mut self) -> Progress {
+        use rustix::io::Errno;
+        use rustix::net::{RecvFlags, SendFlags};
         use smc_engine::state::HandshakePhase as P;
         let mut buf = [0u8; 2048];
         loop {
             if !self.out.is_empty() {
-                match (&self.tcp).write(&self.out) {
+                match rustix::net::send(
+                    &self.tcp,
+                    &self.out,
+                    SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+                ) {
                     Ok(n) => {
                         self.out.drain(..n);
                         continue;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    Err(Errno::AGAIN) => {
                         return Progress::Wait {
                             write: true,
                             rdma: false,
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(Errno::INTR) => continue,
                     Err(_) => {
                         self.out.clear();
                         self.tcp_gone();
@@ -490,8 +592,12 @@ impl Accepting {
                         (shared.clone(), *local, *peer, *deadline);
                     // Only look whether the client sent something: its
                     // bytes are for whichever way the handshake goes.
-                    match self.tcp.peek(&mut buf[..1]) {
-                        Ok(0) => self.tcp_gone(),
+                    match rustix::net::recv(
+                        &self.tcp,
+                        &mut buf[..1],
+                        RecvFlags::PEEK | RecvFlags::DONTWAIT,
+                    ) {
+                        Ok((0, _)) => self.tcp_gone(),
                         Ok(_) => {
                             self.how = if crate::ctx::shm_reaches(peer) {
                                 How::engine(shared, local)
@@ -499,7 +605,7 @@ impl Accepting {
                                 How::no_device(local, false)
                             };
                         }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        Err(Errno::AGAIN) => {
                             if std::time::Instant::now() >= deadline {
                                 self.tcp_gone();
                                 return Progress::Done;
@@ -509,22 +615,20 @@ impl Accepting {
                                 rdma: false,
                             };
                         }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(Errno::INTR) => {}
                         Err(_) => self.tcp_gone(),
                     }
                     continue;
                 }
             };
-            let n = match (&self.tcp).read(&mut buf) {
-                Ok(0) => {
+            let n = match rustix::net::recv(&self.tcp, &mut buf, RecvFlags::DONTWAIT) {
+                Ok((0, _)) => {
                     self.tcp_gone();
                     continue;
                 }
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Progress::Wait { write: false, rdma }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok((n, _)) => n,
+                Err(Errno::AGAIN) => return Progress::Wait { write: false, rdma },
+                Err(Errno::INTR) => continue,
                 Err(_) => {
                     self.tcp_gone();
                     continue;
@@ -579,7 +683,6 @@ impl Accepting {
                 let status = c.shared.lock().status(c.id);
                 match status {
                     Some(ConnStatus::Smc) => {
-                        tcp.set_nonblocking(false).ok()?;
                         return Some(crate::SmcStream::smc(tcp, crate::ctx::Role::Server, c));
                     }
                     Some(ConnStatus::Fallback { reason, peer }) => {
@@ -601,7 +704,6 @@ impl Accepting {
                 return None;
             }
         };
-        tcp.set_nonblocking(false).ok()?;
         Some(crate::SmcStream::tcp_only(
             tcp,
             crate::ctx::Role::Server,

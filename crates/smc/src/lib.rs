@@ -77,6 +77,7 @@
 #![warn(missing_docs)]
 
 mod ctx;
+pub mod deferred;
 mod fork;
 mod handshake;
 mod listen;

@@ -10,8 +10,8 @@
 //! Here one driver thread per listener does the same: it accepts TCP
 //! connections, steps every pending handshake without blocking
 //! ([`Accepting::step`]) as its socket becomes readable (or, while a step
-//! runs over the device, every millisecond), and queues the finished
-//! connections. `accept()` takes from that queue. The queue is bounded like a
+//! runs over the device, as the endpoint makes progress), and queues the
+//! finished connections. `accept()` takes from that queue. The queue is bounded like a
 //! backlog: while it is full the driver leaves new TCP connections in the
 //! kernel's backlog. At most [`MAX_HANDSHAKES`] handshakes run at once, each
 //! with its own CLC deadlines (6 s per expected message). No thread per
@@ -50,7 +50,8 @@ const ACCEPT_BATCH: usize = 64;
 const TICK: Duration = Duration::from_millis(100);
 
 /// While a handshake step runs over the device (link confirmation, rkey
-/// exchange, a first contact it waits for), how soon it is looked at again.
+/// exchange, a first contact it waits for) and no progress descriptor could
+/// be had for its endpoint ([`Watch`]), how soon it is looked at again.
 const RDMA_TICK: Duration = Duration::from_millis(1);
 
 /// How long the listener stops taking connections after running out of a
@@ -439,6 +440,66 @@ struct Pending {
     fresh: bool,
 }
 
+/// The endpoints whose progress the driver waits for: those of the
+/// handshakes whose step runs over the device (one registration each, however
+/// many of their handshakes wait, e.g. Proposals parked while a first contact
+/// with their peer runs). A pump of the endpoint that takes completions or
+/// fires timers (the progress thread's, on the completion channel) rings it.
+#[derive(Default)]
+struct Watch {
+    regs: Vec<(Arc<crate::ctx::Shared>, crate::ctx::ProgressFd)>,
+}
+
+/// Whether `p` waits for a step over the device.
+fn on_device(p: &Pending) -> bool {
+    matches!(p.wait, Progress::Wait { rdma: true, .. })
+}
+
+impl Watch {
+    /// Registers for the endpoints of `pending` whose handshakes wait for a
+    /// device step, drops the others. Returns whether a registration is
+    /// new: a pump between that handshake's last look and the registration
+    /// rang nobody, so it is looked at again at once. (An endpoint no
+    /// registration could be had for, out of descriptors, is tried again
+    /// next round; its handshakes are looked at every [`RDMA_TICK`].)
+    fn update(&mut self, pending: &[Pending]) -> bool {
+        let mut wanted: Vec<&Arc<crate::ctx::Shared>> = Vec::new();
+        for p in pending.iter().filter(|p| on_device(p)) {
+            if let Some(e) = p.hs.endpoint() {
+                if !wanted.iter().any(|w| Arc::ptr_eq(w, e)) {
+                    wanted.push(e);
+                }
+            }
+        }
+        self.regs
+            .retain(|(e, _)| wanted.iter().any(|w| Arc::ptr_eq(w, e)));
+        let mut new = false;
+        for e in wanted {
+            if self.regs.iter().any(|(r, _)| Arc::ptr_eq(r, e)) {
+                continue;
+            }
+            if let Ok(fd) = e.progress_fd() {
+                self.regs.push((e.clone(), fd));
+                new = true;
+            }
+        }
+        new
+    }
+
+    /// Whether `p` waits for a device step of an endpoint not watched.
+    fn blind(&self, p: &Pending) -> bool {
+        on_device(p)
+            && p.hs
+                .endpoint()
+                .is_none_or(|e| !self.regs.iter().any(|(r, _)| Arc::ptr_eq(r, e)))
+    }
+
+    /// Whether `p` waits for a device step of `e`.
+    fn of(p: &Pending, e: &Arc<crate::ctx::Shared>) -> bool {
+        on_device(p) && p.hs.endpoint().is_some_and(|x| Arc::ptr_eq(x, e))
+    }
+}
+
 /// Handshakes that moved in a round are stepped again in a loop for up to
 /// `ctx::spin_time()` before the driver sleeps in `poll()`, when there are
 /// at most this many of them and more than one CPU: the client answers an
@@ -455,6 +516,8 @@ fn drive(inner: &Inner) {
     let mut paused_until: Option<Instant> = None;
     let mut next_tick = Instant::now() + TICK;
     let mut wake_buf = [0u8; 8];
+    let gate = crate::ctx::Spin::default();
+    let mut watch = Watch::default();
     loop {
         let (stop, room) = {
             let mut q = lock(&inner.q);
@@ -470,10 +533,12 @@ fn drive(inner: &Inner) {
             paused_until = None;
         }
         let accepting = room && pending.len() < MAX_HANDSHAKES && paused_until.is_none();
-        let rdma = pending
-            .iter()
-            .any(|p| matches!(p.wait, Progress::Wait { rdma: true, .. }));
-        let timeout = if rdma {
+        let registered = watch.update(&pending);
+        // (a device step without a progress descriptor: looked at soon)
+        let rdma = pending.iter().any(|p| watch.blind(p));
+        let timeout = if registered {
+            Some(Duration::ZERO)
+        } else if rdma {
             Some(RDMA_TICK)
         } else if !pending.is_empty() || !lock(&inner.q).ready.is_empty() {
             Some(next_tick.saturating_duration_since(now))
@@ -481,9 +546,10 @@ fn drive(inner: &Inner) {
             paused_until.map(|t| t.saturating_duration_since(now))
         };
         // poll: the wake-up, the listener (if taking connections), every
-        // pending handshake's socket
+        // pending handshake's socket, then the progress descriptors of the
+        // endpoints whose device steps they wait for
         let (woken, listener_ready, ready): (bool, bool, Vec<bool>) = {
-            let mut pfd = Vec::with_capacity(pending.len() + 2);
+            let mut pfd = Vec::with_capacity(pending.len() + 4);
             pfd.push(PollFd::new(&inner.wake, PollFlags::IN));
             pfd.push(PollFd::new(
                 &inner.tcp,
@@ -500,13 +566,32 @@ fn drive(inner: &Inner) {
                 };
                 pfd.push(PollFd::new(p.hs.tcp(), f));
             }
+            for (_, fd) in &watch.regs {
+                pfd.push(PollFd::from_borrowed_fd(fd.fd(), PollFlags::IN));
+            }
             let ts = timeout.map(|t| Timespec {
                 tv_sec: t.as_secs() as i64,
                 tv_nsec: i64::from(t.subsec_nanos()),
             });
             let _ = rustix::event::poll(&mut pfd, ts.as_ref());
             let r: Vec<bool> = pfd.iter().map(|p| !p.revents().is_empty()).collect();
-            (r[0], r[1], r[2..].to_vec())
+            let mut ready = r[2..2 + pending.len()].to_vec();
+            for ((e, fd), &rung) in watch.regs.iter().zip(&r[2 + pending.len()..]) {
+                // (after a new registration all of them are looked at now)
+                if rung || registered {
+                    // drained before the steps that look: a ring after
+                    // this still wakes the next poll
+                    if rung {
+                        fd.clear();
+                    }
+                    for (k, p) in pending.iter().enumerate() {
+                        if Watch::of(p, e) {
+                            ready[k] = true;
+                        }
+                    }
+                }
+            }
+            (r[0], r[1], ready)
         };
         if woken {
             let _ = rustix::io::read(&inner.wake, &mut wake_buf);
@@ -520,9 +605,7 @@ fn drive(inner: &Inner) {
         // their deadlines)
         let mut finished = Vec::new();
         for (k, p) in pending.iter_mut().enumerate() {
-            let due = ready.get(k).copied().unwrap_or(false)
-                || tick
-                || matches!(p.wait, Progress::Wait { rdma: true, .. });
+            let due = ready.get(k).copied().unwrap_or(false) || tick || watch.blind(p);
             p.fresh = false;
             if due {
                 p.wait = p.hs.step();
@@ -588,18 +671,25 @@ fn drive(inner: &Inner) {
                 }
             }
         }
-        spin(inner, &mut pending);
+        spin(inner, &mut pending, &gate);
     }
 }
 
 /// Steps the handshakes that moved this round again, without sleeping, for
-/// up to `ctx::spin_time()` or until none is left (see [`SPIN_MAX`]).
-fn spin(inner: &Inner, pending: &mut Vec<Pending>) {
+/// up to the spin time or until none is left (see [`SPIN_MAX`]). `gate`
+/// learns whether that pays: on a core shared with the clients a spin never
+/// sees their answer (they cannot run meanwhile), and the driver then sleeps
+/// at once (see [`crate::ctx::Spin`]).
+fn spin(inner: &Inner, pending: &mut Vec<Pending>, gate: &crate::ctx::Spin) {
     let hot = pending.iter().filter(|p| p.fresh).count();
     if hot == 0 || hot > SPIN_MAX || !crate::ctx::may_spin() {
         return;
     }
-    let end = Instant::now() + crate::ctx::spin_time();
+    let budget = gate.budget();
+    if budget.is_zero() {
+        return;
+    }
+    let end = Instant::now() + budget;
     while Instant::now() < end {
         let mut any = false;
         let mut k = 0;
@@ -620,8 +710,10 @@ fn spin(inner: &Inner, pending: &mut Vec<Pending>) {
             }
         }
         if !any {
+            gate.hit();
             return;
         }
         std::hint::spin_loop();
     }
+    gate.miss(budget);
 }

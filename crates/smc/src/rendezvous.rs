@@ -45,7 +45,8 @@ pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
     let fd = rustix::net::socket(fam, SocketType::STREAM, None)?;
     crate::registry::start();
     let opted = match rendezvous() {
-        Ok(r) => r.opt_in(fd.as_fd()).is_ok(),
+        // (a TCP socket of ours, fresh: no checks of type and state)
+        Ok(r) => r.opt_in_new(fd.as_fd()).is_ok(),
         Err(_) => false,
     };
     Ok((fd, opted))
@@ -54,10 +55,18 @@ pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
 /// Whether the peer's SYN (or SYN-ACK) on the connected socket `fd` carried
 /// the SMC option; the rendezvous forgets the connection either way.
 pub(crate) fn peer_offered_smc(fd: BorrowedFd<'_>) -> bool {
-    let r = rendezvous().ok();
-    let offered = r.is_some_and(|r| r.peer_offered_smc(fd).unwrap_or(false));
-    if let Some(r) = r {
-        r.forget(fd);
-    }
-    offered
+    rendezvous().is_ok_and(|r| r.take_peer_offered_smc(fd).unwrap_or(false))
+}
+
+/// After `accept()`: whether the client offered SMC, leaving the socket's
+/// entry for [`claim`] (a connection whose handshake runs at its first use,
+/// `crate::deferred`).
+pub(crate) fn peer_offered_smc_unclaimed(fd: BorrowedFd<'_>) -> bool {
+    rendezvous().is_ok_and(|r| r.peer_offered_smc(fd).unwrap_or(false))
+}
+
+/// Takes the socket for this process's handshake: `false` if another
+/// process sharing it took it first (or it closed).
+pub(crate) fn claim(fd: BorrowedFd<'_>) -> bool {
+    rendezvous().is_ok_and(|r| r.claim(fd).unwrap_or(false))
 }

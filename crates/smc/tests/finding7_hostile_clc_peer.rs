@@ -367,3 +367,160 @@ fn a_hostile_client_gets_a_decline_for_each_bad_value_of_its_confirm() {
     });
     nothing_left_but(groups.max(2), "the honest connection");
 }
+
+/// Voluntary context switches so far of the listener driver of `port` (the
+/// thread `smc-listen-PORT`, its name cut to the kernel's 15 bytes).
+fn listener_switches(port: u16) -> u64 {
+    let mut name = format!("smc-listen-{port}");
+    name.truncate(15);
+    let mut n = None;
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap();
+        for line in status.lines() {
+            if let Some(v) = line.strip_prefix("voluntary_ctxt_switches:") {
+                n = Some(v.trim().parse::<u64>().unwrap());
+            }
+        }
+    }
+    n.expect("the listener's driver thread")
+}
+
+/// While a handshake step runs over the device (here the first link's
+/// CONFIRM_LINK, which the silent client never answers: the server waits for
+/// it, then declines TIMEOUT_CL), the listener's driver sleeps until the
+/// endpoint makes progress or the engine's deadline, not on a period (issue
+/// 15: no driver polls on a fixed period; it looked every millisecond).
+#[test]
+fn a_listener_waiting_for_a_device_step_is_not_woken_on_a_period() {
+    setup();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let fake = FakeRdma::new();
+    let caps = LocalCapabilities {
+        system_id: SystemId::new(0x7e57, Mac([2, 0, 0, 0, 0x7e, 0x57])),
+        v1: Some(RoceV1Port {
+            gid: fake.gid,
+            mac: Mac([2, 0, 0, 0, 0x7e, 0x57]),
+        }),
+        v2_gid: None,
+        ueids: Vec::new(),
+        if_addrs: vec![IfAddr {
+            addr: "127.0.0.1".parse().unwrap(),
+            prefix_len: 8,
+        }],
+    };
+    thread::scope(|sc| {
+        let srv = sc.spawn(|| l.accept().map(|(s, _)| s.mode()));
+        let mut s = opted_in_connect(addr);
+        let local = s.local_addr().unwrap().ip();
+        let p = negotiate::build_proposal(local, &caps).unwrap();
+        s.write_all(&ClcMessage::Proposal(p).encode()).unwrap();
+        let a = match read_clc(&mut s) {
+            ClcMessage::Accept(a) => a,
+            m => panic!("{}", answer(&m)),
+        };
+        let mut c = fake.accept_confirm();
+        c.version = a.version;
+        s.write_all(&ClcMessage::Confirm(c).encode()).unwrap();
+        // (the Confirm is taken at once; from then on the server waits for
+        // the link)
+        thread::sleep(Duration::from_millis(100));
+        let before = listener_switches(addr.port());
+        let t0 = Instant::now();
+        let m = read_clc(&mut s);
+        let waited = t0.elapsed();
+        let woken = listener_switches(addr.port()) - before;
+        assert_eq!(answer(&m), "Decline(TimeoutCl)");
+        assert!(
+            waited > Duration::from_secs(1),
+            "the server waited for the link only {waited:?}"
+        );
+        // a handful: the link's own events (the CONFIRM_LINK sent, the
+        // timer that ends the wait) and the Decline; a 1 ms period would
+        // be one per millisecond of the wait
+        assert!(
+            woken < 50,
+            "the listener woke {woken} times in {waited:?} of a device step"
+        );
+        drop(s);
+        assert_eq!(
+            srv.join().unwrap().unwrap(),
+            Mode::Tcp(Fallback {
+                reason: DeclineCode::TimeoutCl,
+                peer: None
+            })
+        );
+    });
+}
+
+/// Eventfds this process holds now.
+fn eventfds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[eventfd]")
+        })
+        .count()
+}
+
+/// Proposals of one peer parked while its first contact runs (Linux's
+/// `smc_server_lgr_pending`) wait for a device step of the listener's
+/// endpoint: the driver waits for that endpoint's progress with one
+/// registration (one eventfd), not one per parked handshake, which a pump
+/// would each ring.
+#[test]
+fn parked_proposals_share_one_progress_registration() {
+    setup();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let groups = link_groups();
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let gid = FakeRdma::new().gid;
+    let caps = LocalCapabilities {
+        system_id: SystemId::new(0x7e57, Mac([2, 0, 0, 0, 0x7e, 0x57])),
+        v1: Some(RoceV1Port {
+            gid,
+            mac: Mac([2, 0, 0, 0, 0x7e, 0x57]),
+        }),
+        v2_gid: None,
+        ueids: Vec::new(),
+        if_addrs: vec![IfAddr {
+            addr: "127.0.0.1".parse().unwrap(),
+            prefix_len: 8,
+        }],
+    };
+    let propose = || {
+        let mut s = opted_in_connect(addr);
+        let local = s.local_addr().unwrap().ip();
+        let p = negotiate::build_proposal(local, &caps).unwrap();
+        s.write_all(&ClcMessage::Proposal(p).encode()).unwrap();
+        s
+    };
+    // the first contact: Accept, then no Confirm (the group stays in the making)
+    let mut first = propose();
+    match read_clc(&mut first) {
+        ClcMessage::Accept(a) => assert!(a.first_contact),
+        m => panic!("{}", answer(&m)),
+    }
+    let before = eventfds();
+    const PARKED: usize = 8;
+    let parked: Vec<TcpStream> = (0..PARKED).map(|_| propose()).collect();
+    // (each is read and parked at once; they wait up to 3 s)
+    thread::sleep(Duration::from_millis(300));
+    let added = eventfds().saturating_sub(before);
+    assert!(
+        added <= 2,
+        "{added} eventfds for {PARKED} parked Proposals of one peer"
+    );
+    drop(parked);
+    drop(first);
+    drop(l);
+    nothing_left_but(groups, "parked proposals");
+}
