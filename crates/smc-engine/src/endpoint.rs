@@ -80,6 +80,7 @@
 //! | file | what it holds |
 //! |------|---------------|
 //! | `conn.rs` | the connection record, its phases, status and errors; the connection table |
+//! | `conn_core.rs` | a connection's data path (`ConnCore`): cursors, buffers, leases, close state, its link; shared as `Arc<Mutex<_>>`, found by alert token |
 //! | `handshake.rs` | the CLC stream, Declines and fallback, late declines, data-path setup from Accept / Confirm |
 //! | `handshake_client.rs` | the client's CLC flow: Proposal, Accept, Confirm |
 //! | `handshake_server.rs` | the server's CLC flow: Proposal, group reuse or first contact, Accept, Confirm |
@@ -119,6 +120,7 @@ mod cdc_recv;
 mod cdc_send;
 mod close;
 mod conn;
+mod conn_core;
 mod events;
 mod extra_link;
 mod failover;
@@ -242,6 +244,9 @@ pub struct Endpoint<P: Provider> {
     max_inline: u32,
     lgrs: Vec<Option<Lgr<P>>>,
     conns: Vec<Option<Conn<P>>>,
+    /// The connections of every link group by alert token, with their data
+    /// path (`endpoint/conn_core.rs`): where a received CDC goes.
+    by_token: conn_core::TokenTable<P>,
     next_token: u32,
     next_lgr_id: u32,
     /// The port's GID table, read at open and again at port events and when
@@ -312,6 +317,7 @@ impl<P: Provider> Endpoint<P> {
             max_inline,
             lgrs: Vec::new(),
             conns: Vec::new(),
+            by_token: conn_core::TokenTable::default(),
             next_token: 1,
             next_lgr_id: 0x100,
             gids,

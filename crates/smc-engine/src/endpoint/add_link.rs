@@ -42,8 +42,10 @@ impl<P: Provider> Endpoint<P> {
         };
         lg.tokens
             .values()
-            .filter_map(|&id| self.conns.get(id)?.as_ref()?.rmb.as_ref())
-            .map(|m| (m.rkey(), m.rkey(), m.addr()))
+            .filter_map(|&id| {
+                let k = self.core(id)?;
+                k.rmb.as_ref().map(|m| (m.rkey(), m.rkey(), m.addr()))
+            })
             .collect()
     }
 

@@ -10,11 +10,11 @@
 //! (`smc_tx_sndbuf_nonempty`, `smcr_tx_rdma_writes`), smc_cdc.c
 //! (`smc_cdc_msg_send`, `smc_cdc_tx_handler`).
 
-use super::conn::Phase;
+use super::conn_core::{lock, FlushStep};
 use super::link::{WrKind, MAX_SENDS};
 use super::{ConnId, Endpoint, LgrId, Result};
 use smc_proto::link::LinkState;
-use smc_rdma::{CompletionQueue, MemoryRegion, Provider, WcStatus, WorkCompletion};
+use smc_rdma::{CompletionQueue, Provider, WcStatus, WorkCompletion};
 
 impl<P: Provider> Endpoint<P> {
     /// Send completions of link `slot`. A CDC's completion counts only while its
@@ -55,20 +55,11 @@ impl<P: Provider> Endpoint<P> {
             let now = self.now;
             for &(id, seq) in &done[..ndone] {
                 self.mark_tx(id);
-                if let Some(c) = self.conn(id) {
-                    if c.link != Some(slot) {
-                        continue;
-                    }
-                    if let Some(Err(v)) = c.dp.as_mut().map(|dp| dp.on_cdc_sent(seq)) {
-                        c.violation = Some(v);
-                    }
-                    // A close that waits for unsent data waits on while the
-                    // peer takes some; a connection whose close is done may
-                    // be freed once its last CDC completed.
-                    super::pump::close_progress(c, now);
-                    if c.closer.is_finished() {
-                        self.conn_due(id);
-                    }
+                if self
+                    .core(id)
+                    .is_some_and(|mut k| k.on_cdc_sent(slot, seq, now))
+                {
+                    self.conn_due(id);
                 }
             }
             if n < wcs.len() {
@@ -164,28 +155,18 @@ impl<P: Provider> Endpoint<P> {
 
     /// [`Self::flush_conn`]'s batches; `Ok(true)` when nothing is left to send.
     fn flush_conn_batches(&mut self, l: LgrId, id: ConnId) -> Result<bool> {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return Ok(true);
+        };
+        let mut k = lock(&c.core);
         for _ in 0..4 {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return Ok(true);
             };
-            let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
-                return Ok(true);
-            };
-            if !matches!(c.phase, Phase::Smc { .. }) {
+            if !k.established || !k.settle_move() {
                 break;
             }
-            // A requested move happens once nothing of the connection is in
-            // flight on the old link (see the module documentation).
-            if let Some(to) = c.move_to {
-                let quiet = c.validation.is_none()
-                    && c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0);
-                if !quiet {
-                    break;
-                }
-                c.link = Some(to);
-                c.move_to = None;
-            }
-            let Some(slot) = c.link else { break };
+            let Some(slot) = k.link else { break };
             let usable = lg
                 .group
                 .link(slot)
@@ -196,64 +177,21 @@ impl<P: Provider> Endpoint<P> {
             if !usable || res.sends_in_flight >= MAX_SENDS {
                 break;
             }
-            // After a failover the validation CDC goes first (§2.4).
-            if let Some(v) = c.validation.take() {
-                if let Err(e) = res.post(WrKind::Validation, &v.encode()) {
+            // the peer RMB's rkey and address on this link (§3.2 step 4)
+            let rtoken = k.peer_rmb.and_then(|peer| {
+                lg.group
+                    .rtoken(peer.row)
+                    .and_then(|t| t.get(slot).copied().flatten())
+            });
+            match k.flush_step(id, res, rtoken)? {
+                FlushStep::Posted => self.cdc_sent += 1,
+                FlushStep::Clean => return Ok(true),
+                FlushStep::Blocked => break,
+                FlushStep::LinkError(e) => {
+                    drop(k);
                     self.link_error(l, slot, e)?;
                     break;
                 }
-                self.cdc_sent += 1;
-                continue;
-            }
-            let (Some(dp), Some(peer), Some(sndbuf)) =
-                (c.dp.as_mut(), c.peer_rmb, c.sndbuf.as_ref())
-            else {
-                break;
-            };
-            // the peer RMB's rkey and address on this link (§3.2 step 4);
-            // without one only a CDC can go (nothing left to write)
-            let rtoken = lg
-                .group
-                .rtoken(peer.row)
-                .and_then(|t| t.get(slot).copied().flatten());
-            if rtoken.is_none() && dp.unsent() > 0 {
-                break;
-            }
-            let (rkey, base) = rtoken.unwrap_or_default();
-            let Some(batch) = dp.poll_tx() else {
-                return Ok(true);
-            };
-            let mut posted = Ok(());
-            for w in &batch.writes {
-                // the send-buffer pieces (one, or two where it wraps)
-                let sge = |&(off, len): &(usize, usize)| sndbuf.sge(off, len as u32);
-                let (one, two);
-                let sges: &[smc_rdma::Sge] = match w.src.as_slice() {
-                    [a] => {
-                        one = [sge(a)?];
-                        &one
-                    }
-                    [a, b] => {
-                        two = [sge(a)?, sge(b)?];
-                        &two
-                    }
-                    _ => &[],
-                };
-                let addr = base + peer.offset + w.peer_offset as u64;
-                posted = res.post_write(sges, rkey, addr);
-                if posted.is_err() {
-                    break;
-                }
-            }
-            if posted.is_ok() {
-                posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
-                self.cdc_sent += u64::from(posted.is_ok());
-            }
-            // A batch that did not go out stays accounted as in flight: the
-            // link is down, and the failover rewind sends it again.
-            if let Err(e) = posted {
-                self.link_error(l, slot, e)?;
-                break;
             }
         }
         Ok(false)
