@@ -228,6 +228,9 @@ pub struct Endpoint<P: Provider> {
     conn_flushes: u64,
     /// Scratch copy of one received message (`poll_recv`), likewise.
     scratch_msg: Vec<u8>,
+    /// Scratch space for the completions one CQ poll takes (`poll_send`,
+    /// `poll_recv`), kept so that a poll does not initialize it each time.
+    scratch_wcs: Vec<smc_rdma::WorkCompletion>,
     /// LLC messages posted so far.
     llc_sent: u64,
     /// LLC messages received, CDC messages posted and received so far
@@ -309,6 +312,7 @@ impl<P: Provider> Endpoint<P> {
             lgr_recheck: false,
             conn_flushes: 0,
             scratch_msg: Vec::new(),
+            scratch_wcs: Vec::new(),
             llc_sent: 0,
             llc_received: 0,
             cdc_sent: 0,

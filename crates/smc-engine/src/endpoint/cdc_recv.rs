@@ -9,6 +9,7 @@
 //! (`smc_wr_rx_tasklet_fn`), smc_cdc.c (`smc_cdc_rx_handler`,
 //! `smc_cdc_msg_recv`).
 
+use super::cdc_send::POLL_BATCH;
 use super::conn::Phase;
 use super::conn_core::{lock, CdcDone};
 use super::link::RECV_SLOT_LEN;
@@ -32,8 +33,11 @@ impl<P: Provider> Endpoint<P> {
         // the buffer is posted again
         let mut msg = std::mem::take(&mut self.scratch_msg);
         msg.resize(RECV_SLOT_LEN, 0);
-        let r = self.poll_recv_with(l, slot, now, &mut msg);
+        let mut wcs = std::mem::take(&mut self.scratch_wcs);
+        wcs.resize(POLL_BATCH, WorkCompletion::default());
+        let r = self.poll_recv_with(l, slot, now, &mut msg, &mut wcs);
         self.scratch_msg = msg;
+        self.scratch_wcs = wcs;
         r
     }
 
@@ -43,8 +47,8 @@ impl<P: Provider> Endpoint<P> {
         slot: usize,
         now: Timestamp,
         msg: &mut [u8],
+        wcs: &mut [WorkCompletion],
     ) -> Result<()> {
-        let mut wcs = [WorkCompletion::default(); 16];
         loop {
             let Some(res) = self
                 .lgrs
@@ -55,7 +59,7 @@ impl<P: Provider> Endpoint<P> {
             else {
                 return Ok(());
             };
-            let n = res.rcq.poll(&mut wcs)?;
+            let n = res.rcq.poll(wcs)?;
             self.completions += n as u64;
             for wc in wcs.iter().take(n) {
                 let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {

@@ -13,6 +13,9 @@
 use super::conn_core::{lock, FlushStep};
 use super::link::{WrKind, MAX_SENDS};
 use super::{ConnId, Endpoint, LgrId, Result};
+
+/// Completions taken from a CQ per poll.
+pub(super) const POLL_BATCH: usize = 16;
 use smc_proto::link::LinkState;
 use smc_rdma::{CompletionQueue, Provider, WcStatus, WorkCompletion};
 
@@ -21,7 +24,14 @@ impl<P: Provider> Endpoint<P> {
     /// connection is still on that link: after a failover the connection has
     /// rewound past everything the old link had in flight.
     pub(super) fn poll_send(&mut self, l: LgrId, slot: usize) -> Result<()> {
-        let mut wcs = [WorkCompletion::default(); 16];
+        let mut wcs = std::mem::take(&mut self.scratch_wcs);
+        wcs.resize(POLL_BATCH, WorkCompletion::default());
+        let r = self.poll_send_with(l, slot, &mut wcs);
+        self.scratch_wcs = wcs;
+        r
+    }
+
+    fn poll_send_with(&mut self, l: LgrId, slot: usize, wcs: &mut [WorkCompletion]) -> Result<()> {
         loop {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return Ok(());
@@ -29,11 +39,9 @@ impl<P: Provider> Endpoint<P> {
             let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
                 return Ok(());
             };
-            let n = res.scq.poll(&mut wcs)?;
+            let n = res.scq.poll(wcs)?;
             self.completions += n as u64;
-            // CDCs whose send completed (at most one per completion)
-            let mut done = [(0 as ConnId, 0u16); 16];
-            let mut ndone = 0;
+            let now = self.now;
             let mut failed = false;
             for wc in wcs.iter().take(n) {
                 let kind = res.complete(wc.wr_id);
@@ -44,23 +52,26 @@ impl<P: Provider> Endpoint<P> {
                     failed = true;
                     continue;
                 }
-                if let (Some(WrKind::Cdc(id, seq)), Some(d)) = (kind, done.get_mut(ndone)) {
-                    *d = (id, seq);
-                    ndone += 1;
+                // A CDC whose send completed (at most one per completion).
+                // Its connection is marked (`mark_tx`), its data path told,
+                // and a finished one listed to be freed (`conn_due`); none
+                // of that looks at the link, whose failure (below) is the
+                // group's.
+                if let Some(WrKind::Cdc(id, seq)) = kind {
+                    let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
+                        continue;
+                    };
+                    if !c.tx_dirty {
+                        c.tx_dirty = true;
+                        self.tx_dirty.push(id);
+                    }
+                    if lock(&c.core).on_cdc_sent(slot, seq, now) {
+                        self.due.push(id);
+                    }
                 }
             }
             if failed {
                 lg.group.on_link_failure(slot);
-            }
-            let now = self.now;
-            for &(id, seq) in &done[..ndone] {
-                self.mark_tx(id);
-                if self
-                    .core(id)
-                    .is_some_and(|mut k| k.on_cdc_sent(slot, seq, now))
-                {
-                    self.conn_due(id);
-                }
             }
             if n < wcs.len() {
                 return Ok(());

@@ -41,6 +41,7 @@ pub(super) type CoreRef<P> = Arc<Mutex<ConnCore<P>>>;
 /// it half-updated in a way that a poisoned lock would guard against any
 /// better (the engine does not panic on peer input): the data is used as it
 /// is.
+#[inline]
 pub(super) fn lock<P: Provider>(core: &CoreRef<P>) -> MutexGuard<'_, ConnCore<P>> {
     core.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -158,6 +159,7 @@ impl<P: Provider> ConnCore<P> {
     }
 
     /// The data path, when there is one (SMC: from the Accept / Confirm on).
+    #[inline]
     pub(super) fn smc(&mut self) -> Result<&mut DataPath, ConnError> {
         self.dp.as_mut().ok_or(ConnError::NotConnected)
     }
@@ -198,6 +200,7 @@ impl<P: Provider> ConnCore<P> {
 
     /// The close waits for unsent data (`close_deadline`): each time the
     /// peer has taken some of it, the wait starts over (see `Endpoint::close`).
+    #[inline]
     pub(super) fn close_progress(&mut self, now: Timestamp) {
         if let (Some(_), Some(dp)) = (self.close_deadline, self.dp.as_ref()) {
             if dp.unsent() < self.close_unsent {
@@ -282,6 +285,7 @@ impl<P: Provider> ConnCore<P> {
 
     /// Where the bytes a read of up to `max` bytes takes now are in the RMB,
     /// and how many (see `Endpoint::readable_now`).
+    #[inline]
     pub(super) fn readable_now(
         &mut self,
         max: usize,
@@ -317,6 +321,7 @@ impl<P: Provider> ConnCore<P> {
 
     /// Reads into `buf` straight from the RMB (see `Endpoint::read_into`):
     /// bytes read, and whether a consumer-cursor update may be due.
+    #[inline]
     pub(super) fn read_into(&mut self, buf: &mut [u8]) -> Result<(usize, bool), ConnError> {
         let Some((chunks, n)) = self.readable_now(buf.len())? else {
             return Ok((0, false));
@@ -335,6 +340,7 @@ impl<P: Provider> ConnCore<P> {
 
     /// `n` read bytes' space in the RMB is free (see `Endpoint::read_commit`);
     /// true if a consumer-cursor update may be due.
+    #[inline]
     pub(super) fn read_commit(&mut self, n: usize) -> Result<bool, ConnError> {
         self.smc()?;
         self.read_leased = false;
@@ -357,12 +363,14 @@ impl<P: Provider> ConnCore<P> {
     }
 
     /// Bytes received and not yet read.
+    #[inline]
     pub(super) fn readable(&self) -> usize {
         self.dp.as_ref().map_or(0, DataPath::readable)
     }
 
     /// Applies a CDC of the peer (`Endpoint::on_cdc`) to an established data
     /// path: cursors, urgent byte, close flags, violations.
+    #[inline]
     pub(super) fn on_cdc(&mut self, m: &CdcMessage) -> CdcDone {
         let Some(dp) = self.dp.as_mut() else {
             return CdcDone::default();
@@ -404,6 +412,7 @@ impl<P: Provider> ConnCore<P> {
     /// The send of our CDC `seq` on link `slot` completed (see
     /// `Endpoint::poll_send`). True if the connection's close is finished
     /// (it may be freed).
+    #[inline]
     pub(super) fn on_cdc_sent(&mut self, slot: usize, seq: u16, now: Timestamp) -> bool {
         if self.link != Some(slot) {
             return false;
@@ -422,6 +431,7 @@ impl<P: Provider> ConnCore<P> {
     /// `Endpoint::write` (the link's are the endpoint's): its link slot and
     /// the peer RMB's place. `lessee`: asked for the commit of the write
     /// lease, which other writers wait for.
+    #[inline]
     pub(super) fn direct_ready(
         &mut self,
         lessee: bool,
@@ -452,6 +462,7 @@ impl<P: Provider> ConnCore<P> {
     /// (with `rkey`) and posts them on `res`: the inline WRITEs of `data`
     /// (`None`: a lease copied them already) and their CDC. The inner result
     /// is the link's: an error there means the link is broken.
+    #[inline]
     pub(super) fn post_direct(
         &mut self,
         id: ConnId,
@@ -495,6 +506,7 @@ impl<P: Provider> ConnCore<P> {
     /// first after a failover (§2.4), else WRITEs of the send buffer and
     /// their CDC. `rtoken`: the peer RMB's rkey and address on the link
     /// (§3.2 step 4); without one only a CDC can go.
+    #[inline]
     pub(super) fn flush_step(
         &mut self,
         id: ConnId,
@@ -555,6 +567,7 @@ impl<P: Provider> ConnCore<P> {
     /// A requested move happens once nothing of the connection is in flight
     /// on the old link (see the module documentation of `endpoint.rs`).
     /// False: not yet.
+    #[inline]
     pub(super) fn settle_move(&mut self) -> bool {
         let Some(to) = self.move_to else {
             return true;
