@@ -81,6 +81,10 @@ impl<P: Provider> Endpoint<P> {
 
     /// Posts what the group's connections have to send, each on its own link.
     pub(super) fn flush_tx(&mut self, l: LgrId, sweep: bool) -> Result<()> {
+        if !sweep && self.tx_dirty.is_empty() {
+            // (no connection is marked: nothing to look at)
+            return Ok(());
+        }
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return Ok(());
         };
@@ -108,8 +112,12 @@ impl<P: Provider> Endpoint<P> {
         // this group's marked connections are flushed now (once each: a list
         // can hold an id twice after a flush outside this pass); the others'
         // marks go back
-        marked.retain(
-            |&id| match self.conns.get_mut(id).and_then(Option::as_mut) {
+        // (`retain` by hand: the list is short, and its generic form cost
+        // more than the rest of a message's flush)
+        let mut kept = 0;
+        for i in 0..marked.len() {
+            let id = marked[i];
+            let keep = match self.conns.get_mut(id).and_then(Option::as_mut) {
                 Some(c) if c.tx_dirty && c.lgr == Some(l) => {
                     c.tx_dirty = false;
                     if !sweep {
@@ -119,8 +127,13 @@ impl<P: Provider> Endpoint<P> {
                 }
                 Some(c) => c.tx_dirty,
                 None => false,
-            },
-        );
+            };
+            if keep {
+                marked[kept] = id;
+                kept += 1;
+            }
+        }
+        marked.truncate(kept);
         if !ids.is_empty() {
             lg.rr = (lg.rr + 1) % ids.len();
             ids.rotate_left(lg.rr);
@@ -155,6 +168,11 @@ impl<P: Provider> Endpoint<P> {
         self.conn_flushes += 1;
         if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
             c.tx_dirty = false;
+        }
+        // Its latest mark is spent: the next pump would only drop it (and a
+        // pump that finds no marks looks at none).
+        if self.tx_dirty.last() == Some(&id) {
+            self.tx_dirty.pop();
         }
         // clean only when the data path said it has nothing to send
         let clean = self.flush_conn_batches(l, id);
