@@ -310,7 +310,13 @@ impl<P: Provider> ConnCore<P> {
             self.lease_waited = true;
             return Ok(None);
         }
-        let chunks = dp.readable_chunks(max);
+        // (nothing to read, the common case of a reader that waits: no
+        // chunks to work out)
+        let chunks = if max == 0 || dp.readable() == 0 {
+            RingChunks::default()
+        } else {
+            dp.readable_chunks(max)
+        };
         let n: usize = chunks.as_slice().iter().map(|&(_, l)| l).sum();
         if n == 0 {
             dp.consumed(0);
