@@ -65,8 +65,14 @@ impl<P: Provider> Endpoint<P> {
                         c.tx_dirty = true;
                         self.tx_dirty.push(id);
                     }
-                    if lock(&c.core).on_cdc_sent(slot, seq, now) {
-                        self.due.push(id);
+                    let sent = lock(&c.core).on_cdc_sent(slot, seq);
+                    if let Some(sent) = sent {
+                        // A close that waits for unsent data waits on while
+                        // the peer takes some.
+                        c.close_progress(sent.unsent, now);
+                        if sent.finished {
+                            self.due.push(id);
+                        }
                     }
                 }
             }

@@ -117,8 +117,10 @@ impl<P: Provider> Endpoint<P> {
         self.sweep_due = true;
         self.mark_tx(id);
         let deadline = self.now + MAX_STREAM_WAIT;
-        if let Some(mut k) = self.core(id) {
-            k.close(ev, deadline);
+        let wait = self.core(id).and_then(|mut k| k.close(ev));
+        if let (Some(unsent), Some(c)) = (wait, self.conn(id)) {
+            c.close_deadline = Some(deadline);
+            c.close_unsent = unsent;
         }
     }
 

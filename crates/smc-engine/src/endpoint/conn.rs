@@ -154,6 +154,11 @@ pub(super) struct Conn<P: Provider> {
     /// The deadline of this connection's entry in the timer heap, if it has
     /// one (see `endpoint/timers.rs`).
     pub(super) timer_at: Option<Timestamp>,
+    /// When a close waiting for the send buffer to drain is sent anyway.
+    pub(super) close_deadline: Option<Timestamp>,
+    /// Unsent bytes when `close_deadline` was last set: the wait starts over
+    /// whenever the peer has taken some (see `Endpoint::close`).
+    pub(super) close_unsent: usize,
     /// Listed in `Endpoint::tx_dirty`: something may have given the
     /// connection something to send since it last had nothing.
     pub(super) tx_dirty: bool,
@@ -192,6 +197,8 @@ impl<P: Provider> Endpoint<P> {
             out: VecDeque::new(),
             core: Arc::new(Mutex::new(ConnCore::new())),
             timer_at: None,
+            close_deadline: None,
+            close_unsent: 0,
             tx_dirty: false,
         };
         let id = match self.conns.iter().position(Option::is_none) {
@@ -226,5 +233,35 @@ impl<P: Provider> Endpoint<P> {
     /// Connection `id`'s data path, locked.
     pub(super) fn core(&self, id: ConnId) -> Option<MutexGuard<'_, ConnCore<P>>> {
         self.conns.get(id)?.as_ref().map(|c| lock(&c.core))
+    }
+}
+
+impl<P: Provider> Conn<P> {
+    /// The close waits for unsent data (`close_deadline`): each time the
+    /// peer has taken some of it (`unsent`: what is left, with a data path),
+    /// the wait starts over (see `Endpoint::close`).
+    pub(super) fn close_progress(&mut self, unsent: Option<usize>, now: Timestamp) {
+        close_progress(
+            &mut self.close_deadline,
+            &mut self.close_unsent,
+            unsent,
+            now,
+        );
+    }
+}
+
+/// [`Conn::close_progress`] on the two fields, for a caller that holds the
+/// connection's core meanwhile.
+pub(super) fn close_progress(
+    deadline: &mut Option<Timestamp>,
+    close_unsent: &mut usize,
+    unsent: Option<usize>,
+    now: Timestamp,
+) {
+    if let (Some(_), Some(unsent)) = (*deadline, unsent) {
+        if unsent < *close_unsent {
+            *close_unsent = unsent;
+            *deadline = Some(now + super::close::MAX_STREAM_WAIT);
+        }
     }
 }

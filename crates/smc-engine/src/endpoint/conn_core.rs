@@ -28,7 +28,6 @@ use super::link::{LinkRes, WrKind};
 use super::ConnId;
 use smc_proto::close::{CloseEvent, CloseState, Closer};
 use smc_proto::datapath::{DataPath, Violation};
-use smc_proto::Timestamp;
 use smc_rdma::{MemWindow, MemoryRegion, Provider};
 use smc_wire::cdc::{CdcMessage, RingChunks};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -65,11 +64,6 @@ pub(super) struct ConnCore<P: Provider> {
     pub(super) closer: Closer,
     pub(super) peer_rmb: Option<PeerRmb>,
     pub(super) violation: Option<Violation>,
-    /// When a close waiting for the send buffer to drain is sent anyway.
-    pub(super) close_deadline: Option<Timestamp>,
-    /// Unsent bytes when `close_deadline` was last set: the wait starts over
-    /// whenever the peer has taken some (see `Endpoint::close`).
-    pub(super) close_unsent: usize,
     /// The peer's latest urgent (out-of-band) byte, until the application reads it.
     pub(super) oob: Option<u8>,
     /// The send cursor (absolute) after the last direct write: data up to
@@ -102,6 +96,16 @@ pub(super) struct Buffered {
     pub(super) peer_too_small: bool,
     /// Nothing was taken for want of room, the first time in this wait.
     pub(super) full: bool,
+}
+
+/// What the completion of a CDC's send left ([`ConnCore::on_cdc_sent`]).
+pub(super) struct CdcSent {
+    /// Bytes still unsent (a close that waits for them waits on while the
+    /// peer takes some: `Conn::close_progress`).
+    pub(super) unsent: Option<usize>,
+    /// The connection's close is finished: once its last CDC completed it
+    /// may be freed.
+    pub(super) finished: bool,
 }
 
 /// What a received CDC did to its connection ([`ConnCore::on_cdc`]).
@@ -139,8 +143,6 @@ impl<P: Provider> ConnCore<P> {
             closer: Closer::new(),
             peer_rmb: None,
             violation: None,
-            close_deadline: None,
-            close_unsent: 0,
             oob: None,
             direct_sent: 0,
             read_leased: false,
@@ -185,29 +187,22 @@ impl<P: Provider> ConnCore<P> {
         }
     }
 
-    /// `shutdown(SHUT_WR)` or `close()` (see `Endpoint::close`): a close that
-    /// waits for unsent data gives up at `deadline`.
-    pub(super) fn close(&mut self, ev: CloseEvent, deadline: Timestamp) {
+    /// `shutdown(SHUT_WR)` or `close()` (see `Endpoint::close`). `Some`: the
+    /// close waits for this many unsent bytes (the endpoint's close timer).
+    pub(super) fn close(&mut self, ev: CloseEvent) -> Option<usize> {
         let o = self.closer.handle(ev);
         if let (Some(f), Some(dp)) = (o.send_cdc, self.dp.as_mut()) {
             dp.set_close_flags(f);
             if dp.close_pending() {
-                self.close_deadline = Some(deadline);
-                self.close_unsent = dp.unsent();
+                return Some(dp.unsent());
             }
         }
+        None
     }
 
-    /// The close waits for unsent data (`close_deadline`): each time the
-    /// peer has taken some of it, the wait starts over (see `Endpoint::close`).
-    #[inline]
-    pub(super) fn close_progress(&mut self, now: Timestamp) {
-        if let (Some(_), Some(dp)) = (self.close_deadline, self.dp.as_ref()) {
-            if dp.unsent() < self.close_unsent {
-                self.close_unsent = dp.unsent();
-                self.close_deadline = Some(now + super::close::MAX_STREAM_WAIT);
-            }
-        }
+    /// Bytes not sent yet, if there is a data path (for the close timer).
+    pub(super) fn unsent(&self) -> Option<usize> {
+        self.dp.as_ref().map(DataPath::unsent)
     }
 
     /// Whether a closed connection has nothing left to send (see
@@ -416,21 +411,20 @@ impl<P: Provider> ConnCore<P> {
     }
 
     /// The send of our CDC `seq` on link `slot` completed (see
-    /// `Endpoint::poll_send`). True if the connection's close is finished
-    /// (it may be freed).
+    /// `Endpoint::poll_send`). `None` if the connection has moved off that
+    /// link since.
     #[inline]
-    pub(super) fn on_cdc_sent(&mut self, slot: usize, seq: u16, now: Timestamp) -> bool {
+    pub(super) fn on_cdc_sent(&mut self, slot: usize, seq: u16) -> Option<CdcSent> {
         if self.link != Some(slot) {
-            return false;
+            return None;
         }
         if let Some(Err(v)) = self.dp.as_mut().map(|dp| dp.on_cdc_sent(seq)) {
             self.violation = Some(v);
         }
-        // A close that waits for unsent data waits on while the peer takes
-        // some; a connection whose close is done may be freed once its last
-        // CDC completed.
-        self.close_progress(now);
-        self.closer.is_finished()
+        Some(CdcSent {
+            unsent: self.unsent(),
+            finished: self.closer.is_finished(),
+        })
     }
 
     /// The connection's own conditions for the direct path of

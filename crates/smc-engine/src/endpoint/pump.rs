@@ -10,6 +10,7 @@
 //! `protocol-llc-cdc.md` §1.5 (LLC timers), §5.6 (close timeouts, idle
 //! groups).
 
+use super::conn::close_progress;
 use super::conn::{ConnStatus, Phase};
 use super::conn_core::lock;
 use super::timers::earliest;
@@ -190,6 +191,12 @@ impl<P: Provider> Endpoint<P> {
                 }
                 _ => false,
             };
+            // (its core only when the TCP end's grace ran out or a close
+            // waits for unsent data: a sweep walks every connection)
+            if !tcp_gone && c.close_deadline.is_none() {
+                self.arm_conn_timer(id);
+                return;
+            }
             let mut k = lock(&c.core);
             if tcp_gone {
                 self.sweep_due = true;
@@ -216,11 +223,12 @@ impl<P: Provider> Endpoint<P> {
                     }
                 }
             }
-            k.close_progress(now);
-            if k.close_deadline.is_some_and(|d| now >= d) {
+            let unsent = k.unsent();
+            close_progress(&mut c.close_deadline, &mut c.close_unsent, unsent, now);
+            if c.close_deadline.is_some_and(|d| now >= d) {
                 self.sweep_due = true;
                 self.timer_events += 1;
-                k.close_deadline = None;
+                c.close_deadline = None;
                 if let Some(dp) = k.dp.as_mut() {
                     dp.discard_unsent();
                 }

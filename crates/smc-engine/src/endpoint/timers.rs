@@ -50,7 +50,7 @@ pub(super) fn conn_deadline<P: Provider>(c: &Conn<P>) -> Option<Timestamp> {
         Phase::Smc { tcp_gone_deadline } => *tcp_gone_deadline,
         _ => None,
     };
-    earliest(phase, super::conn_core::lock(&c.core).close_deadline)
+    earliest(phase, c.close_deadline)
 }
 
 /// The earlier of two optional times (`None`: no time).
