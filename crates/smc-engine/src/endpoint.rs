@@ -82,6 +82,7 @@
 //! | file | what it holds |
 //! |------|---------------|
 //! | `conn.rs` | the connection record, its phases, status and errors; the connection table |
+//! | `conn_core.rs` | a connection's data path (`ConnCore`): cursors, buffers, leases, close state, its link; shared as `Arc<Mutex<_>>`, found by alert token |
 //! | `handshake.rs` | the CLC stream, Declines and fallback, late declines, data-path setup from Accept / Confirm |
 //! | `handshake_client.rs` | the client's CLC flow: Proposal, Accept, Confirm |
 //! | `handshake_server.rs` | the server's CLC flow: Proposal, group reuse or first contact, Accept, Confirm |
@@ -123,6 +124,7 @@ mod cdc_recv;
 mod cdc_send;
 mod close;
 mod conn;
+mod conn_core;
 mod devices;
 mod events;
 mod extra_link;
@@ -233,6 +235,9 @@ pub struct Endpoint<P: Provider> {
     conn_flushes: u64,
     /// Scratch copy of one received message (`poll_recv`), likewise.
     scratch_msg: Vec<u8>,
+    /// Scratch space for the completions one CQ poll takes (`poll_send`,
+    /// `poll_recv`), kept so that a poll does not initialize it each time.
+    scratch_wcs: Vec<smc_rdma::WorkCompletion>,
     /// LLC messages posted so far.
     llc_sent: u64,
     /// LLC messages received, CDC messages posted and received so far
@@ -249,6 +254,9 @@ pub struct Endpoint<P: Provider> {
     max_inline: u32,
     lgrs: Vec<Option<Lgr<P>>>,
     conns: Vec<Option<Conn<P>>>,
+    /// The connections of every link group by alert token, with their data
+    /// path (`endpoint/conn_core.rs`): where a received CDC goes.
+    by_token: conn_core::TokenTable<P>,
     next_token: u32,
     next_lgr_id: u32,
     /// The port's GID table, read at open and again at port events and when
@@ -312,6 +320,7 @@ impl<P: Provider> Endpoint<P> {
             lgr_recheck: false,
             conn_flushes: 0,
             scratch_msg: Vec::new(),
+            scratch_wcs: Vec::new(),
             llc_sent: 0,
             llc_received: 0,
             cdc_sent: 0,
@@ -320,6 +329,7 @@ impl<P: Provider> Endpoint<P> {
             max_inline,
             lgrs: Vec::new(),
             conns: Vec::new(),
+            by_token: conn_core::TokenTable::default(),
             next_token: 1,
             next_lgr_id: 0x100,
             gids,

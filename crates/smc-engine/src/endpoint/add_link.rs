@@ -47,11 +47,12 @@ impl<P: Provider> Endpoint<P> {
         let via = lg.group.active_slots().next().unwrap_or(0);
         lg.tokens
             .values()
-            .filter_map(|&id| self.conns.get(id)?.as_ref()?.rmb.as_ref())
-            .map(|m| {
+            .filter_map(|&id| {
+                let k = self.core(id)?;
+                let m = k.rmb.as_ref()?;
                 let (old, _) = lg.rmb_token(via, m.rkey(), m.addr());
                 let (new, addr) = lg.rmb_token_on(second, m.rkey(), m.addr());
-                (old, new, addr)
+                Some((old, new, addr))
             })
             .collect()
     }

@@ -18,6 +18,7 @@
 //! see `reap`), a failover or move (they wait for the old link's CDCs).
 
 use super::conn::{Conn, Phase};
+use super::conn_core::lock;
 use super::link::MAX_SENDS;
 use super::{Endpoint, LgrId, Result};
 use crate::state::LgrState;
@@ -122,17 +123,18 @@ impl<P: Provider> Endpoint<P> {
 /// its completion: anything but an open connection on that link with room in
 /// its send buffer and nothing left to send.
 fn conn_awaits_send_completion<P: Provider>(c: &Conn<P>, slot: usize) -> bool {
-    if !matches!(c.phase, Phase::Smc { .. })
-        || c.link != Some(slot)
-        || c.move_to.is_some()
-        || c.validation.is_some()
-        || c.close_deadline.is_some()
-        || c.tx_dirty
-        || c.closer.state() != CloseState::Active
+    if !matches!(c.phase, Phase::Smc { .. }) || c.close_deadline.is_some() || c.tx_dirty {
+        return true;
+    }
+    let k = lock(&c.core);
+    if k.link != Some(slot)
+        || k.move_to.is_some()
+        || k.validation.is_some()
+        || k.closer.state() != CloseState::Active
     {
         return true;
     }
-    c.dp.as_ref().is_none_or(|dp| {
+    k.dp.as_ref().is_none_or(|dp| {
         dp.sndbuf_free() == 0
             || dp.unsent() > 0
             || dp.cdc_wanted()

@@ -9,11 +9,11 @@
 //! (`smc_wr_rx_tasklet_fn`), smc_cdc.c (`smc_cdc_rx_handler`,
 //! `smc_cdc_msg_recv`).
 
+use super::cdc_send::POLL_BATCH;
 use super::conn::Phase;
-use super::events::AbortCause;
+use super::conn_core::{lock, CdcDone};
 use super::link::RECV_SLOT_LEN;
 use super::{ConnId, Endpoint, LgrId, Result};
-use smc_proto::close::{CloseEvent, CloseState};
 use smc_proto::Timestamp;
 use smc_rdma::{
     CompletionQueue, MemoryRegion, Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
@@ -33,8 +33,11 @@ impl<P: Provider> Endpoint<P> {
         // the buffer is posted again
         let mut msg = std::mem::take(&mut self.scratch_msg);
         msg.resize(RECV_SLOT_LEN, 0);
-        let r = self.poll_recv_with(l, slot, now, &mut msg);
+        let mut wcs = std::mem::take(&mut self.scratch_wcs);
+        wcs.resize(POLL_BATCH, WorkCompletion::default());
+        let r = self.poll_recv_with(l, slot, now, &mut msg, &mut wcs);
         self.scratch_msg = msg;
+        self.scratch_wcs = wcs;
         r
     }
 
@@ -44,8 +47,8 @@ impl<P: Provider> Endpoint<P> {
         slot: usize,
         now: Timestamp,
         msg: &mut [u8],
+        wcs: &mut [WorkCompletion],
     ) -> Result<()> {
-        let mut wcs = [WorkCompletion::default(); 16];
         loop {
             let Some(res) = self
                 .lgrs
@@ -56,7 +59,7 @@ impl<P: Provider> Endpoint<P> {
             else {
                 return Ok(());
             };
-            let n = res.rcq.poll(&mut wcs)?;
+            let n = res.rcq.poll(wcs)?;
             self.completions += n as u64;
             for wc in wcs.iter().take(n) {
                 let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
@@ -90,9 +93,17 @@ impl<P: Provider> Endpoint<P> {
                     }
                     Ok(WrMessage::Cdc(c)) => {
                         self.cdc_received += 1;
-                        // The CDC carries the receiver's alert token (§2.1).
-                        match lg.tokens.get(&c.token) {
-                            Some(&id) => self.on_cdc(id, &c),
+                        // The CDC carries the receiver's alert token (§2.1),
+                        // of a connection of this link's group.
+                        match self.by_token.get(&c.token).filter(|e| e.lgr == l) {
+                            Some(e) => {
+                                let id = e.id;
+                                let done = {
+                                    let mut k = lock(&e.core);
+                                    k.dp.is_some().then(|| k.on_cdc(&c))
+                                };
+                                self.cdc_done(id, &c, done);
+                            }
                             None => lg.group.dropped += 1,
                         }
                     }
@@ -108,10 +119,21 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// Applies the peer's CDC `m` to connection `id`.
     pub(super) fn on_cdc(&mut self, id: ConnId, m: &CdcMessage) {
+        let done = self
+            .core(id)
+            .and_then(|mut k| k.dp.is_some().then(|| k.on_cdc(m)));
+        self.cdc_done(id, m, done);
+    }
+
+    /// What follows a CDC for connection `id`: `done`, what its data path
+    /// made of it (see `ConnCore::on_cdc`), or `None` when it has none yet
+    /// and the CDC is kept for it (see `Phase::AwaitConfirm`).
+    fn cdc_done(&mut self, id: ConnId, m: &CdcMessage, done: Option<CdcDone>) {
         self.mark_tx(id);
-        let Some(c) = self.conn(id) else { return };
-        let Some(dp) = c.dp.as_mut() else {
+        let Some(done) = done else {
+            let Some(c) = self.conn(id) else { return };
             if let Phase::ServerRkey { early, .. } | Phase::AwaitConfirm { early, .. } =
                 &mut c.phase
             {
@@ -122,46 +144,11 @@ impl<P: Provider> Endpoint<P> {
             }
             return;
         };
-        let r = dp.on_cdc(m);
-        // Keep the urgent byte apart at once: normal reads skip it and its RMB
-        // space is then reused, while recv(MSG_OOB) may come later (TCP keeps it).
-        if let (Some(off), Some(rmb)) = (dp.urgent_offset(), c.rmb.as_ref()) {
-            let mut b = [0u8; 1];
-            if rmb.read_at(off, &mut b).is_ok() {
-                c.oob = Some(b[0]);
-                dp.urgent_taken();
-            }
-        }
-        let aborting =
-            |s: CloseState| matches!(s, CloseState::PeerAbortWait | CloseState::ProcessAbort);
-        let was_aborting = aborting(c.closer.state());
-        let cause = match r {
-            Ok(r) if r.close.any() => {
-                let o = c.closer.handle(CloseEvent::Peer(r.close));
-                if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
-                    dp.set_close_flags(f);
-                }
-                AbortCause::Peer
-            }
-            Ok(_) => return,
-            Err(v) => {
-                // A broken peer, or loss shown by a failover validation (§2.4):
-                // abort, with a CDC that says so.
-                c.violation = Some(v);
-                let o = c.closer.handle(CloseEvent::Kill { can_send: true });
-                if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
-                    dp.set_close_flags(f);
-                }
-                AbortCause::Violation
-            }
-        };
-        let now_aborting = !was_aborting && aborting(c.closer.state());
-        let finished = c.closer.is_finished();
-        if now_aborting {
+        if let Some(cause) = done.aborted {
             self.event_aborted(id, cause);
         }
         // the peer's close may have been the last step: it may be freed
-        if finished {
+        if done.finished {
             self.conn_due(id);
         }
     }

@@ -10,18 +10,28 @@
 //! (`smc_tx_sndbuf_nonempty`, `smcr_tx_rdma_writes`), smc_cdc.c
 //! (`smc_cdc_msg_send`, `smc_cdc_tx_handler`).
 
-use super::conn::Phase;
+use super::conn_core::{lock, FlushStep};
 use super::link::{WrKind, MAX_SENDS};
 use super::{ConnId, Endpoint, LgrId, Result};
+
+/// Completions taken from a CQ per poll.
+pub(super) const POLL_BATCH: usize = 16;
 use smc_proto::link::LinkState;
-use smc_rdma::{CompletionQueue, MemoryRegion, Provider, WcStatus, WorkCompletion};
+use smc_rdma::{CompletionQueue, Provider, WcStatus, WorkCompletion};
 
 impl<P: Provider> Endpoint<P> {
     /// Send completions of link `slot`. A CDC's completion counts only while its
     /// connection is still on that link: after a failover the connection has
     /// rewound past everything the old link had in flight.
     pub(super) fn poll_send(&mut self, l: LgrId, slot: usize) -> Result<()> {
-        let mut wcs = [WorkCompletion::default(); 16];
+        let mut wcs = std::mem::take(&mut self.scratch_wcs);
+        wcs.resize(POLL_BATCH, WorkCompletion::default());
+        let r = self.poll_send_with(l, slot, &mut wcs);
+        self.scratch_wcs = wcs;
+        r
+    }
+
+    fn poll_send_with(&mut self, l: LgrId, slot: usize, wcs: &mut [WorkCompletion]) -> Result<()> {
         loop {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return Ok(());
@@ -29,11 +39,9 @@ impl<P: Provider> Endpoint<P> {
             let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
                 return Ok(());
             };
-            let n = res.scq.poll(&mut wcs)?;
+            let n = res.scq.poll(wcs)?;
             self.completions += n as u64;
-            // CDCs whose send completed (at most one per completion)
-            let mut done = [(0 as ConnId, 0u16); 16];
-            let mut ndone = 0;
+            let now = self.now;
             let mut failed = false;
             for wc in wcs.iter().take(n) {
                 let kind = res.complete(wc.wr_id);
@@ -44,32 +52,32 @@ impl<P: Provider> Endpoint<P> {
                     failed = true;
                     continue;
                 }
-                if let (Some(WrKind::Cdc(id, seq)), Some(d)) = (kind, done.get_mut(ndone)) {
-                    *d = (id, seq);
-                    ndone += 1;
+                // A CDC whose send completed (at most one per completion).
+                // Its connection is marked (`mark_tx`), its data path told,
+                // and a finished one listed to be freed (`conn_due`); none
+                // of that looks at the link, whose failure (below) is the
+                // group's.
+                if let Some(WrKind::Cdc(id, seq)) = kind {
+                    let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
+                        continue;
+                    };
+                    if !c.tx_dirty {
+                        c.tx_dirty = true;
+                        self.tx_dirty.push(id);
+                    }
+                    let sent = lock(&c.core).on_cdc_sent(slot, seq);
+                    if let Some(sent) = sent {
+                        // A close that waits for unsent data waits on while
+                        // the peer takes some.
+                        c.close_progress(sent.unsent, now);
+                        if sent.finished {
+                            self.due.push(id);
+                        }
+                    }
                 }
             }
             if failed {
                 lg.group.on_link_failure(slot);
-            }
-            let now = self.now;
-            for &(id, seq) in &done[..ndone] {
-                self.mark_tx(id);
-                if let Some(c) = self.conn(id) {
-                    if c.link != Some(slot) {
-                        continue;
-                    }
-                    if let Some(Err(v)) = c.dp.as_mut().map(|dp| dp.on_cdc_sent(seq)) {
-                        c.violation = Some(v);
-                    }
-                    // A close that waits for unsent data waits on while the
-                    // peer takes some; a connection whose close is done may
-                    // be freed once its last CDC completed.
-                    super::pump::close_progress(c, now);
-                    if c.closer.is_finished() {
-                        self.conn_due(id);
-                    }
-                }
             }
             if n < wcs.len() {
                 return Ok(());
@@ -79,6 +87,10 @@ impl<P: Provider> Endpoint<P> {
 
     /// Posts what the group's connections have to send, each on its own link.
     pub(super) fn flush_tx(&mut self, l: LgrId, sweep: bool) -> Result<()> {
+        if !sweep && self.tx_dirty.is_empty() {
+            // (no connection is marked: nothing to look at)
+            return Ok(());
+        }
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return Ok(());
         };
@@ -106,8 +118,12 @@ impl<P: Provider> Endpoint<P> {
         // this group's marked connections are flushed now (once each: a list
         // can hold an id twice after a flush outside this pass); the others'
         // marks go back
-        marked.retain(
-            |&id| match self.conns.get_mut(id).and_then(Option::as_mut) {
+        // (`retain` by hand: the list is short, and its generic form cost
+        // more than the rest of a message's flush)
+        let mut kept = 0;
+        for i in 0..marked.len() {
+            let id = marked[i];
+            let keep = match self.conns.get_mut(id).and_then(Option::as_mut) {
                 Some(c) if c.tx_dirty && c.lgr == Some(l) => {
                     c.tx_dirty = false;
                     if !sweep {
@@ -117,8 +133,13 @@ impl<P: Provider> Endpoint<P> {
                 }
                 Some(c) => c.tx_dirty,
                 None => false,
-            },
-        );
+            };
+            if keep {
+                marked[kept] = id;
+                kept += 1;
+            }
+        }
+        marked.truncate(kept);
         if !ids.is_empty() {
             lg.rr = (lg.rr + 1) % ids.len();
             ids.rotate_left(lg.rr);
@@ -154,6 +175,11 @@ impl<P: Provider> Endpoint<P> {
         if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
             c.tx_dirty = false;
         }
+        // Its latest mark is spent: the next pump would only drop it (and a
+        // pump that finds no marks looks at none).
+        if self.tx_dirty.last() == Some(&id) {
+            self.tx_dirty.pop();
+        }
         // clean only when the data path said it has nothing to send
         let clean = self.flush_conn_batches(l, id);
         if !matches!(clean, Ok(true)) {
@@ -164,28 +190,18 @@ impl<P: Provider> Endpoint<P> {
 
     /// [`Self::flush_conn`]'s batches; `Ok(true)` when nothing is left to send.
     fn flush_conn_batches(&mut self, l: LgrId, id: ConnId) -> Result<bool> {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return Ok(true);
+        };
+        let mut k = lock(&c.core);
         for _ in 0..4 {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return Ok(true);
             };
-            let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
-                return Ok(true);
-            };
-            if !matches!(c.phase, Phase::Smc { .. }) {
+            if !k.established || !k.settle_move() {
                 break;
             }
-            // A requested move happens once nothing of the connection is in
-            // flight on the old link (see the module documentation).
-            if let Some(to) = c.move_to {
-                let quiet = c.validation.is_none()
-                    && c.dp.as_ref().is_none_or(|dp| dp.cdcs_in_flight() == 0);
-                if !quiet {
-                    break;
-                }
-                c.link = Some(to);
-                c.move_to = None;
-            }
-            let Some(slot) = c.link else { break };
+            let Some(slot) = k.link else { break };
             let usable = lg
                 .group
                 .link(slot)
@@ -196,64 +212,21 @@ impl<P: Provider> Endpoint<P> {
             if !usable || res.sends_in_flight >= MAX_SENDS {
                 break;
             }
-            // After a failover the validation CDC goes first (§2.4).
-            if let Some(v) = c.validation.take() {
-                if let Err(e) = res.post(WrKind::Validation, &v.encode()) {
+            // the peer RMB's rkey and address on this link (§3.2 step 4)
+            let rtoken = k.peer_rmb.and_then(|peer| {
+                lg.group
+                    .rtoken(peer.row)
+                    .and_then(|t| t.get(slot).copied().flatten())
+            });
+            match k.flush_step(id, res, rtoken)? {
+                FlushStep::Posted => self.cdc_sent += 1,
+                FlushStep::Clean => return Ok(true),
+                FlushStep::Blocked => break,
+                FlushStep::LinkError(e) => {
+                    drop(k);
                     self.link_error(l, slot, e)?;
                     break;
                 }
-                self.cdc_sent += 1;
-                continue;
-            }
-            let (Some(dp), Some(peer), Some(sndbuf)) =
-                (c.dp.as_mut(), c.peer_rmb, c.sndbuf.as_ref())
-            else {
-                break;
-            };
-            // the peer RMB's rkey and address on this link (§3.2 step 4);
-            // without one only a CDC can go (nothing left to write)
-            let rtoken = lg
-                .group
-                .rtoken(peer.row)
-                .and_then(|t| t.get(slot).copied().flatten());
-            if rtoken.is_none() && dp.unsent() > 0 {
-                break;
-            }
-            let (rkey, base) = rtoken.unwrap_or_default();
-            let Some(batch) = dp.poll_tx() else {
-                return Ok(true);
-            };
-            let mut posted = Ok(());
-            for w in &batch.writes {
-                // the send-buffer pieces (one, or two where it wraps)
-                let sge = |&(off, len): &(usize, usize)| sndbuf.sge(off, len as u32);
-                let (one, two);
-                let sges: &[smc_rdma::Sge] = match w.src.as_slice() {
-                    [a] => {
-                        one = [sge(a)?];
-                        &one
-                    }
-                    [a, b] => {
-                        two = [sge(a)?, sge(b)?];
-                        &two
-                    }
-                    _ => &[],
-                };
-                let addr = base + peer.offset + w.peer_offset as u64;
-                posted = res.post_write(sges, rkey, addr);
-                if posted.is_err() {
-                    break;
-                }
-            }
-            if posted.is_ok() {
-                posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
-                self.cdc_sent += u64::from(posted.is_ok());
-            }
-            // A batch that did not go out stays accounted as in flight: the
-            // link is down, and the failover rewind sends it again.
-            if let Err(e) = posted {
-                self.link_error(l, slot, e)?;
-                break;
             }
         }
         Ok(false)

@@ -10,7 +10,8 @@
 //!
 //! [`Closer`]: smc_proto::close::Closer
 
-use super::conn::{Conn, ConnError, ConnStatus, Phase};
+use super::conn::{ConnStatus, Phase};
+use super::conn_core::lock;
 use super::{ConnId, Endpoint};
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::{CloseEvent, CloseFlags, CloseState};
@@ -65,23 +66,8 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn abort_now(&mut self, id: ConnId) {
         self.mark_tx(id);
         self.event_aborted(id, super::events::AbortCause::Local);
-        if let Some(c) = self.conn(id) {
-            let o = c.closer.handle(CloseEvent::Kill { can_send: true });
-            if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
-                dp.set_close_flags(f);
-            }
-        }
-    }
-
-    pub(super) fn close_error(c: &Conn<P>) -> ConnError {
-        match c.closer.error() {
-            Some(smc_proto::close::CloseError::Reset) => ConnError::Reset,
-            Some(smc_proto::close::CloseError::Aborted) => ConnError::Aborted,
-            // writing to a peer that closed: ECONNRESET, as Linux
-            None if c.closer.rx_flags().any_close() && !c.closer.tx_flags().any() => {
-                ConnError::Reset
-            }
-            None => ConnError::Closed,
+        if let Some(mut k) = self.core(id) {
+            k.close_event(CloseEvent::Kill { can_send: true });
         }
     }
 
@@ -98,7 +84,7 @@ impl<P: Provider> Endpoint<P> {
         };
         match &c.phase {
             Phase::Smc { .. } => {
-                let unread_data = c.dp.as_ref().is_some_and(|dp| dp.unread() > 0);
+                let unread_data = lock(&c.core).dp.as_ref().is_some_and(|dp| dp.unread() > 0);
                 self.close(id, CloseEvent::AppClose { unread_data });
             }
             _ => {
@@ -116,10 +102,8 @@ impl<P: Provider> Endpoint<P> {
     /// The peer closed (or aborted) the connection, as opposed to only shutting
     /// down its write side.
     pub fn peer_closed(&self, id: ConnId) -> bool {
-        self.conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .is_some_and(|c| c.closer.rx_flags().any_close())
+        self.core(id)
+            .is_some_and(|k| k.closer.rx_flags().any_close())
     }
 
     /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first; after
@@ -133,26 +117,21 @@ impl<P: Provider> Endpoint<P> {
         self.sweep_due = true;
         self.mark_tx(id);
         let deadline = self.now + MAX_STREAM_WAIT;
-        if let Some(c) = self.conn(id) {
-            let o = c.closer.handle(ev);
-            if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
-                dp.set_close_flags(f);
-                if dp.close_pending() {
-                    c.close_deadline = Some(deadline);
-                    c.close_unsent = dp.unsent();
-                }
-            }
+        let wait = self.core(id).and_then(|mut k| k.close(ev));
+        if let (Some(unsent), Some(c)) = (wait, self.conn(id)) {
+            c.close_deadline = Some(deadline);
+            c.close_unsent = unsent;
         }
     }
 
     /// A connection's close state.
     pub fn close_state(&self, id: ConnId) -> Option<CloseState> {
-        self.conns.get(id)?.as_ref().map(|c| c.closer.state())
+        self.core(id).map(|k| k.closer.state())
     }
 
     /// Close flags we have sent on a connection.
     pub fn sent_close_flags(&self, id: ConnId) -> Option<CloseFlags> {
-        self.conns.get(id)?.as_ref().map(|c| c.closer.tx_flags())
+        self.core(id).map(|k| k.closer.tx_flags())
     }
 
     /// Whether a closed connection has nothing left to send: its data and its
@@ -165,21 +144,6 @@ impl<P: Provider> Endpoint<P> {
     /// round trip; the shm device delivers
     /// what was posted even after the sender exits.
     pub fn close_sent(&self, id: ConnId) -> bool {
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
-            return true;
-        };
-        if !matches!(c.phase, Phase::Smc { .. }) || c.link.is_none() {
-            return true;
-        }
-        let Some(dp) = c.dp.as_ref() else {
-            return true;
-        };
-        if matches!(
-            c.closer.state(),
-            CloseState::Closed | CloseState::ProcessAbort | CloseState::PeerAbortWait
-        ) {
-            return true;
-        }
-        !dp.close_pending() && dp.close_flags_sent().any() && dp.unsent() == 0
+        self.core(id).is_none_or(|k| k.close_sent())
     }
 }

@@ -9,19 +9,18 @@
 //! `smc_lgr_register_conn`), here per endpoint, so it is unique in every
 //! group.
 
+use super::conn_core::{lock, ConnCore, CoreRef};
 use super::gid::ConnGids;
-use super::lgr::PeerRmb;
 use super::{ConnId, Endpoint, LgrId};
 use crate::state::HandshakePhase;
 use smc_proto::clc_stream::{ClcReader, FailReason};
-use smc_proto::close::Closer;
-use smc_proto::datapath::{DataPath, Violation};
 use smc_proto::link::Role;
 use smc_proto::Timestamp;
-use smc_rdma::{MemWindow, Provider};
+use smc_rdma::Provider;
 use smc_wire::cdc::CdcMessage;
 use smc_wire::clc::{AcceptConfirm, DeclineCode, Proposal};
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Where a connection stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,51 +145,23 @@ pub(super) struct Conn<P: Provider> {
     /// The GIDs this connection may use, from its local address.
     pub(super) gids: ConnGids,
     pub(super) lgr: Option<LgrId>,
-    /// The link (slot) the connection is assigned to.
-    pub(super) link: Option<usize>,
-    /// A requested move to this link, done once no CDC is in flight on the old one.
-    pub(super) move_to: Option<usize>,
-    /// A failover validation CDC to send first on the new link (§2.4).
-    pub(super) validation: Option<CdcMessage>,
     pub(super) token: u32,
     pub(super) reader: ClcReader,
     pub(super) out: VecDeque<u8>,
-    pub(super) rmb: Option<P::Mr>,
-    pub(super) sndbuf: Option<P::Mr>,
-    pub(super) dp: Option<DataPath>,
-    pub(super) closer: Closer,
-    pub(super) peer_rmb: Option<PeerRmb>,
-    pub(super) violation: Option<Violation>,
-    /// When a close waiting for the send buffer to drain is sent anyway.
-    pub(super) close_deadline: Option<Timestamp>,
+    /// The data path: buffers, cursors, leases, close state, link (see
+    /// `endpoint/conn_core.rs`).
+    pub(super) core: CoreRef<P>,
     /// The deadline of this connection's entry in the timer heap, if it has
     /// one (see `endpoint/timers.rs`).
     pub(super) timer_at: Option<Timestamp>,
+    /// When a close waiting for the send buffer to drain is sent anyway.
+    pub(super) close_deadline: Option<Timestamp>,
     /// Unsent bytes when `close_deadline` was last set: the wait starts over
     /// whenever the peer has taken some (see `Endpoint::close`).
     pub(super) close_unsent: usize,
-    /// The peer's latest urgent (out-of-band) byte, until the application reads it.
-    pub(super) oob: Option<u8>,
-    /// The send cursor (absolute) after the last direct write: data up to
-    /// here never was in the send buffer and cannot be replayed.
-    pub(super) direct_sent: u64,
     /// Listed in `Endpoint::tx_dirty`: something may have given the
     /// connection something to send since it last had nothing.
     pub(super) tx_dirty: bool,
-    /// A [`ReadLease`](super::ReadLease) is out: other reads find nothing until its commit.
-    pub(super) read_leased: bool,
-    /// A [`WriteLease`](super::WriteLease) is out: nothing else is written (or sent) until its
-    /// commit, as it copies to where the next bytes go.
-    pub(super) write_leased: bool,
-    /// A write found the send buffer full and none has taken bytes since
-    /// (the full send buffer is counted once per wait).
-    pub(super) tx_full_noted: bool,
-    /// Something was refused because of a lease since the last
-    /// [`Endpoint::take_lease_waited`].
-    pub(super) lease_waited: bool,
-    /// The window onto the peer's RMB that write leases lend, with the link
-    /// slot and rkey it was made for (made again when they change).
-    pub(super) peer_window: Option<(usize, u32, MemWindow)>,
 }
 
 impl<P: Provider> Endpoint<P> {
@@ -221,28 +192,13 @@ impl<P: Provider> Endpoint<P> {
             phase,
             gids,
             lgr: None,
-            link: None,
-            move_to: None,
-            validation: None,
             token,
             reader: ClcReader::new(),
             out: VecDeque::new(),
-            rmb: None,
-            sndbuf: None,
-            dp: None,
-            closer: Closer::new(),
-            peer_rmb: None,
-            violation: None,
-            close_deadline: None,
+            core: Arc::new(Mutex::new(ConnCore::new())),
             timer_at: None,
+            close_deadline: None,
             close_unsent: 0,
-            oob: None,
-            direct_sent: 0,
-            read_leased: false,
-            write_leased: false,
-            tx_full_noted: false,
-            lease_waited: false,
-            peer_window: None,
             tx_dirty: false,
         };
         let id = match self.conns.iter().position(Option::is_none) {
@@ -274,10 +230,38 @@ impl<P: Provider> Endpoint<P> {
         })
     }
 
-    pub(super) fn smc_conn(&mut self, id: ConnId) -> std::result::Result<&mut Conn<P>, ConnError> {
-        match self.conns.get_mut(id).and_then(Option::as_mut) {
-            Some(c) if c.dp.is_some() => Ok(c),
-            _ => Err(ConnError::NotConnected),
+    /// Connection `id`'s data path, locked.
+    pub(super) fn core(&self, id: ConnId) -> Option<MutexGuard<'_, ConnCore<P>>> {
+        self.conns.get(id)?.as_ref().map(|c| lock(&c.core))
+    }
+}
+
+impl<P: Provider> Conn<P> {
+    /// The close waits for unsent data (`close_deadline`): each time the
+    /// peer has taken some of it (`unsent`: what is left, with a data path),
+    /// the wait starts over (see `Endpoint::close`).
+    pub(super) fn close_progress(&mut self, unsent: Option<usize>, now: Timestamp) {
+        close_progress(
+            &mut self.close_deadline,
+            &mut self.close_unsent,
+            unsent,
+            now,
+        );
+    }
+}
+
+/// [`Conn::close_progress`] on the two fields, for a caller that holds the
+/// connection's core meanwhile.
+pub(super) fn close_progress(
+    deadline: &mut Option<Timestamp>,
+    close_unsent: &mut usize,
+    unsent: Option<usize>,
+    now: Timestamp,
+) {
+    if let (Some(_), Some(unsent)) = (*deadline, unsent) {
+        if unsent < *close_unsent {
+            *close_unsent = unsent;
+            *deadline = Some(now + super::close::MAX_STREAM_WAIT);
         }
     }
 }

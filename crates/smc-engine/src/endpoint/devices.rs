@@ -22,6 +22,7 @@
 //! (the shm and sim providers take a channel of another device; verbs, where
 //! a CQ's channel must be of its own device, is not supported yet).
 
+use super::conn_core::lock;
 use super::gid::LocalGid;
 use super::lgr::Lgr;
 use super::link::{LinkRes, OtherDevice};
@@ -241,13 +242,17 @@ impl<P: Provider> Endpoint<P> {
                 lkeys: HashMap::new(),
             };
             // every buffer of the group: in use, and pooled
-            let in_use = lg
-                .tokens
-                .values()
-                .filter_map(|&id| self.conns.get(id)?.as_ref())
-                .filter_map(|c| Some((c.rmb.as_ref()?, c.sndbuf.as_ref()?)));
-            let pooled = lg.free_bufs.iter().map(|(r, s)| (r, s));
-            for (rmb, sndbuf) in in_use.chain(pooled) {
+            for &id in lg.tokens.values() {
+                let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+                    continue;
+                };
+                let k = lock(&c.core);
+                if let (Some(rmb), Some(sndbuf)) = (k.rmb.as_ref(), k.sndbuf.as_ref()) {
+                    sp.share(rmb, true)?;
+                    sp.share(sndbuf, false)?;
+                }
+            }
+            for (rmb, sndbuf) in lg.free_bufs.iter() {
                 sp.share(rmb, true)?;
                 sp.share(sndbuf, false)?;
             }

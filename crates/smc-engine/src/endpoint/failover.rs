@@ -10,6 +10,7 @@
 //! (`smcr_cdc_msg_send_validation`).
 
 use super::conn::Phase;
+use super::conn_core::lock;
 use super::events::AbortCause;
 use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::{LgrAction, LgrEvent};
@@ -39,14 +40,15 @@ impl<P: Provider> Endpoint<P> {
                 .map(|lg| lg.tokens.values().copied().collect())
                 .unwrap_or_default();
             for id in ids {
-                let Some(c) = self.conn(id) else { continue };
-                if c.move_to == Some(slot) {
-                    c.move_to = None;
+                let Some(mut k) = self.core(id) else { continue };
+                if k.move_to == Some(slot) {
+                    k.move_to = None;
                 }
-                if c.link != Some(slot) {
+                if k.link != Some(slot) {
                     continue;
                 }
-                let row = c.peer_rmb.map(|p| p.row);
+                let row = k.peer_rmb.map(|p| p.row);
+                drop(k);
                 match self.pick_link(l, row, Some(slot)) {
                     Some(to) => {
                         if self.failover(id, to) {
@@ -62,10 +64,10 @@ impl<P: Provider> Endpoint<P> {
                     None => {
                         let to = self.pick_link(l, None, Some(slot));
                         self.event_aborted(id, AbortCause::NoLink);
-                        if let Some(c) = self.conn(id) {
-                            c.link = to;
-                            c.closer.handle(CloseEvent::Kill { can_send: true });
-                            if let Some(dp) = c.dp.as_mut() {
+                        if let Some(mut k) = self.core(id) {
+                            k.set_link(to);
+                            k.closer.handle(CloseEvent::Kill { can_send: true });
+                            if let Some(dp) = k.dp.as_mut() {
                                 dp.failover_rewind();
                                 dp.set_close_flags(CloseFlags {
                                     done_writing: false,
@@ -95,19 +97,22 @@ impl<P: Provider> Endpoint<P> {
         // the peer's RMB has the new link's rkey there: ready it first
         let smc = matches!(self.conn(id).map(|c| &c.phase), Some(Phase::Smc { .. }));
         let prepared = !smc || self.prepare_peer_rmb(id, to).is_ok();
-        let Some(c) = self.conn(id) else { return true };
-        c.link = Some(to);
-        c.move_to = None;
+        let Some(mut k) = self.core(id) else {
+            return true;
+        };
+        let k = &mut *k;
+        k.set_link(Some(to));
+        k.move_to = None;
         if smc {
-            if let Some(dp) = c.dp.as_mut() {
+            if let Some(dp) = k.dp.as_mut() {
                 // Written directly and not confirmed: not in the send buffer,
                 // so it cannot be replayed; or the new link cannot reach the
                 // peer's RMB. Abort this connection (only) rather than
                 // deliver garbage or fail the new link's QP.
-                if dp.replay_from() < c.direct_sent || !prepared {
+                if dp.replay_from() < k.direct_sent || !prepared {
                     // (a direct write: a group that had one link when it was
                     // written; see `write_direct`)
-                    c.closer.handle(CloseEvent::Kill { can_send: true });
+                    k.closer.handle(CloseEvent::Kill { can_send: true });
                     dp.failover_rewind();
                     dp.set_close_flags(CloseFlags {
                         done_writing: false,
@@ -116,7 +121,7 @@ impl<P: Provider> Endpoint<P> {
                     });
                     return false;
                 }
-                c.validation = Some(dp.failover_rewind());
+                k.validation = Some(dp.failover_rewind());
             }
         }
         true
@@ -135,12 +140,14 @@ impl<P: Provider> Endpoint<P> {
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
             return false;
         };
-        let (Some(l), Some(row)) = (c.lgr, c.peer_rmb.map(|p| p.row)) else {
+        let k = lock(&c.core);
+        let (Some(l), Some(row)) = (c.lgr, k.peer_rmb.map(|p| p.row)) else {
             return false;
         };
-        if !matches!(c.phase, Phase::Smc { .. }) || c.link == Some(slot) {
+        if !matches!(c.phase, Phase::Smc { .. }) || k.link == Some(slot) {
             return false;
         }
+        drop(k);
         let usable = self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
             lg.group.active_slots().any(|s| s == slot)
                 && lg
@@ -158,8 +165,8 @@ impl<P: Provider> Endpoint<P> {
         // it is, on its healthy link.
         let usable = usable && self.prepare_peer_rmb(id, slot).is_ok();
         if usable {
-            if let Some(c) = self.conn(id) {
-                c.move_to = Some(slot);
+            if let Some(mut k) = self.core(id) {
+                k.move_to = Some(slot);
             }
         }
         usable

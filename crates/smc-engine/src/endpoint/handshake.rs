@@ -13,6 +13,7 @@
 //! (`negotiate`, `clc_stream`).
 
 use super::conn::{ConnStatus, Phase};
+use super::conn_core::lock;
 use super::gid;
 use super::gid::ConnGids;
 use super::lgr::PeerRmb;
@@ -137,15 +138,15 @@ impl<P: Provider> Endpoint<P> {
         if let Some(l) = lgr {
             self.detach(id, l);
         }
-        if let Some(c) = self.conn(id) {
-            c.link = None;
-            c.move_to = None;
-            c.validation = None;
-            c.rmb = None;
-            c.sndbuf = None;
-            c.dp = None;
-            c.peer_rmb = None;
-            c.peer_window = None;
+        if let Some(mut k) = self.core(id) {
+            k.set_link(None);
+            k.move_to = None;
+            k.validation = None;
+            k.rmb = None;
+            k.sndbuf = None;
+            k.dp = None;
+            k.peer_rmb = None;
+            k.peer_window = None;
         }
     }
 
@@ -313,7 +314,10 @@ impl<P: Provider> Endpoint<P> {
     }
 
     pub(super) fn setup_datapath(&mut self, id: ConnId, peer: &AcceptConfirm) -> bool {
-        let Some((l, slot)) = self.conn(id).and_then(|c| Some((c.lgr?, c.link?))) else {
+        let Some((l, slot)) = self
+            .conn(id)
+            .and_then(|c| Some((c.lgr?, lock(&c.core).link?)))
+        else {
             return false;
         };
         // The peer's element is at rmbe_size × (index − 1) of its RMB (§3.3);
@@ -334,16 +338,19 @@ impl<P: Provider> Endpoint<P> {
         let Some(c) = self.conn(id) else {
             return false;
         };
-        let Some(rmb) = c.rmb.as_ref() else {
-            return false;
-        };
-        c.peer_rmb = Some(PeerRmb { row, offset: off });
-        c.dp = Some(DataPath::new(DataPathConfig {
-            sndbuf_len,
-            rmbe_len: rmb.len(),
-            peer_rmbe_len: peer_len,
-            peer_token: peer.alert_token,
-        }));
+        {
+            let mut k = lock(&c.core);
+            let Some(rmbe_len) = k.rmb.as_ref().map(MemoryRegion::len) else {
+                return false;
+            };
+            k.peer_rmb = Some(PeerRmb { row, offset: off });
+            k.dp = Some(DataPath::new(DataPathConfig {
+                sndbuf_len,
+                rmbe_len,
+                peer_rmbe_len: peer_len,
+                peer_token: peer.alert_token,
+            }));
+        }
         // CDCs that overtook the CLC Confirm (see `Phase::AwaitConfirm`).
         let early = match &mut c.phase {
             Phase::ServerRkey { early, .. } | Phase::AwaitConfirm { early, .. } => {
@@ -368,10 +375,11 @@ impl<P: Provider> Endpoint<P> {
         let c = self.conns.get(id)?.as_ref()?;
         let lg = self.lgrs.get(c.lgr?)?.as_ref()?;
         // the connection's link is the one this message names (§6)
-        let link = lg.links.get(c.link?)?.as_ref()?;
-        let rmb = c.rmb.as_ref()?;
+        let k = lock(&c.core);
+        let link = lg.links.get(k.link?)?.as_ref()?;
+        let rmb = k.rmb.as_ref()?;
         // the RMB's rkey and address on the connection's link's device
-        let (rmb_rkey, rmb_vaddr) = lg.rmb_token(c.link?, rmb.rkey(), rmb.addr());
+        let (rmb_rkey, rmb_vaddr) = lg.rmb_token(k.link?, rmb.rkey(), rmb.addr());
         // Linux (smc_clc.c `smcr_clc_prep_confirm_accept`): an Accept names
         // our port's MTU, a Confirm the link's path MTU, the smaller of ours
         // and the peer's.
@@ -451,9 +459,11 @@ impl<P: Provider> Endpoint<P> {
             c.phase = Phase::Smc {
                 tcp_gone_deadline: None,
             };
-            c.closer.handle(CloseEvent::Established);
+            let mut k = lock(&c.core);
+            k.established = true;
+            k.closer.handle(CloseEvent::Established);
             if lgr_dead {
-                c.closer.handle(CloseEvent::Kill { can_send: false });
+                k.closer.handle(CloseEvent::Kill { can_send: false });
             }
         }
         if lgr_dead {

@@ -251,7 +251,7 @@ impl<P: Provider> Endpoint<P> {
             // connection's: it goes down now and the connection fails over
             // to a link that can reach the peer's RMB (§7.2), or dies with the
             // group if none is left.
-            let slot = self.conn(id).and_then(|x| x.link);
+            let slot = self.core(id).and_then(|k| k.link);
             let l = self.conn(id).and_then(|x| x.lgr);
             let link_failed = slot.zip(l).filter(|&(s, l)| {
                 self.lgrs

@@ -2,6 +2,7 @@
 //! simulation, tools and diagnostics: roles, tokens, links, link-group
 //! states and buffers, a debug dump.
 
+use super::conn_core::lock;
 use super::{ConnId, Endpoint, LgrId};
 use crate::state::{ConnDiag, HandshakePhase, LgrDiag, LgrState, LinkDiag, MsgCounts};
 use smc_proto::datapath::{DataPath, Violation};
@@ -23,11 +24,9 @@ impl<P: Provider> Endpoint<P> {
 
     /// Unsent or unconfirmed bytes of ours on a connection.
     pub fn unacked(&self, id: ConnId) -> usize {
-        self.conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .and_then(|c| c.dp.as_ref())
-            .map_or(0, DataPath::unacked)
+        self.core(id)
+            .and_then(|k| k.dp.as_ref().map(DataPath::unacked))
+            .unwrap_or(0)
     }
 
     /// Live link groups.
@@ -88,7 +87,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// The link (slot) a connection is assigned to.
     pub fn link_of(&self, id: ConnId) -> Option<usize> {
-        self.conns.get(id)?.as_ref()?.link
+        self.core(id)?.link
     }
 
     /// Where a connection's handshake stands.
@@ -100,8 +99,9 @@ impl<P: Provider> Endpoint<P> {
     pub fn debug_conn(&self, id: ConnId) -> String {
         match self.conns.get(id).and_then(Option::as_ref) {
             Some(c) => {
+                let k = lock(&c.core);
                 let lg = c.lgr.and_then(|l| self.lgrs.get(l)?.as_ref());
-                let rtoken = c.peer_rmb.and_then(|p| lg?.group.rtoken(p.row).copied());
+                let rtoken = k.peer_rmb.and_then(|p| lg?.group.rtoken(p.row).copied());
                 let sends: Vec<usize> = lg
                     .map(|lg| {
                         lg.links
@@ -116,15 +116,15 @@ impl<P: Provider> Endpoint<P> {
                      usable {:?} sends in flight {:?} {:?} {:?} {:?}",
                     c.token,
                     c.lgr,
-                    c.link,
-                    c.move_to,
-                    c.validation.is_some(),
+                    k.link,
+                    k.move_to,
+                    k.validation.is_some(),
                     rtoken,
                     lg.map(|lg| lg.group.active_slots().collect::<Vec<_>>()),
                     sends,
                     c.phase,
-                    c.closer,
-                    c.dp
+                    k.closer,
+                    k.dp
                 )
             }
             None => "gone".into(),
@@ -133,22 +133,23 @@ impl<P: Provider> Endpoint<P> {
 
     /// The violation that killed a connection, if any.
     pub fn violation(&self, id: ConnId) -> Option<Violation> {
-        self.conns.get(id)?.as_ref()?.violation
+        self.core(id)?.violation
     }
 
     /// What `smcss -d`/`-R` show of a connection: token, buffer sizes,
     /// cursors and flags of its last CDCs, its link group and link.
     pub fn conn_diag(&self, id: ConnId) -> Option<ConnDiag> {
         let c = self.conns.get(id)?.as_ref()?;
-        let cfg = c.dp.as_ref().map(|dp| *dp.config());
+        let k = lock(&c.core);
+        let cfg = k.dp.as_ref().map(|dp| *dp.config());
         Some(ConnDiag {
             token: c.token,
             sndbuf_len: cfg.map_or(0, |x| x.sndbuf_len),
             rmbe_len: cfg.map_or(0, |x| x.rmbe_len),
             peer_rmbe_len: cfg.map_or(0, |x| x.peer_rmbe_len),
-            cursors: c.dp.as_ref().map(DataPath::diag),
+            cursors: k.dp.as_ref().map(DataPath::diag),
             lgr: c.lgr,
-            link: c.link,
+            link: k.link,
         })
     }
 

@@ -9,9 +9,10 @@
 //! rules are those of `protocol-llc-cdc.md` §3.2 and §3.4.
 
 use super::conn::ConnError;
+use super::conn_core::lock;
 use super::write::Direct;
 use super::{ConnId, Endpoint};
-use smc_rdma::{MemWindow, MemoryRegion, Provider, QueuePair};
+use smc_rdma::{MemWindow, Provider, QueuePair};
 use smc_wire::cdc::RingChunks;
 
 /// What [`Endpoint::write_lease`] found.
@@ -37,6 +38,8 @@ pub struct WriteLease {
     at: u64,
     slot: usize,
     rkey: u32,
+    /// The connection's link epoch (see `ConnCore::set_link`).
+    epoch: u64,
 }
 
 impl WriteLease {
@@ -88,6 +91,10 @@ pub struct ReadLease {
 }
 
 impl ReadLease {
+    pub(super) fn new(win: MemWindow, chunks: RingChunks, n: usize) -> ReadLease {
+        ReadLease { win, chunks, n }
+    }
+
     /// Bytes lent.
     pub fn len(&self) -> usize {
         self.n
@@ -127,34 +134,42 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         data: &[u8],
     ) -> std::result::Result<WritePlan, ConnError> {
-        self.smc_conn(id)?;
-        let p = match self.direct_plan(id, data.len(), false) {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return Err(ConnError::NotConnected);
+        };
+        let mut k = lock(&c.core);
+        k.smc()?;
+        let max_inline = self.max_inline as usize;
+        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, data.len(), false) {
             Ok(p) => p,
             Err(Direct::NoRoom) => return Ok(WritePlan::NoRoom),
             Err(_) => return Ok(WritePlan::NotDirect),
         };
-        let (Some(c), Some(lg)) = (
-            self.conns.get_mut(id).and_then(Option::as_mut),
-            self.lgrs.get(p.l).and_then(Option::as_ref),
-        ) else {
-            return Ok(WritePlan::NotDirect);
-        };
-        let (Some(dp), Some(res)) = (c.dp.as_ref(), lg.links.get(p.slot).and_then(Option::as_ref))
+        let Some(res) = self
+            .lgrs
+            .get(p.l)
+            .and_then(Option::as_ref)
+            .and_then(|lg| lg.links.get(p.slot))
+            .and_then(Option::as_ref)
         else {
             return Ok(WritePlan::NotDirect);
         };
-        let win = match &c.peer_window {
+        let k = &mut *k;
+        let Some(dp) = k.dp.as_ref() else {
+            return Ok(WritePlan::NotDirect);
+        };
+        let win = match &k.peer_window {
             Some((slot, rkey, w)) if *slot == p.slot && *rkey == p.rkey => w.clone(),
             _ => {
                 let rmbe_len = dp.config().peer_rmbe_len;
                 let Some(w) = res.qp.remote_window(p.rkey, p.rmbe_addr, rmbe_len) else {
                     return Ok(WritePlan::NotDirect);
                 };
-                c.peer_window = Some((p.slot, p.rkey, w.clone()));
+                k.peer_window = Some((p.slot, p.rkey, w.clone()));
                 w
             }
         };
-        c.write_leased = true;
+        k.write_leased = true;
         Ok(WritePlan::Lease(WriteLease {
             win,
             chunks: dp.peer_write_chunks(p.n),
@@ -162,6 +177,7 @@ impl<P: Provider> Endpoint<P> {
             at: p.at,
             slot: p.slot,
             rkey: p.rkey,
+            epoch: p.epoch,
         }))
     }
 
@@ -177,18 +193,31 @@ impl<P: Provider> Endpoint<P> {
         lease: &WriteLease,
         copied: bool,
     ) -> std::result::Result<bool, ConnError> {
-        self.smc_conn(id)?.write_leased = false;
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return Err(ConnError::NotConnected);
+        };
+        let mut k = lock(&c.core);
+        k.smc()?;
+        k.write_leased = false;
         if !copied {
             return Ok(false);
         }
-        let p = match self.direct_plan(id, lease.n, true) {
+        let max_inline = self.max_inline as usize;
+        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, lease.n, true) {
             Ok(p) => p,
             Err(_) => return Ok(false),
         };
-        if p.n != lease.n || p.slot != lease.slot || p.rkey != lease.rkey || p.at != lease.at {
+        if p.n != lease.n
+            || p.slot != lease.slot
+            || p.rkey != lease.rkey
+            || p.at != lease.at
+            || p.epoch != lease.epoch
+        {
             return Ok(false);
         }
-        self.post_direct(id, &p, None)
+        let posted = Self::post_direct(&mut self.lgrs, &mut self.cdc_sent, id, &mut k, &p, None)?;
+        drop(k);
+        self.direct_posted(&p, posted)
     }
 
     /// [`Self::read_into`] with the copy left to the caller, to be made
@@ -202,37 +231,28 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         max: usize,
     ) -> std::result::Result<ReadPlan, ConnError> {
-        let Some((chunks, n)) = self.readable_now(id, max)? else {
-            return Ok(ReadPlan::Empty);
-        };
-        let c = self.smc_conn(id)?;
-        match c.rmb.as_ref().and_then(MemoryRegion::window) {
-            Some(win) => {
-                c.read_leased = true;
-                Ok(ReadPlan::Lease(ReadLease { win, chunks, n }))
-            }
-            None => Ok(ReadPlan::NoWindow),
-        }
+        self.core(id)
+            .ok_or(ConnError::NotConnected)?
+            .read_lease(max)
     }
 
     /// Whether a read or write of connection `id` was turned away because of
     /// a lease since the last call: its caller may be waiting, and nothing
     /// but the lease's end tells it to look again.
     pub fn take_lease_waited(&mut self, id: ConnId) -> bool {
-        self.conns
-            .get_mut(id)
-            .and_then(Option::as_mut)
-            .is_some_and(|c| std::mem::take(&mut c.lease_waited))
+        self.core(id)
+            .is_some_and(|mut k| std::mem::take(&mut k.lease_waited))
     }
 
     /// Ends a [`ReadLease`] of which `n` bytes were copied (0 if the copy
     /// failed): their space in the RMB is free (the peer learns it with the
     /// next CDC that is due).
     pub fn read_commit(&mut self, id: ConnId, n: usize) -> std::result::Result<(), ConnError> {
-        let c = self.smc_conn(id)?;
-        c.read_leased = false;
-        let dp = c.dp.as_mut().ok_or(ConnError::NotConnected)?;
-        if dp.consumed(n) > 0 {
+        let due = self
+            .core(id)
+            .ok_or(ConnError::NotConnected)?
+            .read_commit(n)?;
+        if due {
             // (a consumer cursor update may be due)
             self.mark_tx(id);
         }

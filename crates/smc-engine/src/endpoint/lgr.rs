@@ -11,6 +11,7 @@
 //! `smcr_lgr_conn_assign_link`), smc_ib.c `smc_ib_ready_link`.
 
 use super::conn::Phase;
+use super::conn_core::{lock, TokenEntry};
 use super::events::AbortCause;
 use super::gid::LocalGid;
 use super::link::LinkRes;
@@ -222,7 +223,7 @@ impl<P: Provider> Endpoint<P> {
                         // connection established: a peer RMB we cannot ready
                         // now costs it its life (an abort CDC, which needs no
                         // rkey), as on a reused group's Confirm.
-                        let slot = self.conn(id).and_then(|c| c.link);
+                        let slot = self.core(id).and_then(|k| k.link);
                         let prepared = slot.is_some_and(|s| self.prepare_peer_rmb(id, s).is_ok());
                         self.established(id);
                         if !prepared {
@@ -261,8 +262,8 @@ impl<P: Provider> Endpoint<P> {
                         Some(HandshakePhase::AwaitConfirm) => {}
                         Some(HandshakePhase::Smc) => {
                             self.event_aborted(id, AbortCause::GroupTerminated);
-                            if let Some(c) = self.conn(id) {
-                                c.closer.handle(CloseEvent::Kill { can_send: false });
+                            if let Some(mut k) = self.core(id) {
+                                k.closer.handle(CloseEvent::Kill { can_send: false });
                             }
                         }
                         _ => {}
@@ -303,14 +304,29 @@ impl<P: Provider> Endpoint<P> {
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such connection".into()))?;
         lg.tokens.insert(c.token, id);
         c.lgr = Some(l);
-        c.link = Some(slot);
-        c.rmb = Some(rmb);
-        c.sndbuf = Some(sndbuf);
+        {
+            let mut k = lock(&c.core);
+            k.set_link(Some(slot));
+            k.rmb = Some(rmb);
+            k.sndbuf = Some(sndbuf);
+        }
+        // (where its CDCs go, see `endpoint/conn_core.rs`)
+        self.by_token.insert(
+            c.token,
+            TokenEntry {
+                id,
+                lgr: l,
+                core: c.core.clone(),
+            },
+        );
         Ok(())
     }
 
     pub(super) fn detach(&mut self, id: ConnId, l: LgrId) {
         let token = self.conns.get(id).and_then(Option::as_ref).map(|c| c.token);
+        if let Some(t) = token {
+            self.by_token.remove(&t);
+        }
         let empty = match self.lgrs.get_mut(l).and_then(Option::as_mut) {
             Some(lg) => {
                 token.is_some_and(|t| lg.tokens.remove(&t).is_some()) && lg.tokens.is_empty()
@@ -327,11 +343,7 @@ impl<P: Provider> Endpoint<P> {
         let mut n = [0; LINK_SLOTS];
         if let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) {
             for id in lg.tokens.values() {
-                let slot = self
-                    .conns
-                    .get(*id)
-                    .and_then(Option::as_ref)
-                    .and_then(|c| c.link);
+                let slot = self.core(*id).and_then(|k| k.link);
                 if let Some(x) = slot.and_then(|s| n.get_mut(s)) {
                     *x += 1;
                 }
@@ -428,7 +440,8 @@ impl<P: Provider> Endpoint<P> {
             .get(id)
             .and_then(Option::as_ref)
             .ok_or(DeclineCode::IntErr)?;
-        let (Some(l), Some(peer), Some(dp)) = (c.lgr, c.peer_rmb, c.dp.as_ref()) else {
+        let k = lock(&c.core);
+        let (Some(l), Some(peer), Some(dp)) = (c.lgr, k.peer_rmb, k.dp.as_ref()) else {
             return Err(DeclineCode::IntErr);
         };
         let lg = self

@@ -83,18 +83,12 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn pool_bufs(&mut self, id: ConnId, l: LgrId) {
         // bytes the peer put into the RMB (all of it once it wrapped)
         let used = self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .and_then(|c| c.dp.as_ref())
-            .map_or(usize::MAX, |dp| {
-                usize::try_from(dp.totals().0).unwrap_or(usize::MAX)
-            });
+            .core(id)
+            .and_then(|k| k.dp.as_ref().map(|dp| dp.totals().0))
+            .map_or(usize::MAX, |t| usize::try_from(t).unwrap_or(usize::MAX));
         let bufs = self
-            .conns
-            .get_mut(id)
-            .and_then(Option::as_mut)
-            .and_then(|c| Some((c.rmb.take()?, c.sndbuf.take()?)));
+            .core(id)
+            .and_then(|mut k| Some((k.rmb.take()?, k.sndbuf.take()?)));
         if let Some((rmb, _)) = &bufs {
             // A reused RMB starts clean, as Linux zeroes released buffers:
             // only the part that was written, so that a short connection

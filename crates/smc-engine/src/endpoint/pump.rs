@@ -10,7 +10,9 @@
 //! `protocol-llc-cdc.md` §1.5 (LLC timers), §5.6 (close timeouts, idle
 //! groups).
 
+use super::conn::close_progress;
 use super::conn::{ConnStatus, Phase};
+use super::conn_core::lock;
 use super::timers::earliest;
 use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::{LgrEvent, LgrState};
@@ -190,19 +192,23 @@ impl<P: Provider> Endpoint<P> {
                 }
                 _ => false,
             };
+            // (its core only when the TCP end's grace ran out or a close
+            // waits for unsent data: a sweep walks every connection)
+            if !tcp_gone && c.close_deadline.is_none() {
+                self.arm_conn_timer(id);
+                return;
+            }
+            let mut k = lock(&c.core);
             if tcp_gone {
                 self.sweep_due = true;
                 self.timer_events += 1;
-                if !c.closer.rx_flags().any_close() {
+                if !k.closer.rx_flags().any_close() {
                     // treated like an abort from the peer: ECONNRESET
-                    let o = c.closer.handle(CloseEvent::Peer(CloseFlags {
+                    k.close_event(CloseEvent::Peer(CloseFlags {
                         done_writing: false,
                         closed: false,
                         abort: true,
                     }));
-                    if let (Some(f), Some(dp)) = (o.send_cdc, c.dp.as_mut()) {
-                        dp.set_close_flags(f);
-                    }
                     // Its link may have died with it, silently (a peer
                     // whose device went away sends no DELETE_LINK): then
                     // our CDCs on it never complete where the transport
@@ -211,19 +217,20 @@ impl<P: Provider> Endpoint<P> {
                     // the next keepalive. Probe the link now: unanswered,
                     // it goes down after SMC_LLC_WAIT_TIME and, as the
                     // last link, ends the group (Linux `smcr_link_down`).
-                    if let (Some(l), Some(slot)) = (c.lgr, c.link) {
+                    if let (Some(l), Some(slot)) = (c.lgr, k.link) {
                         if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
                             lg.group.probe_link(slot, now);
                         }
                     }
                 }
             }
-            close_progress(c, now);
+            let unsent = k.unsent();
+            close_progress(&mut c.close_deadline, &mut c.close_unsent, unsent, now);
             if c.close_deadline.is_some_and(|d| now >= d) {
                 self.sweep_due = true;
                 self.timer_events += 1;
                 c.close_deadline = None;
-                if let Some(dp) = c.dp.as_mut() {
+                if let Some(dp) = k.dp.as_mut() {
                     dp.discard_unsent();
                 }
             }
@@ -267,17 +274,7 @@ impl<P: Provider> Endpoint<P> {
                             .and_then(Option::as_ref)
                             .is_none_or(|lg| lg.group.is_terminated())
                     });
-                    // Our final CDC must have gone out and completed: the peer
-                    // waits for it (PEERCLOSEWAIT) and may still write until then.
-                    // After a failover it is sent again on the new link.
-                    c.closer.is_finished()
-                        && (lgr_dead
-                            || (c.validation.is_none()
-                                && c.dp.as_ref().is_none_or(|dp| {
-                                    dp.cdcs_in_flight() == 0
-                                        && !dp.close_pending()
-                                        && !dp.cdc_wanted()
-                                })))
+                    lock(&c.core).reapable(lgr_dead)
                 });
             if finished {
                 if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
@@ -342,16 +339,5 @@ impl<P: Provider> Endpoint<P> {
                 .flatten()
                 .any(|r| r.scq.may_have_work() || r.rcq.may_have_work())
         })
-    }
-}
-
-/// The close of `c` waits for unsent data (`close_deadline`): each time the
-/// peer has taken some of it, the wait starts over (see `Endpoint::close`).
-pub(super) fn close_progress<P: Provider>(c: &mut super::conn::Conn<P>, now: Timestamp) {
-    if let (Some(_), Some(dp)) = (c.close_deadline, c.dp.as_ref()) {
-        if dp.unsent() < c.close_unsent {
-            c.close_unsent = dp.unsent();
-            c.close_deadline = Some(now + super::close::MAX_STREAM_WAIT);
-        }
     }
 }

@@ -7,14 +7,14 @@
 
 use super::conn::ConnError;
 use super::{ConnId, Endpoint};
-use smc_proto::datapath::DataPath;
-use smc_rdma::{MemoryRegion, Provider};
-use smc_wire::cdc::RingChunks;
+use smc_rdma::Provider;
 
 impl<P: Provider> Endpoint<P> {
     /// Fetches the peer's urgent byte (TCP `recv(MSG_OOB)`), once.
     pub fn read_oob(&mut self, id: ConnId) -> std::result::Result<Option<u8>, ConnError> {
-        Ok(self.smc_conn(id)?.oob.take())
+        let mut k = self.core(id).ok_or(ConnError::NotConnected)?;
+        k.smc()?;
+        Ok(k.oob.take())
     }
 
     /// Reads up to `max` bytes. `Ok(empty)` with [`Self::peer_done`] true is
@@ -26,44 +26,6 @@ impl<P: Provider> Endpoint<P> {
         Ok(out)
     }
 
-    /// Where the bytes a read of up to `max` bytes of connection `id` takes
-    /// now are in the RMB, and how many. `None`: nothing to take — end of
-    /// file, would block (an urgent byte that is next is passed: normal
-    /// reads skip it), or another reader's lease has them.
-    pub(super) fn readable_now(
-        &mut self,
-        id: ConnId,
-        max: usize,
-    ) -> std::result::Result<Option<(RingChunks, usize)>, ConnError> {
-        let c = self.smc_conn(id)?;
-        if c.closer.error().is_some() && c.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
-            // A peer that closed in order and then went away (its process
-            // exited, taking the link) sent everything: end of file, not an
-            // error, as the kernel's socket would have finished that close.
-            let rx = c.closer.rx_flags();
-            if (rx.done_writing || rx.closed) && !rx.abort {
-                return Ok(None);
-            }
-            return Err(Self::close_error(c));
-        }
-        let Some(dp) = c.dp.as_mut().filter(|_| c.rmb.is_some()) else {
-            return Err(ConnError::NotConnected);
-        };
-        if c.read_leased {
-            // a lease has the readable bytes (they still count as readable,
-            // so this is no end of file): wait for its commit
-            c.lease_waited = true;
-            return Ok(None);
-        }
-        let chunks = dp.readable_chunks(max);
-        let n: usize = chunks.as_slice().iter().map(|&(_, l)| l).sum();
-        if n == 0 {
-            dp.consumed(0);
-            return Ok(None);
-        }
-        Ok(Some((chunks, n)))
-    }
-
     /// Reads into `buf` straight from the receive buffer (one copy). `Ok(0)`
     /// with [`Self::peer_done`] true is end-of-file; `Ok(0)` otherwise means
     /// "would block" (or `buf` is empty).
@@ -72,40 +34,24 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         buf: &mut [u8],
     ) -> std::result::Result<usize, ConnError> {
-        let Some((chunks, n)) = self.readable_now(id, buf.len())? else {
-            return Ok(0);
-        };
-        let rmb = self
-            .smc_conn(id)?
-            .rmb
-            .as_ref()
-            .ok_or(ConnError::NotConnected)?;
-        let mut at = 0;
-        for &(off, len) in chunks.as_slice() {
-            if rmb.read_at(off, &mut buf[at..at + len]).is_err() {
-                return Err(ConnError::Aborted);
-            }
-            at += len;
+        let (n, due) = self
+            .core(id)
+            .ok_or(ConnError::NotConnected)?
+            .read_into(buf)?;
+        if due {
+            // (a consumer cursor update may be due)
+            self.mark_tx(id);
         }
-        debug_assert_eq!(at, n);
-        self.read_commit(id, n)?;
         Ok(n)
     }
 
     /// Bytes received and not yet read.
     pub fn readable(&self, id: ConnId) -> usize {
-        self.conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .and_then(|c| c.dp.as_ref())
-            .map_or(0, DataPath::readable)
+        self.core(id).map_or(0, |k| k.readable())
     }
 
     /// The peer will send nothing more (EOF once the receive buffer is drained).
     pub fn peer_done(&self, id: ConnId) -> bool {
-        self.conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .is_some_and(|c| c.closer.peer_done())
+        self.core(id).is_some_and(|k| k.closer.peer_done())
     }
 }

@@ -31,7 +31,7 @@ impl<P: Provider> Endpoint<P> {
     /// already say what follows ([`Self::on_rkey_done`]). An RMB the peer still
     /// knows from an earlier connection needs no flow (see `known_rkeys`).
     pub(super) fn start_rkey_flow(&mut self, id: ConnId, l: LgrId, now: Timestamp) -> bool {
-        let Some(rkey) = self.conn(id).and_then(|c| c.rmb.as_ref()).map(|m| m.rkey()) else {
+        let Some(rkey) = self.core(id).and_then(|k| k.rmb.as_ref().map(|m| m.rkey())) else {
             return false;
         };
         let known = self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
@@ -101,13 +101,9 @@ impl<P: Provider> Endpoint<P> {
             // link's device, `devices`); DELETE_RKEY on the first usable link
             // (§9), with the rkey on that link.
             let confirm = match flow {
-                RkeyFlow::Confirm(id) => Some(
-                    self.conns
-                        .get(id)
-                        .and_then(Option::as_ref)
-                        .and_then(|c| Some((c.rmb.as_ref()?, c.link?)))
-                        .map(|(m, slot)| (m.rkey(), m.addr(), slot)),
-                ),
+                RkeyFlow::Confirm(id) => Some(self.core(id).and_then(|k| {
+                    Some((k.rmb.as_ref()?, k.link?)).map(|(m, slot)| (m.rkey(), m.addr(), slot))
+                })),
                 RkeyFlow::Delete(_) => None,
             };
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {

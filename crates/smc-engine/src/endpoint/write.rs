@@ -7,12 +7,13 @@
 //! §3.5 (urgent data), §7.2 (why only a single-link group writes directly).
 //! Linux: smc_tx.c (`smc_tx_sendmsg`, `smc_tx_rdma_write`).
 
-use super::conn::{ConnError, Phase};
-use super::link::{WrKind, MAX_SENDS};
+use super::conn::ConnError;
+use super::conn_core::{lock, ConnCore};
+use super::lgr::Lgr;
+use super::link::MAX_SENDS;
 use super::{ConnId, Endpoint, LgrId};
-use smc_proto::datapath::DataPath;
 use smc_proto::link::LinkState;
-use smc_rdma::{MemoryRegion, Provider};
+use smc_rdma::Provider;
 
 /// What [`Endpoint::write_direct`] did.
 pub(super) enum Direct {
@@ -35,6 +36,18 @@ pub(super) struct DirectPlan {
     pub(super) n: usize,
     /// The send cursor (total) they follow.
     pub(super) at: u64,
+    /// The connection's link epoch (see `ConnCore::set_link`).
+    pub(super) epoch: u64,
+}
+
+/// What [`Endpoint::post_direct`] did.
+pub(super) enum Posted {
+    /// Nothing: the link is gone.
+    Not,
+    /// The bytes and their CDC are posted.
+    Done,
+    /// The bytes are produced, but posting failed: the link is broken.
+    LinkBroke(smc_rdma::Error),
 }
 
 /// Smallest part of a larger write that goes out directly (see `write_direct`).
@@ -81,77 +94,39 @@ impl<P: Provider> Endpoint<P> {
 
     /// Copies into the send buffer; [`Self::pump`] sends it.
     fn write_buffered(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<usize, ConnError> {
-        let c = self.smc_conn(id)?;
-        if !c.closer.can_write() {
-            return Err(Self::close_error(c));
-        }
-        if c.write_leased {
-            // the lease copies to where these bytes would go: wait for it
-            c.lease_waited = true;
-            return Ok(0);
-        }
-        let (Some(dp), Some(sndbuf)) = (c.dp.as_mut(), c.sndbuf.as_ref()) else {
-            return Err(ConnError::NotConnected);
-        };
-        let chunks = dp.sndbuf_free_chunks(data.len());
-        let mut n = 0;
-        for &(off, len) in chunks.as_slice() {
-            if sndbuf.write_at(off, &data[n..n + len]).is_err() {
-                return Err(ConnError::Aborted);
-            }
-            n += len;
-        }
-        dp.produced(n);
-        // (smc_tx.c `smc_tx_sendmsg`: a send larger than the send buffer or
-        // the peer's RMB, and a send that must wait for room)
-        let (whole, peer) = (sndbuf.len(), dp.config().peer_rmbe_len);
-        let noted = std::mem::replace(&mut c.tx_full_noted, n == 0 && !data.is_empty());
+        let w = self
+            .core(id)
+            .ok_or(ConnError::NotConnected)?
+            .write_buffered(data)?;
         let b = &mut self.events.bufs;
-        if n > 0 {
-            b.tx_too_small += u64::from(data.len() > whole);
-            b.tx_peer_too_small += u64::from(data.len() > peer);
+        if w.n > 0 {
+            b.tx_too_small += u64::from(w.too_small);
+            b.tx_peer_too_small += u64::from(w.peer_too_small);
             self.mark_tx(id);
-        } else if !data.is_empty() && !noted {
+        } else if w.full {
             b.tx_full += 1;
         }
-        Ok(n)
+        Ok(w.n)
     }
 
-    /// Whether up to `want` bytes of connection `id` can go straight into the
-    /// peer's RMB now, and where: the conditions of the direct path of
-    /// [`Self::write`].
+    /// Whether up to `want` bytes of connection `k` (in `lgrs`) can go
+    /// straight into the peer's RMB now, and where: the conditions of the
+    /// direct path of [`Self::write`].
     /// `lessee`: asked for the commit of the connection's write lease, which
     /// other writers wait for.
     pub(super) fn direct_plan(
-        &mut self,
-        id: ConnId,
+        k: &mut ConnCore<P>,
+        lgr: Option<LgrId>,
+        lgrs: &[Option<Lgr<P>>],
+        max_inline: usize,
         want: usize,
         lessee: bool,
     ) -> std::result::Result<DirectPlan, Direct> {
-        let max_inline = self.max_inline as usize;
-        let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
+        let (slot, peer) = k.direct_ready(lessee)?;
+        let Some(l) = lgr else {
             return Err(Direct::No);
         };
-        if c.write_leased && !lessee {
-            c.lease_waited = true;
-            return Err(Direct::NoRoom);
-        }
-        let (Some(l), Some(slot), Some(dp), Some(peer)) =
-            (c.lgr, c.link, c.dp.as_mut(), c.peer_rmb)
-        else {
-            return Err(Direct::No);
-        };
-        if !matches!(c.phase, Phase::Smc { .. })
-            || c.move_to.is_some()
-            || c.validation.is_some()
-            || !c.closer.can_write()
-            || dp.unsent() > 0
-            || dp.urgent_pending()
-            || dp.close_pending()
-        {
-            return Err(Direct::No);
-        }
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = lgrs.get(l).and_then(Option::as_ref) else {
             return Err(Direct::No);
         };
         // A failover replays unconfirmed data from the send buffer (§7.2), which
@@ -178,6 +153,9 @@ impl<P: Provider> Endpoint<P> {
         if res.sends_in_flight >= MAX_SENDS {
             return Err(Direct::No);
         }
+        let Some(dp) = k.dp.as_ref() else {
+            return Err(Direct::No);
+        };
         // What fits now, if the device takes it inline. A part of a larger
         // write only when the part is large: many small direct pieces (verbs'
         // inline limit is 64 bytes) would cost more than the copy they save.
@@ -201,76 +179,82 @@ impl<P: Provider> Endpoint<P> {
             rmbe_addr: base + peer.offset,
             n,
             at: dp.sent_total(),
+            epoch: k.epoch,
         })
     }
 
-    /// The direct path of [`Self::write`].
+    /// The direct path of [`Self::write`]: plans and posts under one lock of
+    /// the connection's core.
     fn write_direct(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<Direct, ConnError> {
-        let p = match self.direct_plan(id, data.len(), false) {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return Ok(Direct::No);
+        };
+        let mut k = lock(&c.core);
+        let max_inline = self.max_inline as usize;
+        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, data.len(), false) {
             Ok(p) => p,
             Err(d) => return Ok(d),
         };
-        Ok(match self.post_direct(id, &p, Some(data))? {
+        let posted = Self::post_direct(
+            &mut self.lgrs,
+            &mut self.cdc_sent,
+            id,
+            &mut k,
+            &p,
+            Some(data),
+        )?;
+        drop(k);
+        Ok(match self.direct_posted(&p, posted)? {
             true => Direct::Wrote(p.n),
             false => Direct::No,
         })
     }
 
-    /// Produces the `p.n` bytes of connection `id` that [`Self::direct_plan`]
-    /// placed and posts them: the inline WRITEs of `data` (`None`: a lease
-    /// copied them already) and their CDC. `Ok(false)`: nothing was done.
+    /// Produces the `p.n` bytes of connection `id` (its core `k`) that
+    /// [`Self::direct_plan`] placed and posts them on its link in `lgrs`:
+    /// the inline WRITEs of `data` (`None`: a lease copied them already)
+    /// and their CDC (counted in `cdc_sent`). What came of it goes to
+    /// [`Self::direct_posted`] once `k` is unlocked.
     pub(super) fn post_direct(
-        &mut self,
+        lgrs: &mut [Option<Lgr<P>>],
+        cdc_sent: &mut u64,
         id: ConnId,
+        k: &mut ConnCore<P>,
         p: &DirectPlan,
         data: Option<&[u8]>,
+    ) -> std::result::Result<Posted, ConnError> {
+        let Some(res) = lgrs
+            .get_mut(p.l)
+            .and_then(Option::as_mut)
+            .and_then(|lg| lg.links.get_mut(p.slot))
+            .and_then(Option::as_mut)
+        else {
+            return Ok(Posted::Not);
+        };
+        let posted = k.post_direct(id, res, p.n, p.rkey, p.rmbe_addr, data)?;
+        *cdc_sent += u64::from(posted.is_ok());
+        Ok(match posted {
+            Ok(()) => Posted::Done,
+            Err(e) => Posted::LinkBroke(e),
+        })
+    }
+
+    /// After [`Self::post_direct`]: `Ok(false)`: nothing was done.
+    pub(super) fn direct_posted(
+        &mut self,
+        p: &DirectPlan,
+        posted: Posted,
     ) -> std::result::Result<bool, ConnError> {
-        let (Some(c), Some(lg)) = (
-            self.conns.get_mut(id).and_then(Option::as_mut),
-            self.lgrs.get_mut(p.l).and_then(Option::as_mut),
-        ) else {
-            return Ok(false);
-        };
-        let (Some(dp), Some(res)) = (
-            c.dp.as_mut(),
-            lg.links.get_mut(p.slot).and_then(Option::as_mut),
-        ) else {
-            return Ok(false);
-        };
-        dp.produced(p.n);
-        let Some(batch) = dp.poll_tx() else {
-            return Err(ConnError::Aborted);
-        };
-        debug_assert_eq!(
-            batch.writes.iter().map(|w| w.len).sum::<usize>(),
-            p.n,
-            "the batch writes everything produced"
-        );
-        c.direct_sent = dp.sent_total();
-        let mut posted = Ok(());
-        if let Some(data) = data {
-            let mut at = 0;
-            for w in &batch.writes {
-                let addr = p.rmbe_addr + w.peer_offset as u64;
-                posted = res.post_write_inline(&data[at..at + w.len], p.rkey, addr);
-                if posted.is_err() {
-                    break;
-                }
-                at += w.len;
-            }
-        }
-        if posted.is_ok() {
-            posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
-            self.cdc_sent += u64::from(posted.is_ok());
-        }
-        if let Err(e) = posted {
+        match posted {
+            Posted::Not => Ok(false),
+            Posted::Done => Ok(true),
             // The link is broken and, being the only one, takes the connection
             // with it; like TCP's, this write itself succeeded.
-            if self.link_error(p.l, p.slot, e).is_err() {
-                return Err(ConnError::Aborted);
-            }
+            Posted::LinkBroke(e) => match self.link_error(p.l, p.slot, e) {
+                Ok(()) => Ok(true),
+                Err(_) => Err(ConnError::Aborted),
+            },
         }
-        Ok(true)
     }
 
     /// Sends one urgent byte (TCP `send(MSG_OOB)`): it goes into the stream after
@@ -278,8 +262,12 @@ impl<P: Provider> Endpoint<P> {
     /// band. `Ok(false)` if the send buffer is full or the previous urgent byte has
     /// not gone out yet (try again later).
     pub fn write_oob(&mut self, id: ConnId, byte: u8) -> std::result::Result<bool, ConnError> {
-        let c = self.smc_conn(id)?;
-        if c.dp.as_ref().is_some_and(DataPath::urgent_pending) {
+        if self
+            .core(id)
+            .ok_or(ConnError::NotConnected)?
+            .smc()?
+            .urgent_pending()
+        {
             return Ok(false);
         }
         // through the send buffer: the byte must still be unsent to be marked
@@ -287,7 +275,7 @@ impl<P: Provider> Endpoint<P> {
             return Ok(false);
         }
         self.mark_tx(id);
-        let c = self.smc_conn(id)?;
-        Ok(c.dp.as_mut().is_some_and(DataPath::mark_urgent))
+        let mut k = self.core(id).ok_or(ConnError::NotConnected)?;
+        Ok(k.smc()?.mark_urgent())
     }
 }
