@@ -38,11 +38,8 @@ static const char *err(ssize_t r) {
     return errno == ENOTCONN ? "ENOTCONN" : errno == EPIPE ? "EPIPE" : errno == EAGAIN ? "EAGAIN" : strerror(errno);
 }
 
-static int serve(int l);
-static int serve_fd(int c);
-static int serve2(int l);
-
-static int server(const char *portfile, const char *then_exec, int two) {
+/* A listening socket on 127.0.0.1, its port written to `portfile`. */
+static int listen_loopback(const char *portfile) {
     int l = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
@@ -52,6 +49,15 @@ static int server(const char *portfile, const char *then_exec, int two) {
     if (!f) die("portfile");
     fprintf(f, "%d\n", ntohs(a.sin_port));
     fclose(f);
+    return l;
+}
+
+static int serve(int l);
+static int serve_fd(int c);
+static int serve2(int l);
+
+static int server(const char *portfile, const char *then_exec, int two) {
+    int l = listen_loopback(portfile);
     if (then_exec) {
         /* the listening socket crosses the exec (as in nginx's upgrade) */
         char fd[16];
@@ -120,15 +126,7 @@ static int pings(int port);
 /* Accepts two connections, one forked child each (inetd: the child execs
  * `stdio` on it), and waits for both. */
 static int server_fork(const char *portfile, const char *inetd) {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4)) die("listen");
-    if (getsockname(l, (struct sockaddr *)&a, &al)) die("getsockname");
-    FILE *f = fopen(portfile, "w");
-    if (!f) die("portfile");
-    fprintf(f, "%d\n", ntohs(a.sin_port));
-    fclose(f);
+    int l = listen_loopback(portfile);
     pid_t kids[2];
     for (int i = 0; i < 2; i++) {
         int c = accept(l, NULL, NULL);

@@ -26,17 +26,42 @@ fn exec_run(tag: &str, mode: &str) -> (Setup, String, String) {
     exec_run_with(tag, "server", &["client", mode])
 }
 
-fn exec_run_with(tag: &str, server: &str, client: &[&str]) -> (Setup, String, String) {
+/// exec.c `server` (a server mode) under smc_run, once it listens: the
+/// setup, the program, the server and its port.
+fn start_server(tag: &str, server: &str) -> (Setup, PathBuf, Server, u16) {
     let s = setup(tag);
     let exe = exec_program(&s);
     let portfile = s.dir.join("port");
-    let mut srv = Server(
+    let srv = Server(
         under(&s, true, &exe, &[server, portfile.to_str().unwrap()])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap(),
     );
     let port = wait_for_port(&portfile).expect("the server did not start");
+    (s, exe, srv, port)
+}
+
+/// The server's output once it has ended (`what` says what it waits for).
+fn server_output(srv: &mut Server, what: &str) -> String {
+    let end = Instant::now() + Duration::from_secs(30);
+    while srv.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < end, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut text = String::new();
+    use std::io::Read;
+    srv.0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    text
+}
+
+fn exec_run_with(tag: &str, server: &str, client: &[&str]) -> (Setup, String, String) {
+    let (s, exe, mut srv, port) = start_server(tag, server);
     let port = port.to_string();
     let args: Vec<&str> = [client[0], &port]
         .into_iter()
@@ -59,22 +84,7 @@ fn exec_run_with(tag: &str, server: &str, client: &[&str]) -> (Setup, String, St
     let out = cli.wait_with_output().unwrap();
     let cli_text = ok_output("exec client", &out);
     // the server learns that the connection ended (it does not hang either)
-    let end = Instant::now() + Duration::from_secs(30);
-    while srv.0.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < end,
-            "the server never saw the connection end"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut srv_text = String::new();
-    use std::io::Read;
-    srv.0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut srv_text)
-        .unwrap();
+    let srv_text = server_output(&mut srv, "the server never saw the connection end");
     (s, cli_text, srv_text)
 }
 
@@ -145,35 +155,14 @@ fn a_listening_socket_inherited_across_exec_accepts_smc_r() {
 /// exec.c's `server` (a forking one) under smc_run, and two `pings`
 /// clients under smc_run one after the other; returns the server's output.
 fn fork_server_run(tag: &str, server: &str) -> (Setup, String) {
-    let s = setup(tag);
-    let exe = exec_program(&s);
-    let portfile = s.dir.join("port");
-    let mut srv = Server(
-        under(&s, true, &exe, &[server, portfile.to_str().unwrap()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let port = wait_for_port(&portfile).expect("the server did not start");
+    let (s, exe, mut srv, port) = start_server(tag, server);
     for _ in 0..2 {
         let out = under(&s, true, &exe, &["pings", &port.to_string()])
             .output()
             .unwrap();
         assert_eq!(ok_output("pings", &out), "pings ok\n");
     }
-    let end = Instant::now() + Duration::from_secs(30);
-    while srv.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < end, "the server did not end");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut text = String::new();
-    use std::io::Read;
-    srv.0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut text)
-        .unwrap();
+    let text = server_output(&mut srv, "the server did not end");
     (s, text)
 }
 
