@@ -36,6 +36,45 @@ const SERVER_IP2: &str = "198.18.214.5";
 const CLIENT_IP2: &str = "198.18.214.6";
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How far each sender may go (the referee's pauses in the test of a link
+/// coming back; no limit otherwise).
+static LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
+/// What each connection's sender wrote so far.
+static SENT: [AtomicU64; CONNS] = [const { AtomicU64::new(0) }; CONNS];
+
+/// Waits until every sender reached [`LIMIT`] (or the end), then says so.
+fn say_paused(role: &str) {
+    let limit = LIMIT.load(Ordering::Acquire).min(TOTAL);
+    while SENT.iter().any(|a| a.load(Ordering::Acquire) < limit) {
+        thread::sleep(Duration::from_millis(1));
+    }
+    say(format!("{role} paused"));
+}
+
+/// The referee's commands to a side of the test of a link coming back:
+/// "more" lets the senders go another quarter (and says when they got
+/// there), "links" asks for the link count, "go" lets them finish.
+fn control(role: &'static str) -> thread::JoinHandle<()> {
+    LIMIT.store(TOTAL / 4, Ordering::Release);
+    thread::spawn(move || {
+        say_paused(role);
+        loop {
+            match read_word().as_str() {
+                "more" => {
+                    LIMIT.fetch_add(TOTAL / 4, Ordering::AcqRel);
+                    say_paused(role);
+                }
+                "links" => say(format!("{role} links {}", links_and_second())),
+                "go" => {
+                    LIMIT.store(u64::MAX, Ordering::Release);
+                    return;
+                }
+                w => panic!("unknown command {w:?}"),
+            }
+        }
+    })
+}
+
 /// Direction `dir` of connection `conn`: its own byte stream.
 fn byte(conn: u8, dir: u8, off: u64) -> u8 {
     pattern(dir, off) ^ conn.wrapping_mul(37)
@@ -46,6 +85,10 @@ fn send(s: &SmcStream, conn: u8, dir: u8) -> u64 {
     let mut buf = vec![0u8; CHUNK];
     let mut off = 0u64;
     while off < TOTAL {
+        // (the referee's pauses, see `control`)
+        while off >= LIMIT.load(Ordering::Acquire) {
+            thread::sleep(Duration::from_millis(1));
+        }
         let n = (TOTAL - off).min(CHUNK as u64) as usize;
         for (k, b) in buf[..n].iter_mut().enumerate() {
             *b = byte(conn, dir, off + k as u64);
@@ -53,6 +96,7 @@ fn send(s: &SmcStream, conn: u8, dir: u8) -> u64 {
         s.write_all_ref(&buf[..n], conn, dir, off);
         h.feed(&buf[..n]);
         off += n as u64;
+        SENT[usize::from(conn)].store(off, Ordering::Release);
     }
     s.shutdown(Shutdown::Write).expect("shutdown(Write)");
     h.0
@@ -138,6 +182,15 @@ fn max_links() -> usize {
         .unwrap_or(0)
 }
 
+/// "N M": the usable links of the (one) link group, and how many of them
+/// are on the endpoint's second device.
+fn links_and_second() -> String {
+    let st = smc::state();
+    let g = st.iter().find(|d| d.link_groups > 0);
+    let (n, m) = g.map_or((0, 0), |d| (d.links[0], d.second_device_links[0]));
+    format!("{n} {m}")
+}
+
 fn say(line: String) {
     println!("{line}");
     std::io::stdout().flush().unwrap();
@@ -159,7 +212,7 @@ fn report(role: &str, results: &[(u8, u64, u64)]) {
     assert_eq!(read_word(), "exit");
 }
 
-fn server() {
+fn server(back: bool) {
     let l = SmcListener::bind((SERVER_IP, 0)).unwrap();
     say(format!("port {}", l.local_addr().unwrap().port()));
     let mut conns = Vec::new();
@@ -169,11 +222,15 @@ fn server() {
         (&s).read_exact(&mut idx).unwrap();
         conns.push((idx[0], s));
     }
+    let ctl = back.then(|| control("server"));
     let results = transfer(conns, 1, progress());
+    if let Some(c) = ctl {
+        c.join().unwrap();
+    }
     report("server", &results);
 }
 
-fn client(port: u16) {
+fn client(port: u16, back: bool) {
     let mut conns = Vec::new();
     for i in 0..CONNS as u8 {
         let s = SmcStream::connect((SERVER_IP, port)).unwrap();
@@ -186,6 +243,12 @@ fn client(port: u16) {
         thread::sleep(Duration::from_millis(5));
     }
     say(format!("client ready links {}", max_links()));
+    if back {
+        let ctl = control("client");
+        let results = transfer(conns, 0, progress());
+        ctl.join().unwrap();
+        return report("client", &results);
+    }
     let progress = progress();
     let p = progress.clone();
     // the referee's "cut" (the veth is down): what had arrived by then, and
@@ -327,10 +390,10 @@ fn hashes(out: &mut BufReader<ChildStdout>, who: &str) -> Vec<(String, String)> 
 #[test]
 fn a_two_link_group_survives_a_veth_going_down_mid_stream() {
     match std::env::var("SMC_REDUNDANCY_ROLE").as_deref() {
-        Ok("server") => return server(),
+        Ok("server") => return server(false),
         Ok("client") => {
             let port = std::env::var("SMC_REDUNDANCY_PORT").unwrap();
-            return client(port.parse().unwrap());
+            return client(port.parse().unwrap(), false);
         }
         Ok(_) => return,
         Err(_) => {}
@@ -619,6 +682,139 @@ fn the_last_link_going_down_ends_the_connections_with_an_error() {
         }
         expect_line(out, who, &format!("{who} ended"));
     }
+    for stdin in [&mut srv_in, &mut cli_in] {
+        writeln!(stdin, "exit").unwrap();
+    }
+    for (who, out) in [("server", &mut srv_out), ("client", &mut cli_out)] {
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert!(rest.contains("test result: ok"), "{who}:\n{rest}");
+    }
+    for c in lab.children.iter_mut() {
+        assert!(c.wait().unwrap().success());
+    }
+}
+
+const BACK: &str = "a_link_comes_back_when_its_veth_is_up_again";
+
+/// The links `who` reports: usable, of which on its second device.
+fn links_of(stdin: &mut ChildStdin, out: &mut BufReader<ChildStdout>, who: &str) -> String {
+    writeln!(stdin, "links").unwrap();
+    expect_line(out, who, &format!("{who} links "))
+}
+
+/// Issue 17: a link lost with its device's port comes back with it. The
+/// client's end of the second pair goes down mid-stream (its connections
+/// move to the first link), comes up again, and the server adds a link
+/// again by ADD_LINK (Linux smc_llc.c `smc_llc_srv_add_link`, triggered by
+/// the port event as `smcr_port_add`): both sides count two links again.
+/// Then the first pair goes down mid-stream: the connections move to the
+/// link that came back, and every stream completes with its checksum.
+#[test]
+fn a_link_comes_back_when_its_veth_is_up_again() {
+    match std::env::var("SMC_REDUNDANCY_ROLE").as_deref() {
+        Ok("back-server") => return server(true),
+        Ok("back-client") => {
+            let port = std::env::var("SMC_REDUNDANCY_PORT").unwrap();
+            return client(port.parse().unwrap(), true);
+        }
+        Ok(_) => return,
+        Err(_) => {}
+    }
+    assert_eq!(
+        rustix::process::geteuid().as_raw(),
+        0,
+        "needs root (BPF, network namespaces); CI runs as root"
+    );
+    let Net {
+        mut lab,
+        ns_s,
+        ns_c,
+        ifs,
+    } = two_pairs(BACK, "B");
+    let (mut srv_in, mut srv_out) = lab.spawn(&ns_s, "back-server", "");
+    let port = expect_line(&mut srv_out, "server", "port ");
+    let (mut cli_in, mut cli_out) = lab.spawn(&ns_c, "back-client", &port);
+    let links = expect_line(&mut cli_out, "client", "client ready links ");
+    assert_eq!(links, "2", "a two-link group formed by ADD_LINK");
+    let paused = |out: &mut BufReader<ChildStdout>, who: &str| {
+        expect_line(out, who, &format!("{who} paused"));
+    };
+    paused(&mut srv_out, "server");
+    paused(&mut cli_out, "client");
+    // the second pair goes down with a quarter on its way
+    for stdin in [&mut srv_in, &mut cli_in] {
+        writeln!(stdin, "more").unwrap();
+    }
+    run("ip", &["-n", &ns_c, "link", "set", &ifs[1].1, "down"]);
+    paused(&mut srv_out, "server");
+    paused(&mut cli_out, "client");
+    // the connections moved to the first link; a second one may be added
+    // on a first device (an asymmetric link, as Linux's smc_llc.c
+    // `smc_llc_srv_add_link` adds when it finds no alternate port)
+    let wait_for = |srv_in: &mut ChildStdin,
+                    srv_out: &mut BufReader<ChildStdout>,
+                    cli_in: &mut ChildStdin,
+                    cli_out: &mut BufReader<ChildStdout>,
+                    want: (&str, &str)| {
+        let t0 = Instant::now();
+        let mut n = (String::new(), String::new());
+        while t0.elapsed() < Duration::from_secs(30) {
+            n = (
+                links_of(srv_in, srv_out, "server"),
+                links_of(cli_in, cli_out, "client"),
+            );
+            if (n.0.as_str(), n.1.as_str()) == want {
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        n
+    };
+    let n = (
+        links_of(&mut srv_in, &mut srv_out, "server"),
+        links_of(&mut cli_in, &mut cli_out, "client"),
+    );
+    eprintln!("after the cut: links (usable, on the second device) of (server, client) {n:?}");
+    // ... the veth comes back: a link over the second devices replaces the
+    // asymmetric one
+    run("ip", &["-n", &ns_c, "link", "set", &ifs[1].1, "up"]);
+    let up = Instant::now();
+    let n = wait_for(
+        &mut srv_in,
+        &mut srv_out,
+        &mut cli_in,
+        &mut cli_out,
+        ("2 1", "2 1"),
+    );
+    assert_eq!(
+        (n.0.as_str(), n.1.as_str()),
+        ("2 1", "2 1"),
+        "links (usable, on the second device) of (server, client) after the port came back"
+    );
+    eprintln!(
+        "a link over the second devices was back {} ms after the port came up",
+        up.elapsed().as_millis()
+    );
+    // a quarter over both links
+    for stdin in [&mut srv_in, &mut cli_in] {
+        writeln!(stdin, "more").unwrap();
+    }
+    paused(&mut srv_out, "server");
+    paused(&mut cli_out, "client");
+    // the first pair goes down with the last quarter on its way
+    for stdin in [&mut srv_in, &mut cli_in] {
+        writeln!(stdin, "go").unwrap();
+    }
+    run("ip", &["-n", &ns_c, "link", "set", &ifs[0].1, "down"]);
+    let c = hashes(&mut cli_out, "client");
+    let s = hashes(&mut srv_out, "server");
+    for i in 0..CONNS {
+        assert_eq!(c[i].0, s[i].1, "conn {i}: client to server");
+        assert_eq!(s[i].0, c[i].1, "conn {i}: server to client");
+    }
+    expect_line(&mut cli_out, "client", "client done links ");
+    expect_line(&mut srv_out, "server", "server done links ");
     for stdin in [&mut srv_in, &mut cli_in] {
         writeln!(stdin, "exit").unwrap();
     }

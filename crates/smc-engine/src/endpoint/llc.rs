@@ -35,6 +35,9 @@ impl<P: Provider> Endpoint<P> {
         for lg in self.lgrs.iter_mut().flatten() {
             if matches!(ev, AsyncEvent::PortActive { .. }) {
                 lg.group.request_add_link();
+                if let Some(slot) = Self::link_to_replace(second, lg) {
+                    lg.group.on_link_failure(slot);
+                }
             }
             for slot in 0..LINK_SLOTS {
                 let Some(res) = lg.links[slot].as_ref() else {
@@ -46,6 +49,39 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
         }
+    }
+
+    /// The port of the second device (`second`) or the first came back:
+    /// the link of group `lg` to replace by one over it, if the group has
+    /// no link on that device and two usable ones sharing the other (the
+    /// asymmetric link added when this port was lost, smc-proto's
+    /// `add_flow_after_loss`). Taking it down moves its connections to the
+    /// other link (§7.2, nothing lost) and tells the peer by DELETE_LINK;
+    /// with one link left the server adds one again, on the device with
+    /// fewer links of the group — the one that came back (see
+    /// `endpoint/devices.rs`); a client's DELETE_LINK makes the server do
+    /// so. Linux gets there from smc_core.c `smcr_port_add` (an ADD_LINK
+    /// for the new port, or the v2 client's REQ_ADD_LINK) and smc_llc.c
+    /// `smc_llc_delete_asym_link` once the group is symmetric again; here,
+    /// with at most one ADD_LINK flow and two links wanted, the asymmetric
+    /// link goes first. The one replaced: the one of the highest link id on
+    /// the shared device (the last added), which both ends pick alike when
+    /// both see their port come back.
+    fn link_to_replace(second: bool, lg: &super::lgr::Lgr<P>) -> Option<usize> {
+        let active: Vec<usize> = lg.group.active_slots().collect();
+        let on = |s: usize| lg.links[s].as_ref().map(|r| r.on.is_some());
+        if active.iter().any(|&s| on(s) == Some(second)) {
+            return None;
+        }
+        let shared: Vec<usize> = active
+            .iter()
+            .copied()
+            .filter(|&s| on(s) == Some(!second))
+            .collect();
+        let id = |s: &usize| lg.group.link(*s).map_or(0, |l| l.link_id);
+        (shared.len() >= 2)
+            .then(|| shared.iter().copied().max_by_key(id))
+            .flatten()
     }
 
     /// A provider error while posting on link `slot`: a failed QP takes the link
