@@ -16,7 +16,7 @@
 use super::link::{LinkRes, WrKind};
 use super::rkey::DELETE_TAG;
 use super::{ConnId, Endpoint, LgrId, Result};
-use crate::state::LgrEvent;
+use crate::state::{LgrAction, LgrEvent};
 use smc_proto::link::{LgrOutput, LINK_SLOTS};
 use smc_proto::Timestamp;
 use smc_rdma::{AsyncEvent, Device, Provider};
@@ -135,7 +135,11 @@ impl<P: Provider> Endpoint<P> {
                 }
                 LgrOutput::LinkActive { slot } => {
                     self.event_link_up(l, slot);
-                    self.lgr_step(l, LgrEvent::LinkActive);
+                    if self.lgr_step(l, LgrEvent::LinkActive) == LgrAction::Nothing {
+                        // (a further link: the first's connections wait for
+                        // it, `EstablishWaiting`)
+                        self.spread_to(l, slot);
+                    }
                 }
                 LgrOutput::LinkDown { slot, reason } => {
                     self.event_link_down(l, slot, reason);
