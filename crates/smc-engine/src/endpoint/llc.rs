@@ -19,7 +19,7 @@ use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::{LgrAction, LgrEvent};
 use smc_proto::link::{LgrOutput, LINK_SLOTS};
 use smc_proto::Timestamp;
-use smc_rdma::{AsyncEvent, Device, Provider};
+use smc_rdma::{AsyncEvent, Device, PortState, Provider};
 
 impl<P: Provider> Endpoint<P> {
     /// A device event: a QP or the port failed — link down at once (§7.1) rather
@@ -84,6 +84,24 @@ impl<P: Provider> Endpoint<P> {
             .flatten()
     }
 
+    /// A link of group `l` became active: if a port came back while it was
+    /// being added (the PortActive seen with the ADD_LINK flow under way,
+    /// which then put the link next to the other), the asymmetric link is
+    /// replaced now ([`Self::link_to_replace`]).
+    fn replace_asymmetric_link(&mut self, l: LgrId) {
+        let up = |d: &P::Device| d.query_port(1).is_ok_and(|p| p.state == PortState::Active);
+        let ups = [up(&self.dev), self.dev2.as_ref().is_some_and(up)];
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return;
+        };
+        for (second, is_up) in [false, true].into_iter().zip(ups) {
+            if let Some(slot) = is_up.then(|| Self::link_to_replace(second, lg)).flatten() {
+                lg.group.on_link_failure(slot);
+                return;
+            }
+        }
+    }
+
     /// A provider error while posting on link `slot`: a failed QP takes the link
     /// down (§7.1: "failure to post a send"); anything else is the caller's.
     pub(super) fn link_error(&mut self, l: LgrId, slot: usize, e: smc_rdma::Error) -> Result<()> {
@@ -140,6 +158,7 @@ impl<P: Provider> Endpoint<P> {
                         // it, `EstablishWaiting`)
                         self.spread_to(l, slot);
                     }
+                    self.replace_asymmetric_link(l);
                 }
                 LgrOutput::LinkDown { slot, reason } => {
                     self.event_link_down(l, slot, reason);
