@@ -205,6 +205,32 @@ fn a_second_link_forms_on_the_second_devices_and_survives_a_port_failure() {
         let t = smc(&mut w);
         let t2 = smc(&mut w);
         streams(&mut w, &[&t, &t2, &t0, &ts[5]], 100_000, |_, _| {});
+        // a link over the returned port again (replacing the asymmetric one
+        // added after the loss), and the connections that were there before
+        // spread back over both links, on both sides (issue 17)
+        let old: Vec<&Tcp> = ts[3..].iter().chain([&t0]).collect();
+        for (ep, l, client) in [(&w.client, lc, true), (&w.server, ls, false)] {
+            let mut on: Vec<bool> = ep
+                .usable_links(l)
+                .iter()
+                .map(|&s| ep.link_on_second_device(l, s).unwrap())
+                .collect();
+            on.sort_unstable();
+            assert_eq!(on, [false, true], "v2 {v2} {fail}");
+            let n2 = old
+                .iter()
+                .filter(|t| {
+                    let id = if client { t.c } else { t.s };
+                    let s = ep.link_of(id).unwrap();
+                    ep.link_on_second_device(l, s) == Some(true)
+                })
+                .count();
+            assert!(
+                n2 > 0 && n2 < old.len(),
+                "v2 {v2} {fail}: {n2} of {} on the second device",
+                old.len()
+            );
+        }
     }
 }
 

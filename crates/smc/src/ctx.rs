@@ -40,6 +40,10 @@ pub struct DeviceState {
     /// The usable links of each live link group (2 where a group added a
     /// second link by ADD_LINK, see [`redundancy`]).
     pub links: Vec<usize>,
+    /// Of those, the links on the endpoint's second device, per group (1
+    /// in a two-link group over both devices; 0 where both links share the
+    /// first, an asymmetric group).
+    pub second_device_links: Vec<usize>,
 }
 
 /// One entry per device this process has used for SMC.
@@ -54,10 +58,18 @@ pub fn state() -> Vec<DeviceState> {
             let ep = s.lock();
             let n = ep.link_groups();
             let mut links = Vec::new();
+            let mut second_device_links = Vec::new();
             let mut l = 0;
             while links.len() < n && l < 4096 {
                 if ep.link_group_state(l).is_some() {
-                    links.push(ep.usable_links(l).len());
+                    let usable = ep.usable_links(l);
+                    links.push(usable.len());
+                    second_device_links.push(
+                        usable
+                            .iter()
+                            .filter(|&&s| ep.link_on_second_device(l, s) == Some(true))
+                            .count(),
+                    );
                 }
                 l += 1;
             }
@@ -66,6 +78,7 @@ pub fn state() -> Vec<DeviceState> {
                 link_groups: n,
                 connections: ep.connections(),
                 links,
+                second_device_links,
             }
         })
         .collect();

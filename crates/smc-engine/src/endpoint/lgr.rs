@@ -338,6 +338,52 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// Link `slot` of group `l` became active in a group that already had
+    /// one (ADD_LINK after the first contact, or again after a loss):
+    /// established connections move to it from the busiest links until the
+    /// loads differ by one at most, so the load spreads back over both
+    /// links (issue 17). Linux moves connections only off a failed link
+    /// (smc_core.c `smc_switch_conns`) and puts new ones on the least used
+    /// link (`smc_conn_create`); moving a healthy connection is ours
+    /// ([`Self::move_connection`]: each side picks the link of what it
+    /// sends, which the peer accepts on any link of the group), so a Linux
+    /// peer sees nothing but our WRITEs and CDCs on the other link.
+    pub(super) fn spread_to(&mut self, l: LgrId, slot: usize) {
+        let mut loads = self.link_loads(l);
+        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+            return;
+        };
+        let mut candidates: Vec<(usize, ConnId)> = lg
+            .tokens
+            .values()
+            .filter_map(|&id| {
+                let c = self.conns.get(id)?.as_ref()?;
+                let from = c.link.filter(|&s| s != slot && c.move_to.is_none())?;
+                Some((from, id))
+            })
+            .collect();
+        candidates.sort_unstable();
+        loop {
+            let Some(busiest) = (0..LINK_SLOTS)
+                .filter(|&s| s != slot)
+                .max_by_key(|&s| (loads[s], std::cmp::Reverse(s)))
+            else {
+                return;
+            };
+            if loads[busiest] <= loads[slot] + 1 {
+                return;
+            }
+            let Some(i) = candidates.iter().position(|&(from, _)| from == busiest) else {
+                return;
+            };
+            let (_, id) = candidates.swap_remove(i);
+            loads[busiest] -= 1;
+            if self.move_connection(id, slot) {
+                loads[slot] += 1;
+            }
+        }
+    }
+
     /// Connections per link slot of a group.
     fn link_loads(&self, l: LgrId) -> [usize; LINK_SLOTS] {
         let mut n = [0; LINK_SLOTS];

@@ -16,10 +16,10 @@
 use super::link::{LinkRes, WrKind};
 use super::rkey::DELETE_TAG;
 use super::{ConnId, Endpoint, LgrId, Result};
-use crate::state::LgrEvent;
+use crate::state::{LgrAction, LgrEvent};
 use smc_proto::link::{LgrOutput, LINK_SLOTS};
 use smc_proto::Timestamp;
-use smc_rdma::{AsyncEvent, Device, Provider};
+use smc_rdma::{AsyncEvent, Device, PortState, Provider};
 
 impl<P: Provider> Endpoint<P> {
     /// A device event: a QP or the port failed — link down at once (§7.1) rather
@@ -35,6 +35,9 @@ impl<P: Provider> Endpoint<P> {
         for lg in self.lgrs.iter_mut().flatten() {
             if matches!(ev, AsyncEvent::PortActive { .. }) {
                 lg.group.request_add_link();
+                if let Some(slot) = Self::link_to_replace(second, lg) {
+                    lg.group.on_link_failure(slot);
+                }
             }
             for slot in 0..LINK_SLOTS {
                 let Some(res) = lg.links[slot].as_ref() else {
@@ -44,6 +47,57 @@ impl<P: Provider> Endpoint<P> {
                 if Self::event_hits(second, ev, res) {
                     lg.group.on_link_failure(slot);
                 }
+            }
+        }
+    }
+
+    /// The port of the second device (`second`) or the first came back:
+    /// the link of group `lg` to replace by one over it, if the group has
+    /// no link on that device and two usable ones sharing the other (the
+    /// asymmetric link added when this port was lost, smc-proto's
+    /// `add_flow_after_loss`). Taking it down moves its connections to the
+    /// other link (§7.2, nothing lost) and tells the peer by DELETE_LINK;
+    /// with one link left the server adds one again, on the device with
+    /// fewer links of the group — the one that came back (see
+    /// `endpoint/devices.rs`); a client's DELETE_LINK makes the server do
+    /// so. Linux gets there from smc_core.c `smcr_port_add` (an ADD_LINK
+    /// for the new port, or the v2 client's REQ_ADD_LINK) and smc_llc.c
+    /// `smc_llc_delete_asym_link` once the group is symmetric again; here,
+    /// with at most one ADD_LINK flow and two links wanted, the asymmetric
+    /// link goes first. The one replaced: the one of the highest link id on
+    /// the shared device (the last added), which both ends pick alike when
+    /// both see their port come back.
+    fn link_to_replace(second: bool, lg: &super::lgr::Lgr<P>) -> Option<usize> {
+        let active: Vec<usize> = lg.group.active_slots().collect();
+        let on = |s: usize| lg.links[s].as_ref().map(|r| r.on.is_some());
+        if active.iter().any(|&s| on(s) == Some(second)) {
+            return None;
+        }
+        let shared: Vec<usize> = active
+            .iter()
+            .copied()
+            .filter(|&s| on(s) == Some(!second))
+            .collect();
+        let id = |s: &usize| lg.group.link(*s).map_or(0, |l| l.link_id);
+        (shared.len() >= 2)
+            .then(|| shared.iter().copied().max_by_key(id))
+            .flatten()
+    }
+
+    /// A link of group `l` became active: if a port came back while it was
+    /// being added (the PortActive seen with the ADD_LINK flow under way,
+    /// which then put the link next to the other), the asymmetric link is
+    /// replaced now ([`Self::link_to_replace`]).
+    fn replace_asymmetric_link(&mut self, l: LgrId) {
+        let up = |d: &P::Device| d.query_port(1).is_ok_and(|p| p.state == PortState::Active);
+        let ups = [up(&self.dev), self.dev2.as_ref().is_some_and(up)];
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return;
+        };
+        for (second, is_up) in [false, true].into_iter().zip(ups) {
+            if let Some(slot) = is_up.then(|| Self::link_to_replace(second, lg)).flatten() {
+                lg.group.on_link_failure(slot);
+                return;
             }
         }
     }
@@ -99,7 +153,12 @@ impl<P: Provider> Endpoint<P> {
                 }
                 LgrOutput::LinkActive { slot } => {
                     self.event_link_up(l, slot);
-                    self.lgr_step(l, LgrEvent::LinkActive);
+                    if self.lgr_step(l, LgrEvent::LinkActive) == LgrAction::Nothing {
+                        // (a further link: the first's connections wait for
+                        // it, `EstablishWaiting`)
+                        self.spread_to(l, slot);
+                    }
+                    self.replace_asymmetric_link(l);
                 }
                 LgrOutput::LinkDown { slot, reason } => {
                     self.event_link_down(l, slot, reason);
