@@ -357,8 +357,8 @@ impl<P: Provider> Endpoint<P> {
             .tokens
             .values()
             .filter_map(|&id| {
-                let c = self.conns.get(id)?.as_ref()?;
-                let from = c.link.filter(|&s| s != slot && c.move_to.is_none())?;
+                let k = self.core(id)?;
+                let from = k.link.filter(|&s| s != slot && k.move_to.is_none())?;
                 Some((from, id))
             })
             .collect();
