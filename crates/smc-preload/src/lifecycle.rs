@@ -33,6 +33,9 @@ extern "C" fn in_parent() {
 ///   `EPIPE`, poll shows `POLLHUP` — a connection that is gone, never a
 ///   hang; the parent goes on with it (redis' `BGSAVE` child leaves them
 ///   alone, a child closing its copy before exec closes the stand-in);
+/// * a connection whose handshake waits for its first use stays usable:
+///   whichever process uses it first takes it (`Entry::Lazy`), unless a
+///   thread of the parent was running its handshake at the fork;
 /// * a listening socket whose listener runs (a thread of the parent's)
 ///   starts a listener of the child's at its first use, as one inherited
 ///   unused does (nginx's workers);
@@ -65,6 +68,13 @@ fn forget_the_parents(t: &mut BTreeMap<RawFd, Entry>) {
                 Entry::Failed(0)
             }
             Entry::Listener(_) => Entry::Passive,
+            // A connection whose handshake a thread of the parent was
+            // running at the fork (that thread holds the lock, which stays
+            // held in the child): the parent's.
+            Entry::Lazy(l) if l.pending.try_lock().is_err() => {
+                exec::stand_in(fd);
+                Entry::Failed(0)
+            }
             _ => continue,
         };
         std::mem::forget(std::mem::replace(e, keep));
