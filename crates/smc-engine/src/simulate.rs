@@ -819,17 +819,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                         // With a link on each device on both sides, the
                         // port of one device going down leaves the group
                         // the other link: nothing may be lost (§7.2).
-                        let across = |ep: &Endpoint<Faulty>| {
-                            (0..8).any(|l| {
-                                let on: Vec<Option<bool>> = ep
-                                    .usable_links(l)
-                                    .iter()
-                                    .map(|&s| ep.link_on_second_device(l, s))
-                                    .collect();
-                                on.contains(&Some(true)) && on.contains(&Some(false))
-                            })
-                        };
-                        if two_devices && across(&client) && across(&server) {
+                        if two_devices && across_devices(&client) && across_devices(&server) {
                             survivable = true;
                             for cr in conns.iter_mut() {
                                 cr.handshake_at_port_down = cr.opened && !cr.smc && !cr.ended;

@@ -398,11 +398,6 @@ fn a_two_link_group_survives_a_veth_going_down_mid_stream() {
         Ok(_) => return,
         Err(_) => {}
     }
-    assert_eq!(
-        rustix::process::geteuid().as_raw(),
-        0,
-        "needs root (BPF, network namespaces); CI runs as root"
-    );
     // the second pair (the link ADD_LINK added), then the first (the first
     // contact's link; TCP, idle after the handshakes, runs over it too)
     for cut in [1, 0] {
@@ -421,6 +416,11 @@ struct Net {
 }
 
 fn two_pairs(test: &'static str, tag: &str) -> Net {
+    assert_eq!(
+        rustix::process::geteuid().as_raw(),
+        0,
+        "needs root (BPF, network namespaces); CI runs as root"
+    );
     let pid = std::process::id();
     let mut lab = Lab {
         test,
@@ -644,11 +644,6 @@ fn the_last_link_going_down_ends_the_connections_with_an_error() {
         Ok(_) => return,
         Err(_) => {}
     }
-    assert_eq!(
-        rustix::process::geteuid().as_raw(),
-        0,
-        "needs root (BPF, network namespaces); CI runs as root"
-    );
     let Net {
         mut lab,
         ns_s,
@@ -721,11 +716,6 @@ fn a_link_comes_back_when_its_veth_is_up_again() {
         Ok(_) => return,
         Err(_) => {}
     }
-    assert_eq!(
-        rustix::process::geteuid().as_raw(),
-        0,
-        "needs root (BPF, network namespaces); CI runs as root"
-    );
     let Net {
         mut lab,
         ns_s,
