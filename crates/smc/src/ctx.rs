@@ -155,7 +155,7 @@ pub(crate) struct Shared {
     /// on a socket too (blocking handshakes, [`Shared::progress_fd`]): rung
     /// by every pump that took completions or fired timers; and their
     /// count, readable without the lock.
-    fd_waiters: Mutex<Vec<Arc<OwnedFd>>>,
+    fd_waiters: Mutex<Vec<Arc<Waker>>>,
     fd_waiting: AtomicUsize,
 }
 
@@ -202,11 +202,27 @@ fn new_eventfd() -> io::Result<OwnedFd> {
     )?)
 }
 
+/// The eventfd of a [`ProgressFd`], and whether it was rung since its
+/// owner last cleared it: a pump rings it once per wake-up, not once per
+/// message while its owner is busy elsewhere.
+pub(crate) struct Waker {
+    fd: OwnedFd,
+    rung: AtomicBool,
+}
+
+impl Waker {
+    fn ring(&self) {
+        if !self.rung.swap(true, Ordering::AcqRel) {
+            ring_eventfd(&self.fd);
+        }
+    }
+}
+
 /// A thread's registration to be woken by the endpoint's progress (see
 /// [`Shared::progress_fd`]); unregistered when dropped.
 pub(crate) struct ProgressFd {
     shared: Arc<Shared>,
-    fd: Arc<OwnedFd>,
+    fd: Arc<Waker>,
 }
 
 impl ProgressFd {
@@ -214,11 +230,14 @@ impl ProgressFd {
     /// [`Self::clear`].
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         use std::os::fd::AsFd;
-        self.fd.as_fd()
+        self.fd.fd.as_fd()
     }
 
+    /// Takes the wake-up; the caller looks at the endpoint after this (a
+    /// pump from now on rings again).
     pub(crate) fn clear(&self) {
-        drain_eventfd(&self.fd);
+        drain_eventfd(&self.fd.fd);
+        self.fd.rung.store(false, Ordering::Release);
     }
 }
 
@@ -679,7 +698,7 @@ impl Shared {
                     .unwrap_or_else(|e| e.into_inner())
                     .iter()
                 {
-                    ring_eventfd(fd);
+                    fd.ring();
                 }
             }
         }
@@ -746,7 +765,10 @@ impl Shared {
     /// [`Self::run`] (a blocking handshake, a listener's handshake while a
     /// step of it runs over the device).
     pub(crate) fn progress_fd(self: &Arc<Self>) -> io::Result<ProgressFd> {
-        let fd = Arc::new(new_eventfd()?);
+        let fd = Arc::new(Waker {
+            fd: new_eventfd()?,
+            rung: AtomicBool::new(false),
+        });
         let mut v = self.fd_waiters.lock().unwrap_or_else(|e| e.into_inner());
         v.push(fd.clone());
         self.fd_waiting.store(v.len(), Ordering::Release);

@@ -135,7 +135,11 @@ fn run(mut a: Accepting) -> io::Result<Accepting> {
             Progress::Done => return Ok(a),
             Progress::Wait { write, rdma } => (write, rdma),
         };
-        if rdma && progress.is_none() {
+        if !rdma {
+            // (registered only while a step runs over the device: every
+            // pump of the endpoint would ring it)
+            progress = None;
+        } else if progress.is_none() {
             // (registered now: its first poll below looks at once, as a
             // pump between the step and the registration rang nobody)
             progress = a.endpoint().and_then(|e| e.progress_fd().ok());
@@ -145,7 +149,7 @@ fn run(mut a: Accepting) -> io::Result<Accepting> {
         }
         let ts = crate::ctx::timespec_until(Some(std::time::Instant::now() + TICK));
         let flags = if write { PollFlags::OUT } else { PollFlags::IN };
-        match progress.as_ref().filter(|_| rdma) {
+        match progress.as_ref() {
             Some(p) => {
                 let pf = p.fd();
                 let mut pfd = [PollFd::new(a.tcp(), flags), PollFd::new(&pf, PollFlags::IN)];
