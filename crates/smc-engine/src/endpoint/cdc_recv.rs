@@ -119,7 +119,8 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
-    /// Applies the peer's CDC `m` to connection `id`.
+    /// Applies the peer's CDC `m` to connection `id` (found by its id; the
+    /// receive loop above finds the core by the CDC's token instead).
     pub(super) fn on_cdc(&mut self, id: ConnId, m: &CdcMessage) {
         let done = self
             .core(id)

@@ -58,6 +58,7 @@ impl<P: Provider> Endpoint<P> {
                 // of that looks at the link, whose failure (below) is the
                 // group's.
                 if let Some(WrKind::Cdc(id, seq)) = kind {
+                    // (`mark_tx` by hand: the link is borrowed here)
                     let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
                         continue;
                     };
@@ -118,12 +119,8 @@ impl<P: Provider> Endpoint<P> {
         // this group's marked connections are flushed now (once each: a list
         // can hold an id twice after a flush outside this pass); the others'
         // marks go back
-        // (`retain` by hand: the list is short, and its generic form cost
-        // more than the rest of a message's flush)
-        let mut kept = 0;
-        for i in 0..marked.len() {
-            let id = marked[i];
-            let keep = match self.conns.get_mut(id).and_then(Option::as_mut) {
+        marked.retain(
+            |&id| match self.conns.get_mut(id).and_then(Option::as_mut) {
                 Some(c) if c.tx_dirty && c.lgr == Some(l) => {
                     c.tx_dirty = false;
                     if !sweep {
@@ -133,13 +130,8 @@ impl<P: Provider> Endpoint<P> {
                 }
                 Some(c) => c.tx_dirty,
                 None => false,
-            };
-            if keep {
-                marked[kept] = id;
-                kept += 1;
-            }
-        }
-        marked.truncate(kept);
+            },
+        );
         if !ids.is_empty() {
             lg.rr = (lg.rr + 1) % ids.len();
             ids.rotate_left(lg.rr);

@@ -192,12 +192,11 @@ impl<P: Provider> Endpoint<P> {
         let (Some(d2), Some(lg)) = (&self.dev2, self.lgrs.get(l).and_then(Option::as_ref)) else {
             return false;
         };
-        let up = |d: &P::Device| d.query_port(1).is_ok_and(|p| p.state == PortState::Active);
         let mut n = [0usize; 2];
         for r in lg.links.iter().flatten() {
             n[usize::from(r.on.is_some())] += 1;
         }
-        match (up(&self.dev), up(d2)) {
+        match (port_up(&self.dev), port_up(d2)) {
             (true, false) => false,
             (false, true) => true,
             _ => n[1] < n[0],
@@ -282,4 +281,9 @@ impl<P: Provider> Endpoint<P> {
             AsyncEvent::PortActive { .. } => false,
         }
     }
+}
+
+/// Whether `d`'s port is active (a device has one port here, port 1).
+pub(super) fn port_up<D: Device>(d: &D) -> bool {
+    d.query_port(1).is_ok_and(|p| p.state == PortState::Active)
 }

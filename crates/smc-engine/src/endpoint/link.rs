@@ -359,12 +359,9 @@ impl<P: Provider> LinkRes<P> {
     /// Takes the signaled SEND `wr_id` out of [`Self::wrs`] (its send slot
     /// is free again): what it carried.
     pub fn complete(&mut self, wr_id: u64) -> Option<WrKind> {
-        let (_, kind, slot) = if self.wrs.front().is_some_and(|&(id, _, _)| id == wr_id) {
-            self.wrs.pop_front()?
-        } else {
-            let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;
-            self.wrs.remove(i)?
-        };
+        // (RC completes a send queue in order: the oldest, found at once)
+        let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;
+        let (_, kind, slot) = self.wrs.remove(i)?;
         if let Some(s) = slot {
             self.give_slot(s);
         }

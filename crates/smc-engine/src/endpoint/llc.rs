@@ -13,13 +13,14 @@
 //!
 //! [`LinkGroup`]: smc_proto::link::LinkGroup
 
+use super::devices::port_up;
 use super::link::{LinkRes, WrKind};
 use super::rkey::DELETE_TAG;
 use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::{LgrAction, LgrEvent};
 use smc_proto::link::{LgrOutput, LINK_SLOTS};
 use smc_proto::Timestamp;
-use smc_rdma::{AsyncEvent, Device, PortState, Provider};
+use smc_rdma::{AsyncEvent, Device, Provider};
 
 impl<P: Provider> Endpoint<P> {
     /// A device event: a QP or the port failed — link down at once (§7.1) rather
@@ -89,8 +90,7 @@ impl<P: Provider> Endpoint<P> {
     /// which then put the link next to the other), the asymmetric link is
     /// replaced now ([`Self::link_to_replace`]).
     fn replace_asymmetric_link(&mut self, l: LgrId) {
-        let up = |d: &P::Device| d.query_port(1).is_ok_and(|p| p.state == PortState::Active);
-        let ups = [up(&self.dev), self.dev2.as_ref().is_some_and(up)];
+        let ups = [port_up(&self.dev), self.dev2.as_ref().is_some_and(port_up)];
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return;
         };
