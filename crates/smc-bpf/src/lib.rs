@@ -290,10 +290,7 @@ impl Rendezvous {
         if state != TCP_CLOSE {
             return Err(RendezvousError::TooLate { state });
         }
-        let cookie = socket_cookie(fd)?;
-        self.map
-            .update(cookie, program::VAL_WANT, 0)
-            .map_err(|e| kerr("BPF_MAP_UPDATE_ELEM (opt in)", e))
+        self.opt_in_new(fd)
     }
 
     /// [`Self::opt_in`] for a socket the caller has just created itself with
@@ -314,21 +311,13 @@ impl Rendezvous {
         let cookie = socket_cookie(fd)?;
         let status = self.status_by_cookie(cookie);
         let _ = self.map.delete(cookie);
-        match status? {
-            SocketStatus::Untracked => Ok(false),
-            SocketStatus::OptedIn => Err(RendezvousError::NotEstablished),
-            SocketStatus::Established { peer_smc, .. } => Ok(peer_smc),
-        }
+        offered(status?)
     }
 
     /// After `connect()` returned (client) or `accept()` (server): did the peer offer SMC?
     /// `Ok(false)` for sockets that were not opted in (or whose listener was not).
     pub fn peer_offered_smc(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
-        match self.status(fd)? {
-            SocketStatus::Untracked => Ok(false),
-            SocketStatus::OptedIn => Err(RendezvousError::NotEstablished),
-            SocketStatus::Established { peer_smc, .. } => Ok(peer_smc),
-        }
+        offered(self.status(fd)?)
     }
 
     /// What the program recorded for this socket.
@@ -725,6 +714,15 @@ fn ioerr(op: &'static str, path: &Path, e: io::Error) -> RendezvousError {
 }
 
 /// Classifies a failed kernel step.
+/// Whether a connected socket's status says the peer offered SMC.
+fn offered(s: SocketStatus) -> Result<bool, RendezvousError> {
+    match s {
+        SocketStatus::Untracked => Ok(false),
+        SocketStatus::OptedIn => Err(RendezvousError::NotEstablished),
+        SocketStatus::Established { peer_smc, .. } => Ok(peer_smc),
+    }
+}
+
 fn kerr(op: &'static str, e: io::Error) -> RendezvousError {
     let errno = errno_of(&e);
     match errno {
