@@ -177,15 +177,22 @@ pub(crate) fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, p: Arc<Pend>)
 /// Carries `s` on the application's `fd`, or leaves it to the kernel if it
 /// is plain TCP with nothing read ahead.
 pub(crate) fn adopt(fd: RawFd, s: SmcStream, nonblock: bool) {
-    if s.mode() == Mode::SmcR || s.has_pending() {
-        let _ = s.set_nonblocking(nonblock);
-        let c = Arc::new(Conn {
-            s,
-            peeked: Mutex::new(Vec::new()),
-        });
-        drop(insert(fd, Entry::Stream(c)));
-    } else {
-        drop(remove(fd));
-        // (dropping `s` closes the library's duplicate only)
+    match carried(s, nonblock) {
+        Some(c) => drop(insert(fd, Entry::Stream(c))),
+        None => drop(remove(fd)),
     }
+}
+
+/// `s` as the library carries it (in `nonblock` mode), or `None` if it is
+/// plain TCP with nothing read ahead: the kernel's (dropping `s` closes the
+/// library's duplicate only).
+pub(crate) fn carried(s: SmcStream, nonblock: bool) -> Option<Arc<Conn>> {
+    if s.mode() != Mode::SmcR && !s.has_pending() {
+        return None;
+    }
+    let _ = s.set_nonblocking(nonblock);
+    Some(Arc::new(Conn {
+        s,
+        peeked: Mutex::new(Vec::new()),
+    }))
 }

@@ -116,7 +116,11 @@ fn decline_lazy_for_exec() {
             }
             let _ = l.done.set(None);
         }
-        drop(remove(fd));
+        // (one whose handshake another descriptor ran to SMC-R stays: it
+        // gets its stand-in below, and back if the exec fails)
+        if l.done.get().is_some_and(Option::is_none) {
+            drop(remove(fd));
+        }
     }
 }
 

@@ -50,9 +50,9 @@ extern "C" fn in_child() {
     smc::after_fork_in_child();
     FORK_GUARD.with(|f| {
         if let Some(t) = f.borrow_mut().as_mut() {
-            if USED.load(Ordering::Acquire) {
-                forget_the_parents(t);
-            }
+            // (not only after USED: a parent thread may be running a
+            // lazy connection's first handshake, see Entry::Lazy)
+            forget_the_parents(t);
         }
         drop(f.borrow_mut().take());
     });
@@ -129,9 +129,9 @@ extern "C" fn init() {
     let _ = STATE_FILE.set(open_state_file());
     adopt_inherited_listeners();
     // SAFETY: registers handlers that take and release the table's lock
-    // around the fork and store to atomics (the child's is async-signal
-    // safe, as a child of a multi-threaded process needs: a futex unlock
-    // and stores).
+    // around the fork; the child's also gives up the parent's entries with
+    // system calls only and frees table nodes (see `in_child` for why that
+    // is safe in the child of a multi-threaded process).
     unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
     // SAFETY: registers a plain function to run at exit.
     unsafe { libc::atexit(at_exit) };

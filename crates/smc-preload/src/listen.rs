@@ -182,20 +182,14 @@ pub(crate) fn first_use(fd: RawFd, l: &Arc<Lazy>) -> Option<Entry> {
             let conn = match pending.handshake() {
                 Ok(s) => {
                     report("accept", &s);
-                    if s.mode() == Mode::SmcR || s.has_pending() {
+                    // (the application's O_NONBLOCK, set on the shared file
+                    // meanwhile or at accept4)
+                    let fl = real_fcntl(fd, libc::F_GETFL, 0);
+                    let c = carried(s, fl >= 0 && fl & libc::O_NONBLOCK != 0);
+                    if c.is_some() {
                         USED.store(true, Ordering::Release);
-                        // (the application's O_NONBLOCK, set on the shared
-                        // file meanwhile or at accept4)
-                        let fl = real_fcntl(fd, libc::F_GETFL, 0);
-                        let _ = s.set_nonblocking(fl >= 0 && fl & libc::O_NONBLOCK != 0);
-                        Some(Arc::new(Conn {
-                            s,
-                            peeked: Mutex::new(Vec::new()),
-                        }))
-                    } else {
-                        // (dropping `s` closes the library's duplicate only)
-                        None
                     }
+                    c
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => {
                     // Another process that shares the socket (a fork) took
