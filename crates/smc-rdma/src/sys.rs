@@ -889,6 +889,82 @@ impl LinkProbe {
     }
 }
 
+/// A route netlink socket subscribed to the kernel's link and address
+/// notifications (RTMGRP_LINK: an interface's flags or operational state
+/// changed, RTM_NEWLINK/RTM_DELLINK; RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR:
+/// an address came or went) of the caller's network namespace: readable as
+/// soon as something changed, so a device thread learns of a port going
+/// down when the kernel does instead of at its next look. What changed is
+/// read again through [`LinkProbe`] (the messages only wake the reader): a
+/// notification lost to a full socket buffer (ENOBUFS) wakes it all the same.
+#[derive(Debug)]
+pub struct LinkWatch {
+    sock: OwnedFd,
+}
+
+impl LinkWatch {
+    /// A watch of the caller's network namespace (non-blocking).
+    pub fn new() -> io::Result<LinkWatch> {
+        // SAFETY: socket has no memory-safety preconditions.
+        let fd = cvt(unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                libc::NETLINK_ROUTE,
+            )
+        })?;
+        // SAFETY: fd was just returned by socket and is owned by nobody else.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: sockaddr_nl is plain old data; all-zero is a valid value.
+        let mut a: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        a.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        a.nl_groups =
+            (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+        // SAFETY: `a` is a valid sockaddr_nl of the length passed; bind reads it only.
+        cvt(unsafe {
+            libc::bind(
+                sock.as_raw_fd(),
+                (&a as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        })?;
+        Ok(LinkWatch { sock })
+    }
+
+    /// Reads every queued notification; whether there was any (or an
+    /// overrun, which lost some).
+    pub fn drain(&self) -> bool {
+        let mut any = false;
+        let mut buf = [0u8; 8192];
+        loop {
+            // SAFETY: recv writes at most buf.len() bytes into the local buffer.
+            let r = unsafe {
+                libc::recv(
+                    self.sock.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                any = true;
+                continue;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOBUFS) {
+                any = true;
+                continue;
+            }
+            return any;
+        }
+    }
+}
+
+impl AsFd for LinkWatch {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}
+
 /// One address of an interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InterfaceAddr {

@@ -86,15 +86,15 @@ fn finding4_descriptor_budget_per_qp_region_and_connection() {
     let dev = p.open_device("shm0").unwrap();
     assert_eq!(
         fds(),
-        before_dev + 5,
-        "a device instance: listener, wake-up, async events, interface probe, reserve"
+        before_dev + 6,
+        "a device instance: listener, wake-up, async events, interface probe, link notifications, reserve"
     );
     let chan = dev.create_channel().unwrap();
-    assert_eq!(fds(), before_dev + 6, "a completion channel");
+    assert_eq!(fds(), before_dev + 7, "a completion channel");
     let scq = dev.create_cq(64, Some(&chan)).unwrap();
     let rcq = dev.create_cq(64, Some(&chan)).unwrap();
     let pd = dev.alloc_pd().unwrap();
-    assert_eq!(fds(), before_dev + 6, "CQs and PDs keep no descriptor");
+    assert_eq!(fds(), before_dev + 7, "CQs and PDs keep no descriptor");
 
     let n0 = fds();
     let rmb = pd

@@ -266,10 +266,13 @@ impl ShmDevice {
         });
         sh.publish_gids();
         let reserve = EventFd::new()?;
+        // (in the caller's network namespace, as the probe; without it the
+        // device thread looks at the port every tick instead)
+        let watch = sys::LinkWatch::new().ok();
         let s2 = sh.clone();
         let thread = std::thread::Builder::new()
             .name(format!("shm-{}", d.name))
-            .spawn(move || device_thread(s2, listener, reserve));
+            .spawn(move || device_thread(s2, listener, reserve, watch));
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {
@@ -304,9 +307,9 @@ impl ShmDevice {
 
     /// Test hook: behave as if the bound interface went down (`true`) or
     /// follow it again (`false`), for this instance only — for interfaces a
-    /// test must not really take down, such as `lo`. Takes effect at the
-    /// next device-thread tick, with the same events and QP errors as a real
-    /// change of the interface.
+    /// test must not really take down, such as `lo`. Takes effect when the
+    /// device thread wakes for it, with the same events and QP errors as a
+    /// real change of the interface.
     pub fn force_port_down(&self, down: bool) {
         self.sh.forced_down.store(down, SeqCst);
         self.sh.wake.signal();

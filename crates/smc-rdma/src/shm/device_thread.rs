@@ -1,8 +1,17 @@
 //! The device thread of an instance: accepts the connections peers dial to
 //! our QPs and routes their hellos, auth and region requests to the QP
-//! (`qp_rendezvous.rs`, `qp_region.rs`); ticks every `poll_interval` for the
-//! port state, heartbeats, rendezvous timeouts and QPs whose failure waited
-//! for a busy data path. It never blocks on a peer (non-blocking sockets)
+//! (`qp_rendezvous.rs`, `qp_region.rs`); learns of the port state from the
+//! kernel's link notifications (`sys::LinkWatch`) when they come, as an RDMA
+//! device raises IB_EVENT_PORT_ERR when its netdev goes down (Linux
+//! drivers/infiniband/core/roce_gid_mgmt.c, `smc_ib_global_event_handler`
+//! in net/smc/smc_ib.c acts on it at once). A peer process that dies hangs
+//! up its sockets, which the poll sees at once too. What is left for a
+//! periodic tick: heartbeats (a peer that hangs without dying), rendezvous
+//! timeouts, QPs whose failure waited for a busy data path. The tick runs
+//! every `poll_interval` while any of that but heartbeats is under way,
+//! every [`heartbeat_interval`] while the device only has QPs to keep
+//! alive, and not at all with no QP (the thread sleeps until something
+//! happens). It never blocks on a peer (non-blocking sockets)
 //! nor for long on a QP lock, and keeps one descriptor in reserve so that a
 //! process out of descriptors refuses new connections instead of spinning.
 
@@ -29,7 +38,23 @@ pub(super) enum Role {
     Out(Arc<QpInner>),
 }
 
-pub(super) fn device_thread(sh: Arc<DevShared>, listener: SeqPacket, reserve: EventFd) {
+/// How often a device with QPs but nothing else under way ticks: its
+/// heartbeats then tell a hung peer apart within `peer_timeout`, which
+/// allows four heartbeats missed in a row before a peer is taken for dead
+/// (a peer whose device thread a loaded machine delays a little is not).
+pub(super) fn heartbeat_interval(sh: &DevShared) -> Duration {
+    (sh.peer_timeout / 4).max(sh.poll_interval)
+}
+
+/// `watch`: the kernel's link notifications; without them (a socket
+/// refused) the port state is looked at every tick instead, and ticks never
+/// stop.
+pub(super) fn device_thread(
+    sh: Arc<DevShared>,
+    listener: SeqPacket,
+    reserve: EventFd,
+    watch: Option<sys::LinkWatch>,
+) {
     let mut reserve = Some(reserve);
     let mut pending: Vec<(Arc<SeqPacket>, Instant)> = vec![];
     let mut accept_paused_until: Option<Instant> = None;
@@ -45,6 +70,9 @@ pub(super) fn device_thread(sh: Arc<DevShared>, listener: SeqPacket, reserve: Ev
         // The sockets to watch, with the Arcs held across the poll so no
         // descriptor number is closed (and reused) under it.
         let mut socks: Vec<(Arc<SeqPacket>, Role, i16)> = vec![];
+        // Work a short tick must watch: connections not yet routed, QPs
+        // meeting their peer, failing or with a link to install.
+        let mut busy = !pending.is_empty() || accept_paused_until.is_some();
         for (i, (s, _)) in pending.iter().enumerate() {
             socks.push((s.clone(), Role::Pending(i), libc::POLLIN));
         }
@@ -54,6 +82,9 @@ pub(super) fn device_thread(sh: Arc<DevShared>, listener: SeqPacket, reserve: Ev
             let Some(ctl) = lock_within(&qp.ctl, Duration::from_millis(5)) else {
                 continue;
             };
+            busy |= ctl.ready.is_some()
+                || ctl.rtr_at.is_some() && !ctl.inb.as_ref().is_some_and(|b| b.authed)
+                || qp.fail_pending.load(Acquire);
             if let Some(o) = &ctl.out {
                 // Hang-up only (an unread answer must not make us spin).
                 socks.push((o.sock.clone(), Role::Out(qp.clone()), 0));
@@ -74,18 +105,44 @@ pub(super) fn device_thread(sh: Arc<DevShared>, listener: SeqPacket, reserve: Ev
                 0i16,
             ),
             (sh.wake.as_fd().as_raw_fd(), libc::POLLIN, 0),
+            (
+                watch.as_ref().map_or(-1, |w| w.as_fd().as_raw_fd()),
+                libc::POLLIN,
+                0,
+            ),
         ];
         fds.extend(
             socks
                 .iter()
                 .map(|(s, _, ev)| (s.as_fd().as_raw_fd(), *ev, 0)),
         );
-        let _ = sys::poll_raw(&mut fds, Some(sh.poll_interval));
+        let period = if busy || watch.is_none() {
+            Some(sh.poll_interval)
+        } else if !qps.is_empty() {
+            Some(heartbeat_interval(&sh))
+        } else {
+            None
+        };
+        let timeout = period.map(|p| p.saturating_sub(last_tick.elapsed()));
+        let _ = sys::poll_raw(&mut fds, timeout);
         if sh.stop.load(Acquire) {
             break;
         }
+        let mut look = false;
         if fds[1].2 != 0 {
             sh.wake.drain();
+            // (a test's `force_port_down` wakes the thread to be seen)
+            look = true;
+        }
+        if fds[2].2 != 0 && watch.as_ref().is_some_and(sys::LinkWatch::drain) {
+            look = true;
+            if !sh.frozen.load(Acquire) {
+                // (an address that came or went changes the GIDs too)
+                sh.publish_gids();
+            }
+        }
+        if look && watch.is_some() && !sh.frozen.load(Acquire) {
+            port_check(&sh, &qps);
         }
         if fds[0].2 & libc::POLLIN != 0 && !sh.frozen.load(Acquire) {
             accept_paused_until = None;
@@ -99,7 +156,7 @@ pub(super) fn device_thread(sh: Arc<DevShared>, listener: SeqPacket, reserve: Ev
         }
         let mut done_pending = vec![];
         for (i, (s, role, _)) in socks.iter().enumerate() {
-            let rev = fds[i + 2].2;
+            let rev = fds[i + 3].2;
             if rev == 0 || sh.frozen.load(Acquire) {
                 continue;
             }
@@ -122,10 +179,13 @@ pub(super) fn device_thread(sh: Arc<DevShared>, listener: SeqPacket, reserve: Ev
             i += 1;
             keep
         });
-        if last_tick.elapsed() >= sh.poll_interval {
+        if period.is_some_and(|p| last_tick.elapsed() >= p) {
             last_tick = Instant::now();
             ticks += 1;
             if !sh.frozen.load(Acquire) {
+                if watch.is_none() {
+                    port_check(&sh, &qps);
+                }
                 tick(&sh, &qps, ticks);
             }
             if reserve.is_none() {
@@ -189,7 +249,10 @@ fn on_pending(sh: &DevShared, s: &Arc<SeqPacket>) -> bool {
     false
 }
 
-pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
+/// Reads the port state; a change raises its event, and a port gone down
+/// fails every QP of the device (Linux: the HCA moves them to the error
+/// state, `smc_ib_global_event_handler` takes the links down).
+pub(super) fn port_check(sh: &DevShared, qps: &[Arc<QpInner>]) {
     // A look that fails (not a "down" answer) changes nothing.
     let up = match sh.probe.link(&sh.netdev) {
         Ok(l) => l.is_some_and(|l| l.up),
@@ -205,6 +268,9 @@ pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
             }
         }
     }
+}
+
+pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
     if ticks.is_multiple_of(25) {
         sh.publish_gids();
     }
