@@ -234,6 +234,50 @@ fn a_second_link_forms_on_the_second_devices_and_survives_a_port_failure() {
     }
 }
 
+/// A client whose port comes up invites the server to add a link (Linux
+/// smc_core.c `smcr_port_add` for either role; smc_llc.c
+/// `smc_llc_cli_add_link_invite`: v2 REQ_ADD_LINK, v1 an ADD_LINK request),
+/// and the server runs its ADD_LINK flow. Here the group is left with one
+/// link because the client rejected the server's ADD_LINK after the first
+/// contact (its redundancy was off then), so nothing else would make the
+/// server try again; the client turns redundancy on, and its second
+/// device's port goes down and comes back.
+#[test]
+fn a_client_port_coming_up_invites_the_server_to_add_a_link() {
+    for v2 in [true, false] {
+        let mut w = world(v2);
+        w.client.set_redundancy(Redundancy::default());
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        assert_eq!(w.server.usable_links(ls).len(), 1, "v2 {v2}: rejected");
+        w.client.set_redundancy(Redundancy {
+            enabled: true,
+            alternate: true,
+        });
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+        assert_eq!(
+            w.server.usable_links(ls).len(),
+            1,
+            "v2 {v2}: no trigger yet"
+        );
+        w.fabric.set_port("simC2", false).unwrap();
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        w.fabric.set_port("simC2", true).unwrap();
+        w.settle(&mut [&mut t0], Duration::from_millis(10));
+        assert_eq!(w.client.usable_links(lc).len(), 2, "v2 {v2}");
+        assert_eq!(w.server.usable_links(ls).len(), 2, "v2 {v2}");
+        assert_eq!(
+            w.server.link_group_type(ls),
+            Some(LgrType::Symmetric),
+            "v2 {v2}"
+        );
+        let t = smc(&mut w);
+        streams(&mut w, &[&t, &t0], 50_000, |_, _| {});
+    }
+}
+
 /// A simulation seed that found a two-device bug, 8018: a reused group's
 /// Confirm named the client's link on its first device, whose port went
 /// down before the server read the Confirm; the server put that device's

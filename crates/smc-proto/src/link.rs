@@ -202,8 +202,17 @@ pub type Rtoken = [Option<(u32, u64)>; LINK_SLOTS];
 /// Our LLC request awaiting its response (the local flow slot, §1.6).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum LocalFlow {
-    ConfirmRkey { tag: u64, deadline: Timestamp },
-    DeleteRkey { tag: u64, deadline: Timestamp },
+    ConfirmRkey {
+        tag: u64,
+        deadline: Timestamp,
+        /// The link the request went out on.
+        via: usize,
+    },
+    DeleteRkey {
+        tag: u64,
+        deadline: Timestamp,
+        via: usize,
+    },
 }
 
 /// Link group parameters agreed in CLC.
@@ -238,6 +247,10 @@ pub struct LinkGroup {
     add: Option<add_link::AddFlow>,
     /// A server trigger for the ADD_LINK flow is pending (§1.8).
     add_wanted: bool,
+    /// Server: when a failed ADD_LINK flow is tried again, and how many
+    /// times it was since the last trigger (see `add_link::ADD_RETRIES`).
+    add_retry_at: Option<Timestamp>,
+    add_tries: u8,
     /// Client: the ADD_LINK request being answered (for a reject).
     pending_request: Option<AddLink>,
     /// An ADD_LINK request that came while our rkey flow ran (§1.6 rule 2:
@@ -270,6 +283,8 @@ impl LinkGroup {
             redundancy: Redundancy::default(),
             add: None,
             add_wanted: false,
+            add_retry_at: None,
+            add_tries: 0,
             pending_request: None,
             delayed_add: None,
             dropped: 0,
@@ -452,7 +467,7 @@ impl LinkGroup {
             self.out.push_back(LgrOutput::LinkActive { slot });
             // §1.7 step 5: after the first contact, a server adds a link
             if first && self.cfg.role == Role::Server {
-                self.add_wanted = true;
+                self.want_add_link();
             }
             self.add_flow_link_active(slot);
         }
@@ -496,6 +511,27 @@ impl LinkGroup {
                 self.out.push_back(LgrOutput::SendLlc { slot: s, msg });
             }
             Some(_) => {}
+        }
+        // Our rkey flow whose request went out on this link gets no answer
+        // now: it ends at once rather than at its timeout, as Linux's
+        // `smc_llc_wait` stops waiting when the link it waits on is no
+        // longer usable (smc_llc.c; `smc_llc_do_confirm_rkey` and
+        // `smc_llc_do_delete_rkey` then fail). An ADD_LINK request parked
+        // behind it (§1.6) runs now instead of after the flow's 2 s, when
+        // the server's own wait for its answer would be over too.
+        let flow_via = match self.local_flow {
+            Some(
+                LocalFlow::ConfirmRkey { tag, via, .. } | LocalFlow::DeleteRkey { tag, via, .. },
+            ) => Some((tag, via)),
+            None => None,
+        };
+        if let Some((tag, _)) = flow_via.filter(|&(_, via)| via == slot) {
+            self.local_flow = None;
+            self.out
+                .push_back(LgrOutput::RkeyFlowDone { tag, ok: false });
+            if survivor.is_some() {
+                self.after_flow();
+            }
         }
         if was_active && survivor.is_some() {
             self.add_flow_after_loss();
@@ -650,6 +686,7 @@ impl LinkGroup {
         self.local_flow = Some(LocalFlow::ConfirmRkey {
             tag,
             deadline: now + llc::WAIT_TIME,
+            via: slot,
         });
         true
     }
@@ -679,6 +716,7 @@ impl LinkGroup {
         self.local_flow = Some(LocalFlow::DeleteRkey {
             tag,
             deadline: now + llc::WAIT_TIME,
+            via: slot,
         });
         true
     }
@@ -721,7 +759,7 @@ impl LinkGroup {
                     // (a v2 client's invitation: with redundancy on, the
                     // server runs its own ADD_LINK flow when it can, §1.8)
                     if self.redundancy.enabled {
-                        self.add_wanted = true;
+                        self.want_add_link();
                     }
                     let msg = LlcMessage::ReqAddLink(ReqAddLink::response_to(&r));
                     self.out.push_back(LgrOutput::SendLlc { slot, msg });
@@ -871,6 +909,9 @@ impl LinkGroup {
         if let Some(f) = &self.add {
             earliest(f.deadline);
         }
+        if let Some(r) = self.add_retry_at {
+            earliest(r);
+        }
         for l in self.links.iter().flatten() {
             if let Some(d) = l.confirm_deadline {
                 earliest(d);
@@ -893,7 +934,8 @@ impl LinkGroup {
         }
         match self.local_flow {
             Some(
-                LocalFlow::ConfirmRkey { tag, deadline } | LocalFlow::DeleteRkey { tag, deadline },
+                LocalFlow::ConfirmRkey { tag, deadline, .. }
+                | LocalFlow::DeleteRkey { tag, deadline, .. },
             ) if now >= deadline => {
                 self.local_flow = None;
                 self.out
@@ -903,6 +945,7 @@ impl LinkGroup {
             _ => {}
         }
         self.add_flow_timeout(now);
+        self.add_retry_due(now);
         for slot in 0..LINK_SLOTS {
             enum Due {
                 Nothing,

@@ -678,3 +678,96 @@ fn a_clients_req_add_link_makes_the_server_try_again() {
     assert_eq!(p.s.usable_links(), 2);
     assert_eq!(p.c.usable_links(), 2);
 }
+
+/// A failed ADD_LINK flow (here rejected) is tried again `WAIT_TIME` later,
+/// a bounded number of times: a passing failure (the client busy with a
+/// flow of its own when the request came) does not leave the group on one
+/// link for good, and a client that has no path is not asked forever.
+#[test]
+fn a_failed_add_link_is_tried_again_a_bounded_number_of_times() {
+    let mut p = Pair::new(LlcVersion::V2_LE, true, true);
+    p.c.set_redundancy(Redundancy::default());
+    p.start(port(3, 0x12), &[]);
+    p.run(T0);
+    assert_eq!(p.s.usable_links(), 1, "rejected");
+    assert!(!p.s.can_start_add_link());
+    let mut t = T0;
+    let mut tries = 0;
+    while let Some(next) = p.s.poll_timeout() {
+        assert_eq!(next, t + llc::WAIT_TIME, "retry {tries}");
+        t = next;
+        p.s.on_timeout(t);
+        p.run(t);
+        assert!(p.s.can_start_add_link(), "retry {tries}");
+        tries += 1;
+        if tries == 2 {
+            // the client can take it now: the retry makes the second link
+            p.c.set_redundancy(Redundancy {
+                enabled: true,
+                alternate: true,
+            });
+        }
+        let slot = p.s.add_slot().unwrap();
+        assert!(p.s.start_add_link(slot, port(3, 0x12 + tries), &[], t));
+        p.run(t);
+        if p.s.usable_links() == 2 {
+            break;
+        }
+    }
+    assert_eq!(tries, 2);
+    assert_eq!(p.s.usable_links(), 2);
+    assert_eq!(p.c.usable_links(), 2);
+
+    // with a client that always rejects: three more attempts, then none
+    let mut p = Pair::new(LlcVersion::V2_LE, true, true);
+    p.c.set_redundancy(Redundancy::default());
+    p.start(port(3, 0x12), &[]);
+    p.run(T0);
+    let mut retries = 0;
+    while let Some(t) = p.s.poll_timeout() {
+        p.s.on_timeout(t);
+        if !p.s.can_start_add_link() {
+            break;
+        }
+        retries += 1;
+        let slot = p.s.add_slot().unwrap();
+        assert!(p.s.start_add_link(slot, port(3, 0x20 + retries), &[], t));
+        p.run(t);
+        assert!(retries <= 3, "asked again and again");
+    }
+    assert_eq!(retries, 3);
+    assert!(!p.s.can_start_add_link());
+}
+
+/// Our rkey flow whose request went out on a link that then goes down gets
+/// no answer: it ends at once (Linux's `smc_llc_wait` stops waiting when its
+/// link is no longer usable), not after its 2 s, so that an ADD_LINK parked
+/// behind it runs while the server still waits for its answer (simulation
+/// seeds 115, 548 and 16 more of 10,000 stayed on one link).
+#[test]
+fn an_rkey_flow_on_a_link_that_goes_down_ends_at_once() {
+    let mut p = Pair::new(LlcVersion::V2_LE, true, true);
+    p.start(port(3, 0x12), &[]);
+    p.run(T0);
+    assert_eq!(p.c.usable_links(), 2);
+    let first = p.c.active_slots().next().unwrap();
+    assert!(p.c.start_delete_rkey(first, 0x77, 5, T0));
+    while p.c.poll_output().is_some() {}
+    assert!(p.c.local_flow_busy());
+    p.c.on_link_failure(first);
+    let outs: Vec<LgrOutput> = std::iter::from_fn(|| p.c.poll_output()).collect();
+    assert!(
+        outs.contains(&LgrOutput::RkeyFlowDone { tag: 5, ok: false }),
+        "{outs:?}"
+    );
+    assert!(!p.c.local_flow_busy());
+    // a flow on the surviving link is not touched by the loss of another
+    let mut p = Pair::new(LlcVersion::V2_LE, true, true);
+    p.start(port(3, 0x12), &[]);
+    p.run(T0);
+    let slots: Vec<usize> = p.c.active_slots().collect();
+    assert!(p.c.start_delete_rkey(slots[0], 0x77, 5, T0));
+    while p.c.poll_output().is_some() {}
+    p.c.on_link_failure(slots[1]);
+    assert!(p.c.local_flow_busy());
+}

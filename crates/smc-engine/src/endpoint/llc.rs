@@ -33,9 +33,34 @@ impl<P: Provider> Endpoint<P> {
                 self.port_mtu = p.active_mtu;
             }
         }
+        // (the GIDs of the port that came up, for a client's invitation)
+        let up_gids: Vec<smc_rdma::GidEntry> = match ev {
+            AsyncEvent::PortActive { .. } if second => self
+                .dev2
+                .as_ref()
+                .and_then(|d| d.query_port(1).ok())
+                .map(|p| p.gids)
+                .unwrap_or_default(),
+            AsyncEvent::PortActive { .. } => self.gids.clone(),
+            _ => Vec::new(),
+        };
+        let (mac, gids) = (self.mac, &self.gids);
         for lg in self.lgrs.iter_mut().flatten() {
             if matches!(ev, AsyncEvent::PortActive { .. }) {
                 lg.group.request_add_link();
+                // A client invites the server (Linux `smcr_port_add`, for
+                // either role; the client's part `smc_llc_cli_add_link_invite`)
+                // with the port's GIDs of the group's kind (RoCE v1 or v2,
+                // IPv4-mapped or not).
+                let kind = |g: &smc_rdma::GidEntry| (g.gid_type, g.gid.to_ipv4_mapped().is_some());
+                let want = gids.iter().find(|g| g.index == lg.local.index).map(kind);
+                let of_kind: Vec<smc_wire::types::Gid> = up_gids
+                    .iter()
+                    .filter(|g| want.is_none_or(|w| kind(g) == w))
+                    .map(|g| g.gid)
+                    .collect();
+                let alt = of_kind.first().map(|&g| (mac, g));
+                lg.group.invite_add_link(&of_kind, alt);
                 if let Some(slot) = Self::link_to_replace(second, lg) {
                     lg.group.on_link_failure(slot);
                 }

@@ -23,9 +23,10 @@
 use super::{LgrOutput, Link, LinkGroup, LinkState, LocalPort, PeerPort, Role, LINK_SLOTS};
 use crate::Timestamp;
 use smc_wire::llc::{
-    self, AddLink, AddLinkCont, AddLinkRkey, AddLinkV2Ext, ByteOrder, LlcMessage, FLAG_ADD_LNK_REJ,
-    FLAG_RESP, RKEYS_PER_CONT_MSG,
+    self, AddLink, AddLinkCont, AddLinkRkey, AddLinkV2Ext, ByteOrder, LlcMessage, ReqAddLink,
+    FLAG_ADD_LNK_REJ, FLAG_RESP, RKEYS_PER_CONT_MSG,
 };
+use smc_wire::types::{Gid, Mac};
 use std::collections::VecDeque;
 
 /// How a link group takes part in adding links.
@@ -91,6 +92,10 @@ pub(super) struct AddFlow {
     pub(super) stage: Stage,
     pub(super) deadline: Timestamp,
 }
+
+/// How often a failed ADD_LINK flow is tried again before the next trigger
+/// (see `LinkGroup::add_flow_failed`).
+pub(super) const ADD_RETRIES: u8 = 3;
 
 fn triples(rkeys: &[(u32, u32, u64)]) -> VecDeque<AddLinkRkey> {
     rkeys
@@ -161,7 +166,100 @@ impl LinkGroup {
 
     /// Asks for another ADD_LINK attempt (e.g. a port came back, §1.8).
     pub fn request_add_link(&mut self) {
+        self.want_add_link();
+    }
+
+    /// A trigger (§1.8): the server adds a link when it can, with the
+    /// retries of a failed flow counted anew.
+    pub(super) fn want_add_link(&mut self) {
         self.add_wanted = true;
+        self.add_tries = 0;
+        self.add_retry_at = None;
+    }
+
+    /// Server: our ADD_LINK flow failed without a link (rejected, no
+    /// answer in time, the new link not confirmed). Linux tries again only
+    /// at the next trigger (smc_llc.c `smc_llc_process_srv_add_link` ends
+    /// there; a port coming up on either side, `smcr_port_add`, the
+    /// client's invitation, or a link lost are the triggers). A failure
+    /// may be passing, though — the client still busy with a flow of its
+    /// own, or with the DELETE_LINK of the link being replaced, when our
+    /// request came — and then no trigger follows: the flow is tried again
+    /// `WAIT_TIME` later, at most [`ADD_RETRIES`] times per trigger (a
+    /// client that has no path for it says so each time; its group is not
+    /// asked forever).
+    fn add_flow_failed(&mut self, now: Timestamp) {
+        if self.cfg.role == Role::Server
+            && self.redundancy.enabled
+            && self.add_tries < ADD_RETRIES
+            && self.terminated.is_none()
+        {
+            self.add_tries += 1;
+            self.add_retry_at = Some(now + llc::WAIT_TIME);
+        }
+    }
+
+    /// The retry of a failed flow is due: wanted again if the group still
+    /// has one usable link.
+    pub(super) fn add_retry_due(&mut self, now: Timestamp) {
+        if self.add_retry_at.is_some_and(|t| now >= t) {
+            self.add_retry_at = None;
+            if self.usable_links() == 1 {
+                self.add_wanted = true;
+            }
+        }
+    }
+
+    /// Client: a port or device of ours came up (Linux smc_core.c
+    /// `smcr_port_add` → smc_llc.c `smc_llc_add_link_local`, run as
+    /// `smc_llc_cli_add_link_invite`): a group with one usable link invites
+    /// the server to add one (§1.8: the server runs its own ADD_LINK flow
+    /// when it can, our own ADD_LINK flow is never started by a client).
+    /// v2: a REQ_ADD_LINK naming `gids`, the new port's GIDs
+    /// (`smc_llc_send_request_add_link`); v1: an ADD_LINK request carrying
+    /// the new port's MAC and GID (`alt`) and nothing else, which servers
+    /// take as the invitation. Nothing without redundancy, with more than one
+    /// usable link (Linux skips SYMMETRIC and ASYMMETRIC_PEER groups; an
+    /// asymmetric one of ours is replaced by the driver instead), or while an
+    /// ADD_LINK flow runs. Whether an invitation went out.
+    pub fn invite_add_link(&mut self, gids: &[Gid], alt: Option<(Mac, Gid)>) -> bool {
+        if self.cfg.role != Role::Client
+            || !self.redundancy.enabled
+            || self.cfg.max_links <= 1
+            || self.terminated.is_some()
+            || self.add.is_some()
+            || self.usable_links() != 1
+        {
+            return false;
+        }
+        let Some(via) = self.active_slots().next() else {
+            return false;
+        };
+        let msg = if self.cfg.version.is_v2() {
+            LlcMessage::ReqAddLink(ReqAddLink {
+                version: self.cfg.version,
+                flags: 0,
+                gids: gids.iter().copied().take(2).collect(),
+            })
+        } else {
+            let Some((mac, gid)) = alt else {
+                return false;
+            };
+            LlcMessage::AddLink(AddLink {
+                version: self.cfg.version,
+                flags: 0,
+                reject_reason: 0,
+                sender_mac: mac,
+                sender_gid: gid,
+                sender_qpn: 0,
+                link_num: 0,
+                qp_mtu: 0,
+                initial_psn: 0,
+                ext: None,
+            })
+        };
+        self.out.push_back(LgrOutput::SendLlc { slot: via, msg });
+        true
     }
 
     /// The slot a new link takes: the lowest free one, or the highest for a
@@ -357,7 +455,7 @@ impl LinkGroup {
             (Role::Server, true) => self.on_add_link_response(a, now),
             // A client's ADD_LINK request is only an invitation (v1, §1.8):
             // the server runs its own flow when it can.
-            (Role::Server, false) if self.redundancy.enabled => self.add_wanted = true,
+            (Role::Server, false) if self.redundancy.enabled => self.want_add_link(),
             // Without redundancy it is rejected as before.
             (Role::Server, false) => {
                 let msg = LlcMessage::AddLink(AddLink::reject_for(&a));
@@ -466,10 +564,11 @@ impl LinkGroup {
             return;
         };
         if a.flags & FLAG_ADD_LNK_REJ != 0 || a.qp_mtu == 0 {
-            // the client has no path for it: the group stays as it is
+            // the client has no path for it (now): the group stays as it is
             self.out
                 .push_back(LgrOutput::AddLinkFailed { slot: f.slot });
             self.after_flow();
+            self.add_flow_failed(now);
             return;
         }
         let via_peer = self.link(f.via).map(|l| l.peer);
@@ -539,6 +638,8 @@ impl LinkGroup {
     pub(super) fn add_flow_link_active(&mut self, slot: usize) {
         if self.add.as_ref().is_some_and(|f| f.slot == slot) {
             self.add = None;
+            self.add_tries = 0;
+            self.add_retry_at = None;
             self.after_flow();
         }
     }
@@ -581,6 +682,7 @@ impl LinkGroup {
             self.out.push_back(LgrOutput::AddLinkFailed { slot });
             self.after_flow();
         }
+        self.add_flow_failed(now);
     }
 
     /// The local flow slot is free again: a parked ADD_LINK request runs.
@@ -603,7 +705,7 @@ impl LinkGroup {
     /// again (§1.9: "if the group became SINGLE ... tries to add").
     pub(super) fn add_flow_after_loss(&mut self) {
         if self.cfg.role == Role::Server && self.usable_links() == 1 {
-            self.add_wanted = true;
+            self.want_add_link();
         }
     }
 }
