@@ -656,8 +656,10 @@ fn last_link_side(role: &str, s: SmcStream, _other: SmcStream) {
 /// the second link's first so that its connections first move to the
 /// other), the connections end on both sides — a blocked reader and a
 /// blocked writer on each get an error within 30 s, never a hang. The
-/// error is ConnectionAborted (`ConnError::Aborted`), as Linux's ECONNABORTED
-/// (smc_core.c `smc_conn_kill`).
+/// error is ConnectionAborted (`ConnError::Aborted`), the ECONNABORTED Linux
+/// sets (smc_core.c `smc_conn_kill`, smc_close.c `smc_close_active_abort`),
+/// not ConnectionReset (see `ConnError::Aborted` for what Linux's later
+/// calls return).
 #[test]
 fn the_last_link_going_down_ends_the_connections_with_an_error() {
     match std::env::var("SMC_REDUNDANCY_ROLE").as_deref() {

@@ -50,6 +50,17 @@ pub enum ConnError {
     /// Aborted by the peer (`ECONNRESET`).
     Reset,
     /// Killed locally: link group lost or peer misbehaved (`ECONNABORTED`).
+    /// Linux: smc_core.c `smc_conn_kill` (from `smc_lgr_terminate` when the
+    /// last link is gone) and smc_close.c `smc_close_active_abort` set
+    /// `sk_err = ECONNABORTED`, which `SO_ERROR` and poll's EPOLLERR report
+    /// and a writer blocked in smc_tx.c `smc_tx_sendmsg` gets (through
+    /// `sk_stream_error`); never ECONNRESET, which only a peer's abort
+    /// gives. Its later calls differ: smc_rx.c `smc_rx_recvmsg` ends at the
+    /// abort flag `smc_close_abort` set before it looks at `sk_err` (end of
+    /// stream, after what was received), af_smc.c `smc_sendmsg` refuses a
+    /// socket no longer active with EPIPE. Here reads and writes both keep
+    /// reporting ECONNABORTED: an end of stream would pass for the peer's
+    /// orderly close.
     Aborted,
 }
 
