@@ -219,7 +219,7 @@ impl<P: Provider> Endpoint<P> {
     /// write the same way on its own ([`FastConn`]) until its link changes
     /// (a new epoch) or the link's conditions stop holding
     /// ([`Self::close_fast`]).
-    fn grant_fast(
+    pub(super) fn grant_fast(
         lgrs: &mut [Option<Lgr<P>>],
         max_inline: usize,
         id: ConnId,
