@@ -5,8 +5,8 @@ use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastWrite, ReadLease, ReadPlan,
-    WriteLease, WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastWrite, ReadLease, ReadPlan, WriteLease,
+    WritePlan,
 };
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
