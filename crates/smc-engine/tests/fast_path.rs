@@ -181,3 +181,61 @@ fn fast_writes_racing_a_failover_are_replanned_never_lost_or_duplicated() {
         "fast writes again on the new link: {fast:?}"
     );
 }
+
+/// The fast path never takes a link's last SEND: a driver asleep with the
+/// send CQ unarmed would have to arm it for that completion
+/// (`endpoint/arm.rs`), which only the endpoint does. It declines instead,
+/// the endpoint's write takes over, and once completions come in the fast
+/// path goes on; every byte arrives once, in order.
+#[test]
+fn the_fast_path_leaves_the_last_send_to_the_endpoint() {
+    let mut w = World::with_seed(11, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    let (c, s) = (t.c, t.s);
+    let mut sent = 0usize;
+    let mut msg = |sent: &mut usize| -> Vec<u8> {
+        let m: Vec<u8> = (*sent..*sent + 64).map(byte).collect();
+        *sent += 64;
+        m
+    };
+    // the endpoint's own direct write grants the fast path
+    let m = msg(&mut sent);
+    assert_eq!(w.client.write(c, &m), Ok(64));
+    for _ in 0..20 {
+        w.tick();
+    }
+    let h = w.client.fast_conn(c).unwrap();
+    // without a pump no send completes: the fast path takes SENDs until one
+    // is left
+    let mut fast = 0;
+    loop {
+        let m = msg(&mut sent);
+        match h.try_write(&m).unwrap() {
+            FastWrite::Wrote(64) => fast += 1,
+            FastWrite::Declined => {
+                assert_eq!(w.client.write(c, &m), Ok(64), "the endpoint writes it");
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(fast < 64, "the fast path never stops");
+    }
+    // (the first message's SEND completed: 15 of the link's 16 go fast)
+    assert_eq!(fast, 15, "all SENDs but the last");
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        w.tick();
+        got.extend(w.server.read(s, 1 << 16).unwrap());
+    }
+    // completions came in: the fast path goes on
+    let m = msg(&mut sent);
+    assert_eq!(h.try_write(&m), Ok(FastWrite::Wrote(64)));
+    for _ in 0..50 {
+        w.tick();
+        got.extend(w.server.read(s, 1 << 16).unwrap());
+    }
+    assert_eq!(got.len(), sent, "every byte, once");
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(*b, byte(i), "byte {i}");
+    }
+}

@@ -6,8 +6,9 @@
 //! [`CoreRef`] (`Arc<Mutex<_>>`) in the connection's record and, by alert
 //! token, in a table that a received CDC is dispatched through
 //! (`Endpoint::on_cdc`); whoever else gets the `Arc` may lock it without the
-//! endpoint (docs/FAST-PATH.md, step 4). Today every call still comes
-//! through the endpoint, under the device lock.
+//! endpoint (docs/FAST-PATH.md, step 4): a connection's handle
+//! ([`FastConn`]) writes directly that way, on the link's own send lock
+//! ([`LinkTx`]); everything else still comes through the endpoint.
 //!
 //! The methods here are the per-connection halves of the endpoint's data
 //! path (`write.rs`, `read.rs`, `lease.rs`, `cdc_send.rs`, `cdc_recv.rs`,
