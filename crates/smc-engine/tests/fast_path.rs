@@ -193,7 +193,7 @@ fn the_fast_path_leaves_the_last_send_to_the_endpoint() {
     let t = w.handshake();
     let (c, s) = (t.c, t.s);
     let mut sent = 0usize;
-    let mut msg = |sent: &mut usize| -> Vec<u8> {
+    let msg = |sent: &mut usize| -> Vec<u8> {
         let m: Vec<u8> = (*sent..*sent + 64).map(byte).collect();
         *sent += 64;
         m
