@@ -234,10 +234,9 @@ impl<P: Provider> Endpoint<P> {
         else {
             return;
         };
-        if k.fast
-            .as_ref()
-            .is_some_and(|f| f.epoch == k.epoch && f.slot == p.slot && f.rkey == p.rkey)
-        {
+        if k.fast.as_ref().is_some_and(|f| {
+            f.epoch == k.epoch && f.slot == p.slot && f.rkey == p.rkey && f.rmbe_addr == p.rmbe_addr
+        }) {
             // (still granted; the link's side may have been closed since)
             if !res.fast_granted {
                 res.fast_granted = true;
