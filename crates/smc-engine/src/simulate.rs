@@ -65,7 +65,8 @@
 //! event trace of one.
 
 use crate::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, ReadPlan, WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, FastConn, FastWrite, ReadPlan,
+    WritePlan,
 };
 use crate::state::HandshakePhase;
 use smc_proto::close::CloseEvent;
@@ -423,6 +424,10 @@ pub struct Report {
     /// Connections that a failed `prepare_remote` ended (declined, or aborted
     /// when their peer was established already).
     pub prepare_victims: usize,
+    /// The run wrote through the fast path (`FastConn::try_write`) too.
+    pub fast: bool,
+    /// Writes the fast path finished.
+    pub fast_writes: usize,
     /// Human-readable event trace.
     pub trace: Vec<String>,
 }
@@ -532,6 +537,13 @@ pub fn run(seed: u64) -> Result<Report, String> {
     // Decided by a generator of its own, so that every other choice of a
     // seed stays as it was.
     let mut prng = Rng::new(seed ^ 0x0BAD_9E70_5EED_0001);
+    // Most runs also write through the fast path, where a connection can
+    // (`FastConn`), between the endpoint's writes, pumps and faults; from a
+    // generator of their own as well.
+    let mut frng = Rng::new(seed ^ 0xFA57_0A7B_5EED_0004);
+    let fast_on = frng.chance(75);
+    let mut fast_handles: std::collections::HashMap<(usize, bool), Option<FastConn<Faulty>>> =
+        std::collections::HashMap::new();
     let percent = if prng.chance(15) {
         10 + prng.below(40)
     } else {
@@ -726,6 +738,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         seed,
         fault,
         prepare_faults: percent > 0,
+        fast: fast_on,
         ..Report::default()
     };
     let mut now = Duration::ZERO;
@@ -1258,7 +1271,33 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     for (k, b) in buf.iter_mut().take(want).enumerate() {
                         *b = pattern(seed, i, dir_out, me.sent + k as u64);
                     }
-                    let written = if rng.chance(50) {
+                    // The fast path first, in the runs that use it, as the
+                    // socket library does; what it declines goes through
+                    // the endpoint.
+                    let fast = if fast_on && frng.chance(70) {
+                        let h = fast_handles
+                            .entry((i, client_side))
+                            .or_insert_with(|| ep.fast_conn(me.id));
+                        match h.as_ref().map(|h| h.try_write(&buf[..want])) {
+                            Some(Ok(FastWrite::Wrote(n))) => {
+                                report.fast_writes += 1;
+                                Some(Ok(n))
+                            }
+                            Some(Ok(FastWrite::WroteLinkBroke(n))) => {
+                                report.fast_writes += 1;
+                                // the endpoint learns of it at its next pump
+                                let _ = ep.pump(now);
+                                Some(Ok(n))
+                            }
+                            Some(Ok(FastWrite::Declined)) | None => None,
+                            Some(Err(e)) => Some(Err(e)),
+                        }
+                    } else {
+                        None
+                    };
+                    let written = if let Some(w) = fast {
+                        w
+                    } else if rng.chance(50) {
                         let pump = rng.chance(30).then_some(now);
                         write_leased(ep, me.id, &buf[..want], pump)
                             .map_err(|e| fail(&report, format!("conn {i}: {e}")))?

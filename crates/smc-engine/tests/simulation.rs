@@ -23,6 +23,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     let (mut two_links, mut failovers, mut moves, mut add_faults) = (0, 0, 0, 0);
     let (mut prepare_failures, mut late, mut two_devices) = (0, 0, 0);
     let mut relinked = 0;
+    let (mut fast_runs, mut fast_writes) = (0, 0);
     for seed in start..start + n {
         match simulate::run(seed) {
             Ok(r) => {
@@ -38,11 +39,14 @@ fn a_thousand_seeds_hold_every_invariant() {
                 late += usize::from(r.confirm_link_fault);
                 two_devices += usize::from(r.second_device);
                 relinked += usize::from(r.relinked);
+                fast_runs += usize::from(r.fast);
+                fast_writes += r.fast_writes;
             }
             Err(e) => failures.push(e),
         }
     }
     eprintln!("{n} seeds: {smc} SMC-R connections, {faults} runs with a fault, {aborts} aborts, {bytes} bytes");
+    eprintln!("  {fast_runs} runs with fast-path writes, {fast_writes} of them done");
     eprintln!(
         "  {two_links} runs with a second link (by ADD_LINK; {two_devices} over second devices), {failovers} of them lost one link, {moves} moves, {add_faults} QP failures during ADD_LINK, {relinked} relinked after a port came back (every one within 8 s)"
     );
@@ -92,6 +96,15 @@ fn a_thousand_seeds_hold_every_invariant() {
         "too few prepare failures: {prepare_failures}"
     );
     assert!(late as u64 >= n / 40, "too few late link failures: {late}");
+    // and writes of the connections' fast path (`FastConn`) among them
+    assert!(
+        fast_runs as u64 >= n / 2,
+        "too few runs with fast-path writes: {fast_runs}"
+    );
+    assert!(
+        fast_writes as u64 >= n,
+        "too few fast-path writes: {fast_writes}"
+    );
 }
 
 #[test]

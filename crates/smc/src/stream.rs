@@ -5,7 +5,8 @@ use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, ReadLease, ReadPlan, WriteLease, WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastWrite, ReadLease, ReadPlan, WriteLease,
+    WritePlan,
 };
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
@@ -93,6 +94,8 @@ pub(crate) struct SmcConn {
     /// The process generation that made it: in a forked child the
     /// connection is the parent's (see `crate::fork`).
     born: usize,
+    /// The connection's fast path (`FastConn`), once asked for.
+    fast: std::sync::OnceLock<Option<FastConn<AnyProvider>>>,
 }
 
 impl SmcConn {
@@ -119,6 +122,33 @@ impl SmcConn {
         }
     }
 
+    /// Writes all of `buf` through the connection's fast path, without the
+    /// endpoint's lock, if the connection can (`FastConn::try_write`): a
+    /// direct write of an established connection that leaves nothing for
+    /// the endpoint to do. `None`: it could not, nothing was written.
+    /// Not while the connection has a readiness descriptor: the locked
+    /// write sets it after the write (`note`).
+    fn try_fast_write(&self, buf: &[u8]) -> Option<usize> {
+        if self.ready.get().is_some() {
+            return None;
+        }
+        let h = self
+            .fast
+            .get_or_init(|| self.shared.lock().fast_conn(self.id))
+            .as_ref()?;
+        match h.try_write(buf) {
+            Ok(FastWrite::Wrote(n)) => Some(n),
+            // the endpoint learns of the broken link at its next pump: now
+            Ok(FastWrite::WroteLinkBroke(n)) => {
+                let mut ep = self.shared.lock();
+                self.shared.pump(&mut ep);
+                Some(n)
+            }
+            // (an error shows through the endpoint's write)
+            Ok(FastWrite::Declined) | Err(_) => None,
+        }
+    }
+
     /// Connection `id` of `shared`, handshaking (released if dropped).
     pub(crate) fn handshaking(shared: Arc<Shared>, id: ConnId) -> SmcConn {
         SmcConn {
@@ -129,6 +159,7 @@ impl SmcConn {
             stats: Arc::default(),
             ready: std::sync::OnceLock::new(),
             born: crate::fork::generation(),
+            fast: std::sync::OnceLock::new(),
         }
     }
 
@@ -543,6 +574,9 @@ impl SmcStream {
         }
         if buf.is_empty() {
             return Ok(0);
+        }
+        if let Some(n) = c.try_fast_write(buf) {
+            return Ok(n);
         }
         let deadline = Self::timeout(&self.opts.write_timeout);
         let op = |ep: &mut Endpoint<AnyProvider>, buffer: bool| {

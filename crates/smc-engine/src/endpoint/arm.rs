@@ -63,7 +63,7 @@ impl<P: Provider> Endpoint<P> {
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 let unarmed = self
                     .link_res_mut(l, slot)
-                    .is_some_and(|res| !res.send_armed && !res.wrs.is_empty());
+                    .is_some_and(|res| !res.send_armed && !res.book().wrs.is_empty());
                 if unarmed && self.awaits_send_completions(l, slot) {
                     if let Some(res) = self.link_res_mut(l, slot) {
                         res.arm_send()?;
@@ -93,14 +93,36 @@ impl<P: Provider> Endpoint<P> {
         let Some(res) = lg.links.get(slot).and_then(Option::as_ref) else {
             return false;
         };
-        if res.wrs.is_empty() {
-            // nothing signaled in flight: no send completion to wait for (a
-            // failed QP also flushes its receives, on the receive CQ)
-            return false;
+        // What is in flight, copied out: the link's send lock is not held
+        // while a connection's core is locked (the fast path takes them the
+        // other way round, `ConnCore::fast_write`).
+        let mut cdcs = [0 as super::ConnId; MAX_SENDS];
+        let mut n = 0;
+        {
+            let book = res.book();
+            if book.wrs.is_empty() {
+                // nothing signaled in flight: no send completion to wait for (a
+                // failed QP also flushes its receives, on the receive CQ)
+                return false;
+            }
+            if book.sends_in_flight >= MAX_SENDS || !book.has_free_slots() {
+                return true;
+            }
+            for &(_, kind, _) in &book.wrs {
+                match kind {
+                    super::link::WrKind::Llc | super::link::WrKind::Validation => return true,
+                    super::link::WrKind::Cdc(id, _) => {
+                        // (more than fit: wait for them, to be safe)
+                        let Some(at) = cdcs.get_mut(n) else {
+                            return true;
+                        };
+                        *at = id;
+                        n += 1;
+                    }
+                }
+            }
         }
-        if res.sends_in_flight >= MAX_SENDS
-            || !res.has_free_slots()
-            || lg.state != LgrState::Active
+        if lg.state != LgrState::Active
             || lg
                 .group
                 .link(slot)
@@ -108,13 +130,11 @@ impl<P: Provider> Endpoint<P> {
         {
             return true;
         }
-        res.wrs.iter().any(|&(_, kind, _)| match kind {
-            super::link::WrKind::Llc | super::link::WrKind::Validation => true,
-            super::link::WrKind::Cdc(id, _) => self
-                .conns
+        cdcs[..n].iter().any(|&id| {
+            self.conns
                 .get(id)
                 .and_then(Option::as_ref)
-                .is_some_and(|c| conn_awaits_send_completion(c, slot)),
+                .is_some_and(|c| conn_awaits_send_completion(c, slot))
         })
     }
 }

@@ -44,10 +44,7 @@ impl<P: Provider> Endpoint<P> {
             let now = self.now;
             let mut failed = false;
             for wc in wcs.iter().take(n) {
-                let kind = res.complete(wc.wr_id);
-                if kind.is_some() {
-                    res.sends_in_flight = res.sends_in_flight.saturating_sub(1);
-                }
+                let kind = res.complete(wc.wr_id, &mut self.cdc_sent);
                 if wc.status != WcStatus::Success {
                     failed = true;
                     continue;
@@ -201,7 +198,7 @@ impl<P: Provider> Endpoint<P> {
             let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
                 break;
             };
-            if !usable || res.sends_in_flight >= MAX_SENDS {
+            if !usable || res.sends_in_flight() >= MAX_SENDS {
                 break;
             }
             // the peer RMB's rkey and address on this link (§3.2 step 4)

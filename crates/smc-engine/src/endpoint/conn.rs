@@ -247,6 +247,14 @@ impl<P: Provider> Endpoint<P> {
     }
 }
 
+impl<P: Provider> Drop for Conn<P> {
+    fn drop(&mut self) {
+        // A fast-path handle may outlive the connection's record: it keeps
+        // no link alive.
+        lock(&self.core).fast = None;
+    }
+}
+
 impl<P: Provider> Conn<P> {
     /// The close waits for unsent data (`close_deadline`): each time the
     /// peer has taken some of it (`unsent`: what is left, with a data path),

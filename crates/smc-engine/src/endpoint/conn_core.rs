@@ -6,8 +6,9 @@
 //! [`CoreRef`] (`Arc<Mutex<_>>`) in the connection's record and, by alert
 //! token, in a table that a received CDC is dispatched through
 //! (`Endpoint::on_cdc`); whoever else gets the `Arc` may lock it without the
-//! endpoint (docs/FAST-PATH.md, step 4). Today every call still comes
-//! through the endpoint, under the device lock.
+//! endpoint (docs/FAST-PATH.md, step 4): a connection's handle
+//! ([`FastConn`]) writes directly that way, on the link's own send lock
+//! ([`LinkTx`]); everything else still comes through the endpoint.
 //!
 //! The methods here are the per-connection halves of the endpoint's data
 //! path (`write.rs`, `read.rs`, `lease.rs`, `cdc_send.rs`, `cdc_recv.rs`,
@@ -24,12 +25,12 @@ use super::conn::ConnError;
 use super::events::AbortCause;
 use super::lease::{ReadLease, ReadPlan};
 use super::lgr::PeerRmb;
-use super::link::{LinkRes, WrKind};
+use super::link::{LinkRes, LinkTx, WrKind, MAX_SENDS};
 use super::ConnId;
 use smc_proto::close::{CloseEvent, CloseState, Closer};
 use smc_proto::datapath::{DataPath, Violation};
 use smc_rdma::{MemWindow, MemoryRegion, Provider};
-use smc_wire::cdc::{CdcMessage, RingChunks};
+use smc_wire::cdc::{CdcMessage, RingChunks, CDC_LEN};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// A connection's data path, shared between the endpoint and whoever holds a
@@ -83,6 +84,76 @@ pub(super) struct ConnCore<P: Provider> {
     /// The window onto the peer's RMB that write leases lend, with the link
     /// slot and rkey it was made for (made again when they change).
     pub(super) peer_window: Option<(usize, u32, MemWindow)>,
+    /// What the fast path writes with (see [`FastTx`]); `None` until a
+    /// direct write of the endpoint granted it, and again from every change
+    /// of link on.
+    pub(super) fast: Option<FastTx<P>>,
+}
+
+/// A grant to write directly without the endpoint ([`ConnCore::fast_write`]):
+/// the link's send side and where the peer's RMB is on it, as the endpoint's
+/// own direct write found them (`Endpoint::write_direct`), valid while the
+/// connection's link epoch is the one it was made on and the link's send
+/// side is open (`TxBook::open`).
+pub(super) struct FastTx<P: Provider> {
+    pub(super) tx: Arc<LinkTx<P>>,
+    pub(super) id: ConnId,
+    pub(super) slot: usize,
+    pub(super) epoch: u64,
+    pub(super) rkey: u32,
+    /// The peer's RMBE, as the link addresses it.
+    pub(super) rmbe_addr: u64,
+    /// Largest write the device takes inline.
+    pub(super) max_inline: usize,
+}
+
+/// What a write of the fast path did ([`FastConn::try_write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastWrite {
+    /// Written straight into the peer's RMB, with its CDC.
+    Wrote(usize),
+    /// Written, but posting failed: the link is broken, and the endpoint
+    /// learns of it at its next pump, which should come soon (as a write
+    /// of the endpoint, this write itself succeeded).
+    WroteLinkBroke(usize),
+    /// Not done: the connection cannot finish this write alone (not
+    /// established, no room, no free send slot, its link changing, a close,
+    /// a lease, or anything else the endpoint must see). Nothing changed:
+    /// write through the endpoint (`Endpoint::write`).
+    Declined,
+}
+
+/// A connection's handle for the fast path (docs/FAST-PATH.md, step 4):
+/// what an established connection can do on its own, without the endpoint
+/// (and so without the lock a driver keeps it under). Cloneable; obtained
+/// from [`Endpoint::fast_conn`](super::Endpoint::fast_conn). Every call either
+/// finishes or declines without a change, and the caller then goes through
+/// the endpoint.
+pub struct FastConn<P: Provider> {
+    core: CoreRef<P>,
+}
+
+impl<P: Provider> Clone for FastConn<P> {
+    fn clone(&self) -> Self {
+        FastConn {
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<P: Provider> FastConn<P> {
+    pub(super) fn new(core: CoreRef<P>) -> FastConn<P> {
+        FastConn { core }
+    }
+
+    /// Writes all of `data` straight into the peer's RMB with its CDC, if
+    /// the connection can do that alone now (see [`FastWrite`]); the same
+    /// as the direct path of `Endpoint::write` on the wire (inline RDMA
+    /// WRITEs and one CDC).
+    #[inline]
+    pub fn try_write(&self, data: &[u8]) -> std::result::Result<FastWrite, ConnError> {
+        lock(&self.core).fast_write(data)
+    }
 }
 
 /// What a write into the send buffer did ([`ConnCore::write_buffered`]),
@@ -150,6 +221,7 @@ impl<P: Provider> ConnCore<P> {
             tx_full_noted: false,
             lease_waited: false,
             peer_window: None,
+            fast: None,
         }
     }
 
@@ -158,6 +230,92 @@ impl<P: Provider> ConnCore<P> {
     pub(super) fn set_link(&mut self, to: Option<usize>) {
         self.link = to;
         self.epoch = self.epoch.wrapping_add(1);
+        self.fast = None;
+    }
+
+    /// The fast path's write (see [`FastConn::try_write`]): the conditions
+    /// of the endpoint's direct write (`Endpoint::direct_plan`) that the
+    /// connection can see, the link's as the grant recorded them, and what
+    /// keeps the endpoint from having to learn of it: the write leaves the
+    /// connection with nothing to send or wait for (room in its send
+    /// buffer, nothing unsent, no close, urgent byte or move), and the link
+    /// with a free SEND and send slot, so that no sleeping driver has to
+    /// arm its send CQ for this CDC's completion (`endpoint/arm.rs`).
+    pub(super) fn fast_write(&mut self, data: &[u8]) -> std::result::Result<FastWrite, ConnError> {
+        let Some(f) = self.fast.as_ref() else {
+            return Ok(FastWrite::Declined);
+        };
+        if f.epoch != self.epoch || self.link != Some(f.slot) {
+            self.fast = None;
+            return Ok(FastWrite::Declined);
+        }
+        if self.write_leased
+            || !self.established
+            || self.move_to.is_some()
+            || self.validation.is_some()
+            || self.closer.state() != CloseState::Active
+            || self.peer_rmb.is_none()
+        {
+            return Ok(FastWrite::Declined);
+        }
+        let Some(dp) = self.dp.as_mut() else {
+            return Ok(FastWrite::Declined);
+        };
+        let n = data.len();
+        if n == 0
+            || n > f.max_inline
+            || n >= dp.sndbuf_free()
+            || n > dp.peer_space()
+            || dp.unsent() > 0
+            || dp.urgent_pending()
+            || dp.close_pending()
+        {
+            return Ok(FastWrite::Declined);
+        }
+        let mut book = f.tx.book();
+        if !book.open
+            || book.sends_in_flight + 1 >= MAX_SENDS
+            || !book.has_free_slots()
+            || (book.takes_slot(CDC_LEN) && book.free_small() < 2)
+        {
+            return Ok(FastWrite::Declined);
+        }
+        dp.produced(n);
+        let Some(batch) = dp.poll_tx() else {
+            return Err(ConnError::Aborted);
+        };
+        debug_assert_eq!(
+            batch.writes.iter().map(|w| w.len).sum::<usize>(),
+            n,
+            "the batch writes everything produced"
+        );
+        self.direct_sent = dp.sent_total();
+        let qp = &*f.tx.qp;
+        let mut posted = Ok(());
+        let mut at = 0;
+        for w in &batch.writes {
+            let addr = f.rmbe_addr + w.peer_offset as u64;
+            posted = book.post_write_inline(qp, &data[at..at + w.len], f.rkey, addr);
+            if posted.is_err() {
+                break;
+            }
+            at += w.len;
+        }
+        if posted.is_ok() {
+            posted = book.post(qp, WrKind::Cdc(f.id, batch.cdc.seqno), &batch.cdc.encode());
+        }
+        match posted {
+            Ok(()) => {
+                book.fast_cdcs += 1;
+                Ok(FastWrite::Wrote(n))
+            }
+            // (as the endpoint's direct write: what did not go out stays
+            // accounted as in flight, the link is down)
+            Err(e) => {
+                f.tx.broke(&mut book, e);
+                Ok(FastWrite::WroteLinkBroke(n))
+            }
+        }
     }
 
     /// The data path, when there is one (SMC: from the Accept / Confirm on).

@@ -107,7 +107,7 @@ impl<P: Provider> Endpoint<P> {
                         lg.links
                             .iter()
                             .flatten()
-                            .map(|r| r.sends_in_flight)
+                            .map(|r| r.sends_in_flight())
                             .collect()
                     })
                     .unwrap_or_default();
@@ -188,7 +188,16 @@ impl<P: Provider> Endpoint<P> {
     /// CDC and LLC messages this endpoint sent and received so far.
     pub fn msg_counts(&self) -> MsgCounts {
         MsgCounts {
-            cdc_sent: self.cdc_sent,
+            // (and those of the fast path that no send completion has
+            // counted yet)
+            cdc_sent: self.cdc_sent
+                + self
+                    .lgrs
+                    .iter()
+                    .flatten()
+                    .flat_map(|lg| lg.links.iter().flatten())
+                    .map(|r| r.book().fast_cdcs)
+                    .sum::<u64>(),
             cdc_received: self.cdc_received,
             llc_sent: self.llc_sent,
             llc_received: self.llc_received,

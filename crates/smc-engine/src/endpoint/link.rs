@@ -22,6 +22,8 @@ use smc_rdma::{
 };
 use smc_wire::types::{Gid, IbMtu, Mac};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::gid::LocalGid;
@@ -91,7 +93,9 @@ impl SendSlot {
 pub(super) struct LinkRes<P: Provider> {
     pub scq: P::Cq,
     pub rcq: P::Cq,
-    pub qp: P::Qp,
+    /// The QP (shared with [`LinkTx`]: posting takes `&self`, providers
+    /// synchronize it internally).
+    pub qp: Arc<P::Qp>,
     pub recv: P::Mr,
     /// Our initial send PSN.
     pub psn: u32,
@@ -105,6 +109,34 @@ pub(super) struct LinkRes<P: Provider> {
     pub path_mtu: Option<IbMtu>,
     /// Server: the link id chosen when this (further) link was offered.
     pub offered_id: u8,
+    /// The QP with its send bookkeeping behind a lock of the link's own,
+    /// which a connection's fast path holds (`ConnCore::fast_write`).
+    pub tx: Arc<LinkTx<P>>,
+    /// The send CQ was armed by the last [`Self::arm`] or since (an armed CQ
+    /// stays armed until its event, which wakes the driver, who arms again).
+    pub send_armed: bool,
+    /// The endpoint opened the link's send side to the fast path
+    /// (`TxBook::open`, kept here to look at without its lock).
+    pub fast_granted: bool,
+    /// `Some`: the link is on the endpoint's second device.
+    pub on: Option<OtherDevice>,
+}
+
+/// A link's send side as a connection's fast path uses it without the
+/// endpoint (docs/FAST-PATH.md, step 4): the QP, and the work-request and
+/// send-slot bookkeeping under a lock of the link's own. The endpoint posts
+/// through the same lock ([`LinkRes::post`] and the rest), so the two never
+/// disagree on what is in flight.
+pub(super) struct LinkTx<P: Provider> {
+    pub qp: Arc<P::Qp>,
+    book: Mutex<TxBook<P>>,
+    /// Set when a fast post failed ([`TxBook::broken`]): the endpoint's next
+    /// pump looks.
+    attention: AtomicBool,
+}
+
+/// The send bookkeeping of a link (see [`LinkTx`]).
+pub(super) struct TxBook<P: Provider> {
     /// Signaled SENDs in flight, oldest first (an RC send queue completes
     /// in order, so a completion is almost always the front one), with the
     /// send slot each one holds.
@@ -118,11 +150,17 @@ pub(super) struct LinkRes<P: Provider> {
     free_large: Vec<u16>,
     pub sends_in_flight: usize,
     pub next_wr: u64,
-    /// The send CQ was armed by the last [`Self::arm`] or since (an armed CQ
-    /// stays armed until its event, which wakes the driver, who arms again).
-    pub send_armed: bool,
-    /// `Some`: the link is on the endpoint's second device.
-    pub on: Option<OtherDevice>,
+    /// Connections may write directly on this link without the endpoint
+    /// (`ConnCore::fast_write`): set by the endpoint's own direct write,
+    /// which checked the link's conditions (`Endpoint::direct_plan`),
+    /// cleared when they no longer hold (`Endpoint::close_fast`) and when
+    /// the link is stopped or released.
+    pub open: bool,
+    /// A fast post failed with this: the link is broken, for the endpoint
+    /// to handle (`Endpoint::take_fast_errors`).
+    pub broken: Option<smc_rdma::Error>,
+    /// CDCs the fast path posted, not yet counted by the endpoint.
+    pub fast_cdcs: u64,
 }
 
 impl<P: Provider> LinkRes<P> {
@@ -174,6 +212,23 @@ impl<P: Provider> LinkRes<P> {
         } else {
             None
         };
+        let qp = Arc::new(qp);
+        let tx = Arc::new(LinkTx {
+            qp: qp.clone(),
+            book: Mutex::new(TxBook {
+                wrs: VecDeque::new(),
+                max_inline: max_inline as usize,
+                sendbuf,
+                free_small: (0..SQ_DEPTH as u16).rev().collect(),
+                free_large: (0..LARGE_SLOTS as u16).rev().collect(),
+                sends_in_flight: 0,
+                next_wr: 1 << 32,
+                open: false,
+                broken: None,
+                fast_cdcs: 0,
+            }),
+            attention: AtomicBool::new(false),
+        });
         Ok(LinkRes {
             scq,
             rcq,
@@ -185,14 +240,9 @@ impl<P: Provider> LinkRes<P> {
             connected: false,
             path_mtu: None,
             offered_id: 0,
-            wrs: VecDeque::new(),
-            max_inline: max_inline as usize,
-            sendbuf,
-            free_small: (0..SQ_DEPTH as u16).rev().collect(),
-            free_large: (0..LARGE_SLOTS as u16).rev().collect(),
-            sends_in_flight: 0,
-            next_wr: 1 << 32,
+            tx,
             send_armed: false,
+            fast_granted: false,
             on: None,
         })
     }
@@ -243,13 +293,154 @@ impl<P: Provider> LinkRes<P> {
         Ok(())
     }
 
+    /// The link's send bookkeeping, locked.
+    #[inline]
+    pub fn book(&self) -> MutexGuard<'_, TxBook<P>> {
+        self.tx.book()
+    }
+
     /// Posts a signaled SEND (LLC or CDC): inline when the device takes it
     /// inline, else from a registered send slot, held until its completion.
     pub fn post(&mut self, kind: WrKind, bytes: &[u8]) -> Result<()> {
+        self.tx.book().post(&self.qp, kind, bytes)
+    }
+
+    /// Signaled SENDs in flight.
+    pub fn sends_in_flight(&self) -> usize {
+        self.book().sends_in_flight
+    }
+
+    /// Posts an unsignaled RDMA WRITE of `sges` to the peer's `(rkey, addr)`.
+    /// (`sges` name the send buffer by its lkey on the first device; a link
+    /// on the second device uses that buffer's registration there.)
+    pub fn post_write(&mut self, sges: &[Sge], rkey: u32, remote_addr: u64) -> Result<()> {
+        let mut book = self.tx.book();
+        book.next_wr += 1;
+        let mut local = [Sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; 2];
+        let sges = match &self.on {
+            Some(on) if sges.len() <= local.len() => {
+                for (d, s) in local.iter_mut().zip(sges) {
+                    let (lkey, here, first) = on.lkeys.get(&s.lkey).copied().ok_or_else(|| {
+                        smc_rdma::Error::InvalidArgument(
+                            "a send buffer not registered on the link's device".into(),
+                        )
+                    })?;
+                    let addr = s.addr.wrapping_sub(first).wrapping_add(here);
+                    *d = Sge { lkey, addr, ..*s };
+                }
+                &local[..sges.len()]
+            }
+            Some(_) => {
+                return Err(smc_rdma::Error::InvalidArgument(
+                    "more than two pieces in one WRITE".into(),
+                ))
+            }
+            None => sges,
+        };
+        self.qp.post_send(&SendWr {
+            wr_id: book.next_wr,
+            op: SendOp::RdmaWrite { remote_addr, rkey },
+            payload: Payload::Sges(sges),
+            signaled: false,
+        })
+    }
+
+    /// Posts an unsignaled inline RDMA WRITE of `data` (copied at post time)
+    /// to the peer's `(rkey, addr)`.
+    pub fn post_write_inline(&mut self, data: &[u8], rkey: u32, remote_addr: u64) -> Result<()> {
+        self.tx
+            .book()
+            .post_write_inline(&self.qp, data, rkey, remote_addr)
+    }
+
+    /// Takes the signaled SEND `wr_id` out of the link's SENDs in flight
+    /// (its send slot is free again, and its place in the send queue):
+    /// what it carried. The CDCs the fast path posted since are added to
+    /// `cdc_sent`.
+    pub fn complete(&mut self, wr_id: u64, cdc_sent: &mut u64) -> Option<WrKind> {
+        let mut book = self.tx.book();
+        *cdc_sent += std::mem::take(&mut book.fast_cdcs);
+        book.complete(wr_id)
+    }
+
+    /// Asks the receive CQ, and the send CQ if `send`, to signal the
+    /// endpoint's channel at their next completion (see `endpoint/arm.rs`).
+    pub fn arm(&mut self, send: bool) -> Result<()> {
+        // (false also when an earlier arm may still hold: `arm_sends` then
+        // arms again rather than trust it)
+        self.send_armed = false;
+        if send {
+            self.arm_send()?;
+        }
+        self.rcq.req_notify()
+    }
+
+    /// Asks the send CQ to signal the endpoint's channel at its next completion.
+    pub fn arm_send(&mut self) -> Result<()> {
+        self.scq.req_notify()?;
+        self.send_armed = true;
+        Ok(())
+    }
+
+    /// The QP has failed (posting to it fails with this, completions flush).
+    pub fn failed(&self) -> bool {
+        self.qp.state() == QpState::Err
+    }
+
+    /// Stops the link's QP: outstanding work requests flush.
+    pub fn shut(&self) {
+        self.book().open = false;
+        let _ = self.qp.modify(&QpModify::Err);
+    }
+
+    /// A fast post on this link failed since the last look: the error, to
+    /// handle as a failed post of the endpoint's own (`Endpoint::link_error`).
+    pub fn take_fast_error(&self) -> Option<smc_rdma::Error> {
+        if !self.tx.attention.load(Ordering::Acquire) {
+            return None;
+        }
+        self.tx.attention.store(false, Ordering::Release);
+        self.book().broken.take()
+    }
+}
+
+impl<P: Provider> Drop for LinkRes<P> {
+    fn drop(&mut self) {
+        // connections may still hold the link's send side: no fast post
+        // once the endpoint has let the link go
+        self.book().open = false;
+    }
+}
+
+impl<P: Provider> LinkTx<P> {
+    /// The link's send bookkeeping, locked. A panic while it was held
+    /// cannot have left it half-updated in a way a poisoned lock would
+    /// guard against any better: it is used as it is.
+    #[inline]
+    pub fn book(&self) -> MutexGuard<'_, TxBook<P>> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A fast post failed with `e` (the caller holds `book`): the link
+    /// takes no more, and the endpoint's next pump handles the error.
+    pub fn broke(&self, book: &mut TxBook<P>, e: smc_rdma::Error) {
+        book.open = false;
+        book.broken.get_or_insert(e);
+        self.attention.store(true, Ordering::Release);
+    }
+}
+
+impl<P: Provider> TxBook<P> {
+    /// Posts a signaled SEND on `qp` (see [`LinkRes::post`]).
+    pub fn post(&mut self, qp: &P::Qp, kind: WrKind, bytes: &[u8]) -> Result<()> {
         self.next_wr += 1;
         let wr_id = self.next_wr;
         if bytes.len() <= self.max_inline {
-            self.qp.post_send(&SendWr {
+            qp.post_send(&SendWr {
                 wr_id,
                 op: SendOp::Send,
                 payload: Payload::Inline(bytes),
@@ -258,7 +449,7 @@ impl<P: Provider> LinkRes<P> {
             self.wrs.push_back((wr_id, kind, None));
         } else {
             let slot = self.take_slot(bytes.len())?;
-            let posted = self.post_from_slot(wr_id, slot, bytes);
+            let posted = self.post_from_slot(qp, wr_id, slot, bytes);
             if let Err(e) = posted {
                 self.give_slot(slot);
                 return Err(e);
@@ -269,7 +460,7 @@ impl<P: Provider> LinkRes<P> {
         Ok(())
     }
 
-    fn post_from_slot(&self, wr_id: u64, slot: SendSlot, bytes: &[u8]) -> Result<()> {
+    fn post_from_slot(&self, qp: &P::Qp, wr_id: u64, slot: SendSlot, bytes: &[u8]) -> Result<()> {
         let buf = self
             .sendbuf
             .as_ref()
@@ -277,7 +468,7 @@ impl<P: Provider> LinkRes<P> {
         let at = slot.offset();
         buf.write_at(at, bytes)?;
         let sge = buf.sge(at, bytes.len() as u32)?;
-        self.qp.post_send(&SendWr {
+        qp.post_send(&SendWr {
             wr_id,
             op: SendOp::Send,
             payload: Payload::Sges(&[sge]),
@@ -306,49 +497,17 @@ impl<P: Provider> LinkRes<P> {
         }
     }
 
-    /// Posts an unsignaled RDMA WRITE of `sges` to the peer's `(rkey, addr)`.
-    /// (`sges` name the send buffer by its lkey on the first device; a link
-    /// on the second device uses that buffer's registration there.)
-    pub fn post_write(&mut self, sges: &[Sge], rkey: u32, remote_addr: u64) -> Result<()> {
+    /// Posts an unsignaled inline RDMA WRITE on `qp` (see
+    /// [`LinkRes::post_write_inline`]).
+    pub fn post_write_inline(
+        &mut self,
+        qp: &P::Qp,
+        data: &[u8],
+        rkey: u32,
+        remote_addr: u64,
+    ) -> Result<()> {
         self.next_wr += 1;
-        let mut local = [Sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        }; 2];
-        let sges = match &self.on {
-            Some(on) if sges.len() <= local.len() => {
-                for (d, s) in local.iter_mut().zip(sges) {
-                    let (lkey, here, first) = on.lkeys.get(&s.lkey).copied().ok_or_else(|| {
-                        smc_rdma::Error::InvalidArgument(
-                            "a send buffer not registered on the link's device".into(),
-                        )
-                    })?;
-                    let addr = s.addr.wrapping_sub(first).wrapping_add(here);
-                    *d = Sge { lkey, addr, ..*s };
-                }
-                &local[..sges.len()]
-            }
-            Some(_) => {
-                return Err(smc_rdma::Error::InvalidArgument(
-                    "more than two pieces in one WRITE".into(),
-                ))
-            }
-            None => sges,
-        };
-        self.qp.post_send(&SendWr {
-            wr_id: self.next_wr,
-            op: SendOp::RdmaWrite { remote_addr, rkey },
-            payload: Payload::Sges(sges),
-            signaled: false,
-        })
-    }
-
-    /// Posts an unsignaled inline RDMA WRITE of `data` (copied at post time)
-    /// to the peer's `(rkey, addr)`.
-    pub fn post_write_inline(&mut self, data: &[u8], rkey: u32, remote_addr: u64) -> Result<()> {
-        self.next_wr += 1;
-        self.qp.post_send(&SendWr {
+        qp.post_send(&SendWr {
             wr_id: self.next_wr,
             op: SendOp::RdmaWrite { remote_addr, rkey },
             payload: Payload::Inline(data),
@@ -356,8 +515,7 @@ impl<P: Provider> LinkRes<P> {
         })
     }
 
-    /// Takes the signaled SEND `wr_id` out of [`Self::wrs`] (its send slot
-    /// is free again): what it carried.
+    /// See [`LinkRes::complete`].
     pub fn complete(&mut self, wr_id: u64) -> Option<WrKind> {
         // (RC completes a send queue in order: the oldest, found at once)
         let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;
@@ -365,26 +523,8 @@ impl<P: Provider> LinkRes<P> {
         if let Some(s) = slot {
             self.give_slot(s);
         }
+        self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
         Some(kind)
-    }
-
-    /// Asks the receive CQ, and the send CQ if `send`, to signal the
-    /// endpoint's channel at their next completion (see `endpoint/arm.rs`).
-    pub fn arm(&mut self, send: bool) -> Result<()> {
-        // (false also when an earlier arm may still hold: `arm_sends` then
-        // arms again rather than trust it)
-        self.send_armed = false;
-        if send {
-            self.arm_send()?;
-        }
-        self.rcq.req_notify()
-    }
-
-    /// Asks the send CQ to signal the endpoint's channel at its next completion.
-    pub fn arm_send(&mut self) -> Result<()> {
-        self.scq.req_notify()?;
-        self.send_armed = true;
-        Ok(())
     }
 
     /// Whether a SEND of any size could take a send slot now (inline ones
@@ -393,13 +533,13 @@ impl<P: Provider> LinkRes<P> {
         self.sendbuf.is_none() || (!self.free_small.is_empty() && !self.free_large.is_empty())
     }
 
-    /// The QP has failed (posting to it fails with this, completions flush).
-    pub fn failed(&self) -> bool {
-        self.qp.state() == QpState::Err
+    /// Whether a SEND of `len` bytes takes a send slot (else it goes inline).
+    pub fn takes_slot(&self, len: usize) -> bool {
+        len > self.max_inline
     }
 
-    /// Stops the link's QP: outstanding work requests flush.
-    pub fn shut(&self) {
-        let _ = self.qp.modify(&QpModify::Err);
+    /// Small send slots free.
+    pub fn free_small(&self) -> usize {
+        self.free_small.len()
     }
 }

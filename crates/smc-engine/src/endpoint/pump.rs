@@ -250,13 +250,26 @@ impl<P: Provider> Endpoint<P> {
             if !present {
                 continue;
             }
+            // a fast post that failed is a failed post of the endpoint's
+            // (`ConnCore::fast_write`)
+            let fast_error = self
+                .lgrs
+                .get(l)
+                .and_then(Option::as_ref)
+                .and_then(|lg| lg.links[slot].as_ref())
+                .and_then(super::link::LinkRes::take_fast_error);
+            if let Some(e) = fast_error {
+                self.link_error(l, slot, e)?;
+            }
             self.poll_recv(l, slot, now)?;
             self.poll_send(l, slot)?;
         }
         self.drain_lgr(l, now)?;
         self.flush_tx(l, sweep)?;
         // a link that failed while sending is dealt with now, not next time
-        self.drain_lgr(l, now)
+        self.drain_lgr(l, now)?;
+        self.close_fast(l);
+        Ok(())
     }
 
     /// Frees those of connections `ids` that are closed and released.

@@ -8,10 +8,11 @@
 //! Linux: smc_tx.c (`smc_tx_sendmsg`, `smc_tx_rdma_write`).
 
 use super::conn::ConnError;
-use super::conn_core::{lock, ConnCore};
+use super::conn_core::{lock, ConnCore, FastConn, FastTx};
 use super::lgr::Lgr;
 use super::link::MAX_SENDS;
 use super::{ConnId, Endpoint, LgrId};
+use crate::state::LgrState;
 use smc_proto::link::LinkState;
 use smc_rdma::Provider;
 
@@ -150,7 +151,7 @@ impl<P: Provider> Endpoint<P> {
         let Some(res) = lg.links.get(slot).and_then(Option::as_ref) else {
             return Err(Direct::No);
         };
-        if res.sends_in_flight >= MAX_SENDS {
+        if res.sends_in_flight() >= MAX_SENDS {
             return Err(Direct::No);
         }
         let Some(dp) = k.dp.as_ref() else {
@@ -203,11 +204,98 @@ impl<P: Provider> Endpoint<P> {
             &p,
             Some(data),
         )?;
+        if matches!(posted, Posted::Done) {
+            Self::grant_fast(&mut self.lgrs, self.max_inline as usize, id, &mut k, &p);
+        }
         drop(k);
         Ok(match self.direct_posted(&p, posted)? {
             true => Direct::Wrote(p.n),
             false => Direct::No,
         })
+    }
+
+    /// After a direct write of connection `id` (its core `k`) as planned by
+    /// [`Self::direct_plan`], whose conditions held: the connection may
+    /// write the same way on its own ([`FastConn`]) until its link changes
+    /// (a new epoch) or the link's conditions stop holding
+    /// ([`Self::close_fast`]).
+    pub(super) fn grant_fast(
+        lgrs: &mut [Option<Lgr<P>>],
+        max_inline: usize,
+        id: ConnId,
+        k: &mut ConnCore<P>,
+        p: &DirectPlan,
+    ) {
+        let Some(res) = lgrs
+            .get_mut(p.l)
+            .and_then(Option::as_mut)
+            .and_then(|lg| lg.links.get_mut(p.slot))
+            .and_then(Option::as_mut)
+        else {
+            return;
+        };
+        if k.fast.as_ref().is_some_and(|f| {
+            f.epoch == k.epoch && f.slot == p.slot && f.rkey == p.rkey && f.rmbe_addr == p.rmbe_addr
+        }) {
+            // (still granted; the link's side may have been closed since)
+            if !res.fast_granted {
+                res.fast_granted = true;
+                res.book().open = true;
+            }
+            return;
+        }
+        res.fast_granted = true;
+        res.book().open = true;
+        k.fast = Some(FastTx {
+            tx: res.tx.clone(),
+            id,
+            slot: p.slot,
+            epoch: p.epoch,
+            rkey: p.rkey,
+            rmbe_addr: p.rmbe_addr,
+            max_inline,
+        });
+    }
+
+    /// Stops the fast path's direct writes on the links of group `l` once
+    /// the conditions of [`Self::direct_plan`] that are the group's no
+    /// longer hold: a single link, active, in an active group (run by
+    /// every pump; a connection's own conditions and its link epoch the
+    /// fast path checks itself).
+    pub(super) fn close_fast(&mut self, l: LgrId) {
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return;
+        };
+        if !lg.links.iter().flatten().any(|r| r.fast_granted) {
+            return;
+        }
+        let mut links = lg.links.iter().enumerate().filter(|(_, r)| r.is_some());
+        let single = match (links.next(), links.next()) {
+            (Some((slot, _)), None) => {
+                lg.state == LgrState::Active
+                    && lg
+                        .group
+                        .link(slot)
+                        .is_some_and(|k| k.state == LinkState::Active)
+            }
+            _ => false,
+        };
+        if single {
+            return;
+        }
+        for res in lg.links.iter_mut().flatten() {
+            if res.fast_granted {
+                res.fast_granted = false;
+                res.book().open = false;
+            }
+        }
+    }
+
+    /// Connection `id`'s handle for the fast path ([`FastConn`]): what it
+    /// can do without the endpoint. `None` for an unknown connection.
+    pub fn fast_conn(&self, id: ConnId) -> Option<FastConn<P>> {
+        let c = self.conns.get(id)?.as_ref()?;
+        Some(FastConn::new(c.core.clone()))
     }
 
     /// Produces the `p.n` bytes of connection `id` (its core `k`) that

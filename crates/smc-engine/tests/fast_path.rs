@@ -1,0 +1,241 @@
+//! The connections' fast path (`FastConn`, docs/FAST-PATH.md step 4): a
+//! writer thread writes through its connection's handle, without the
+//! endpoint, falling back to the endpoint's write whenever the fast path
+//! declines, while another thread drives the endpoints: a second link comes
+//! up (direct writes stop: a failover could not replay them, §7.2), the
+//! connection's link fails and it fails over to the other one (a new link
+//! epoch), and the fast path starts again on the new link. Every byte
+//! arrives once, in order. Spec: `protocol-llc-cdc.md` §3.2, §7.
+
+use smc_engine::endpoint::{ConnStatus, EndpointConfig, FastWrite, LgrId};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+mod common;
+
+use common::{simple_config, Tcp, World};
+
+/// The shared test identity, with TEST_LINK keepalives on.
+fn config(dev: &str, inst: u16, last: u8) -> EndpointConfig {
+    EndpointConfig {
+        testlink: Some(Duration::from_secs(30)),
+        ..simple_config(dev, inst, last)
+    }
+}
+
+fn byte(i: usize) -> u8 {
+    ((i.wrapping_mul(2654435761) >> 11) as u8) ^ 0x3c
+}
+
+/// Brings up a further link between the groups of connection `t` (as
+/// `multi_link.rs` does).
+fn add_link(w: &mut World, t: &mut Tcp) -> (LgrId, LgrId) {
+    let lc = w.client.link_group_of(t.c).unwrap();
+    let ls = w.server.link_group_of(t.s).unwrap();
+    let so = w.server.extra_link_offer(ls).unwrap();
+    let co = w.client.extra_link_offer(lc).unwrap();
+    w.client.extra_link_accept(lc, &so, w.now).unwrap();
+    w.server.extra_link_accept(ls, &co, w.now).unwrap();
+    w.settle(&mut [t], Duration::from_millis(1));
+    assert_eq!(w.client.usable_links(lc), [0, 1]);
+    assert_eq!(w.server.usable_links(ls), [0, 1]);
+    (lc, ls)
+}
+
+fn locked(w: &Mutex<World>) -> MutexGuard<'_, World> {
+    w.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Phases of the run, as the driving thread sets them.
+const ONE_LINK: usize = 0;
+const TWO_LINKS: usize = 1;
+const FAILED_OVER: usize = 2;
+
+#[test]
+fn fast_writes_racing_a_failover_are_replanned_never_lost_or_duplicated() {
+    const TOTAL: usize = 600_000;
+    let mut w = World::with_seed(7, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let mut t = w.handshake();
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    assert_eq!(w.client.link_of(t.c), Some(0));
+    let h = w.client.fast_conn(t.c).unwrap();
+    // nothing granted yet: the endpoint's own direct write grants it
+    assert_eq!(h.try_write(&[byte(0)]), Ok(FastWrite::Declined));
+    let (c, s) = (t.c, t.s);
+    let w = Arc::new(Mutex::new(w));
+    let phase = Arc::new(AtomicUsize::new(ONE_LINK));
+    let fast = Arc::new([
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    ]);
+    let stop = Arc::new(AtomicBool::new(false));
+    // bytes the reader got: the writer keeps a few messages ahead of it at
+    // most, as request/response would
+    let read = Arc::new(AtomicUsize::new(0));
+    let writer = {
+        let (w, phase, fast, stop) = (w.clone(), phase.clone(), fast.clone(), stop.clone());
+        let read = read.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0;
+            let mut chunk = Vec::new();
+            while sent < TOTAL && !stop.load(Ordering::Acquire) {
+                if sent > read.load(Ordering::Acquire) + 1024 {
+                    std::thread::yield_now();
+                    continue;
+                }
+                // small writes of varying length, as request/response makes them
+                let len = (37 + sent % 211).min(TOTAL - sent);
+                chunk.clear();
+                chunk.extend((sent..sent + len).map(byte));
+                let before = phase.load(Ordering::Acquire);
+                match h
+                    .try_write(&chunk)
+                    .expect("a fast write fails only as the endpoint's")
+                {
+                    FastWrite::Wrote(n) => {
+                        assert_eq!(n, len, "the fast path writes all or nothing");
+                        fast[before].fetch_add(1, Ordering::AcqRel);
+                        sent += n;
+                    }
+                    FastWrite::WroteLinkBroke(n) => {
+                        sent += n;
+                        let mut w = locked(&w);
+                        let now = w.now;
+                        w.client.pump(now).unwrap();
+                    }
+                    FastWrite::Declined => {
+                        let n = locked(&w).client.write(c, &chunk).unwrap();
+                        sent += n;
+                        if n == 0 {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+            }
+            sent
+        })
+    };
+    // The driving thread: pumps, reads and checks every byte, and changes
+    // the links as the stream passes a third and a half of its length.
+    let mut got = 0usize;
+    let mut steps = 0;
+    let mut lgrs = None;
+    while got < TOTAL {
+        let mut g = locked(&w);
+        g.tick();
+        let data = g.server.read(s, 1 << 16).unwrap();
+        for (k, b) in data.iter().enumerate() {
+            assert_eq!(*b, byte(got + k), "byte {} of the stream", got + k);
+        }
+        got += data.len();
+        read.store(got, Ordering::Release);
+        if got >= TOTAL / 3 && lgrs.is_none() {
+            lgrs = Some(add_link(&mut g, &mut t));
+            // (every pump since the second link came has run: no direct
+            // write from here on until the group has one link again)
+            phase.store(TWO_LINKS, Ordering::Release);
+        }
+        if let (Some((lc, _)), TWO_LINKS) = (lgrs, phase.load(Ordering::Acquire)) {
+            if got >= TOTAL / 2 && g.client.link_of(c) == Some(0) {
+                let qpn = g.client.link_qp_num(lc, 0).unwrap();
+                g.fabric.fail_qp(qpn);
+            }
+            if g.client.link_of(c) == Some(1) && g.client.usable_links(lc) == [1] {
+                phase.store(FAILED_OVER, Ordering::Release);
+            }
+        }
+        drop(g);
+        steps += 1;
+        if steps > 2_000_000 {
+            stop.store(true, Ordering::Release);
+            panic!("stalled at {got} of {TOTAL} bytes");
+        }
+        std::thread::yield_now();
+    }
+    let sent = writer.join().unwrap();
+    assert_eq!(sent, TOTAL);
+    let mut g = locked(&w);
+    for _ in 0..50 {
+        g.tick();
+    }
+    assert!(
+        g.server.read(s, 1 << 16).unwrap().is_empty(),
+        "nothing beyond the stream"
+    );
+    assert!(g.client.violation(c).is_none() && g.server.violation(s).is_none());
+    assert_eq!(g.client.link_of(c), Some(1), "failed over");
+    let fast: Vec<usize> = fast.iter().map(|f| f.load(Ordering::Acquire)).collect();
+    eprintln!("fast writes by phase: {fast:?}");
+    assert!(
+        fast[ONE_LINK] > 0,
+        "fast writes on the first link: {fast:?}"
+    );
+    assert_eq!(
+        fast[TWO_LINKS], 0,
+        "no direct write while two links: {fast:?}"
+    );
+    assert!(
+        fast[FAILED_OVER] > 0,
+        "fast writes again on the new link: {fast:?}"
+    );
+}
+
+/// The fast path never takes a link's last SEND: a driver asleep with the
+/// send CQ unarmed would have to arm it for that completion
+/// (`endpoint/arm.rs`), which only the endpoint does. It declines instead,
+/// the endpoint's write takes over, and once completions come in the fast
+/// path goes on; every byte arrives once, in order.
+#[test]
+fn the_fast_path_leaves_the_last_send_to_the_endpoint() {
+    let mut w = World::with_seed(11, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    let (c, s) = (t.c, t.s);
+    let mut sent = 0usize;
+    let msg = |sent: &mut usize| -> Vec<u8> {
+        let m: Vec<u8> = (*sent..*sent + 64).map(byte).collect();
+        *sent += 64;
+        m
+    };
+    // the endpoint's own direct write grants the fast path
+    let m = msg(&mut sent);
+    assert_eq!(w.client.write(c, &m), Ok(64));
+    for _ in 0..20 {
+        w.tick();
+    }
+    let h = w.client.fast_conn(c).unwrap();
+    // without a pump no send completes: the fast path takes SENDs until one
+    // is left
+    let mut fast = 0;
+    loop {
+        let m = msg(&mut sent);
+        match h.try_write(&m).unwrap() {
+            FastWrite::Wrote(64) => fast += 1,
+            FastWrite::Declined => {
+                assert_eq!(w.client.write(c, &m), Ok(64), "the endpoint writes it");
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(fast < 64, "the fast path never stops");
+    }
+    // (the first message's SEND completed: 15 of the link's 16 go fast)
+    assert_eq!(fast, 15, "all SENDs but the last");
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        w.tick();
+        got.extend(w.server.read(s, 1 << 16).unwrap());
+    }
+    // completions came in: the fast path goes on
+    let m = msg(&mut sent);
+    assert_eq!(h.try_write(&m), Ok(FastWrite::Wrote(64)));
+    for _ in 0..50 {
+        w.tick();
+        got.extend(w.server.read(s, 1 << 16).unwrap());
+    }
+    assert_eq!(got.len(), sent, "every byte, once");
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(*b, byte(i), "byte {i}");
+    }
+}
