@@ -62,9 +62,14 @@ impl<P: Provider> Endpoint<P> {
         // after an event (what changes a group's timers sets `sweep_due`,
         // or `lgr_recheck` when an LLC message came in): a message's pump
         // does not pay for them.
-        let lgr_timers = std::mem::take(&mut self.lgr_recheck)
-            || sweep
-            || self.lgr_next.is_some_and(|t| now >= t);
+        let recheck = std::mem::take(&mut self.lgr_recheck);
+        if recheck && !sweep {
+            // A connection's event or an LLC message before this pump: a
+            // group may be done (a walk of the groups, not of the
+            // connections; as in a sweep, the pump after the group's end).
+            self.reap_lgrs();
+        }
+        let lgr_timers = recheck || sweep || self.lgr_next.is_some_and(|t| now >= t);
         let mut lgr_next: Option<Timestamp> = None;
         for l in 0..self.lgrs.len() {
             if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
@@ -121,12 +126,13 @@ impl<P: Provider> Endpoint<P> {
         }
         // connections that this pump's sending and receiving may have
         // finished (`conn_due`) are freed now, not at the next pump
+        // (those this pump's events marked stay marked: the next pump looks
+        // at their timers, `conn_event`)
         if sweep {
             self.reap(0..self.conns.len());
             self.reap_lgrs();
-            self.due.clear();
         } else if !ids.is_empty() || !self.due.is_empty() {
-            ids.append(&mut self.due);
+            ids.extend_from_slice(&self.due);
             self.reap(ids.iter().copied());
         }
         if ids.capacity() > 0 {
@@ -282,8 +288,11 @@ impl<P: Provider> Endpoint<P> {
                     self.pool_bufs(id, l);
                 }
                 self.conns[id] = None;
-                // (its group may be done: the next pump looks)
-                self.sweep_due = true;
+                // (its group may be done, a Proposal parked for it may go
+                // on: the next pump looks, without a sweep of every
+                // connection)
+                self.lgr_recheck = true;
+                self.due.append(&mut self.parked);
             }
         }
     }
