@@ -230,8 +230,14 @@ pub struct Endpoint<P: Provider> {
     /// The earliest timer of the link groups, as the last pump left them
     /// (see `endpoint/timers.rs`).
     lgr_next: Option<Timestamp>,
-    /// An LLC message came in: the next pump looks at the groups' timers.
+    /// An LLC message came in, or a connection's handshake or close moved
+    /// (it may have joined or left a group): the next pump looks at the
+    /// groups' timers and frees the groups that are done.
     lgr_recheck: bool,
+    /// Proposals parked until a first contact with their peer finishes
+    /// (`Phase::AwaitLgr`): decided again after any connection's event,
+    /// which may be that first contact's step (see `conn_event`).
+    parked: Vec<ConnId>,
     /// Connections flushed so far, one by one (`conn_flushes`).
     conn_flushes: u64,
     /// Scratch copy of one received message (`poll_recv`), likewise.
@@ -319,6 +325,7 @@ impl<P: Provider> Endpoint<P> {
             timer_events: 0,
             lgr_next: None,
             lgr_recheck: false,
+            parked: Vec::new(),
             conn_flushes: 0,
             scratch_msg: Vec::new(),
             scratch_wcs: Vec::new(),

@@ -708,3 +708,45 @@ fn diag_views_show_cursors_link_ends_and_message_counts() {
     assert_eq!(mc.llc_sent, ms.llc_received, "{mc:?} {ms:?}");
     assert_eq!(ms.llc_sent, mc.llc_received, "{mc:?} {ms:?}");
 }
+
+/// Setting up or closing a connection costs the same however many idle
+/// connections the endpoint holds: a handshake step, a close or a TCP end
+/// marks its own connection for the next pump (and the groups, and any
+/// Proposal parked for a first contact), not every connection — before,
+/// each CLC message and each close swept all of them (flushing each and
+/// looking at its timers), so that setting up N connections cost O(N²):
+/// 10,000 over the shm device took minutes.
+#[test]
+fn setting_up_and_closing_a_connection_walks_none_of_the_idle_ones() {
+    /// Connections flushed (both sides) while one connection is set up,
+    /// and while it is closed, with `idle` others established.
+    fn cost(idle: usize) -> (u64, u64) {
+        let mut w = World::default();
+        let _idle: Vec<Tcp> = (0..idle).map(|_| w.handshake()).collect();
+        w.settle(&mut [], Duration::from_millis(3));
+        let flushes = |w: &World| w.client.conn_flushes() + w.server.conn_flushes();
+        let before = flushes(&w);
+        let mut t = w.handshake();
+        assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+        let setup = flushes(&w) - before;
+        let before = flushes(&w);
+        w.client.release(t.c);
+        w.settle(&mut [&mut t], Duration::from_millis(1));
+        w.server.release(t.s);
+        w.settle(&mut [&mut t], Duration::from_millis(1));
+        assert_eq!(w.client.status(t.c), None, "the client's end is freed");
+        assert_eq!(w.server.status(t.s), None, "the server's end is freed");
+        (setup, flushes(&w) - before)
+    }
+    const IDLE: u64 = 200;
+    // (the first connection of a world opens its group: a second one is
+    // the reference)
+    let alone = cost(1);
+    let crowded = cost(IDLE as usize + 1);
+    // (a sweep would flush 2 x IDLE connections per pump)
+    assert!(
+        crowded.0 <= alone.0 + IDLE / 10 && crowded.1 <= alone.1 + IDLE / 10,
+        "set-up and close of one connection flushed {crowded:?} connections with {IDLE} \
+         idle ones besides, {alone:?} without"
+    );
+}

@@ -40,7 +40,7 @@ impl<P: Provider> Endpoint<P> {
     /// (and a group left without one) after `SMC_LLC_WAIT_TIME`, so that a
     /// released connection does not wait for CDCs that cannot complete.
     pub fn tcp_closed(&mut self, id: ConnId) {
-        self.sweep_due = true;
+        self.conn_event(id);
         let deadline = self.now + PEER_GONE_GRACE;
         if let Some(Phase::LateDeclined { reason, .. }) = self.conn(id).map(|c| c.phase.clone()) {
             // Our Decline is out and no crossed one came: the connection is on
@@ -77,8 +77,7 @@ impl<P: Provider> Endpoint<P> {
     /// freed at once (its TCP socket is the caller's to close).
     pub fn release(&mut self, id: ConnId) {
         // (the next pump frees the connection once it is finished)
-        self.sweep_due = true;
-        self.mark_tx(id);
+        self.conn_event(id);
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
             return;
         };
@@ -114,8 +113,7 @@ impl<P: Provider> Endpoint<P> {
     /// (Linux's holds 64 KiB), and a peer that is still reading must get every
     /// byte a write accepted.
     pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
-        self.sweep_due = true;
-        self.mark_tx(id);
+        self.conn_event(id);
         let deadline = self.now + MAX_STREAM_WAIT;
         let wait = self.core(id).and_then(|mut k| k.close(ev));
         if let (Some(unsent), Some(c)) = (wait, self.conn(id)) {

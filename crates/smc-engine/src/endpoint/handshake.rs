@@ -165,7 +165,7 @@ impl<P: Provider> Endpoint<P> {
             Role::Client => (since + CLIENT_LATE_DECLINE_WAIT).max(now + CLC_WAIT_TIME_SHORT),
         };
         c.phase = Phase::AwaitLateDecline { version, deadline };
-        self.sweep_due = true;
+        self.conn_event(id);
         self.drop_handshake_resources(id);
     }
 
@@ -212,8 +212,8 @@ impl<P: Provider> Endpoint<P> {
     /// the rest (after a fallback) is application data for the TCP stream.
     pub fn clc_input(&mut self, id: ConnId, data: &[u8], now: Timestamp) -> usize {
         self.now = now;
-        // a handshake step (a connection may start sending)
-        self.sweep_due = true;
+        // a handshake step (the connection may start sending)
+        self.conn_event(id);
         let mut used = 0;
         while used < data.len() {
             let Some(c) = self.conn(id) else { return used };

@@ -103,6 +103,7 @@ impl<P: Provider> Endpoint<P> {
                         deadline,
                     };
                 }
+                self.parked.push(id);
                 return;
             }
         }

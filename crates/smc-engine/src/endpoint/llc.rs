@@ -159,8 +159,12 @@ impl<P: Provider> Endpoint<P> {
                 }
                 return Ok(());
             };
-            if !matches!(o, LgrOutput::SendLlc { .. }) {
-                // links and rkeys change what connections can send
+            if !matches!(
+                o,
+                LgrOutput::SendLlc { .. } | LgrOutput::RkeyFlowDone { .. }
+            ) {
+                // links change what connections can send (an rkey flow's
+                // end is its connection's alone: `on_rkey_done`)
                 self.sweep_due = true;
             }
             match o {
@@ -198,7 +202,10 @@ impl<P: Provider> Endpoint<P> {
                 LgrOutput::ConnectLink { slot, peer } => self.on_connect_link(l, slot, peer),
                 LgrOutput::AddLinkFailed { slot } => self.on_add_link_failed(l, slot),
                 LgrOutput::RkeyFlowDone { tag, .. } if tag & DELETE_TAG != 0 => {}
-                LgrOutput::RkeyFlowDone { tag, ok } => self.on_rkey_done(tag as ConnId, ok),
+                LgrOutput::RkeyFlowDone { tag, ok } => {
+                    self.on_rkey_done(tag as ConnId, ok);
+                    self.conn_event(tag as ConnId);
+                }
             }
         }
     }

@@ -62,12 +62,28 @@ impl<P: Provider> Endpoint<P> {
         // after an event (what changes a group's timers sets `sweep_due`,
         // or `lgr_recheck` when an LLC message came in): a message's pump
         // does not pay for them.
-        let lgr_timers = std::mem::take(&mut self.lgr_recheck)
-            || sweep
-            || self.lgr_next.is_some_and(|t| now >= t);
+        let recheck = std::mem::take(&mut self.lgr_recheck);
+        if recheck && !sweep {
+            // A connection's event or an LLC message before this pump: a
+            // group may be done (a walk of the groups, not of the
+            // connections; as in a sweep, the pump after the group's end).
+            self.reap_lgrs();
+        }
+        let lgr_timers = recheck || sweep || self.lgr_next.is_some_and(|t| now >= t);
         let mut lgr_next: Option<Timestamp> = None;
         for l in 0..self.lgrs.len() {
             if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
+                continue;
+            }
+            if !sweep && !lgr_timers && self.lgr_quiet(l) {
+                // Nothing can have come in on its links and nothing waits
+                // there: only what its connections have to send (a message
+                // on another group's connection costs this one next to
+                // nothing, so that it does not cost more with more groups).
+                if self.marked_in(l) {
+                    self.flush_tx(l, false)?;
+                    self.drain_lgr(l, now)?;
+                }
                 continue;
             }
             self.retry_rkey_flows(l, now);
@@ -121,12 +137,13 @@ impl<P: Provider> Endpoint<P> {
         }
         // connections that this pump's sending and receiving may have
         // finished (`conn_due`) are freed now, not at the next pump
+        // (those this pump's events marked stay marked: the next pump looks
+        // at their timers, `conn_event`)
         if sweep {
             self.reap(0..self.conns.len());
             self.reap_lgrs();
-            self.due.clear();
         } else if !ids.is_empty() || !self.due.is_empty() {
-            ids.append(&mut self.due);
+            ids.extend_from_slice(&self.due);
             self.reap(ids.iter().copied());
         }
         if ids.capacity() > 0 {
@@ -272,6 +289,33 @@ impl<P: Provider> Endpoint<P> {
         Ok(())
     }
 
+    /// Whether group `l` has nothing to do but its connections' sending:
+    /// active, no rkey flow queued, every link connected with nothing to
+    /// poll on either CQ (`CompletionQueue::may_have_work`, which the
+    /// providers without a cheap look answer `true`: their groups are
+    /// always pumped). A group in any other state, or whose timers are due,
+    /// is pumped whole.
+    fn lgr_quiet(&self, l: LgrId) -> bool {
+        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+            return true;
+        };
+        lg.state == LgrState::Active
+            && lg.rkey_queue.is_empty()
+            && lg.links.iter().flatten().all(|r| {
+                r.connected && !r.scq.may_have_work() && !r.rcq.may_have_work()
+            })
+    }
+
+    /// Whether a connection of group `l` is marked to send (`mark_tx`).
+    fn marked_in(&self, l: LgrId) -> bool {
+        self.tx_dirty.iter().any(|&id| {
+            self.conns
+                .get(id)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| c.tx_dirty && c.lgr == Some(l))
+        })
+    }
+
     /// Frees those of connections `ids` that are closed and released.
     fn reap(&mut self, ids: impl Iterator<Item = ConnId>) {
         for id in ids {
@@ -295,8 +339,11 @@ impl<P: Provider> Endpoint<P> {
                     self.pool_bufs(id, l);
                 }
                 self.conns[id] = None;
-                // (its group may be done: the next pump looks)
-                self.sweep_due = true;
+                // (its group may be done, a Proposal parked for it may go
+                // on: the next pump looks, without a sweep of every
+                // connection)
+                self.lgr_recheck = true;
+                self.due.append(&mut self.parked);
             }
         }
     }

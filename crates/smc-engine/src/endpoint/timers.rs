@@ -133,6 +133,20 @@ impl<P: Provider> Endpoint<P> {
         self.due.push(id);
     }
 
+    /// A step of connection `id`'s handshake or close (a CLC message, an
+    /// rkey flow's end, a close, its TCP end): the next pump looks at it
+    /// (its timers, whether it can be freed, what it has to send), at the
+    /// groups (it may have joined or left one), and at the Proposals parked
+    /// for a first contact (this may have been that first contact's step);
+    /// not at every connection, so that setting up and closing N
+    /// connections costs O(N), not O(N²).
+    pub(super) fn conn_event(&mut self, id: ConnId) {
+        self.conn_due(id);
+        self.mark_tx(id);
+        self.lgr_recheck = true;
+        self.due.append(&mut self.parked);
+    }
+
     /// Takes the connections whose heap entry is due at `now` into `out`
     /// (and those an event marked, `due`).
     pub(super) fn take_due(&mut self, now: Timestamp, out: &mut Vec<ConnId>) {

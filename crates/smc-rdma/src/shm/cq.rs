@@ -121,6 +121,11 @@ impl CompletionQueue for ShmCq {
         }
         let qps = lock(&self.inner.qps);
         for qp in qps.iter().filter_map(Weak::upgrade) {
+            // (a failure the device thread could not apply: the next
+            // progress does, and flushes what is outstanding)
+            if qp.fail_pending.load(std::sync::atomic::Ordering::Acquire) {
+                return true;
+            }
             let c = match qp.core.try_lock() {
                 Ok(c) => c,
                 Err(std::sync::TryLockError::WouldBlock) => return true,
