@@ -925,10 +925,20 @@ impl Device for SimDevice {
     fn create_channel(&self) -> Result<SimChannel> {
         Ok(SimChannel {
             efd: Arc::new(EventFd::new()?),
+            dev: self.dev,
         })
     }
 
     fn create_cq(&self, _depth: u32, channel: Option<&SimChannel>) -> Result<SimCq> {
+        // As verbs: a completion channel belongs to the device (context)
+        // that created it, and `ibv_create_cq` with another device's
+        // channel fails (the kernel's uverbs looks the channel's descriptor
+        // up among the context's own objects, EBADF otherwise).
+        if channel.is_some_and(|c| c.dev != self.dev) {
+            return Err(Error::InvalidArgument(
+                "a CQ's completion channel must be of the CQ's own device".into(),
+            ));
+        }
         let mut st = self.f.st();
         let id = st.id();
         st.cqs.insert(
@@ -1206,6 +1216,8 @@ impl Drop for SimCq {
 #[derive(Debug)]
 pub struct SimChannel {
     efd: Arc<EventFd>,
+    /// The device that created it (see `create_cq`).
+    dev: usize,
 }
 
 impl CompletionChannel for SimChannel {
