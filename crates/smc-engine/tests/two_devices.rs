@@ -323,3 +323,68 @@ fn the_wake_descriptor_covers_both_devices_channels_and_port_events() {
         w.settle(&mut [&mut t0], Duration::from_millis(5));
     }
 }
+
+/// The kernel interop case redund.rk: the client's second device fails under
+/// load, the connections on its link move to the first; then the client
+/// closes every connection first (active close). The server must see each
+/// close, also of the connections that moved.
+#[test]
+fn closes_after_a_failover_reach_the_peer() {
+    for rxe in [false, true] {
+        closes_after_a_failover(rxe);
+    }
+}
+
+/// (`rxe`: the port goes down as on Soft-RoCE, its QPs neither flushed nor
+/// failing, every device retrying unanswered requests forever)
+fn closes_after_a_failover(rxe: bool) {
+    let mut w = world(true);
+    if rxe {
+        for d in ["simC", "simC2", "simS", "simS2"] {
+            w.fabric.set_rxe_retry(d, true).unwrap();
+        }
+    }
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    let ts: Vec<Tcp> = (0..4).map(|_| smc(&mut w)).collect();
+    let all: Vec<&Tcp> = ts.iter().collect();
+    let moved: Vec<bool> = all
+        .iter()
+        .map(|t| {
+            let s = w.client.link_of(t.c).unwrap();
+            w.client.link_on_second_device(lc, s) == Some(true)
+        })
+        .collect();
+    assert!(
+        moved.iter().any(|&m| m),
+        "a connection on the second device"
+    );
+    let fabric = w.fabric.clone();
+    streams(&mut w, &all, 1_000_000, |_, step| {
+        if step == 60 && rxe {
+            fabric.set_port_keep_qps("simC2", false).unwrap();
+        } else if step == 60 {
+            fabric.set_port("simC2", false).unwrap();
+        }
+    });
+    // (the connections did leave the failed device)
+    for t in &all {
+        let s = w.client.link_of(t.c).unwrap();
+        assert_eq!(w.client.link_on_second_device(lc, s), Some(false), "rxe {rxe}");
+    }
+    for t in &all {
+        w.client.close(
+            t.c,
+            smc_proto::close::CloseEvent::AppClose { unread_data: false },
+        );
+    }
+    w.settle(&mut [&mut t0], Duration::from_millis(50));
+    for (i, t) in all.iter().enumerate() {
+        assert!(
+            w.server.peer_done(t.s) || w.server.peer_closed(t.s),
+            "rxe {rxe}: connection {i} (moved: {}): the server never saw the client's close",
+            moved[i]
+        );
+    }
+}

@@ -814,6 +814,27 @@ impl SimFabric {
         Ok(())
     }
 
+    /// Fault: port down or up as Soft-RoCE has it when its interface goes
+    /// down (rxe_net.c `rxe_port_down`): `PortError` / `PortActive`, but the
+    /// device's QPs stay as they are — nothing is flushed, and what they
+    /// send is not answered while the port is down (their requesters retry,
+    /// see [`Self::set_rxe_retry`]).
+    pub fn set_port_keep_qps(&self, dev: &str, up: bool) -> Result<()> {
+        let i = self.dev_idx(dev)?;
+        let mut st = self.st();
+        if st.devs[i].port_up == up {
+            return Ok(());
+        }
+        st.devs[i].port_up = up;
+        let ev = if up {
+            AsyncEvent::PortActive { port: 1 }
+        } else {
+            AsyncEvent::PortError { port: 1 }
+        };
+        st.raise(i, ev);
+        Ok(())
+    }
+
     /// Requesters on `dev` retry unanswered requests forever when their
     /// transport retry count is 7, as Soft-RoCE does (rxe_comp.c,
     /// `COMPST_ERROR_RETRY`, decrements the count only when it is not 7, as
