@@ -371,7 +371,11 @@ fn closes_after_a_failover(rxe: bool) {
     // (the connections did leave the failed device)
     for t in &all {
         let s = w.client.link_of(t.c).unwrap();
-        assert_eq!(w.client.link_on_second_device(lc, s), Some(false), "rxe {rxe}");
+        assert_eq!(
+            w.client.link_on_second_device(lc, s),
+            Some(false),
+            "rxe {rxe}"
+        );
     }
     for t in &all {
         w.client.close(
