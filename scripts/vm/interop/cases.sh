@@ -39,8 +39,7 @@ SMCI_KNOWN="wire.kc wire.ck smcr.kc smcr.ck wire.kr wire.rk smcr.kr smcr.rk urg.
 noueid.kc noueid.ck noueid.kr noueid.rk otherueid.kc otherueid.ck otherueid.kr otherueid.rk \
 kill.kr kill.rk rxedel.kc rxedel.ck rxedel.kr rxedel.rk redund.ck redund.rk idle.kc idle.kr idle.rk"
 # the default selection: everything but idle.* and redund.* (opt-in: redund.rk fails,
-# see README.md, and redund.ck cannot cut a loaded link, the kernel failing its first
-# ADD_LINK to another kernel over rxe)
+# see README.md, and the kern VM's first ADD_LINK over rxe1 after boot fails)
 SMCI_DEFAULT="${SMCI_KNOWN% redund.ck redund.rk idle.kc idle.kr idle.rk}"
 
 # The kernel's Decline codes (net/smc/smc_clc.h, SMC_CLC_DECL_*):
