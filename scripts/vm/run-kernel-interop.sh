@@ -263,7 +263,9 @@ step_cases() {
     # emulation has failed one once (a kernel<->kernel transfer ended in EOF on one
     # side while the other hung): such a case runs once more, and both attempts
     # are reported. An smc-rs case never gets a second chance.
-    if [ "$VM2_IMPL" = kernel ] && [ -z "$aborted" ] && [ "$(tail -1 "$RES/verdicts")" = "$c FAIL" ] \
+    # (not redund.*: its second device is set up once per attempt, and what it finds is
+    # the kernel's, see its checks)
+    if [ "$VM2_IMPL" = kernel ] && [ "$FAULT" != linkcut ] && [ -z "$aborted" ] && [ "$(tail -1 "$RES/verdicts")" = "$c FAIL" ] \
        && [ -z "${RETRIED[$c]:-}" ]; then
       RETRIED[$c]=1
       sed -i '$ s/ FAIL$/ FAIL-RETRIED/' "$RES/verdicts"
@@ -491,6 +493,8 @@ judge() {
         r1=$(grep -a '^SMCI-KLGR' <<< "$R" | grep -a ' when=round-1 ' | head -1)
         if [ "$(kv "$r1" links)" = 2 ] && grep -q 'rxe1' <<< "$(kv "$r1" lconns)"; then
           check ok "kernel (rs VM): two links after the first round ($(kv "$r1" lconns))"
+        elif [ -n "$addfail" ]; then
+          skip "the kern VM's ADD_LINK failed in its own rxe1 ($(sed 's/.*role=kern //' <<< "$addfail" | cut -c1-90)): no second link to cut"
         else
           check FAIL "kernel (rs VM): after the first round links=$(kv "$r1" links) lconns=$(kv "$r1" lconns) (want 2, over rxe0 and rxe1)"
         fi

@@ -70,7 +70,14 @@ second_up() {
 }
 second_down() {
   [ -n "$IF2" ] || return 0
-  [ -e /sys/class/infiniband/rxe1 ] && rdma link delete rxe1
+  # (after a connection of the case hung, the kernel can block deleting the device: wait
+  # 30 s, then go on and say so)
+  if [ -e /sys/class/infiniband/rxe1 ]; then
+    rdma link delete rxe1 &
+    local i
+    for i in $(seq 30); do [ -e /sys/class/infiniband/rxe1 ] || break; sleep 1; done
+    [ -e /sys/class/infiniband/rxe1 ] && echo "SMCI-SECOND case=$NAME role=$role down=hung (rdma link delete rxe1 still running)"
+  fi
   ip rule del from "$ME2" lookup 100; ip route flush table 100
   ip addr flush dev "$IF2"; ip link set "$IF2" down
   sysctl -qw net.ipv4.conf.all.arp_ignore=0
