@@ -466,6 +466,43 @@ pub fn candidates(table: &PnetTable, route: &Route<'_>, ports: &[PortInfo]) -> V
     }
 }
 
+/// The ports that may carry a further link of an SMC-R v2 link group whose
+/// first link is on port `first`, with the group's source address `local` in
+/// a subnet of `prefix_len` bits, in the order of `ports`. The kernel's
+/// alternate for a v2 group (smc_pnet.c `smc_pnet_find_alt_roce`): another
+/// device, active, whose port has the group's PNET ID — the first port's,
+/// none matching none —, and (smc_ib.c `smc_ib_determine_gid_rcu` with
+/// `smcrv2`) a RoCE v2 GID of an IPv4 address whose interface has an address
+/// in the subnet of the group's source address. Here the GID's own address
+/// stands for its interface's (a RoCE v2 GID is made from an address of its
+/// interface). So a v2 group's second link needs a second device on the
+/// same IP subnet, not only on the same PNET ID.
+pub fn v2_alternates(
+    table: &PnetTable,
+    first: (&str, u8),
+    local: std::net::Ipv4Addr,
+    prefix_len: u8,
+    ports: &[PortInfo],
+) -> Vec<(String, u8)> {
+    let mask = u32::MAX
+        .checked_shl(32 - u32::from(prefix_len.min(32)))
+        .unwrap_or(0);
+    let net = |a: std::net::Ipv4Addr| u32::from(a) & mask;
+    let pnetid = table.pnetid_of_port(first.0, first.1);
+    ports
+        .iter()
+        .filter(|p| p.device != first.0 && p.active)
+        .filter(|p| table.pnetid_of_port(&p.device, p.port) == pnetid)
+        .filter(|p| {
+            p.roce_v2
+                .iter()
+                .filter_map(|g| g.to_ipv4_mapped())
+                .any(|a| net(a) == net(local))
+        })
+        .map(|p| (p.device.clone(), p.port))
+        .collect()
+}
+
 /// The port the kernel would choose: the first of [`candidates`]. `None`
 /// means no device: the connection declines with "no SMC device found".
 pub fn select_port(table: &PnetTable, route: &Route<'_>, ports: &[PortInfo]) -> Option<Selection> {
@@ -581,6 +618,42 @@ mod tests {
         assert!(matches!(e, PnetError::BadFile { line: 2, .. }), "{e:?}");
         let e = PnetTable::parse("garbage\n").unwrap_err();
         assert!(e.to_string().contains("line 1"));
+    }
+
+    /// A v2 group's alternate (smc_pnet.c `smc_pnet_find_alt_roce`, smc_ib.c
+    /// `smc_ib_determine_gid_rcu`): another active device with the first
+    /// port's PNET ID (none matching none) and a RoCE v2 GID in the subnet
+    /// of the group's source address; a second rxe on another subnet is no
+    /// alternate, nor one on a PNET ID of its own.
+    #[test]
+    fn v2_alternates_as_the_kernel() {
+        let ports = vec![
+            port("rxe0", 1, Some("eth0"), true, false, &["10.99.0.2"]),
+            port("rxe1", 1, Some("eth1"), true, false, &["10.99.0.12"]),
+            port("rxe2", 1, Some("eth2"), true, false, &["10.97.0.2"]),
+            port("rxe3", 1, Some("eth3"), false, false, &["10.99.0.13"]),
+            port("rxe4", 1, Some("eth4"), true, false, &["10.99.0.14"]),
+        ];
+        let local = "10.99.0.2".parse().unwrap();
+        let mut t = PnetTable::new();
+        t.add(&id("OTHER"), None, Some(("rxe4", 1))).unwrap();
+        assert_eq!(
+            v2_alternates(&t, ("rxe0", 1), local, 24, &ports),
+            [("rxe1".to_string(), 1)]
+        );
+        // a /8 takes in rxe2's subnet too
+        assert_eq!(
+            v2_alternates(&t, ("rxe0", 1), local, 8, &ports),
+            [("rxe1".to_string(), 1), ("rxe2".to_string(), 1)]
+        );
+        // the first port on a PNET ID: only ports on the same one
+        t.add(&id("NET1"), None, Some(("rxe0", 1))).unwrap();
+        assert!(v2_alternates(&t, ("rxe0", 1), local, 24, &ports).is_empty());
+        t.add(&id("NET1"), None, Some(("rxe1", 1))).unwrap();
+        assert_eq!(
+            v2_alternates(&t, ("rxe0", 1), local, 24, &ports),
+            [("rxe1".to_string(), 1)]
+        );
     }
 
     /// A port with a RoCE v1 GID (`v1`) and the RoCE v2 GIDs of `v2`.

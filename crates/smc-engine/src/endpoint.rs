@@ -204,9 +204,17 @@ pub struct Endpoint<P: Provider> {
     dev: P::Device,
     /// A second device for further links (`endpoint/devices.rs`).
     dev2: Option<P::Device>,
-    /// One completion channel for every CQ of this endpoint: a single
-    /// descriptor to sleep on (see [`Endpoint::arm`]).
+    /// The completion channel of every CQ on the first device (see
+    /// [`Endpoint::arm`]).
     chan: P::Channel,
+    /// The second device's channel, for the CQs there: a CQ's channel must
+    /// be of its own device (verbs: an `ibv_comp_channel` belongs to one
+    /// context).
+    chan2: Option<P::Channel>,
+    /// With a second device: an epoll set of both channels and both devices'
+    /// asynchronous-event descriptors, the single descriptor to sleep on
+    /// ([`Endpoint::notify_fd`]; `endpoint/devices.rs`).
+    wake: Option<std::os::fd::OwnedFd>,
     /// Work completions taken from the CQs so far (progress indicator).
     completions: u64,
     /// Scratch list of connection ids (`flush_tx`), kept to not allocate per pump.
@@ -314,6 +322,8 @@ impl<P: Provider> Endpoint<P> {
             dev,
             dev2: None,
             chan,
+            chan2: None,
+            wake: None,
             completions: 0,
             scratch_ids: Vec::new(),
             scratch_marked: Vec::new(),

@@ -293,3 +293,146 @@ fn two_device_simulation_seed_8018() {
     assert!(r.second_device && r.survivable_fault, "seed {seed}");
     assert_eq!(r.handshake_resets, 0, "seed {seed}: a connection was reset");
 }
+
+/// Whether the endpoint's wake-up descriptor is readable now.
+fn readable(ep: &Endpoint<SimFabric>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let fd = ep.notify_fd();
+    let mut p = [PollFd::new(&fd, PollFlags::IN)];
+    poll(&mut p, Some(&Timespec::default())).unwrap() > 0
+}
+
+/// The driver sleeps on one descriptor ([`Endpoint::notify_fd`]): with a
+/// second device it must wake for the second device's completions (its CQs
+/// are on that device's own channel, as verbs requires: the sim fabric, like
+/// `ibv_create_cq`, refuses another device's channel) and for either
+/// device's port events, which need no completion to happen (a port coming
+/// back, or an rxe port going down, which leaves the QPs as they are). Once
+/// the pump took them, the descriptor is quiet again (no busy loop).
+#[test]
+fn the_wake_descriptor_covers_both_devices_channels_and_port_events() {
+    let mut w = world(true);
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    assert_eq!(w.client.usable_links(lc).len(), 2);
+    // a connection on the link over the second devices
+    let ts: Vec<Tcp> = (0..4).map(|_| smc(&mut w)).collect();
+    let t2 = ts
+        .iter()
+        .find(|t| {
+            let s = w.client.link_of(t.c).unwrap();
+            w.client.link_on_second_device(lc, s) == Some(true)
+        })
+        .expect("a connection on the second device");
+    // quiet, armed: nothing to wake for
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    w.client.arm().unwrap();
+    w.client.take_notification();
+    assert!(
+        !readable(&w.client),
+        "an idle endpoint's descriptor is not readable"
+    );
+    // the server writes on the connection over the second devices: the
+    // client's receive CQ there completes on the second device's channel
+    assert!(w.server.write(t2.s, b"over the second device").unwrap() > 0);
+    for _ in 0..50 {
+        w.server.pump(w.now).unwrap();
+        w.fabric.advance(Duration::from_micros(20));
+        w.now += Duration::from_micros(20);
+    }
+    assert!(
+        readable(&w.client),
+        "a completion on the second device wakes"
+    );
+    assert!(w.client.take_notification());
+    w.client.pump(w.now).unwrap();
+    assert_eq!(w.client.read(t2.c, 100).unwrap(), b"over the second device");
+    // a port event of the second device, then of the first: no completion,
+    // still a wake-up; the pump takes the event and the descriptor is quiet
+    // again
+    for dev in ["simC2", "simC"] {
+        w.fabric.set_port(dev, false).unwrap();
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+        w.client.arm().unwrap();
+        w.client.take_notification();
+        assert!(!readable(&w.client), "{dev}: quiet after the failover");
+        w.fabric.set_port(dev, true).unwrap();
+        assert!(readable(&w.client), "{dev}: the port coming back wakes");
+        w.client.pump(w.now).unwrap();
+        // (what the pump posted may have completed on an armed CQ: a
+        // notification, taken here; the device event is the pump's alone)
+        w.client.take_notification();
+        assert!(!readable(&w.client), "{dev}: the pump took the event");
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+    }
+}
+
+/// The kernel interop case redund.rk: the client's second device fails under
+/// load, the connections on its link move to the first; then the client
+/// closes every connection first (active close). The server must see each
+/// close, also of the connections that moved.
+#[test]
+fn closes_after_a_failover_reach_the_peer() {
+    for rxe in [false, true] {
+        closes_after_a_failover(rxe);
+    }
+}
+
+/// (`rxe`: the port goes down as on Soft-RoCE, its QPs neither flushed nor
+/// failing, every device retrying unanswered requests forever)
+fn closes_after_a_failover(rxe: bool) {
+    let mut w = world(true);
+    if rxe {
+        for d in ["simC", "simC2", "simS", "simS2"] {
+            w.fabric.set_rxe_retry(d, true).unwrap();
+        }
+    }
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    let ts: Vec<Tcp> = (0..4).map(|_| smc(&mut w)).collect();
+    let all: Vec<&Tcp> = ts.iter().collect();
+    let moved: Vec<bool> = all
+        .iter()
+        .map(|t| {
+            let s = w.client.link_of(t.c).unwrap();
+            w.client.link_on_second_device(lc, s) == Some(true)
+        })
+        .collect();
+    assert!(
+        moved.iter().any(|&m| m),
+        "a connection on the second device"
+    );
+    let fabric = w.fabric.clone();
+    streams(&mut w, &all, 1_000_000, |_, step| {
+        if step == 60 && rxe {
+            fabric.set_port_keep_qps("simC2", false).unwrap();
+        } else if step == 60 {
+            fabric.set_port("simC2", false).unwrap();
+        }
+    });
+    // (the connections did leave the failed device)
+    for t in &all {
+        let s = w.client.link_of(t.c).unwrap();
+        assert_eq!(
+            w.client.link_on_second_device(lc, s),
+            Some(false),
+            "rxe {rxe}"
+        );
+    }
+    for t in &all {
+        w.client.close(
+            t.c,
+            smc_proto::close::CloseEvent::AppClose { unread_data: false },
+        );
+    }
+    w.settle(&mut [&mut t0], Duration::from_millis(50));
+    for (i, t) in all.iter().enumerate() {
+        assert!(
+            w.server.peer_done(t.s) || w.server.peer_closed(t.s),
+            "rxe {rxe}: connection {i} (moved: {}): the server never saw the client's close",
+            moved[i]
+        );
+    }
+}

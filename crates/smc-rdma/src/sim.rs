@@ -814,6 +814,27 @@ impl SimFabric {
         Ok(())
     }
 
+    /// Fault: port down or up as Soft-RoCE has it when its interface goes
+    /// down (rxe_net.c `rxe_port_down`): `PortError` / `PortActive`, but the
+    /// device's QPs stay as they are — nothing is flushed, and what they
+    /// send is not answered while the port is down (their requesters retry,
+    /// see [`Self::set_rxe_retry`]).
+    pub fn set_port_keep_qps(&self, dev: &str, up: bool) -> Result<()> {
+        let i = self.dev_idx(dev)?;
+        let mut st = self.st();
+        if st.devs[i].port_up == up {
+            return Ok(());
+        }
+        st.devs[i].port_up = up;
+        let ev = if up {
+            AsyncEvent::PortActive { port: 1 }
+        } else {
+            AsyncEvent::PortError { port: 1 }
+        };
+        st.raise(i, ev);
+        Ok(())
+    }
+
     /// Requesters on `dev` retry unanswered requests forever when their
     /// transport retry count is 7, as Soft-RoCE does (rxe_comp.c,
     /// `COMPST_ERROR_RETRY`, decrements the count only when it is not 7, as
@@ -925,10 +946,20 @@ impl Device for SimDevice {
     fn create_channel(&self) -> Result<SimChannel> {
         Ok(SimChannel {
             efd: Arc::new(EventFd::new()?),
+            dev: self.dev,
         })
     }
 
     fn create_cq(&self, _depth: u32, channel: Option<&SimChannel>) -> Result<SimCq> {
+        // As verbs: a completion channel belongs to the device (context)
+        // that created it, and `ibv_create_cq` with another device's
+        // channel fails (the kernel's uverbs looks the channel's descriptor
+        // up among the context's own objects, EBADF otherwise).
+        if channel.is_some_and(|c| c.dev != self.dev) {
+            return Err(Error::InvalidArgument(
+                "a CQ's completion channel must be of the CQ's own device".into(),
+            ));
+        }
         let mut st = self.f.st();
         let id = st.id();
         st.cqs.insert(
@@ -1206,6 +1237,8 @@ impl Drop for SimCq {
 #[derive(Debug)]
 pub struct SimChannel {
     efd: Arc<EventFd>,
+    /// The device that created it (see `create_cq`).
+    dev: usize,
 }
 
 impl CompletionChannel for SimChannel {

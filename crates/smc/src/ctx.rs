@@ -1347,6 +1347,9 @@ pub(crate) struct Candidate {
 /// endpoint opened for one of them is configured with.
 struct Choice {
     candidates: Vec<Candidate>,
+    /// (kind, candidate, alternate): the devices that may carry a v2 group's
+    /// further link when the group's first is on the candidate's.
+    v2_alternates: Vec<(Kind, String, String)>,
     base: String,
     if_addrs: Vec<IfAddr>,
     ueids: Vec<smc_wire::types::Eid>,
@@ -1543,8 +1546,28 @@ fn find_candidates(ctx: &Context, local: IpAddr) -> Result<Option<Choice>, ()> {
     if candidates.is_empty() {
         return Ok(None);
     }
+    // each candidate's alternate devices for a v2 group (another device on
+    // the group's subnet, see `smc_config::pnet::v2_alternates`)
+    let prefix = local4.and_then(|l| {
+        if_addrs
+            .iter()
+            .find(|a| a.addr == IpAddr::V4(l))
+            .map(|a| (l, a.prefix_len))
+    });
+    let mut v2_alternates = Vec::new();
+    for c in candidates.iter().filter(|c| c.roce_v2) {
+        let Some((l, len)) = prefix.filter(|_| route.v2_gid.is_some()) else {
+            break;
+        };
+        for (d, _) in smc_config::pnet::v2_alternates(&pnet, (&c.device, 1), l, len, &infos) {
+            if let Some((k, _)) = ports.iter().find(|(k, p)| *k == c.kind && p.device == d) {
+                v2_alternates.push((*k, c.device.clone(), d));
+            }
+        }
+    }
     Ok(Some(Choice {
         candidates,
+        v2_alternates,
         base,
         if_addrs,
         ueids,
@@ -1553,8 +1576,9 @@ fn find_candidates(ctx: &Context, local: IpAddr) -> Result<Option<Choice>, ()> {
 
 /// Whether link groups add a second link by ADD_LINK (`SMC_REDUNDANCY=1`;
 /// off by default): an endpoint then opens the next device of its
-/// address's candidates (another port of the same PNET ID) as its second
-/// device, on which the further link goes (see `Endpoint::set_redundancy`,
+/// address's candidates (another port of the same PNET ID), or for SMC-R
+/// v2 another device on the address's subnet, as its second device, on
+/// which the further link goes (see `Endpoint::set_redundancy`,
 /// `Endpoint::open_second_device`).
 pub fn redundancy() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -1603,21 +1627,31 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
         // smc_llc.c `smc_llc_find_alt_link`, smc_pnet.c: an alternate
         // device of the link group's PNET ID). Without one, further links
         // share this device's port.
+        // Or, for SMC-R v2 groups, a device on the group's IP subnet (Linux
+        // smc_ib.c `smc_ib_determine_gid_rcu`: a v2 group's alternate GID
+        // must be on the subnet of its source address).
         let alt = choice
             .candidates
             .iter()
-            .find(|c| c.kind == cand.kind && c.device != cand.device);
-        let alternate =
-            alt.is_some_and(|c| match ep.open_second_device(&ctx.provider, &c.device) {
-                Ok(()) => true,
-                Err(e) => {
-                    crate::registry::error(
-                        "endpoint_open",
-                        format!("second device {} of {device}: {e}", c.device),
-                    );
-                    false
-                }
+            .find(|c| c.kind == cand.kind && c.device != cand.device)
+            .map(|c| c.device.as_str())
+            .or_else(|| {
+                choice
+                    .v2_alternates
+                    .iter()
+                    .find(|(k, first, _)| *k == cand.kind && *first == cand.device)
+                    .map(|(_, _, alt)| alt.as_str())
             });
+        let alternate = alt.is_some_and(|alt| match ep.open_second_device(&ctx.provider, alt) {
+            Ok(()) => true,
+            Err(e) => {
+                crate::registry::error(
+                    "endpoint_open",
+                    format!("second device {alt} of {device}: {e}"),
+                );
+                false
+            }
+        });
         ep.set_redundancy(smc_proto::link::Redundancy {
             enabled: true,
             alternate,

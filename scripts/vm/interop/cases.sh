@@ -23,6 +23,13 @@
 #   otherueid  the kern VM's kernel has another UEID (SMC-OTHER-UEID)
 #   kill       the rs VM's peer process is SIGKILLed mid-transfer
 #   rxedel     the kern VM deletes rxe0 (`rdma link delete`) mid-transfer
+#   redund     link redundancy: both VMs put rxe1 on their second NIC (an address on the
+#              data subnet: a v2 group's alternate device must have one, smc_ib.c
+#              smc_ib_determine_gid_rcu); the kernel server adds a second link over it
+#              (ADD_LINK), smc-rs with SMC_REDUNDANCY=1; a first connection of
+#              SMCI_REDUND_FIRST bytes, then 4 at once of SMCI_REDUND_BYTES each way; the
+#              rs VM takes its second NIC down mid-stream: the connections on that link
+#              move to the other, nothing lost
 #   idle       one connection, then the rs side stays alive past the link groups'
 #              idle time (10 min, not a sysctl in 6.12): both ends free the group
 #              (opt-in: ~11 min)
@@ -30,9 +37,10 @@
 # every case, in the order they run when selected
 SMCI_KNOWN="wire.kc wire.ck smcr.kc smcr.ck wire.kr wire.rk smcr.kr smcr.rk urg.kc urg.ck urg.kr urg.rk \
 noueid.kc noueid.ck noueid.kr noueid.rk otherueid.kc otherueid.ck otherueid.kr otherueid.rk \
-kill.kr kill.rk rxedel.kc rxedel.ck rxedel.kr rxedel.rk idle.kc idle.kr idle.rk"
-# the default selection: everything but idle.*
-SMCI_DEFAULT="${SMCI_KNOWN% idle.kc idle.kr idle.rk}"
+kill.kr kill.rk rxedel.kc rxedel.ck rxedel.kr rxedel.rk redund.ck redund.rk idle.kc idle.kr idle.rk"
+# the default selection: everything but idle.* and redund.* (opt-in: redund.rk fails,
+# see README.md, and the kern VM's first ADD_LINK over rxe1 after boot fails)
+SMCI_DEFAULT="${SMCI_KNOWN% redund.ck redund.rk idle.kc idle.kr idle.rk}"
 
 # The kernel's Decline codes (net/smc/smc_clc.h, SMC_CLC_DECL_*):
 SMCI_DECL_PEERDECL=0x05000000   # SMC_CLC_DECL_PEERDECL: "peer declined during handshake"
@@ -46,7 +54,7 @@ SMCI_DECL_NOSMCDEV=0x03030000   # SMC_CLC_DECL_NOSMCDEV: no SMC device found (R 
 #                               each way, who closes first (client|server|alt), total
 #   URGENT                      1: the client asks for the urgent-byte exchange
 #   KUEID                       keep | none | other: the kern VM's kernel UEID table
-#   FAULT                       none | kill | rxedel
+#   FAULT                       none | kill | rxedel | linkcut (the rs VM's second NIC down)
 #   EXPECT                      smcr | decline | fault
 #   CAPTURE                     1: the host captures the wire during the case
 #   TIMEOUT                     seconds for the peers' watchdogs
@@ -73,6 +81,9 @@ case_def() {
     otherueid) KUEID=other; EXPECT=decline; BYTES=$SMCI_DECLINE_BYTES;;
     kill) FAULT=kill; EXPECT=fault; BYTES=$SMCI_FAULT_BYTES; CAPTURE=0; TIMEOUT=$SMCI_FAULT_TIMEOUT;;
     rxedel) FAULT=rxedel; EXPECT=fault; BYTES=$SMCI_FAULT_BYTES; CAPTURE=0; TIMEOUT=$SMCI_FAULT_TIMEOUT;;
+    # (after the rxedel cases in a full run: they end every link group, so rxe1 coming
+    # up adds no link to a group of an earlier case)
+    redund) ROUNDS="1x$SMCI_REDUND_FIRST,4"; BYTES=$SMCI_REDUND_BYTES; CLOSE=alt; FAULT=linkcut;;
     idle) BYTES=1M; TIMEOUT=$((SMCI_IDLE_WAIT + 300));;
     *) return 1;;
   esac

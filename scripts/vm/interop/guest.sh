@@ -27,6 +27,10 @@ for _ in $(seq 100); do
   [ -n "$IF" ] && break; sleep 0.2
 done
 [ -n "$IF" ] || fatal "data NIC not found: $(ls /sys/class/net)"
+# the second NIC (redund cases): down and without an address until a case wants it
+IF2=
+for d in /sys/class/net/*; do [ "$(cat "$d/address" 2>/dev/null)" = "$SMCI_MAC_PREFIX2:0$id" ] && IF2=${d##*/}; done
+ME2=10.99.0.1$id PEER2=10.99.0.1$((3 - id))
 ip link set lo up
 # rxe's GID 0 is the link-local RoCE v2 GID: usable without DAD once the link is up
 sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 "net.ipv6.conf.$IF.accept_dad=0"
@@ -38,6 +42,46 @@ rxe_up() { # rxe0 on the data NIC, ACTIVE
   return 1
 }
 rxe_up || fatal "rxe0 did not come up"
+
+# The redund cases' second device: rxe1 on the second NIC (its own virtual wire). Its
+# address is on the data NIC's subnet: a kernel v2 link group's alternate device needs a
+# RoCE v2 GID whose interface has an address in the subnet of the group's source address
+# (net/smc/smc_ib.c smc_ib_determine_gid_rcu, reached from smc_llc.c smc_llc_srv_add_link
+# through smc_pnet.c smc_pnet_find_alt_roce); on another subnet the kernel never adds the
+# link. The subnet's route through it has a higher metric, so TCP (the CLC) stays on the
+# first NIC, and rxe1 reaches the peer through its own interface (rxe routes with the
+# netdev as the output interface); what leaves from its address goes through it too (a
+# rule), so the peer's answers to it (ping, here) do not take the first NIC.
+# arp_ignore=1: an ARP for one NIC's address is not answered on the other wire.
+second_up() {
+  [ -n "$IF2" ] || { echo "no second NIC"; return 1; }
+  sysctl -qw net.ipv4.conf.all.arp_ignore=1 "net.ipv6.conf.$IF2.accept_dad=0"
+  ip addr add "$ME2/24" dev "$IF2" noprefixroute || { echo "ip addr add $ME2"; return 1; }
+  ip link set "$IF2" up
+  ip route add 10.99.0.0/24 dev "$IF2" src "$ME2" metric 100 || { echo "ip route add"; return 1; }
+  ip route add 10.99.0.0/24 dev "$IF2" src "$ME2" table 100 && ip rule add from "$ME2" lookup 100 \
+    || { echo "ip rule add"; return 1; }
+  rdma link add rxe1 type rxe netdev "$IF2" || { echo "rdma link add rxe1"; return 1; }
+  local i
+  for i in $(seq 200); do grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null && break; sleep 0.1; done
+  grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state || { echo "rxe1 not ACTIVE"; return 1; }
+  for i in $(seq 30); do ping -c1 -W1 -I "$IF2" "$PEER2" >/dev/null 2>&1 && return 0; done
+  echo "peer $PEER2 unreachable over $IF2"; return 1
+}
+second_down() {
+  [ -n "$IF2" ] || return 0
+  # (after a connection of the case hung, the kernel can block deleting the device: wait
+  # 30 s, then go on and say so)
+  if [ -e /sys/class/infiniband/rxe1 ]; then
+    rdma link delete rxe1 &
+    local i
+    for i in $(seq 30); do [ -e /sys/class/infiniband/rxe1 ] || break; sleep 1; done
+    [ -e /sys/class/infiniband/rxe1 ] && echo "SMCI-SECOND case=$NAME role=$role down=hung (rdma link delete rxe1 still running)"
+  fi
+  ip rule del from "$ME2" lookup 100; ip route flush table 100
+  ip addr flush dev "$IF2"; ip link set "$IF2" down
+  sysctl -qw net.ipv4.conf.all.arp_ignore=0
+}
 # TEST_LINK after this many idle seconds (net/smc/smc_sysctl.c; default 30): a dead
 # peer's link group goes away sooner
 sysctl -qw net.smc.smcr_testlink_time="$SMCI_TESTLINK" || fatal "net.smc.smcr_testlink_time"
@@ -70,6 +114,8 @@ lgr_ids() { # the kernel's SMC-R link group ids, one per line
 prog_args() {
   local impl=$1 side=$2
   if [ "$impl" = rs ]; then PROG=("${RS_ENV[@]}" $P/smc-iop-peer); else PROG=($P/kpeer); fi
+  # (link redundancy: smc-rs adds the second link's QP on its second device, rxe1)
+  if [ "$impl" = rs ] && [ "$SCEN" = redund ]; then PROG=("${RS_ENV[@]}" SMC_REDUNDANCY=1 $P/smc-iop-peer); fi
   if [ "$side" = server ]; then
     ARGS=(server --port "$PORT" --conns "$CONNS")
   else
@@ -90,6 +136,15 @@ wait_up() { # wait_up FILE PID: until the program reports a connection up, or ex
 }
 
 do_prep() {
+  if [ "$FAULT" = linkcut ]; then
+    local why
+    if why=$(second_up 2>&1); then
+      echo "SMCI-SECOND case=$NAME role=$role up=yes if=$IF2 addr=$ME2 rxe1=$(tr -d ' ' < /sys/class/infiniband/rxe1/ports/1/state)" \
+        "gids=$(cat /sys/class/infiniband/rxe1/ports/1/gids/0 /sys/class/infiniband/rxe1/ports/1/gids/1 | tr '\n' ' ')"
+    else
+      echo "SMCI-SECOND case=$NAME role=$role up=no reason=${why//[$'\n' ]/_}"
+    fi
+  fi
   [ $role = kern ] || return 0
   lgr_ids > /tmp/lgr-start
   $P/kpeer lgr --case "$NAME" | sed 's/SMCI-KLGR /SMCI-KLGR when=prep /'
@@ -139,6 +194,38 @@ do_run() {
     if [ ! -e /sys/class/infiniband/rxe0 ]; then
       rxe_up; echo "SMCI-FAULT case=$NAME what=rxe-restored state=$(cat /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null | tr -d ' ')"
     fi
+  elif [ "$FAULT" = linkcut ] && [ $role = rs ]; then
+    # the second round's connections up: their data moves over both links; then the
+    # second NIC goes down under them
+    timeout -k 5 $((TIMEOUT + 30)) "${PROG[@]}" "${ARGS[@]}" > >(tee "$out") 2>&1 &
+    pid=$!
+    for _ in $(seq 1200); do
+      grep -q ' id=2 ev=up ' "$out" 2>/dev/null && break
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.1
+    done
+    if grep -q ' id=2 ev=up ' "$out"; then
+      sleep "$SMCI_FAULT_DELAY"
+      ip link set "$IF2" down
+      echo "SMCI-FAULT case=$NAME what=linkcut dev=$IF2 rc=$? up=$(cut -d' ' -f1 /proc/uptime) rxe1=$(tr -d ' ' < /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null)"
+    else
+      echo "SMCI-FAULT case=$NAME what=linkcut done=no reason=round-2-never-up"
+    fi
+    wait $pid; rc=$?
+  elif [ "$FAULT" = linkcut ] && [ $role = kern ]; then
+    # the kernel's links while the case runs: a sample whenever they change
+    timeout -k 5 $((TIMEOUT + 30)) "${PROG[@]}" "${ARGS[@]}" 2>&1 &
+    pid=$!
+    local last= cur
+    while kill -0 $pid 2>/dev/null; do
+      cur=$($P/kpeer lgr --case "$NAME" 2>&1)
+      if [ "${cur#* lgrs=}" != "${last#* lgrs=}" ]; then
+        sed "s/SMCI-KLGR /SMCI-KLGR when=sample up=$(cut -d' ' -f1 /proc/uptime) /" <<< "$cur"
+        last=$cur
+      fi
+      sleep 1
+    done
+    wait $pid; rc=$?
   else
     timeout -k 5 $((TIMEOUT + 30)) "${PROG[@]}" "${ARGS[@]}" 2>&1; rc=$?
   fi
@@ -161,8 +248,24 @@ do_post() {
   if [ $role = kern ] || [ "$VM2_IMPL" = kernel ]; then
     $P/kpeer diag --wait-empty 20 --case "$NAME"
   fi
+  if [ "$FAULT" = linkcut ]; then
+    # the second NIC back: does the group add its second link again? (reported, the
+    # case does not depend on it) Then the second device goes.
+    [ $role = rs ] && ip link set "$IF2" up
+    # (the kernels that keep the group: the kern VM's, and the rs VM's in ck; an smc-rs
+    # process has ended with its group)
+    if [ $role = kern ] || [ "$VM2_IMPL" = kernel ]; then
+      local t0=$SECONDS
+      while [ $((SECONDS - t0)) -lt 10 ]; do
+        $P/kpeer lgr --case "$NAME" | grep -q 'lconns=.*rxe1' && break
+        sleep 1
+      done
+      $P/kpeer lgr --case "$NAME" | sed "s/SMCI-KLGR /SMCI-KLGR when=nic-back after_s=$((SECONDS - t0)) /"
+    fi
+    second_down
+  fi
   [ $role = kern ] || return 0
-  if [ "$FAULT" != none ]; then
+  if [ "$FAULT" = kill ] || [ "$FAULT" = rxedel ]; then
     # the link groups this case created must go (TEST_LINK, QP errors or the device's
     # removal end them)
     local t0=$SECONDS left=

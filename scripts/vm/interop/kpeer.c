@@ -409,6 +409,9 @@ struct lgr_list {
 	uint32_t id[64];
 	char line[4096];
 	size_t used;
+	/* per link: its RDMA device and connections, "rxe0:3,rxe1:2" */
+	char lconns[1024];
+	size_t lused;
 };
 
 static void lgr_cb(const uint8_t *b, int len, void *arg)
@@ -444,12 +447,28 @@ static void link_cb(const uint8_t *b, int len, void *arg)
 	struct lgr_list *L = arg;
 	struct nla top[8];
 	int nt = nla_parse(b, len, top, 8);
-	for (int i = 0; i < nt; i++)
-		if (top[i].type == SMC_GEN_LINK_SMCR)
-			L->links++;
+	for (int i = 0; i < nt; i++) {
+		if (top[i].type != SMC_GEN_LINK_SMCR)
+			continue;
+		L->links++;
+		struct nla a[32];
+		int n = nla_parse(top[i].v, top[i].len, a, 32);
+		char dev[64] = "?";
+		uint32_t conns = 0;
+		for (int j = 0; j < n; j++) {
+			if (a[j].type == SMC_NLA_LINK_IB_DEV && a[j].len > 0)
+				snprintf(dev, sizeof(dev), "%.*s", a[j].len, (const char *)a[j].v);
+			else if (a[j].type == SMC_NLA_LINK_CONN_CNT)
+				conns = nla_num(&a[j]);
+		}
+		if (L->lused < sizeof(L->lconns) - 80)
+			L->lused += snprintf(L->lconns + L->lused, sizeof(L->lconns) - L->lused, "%s%s:%u",
+					     L->lused ? "," : "", dev, conns);
+	}
 }
 
-/* "lgrs=N links=M ids=ID:ROLE:CONNS,..." for SMCI lines; returns -errno on failure. */
+/* "lgrs=N links=M ids=ID:ROLE:CONNS,... lconns=DEV:CONNS,..." for SMCI lines; returns -errno on
+ * failure. */
 static int lgr_summary(char *dst, size_t n)
 {
 	struct genl g;
@@ -464,7 +483,8 @@ static int lgr_summary(char *dst, size_t n)
 	close(g.fd);
 	if (rc)
 		return rc;
-	snprintf(dst, n, "lgrs=%d links=%d ids=%s", L.n, L.links, L.used ? L.line : "-");
+	snprintf(dst, n, "lgrs=%d links=%d ids=%s lconns=%s", L.n, L.links, L.used ? L.line : "-",
+		 L.lused ? L.lconns : "-");
 	return 0;
 }
 
@@ -549,7 +569,7 @@ static int cmd_genl(int argc, char **argv)
 	const char *w = argv[0];
 	if (!strcmp(w, "lgr")) {
 		close(g.fd);
-		char s[4200];
+		char s[5400];
 		rc = lgr_summary(s, sizeof(s));
 		if (rc)
 			die("link group dump: %s", strerror(-rc));
@@ -990,7 +1010,7 @@ static void start_watchdog(double timeout)
 
 static void print_lgrs(const char *when)
 {
-	char s[4200];
+	char s[5400];
 	int rc = lgr_summary(s, sizeof(s));
 	if (rc)
 		out("SMCI-KLGR case=%s when=%s error=%s", case_name, when, strerror(-rc));

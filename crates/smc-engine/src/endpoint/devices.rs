@@ -18,9 +18,17 @@
 //! Which device a new link takes (Linux `smc_llc_find_alt_link`,
 //! `smc_ib_find_route`: an alternate device when there is one): one whose
 //! port is active, the one fewer links of the group use, the first device
-//! among equals. Both devices use the endpoint's one completion channel
-//! (the shm and sim providers take a channel of another device; verbs, where
-//! a CQ's channel must be of its own device, is not supported yet).
+//! among equals.
+//!
+//! Each device has its own completion channel, for the CQs of its links
+//! (verbs: a CQ's `ibv_comp_channel` must be of the CQ's own context). The
+//! driver still sleeps on one descriptor ([`Endpoint::notify_fd`]): with a
+//! second device that is an epoll set of both channels and of both devices'
+//! asynchronous-event descriptors, so that a port going down on either
+//! device wakes the driver at once (the next pump takes the event,
+//! `poll_device_events`), not at whatever wakes it next: a port-down does
+//! not always fail the QPs on it (rxe keeps them), and until the pump sees
+//! it the group goes on sending on the dead link.
 
 use super::conn_core::lock;
 use super::gid::LocalGid;
@@ -28,7 +36,8 @@ use super::lgr::Lgr;
 use super::link::{LinkRes, OtherDevice};
 use super::{Endpoint, LgrId, Result};
 use smc_rdma::{
-    Access, AsyncEvent, Device, GidType, MemoryRegion, PortState, ProtectionDomain, Provider,
+    Access, AsyncEvent, CompletionChannel, Device, GidType, MemoryRegion, PortState,
+    ProtectionDomain, Provider,
 };
 use smc_wire::types::IbMtu;
 use std::collections::HashMap;
@@ -154,18 +163,42 @@ impl<P: Provider> Endpoint<P> {
     /// [`Self::set_redundancy`], whose `alternate` it makes true in
     /// substance). The first link of a group stays on the first device (the
     /// CLC handshake names its GID).
+    /// Call it before the driver takes [`Self::notify_fd`]: the descriptor
+    /// changes (to the epoll set of both devices, see the module
+    /// documentation).
     pub fn open_second_device(&mut self, provider: &P, name: &str) -> Result<()> {
+        use rustix::event::epoll;
         let dev = provider.open_device(name)?;
+        let chan2 = dev.create_channel()?;
+        let io = |e: rustix::io::Errno| smc_rdma::Error::Io(e.into());
+        let wake = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(io)?;
+        // (level-triggered: readable while a channel has a notification or
+        // a device an event not yet taken)
+        for fd in [
+            self.chan.fd(),
+            chan2.fd(),
+            self.dev.async_fd(),
+            dev.async_fd(),
+        ] {
+            epoll::add(
+                &wake,
+                fd,
+                epoll::EventData::new_u64(0),
+                epoll::EventFlags::IN,
+            )
+            .map_err(io)?;
+        }
         // (writes inline up to the smaller limit: a connection may move to
         // a link on either device)
         self.max_inline = self.max_inline.min(dev.info().max_inline);
         self.dev2 = Some(dev);
+        self.chan2 = Some(chan2);
+        self.wake = Some(wake);
         Ok(())
     }
 
     /// The second device's asynchronous-event descriptor (readable while
-    /// events are pending), for the driver's poll set next to the
-    /// completion channel and the first device's.
+    /// events are pending). [`Self::notify_fd`] covers it already.
     pub fn second_device_async_fd(&self) -> Option<BorrowedFd<'_>> {
         self.dev2.as_ref().map(Device::async_fd)
     }
@@ -258,7 +291,8 @@ impl<P: Provider> Endpoint<P> {
             lg.second = Some(sp);
         }
         let sp = lg.second.as_ref().ok_or_else(|| bad("no second PD"))?;
-        let mut res = LinkRes::new(d2, &sp.pd, &self.chan, self.max_inline, psn)?;
+        let chan = self.chan2.as_ref().unwrap_or(&self.chan);
+        let mut res = LinkRes::new(d2, &sp.pd, chan, self.max_inline, psn)?;
         res.on = Some(OtherDevice {
             gid,
             mtu: port.active_mtu,

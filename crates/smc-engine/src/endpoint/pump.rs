@@ -364,14 +364,26 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// A descriptor that becomes readable when an armed completion queue gets a
-    /// completion (the endpoint's completion channel).
+    /// completion (the endpoint's completion channel); with a second device
+    /// ([`Self::open_second_device`]) also when either device has an
+    /// asynchronous event (a port going down), see `endpoint/devices.rs`.
     pub fn notify_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.chan.fd()
+        use std::os::fd::AsFd;
+        match &self.wake {
+            Some(w) => w.as_fd(),
+            None => self.chan.fd(),
+        }
     }
 
-    /// Consumes the notification on [`Self::notify_fd`], if any.
+    /// Consumes the notification on [`Self::notify_fd`], if any (the
+    /// devices' events are taken by the next [`Self::pump`]).
     pub fn take_notification(&self) -> bool {
-        self.chan.try_get_event().unwrap_or(false)
+        let first = self.chan.try_get_event().unwrap_or(false);
+        let second = self
+            .chan2
+            .as_ref()
+            .is_some_and(|c| c.try_get_event().unwrap_or(false));
+        first || second
     }
 
     /// How many times a connection was looked at for something to send (one

@@ -250,8 +250,12 @@ fn state_line(when: &str) -> (usize, usize) {
         .collect();
     let lgrs = st.iter().map(|d| d.link_groups).sum();
     let conns = st.iter().map(|d| d.connections).sum();
+    // usable links of all groups, and of those the ones on an endpoint's
+    // second device (SMC_REDUNDANCY)
+    let links: usize = st.iter().flat_map(|d| d.links.iter()).sum();
+    let second: usize = st.iter().flat_map(|d| d.second_device_links.iter()).sum();
     out!(
-        "SMCI-RSSTATE case={} when={when} lgrs={lgrs} conns={conns} devices={}",
+        "SMCI-RSSTATE case={} when={when} lgrs={lgrs} conns={conns} devices={} links={links} second={second}",
         case(),
         if devs.is_empty() {
             "-".to_string()
