@@ -129,13 +129,21 @@ pub(crate) struct Shared {
     /// When connections whose TCP connection ended are reset, if their peer
     /// sent no close by then: every waiting thread and task looks again.
     recheck_at: Mutex<std::collections::VecDeque<Instant>>,
-    /// Tasks of the tokio adapter waiting for progress; every pump that takes
-    /// completions wakes them, as `cv` wakes the sleeping threads. (Their own
-    /// wake-up, an edge on the completion channel, is lost when a sleeping
-    /// thread drains the channel before the reactor looks; that thread pumps
-    /// next, and its pump wakes them.)
+    /// Tasks of the tokio adapter waiting for their connection (or, a
+    /// handshake's step over the device, for any progress): a pump that takes
+    /// completions wakes those whose connection can go on, as [`Self::wake`]
+    /// chooses the parked threads, and every one after a timer or an engine
+    /// event. (The task that watches the completion channel in the reactor,
+    /// [`Self::task_watcher`], loses its edge when a sleeping thread drains
+    /// the channel first; that thread pumps next, and its pump wakes the
+    /// tasks the completion concerns.)
     #[cfg(feature = "tokio")]
-    tasks: Mutex<Vec<std::task::Waker>>,
+    tasks: Mutex<Vec<TaskWait>>,
+    /// Which waiting stream of the tokio adapter watches the completion
+    /// channel in its runtime's reactor (0: none; see `crate::tokio`): one,
+    /// so that a signal wakes one task, not every waiting one.
+    #[cfg(feature = "tokio")]
+    task_watcher: AtomicU64,
     /// The readiness descriptors of this endpoint's connections (see
     /// [`crate::readiness`]), set after every pump that took completions,
     /// and their count, readable without the lock (none: no cost).
@@ -284,7 +292,7 @@ fn level(ep: &Endpoint<AnyProvider>, id: ConnId, sndbuf_len: usize) -> crate::re
 }
 
 /// What a waiting thread waits for.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
     /// Data, end of file or an error on the connection.
     Read(ConnId),
@@ -300,6 +308,14 @@ struct Waiter {
     want: Want,
     thread: std::thread::Thread,
     woken: Arc<AtomicBool>,
+}
+
+/// A task of the tokio adapter waiting (see [`Shared::wake_on_progress`]).
+#[cfg(feature = "tokio")]
+struct TaskWait {
+    /// What for (`None`: any progress of the endpoint).
+    want: Option<Want>,
+    waker: std::task::Waker,
 }
 
 impl Want {
@@ -475,6 +491,8 @@ impl Shared {
             spin: Spin::default(),
             #[cfg(feature = "tokio")]
             tasks: Mutex::new(Vec::new()),
+            #[cfg(feature = "tokio")]
+            task_watcher: AtomicU64::new(0),
             readiness: Mutex::new(Vec::new()),
             readied: AtomicUsize::new(0),
             timers_seen: AtomicU64::new(0),
@@ -544,7 +562,7 @@ impl Shared {
             self.wake(ep, false);
         }
         #[cfg(feature = "tokio")]
-        self.wake_tasks();
+        self.wake_tasks(ep, false);
     }
 
     /// Watches the TCP socket of the established connection `id` for its end
@@ -608,7 +626,7 @@ impl Shared {
         self.wake(ep, true);
         self.refresh_readiness(ep);
         #[cfg(feature = "tokio")]
-        self.wake_tasks();
+        self.wake_tasks(ep, true);
     }
 
     /// Waits until `until` for a watched TCP connection to end, and deals
@@ -641,7 +659,7 @@ impl Shared {
             self.wake(&ep, true);
             self.refresh_readiness(&ep);
             #[cfg(feature = "tokio")]
-            self.wake_tasks();
+            self.wake_tasks(&ep, true);
         }
     }
 
@@ -675,21 +693,24 @@ impl Shared {
         ep: &mut Endpoint<AnyProvider>,
     ) -> smc_engine::endpoint::Result<()> {
         let r = ep.pump(now());
-        crate::registry::engine_events(ep);
+        // (a link up or down, a connection moved or aborted: rare, and what
+        // it changes is not looked at per connection, so everyone looks)
+        let evented = crate::registry::engine_events(ep);
         let n = ep.completions();
         let moved = self.gen.swap(n, Ordering::AcqRel) != n;
         let t = ep.timer_events();
         // (a load first: timers fire rarely, a pump runs per message)
         let fired = self.timers_seen.load(Ordering::Acquire) != t
             && self.timers_seen.swap(t, Ordering::AcqRel) != t;
-        if (moved || fired) && self.sleepers.load(Ordering::Acquire) > 0 {
-            self.wake(ep, fired);
+        let all = fired || evented;
+        if (moved || all) && self.sleepers.load(Ordering::Acquire) > 0 {
+            self.wake(ep, all);
         }
         #[cfg(feature = "tokio")]
-        if moved || fired {
-            self.wake_tasks();
+        if moved || all {
+            self.wake_tasks(ep, all);
         }
-        if moved || fired {
+        if moved || all {
             self.refresh_readiness(ep);
             if self.fd_waiting.load(Ordering::Acquire) > 0 {
                 for fd in self
@@ -870,28 +891,65 @@ impl Shared {
         }
     }
 
-    /// Wakes the tasks waiting for progress (called with the endpoint locked).
+    /// Wakes the tasks whose connection can go on (`all`: every one), as
+    /// [`Self::wake`] chooses the threads (called with the endpoint locked).
     #[cfg(feature = "tokio")]
-    fn wake_tasks(&self) {
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
-        for w in tasks {
-            w.wake();
-        }
+    fn wake_tasks(&self, ep: &Endpoint<AnyProvider>, all: bool) {
+        let mut v = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|t| {
+            if all || t.want.is_none_or(|w| w.ready(ep, self.sndbuf_len)) {
+                t.waker.wake_by_ref();
+                false
+            } else {
+                true
+            }
+        });
     }
 
-    /// Wakes `waker` at the next pump that takes completions. Call with the
-    /// endpoint locked (`_ep`), after looking at it: nothing between the look
-    /// and the registration is missed.
+    /// Wakes `waker` at the next pump that finds `want` can be met (`None`:
+    /// at the next pump that takes completions), or that fires a timer or
+    /// sees an engine event. Call with the endpoint locked (`_ep`), after
+    /// looking at it: nothing between the look and the registration is
+    /// missed.
     #[cfg(feature = "tokio")]
     pub(crate) fn wake_on_progress(
         &self,
         _ep: &mut Endpoint<AnyProvider>,
+        want: Option<Want>,
         waker: &std::task::Waker,
     ) {
         let mut v = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        if !v.iter().any(|w| w.will_wake(waker)) {
-            v.push(waker.clone());
+        if !v
+            .iter()
+            .any(|t| t.want == want && t.waker.will_wake(waker))
+        {
+            v.push(TaskWait {
+                want,
+                waker: waker.clone(),
+            });
         }
+    }
+
+    /// Makes the stream wait `me` (nonzero) the one that watches the
+    /// completion channel in the reactor, unless another one does; whether
+    /// it is (now or already).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn watch_channel(&self, me: u64) -> bool {
+        match self
+            .task_watcher
+            .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(w) => w == me,
+        }
+    }
+
+    /// The stream wait `me` no longer watches the completion channel (if it did).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn unwatch_channel(&self, me: u64) {
+        let _ = self
+            .task_watcher
+            .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// One attempt at `op` that never waits, for a task that sleeps elsewhere
@@ -899,10 +957,12 @@ impl Shared {
     /// completion queues, then pump and try once more (a completion that came
     /// before arming signals nobody). `None`: the queues are armed, the
     /// completion channel ([`Shared::notify_dup`]) will signal the next
-    /// completion, and `waker` is woken by the next pump that takes one.
+    /// completion, and `waker` is woken by the next pump after which `want`
+    /// can be met.
     #[cfg(feature = "tokio")]
     pub(crate) fn try_or_arm<R>(
         &self,
+        want: Want,
         waker: &std::task::Waker,
         mut op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
     ) -> Option<io::Result<R>> {
@@ -924,7 +984,7 @@ impl Shared {
             Some(_) => {
                 self.pump(&mut ep);
             }
-            None => self.wake_on_progress(&mut ep, waker),
+            None => self.wake_on_progress(&mut ep, Some(want), waker),
         }
         r
     }

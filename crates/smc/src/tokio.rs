@@ -127,7 +127,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll, Wake, Waker};
 use std::time::Duration;
@@ -136,9 +136,6 @@ use std::time::Duration;
 /// resource (descriptors, memory): they wait in the kernel's backlog, and
 /// `accept` does not spin on the error.
 const PAUSE: Duration = Duration::from_millis(100);
-
-/// Wake-ups one poll handles before it yields to the runtime.
-const MAX_ROUNDS: usize = 3;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -157,10 +154,25 @@ enum Dir {
 /// of the channel's descriptor, registered with the reactor on first use.
 /// The reader (and the handshake) waits in the `AsyncFd`'s read slot, the
 /// writer in a `readable()` future of its own: both are woken by a signal.
-#[derive(Default)]
 struct Chan {
     fd: Option<Arc<AsyncFd<OwnedFd>>>,
     wr: Option<WaitFuture>,
+    /// This stream's number: its read wait is `2 * id`, its write wait
+    /// `2 * id + 1` as the watcher of the channel ([`Shared::watch_channel`]).
+    id: u64,
+}
+
+/// The next [`Chan::id`] (0 means no watcher).
+static NEXT_CHAN: AtomicU64 = AtomicU64::new(1);
+
+impl Default for Chan {
+    fn default() -> Self {
+        Chan {
+            fd: None,
+            wr: None,
+            id: NEXT_CHAN.fetch_add(1, Ordering::Relaxed),
+        }
+    }
 }
 
 impl Chan {
@@ -212,24 +224,47 @@ impl Chan {
         }
     }
 
-    /// Runs `op` on the endpoint until it returns `Some`, sleeping on the
-    /// completion channel in between.
+    /// Runs `op` on the endpoint until it returns `Some`. In between the
+    /// task is registered with the endpoint for `want` (a pump after which
+    /// its connection can go on wakes it, see [`Shared::try_or_arm`]), and
+    /// if no other waiting stream does, it watches the completion channel
+    /// for everyone: woken by a signal, it pumps (which wakes the tasks the
+    /// completion concerns), and one that was not for its own connection
+    /// leaves the watch to the next task that waits (most likely the one the
+    /// completion was for), so that traffic on one connection does not keep
+    /// waking a task that waits for another.
     fn poll_op<R>(
         &mut self,
         dir: Dir,
+        want: ctx::Want,
         shared: &Shared,
         cx: &mut Context<'_>,
         mut op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
     ) -> Poll<io::Result<R>> {
-        for _ in 0..MAX_ROUNDS {
-            if let Some(r) = shared.try_or_arm(cx.waker(), &mut op) {
+        let me = 2 * self.id + matches!(dir, Dir::Write) as u64;
+        let mut signalled = false;
+        loop {
+            if let Some(r) = shared.try_or_arm(want, cx.waker(), &mut op) {
+                // (free for whoever waits next: this task may wait no more)
+                shared.unwatch_channel(me);
                 return Poll::Ready(r);
             }
+            if signalled {
+                shared.unwatch_channel(me);
+                return Poll::Pending;
+            }
+            if !shared.watch_channel(me) {
+                return Poll::Pending;
+            }
             ready!(self.poll_signal(dir, shared, cx))?;
+            signalled = true;
         }
-        // signals keep coming (other connections' traffic): let others run
-        cx.waker().wake_by_ref();
-        Poll::Pending
+    }
+
+    /// Gives up watching the channel (the stream is dropped).
+    fn release(&self, shared: &Shared) {
+        shared.unwatch_channel(2 * self.id);
+        shared.unwatch_channel(2 * self.id + 1);
     }
 }
 
@@ -239,6 +274,12 @@ struct Smc {
     chan: Chan,
     /// `poll_shutdown` closed the write side already.
     shut_wr: bool,
+}
+
+impl Drop for Smc {
+    fn drop(&mut self) {
+        self.chan.release(&self.conn.shared);
+    }
 }
 
 /// How a stream moves data.
@@ -376,7 +417,8 @@ async fn handshake_wait(
                 ep.arm().map_err(io::Error::other)?;
                 armed = true;
             }
-            shared.wake_on_progress(&mut ep, cx.waker());
+            // (any progress: the handshake's step is not one connection's data)
+            shared.wake_on_progress(&mut ep, None, cx.waker());
             if shared.pump(&mut ep) != seen {
                 return Poll::Ready(Ok(()));
             }
@@ -610,7 +652,7 @@ impl SmcStream {
                     .tcp()
                     .cloned()
                     .ok_or_else(|| io::Error::other("SMC-R stream without its TCP socket"))?;
-                (tcp, Some(s.conn))
+                (tcp, Some(s.conn.clone()))
             }
             Io::Tcp(t) => {
                 let tcp = t.into_std()?;
@@ -685,7 +727,8 @@ impl AsyncRead for SmcStream {
         let tcp = match &mut this.io {
             Io::Smc(Smc { conn, chan, .. }) => {
                 let dst = buf.initialize_unfilled();
-                let n = ready!(chan.poll_op(Dir::Read, &conn.shared, cx, |ep| {
+                let want = ctx::Want::Read(conn.id);
+                let n = ready!(chan.poll_op(Dir::Read, want, &conn.shared, cx, |ep| {
                     match ep.read_into(conn.id, dst) {
                         Ok(0) if dst.is_empty() || ep.peer_done(conn.id) => Some(Ok(0)),
                         Ok(0) => None,
@@ -725,7 +768,8 @@ impl AsyncWrite for SmcStream {
                 if buf.is_empty() {
                     return Poll::Ready(Ok(0));
                 }
-                let r = chan.poll_op(Dir::Write, &conn.shared, cx, |ep| {
+                let want = ctx::Want::Write(conn.id);
+                let r = chan.poll_op(Dir::Write, want, &conn.shared, cx, |ep| {
                     match ep.write(conn.id, buf) {
                         Ok(0) => None,
                         Ok(n) => Some(Ok(n)),
@@ -770,7 +814,8 @@ impl AsyncWrite for SmcStream {
                     ep.close(id, CloseEvent::AppShutdownWrite);
                     conn.shared.pump(&mut ep);
                 }
-                chan.poll_op(Dir::Write, &conn.shared, cx, |ep| {
+                let want = ctx::Want::CloseSent(id);
+                chan.poll_op(Dir::Write, want, &conn.shared, cx, |ep| {
                     ep.close_sent(id).then_some(Ok(()))
                 })
             }

@@ -516,9 +516,11 @@ const PENDING_MAX: usize = 1024;
 /// [`Endpoint::poll_event`]) where the endpoint is pumped, with its lock
 /// held: counts them, and queues them for the registry thread to log (or
 /// logs them at once, without LG-ID, when the registry is off). Nothing
-/// queued costs one check.
-pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) {
-    let Some(first) = ep.poll_event() else { return };
+/// queued costs one check. Returns whether there were any.
+pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) -> bool {
+    let Some(first) = ep.poll_event() else {
+        return false;
+    };
     let r = registry();
     let mut next = Some(first);
     while let Some(e) = next {
@@ -545,6 +547,7 @@ pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) {
     if let Some(r) = r {
         r.changed.store(true, Relaxed);
     }
+    true
 }
 
 /// One engine event as a `tracing` event (target `smc`).
