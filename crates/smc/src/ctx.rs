@@ -919,10 +919,7 @@ impl Shared {
         waker: &std::task::Waker,
     ) {
         let mut v = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        if !v
-            .iter()
-            .any(|t| t.want == want && t.waker.will_wake(waker))
-        {
+        if !v.iter().any(|t| t.want == want && t.waker.will_wake(waker)) {
             v.push(TaskWait {
                 want,
                 waker: waker.clone(),

@@ -49,30 +49,36 @@
 //! once more — a completion that arrived before arming signals nobody — and
 //! then waits for the endpoint's completion channel to become readable.
 //!
-//! Each stream has its own duplicate of the channel's descriptor (one
-//! descriptor per stream, made when it first has to wait), registered with
-//! tokio's reactor through [`AsyncFd`]: every duplicate is a separate
-//! registration in the reactor's epoll set, so one signal wakes every
-//! waiting task of every connection on the device. The reading task waits
-//! in the `AsyncFd`'s read slot, the writing task in a `readable()` future
-//! of its own (the `AsyncFd` keeps one waker per slot). A woken task clears
-//! the readiness it saw and retries; a task woken for another connection's
-//! completion finds nothing, re-arms and sleeps again. The channel is not
-//! drained here: epoll reports each signal as a new edge. (One duplicate
-//! per endpoint would do for all streams of a runtime, but a registration
-//! belongs to the runtime that made it, and a process may run several.)
+//! The task is registered with the endpoint, while it is locked, for what
+//! it waits for on its connection (data or end of file, send-buffer space,
+//! its close sent): a pump that takes completions wakes only the tasks whose
+//! connection can now go on, as it chooses the parked threads of blocking
+//! streams, so one connection's traffic does not poll tasks that wait on
+//! others. Whoever pumps wakes them: the device's progress thread, which
+//! sleeps on the completion channel while no blocking call is in the
+//! endpoint, or a blocking stream's thread of the same process.
 //!
-//! An edge is lost, though, if someone drains the channel before the reactor
-//! collects it — a blocking stream's thread of the same process sleeping on
-//! the channel does. So a waiting task is also registered with the endpoint,
-//! while it is locked, and every pump that takes completions wakes the
-//! registered tasks (as it wakes sleeping threads): the drainer pumps right
-//! after draining.
+//! For latency one waiting stream also watches the channel itself in the
+//! reactor, through its own duplicate of the channel's descriptor registered
+//! with [`AsyncFd`] (made when it first has to wait; a registration belongs
+//! to the runtime that made it): woken by a signal, its task pumps at once,
+//! waking the tasks the completion concerns. The watch goes to a stream that
+//! waits while no other has it; a watcher woken by a signal that was not for
+//! its own connection gives it up (the next task to wait takes it, most
+//! likely the one that completion was for), and so does one whose operation
+//! went on. The reading task waits in the `AsyncFd`'s read slot, the writing
+//! task in a `readable()` future of its own (the `AsyncFd` keeps one waker
+//! per slot). The channel is not drained here: epoll reports each signal as
+//! a new edge. An edge is lost if someone drains the channel before the
+//! reactor collects it (the progress thread, a blocking stream's thread);
+//! the drainer pumps right after, and that pump wakes the tasks concerned.
 //!
 //! Timers (close deadlines, keepalives, handshake deadlines) run in the
 //! device's progress thread, which sleeps until the engine's next deadline
 //! (`Endpoint::poll_timeout`); a pump that fires one wakes every waiting
-//! task, as one that takes completions does: a task learns of an abort too.
+//! task, and so does one that reports a link or connection event (a link
+//! down, a connection moved or aborted) or a watched TCP connection's end:
+//! a task learns of an abort too.
 //!
 //! On a `current_thread` runtime the only thread never sleeps anywhere but in
 //! the reactor: a client task and a server task of the same process may
@@ -246,11 +252,11 @@ impl Chan {
         loop {
             if let Some(r) = shared.try_or_arm(want, cx.waker(), &mut op) {
                 // (free for whoever waits next: this task may wait no more)
-                shared.unwatch_channel(me);
+                self.unwatch(dir, me, shared);
                 return Poll::Ready(r);
             }
             if signalled {
-                shared.unwatch_channel(me);
+                self.unwatch(dir, me, shared);
                 return Poll::Pending;
             }
             if !shared.watch_channel(me) {
@@ -258,6 +264,15 @@ impl Chan {
             }
             ready!(self.poll_signal(dir, shared, cx))?;
             signalled = true;
+        }
+    }
+
+    /// Gives up watching the channel for wait `me`; a writer's pending
+    /// wait on it ends too, so that the next signal does not wake its task.
+    fn unwatch(&mut self, dir: Dir, me: u64, shared: &Shared) {
+        shared.unwatch_channel(me);
+        if matches!(dir, Dir::Write) {
+            self.wr = None;
         }
     }
 
