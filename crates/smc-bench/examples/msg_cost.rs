@@ -107,8 +107,8 @@ fn measured_loop(
 }
 
 fn run(size: usize, count: u32, idle: usize) -> std::io::Result<f64> {
-    let elsewhere = idle > 0
-        && std::env::var("MSG_COST_IDLE_PEER").is_ok_and(|v| v.trim() == "process");
+    let elsewhere =
+        idle > 0 && std::env::var("MSG_COST_IDLE_PEER").is_ok_and(|v| v.trim() == "process");
     let (mut far, mut peer) = (Vec::new(), None);
     if elsewhere {
         let (c, p) = idle_elsewhere(idle)?;

@@ -263,7 +263,11 @@ fn ten_thousand_idle_connections_cost_no_cpu() {
                     c.write_all(&chunk).unwrap();
                     off += chunk.len() as u64;
                 }
-                assert_eq!(reader.join().unwrap(), sum.0, "connection {k}: echo differs");
+                assert_eq!(
+                    reader.join().unwrap(),
+                    sum.0,
+                    "connection {k}: echo differs"
+                );
             });
         }
     });

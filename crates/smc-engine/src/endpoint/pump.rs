@@ -301,9 +301,11 @@ impl<P: Provider> Endpoint<P> {
         };
         lg.state == LgrState::Active
             && lg.rkey_queue.is_empty()
-            && lg.links.iter().flatten().all(|r| {
-                r.connected && !r.scq.may_have_work() && !r.rcq.may_have_work()
-            })
+            && lg
+                .links
+                .iter()
+                .flatten()
+                .all(|r| r.connected && !r.scq.may_have_work() && !r.rcq.may_have_work())
     }
 
     /// Whether a connection of group `l` is marked to send (`mark_tx`).
