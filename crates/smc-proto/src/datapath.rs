@@ -731,9 +731,10 @@ impl DataPath {
         // The peer's consumer updates sent over the failed link may be lost,
         // and Linux does not send them again: ask for one on every CDC, and
         // let the reserve bring it bytes it has not seen so that its reader
-        // answers (see `set_failover_reserve`).
-        self.cons_request = true;
-        self.reserve_released = true;
+        // answers (see `set_failover_reserve`). Not needed when the peer has
+        // told us it read everything we ever wrote.
+        self.cons_request = self.peer_cons < self.tx_sent_max;
+        self.reserve_released = self.cons_request;
         CdcMessage::failover_validation(self.last_fin_seqno, self.cfg.peer_token)
     }
 
@@ -805,7 +806,7 @@ impl DataPath {
         self.rx_prod = self.rx_prod.max(prod);
         let freed = cons.saturating_sub(self.peer_cons) as usize;
         self.peer_cons = self.peer_cons.max(cons);
-        if freed > 0 {
+        if freed > 0 || self.peer_cons == self.tx_sent_max {
             // the peer's consumer cursor reaches us again: back to normal
             self.cons_request = false;
             self.reserve_released = false;
