@@ -378,12 +378,11 @@ impl DataPath {
     /// redundancy). Why: Linux marks its consumer cursor as told the moment
     /// it posts the CDC (smc_cdc.c `smc_cdc_msg_send`: `rx_curs_confirmed`),
     /// so a consumer update lost with a failed link is never sent again; its
-    /// `smc_switch_cursor` (smc_core.c) rewinds only its own sending; and the
-    /// "force immediate tx of current consumer cursor" for a CDC that brings
-    /// no data but says `write_blocked` or `cons_curs_upd_req`
-    /// (smc_cdc.c `smc_cdc_msg_recv_action`) goes through
-    /// `__smc_tx_sndbuf_nonempty` (smc_tx.c), which sends nothing when the
-    /// kernel has no data of its own to send. A sender whose peer's RMBE was
+    /// `smc_switch_cursor` (smc_core.c) rewinds only its own sending; and a
+    /// CDC that asks for the cursor (`cons_curs_upd_req`) only makes it call
+    /// `smc_tx_pending` (smc_cdc.c `smc_cdc_msg_recv_action`), which sends
+    /// nothing when the kernel has no data of its own to send (smc_tx.c
+    /// `__smc_tx_sndbuf_nonempty`). A sender whose peer's RMBE was
     /// full by its count when the link failed would then wait forever for a
     /// consumer cursor the peer believes it already sent. With the reserve, the
     /// first batch after a rewind always brings the peer bytes it has never
@@ -1313,8 +1312,8 @@ mod tests {
     /// with no data of its own to send: smc_cdc.c `smc_cdc_rx_handler` (the
     /// seqno rule `smc_cdc_before`, `smc_cdc_msg_validate`),
     /// `smc_cdc_cursor_to_host` (cursors never move back),
-    /// `smc_cdc_msg_recv_action` (a CDC without new data asks
-    /// `smc_tx_sndbuf_nonempty`, which sends nothing without data), smc_rx.c
+    /// `smc_cdc_msg_recv_action` (`cons_curs_upd_req` calls `smc_tx_pending`,
+    /// which sends nothing without data of its own), smc_rx.c
     /// `smc_rx_update_consumer` and smc_tx.c `smc_tx_consumer_update` (the
     /// consumer cursor counts as told once its CDC is posted).
     struct KernelRx {
@@ -1344,7 +1343,10 @@ mod tests {
             let before = |a: u16, b: u16| (a.wrapping_sub(b) as i16) < 0;
             if m.is_failover_validation() {
                 let last = self.last_seq.unwrap_or(0);
-                assert!(!before(last, m.seqno), "the kernel would abort: out of sync");
+                assert!(
+                    !before(last, m.seqno),
+                    "the kernel would abort: out of sync"
+                );
                 return;
             }
             if self.last_seq.is_some_and(|l| before(m.seqno, l)) {
@@ -1399,7 +1401,10 @@ mod tests {
         let first = a.poll_tx().unwrap();
         a.on_cdc_sent(first.cdc.seqno).unwrap();
         k.on_cdc(&first.cdc);
-        assert!(a.poll_tx().is_none(), "the kernel's RMBE is full by our count");
+        assert!(
+            a.poll_tx().is_none(),
+            "the kernel's RMBE is full by our count"
+        );
         assert!(k.read_all().is_some(), "the update that is lost");
         // both ends switch links: the kernel says where it is, we rewind
         let kv = CdcMessage::failover_validation(0, 0);
@@ -1421,7 +1426,11 @@ mod tests {
                 break;
             }
         }
-        assert_eq!(k.cons, 3 * LEN as u64, "every byte reaches the kernel's reader");
+        assert_eq!(
+            k.cons,
+            3 * LEN as u64,
+            "every byte reaches the kernel's reader"
+        );
         assert_eq!(a.unacked(), 0);
         // back to normal: the reserve is kept again, no more requests
         a.produced(10);
