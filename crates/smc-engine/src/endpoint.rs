@@ -57,7 +57,12 @@
 //!   Completions of the old link's CDCs are ignored from then on; its QP is
 //!   stopped and its slot freed; the peer is told with DELETE_LINK (smc-proto).
 //!   The receiving side drops stale seqnos and aborts a connection whose
-//!   validation shows loss (§2.4).
+//!   validation shows loss (§2.4). A consumer-cursor update the peer sent on
+//!   the dead link is lost for good with Linux (it counts it as told when it
+//!   posts it), so with redundancy on a connection keeps one byte of the
+//!   peer's RMB unwritten, and after a rewind it writes it with
+//!   `cons_curs_upd_req` on its CDCs until the peer's cursor moves
+//!   ([`DataPath::set_failover_reserve`]).
 //!
 //! With no usable link left the group terminates and its connections are aborted
 //! (`ECONNABORTED`, or the peer's reset), as before.
@@ -111,6 +116,7 @@
 //! [`LinkGroup`]: smc_proto::link::LinkGroup
 //! [`DataPath`]: smc_proto::datapath::DataPath
 //! [`DataPath::failover_rewind`]: smc_proto::datapath::DataPath::failover_rewind
+//! [`DataPath::set_failover_reserve`]: smc_proto::datapath::DataPath::set_failover_reserve
 //! [`Closer`]: smc_proto::close::Closer
 //! [`LgrState`]: crate::state::LgrState
 //! [`HandshakePhase`]: crate::state::HandshakePhase

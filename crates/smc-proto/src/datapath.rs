@@ -43,6 +43,11 @@ use std::collections::VecDeque;
 /// update threshold for small RMBs.
 pub const MIN_UPDATE_LIMIT: usize = 2304;
 
+/// The failover reserve a connection keeps in a group that can fail over
+/// ([`DataPath::set_failover_reserve`]): one byte is enough, the kernel's
+/// reader answers `cons_curs_upd_req` whatever it reads.
+pub const FAILOVER_RESERVE: usize = 1;
+
 /// Sizes and tokens of one connection, from the CLC handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataPathConfig {
@@ -293,6 +298,16 @@ pub struct DataPath {
     /// and of the last one sent, for [`DataPath::diag`].
     rx_flags: [u8; 2],
     tx_flags: [u8; 2],
+    // --- failover (§7.2) ---
+    /// Bytes of the peer's RMBE left unwritten while the connection is not
+    /// failing over (0: none, see [`DataPath::set_failover_reserve`]).
+    failover_reserve: usize,
+    /// A rewind released the reserve: it may be written until the peer's
+    /// consumer cursor moves again.
+    reserve_released: bool,
+    /// Since a rewind, every CDC asks for the peer's consumer cursor
+    /// (`cons_curs_upd_req`) until the peer's consumer cursor moves.
+    cons_request: bool,
 }
 
 /// A connection's cursors and CDC flags as Linux's `smc_diag` reports them
@@ -352,7 +367,33 @@ impl DataPath {
             rx_urgent_pending: false,
             rx_flags: [0; 2],
             tx_flags: [0; 2],
+            failover_reserve: 0,
+            reserve_released: false,
+            cons_request: false,
         }
+    }
+
+    /// Keeps `bytes` of the peer's RMBE unwritten in normal operation, for a
+    /// connection that may fail over to another link (a group with
+    /// redundancy). Why: Linux marks its consumer cursor as told the moment
+    /// it posts the CDC (smc_cdc.c `smc_cdc_msg_send`: `rx_curs_confirmed`),
+    /// so a consumer update lost with a failed link is never sent again; its
+    /// `smc_switch_cursor` (smc_core.c) rewinds only its own sending; and a
+    /// CDC that asks for the cursor (`cons_curs_upd_req`) only makes it call
+    /// `smc_tx_pending` (smc_cdc.c `smc_cdc_msg_recv_action`), which sends
+    /// nothing when the kernel has no data of its own to send (smc_tx.c
+    /// `__smc_tx_sndbuf_nonempty`). A sender whose peer's RMBE was
+    /// full by its count when the link failed would then wait forever for a
+    /// consumer cursor the peer believes it already sent. With the reserve, the
+    /// first batch after a rewind always brings the peer bytes it has never
+    /// seen, and its `cons_curs_upd_req` makes the kernel's reader send its
+    /// consumer cursor as soon as it reads them (smc_tx.c
+    /// `smc_tx_consumer_update`). RFC 7609's "Consumer Cursor Update
+    /// Requested" flag asks the receiver for its consumer cursor outright;
+    /// Linux answers it only as above, and where the two differ the kernel
+    /// wins.
+    pub fn set_failover_reserve(&mut self, bytes: usize) {
+        self.failover_reserve = bytes.min(self.cfg.peer_rmbe_len.saturating_sub(1));
     }
 
     /// The cursors and flags `smcss -d` shows (see [`DiagCursors`]).
@@ -435,9 +476,16 @@ impl DataPath {
         (self.tx_prep - self.tx_fin) as usize
     }
 
-    /// Free space in the peer's RMBE as we know it (§3.1 `peer_rmbe_space`).
+    /// Free space in the peer's RMBE as we know it (§3.1 `peer_rmbe_space`)
+    /// that may be written now: without the failover reserve, unless a
+    /// rewind released it ([`Self::set_failover_reserve`]).
     pub fn peer_space(&self) -> usize {
-        self.cfg.peer_rmbe_len - (self.tx_sent - self.peer_cons) as usize
+        let free = self.cfg.peer_rmbe_len - (self.tx_sent - self.peer_cons) as usize;
+        if self.reserve_released {
+            free
+        } else {
+            free.saturating_sub(self.failover_reserve)
+        }
     }
 
     /// CDCs posted whose send completion has not arrived.
@@ -574,6 +622,7 @@ impl DataPath {
         self.peer_update_request = false;
         let mut prod_flags = ProducerFlags::empty();
         prod_flags.set(ProducerFlags::WRITE_BLOCKED, blocked);
+        prod_flags.set(ProducerFlags::CONS_CURS_UPD_REQ, self.cons_request);
         let mut urgent_announced = None;
         if let Some(u) = self.tx_urgent {
             prod_flags.insert(ProducerFlags::URG_DATA_PENDING);
@@ -678,6 +727,13 @@ impl DataPath {
         self.tx_prep = self.tx_prep.max(self.tx_sent);
         self.write_blocked_sent = false;
         self.cdc_wanted = true;
+        // The peer's consumer updates sent over the failed link may be lost,
+        // and Linux does not send them again: ask for one on every CDC, and
+        // let the reserve bring it bytes it has not seen so that its reader
+        // answers (see `set_failover_reserve`). Not needed when the peer has
+        // told us it read everything we ever wrote.
+        self.cons_request = self.peer_cons < self.tx_sent_max;
+        self.reserve_released = self.cons_request;
         CdcMessage::failover_validation(self.last_fin_seqno, self.cfg.peer_token)
     }
 
@@ -749,6 +805,11 @@ impl DataPath {
         self.rx_prod = self.rx_prod.max(prod);
         let freed = cons.saturating_sub(self.peer_cons) as usize;
         self.peer_cons = self.peer_cons.max(cons);
+        if freed > 0 || self.peer_cons == self.tx_sent_max {
+            // the peer's consumer cursor reaches us again: back to normal
+            self.cons_request = false;
+            self.reserve_released = false;
+        }
         if self.peer_cons > self.tx_sent {
             // Data we are about to write again has arrived after all (§7.2: move
             // the cursors forward by the difference).
@@ -1245,5 +1306,140 @@ mod tests {
         assert!(!a.urgent_pending());
         assert!(a.poll_tx().unwrap().cdc.conn_flags.peer_conn_abort());
         assert!(a.poll_tx().is_none());
+    }
+
+    /// Linux 6.12's receive side as far as a failover needs it, for a kernel
+    /// with no data of its own to send: smc_cdc.c `smc_cdc_rx_handler` (the
+    /// seqno rule `smc_cdc_before`, `smc_cdc_msg_validate`),
+    /// `smc_cdc_cursor_to_host` (cursors never move back),
+    /// `smc_cdc_msg_recv_action` (`cons_curs_upd_req` calls `smc_tx_pending`,
+    /// which sends nothing without data of its own), smc_rx.c
+    /// `smc_rx_update_consumer` and smc_tx.c `smc_tx_consumer_update` (the
+    /// consumer cursor counts as told once its CDC is posted).
+    struct KernelRx {
+        len: u64,
+        prod: u64,
+        cons: u64,
+        confirmed: u64,
+        last_seq: Option<u16>,
+        flags: ProducerFlags,
+        tx_seq: u16,
+    }
+
+    impl KernelRx {
+        fn new(len: usize) -> KernelRx {
+            KernelRx {
+                len: len as u64,
+                prod: 0,
+                cons: 0,
+                confirmed: 0,
+                last_seq: None,
+                flags: ProducerFlags::empty(),
+                tx_seq: 0,
+            }
+        }
+
+        fn on_cdc(&mut self, m: &CdcMessage) {
+            let before = |a: u16, b: u16| (a.wrapping_sub(b) as i16) < 0;
+            if m.is_failover_validation() {
+                let last = self.last_seq.unwrap_or(0);
+                assert!(
+                    !before(last, m.seqno),
+                    "the kernel would abort: out of sync"
+                );
+                return;
+            }
+            if self.last_seq.is_some_and(|l| before(m.seqno, l)) {
+                return;
+            }
+            self.last_seq = Some(m.seqno);
+            self.flags = m.prod_flags;
+            let p = u64::from(m.prod.wrap) * self.len + u64::from(m.prod.count);
+            self.prod = self.prod.max(p);
+        }
+
+        /// The application reads all there is; the consumer update the kernel
+        /// posts for it, if any.
+        fn read_all(&mut self) -> Option<CdcMessage> {
+            if self.prod == self.cons {
+                return None;
+            }
+            self.cons = self.prod;
+            let to_confirm = self.cons - self.confirmed;
+            let limit = (self.len / 10).min(MIN_UPDATE_LIMIT as u64);
+            let sender_free = self.len - (self.prod - self.confirmed);
+            if !(self.flags.cons_curs_upd_req()
+                || (to_confirm > limit
+                    && (sender_free <= self.len / 2 || self.flags.write_blocked())))
+            {
+                return None;
+            }
+            self.confirmed = self.cons;
+            self.tx_seq = self.tx_seq.wrapping_add(1);
+            Some(CdcMessage {
+                seqno: self.tx_seq,
+                token: 0,
+                prod: Cursor::new(0, 0),
+                cons: cursor_at(self.cons, self.len as usize),
+                prod_flags: ProducerFlags::empty(),
+                conn_flags: ConnStateFlags::empty(),
+            })
+        }
+    }
+
+    #[test]
+    fn failover_against_a_kernel_whose_consumer_update_was_lost() {
+        // The sender filled the kernel's RMBE as far as it may; the kernel read
+        // it all and posted its consumer update on the link that then failed
+        // (redund.rk run 7: the kernel's CDCs 244/245 of a moved connection
+        // never arrived). Linux never sends that update again.
+        const LEN: usize = 16384;
+        let mut a = DataPath::new(cfg(4 * LEN, 16384, LEN));
+        a.set_failover_reserve(FAILOVER_RESERVE);
+        let mut k = KernelRx::new(LEN);
+        a.produced(3 * LEN);
+        let first = a.poll_tx().unwrap();
+        a.on_cdc_sent(first.cdc.seqno).unwrap();
+        k.on_cdc(&first.cdc);
+        assert!(
+            a.poll_tx().is_none(),
+            "the kernel's RMBE is full by our count"
+        );
+        assert!(k.read_all().is_some(), "the update that is lost");
+        // both ends switch links: the kernel says where it is, we rewind
+        let kv = CdcMessage::failover_validation(0, 0);
+        assert!(a.on_cdc(&kv).unwrap().stale);
+        let v = a.failover_rewind();
+        k.on_cdc(&v);
+        for _ in 0..1000 {
+            let mut moved = false;
+            if let Some(b) = a.poll_tx() {
+                a.on_cdc_sent(b.cdc.seqno).unwrap();
+                k.on_cdc(&b.cdc);
+                moved = true;
+            }
+            if let Some(u) = k.read_all() {
+                a.on_cdc(&u).unwrap();
+                moved = true;
+            }
+            if !moved {
+                break;
+            }
+        }
+        assert_eq!(
+            k.cons,
+            3 * LEN as u64,
+            "every byte reaches the kernel's reader"
+        );
+        assert_eq!(a.unacked(), 0);
+        // back to normal: the reserve is kept again, no more requests
+        a.produced(10);
+        let b = a.poll_tx().unwrap();
+        assert!(!b.cdc.prod_flags.cons_curs_upd_req());
+        assert!(!a.reserve_released && !a.cons_request);
+        assert_eq!(
+            a.peer_space(),
+            LEN - (a.tx_sent - a.peer_cons) as usize - FAILOVER_RESERVE
+        );
     }
 }

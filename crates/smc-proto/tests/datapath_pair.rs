@@ -8,7 +8,7 @@
 //! and then: a prefix of the CDCs in flight arrives, the rest is lost with every
 //! outstanding completion, and both ends move the connection to another link
 //! (failover rewind and validation CDC, §7.2 / §2.4) — still every byte arrives
-//! once, in order.
+//! once, in order, also with a failover reserve kept at the peer's RMBE.
 
 use proptest::prelude::*;
 use smc_proto::datapath::{DataPath, DataPathConfig, TxBatch};
@@ -249,6 +249,7 @@ proptest! {
         snd in [sizes(), sizes()],
         rmb in [sizes(), sizes()],
         ops in proptest::collection::vec(op(), 0..200),
+        reserve in [0usize..3, 0usize..3],
     ) {
         let cfg = |s: usize| DataPathConfig {
             sndbuf_len: snd[s],
@@ -261,6 +262,10 @@ proptest! {
             wire: [VecDeque::new(), VecDeque::new()],
             completions: [VecDeque::new(), VecDeque::new()],
         };
+        // the failover reserve of a group with redundancy (0: none)
+        for (end, &r) in p.ends.iter_mut().zip(&reserve) {
+            end.dp.set_failover_reserve(r);
+        }
         for o in &ops {
             p.step(o);
             for s in 0..2 {

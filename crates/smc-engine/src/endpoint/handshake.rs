@@ -20,7 +20,7 @@ use super::lgr::PeerRmb;
 use super::{ConnId, Endpoint, EndpointConfig};
 use smc_proto::clc_stream::{self, FailReason, HandshakeEnd};
 use smc_proto::close::CloseEvent;
-use smc_proto::datapath::{DataPath, DataPathConfig};
+use smc_proto::datapath::{DataPath, DataPathConfig, FAILOVER_RESERVE};
 use smc_proto::link::Role;
 use smc_proto::negotiate::{self, LocalCapabilities, RoceV1Port};
 use smc_proto::Timestamp;
@@ -335,6 +335,7 @@ impl<P: Provider> Endpoint<P> {
             return false;
         };
         let sndbuf_len = self.cfg.sndbuf_len;
+        let redundancy = self.redundancy.enabled;
         let Some(c) = self.conn(id) else {
             return false;
         };
@@ -344,12 +345,21 @@ impl<P: Provider> Endpoint<P> {
                 return false;
             };
             k.peer_rmb = Some(PeerRmb { row, offset: off });
-            k.dp = Some(DataPath::new(DataPathConfig {
+            let mut dp = DataPath::new(DataPathConfig {
                 sndbuf_len,
                 rmbe_len,
                 peer_rmbe_len: peer_len,
                 peer_token: peer.alert_token,
-            }));
+            });
+            // A group that may fail over keeps a byte of the peer's RMBE
+            // free, so that after a failover the peer always gets bytes it
+            // has not seen and answers with its consumer cursor (Linux does
+            // not send again an update lost with the failed link; see
+            // `DataPath::set_failover_reserve`).
+            if redundancy {
+                dp.set_failover_reserve(FAILOVER_RESERVE);
+            }
+            k.dp = Some(dp);
         }
         // CDCs that overtook the CLC Confirm (see `Phase::AwaitConfirm`).
         let early = match &mut c.phase {
