@@ -703,10 +703,10 @@ impl Shared {
         let fired = self.timers_seen.load(Ordering::Acquire) != t
             && self.timers_seen.swap(t, Ordering::AcqRel) != t;
         let all = fired || evented;
-        // (parked threads wake on engine events through the readiness check
-        // of `wake`, as before: waking every one of them on a link event
-        // left a re-added link waiting some 30 s in `redundancy.rs`'s
-        // link-comes-back case; why is not yet understood)
+        // (parked threads wake on engine events only through the readiness
+        // check of `wake`: waking every one of them on a link event stalls
+        // the re-adding of a link, see `redundancy.rs`'s link-comes-back
+        // case; why is not yet understood)
         if (moved || fired) && self.sleepers.load(Ordering::Acquire) > 0 {
             self.wake(ep, fired);
         }

@@ -794,8 +794,8 @@ fn a_link_comes_back_when_its_veth_is_up_again() {
                     want: (&str, &str)| {
         let t0 = Instant::now();
         let mut n = (String::new(), String::new());
-        // (10 s: a link comes back within milliseconds once the port is up;
-        // a wait near 30 s is a lost wake-up, see `Shared::pump`)
+        // (a link comes back as soon as the port is up: a wait of seconds
+        // is a lost wake-up, see `Shared::pump`)
         while t0.elapsed() < Duration::from_secs(10) {
             n = (
                 links_of(srv_in, srv_out, "server"),
