@@ -436,3 +436,66 @@ fn closes_after_a_failover(rxe: bool) {
         );
     }
 }
+
+/// Links per device of group `l` of `ep`: (on the first, on the second).
+fn per_device(ep: &Endpoint<SimFabric>, l: usize) -> (usize, usize) {
+    let on: Vec<bool> = ep
+        .usable_links(l)
+        .iter()
+        .map(|&s| ep.link_on_second_device(l, s).unwrap())
+        .collect();
+    let second = on.iter().filter(|&&b| b).count();
+    (on.len() - second, second)
+}
+
+/// A port that comes back while its link group is idle (no data, no LLC
+/// message on its links, no timer due for long: the keepalive is 30 s
+/// away) gets its link back at once. A pump skips a group whose links have
+/// nothing to poll (`Endpoint::pump`); the port event changes the group
+/// (the asymmetric link to replace, the client's invitation, the server's
+/// wish for a link), and what that produces must go out in the same pump,
+/// not wait for the group's next timer. Cases: one side's second port, or
+/// both (a cable between them, as a veth pair taken down).
+#[test]
+fn a_port_coming_back_to_an_idle_group_gets_its_link_back_at_once() {
+    for (v2, devs) in [
+        (true, &["simC2"][..]),
+        (false, &["simC2"][..]),
+        (true, &["simS2"][..]),
+        (true, &["simC2", "simS2"][..]),
+    ] {
+        let mut w = world(v2);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(5));
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        let both = |w: &World| (per_device(&w.client, lc), per_device(&w.server, ls));
+        assert_eq!(both(&w), ((1, 1), (1, 1)), "v2 {v2} {devs:?}");
+        for d in devs {
+            w.fabric.set_port(d, false).unwrap();
+        }
+        // the failover and a second link over the ports left, then a
+        // second of nothing
+        for _ in 0..50_000 {
+            w.tick();
+        }
+        let (c, s) = both(&w);
+        assert_eq!(c.0 + c.1, 2, "v2 {v2} {devs:?}: client {c:?}");
+        assert_eq!(s.0 + s.1, 2, "v2 {v2} {devs:?}: server {s:?}");
+        assert_ne!((c, s), ((1, 1), (1, 1)), "v2 {v2} {devs:?}");
+        for d in devs {
+            w.fabric.set_port(d, true).unwrap();
+        }
+        let up = w.now;
+        while w.now < up + Duration::from_secs(1) && both(&w) != ((1, 1), (1, 1)) {
+            w.tick();
+        }
+        assert_eq!(
+            both(&w),
+            ((1, 1), (1, 1)),
+            "v2 {v2} {devs:?}: a link on each device again within 1 s of the port"
+        );
+        // and the connection still carries data
+        streams(&mut w, &[&t0], 20_000, |_, _| {});
+    }
+}

@@ -320,6 +320,14 @@ impl LinkGroup {
         self.terminated.is_some()
     }
 
+    /// The driver has something to do for the group without any message
+    /// or timer: outputs waiting (a call of the driver's, such as a port
+    /// event's [`Self::on_link_failure`], queued them), or a server's
+    /// ADD_LINK flow that can start.
+    pub fn has_work(&self) -> bool {
+        !self.out.is_empty() || self.can_start_add_link()
+    }
+
     /// Next output for the driver.
     pub fn poll_output(&mut self) -> Option<LgrOutput> {
         self.out.pop_front()

@@ -1223,6 +1223,18 @@ impl CompletionQueue for SimCq {
         self.f.st().cqs.get_mut(&self.id).expect("cq exists").armed = true;
         Ok(())
     }
+    /// Exact: the fabric puts every completion (flushes of a failed QP
+    /// included) into the queue when virtual time delivers it, so an empty
+    /// queue has nothing for a poll. (Answering `true`, as providers without
+    /// a cheap look do, would hide from the simulation the engine's skipping
+    /// of quiet link groups, `Endpoint::pump`.)
+    fn may_have_work(&self) -> bool {
+        self.f
+            .st()
+            .cqs
+            .get(&self.id)
+            .is_some_and(|cq| !cq.entries.is_empty())
+    }
 }
 
 impl Drop for SimCq {

@@ -75,6 +75,9 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
         }
+        // (the groups' timers may have moved: a trigger resets the retries
+        // of a failed ADD_LINK flow; this pump looks at them again)
+        self.lgr_recheck = true;
     }
 
     /// The port of the second device (`second`) or the first came back:

@@ -290,17 +290,21 @@ impl<P: Provider> Endpoint<P> {
     }
 
     /// Whether group `l` has nothing to do but its connections' sending:
-    /// active, no rkey flow queued, every link connected with nothing to
-    /// poll on either CQ (`CompletionQueue::may_have_work`, which the
-    /// providers without a cheap look answer `true`: their groups are
-    /// always pumped). A group in any other state, or whose timers are due,
-    /// is pumped whole.
+    /// active, no rkey flow queued, nothing the group's state machine has
+    /// for the driver already (a port event between pumps queues a link's
+    /// failure, the client's invitation, the server's wish for a link:
+    /// with no message or timer to follow they would wait for the group's
+    /// keepalive), every link connected with nothing to poll on either CQ
+    /// (`CompletionQueue::may_have_work`, which the providers without a
+    /// cheap look answer `true`: their groups are always pumped). A group
+    /// in any other state, or whose timers are due, is pumped whole.
     fn lgr_quiet(&self, l: LgrId) -> bool {
         let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
             return true;
         };
         lg.state == LgrState::Active
             && lg.rkey_queue.is_empty()
+            && !lg.group.has_work()
             && lg
                 .links
                 .iter()
