@@ -704,9 +704,9 @@ impl Shared {
             && self.timers_seen.swap(t, Ordering::AcqRel) != t;
         let all = fired || evented;
         // (parked threads wake on engine events only through the readiness
-        // check of `wake`: waking every one of them on a link event stalls
-        // the re-adding of a link, see `redundancy.rs`'s link-comes-back
-        // case; why is not yet understood)
+        // check of `wake`: an event that lets a read or write go on makes it
+        // ready, and waking every parked thread on each link event costs a
+        // wake-up per thread for nothing)
         if (moved || fired) && self.sleepers.load(Ordering::Acquire) > 0 {
             self.wake(ep, fired);
         }
