@@ -1308,6 +1308,63 @@ mod tests {
         assert!(a.poll_tx().is_none());
     }
 
+    /// A close whose CDC was lost with its link goes out again only with the
+    /// last byte replayed after the failover. The close flags are sticky: a
+    /// replayed CDC that carried done_writing with only part of the data
+    /// (the peer's RMB, or the failover reserve, let less through on the new
+    /// link) would be the reader's end of file before the rest arrived.
+    #[test]
+    fn a_close_lost_with_its_link_goes_out_again_only_after_the_data() {
+        const LEN: usize = 16384;
+        for reserve in [0, FAILOVER_RESERVE] {
+            let mut a = DataPath::new(cfg(4 * LEN, LEN, LEN));
+            a.set_failover_reserve(reserve);
+            // half the peer's RMB, then the rest with the close: both CDCs
+            // are lost with the link
+            a.produced(LEN / 2);
+            a.poll_tx().unwrap();
+            let total = (LEN / 2 + LEN / 2 - reserve) as u64;
+            a.produced(LEN / 2 - reserve);
+            a.set_close_flags(CloseFlags {
+                done_writing: true,
+                closed: false,
+                abort: false,
+            });
+            let last = a.poll_tx().unwrap();
+            assert!(last.cdc.conn_flags.peer_done_writing(), "reserve {reserve}");
+            a.failover_rewind();
+            // the new link: the peer reads whatever arrives and says so
+            let mut peer_cons = 0u64;
+            let mut seqno = 100;
+            let mut done_at = None;
+            for _ in 0..100 {
+                let Some(b) = a.poll_tx() else { break };
+                a.on_cdc_sent(b.cdc.seqno).unwrap();
+                let prod = peer_cons + b.writes.iter().map(|w| w.len as u64).sum::<u64>();
+                if b.cdc.conn_flags.peer_done_writing() && done_at.is_none() {
+                    done_at = Some(prod);
+                }
+                peer_cons = prod;
+                seqno += 1;
+                let update = CdcMessage {
+                    seqno,
+                    token: 0,
+                    prod: Cursor::new(0, 0),
+                    cons: cursor_at(peer_cons, LEN),
+                    prod_flags: ProducerFlags::empty(),
+                    conn_flags: ConnStateFlags::empty(),
+                };
+                a.on_cdc(&update).unwrap();
+            }
+            assert_eq!(peer_cons, total, "reserve {reserve}: every byte again");
+            assert_eq!(
+                done_at,
+                Some(total),
+                "reserve {reserve}: the close comes with the last byte, not before"
+            );
+        }
+    }
+
     /// Linux 6.12's receive side as far as a failover needs it, for a kernel
     /// with no data of its own to send: smc_cdc.c `smc_cdc_rx_handler` (the
     /// seqno rule `smc_cdc_before`, `smc_cdc_msg_validate`),
