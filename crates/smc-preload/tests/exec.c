@@ -9,6 +9,12 @@
  *   exec stdio               echoes stdin to stdout until end of file
  *   exec server-exec PORTFILE  the same, after an exec that the listening
  *                            socket crosses
+ *   exec server-static PORTFILE PROG  the same, the exec (execl) into PROG
+ *                            (a static build of this program: no library)
+ *   exec server-noenv PORTFILE  the same, the exec (execve) into this
+ *                            program with LD_PRELOAD left out of its environment
+ *   exec server-spawn PORTFILE PROG  the listening socket handed to PROG
+ *                            (posix_spawnp), which serves it; waits for it
  *   exec pings PORT          two pings, then close
  *   exec client PORT fork    pings, forks a child that execs `after` on the
  *                            connection's descriptor, then pings again
@@ -16,6 +22,10 @@
  *   exec client PORT use     pings, forks a child that runs `after` on the
  *                            connection's descriptor and then `pings` on a
  *                            connection of its own, then pings again
+ *   exec client PORT plain   pings, then execs `after` itself (execle) with
+ *                            LD_PRELOAD left out of its environment
+ *   exec client PORT spawn   pings, spawns `after` on the connection's
+ *                            descriptor (posix_spawn), waits, pings again
  *   exec after FD            what each call on FD does (never blocks)
  */
 #define _GNU_SOURCE
@@ -24,6 +34,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +66,43 @@ static int listen_loopback(const char *portfile) {
 static int serve(int l);
 static int serve_fd(int c);
 static int serve2(int l);
+
+extern char **environ;
+
+/* environ without LD_PRELOAD (a program that clears it for its children) */
+static char **env_without_preload(void) {
+    static char *env[256];
+    int n = 0;
+    for (char **e = environ; *e && n < 255; e++)
+        if (strncmp(*e, "LD_PRELOAD=", 11)) env[n++] = *e;
+    env[n] = NULL;
+    return env;
+}
+
+/* The listening socket crosses an exec into a program without the library:
+ * `how` is "static" (execl into `prog`, a static build), "noenv" (execve
+ * into this program without LD_PRELOAD), "spawn" (posix_spawnp of `prog`). */
+static int server_plain(const char *portfile, const char *how, const char *prog, const char *self) {
+    int l = listen_loopback(portfile);
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", l);
+    fflush(stdout);
+    if (!strcmp(how, "static")) {
+        execl(prog, prog, "serve", fd, (char *)NULL);
+        die("execl");
+    }
+    if (!strcmp(how, "noenv")) {
+        execve(self, (char *[]){(char *)self, "serve", fd, NULL}, env_without_preload());
+        die("execve");
+    }
+    pid_t p;
+    int e = posix_spawnp(&p, prog, NULL, NULL, (char *[]){(char *)prog, "serve", fd, NULL}, environ);
+    if (e) { errno = e; die("posix_spawnp"); }
+    close(l);
+    int st;
+    if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("spawned server failed\n"); return 1; }
+    return 0;
+}
 
 static int server(const char *portfile, const char *then_exec, int two) {
     int l = listen_loopback(portfile);
@@ -197,6 +245,21 @@ static int client(int port, const char *mode, const char *self) {
         execv(self, (char *[]){(char *)self, "after", fd, NULL});
         die("execv");
     }
+    if (!strcmp(mode, "plain")) {
+        execle(self, self, "after", fd, (char *)NULL, env_without_preload());
+        die("execle");
+    }
+    if (!strcmp(mode, "spawn")) {
+        pid_t c;
+        int e = posix_spawn(&c, self, NULL, NULL, (char *[]){(char *)self, "after", fd, NULL}, environ);
+        if (e) { errno = e; die("posix_spawn"); }
+        int st;
+        if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+        ping(s, "ping2");
+        printf("parent ok\n");
+        close(s);
+        return 0;
+    }
     pid_t p = fork();
     if (p < 0) die("fork");
     if (p == 0 && !strcmp(mode, "use")) {
@@ -252,6 +315,9 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "server-inetd")) return server_fork(argv[2], argv[0]);
     if (argc >= 2 && !strcmp(argv[1], "stdio")) return stdio();
     if (argc >= 3 && !strcmp(argv[1], "server-exec")) return server(argv[2], argv[0], 0);
+    if (argc >= 4 && !strcmp(argv[1], "server-static")) return server_plain(argv[2], "static", argv[3], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server-noenv")) return server_plain(argv[2], "noenv", NULL, argv[0]);
+    if (argc >= 4 && !strcmp(argv[1], "server-spawn")) return server_plain(argv[2], "spawn", argv[3], argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "pings")) return pings(atoi(argv[2]));
     if (argc >= 4 && !strcmp(argv[1], "client")) return client(atoi(argv[2]), argv[3], argv[0]);
