@@ -121,6 +121,7 @@ pub mod abi {
     // misc
     pub const LOAD_HDR_OPT_TCP_SYN: i32 = 1;
     pub const BPF_ANY: i32 = 0;
+    pub const BPF_NOEXIST: i32 = 1;
     pub const TCP_STATE_CLOSE: i32 = 7;
     pub const SOL_TCP: i32 = 6;
     pub const TCP_SAVE_SYN: i32 = 27;
@@ -186,6 +187,8 @@ pub fn build(map_fd: i32) -> Result<Vec<Insn>, AsmError> {
     a.mov64_imm(Reg::R5, 4);
     a.call(FN_SETSOCKOPT);
     emit_set_cb_flags(&mut a, CB_FLAG_WRITE_HDR_OPT | CB_FLAG_STATE, 0);
+    // (BPF_NOEXIST: a listener of the port that was opted out, e.g. held by a program without
+    // the library, stays so when another one listens beside it in an SO_REUSEPORT group)
     emit_listen_key_to_stack(&mut a);
     a.st_imm(Size::W, Reg::R10, FP_VAL, VAL_WANT as i32);
     a.ld_map_fd(Reg::R1, map_fd);
@@ -193,7 +196,7 @@ pub fn build(map_fd: i32) -> Result<Vec<Insn>, AsmError> {
     a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
     a.mov64_reg(Reg::R3, Reg::R10);
     a.alu64_imm(Alu::Add, Reg::R3, i32::from(FP_VAL));
-    a.mov64_imm(Reg::R4, BPF_ANY);
+    a.mov64_imm(Reg::R4, BPF_NOEXIST);
     a.call(FN_MAP_UPDATE_ELEM);
     a.ja(out);
 

@@ -223,6 +223,18 @@ fn surviving_listener(fd: RawFd) -> bool {
 /// (see above). Returns them (duplicates), to opt in again if the exec
 /// fails.
 fn opt_out_listeners() -> Vec<OwnedFd> {
+    // (only the listening sockets the library knows as opted in: a listener
+    // it never opted in, or took up and found not opted in, is left alone,
+    // and no rendezvous is opened for nothing)
+    let ours = |fd: RawFd| {
+        matches!(
+            get_raw(fd),
+            Some(Entry::Passive | Entry::Listener(_) | Entry::LazyListener)
+        )
+    };
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return Vec::new();
+    }
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return Vec::new();
     };
@@ -233,7 +245,7 @@ fn opt_out_listeners() -> Vec<OwnedFd> {
     let mut out = Vec::new();
     for fd in fds {
         // (a socket under two descriptors: the second finds it opted out)
-        if !surviving_listener(fd) || !smc::opt_out_listener(borrow(fd)) {
+        if !ours(fd) || !surviving_listener(fd) || !smc::opt_out_listener(borrow(fd)) {
             continue;
         }
         if debug() {
