@@ -15,6 +15,12 @@
  *                            program with LD_PRELOAD left out of its environment
  *   exec server-spawn PORTFILE PROG  the listening socket handed to PROG
  *                            (posix_spawnp), which serves it; waits for it
+ *   exec server-execfail PORTFILE  an exec (execl) into a program that is
+ *                            not there fails; then serves one connection
+ *   exec server-leak PORTFILE PROG  forks a child that execs PROG (`idle`)
+ *                            with the listening socket left open, waits for
+ *                            it, then serves one connection itself
+ *   exec idle                exits
  *   exec pings PORT          two pings, then close
  *   exec client PORT fork    pings, forks a child that execs `after` on the
  *                            connection's descriptor, then pings again
@@ -94,6 +100,22 @@ static int server_plain(const char *portfile, const char *how, const char *prog,
     if (!strcmp(how, "noenv")) {
         execve(self, (char *[]){(char *)self, "serve", fd, NULL}, env_without_preload());
         die("execve");
+    }
+    if (!strcmp(how, "execfail")) {
+        if (execl("/nonexistent/exec-static", "exec-static", "serve", fd, (char *)NULL) != -1 || errno != ENOENT)
+            die("execl of nothing");
+        return serve(l);
+    }
+    if (!strcmp(how, "leak")) {
+        pid_t c = fork();
+        if (c < 0) die("fork");
+        if (c == 0) {
+            execl(prog, prog, "idle", (char *)NULL);
+            die("execl");
+        }
+        int st;
+        if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("child failed\n"); return 1; }
+        return serve(l);
     }
     pid_t p;
     int e = posix_spawnp(&p, prog, NULL, NULL, (char *[]){(char *)prog, "serve", fd, NULL}, environ);
@@ -318,6 +340,9 @@ int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "server-static")) return server_plain(argv[2], "static", argv[3], argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "server-noenv")) return server_plain(argv[2], "noenv", NULL, argv[0]);
     if (argc >= 4 && !strcmp(argv[1], "server-spawn")) return server_plain(argv[2], "spawn", argv[3], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server-execfail")) return server_plain(argv[2], "execfail", NULL, argv[0]);
+    if (argc >= 4 && !strcmp(argv[1], "server-leak")) return server_plain(argv[2], "leak", argv[3], argv[0]);
+    if (argc >= 2 && !strcmp(argv[1], "idle")) return 0;
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "pings")) return pings(atoi(argv[2]));
     if (argc >= 4 && !strcmp(argv[1], "client")) return client(atoi(argv[2]), argv[3], argv[0]);

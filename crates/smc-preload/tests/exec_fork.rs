@@ -310,3 +310,43 @@ fn an_smc_r_connection_inherited_by_a_spawned_program_is_a_clear_error_there() {
     assert_eq!(srv, "server end eof after 10\n");
     assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }
+
+/// An exec into a program without the library that fails (nothing there):
+/// the listener offers SMC again, and its next client is SMC-R.
+#[test]
+fn a_failed_exec_leaves_the_listener_offering_smc() {
+    let (s, exe, mut srv, port) = start_server("exec-fail", "server-execfail");
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    assert_eq!(srv_text, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A forked child execs a program without the library (static) with the
+/// listening socket left open: the socket, shared with the parent, offers
+/// no SMC from then on, so the parent's next client falls back to TCP (a
+/// fallback, not an error), the data intact on both sides.
+#[test]
+fn a_listener_leaked_into_a_static_childs_exec_falls_back_in_the_parent_too() {
+    let (s, exe, mut srv, port) =
+        start_server_with("exec-leak", "server-leak", |s| Some(static_exec_program(s)));
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    assert_eq!(srv_text, "server end eof after 10\n");
+    assert_eq!(
+        (
+            s.modes().len(),
+            count_modes(&s, "connect", " TCP "),
+            count_modes(&s, "accept", " TCP ")
+        ),
+        (2, 1, 1),
+        "{:?}",
+        s.modes()
+    );
+}
