@@ -259,3 +259,101 @@ fn read_at(f: &OwnedFd, buf: &mut [u8], off: u64) -> usize {
     }
     done
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A NULL-terminated environment of `vars` (kept alive by the first value).
+    fn env(vars: &[String]) -> (Vec<CString>, Vec<*const libc::c_char>) {
+        let owned: Vec<CString> = vars
+            .iter()
+            .map(|v| CString::new(v.as_str()).unwrap())
+            .collect();
+        let mut ptrs: Vec<*const libc::c_char> = owned.iter().map(|c| c.as_ptr()).collect();
+        ptrs.push(std::ptr::null());
+        (owned, ptrs)
+    }
+
+    fn loads(path: &Path, vars: &[String]) -> bool {
+        let (_keep, envp) = env(vars);
+        let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+        loads_library(&Target::Path(&p), envp.as_ptr())
+    }
+
+    fn preload_us() -> String {
+        let us = our_file().expect("this binary's own file (dladdr)");
+        format!("LD_PRELOAD=/nonexistent/other.so:{}", us.0.display())
+    }
+
+    fn dir(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("smc-preload-image-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_dynamic_program_loads_the_library_only_if_ld_preload_names_it() {
+        let sh = Path::new("/bin/sh");
+        assert!(loads(sh, &[preload_us(), "PATH=/bin".into()]));
+        assert!(!loads(sh, &["PATH=/bin".into()]));
+        assert!(!loads(sh, &["LD_PRELOAD=/nonexistent/other.so".into()]));
+        // a program that is not there loads nothing
+        assert!(!loads(Path::new("/nonexistent/prog"), &[preload_us()]));
+    }
+
+    #[test]
+    fn a_static_program_does_not_load_the_library() {
+        // (Debian's ldconfig is static-pie: no PT_INTERP)
+        assert!(!loads(Path::new("/sbin/ldconfig"), &[preload_us()]));
+    }
+
+    #[test]
+    fn a_script_is_judged_by_its_interpreter() {
+        let d = dir("script");
+        let dynamic = d.join("dynamic.sh");
+        std::fs::write(&dynamic, "#!/bin/sh -e\nexit 0\n").unwrap();
+        let stat = d.join("static.sh");
+        std::fs::write(&stat, "#! /sbin/ldconfig -p\n").unwrap();
+        let unknown = d.join("data");
+        std::fs::write(&unknown, "no program at all\n").unwrap();
+        assert!(loads(&dynamic, &[preload_us()]));
+        assert!(!loads(&stat, &[preload_us()]));
+        assert!(!loads(&unknown, &[preload_us()]));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A set-user-ID program of another user runs in secure-execution mode
+    /// (the loader ignores a preload path); one of the caller's own does not.
+    #[test]
+    fn a_set_user_id_program_of_another_user_does_not_load_the_library() {
+        let d = dir("setuid");
+        let prog = d.join("sh");
+        std::fs::copy("/bin/sh", &prog).unwrap();
+        let me = rustix::process::getuid().as_raw();
+        let other = if me == 65534 { 0 } else { 65534 };
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        assert!(loads(&prog, &[preload_us()]), "owned by the caller");
+        if std::os::unix::fs::chown(&prog, Some(other), None).is_ok() {
+            // (chown clears the set-ID bits)
+            std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755)).unwrap();
+            assert!(!loads(&prog, &[preload_us()]), "set-user-ID to uid {other}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn execvp_looks_the_name_up_in_path() {
+        let (_keep, envp) = env(&[preload_us()]);
+        let sh = CString::new("sh").unwrap();
+        let found = search(b"sh").expect("sh on PATH");
+        assert!(found.is_absolute() || found.starts_with("."), "{found:?}");
+        assert!(loads_library(&Target::Search(&sh), envp.as_ptr()));
+        let nothing = CString::new("no-such-program-here").unwrap();
+        assert!(!loads_library(&Target::Search(&nothing), envp.as_ptr()));
+    }
+}

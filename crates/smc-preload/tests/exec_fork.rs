@@ -350,3 +350,31 @@ fn a_listener_leaked_into_a_static_childs_exec_falls_back_in_the_parent_too() {
         s.modes()
     );
 }
+
+/// execl into a set-user-ID copy of the (dynamic) program owned by another
+/// user: the loader runs in secure-execution mode and ignores LD_PRELOAD's
+/// path, so the program has no library; its clients get plain TCP.
+#[test]
+fn a_listener_execd_into_a_set_user_id_program_serves_plain_tcp() {
+    let (s, exe, mut srv, port) = start_server_with("exec-setuid", "server-static", |s| {
+        use std::os::unix::fs::PermissionsExt;
+        let prog = s.dir.join("exec-setuid");
+        std::fs::copy(exec_program(s), &prog).unwrap();
+        // (nobody; chown clears the set-ID bits, so the mode comes after)
+        std::os::unix::fs::chown(&prog, Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        Some(prog)
+    });
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    assert_eq!(srv_text, "server end eof after 10\n");
+    assert_eq!(
+        (s.modes().len(), count_modes(&s, "connect", " TCP ")),
+        (1, 1),
+        "{:?}",
+        s.modes()
+    );
+}
