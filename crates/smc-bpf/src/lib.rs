@@ -361,7 +361,7 @@ impl Rendezvous {
     /// carry no option from now on and the connections it accepts from now on report
     /// `peer_smc: false`, so every new client falls back to plain TCP (a program that will not
     /// run the CLC handshake, e.g. after an exec that drops the library, must not be offered
-    /// SMC). Covers every listener on the socket's port in its network namespace (see
+    /// SMC). Covers every listener on the socket's port and family in its network namespace (see
     /// [`program::listen_key`]). Returns whether the socket was opted in; undone by
     /// [`Rendezvous::opt_in_listener_again`]. Connections whose SYN-ACK left before the call
     /// are not changed: their clients were offered SMC.
@@ -393,8 +393,8 @@ impl Rendezvous {
         check_tcp(fd)?;
         let cookie = socket_cookie(fd)?;
         let netns = sys::netns_cookie(fd).map_err(|e| kerr("getsockopt(SO_NETNS_COOKIE)", e))?;
-        let port = sys::local_port(fd).map_err(|e| kerr("getsockname", e))?;
-        Ok((cookie, program::listen_key(netns, port)))
+        let (family, port) = sys::local_port(fd).map_err(|e| kerr("getsockname", e))?;
+        Ok((cookie, program::listen_key(netns, family, port)))
     }
 
     /// Drops the socket's entry (call before closing it). Never fails: an entry that is

@@ -21,14 +21,15 @@
 //! them), and the SYN-ACK is written for the request sock, whose cookie is not the
 //! listener's (net/ipv4/tcp_output.c `bpf_skops_hdr_opt_len` passes the request sock;
 //! inet_connection_sock.c `inet_reqsk_alloc` gives it a cookie of its own). What the request
-//! sock does carry is the listener's port (`local_port`, from `skc_num`) and network
-//! namespace (`bpf_get_netns_cookie`). So an opted-in listener also puts `WANT` under
-//! [`listen_key`]`(netns, port)`, the SYN-ACK and the child's `PEER_SMC` require it, and user
-//! space takes a listener out by writing [`VAL_OPTED_OUT`] there
+//! sock does carry is the listener's port (`local_port`, from `skc_num`), family (`family`,
+//! `skc_family`, the listener's also for an IPv4 SYN to a dual-stack one: inet_reqsk_alloc)
+//! and network namespace (`bpf_get_netns_cookie`). So an opted-in listener also puts `WANT`
+//! under [`listen_key`]`(netns, family, port)`, the SYN-ACK and the child's `PEER_SMC`
+//! require it, and user space takes a listener out by writing [`VAL_OPTED_OUT`] there
 //! ([`crate::Rendezvous::opt_out_listener`]): an exec into a program that will not load the
 //! library, which must not be offered SMC. Its SYN-ACKs then get no option space at all (see
 //! [`emit_syn_gate`]), whatever other programs are attached. The key covers every listener
-//! of that port in that namespace (`SO_REUSEPORT` groups): all of them fall back to TCP,
+//! of that port and family in that namespace (`SO_REUSEPORT` groups): all of them fall back to TCP,
 //! which is correct, only slower; an evicted `WANT` key (LRU) does the same. An evicted
 //! opt-out key leaves the listener without the option from this program, but an older build
 //! attached beside it would echo it again.
@@ -71,12 +72,12 @@ pub const VAL_OPTED_OUT: u32 = 1 << 4;
 /// Program: the entry is a listener's [`listen_key`] (its SYN-ACKs may carry the option).
 const LISTEN_KEY_TAG: u64 = 1 << 63;
 
-/// The map key of the listeners on `port` in the network namespace whose cookie
-/// (`SO_NETNS_COOKIE`, `bpf_get_netns_cookie`) is `netns`. Socket cookies and namespace
-/// cookies are counters from 1, far below 2^47: the top bit keeps these keys apart from
-/// socket cookies.
-pub const fn listen_key(netns: u64, port: u16) -> u64 {
-    LISTEN_KEY_TAG | (netns << 16) | port as u64
+/// The map key of the listeners of address family `family` (`AF_INET`, `AF_INET6`) on `port`
+/// in the network namespace whose cookie (`SO_NETNS_COOKIE`, `bpf_get_netns_cookie`) is
+/// `netns`. Socket cookies and namespace cookies are counters from 1, far below 2^39: the top
+/// bit keeps these keys apart from socket cookies.
+pub const fn listen_key(netns: u64, family: u8, port: u16) -> u64 {
+    LISTEN_KEY_TAG | (netns << 24) | ((family as u64) << 16) | port as u64
 }
 
 /// Map geometry. Entries live from opt-in (or passive establishment) until the socket reaches
@@ -104,6 +105,7 @@ pub mod abi {
     pub const CTX_OP: i16 = 0;
     pub const CTX_ARGS0: i16 = 4; // args[0]: old state for STATE_CB
     pub const CTX_ARGS1: i16 = 8; // args[1]: new state for STATE_CB
+    pub const CTX_FAMILY: i16 = 20;
     pub const CTX_LOCAL_PORT: i16 = 68; // host byte order
     pub const CTX_CB_FLAGS: i16 = 84;
     pub const CTX_SKB_TCP_FLAGS: i16 = 212;
@@ -272,11 +274,16 @@ fn emit_cookie_to_stack(a: &mut Asm) {
     a.stx(Size::DW, Reg::R10, FP_KEY, Reg::R0);
 }
 
-/// `*(u64 *)(fp + FP_KEY) = listen_key(bpf_get_netns_cookie(ctx), ctx->local_port)`: for a
-/// listener, its request socks and its children alike (they share its port and namespace).
+/// `*(u64 *)(fp + FP_KEY) = listen_key(bpf_get_netns_cookie(ctx), ctx->family,
+/// ctx->local_port)`: for a listener, its request socks and its children alike (they share
+/// its port, family and namespace).
 fn emit_listen_key_to_stack(a: &mut Asm) {
     a.mov64_reg(Reg::R1, Reg::R6);
     a.call(FN_GET_NETNS_COOKIE);
+    a.alu64_imm(Alu::Lsh, Reg::R0, 8);
+    a.ldx(Size::W, Reg::R1, Reg::R6, CTX_FAMILY);
+    a.alu64_imm(Alu::And, Reg::R1, 0xff);
+    a.alu64_reg(Alu::Or, Reg::R0, Reg::R1);
     a.alu64_imm(Alu::Lsh, Reg::R0, 16);
     a.ldx(Size::W, Reg::R1, Reg::R6, CTX_LOCAL_PORT);
     a.alu64_reg(Alu::Or, Reg::R0, Reg::R1);

@@ -423,8 +423,8 @@ pub fn netns_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(u64::from_ne_bytes(b))
 }
 
-/// The socket's local port (`getsockname`), for an IPv4 or IPv6 socket.
-pub fn local_port(fd: BorrowedFd<'_>) -> io::Result<u16> {
+/// The socket's address family and local port (`getsockname`), for an IPv4 or IPv6 socket.
+pub fn local_port(fd: BorrowedFd<'_>) -> io::Result<(u8, u16)> {
     // SAFETY: an all-zero sockaddr_storage is a valid value of this plain C struct.
     let mut a: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -450,7 +450,7 @@ pub fn local_port(fd: BorrowedFd<'_>) -> io::Result<u16> {
         }
         _ => return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
     };
-    Ok(port)
+    Ok((a.ss_family as u8, port))
 }
 
 /// An `int` socket option.

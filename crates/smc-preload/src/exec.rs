@@ -250,7 +250,8 @@ fn opt_out_listeners() -> Vec<OwnedFd> {
         }
         if debug() {
             eprintln!(
-                "libsmc-preload: the program exec'd will not load the library: listening fd {fd} offers TCP only from now on"
+                "libsmc-preload: exec of a program without the library: \
+                 listening fd {fd} offers TCP only from now on"
             );
         }
         if let Ok(d) = dup_own(fd) {
