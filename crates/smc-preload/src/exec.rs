@@ -218,34 +218,36 @@ fn surviving_listener(fd: RawFd) -> bool {
         })
 }
 
-/// Before an exec into a program that will not load the library: every
-/// listening socket that survives it and is opted in to SMC is opted out
-/// (see above). Returns them (duplicates), to opt in again if the exec
-/// fails.
-fn opt_out_listeners() -> Vec<OwnedFd> {
-    // (only the listening sockets the library knows as opted in: a listener
-    // it never opted in, or took up and found not opted in, is left alone,
-    // and no rendezvous is opened for nothing)
+/// The listening sockets that would survive an exec and that the library
+/// opted in (a listener it never opted in, or took up and found not opted
+/// in, is left alone, and no rendezvous is opened for nothing).
+fn surviving_listeners() -> Vec<RawFd> {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return Vec::new();
+    }
     let ours = |fd: RawFd| {
         matches!(
             get_raw(fd),
             Some(Entry::Passive | Entry::Listener(_) | Entry::LazyListener)
         )
     };
-    if COUNT.load(Ordering::Acquire) == 0 {
-        return Vec::new();
-    }
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return Vec::new();
     };
-    let fds: Vec<RawFd> = dir
-        .flatten()
+    dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
+        .filter(|&fd| ours(fd) && surviving_listener(fd))
+        .collect()
+}
+
+/// Before an exec into a program that will not load the library: the
+/// listening sockets `fds` are opted out of SMC (see above). Returns those
+/// it opted out (duplicates), to opt in again if the exec fails.
+fn opt_out_listeners(fds: &[RawFd]) -> Vec<OwnedFd> {
     let mut out = Vec::new();
-    for fd in fds {
+    for &fd in fds {
         // (a socket under two descriptors: the second finds it opted out)
-        if !ours(fd) || !surviving_listener(fd) || !smc::opt_out_listener(borrow(fd)) {
+        if !smc::opt_out_listener(borrow(fd)) {
             continue;
         }
         if debug() {
@@ -274,11 +276,11 @@ fn opt_in_again(listeners: &[OwnedFd]) {
 /// What an exec of `target` with the environment `envp` must do first: the
 /// listeners it opts out, if the new image will not load the library.
 fn prepare(target: &Target<'_>, envp: CArgv) -> Vec<OwnedFd> {
-    if image::loads_library(target, envp) {
-        Vec::new()
-    } else {
-        opt_out_listeners()
+    let fds = surviving_listeners();
+    if fds.is_empty() || image::loads_library(target, envp) {
+        return Vec::new();
     }
+    opt_out_listeners(&fds)
 }
 
 /// An exec with the library's connections detached first (see above) and

@@ -21,6 +21,8 @@
  *                            with the listening socket left open, waits for
  *                            it, then serves one connection itself
  *   exec idle                exits
+ *   exec serve FD [PORTFILE] serves the listening socket FD (its port
+ *                            written to PORTFILE first)
  *   exec pings PORT          two pings, then close
  *   exec client PORT fork    pings, forks a child that execs `after` on the
  *                            connection's descriptor, then pings again
@@ -55,17 +57,23 @@ static const char *err(ssize_t r) {
     return errno == ENOTCONN ? "ENOTCONN" : errno == EPIPE ? "EPIPE" : errno == EAGAIN ? "EAGAIN" : strerror(errno);
 }
 
-/* A listening socket on 127.0.0.1, its port written to `portfile`. */
-static int listen_loopback(const char *portfile) {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+/* Writes `l`'s port to `portfile` (the tests wait for it). */
+static void write_port(int l, const char *portfile) {
+    struct sockaddr_in a;
     socklen_t al = sizeof a;
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4)) die("listen");
     if (getsockname(l, (struct sockaddr *)&a, &al)) die("getsockname");
     FILE *f = fopen(portfile, "w");
     if (!f) die("portfile");
     fprintf(f, "%d\n", ntohs(a.sin_port));
     fclose(f);
+}
+
+/* A listening socket on 127.0.0.1, its port written to `portfile` if not NULL. */
+static int listen_loopback(const char *portfile) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4)) die("listen");
+    if (portfile) write_port(l, portfile);
     return l;
 }
 
@@ -89,21 +97,25 @@ static char **env_without_preload(void) {
  * `how` is "static" (execl into `prog`, a static build), "noenv" (execve
  * into this program without LD_PRELOAD), "spawn" (posix_spawnp of `prog`). */
 static int server_plain(const char *portfile, const char *how, const char *prog, const char *self) {
-    int l = listen_loopback(portfile);
+    /* (the port is written once the exec, spawn or child is done: a client
+     * that came before would have been offered SMC, the limit the README
+     * states for the accept queue) */
+    int l = listen_loopback(NULL);
     char fd[16];
     snprintf(fd, sizeof fd, "%d", l);
     fflush(stdout);
     if (!strcmp(how, "static")) {
-        execl(prog, prog, "serve", fd, (char *)NULL);
+        execl(prog, prog, "serve", fd, portfile, (char *)NULL);
         die("execl");
     }
     if (!strcmp(how, "noenv")) {
-        execve(self, (char *[]){(char *)self, "serve", fd, NULL}, env_without_preload());
+        execve(self, (char *[]){(char *)self, "serve", fd, (char *)portfile, NULL}, env_without_preload());
         die("execve");
     }
     if (!strcmp(how, "execfail")) {
         if (execl("/nonexistent/exec-static", "exec-static", "serve", fd, (char *)NULL) != -1 || errno != ENOENT)
             die("execl of nothing");
+        write_port(l, portfile);
         return serve(l);
     }
     if (!strcmp(how, "leak")) {
@@ -115,10 +127,11 @@ static int server_plain(const char *portfile, const char *how, const char *prog,
         }
         int st;
         if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("child failed\n"); return 1; }
+        write_port(l, portfile);
         return serve(l);
     }
     pid_t p;
-    int e = posix_spawnp(&p, prog, NULL, NULL, (char *[]){(char *)prog, "serve", fd, NULL}, environ);
+    int e = posix_spawnp(&p, prog, NULL, NULL, (char *[]){(char *)prog, "serve", fd, (char *)portfile, NULL}, environ);
     if (e) { errno = e; die("posix_spawnp"); }
     close(l);
     int st;
@@ -343,6 +356,7 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "server-execfail")) return server_plain(argv[2], "execfail", NULL, argv[0]);
     if (argc >= 4 && !strcmp(argv[1], "server-leak")) return server_plain(argv[2], "leak", argv[3], argv[0]);
     if (argc >= 2 && !strcmp(argv[1], "idle")) return 0;
+    if (argc >= 4 && !strcmp(argv[1], "serve")) write_port(atoi(argv[2]), argv[3]);
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "pings")) return pings(atoi(argv[2]));
     if (argc >= 4 && !strcmp(argv[1], "client")) return client(atoi(argv[2]), argv[3], argv[0]);

@@ -363,6 +363,10 @@ fn a_listener_execd_into_a_set_user_id_program_serves_plain_tcp() {
         // (nobody; chown clears the set-ID bits, so the mode comes after)
         std::os::unix::fs::chown(&prog, Some(65534), Some(65534)).unwrap();
         std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        // (the program, then nobody, writes the port file)
+        let portfile = s.dir.join("port");
+        std::fs::write(&portfile, "").unwrap();
+        std::fs::set_permissions(&portfile, std::fs::Permissions::from_mode(0o666)).unwrap();
         Some(prog)
     });
     let out = under(&s, true, &exe, &["pings", &port.to_string()])
