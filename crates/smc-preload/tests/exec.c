@@ -15,7 +15,7 @@
  *                            program with LD_PRELOAD left out of its environment
  *   exec server-spawn PORTFILE PROG  the listening socket handed to PROG
  *                            (posix_spawnp), which serves it; waits for it
- *   exec server-execfail PORTFILE  an exec (execl) into a program that is
+ *   exec server-execfail PORTFILE  an exec (execlp) of a program that is
  *                            not there fails; then serves one connection
  *   exec server-leak PORTFILE PROG  forks a child that execs PROG (`idle`)
  *                            with the listening socket left open, waits for
@@ -113,8 +113,8 @@ static int server_plain(const char *portfile, const char *how, const char *prog,
         die("execve");
     }
     if (!strcmp(how, "execfail")) {
-        if (execl("/nonexistent/exec-static", "exec-static", "serve", fd, (char *)NULL) != -1 || errno != ENOENT)
-            die("execl of nothing");
+        if (execlp("no-such-exec-static", "no-such-exec-static", "serve", fd, (char *)NULL) != -1 || errno != ENOENT)
+            die("execlp of nothing");
         write_port(l, portfile);
         return serve(l);
     }

@@ -311,7 +311,7 @@ fn an_smc_r_connection_inherited_by_a_spawned_program_is_a_clear_error_there() {
     assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }
 
-/// An exec into a program without the library that fails (nothing there):
+/// An exec (execlp) of a program that is not there fails:
 /// the listener offers SMC again, and its next client is SMC-R.
 #[test]
 fn a_failed_exec_leaves_the_listener_offering_smc() {
