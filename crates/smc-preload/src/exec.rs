@@ -62,11 +62,13 @@ pub(crate) fn file_id(fd: BorrowedFd<'_>) -> Option<(u64, u64)> {
 /// to put back should the exec fail.
 pub(crate) fn detach_for_exec() -> Vec<(RawFd, OwnedFd)> {
     decline_lazy_for_exec();
-    detach_connections()
+    detach_connections(false)
 }
 
-/// [`detach_for_exec`] but for the connections whose handshake waits.
-fn detach_connections() -> Vec<(RawFd, OwnedFd)> {
+/// [`detach_for_exec`] but for the connections whose handshake waits;
+/// `all`: the close-on-exec descriptors too (a spawn's file actions may
+/// `dup2` one onto a descriptor the child keeps).
+fn detach_connections(all: bool) -> Vec<(RawFd, OwnedFd)> {
     if !USED.load(Ordering::Acquire) {
         return Vec::new();
     }
@@ -95,7 +97,7 @@ fn detach_connections() -> Vec<(RawFd, OwnedFd)> {
     for fd in fds {
         let survives = rustix::io::fcntl_getfd(borrow(fd))
             .is_ok_and(|f| !f.contains(rustix::io::FdFlags::CLOEXEC));
-        if !survives || !file_id(borrow(fd)).is_some_and(|id| ids.contains(&id)) {
+        if !(all || survives) || !file_id(borrow(fd)).is_some_and(|id| ids.contains(&id)) {
             continue;
         }
         let Ok(orig) = dup_own(fd) else { continue };
@@ -156,7 +158,8 @@ fn decline_lazy_for_exec() {
 }
 
 /// Puts a fresh unconnected TCP socket of `fd`'s family, with its file
-/// status flags, on descriptor `fd` (see above); whether it did. System
+/// status flags and `fd`'s close-on-exec flag, on descriptor `fd` (see
+/// above); whether it did. System
 /// calls only (rustix's; none comes back here), so a forked child's
 /// `pthread_atfork` handler may call it too.
 pub(crate) fn stand_in(fd: RawFd) -> bool {
@@ -174,15 +177,28 @@ pub(crate) fn stand_in(fd: RawFd) -> bool {
     if let Ok(fl) = rustix::fs::fcntl_getfl(borrow(fd)) {
         let _ = rustix::fs::fcntl_setfl(&s, fl);
     }
-    let mut target = borrow_owned(fd);
-    let done = rustix::io::dup2(&s, &mut target).is_ok();
-    std::mem::forget(target);
+    let done = put_on(&s, fd);
     // (not `drop(s)`: std closes through the C library's `close`, which is
     // ours and takes the table's lock, held here in a forked child)
     let s = std::os::fd::IntoRawFd::into_raw_fd(s);
     // SAFETY: `s` was just made here and is owned by nothing else; it is
     // closed once, by a system call.
     unsafe { rustix::io::close(s) };
+    done
+}
+
+/// `from` duplicated onto `fd`, which keeps its close-on-exec flag (`dup2`
+/// would clear it); whether it did.
+fn put_on(from: &OwnedFd, fd: RawFd) -> bool {
+    let cloexec =
+        rustix::io::fcntl_getfd(borrow(fd)).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC));
+    let mut target = borrow_owned(fd);
+    let done = if cloexec {
+        rustix::io::dup3(from, &mut target, rustix::io::DupFlags::CLOEXEC).is_ok()
+    } else {
+        rustix::io::dup2(from, &mut target).is_ok()
+    };
+    std::mem::forget(target);
     done
 }
 
@@ -199,9 +215,7 @@ pub(crate) fn borrow_owned(fd: RawFd) -> OwnedFd {
 pub(crate) fn reattach_after_exec(saved: &[(RawFd, OwnedFd)]) {
     let e = errno();
     for (fd, orig) in saved {
-        let mut target = borrow_owned(*fd);
-        let _ = rustix::io::dup2(orig, &mut target);
-        std::mem::forget(target);
+        put_on(orig, *fd);
     }
     set_errno(e);
 }
@@ -507,13 +521,16 @@ execl_variant!(execle, EXECLE);
 // file actions and the exec there with internal calls, so nothing of the
 // library runs in the child. The parent is held until the child has exec'd
 // (or failed), so the stand-ins are put on the parent's own descriptors for
-// that time, and taken off after: the child inherits the stand-ins, the
-// parent goes on with its connections. The library's reads and writes of
-// those connections go through its own duplicates meanwhile; a `close` of
-// one by another thread waits for the spawn (`SPAWN`), so that putting the
-// descriptor back never revives a closed one. The listeners are opted out
-// as for an exec when the spawned program will not load the library, and
-// stay so (the parent shares them: a fallback) unless the spawn fails.
+// that time (the close-on-exec ones too, keeping the flag: the file actions
+// may `dup2` one onto the child's stdin), and taken off after: the child
+// inherits the stand-ins, the parent goes on with its connections. The
+// library's reads and writes of those connections go through its own
+// duplicates meanwhile; a `close` of one by another thread waits for the
+// spawn (`SPAWN`), so that putting the descriptor back never revives a
+// closed one (a `dup2` onto one meanwhile is not guarded). The listeners
+// are opted out as for an exec when the spawned program will not load the
+// library, and stay so (the parent shares them: a fallback) unless the
+// spawn fails.
 
 /// Held (written) while a spawn has stand-ins on the parent's descriptors;
 /// `close` of a descriptor the library carries reads it.
@@ -523,7 +540,7 @@ fn around_spawn(target: Target<'_>, envp: CArgv, spawn: impl FnOnce() -> c_int) 
     let listeners = prepare(&target, envp);
     decline_lazy_for_exec();
     let g = SPAWN.write().unwrap_or_else(|e| e.into_inner());
-    let saved = detach_connections();
+    let saved = detach_connections(true);
     let r = spawn();
     reattach_after_exec(&saved);
     drop(g);

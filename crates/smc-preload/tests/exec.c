@@ -34,11 +34,15 @@
  *                            LD_PRELOAD left out of its environment
  *   exec client PORT spawn   pings, spawns `after` on the connection's
  *                            descriptor (posix_spawn), waits, pings again
+ *   exec client PORT spawn-stdin  the same with the descriptor close-on-exec
+ *                            and the spawn's file actions putting it on the
+ *                            child's stdin; the parent's stays close-on-exec
  *   exec after FD            what each call on FD does (never blocks)
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -284,12 +288,21 @@ static int client(int port, const char *mode, const char *self) {
         execle(self, self, "after", fd, (char *)NULL, env_without_preload());
         die("execle");
     }
-    if (!strcmp(mode, "spawn")) {
+    if (!strcmp(mode, "spawn") || !strcmp(mode, "spawn-stdin")) {
         pid_t c;
-        int e = posix_spawn(&c, self, NULL, NULL, (char *[]){(char *)self, "after", fd, NULL}, environ);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        int stdin_ = !strcmp(mode, "spawn-stdin");
+        if (stdin_) {
+            if (fcntl(s, F_SETFD, FD_CLOEXEC)) die("fcntl");
+            posix_spawn_file_actions_adddup2(&fa, s, 0);
+        }
+        int e = posix_spawn(&c, self, &fa, NULL, (char *[]){(char *)self, "after", stdin_ ? "0" : fd, NULL}, environ);
         if (e) { errno = e; die("posix_spawn"); }
+        posix_spawn_file_actions_destroy(&fa);
         int st;
         if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+        if (stdin_ && !(fcntl(s, F_GETFD) & FD_CLOEXEC)) { fprintf(stderr, "close-on-exec lost\n"); return 1; }
         ping(s, "ping2");
         printf("parent ok\n");
         close(s);

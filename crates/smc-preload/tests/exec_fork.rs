@@ -382,3 +382,15 @@ fn a_listener_execd_into_a_set_user_id_program_serves_plain_tcp() {
         s.modes()
     );
 }
+
+/// posix_spawn whose file actions put a close-on-exec SMC-R connection on
+/// the child's stdin (Rust's `Stdio::from(stream)`, inetd-style spawners):
+/// the same clear error there, and the parent's descriptor keeps its
+/// close-on-exec flag and its connection.
+#[test]
+fn an_smc_r_connection_dup2d_onto_a_spawned_programs_stdin_is_a_clear_error_there() {
+    let (s, cli, srv) = exec_run("spawn-stdin", "spawn-stdin");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
