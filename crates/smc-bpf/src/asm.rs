@@ -61,6 +61,7 @@ pub enum Alu {
     Sub,
     Or,
     And,
+    Lsh,
     Mov,
 }
 
@@ -71,6 +72,7 @@ impl Alu {
             Alu::Sub => 0x10,
             Alu::Or => 0x40,
             Alu::And => 0x50,
+            Alu::Lsh => 0x60,
             Alu::Mov => 0xb0,
         }
     }

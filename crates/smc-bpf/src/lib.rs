@@ -357,6 +357,46 @@ impl Rendezvous {
             .map_err(|e| kerr("BPF_MAP_DELETE_ELEM", e))
     }
 
+    /// Takes the SMC option away from a listening socket that was opted in: its SYN-ACKs
+    /// carry no option from now on and the connections it accepts from now on report
+    /// `peer_smc: false`, so every new client falls back to plain TCP (a program that will not
+    /// run the CLC handshake, e.g. after an exec that drops the library, must not be offered
+    /// SMC). Covers every listener on the socket's port and family in its network namespace (see
+    /// [`program::listen_key`]). Returns whether the socket was opted in; undone by
+    /// [`Rendezvous::opt_in_listener_again`]. Connections whose SYN-ACK left before the call
+    /// are not changed: their clients were offered SMC.
+    pub fn opt_out_listener(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
+        let (cookie, key) = self.listener_keys(fd)?;
+        if !matches!(self.status_by_cookie(cookie)?, SocketStatus::OptedIn) {
+            // (not ours: another listener of the port keeps its key)
+            return Ok(false);
+        }
+        self.map
+            .update(key, program::VAL_OPTED_OUT, 0)
+            .map_err(|e| kerr("BPF_MAP_UPDATE_ELEM (opt out)", e))?;
+        let _ = self.map.delete(cookie);
+        Ok(true)
+    }
+
+    /// Undoes [`Rendezvous::opt_out_listener`] (an exec that failed): the listener offers SMC
+    /// again.
+    pub fn opt_in_listener_again(&self, fd: BorrowedFd<'_>) -> Result<(), RendezvousError> {
+        let (cookie, key) = self.listener_keys(fd)?;
+        self.map
+            .update(cookie, program::VAL_WANT, 0)
+            .and_then(|()| self.map.update(key, program::VAL_WANT, 0))
+            .map_err(|e| kerr("BPF_MAP_UPDATE_ELEM (listener)", e))
+    }
+
+    /// A listening socket's cookie and port key.
+    fn listener_keys(&self, fd: BorrowedFd<'_>) -> Result<(u64, u64), RendezvousError> {
+        check_tcp(fd)?;
+        let cookie = socket_cookie(fd)?;
+        let netns = sys::netns_cookie(fd).map_err(|e| kerr("getsockopt(SO_NETNS_COOKIE)", e))?;
+        let (family, port) = sys::local_port(fd).map_err(|e| kerr("getsockname", e))?;
+        Ok((cookie, program::listen_key(netns, family, port)))
+    }
+
     /// Drops the socket's entry (call before closing it). Never fails: an entry that is
     /// already gone (the program removes it at `TCP_CLOSE`) is fine.
     pub fn forget(&self, fd: BorrowedFd<'_>) {

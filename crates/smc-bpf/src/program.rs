@@ -9,12 +9,30 @@
 //! | op | action |
 //! |---|---|
 //! | `TCP_CONNECT_CB` (3) | cookie has `WANT` → set `WRITE_HDR_OPT` + `STATE` callback flags |
-//! | `TCP_LISTEN_CB` (11) | same, plus `bpf_setsockopt(SOL_TCP, TCP_SAVE_SYN, 1)` so the SYN of each child can be searched later. Children and request socks inherit the listener's flags. |
-//! | `HDR_OPT_LEN_CB` (14) | only segments with SYN: reserve 6 bytes — on a SYN if the cookie has `WANT` in *this* map, on a SYN-ACK only if the received SYN carried the SMC option (`bpf_load_hdr_opt(.., BPF_LOAD_HDR_OPT_TCP_SYN)`) — Linux's rule: echo only when offered |
+//! | `TCP_LISTEN_CB` (11) | same, plus `bpf_setsockopt(SOL_TCP, TCP_SAVE_SYN, 1)` so the SYN of each child can be searched later, plus `WANT` under the listener's [port key](listen_key). Children and request socks inherit the listener's flags. |
+//! | `HDR_OPT_LEN_CB` (14) | only segments with SYN: reserve 6 bytes — on a SYN if the cookie has `WANT` in *this* map, on a SYN-ACK only if the received SYN carried the SMC option (`bpf_load_hdr_opt(.., BPF_LOAD_HDR_OPT_TCP_SYN)`) — Linux's rule: echo only when offered — and the listener's port key is in the map |
 //! | `WRITE_HDR_OPT_CB` (15) | same gate, then `bpf_store_hdr_opt(fe 06 e2 d4 c3 d9)` |
 //! | `ACTIVE_ESTABLISHED_CB` (4) | if the cookie has `WANT` in this map: search the SYN-ACK (`skb_data`), record `WANT|ESTABLISHED[|PEER_SMC]` under the cookie, clear `WRITE_HDR_OPT` |
-//! | `PASSIVE_ESTABLISHED_CB` (5) | if `STATE_CB` is set (inherited from an opted-in listener; never cleared): search the saved SYN, record `WANT|PASSIVE|ESTABLISHED[|PEER_SMC]` under the child's cookie, clear `WRITE_HDR_OPT` |
-//! | `STATE_CB` (10) | new state `TCP_CLOSE` → delete the cookie's entry (no leak when a process forgets, crashes, or the peer resets) |
+//! | `PASSIVE_ESTABLISHED_CB` (5) | if `STATE_CB` is set (inherited from an opted-in listener; never cleared): search the saved SYN, record `WANT|PASSIVE|ESTABLISHED[|PEER_SMC]` under the child's cookie (`PEER_SMC` only while the listener's port key is in the map: what its SYN-ACK carried), clear `WRITE_HDR_OPT` |
+//! | `STATE_CB` (10) | new state `TCP_CLOSE` → delete the cookie's entry (no leak when a process forgets, crashes, or the peer resets); from `TCP_LISTEN` also the port key |
+//!
+//! **Opting a listener out.** The callback flags a listener got at `listen()` cannot be
+//! cleared from user space (only `bpf_sock_ops_cb_flags_set`, from a sock_ops program, writes
+//! them), and the SYN-ACK is written for the request sock, whose cookie is not the
+//! listener's (net/ipv4/tcp_output.c `bpf_skops_hdr_opt_len` passes the request sock;
+//! inet_connection_sock.c `inet_reqsk_alloc` gives it a cookie of its own). What the request
+//! sock does carry is the listener's port (`local_port`, from `skc_num`), family (`family`,
+//! `skc_family`, the listener's also for an IPv4 SYN to a dual-stack one: inet_reqsk_alloc)
+//! and network namespace (`bpf_get_netns_cookie`). So an opted-in listener also puts `WANT`
+//! under [`listen_key`]`(netns, family, port)`, the SYN-ACK and the child's `PEER_SMC`
+//! require it, and user space takes a listener out by writing [`VAL_OPTED_OUT`] there
+//! ([`crate::Rendezvous::opt_out_listener`]): an exec into a program that will not load the
+//! library, which must not be offered SMC. Its SYN-ACKs then get no option space at all (see
+//! [`emit_syn_gate`]), whatever other programs are attached. The key covers every listener
+//! of that port and family in that namespace (`SO_REUSEPORT` groups): all of them fall back to TCP,
+//! which is correct, only slower; an evicted `WANT` key (LRU) does the same. An evicted
+//! opt-out key leaves the listener without the option from this program, but an older build
+//! attached beside it would echo it again.
 //!
 //! Clearing `WRITE_HDR_OPT` at establishment means the final ACK and data segments never run
 //! the option callbacks at all; the SYN-flag test in the two option callbacks is a second guard.
@@ -48,6 +66,20 @@ pub const VAL_PEER_SMC: u32 = 1 << 2;
 /// Program: the entry belongs to an accepted (child) socket of an opted-in listener.
 pub const VAL_PASSIVE: u32 = 1 << 3;
 
+/// User space: the listener's [`listen_key`] is opted out (its SYN-ACKs carry no option).
+pub const VAL_OPTED_OUT: u32 = 1 << 4;
+
+/// Program: the entry is a listener's [`listen_key`] (its SYN-ACKs may carry the option).
+const LISTEN_KEY_TAG: u64 = 1 << 63;
+
+/// The map key of the listeners of address family `family` (`AF_INET`, `AF_INET6`) on `port`
+/// in the network namespace whose cookie (`SO_NETNS_COOKIE`, `bpf_get_netns_cookie`) is
+/// `netns`. Socket cookies and namespace cookies are counters from 1, far below 2^39: the top
+/// bit keeps these keys apart from socket cookies.
+pub const fn listen_key(netns: u64, family: u8, port: u16) -> u64 {
+    LISTEN_KEY_TAG | (netns << 24) | ((family as u64) << 16) | port as u64
+}
+
 /// Map geometry. Entries live from opt-in (or passive establishment) until the socket reaches
 /// `TCP_CLOSE` or user space forgets it; LRU eviction is only a backstop for sockets that were
 /// opted in but never connected or listened and whose process died.
@@ -62,6 +94,7 @@ pub mod abi {
     pub const OP_ACTIVE_ESTABLISHED_CB: i32 = 4;
     pub const OP_PASSIVE_ESTABLISHED_CB: i32 = 5;
     pub const OP_STATE_CB: i32 = 10;
+    pub const TCP_STATE_LISTEN: i32 = 10;
     pub const OP_TCP_LISTEN_CB: i32 = 11;
     pub const OP_HDR_OPT_LEN_CB: i32 = 14;
     pub const OP_WRITE_HDR_OPT_CB: i32 = 15;
@@ -70,7 +103,10 @@ pub mod abi {
     pub const CB_FLAG_WRITE_HDR_OPT: i32 = 1 << 6;
     // struct bpf_sock_ops field offsets
     pub const CTX_OP: i16 = 0;
+    pub const CTX_ARGS0: i16 = 4; // args[0]: old state for STATE_CB
     pub const CTX_ARGS1: i16 = 8; // args[1]: new state for STATE_CB
+    pub const CTX_FAMILY: i16 = 20;
+    pub const CTX_LOCAL_PORT: i16 = 68; // host byte order
     pub const CTX_CB_FLAGS: i16 = 84;
     pub const CTX_SKB_TCP_FLAGS: i16 = 212;
     // helper ids (enum bpf_func_id)
@@ -80,12 +116,14 @@ pub mod abi {
     pub const FN_GET_SOCKET_COOKIE: i32 = 46;
     pub const FN_SETSOCKOPT: i32 = 49;
     pub const FN_SOCK_OPS_CB_FLAGS_SET: i32 = 59;
+    pub const FN_GET_NETNS_COOKIE: i32 = 122;
     pub const FN_LOAD_HDR_OPT: i32 = 142;
     pub const FN_STORE_HDR_OPT: i32 = 143;
     pub const FN_RESERVE_HDR_OPT: i32 = 144;
     // misc
     pub const LOAD_HDR_OPT_TCP_SYN: i32 = 1;
     pub const BPF_ANY: i32 = 0;
+    pub const BPF_NOEXIST: i32 = 1;
     pub const TCP_STATE_CLOSE: i32 = 7;
     pub const SOL_TCP: i32 = 6;
     pub const TCP_SAVE_SYN: i32 = 27;
@@ -151,6 +189,17 @@ pub fn build(map_fd: i32) -> Result<Vec<Insn>, AsmError> {
     a.mov64_imm(Reg::R5, 4);
     a.call(FN_SETSOCKOPT);
     emit_set_cb_flags(&mut a, CB_FLAG_WRITE_HDR_OPT | CB_FLAG_STATE, 0);
+    // (BPF_NOEXIST: a listener of the port that was opted out, e.g. held by a program without
+    // the library, stays so when another one listens beside it in an SO_REUSEPORT group)
+    emit_listen_key_to_stack(&mut a);
+    a.st_imm(Size::W, Reg::R10, FP_VAL, VAL_WANT as i32);
+    a.ld_map_fd(Reg::R1, map_fd);
+    a.mov64_reg(Reg::R2, Reg::R10);
+    a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
+    a.mov64_reg(Reg::R3, Reg::R10);
+    a.alu64_imm(Alu::Add, Reg::R3, i32::from(FP_VAL));
+    a.mov64_imm(Reg::R4, BPF_NOEXIST);
+    a.call(FN_MAP_UPDATE_ELEM);
     a.ja(out);
 
     // HDR_OPT_LEN_CB
@@ -205,6 +254,14 @@ pub fn build(map_fd: i32) -> Result<Vec<Insn>, AsmError> {
     a.mov64_reg(Reg::R2, Reg::R10);
     a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
     a.call(FN_MAP_DELETE_ELEM);
+    // (a listener closing: its port key goes too)
+    a.ldx(Size::W, Reg::R1, Reg::R6, CTX_ARGS0);
+    a.jmp_imm(Cond::Ne, Reg::R1, TCP_STATE_LISTEN, out);
+    emit_listen_key_to_stack(&mut a);
+    a.ld_map_fd(Reg::R1, map_fd);
+    a.mov64_reg(Reg::R2, Reg::R10);
+    a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
+    a.call(FN_MAP_DELETE_ELEM);
     a.ja(out);
 
     a.finish()
@@ -215,6 +272,47 @@ fn emit_cookie_to_stack(a: &mut Asm) {
     a.mov64_reg(Reg::R1, Reg::R6);
     a.call(FN_GET_SOCKET_COOKIE);
     a.stx(Size::DW, Reg::R10, FP_KEY, Reg::R0);
+}
+
+/// `*(u64 *)(fp + FP_KEY) = listen_key(bpf_get_netns_cookie(ctx), ctx->family,
+/// ctx->local_port)`: for a listener, its request socks and its children alike (they share
+/// its port, family and namespace).
+fn emit_listen_key_to_stack(a: &mut Asm) {
+    a.mov64_reg(Reg::R1, Reg::R6);
+    a.call(FN_GET_NETNS_COOKIE);
+    a.alu64_imm(Alu::Lsh, Reg::R0, 8);
+    a.ldx(Size::W, Reg::R1, Reg::R6, CTX_FAMILY);
+    a.alu64_imm(Alu::And, Reg::R1, 0xff);
+    a.alu64_reg(Alu::Or, Reg::R0, Reg::R1);
+    a.alu64_imm(Alu::Lsh, Reg::R0, 16);
+    a.ldx(Size::W, Reg::R1, Reg::R6, CTX_LOCAL_PORT);
+    a.alu64_reg(Alu::Or, Reg::R0, Reg::R1);
+    a.mov64_imm(Reg::R1, 1);
+    a.alu64_imm(Alu::Lsh, Reg::R1, LISTEN_KEY_TAG.trailing_zeros() as i32);
+    a.alu64_reg(Alu::Or, Reg::R0, Reg::R1);
+    a.stx(Size::DW, Reg::R10, FP_KEY, Reg::R0);
+}
+
+/// Falls through only if the map holds `WANT` under the listener's port key (see
+/// [`listen_key`]); jumps to `opted_out` if it holds [`VAL_OPTED_OUT`], else to `out`.
+fn emit_require_listen_key(
+    a: &mut Asm,
+    map_fd: i32,
+    out: crate::asm::Label,
+    opted_out: crate::asm::Label,
+) {
+    emit_listen_key_to_stack(a);
+    a.ld_map_fd(Reg::R1, map_fd);
+    a.mov64_reg(Reg::R2, Reg::R10);
+    a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
+    a.call(FN_MAP_LOOKUP_ELEM);
+    a.jmp_imm(Cond::Eq, Reg::R0, 0, out);
+    a.ldx(Size::W, Reg::R1, Reg::R0, 0);
+    a.mov64_reg(Reg::R2, Reg::R1);
+    a.alu64_imm(Alu::And, Reg::R2, VAL_OPTED_OUT as i32);
+    a.jmp_imm(Cond::Ne, Reg::R2, 0, opted_out);
+    a.alu64_imm(Alu::And, Reg::R1, VAL_WANT as i32);
+    a.jmp_imm(Cond::Eq, Reg::R1, 0, out);
 }
 
 /// Falls through only if the map holds `WANT` for this socket's cookie; else jumps to `out`.
@@ -274,10 +372,17 @@ fn emit_search_option(a: &mut Asm, flags: i32) {
 
 /// Falls through for a SYN of a socket opted in *in this instance's map*, and for a SYN-ACK
 /// (of an opted-in listener: the callback only runs when its flag is set) only if the received
-/// SYN carried the option. Everything else (final ACK, data, FIN) jumps to `out`.
+/// SYN carried the option and the listener's port key holds `WANT`. A SYN-ACK of a listener
+/// opted out ([`VAL_OPTED_OUT`]) ends the program with 0, which makes the kernel drop every
+/// program's option space for that SYN-ACK (net/ipv4/tcp_output.c `bpf_skops_hdr_opt_len`
+/// returns on an error from the programs; `bpf_prog_run_array_cg` turns a 0 from any of them
+/// into -EPERM), so another build's program attached beside this one, which echoes the option
+/// on any flagged listener, cannot put it there either. Everything else (final ACK, data,
+/// FIN) jumps to `out`.
 fn emit_syn_gate(a: &mut Asm, map_fd: i32, out: crate::asm::Label) {
     let go = a.new_label();
     let synack = a.new_label();
+    let veto = a.new_label();
     a.ldx(Size::W, Reg::R1, Reg::R6, CTX_SKB_TCP_FLAGS);
     a.mov64_reg(Reg::R2, Reg::R1);
     a.alu64_imm(Alu::And, Reg::R2, TCPHDR_SYN);
@@ -291,6 +396,12 @@ fn emit_syn_gate(a: &mut Asm, map_fd: i32, out: crate::asm::Label) {
     a.bind(synack);
     emit_search_option(a, LOAD_HDR_OPT_TCP_SYN);
     a.jmp_imm(Cond::Ne, Reg::R0, SMC_OPTION.len() as i32, out);
+    // (a listener user space opted out keeps its flags: the port key decides)
+    emit_require_listen_key(a, map_fd, out, veto);
+    a.ja(go);
+    a.bind(veto);
+    a.mov64_imm(Reg::R0, 0);
+    a.exit();
     a.bind(go);
 }
 
@@ -325,6 +436,10 @@ fn emit_established(
     emit_search_option(a, search_flags);
     a.mov64_imm(Reg::R7, base);
     a.jmp_imm(Cond::Ne, Reg::R0, SMC_OPTION.len() as i32, record);
+    if let Owner::InheritedStateFlag = owner {
+        // (the SYN-ACK carried the option only while the port key was there)
+        emit_require_listen_key(a, map_fd, record, record);
+    }
     a.alu64_imm(Alu::Or, Reg::R7, VAL_PEER_SMC as i32);
     a.bind(record);
     emit_cookie_to_stack(a);
@@ -411,9 +526,10 @@ mod tests {
     fn map_fd_is_patched_into_every_map_load() {
         let insns = build(0x55).unwrap();
         let loads: Vec<_> = insns.iter().filter(|i| i.code == 0x18).collect();
-        // lookups: connect, listen, SYN in hdr-len, SYN in write, active;
-        // updates: active, passive; delete: state
-        assert_eq!(loads.len(), 8);
+        // lookups: connect, listen, SYN in hdr-len, SYN in write, active, port key in
+        // hdr-len, write and passive; updates: listen (port key), active, passive;
+        // deletes: state (cookie, port key)
+        assert_eq!(loads.len(), 13);
         for l in loads {
             assert_eq!(l.src, crate::asm::PSEUDO_MAP_FD);
             assert_eq!(l.imm, 0x55);
@@ -439,6 +555,7 @@ mod tests {
                 FN_GET_SOCKET_COOKIE,
                 FN_SETSOCKOPT,
                 FN_SOCK_OPS_CB_FLAGS_SET,
+                FN_GET_NETNS_COOKIE,
                 FN_LOAD_HDR_OPT,
                 FN_STORE_HDR_OPT,
                 FN_RESERVE_HDR_OPT

@@ -409,6 +409,50 @@ pub fn socket_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(u64::from_ne_bytes(b))
 }
 
+/// `SO_NETNS_COOKIE` (asm-generic socket.h, Linux 5.14): the value `bpf_get_netns_cookie()`
+/// sees for the socket.
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// `getsockopt(SOL_SOCKET, SO_NETNS_COOKIE)`: the socket's network namespace.
+pub fn netns_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    let n = getsockopt_buf(fd, libc::SOL_SOCKET, SO_NETNS_COOKIE, &mut b)?;
+    if n != 8 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    Ok(u64::from_ne_bytes(b))
+}
+
+/// The socket's address family and local port (`getsockname`), for an IPv4 or IPv6 socket.
+pub fn local_port(fd: BorrowedFd<'_>) -> io::Result<(u8, u16)> {
+    // SAFETY: an all-zero sockaddr_storage is a valid value of this plain C struct.
+    let mut a: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `a` is writable for `len` bytes, which the kernel does not exceed.
+    let r = unsafe {
+        libc::getsockname(
+            fd.as_raw_fd(),
+            (&mut a as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // (sin_port and sin6_port sit at the same offset, in network byte order)
+    let port = match i32::from(a.ss_family) {
+        libc::AF_INET | libc::AF_INET6 => {
+            // SAFETY: the kernel filled a sockaddr_in/_in6, whose port is at the offset of
+            // sockaddr_in's, and sockaddr_storage is large and aligned enough for it.
+            let sin =
+                unsafe { &*(&a as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            u16::from_be(sin.sin_port)
+        }
+        _ => return Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
+    };
+    Ok((a.ss_family as u8, port))
+}
+
 /// An `int` socket option.
 pub fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
     let mut b = [0u8; 4];

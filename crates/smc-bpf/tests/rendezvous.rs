@@ -42,6 +42,18 @@ fn option_count(tcp_hdr: &[u8]) -> usize {
 }
 
 fn run_case_with(r: &Rendezvous, fam: Fam, client_opt: bool, server_opt: bool) -> Outcome {
+    run_case_after_listen(r, fam, client_opt, server_opt, |_| {})
+}
+
+/// [`run_case_with`], `after_listen` called with the listening socket before the client
+/// connects.
+fn run_case_after_listen(
+    r: &Rendezvous,
+    fam: Fam,
+    client_opt: bool,
+    server_opt: bool,
+    after_listen: impl FnOnce(std::os::fd::BorrowedFd<'_>),
+) -> Outcome {
     let cap = Capture::on_lo();
 
     let lfd = tcp_socket(fam);
@@ -52,6 +64,7 @@ fn run_case_with(r: &Rendezvous, fam: Fam, client_opt: bool, server_opt: bool) -
     // SYN below); a plain one gets it from the test.
     let port = bind_listen_opts(&lfd, fam, !server_opt);
     let listener = into_listener(lfd);
+    after_listen(listener.as_fd());
 
     let cfd = tcp_socket(fam);
     if client_opt {
@@ -248,6 +261,40 @@ fn ipv4_server_opted_in_client_not_no_echo() {
         "Linux semantics: the SYN-ACK echoes the option only if the SYN had it: {o:?}"
     );
     assert_no_option_after_handshake(&o);
+}
+
+/// A listener opted out after `listen()` (an exec into a program without the library):
+/// its SYN-ACKs carry no option although the client's SYN did, neither side sees SMC, and
+/// opting it in again puts the option back.
+fn listener_opted_out(fam: Fam) {
+    let r = rdv();
+    let o = run_case_after_listen(r, fam, true, true, |l| {
+        assert!(r.opt_out_listener(l).unwrap(), "the listener was opted in");
+        assert_eq!(r.status(l).unwrap(), SocketStatus::Untracked);
+    });
+    assert!(o.syn_on_wire.iter().all(|&x| x), "{o:?}");
+    assert!(
+        o.synack_on_wire.iter().all(|&x| !x),
+        "an opted-out listener's SYN-ACK carries the option: {o:?}"
+    );
+    assert!(!o.client_peer && !o.server_peer, "{o:?}");
+    let o = run_case_after_listen(r, fam, true, true, |l| {
+        assert!(r.opt_out_listener(l).unwrap());
+        r.opt_in_listener_again(l).unwrap();
+        assert_eq!(r.status(l).unwrap(), SocketStatus::OptedIn);
+    });
+    assert!(o.synack_on_wire.iter().all(|&x| x), "{o:?}");
+    assert!(o.client_peer && o.server_peer, "{o:?}");
+}
+
+#[test]
+fn ipv4_a_listener_opted_out_after_listen_offers_no_smc() {
+    listener_opted_out(Fam::V4);
+}
+
+#[test]
+fn ipv6_a_listener_opted_out_after_listen_offers_no_smc() {
+    listener_opted_out(Fam::V6);
 }
 
 #[test]

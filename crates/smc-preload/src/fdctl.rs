@@ -28,10 +28,15 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // (not while a spawn has a stand-in on it: see exec.rs)
+    let spawn = (COUNT.load(Ordering::Acquire) > 0)
+        .then(|| exec::SPAWN.read().unwrap_or_else(|e| e.into_inner()));
     let old = remove(fd);
     // SAFETY: the caller's arguments, unchanged (so for every call below).
     let r = unsafe { real!(close: fn(c_int) -> c_int)(fd) };
     let e = errno();
+    // (before the drop, which may close the library's own descriptors)
+    drop(spawn);
     // the last handle of an SMC-R connection closes it (after its data left)
     drop(old);
     set_errno(e);

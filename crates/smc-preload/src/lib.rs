@@ -53,6 +53,7 @@ mod connect;
 mod exec;
 mod fdctl;
 mod fortify;
+mod image;
 mod lifecycle;
 mod listen;
 mod poll;

@@ -9,6 +9,20 @@
  *   exec stdio               echoes stdin to stdout until end of file
  *   exec server-exec PORTFILE  the same, after an exec that the listening
  *                            socket crosses
+ *   exec server-static PORTFILE PROG  the same, the exec (execl) into PROG
+ *                            (a static build of this program: no library)
+ *   exec server-noenv PORTFILE  the same, the exec (execve) into this
+ *                            program with LD_PRELOAD left out of its environment
+ *   exec server-spawn PORTFILE PROG  the listening socket handed to PROG
+ *                            (posix_spawnp), which serves it; waits for it
+ *   exec server-execfail PORTFILE  an exec (execlp) of a program that is
+ *                            not there fails; then serves one connection
+ *   exec server-leak PORTFILE PROG  forks a child that execs PROG (`idle`)
+ *                            with the listening socket left open, waits for
+ *                            it, then serves one connection itself
+ *   exec idle                exits
+ *   exec serve FD [PORTFILE] serves the listening socket FD (its port
+ *                            written to PORTFILE first)
  *   exec pings PORT          two pings, then close
  *   exec client PORT fork    pings, forks a child that execs `after` on the
  *                            connection's descriptor, then pings again
@@ -16,14 +30,23 @@
  *   exec client PORT use     pings, forks a child that runs `after` on the
  *                            connection's descriptor and then `pings` on a
  *                            connection of its own, then pings again
+ *   exec client PORT plain   pings, then execs `after` itself (execle) with
+ *                            LD_PRELOAD left out of its environment
+ *   exec client PORT spawn   pings, spawns `after` on the connection's
+ *                            descriptor (posix_spawn), waits, pings again
+ *   exec client PORT spawn-stdin  the same with the descriptor close-on-exec
+ *                            and the spawn's file actions putting it on the
+ *                            child's stdin; the parent's stays close-on-exec
  *   exec after FD            what each call on FD does (never blocks)
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,23 +61,87 @@ static const char *err(ssize_t r) {
     return errno == ENOTCONN ? "ENOTCONN" : errno == EPIPE ? "EPIPE" : errno == EAGAIN ? "EAGAIN" : strerror(errno);
 }
 
-/* A listening socket on 127.0.0.1, its port written to `portfile`. */
-static int listen_loopback(const char *portfile) {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+/* Writes `l`'s port to `portfile` (the tests wait for it). */
+static void write_port(int l, const char *portfile) {
+    struct sockaddr_in a;
     socklen_t al = sizeof a;
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4)) die("listen");
     if (getsockname(l, (struct sockaddr *)&a, &al)) die("getsockname");
     FILE *f = fopen(portfile, "w");
     if (!f) die("portfile");
     fprintf(f, "%d\n", ntohs(a.sin_port));
     fclose(f);
+}
+
+/* A listening socket on 127.0.0.1, its port written to `portfile` if not NULL. */
+static int listen_loopback(const char *portfile) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4)) die("listen");
+    if (portfile) write_port(l, portfile);
     return l;
 }
 
 static int serve(int l);
 static int serve_fd(int c);
 static int serve2(int l);
+
+extern char **environ;
+
+/* environ without LD_PRELOAD (a program that clears it for its children) */
+static char **env_without_preload(void) {
+    static char *env[256];
+    int n = 0;
+    for (char **e = environ; *e && n < 255; e++)
+        if (strncmp(*e, "LD_PRELOAD=", 11)) env[n++] = *e;
+    env[n] = NULL;
+    return env;
+}
+
+/* The listening socket crosses an exec into a program without the library:
+ * `how` is "static" (execl into `prog`, a static build), "noenv" (execve
+ * into this program without LD_PRELOAD), "spawn" (posix_spawnp of `prog`). */
+static int server_plain(const char *portfile, const char *how, const char *prog, const char *self) {
+    /* (the port is written once the exec, spawn or child is done: a client
+     * that came before would have been offered SMC, the limit the README
+     * states for the accept queue) */
+    int l = listen_loopback(NULL);
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", l);
+    fflush(stdout);
+    if (!strcmp(how, "static")) {
+        execl(prog, prog, "serve", fd, portfile, (char *)NULL);
+        die("execl");
+    }
+    if (!strcmp(how, "noenv")) {
+        execve(self, (char *[]){(char *)self, "serve", fd, (char *)portfile, NULL}, env_without_preload());
+        die("execve");
+    }
+    if (!strcmp(how, "execfail")) {
+        if (execlp("no-such-exec-static", "no-such-exec-static", "serve", fd, (char *)NULL) != -1 || errno != ENOENT)
+            die("execlp of nothing");
+        write_port(l, portfile);
+        return serve(l);
+    }
+    if (!strcmp(how, "leak")) {
+        pid_t c = fork();
+        if (c < 0) die("fork");
+        if (c == 0) {
+            execl(prog, prog, "idle", (char *)NULL);
+            die("execl");
+        }
+        int st;
+        if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("child failed\n"); return 1; }
+        write_port(l, portfile);
+        return serve(l);
+    }
+    pid_t p;
+    int e = posix_spawnp(&p, prog, NULL, NULL, (char *[]){(char *)prog, "serve", fd, (char *)portfile, NULL}, environ);
+    if (e) { errno = e; die("posix_spawnp"); }
+    close(l);
+    int st;
+    if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("spawned server failed\n"); return 1; }
+    return 0;
+}
 
 static int server(const char *portfile, const char *then_exec, int two) {
     int l = listen_loopback(portfile);
@@ -197,6 +284,30 @@ static int client(int port, const char *mode, const char *self) {
         execv(self, (char *[]){(char *)self, "after", fd, NULL});
         die("execv");
     }
+    if (!strcmp(mode, "plain")) {
+        execle(self, self, "after", fd, (char *)NULL, env_without_preload());
+        die("execle");
+    }
+    if (!strcmp(mode, "spawn") || !strcmp(mode, "spawn-stdin")) {
+        pid_t c;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        int stdin_ = !strcmp(mode, "spawn-stdin");
+        if (stdin_) {
+            if (fcntl(s, F_SETFD, FD_CLOEXEC)) die("fcntl");
+            posix_spawn_file_actions_adddup2(&fa, s, 0);
+        }
+        int e = posix_spawn(&c, self, &fa, NULL, (char *[]){(char *)self, "after", stdin_ ? "0" : fd, NULL}, environ);
+        if (e) { errno = e; die("posix_spawn"); }
+        posix_spawn_file_actions_destroy(&fa);
+        int st;
+        if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+        if (stdin_ && !(fcntl(s, F_GETFD) & FD_CLOEXEC)) { fprintf(stderr, "close-on-exec lost\n"); return 1; }
+        ping(s, "ping2");
+        printf("parent ok\n");
+        close(s);
+        return 0;
+    }
     pid_t p = fork();
     if (p < 0) die("fork");
     if (p == 0 && !strcmp(mode, "use")) {
@@ -252,6 +363,13 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "server-inetd")) return server_fork(argv[2], argv[0]);
     if (argc >= 2 && !strcmp(argv[1], "stdio")) return stdio();
     if (argc >= 3 && !strcmp(argv[1], "server-exec")) return server(argv[2], argv[0], 0);
+    if (argc >= 4 && !strcmp(argv[1], "server-static")) return server_plain(argv[2], "static", argv[3], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server-noenv")) return server_plain(argv[2], "noenv", NULL, argv[0]);
+    if (argc >= 4 && !strcmp(argv[1], "server-spawn")) return server_plain(argv[2], "spawn", argv[3], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server-execfail")) return server_plain(argv[2], "execfail", NULL, argv[0]);
+    if (argc >= 4 && !strcmp(argv[1], "server-leak")) return server_plain(argv[2], "leak", argv[3], argv[0]);
+    if (argc >= 2 && !strcmp(argv[1], "idle")) return 0;
+    if (argc >= 4 && !strcmp(argv[1], "serve")) write_port(atoi(argv[2]), argv[3]);
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "pings")) return pings(atoi(argv[2]));
     if (argc >= 4 && !strcmp(argv[1], "client")) return client(atoi(argv[2]), argv[3], argv[0]);

@@ -29,11 +29,25 @@ fn exec_run(tag: &str, mode: &str) -> (Setup, String, String) {
 /// exec.c `server` (a server mode) under smc_run, once it listens: the
 /// setup, the program, the server and its port.
 fn start_server(tag: &str, server: &str) -> (Setup, PathBuf, Server, u16) {
+    start_server_with(tag, server, |_| None)
+}
+
+/// [`start_server`], with one more argument made from the setup.
+fn start_server_with(
+    tag: &str,
+    server: &str,
+    extra: impl FnOnce(&Setup) -> Option<PathBuf>,
+) -> (Setup, PathBuf, Server, u16) {
     let s = setup(tag);
     let exe = exec_program(&s);
     let portfile = s.dir.join("port");
+    let extra = extra(&s);
+    let mut args = vec![server, portfile.to_str().unwrap()];
+    if let Some(e) = extra.as_ref() {
+        args.push(e.to_str().unwrap());
+    }
     let srv = Server(
-        under(&s, true, &exe, &[server, portfile.to_str().unwrap()])
+        under(&s, true, &exe, &args)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap(),
@@ -212,4 +226,171 @@ fn an_inetd_style_server_hands_its_programs_plain_tcp() {
         "{:?}",
         s.modes()
     );
+}
+
+/// tests/exec.c linked statically (no `PT_INTERP`: the dynamic loader never
+/// runs, so neither does the library, whatever `LD_PRELOAD` says).
+fn static_exec_program(s: &Setup) -> PathBuf {
+    let exe = s.dir.join("exec-static");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/exec.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(cc)
+        .args(["-O1", "-Wall", "-Werror", "-static", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("a C compiler (cc)");
+    assert!(
+        st.success(),
+        "compiling exec.c statically (glibc's libc.a: libc6-dev)"
+    );
+    exe
+}
+
+/// A listening socket opted in to SMC that crosses an exec into a program
+/// that will not load the library, and a client under smc_run: the client
+/// must get plain TCP (its Proposal would otherwise reach the program as
+/// data) and its pings come back intact.
+fn listener_into_a_program_without_the_library(tag: &str, server: &str, static_prog: bool) {
+    let (s, exe, mut srv, port) =
+        start_server_with(tag, server, |s| static_prog.then(|| static_exec_program(s)));
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    // ten bytes of pings echoed: nothing of a CLC message among them
+    assert_eq!(srv_text, "server end eof after 10\n");
+    let modes = s.modes();
+    assert_eq!(
+        (modes.len(), count_modes(&s, "connect", " TCP ")),
+        (1, 1),
+        "{modes:?}"
+    );
+}
+
+/// execl into a static program (the loader never runs there).
+#[test]
+fn a_listener_execd_into_a_static_program_serves_plain_tcp() {
+    listener_into_a_program_without_the_library("exec-static", "server-static", true);
+}
+
+/// execve into a program whose environment lacks LD_PRELOAD.
+#[test]
+fn a_listener_execd_without_ld_preload_serves_plain_tcp() {
+    listener_into_a_program_without_the_library("exec-noenv", "server-noenv", false);
+}
+
+/// posix_spawnp of a static program that serves the listener.
+#[test]
+fn a_listener_handed_to_a_spawned_static_program_serves_plain_tcp() {
+    listener_into_a_program_without_the_library("spawn-static", "server-spawn", true);
+}
+
+/// An SMC-R connection that crosses an exec (execle) into a program without
+/// the library (LD_PRELOAD left out): a clear error there, as into one with
+/// it, and the peer sees the connection end.
+#[test]
+fn an_smc_r_connection_execd_into_a_program_without_the_library_is_a_clear_error() {
+    let (s, cli, srv) = exec_run("exec-plain", "plain");
+    assert_eq!(cli, AFTER_EXEC);
+    assert!(
+        srv.starts_with("server end ") && srv.ends_with(" after 5\n"),
+        "{srv}"
+    );
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// posix_spawn with an SMC-R connection's descriptor inherited: a clear
+/// error in the spawned program, and the parent goes on with the connection.
+#[test]
+fn an_smc_r_connection_inherited_by_a_spawned_program_is_a_clear_error_there() {
+    let (s, cli, srv) = exec_run("spawn", "spawn");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// An exec (execlp) of a program that is not there fails:
+/// the listener offers SMC again, and its next client is SMC-R.
+#[test]
+fn a_failed_exec_leaves_the_listener_offering_smc() {
+    let (s, exe, mut srv, port) = start_server("exec-fail", "server-execfail");
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    assert_eq!(srv_text, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A forked child execs a program without the library (static) with the
+/// listening socket left open: the socket, shared with the parent, offers
+/// no SMC from then on, so the parent's next client falls back to TCP (a
+/// fallback, not an error), the data intact on both sides.
+#[test]
+fn a_listener_leaked_into_a_static_childs_exec_falls_back_in_the_parent_too() {
+    let (s, exe, mut srv, port) =
+        start_server_with("exec-leak", "server-leak", |s| Some(static_exec_program(s)));
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    assert_eq!(srv_text, "server end eof after 10\n");
+    assert_eq!(
+        (
+            s.modes().len(),
+            count_modes(&s, "connect", " TCP "),
+            count_modes(&s, "accept", " TCP ")
+        ),
+        (2, 1, 1),
+        "{:?}",
+        s.modes()
+    );
+}
+
+/// execl into a set-user-ID copy of the (dynamic) program owned by another
+/// user: the loader runs in secure-execution mode and ignores LD_PRELOAD's
+/// path, so the program has no library; its clients get plain TCP.
+#[test]
+fn a_listener_execd_into_a_set_user_id_program_serves_plain_tcp() {
+    let (s, exe, mut srv, port) = start_server_with("exec-setuid", "server-static", |s| {
+        use std::os::unix::fs::PermissionsExt;
+        let prog = s.dir.join("exec-setuid");
+        std::fs::copy(exec_program(s), &prog).unwrap();
+        // (nobody; chown clears the set-ID bits, so the mode comes after)
+        std::os::unix::fs::chown(&prog, Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        // (the program, then nobody, writes the port file)
+        let portfile = s.dir.join("port");
+        std::fs::write(&portfile, "").unwrap();
+        std::fs::set_permissions(&portfile, std::fs::Permissions::from_mode(0o666)).unwrap();
+        Some(prog)
+    });
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    assert_eq!(srv_text, "server end eof after 10\n");
+    assert_eq!(
+        (s.modes().len(), count_modes(&s, "connect", " TCP ")),
+        (1, 1),
+        "{:?}",
+        s.modes()
+    );
+}
+
+/// posix_spawn whose file actions put a close-on-exec SMC-R connection on
+/// the child's stdin (Rust's `Stdio::from(stream)`, inetd-style spawners):
+/// the same clear error there, and the parent's descriptor keeps its
+/// close-on-exec flag and its connection.
+#[test]
+fn an_smc_r_connection_dup2d_onto_a_spawned_programs_stdin_is_a_clear_error_there() {
+    let (s, cli, srv) = exec_run("spawn-stdin", "spawn-stdin");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }

@@ -113,6 +113,19 @@ pub fn is_opted_in(fd: std::os::fd::BorrowedFd<'_>) -> bool {
         .is_ok_and(|r| matches!(r.status(fd), Ok(smc_bpf::SocketStatus::OptedIn)))
 }
 
+/// Takes the SMC option away from the listening socket `fd` if it is opted in (see
+/// [`is_opted_in`]): from now on its SYN-ACKs carry none and its clients use plain TCP
+/// (`smc_bpf::Rendezvous::opt_out_listener`). For a listening socket about to be inherited by
+/// a program that will not run the CLC handshake. Returns whether it was opted in.
+pub fn opt_out_listener(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    rendezvous::rendezvous().is_ok_and(|r| r.opt_out_listener(fd).unwrap_or(false))
+}
+
+/// Undoes [`opt_out_listener`].
+pub fn opt_in_listener_again(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    rendezvous::rendezvous().is_ok_and(|r| r.opt_in_listener_again(fd).is_ok())
+}
+
 /// smc-rs's own fallback reason for "the SYN option could not be used on this
 /// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel
 /// always has its option.
