@@ -193,13 +193,7 @@ pub fn build(map_fd: i32) -> Result<Vec<Insn>, AsmError> {
     // the library, stays so when another one listens beside it in an SO_REUSEPORT group)
     emit_listen_key_to_stack(&mut a);
     a.st_imm(Size::W, Reg::R10, FP_VAL, VAL_WANT as i32);
-    a.ld_map_fd(Reg::R1, map_fd);
-    a.mov64_reg(Reg::R2, Reg::R10);
-    a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
-    a.mov64_reg(Reg::R3, Reg::R10);
-    a.alu64_imm(Alu::Add, Reg::R3, i32::from(FP_VAL));
-    a.mov64_imm(Reg::R4, BPF_NOEXIST);
-    a.call(FN_MAP_UPDATE_ELEM);
+    emit_map_update(&mut a, map_fd, BPF_NOEXIST);
     a.ja(out);
 
     // HDR_OPT_LEN_CB
@@ -250,17 +244,13 @@ pub fn build(map_fd: i32) -> Result<Vec<Insn>, AsmError> {
     a.ldx(Size::W, Reg::R1, Reg::R6, CTX_ARGS1);
     a.jmp_imm(Cond::Ne, Reg::R1, TCP_STATE_CLOSE, out);
     emit_cookie_to_stack(&mut a);
-    a.ld_map_fd(Reg::R1, map_fd);
-    a.mov64_reg(Reg::R2, Reg::R10);
-    a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
+    emit_map_key_args(&mut a, map_fd);
     a.call(FN_MAP_DELETE_ELEM);
     // (a listener closing: its port key goes too)
     a.ldx(Size::W, Reg::R1, Reg::R6, CTX_ARGS0);
     a.jmp_imm(Cond::Ne, Reg::R1, TCP_STATE_LISTEN, out);
     emit_listen_key_to_stack(&mut a);
-    a.ld_map_fd(Reg::R1, map_fd);
-    a.mov64_reg(Reg::R2, Reg::R10);
-    a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
+    emit_map_key_args(&mut a, map_fd);
     a.call(FN_MAP_DELETE_ELEM);
     a.ja(out);
 
@@ -302,9 +292,7 @@ fn emit_require_listen_key(
     opted_out: crate::asm::Label,
 ) {
     emit_listen_key_to_stack(a);
-    a.ld_map_fd(Reg::R1, map_fd);
-    a.mov64_reg(Reg::R2, Reg::R10);
-    a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
+    emit_map_key_args(a, map_fd);
     a.call(FN_MAP_LOOKUP_ELEM);
     a.jmp_imm(Cond::Eq, Reg::R0, 0, out);
     a.ldx(Size::W, Reg::R1, Reg::R0, 0);
@@ -315,12 +303,26 @@ fn emit_require_listen_key(
     a.jmp_imm(Cond::Eq, Reg::R1, 0, out);
 }
 
-/// Falls through only if the map holds `WANT` for this socket's cookie; else jumps to `out`.
-fn emit_require_want(a: &mut Asm, map_fd: i32, out: crate::asm::Label) {
-    emit_cookie_to_stack(a);
+/// The map and the key for a map helper: R1 the map, R2 the key at `FP_KEY`.
+fn emit_map_key_args(a: &mut Asm, map_fd: i32) {
     a.ld_map_fd(Reg::R1, map_fd);
     a.mov64_reg(Reg::R2, Reg::R10);
     a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
+}
+
+/// `bpf_map_update_elem(map, key at FP_KEY, value at FP_VAL, flags)`.
+fn emit_map_update(a: &mut Asm, map_fd: i32, flags: i32) {
+    emit_map_key_args(a, map_fd);
+    a.mov64_reg(Reg::R3, Reg::R10);
+    a.alu64_imm(Alu::Add, Reg::R3, i32::from(FP_VAL));
+    a.mov64_imm(Reg::R4, flags);
+    a.call(FN_MAP_UPDATE_ELEM);
+}
+
+/// Falls through only if the map holds `WANT` for this socket's cookie; else jumps to `out`.
+fn emit_require_want(a: &mut Asm, map_fd: i32, out: crate::asm::Label) {
+    emit_cookie_to_stack(a);
+    emit_map_key_args(a, map_fd);
     a.call(FN_MAP_LOOKUP_ELEM);
     a.jmp_imm(Cond::Eq, Reg::R0, 0, out);
     a.ldx(Size::W, Reg::R1, Reg::R0, 0);
@@ -444,13 +446,7 @@ fn emit_established(
     a.bind(record);
     emit_cookie_to_stack(a);
     a.stx(Size::W, Reg::R10, FP_VAL, Reg::R7);
-    a.ld_map_fd(Reg::R1, map_fd);
-    a.mov64_reg(Reg::R2, Reg::R10);
-    a.alu64_imm(Alu::Add, Reg::R2, i32::from(FP_KEY));
-    a.mov64_reg(Reg::R3, Reg::R10);
-    a.alu64_imm(Alu::Add, Reg::R3, i32::from(FP_VAL));
-    a.mov64_imm(Reg::R4, BPF_ANY);
-    a.call(FN_MAP_UPDATE_ELEM);
+    emit_map_update(a, map_fd, BPF_ANY);
     emit_set_cb_flags(a, 0, CB_FLAG_WRITE_HDR_OPT);
     a.ja(out);
 }
