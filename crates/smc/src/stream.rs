@@ -5,7 +5,7 @@ use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastWrite, ReadLease, ReadPlan, WriteLease,
+    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, ReadLease, ReadPlan, WriteLease,
     WritePlan,
 };
 use smc_proto::clc_stream::FailReason;
@@ -129,14 +129,7 @@ impl SmcConn {
     /// Not while the connection has a readiness descriptor: the locked
     /// write sets it after the write (`note`).
     fn try_fast_write(&self, buf: &[u8]) -> Option<usize> {
-        if self.ready.get().is_some() {
-            return None;
-        }
-        let h = self
-            .fast
-            .get_or_init(|| self.shared.lock().fast_conn(self.id))
-            .as_ref()?;
-        match h.try_write(buf) {
+        match self.fast_conn()?.try_write(buf) {
             Ok(FastWrite::Wrote(n)) => Some(n),
             // the endpoint learns of the broken link at its next pump: now
             Ok(FastWrite::WroteLinkBroke(n)) => {
@@ -147,6 +140,36 @@ impl SmcConn {
             // (an error shows through the endpoint's write)
             Ok(FastWrite::Declined) | Err(_) => None,
         }
+    }
+
+    /// Reads into `buf` through the connection's fast path, without the
+    /// endpoint's lock, if the connection can (`FastConn::try_read`): bytes
+    /// that have arrived, copied out, with the consumer-cursor update they
+    /// make due. `None`: it could not (nothing has arrived, among other
+    /// things), nothing was read. Not while the connection has a readiness
+    /// descriptor, as for writes.
+    fn try_fast_read(&self, buf: &mut [u8]) -> Option<usize> {
+        match self.fast_conn()?.try_read(buf) {
+            FastRead::Read { n, .. } => Some(n),
+            // the endpoint learns of the broken link at its next pump: now
+            FastRead::ReadLinkBroke(n) => {
+                let mut ep = self.shared.lock();
+                self.shared.pump(&mut ep);
+                Some(n)
+            }
+            FastRead::Declined => None,
+        }
+    }
+
+    /// The connection's fast-path handle, unless it has a readiness
+    /// descriptor (which the locked paths keep current, `note`).
+    fn fast_conn(&self) -> Option<&FastConn<AnyProvider>> {
+        if self.ready.get().is_some() {
+            return None;
+        }
+        self.fast
+            .get_or_init(|| self.shared.lock().fast_conn(self.id))
+            .as_ref()
     }
 
     /// Connection `id` of `shared`, handshaking (released if dropped).
@@ -515,6 +538,11 @@ impl SmcStream {
         enum Got {
             Done(usize),
             Lease(ReadLease),
+        }
+        if !buf.is_empty() {
+            if let Some(n) = c.try_fast_read(buf) {
+                return Ok(n);
+            }
         }
         let deadline = Self::timeout(&self.opts.read_timeout);
         let _busy = c.shared.busy();
