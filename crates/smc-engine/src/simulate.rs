@@ -65,8 +65,8 @@
 //! event trace of one.
 
 use crate::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, FastConn, FastRead, FastWrite, ReadPlan,
-    WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, FastConn, FastRead, FastWrite,
+    ReadPlan, WritePlan,
 };
 use crate::state::HandshakePhase;
 use smc_proto::close::CloseEvent;

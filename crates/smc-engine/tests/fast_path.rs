@@ -363,7 +363,10 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
         steps += 1;
         if steps > 4_000_000 {
             stop.store(true, Ordering::Release);
-            panic!("stalled at {} of {TOTAL} bytes", got.load(Ordering::Acquire));
+            panic!(
+                "stalled at {} of {TOTAL} bytes",
+                got.load(Ordering::Acquire)
+            );
         }
         std::thread::yield_now();
     }
@@ -393,7 +396,10 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
         reads[ONE_LINK] > 0 && reads[FAILED_OVER] > 0,
         "fast reads on either link alone: {reads:?}"
     );
-    assert!(cdcs[ONE_LINK] > 0, "fast cursor updates on the first link: {cdcs:?}");
+    assert!(
+        cdcs[ONE_LINK] > 0,
+        "fast cursor updates on the first link: {cdcs:?}"
+    );
     assert_eq!(cdcs[TWO_LINKS], 0, "no fast CDC while two links: {cdcs:?}");
     assert!(
         cdcs[FAILED_OVER] > 0,

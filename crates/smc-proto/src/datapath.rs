@@ -1516,8 +1516,14 @@ mod owed_tests {
                 prod += add;
                 seq = seq.wrapping_add(1);
                 let mut pf = ProducerFlags::empty();
-                pf.set(ProducerFlags::WRITE_BLOCKED, flags & 1 != 0 && step % 3 == 0);
-                pf.set(ProducerFlags::CONS_CURS_UPD_REQ, flags & 2 != 0 && step % 5 == 0);
+                pf.set(
+                    ProducerFlags::WRITE_BLOCKED,
+                    flags & 1 != 0 && step % 3 == 0,
+                );
+                pf.set(
+                    ProducerFlags::CONS_CURS_UPD_REQ,
+                    flags & 2 != 0 && step % 5 == 0,
+                );
                 if flags & 4 != 0 && step % 7 == 3 && add > 0 {
                     pf.insert(ProducerFlags::URG_DATA_PENDING);
                     pf.insert(ProducerFlags::URG_DATA_PRESENT);

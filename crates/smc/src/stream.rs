@@ -5,8 +5,8 @@ use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, ReadLease, ReadPlan, WriteLease,
-    WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, ReadLease, ReadPlan,
+    WriteLease, WritePlan,
 };
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
@@ -971,5 +971,76 @@ impl std::os::fd::AsRawFd for SmcStream {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsFd;
         self.as_fd().as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SmcListener;
+
+    /// The shared-memory device of this test process (root: BPF), as the
+    /// integration tests' `common::setup` makes it.
+    fn setup() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let tag = format!("smc-shm-test-{}", std::process::id());
+            std::env::remove_var("SMC_RS_CONFIG_DIR");
+            crate::use_loopback_device(&tag);
+            if std::env::var_os("SMC_RS_RUN_DIR").is_none() {
+                std::env::set_var(
+                    "SMC_RS_RUN_DIR",
+                    std::env::temp_dir().join(tag).join("registry"),
+                );
+            }
+        });
+    }
+
+    /// A read of bytes that have arrived copies them out through the
+    /// connection's fast path (`FastConn::try_read`): it finishes while
+    /// another thread holds the endpoint's lock.
+    #[test]
+    fn a_read_of_arrived_bytes_does_not_wait_for_the_endpoint_lock() {
+        setup();
+        let l = SmcListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let acc = std::thread::spawn(move || l.accept().unwrap().0);
+        let mut c = SmcStream::connect(addr).unwrap();
+        let mut s = acc.join().unwrap();
+        assert_eq!(s.mode(), Mode::SmcR, "both ends on the shm device");
+        // a first message (its read makes the connection's handle, which
+        // takes the lock once)
+        c.write_all(&[1; 64]).unwrap();
+        let mut b = [0u8; 64];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(b, [1; 64]);
+        c.write_all(&[2; 64]).unwrap();
+        let conn = s.smc.clone().unwrap();
+        // the server's endpoint takes the message's CDC
+        let mut arrived = false;
+        for _ in 0..1_000_000 {
+            let mut ep = conn.shared.lock();
+            conn.shared.pump(&mut ep);
+            if ep.readable(conn.id) >= 64 {
+                arrived = true;
+                break;
+            }
+            drop(ep);
+            std::thread::yield_now();
+        }
+        assert!(arrived, "the second message arrives");
+        let ep = conn.shared.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut b = [0u8; 64];
+                let r = (&s).read(&mut b).map(|n| (n, b[0]));
+                let _ = tx.send(r.map_err(|e| e.kind()));
+            });
+            // (a deadlock detector, not a latency bound)
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            drop(ep);
+            assert_eq!(got, Ok(Ok((64, 2))), "read while the endpoint is locked");
+        });
     }
 }
