@@ -359,22 +359,19 @@ impl<P: Provider> ConnCore<P> {
     /// and nothing else of the connection waiting to be sent (so the CDC
     /// carries the cursor alone, as the endpoint's flush would send it).
     pub(super) fn fast_read(&mut self, buf: &mut [u8]) -> FastRead {
-        if buf.is_empty()
+        let (Some(dp), Some(rmb)) = (self.dp.as_mut(), self.rmb.as_ref()) else {
+            return FastRead::Declined;
+        };
+        // (nothing to read first: the common case of a reader that comes
+        // before its data)
+        let n = buf.len().min(dp.readable());
+        if n == 0
             || !self.established
             || self.read_leased
             || self.violation.is_some()
             || self.closer.state() != CloseState::Active
+            || dp.urgent_signalled()
         {
-            return FastRead::Declined;
-        }
-        let (Some(dp), Some(rmb)) = (self.dp.as_mut(), self.rmb.as_ref()) else {
-            return FastRead::Declined;
-        };
-        if dp.urgent_signalled() {
-            return FastRead::Declined;
-        }
-        let n = buf.len().min(dp.readable());
-        if n == 0 {
             return FastRead::Declined;
         }
         let mut post = None;
