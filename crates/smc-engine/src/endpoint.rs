@@ -154,7 +154,7 @@ mod write;
 
 pub use close::PEER_GONE_GRACE;
 pub use conn::{ConnError, ConnStatus};
-pub use conn_core::{FastConn, FastWrite};
+pub use conn_core::{FastConn, FastRead, FastWrite};
 pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};
 pub use extra_link::LinkOffer;
 pub use lease::{ReadLease, ReadPlan, WriteLease, WritePlan};

@@ -65,8 +65,8 @@
 //! event trace of one.
 
 use crate::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, FastConn, FastWrite, ReadPlan,
-    WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, FastConn, FastRead, FastWrite,
+    ReadPlan, WritePlan,
 };
 use crate::state::HandshakePhase;
 use smc_proto::close::CloseEvent;
@@ -428,6 +428,13 @@ pub struct Report {
     pub fast: bool,
     /// Writes the fast path finished.
     pub fast_writes: usize,
+    /// The run read through the fast path (`FastConn::try_read`) too.
+    pub fast_reading: bool,
+    /// Reads the fast path finished.
+    pub fast_reads: usize,
+    /// Consumer-cursor updates those reads posted (counted from the
+    /// connections' CDC sequence numbers).
+    pub fast_read_cdcs: usize,
     /// Human-readable event trace.
     pub trace: Vec<String>,
 }
@@ -542,6 +549,10 @@ pub fn run(seed: u64) -> Result<Report, String> {
     // generator of their own as well.
     let mut frng = Rng::new(seed ^ 0xFA57_0A7B_5EED_0004);
     let fast_on = frng.chance(75);
+    // And most runs read through it too, from a generator of their own
+    // again (so that the fast writes' choices stay as they were).
+    let mut rrng = Rng::new(seed ^ 0xFA57_4EAD_5EED_0005);
+    let fast_reading = rrng.chance(75);
     let mut fast_handles: std::collections::HashMap<(usize, bool), Option<FastConn<Faulty>>> =
         std::collections::HashMap::new();
     let percent = if prng.chance(15) {
@@ -739,6 +750,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         fault,
         prepare_faults: percent > 0,
         fast: fast_on,
+        fast_reading,
         ..Report::default()
     };
     let mut now = Duration::ZERO;
@@ -1317,7 +1329,43 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     }
                 }
                 let max = rng.size(rmb as u64) as usize;
-                let got = if rng.chance(50) {
+                // The fast path first, in the runs that use it, as the
+                // socket library does; what it declines (nothing to read,
+                // among other things) goes through the endpoint, with the
+                // endpoint's choices drawn as before.
+                let fast = if fast_reading && rrng.chance(60) {
+                    let h = fast_handles
+                        .entry((i, client_side))
+                        .or_insert_with(|| ep.fast_conn(me.id));
+                    let mut into = vec![0u8; max];
+                    match h.as_ref().map(|h| h.try_read(&mut into)) {
+                        Some(FastRead::Read { n, cdc }) => {
+                            report.fast_reads += 1;
+                            report.fast_read_cdcs += usize::from(cdc);
+                            into.truncate(n);
+                            Some(into)
+                        }
+                        Some(FastRead::ReadLinkBroke(n)) => {
+                            report.fast_reads += 1;
+                            // the endpoint learns of it at its next pump
+                            let _ = ep.pump(now);
+                            into.truncate(n);
+                            Some(into)
+                        }
+                        Some(FastRead::Declined) | None => None,
+                    }
+                } else {
+                    None
+                };
+                let endpoint_choice = rng.chance(50);
+                let got = if let Some(data) = fast {
+                    // (the endpoint's read's draws, so that what follows is
+                    // drawn as in a run without fast reads)
+                    if endpoint_choice {
+                        let _ = rng.chance(30);
+                    }
+                    Ok(data)
+                } else if endpoint_choice {
                     let pump = rng.chance(30).then_some(now);
                     read_leased(ep, me.id, max, pump)
                         .map_err(|e| fail(&report, format!("conn {i}: {e}")))?

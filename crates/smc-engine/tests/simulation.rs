@@ -24,6 +24,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     let (mut prepare_failures, mut late, mut two_devices) = (0, 0, 0);
     let mut relinked = 0;
     let (mut fast_runs, mut fast_writes) = (0, 0);
+    let (mut fast_reading, mut fast_reads, mut fast_read_cdcs) = (0, 0, 0);
     for seed in start..start + n {
         match simulate::run(seed) {
             Ok(r) => {
@@ -41,12 +42,16 @@ fn a_thousand_seeds_hold_every_invariant() {
                 relinked += usize::from(r.relinked);
                 fast_runs += usize::from(r.fast);
                 fast_writes += r.fast_writes;
+                fast_reading += usize::from(r.fast_reading);
+                fast_reads += r.fast_reads;
+                fast_read_cdcs += r.fast_read_cdcs;
             }
             Err(e) => failures.push(e),
         }
     }
     eprintln!("{n} seeds: {smc} SMC-R connections, {faults} runs with a fault, {aborts} aborts, {bytes} bytes");
     eprintln!("  {fast_runs} runs with fast-path writes, {fast_writes} of them done");
+    eprintln!("  {fast_reading} runs with fast-path reads, {fast_reads} of them done, {fast_read_cdcs} of which posted a cursor update");
     eprintln!(
         "  {two_links} runs with a second link (by ADD_LINK; {two_devices} over second devices), {failovers} of them lost one link, {moves} moves, {add_faults} QP failures during ADD_LINK, {relinked} relinked after a port came back (every one within 8 s)"
     );
@@ -104,6 +109,20 @@ fn a_thousand_seeds_hold_every_invariant() {
     assert!(
         fast_writes as u64 >= n,
         "too few fast-path writes: {fast_writes}"
+    );
+    // and reads of the fast path, some of which send their own
+    // consumer-cursor update
+    assert!(
+        fast_reading as u64 >= n / 2,
+        "too few runs with fast-path reads: {fast_reading}"
+    );
+    assert!(
+        fast_reads as u64 >= n,
+        "too few fast-path reads: {fast_reads}"
+    );
+    assert!(
+        fast_read_cdcs as u64 >= n / 20,
+        "too few cursor updates of fast-path reads: {fast_read_cdcs}"
     );
 }
 

@@ -337,6 +337,16 @@ pub struct DiagCursors {
     pub tx_flags: [u8; 2],
 }
 
+/// What consuming bytes changes on the receive side (see
+/// `DataPath::consume_step`).
+struct ConsumeStep {
+    n: usize,
+    rx_cons: u64,
+    urgent_passed: bool,
+    cdc_wanted: bool,
+    peer_write_blocked: bool,
+}
+
 impl DataPath {
     /// A fresh connection.
     pub fn new(cfg: DataPathConfig) -> DataPath {
@@ -913,25 +923,52 @@ impl DataPath {
     /// The application consumed `n` bytes (capped at what is readable). Returns
     /// the bytes consumed.
     pub fn consumed(&mut self, n: usize) -> usize {
+        let c = self.consume_step(n);
+        self.rx_cons = c.rx_cons;
+        if c.urgent_passed {
+            self.rx_urgent = None;
+        }
+        self.cdc_wanted = c.cdc_wanted;
+        self.peer_write_blocked = c.peer_write_blocked;
+        c.n
+    }
+
+    /// What [`Self::consumed`]`(n)` would change, worked out without changing
+    /// anything (so that [`Self::cdc_owed_after`] cannot disagree with it).
+    fn consume_step(&self, n: usize) -> ConsumeStep {
         let n = n.min(self.readable());
-        self.rx_cons += n as u64;
-        if self.rx_urgent == Some(self.rx_cons) && self.rx_prod > self.rx_cons {
+        let mut c = ConsumeStep {
+            n,
+            rx_cons: self.rx_cons + n as u64,
+            urgent_passed: false,
+            cdc_wanted: self.cdc_wanted,
+            peer_write_blocked: self.peer_write_blocked,
+        };
+        if self.rx_urgent == Some(c.rx_cons) && self.rx_prod > c.rx_cons {
             // Out-of-band semantics: the urgent byte is skipped by normal reads;
             // its space is released, which the peer learns at once (Linux forces
             // a consumer update here).
-            self.rx_cons += 1;
-            self.rx_urgent = None;
-            self.cdc_wanted = true;
+            c.rx_cons += 1;
+            c.urgent_passed = true;
+            c.cdc_wanted = true;
         }
-        if self.rx_cons == self.rx_prod {
+        if c.rx_cons == self.rx_prod {
             // Linux forgets the peer's write_blocked once everything is read.
             // Remember that an update is owed before forgetting.
-            if self.peer_write_blocked && self.rx_cons > self.rx_cons_confirmed {
-                self.cdc_wanted = true;
+            if c.peer_write_blocked && c.rx_cons > self.rx_cons_confirmed {
+                c.cdc_wanted = true;
             }
-            self.peer_write_blocked = false;
+            c.peer_write_blocked = false;
         }
-        n
+        c
+    }
+
+    /// Whether, after [`Self::consumed`]`(n)`, the receive side would owe the
+    /// peer a CDC (a consumer-cursor update, §3.4, or one already wanted):
+    /// what a reader that sends its own updates checks before it reads.
+    pub fn cdc_owed_after(&self, n: usize) -> bool {
+        let c = self.consume_step(n);
+        c.cdc_wanted || self.update_due_at(c.rx_cons, c.peer_write_blocked)
     }
 
     /// Linux's rule for a CDC that only updates the consumer cursor (§3.4): the
@@ -939,7 +976,13 @@ impl DataPath {
     /// since the last confirmed cursor and either the peer believes it has at most
     /// half the RMBE free or it is write-blocked.
     pub fn consumer_update_due(&self) -> bool {
-        let to_confirm = self.rx_cons - self.rx_cons_confirmed;
+        self.update_due_at(self.rx_cons, self.peer_write_blocked)
+    }
+
+    /// [`Self::consumer_update_due`] with the consumer cursor at `rx_cons`
+    /// and the peer's write_blocked as given.
+    fn update_due_at(&self, rx_cons: u64, peer_write_blocked: bool) -> bool {
+        let to_confirm = rx_cons - self.rx_cons_confirmed;
         if to_confirm == 0 {
             return false;
         }
@@ -949,7 +992,7 @@ impl DataPath {
         let rl = self.cfg.rmbe_len as u64;
         let limit = (rl / 10).max(MIN_UPDATE_LIMIT as u64);
         let sender_free = rl.saturating_sub(self.rx_prod - self.rx_cons_confirmed);
-        to_confirm > limit && (sender_free <= rl / 2 || self.peer_write_blocked)
+        to_confirm > limit && (sender_free <= rl / 2 || peer_write_blocked)
     }
 
     /// The peer's last CDC said it is write-blocked.
@@ -1498,5 +1541,81 @@ mod tests {
             a.peer_space(),
             LEN - (a.tx_sent - a.peer_cons) as usize - FAILOVER_RESERVE
         );
+    }
+}
+
+#[cfg(test)]
+mod owed_tests {
+    use super::*;
+
+    /// `cdc_owed_after(n)` says beforehand what `consumed(n)` leaves owed
+    /// (a consumer update due, or a CDC wanted), in every state a small
+    /// walk reaches: peer CDCs with and without write_blocked, update
+    /// requests and urgent data, read sizes around the update limit.
+    #[test]
+    fn cdc_owed_after_agrees_with_consumed() {
+        let rmbe = 16384usize;
+        let mut checked = 0;
+        let mut owed = 0;
+        for flags in 0..8u8 {
+            let mut dp = DataPath::new(DataPathConfig {
+                sndbuf_len: 16384,
+                rmbe_len: rmbe,
+                peer_rmbe_len: 16384,
+                peer_token: 7,
+            });
+            let mut prod = 0u64;
+            let mut seq = 0u16;
+            for step in 0..40u64 {
+                // the peer writes up to what our RMB frees
+                let free = rmbe as u64 - (prod - (dp.totals().0 - dp.unread() as u64));
+                let add = (step * 2917 % 9000).min(free);
+                prod += add;
+                seq = seq.wrapping_add(1);
+                let mut pf = ProducerFlags::empty();
+                pf.set(
+                    ProducerFlags::WRITE_BLOCKED,
+                    flags & 1 != 0 && step % 3 == 0,
+                );
+                pf.set(
+                    ProducerFlags::CONS_CURS_UPD_REQ,
+                    flags & 2 != 0 && step % 5 == 0,
+                );
+                if flags & 4 != 0 && step % 7 == 3 && add > 0 {
+                    pf.insert(ProducerFlags::URG_DATA_PENDING);
+                    pf.insert(ProducerFlags::URG_DATA_PRESENT);
+                }
+                let m = CdcMessage {
+                    seqno: seq,
+                    token: 7,
+                    prod: cursor_at(prod, rmbe),
+                    cons: Cursor::new(0, 0),
+                    prod_flags: pf,
+                    conn_flags: ConnStateFlags::empty(),
+                };
+                if dp.on_cdc(&m).is_err() {
+                    break;
+                }
+                for n in [0usize, 1, 100, 1700, 2304, 2305, 5000, 16384] {
+                    let want = dp.cdc_owed_after(n);
+                    let mut after = dp.clone();
+                    after.consumed(n);
+                    assert_eq!(
+                        want,
+                        after.cdc_wanted() || after.consumer_update_due(),
+                        "flags {flags} step {step} read {n}"
+                    );
+                    checked += 1;
+                    owed += usize::from(want);
+                }
+                // read some, and sometimes send what is owed
+                let n = (step as usize * 1733) % 7000;
+                dp.consumed(n);
+                if step % 4 == 0 {
+                    let _ = dp.poll_tx();
+                }
+            }
+        }
+        assert!(checked > 1000 && owed > 50 && owed < checked - 50);
     }
 }

@@ -5,8 +5,8 @@ use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastWrite, ReadLease, ReadPlan, WriteLease,
-    WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, ReadLease, ReadPlan,
+    WriteLease, WritePlan,
 };
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
@@ -129,14 +129,7 @@ impl SmcConn {
     /// Not while the connection has a readiness descriptor: the locked
     /// write sets it after the write (`note`).
     fn try_fast_write(&self, buf: &[u8]) -> Option<usize> {
-        if self.ready.get().is_some() {
-            return None;
-        }
-        let h = self
-            .fast
-            .get_or_init(|| self.shared.lock().fast_conn(self.id))
-            .as_ref()?;
-        match h.try_write(buf) {
+        match self.fast_conn()?.try_write(buf) {
             Ok(FastWrite::Wrote(n)) => Some(n),
             // the endpoint learns of the broken link at its next pump: now
             Ok(FastWrite::WroteLinkBroke(n)) => {
@@ -147,6 +140,36 @@ impl SmcConn {
             // (an error shows through the endpoint's write)
             Ok(FastWrite::Declined) | Err(_) => None,
         }
+    }
+
+    /// Reads into `buf` through the connection's fast path, without the
+    /// endpoint's lock, if the connection can (`FastConn::try_read`): bytes
+    /// that have arrived, copied out, with the consumer-cursor update they
+    /// make due. `None`: it could not (nothing has arrived, among other
+    /// things), nothing was read. Not while the connection has a readiness
+    /// descriptor, as for writes.
+    fn try_fast_read(&self, buf: &mut [u8]) -> Option<usize> {
+        match self.fast_conn()?.try_read(buf) {
+            FastRead::Read { n, .. } => Some(n),
+            // the endpoint learns of the broken link at its next pump: now
+            FastRead::ReadLinkBroke(n) => {
+                let mut ep = self.shared.lock();
+                self.shared.pump(&mut ep);
+                Some(n)
+            }
+            FastRead::Declined => None,
+        }
+    }
+
+    /// The connection's fast-path handle, unless it has a readiness
+    /// descriptor (which the locked paths keep current, `note`).
+    fn fast_conn(&self) -> Option<&FastConn<AnyProvider>> {
+        if self.ready.get().is_some() {
+            return None;
+        }
+        self.fast
+            .get_or_init(|| self.shared.lock().fast_conn(self.id))
+            .as_ref()
     }
 
     /// Connection `id` of `shared`, handshaking (released if dropped).
@@ -515,6 +538,11 @@ impl SmcStream {
         enum Got {
             Done(usize),
             Lease(ReadLease),
+        }
+        if !buf.is_empty() {
+            if let Some(n) = c.try_fast_read(buf) {
+                return Ok(n);
+            }
         }
         let deadline = Self::timeout(&self.opts.read_timeout);
         let _busy = c.shared.busy();
@@ -943,5 +971,76 @@ impl std::os::fd::AsRawFd for SmcStream {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsFd;
         self.as_fd().as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SmcListener;
+
+    /// The shared-memory device of this test process (root: BPF), as the
+    /// integration tests' `common::setup` makes it.
+    fn setup() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let tag = format!("smc-shm-test-{}", std::process::id());
+            std::env::remove_var("SMC_RS_CONFIG_DIR");
+            crate::use_loopback_device(&tag);
+            if std::env::var_os("SMC_RS_RUN_DIR").is_none() {
+                std::env::set_var(
+                    "SMC_RS_RUN_DIR",
+                    std::env::temp_dir().join(tag).join("registry"),
+                );
+            }
+        });
+    }
+
+    /// A read of bytes that have arrived copies them out through the
+    /// connection's fast path (`FastConn::try_read`): it finishes while
+    /// another thread holds the endpoint's lock.
+    #[test]
+    fn a_read_of_arrived_bytes_does_not_wait_for_the_endpoint_lock() {
+        setup();
+        let l = SmcListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let acc = std::thread::spawn(move || l.accept().unwrap().0);
+        let mut c = SmcStream::connect(addr).unwrap();
+        let mut s = acc.join().unwrap();
+        assert_eq!(s.mode(), Mode::SmcR, "both ends on the shm device");
+        // a first message (its read makes the connection's handle, which
+        // takes the lock once)
+        c.write_all(&[1; 64]).unwrap();
+        let mut b = [0u8; 64];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(b, [1; 64]);
+        c.write_all(&[2; 64]).unwrap();
+        let conn = s.smc.clone().unwrap();
+        // the server's endpoint takes the message's CDC
+        let mut arrived = false;
+        for _ in 0..1_000_000 {
+            let mut ep = conn.shared.lock();
+            conn.shared.pump(&mut ep);
+            if ep.readable(conn.id) >= 64 {
+                arrived = true;
+                break;
+            }
+            drop(ep);
+            std::thread::yield_now();
+        }
+        assert!(arrived, "the second message arrives");
+        let ep = conn.shared.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut b = [0u8; 64];
+                let r = (&s).read(&mut b).map(|n| (n, b[0]));
+                let _ = tx.send(r.map_err(|e| e.kind()));
+            });
+            // (a deadlock detector, not a latency bound)
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            drop(ep);
+            assert_eq!(got, Ok(Ok((64, 2))), "read while the endpoint is locked");
+        });
     }
 }

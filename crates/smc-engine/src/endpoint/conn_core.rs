@@ -123,6 +123,28 @@ pub enum FastWrite {
     Declined,
 }
 
+/// What a read of the fast path did ([`FastConn::try_read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastRead {
+    /// Read into the buffer.
+    Read {
+        /// Bytes read (at least one).
+        n: usize,
+        /// The read made a CDC due (a consumer-cursor update, §3.4), and it
+        /// was posted.
+        cdc: bool,
+    },
+    /// Read, but posting the consumer-cursor update failed: the link is
+    /// broken, and the endpoint learns of it at its next pump, which should
+    /// come soon (the bytes read are the caller's all the same).
+    ReadLinkBroke(usize),
+    /// Not done: nothing to read yet, or the connection cannot finish this
+    /// read alone (not established, closing, a lease, urgent data, or a
+    /// cursor update it may not send itself). Nothing changed: read
+    /// through the endpoint (`Endpoint::read_into`).
+    Declined,
+}
+
 /// A connection's handle for the fast path (docs/FAST-PATH.md, step 4):
 /// what an established connection can do on its own, without the endpoint
 /// (and so without the lock a driver keeps it under). Cloneable; obtained
@@ -153,6 +175,16 @@ impl<P: Provider> FastConn<P> {
     #[inline]
     pub fn try_write(&self, data: &[u8]) -> std::result::Result<FastWrite, ConnError> {
         lock(&self.core).fast_write(data)
+    }
+
+    /// Reads into `buf` straight from the RMB what has arrived, if the
+    /// connection can do that alone now (see [`FastRead`]), and posts the
+    /// consumer-cursor update that the read makes due (§3.4) as
+    /// [`Self::try_write`] posts its CDC; the same as `Endpoint::read_into`
+    /// followed by the endpoint's flush.
+    #[inline]
+    pub fn try_read(&self, buf: &mut [u8]) -> FastRead {
+        lock(&self.core).fast_read(buf)
     }
 }
 
@@ -314,6 +346,93 @@ impl<P: Provider> ConnCore<P> {
             Err(e) => {
                 f.tx.broke(&mut book, e);
                 Ok(FastWrite::WroteLinkBroke(n))
+            }
+        }
+    }
+
+    /// The fast path's read (see [`FastConn::try_read`]): what
+    /// `Endpoint::read_into` would do when the endpoint has nothing to act
+    /// on — an established, open connection without leases, urgent data
+    /// or a violation, with bytes to read — and, when the read makes a CDC
+    /// due, only where `fast_write` could post one: with a valid grant, on
+    /// an open link with a SEND and send slot to spare beyond this one,
+    /// and nothing else of the connection waiting to be sent (so the CDC
+    /// carries the cursor alone, as the endpoint's flush would send it).
+    pub(super) fn fast_read(&mut self, buf: &mut [u8]) -> FastRead {
+        let (Some(dp), Some(rmb)) = (self.dp.as_mut(), self.rmb.as_ref()) else {
+            return FastRead::Declined;
+        };
+        // (nothing to read first: the common case of a reader that comes
+        // before its data)
+        let n = buf.len().min(dp.readable());
+        if n == 0
+            || !self.established
+            || self.read_leased
+            || self.violation.is_some()
+            || self.closer.state() != CloseState::Active
+            || dp.urgent_signalled()
+        {
+            return FastRead::Declined;
+        }
+        let mut post = None;
+        if dp.cdc_owed_after(n) {
+            let Some(f) = self.fast.as_ref() else {
+                return FastRead::Declined;
+            };
+            if f.epoch != self.epoch
+                || self.link != Some(f.slot)
+                || self.write_leased
+                || self.move_to.is_some()
+                || self.validation.is_some()
+                || dp.unsent() > 0
+                || dp.urgent_pending()
+                || dp.close_pending()
+            {
+                return FastRead::Declined;
+            }
+            let book = f.tx.book();
+            if !book.open
+                || book.sends_in_flight + 1 >= MAX_SENDS
+                || !book.has_free_slots()
+                || (book.takes_slot(CDC_LEN) && book.free_small() < 2)
+            {
+                return FastRead::Declined;
+            }
+            post = Some((f, book));
+        }
+        let chunks = dp.readable_chunks(n);
+        let mut at = 0;
+        for &(off, len) in chunks.as_slice() {
+            if rmb.read_at(off, &mut buf[at..at + len]).is_err() {
+                // (nothing consumed: the endpoint's read reports it)
+                return FastRead::Declined;
+            }
+            at += len;
+        }
+        debug_assert_eq!(at, n);
+        dp.consumed(n);
+        let Some((f, mut book)) = post else {
+            return FastRead::Read { n, cdc: false };
+        };
+        // (nothing unsent, no close or urgent byte: a CDC alone)
+        let Some(batch) = dp.poll_tx() else {
+            return FastRead::Read { n, cdc: false };
+        };
+        debug_assert!(batch.writes.is_empty(), "a cursor update carries no data");
+        match book.post(
+            &f.tx.qp,
+            WrKind::Cdc(f.id, batch.cdc.seqno),
+            &batch.cdc.encode(),
+        ) {
+            Ok(()) => {
+                book.fast_cdcs += 1;
+                FastRead::Read { n, cdc: true }
+            }
+            // (as a failed post of the endpoint's flush: the CDC stays
+            // accounted as in flight, the link is down)
+            Err(e) => {
+                f.tx.broke(&mut book, e);
+                FastRead::ReadLinkBroke(n)
             }
         }
     }
