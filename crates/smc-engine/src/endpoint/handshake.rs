@@ -335,7 +335,7 @@ impl<P: Provider> Endpoint<P> {
             return false;
         };
         let sndbuf_len = self.cfg.sndbuf_len;
-        let redundancy = self.redundancy.enabled;
+        let can_fail_over = lg.multi_link;
         let Some(c) = self.conn(id) else {
             return false;
         };
@@ -351,12 +351,14 @@ impl<P: Provider> Endpoint<P> {
                 peer_rmbe_len: peer_len,
                 peer_token: peer.alert_token,
             });
-            // A group that may fail over keeps a byte of the peer's RMBE
-            // free, so that after a failover the peer always gets bytes it
-            // has not seen and answers with its consumer cursor (Linux does
-            // not send again an update lost with the failed link; see
-            // `DataPath::set_failover_reserve`).
-            if redundancy {
+            // A group that has had two links can fail over: its connections
+            // keep a byte of the peer's RMBE free, so that after a failover
+            // the peer always gets bytes it has not seen and answers with its
+            // consumer cursor (Linux does not send again an update lost with
+            // the failed link; see `DataPath::set_failover_reserve`). The
+            // group's connections set up before its second link get it then
+            // (`Endpoint::group_can_fail_over`).
+            if can_fail_over {
                 dp.set_failover_reserve(FAILOVER_RESERVE);
             }
             k.dp = Some(dp);
