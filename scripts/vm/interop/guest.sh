@@ -206,6 +206,10 @@ do_run() {
     done
     if grep -q ' id=2 ev=up ' "$out"; then
       sleep "$SMCI_FAULT_DELAY"
+      # a mark in the capture of the first NIC right before the cut (the second NIC is not
+      # captured): a SYN to a closed port of the kern VM (answered RST), which the host's
+      # judge takes as the time of the cut (an upper bound of cut-to-traffic)
+      timeout 2 bash -c "exec 3<>/dev/tcp/$PEER/$SMCI_CUT_MARK_PORT" 2>/dev/null
       ip link set "$IF2" down
       echo "SMCI-FAULT case=$NAME what=linkcut dev=$IF2 rc=$? up=$(cut -d' ' -f1 /proc/uptime) rxe1=$(tr -d ' ' < /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null)"
     else
