@@ -557,6 +557,17 @@ judge() {
       f=$(grep -a '^SMCI-FAULT' <<< "$R" | head -1)
       if [ "$(kv "$f" rc)" = 0 ]; then check ok "link cut: $(cut -d' ' -f3- <<< "$f")"
       else check FAIL "link cut not applied: ${f:-no SMCI-FAULT line}"; fi
+      # the rs VM's own clock around the cut: the mark (see wire_closes), `ip link set
+      # down`, and smc-rs's events (SMC_LOG, stamped as the guest read them)
+      local mk; mk=$(kv "$f" mark_up)
+      if [ -n "$mk" ] && [ "$VM2_IMPL" = rs ]; then
+        local ev; ev=$(grep -a '^SMCI-RSEV' <<< "$R" | awk -v m="$mk" '{ u = ""; for (i = 1; i <= NF; i++) if ($i ~ /^up=/) u = substr($i, 4) + 0
+            if (u < m) next
+            if (/ link down / && down == "") down = u; if (/moved/) { mv = u; n++ } }
+          END { printf "%s %s %d", (down == "" ? "-" : sprintf("+%.0f", (down - m) * 1000)), (mv == "" ? "-" : sprintf("+%.0f", (mv - m) * 1000)), n }')
+        local edown emv en; read -r edown emv en <<< "$ev"
+        CHECKS+="    info rs VM clock, ms after the mark: ip link set down from +$(awk -v a="$(kv "$f" down_up)" -v m="$mk" 'BEGIN { printf "%.0f", (a - m) * 1000 }') to +$(awk -v a="$(kv "$f" up)" -v m="$mk" 'BEGIN { printf "%.0f", (a - m) * 1000 }'); smc-rs link down $edown, $en connection(s) moved, the last $emv"$'\n'
+      fi
       # the client's own view after the first round, before the cut
       if [ "$VM2_IMPL" = rs ]; then
         r1=$(grep -a '^SMCI-RSSTATE' <<< "$R" | grep -a ' when=round-1 ' | head -1)
