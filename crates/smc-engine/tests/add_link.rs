@@ -469,14 +469,16 @@ fn drain(w: &mut World, t: &Tcp) {
 
 /// The failover reserve (`DataPath::set_failover_reserve`: one byte of the
 /// peer's RMBE kept free, so that a Linux peer whose consumer update was
-/// lost with a failed link answers after the failover) follows the group's
-/// links, not our redundancy setting. With redundancy on, a group the peer
-/// cannot make redundant (no alternate path: the client rejects the
-/// server's ADD_LINK) stays single, and its connections may fill the whole
-/// RMBE. (The reserve used to be set whenever our redundancy was on.)
+/// lost with a failed link answers after the failover) is for groups that
+/// can fail over, not for every connection of an endpoint with redundancy
+/// on: a group whose server agreed on one link (its redundancy off) stays
+/// single, and its connections may fill the whole RMBE (the reserve used
+/// to be set whenever our redundancy was on). A group agreed on two links
+/// keeps it from its first connection, second link or not.
 #[test]
-fn a_group_that_stays_single_keeps_no_failover_reserve() {
-    let mut w = world(true, false);
+fn a_group_agreed_on_one_link_keeps_no_failover_reserve() {
+    let mut w = world(true, true);
+    w.server.set_redundancy(Redundancy::default());
     let mut t0 = smc(&mut w);
     w.settle(&mut [&mut t0], Duration::from_millis(5));
     let ls = w.server.link_group_of(t0.s).unwrap();
@@ -485,8 +487,18 @@ fn a_group_that_stays_single_keeps_no_failover_reserve() {
     assert_eq!(
         fill(&mut w, &t0),
         len,
-        "a single link group: the whole RMBE"
+        "a group agreed on one link: the whole RMBE"
     );
+    // one agreed on two keeps the reserve from its first connection on,
+    // even while (here: for good, the client has no alternate path) the
+    // second link does not come: that connection may not fill the RMBE
+    // before the second link and then fail over without the reserve
+    let mut w = world(true, false);
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(5));
+    let ls = w.server.link_group_of(t0.s).unwrap();
+    assert_eq!(w.server.link_group_type(ls), Some(LgrType::Single));
+    assert_eq!(fill(&mut w, &t0), len - 1, "two links agreed: the reserve");
 }
 
 /// A group that gets its second link after its connections were set up

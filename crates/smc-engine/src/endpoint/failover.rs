@@ -179,13 +179,11 @@ impl<P: Provider> Endpoint<P> {
     /// fail over, and its connections keep the failover reserve in the
     /// peer's RMBE (`DataPath::set_failover_reserve`: Linux does not send
     /// again a consumer update lost with the failed link, and answers a
-    /// request for it only when it reads bytes it has not seen). The group's
-    /// links decide, not our redundancy setting: with redundancy on, a group
-    /// whose peer has no second path stays single and its connections lose
-    /// no byte of the peer's RMBE; and a group turned redundant after its
-    /// connections were set up (`set_redundancy` applies to existing groups)
-    /// gets the reserve on them too. Connections still in their handshake get
-    /// it with their data path (`setup_datapath`, from `Lgr::multi_link`).
+    /// request for it only when it reads bytes it has not seen). This covers
+    /// the connections set up without it: while our redundancy was off
+    /// (`set_redundancy` applies to existing groups), or in a group agreed on
+    /// one link. Connections still in their handshake get it with their data
+    /// path (`setup_datapath`, from `Lgr::multi_link`).
     pub(super) fn group_can_fail_over(&mut self, l: LgrId) {
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return;

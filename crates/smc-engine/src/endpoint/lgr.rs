@@ -83,7 +83,7 @@ pub(super) struct Lgr<P: Provider> {
     pub(super) rr: usize,
     /// The group has had two usable links at once, so its connections can
     /// fail over: they keep the failover reserve in the peer's RMBE
-    /// ([`Endpoint::group_can_fail_over`]). Never cleared: a group that lost
+    /// (`Endpoint::group_can_fail_over`). Never cleared: a group that lost
     /// a link gets it back (the server adds it again), and a reserve set only
     /// then could come too late for an RMBE filled meanwhile.
     pub(super) multi_link: bool,
