@@ -80,6 +80,7 @@ SMCI_MAC_PREFIX=52:54:00:5c:31
 SMCI_MAC_PREFIX2=52:54:00:5c:32 # the second NICs (redund cases)
 SMCI_REDUND_FIRST=${SMCI_REDUND_FIRST:-4M}
 SMCI_REDUND_BYTES=${SMCI_REDUND_BYTES:-8M}
+SMCI_CUT_MARK_PORT=6999 # redund.*: a SYN to this closed port marks the cut in the capture
 # shellcheck source=interop/cases.sh
 . "$HERE/interop/cases.sh"
 
@@ -167,7 +168,7 @@ step_payload() {
   {
     for v in SMCI_BYTES SMCI_REUSE_BYTES SMCI_CONC_BYTES SMCI_URG_BYTES SMCI_DECLINE_BYTES SMCI_FAULT_BYTES SMCI_RS_DEVICE SMCI_RS_ENV SMCI_TESTLINK SMCI_IDLE_WAIT \
              SMCI_CASE_TIMEOUT SMCI_FAULT_DELAY SMCI_FAULT_TIMEOUT SMCI_LGR_WAIT SMCI_MAC_PREFIX SMCI_MAC_PREFIX2 \
-             SMCI_REDUND_FIRST SMCI_REDUND_BYTES; do
+             SMCI_REDUND_FIRST SMCI_REDUND_BYTES SMCI_CUT_MARK_PORT; do
       printf '%s=%q\n' "$v" "${!v}"
     done
   } > "$st/params.sh"
@@ -300,6 +301,63 @@ lines() { # (from the current attempt's first line on: FROM_K, FROM_R)
 }
 kv() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<< " $1" | head -1; } # kv LINE KEY
 
+# What the capture (first NIC: the link that survives the redund.* cut) shows of the closes
+# and the failover, from `smc-iop-pcap --list` (its lines: "+T frame N SRC:P > DST:P CLC
+# ACCEPT|CONFIRM ... token=0xT", "... SEND qp=.. psn=.. CDC seq=S token=0xT prod=W:C ...
+# ProducerFlags(..) ConnStateFlags(..)", "... LLCv2 DELETE_LINK req"). A CDC carries the
+# receiver's token; a connection's tokens come from its CLC Accept (server) and Confirm
+# (client). Prints "KEY=VALUE ..." on one line:
+#  conns, late (connections after the first FIRST, those of the cut round), cli_close /
+#  srv_close (connections whose client / server sent a CDC with peer_conn_closed or an abort,
+#  of all), late_cli_close / late_srv_close (of the late ones), late_cli_missing /
+#  late_srv_missing (their client ports), and for the failover: del_at (the last DELETE_LINK
+#  request before the first failover validation CDC, s into the capture: the first sign of
+#  the cut on the surviving link), del_from (its sender), moved (connections with a
+#  validation CDC), and per moved connection "SRVTOKEN/CLITOKEN:cli_ms/srv_ms/data_ms": its
+#  client's and its server's validation CDC, and the client's first CDC after its
+#  validation (the data flowing again), in ms after del_at (- if none); mark_at (the rs VM's
+#  SYN to port MARK sent right before it took its second NIC down), mark_to_del_ms, and
+#  cut_to_traffic_ms: from the mark to the last moved connection's client CDC after its
+#  validation (an upper bound: the mark precedes the cut by the SYN's round trip and the
+#  start of `ip link set down`).
+wire_closes() { # PCAP FIRST
+  "$PCAP_BIN" --list "$1" 2>/dev/null | awk -v first="$2" -v mark="$SMCI_CUT_MARK_PORT" '
+    function ip(a) { sub(/:[0-9]+$/, "", a); return a }
+    function tok(   i) { for (i = 1; i <= NF; i++) if ($i ~ /^token=/) return substr($i, 7); return "" }
+    function ms(t) { return t == "" ? "-" : sprintf("%.1f", (t - del) * 1000) }
+    { t = substr($1, 2); sub(/s$/, "", t); t += 0 }
+    $7 == "CLC" && $8 == "ACCEPT" { k = $6; if (!(k in sv)) order[++n] = k; sv[k] = tok(); svip = ip($4); next }
+    $7 == "CLC" && $8 == "CONFIRM" { k = $4; if (!(k in sv)) order[++n] = k; cl[k] = tok(); clip = ip($4); next }
+    $7 == "SYN" && $6 ~ (":" mark "$") && mark_at == "" { mark_at = t; next }
+    / LLCv2 DELETE_LINK req/ { lastdel = t; lastdelfrom = ip($4); next }
+    / CDC / {
+      src = ip($4); k = src "/" tok()
+      if (/peer_conn_closed|peer_conn_abort/) closed[k] = 1
+      if (/failover_validation/) {
+        if (del == "") { del = lastdel != "" ? lastdel : t; delfrom = lastdel != "" ? lastdelfrom : "none" }
+        if (!(k in val)) val[k] = t
+      } else if ((k in val) && !(k in data)) data[k] = t
+    }
+    END {
+      late = n - first; if (late < 0) late = 0
+      for (i = 1; i <= n; i++) {
+        k = order[i]; c = closed[clip "/" sv[k]]; s = closed[svip "/" cl[k]]
+        cc += c; sc += s
+        if (i > first) { lc += c; ls += s; if (!c) lcm = lcm "," k; if (!s) lsm = lsm "," k }
+        ck = clip "/" sv[k]; sk = svip "/" cl[k]
+        if (del != "" && ((ck in val) || (sk in val))) {
+          mv++; mvs = mvs "," sv[k] "/" cl[k] ":" ms(val[ck]) "/" ms(val[sk]) "/" ms(data[ck])
+          if (mark_at != "" && data[ck] != "") { d = (data[ck] - mark_at) * 1000; if (d > cut) cut = d }
+        }
+      }
+      printf "conns=%d late=%d cli_close=%d srv_close=%d late_cli_close=%d late_srv_close=%d", n, late, cc, sc, lc, ls
+      printf " late_cli_missing=%s late_srv_missing=%s", (lcm == "" ? "-" : substr(lcm, 2)), (lsm == "" ? "-" : substr(lsm, 2))
+      printf " del_at=%s del_from=%s moved=%d moved_ms=%s", (del == "" ? "-" : sprintf("%.3f", del)), (delfrom == "" ? "-" : delfrom), mv, (mvs == "" ? "-" : substr(mvs, 2))
+      printf " mark_at=%s mark_to_del_ms=%s cut_to_traffic_ms=%s\n", (mark_at == "" ? "-" : sprintf("%.3f", mark_at)), \
+        (mark_at == "" || del == "" ? "-" : sprintf("%.1f", (del - mark_at) * 1000)), (cut == "" ? "-" : sprintf("%.1f", cut))
+    }'
+}
+
 CHECKS=; CASE_FAIL=0; CASE_SKIP=
 check() { # check ok|FAIL TEXT
   CHECKS+="    $(printf '%-4s' "$1") $2"$'\n'
@@ -357,6 +415,13 @@ judge() {
   fi
   [ "$hang" = 0 ] || check FAIL "$hang connection end(s) hung (watchdog): $(grep -a 'result=hang' <<< "$ends" | head -2 | cut -c1-200)"
 
+  # (redund.*: the closes and the failover as the capture of the surviving link shows them)
+  local wc=
+  if [ "$FAULT" = linkcut ] && [ "$CAPTURE" = 1 ] && [ -s "$I/cases/$c.pcap" ]; then
+    local lastr=${ROUNDS##*,}
+    wc=$(wire_closes "$I/cases/$c.pcap" $((CONNS - ${lastr%%x*})))
+  fi
+
   if [ "$EXPECT" != fault ]; then
     local closehang=
     while read -r id b; do
@@ -379,7 +444,20 @@ judge() {
       done
     done < <(conn_bytes)
     if [ -n "$closehang" ]; then
-      skip "kernel: the server end of connection(s)$closehang received every byte but never the client's close (Linux loses the close of a connection the failover moved, kernel <-> kernel too)"
+      # Whether the client's close reached the wire of the surviving link, and the kernel
+      # server answered it with its own close (its application saw EOF and called close()),
+      # for every connection of the cut round (the capture cannot tell which token is #N)
+      local late; late=$(kv "$wc" late)
+      local hung; hung=$(grep -a '^SMCI-DMESG' <<< "$K" | grep -ao 'smc_cdc_wait_pend_tx_wr\|smc_wr_tx_wait_no_pending_sends' | sort -u | tr '\n' ' ')
+      if [ -z "$wc" ]; then
+        skip "kernel: the server end of connection(s)$closehang received every byte, its end never came (no capture to tell whether the close reached it)"
+      elif [ "$(kv "$wc" late_cli_close)" != "$late" ]; then
+        [ "$VM2_IMPL" = rs ] || skip "kernel: the server end of connection(s)$closehang received every byte, its end never came; the kernel client's close CDC is not on the surviving link for client port(s) $(kv "$wc" late_cli_missing)"
+      elif [ "$(kv "$wc" late_srv_close)" = "$late" ]; then
+        skip "kernel: the server end of connection(s)$closehang received every byte and the client's close, but its close() never returned: both closes of all $late connections of the cut round are on the wire of the surviving link, the kernel's answering the client's (its application saw EOF, then close() blocked$([ -n "$hung" ] && echo "; dmesg hung tasks in: ${hung% }"): Linux waits for the completion of sends it posted on the dead link; kernel <-> kernel too)"
+      else
+        skip "kernel: the server end of connection(s)$closehang received every byte but never answered the client's close, which is on the wire of the surviving link for all $late connections of the cut round (kernel server closes: $(kv "$wc" late_srv_close)/$late)"
+      fi
     fi
     if [ -z "$bad" ]; then
       check ok "$CONNS/$CONNS connections intact both ways (SHA-256 of what each end received = of what the other sent$([ -n "$closehang" ] && echo "; the kernel server ends of$closehang: byte counts, their end never came"), closes: $CLOSE"
@@ -479,6 +557,17 @@ judge() {
       f=$(grep -a '^SMCI-FAULT' <<< "$R" | head -1)
       if [ "$(kv "$f" rc)" = 0 ]; then check ok "link cut: $(cut -d' ' -f3- <<< "$f")"
       else check FAIL "link cut not applied: ${f:-no SMCI-FAULT line}"; fi
+      # the rs VM's own clock around the cut: the mark (see wire_closes), `ip link set
+      # down`, and smc-rs's events (SMC_LOG, stamped as the guest read them)
+      local mk; mk=$(kv "$f" mark_up)
+      if [ -n "$mk" ] && [ "$VM2_IMPL" = rs ]; then
+        local ev; ev=$(grep -a '^SMCI-RSEV' <<< "$R" | awk -v m="$mk" '{ u = ""; for (i = 1; i <= NF; i++) if ($i ~ /^up=/) u = substr($i, 4) + 0
+            if (u < m) next
+            if (/ link down / && down == "") down = u; if (/moved/) { mv = u; n++ } }
+          END { printf "%s %s %d", (down == "" ? "-" : sprintf("+%.0f", (down - m) * 1000)), (mv == "" ? "-" : sprintf("+%.0f", (mv - m) * 1000)), n }')
+        local edown emv en; read -r edown emv en <<< "$ev"
+        CHECKS+="    info rs VM clock, ms after the mark: ip link set down from +$(awk -v a="$(kv "$f" down_up)" -v m="$mk" 'BEGIN { printf "%.0f", (a - m) * 1000 }') to +$(awk -v a="$(kv "$f" up)" -v m="$mk" 'BEGIN { printf "%.0f", (a - m) * 1000 }'); smc-rs link down $edown, $en connection(s) moved, the last $emv"$'\n'
+      fi
       # the client's own view after the first round, before the cut
       if [ "$VM2_IMPL" = rs ]; then
         r1=$(grep -a '^SMCI-RSSTATE' <<< "$R" | grep -a ' when=round-1 ' | head -1)
@@ -609,6 +698,22 @@ judge() {
     if [ "$FAULT" = linkcut ]; then
       # (the capture sees the first NIC only: the second link's traffic is not in it)
       CHECKS+="    info wire (first NIC): $(cut -d' ' -f3- <<< "$w" | cut -c1-300)"$'\n'
+      if [ -n "$wc" ]; then
+        # every connection of the cut round ends on the surviving link: a close of smc-rs's
+        # that is not on its wire was lost (or never sent), whatever the kernel end reports
+        if [ "$VM2_IMPL" = rs ]; then
+          local late; late=$(kv "$wc" late)
+          if [ "$(kv "$wc" late_cli_close)" = "$late" ]; then
+            check ok "wire: smc-rs's close CDC of all $late connections of the cut round on the surviving link (the kernel's: $(kv "$wc" late_srv_close)/$late)"
+          else
+            check FAIL "wire: smc-rs's close CDC missing on the surviving link for client port(s) $(kv "$wc" late_cli_missing) ($(kv "$wc" late_cli_close)/$late; $I/cases/$c.pcap)"
+          fi
+        fi
+        # the failover as the surviving link shows it (the cut itself is on the other NIC):
+        # from the first DELETE_LINK request to each moved connection's validation CDCs and
+        # its client's next CDC
+        CHECKS+="    info failover on the wire (first NIC): cut mark (rs VM's SYN) to the moved connections' traffic: $(kv "$wc" cut_to_traffic_ms) ms at most (mark to the first DELETE_LINK req, from $(kv "$wc" del_from): $(kv "$wc" mark_to_del_ms) ms); $(kv "$wc" moved) moved connection(s), SRVTOKEN/CLITOKEN:client validation/server validation/client's next CDC in ms after the DELETE_LINK: $(kv "$wc" moved_ms)"$'\n'
+      fi
     elif ! grep -q '^SMCI-WIRE' <<< "$w"; then check FAIL "capture: $w"
     else
       local wbad=

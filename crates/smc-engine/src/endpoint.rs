@@ -59,8 +59,9 @@
 //!   The receiving side drops stale seqnos and aborts a connection whose
 //!   validation shows loss (§2.4). A consumer-cursor update the peer sent on
 //!   the dead link is lost for good with Linux (it counts it as told when it
-//!   posts it), so with redundancy on a connection keeps one byte of the
-//!   peer's RMB unwritten, and after a rewind it writes it with
+//!   posts it), so in a group that has had two links, or expects a second
+//!   (redundancy on, two agreed), a connection keeps one byte of the peer's
+//!   RMB unwritten, and after a rewind it writes it with
 //!   `cons_curs_upd_req` on its CDCs until the peer's cursor moves
 //!   ([`DataPath::set_failover_reserve`]).
 //!

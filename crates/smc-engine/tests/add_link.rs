@@ -437,3 +437,106 @@ fn a_v2_group_keeps_the_peers_host_os_and_the_eid() {
         assert_eq!(ds.eid, eid);
     }
 }
+
+/// The client writes until the server's RMBE is full by its count (the
+/// server reads nothing): how much of that RMBE the client then counts as
+/// written and not yet consumed (its producer cursor less the server's
+/// last consumer cursor; the server may have read more without telling).
+fn fill(w: &mut World, t: &Tcp) -> usize {
+    let chunk = [0x5a_u8; 8192];
+    for _ in 0..2000 {
+        w.client.write(t.c, &chunk).unwrap();
+        w.tick();
+    }
+    let d = w.client.conn_diag(t.c).unwrap();
+    let c = d.cursors.unwrap();
+    let (prod, cons) = (c.tx_prod, c.rx_cons);
+    let wraps = usize::from(prod.wrap.wrapping_sub(cons.wrap));
+    wraps * d.peer_rmbe_len + prod.count as usize - cons.count as usize
+}
+
+/// The server reads until the client has nothing left to send.
+fn drain(w: &mut World, t: &Tcp) {
+    for _ in 0..20_000 {
+        let got = w.server.read(t.s, 1 << 20).unwrap();
+        if got.is_empty() && w.client.unacked(t.c) == 0 {
+            return;
+        }
+        w.tick();
+    }
+    panic!("the client's data did not drain");
+}
+
+/// The failover reserve (`DataPath::set_failover_reserve`: one byte of the
+/// peer's RMBE kept free, so that a Linux peer whose consumer update was
+/// lost with a failed link answers after the failover) is for groups that
+/// can fail over, not for every connection of an endpoint with redundancy
+/// on: a group whose server agreed on one link (its redundancy off) stays
+/// single, and its connections may fill the whole RMBE (the reserve used
+/// to be set whenever our redundancy was on). A group agreed on two links
+/// keeps it from its first connection, second link or not.
+#[test]
+fn a_group_agreed_on_one_link_keeps_no_failover_reserve() {
+    let mut w = world(true, true);
+    w.server.set_redundancy(Redundancy::default());
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(5));
+    let ls = w.server.link_group_of(t0.s).unwrap();
+    assert_eq!(w.server.link_group_type(ls), Some(LgrType::Single));
+    let len = w.client.conn_diag(t0.c).unwrap().peer_rmbe_len;
+    assert_eq!(
+        fill(&mut w, &t0),
+        len,
+        "a group agreed on one link: the whole RMBE"
+    );
+    // one agreed on two keeps the reserve from its first connection on,
+    // even while (here: for good, the client has no alternate path) the
+    // second link does not come: that connection may not fill the RMBE
+    // before the second link and then fail over without the reserve
+    let mut w = world(true, false);
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(5));
+    let ls = w.server.link_group_of(t0.s).unwrap();
+    assert_eq!(w.server.link_group_type(ls), Some(LgrType::Single));
+    assert_eq!(fill(&mut w, &t0), len - 1, "two links agreed: the reserve");
+}
+
+/// A group that gets its second link after its connections were set up
+/// (here: our redundancy turned on for existing groups, `set_redundancy`,
+/// and the server's retried ADD_LINK accepted) gives them the failover
+/// reserve then, and new connections of the group get it from the start;
+/// a failover then still moves every byte. (The reserve used to be decided
+/// once, at setup, by our redundancy setting: the connection kept filling
+/// the peer's whole RMBE in its two-link group.)
+#[test]
+fn a_group_grown_to_two_links_gives_its_connections_the_failover_reserve() {
+    let mut w = world(true, true);
+    w.client.set_redundancy(Redundancy::default());
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(5));
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    assert_eq!(w.client.usable_links(lc).len(), 1, "the ADD_LINK rejected");
+    let len = w.client.conn_diag(t0.c).unwrap().peer_rmbe_len;
+    assert_eq!(fill(&mut w, &t0), len);
+    w.client.set_redundancy(Redundancy {
+        enabled: true,
+        alternate: true,
+    });
+    // the server tries again after its LLC wait time (2 s)
+    w.settle(&mut [&mut t0], Duration::from_millis(2500));
+    assert_eq!(w.client.usable_links(lc).len(), 2, "the retried ADD_LINK");
+    drain(&mut w, &t0);
+    assert_eq!(
+        fill(&mut w, &t0),
+        len - 1,
+        "a group with two links: one byte of the RMBE kept free"
+    );
+    let t1 = smc(&mut w);
+    assert_eq!(fill(&mut w, &t1), len - 1, "so do its new connections");
+    // the failover still moves every byte
+    drain(&mut w, &t0);
+    drain(&mut w, &t1);
+    let slot = w.client.link_of(t0.c).unwrap();
+    w.fabric.fail_qp(w.client.link_qp_num(lc, slot).unwrap());
+    streams(&mut w, &[&t0, &t1], 100_000, |_, _| {});
+}

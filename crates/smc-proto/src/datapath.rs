@@ -384,9 +384,10 @@ impl DataPath {
     }
 
     /// Keeps `bytes` of the peer's RMBE unwritten in normal operation, for a
-    /// connection that may fail over to another link (a group with
-    /// redundancy). Why: Linux marks its consumer cursor as told the moment
-    /// it posts the CDC (smc_cdc.c `smc_cdc_msg_send`: `rx_curs_confirmed`),
+    /// connection that may fail over to another link (a group that has, had
+    /// or expects two links; it may be set at any time, it only lowers what
+    /// may be written from then on). Why: Linux marks its consumer cursor as told
+    /// the moment it posts the CDC (smc_cdc.c `smc_cdc_msg_send`: `rx_curs_confirmed`),
     /// so a consumer update lost with a failed link is never sent again; its
     /// `smc_switch_cursor` (smc_core.c) rewinds only its own sending; and a
     /// CDC that asks for the cursor (`cons_curs_upd_req`) only makes it call

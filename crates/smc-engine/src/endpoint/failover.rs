@@ -15,6 +15,7 @@ use super::events::AbortCause;
 use super::{ConnId, Endpoint, LgrId, Result};
 use crate::state::{LgrAction, LgrEvent};
 use smc_proto::close::{CloseEvent, CloseFlags};
+use smc_proto::datapath::FAILOVER_RESERVE;
 use smc_proto::Timestamp;
 use smc_rdma::Provider;
 
@@ -170,5 +171,32 @@ impl<P: Provider> Endpoint<P> {
             }
         }
         usable
+    }
+}
+
+impl<P: Provider> Endpoint<P> {
+    /// A link of group `l` became usable: once the group has two, it can
+    /// fail over, and its connections keep the failover reserve in the
+    /// peer's RMBE (`DataPath::set_failover_reserve`: Linux does not send
+    /// again a consumer update lost with the failed link, and answers a
+    /// request for it only when it reads bytes it has not seen). This covers
+    /// the connections set up without it: while our redundancy was off
+    /// (`set_redundancy` applies to existing groups), or in a group agreed on
+    /// one link. Connections still in their handshake get it with their data
+    /// path (`setup_datapath`, from `Lgr::multi_link`).
+    pub(super) fn group_can_fail_over(&mut self, l: LgrId) {
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return;
+        };
+        if lg.multi_link || lg.group.usable_links() < 2 {
+            return;
+        }
+        lg.multi_link = true;
+        let ids: Vec<ConnId> = lg.tokens.values().copied().collect();
+        for id in ids {
+            if let Some(dp) = self.core(id).as_mut().and_then(|k| k.dp.as_mut()) {
+                dp.set_failover_reserve(FAILOVER_RESERVE);
+            }
+        }
     }
 }

@@ -335,7 +335,8 @@ impl<P: Provider> Endpoint<P> {
             return false;
         };
         let sndbuf_len = self.cfg.sndbuf_len;
-        let redundancy = self.redundancy.enabled;
+        let can_fail_over =
+            lg.multi_link || (self.redundancy.enabled && lg.group.config().max_links > 1);
         let Some(c) = self.conn(id) else {
             return false;
         };
@@ -351,12 +352,19 @@ impl<P: Provider> Endpoint<P> {
                 peer_rmbe_len: peer_len,
                 peer_token: peer.alert_token,
             });
-            // A group that may fail over keeps a byte of the peer's RMBE
-            // free, so that after a failover the peer always gets bytes it
-            // has not seen and answers with its consumer cursor (Linux does
-            // not send again an update lost with the failed link; see
-            // `DataPath::set_failover_reserve`).
-            if redundancy {
+            // A group that can fail over keeps a byte of the peer's RMBE
+            // free on each connection, so that after a failover the peer
+            // always gets bytes it has not seen and answers with its consumer
+            // cursor (Linux does not send again an update lost with the
+            // failed link; see `DataPath::set_failover_reserve`). That is a
+            // group that has had two links, and one that expects a second
+            // (redundancy on, two links agreed): its first connections may
+            // fill the peer's RMBE before the second link comes, and a
+            // reserve set only then would leave them without one until the
+            // peer's next consumer update. A group agreed on one link costs
+            // nothing; if it gets a second one all the same, its connections
+            // get the reserve then (`Endpoint::group_can_fail_over`).
+            if can_fail_over {
                 dp.set_failover_reserve(FAILOVER_RESERVE);
             }
             k.dp = Some(dp);

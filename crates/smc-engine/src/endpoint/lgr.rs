@@ -81,6 +81,12 @@ pub(super) struct Lgr<P: Provider> {
     pub(super) known_rkeys: std::collections::HashSet<u32>,
     pub(super) idle_since: Option<Timestamp>,
     pub(super) rr: usize,
+    /// The group has had two usable links at once, so its connections can
+    /// fail over: they keep the failover reserve in the peer's RMBE
+    /// (`Endpoint::group_can_fail_over`). Never cleared: a group that lost
+    /// a link gets it back (the server adds it again), and a reserve set only
+    /// then could come too late for an RMBE filled meanwhile.
+    pub(super) multi_link: bool,
 }
 
 /// Where the peer's RMBE is: the row of its RMB in the link group's rtoken table
@@ -162,6 +168,7 @@ impl<P: Provider> Endpoint<P> {
             known_rkeys: std::collections::HashSet::new(),
             idle_since: None,
             rr: 0,
+            multi_link: false,
         };
         Ok(match self.lgrs.iter().position(Option::is_none) {
             Some(i) => {

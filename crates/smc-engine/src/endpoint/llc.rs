@@ -185,6 +185,7 @@ impl<P: Provider> Endpoint<P> {
                 }
                 LgrOutput::LinkActive { slot } => {
                     self.event_link_up(l, slot);
+                    self.group_can_fail_over(l);
                     if self.lgr_step(l, LgrEvent::LinkActive) == LgrAction::Nothing {
                         // (a further link: the first's connections wait for
                         // it, `EstablishWaiting`)
