@@ -1132,9 +1132,69 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: destroyed once; the PD and CQs outlive it (Arcs).
+        let d = QpDestroy {
+            lib: self.lib,
+            qp: self.qp,
+            _pd: self._pd.clone(),
+            _cqs: self._cqs.clone(),
+        };
+        // Not on the caller's path: the engine drops a failed link's QP
+        // under its device lock, and Soft-RoCE's destroy can wait for the
+        // QP's last references, e.g. packets still queued on a netdev that
+        // went down (rxe_verbs.c `rxe_destroy_qp`, rxe_pool.c
+        // `__rxe_cleanup`, with a timeout of its own), and with it every
+        // connection of the device would wait. Linux takes a link down
+        // from a worker too (smc_core.c `smcr_link_down_cond_sched`).
+        match reaper() {
+            Some(tx) => {
+                let tx = tx.lock().unwrap_or_else(|e| e.into_inner());
+                if let Err(std::sync::mpsc::SendError(d)) = tx.send(d) {
+                    d.run();
+                }
+            }
+            None => d.run(),
+        }
+    }
+}
+
+/// A QP to destroy, with the PD and CQs it needs alive until then.
+struct QpDestroy {
+    lib: &'static Lib,
+    qp: *mut ibv_qp,
+    _pd: Arc<Pd>,
+    _cqs: [Arc<Cq>; 2],
+}
+// SAFETY: verbs objects are thread safe; the QP is no longer used by
+// anyone but this value's owner.
+unsafe impl Send for QpDestroy {}
+
+impl QpDestroy {
+    fn run(self) {
+        // SAFETY: destroyed once (its `Qp` is gone); the PD and CQs outlive
+        // it (the Arcs, dropped after this call).
         unsafe { (self.lib.destroy_qp)(self.qp) };
     }
+}
+
+/// The thread that destroys QPs (started at the first destroy; `None` if
+/// it cannot start: then the caller destroys).
+fn reaper() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<QpDestroy>>> {
+    static REAPER: OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<QpDestroy>>>> =
+        OnceLock::new();
+    REAPER
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<QpDestroy>();
+            std::thread::Builder::new()
+                .name("smc-verbs-reap".into())
+                .spawn(move || {
+                    for d in rx {
+                        d.run();
+                    }
+                })
+                .ok()
+                .map(|_| std::sync::Mutex::new(tx))
+        })
+        .as_ref()
 }
 
 /// Waits up to `timeout_ms` for `fd` to become readable.
