@@ -9,15 +9,12 @@
 //! (`smc_wr_rx_tasklet_fn`), smc_cdc.c (`smc_cdc_rx_handler`,
 //! `smc_cdc_msg_recv`).
 
-use super::cdc_send::POLL_BATCH;
 use super::conn::Phase;
 use super::conn_core::{lock, CdcDone};
 use super::link::RECV_SLOT_LEN;
 use super::{ConnId, Endpoint, LgrId, Result};
 use smc_proto::Timestamp;
-use smc_rdma::{
-    CompletionQueue, MemoryRegion, Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
-};
+use smc_rdma::{Provider, WcStatus};
 use smc_wire::cdc::CdcMessage;
 use smc_wire::WrMessage;
 
@@ -27,64 +24,42 @@ pub(super) const EARLY_CDC_MAX: usize = 64;
 impl<P: Provider> Endpoint<P> {
     /// Receive completions of link `slot`: LLC to the link group (as arrived on
     /// that link), CDCs to the connection of their token, whatever link they
-    /// came on (§9).
+    /// came on (§9). Polled under the link's receive lock (`LinkRx`), held
+    /// for the whole poll, so that what the CQ gives is handled in its order.
     pub(super) fn poll_recv(&mut self, l: LgrId, slot: usize, now: Timestamp) -> Result<()> {
-        // one receive buffer's bytes (a CDC or LLC message), copied out before
-        // the buffer is posted again
-        let mut msg = std::mem::take(&mut self.scratch_msg);
-        msg.resize(RECV_SLOT_LEN, 0);
-        let mut wcs = std::mem::take(&mut self.scratch_wcs);
-        wcs.resize(POLL_BATCH, WorkCompletion::default());
-        let r = self.poll_recv_with(l, slot, now, &mut msg, &mut wcs);
-        self.scratch_msg = msg;
-        self.scratch_wcs = wcs;
-        r
-    }
-
-    fn poll_recv_with(
-        &mut self,
-        l: LgrId,
-        slot: usize,
-        now: Timestamp,
-        msg: &mut [u8],
-        wcs: &mut [WorkCompletion],
-    ) -> Result<()> {
+        let Some(rx) = self
+            .lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .and_then(|lg| lg.links.get(slot))
+            .and_then(Option::as_ref)
+            .map(|res| res.rx.clone())
+        else {
+            return Ok(());
+        };
+        let mut book = rx.book();
         loop {
-            let Some(res) = self
-                .lgrs
-                .get_mut(l)
-                .and_then(Option::as_mut)
-                .and_then(|lg| lg.links.get_mut(slot))
-                .and_then(Option::as_mut)
-            else {
-                return Ok(());
-            };
-            let n = res.rcq.poll(wcs)?;
+            let n = rx.poll(&mut book)?;
             self.completions += n as u64;
-            for wc in wcs.iter().take(n) {
+            for i in 0..n {
+                let wc = book.wcs[i];
                 let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                     return Ok(());
                 };
-                let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
+                if lg.links.get(slot).and_then(Option::as_ref).is_none() {
                     return Ok(());
-                };
+                }
                 if wc.status != WcStatus::Success {
                     if wc.status != WcStatus::WrFlushError {
                         lg.group.on_link_failure(slot);
                     }
                     continue;
                 }
-                let at = wc.wr_id as usize * RECV_SLOT_LEN;
-                let buf = &mut msg[..(wc.byte_len as usize).min(RECV_SLOT_LEN)];
-                res.recv.read_at(at, buf)?;
-                let reposted = res.recv.sge(at, RECV_SLOT_LEN as u32).and_then(|sge| {
-                    res.qp.post_recv(&RecvWr {
-                        wr_id: wc.wr_id,
-                        sges: &[sge],
-                    })
-                });
+                let (read, reposted) = rx.take(&mut book, wc.wr_id, wc.byte_len);
+                read?;
                 lg.group.on_rx_activity(slot, now);
-                match WrMessage::decode(buf) {
+                let len = (wc.byte_len as usize).min(RECV_SLOT_LEN);
+                match WrMessage::decode(&book.msg[..len]) {
                     Ok(WrMessage::Llc(m)) => {
                         self.llc_received += 1;
                         lg.group.on_llc(slot, m, now);
@@ -95,15 +70,15 @@ impl<P: Provider> Endpoint<P> {
                         self.cdc_received += 1;
                         // The CDC carries the receiver's alert token (§2.1),
                         // of a connection of this link's group.
-                        match self.by_token.get(&c.token).filter(|e| e.lgr == l) {
-                            Some(e) => {
-                                let id = e.id;
-                                let done = {
-                                    let mut k = lock(&e.core);
-                                    k.dp.is_some().then(|| k.on_cdc(&c))
-                                };
-                                self.cdc_done(id, &c, done);
-                            }
+                        let found = {
+                            let table = self.by_token.read();
+                            table.get(&c.token).filter(|e| e.lgr == l).map(|e| {
+                                let mut k = lock(&e.core);
+                                (e.id, k.dp.is_some().then(|| k.on_cdc(&c)))
+                            })
+                        };
+                        match found {
+                            Some((id, done)) => self.cdc_done(id, &c, done),
                             None => lg.group.dropped += 1,
                         }
                     }
@@ -113,7 +88,7 @@ impl<P: Provider> Endpoint<P> {
                     self.link_error(l, slot, e)?;
                 }
             }
-            if n < wcs.len() {
+            if n < book.wcs.len() {
                 return Ok(());
             }
         }

@@ -893,5 +893,33 @@ impl std::hash::Hasher for TokenHasher {
 }
 
 /// The endpoint's connections by alert token.
-pub(super) type TokenTable<P> =
+pub(super) type TokenMap<P> =
     std::collections::HashMap<u32, TokenEntry<P>, std::hash::BuildHasherDefault<TokenHasher>>;
+
+/// The token table as the endpoint and its links' receive dispatch share it
+/// (docs/FAST-PATH.md, step 4): written by the endpoint only, when a
+/// connection joins or leaves a link group (`Endpoint::attach`,
+/// `Endpoint::detach`), read by whoever applies a received CDC, with or
+/// without the device lock.
+pub(super) struct TokenTable<P: Provider>(std::sync::RwLock<TokenMap<P>>);
+
+impl<P: Provider> Default for TokenTable<P> {
+    fn default() -> Self {
+        TokenTable(std::sync::RwLock::new(TokenMap::default()))
+    }
+}
+
+impl<P: Provider> TokenTable<P> {
+    /// The table for lookups. A panic while it was written cannot have left
+    /// a half-inserted entry (a `HashMap` insert or remove either happened
+    /// or did not): it is used as it is.
+    #[inline]
+    pub(super) fn read(&self) -> std::sync::RwLockReadGuard<'_, TokenMap<P>> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The table for the endpoint's changes.
+    pub(super) fn write(&self) -> std::sync::RwLockWriteGuard<'_, TokenMap<P>> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}

@@ -92,11 +92,12 @@ impl SendSlot {
 /// One link's provider objects and send bookkeeping.
 pub(super) struct LinkRes<P: Provider> {
     pub scq: P::Cq,
-    pub rcq: P::Cq,
-    /// The QP (shared with [`LinkTx`]: posting takes `&self`, providers
-    /// synchronize it internally).
+    /// The QP (shared with [`LinkTx`] and [`LinkRx`]: posting takes `&self`,
+    /// providers synchronize it internally).
     pub qp: Arc<P::Qp>,
-    pub recv: P::Mr,
+    /// The receive side: its CQ, the receive buffers and their re-posting,
+    /// behind a lock of the link's own.
+    pub rx: Arc<LinkRx<P>>,
     /// Our initial send PSN.
     pub psn: u32,
     /// The peer's end, once known.
@@ -133,6 +134,71 @@ pub(super) struct LinkTx<P: Provider> {
     /// Set when a fast post failed ([`TxBook::broken`]): the endpoint's next
     /// pump looks.
     attention: AtomicBool,
+}
+
+/// A link's receive side (docs/FAST-PATH.md, step 4): the receive CQ, the
+/// registered receive buffers and the QP they are posted to again, polled
+/// under a lock of the link's own ([`Self::book`]) so that one poller at a
+/// time takes completions, copies their buffers out and re-posts them, in
+/// the CQ's order (the LLC and CDC order of the link, §4.2), whether it
+/// holds the device lock or not.
+pub(super) struct LinkRx<P: Provider> {
+    qp: Arc<P::Qp>,
+    recv: P::Mr,
+    /// The receive CQ. Arming it and looking whether it may have work need
+    /// no lock (`CompletionQueue` takes `&self`); polling it does.
+    pub cq: P::Cq,
+    book: Mutex<RxBook>,
+}
+
+/// What a link's receive poller keeps under [`LinkRx`]'s lock: the buffers
+/// a poll fills, kept so that a poll does not initialize them each time.
+#[derive(Default)]
+pub(super) struct RxBook {
+    /// One receive buffer's bytes (a CDC or LLC message), copied out before
+    /// the buffer is posted again.
+    pub msg: Vec<u8>,
+    /// The completions of one poll.
+    pub wcs: Vec<smc_rdma::WorkCompletion>,
+}
+
+impl<P: Provider> LinkRx<P> {
+    /// The link's receive side, locked for a poll (a panic while it was
+    /// held leaves at worst a receive buffer not posted again, which the
+    /// link survives with one buffer fewer: it is used as it is).
+    #[inline]
+    pub fn book(&self) -> MutexGuard<'_, RxBook> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Polls the receive CQ into `book.wcs` (the caller holds `book`).
+    #[inline]
+    pub fn poll(&self, book: &mut RxBook) -> Result<usize> {
+        if book.wcs.len() != super::cdc_send::POLL_BATCH {
+            book.wcs
+                .resize(super::cdc_send::POLL_BATCH, smc_rdma::WorkCompletion::default());
+        }
+        self.cq.poll(&mut book.wcs)
+    }
+
+    /// Copies the message of receive completion `wr_id` (`len` bytes) into
+    /// `book.msg` and posts its buffer again (the caller holds `book`): the
+    /// copy's result, then the re-post's.
+    pub fn take(&self, book: &mut RxBook, wr_id: u64, len: u32) -> (Result<()>, Result<()>) {
+        if book.msg.len() != RECV_SLOT_LEN {
+            book.msg.resize(RECV_SLOT_LEN, 0);
+        }
+        let at = wr_id as usize * RECV_SLOT_LEN;
+        let n = (len as usize).min(RECV_SLOT_LEN);
+        let read = self.recv.read_at(at, &mut book.msg[..n]);
+        let reposted = self.recv.sge(at, RECV_SLOT_LEN as u32).and_then(|sge| {
+            self.qp.post_recv(&RecvWr {
+                wr_id,
+                sges: &[sge],
+            })
+        });
+        (read, reposted)
+    }
 }
 
 /// The send bookkeeping of a link (see [`LinkTx`]).
@@ -229,11 +295,16 @@ impl<P: Provider> LinkRes<P> {
             }),
             attention: AtomicBool::new(false),
         });
+        let rx = Arc::new(LinkRx {
+            qp: qp.clone(),
+            recv,
+            cq: rcq,
+            book: Mutex::new(RxBook::default()),
+        });
         Ok(LinkRes {
             scq,
-            rcq,
             qp,
-            recv,
+            rx,
             psn,
             peer_gid: Gid::ZERO,
             peer_qpn: 0,
@@ -376,7 +447,7 @@ impl<P: Provider> LinkRes<P> {
         if send {
             self.arm_send()?;
         }
-        self.rcq.req_notify()
+        self.rx.cq.req_notify()
     }
 
     /// Asks the send CQ to signal the endpoint's channel at its next completion.

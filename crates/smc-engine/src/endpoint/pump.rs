@@ -309,7 +309,7 @@ impl<P: Provider> Endpoint<P> {
                 .links
                 .iter()
                 .flatten()
-                .all(|r| r.connected && !r.scq.may_have_work() && !r.rcq.may_have_work())
+                .all(|r| r.connected && !r.scq.may_have_work() && !r.rx.cq.may_have_work())
     }
 
     /// Whether a connection of group `l` is marked to send (`mark_tx`).
@@ -415,7 +415,7 @@ impl<P: Provider> Endpoint<P> {
             lg.links
                 .iter()
                 .flatten()
-                .any(|r| r.scq.may_have_work() || r.rcq.may_have_work())
+                .any(|r| r.scq.may_have_work() || r.rx.cq.may_have_work())
         })
     }
 }
