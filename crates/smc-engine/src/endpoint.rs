@@ -264,6 +264,10 @@ pub struct Endpoint<P: Provider> {
     llc_received: u64,
     cdc_sent: u64,
     cdc_received: u64,
+    /// Of those, CDCs that a reader's dispatch without the device lock
+    /// applied (`cdc_recv::dispatch`), as far as a poll of the endpoint's
+    /// has counted them.
+    cdc_dispatched: u64,
     /// The port's active MTU, for the CLC messages of every connection:
     /// querying the port reads the interface (netlink, ioctl) and would cost
     /// more than the rest of a handshake. Read again at each port event.
@@ -347,6 +351,7 @@ impl<P: Provider> Endpoint<P> {
             llc_received: 0,
             cdc_sent: 0,
             cdc_received: 0,
+            cdc_dispatched: 0,
             port_mtu,
             max_inline,
             lgrs: Vec::new(),

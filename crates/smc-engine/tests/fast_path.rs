@@ -9,7 +9,7 @@
 //! with the consumer-cursor updates they post themselves. Spec:
 //! `protocol-llc-cdc.md` §3.2, §3.4, §7.
 
-use smc_engine::endpoint::{ConnStatus, EndpointConfig, FastRead, FastWrite, LgrId};
+use smc_engine::endpoint::{ConnStatus, EndpointConfig, EngineEvent, FastRead, FastWrite, LgrId};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -405,4 +405,101 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
         cdcs[FAILED_OVER] > 0,
         "fast cursor updates again on the new link: {cdcs:?}"
     );
+    // a reader that found nothing took CDCs from the receive CQ itself,
+    // racing the driving thread's pumps
+    let dispatched = g.server.cdc_dispatched();
+    eprintln!("CDCs the reader's dispatch applied: {dispatched}");
+    assert!(dispatched > 0, "no receive dispatch by the reader");
+}
+
+/// Delivers what the client posted into the server's receive CQ, without a
+/// pump of the server's.
+fn deliver_to_server(w: &mut World) {
+    let now = w.now;
+    w.client.pump(now).unwrap();
+    w.fabric.advance(Duration::from_micros(20));
+    w.now += Duration::from_micros(20);
+}
+
+/// A server connection that holds the fast path's grant (the endpoint's own
+/// direct write gave it), with the byte that write sent read by the client.
+fn granted(w: &mut World, t: &Tcp) {
+    assert_eq!(w.server.write(t.s, &[0xee]).unwrap(), 1);
+    for _ in 0..5 {
+        w.tick();
+    }
+    assert_eq!(w.client.read(t.c, 16).unwrap(), [0xee]);
+}
+
+/// A reader that finds nothing takes its CDC from its link's receive CQ
+/// itself, without the endpoint (`cdc_recv::dispatch`), and reads at once;
+/// the endpoint's next pump counts what it applied and finds nothing more.
+#[test]
+fn a_reader_that_finds_nothing_takes_its_cdc_from_the_receive_cq_itself() {
+    let mut w = World::with_seed(17, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    granted(&mut w, &t);
+    let h = w.server.fast_conn(t.s).unwrap();
+    let mut buf = [0u8; 256];
+    assert_eq!(h.try_read(&mut buf), FastRead::Declined, "nothing sent yet");
+    let received = w.server.msg_counts().cdc_received;
+    for round in 0..3u8 {
+        let msg = [round; 64];
+        assert_eq!(w.client.write(t.c, &msg).unwrap(), 64);
+        deliver_to_server(&mut w);
+        match h.try_read(&mut buf) {
+            FastRead::Read { n, .. } => assert_eq!(&buf[..n], &msg[..], "round {round}"),
+            other => panic!("round {round}: the CDC in the receive CQ was not taken: {other:?}"),
+        }
+    }
+    // (counted by the endpoint's next poll of the link)
+    let now = w.now;
+    w.server.pump(now).unwrap();
+    assert_eq!(w.server.cdc_dispatched(), 3);
+    assert_eq!(w.server.msg_counts().cdc_received, received + 3);
+    assert!(w.server.read(t.s, 1 << 10).unwrap().is_empty());
+    assert!(w.server.violation(t.s).is_none());
+}
+
+/// What a dispatch without the endpoint leaves for the endpoint (here: a
+/// peer's abort of another connection, which the endpoint must report)
+/// keeps the link's order: a CDC behind it waits for the endpoint's poll
+/// too, which then takes both in the order they came.
+#[test]
+fn a_cdc_behind_what_the_dispatch_left_waits_for_the_endpoint() {
+    let mut w = World::with_seed(19, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    let mut t2 = w.open();
+    w.settle(&mut [&mut t2], Duration::from_millis(2));
+    assert_eq!(w.server.status(t2.s), Some(ConnStatus::Smc));
+    assert_eq!(w.server.link_group_of(t.s), w.server.link_group_of(t2.s));
+    granted(&mut w, &t);
+    let h = w.server.fast_conn(t.s).unwrap();
+    // the client aborts the second connection (unread data), then writes
+    // on the first: two CDCs in the server's receive CQ, in that order
+    assert_eq!(w.server.write(t2.s, &[1]).unwrap(), 1);
+    for _ in 0..5 {
+        w.tick();
+    }
+    w.client
+        .close(t2.c, smc_proto::close::CloseEvent::AppClose { unread_data: true });
+    // (the abort CDC goes out at the client's pump, before the write's)
+    let now = w.now;
+    w.client.pump(now).unwrap();
+    assert_eq!(w.client.write(t.c, &[7; 64]).unwrap(), 64);
+    deliver_to_server(&mut w);
+    let mut buf = [0u8; 256];
+    assert_eq!(
+        h.try_read(&mut buf),
+        FastRead::Declined,
+        "the CDC behind the abort is the endpoint's to apply"
+    );
+    let now = w.now;
+    w.server.pump(now).unwrap();
+    assert_eq!(w.server.cdc_dispatched(), 1, "the abort's CDC");
+    let s2 = t2.s;
+    let aborted = std::iter::from_fn(|| w.server.poll_event())
+        .any(|e| matches!(e, EngineEvent::ConnAborted { conn, .. } if conn == s2));
+    assert!(aborted, "the endpoint reports the abort the dispatch applied");
+    assert_eq!(w.server.read(t.s, 1 << 10).unwrap(), [7; 64]);
 }

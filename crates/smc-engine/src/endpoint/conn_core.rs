@@ -97,6 +97,12 @@ pub(super) struct ConnCore<P: Provider> {
 /// side is open (`TxBook::open`).
 pub(super) struct FastTx<P: Provider> {
     pub(super) tx: Arc<LinkTx<P>>,
+    /// The link's receive side, group and the endpoint's token table: a
+    /// reader that finds nothing polls the link's receive CQ itself
+    /// ([`FastConn::try_read`], `cdc_recv::dispatch`).
+    pub(super) rx: Arc<super::link::LinkRx<P>>,
+    pub(super) lgr: super::LgrId,
+    pub(super) tokens: Arc<TokenTable<P>>,
     pub(super) id: ConnId,
     pub(super) slot: usize,
     pub(super) epoch: u64,
@@ -106,6 +112,13 @@ pub(super) struct FastTx<P: Provider> {
     /// Largest write the device takes inline.
     pub(super) max_inline: usize,
 }
+
+/// What [`FastConn::try_read`] dispatches a link's receive CQ with.
+type DispatchGrant<P> = (
+    Arc<super::link::LinkRx<P>>,
+    Arc<TokenTable<P>>,
+    super::LgrId,
+);
 
 /// What a write of the fast path did ([`FastConn::try_write`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,8 +195,28 @@ impl<P: Provider> FastConn<P> {
     /// consumer-cursor update that the read makes due (§3.4) as
     /// [`Self::try_write`] posts its CDC; the same as `Endpoint::read_into`
     /// followed by the endpoint's flush.
+    ///
+    /// When nothing has arrived yet, it takes what its link's receive CQ
+    /// holds without the endpoint (`cdc_recv::dispatch`: CDCs applied to
+    /// their connections, whatever else left for the endpoint's next
+    /// pump), if the connection may write alone on that link (the grant of
+    /// [`Self::try_write`]: one active link in its group), and looks again.
     #[inline]
     pub fn try_read(&self, buf: &mut [u8]) -> FastRead {
+        let mut k = lock(&self.core);
+        let r = k.fast_read(buf);
+        if r != FastRead::Declined || buf.is_empty() {
+            return r;
+        }
+        let Some((rx, tokens, l)) = k.dispatch_grant() else {
+            return r;
+        };
+        drop(k);
+        // (the link's receive lock is taken before a connection's core,
+        // by the endpoint's poll as here)
+        if !super::cdc_recv::dispatch(&rx, &tokens, l) {
+            return r;
+        }
         lock(&self.core).fast_read(buf)
     }
 }
@@ -358,6 +391,29 @@ impl<P: Provider> ConnCore<P> {
     /// an open link with a SEND and send slot to spare beyond this one,
     /// and nothing else of the connection waiting to be sent (so the CDC
     /// carries the cursor alone, as the endpoint's flush would send it).
+    /// What a reader that found nothing polls its link's receive CQ with
+    /// ([`FastConn::try_read`]): `None` unless the connection has nothing
+    /// to read yet and could read alone (established, active close state,
+    /// no read lease, violation or urgent byte) and holds a valid grant to
+    /// write alone on its link, whose send side is open (one active link).
+    fn dispatch_grant(&self) -> Option<DispatchGrant<P>> {
+        let dp = self.dp.as_ref()?;
+        let f = self.fast.as_ref()?;
+        if dp.readable() > 0
+            || !self.established
+            || self.read_leased
+            || self.violation.is_some()
+            || self.closer.state() != CloseState::Active
+            || f.epoch != self.epoch
+            || self.link != Some(f.slot)
+            || self.move_to.is_some()
+            || !f.tx.book().open
+        {
+            return None;
+        }
+        Some((f.rx.clone(), f.tokens.clone(), f.lgr))
+    }
+
     pub(super) fn fast_read(&mut self, buf: &mut [u8]) -> FastRead {
         let (Some(dp), Some(rmb)) = (self.dp.as_mut(), self.rmb.as_ref()) else {
             return FastRead::Declined;

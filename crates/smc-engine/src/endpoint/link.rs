@@ -149,6 +149,11 @@ pub(super) struct LinkRx<P: Provider> {
     /// no lock (`CompletionQueue` takes `&self`); polling it does.
     pub cq: P::Cq,
     book: Mutex<RxBook>,
+    /// A dispatch without the device lock left something in [`RxBook`] for
+    /// the endpoint (`RxBook::queue`, flush marks, the link's activity, the
+    /// completions it counted): the link's group is not quiet until the
+    /// endpoint's next poll of the link took it.
+    attention: AtomicBool,
 }
 
 /// What a link's receive poller keeps under [`LinkRx`]'s lock: the buffers
@@ -160,6 +165,36 @@ pub(super) struct RxBook {
     pub msg: Vec<u8>,
     /// The completions of one poll.
     pub wcs: Vec<smc_rdma::WorkCompletion>,
+    /// What a dispatch without the device lock (`cdc_recv::dispatch`) left
+    /// for the endpoint, in the CQ's order: once anything is here, every
+    /// later completion is queued too, and the endpoint's poll takes these
+    /// before it polls the CQ, so that the link's LLC and CDC order holds.
+    pub queue: VecDeque<RxLeft>,
+    /// Connections that CDCs applied by such a dispatch marked to send
+    /// (`Endpoint::mark_tx`), each once.
+    pub marks: Vec<ConnId>,
+    /// Such a dispatch received something on the link (the group's
+    /// `on_rx_activity`, at the endpoint's next poll).
+    pub active: bool,
+    /// Completions and CDCs such a dispatch applied, not yet counted by the
+    /// endpoint.
+    pub completions: u64,
+    pub cdcs: u64,
+}
+
+/// A receive completion that a dispatch without the device lock left to the
+/// endpoint (see [`RxBook::queue`]).
+pub(super) enum RxLeft {
+    /// Not looked at, or not for the dispatch to handle (LLC, a failed
+    /// completion, a CDC of an unknown token or of another group, a
+    /// connection not yet established): its receive buffer is not posted
+    /// again yet, and the endpoint handles it as if it had polled it now.
+    Wc(smc_rdma::WorkCompletion),
+    /// A CDC applied to connection `.0` that left the endpoint something to
+    /// do: an abort or a finished close.
+    Done(ConnId, super::conn_core::CdcDone),
+    /// Posting a receive buffer again failed.
+    Repost(smc_rdma::Error),
 }
 
 impl<P: Provider> LinkRx<P> {
@@ -171,6 +206,54 @@ impl<P: Provider> LinkRx<P> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The link's receive side for a dispatch that must not wait: `None`
+    /// while another poller has it.
+    #[inline]
+    pub fn try_book(&self) -> Option<MutexGuard<'_, RxBook>> {
+        match self.book.try_lock() {
+            Ok(b) => Some(b),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Whether a dispatch left something for the endpoint (see
+    /// [`RxBook::queue`]).
+    #[inline]
+    pub fn attention(&self) -> bool {
+        self.attention.load(Ordering::SeqCst)
+    }
+
+    /// Sets or clears [`Self::attention`] (the caller holds `book`).
+    #[inline]
+    pub fn set_attention(&self, _book: &RxBook, on: bool) {
+        self.attention.store(on, Ordering::SeqCst);
+    }
+
+    /// Copies the message of receive completion `wr_id` (`len` bytes) into
+    /// `book.msg` without posting its buffer again (the caller holds
+    /// `book`); its length.
+    pub fn peek(&self, book: &mut RxBook, wr_id: u64, len: u32) -> Result<usize> {
+        if book.msg.len() != RECV_SLOT_LEN {
+            book.msg.resize(RECV_SLOT_LEN, 0);
+        }
+        let n = (len as usize).min(RECV_SLOT_LEN);
+        self.recv
+            .read_at(wr_id as usize * RECV_SLOT_LEN, &mut book.msg[..n])?;
+        Ok(n)
+    }
+
+    /// Posts receive buffer `wr_id` again (the caller holds `book`).
+    pub fn repost(&self, _book: &RxBook, wr_id: u64) -> Result<()> {
+        let sge = self
+            .recv
+            .sge(wr_id as usize * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
+        self.qp.post_recv(&RecvWr {
+            wr_id,
+            sges: &[sge],
+        })
+    }
+
     /// Polls the receive CQ into `book.wcs` (the caller holds `book`).
     #[inline]
     pub fn poll(&self, book: &mut RxBook) -> Result<usize> {
@@ -179,25 +262,6 @@ impl<P: Provider> LinkRx<P> {
                 .resize(super::cdc_send::POLL_BATCH, smc_rdma::WorkCompletion::default());
         }
         self.cq.poll(&mut book.wcs)
-    }
-
-    /// Copies the message of receive completion `wr_id` (`len` bytes) into
-    /// `book.msg` and posts its buffer again (the caller holds `book`): the
-    /// copy's result, then the re-post's.
-    pub fn take(&self, book: &mut RxBook, wr_id: u64, len: u32) -> (Result<()>, Result<()>) {
-        if book.msg.len() != RECV_SLOT_LEN {
-            book.msg.resize(RECV_SLOT_LEN, 0);
-        }
-        let at = wr_id as usize * RECV_SLOT_LEN;
-        let n = (len as usize).min(RECV_SLOT_LEN);
-        let read = self.recv.read_at(at, &mut book.msg[..n]);
-        let reposted = self.recv.sge(at, RECV_SLOT_LEN as u32).and_then(|sge| {
-            self.qp.post_recv(&RecvWr {
-                wr_id,
-                sges: &[sge],
-            })
-        });
-        (read, reposted)
     }
 }
 
@@ -300,6 +364,7 @@ impl<P: Provider> LinkRes<P> {
             recv,
             cq: rcq,
             book: Mutex::new(RxBook::default()),
+            attention: AtomicBool::new(false),
         });
         Ok(LinkRes {
             scq,

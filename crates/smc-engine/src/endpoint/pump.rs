@@ -296,7 +296,9 @@ impl<P: Provider> Endpoint<P> {
     /// with no message or timer to follow they would wait for the group's
     /// keepalive), every link connected with nothing to poll on either CQ
     /// (`CompletionQueue::may_have_work`, which the providers without a
-    /// cheap look answer `true`: their groups are always pumped). A group
+    /// cheap look answer `true`: their groups are always pumped) and
+    /// nothing left by a receive dispatch without the device lock
+    /// (`LinkRx::attention`). A group
     /// in any other state, or whose timers are due, is pumped whole.
     fn lgr_quiet(&self, l: LgrId) -> bool {
         let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
@@ -309,7 +311,7 @@ impl<P: Provider> Endpoint<P> {
                 .links
                 .iter()
                 .flatten()
-                .all(|r| r.connected && !r.scq.may_have_work() && !r.rx.cq.may_have_work())
+                .all(|r| r.connected && !r.scq.may_have_work() && !r.rx.cq.may_have_work() && !r.rx.attention())
     }
 
     /// Whether a connection of group `l` is marked to send (`mark_tx`).
@@ -415,7 +417,7 @@ impl<P: Provider> Endpoint<P> {
             lg.links
                 .iter()
                 .flatten()
-                .any(|r| r.scq.may_have_work() || r.rx.cq.may_have_work())
+                .any(|r| r.scq.may_have_work() || r.rx.cq.may_have_work() || r.rx.attention())
         })
     }
 }

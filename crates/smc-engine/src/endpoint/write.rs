@@ -205,7 +205,7 @@ impl<P: Provider> Endpoint<P> {
             Some(data),
         )?;
         if matches!(posted, Posted::Done) {
-            Self::grant_fast(&mut self.lgrs, self.max_inline as usize, id, &mut k, &p);
+            Self::grant_fast(&mut self.lgrs, &self.by_token, self.max_inline as usize, id, &mut k, &p);
         }
         drop(k);
         Ok(match self.direct_posted(&p, posted)? {
@@ -221,6 +221,7 @@ impl<P: Provider> Endpoint<P> {
     /// ([`Self::close_fast`]).
     pub(super) fn grant_fast(
         lgrs: &mut [Option<Lgr<P>>],
+        tokens: &std::sync::Arc<super::conn_core::TokenTable<P>>,
         max_inline: usize,
         id: ConnId,
         k: &mut ConnCore<P>,
@@ -248,6 +249,9 @@ impl<P: Provider> Endpoint<P> {
         res.book().open = true;
         k.fast = Some(FastTx {
             tx: res.tx.clone(),
+            rx: res.rx.clone(),
+            lgr: p.l,
+            tokens: tokens.clone(),
             id,
             slot: p.slot,
             epoch: p.epoch,
