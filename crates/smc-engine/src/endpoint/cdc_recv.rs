@@ -210,12 +210,8 @@ pub(super) fn dispatch<P: Provider>(rx: &LinkRx<P>, tokens: &TokenTable<P>, l: L
     // otherwise miss what this dispatch leaves).
     rx.set_attention(&book, true);
     let mut applied = false;
-    loop {
-        let n = match rx.poll(&mut book) {
-            Ok(n) => n,
-            // (the endpoint's poll meets it again)
-            Err(_) => break,
-        };
+    // (a failed poll: the endpoint's poll meets it again)
+    while let Ok(n) = rx.poll(&mut book) {
         for i in 0..n {
             let wc = book.wcs[i];
             if !book.queue.is_empty() || wc.status != WcStatus::Success {
