@@ -88,6 +88,23 @@ pub(super) struct ConnCore<P: Provider> {
     /// direct write of the endpoint granted it, and again from every change
     /// of link on.
     pub(super) fast: Option<FastTx<P>>,
+    /// What a reader that finds nothing polls its link's receive CQ with
+    /// (see [`FastRx`]); `None` until the endpoint's read found nothing on
+    /// the link, and again from every change of link on.
+    pub(super) fast_rx: Option<FastRx<P>>,
+}
+
+/// A grant to poll the receive CQ of the connection's link without the
+/// endpoint ([`FastConn::try_read`], `cdc_recv::dispatch`): the link's
+/// receive side, its group and the endpoint's token table, valid while the
+/// connection's link epoch is the one it was made on and the link is open
+/// to it (`LinkRx::open`: the group's only link, active).
+pub(super) struct FastRx<P: Provider> {
+    pub(super) rx: Arc<super::link::LinkRx<P>>,
+    pub(super) tokens: Arc<TokenTable<P>>,
+    pub(super) lgr: super::LgrId,
+    pub(super) slot: usize,
+    pub(super) epoch: u64,
 }
 
 /// A grant to write directly without the endpoint ([`ConnCore::fast_write`]):
@@ -97,12 +114,6 @@ pub(super) struct ConnCore<P: Provider> {
 /// side is open (`TxBook::open`).
 pub(super) struct FastTx<P: Provider> {
     pub(super) tx: Arc<LinkTx<P>>,
-    /// The link's receive side, group and the endpoint's token table: a
-    /// reader that finds nothing polls the link's receive CQ itself
-    /// ([`FastConn::try_read`], `cdc_recv::dispatch`).
-    pub(super) rx: Arc<super::link::LinkRx<P>>,
-    pub(super) lgr: super::LgrId,
-    pub(super) tokens: Arc<TokenTable<P>>,
     pub(super) id: ConnId,
     pub(super) slot: usize,
     pub(super) epoch: u64,
@@ -199,8 +210,8 @@ impl<P: Provider> FastConn<P> {
     /// When nothing has arrived yet, it takes what its link's receive CQ
     /// holds without the endpoint (`cdc_recv::dispatch`: CDCs applied to
     /// their connections, whatever else left for the endpoint's next
-    /// pump), if the connection may write alone on that link (the grant of
-    /// [`Self::try_write`]: one active link in its group), and looks again.
+    /// pump), if the connection may poll that link alone (the grant of
+    /// [`FastRx`]: one active link in its group), and looks again.
     #[inline]
     pub fn try_read(&self, buf: &mut [u8]) -> FastRead {
         let mut k = lock(&self.core);
@@ -287,6 +298,7 @@ impl<P: Provider> ConnCore<P> {
             lease_waited: false,
             peer_window: None,
             fast: None,
+            fast_rx: None,
         }
     }
 
@@ -296,6 +308,7 @@ impl<P: Provider> ConnCore<P> {
         self.link = to;
         self.epoch = self.epoch.wrapping_add(1);
         self.fast = None;
+        self.fast_rx = None;
     }
 
     /// The fast path's write (see [`FastConn::try_write`]): the conditions
@@ -394,11 +407,11 @@ impl<P: Provider> ConnCore<P> {
     /// What a reader that found nothing polls its link's receive CQ with
     /// ([`FastConn::try_read`]): `None` unless the connection has nothing
     /// to read yet and could read alone (established, active close state,
-    /// no read lease, violation or urgent byte) and holds a valid grant to
-    /// write alone on its link, whose send side is open (one active link).
+    /// no read lease or violation) and holds a valid grant to poll its
+    /// link ([`FastRx`]).
     fn dispatch_grant(&self) -> Option<DispatchGrant<P>> {
         let dp = self.dp.as_ref()?;
-        let f = self.fast.as_ref()?;
+        let f = self.fast_rx.as_ref()?;
         if dp.readable() > 0
             || !self.established
             || self.read_leased
@@ -407,7 +420,7 @@ impl<P: Provider> ConnCore<P> {
             || f.epoch != self.epoch
             || self.link != Some(f.slot)
             || self.move_to.is_some()
-            || !f.tx.book().open
+            || !f.rx.is_open()
         {
             return None;
         }

@@ -217,7 +217,7 @@ impl<P: Provider> Endpoint<P> {
         }
         let posted = Self::post_direct(&mut self.lgrs, &mut self.cdc_sent, id, &mut k, &p, None)?;
         if matches!(posted, super::write::Posted::Done) {
-            Self::grant_fast(&mut self.lgrs, &self.by_token, max_inline, id, &mut k, &p);
+            Self::grant_fast(&mut self.lgrs, max_inline, id, &mut k, &p);
         }
         drop(k);
         self.direct_posted(&p, posted)
@@ -234,9 +234,14 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         max: usize,
     ) -> std::result::Result<ReadPlan, ConnError> {
-        self.core(id)
+        let plan = self
+            .core(id)
             .ok_or(ConnError::NotConnected)?
-            .read_lease(max)
+            .read_lease(max);
+        if matches!(plan, Ok(ReadPlan::Empty)) {
+            self.grant_rx(id);
+        }
+        plan
     }
 
     /// Whether a read or write of connection `id` was turned away because of

@@ -154,6 +154,10 @@ pub(super) struct LinkRx<P: Provider> {
     /// completions it counted): the link's group is not quiet until the
     /// endpoint's next poll of the link took it.
     attention: AtomicBool,
+    /// The endpoint lets connections poll this link without it
+    /// (`Endpoint::open_rx`: the group's only link, active); closed when the
+    /// link is stopped or released.
+    open: AtomicBool,
 }
 
 /// What a link's receive poller keeps under [`LinkRx`]'s lock: the buffers
@@ -214,6 +218,19 @@ impl<P: Provider> LinkRx<P> {
             Ok(b) => Some(b),
             Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Whether connections may poll the link without the endpoint.
+    #[inline]
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Opens or closes the link to connections' own polls.
+    pub fn set_open(&self, on: bool) {
+        if self.open.load(Ordering::Relaxed) != on {
+            self.open.store(on, Ordering::Release);
         }
     }
 
@@ -365,6 +382,7 @@ impl<P: Provider> LinkRes<P> {
             cq: rcq,
             book: Mutex::new(RxBook::default()),
             attention: AtomicBool::new(false),
+            open: AtomicBool::new(false),
         });
         Ok(LinkRes {
             scq,
@@ -530,6 +548,7 @@ impl<P: Provider> LinkRes<P> {
     /// Stops the link's QP: outstanding work requests flush.
     pub fn shut(&self) {
         self.book().open = false;
+        self.rx.set_open(false);
         let _ = self.qp.modify(&QpModify::Err);
     }
 
@@ -547,8 +566,9 @@ impl<P: Provider> LinkRes<P> {
 impl<P: Provider> Drop for LinkRes<P> {
     fn drop(&mut self) {
         // connections may still hold the link's send side: no fast post
-        // once the endpoint has let the link go
+        // once the endpoint has let the link go, nor a poll of its receive side
         self.book().open = false;
+        self.rx.set_open(false);
     }
 }
 

@@ -286,6 +286,7 @@ impl<P: Provider> Endpoint<P> {
         // a link that failed while sending is dealt with now, not next time
         self.drain_lgr(l, now)?;
         self.close_fast(l);
+        self.open_rx(l);
         Ok(())
     }
 

@@ -205,7 +205,7 @@ impl<P: Provider> Endpoint<P> {
             Some(data),
         )?;
         if matches!(posted, Posted::Done) {
-            Self::grant_fast(&mut self.lgrs, &self.by_token, self.max_inline as usize, id, &mut k, &p);
+            Self::grant_fast(&mut self.lgrs, self.max_inline as usize, id, &mut k, &p);
         }
         drop(k);
         Ok(match self.direct_posted(&p, posted)? {
@@ -221,7 +221,6 @@ impl<P: Provider> Endpoint<P> {
     /// ([`Self::close_fast`]).
     pub(super) fn grant_fast(
         lgrs: &mut [Option<Lgr<P>>],
-        tokens: &std::sync::Arc<super::conn_core::TokenTable<P>>,
         max_inline: usize,
         id: ConnId,
         k: &mut ConnCore<P>,
@@ -249,9 +248,6 @@ impl<P: Provider> Endpoint<P> {
         res.book().open = true;
         k.fast = Some(FastTx {
             tx: res.tx.clone(),
-            rx: res.rx.clone(),
-            lgr: p.l,
-            tokens: tokens.clone(),
             id,
             slot: p.slot,
             epoch: p.epoch,
@@ -292,6 +288,31 @@ impl<P: Provider> Endpoint<P> {
                 res.fast_granted = false;
                 res.book().open = false;
             }
+        }
+    }
+
+    /// Opens the receive side of group `l`'s link to the connections' own
+    /// receive dispatch ([`FastConn::try_read`]) while the group is one
+    /// active link, and closes it otherwise: with two links a connection's
+    /// CDCs may come on either, and a failover's (§7.2) are the endpoint's
+    /// to order. Looked at by every pump of the group.
+    pub(super) fn open_rx(&mut self, l: LgrId) {
+        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+            return;
+        };
+        let mut links = lg.links.iter().enumerate().filter(|(_, r)| r.is_some());
+        let single = match (links.next(), links.next()) {
+            (Some((slot, _)), None) => {
+                lg.state == LgrState::Active
+                    && lg
+                        .group
+                        .link(slot)
+                        .is_some_and(|k| k.state == LinkState::Active)
+            }
+            _ => false,
+        };
+        for res in lg.links.iter().flatten() {
+            res.rx.set_open(single && res.connected);
         }
     }
 
