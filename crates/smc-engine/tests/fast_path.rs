@@ -325,6 +325,9 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
     let mut steps = 0;
     let mut lgrs = None;
     let mut chunk = Vec::new();
+    // CDCs the reader's own receive dispatch applied, as the server's pumps
+    // counted them, when the second link came and when the first was gone
+    let (mut dispatched_two, mut dispatched_failed_over) = (None, None);
     while got.load(Ordering::Acquire) < TOTAL {
         let mut g = locked(&w);
         g.tick();
@@ -345,6 +348,7 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
         let now_got = got.load(Ordering::Acquire);
         if now_got >= TOTAL / 3 && lgrs.is_none() {
             lgrs = Some(add_link(&mut g, &mut t));
+            dispatched_two = Some(g.server.cdc_dispatched());
             phase.store(TWO_LINKS, Ordering::Release);
         }
         if let (Some((lc, ls)), TWO_LINKS) = (lgrs, ph) {
@@ -356,6 +360,9 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
                 && g.server.usable_links(ls) == [1]
                 && g.client.usable_links(lc) == [1]
             {
+                if dispatched_failed_over.is_none() {
+                    dispatched_failed_over = Some(g.server.cdc_dispatched());
+                }
                 phase.store(FAILED_OVER, Ordering::Release);
             }
         }
@@ -407,9 +414,23 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
     );
     // a reader that found nothing took CDCs from the receive CQ itself,
     // racing the driving thread's pumps
-    let dispatched = g.server.cdc_dispatched();
-    eprintln!("CDCs the reader's dispatch applied: {dispatched}");
-    assert!(dispatched > 0, "no receive dispatch by the reader");
+    // (and none while the group had two links: a connection's CDCs may
+    // come on either, §7.2)
+    let dispatched = [
+        dispatched_two.unwrap(),
+        dispatched_failed_over.unwrap(),
+        g.server.cdc_dispatched(),
+    ];
+    eprintln!("CDCs the reader's dispatch applied, by phase end: {dispatched:?}");
+    assert!(dispatched[0] > 0, "receive dispatch on the first link");
+    assert_eq!(
+        dispatched[1], dispatched[0],
+        "no receive dispatch while two links"
+    );
+    assert!(
+        dispatched[2] > dispatched[1],
+        "receive dispatch again on the new link"
+    );
 }
 
 /// Delivers what the client posted into the server's receive CQ, without a
