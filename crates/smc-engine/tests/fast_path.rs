@@ -502,8 +502,10 @@ fn a_cdc_behind_what_the_dispatch_left_waits_for_the_endpoint() {
     for _ in 0..5 {
         w.tick();
     }
-    w.client
-        .close(t2.c, smc_proto::close::CloseEvent::AppClose { unread_data: true });
+    w.client.close(
+        t2.c,
+        smc_proto::close::CloseEvent::AppClose { unread_data: true },
+    );
     // (the abort CDC goes out at the client's pump, before the write's)
     let now = w.now;
     w.client.pump(now).unwrap();
@@ -521,6 +523,9 @@ fn a_cdc_behind_what_the_dispatch_left_waits_for_the_endpoint() {
     let s2 = t2.s;
     let aborted = std::iter::from_fn(|| w.server.poll_event())
         .any(|e| matches!(e, EngineEvent::ConnAborted { conn, .. } if conn == s2));
-    assert!(aborted, "the endpoint reports the abort the dispatch applied");
+    assert!(
+        aborted,
+        "the endpoint reports the abort the dispatch applied"
+    );
     assert_eq!(w.server.read(t.s, 1 << 10).unwrap(), [7; 64]);
 }

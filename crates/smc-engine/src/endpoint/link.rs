@@ -275,8 +275,10 @@ impl<P: Provider> LinkRx<P> {
     #[inline]
     pub fn poll(&self, book: &mut RxBook) -> Result<usize> {
         if book.wcs.len() != super::cdc_send::POLL_BATCH {
-            book.wcs
-                .resize(super::cdc_send::POLL_BATCH, smc_rdma::WorkCompletion::default());
+            book.wcs.resize(
+                super::cdc_send::POLL_BATCH,
+                smc_rdma::WorkCompletion::default(),
+            );
         }
         self.cq.poll(&mut book.wcs)
     }

@@ -308,11 +308,12 @@ impl<P: Provider> Endpoint<P> {
         lg.state == LgrState::Active
             && lg.rkey_queue.is_empty()
             && !lg.group.has_work()
-            && lg
-                .links
-                .iter()
-                .flatten()
-                .all(|r| r.connected && !r.scq.may_have_work() && !r.rx.cq.may_have_work() && !r.rx.attention())
+            && lg.links.iter().flatten().all(|r| {
+                r.connected
+                    && !r.scq.may_have_work()
+                    && !r.rx.cq.may_have_work()
+                    && !r.rx.attention()
+            })
     }
 
     /// Whether a connection of group `l` is marked to send (`mark_tx`).
