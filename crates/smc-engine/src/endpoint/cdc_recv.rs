@@ -201,7 +201,9 @@ pub(super) fn dispatch<P: Provider>(rx: &LinkRx<P>, tokens: &TokenTable<P>, l: L
     let Some(mut book) = rx.try_book() else {
         return false;
     };
-    if !book.queue.is_empty() {
+    // (open looked at again under the lock: a link going down is closed,
+    // then polled a last time by the endpoint, `on_link_down`)
+    if !book.queue.is_empty() || !rx.is_open() {
         return false;
     }
     // Set before the poll: a pump that looks at the link without its lock
