@@ -255,10 +255,8 @@ pub struct Endpoint<P: Provider> {
     parked: Vec<ConnId>,
     /// Connections flushed so far, one by one (`conn_flushes`).
     conn_flushes: u64,
-    /// Scratch copy of one received message (`poll_recv`), likewise.
-    scratch_msg: Vec<u8>,
-    /// Scratch space for the completions one CQ poll takes (`poll_send`,
-    /// `poll_recv`), kept so that a poll does not initialize it each time.
+    /// Scratch space for the completions one send CQ poll takes
+    /// (`poll_send`; a receive CQ's poll has its link's, `LinkRx`), kept so that a poll does not initialize it each time.
     scratch_wcs: Vec<smc_rdma::WorkCompletion>,
     /// LLC messages posted so far.
     llc_sent: u64,
@@ -267,6 +265,10 @@ pub struct Endpoint<P: Provider> {
     llc_received: u64,
     cdc_sent: u64,
     cdc_received: u64,
+    /// Of those, CDCs that a reader's dispatch without the device lock
+    /// applied (`cdc_recv::dispatch`), as far as a poll of the endpoint's
+    /// has counted them.
+    cdc_dispatched: u64,
     /// The port's active MTU, for the CLC messages of every connection:
     /// querying the port reads the interface (netlink, ioctl) and would cost
     /// more than the rest of a handshake. Read again at each port event.
@@ -278,7 +280,8 @@ pub struct Endpoint<P: Provider> {
     conns: Vec<Option<Conn<P>>>,
     /// The connections of every link group by alert token, with their data
     /// path (`endpoint/conn_core.rs`): where a received CDC goes.
-    by_token: conn_core::TokenTable<P>,
+    /// Shared (`Arc`) with the links' receive dispatch.
+    by_token: std::sync::Arc<conn_core::TokenTable<P>>,
     next_token: u32,
     next_lgr_id: u32,
     /// The port's GID table, read at open and again at port events and when
@@ -344,17 +347,17 @@ impl<P: Provider> Endpoint<P> {
             lgr_recheck: false,
             parked: Vec::new(),
             conn_flushes: 0,
-            scratch_msg: Vec::new(),
             scratch_wcs: Vec::new(),
             llc_sent: 0,
             llc_received: 0,
             cdc_sent: 0,
             cdc_received: 0,
+            cdc_dispatched: 0,
             port_mtu,
             max_inline,
             lgrs: Vec::new(),
             conns: Vec::new(),
-            by_token: conn_core::TokenTable::default(),
+            by_token: std::sync::Arc::default(),
             next_token: 1,
             next_lgr_id: 0x100,
             gids,

@@ -435,6 +435,9 @@ pub struct Report {
     /// Consumer-cursor updates those reads posted (counted from the
     /// connections' CDC sequence numbers).
     pub fast_read_cdcs: usize,
+    /// CDCs that those reads applied from their links' receive CQs
+    /// themselves, without the endpoint (`Endpoint::cdc_dispatched`).
+    pub fast_dispatched: u64,
     /// Human-readable event trace.
     pub trace: Vec<String>,
 }
@@ -1636,6 +1639,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         }
     }
     report.virtual_time = now;
+    report.fast_dispatched = client.cdc_dispatched() + server.cdc_dispatched();
     report.prepare_failures = provider.failed_prepares();
     // A failed prepare_remote costs its own connection at most: never a
     // link, a link group, or a connection whose prepares went through.

@@ -9,7 +9,7 @@
 //! with the consumer-cursor updates they post themselves. Spec:
 //! `protocol-llc-cdc.md` §3.2, §3.4, §7.
 
-use smc_engine::endpoint::{ConnStatus, EndpointConfig, FastRead, FastWrite, LgrId};
+use smc_engine::endpoint::{ConnStatus, EndpointConfig, EngineEvent, FastRead, FastWrite, LgrId};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -325,6 +325,9 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
     let mut steps = 0;
     let mut lgrs = None;
     let mut chunk = Vec::new();
+    // CDCs the reader's own receive dispatch applied, as the server's pumps
+    // counted them, when the second link came and when the first was gone
+    let (mut dispatched_two, mut dispatched_failed_over) = (None, None);
     while got.load(Ordering::Acquire) < TOTAL {
         let mut g = locked(&w);
         g.tick();
@@ -345,6 +348,7 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
         let now_got = got.load(Ordering::Acquire);
         if now_got >= TOTAL / 3 && lgrs.is_none() {
             lgrs = Some(add_link(&mut g, &mut t));
+            dispatched_two = Some(g.server.cdc_dispatched());
             phase.store(TWO_LINKS, Ordering::Release);
         }
         if let (Some((lc, ls)), TWO_LINKS) = (lgrs, ph) {
@@ -356,6 +360,9 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
                 && g.server.usable_links(ls) == [1]
                 && g.client.usable_links(lc) == [1]
             {
+                if dispatched_failed_over.is_none() {
+                    dispatched_failed_over = Some(g.server.cdc_dispatched());
+                }
                 phase.store(FAILED_OVER, Ordering::Release);
             }
         }
@@ -405,4 +412,120 @@ fn fast_reads_racing_a_failover_post_their_cursor_updates_and_lose_nothing() {
         cdcs[FAILED_OVER] > 0,
         "fast cursor updates again on the new link: {cdcs:?}"
     );
+    // a reader that found nothing took CDCs from the receive CQ itself,
+    // racing the driving thread's pumps
+    // (and none while the group had two links: a connection's CDCs may
+    // come on either, §7.2)
+    let dispatched = [
+        dispatched_two.unwrap(),
+        dispatched_failed_over.unwrap(),
+        g.server.cdc_dispatched(),
+    ];
+    eprintln!("CDCs the reader's dispatch applied, by phase end: {dispatched:?}");
+    assert!(dispatched[0] > 0, "receive dispatch on the first link");
+    assert_eq!(
+        dispatched[1], dispatched[0],
+        "no receive dispatch while two links"
+    );
+    assert!(
+        dispatched[2] > dispatched[1],
+        "receive dispatch again on the new link"
+    );
+}
+
+/// Delivers what the client posted into the server's receive CQ, without a
+/// pump of the server's.
+fn deliver_to_server(w: &mut World) {
+    let now = w.now;
+    w.client.pump(now).unwrap();
+    w.fabric.advance(Duration::from_micros(20));
+    w.now += Duration::from_micros(20);
+}
+
+/// A server connection whose reads may poll its link themselves: a read
+/// through the endpoint gives it that grant (`FastRx`), a connection that
+/// never writes as well.
+fn granted(w: &mut World, t: &Tcp) {
+    for _ in 0..5 {
+        w.tick();
+    }
+    assert!(w.server.read(t.s, 16).unwrap().is_empty());
+}
+
+/// A reader that finds nothing takes its CDC from its link's receive CQ
+/// itself, without the endpoint (`cdc_recv::dispatch`), and reads at once;
+/// the endpoint's next pump counts what it applied and finds nothing more.
+#[test]
+fn a_reader_that_finds_nothing_takes_its_cdc_from_the_receive_cq_itself() {
+    let mut w = World::with_seed(17, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    granted(&mut w, &t);
+    let h = w.server.fast_conn(t.s).unwrap();
+    let mut buf = [0u8; 256];
+    assert_eq!(h.try_read(&mut buf), FastRead::Declined, "nothing sent yet");
+    let received = w.server.msg_counts().cdc_received;
+    for round in 0..3u8 {
+        let msg = [round; 64];
+        assert_eq!(w.client.write(t.c, &msg).unwrap(), 64);
+        deliver_to_server(&mut w);
+        match h.try_read(&mut buf) {
+            FastRead::Read { n, .. } => assert_eq!(&buf[..n], &msg[..], "round {round}"),
+            other => panic!("round {round}: the CDC in the receive CQ was not taken: {other:?}"),
+        }
+    }
+    // (counted by the endpoint's next poll of the link)
+    let now = w.now;
+    w.server.pump(now).unwrap();
+    assert_eq!(w.server.cdc_dispatched(), 3);
+    assert_eq!(w.server.msg_counts().cdc_received, received + 3);
+    assert!(w.server.read(t.s, 1 << 10).unwrap().is_empty());
+    assert!(w.server.violation(t.s).is_none());
+}
+
+/// What a dispatch without the endpoint leaves for the endpoint (here: a
+/// peer's abort of another connection, which the endpoint must report)
+/// keeps the link's order: a CDC behind it waits for the endpoint's poll
+/// too, which then takes both in the order they came.
+#[test]
+fn a_cdc_behind_what_the_dispatch_left_waits_for_the_endpoint() {
+    let mut w = World::with_seed(19, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    let mut t2 = w.open();
+    w.settle(&mut [&mut t2], Duration::from_millis(2));
+    assert_eq!(w.server.status(t2.s), Some(ConnStatus::Smc));
+    assert_eq!(w.server.link_group_of(t.s), w.server.link_group_of(t2.s));
+    granted(&mut w, &t);
+    let h = w.server.fast_conn(t.s).unwrap();
+    // the client aborts the second connection (unread data), then writes
+    // on the first: two CDCs in the server's receive CQ, in that order
+    assert_eq!(w.server.write(t2.s, &[1]).unwrap(), 1);
+    for _ in 0..5 {
+        w.tick();
+    }
+    w.client.close(
+        t2.c,
+        smc_proto::close::CloseEvent::AppClose { unread_data: true },
+    );
+    // (the abort CDC goes out at the client's pump, before the write's)
+    let now = w.now;
+    w.client.pump(now).unwrap();
+    assert_eq!(w.client.write(t.c, &[7; 64]).unwrap(), 64);
+    deliver_to_server(&mut w);
+    let mut buf = [0u8; 256];
+    assert_eq!(
+        h.try_read(&mut buf),
+        FastRead::Declined,
+        "the CDC behind the abort is the endpoint's to apply"
+    );
+    let now = w.now;
+    w.server.pump(now).unwrap();
+    assert_eq!(w.server.cdc_dispatched(), 1, "the abort's CDC");
+    let s2 = t2.s;
+    let aborted = std::iter::from_fn(|| w.server.poll_event())
+        .any(|e| matches!(e, EngineEvent::ConnAborted { conn, .. } if conn == s2));
+    assert!(
+        aborted,
+        "the endpoint reports the abort the dispatch applied"
+    );
+    assert_eq!(w.server.read(t.s, 1 << 10).unwrap(), [7; 64]);
 }

@@ -9,15 +9,12 @@
 //! (`smc_wr_rx_tasklet_fn`), smc_cdc.c (`smc_cdc_rx_handler`,
 //! `smc_cdc_msg_recv`).
 
-use super::cdc_send::POLL_BATCH;
 use super::conn::Phase;
-use super::conn_core::{lock, CdcDone};
-use super::link::RECV_SLOT_LEN;
+use super::conn_core::{lock, CdcDone, TokenTable};
+use super::link::{LinkRx, RxBook, RxLeft};
 use super::{ConnId, Endpoint, LgrId, Result};
 use smc_proto::Timestamp;
-use smc_rdma::{
-    CompletionQueue, MemoryRegion, Provider, QueuePair, RecvWr, WcStatus, WorkCompletion,
-};
+use smc_rdma::{Provider, WcStatus, WorkCompletion};
 use smc_wire::cdc::CdcMessage;
 use smc_wire::WrMessage;
 
@@ -27,96 +24,122 @@ pub(super) const EARLY_CDC_MAX: usize = 64;
 impl<P: Provider> Endpoint<P> {
     /// Receive completions of link `slot`: LLC to the link group (as arrived on
     /// that link), CDCs to the connection of their token, whatever link they
-    /// came on (§9).
+    /// came on (§9). Polled under the link's receive lock (`LinkRx`), held
+    /// for the whole poll, so that what the CQ gives is handled in its order:
+    /// first what a dispatch without the device lock left ([`dispatch`]),
+    /// then the CQ.
     pub(super) fn poll_recv(&mut self, l: LgrId, slot: usize, now: Timestamp) -> Result<()> {
-        // one receive buffer's bytes (a CDC or LLC message), copied out before
-        // the buffer is posted again
-        let mut msg = std::mem::take(&mut self.scratch_msg);
-        msg.resize(RECV_SLOT_LEN, 0);
-        let mut wcs = std::mem::take(&mut self.scratch_wcs);
-        wcs.resize(POLL_BATCH, WorkCompletion::default());
-        let r = self.poll_recv_with(l, slot, now, &mut msg, &mut wcs);
-        self.scratch_msg = msg;
-        self.scratch_wcs = wcs;
-        r
+        let Some(rx) = self
+            .lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .and_then(|lg| lg.links.get(slot))
+            .and_then(Option::as_ref)
+            .map(|res| res.rx.clone())
+        else {
+            return Ok(());
+        };
+        let mut book = rx.book();
+        if rx.attention() {
+            rx.set_attention(&book, false);
+            self.completions += std::mem::take(&mut book.completions);
+            let cdcs = std::mem::take(&mut book.cdcs);
+            self.cdc_received += cdcs;
+            self.cdc_dispatched += cdcs;
+            if std::mem::take(&mut book.active) {
+                if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                    lg.group.on_rx_activity(slot, now);
+                }
+            }
+            let mut marks = std::mem::take(&mut book.marks);
+            for &id in &marks {
+                self.mark_tx(id);
+            }
+            marks.clear();
+            book.marks = marks;
+            while let Some(left) = book.queue.pop_front() {
+                match left {
+                    RxLeft::Wc(wc) => {
+                        self.completions += 1;
+                        if !self.on_recv(l, slot, now, &rx, &mut book, wc)? {
+                            return Ok(());
+                        }
+                    }
+                    RxLeft::Done(id, done) => self.cdc_applied(id, done),
+                    RxLeft::Repost(e) => self.link_error(l, slot, e)?,
+                }
+            }
+        }
+        loop {
+            let n = rx.poll(&mut book)?;
+            self.completions += n as u64;
+            for i in 0..n {
+                let wc = book.wcs[i];
+                if !self.on_recv(l, slot, now, &rx, &mut book, wc)? {
+                    return Ok(());
+                }
+            }
+            if n < book.wcs.len() {
+                return Ok(());
+            }
+        }
     }
 
-    fn poll_recv_with(
+    /// Receive completion `wc` of link `slot` of group `l` (the caller holds
+    /// its receive lock, `book`); `false` when the link or group is gone.
+    fn on_recv(
         &mut self,
         l: LgrId,
         slot: usize,
         now: Timestamp,
-        msg: &mut [u8],
-        wcs: &mut [WorkCompletion],
-    ) -> Result<()> {
-        loop {
-            let Some(res) = self
-                .lgrs
-                .get_mut(l)
-                .and_then(Option::as_mut)
-                .and_then(|lg| lg.links.get_mut(slot))
-                .and_then(Option::as_mut)
-            else {
-                return Ok(());
-            };
-            let n = res.rcq.poll(wcs)?;
-            self.completions += n as u64;
-            for wc in wcs.iter().take(n) {
-                let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
-                    return Ok(());
-                };
-                let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
-                    return Ok(());
-                };
-                if wc.status != WcStatus::Success {
-                    if wc.status != WcStatus::WrFlushError {
-                        lg.group.on_link_failure(slot);
-                    }
-                    continue;
-                }
-                let at = wc.wr_id as usize * RECV_SLOT_LEN;
-                let buf = &mut msg[..(wc.byte_len as usize).min(RECV_SLOT_LEN)];
-                res.recv.read_at(at, buf)?;
-                let reposted = res.recv.sge(at, RECV_SLOT_LEN as u32).and_then(|sge| {
-                    res.qp.post_recv(&RecvWr {
-                        wr_id: wc.wr_id,
-                        sges: &[sge],
-                    })
-                });
-                lg.group.on_rx_activity(slot, now);
-                match WrMessage::decode(buf) {
-                    Ok(WrMessage::Llc(m)) => {
-                        self.llc_received += 1;
-                        lg.group.on_llc(slot, m, now);
-                        // (an LLC flow may have started or moved its deadline)
-                        self.lgr_recheck = true;
-                    }
-                    Ok(WrMessage::Cdc(c)) => {
-                        self.cdc_received += 1;
-                        // The CDC carries the receiver's alert token (§2.1),
-                        // of a connection of this link's group.
-                        match self.by_token.get(&c.token).filter(|e| e.lgr == l) {
-                            Some(e) => {
-                                let id = e.id;
-                                let done = {
-                                    let mut k = lock(&e.core);
-                                    k.dp.is_some().then(|| k.on_cdc(&c))
-                                };
-                                self.cdc_done(id, &c, done);
-                            }
-                            None => lg.group.dropped += 1,
-                        }
-                    }
-                    Err(_) => lg.group.dropped += 1,
-                }
-                if let Err(e) = reposted {
-                    self.link_error(l, slot, e)?;
-                }
-            }
-            if n < wcs.len() {
-                return Ok(());
-            }
+        rx: &LinkRx<P>,
+        book: &mut RxBook,
+        wc: WorkCompletion,
+    ) -> Result<bool> {
+        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            return Ok(false);
+        };
+        if lg.links.get(slot).and_then(Option::as_ref).is_none() {
+            return Ok(false);
         }
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushError {
+                lg.group.on_link_failure(slot);
+            }
+            return Ok(true);
+        }
+        let len = rx.peek(book, wc.wr_id, wc.byte_len)?;
+        let reposted = rx.repost(book, wc.wr_id);
+        lg.group.on_rx_activity(slot, now);
+        match WrMessage::decode(&book.msg[..len]) {
+            Ok(WrMessage::Llc(m)) => {
+                self.llc_received += 1;
+                lg.group.on_llc(slot, m, now);
+                // (an LLC flow may have started or moved its deadline)
+                self.lgr_recheck = true;
+            }
+            Ok(WrMessage::Cdc(c)) => {
+                self.cdc_received += 1;
+                // The CDC carries the receiver's alert token (§2.1), of a
+                // connection of this link's group.
+                let found = {
+                    let table = self.by_token.read();
+                    table.get(&c.token).filter(|e| e.lgr == l).map(|e| {
+                        let mut k = lock(&e.core);
+                        (e.id, k.dp.is_some().then(|| k.on_cdc(&c)))
+                    })
+                };
+                match found {
+                    Some((id, done)) => self.cdc_done(id, &c, done),
+                    None => lg.group.dropped += 1,
+                }
+            }
+            Err(_) => lg.group.dropped += 1,
+        }
+        if let Err(e) = reposted {
+            self.link_error(l, slot, e)?;
+        }
+        Ok(true)
     }
 
     /// Applies the peer's CDC `m` to connection `id` (found by its id; the
@@ -145,6 +168,12 @@ impl<P: Provider> Endpoint<P> {
             }
             return;
         };
+        self.cdc_applied(id, done);
+    }
+
+    /// What the endpoint does after a CDC applied to connection `id` left
+    /// `done` (the flush mark aside).
+    fn cdc_applied(&mut self, id: ConnId, done: CdcDone) {
         if let Some(cause) = done.aborted {
             self.event_aborted(id, cause);
         }
@@ -153,4 +182,82 @@ impl<P: Provider> Endpoint<P> {
             self.conn_due(id);
         }
     }
+}
+
+/// Receive dispatch without the device lock (docs/FAST-PATH.md, step 4):
+/// polls the receive CQ of link `rx` (of group `l`), if no other poller has
+/// it and the endpoint has taken everything an earlier dispatch left, and
+/// applies the CDCs it finds to their connections (found in `tokens`), as
+/// the endpoint's own poll does; whatever else it finds (LLC, a failed
+/// completion, a CDC of an unknown token, of another group or of a
+/// connection not yet established), and everything after it, is left in
+/// the link's queue for the endpoint (`RxBook::queue`), with the flush
+/// marks and the link's activity. Whether it applied a CDC.
+///
+/// Linux does the same in its receive tasklet (smc_wr.c
+/// `smc_wr_rx_tasklet_fn`, smc_cdc.c `smc_cdc_rx_handler`) under no
+/// socket-wide lock.
+pub(super) fn dispatch<P: Provider>(rx: &LinkRx<P>, tokens: &TokenTable<P>, l: LgrId) -> bool {
+    let Some(mut book) = rx.try_book() else {
+        return false;
+    };
+    // (open looked at again under the lock: a link going down is closed,
+    // then polled a last time by the endpoint, `on_link_down`)
+    if !book.queue.is_empty() || !rx.is_open() {
+        return false;
+    }
+    // Set before the poll: a pump that looks at the link without its lock
+    // (`lgr_quiet`) and finds the CQ emptied by this poll sees it, pumps the
+    // group, and waits for the lock (a leader about to sleep would
+    // otherwise miss what this dispatch leaves).
+    rx.set_attention(&book, true);
+    let mut applied = false;
+    // (a failed poll: the endpoint's poll meets it again)
+    while let Ok(n) = rx.poll(&mut book) {
+        for i in 0..n {
+            let wc = book.wcs[i];
+            if !book.queue.is_empty() || wc.status != WcStatus::Success {
+                book.queue.push_back(RxLeft::Wc(wc));
+                continue;
+            }
+            let Ok(len) = rx.peek(&mut book, wc.wr_id, wc.byte_len) else {
+                book.queue.push_back(RxLeft::Wc(wc));
+                continue;
+            };
+            let Ok(WrMessage::Cdc(c)) = WrMessage::decode(&book.msg[..len]) else {
+                book.queue.push_back(RxLeft::Wc(wc));
+                continue;
+            };
+            let found = {
+                let table = tokens.read();
+                table.get(&c.token).filter(|e| e.lgr == l).and_then(|e| {
+                    let mut k = lock(&e.core);
+                    (k.dp.is_some() && k.established).then(|| (e.id, k.on_cdc(&c)))
+                })
+            };
+            let Some((id, done)) = found else {
+                book.queue.push_back(RxLeft::Wc(wc));
+                continue;
+            };
+            applied = true;
+            book.completions += 1;
+            book.cdcs += 1;
+            book.active = true;
+            if !book.marks.contains(&id) {
+                book.marks.push(id);
+            }
+            if done.aborted.is_some() || done.finished {
+                book.queue.push_back(RxLeft::Done(id, done));
+            }
+            if let Err(e) = rx.repost(&book, wc.wr_id) {
+                book.queue.push_back(RxLeft::Repost(e));
+            }
+        }
+        if n < book.wcs.len() {
+            break;
+        }
+    }
+    let left = book.completions > 0 || !book.queue.is_empty() || !book.marks.is_empty();
+    rx.set_attention(&book, left);
+    applied
 }

@@ -88,6 +88,23 @@ pub(super) struct ConnCore<P: Provider> {
     /// direct write of the endpoint granted it, and again from every change
     /// of link on.
     pub(super) fast: Option<FastTx<P>>,
+    /// What a reader that finds nothing polls its link's receive CQ with
+    /// (see [`FastRx`]); `None` until the endpoint's read found nothing on
+    /// the link, and again from every change of link on.
+    pub(super) fast_rx: Option<FastRx<P>>,
+}
+
+/// A grant to poll the receive CQ of the connection's link without the
+/// endpoint ([`FastConn::try_read`], `cdc_recv::dispatch`): the link's
+/// receive side, its group and the endpoint's token table, valid while the
+/// connection's link epoch is the one it was made on and the link is open
+/// to it (`LinkRx::open`: the group's only link, active).
+pub(super) struct FastRx<P: Provider> {
+    pub(super) rx: Arc<super::link::LinkRx<P>>,
+    pub(super) tokens: Arc<TokenTable<P>>,
+    pub(super) lgr: super::LgrId,
+    pub(super) slot: usize,
+    pub(super) epoch: u64,
 }
 
 /// A grant to write directly without the endpoint ([`ConnCore::fast_write`]):
@@ -106,6 +123,13 @@ pub(super) struct FastTx<P: Provider> {
     /// Largest write the device takes inline.
     pub(super) max_inline: usize,
 }
+
+/// What [`FastConn::try_read`] dispatches a link's receive CQ with.
+type DispatchGrant<P> = (
+    Arc<super::link::LinkRx<P>>,
+    Arc<TokenTable<P>>,
+    super::LgrId,
+);
 
 /// What a write of the fast path did ([`FastConn::try_write`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,8 +206,28 @@ impl<P: Provider> FastConn<P> {
     /// consumer-cursor update that the read makes due (§3.4) as
     /// [`Self::try_write`] posts its CDC; the same as `Endpoint::read_into`
     /// followed by the endpoint's flush.
+    ///
+    /// When nothing has arrived yet, it takes what its link's receive CQ
+    /// holds without the endpoint (`cdc_recv::dispatch`: CDCs applied to
+    /// their connections, whatever else left for the endpoint's next
+    /// pump), if the connection may poll that link alone (the grant of
+    /// [`FastRx`]: one active link in its group), and looks again.
     #[inline]
     pub fn try_read(&self, buf: &mut [u8]) -> FastRead {
+        let mut k = lock(&self.core);
+        let r = k.fast_read(buf);
+        if r != FastRead::Declined || buf.is_empty() {
+            return r;
+        }
+        let Some((rx, tokens, l)) = k.dispatch_grant() else {
+            return r;
+        };
+        drop(k);
+        // (the link's receive lock is taken before a connection's core,
+        // by the endpoint's poll as here)
+        if !super::cdc_recv::dispatch(&rx, &tokens, l) {
+            return r;
+        }
         lock(&self.core).fast_read(buf)
     }
 }
@@ -254,6 +298,7 @@ impl<P: Provider> ConnCore<P> {
             lease_waited: false,
             peer_window: None,
             fast: None,
+            fast_rx: None,
         }
     }
 
@@ -263,6 +308,7 @@ impl<P: Provider> ConnCore<P> {
         self.link = to;
         self.epoch = self.epoch.wrapping_add(1);
         self.fast = None;
+        self.fast_rx = None;
     }
 
     /// The fast path's write (see [`FastConn::try_write`]): the conditions
@@ -358,6 +404,29 @@ impl<P: Provider> ConnCore<P> {
     /// an open link with a SEND and send slot to spare beyond this one,
     /// and nothing else of the connection waiting to be sent (so the CDC
     /// carries the cursor alone, as the endpoint's flush would send it).
+    /// What a reader that found nothing polls its link's receive CQ with
+    /// ([`FastConn::try_read`]): `None` unless the connection has nothing
+    /// to read yet and could read alone (established, active close state,
+    /// no read lease or violation) and holds a valid grant to poll its
+    /// link ([`FastRx`]).
+    fn dispatch_grant(&self) -> Option<DispatchGrant<P>> {
+        let dp = self.dp.as_ref()?;
+        let f = self.fast_rx.as_ref()?;
+        if dp.readable() > 0
+            || !self.established
+            || self.read_leased
+            || self.violation.is_some()
+            || self.closer.state() != CloseState::Active
+            || f.epoch != self.epoch
+            || self.link != Some(f.slot)
+            || self.move_to.is_some()
+            || !f.rx.is_open()
+        {
+            return None;
+        }
+        Some((f.rx.clone(), f.tokens.clone(), f.lgr))
+    }
+
     pub(super) fn fast_read(&mut self, buf: &mut [u8]) -> FastRead {
         let (Some(dp), Some(rmb)) = (self.dp.as_mut(), self.rmb.as_ref()) else {
             return FastRead::Declined;
@@ -893,5 +962,33 @@ impl std::hash::Hasher for TokenHasher {
 }
 
 /// The endpoint's connections by alert token.
-pub(super) type TokenTable<P> =
+pub(super) type TokenMap<P> =
     std::collections::HashMap<u32, TokenEntry<P>, std::hash::BuildHasherDefault<TokenHasher>>;
+
+/// The token table as the endpoint and its links' receive dispatch share it
+/// (docs/FAST-PATH.md, step 4): written by the endpoint only, when a
+/// connection joins or leaves a link group (`Endpoint::attach`,
+/// `Endpoint::detach`), read by whoever applies a received CDC, with or
+/// without the device lock.
+pub(super) struct TokenTable<P: Provider>(std::sync::RwLock<TokenMap<P>>);
+
+impl<P: Provider> Default for TokenTable<P> {
+    fn default() -> Self {
+        TokenTable(std::sync::RwLock::new(TokenMap::default()))
+    }
+}
+
+impl<P: Provider> TokenTable<P> {
+    /// The table for lookups. A panic while it was written cannot have left
+    /// a half-inserted entry (a `HashMap` insert or remove either happened
+    /// or did not): it is used as it is.
+    #[inline]
+    pub(super) fn read(&self) -> std::sync::RwLockReadGuard<'_, TokenMap<P>> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The table for the endpoint's changes.
+    pub(super) fn write(&self) -> std::sync::RwLockWriteGuard<'_, TokenMap<P>> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}

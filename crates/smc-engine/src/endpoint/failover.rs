@@ -31,6 +31,17 @@ impl<P: Provider> Endpoint<P> {
             .get(l)
             .and_then(Option::as_ref)
             .is_some_and(|lg| lg.group.usable_links() > 0);
+        // (no receive dispatch of the connections' on it from here on: its
+        // last poll below takes what one left, `cdc_recv::dispatch`)
+        if let Some(res) = self
+            .lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .and_then(|lg| lg.links.get(slot))
+            .and_then(Option::as_ref)
+        {
+            res.rx.set_open(false);
+        }
         self.poll_send(l, slot)?;
         self.poll_recv(l, slot, now)?;
         if self.lgr_step(l, LgrEvent::LinkDown { usable_left }) == LgrAction::MoveConnections {

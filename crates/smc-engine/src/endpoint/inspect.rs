@@ -185,6 +185,13 @@ impl<P: Provider> Endpoint<P> {
         })
     }
 
+    /// Received CDCs that a reader applied without the device lock
+    /// (`FastConn::try_read`), so far, as far as the endpoint's pumps have
+    /// taken them (counted in [`Self::msg_counts`] too).
+    pub fn cdc_dispatched(&self) -> u64 {
+        self.cdc_dispatched
+    }
+
     /// CDC and LLC messages this endpoint sent and received so far.
     pub fn msg_counts(&self) -> MsgCounts {
         MsgCounts {

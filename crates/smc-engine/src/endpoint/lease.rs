@@ -234,9 +234,14 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         max: usize,
     ) -> std::result::Result<ReadPlan, ConnError> {
-        self.core(id)
+        let plan = self
+            .core(id)
             .ok_or(ConnError::NotConnected)?
-            .read_lease(max)
+            .read_lease(max);
+        if matches!(plan, Ok(ReadPlan::Empty)) {
+            self.grant_rx(id);
+        }
+        plan
     }
 
     /// Whether a read or write of connection `id` was turned away because of

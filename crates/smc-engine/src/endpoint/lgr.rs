@@ -318,7 +318,7 @@ impl<P: Provider> Endpoint<P> {
             k.sndbuf = Some(sndbuf);
         }
         // (where its CDCs go, see `endpoint/conn_core.rs`)
-        self.by_token.insert(
+        self.by_token.write().insert(
             c.token,
             TokenEntry {
                 id,
@@ -332,7 +332,7 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn detach(&mut self, id: ConnId, l: LgrId) {
         let token = self.conns.get(id).and_then(Option::as_ref).map(|c| c.token);
         if let Some(t) = token {
-            self.by_token.remove(&t);
+            self.by_token.write().remove(&t);
         }
         let empty = match self.lgrs.get_mut(l).and_then(Option::as_mut) {
             Some(lg) => {

@@ -92,11 +92,12 @@ impl SendSlot {
 /// One link's provider objects and send bookkeeping.
 pub(super) struct LinkRes<P: Provider> {
     pub scq: P::Cq,
-    pub rcq: P::Cq,
-    /// The QP (shared with [`LinkTx`]: posting takes `&self`, providers
-    /// synchronize it internally).
+    /// The QP (shared with [`LinkTx`] and [`LinkRx`]: posting takes `&self`,
+    /// providers synchronize it internally).
     pub qp: Arc<P::Qp>,
-    pub recv: P::Mr,
+    /// The receive side: its CQ, the receive buffers and their re-posting,
+    /// behind a lock of the link's own.
+    pub rx: Arc<LinkRx<P>>,
     /// Our initial send PSN.
     pub psn: u32,
     /// The peer's end, once known.
@@ -133,6 +134,154 @@ pub(super) struct LinkTx<P: Provider> {
     /// Set when a fast post failed ([`TxBook::broken`]): the endpoint's next
     /// pump looks.
     attention: AtomicBool,
+}
+
+/// A link's receive side (docs/FAST-PATH.md, step 4): the receive CQ, the
+/// registered receive buffers and the QP they are posted to again, polled
+/// under a lock of the link's own ([`Self::book`]) so that one poller at a
+/// time takes completions, copies their buffers out and re-posts them, in
+/// the CQ's order (the LLC and CDC order of the link, §4.2), whether it
+/// holds the device lock or not.
+pub(super) struct LinkRx<P: Provider> {
+    qp: Arc<P::Qp>,
+    recv: P::Mr,
+    /// The receive CQ. Arming it and looking whether it may have work need
+    /// no lock (`CompletionQueue` takes `&self`); polling it does.
+    pub cq: P::Cq,
+    book: Mutex<RxBook>,
+    /// A dispatch without the device lock left something in [`RxBook`] for
+    /// the endpoint (`RxBook::queue`, flush marks, the link's activity, the
+    /// completions it counted): the link's group is not quiet until the
+    /// endpoint's next poll of the link took it.
+    attention: AtomicBool,
+    /// The endpoint lets connections poll this link without it
+    /// (`Endpoint::open_rx`: the group's only link, active); closed when the
+    /// link is stopped or released.
+    open: AtomicBool,
+}
+
+/// What a link's receive poller keeps under [`LinkRx`]'s lock: the buffers
+/// a poll fills, kept so that a poll does not initialize them each time.
+#[derive(Default)]
+pub(super) struct RxBook {
+    /// One receive buffer's bytes (a CDC or LLC message), copied out before
+    /// the buffer is posted again.
+    pub msg: Vec<u8>,
+    /// The completions of one poll.
+    pub wcs: Vec<smc_rdma::WorkCompletion>,
+    /// What a dispatch without the device lock (`cdc_recv::dispatch`) left
+    /// for the endpoint, in the CQ's order: once anything is here, every
+    /// later completion is queued too, and the endpoint's poll takes these
+    /// before it polls the CQ, so that the link's LLC and CDC order holds.
+    pub queue: VecDeque<RxLeft>,
+    /// Connections that CDCs applied by such a dispatch marked to send
+    /// (`Endpoint::mark_tx`), each once.
+    pub marks: Vec<ConnId>,
+    /// Such a dispatch received something on the link (the group's
+    /// `on_rx_activity`, at the endpoint's next poll).
+    pub active: bool,
+    /// Completions and CDCs such a dispatch applied, not yet counted by the
+    /// endpoint.
+    pub completions: u64,
+    pub cdcs: u64,
+}
+
+/// A receive completion that a dispatch without the device lock left to the
+/// endpoint (see [`RxBook::queue`]).
+pub(super) enum RxLeft {
+    /// Not looked at, or not for the dispatch to handle (LLC, a failed
+    /// completion, a CDC of an unknown token or of another group, a
+    /// connection not yet established): its receive buffer is not posted
+    /// again yet, and the endpoint handles it as if it had polled it now.
+    Wc(smc_rdma::WorkCompletion),
+    /// A CDC applied to connection `.0` that left the endpoint something to
+    /// do: an abort or a finished close.
+    Done(ConnId, super::conn_core::CdcDone),
+    /// Posting a receive buffer again failed.
+    Repost(smc_rdma::Error),
+}
+
+impl<P: Provider> LinkRx<P> {
+    /// The link's receive side, locked for a poll (a panic while it was
+    /// held leaves at worst a receive buffer not posted again, which the
+    /// link survives with one buffer fewer: it is used as it is).
+    #[inline]
+    pub fn book(&self) -> MutexGuard<'_, RxBook> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The link's receive side for a dispatch that must not wait: `None`
+    /// while another poller has it.
+    #[inline]
+    pub fn try_book(&self) -> Option<MutexGuard<'_, RxBook>> {
+        match self.book.try_lock() {
+            Ok(b) => Some(b),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Whether connections may poll the link without the endpoint.
+    #[inline]
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Opens or closes the link to connections' own polls.
+    pub fn set_open(&self, on: bool) {
+        if self.open.load(Ordering::Relaxed) != on {
+            self.open.store(on, Ordering::Release);
+        }
+    }
+
+    /// Whether a dispatch left something for the endpoint (see
+    /// [`RxBook::queue`]).
+    #[inline]
+    pub fn attention(&self) -> bool {
+        self.attention.load(Ordering::SeqCst)
+    }
+
+    /// Sets or clears [`Self::attention`] (the caller holds `book`).
+    #[inline]
+    pub fn set_attention(&self, _book: &RxBook, on: bool) {
+        self.attention.store(on, Ordering::SeqCst);
+    }
+
+    /// Copies the message of receive completion `wr_id` (`len` bytes) into
+    /// `book.msg` without posting its buffer again (the caller holds
+    /// `book`); its length.
+    pub fn peek(&self, book: &mut RxBook, wr_id: u64, len: u32) -> Result<usize> {
+        if book.msg.len() != RECV_SLOT_LEN {
+            book.msg.resize(RECV_SLOT_LEN, 0);
+        }
+        let n = (len as usize).min(RECV_SLOT_LEN);
+        self.recv
+            .read_at(wr_id as usize * RECV_SLOT_LEN, &mut book.msg[..n])?;
+        Ok(n)
+    }
+
+    /// Posts receive buffer `wr_id` again (the caller holds `book`).
+    pub fn repost(&self, _book: &RxBook, wr_id: u64) -> Result<()> {
+        let sge = self
+            .recv
+            .sge(wr_id as usize * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
+        self.qp.post_recv(&RecvWr {
+            wr_id,
+            sges: &[sge],
+        })
+    }
+
+    /// Polls the receive CQ into `book.wcs` (the caller holds `book`).
+    #[inline]
+    pub fn poll(&self, book: &mut RxBook) -> Result<usize> {
+        if book.wcs.len() != super::cdc_send::POLL_BATCH {
+            book.wcs.resize(
+                super::cdc_send::POLL_BATCH,
+                smc_rdma::WorkCompletion::default(),
+            );
+        }
+        self.cq.poll(&mut book.wcs)
+    }
 }
 
 /// The send bookkeeping of a link (see [`LinkTx`]).
@@ -229,11 +378,18 @@ impl<P: Provider> LinkRes<P> {
             }),
             attention: AtomicBool::new(false),
         });
+        let rx = Arc::new(LinkRx {
+            qp: qp.clone(),
+            recv,
+            cq: rcq,
+            book: Mutex::new(RxBook::default()),
+            attention: AtomicBool::new(false),
+            open: AtomicBool::new(false),
+        });
         Ok(LinkRes {
             scq,
-            rcq,
             qp,
-            recv,
+            rx,
             psn,
             peer_gid: Gid::ZERO,
             peer_qpn: 0,
@@ -376,7 +532,7 @@ impl<P: Provider> LinkRes<P> {
         if send {
             self.arm_send()?;
         }
-        self.rcq.req_notify()
+        self.rx.cq.req_notify()
     }
 
     /// Asks the send CQ to signal the endpoint's channel at its next completion.
@@ -394,6 +550,7 @@ impl<P: Provider> LinkRes<P> {
     /// Stops the link's QP: outstanding work requests flush.
     pub fn shut(&self) {
         self.book().open = false;
+        self.rx.set_open(false);
         let _ = self.qp.modify(&QpModify::Err);
     }
 
@@ -411,8 +568,9 @@ impl<P: Provider> LinkRes<P> {
 impl<P: Provider> Drop for LinkRes<P> {
     fn drop(&mut self) {
         // connections may still hold the link's send side: no fast post
-        // once the endpoint has let the link go
+        // once the endpoint has let the link go, nor a poll of its receive side
         self.book().open = false;
+        self.rx.set_open(false);
     }
 }
 

@@ -286,6 +286,7 @@ impl<P: Provider> Endpoint<P> {
         // a link that failed while sending is dealt with now, not next time
         self.drain_lgr(l, now)?;
         self.close_fast(l);
+        self.open_rx(l);
         Ok(())
     }
 
@@ -296,7 +297,9 @@ impl<P: Provider> Endpoint<P> {
     /// with no message or timer to follow they would wait for the group's
     /// keepalive), every link connected with nothing to poll on either CQ
     /// (`CompletionQueue::may_have_work`, which the providers without a
-    /// cheap look answer `true`: their groups are always pumped). A group
+    /// cheap look answer `true`: their groups are always pumped) and
+    /// nothing left by a receive dispatch without the device lock
+    /// (`LinkRx::attention`). A group
     /// in any other state, or whose timers are due, is pumped whole.
     fn lgr_quiet(&self, l: LgrId) -> bool {
         let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
@@ -305,11 +308,12 @@ impl<P: Provider> Endpoint<P> {
         lg.state == LgrState::Active
             && lg.rkey_queue.is_empty()
             && !lg.group.has_work()
-            && lg
-                .links
-                .iter()
-                .flatten()
-                .all(|r| r.connected && !r.scq.may_have_work() && !r.rcq.may_have_work())
+            && lg.links.iter().flatten().all(|r| {
+                r.connected
+                    && !r.scq.may_have_work()
+                    && !r.rx.cq.may_have_work()
+                    && !r.rx.attention()
+            })
     }
 
     /// Whether a connection of group `l` is marked to send (`mark_tx`).
@@ -415,7 +419,7 @@ impl<P: Provider> Endpoint<P> {
             lg.links
                 .iter()
                 .flatten()
-                .any(|r| r.scq.may_have_work() || r.rcq.may_have_work())
+                .any(|r| r.scq.may_have_work() || r.rx.cq.may_have_work() || r.rx.attention())
         })
     }
 }

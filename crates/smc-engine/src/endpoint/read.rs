@@ -6,6 +6,7 @@
 //! `smc_rx_recv_urg`).
 
 use super::conn::ConnError;
+use super::conn_core::{lock, FastRx};
 use super::{ConnId, Endpoint};
 use smc_rdma::Provider;
 
@@ -38,11 +39,47 @@ impl<P: Provider> Endpoint<P> {
             .core(id)
             .ok_or(ConnError::NotConnected)?
             .read_into(buf)?;
+        self.grant_rx(id);
         if due {
             // (a consumer cursor update may be due)
             self.mark_tx(id);
         }
         Ok(n)
+    }
+
+    /// After a read of connection `id` through the endpoint: its next reads
+    /// may poll its link's receive CQ themselves (`FastRx`), unless they may
+    /// already.
+    pub(super) fn grant_rx(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+            return;
+        };
+        let Some(l) = c.lgr else { return };
+        let mut k = lock(&c.core);
+        let Some(slot) = k.link else { return };
+        if k.fast_rx
+            .as_ref()
+            .is_some_and(|f| f.epoch == k.epoch && f.slot == slot)
+        {
+            return;
+        }
+        let Some(res) = self
+            .lgrs
+            .get(l)
+            .and_then(Option::as_ref)
+            .and_then(|lg| lg.links.get(slot))
+            .and_then(Option::as_ref)
+        else {
+            return;
+        };
+        let epoch = k.epoch;
+        k.fast_rx = Some(FastRx {
+            rx: res.rx.clone(),
+            tokens: self.by_token.clone(),
+            lgr: l,
+            slot,
+            epoch,
+        });
     }
 
     /// Bytes received and not yet read.

@@ -291,6 +291,31 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// Opens the receive side of group `l`'s link to the connections' own
+    /// receive dispatch ([`FastConn::try_read`]) while the group is one
+    /// active link, and closes it otherwise: with two links a connection's
+    /// CDCs may come on either, and a failover's (§7.2) are the endpoint's
+    /// to order. Looked at by every pump of the group.
+    pub(super) fn open_rx(&mut self, l: LgrId) {
+        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+            return;
+        };
+        let mut links = lg.links.iter().enumerate().filter(|(_, r)| r.is_some());
+        let single = match (links.next(), links.next()) {
+            (Some((slot, _)), None) => {
+                lg.state == LgrState::Active
+                    && lg
+                        .group
+                        .link(slot)
+                        .is_some_and(|k| k.state == LinkState::Active)
+            }
+            _ => false,
+        };
+        for res in lg.links.iter().flatten() {
+            res.rx.set_open(single && res.connected);
+        }
+    }
+
     /// Connection `id`'s handle for the fast path ([`FastConn`]): what it
     /// can do without the endpoint. `None` for an unknown connection.
     pub fn fast_conn(&self, id: ConnId) -> Option<FastConn<P>> {
