@@ -1379,9 +1379,8 @@ mod tests {
             a.failover_rewind();
             // the new link: the peer reads whatever arrives and says so
             let mut peer_cons = 0u64;
-            let mut seqno = 100;
             let mut done_at = None;
-            for _ in 0..100 {
+            for seqno in 101..200 {
                 let Some(b) = a.poll_tx() else { break };
                 a.on_cdc_sent(b.cdc.seqno).unwrap();
                 let prod = peer_cons + b.writes.iter().map(|w| w.len as u64).sum::<u64>();
@@ -1389,7 +1388,6 @@ mod tests {
                     done_at = Some(prod);
                 }
                 peer_cons = prod;
-                seqno += 1;
                 let update = CdcMessage {
                     seqno,
                     token: 0,
