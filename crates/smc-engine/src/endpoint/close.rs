@@ -1,8 +1,8 @@
-//! Closing: `shutdown` and `close` of the application (unsent data first,
-//! dropped after `SMC_MAX_STREAM_WAIT_TIMEOUT`), release of a connection,
-//! aborts, the end of the TCP connection (a peer that died), and the close
-//! state as the application sees it. The close decisions are smc-proto's
-//! [`Closer`].
+//! Closing: `shutdown` and `close` of the application (unsent data first;
+//! after a `close`, dropped after `SMC_MAX_STREAM_WAIT_TIMEOUT`), release
+//! of a connection, aborts, the end of the TCP connection (a peer that
+//! died), and the close state as the application sees it. The close
+//! decisions are smc-proto's [`Closer`].
 //!
 //! Spec: `protocol-llc-cdc.md` §5 (close: what is sent, active and passive
 //! transitions, §5.5 abort, §5.6 timeouts). Linux: smc_close.c
@@ -105,18 +105,34 @@ impl<P: Provider> Endpoint<P> {
             .is_some_and(|k| k.closer.rx_flags().any_close())
     }
 
-    /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first; after
-    /// `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) without room at the peer it is dropped
-    /// and the close is sent anyway, as Linux does (§5.2). Unlike Linux the
-    /// 2 s start over whenever the peer takes some of it: our send buffer
-    /// (1 MiB by default) can hold far more than a slow reader takes in 2 s
-    /// (Linux's holds 64 KiB), and a peer that is still reading must get every
-    /// byte a write accepted.
+    /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first, and the
+    /// close flags with the last byte (§5.2).
+    ///
+    /// After `close()` the data is dropped after `SMC_MAX_STREAM_WAIT_TIMEOUT`
+    /// (2 s) without room at the peer and the close is sent anyway, as Linux
+    /// does (§5.2; smc_close.c `smc_close_active` → `smc_close_stream_wait`).
+    /// Unlike Linux the 2 s start over whenever the peer takes some of it
+    /// (a failover's replay counts: its rewind releases the failover
+    /// reserve, `DataPath::set_failover_reserve`): our send buffer (1 MiB by
+    /// default) can hold far more than a slow reader takes in 2 s (Linux's
+    /// holds 64 KiB), and a peer that is still reading must get every byte a
+    /// write accepted.
+    ///
+    /// After `shutdown(SHUT_WR)` nothing is dropped: the connection lives on
+    /// (the application still reads, and may close later, which starts the
+    /// wait above), and a TCP socket never drops what a write accepted
+    /// because the peer paused. Linux's `smc_close_shutdown_write` sends
+    /// done_writing after the same 2 s wait, before the data left in its
+    /// send buffer, which its reader then takes for the end of the stream
+    /// (smc_rx.c `smc_rx_recvmsg` stops at the receive shutdown that
+    /// `peer_done_writing` sets, with nothing readable): a reader that
+    /// paused for 2 s (a loaded machine) would lose the end of the stream.
     pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
         self.conn_event(id);
         let deadline = self.now + MAX_STREAM_WAIT;
         let wait = self.core(id).and_then(|mut k| k.close(ev));
-        if let (Some(unsent), Some(c)) = (wait, self.conn(id)) {
+        let gives_up = matches!(ev, CloseEvent::AppClose { .. });
+        if let (Some(unsent), Some(c), true) = (wait, self.conn(id), gives_up) {
             c.close_deadline = Some(deadline);
             c.close_unsent = unsent;
         }
