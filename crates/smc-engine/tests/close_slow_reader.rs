@@ -1,7 +1,8 @@
-//! A close while the send buffer still holds data for a peer that reads
-//! slowly: everything `write` accepted must arrive. Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) ends a
-//! close's wait when the peer makes no room; a peer that keeps reading gets
-//! everything.
+//! A close or a shutdown while the send buffer still holds data for a peer
+//! that reads slowly: everything `write` accepted must arrive. Linux's
+//! `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) ends a close's wait when the peer
+//! makes no room; a peer that keeps reading gets everything, and a shutdown
+//! never gives up on it.
 
 mod common;
 
