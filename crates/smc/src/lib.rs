@@ -58,9 +58,11 @@
 //!
 //! Closing (dropping the last handle of) an SMC-R `SmcStream` blocks until its
 //! unsent data and the close have been handed to the device — at most about
-//! 3 s: after Linux's 2 s `SMC_MAX_STREAM_WAIT_TIMEOUT` without room at the
-//! peer, unsent data is dropped and the close goes out anyway, as Linux's
-//! close() does. A kernel socket's data outlives its process; a user-space
+//! 3 s (Linux's close() blocks up to its 2 s `SMC_MAX_STREAM_WAIT_TIMEOUT`).
+//! After that the engine goes on sending in the background while the peer
+//! takes data, and aborts the connection when the peer takes none for 30 s:
+//! written data is never dropped before a clean close, its reader gets an
+//! error instead. A kernel socket's data outlives its process; a user-space
 //! connection's would not, so a process may exit right after closing. The
 //! tokio adapter's drop does not block; `shutdown().await` completes once the
 //! data and the shutdown have left.

@@ -218,9 +218,9 @@ const LEASE_MIN: usize = 4096;
 const DIRECT_WAIT: Duration = Duration::from_micros(40);
 
 /// How long closing a connection waits for its unsent data and close CDC to
-/// leave: the engine's own bound (Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT`, 2 s,
-/// after which unsent data is dropped and the close goes out anyway) plus a
-/// margin. Linux's close() blocks the same way; in
+/// leave: Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) plus a margin (the
+/// engine goes on in the background, see the crate documentation). Linux's
+/// close() blocks the same way; in
 /// user space it matters more: a process that exits right after close() takes
 /// its unsent data with it, there is no kernel to finish the job.
 const LINGER: Duration = Duration::from_secs(3);

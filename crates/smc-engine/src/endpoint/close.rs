@@ -1,8 +1,8 @@
-//! Closing: `shutdown` and `close` of the application (unsent data first,
-//! dropped after `SMC_MAX_STREAM_WAIT_TIMEOUT`), release of a connection,
-//! aborts, the end of the TCP connection (a peer that died), and the close
-//! state as the application sees it. The close decisions are smc-proto's
-//! [`Closer`].
+//! Closing: `shutdown` and `close` of the application (unsent data first;
+//! after a `close`, an abort when the peer takes none for long), release
+//! of a connection, aborts, the end of the TCP connection (a peer that
+//! died), and the close state as the application sees it. The close
+//! decisions are smc-proto's [`Closer`].
 //!
 //! Spec: `protocol-llc-cdc.md` §5 (close: what is sent, active and passive
 //! transitions, §5.5 abort, §5.6 timeouts). Linux: smc_close.c
@@ -22,9 +22,12 @@ use std::time::Duration;
 /// the peer is taken for dead.
 pub const PEER_GONE_GRACE: Duration = Duration::from_secs(1);
 
-/// Longest wait for the send buffer to drain before a close (Linux
-/// `SMC_MAX_STREAM_WAIT_TIMEOUT`).
-pub(super) const MAX_STREAM_WAIT: Duration = Duration::from_secs(2);
+/// Longest wait without progress for the send buffer to drain after a
+/// `close()` before the connection is aborted (see [`Endpoint::close`]).
+/// Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT` is 2 s, spent blocked in close();
+/// here the application's close blocks for about that long at most (the
+/// `smc` crate's drop), and the engine waits on in the background.
+pub(super) const MAX_STREAM_WAIT: Duration = Duration::from_secs(30);
 
 impl<P: Provider> Endpoint<P> {
     /// The TCP connection closed or failed during the handshake.
@@ -105,18 +108,36 @@ impl<P: Provider> Endpoint<P> {
             .is_some_and(|k| k.closer.rx_flags().any_close())
     }
 
-    /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first; after
-    /// `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) without room at the peer it is dropped
-    /// and the close is sent anyway, as Linux does (§5.2). Unlike Linux the
-    /// 2 s start over whenever the peer takes some of it: our send buffer
-    /// (1 MiB by default) can hold far more than a slow reader takes in 2 s
-    /// (Linux's holds 64 KiB), and a peer that is still reading must get every
-    /// byte a write accepted.
+    /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first, and the
+    /// close flags with the last byte (§5.2); nothing is dropped while the
+    /// peer takes some of it, as a TCP socket keeps sending what a write
+    /// accepted after a shutdown or a close.
+    ///
+    /// After `close()` a peer that takes nothing for [`MAX_STREAM_WAIT`]
+    /// (30 s) ends the wait: the connection is aborted, so that its reader
+    /// gets an error rather than an end of file after a shortened stream.
+    /// Linux waits `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) in close() and
+    /// shutdown() (smc_close.c `smc_close_active`,
+    /// `smc_close_shutdown_write` → `smc_close_stream_wait`), then sends the
+    /// close flags ahead of the data left in its send buffer, which its
+    /// reader takes for the end of the stream (smc_rx.c `smc_rx_recvmsg`
+    /// stops at the receive shutdown that the flags set, with nothing
+    /// readable): a reader that paused for 2 s (a loaded machine) would
+    /// silently lose the end of the stream. Our send buffer (1 MiB by
+    /// default) also holds far more than a slow reader takes in 2 s (Linux's
+    /// holds 64 KiB). The wait starts over whenever the peer takes some (a
+    /// failover's replay counts: its rewind releases the failover reserve,
+    /// `DataPath::set_failover_reserve`).
+    ///
+    /// After `shutdown(SHUT_WR)` there is no bound: the connection lives on
+    /// (the application still reads, and may close later, which starts the
+    /// wait above).
     pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
         self.conn_event(id);
         let deadline = self.now + MAX_STREAM_WAIT;
         let wait = self.core(id).and_then(|mut k| k.close(ev));
-        if let (Some(unsent), Some(c)) = (wait, self.conn(id)) {
+        let gives_up = matches!(ev, CloseEvent::AppClose { .. });
+        if let (Some(unsent), Some(c), true) = (wait, self.conn(id), gives_up) {
             c.close_deadline = Some(deadline);
             c.close_unsent = unsent;
         }

@@ -247,8 +247,22 @@ impl<P: Provider> Endpoint<P> {
                 self.sweep_due = true;
                 self.timer_events += 1;
                 c.close_deadline = None;
-                if let Some(dp) = k.dp.as_mut() {
-                    dp.discard_unsent();
+                if unsent.is_some_and(|n| n > 0) {
+                    // Data a write accepted cannot go: an abort, never a
+                    // close after a shortened stream (see `Endpoint::close`).
+                    // (the abort flag goes out whatever the close state: a
+                    // peer's abort may have closed it, while our final close
+                    // still waited for the data)
+                    k.close_event(CloseEvent::Kill { can_send: true });
+                    if let Some(dp) = k.dp.as_mut() {
+                        dp.set_close_flags(CloseFlags {
+                            abort: true,
+                            ..dp.close_flags_sent()
+                        });
+                    }
+                    drop(k);
+                    self.event_aborted(id, super::events::AbortCause::Local);
+                    self.mark_tx(id);
                 }
             }
         }

@@ -8,8 +8,8 @@
 //!
 //! * each connection: its handshake deadline (`protocol-clc.md` §4.6), the
 //!   late-Decline waits, the peer-gone grace after its TCP end, the close
-//!   wait for unsent data (`SMC_MAX_STREAM_WAIT_TIMEOUT`, §5.6 of
-//!   `protocol-llc-cdc.md`). Their earliest is kept in a heap of
+//!   wait for unsent data (`endpoint/close.rs`; Linux's
+//!   `SMC_MAX_STREAM_WAIT_TIMEOUT`, §5.6 of `protocol-llc-cdc.md`). Their earliest is kept in a heap of
 //!   `(deadline, connection)`, so that neither asking for the next deadline
 //!   nor running the due ones walks the idle connections. An entry is
 //!   pushed when a connection's earliest deadline comes before the one it
