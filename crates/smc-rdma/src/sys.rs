@@ -1063,6 +1063,36 @@ pub fn send_signal(pid: u32, sig: Signal) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling thread's id (`gettid(2)`), the name /proc gives it in this
+/// process's pid namespace.
+pub fn thread_id() -> u32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// The inode of this process's pid namespace (`/proc/self/ns/pid`), 0 when
+/// it cannot be read: two processes name each other's threads alike only
+/// when theirs are the same.
+pub fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
+/// The scheduler state of thread `tid` of this pid namespace, the letter
+/// of the third field of `/proc/TID/stat` (proc(5): `R` running or
+/// runnable, `S` sleeping, `D` waiting in the kernel, `T` stopped, ...), or
+/// `None` if there is no such thread or the file cannot be read.
+pub fn thread_state(tid: u32) -> Option<u8> {
+    if tid == 0 {
+        return None;
+    }
+    let stat = std::fs::read(format!("/proc/{tid}/stat")).ok()?;
+    // The command name (second field) is in parentheses and may hold any
+    // byte, ")" too: the state follows the last ")".
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    stat.get(close + 2).copied()
+}
+
 /// Whether the process runs as root (tests needing netns/veth check this).
 pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
@@ -1072,6 +1102,13 @@ pub fn is_root() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_thread_reads_as_runnable_and_a_missing_one_as_unknown() {
+        assert_eq!(thread_state(thread_id()), Some(b'R'));
+        assert_eq!(thread_state(0), None);
+        assert_ne!(pid_namespace(), 0);
+    }
 
     #[test]
     fn shared_mem_bounds_and_sharing() {

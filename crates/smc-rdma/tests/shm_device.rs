@@ -169,6 +169,53 @@ fn peer_process_hang_detected_within_bound_without_traffic() {
     );
 }
 
+/// A peer whose device thread waits for a CPU (a loaded machine) is not
+/// taken for dead when its heartbeats stop for `peer_timeout`, as a hung or
+/// stopped one is, but only after a bound of its own (8 times as long).
+#[test]
+fn a_starved_peer_keeps_its_link_for_a_while_and_not_for_ever() {
+    let timeout = Duration::from_millis(200);
+    let h = setup!(make_inproc_with(&ConnParams::default(), timeout));
+    let starved = |on| h.peer.ep.dev.starve(on);
+    let rts_for = |d: Duration| {
+        let t0 = Instant::now();
+        while t0.elapsed() < d {
+            if h.local.qp.state() == QpState::Err {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    };
+    // (both sides meet their peers first)
+    assert!(rts_for(timeout));
+    starved(true);
+    let kept = rts_for(timeout * 3);
+    starved(false);
+    assert!(kept, "a starved peer was taken for dead");
+    assert!(
+        rts_for(timeout * 2),
+        "the link went after the peer ran again"
+    );
+    assert_eq!(h.local.dev.poll_async_event(), None);
+    starved(true);
+    let t0 = Instant::now();
+    let kept = rts_for(timeout * 14);
+    let dt = t0.elapsed();
+    starved(false);
+    assert!(!kept, "a peer starved for ever kept its link");
+    assert!(
+        dt >= timeout * 8,
+        "a starved peer lost its link after {dt:?}"
+    );
+    assert_eq!(
+        h.local.dev.poll_async_event(),
+        Some(AsyncEvent::QpFatal {
+            qp_num: h.local.qp.qp_num()
+        })
+    );
+}
+
 #[test]
 fn port_down_in_one_namespace_fails_the_peer_in_the_other() {
     port_down_fails_the_peer(Place::NetnsExec);

@@ -163,6 +163,14 @@ pub(super) struct DevShared {
     pub(super) qps: Mutex<KeyMap<u32, Weak<QpInner>>>,
     pub(super) stop: AtomicBool,
     pub(super) frozen: AtomicBool,
+    /// Test hook: the device thread spins without ticking (a thread that
+    /// waits for a CPU on a loaded machine: runnable, no heartbeats).
+    pub(super) starving: AtomicBool,
+    /// The device thread's id (`gettid`), once it runs; written into each
+    /// peer's ring with the heartbeat.
+    pub(super) thread_id: std::sync::atomic::AtomicU32,
+    /// This process's pid namespace (`sys::pid_namespace`).
+    pub(super) pidns: u64,
     /// Test hook: the port is down whatever the interface says.
     pub(super) forced_down: AtomicBool,
     pub(super) wake: EventFd,
@@ -261,6 +269,9 @@ impl ShmDevice {
             qps: Mutex::new(KeyMap::default()),
             stop: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
+            starving: AtomicBool::new(false),
+            thread_id: AtomicU32::new(0),
+            pidns: sys::pid_namespace(),
             forced_down: AtomicBool::new(false),
             wake: EventFd::new()?,
         });
@@ -303,6 +314,14 @@ impl ShmDevice {
     /// Test hook: behave as if this process hung (no heartbeats, no answers).
     pub fn freeze(&self) {
         self.sh.frozen.store(true, SeqCst);
+    }
+
+    /// Test hook: behave as if the device thread waited for a CPU (`true`:
+    /// it spins, runnable, with no heartbeats and no answers) or got one again
+    /// (`false`).
+    pub fn starve(&self, on: bool) {
+        self.sh.starving.store(on, SeqCst);
+        self.sh.wake.signal();
     }
 
     /// Test hook: behave as if the bound interface went down (`true`) or

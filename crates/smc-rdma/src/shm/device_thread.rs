@@ -24,7 +24,7 @@ use super::wire::{Kind, Msg};
 use crate::sys::{self, EventFd, SeqPacket};
 use crate::verbs::*;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release, SeqCst};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -60,10 +60,16 @@ pub(super) fn device_thread(
     let mut accept_paused_until: Option<Instant> = None;
     let mut last_tick = Instant::now();
     let mut ticks: u64 = 0;
+    sh.thread_id.store(sys::thread_id(), Release);
     while !sh.stop.load(Acquire) {
         if sh.frozen.load(Acquire) {
             // Hung on purpose (test hook): no answers, no heartbeats.
             let _ = sh.wake.wait(sh.poll_interval);
+            continue;
+        }
+        if sh.starving.load(Acquire) {
+            // Waiting for a CPU on purpose (test hook): runnable, no ticks.
+            std::hint::spin_loop();
             continue;
         }
         let qps = sh.qp_list();
@@ -270,6 +276,31 @@ pub(super) fn port_check(sh: &DevShared, qps: &[Arc<QpInner>]) {
     }
 }
 
+/// How long a peer whose device thread waits for a CPU keeps its QPs
+/// without a heartbeat: bounded, so that a peer that never runs again is
+/// still taken for dead.
+fn starved_limit(sh: &DevShared) -> Duration {
+    sh.peer_timeout * 8
+}
+
+/// Whether the peer whose heartbeats stopped is starved rather than hung:
+/// its device thread is runnable (`R`) or in the kernel (`D`, say a page
+/// fault on a machine short of memory), as a loaded machine leaves a thread,
+/// where a stopped (`T`, SIGSTOP) or hung (`S` past its tick) one is dead to
+/// us. An RNIC acknowledges in hardware however busy its host's CPUs are;
+/// here a thread acknowledges, and a loaded machine's scheduling delay must
+/// not end links that a RoCE peer would keep.
+/// Only a peer in our pid namespace names its thread as we do; any other is
+/// judged by its heartbeats alone.
+fn peer_starved(sh: &DevShared, own: &Ring<'_>) -> bool {
+    let pidns = own.h(R_PROD_PIDNS).load(Relaxed);
+    if pidns == 0 || pidns != sh.pidns {
+        return false;
+    }
+    let tid = u32::try_from(own.h(R_PROD_TID).load(Relaxed)).unwrap_or(0);
+    matches!(sys::thread_state(tid), Some(b'R' | b'D'))
+}
+
 pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
     if ticks.is_multiple_of(25) {
         sh.publish_gids();
@@ -296,7 +327,11 @@ pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
                     h.last_hb = v;
                     h.last_hb_change = now;
                 }
-                if live && now.duration_since(h.last_hb_change) > sh.peer_timeout {
+                let silent = now.duration_since(h.last_hb_change);
+                if live
+                    && silent > sh.peer_timeout
+                    && (silent > starved_limit(sh) || !peer_starved(sh, &own))
+                {
                     dead = true;
                 }
                 if live && Ring(&h.peer_ring).h(R_CONS_CLOSED).load(Acquire) != 0

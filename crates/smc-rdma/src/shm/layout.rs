@@ -85,6 +85,13 @@ pub const R_ACCESS: usize = 80;
 /// Unused (earlier versions: the receiver QP's PD id, which the writer
 /// compared; the owner now hands out only its QP's PD's regions).
 pub const R_PD: usize = 88;
+/// Sender's device thread id (`gettid`, in the sender's pid namespace), and
+/// with it the inode of that namespace (`R_PROD_PIDNS`): a receiver in the
+/// same namespace can tell a sender whose heartbeats stopped because it waits
+/// for a CPU from one that is stopped or hung (`device_thread::peer_starved`).
+pub const R_PROD_TID: usize = 96;
+/// See [`R_PROD_TID`].
+pub const R_PROD_PIDNS: usize = 104;
 
 /// Slots per ring.
 pub const NSLOTS: u64 = 64;

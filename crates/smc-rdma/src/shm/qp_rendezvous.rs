@@ -17,7 +17,7 @@ use crate::sys::{self, EventFd, SeqPacket, SharedMem};
 use crate::verbs::*;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -341,7 +341,14 @@ impl QpInner {
             return;
         }
         // We may be armed already: ask the peer to signal our consumption.
-        Ring(&l.peer_ring).h(R_TX_NOTIFY).store(1, SeqCst);
+        let peer = Ring(&l.peer_ring);
+        peer.h(R_TX_NOTIFY).store(1, SeqCst);
+        // Who beats our heart, for a peer that finds it silent
+        // (`device_thread::peer_starved`); before the first heartbeat, which
+        // the device thread may be too starved to give.
+        peer.h(R_PROD_TID)
+            .store(self.dev.thread_id.load(Acquire).into(), Relaxed);
+        peer.h(R_PROD_PIDNS).store(self.dev.pidns, Relaxed);
         *lock(&self.hb) = Some(Heartbeat {
             own_ring: c.ring.clone(),
             peer_ring: l.peer_ring.clone(),

@@ -128,6 +128,10 @@ pub fn rundir() -> PathBuf {
 }
 
 pub fn config(veth: &Veth, rundir: &std::path::Path) -> ShmConfig {
+    config_with(veth, rundir, Duration::from_millis(500))
+}
+
+pub fn config_with(veth: &Veth, rundir: &std::path::Path, peer_timeout: Duration) -> ShmConfig {
     ShmConfig {
         devices: vec![
             ShmDeviceConfig {
@@ -140,7 +144,7 @@ pub fn config(veth: &Veth, rundir: &std::path::Path) -> ShmConfig {
             },
         ],
         rundir: rundir.to_path_buf(),
-        peer_timeout: Duration::from_millis(500),
+        peer_timeout,
         poll_interval: Duration::from_millis(10),
     }
 }
@@ -156,9 +160,14 @@ pub struct InProc {
 }
 
 pub fn make_inproc(params: &ConnParams) -> Result<InProc> {
+    make_inproc_with(params, Duration::from_millis(500))
+}
+
+/// [`make_inproc`] with another heartbeat silence for a dead peer.
+pub fn make_inproc_with(params: &ConnParams, peer_timeout: Duration) -> Result<InProc> {
     let veth = Veth::new(false)?;
     let rundir = rundir();
-    let p = ShmProvider::new(config(&veth, &rundir));
+    let p = ShmProvider::new(config_with(&veth, &rundir, peer_timeout));
     let local = Endpoint::open(&p, "shmA", *params)?;
     let mut peer = LocalPeer::new(Endpoint::open(&p, "shmB", *params)?);
     let remote = peer.ep.info();
