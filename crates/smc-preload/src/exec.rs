@@ -536,20 +536,30 @@ execl_variant!(execle, EXECLE);
 /// `close` of a descriptor the library carries reads it.
 pub(crate) static SPAWN: RwLock<()> = RwLock::new(());
 
-fn around_spawn(target: Target<'_>, envp: CArgv, spawn: impl FnOnce() -> c_int) -> c_int {
+/// A spawn (see above) with the stand-ins on the parent's descriptors for
+/// its duration; `started`: whether its result says a child was started
+/// (else the listeners are opted in again).
+fn around_spawn<T>(
+    target: Target<'_>,
+    envp: CArgv,
+    spawn: impl FnOnce() -> T,
+    started: impl FnOnce(&T) -> bool,
+) -> T {
     let listeners = prepare(&target, envp);
     decline_lazy_for_exec();
     let g = SPAWN.write().unwrap_or_else(|e| e.into_inner());
     let saved = detach_connections(true);
     let r = spawn();
+    let e = errno();
     reattach_after_exec(&saved);
     drop(g);
     // (their drop closes through the library's `close`: after the guard)
     drop(saved);
-    if r != 0 {
+    if !started(&r) {
         opt_in_again(&listeners);
     }
     drop(listeners);
+    set_errno(e);
     r
 }
 
@@ -563,11 +573,16 @@ pub unsafe extern "C" fn posix_spawn(
     envp: CArgv,
 ) -> c_int {
     // SAFETY: the caller's arguments, unchanged.
-    around_spawn(path_target(path), envp, || unsafe {
-        real!(posix_spawn: fn(*mut libc::pid_t, CPath, *const c_void, *const c_void, CArgv, CArgv) -> c_int)(
-            pid, path, actions, attr, argv, envp,
-        )
-    })
+    around_spawn(
+        path_target(path),
+        envp,
+        || unsafe {
+            real!(posix_spawn: fn(*mut libc::pid_t, CPath, *const c_void, *const c_void, CArgv, CArgv) -> c_int)(
+                pid, path, actions, attr, argv, envp,
+            )
+        },
+        |&r| r == 0,
+    )
 }
 
 #[no_mangle]
@@ -581,9 +596,171 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     let t = Target::Search(cstr(file).unwrap_or_default());
     // SAFETY: the caller's arguments, unchanged.
-    around_spawn(t, envp, || unsafe {
-        real!(posix_spawnp: fn(*mut libc::pid_t, CPath, *const c_void, *const c_void, CArgv, CArgv) -> c_int)(
-            pid, file, actions, attr, argv, envp,
+    around_spawn(
+        t,
+        envp,
+        || unsafe {
+            real!(posix_spawnp: fn(*mut libc::pid_t, CPath, *const c_void, *const c_void, CArgv, CArgv) -> c_int)(
+                pid, file, actions, attr, argv, envp,
+            )
+        },
+        |&r| r == 0,
+    )
+}
+
+// ----- system, popen -----
+//
+// glibc's `system` and `popen` start `/bin/sh -c COMMAND` with the C
+// library's internal spawn (stdlib/system.c `do_system`, libio/iopopen.c
+// `spawn_process`), which no preload reaches: without more, the shell
+// would inherit the connections' bare TCP sockets (a new image that reads
+// one waits forever, and its writes go where the peer never reads) and, in
+// a shell without the library (a caller that unset `LD_PRELOAD`), listeners
+// still opted in. `popen` returns once the shell is started, so it runs
+// inside `around_spawn` whole. `system` waits for the command: inside
+// `around_spawn` whole it would leave the stand-ins on the caller's
+// descriptors, and hold every other thread's `close`, for as long as the
+// command runs. So while the library has connections or listeners,
+// `system` is done here as POSIX specifies it (XSH `system`), with the
+// interposed `posix_spawn`: the shell spawned with `sh -c -- COMMAND` and
+// the process's environment; in the caller, SIGINT and SIGQUIT ignored
+// (counted across concurrent calls) and SIGCHLD blocked until the shell
+// has ended; in the shell, those the caller did not ignore at their
+// defaults and the caller's signal mask; the shell's wait status, exit
+// status 127 if it could not be started, -1 if waiting failed. Otherwise,
+// and for `system(NULL)`, it is glibc's own.
+
+/// How many `system` calls of the library's run, and the SIGINT and
+/// SIGQUIT actions the first one found (put back by the last).
+static SYSTEM: Mutex<(usize, Option<(libc::sigaction, libc::sigaction)>)> = Mutex::new((0, None));
+
+/// Whether the library has descriptors a spawned shell would inherit.
+fn has_descriptors() -> bool {
+    USED.load(Ordering::Acquire) || COUNT.load(Ordering::Acquire) > 0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn system(command: CPath) -> c_int {
+    if command.is_null() || !has_descriptors() {
+        // SAFETY: the caller's argument, unchanged.
+        return unsafe { real!(system: fn(CPath) -> c_int)(command) };
+    }
+    // SAFETY: `command` is the caller's C string (not NULL), read by the shell.
+    unsafe { run_shell(command) }
+}
+
+/// `system(command)` through the interposed `posix_spawn` (see above).
+unsafe fn run_shell(command: CPath) -> c_int {
+    // SAFETY (this function): `sigaction`, `pthread_sigmask` and the
+    // `posix_spawnattr_*` calls get initialised structures owned here (a
+    // zeroed `sigaction`/`sigset_t` is a valid value, filled by the calls);
+    // `argv` is NULL-terminated and lives across the spawn.
+    let (intr, quit) = {
+        let mut s = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
+        if s.0 == 0 {
+            let mut ign: libc::sigaction = unsafe { std::mem::zeroed() };
+            ign.sa_sigaction = libc::SIG_IGN;
+            unsafe { libc::sigemptyset(&mut ign.sa_mask) };
+            let mut intr: libc::sigaction = unsafe { std::mem::zeroed() };
+            let mut quit: libc::sigaction = unsafe { std::mem::zeroed() };
+            unsafe {
+                libc::sigaction(libc::SIGINT, &ign, &mut intr);
+                libc::sigaction(libc::SIGQUIT, &ign, &mut quit);
+            }
+            s.1 = Some((intr, quit));
+        }
+        s.0 += 1;
+        s.1.expect("saved by the first call")
+    };
+    let mut chld: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut omask: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut chld);
+        libc::sigaddset(&mut chld, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &chld, &mut omask);
+    }
+    let mut def: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::sigemptyset(&mut def) };
+    for (sig, old) in [(libc::SIGINT, &intr), (libc::SIGQUIT, &quit)] {
+        if old.sa_sigaction != libc::SIG_IGN {
+            unsafe { libc::sigaddset(&mut def, sig) };
+        }
+    }
+    let mut attr: libc::posix_spawnattr_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::posix_spawnattr_init(&mut attr);
+        libc::posix_spawnattr_setsigdefault(&mut attr, &def);
+        libc::posix_spawnattr_setsigmask(&mut attr, &omask);
+        libc::posix_spawnattr_setflags(
+            &mut attr,
+            (libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK) as libc::c_short,
+        );
+    }
+    let argv: [CPath; 5] = [
+        c"sh".as_ptr(),
+        c"-c".as_ptr(),
+        c"--".as_ptr(),
+        command,
+        std::ptr::null(),
+    ];
+    let mut pid: libc::pid_t = 0;
+    let e = unsafe {
+        posix_spawn(
+            &mut pid,
+            c"/bin/sh".as_ptr(),
+            std::ptr::null(),
+            (&attr as *const libc::posix_spawnattr_t).cast(),
+            argv.as_ptr(),
+            environ(),
         )
-    })
+    };
+    unsafe { libc::posix_spawnattr_destroy(&mut attr) };
+    let mut status = 0;
+    let err = if e == 0 {
+        loop {
+            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if r == pid {
+                break 0;
+            }
+            if r < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            status = -1;
+            break errno();
+        }
+    } else {
+        status = 127 << 8;
+        e
+    };
+    {
+        let mut s = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 -= 1;
+        if s.0 == 0 {
+            unsafe {
+                libc::sigaction(libc::SIGINT, &intr, std::ptr::null_mut());
+                libc::sigaction(libc::SIGQUIT, &quit, std::ptr::null_mut());
+            }
+            s.1 = None;
+        }
+    }
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &omask, std::ptr::null_mut()) };
+    if err != 0 {
+        set_errno(err);
+    }
+    status
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: CPath, mode: CPath) -> *mut libc::FILE {
+    if !has_descriptors() {
+        // SAFETY: the caller's arguments, unchanged.
+        return unsafe { real!(popen: fn(CPath, CPath) -> *mut libc::FILE)(command, mode) };
+    }
+    around_spawn(
+        Target::Path(c"/bin/sh"),
+        environ(),
+        // SAFETY: as above.
+        || unsafe { real!(popen: fn(CPath, CPath) -> *mut libc::FILE)(command, mode) },
+        |f| !f.is_null(),
+    )
 }

@@ -20,6 +20,9 @@
  *   exec server-leak PORTFILE PROG  forks a child that execs PROG (`idle`)
  *                            with the listening socket left open, waits for
  *                            it, then serves one connection itself
+ *   exec server-system PORTFILE  the listening socket handed to this program
+ *                            (`serve`) by system(), LD_PRELOAD unset first
+ *   exec server-popen PORTFILE  the same by popen(), its output relayed
  *   exec idle                exits
  *   exec serve FD [PORTFILE] serves the listening socket FD (its port
  *                            written to PORTFILE first)
@@ -37,6 +40,14 @@
  *   exec client PORT spawn-stdin  the same with the descriptor close-on-exec
  *                            and the spawn's file actions putting it on the
  *                            child's stdin; the parent's stays close-on-exec
+ *   exec client PORT system  pings, runs `after` on the connection's
+ *                            descriptor by system(), pings again
+ *   exec client PORT system-plain  the same, `after` run through
+ *                            `env -u LD_PRELOAD` (no library there)
+ *   exec client PORT popen   the same by popen(), its output relayed
+ *   exec client PORT vfork   pings, vforks a child that moves the
+ *                            connection's descriptor to 100 and execs
+ *                            `after` on it, then pings again
  *   exec after FD            what each call on FD does (never blocks)
  */
 #define _GNU_SOURCE
@@ -133,6 +144,24 @@ static int server_plain(const char *portfile, const char *how, const char *prog,
         if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { printf("child failed\n"); return 1; }
         write_port(l, portfile);
         return serve(l);
+    }
+    if (!strcmp(how, "system") || !strcmp(how, "popen")) {
+        /* (a program that clears its children's environment first) */
+        unsetenv("LD_PRELOAD");
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "'%s' serve %s '%s'", self, fd, portfile);
+        if (!strcmp(how, "system")) {
+            int st = system(cmd);
+            if (!WIFEXITED(st) || WEXITSTATUS(st)) { printf("system failed\n"); return 1; }
+            return 0;
+        }
+        FILE *f = popen(cmd, "r");
+        if (!f) die("popen");
+        char line[256];
+        while (fgets(line, sizeof line, f)) fputs(line, stdout);
+        int st = pclose(f);
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) { printf("popen failed\n"); return 1; }
+        return 0;
     }
     pid_t p;
     int e = posix_spawnp(&p, prog, NULL, NULL, (char *[]){(char *)prog, "serve", fd, (char *)portfile, NULL}, environ);
@@ -308,6 +337,56 @@ static int client(int port, const char *mode, const char *self) {
         close(s);
         return 0;
     }
+    if (!strcmp(mode, "system") || !strcmp(mode, "system-plain") || !strcmp(mode, "popen")) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "%s'%s' after %s", strcmp(mode, "system-plain") ? "" : "env -u LD_PRELOAD ",
+                 self, fd);
+        int st;
+        if (strcmp(mode, "popen")) {
+            st = system(cmd);
+        } else {
+            FILE *f = popen(cmd, "r");
+            if (!f) die("popen");
+            char line[256];
+            while (fgets(line, sizeof line, f)) fputs(line, stdout);
+            st = pclose(f);
+        }
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+        if (strcmp(mode, "popen")) {
+            /* system()'s own contract, with the connection open: the
+             * command's status, 127 for a shell that cannot run it, and
+             * SIGINT's action as it was */
+            st = system("exit 3");
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 3) { fprintf(stderr, "exit 3: %#x\n", st); return 1; }
+            st = system("exec /nonexistent/program");
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 127) { fprintf(stderr, "127: %#x\n", st); return 1; }
+            struct sigaction sa;
+            if (sigaction(SIGINT, NULL, &sa) || sa.sa_handler != SIG_DFL) { fprintf(stderr, "SIGINT\n"); return 1; }
+        }
+        ping(s, "ping2");
+        printf("parent ok\n");
+        close(s);
+        return 0;
+    }
+    if (!strcmp(mode, "vfork")) {
+        /* (the child moves the descriptor before its exec, as a CGI
+         * server or a shell's redirection does: a dup2 and a close in
+         * memory it shares with the parent) */
+        char *args[] = {(char *)self, "after", "100", NULL};
+        pid_t c = vfork();
+        if (c < 0) die("vfork");
+        if (c == 0) {
+            if (dup2(s, 100) != 100 || close(s)) _exit(126);
+            execv(self, args);
+            _exit(127);
+        }
+        int st;
+        if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+        ping(s, "ping2");
+        printf("parent ok\n");
+        close(s);
+        return 0;
+    }
     pid_t p = fork();
     if (p < 0) die("fork");
     if (p == 0 && !strcmp(mode, "use")) {
@@ -368,6 +447,8 @@ int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "server-spawn")) return server_plain(argv[2], "spawn", argv[3], argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "server-execfail")) return server_plain(argv[2], "execfail", NULL, argv[0]);
     if (argc >= 4 && !strcmp(argv[1], "server-leak")) return server_plain(argv[2], "leak", argv[3], argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server-system")) return server_plain(argv[2], "system", NULL, argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server-popen")) return server_plain(argv[2], "popen", NULL, argv[0]);
     if (argc >= 2 && !strcmp(argv[1], "idle")) return 0;
     if (argc >= 4 && !strcmp(argv[1], "serve")) write_port(atoi(argv[2]), argv[3]);
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));

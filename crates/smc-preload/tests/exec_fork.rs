@@ -394,3 +394,50 @@ fn an_smc_r_connection_dup2d_onto_a_spawned_programs_stdin_is_a_clear_error_ther
     assert_eq!(srv, "server end eof after 10\n");
     assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }
+
+/// system() with an SMC-R connection's descriptor inherited: glibc runs the
+/// shell with its own internal spawn, which no posix_spawn wrapper sees;
+/// the command (a program with the library) gets the same clear error as
+/// an exec'd one, and the parent goes on with the connection.
+#[test]
+fn an_smc_r_connection_inherited_through_system_is_a_clear_error_there() {
+    let (s, cli, srv) = exec_run("system", "system");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// The same through system() into a program without the library
+/// (`env -u LD_PRELOAD`).
+#[test]
+fn an_smc_r_connection_inherited_through_system_by_a_program_without_the_library_is_a_clear_error()
+{
+    let (s, cli, srv) = exec_run("system-plain", "system-plain");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// The same through popen(): the command's output (read through the pipe)
+/// is the clear error, and the parent goes on with the connection.
+#[test]
+fn an_smc_r_connection_inherited_through_popen_is_a_clear_error_there() {
+    let (s, cli, srv) = exec_run("popen", "popen");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A listening socket handed by system() to a program without the library
+/// (the caller unset LD_PRELOAD, so the shell has none): it must offer
+/// plain TCP, its client's data intact.
+#[test]
+fn a_listener_handed_on_by_system_to_a_program_without_the_library_serves_plain_tcp() {
+    listener_into_a_program_without_the_library("system-listen", "server-system", false);
+}
+
+/// The same by popen().
+#[test]
+fn a_listener_handed_on_by_popen_to_a_program_without_the_library_serves_plain_tcp() {
+    listener_into_a_program_without_the_library("popen-listen", "server-popen", false);
+}
