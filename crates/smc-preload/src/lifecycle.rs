@@ -83,6 +83,26 @@ fn forget_the_parents(t: &mut BTreeMap<RawFd, Entry>) {
     COUNT.store(t.len(), Ordering::Release);
 }
 
+/// `vfork()` is done as `fork()`. A vforked child runs in its parent's
+/// memory, with a descriptor table of its own, until it execs or exits, and
+/// no `pthread_atfork` handler runs for it: every call of the library's it
+/// makes there would change the parent's state to match the child's
+/// descriptors — a `close` of its copy of a connection takes the connection
+/// out of the parent's table (the parent's next read then waits on the bare
+/// TCP socket for ever), a `dup2` puts one on a descriptor number the parent
+/// uses for something else, the exec's bookkeeping leaves its allocations and
+/// closes the library's descriptors in the child only. POSIX lets `vfork` be
+/// `fork` (the child may only exec or `_exit`, so it cannot tell; Valgrind
+/// does the same), and `fork` gives the child its own table (`in_child`). The
+/// price: the page tables are copied, and the parent goes on without
+/// waiting for the child's exec.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: fork has no preconditions; its handlers make the child's
+    // library state its own.
+    unsafe { libc::fork() }
+}
+
 /// At `exit()`: every connection still open is closed as `close()` would,
 /// so that its unsent data and its SMC close leave before the process is
 /// gone. (A kernel socket's data outlives its process, a user-space

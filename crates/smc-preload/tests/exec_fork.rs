@@ -428,6 +428,19 @@ fn an_smc_r_connection_inherited_through_popen_is_a_clear_error_there() {
     assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }
 
+/// vfork + exec, the child moving the descriptor first (`dup2`, `close`):
+/// calls a vforked child makes run in the parent's memory, so they must not
+/// change the parent's library state (the close took the connection out of
+/// the parent's table, whose next read waited for ever). The exec'd program
+/// sees the clear error; the parent's connection goes on.
+#[test]
+fn an_smc_r_connection_across_vfork_and_exec_is_a_clear_error_there_and_the_parent_keeps_it() {
+    let (s, cli, srv) = exec_run("vfork", "vfork");
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
 /// A listening socket handed by system() to a program without the library
 /// (the caller unset LD_PRELOAD, so the shell has none): it must offer
 /// plain TCP, its client's data intact.
