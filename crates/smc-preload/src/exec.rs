@@ -48,7 +48,8 @@ use std::os::fd::AsFd;
 // preload can replace, so they are replaced whole: `variadic`), and
 // `posix_spawn`, `posix_spawnp` (whose child runs glibc's own exec: the
 // stand-ins are put in the parent for the spawn's duration, see
-// `around_spawn`).
+// `around_spawn`), `system` and `popen` (whose shell glibc starts with its
+// internal spawn, see below). `vfork` is `fork` (lifecycle.rs).
 
 /// Identity of an open file (device, inode): the same socket under any
 /// descriptor number.
