@@ -628,7 +628,8 @@ pub unsafe extern "C" fn posix_spawnp(
 // (counted across concurrent calls) and SIGCHLD blocked until the shell
 // has ended; in the shell, those the caller did not ignore at their
 // defaults and the caller's signal mask; the shell's wait status, exit
-// status 127 if it could not be started, -1 if waiting failed. Otherwise,
+// status 127 if it could not be started, -1 if waiting failed; not a
+// cancellation point (a cancellation waits for the next one). Otherwise,
 // and for `system(NULL)`, it is glibc's own.
 
 /// How many `system` calls of the library's run, and the SIGINT and
@@ -640,14 +641,31 @@ fn has_descriptors() -> bool {
     USED.load(Ordering::Acquire) || COUNT.load(Ordering::Acquire) > 0
 }
 
+extern "C" {
+    fn pthread_setcancelstate(state: c_int, old: *mut c_int) -> c_int;
+}
+
+/// glibc's `PTHREAD_CANCEL_DISABLE` (pthread.h).
+const PTHREAD_CANCEL_DISABLE: c_int = 1;
+
 #[no_mangle]
 pub unsafe extern "C" fn system(command: CPath) -> c_int {
     if command.is_null() || !has_descriptors() {
         // SAFETY: the caller's argument, unchanged.
         return unsafe { real!(system: fn(CPath) -> c_int)(command) };
     }
+    // (a cancellation's unwinding must not cross these Rust frames: it
+    // stays pending until the caller's next cancellation point)
+    let mut cancel = 0;
+    // SAFETY: sets this thread's cancelability; `cancel` receives the old one.
+    unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut cancel) };
     // SAFETY: `command` is the caller's C string (not NULL), read by the shell.
-    unsafe { run_shell(command) }
+    let r = unsafe { run_shell(command) };
+    let e = errno();
+    // SAFETY: as above, the state as it was.
+    unsafe { pthread_setcancelstate(cancel, std::ptr::null_mut()) };
+    set_errno(e);
+    r
 }
 
 /// `system(command)` through the interposed `posix_spawn` (see above).
