@@ -23,6 +23,19 @@
  *   exec server-system PORTFILE  the listening socket handed to this program
  *                            (`serve`) by system(), LD_PRELOAD unset first
  *   exec server-popen PORTFILE  the same by popen(), its output relayed
+ *   exec server-queue PORTFILE  a non-blocking listening socket (its port
+ *                            in PORTFILE) that waits until a connection is
+ *                            ready to accept, leaves it unaccepted and
+ *                            execs `serve-poll` on the socket (port in
+ *                            PORTFILE.2 then)
+ *   exec server-queue-blocking PORTFILE  the same with a blocking one
+ *   exec server-queue-plain PORTFILE  the same, the exec (execve) with
+ *                            LD_PRELOAD left out of its environment
+ *   exec serve-poll FD PORTFILE  writes FD's port to PORTFILE, then echoes
+ *                            one connection of the listening socket FD
+ *                            (poll, accept)
+ *   exec hold PORT           connects, says "connected", waits for its stdin
+ *                            to end, then says what a ping does (never blocks)
  *   exec idle                exits
  *   exec serve FD [PORTFILE] serves the listening socket FD (its port
  *                            written to PORTFILE first)
@@ -69,7 +82,8 @@ static void die(const char *what) { perror(what); exit(2); }
 
 static const char *err(ssize_t r) {
     if (r >= 0) return "ok";
-    return errno == ENOTCONN ? "ENOTCONN" : errno == EPIPE ? "EPIPE" : errno == EAGAIN ? "EAGAIN" : strerror(errno);
+    return errno == ENOTCONN ? "ENOTCONN" : errno == EPIPE ? "EPIPE" : errno == EAGAIN ? "EAGAIN"
+         : errno == ECONNABORTED ? "ECONNABORTED" : errno == ECONNRESET ? "ECONNRESET" : strerror(errno);
 }
 
 /* Writes `l`'s port to `portfile` (the tests wait for it). */
@@ -238,6 +252,53 @@ static int serve2(int l) {
 
 static int after(int fd);
 static int pings(int port);
+
+/* A connection left in the listening socket's queue across an exec
+ * (`nonblock`: the socket's mode; `plain`: the exec without LD_PRELOAD). */
+static int server_queue(const char *portfile, const char *self, int nonblock, int plain) {
+    int l = listen_loopback(portfile);
+    if (nonblock && fcntl(l, F_SETFL, O_NONBLOCK)) die("fcntl");
+    struct pollfd p = {.fd = l, .events = POLLIN};
+    if (poll(&p, 1, 20000) != 1) die("poll for the queued connection");
+    char fd[16], port2[4096];
+    snprintf(fd, sizeof fd, "%d", l);
+    snprintf(port2, sizeof port2, "%s.2", portfile);
+    fflush(stdout);
+    char *args[] = {(char *)self, "serve-poll", fd, port2, NULL};
+    if (plain) execve(self, args, env_without_preload());
+    else execv(self, args);
+    die("execv");
+    return 2;
+}
+
+static int serve_poll(int l, const char *portfile) {
+    write_port(l, portfile);
+    struct pollfd p = {.fd = l, .events = POLLIN};
+    if (poll(&p, 1, 20000) != 1) die("poll");
+    int c = accept(l, NULL, NULL);
+    if (c < 0) die("accept");
+    if (fcntl(c, F_SETFL, 0)) die("fcntl");
+    return serve_fd(c);
+}
+
+/* A client whose connection the server has not accepted yet: what a ping
+ * does once the test says so (stdin ends). */
+static int hold(int port) {
+    signal(SIGPIPE, SIG_IGN);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a)) die("connect");
+    printf("connected\n");
+    char b[64];
+    while (read(0, b, sizeof b) > 0) {}
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    int n = poll(&p, 1, 10000);
+    ssize_t r = n == 1 ? recv(s, b, sizeof b, MSG_DONTWAIT) : -1;
+    const char *re = n == 1 ? (r == 0 ? "eof" : r > 0 ? "data" : err(r)) : "timeout";
+    ssize_t w = send(s, "ping1", 5, MSG_DONTWAIT);
+    printf("held read=%s write=%s\n", re, err(w));
+    return 0;
+}
 
 /* Accepts two connections, one forked child each (inetd: the child execs
  * `stdio` on it), and waits for both. */
@@ -449,6 +510,11 @@ int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "server-leak")) return server_plain(argv[2], "leak", argv[3], argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "server-system")) return server_plain(argv[2], "system", NULL, argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "server-popen")) return server_plain(argv[2], "popen", NULL, argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server-queue")) return server_queue(argv[2], argv[0], 1, 0);
+    if (argc >= 3 && !strcmp(argv[1], "server-queue-blocking")) return server_queue(argv[2], argv[0], 0, 0);
+    if (argc >= 3 && !strcmp(argv[1], "server-queue-plain")) return server_queue(argv[2], argv[0], 0, 1);
+    if (argc >= 4 && !strcmp(argv[1], "serve-poll")) return serve_poll(atoi(argv[2]), argv[3]);
+    if (argc >= 3 && !strcmp(argv[1], "hold")) return hold(atoi(argv[2]));
     if (argc >= 2 && !strcmp(argv[1], "idle")) return 0;
     if (argc >= 4 && !strcmp(argv[1], "serve")) write_port(atoi(argv[2]), argv[3]);
     if (argc >= 3 && !strcmp(argv[1], "serve")) return serve(atoi(argv[2]));

@@ -454,3 +454,109 @@ fn a_listener_handed_on_by_system_to_a_program_without_the_library_serves_plain_
 fn a_listener_handed_on_by_popen_to_a_program_without_the_library_serves_plain_tcp() {
     listener_into_a_program_without_the_library("popen-listen", "server-popen", false);
 }
+
+/// A program's stdout lines, read by a thread (so that a program that
+/// hangs fails the test instead of holding it).
+fn lines_of(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// A connection the library's listener had taken from the kernel and run
+/// the handshake of, which the program had not accepted yet, when the
+/// program exec'd itself with the listening socket (a non-blocking one: its
+/// listener runs handshakes as they come): the connection lived in the old
+/// image, so its client gets a clear error (no hang, nothing read as data);
+/// the new image's clients are SMC-R.
+#[test]
+fn a_connection_the_listener_had_ready_at_exec_is_a_clear_error_for_its_client() {
+    let (s, exe, mut srv, port) = start_server("exec-queue", "server-queue");
+    let mut held = under(&s, true, &exe, &["hold", &port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(&mut held);
+    let first = lines.recv_timeout(Duration::from_secs(20));
+    assert_eq!(first.as_deref(), Ok("connected"));
+    let port2 = wait_for_port(&s.dir.join("port.2")).expect("the exec'd server did not start");
+    assert_eq!(port2, port);
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the exec'd server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    assert_eq!(srv_text, "server end eof after 10\n");
+    drop(held.stdin.take());
+    let last = lines.recv_timeout(Duration::from_secs(30));
+    let _ = held.kill();
+    let _ = held.wait();
+    assert_eq!(
+        last.as_deref(),
+        Ok("held read=ECONNABORTED write=ECONNABORTED")
+    );
+    // (the held connection's client side, and the new image's connection)
+    assert_eq!(
+        (
+            s.modes().len(),
+            count_modes(&s, "connect", " SMC-R"),
+            count_modes(&s, "accept", " SMC-R")
+        ),
+        (3, 2, 1),
+        "{:?}",
+        s.modes()
+    );
+}
+
+/// A connection still in the kernel's accept queue when the program
+/// exec'd itself with the listening socket (a blocking one: its handshakes
+/// run at each connection's first use): the new image accepts it, and it
+/// is SMC-R with its data intact.
+#[test]
+fn a_connection_in_the_kernels_accept_queue_at_exec_is_served_by_the_new_image() {
+    let (s, exe, mut srv, port) = start_server("exec-kqueue", "server-queue-blocking");
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the exec'd server did not end");
+    assert_eq!(ok_output("pings", &out), "pings ok\n", "server: {srv_text}");
+    assert_eq!(srv_text, "server end eof after 10\n");
+    assert!(s.dir.join("port.2").exists(), "no exec");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// The limit the README states: a connection still in the kernel's accept
+/// queue when the program exec'd itself, with the listening socket, into a
+/// program without the library. Its SYN-ACK had offered SMC, so its client
+/// sent a CLC Proposal, which the new program reads as data (here: echoes);
+/// the client takes the reply for no CLC message and its `connect` fails
+/// with `EPROTO` at once (no hang, and none of its data was sent).
+#[test]
+fn a_connection_in_the_kernels_accept_queue_at_an_exec_without_the_library_fails_its_connect() {
+    let (s, exe, mut srv, port) = start_server("exec-kqueue-plain", "server-queue-plain");
+    let out = under(&s, true, &exe, &["pings", &port.to_string()])
+        .output()
+        .unwrap();
+    let srv_text = server_output(&mut srv, "the exec'd server did not end");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "connect: Protocol error\n"
+    );
+    assert!(s.dir.join("port.2").exists(), "no exec");
+    // (the Proposal was the only thing the program read)
+    assert!(
+        srv_text.starts_with("server end ") && !srv_text.ends_with(" after 0\n"),
+        "{srv_text}"
+    );
+}
