@@ -103,6 +103,13 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     unsafe { libc::fork() }
 }
 
+/// glibc's other name of `vfork` (exported too).
+#[no_mangle]
+pub unsafe extern "C" fn __vfork() -> libc::pid_t {
+    // SAFETY: as above.
+    unsafe { libc::fork() }
+}
+
 /// At `exit()`: every connection still open is closed as `close()` would,
 /// so that its unsent data and its SMC close leave before the process is
 /// gone. (A kernel socket's data outlives its process, a user-space
