@@ -23,6 +23,8 @@
  *   exec server-system PORTFILE  the listening socket handed to this program
  *                            (`serve`) by system(), LD_PRELOAD unset first
  *   exec server-popen PORTFILE  the same by popen(), its output relayed
+ *   exec server-system-env PORTFILE  the same by system() of
+ *                            `env -u LD_PRELOAD` (the shell has the library)
  *   exec server-queue PORTFILE  a non-blocking listening socket (its port
  *                            in PORTFILE) that waits until a connection is
  *                            ready to accept, leaves it unaccepted and
@@ -159,12 +161,14 @@ static int server_plain(const char *portfile, const char *how, const char *prog,
         write_port(l, portfile);
         return serve(l);
     }
-    if (!strcmp(how, "system") || !strcmp(how, "popen")) {
-        /* (a program that clears its children's environment first) */
-        unsetenv("LD_PRELOAD");
+    if (!strcmp(how, "system") || !strcmp(how, "popen") || !strcmp(how, "system-env")) {
+        /* (a program that clears its children's environment first; or,
+         * system-env, a command that runs its program without it) */
+        int env = !strcmp(how, "system-env");
+        if (!env) unsetenv("LD_PRELOAD");
         char cmd[4096];
-        snprintf(cmd, sizeof cmd, "'%s' serve %s '%s'", self, fd, portfile);
-        if (!strcmp(how, "system")) {
+        snprintf(cmd, sizeof cmd, "%s'%s' serve %s '%s'", env ? "env -u LD_PRELOAD " : "", self, fd, portfile);
+        if (strcmp(how, "popen")) {
             int st = system(cmd);
             if (!WIFEXITED(st) || WEXITSTATUS(st)) { printf("system failed\n"); return 1; }
             return 0;
@@ -510,6 +514,7 @@ int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "server-leak")) return server_plain(argv[2], "leak", argv[3], argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "server-system")) return server_plain(argv[2], "system", NULL, argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "server-popen")) return server_plain(argv[2], "popen", NULL, argv[0]);
+    if (argc >= 3 && !strcmp(argv[1], "server-system-env")) return server_plain(argv[2], "system-env", NULL, argv[0]);
     if (argc >= 3 && !strcmp(argv[1], "server-queue")) return server_queue(argv[2], argv[0], 1, 0);
     if (argc >= 3 && !strcmp(argv[1], "server-queue-blocking")) return server_queue(argv[2], argv[0], 0, 0);
     if (argc >= 3 && !strcmp(argv[1], "server-queue-plain")) return server_queue(argv[2], argv[0], 0, 1);

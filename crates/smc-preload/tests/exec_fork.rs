@@ -449,6 +449,13 @@ fn a_listener_handed_on_by_system_to_a_program_without_the_library_serves_plain_
     listener_into_a_program_without_the_library("system-listen", "server-system", false);
 }
 
+/// The same by system() of `env -u LD_PRELOAD PROGRAM`: the shell loads the
+/// library and takes the listener up, and `env`'s exec opts it out.
+#[test]
+fn a_listener_handed_on_by_system_through_env_without_ld_preload_serves_plain_tcp() {
+    listener_into_a_program_without_the_library("system-env-listen", "server-system-env", false);
+}
+
 /// The same by popen().
 #[test]
 fn a_listener_handed_on_by_popen_to_a_program_without_the_library_serves_plain_tcp() {
