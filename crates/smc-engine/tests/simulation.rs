@@ -23,6 +23,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     let (mut two_links, mut failovers, mut moves, mut add_faults) = (0, 0, 0, 0);
     let (mut prepare_failures, mut late, mut two_devices) = (0, 0, 0);
     let mut relinked = 0;
+    let mut moved_runs = 0;
     let (mut fast_runs, mut fast_writes) = (0, 0);
     let (mut fast_reading, mut fast_reads, mut fast_read_cdcs) = (0, 0, 0);
     let mut fast_dispatched = 0;
@@ -36,6 +37,7 @@ fn a_thousand_seeds_hold_every_invariant() {
                 two_links += usize::from(r.second_link);
                 failovers += usize::from(r.survivable_fault);
                 moves += r.moves;
+                moved_runs += usize::from(r.moves > 0);
                 add_faults += usize::from(r.add_link_fault);
                 prepare_failures += r.prepare_failures;
                 late += usize::from(r.confirm_link_fault);
@@ -55,7 +57,7 @@ fn a_thousand_seeds_hold_every_invariant() {
     eprintln!("  {fast_runs} runs with fast-path writes, {fast_writes} of them done");
     eprintln!("  {fast_reading} runs with fast-path reads, {fast_reads} of them done, {fast_read_cdcs} of which posted a cursor update, {fast_dispatched} CDCs applied by their own receive dispatch");
     eprintln!(
-        "  {two_links} runs with a second link (by ADD_LINK; {two_devices} over second devices), {failovers} of them lost one link, {moves} moves, {add_faults} QP failures during ADD_LINK, {relinked} relinked after a port came back (every one within 8 s)"
+        "  {two_links} runs with a second link (by ADD_LINK; {two_devices} over second devices), {failovers} of them lost one link, {moves} moves in {moved_runs} runs, {add_faults} QP failures during ADD_LINK, {relinked} relinked after a port came back (every one within 8 s)"
     );
     assert!(
         failures.is_empty(),
@@ -76,9 +78,14 @@ fn a_thousand_seeds_hold_every_invariant() {
         failovers as u64 >= n / 100,
         "too few link failovers: {failovers}"
     );
-    // (about 1.1 per run on one device; runs on two devices end sooner and
-    // move less, 0.97 per run over seeds 0..1000)
-    assert!(moves as u64 >= n * 9 / 10, "too few moves: {moves}");
+    // (counted in runs that move at all: the number of moves a run makes
+    // is heavy-tailed, a few runs move hundreds of connections, so the
+    // total swings by a factor of 3 or more between 1000-seed ranges
+    // while the runs with moves stay between 13 and 17 in 100)
+    assert!(
+        moved_runs as u64 >= n / 10,
+        "too few runs with moves: {moved_runs} ({moves} moves)"
+    );
     // and second links on second devices (half the multi-link runs with an
     // alternate path on the client)
     assert!(
