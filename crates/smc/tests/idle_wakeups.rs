@@ -128,7 +128,7 @@ fn an_idle_process_with_established_connections_is_not_woken() {
     }
 }
 
-/// Context switches (voluntary and not) of this process's thread named
+/// Voluntary context switches (wake-ups) of this process's thread named
 /// `name` so far.
 fn switches_of(name: &str) -> u64 {
     for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
@@ -139,12 +139,9 @@ fn switches_of(name: &str) -> u64 {
         let status = std::fs::read_to_string(t.path().join("status")).unwrap();
         return status
             .lines()
-            .filter_map(|l| {
-                l.strip_prefix("voluntary_ctxt_switches:")
-                    .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
-            })
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
             .map(|v| v.trim().parse::<u64>().unwrap())
-            .sum();
+            .unwrap();
     }
     panic!("no thread {name}");
 }
@@ -225,6 +222,25 @@ fn the_registry_thread_sleeps_while_the_process_is_idle() {
     let mut b = [0u8; 10];
     pairs[1].1.read_exact(&mut b).unwrap();
     published(|v| socket(v, clients[1]).is_some_and(|s| s["tx_bytes"] == 110));
+    // while data flows, the thread looks about once a second, not per
+    // message (two seconds of ping-pong on one connection)
+    let before = switches_of("smc-registry");
+    let (pc, ps) = &mut pairs[2];
+    let end = Instant::now() + Duration::from_secs(2);
+    let mut n = 0u64;
+    while Instant::now() < end {
+        pc.write_all(&[2u8; 64]).unwrap();
+        let mut b = [0u8; 64];
+        ps.read_exact(&mut b).unwrap();
+        n += 64;
+    }
+    let registry = switches_of("smc-registry") - before;
+    assert!(
+        registry <= 8,
+        "{registry} wake-ups of the registry thread in 2 s of traffic"
+    );
+    let a = clients[2];
+    published(|v| socket(v, a).is_some_and(|s| s["tx_bytes"] == 100 + n));
     // a closed connection leaves the list
     drop((c, s));
     published(|v| socket(v, new).is_none());

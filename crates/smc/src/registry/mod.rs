@@ -3,13 +3,36 @@
 //! `smcr` (smc-tools' views of the kernel's sock_diag and `SMC_GEN_NETLINK`,
 //! `tools.md` §4). There is no kernel socket table here: each process
 //! publishes a file of its own in the user's run directory ([`files`]),
-//! rewritten whole (temporary file + rename) by a registry thread at most
-//! every 100 ms after a connection event, else at most once a second while
-//! something may have changed, and only when its content changed.
+//! rewritten whole (temporary file + rename) by a registry thread, and only
+//! when its content changed.
+//!
+//! The thread sleeps until there is something to look at, so that an idle
+//! process (connections established, no data, no events) is not woken by
+//! it:
+//! - a connection event (a socket listed or ended, a handshake failed, an
+//!   error, an engine event to log: `Registry::note_change`) wakes it,
+//!   and it looks at most every `EVENT_PERIOD` (100 ms);
+//! - activity, data counted by a read or write or the engine pumped
+//!   (received CDCs and LLC messages, closes, timers: `active`), has it
+//!   look at most every `IDLE_PERIOD` (1 s), and once more after the last
+//!   (the flag is not ordered with the counts);
+//! - while an SMC-R connection that ended is still listed (its TCP socket
+//!   is closed once its close has gone out, with no event of its own), it
+//!   looks every `EVENT_PERIOD`;
+//! - devices (port states) are looked at with a look at most every
+//!   `DEVICE_PERIOD` (5 s), and 5 s after a link went down (a port going
+//!   down takes its links down; no engine event names the port itself). A
+//!   port that changes under no link, or comes back up, shows at the next
+//!   look 5 s after the last device look.
+//!
+//! Each look and the pause after it take at least `COST_FACTOR` times the
+//! look's own time.
 //!
 //! The data path does not pay for it: sockets are registered at connection
 //! events (one short lock per connection), counted bytes are relaxed atomic
-//! adds in the connection's own counters, and everything else (addresses,
+//! adds in the connection's own counters, activity is one relaxed load per
+//! read, write or pump while the flag is set (the first after a look sets
+//! it, and rings the thread if it sleeps), and everything else (addresses,
 //! engine state, devices) is looked at by the registry thread.
 //! `SMC_RS_REGISTRY=0` turns the registry off for the process.
 //!
@@ -632,8 +655,8 @@ fn shutdown_of(s: CloseState) -> u8 {
     }
 }
 
-/// Engine events kept for the registry thread to log (it looks every
-/// [`EVENT_PERIOD`]); beyond, they are counted but not logged.
+/// Engine events kept for the registry thread to log (the first wakes it,
+/// see [`Registry::note_change`]); beyond, they are counted but not logged.
 const PENDING_MAX: usize = 1024;
 
 /// Takes the engine's link and connection events (see
@@ -714,13 +737,16 @@ fn log_event(dev: &str, lg_id: Option<u32>, e: &EngineEvent) {
 /// LG-IDs a registry thread takes from its run directory at a time.
 const LG_ID_BLOCK: u32 = 16;
 
+/// Looks after connection events at most this often.
 const EVENT_PERIOD: Duration = Duration::from_millis(100);
 /// A snapshot and the pause after it take at least this many times the
 /// snapshot's own time (the thread's CPU share stays under 2 %).
 const COST_FACTOR: u32 = 50;
 /// Connections looked at per hold of an endpoint's lock.
 const LOCK_BATCH: usize = 256;
+/// Looks for activity (counts, cursors, states) at most this often.
 const IDLE_PERIOD: Duration = Duration::from_secs(1);
+/// Looks at the devices at most this often.
 const DEVICE_PERIOD: Duration = Duration::from_secs(5);
 
 /// Feeds what is written to a hasher.
@@ -848,19 +874,24 @@ impl Registry {
             }
             // What is due, and when: nothing while nothing happens, so that
             // an idle process is not woken by this thread.
-            // (asleep before ACTIVITY is read: activity that this load does
-            // not see rings, see `activity_begins`)
-            self.asleep.store(true, SeqCst);
-            let active = ACTIVITY.load(SeqCst);
-            if active {
-                self.asleep.store(false, Relaxed);
-            }
+            let active = trailing || {
+                // (asleep before ACTIVITY is read: activity that this load
+                // does not see rings, see `activity_begins`; not while a
+                // trailing look is due anyway, so that data flowing does
+                // not ring once a look)
+                self.asleep.store(true, SeqCst);
+                let a = ACTIVITY.load(SeqCst);
+                if a {
+                    self.asleep.store(false, Relaxed);
+                }
+                a
+            };
             let mut due: Option<Instant> = None;
             let mut want = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
             if self.changed.load(Relaxed) || closing {
                 want(last_look + EVENT_PERIOD);
             }
-            if active || trailing {
+            if active {
                 want(last_look + IDLE_PERIOD);
             }
             if devices_owed {
