@@ -1025,7 +1025,11 @@ impl Registry {
             }
         }
         drop(new);
-        let (eps, devs) = ctx::endpoints_and_devices(refresh_devices).unwrap_or_default();
+        let found = ctx::endpoints_and_devices(refresh_devices);
+        // (no devices yet, before the first socket opens them: looked at
+        // again at the next look, not DEVICE_PERIOD later)
+        let refresh_devices = refresh_devices && found.is_some();
+        let (eps, devs) = found.unwrap_or_default();
         let dev_index = |sh: &Arc<Shared>| eps.iter().position(|(_, s)| Arc::ptr_eq(s, sh));
         // every endpoint's link groups and message counts, one lock each
         let mut groups: Vec<LgrSeen> = Vec::new();
