@@ -190,6 +190,14 @@ fn the_registry_thread_sleeps_while_the_process_is_idle() {
             .iter()
             .all(|a| socket(v, *a).is_some_and(|s| s["tx_bytes"] == 100 && s["rx_bytes"] == 100))
     });
+    // a thread waits in a read meanwhile (the leader, asleep until data
+    // comes: the registry's looks at the endpoint do not wake it)
+    let mut waiting = pairs[3].1.try_clone().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut b = [0u8; 10];
+        waiting.read_exact(&mut b).unwrap();
+        b
+    });
     // what the handshakes and the data left to do is over (the registry's
     // looks for the traffic's counts included: one more follows the last
     // within a second)
@@ -208,6 +216,8 @@ fn the_registry_thread_sleeps_while_the_process_is_idle() {
         woken < 10,
         "{woken} wake-ups in 2 s of an idle process with {CONNS} SMC-R connections and the registry"
     );
+    pairs[3].0.write_all(&[3u8; 10]).unwrap();
+    assert_eq!(reader.join().unwrap(), [3u8; 10]);
     // a new connection is published, and so are the bytes it moves
     let (mut c, mut s) = pair(&l, addr, CONNS);
     let new = c.local_addr().unwrap();

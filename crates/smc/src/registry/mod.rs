@@ -15,7 +15,8 @@
 //! - activity, data counted by a read or write or the engine pumped
 //!   (received CDCs and LLC messages, closes, timers: `active`), has it
 //!   look at most every `IDLE_PERIOD` (1 s), and once more after the last
-//!   (the flag is not ordered with the counts);
+//!   (the flag is not ordered with the counts); an idle link group's
+//!   TEST_LINK (every 30 s) is such a pump, and changes its LLC counts;
 //! - while an SMC-R connection that ended is still listed (its TCP socket
 //!   is closed once its close has gone out, with no event of its own), it
 //!   looks every `EVENT_PERIOD`;
