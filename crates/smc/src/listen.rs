@@ -88,6 +88,8 @@ struct Inner {
     /// ([`SmcListener::readiness_fd`]): the TCP listener's own readiness
     /// says nothing, as the driver takes its connections.
     ready: std::sync::OnceLock<Readiness>,
+    /// Listed in the registry (smcss) while this lives.
+    _listed: Option<crate::registry::Token>,
 }
 
 impl Inner {
@@ -197,6 +199,7 @@ impl SmcListener {
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
         )?;
+        let listed = crate::registry::listener(tcp.as_fd());
         let inner = Arc::new(Inner {
             tcp,
             opted,
@@ -208,8 +211,8 @@ impl SmcListener {
             cv: Condvar::new(),
             wake,
             ready: std::sync::OnceLock::new(),
+            _listed: listed,
         });
-        crate::registry::listener(&inner, inner.tcp.as_fd());
         let driver = if opted {
             let i = inner.clone();
             let port = i.tcp.local_addr().map_or(0, |a| a.port());

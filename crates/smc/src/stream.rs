@@ -75,6 +75,15 @@ struct Opts {
     write_timeout: Mutex<Option<Duration>>,
 }
 
+impl Drop for Opts {
+    /// The last handle is gone: the registry takes the connection off its
+    /// list (`SmcStream`'s last field: its TCP socket, and its SMC-R
+    /// connection with it, are dropped by then).
+    fn drop(&mut self) {
+        crate::registry::ended();
+    }
+}
+
 /// One SMC-R connection; released when the last handle goes away.
 pub(crate) struct SmcConn {
     pub(crate) shared: Arc<Shared>,

@@ -913,6 +913,8 @@ pub struct SmcListener {
     opted: bool,
     hs: Mutex<Handshakes>,
     wake: Arc<ListenWake>,
+    /// Listed in the registry (smcss) while this lives.
+    _listed: Option<crate::registry::Token>,
 }
 
 impl fmt::Debug for SmcListener {
@@ -957,7 +959,7 @@ impl SmcListener {
             .map(|(s, a)| SmcStream::from_std(s).map(|s| (s, a)))
             .collect::<io::Result<Vec<_>>>()?;
         let wake = Arc::default();
-        crate::registry::listener(&wake, tcp.as_fd());
+        let listed = crate::registry::listener(tcp.as_fd());
         Ok(SmcListener {
             tcp: TcpListener::from_std(tcp)?,
             opted,
@@ -966,6 +968,7 @@ impl SmcListener {
                 ..Handshakes::default()
             }),
             wake,
+            _listed: listed,
         })
     }
 

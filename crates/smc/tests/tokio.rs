@@ -557,7 +557,8 @@ fn sockets(v: &serde_json::Value) -> Vec<serde_json::Value> {
 }
 
 /// The tokio adapter's connections and listener are listed too: SMC-R with
-/// its bytes, a fallback with its reason, the listener.
+/// its bytes, a fallback with its reason, the listener; and leave the list
+/// when they are closed.
 #[test]
 fn the_tokio_adapter_publishes_its_sockets() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -582,7 +583,7 @@ fn the_tokio_adapter_publishes_its_sockets() {
         c.write_all(b"tokio").await.unwrap();
         let mut b = [0u8; 5];
         c.read_exact(&mut b).await.unwrap();
-        let (_s, _l) = srv.await.unwrap();
+        let (s, l) = srv.await.unwrap();
         let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let f = smc::tokio::SmcStream::connect(plain.local_addr().unwrap())
             .await
@@ -590,6 +591,7 @@ fn the_tokio_adapter_publishes_its_sockets() {
         let caddr = c.local_addr().unwrap().to_string();
         let faddr = f.local_addr().unwrap().to_string();
         let a = addr.to_string();
+        let gone = (dir.clone(), caddr.clone(), faddr.clone(), a.clone());
         let v = tokio::task::spawn_blocking(move || {
             wait_entry(&dir, |v| {
                 let ss = sockets(v);
@@ -607,6 +609,18 @@ fn the_tokio_adapter_publishes_its_sockets() {
         .await
         .unwrap();
         assert!(v["counters"]["smc"]["server"].as_u64() >= Some(1), "{v:#}");
-        drop((c, f));
+        drop((c, f, s, l));
+        let (dir, caddr, faddr, a) = gone;
+        tokio::task::spawn_blocking(move || {
+            wait_entry(&dir, |v| {
+                !sockets(v).iter().any(|s| {
+                    s["local"] == caddr.as_str()
+                        || s["local"] == faddr.as_str()
+                        || (s["state"] == "LISTEN" && s["local"] == a.as_str())
+                })
+            })
+        })
+        .await
+        .unwrap();
     });
 }

@@ -3,13 +3,37 @@
 //! `smcr` (smc-tools' views of the kernel's sock_diag and `SMC_GEN_NETLINK`,
 //! `tools.md` §4). There is no kernel socket table here: each process
 //! publishes a file of its own in the user's run directory ([`files`]),
-//! rewritten whole (temporary file + rename) by a registry thread at most
-//! every 100 ms after a connection event, else at most once a second while
-//! something may have changed, and only when its content changed.
+//! rewritten whole (temporary file + rename) by a registry thread, and only
+//! when its content changed.
+//!
+//! The thread sleeps until there is something to look at, so that an idle
+//! process (connections established, no data, no events) is not woken by
+//! it:
+//! - a connection event (a socket listed or ended, a handshake failed, an
+//!   error, an engine event to log: `Registry::note_change`) wakes it,
+//!   and it looks at most every `EVENT_PERIOD` (100 ms);
+//! - activity, data counted by a read or write or the engine pumped
+//!   (received CDCs and LLC messages, closes, timers: `active`), has it
+//!   look at most every `IDLE_PERIOD` (1 s), and once more after the last
+//!   (the flag is not ordered with the counts); an idle link group's
+//!   TEST_LINK (every 30 s) is such a pump, and changes its LLC counts;
+//! - while an SMC-R connection that ended is still listed (its TCP socket
+//!   is closed once its close has gone out, with no event of its own), it
+//!   looks every `EVENT_PERIOD`;
+//! - devices (port states) are looked at with a look at most every
+//!   `DEVICE_PERIOD` (5 s), and 5 s after a link went down (a port going
+//!   down takes its links down; no engine event names the port itself). A
+//!   port that changes under no link, or comes back up, shows at the next
+//!   look 5 s after the last device look.
+//!
+//! Each look and the pause after it take at least `COST_FACTOR` times the
+//! look's own time.
 //!
 //! The data path does not pay for it: sockets are registered at connection
 //! events (one short lock per connection), counted bytes are relaxed atomic
-//! adds in the connection's own counters, and everything else (addresses,
+//! adds in the connection's own counters, activity is one relaxed load per
+//! read, write or pump while the flag is set (the first after a look sets
+//! it, and rings the thread if it sleeps), and everything else (addresses,
 //! engine state, devices) is looked at by the registry thread.
 //! `SMC_RS_REGISTRY=0` turns the registry off for the process.
 //!
@@ -38,8 +62,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, Once, Weak};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, Weak};
 use std::time::{Duration, Instant};
 
 /// Bytes and requests (successful reads and writes) of an SMC-R
@@ -98,6 +125,7 @@ impl ConnStats {
     /// only when it moved data: smc_rx.c `SMC_STAT_RMB_RX_SIZE_SMALL`...).
     #[inline]
     pub(crate) fn rx(&self, n: usize) {
+        active();
         self.rx_bytes.fetch_add(n as u64, Relaxed);
         self.rx_cnt.fetch_add(1, Relaxed);
         if n > 0 {
@@ -108,6 +136,7 @@ impl ConnStats {
     /// A write that took `n` bytes.
     #[inline]
     pub(crate) fn tx(&self, n: usize) {
+        active();
         self.tx_bytes.fetch_add(n as u64, Relaxed);
         self.tx_cnt.fetch_add(1, Relaxed);
         if n > 0 {
@@ -137,6 +166,7 @@ impl ConnStats {
             r.retired.tx_cnt.fetch_add(d, Relaxed);
             hist_add(&r.retired.rx_hist, &hist_get(&self.rx_hist));
             hist_add(&r.retired.tx_hist, &hist_get(&self.tx_hist));
+            r.note_change();
         }
     }
 }
@@ -174,8 +204,14 @@ struct Entry {
 struct Registry {
     dir: PathBuf,
     entries: Mutex<Vec<Entry>>,
-    /// A connection event since the last snapshot.
+    /// A connection event since the last snapshot (set with
+    /// [`Registry::note_change`], which rings `bell`).
     changed: AtomicBool,
+    /// Wakes the registry thread.
+    bell: Bell,
+    /// The registry thread waits without looking at [`ACTIVITY`] (set
+    /// before it reads it): the first activity since rings `bell`.
+    asleep: AtomicBool,
     thread: Once,
     /// Per side (client 0, server 1).
     smc: [AtomicU64; 2],
@@ -208,38 +244,127 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// This process generation's registry, if on (once per generation: a
+/// forked child publishes its own connections, under its own pid, see
+/// `crate::fork`).
+static REGISTRY: crate::fork::PerFork<Option<Registry>> = crate::fork::PerFork::new();
+
+/// The registry, made at the first call.
 fn registry() -> Option<&'static Registry> {
-    // (once per process generation: a forked child publishes its own
-    // connections, under its own pid, see `crate::fork`)
-    static R: crate::fork::PerFork<Option<Registry>> = crate::fork::PerFork::new();
-    R.get_or_init(|| {
-        if std::env::var("SMC_RS_REGISTRY").is_ok_and(|v| v == "0") {
-            return None;
+    REGISTRY
+        .get_or_init(|| {
+            if std::env::var("SMC_RS_REGISTRY").is_ok_and(|v| v == "0") {
+                return None;
+            }
+            Some(Registry {
+                dir: files::run_dir(),
+                entries: Mutex::new(Vec::new()),
+                changed: AtomicBool::new(true),
+                bell: Bell::default(),
+                asleep: AtomicBool::new(false),
+                thread: Once::new(),
+                smc: Default::default(),
+                fallback: Default::default(),
+                hs_err: Default::default(),
+                reasons: Mutex::new(BTreeMap::new()),
+                peer_reasons: Mutex::new(BTreeMap::new()),
+                retired: ConnStats::default(),
+                errors: AtomicU64::new(0),
+                errors_by_kind: Mutex::new(BTreeMap::new()),
+                rmb_hist: Default::default(),
+                sndbuf_hist: Default::default(),
+                link_up: AtomicU64::new(0),
+                link_down: AtomicU64::new(0),
+                failover: AtomicU64::new(0),
+                aborts: AtomicU64::new(0),
+                pending: Mutex::new(Vec::new()),
+                pending_lost: AtomicU64::new(0),
+            })
+        })?
+        .as_ref()
+}
+
+/// The registry if it was made (not making it: for what runs when a
+/// connection or socket ends, and on the data path).
+fn registry_made() -> Option<&'static Registry> {
+    REGISTRY.get()?.as_ref()
+}
+
+/// Data moved or the engine ran since the registry thread last looked: the
+/// counts, cursors and states it publishes may have changed. Set with
+/// [`active`]; the thread clears it when it looks. (One flag for the
+/// process, every generation's: a forked child's registry thread clears it
+/// at its first look.)
+static ACTIVITY: AtomicBool = AtomicBool::new(false);
+
+/// Notes activity for the registry thread: a relaxed load while the flag is
+/// set (the data path's cost, per message); the first since the thread's
+/// last look sets it and wakes the thread if it waits for nothing else.
+#[inline]
+fn active() {
+    if !ACTIVITY.load(Relaxed) {
+        activity_begins();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn activity_begins() {
+    // (SeqCst with the thread's `asleep` store and `ACTIVITY` load: either
+    // it sees the flag before it waits, or this sees it asleep and rings)
+    if !ACTIVITY.swap(true, SeqCst) {
+        if let Some(r) = registry_made() {
+            if r.asleep.load(SeqCst) {
+                r.bell.ring();
+            }
         }
-        Some(Registry {
-            dir: files::run_dir(),
-            entries: Mutex::new(Vec::new()),
-            changed: AtomicBool::new(true),
-            thread: Once::new(),
-            smc: Default::default(),
-            fallback: Default::default(),
-            hs_err: Default::default(),
-            reasons: Mutex::new(BTreeMap::new()),
-            peer_reasons: Mutex::new(BTreeMap::new()),
-            retired: ConnStats::default(),
-            errors: AtomicU64::new(0),
-            errors_by_kind: Mutex::new(BTreeMap::new()),
-            rmb_hist: Default::default(),
-            sndbuf_hist: Default::default(),
-            link_up: AtomicU64::new(0),
-            link_down: AtomicU64::new(0),
-            failover: AtomicU64::new(0),
-            aborts: AtomicU64::new(0),
-            pending: Mutex::new(Vec::new()),
-            pending_lost: AtomicU64::new(0),
-        })
-    })?
-    .as_ref()
+    }
+}
+
+/// A socket ended (its last handle is gone): the registry thread looks, to
+/// take it off the list. Called after the socket's `Arc` that the registry
+/// watches has gone.
+pub(crate) fn ended() {
+    if let Some(r) = registry_made() {
+        r.note_change();
+    }
+}
+
+/// Wakes the registry thread (a flag under a mutex, and a condition
+/// variable: a ring while the thread is busy is kept for its next wait).
+#[derive(Default)]
+struct Bell {
+    rung: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Bell {
+    fn ring(&self) {
+        *lock(&self.rung) = true;
+        self.cv.notify_one();
+    }
+
+    /// Waits for a ring, or until `until`.
+    fn wait(&self, until: Option<Instant>) {
+        let mut rung = lock(&self.rung);
+        while !*rung {
+            match until {
+                None => rung = self.cv.wait(rung).unwrap_or_else(|e| e.into_inner()),
+                Some(t) => {
+                    let now = Instant::now();
+                    if now >= t {
+                        return;
+                    }
+                    rung = self
+                        .cv
+                        .wait_timeout(rung, t - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+        }
+        *rung = false;
+    }
 }
 
 fn side(role: Role) -> usize {
@@ -273,8 +398,18 @@ pub(crate) fn start() {
 impl Registry {
     fn add(&'static self, e: Entry) {
         lock(&self.entries).push(e);
-        self.changed.store(true, Relaxed);
+        self.note_change();
         self.start();
+    }
+
+    /// A connection event: the thread looks (at most every
+    /// [`EVENT_PERIOD`]); it is woken by the first since its last look.
+    /// (A read-modify-write: if the flag was still set, the thread's look
+    /// that clears it comes after, and sees what the caller changed.)
+    fn note_change(&self) {
+        if !self.changed.swap(true, SeqCst) {
+            self.bell.ring();
+        }
     }
 
     fn start(&'static self) {
@@ -294,9 +429,20 @@ impl Registry {
 }
 
 /// Keeps a socket listed while it lives (for sockets not held in an
-/// `Arc<TcpStream>`: the tokio adapter's fallback connections).
-#[cfg(feature = "tokio")]
-pub(crate) struct Token(#[allow(dead_code)] Arc<()>);
+/// `Arc<TcpStream>`: listeners, the tokio adapter's fallback connections).
+pub(crate) struct Token(#[allow(dead_code)] Arc<Listed>);
+
+/// What a [`Token`] holds: when the last goes, the socket is off the list,
+/// and the registry thread is told.
+pub(crate) struct Listed;
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        // (the entry's `Weak` is dead already: the look that follows
+        // removes it)
+        ended();
+    }
+}
 
 /// A TCP (fallback) connection of the tokio adapter, established: counted,
 /// and listed while the returned token lives.
@@ -305,8 +451,8 @@ pub(crate) fn stream_fd(fd: BorrowedFd<'_>, role: Role, mode: Mode) -> Option<To
     log_result(role, mode, fd);
     let r = registry()?;
     r.count(role, mode);
-    let token = Arc::new(());
-    let weak: Weak<()> = Arc::downgrade(&token);
+    let token = Arc::new(Listed);
+    let weak: Weak<Listed> = Arc::downgrade(&token);
     r.add(Entry {
         alive: weak,
         what: What::Stream {
@@ -325,7 +471,7 @@ pub(crate) fn stream_fd(fd: BorrowedFd<'_>, role: Role, mode: Mode) -> Option<To
 #[cfg(feature = "tokio")]
 pub(crate) fn rebind(tcp: &Arc<TcpStream>) -> Option<Token> {
     let r = registry()?;
-    let token = Arc::new(());
+    let token = Arc::new(Listed);
     let mut es = lock(&r.entries);
     let e = es.iter_mut().find(|e| match &e.what {
         What::Stream { tcp: t, .. } => std::ptr::eq(t.as_ptr(), Arc::as_ptr(tcp)),
@@ -334,7 +480,7 @@ pub(crate) fn rebind(tcp: &Arc<TcpStream>) -> Option<Token> {
     if e.info.is_none() {
         e.info = Some(info_of(tcp.as_fd()));
     }
-    let weak: Weak<()> = Arc::downgrade(&token);
+    let weak: Weak<Listed> = Arc::downgrade(&token);
     e.alive = weak;
     Some(Token(token))
 }
@@ -434,15 +580,17 @@ pub(crate) fn stream(
     });
 }
 
-/// A listener: listed while `alive` lives.
-pub(crate) fn listener<T: Any + Send + Sync>(alive: &Arc<T>, fd: BorrowedFd<'_>) {
-    let Some(r) = registry() else { return };
-    let weak: Weak<T> = Arc::downgrade(alive);
+/// A listener: listed while the returned token lives.
+pub(crate) fn listener(fd: BorrowedFd<'_>) -> Option<Token> {
+    let r = registry()?;
+    let token = Arc::new(Listed);
+    let weak: Weak<Listed> = Arc::downgrade(&token);
     r.add(Entry {
         alive: weak,
         what: What::Listen,
         info: Some(info_of(fd)),
     });
+    Some(Token(token))
 }
 
 /// Something failed that would otherwise only show as "no SMC device" or a
@@ -456,7 +604,7 @@ pub(crate) fn error(kind: &'static str, msg: String) {
         let slot = e.entry(kind).or_insert((0, String::new()));
         slot.0 += 1;
         slot.1 = msg;
-        r.changed.store(true, Relaxed);
+        r.note_change();
     }
 }
 
@@ -476,7 +624,7 @@ pub(crate) fn handshake_error(role: Role) {
     tracing::info!(target: "smc", role = role_name(role), "handshake failed: connection closed");
     if let Some(r) = registry() {
         r.hs_err[side(role)].fetch_add(1, Relaxed);
-        r.changed.store(true, Relaxed);
+        r.note_change();
     }
 }
 
@@ -508,8 +656,8 @@ fn shutdown_of(s: CloseState) -> u8 {
     }
 }
 
-/// Engine events kept for the registry thread to log (it looks every
-/// [`EVENT_PERIOD`]); beyond, they are counted but not logged.
+/// Engine events kept for the registry thread to log (the first wakes it,
+/// see [`Registry::note_change`]); beyond, they are counted but not logged.
 const PENDING_MAX: usize = 1024;
 
 /// Takes the engine's link and connection events (see
@@ -518,6 +666,9 @@ const PENDING_MAX: usize = 1024;
 /// logs them at once, without LG-ID, when the registry is off). Nothing
 /// queued costs one check. Returns whether there were any.
 pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) -> bool {
+    // (a pump: received CDCs and LLC messages, closes, timers may have
+    // changed what the registry publishes)
+    active();
     let Some(first) = ep.poll_event() else {
         return false;
     };
@@ -545,7 +696,7 @@ pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) -> bool
         next = ep.poll_event();
     }
     if let Some(r) = r {
-        r.changed.store(true, Relaxed);
+        r.note_change();
     }
     true
 }
@@ -587,13 +738,16 @@ fn log_event(dev: &str, lg_id: Option<u32>, e: &EngineEvent) {
 /// LG-IDs a registry thread takes from its run directory at a time.
 const LG_ID_BLOCK: u32 = 16;
 
+/// Looks after connection events at most this often.
 const EVENT_PERIOD: Duration = Duration::from_millis(100);
 /// A snapshot and the pause after it take at least this many times the
 /// snapshot's own time (the thread's CPU share stays under 2 %).
 const COST_FACTOR: u32 = 50;
 /// Connections looked at per hold of an endpoint's lock.
 const LOCK_BATCH: usize = 256;
+/// Looks for activity (counts, cursors, states) at most this often.
 const IDLE_PERIOD: Duration = Duration::from_secs(1);
+/// Looks at the devices at most this often.
 const DEVICE_PERIOD: Duration = Duration::from_secs(5);
 
 /// Feeds what is written to a hasher.
@@ -703,19 +857,65 @@ impl Registry {
         // COST_FACTOR times as long as the last took, so that the thread
         // takes a bounded share of a CPU and of the endpoints' locks)
         let mut not_before = Instant::now();
+        // the last look listed an SMC-R connection that has ended, its TCP
+        // socket not yet closed (closing waits for the close to go out,
+        // `stream.rs` LINGER, with no event at its end): look again
+        let mut closing = false;
+        // a link went down while the devices had been looked at less than
+        // DEVICE_PERIOD ago (it may be their port that went down, which
+        // no engine event names): look at them once that has passed
+        let mut devices_owed = false;
+        // the last look was made for activity: one more follows, for what
+        // the data path counted as the flag was cleared (its flag is a
+        // relaxed load, not ordered with the counts it guards)
+        let mut trailing = false;
         loop {
-            std::thread::sleep(EVENT_PERIOD);
-            self.log_events(&mut watch);
-            if Instant::now() < not_before {
+            if self.log_events(&mut watch) {
+                devices_owed = true;
+            }
+            // What is due, and when: nothing while nothing happens, so that
+            // an idle process is not woken by this thread.
+            let active = trailing || {
+                // (asleep before ACTIVITY is read: activity that this load
+                // does not see rings, see `activity_begins`; not while a
+                // trailing look is due anyway, so that data flowing does
+                // not ring once a look)
+                self.asleep.store(true, SeqCst);
+                let a = ACTIVITY.load(SeqCst);
+                if a {
+                    self.asleep.store(false, Relaxed);
+                }
+                a
+            };
+            let mut due: Option<Instant> = None;
+            let mut want = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
+            if self.changed.load(Relaxed) || closing {
+                want(last_look + EVENT_PERIOD);
+            }
+            if active {
+                want(last_look + IDLE_PERIOD);
+            }
+            if devices_owed {
+                want(devices.0.map_or(last_look, |t| t + DEVICE_PERIOD));
+            }
+            let due = due.map(|d| d.max(not_before));
+            if due.is_none_or(|d| Instant::now() < d) {
+                self.bell.wait(due);
+                self.asleep.store(false, Relaxed);
                 continue;
             }
-            let event = self.changed.swap(false, Relaxed);
-            if !event && last_look.elapsed() < IDLE_PERIOD {
-                continue;
-            }
+            self.asleep.store(false, Relaxed);
+            // (cleared before the look: what happens during it is seen by
+            // the next one)
+            self.changed.swap(false, SeqCst);
+            trailing = ACTIVITY.swap(false, SeqCst);
             last_look = Instant::now();
             let refresh = devices.0.is_none_or(|t| t.elapsed() >= DEVICE_PERIOD);
-            let body = self.snapshot(&mut watch, refresh, &mut devices);
+            if refresh {
+                devices_owed = false;
+            }
+            let (body, ending) = self.snapshot(&mut watch, refresh, &mut devices);
+            closing = ending;
             let mut doc = json!({
                 "version": files::VERSION,
                 "pid": pid,
@@ -732,30 +932,33 @@ impl Registry {
                 let _ = serde_json::to_writer(&mut h, &doc);
                 std::hash::Hasher::finish(&h.0)
             };
-            if last == Some(hash) {
-                continue;
-            }
-            // (the directory may have been removed meanwhile)
-            let ok = files::ensure_dir(&self.dir)
-                .and_then(|()| {
-                    files::write_atomic_with(&path, |w| {
-                        serde_json::to_writer(w, &doc).map_err(std::io::Error::other)
+            if last != Some(hash) {
+                // (the directory may have been removed meanwhile)
+                let ok = files::ensure_dir(&self.dir)
+                    .and_then(|()| {
+                        files::write_atomic_with(&path, |w| {
+                            serde_json::to_writer(w, &doc).map_err(std::io::Error::other)
+                        })
                     })
-                })
-                .is_ok();
-            if ok {
-                last = Some(hash);
-            } else {
-                self.errors.fetch_add(1, Relaxed);
+                    .is_ok();
+                if ok {
+                    last = Some(hash);
+                } else {
+                    self.errors.fetch_add(1, Relaxed);
+                }
             }
             not_before = last_look + last_look.elapsed() * COST_FACTOR;
         }
     }
 
     /// Logs the engine events drained since the last look, with the LG-ID
-    /// of their group (the one `smcr linkgroup` shows).
-    fn log_events(&self, watch: &mut Watch) {
+    /// of their group (the one `smcr linkgroup` shows). Returns whether a
+    /// link went down.
+    fn log_events(&self, watch: &mut Watch) -> bool {
         let evs = std::mem::take(&mut *lock(&self.pending));
+        let down = evs
+            .iter()
+            .any(|(_, e)| matches!(e, EngineEvent::LinkDown { .. }));
         for (dev, e) in evs {
             let mut lg = |id: u32| Some(watch.lg_id(&self.dir, (dev.clone(), id)));
             let lg_id = match e {
@@ -770,15 +973,18 @@ impl Registry {
         if lost > 0 {
             tracing::warn!(target: "smc", lost, "engine events not logged (too many at once)");
         }
+        down
     }
 
-    /// The process's state as JSON (without the header).
+    /// The process's state as JSON (without the header), and whether an
+    /// SMC-R connection that has ended is still listed (its TCP socket open
+    /// while its close goes out).
     fn snapshot(
         &self,
         watch: &mut Watch,
         refresh_devices: bool,
         devices: &mut (Option<Instant>, Value),
-    ) -> Value {
+    ) -> (Value, bool) {
         // the live sockets, with their static facts
         struct Live {
             what: Option<(Role, Mode, Option<SmcRef>)>,
@@ -820,7 +1026,11 @@ impl Registry {
             }
         }
         drop(new);
-        let (eps, devs) = ctx::endpoints_and_devices(refresh_devices).unwrap_or_default();
+        let found = ctx::endpoints_and_devices(refresh_devices);
+        // (no devices yet, before the first socket opens them: looked at
+        // again at the next look, not DEVICE_PERIOD later)
+        let refresh_devices = refresh_devices && found.is_some();
+        let (eps, devs) = found.unwrap_or_default();
         let dev_index = |sh: &Arc<Shared>| eps.iter().position(|(_, s)| Arc::ptr_eq(s, sh));
         // every endpoint's link groups and message counts, one lock each
         let mut groups: Vec<LgrSeen> = Vec::new();
@@ -866,6 +1076,7 @@ impl Registry {
         let mut lgr_conns: HashMap<u32, (u32, [u32; 3])> = HashMap::new();
         let mut usage = (0u64, 0u64);
         let mut bytes = self.retired.get();
+        let mut ending = false;
         let mut rx_hist = hist_get(&self.retired.rx_hist);
         let mut tx_hist = hist_get(&self.retired.tx_hist);
         // the engine's facts of the SMC-R connections, a batch of them per
@@ -928,6 +1139,7 @@ impl Registry {
                     s["role"] = json!(role_name(*role));
                     let mut state = CloseState::Closed;
                     if let Some((_, _, st)) = smc {
+                        ending |= st.retired.load(Relaxed);
                         if !st.retired.load(Relaxed) {
                             let [a, b, c, d] = st.get();
                             s["rx_bytes"] = json!(a);
@@ -1088,7 +1300,7 @@ impl Registry {
             }
             (Value::Object(counts), Value::Object(last))
         };
-        json!({
+        let doc = json!({
             "errors": err_last,
             "sockets": sockets,
             "link_groups": lgrs,
@@ -1129,7 +1341,8 @@ impl Registry {
                 "errors": err_counts,
             },
             "gauges": {"rmb_usage": usage.0, "sndbuf_usage": usage.1},
-        })
+        });
+        (doc, ending)
     }
 
     /// An SMC-R socket's engine facts into its JSON: token, buffers,
