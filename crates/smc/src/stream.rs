@@ -539,12 +539,21 @@ impl SmcStream {
             Done(usize),
             Lease(ReadLease),
         }
+        let deadline = Self::timeout(&self.opts.read_timeout);
         if !buf.is_empty() {
             if let Some(n) = c.try_fast_read(buf) {
                 return Ok(n);
             }
+            // a blocking reader waits on its connection's doorbell where it can
+            if let (false, Some(f)) = (nonblocking, c.fast_conn()) {
+                if let Some(n) = c
+                    .shared
+                    .read_on_bell(c.id, f, deadline, || c.try_fast_read(buf))
+                {
+                    return Ok(n);
+                }
+            }
         }
-        let deadline = Self::timeout(&self.opts.read_timeout);
         let _busy = c.shared.busy();
         let got = c
             .shared

@@ -7,6 +7,7 @@
 //! bookkeeping: everything read from them is checked.
 
 use super::cq::CqInner;
+use super::mr::{ring_peer, take_bell, PeerMr};
 use super::qp::{send_opcode, wc, Core, OwnedPayload, QpInner, Stage};
 use super::{lock, MAX_RNR_TIMER};
 
@@ -189,7 +190,12 @@ impl QpInner {
         // of any SEND can go: they need the peer's region, not its ring.
         let queued = matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued));
         let mut tail = c.link.as_ref().map_or(0, |l| l.tail);
+        // (published: a slot without a doorbell rung for it, which signals
+        // the peer's armed channel)
         let mut published = false;
+        // the peer regions whose doorbells SENDs of this pass name, and
+        // whether each was rung before its SEND was published
+        let mut bells: Vec<(Arc<PeerMr>, bool)> = Vec::new();
         // RC: while an earlier SEND is refused with RNR, the responder does not
         // execute anything behind it, so a later WRITE must not land either.
         let mut rnr_blocked = false;
@@ -246,6 +252,18 @@ impl QpInner {
                 Ok(Some((op, imm))) => {
                     let pr = Ring(ring.expect("a slot op has a ring"));
                     let psn = (sq_psn as u64).wrapping_add(tail) & 0xff_ffff;
+                    // A doorbell whose owner sleeps is taken before the
+                    // slot is published, and the slot says so: the woken
+                    // owner polls it in, and the peer's channel is not
+                    // signalled for it. It is rung once published (below).
+                    let bell = p.bell.and_then(|k| self.cached_peer_region(k));
+                    let was = bell.as_ref().map_or(0, |m| take_bell(m));
+                    let rang = was != 0;
+                    pr.s(tail, S_BELL).store(u64::from(rang), Relaxed);
+                    if let Some(m) = bell {
+                        bells.push((m, was == BELL_ASLEEP));
+                    }
+                    published |= !rang;
                     pr.s(tail, S_META).store(op | len << 32, Relaxed);
                     pr.s(tail, S_IMM).store(imm | psn << 40, Relaxed);
                     // Publish: everything above (including earlier WRITE copies) happens-before.
@@ -256,7 +274,6 @@ impl QpInner {
                     };
                     tail = tail.wrapping_add(1);
                     pr.h(R_TAIL).store(tail, Release);
-                    published = true;
                 }
             }
         }
@@ -267,6 +284,16 @@ impl QpInner {
                     e.signal();
                 }
             }
+        }
+        // The doorbells: an owner found asleep above is woken now that its
+        // SEND is published; and any that its owner armed since is rung
+        // too: an owner arms, then looks at the ring, so either its look
+        // finds the slot published above or this finds the word set.
+        for (m, asleep) in &bells {
+            if *asleep {
+                let _ = m.mem.futex_wake(MR_BELL);
+            }
+            ring_peer(m);
         }
         // 3. Complete in order.
         while let Some(Stage::Done(s)) = c.sq.front().map(|p| p.stage) {
@@ -380,18 +407,24 @@ impl QpInner {
             r.h(R_HEAD).store(c.head, Release);
             c.rq.pop_front();
             consumed = true;
-            self.recv_cq.push(wc(
-                wr_id,
-                status,
-                opcode,
-                if status == WcStatus::Success {
-                    len as u32
-                } else {
-                    0
-                },
-                imm,
-                self.qpn,
-            ));
+            // (a SEND that rang our doorbell leaves the channel's arm to
+            // the next one: the thread it woke takes it)
+            let rang = r.s(head, S_BELL).load(Relaxed) == 1;
+            self.recv_cq.push_as(
+                rang,
+                wc(
+                    wr_id,
+                    status,
+                    opcode,
+                    if status == WcStatus::Success {
+                        len as u32
+                    } else {
+                        0
+                    },
+                    imm,
+                    self.qpn,
+                ),
+            );
             if status != WcStatus::Success {
                 self.fail_locked(c, None, false);
                 break;
