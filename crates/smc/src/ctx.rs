@@ -1048,6 +1048,7 @@ impl Shared {
         }
         self.spin.miss(budget);
         let mut woken = self.bell_register(id, &bell)?;
+        let mut again = false;
         let got = loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             if left.is_some_and(|l| l.is_zero()) {
@@ -1059,11 +1060,16 @@ impl Shared {
                 MaySleep::Busy => {
                     bell.wait(Some(left.map_or(BELL_BUSY_WAIT, |l| l.min(BELL_BUSY_WAIT))))
                 }
-                MaySleep::Again => {}
+                MaySleep::Again => again = true,
                 MaySleep::No => break None,
             }
             if let Some(n) = read() {
                 break Some(n);
+            }
+            // something arrived that the fast read does not take alone (a
+            // cursor update it may not send, among others): the endpoint's
+            if std::mem::take(&mut again) {
+                break None;
             }
             // a pump found the connection ready (an abort, a timer) and
             // took the registration: the read above saw what it could, the
