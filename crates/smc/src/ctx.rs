@@ -750,16 +750,22 @@ impl Shared {
     /// doorbell are woken to wait through `run` too (see
     /// [`Self::bell_register`]).
     fn run_list(&self, id: ConnId) {
-        let w = self.waiters();
+        let mut w = self.waiters();
         self.run_conns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(id);
-        for x in w.iter().filter(|x| x.want.conn() == id) {
-            if let Some(b) = &x.bell {
+        // (taken as a pump's wake-up takes them: the reader registers
+        // again, finds this thread listed and waits through `run`)
+        w.retain(|x| match &x.bell {
+            Some(b) if x.want.conn() == id => {
+                x.woken.store(true, Ordering::Release);
                 b.ring();
+                false
             }
-        }
+            _ => true,
+        });
+        self.sleepers.store(w.len(), Ordering::Release);
     }
 
     fn run_unlist(&self, id: ConnId) {
