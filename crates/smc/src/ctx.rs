@@ -468,6 +468,14 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
     }
 }
 
+/// Whether blocking readers wait on their connections' doorbells where the
+/// device has them (`SMC_BELL=0`: they wait through the leader and its
+/// followers, as on devices without doorbells; to compare the two).
+fn bells_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SMC_BELL").map_or(true, |v| v != "0"))
+}
+
 /// How long a reader sleeps on its doorbell at most when another thread
 /// had its link's receive CQ as it looked (see `Shared::read_on_bell`): that
 /// poll may have come before the peer's SEND, whose doorbell the reader had
@@ -1027,6 +1035,9 @@ impl Shared {
         mut read: impl FnMut() -> Option<usize>,
     ) -> Option<usize> {
         use smc_engine::endpoint::MaySleep;
+        if !bells_on() {
+            return None;
+        }
         let bell = fast.bell()?;
         struct Count<'a>(&'a AtomicUsize);
         impl Drop for Count<'_> {

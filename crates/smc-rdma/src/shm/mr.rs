@@ -270,15 +270,6 @@ pub(super) fn take_bell(m: &PeerMr) -> u64 {
     w.swap(0, SeqCst)
 }
 
-/// Rings a peer region's doorbell if its owner waits on it: whether it did.
-pub(super) fn ring_peer(m: &PeerMr) -> bool {
-    let was = take_bell(m);
-    if was == BELL_ASLEEP {
-        let _ = m.mem.futex_wake(MR_BELL);
-    }
-    was != 0
-}
-
 impl MemoryRegion for ShmMr {
     fn doorbell(&self) -> Option<Doorbell> {
         // (only a region a peer may write has a header it maps)

@@ -539,7 +539,7 @@ impl QueuePair for ShmQp {
     }
 
     fn post_send_ringing(&self, wr: &SendWr<'_>, bell_rkey: u32) -> Result<()> {
-        self.post(wr, Some(bell_rkey))
+        super::qp_progress::defer_wakes(|| self.post(wr, Some(bell_rkey)))
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {

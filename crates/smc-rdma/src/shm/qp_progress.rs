@@ -7,7 +7,7 @@
 //! bookkeeping: everything read from them is checked.
 
 use super::cq::CqInner;
-use super::mr::{ring_peer, take_bell, PeerMr};
+use super::mr::{take_bell, PeerMr};
 use super::qp::{send_opcode, wc, Core, OwnedPayload, QpInner, Stage};
 use super::{lock, MAX_RNR_TIMER};
 
@@ -22,6 +22,50 @@ use std::time::{Duration, Instant};
 pub(super) fn slot_taken(ring: &SharedMem, seq: u64) -> bool {
     let w = Ring(ring).s(seq, S_STATE).load(SeqCst);
     w >> 3 == seq && w & 7 != 0
+}
+
+thread_local! {
+    /// Doorbells whose owners a post of this thread is to wake once it has
+    /// let go of the QP's lock (see [`defer_wakes`]); `None`: wake at once.
+    static DEFERRED: std::cell::RefCell<Option<Vec<Arc<PeerMr>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Wakes the owner of doorbell `m` (it sleeps and its word is taken), now,
+/// or when the post under way in this thread has let go of its QP's lock.
+fn wake_later(m: Arc<PeerMr>) {
+    let m = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
+        Some(v) => {
+            v.push(m);
+            None
+        }
+        None => Some(m),
+    });
+    if let Some(m) = m {
+        let _ = m.mem.futex_wake(MR_BELL);
+    }
+}
+
+/// Runs `f` (a post, under the QP's lock) with the wake-ups of doorbells it
+/// rings held back, then makes them: the woken thread, which may take this
+/// one's CPU at once, does not find the lock taken.
+pub(super) fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
+    let outer = DEFERRED.with(|d| {
+        let mut d = d.borrow_mut();
+        let outer = d.is_some();
+        if !outer {
+            *d = Some(Vec::new());
+        }
+        outer
+    });
+    let r = f();
+    if !outer {
+        let v = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
+        for m in v {
+            let _ = m.mem.futex_wake(MR_BELL);
+        }
+    }
+    r
 }
 
 impl QpInner {
@@ -289,11 +333,11 @@ impl QpInner {
         // SEND is published; and any that its owner armed since is rung
         // too: an owner arms, then looks at the ring, so either its look
         // finds the slot published above or this finds the word set.
-        for (m, asleep) in &bells {
-            if *asleep {
-                let _ = m.mem.futex_wake(MR_BELL);
+        for (m, asleep) in bells {
+            let asleep = asleep || take_bell(&m) == BELL_ASLEEP;
+            if asleep {
+                wake_later(m);
             }
-            ring_peer(m);
         }
         // 3. Complete in order.
         while let Some(Stage::Done(s)) = c.sq.front().map(|p| p.stage) {
