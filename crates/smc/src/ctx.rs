@@ -469,14 +469,12 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
 }
 
 /// Whether blocking readers wait on their connections' doorbells where the
-/// device has them (`SMC_BELL=1`); by default they wait through the leader
-/// and its followers, as on devices without doorbells: with threads of the
-/// process on several CPUs, readers woken each by its own doorbell meet on
-/// the link's and the QP's locks, which the leader kept apart
-/// (docs/FAST-PATH.md, steps 5 and 6).
+/// device has them (docs/FAST-PATH.md, steps 5 and 6); `SMC_BELL=0`: they
+/// wait through the leader and its followers, as on devices without
+/// doorbells (to compare the two).
 fn bells_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SMC_BELL").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("SMC_BELL").map_or(true, |v| v != "0"))
 }
 
 /// How long a reader sleeps on its doorbell at most when another thread

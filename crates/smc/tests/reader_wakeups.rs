@@ -53,10 +53,6 @@ fn others_by_thread() -> Vec<(String, u64)> {
 fn a_sleeping_reader_is_woken_once_per_message() {
     // (the tools' registry publishes on a period of its own)
     std::env::set_var("SMC_RS_REGISTRY", "0");
-    // readers wait on their doorbells (not yet the default)
-    if std::env::var_os("SMC_BELL").is_none() {
-        std::env::set_var("SMC_BELL", "1");
-    }
     setup();
     let l = SmcListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();

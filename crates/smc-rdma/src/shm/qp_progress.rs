@@ -46,10 +46,27 @@ fn wake_later(m: Arc<PeerMr>) {
     }
 }
 
-/// Runs `f` (a post, under the QP's lock) with the wake-ups of doorbells it
-/// rings held back, then makes them: the woken thread, which may take this
-/// one's CPU at once, does not find the lock taken.
-pub(super) fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
+/// Runs `f` with the wake-ups of the doorbells that posts of this thread
+/// ring held back, then makes them: the woken thread, which may take this
+/// one's CPU at once, does not find the locks held that `f` (a post under
+/// the QP's lock, or a caller's write with its own locks) took. Nested
+/// calls wake at the end of the outermost one.
+pub fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
+    /// Makes the held-back wake-ups when the outermost call ends, also by
+    /// a panic (a list left behind would hold back every later one).
+    struct Outermost;
+    impl Drop for Outermost {
+        fn drop(&mut self) {
+            let v = DEFERRED
+                .try_with(|d| d.borrow_mut().take())
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            for m in v {
+                let _ = m.mem.futex_wake(MR_BELL);
+            }
+        }
+    }
     let outer = DEFERRED.with(|d| {
         let mut d = d.borrow_mut();
         let outer = d.is_some();
@@ -58,14 +75,8 @@ pub(super) fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
         }
         outer
     });
-    let r = f();
-    if !outer {
-        let v = DEFERRED.with(|d| d.borrow_mut().take()).unwrap_or_default();
-        for m in v {
-            let _ = m.mem.futex_wake(MR_BELL);
-        }
-    }
-    r
+    let _flush = (!outer).then_some(Outermost);
+    f()
 }
 
 impl QpInner {
