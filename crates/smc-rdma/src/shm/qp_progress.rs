@@ -75,7 +75,8 @@ pub fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
         }
         outer
     });
-    let _flush = (!outer).then_some(Outermost);
+    // (not `then_some`: it would make, and drop, a guard in a nested call)
+    let _flush = if outer { None } else { Some(Outermost) };
     f()
 }
 
