@@ -364,6 +364,85 @@ impl SharedMem {
         // cross-process access to these words is atomic.
         Ok(unsafe { &*(self.ptr.as_ptr().add(off) as *const AtomicU64) })
     }
+
+    /// Sleeps while the 32-bit half of the u64 word at `off` that holds its
+    /// low bits is `expected`, until a thread of any process that maps the
+    /// same memory wakes it ([`Self::futex_wake`]), `timeout` passes or a
+    /// signal arrives (a shared, not a process-private, futex: the kernel
+    /// keys it by the memory's page, futex(2)). Returns at once if the word
+    /// holds something else.
+    pub fn futex_wait(
+        &self,
+        off: usize,
+        expected: u32,
+        timeout: Option<Duration>,
+    ) -> io::Result<()> {
+        let w = self.atomic(off)?;
+        let half = futex_half(w);
+        let ts = timeout.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: `half` points to an aligned u32 inside our live mapping
+        // (checked by `atomic`); the kernel only reads it; `tsp` is null or
+        // points to a timespec on our stack for the duration of the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                half,
+                libc::FUTEX_WAIT,
+                expected,
+                tsp,
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) | Some(libc::ETIMEDOUT) => Ok(()),
+                _ => Err(e),
+            };
+        }
+        Ok(())
+    }
+
+    /// Wakes the threads (of any process) sleeping in [`Self::futex_wait`]
+    /// on the word at `off`.
+    pub fn futex_wake(&self, off: usize) -> io::Result<()> {
+        let w = self.atomic(off)?;
+        let half = futex_half(w);
+        // SAFETY: as in `futex_wait`; FUTEX_WAKE does not access the word.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                half,
+                libc::FUTEX_WAKE,
+                i32::MAX,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0u32,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// The address of the 32-bit half of `w` that holds its low bits (a futex
+/// word is 32 bits; the shared words are u64 whose values here stay small).
+fn futex_half(w: &AtomicU64) -> *const u32 {
+    let p = w as *const AtomicU64 as *const u32;
+    if cfg!(target_endian = "little") {
+        p
+    } else {
+        p.wrapping_add(1)
+    }
 }
 
 impl Drop for SharedMem {

@@ -659,6 +659,14 @@ pub trait MemoryRegion: Send + Sync {
             lkey: self.lkey(),
         })
     }
+    /// The region's doorbell, if the provider has one (the same-host
+    /// shared-memory device): a word the region's owner sleeps on, which a
+    /// peer's SEND naming this region ([`QueuePair::post_send_ringing`])
+    /// rings once published. `None`: none (real RNICs; the owner then waits
+    /// on its completion channel).
+    fn doorbell(&self) -> Option<Doorbell> {
+        None
+    }
     /// What the peer needs to write here.
     fn remote(&self) -> RemoteMr {
         RemoteMr {
@@ -668,6 +676,26 @@ pub trait MemoryRegion: Send + Sync {
         }
     }
 }
+
+/// A doorbell a region's owner sleeps on ([`MemoryRegion::doorbell`]):
+/// armed, then looked at (whatever the owner waits for), then waited on;
+/// rung by a peer's SEND that names the region, or by a thread of the
+/// owner's process that found what the owner waits for.
+pub trait Bell: Send + Sync {
+    /// Says the owner is about to sleep: a ring from now on wakes it (or
+    /// keeps its next [`Self::wait`] from sleeping).
+    fn arm(&self);
+    /// Says the owner no longer sleeps (a ring finds nothing to do).
+    fn disarm(&self);
+    /// Sleeps until rung (at once if rung since [`Self::arm`]), `timeout`
+    /// passes or a signal comes; spurious returns are possible.
+    fn wait(&self, timeout: Option<Duration>);
+    /// Rings it if armed; whether it was.
+    fn ring(&self) -> bool;
+}
+
+/// A shared handle to a [`Bell`].
+pub type Doorbell = std::sync::Arc<dyn Bell>;
 
 /// Checks `off..off+len` lies in `0..total`.
 pub fn check_range(off: usize, len: usize, total: usize) -> Result<()> {
@@ -717,6 +745,16 @@ pub trait QueuePair: Send + Sync {
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()>;
     /// Posts a receive WR (fails in RESET).
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()>;
+    /// Posts a SEND as [`Self::post_send`] that, once it is in the peer's
+    /// receive queue, rings the doorbell of the peer's region `bell_rkey`
+    /// ([`MemoryRegion::doorbell`]) if its owner sleeps on it; such a SEND
+    /// then does not also signal the peer's armed completion channel (the
+    /// woken owner takes the SEND itself). Providers without doorbells
+    /// post it as a plain SEND (default).
+    fn post_send_ringing(&self, wr: &SendWr<'_>, bell_rkey: u32) -> Result<()> {
+        let _ = bell_rkey;
+        self.post_send(wr)
+    }
     /// The peer memory that an RDMA WRITE of `len` bytes to `rkey`/`addr`
     /// would reach, when this provider has it mapped in this process (the
     /// same-host shared-memory device): the caller copies into it itself, e.g.

@@ -976,3 +976,65 @@ fn idle_device_in_this_namespace() {
     drop(dev);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A SEND posted with a doorbell (`post_send_ringing`) wakes the owner of
+/// the region it names, asleep on that region's doorbell, and leaves the
+/// owner's armed completion channel alone (the woken owner takes the SEND
+/// itself); the arm stays for the next plain SEND.
+#[test]
+fn a_send_rings_the_doorbell_of_a_sleeping_owner_instead_of_its_channel() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    // data first, as a CDC follows it: the sender maps the region
+    h.local
+        .qp
+        .post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaWrite {
+                remote_addr: r.addr + 8192,
+                rkey: r.rkey,
+            },
+            payload: Payload::Inline(b"data"),
+            signaled: false,
+        })
+        .unwrap();
+    h.peer.post_recv(1, RECV_AREA, 64).unwrap();
+    h.peer.post_recv(2, RECV_AREA, 64).unwrap();
+    h.peer.ep.rcq.req_notify().unwrap();
+    assert!(h.peer.ep.poll_recv().is_empty());
+    // (what setting up the connection left on the channel)
+    let _ = h.peer.ep.chan.try_get_event();
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    bell.arm();
+    let send = |wr_id| SendWr {
+        wr_id,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"cdc"),
+        signaled: true,
+    };
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            let t0 = Instant::now();
+            bell.wait(Some(Duration::from_secs(5)));
+            t0.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        h.local.qp.post_send_ringing(&send(2), r.rkey).unwrap();
+        let dt = t.join().unwrap();
+        assert!(
+            dt < Duration::from_secs(2),
+            "the doorbell woke nobody ({dt:?})"
+        );
+    });
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (1, 3));
+    assert!(
+        !h.peer.ep.chan.try_get_event().unwrap(),
+        "a SEND that rang the doorbell signalled the channel too"
+    );
+    // nobody on the doorbell: the arm signals the next SEND
+    h.local.qp.post_send_ringing(&send(3), r.rkey).unwrap();
+    assert!(h.peer.ep.chan.wait(Duration::from_secs(2)).unwrap());
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (2, 3));
+}

@@ -105,6 +105,14 @@ pub(crate) struct Shared {
     gen: AtomicU64,
     /// Threads parked until their connection can go on (see [`Waiter`]).
     waiters: Mutex<Vec<Waiter>>,
+    /// The connections that threads sleeping in [`Shared::run`] wait for,
+    /// once per thread (see [`Shared::bell_register`]); changed with
+    /// `waiters` locked.
+    run_conns: Mutex<Vec<ConnId>>,
+    /// Threads in a reader's doorbell wait, spinning or asleep (see
+    /// `SmcStream`'s read): counted with [`Shared::active`] for the spin
+    /// rule.
+    pub(crate) bell_waiting: AtomicUsize,
     /// Parked threads to unpark once the endpoint lock is released (see
     /// [`Locked`]), and their count, readable without the lock.
     to_unpark: Mutex<Vec<std::thread::Thread>>,
@@ -308,6 +316,9 @@ struct Waiter {
     want: Want,
     thread: std::thread::Thread,
     woken: Arc<AtomicBool>,
+    /// A reader that sleeps on its connection's doorbell (see
+    /// [`Shared::bell_register`]) is woken by ringing it, not by unparking.
+    bell: Option<smc_rdma::Doorbell>,
 }
 
 /// A task of the tokio adapter waiting (see [`Shared::wake_on_progress`]).
@@ -457,6 +468,21 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
     }
 }
 
+/// Whether blocking readers wait on their connections' doorbells where the
+/// device has them (docs/FAST-PATH.md, steps 5 and 6); `SMC_BELL=0`: they
+/// wait through the leader and its followers, as on devices without
+/// doorbells (to compare the two).
+fn bells_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SMC_BELL").map_or(true, |v| v != "0"))
+}
+
+/// How long a reader sleeps on its doorbell at most when another thread
+/// had its link's receive CQ as it looked (see `Shared::read_on_bell`): that
+/// poll may have come before the peer's SEND, whose doorbell the reader had
+/// not yet armed.
+const BELL_BUSY_WAIT: Duration = Duration::from_millis(2);
+
 /// After a TCP end, everyone waiting looks again this long after the
 /// engine's grace (its pump must have run past the deadline).
 const RECHECK_MARGIN: Duration = Duration::from_millis(20);
@@ -481,6 +507,8 @@ impl Shared {
             ep: Mutex::new(ep),
             notify,
             waiters: Mutex::new(Vec::new()),
+            run_conns: Mutex::new(Vec::new()),
+            bell_waiting: AtomicUsize::new(0),
             to_unpark: Mutex::new(Vec::new()),
             unparks: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
@@ -517,7 +545,12 @@ impl Shared {
         w.retain(|x| {
             if all || x.want.ready(ep, self.sndbuf_len) {
                 x.woken.store(true, Ordering::Release);
-                u.push(x.thread.clone());
+                match &x.bell {
+                    Some(b) => {
+                        b.ring();
+                    }
+                    None => u.push(x.thread.clone()),
+                }
                 false
             } else {
                 true
@@ -666,11 +699,90 @@ impl Shared {
     /// Wakes one parked thread (any), to take over as the leader.
     fn wake_one(&self) {
         let mut w = self.waiters();
-        if let Some(x) = w.pop() {
+        // (a reader on its doorbell does not lead: it sleeps there again)
+        if let Some(i) = w.iter().rposition(|x| x.bell.is_none()) {
+            let x = w.remove(i);
             x.woken.store(true, Ordering::Release);
             x.thread.unpark();
         }
         self.sleepers.store(w.len(), Ordering::Release);
+    }
+
+    /// Registers a reader of connection `id` about to sleep on its doorbell
+    /// (docs/FAST-PATH.md, step 6): a pump that finds the connection ready
+    /// (an abort, a timer) rings it as it unparks the others. `None`: a
+    /// thread waits for the same connection through [`Self::run`] (e.g. a
+    /// writer for room): that one's wake-ups come through the completion
+    /// channel, which a CDC that rings a doorbell does not signal, so the
+    /// reader waits through `run` too.
+    pub(crate) fn bell_register(
+        &self,
+        id: ConnId,
+        bell: &smc_rdma::Doorbell,
+    ) -> Option<Arc<AtomicBool>> {
+        let mut w = self.waiters();
+        if self.run_waits(&w, id) {
+            return None;
+        }
+        let woken = Arc::new(AtomicBool::new(false));
+        w.push(Waiter {
+            want: Want::Read(id),
+            thread: std::thread::current(),
+            woken: woken.clone(),
+            bell: Some(bell.clone()),
+        });
+        self.sleepers.store(w.len(), Ordering::Release);
+        Some(woken)
+    }
+
+    /// Ends a [`Self::bell_register`] (if no pump took it already).
+    pub(crate) fn bell_unregister(&self, woken: &Arc<AtomicBool>) {
+        if woken.load(Ordering::Acquire) {
+            return;
+        }
+        let mut w = self.waiters();
+        w.retain(|x| !Arc::ptr_eq(&x.woken, woken));
+        self.sleepers.store(w.len(), Ordering::Release);
+    }
+
+    /// Whether a thread of [`Self::run`] sleeps (or is about to) for
+    /// connection `id` (with the waiters locked).
+    fn run_waits(&self, _w: &MutexGuard<'_, Vec<Waiter>>, id: ConnId) -> bool {
+        self.run_conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&id)
+    }
+
+    /// A thread of [`Self::run`] is about to sleep for connection `id`:
+    /// listed until [`Self::run_unlist`], and the readers of `id` on its
+    /// doorbell are woken to wait through `run` too (see
+    /// [`Self::bell_register`]).
+    fn run_list(&self, id: ConnId) {
+        let mut w = self.waiters();
+        self.run_conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(id);
+        // (taken as a pump's wake-up takes them: the reader registers
+        // again, finds this thread listed and waits through `run`)
+        w.retain(|x| match &x.bell {
+            Some(b) if x.want.conn() == id => {
+                x.woken.store(true, Ordering::Release);
+                b.ring();
+                false
+            }
+            _ => true,
+        });
+        self.sleepers.store(w.len(), Ordering::Release);
+    }
+
+    fn run_unlist(&self, id: ConnId) {
+        let _w = self.waiters();
+        let mut v = self.run_conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = v.iter().position(|&c| c == id) {
+            v.swap_remove(i);
+        }
     }
 
     pub(crate) fn lock(&self) -> Locked<'_> {
@@ -813,14 +925,17 @@ impl Shared {
         nonblocking: bool,
         mut op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
     ) -> io::Result<R> {
-        struct Active<'a>(&'a AtomicUsize);
+        struct Active<'a>(&'a Shared, Option<ConnId>);
         impl Drop for Active<'_> {
             fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
+                if let Some(id) = self.1 {
+                    self.0.run_unlist(id);
+                }
+                self.0.active.fetch_sub(1, Ordering::AcqRel);
             }
         }
         self.active.fetch_add(1, Ordering::AcqRel);
-        let _active = Active(&self.active);
+        let mut active = Active(self, None);
         // (end of the spin phase, its budget) once a first try failed
         let mut spin: Option<(Instant, Duration)> = None;
         let mut slept = false;
@@ -876,7 +991,10 @@ impl Shared {
                 // spin while nine slept took request/response from 70-75k to
                 // 47-52k tps. The price: a process with a thread parked in a
                 // read, a dedicated reader, does not spin in other waits.)
-                let b = if self.active.load(Ordering::Relaxed) > max_spinners() {
+                let b = if self.active.load(Ordering::Relaxed)
+                    + self.bell_waiting.load(Ordering::Relaxed)
+                    > max_spinners()
+                {
                     Duration::ZERO
                 } else {
                     self.spin.budget()
@@ -891,8 +1009,100 @@ impl Shared {
                 self.spin.miss(budget);
                 slept = true;
             }
+            if active.1.is_none() {
+                self.run_list(want.conn());
+                active.1 = Some(want.conn());
+            }
             led = self.sleep(Some(want), seen, deadline, None);
         }
+    }
+
+    /// A blocking read of connection `id` that found nothing: waits on the
+    /// connection's doorbell (docs/FAST-PATH.md, step 6) instead of through
+    /// [`Self::run`]'s leader and followers, so that the peer's CDC wakes
+    /// this thread alone, once: `read` (the fast read, which takes the
+    /// link's completions itself) is tried while the wait may spin (the
+    /// rule of [`Self::run`]), then the doorbell is armed, looked behind
+    /// ([`FastConn::may_sleep`](smc_engine::endpoint::FastConn::may_sleep))
+    /// and slept on, until `read` reads. `None`: the device has no
+    /// doorbells, the connection needs the endpoint (or another thread
+    /// waits for it through [`Self::run`]), or `deadline` passed: the
+    /// caller goes through [`Self::run`].
+    pub(crate) fn read_on_bell(
+        &self,
+        id: ConnId,
+        fast: &smc_engine::endpoint::FastConn<AnyProvider>,
+        deadline: Option<Instant>,
+        mut read: impl FnMut() -> Option<usize>,
+    ) -> Option<usize> {
+        use smc_engine::endpoint::MaySleep;
+        if !bells_on() {
+            return None;
+        }
+        let bell = fast.bell()?;
+        struct Count<'a>(&'a AtomicUsize);
+        impl Drop for Count<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.bell_waiting.fetch_add(1, Ordering::AcqRel);
+        let _count = Count(&self.bell_waiting);
+        let budget = if self.active.load(Ordering::Relaxed)
+            + self.bell_waiting.load(Ordering::Relaxed)
+            > max_spinners()
+        {
+            Duration::ZERO
+        } else {
+            self.spin.budget()
+        };
+        let until = Instant::now() + budget;
+        while Instant::now() < until {
+            if let Some(n) = read() {
+                self.spin.hit();
+                return Some(n);
+            }
+            std::hint::spin_loop();
+        }
+        self.spin.miss(budget);
+        let mut woken = self.bell_register(id, &bell)?;
+        let mut again = false;
+        let got = loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                break None;
+            }
+            bell.arm();
+            match fast.may_sleep() {
+                MaySleep::Sleep => bell.wait(left),
+                MaySleep::Busy => {
+                    bell.wait(Some(left.map_or(BELL_BUSY_WAIT, |l| l.min(BELL_BUSY_WAIT))))
+                }
+                MaySleep::Again => again = true,
+                MaySleep::No => break None,
+            }
+            if let Some(n) = read() {
+                break Some(n);
+            }
+            // something arrived that the fast read does not take alone (a
+            // cursor update it may not send, among others): the endpoint's
+            if std::mem::take(&mut again) {
+                break None;
+            }
+            // a pump found the connection ready (an abort, a timer) and
+            // took the registration: the read above saw what it could, the
+            // wait goes on registered again
+            if woken.load(Ordering::Acquire) {
+                bell.disarm();
+                match self.bell_register(id, &bell) {
+                    Some(w) => woken = w,
+                    None => return None,
+                }
+            }
+        };
+        bell.disarm();
+        self.bell_unregister(&woken);
+        got
     }
 
     /// Wakes the tasks whose connection can go on (`all`: every one), as
@@ -1042,6 +1252,7 @@ impl Shared {
                     want,
                     thread: std::thread::current(),
                     woken: woken.clone(),
+                    bell: None,
                 });
                 self.sleepers.store(w.len(), Ordering::Release);
             }

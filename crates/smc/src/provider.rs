@@ -29,9 +29,9 @@
 
 use smc_rdma::shm::ShmProvider;
 use smc_rdma::{
-    Access, AsyncEvent, CompletionChannel, CompletionQueue, Device, DeviceInfo, Error, MemWindow,
-    MemoryRegion, PortAttr, ProtectionDomain, Provider, QpCap, QpModify, QpState, QueuePair,
-    RecvWr, RemoteMr, Result, SendWr, Sge, WorkCompletion,
+    Access, AsyncEvent, CompletionChannel, CompletionQueue, Device, DeviceInfo, Doorbell, Error,
+    MemWindow, MemoryRegion, PortAttr, ProtectionDomain, Provider, QpCap, QpModify, QpState,
+    QueuePair, RecvWr, RemoteMr, Result, SendWr, Sge, WorkCompletion,
 };
 use smc_verbs::VerbsProvider;
 use std::os::fd::BorrowedFd;
@@ -336,6 +336,10 @@ impl<S: Provider, V: Provider> MemoryRegion for PairMr<S, V> {
         each!(self, m => m.window())
     }
     #[inline]
+    fn doorbell(&self) -> Option<Doorbell> {
+        each!(self, m => m.doorbell())
+    }
+    #[inline]
     fn sge(&self, off: usize, len: u32) -> Result<Sge> {
         each!(self, m => m.sge(off, len))
     }
@@ -413,6 +417,10 @@ impl<S: Provider, V: Provider> QueuePair for PairQp<S, V> {
     #[inline]
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         each!(self, q => q.post_send(wr))
+    }
+    #[inline]
+    fn post_send_ringing(&self, wr: &SendWr<'_>, bell_rkey: u32) -> Result<()> {
+        each!(self, q => q.post_send_ringing(wr, bell_rkey))
     }
     #[inline]
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {

@@ -138,7 +138,9 @@ impl SmcConn {
     /// Not while the connection has a readiness descriptor: the locked
     /// write sets it after the write (`note`).
     fn try_fast_write(&self, buf: &[u8]) -> Option<usize> {
-        match self.fast_conn()?.try_write(buf) {
+        let f = self.fast_conn()?;
+        // (the peer's reader woken once the write let go of its locks)
+        match smc_rdma::shm::defer_wakes(|| f.try_write(buf)) {
             Ok(FastWrite::Wrote(n)) => Some(n),
             // the endpoint learns of the broken link at its next pump: now
             Ok(FastWrite::WroteLinkBroke(n)) => {
@@ -158,7 +160,8 @@ impl SmcConn {
     /// things), nothing was read. Not while the connection has a readiness
     /// descriptor, as for writes.
     fn try_fast_read(&self, buf: &mut [u8]) -> Option<usize> {
-        match self.fast_conn()?.try_read(buf) {
+        let f = self.fast_conn()?;
+        match smc_rdma::shm::defer_wakes(|| f.try_read(buf)) {
             FastRead::Read { n, .. } => Some(n),
             // the endpoint learns of the broken link at its next pump: now
             FastRead::ReadLinkBroke(n) => {
@@ -548,12 +551,21 @@ impl SmcStream {
             Done(usize),
             Lease(ReadLease),
         }
+        let deadline = Self::timeout(&self.opts.read_timeout);
         if !buf.is_empty() {
             if let Some(n) = c.try_fast_read(buf) {
                 return Ok(n);
             }
+            // a blocking reader waits on its connection's doorbell where it can
+            if let (false, Some(f)) = (nonblocking, c.fast_conn()) {
+                if let Some(n) = c
+                    .shared
+                    .read_on_bell(c.id, f, deadline, || c.try_fast_read(buf))
+                {
+                    return Ok(n);
+                }
+            }
         }
-        let deadline = Self::timeout(&self.opts.read_timeout);
         let _busy = c.shared.busy();
         let got = c
             .shared

@@ -198,13 +198,46 @@ impl<P: Provider> Endpoint<P> {
 /// `smc_wr_rx_tasklet_fn`, smc_cdc.c `smc_cdc_rx_handler`) under no
 /// socket-wide lock.
 pub(super) fn dispatch<P: Provider>(rx: &LinkRx<P>, tokens: &TokenTable<P>, l: LgrId) -> bool {
-    let Some(mut book) = rx.try_book() else {
-        return false;
-    };
+    dispatch_inner(rx, tokens, l).is_some_and(|(applied, _)| applied)
+}
+
+/// [`dispatch`] for a reader about to sleep (`FastConn::may_sleep`):
+/// `None` if it could not poll (another poller has the link's lock), else
+/// whether the poll left the link's queue empty (nothing for the endpoint;
+/// false also when the endpoint had not taken an earlier dispatch's or
+/// the link is closed to connections).
+pub(super) fn dispatch_all<P: Provider>(
+    rx: &LinkRx<P>,
+    tokens: &TokenTable<P>,
+    l: LgrId,
+) -> Option<bool> {
+    let mut clean = false;
+    let ran = dispatch_with(rx, tokens, l, &mut clean);
+    ran.map(|_| clean)
+}
+
+fn dispatch_inner<P: Provider>(
+    rx: &LinkRx<P>,
+    tokens: &TokenTable<P>,
+    l: LgrId,
+) -> Option<(bool, bool)> {
+    let mut clean = false;
+    dispatch_with(rx, tokens, l, &mut clean).map(|a| (a, clean))
+}
+
+/// The poll of [`dispatch`]: `None` if the link's lock was taken; else
+/// whether it applied a CDC, `clean` set when it left the queue empty.
+fn dispatch_with<P: Provider>(
+    rx: &LinkRx<P>,
+    tokens: &TokenTable<P>,
+    l: LgrId,
+    clean: &mut bool,
+) -> Option<bool> {
+    let mut book = rx.try_book()?;
     // (open looked at again under the lock: a link going down is closed,
     // then polled a last time by the endpoint, `on_link_down`)
     if !book.queue.is_empty() || !rx.is_open() {
-        return false;
+        return Some(false);
     }
     // Set before the poll: a pump that looks at the link without its lock
     // (`lgr_quiet`) and finds the CQ emptied by this poll sees it, pumps the
@@ -259,5 +292,6 @@ pub(super) fn dispatch<P: Provider>(rx: &LinkRx<P>, tokens: &TokenTable<P>, l: L
     }
     let left = book.completions > 0 || !book.queue.is_empty() || !book.marks.is_empty();
     rx.set_attention(&book, left);
-    applied
+    *clean = book.queue.is_empty();
+    Some(applied)
 }

@@ -29,7 +29,7 @@ use super::link::{LinkRes, LinkTx, WrKind, MAX_SENDS};
 use super::ConnId;
 use smc_proto::close::{CloseEvent, CloseState, Closer};
 use smc_proto::datapath::{DataPath, Violation};
-use smc_rdma::{MemWindow, MemoryRegion, Provider};
+use smc_rdma::{Doorbell, MemWindow, MemoryRegion, Provider};
 use smc_wire::cdc::{CdcMessage, RingChunks, CDC_LEN};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -92,6 +92,10 @@ pub(super) struct ConnCore<P: Provider> {
     /// (see [`FastRx`]); `None` until the endpoint's read found nothing on
     /// the link, and again from every change of link on.
     pub(super) fast_rx: Option<FastRx<P>>,
+    /// The RMB's doorbell, once a reader asked for it ([`FastConn::bell`]):
+    /// rung by every CDC applied to the connection (`Self::on_cdc`), which
+    /// wakes a reader that sleeps on it whoever took the CDC.
+    pub(super) bell: Option<Doorbell>,
 }
 
 /// A grant to poll the receive CQ of the connection's link without the
@@ -230,6 +234,79 @@ impl<P: Provider> FastConn<P> {
         }
         lock(&self.core).fast_read(buf)
     }
+
+    /// The doorbell of the connection's RMB (`MemoryRegion::doorbell`), if
+    /// the device has doorbells: a reader arms it, asks [`Self::may_sleep`]
+    /// and then sleeps on it; the peer's next CDC for the connection rings
+    /// it (`QueuePair::post_send_ringing`), as does whoever applies a CDC
+    /// to the connection here (docs/FAST-PATH.md, step 6).
+    pub fn bell(&self) -> Option<Doorbell> {
+        let mut k = lock(&self.core);
+        if k.bell.is_none() {
+            k.bell = k.rmb.as_ref().and_then(|m| m.doorbell());
+        }
+        k.bell.clone()
+    }
+
+    /// After the reader armed the doorbell ([`Self::bell`]): whether it may
+    /// sleep on it until a CDC comes — the connection established and open,
+    /// with nothing to read and nothing the endpoint must act on (nothing
+    /// unsent, no lease, close, urgent byte or violation), able to poll its
+    /// link alone, and that poll, made now, leaving nothing for the endpoint
+    /// ([`MaySleep`]).
+    pub fn may_sleep(&self) -> MaySleep {
+        let k = lock(&self.core);
+        let Some((rx, tokens, l)) = k.dispatch_grant() else {
+            return if k.dp.as_ref().is_some_and(|dp| dp.readable() > 0) {
+                MaySleep::Again
+            } else {
+                MaySleep::No
+            };
+        };
+        if k.write_leased
+            || k.validation.is_some()
+            || k.dp
+                .as_ref()
+                .is_none_or(|dp| dp.unsent() > 0 || dp.urgent_pending() || dp.close_pending())
+        {
+            return MaySleep::No;
+        }
+        drop(k);
+        match super::cdc_recv::dispatch_all(&rx, &tokens, l) {
+            None => MaySleep::Busy,
+            Some(false) => MaySleep::No,
+            Some(true) => {
+                if lock(&self.core)
+                    .dp
+                    .as_ref()
+                    .is_some_and(|dp| dp.readable() > 0)
+                {
+                    MaySleep::Again
+                } else {
+                    MaySleep::Sleep
+                }
+            }
+        }
+    }
+}
+
+/// Whether a reader may sleep on its connection's doorbell now
+/// ([`FastConn::may_sleep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaySleep {
+    /// Yes: nothing to read, the link's receive CQ taken (after the caller
+    /// armed the doorbell) and nothing left for the endpoint; a CDC for the
+    /// connection from now on rings the doorbell.
+    Sleep,
+    /// Not now: something arrived: read again.
+    Again,
+    /// Another thread polls the link: it applies what it finds, and rings
+    /// the doorbell for a CDC of the connection, but may have looked before
+    /// the peer's last SEND was there (which then signalled the armed
+    /// completion channel, if any; sleep a bounded time).
+    Busy,
+    /// No: the endpoint has to act (wait through it).
+    No,
 }
 
 /// What a write into the send buffer did ([`ConnCore::write_buffered`]),
@@ -299,6 +376,7 @@ impl<P: Provider> ConnCore<P> {
             peer_window: None,
             fast: None,
             fast_rx: None,
+            bell: None,
         }
     }
 
@@ -380,7 +458,12 @@ impl<P: Provider> ConnCore<P> {
             at += w.len;
         }
         if posted.is_ok() {
-            posted = book.post(qp, WrKind::Cdc(f.id, batch.cdc.seqno), &batch.cdc.encode());
+            posted = book.post(
+                qp,
+                WrKind::Cdc(f.id, batch.cdc.seqno),
+                &batch.cdc.encode(),
+                Some(f.rkey),
+            );
         }
         match posted {
             Ok(()) => {
@@ -492,6 +575,7 @@ impl<P: Provider> ConnCore<P> {
             &f.tx.qp,
             WrKind::Cdc(f.id, batch.cdc.seqno),
             &batch.cdc.encode(),
+            Some(f.rkey),
         ) {
             Ok(()) => {
                 book.fast_cdcs += 1;
@@ -723,6 +807,10 @@ impl<P: Provider> ConnCore<P> {
             return CdcDone::default();
         };
         let r = dp.on_cdc(m);
+        // (under the core's lock: the woken reader looks at the core next)
+        if let Some(b) = &self.bell {
+            b.ring();
+        }
         // Keep the urgent byte apart at once: normal reads skip it and its RMB
         // space is then reused, while recv(MSG_OOB) may come later (TCP keeps it).
         if let (Some(off), Some(rmb)) = (dp.urgent_offset(), self.rmb.as_ref()) {
@@ -842,7 +930,7 @@ impl<P: Provider> ConnCore<P> {
             }
         }
         if posted.is_ok() {
-            posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
+            posted = res.post_cdc(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode(), rkey);
         }
         Ok(posted)
     }
@@ -900,7 +988,11 @@ impl<P: Provider> ConnCore<P> {
             }
         }
         if posted.is_ok() {
-            posted = res.post(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode());
+            let cdc = WrKind::Cdc(id, batch.cdc.seqno);
+            posted = match rtoken {
+                Some((rkey, _)) => res.post_cdc(cdc, &batch.cdc.encode(), rkey),
+                None => res.post(cdc, &batch.cdc.encode()),
+            };
         }
         // A batch that did not go out stays accounted as in flight: the
         // link is down, and the failover rewind sends it again.

@@ -458,7 +458,14 @@ impl<P: Provider> LinkRes<P> {
     /// Posts a signaled SEND (LLC or CDC): inline when the device takes it
     /// inline, else from a registered send slot, held until its completion.
     pub fn post(&mut self, kind: WrKind, bytes: &[u8]) -> Result<()> {
-        self.tx.book().post(&self.qp, kind, bytes)
+        self.tx.book().post(&self.qp, kind, bytes, None)
+    }
+
+    /// Posts a connection's CDC as [`Self::post`] does, ringing the
+    /// doorbell of the peer's RMB `bell_rkey` (its rkey on this link) if
+    /// the peer's reader sleeps on it (`QueuePair::post_send_ringing`).
+    pub fn post_cdc(&mut self, kind: WrKind, bytes: &[u8], bell_rkey: u32) -> Result<()> {
+        self.tx.book().post(&self.qp, kind, bytes, Some(bell_rkey))
     }
 
     /// Signaled SENDs in flight.
@@ -593,17 +600,29 @@ impl<P: Provider> LinkTx<P> {
 }
 
 impl<P: Provider> TxBook<P> {
-    /// Posts a signaled SEND on `qp` (see [`LinkRes::post`]).
-    pub fn post(&mut self, qp: &P::Qp, kind: WrKind, bytes: &[u8]) -> Result<()> {
+    /// Posts a signaled SEND on `qp` (see [`LinkRes::post`]), a CDC that
+    /// rings the doorbell of the peer's RMB `bell` when its reader sleeps
+    /// on it ([`LinkRes::post_cdc`]; an inline SEND only, as CDCs are).
+    pub fn post(
+        &mut self,
+        qp: &P::Qp,
+        kind: WrKind,
+        bytes: &[u8],
+        bell: Option<u32>,
+    ) -> Result<()> {
         self.next_wr += 1;
         let wr_id = self.next_wr;
         if bytes.len() <= self.max_inline {
-            qp.post_send(&SendWr {
+            let wr = SendWr {
                 wr_id,
                 op: SendOp::Send,
                 payload: Payload::Inline(bytes),
                 signaled: true,
-            })?;
+            };
+            match bell {
+                Some(k) => qp.post_send_ringing(&wr, k)?,
+                None => qp.post_send(&wr)?,
+            }
             self.wrs.push_back((wr_id, kind, None));
         } else {
             let slot = self.take_slot(bytes.len())?;

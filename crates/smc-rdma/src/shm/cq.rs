@@ -55,6 +55,17 @@ impl CqInner {
     /// messages, which it could withhold anyway, and no other QP's; a QP's
     /// failure signals regardless (`QpInner::fail_locked`).
     pub(super) fn push(&self, wc: WorkCompletion) {
+        self.push_as(false, wc)
+    }
+
+    /// Queues `wc` as [`Self::push`] does, or, `rang`: a SEND for which the
+    /// peer rang a doorbell instead of signalling us, without raising the
+    /// arm's event (the next completion does).
+    pub(super) fn push_as(&self, rang: bool, wc: WorkCompletion) {
+        if rang {
+            lock(&self.entries).push_back(wc);
+            return;
+        }
         let qpn = wc.qp_num;
         lock(&self.entries).push_back(wc);
         if self.armed.swap(false, SeqCst) {

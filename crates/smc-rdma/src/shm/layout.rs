@@ -43,6 +43,16 @@ pub const MR_PD: usize = 48;
 /// iova, as `MR_VALID`, `MR_RKEY`, `MR_IOVA` are for the first one), from
 /// this offset.
 pub const MR_SHARED: usize = 256;
+/// MR header: the region's doorbell (`verbs::Bell`): nonzero while its
+/// owner waits on it (a futex word, its low 32 bits), set to 0 by whoever
+/// rings it. A peer can write it: at worst it wakes the owner for nothing or
+/// lets it sleep on until its own timeout or another wake-up, which it could
+/// do by sending nothing.
+pub const MR_BELL: usize = 1024;
+/// `MR_BELL`: the owner armed it and looks before it sleeps.
+pub const BELL_ARMED: u64 = 1;
+/// `MR_BELL`: the owner sleeps on it (a ring wakes it with a system call).
+pub const BELL_ASLEEP: u64 = 2;
 /// Registrations a region's memory may have at once: the first one and
 /// `MR_REGS - 1` further ones (SMC-R has at most three links per group).
 pub const MR_REGS: usize = 8;
@@ -110,6 +120,11 @@ pub const S_STATE: usize = 0;
 pub const S_META: usize = 8;
 /// Slot: `imm | has_imm << 32 | psn << 40`.
 pub const S_IMM: usize = 16;
+
+/// Slot: 1 if the sender rang the receiver's doorbell for this SEND
+/// (`verbs::QueuePair::post_send_ringing`) instead of signalling its armed
+/// channel: the receiver's poll then leaves its arm in place.
+pub const S_BELL: usize = 24;
 
 /// Slot states.
 pub const ST_PUBLISHED: u64 = 1;

@@ -100,6 +100,7 @@ pub use device::{ShmDevice, ShmProvider};
 pub use mr::{ShmMr, ShmPd};
 pub use netdev::gid_table;
 pub use qp::ShmQp;
+pub use qp_progress::defer_wakes;
 
 pub use registry::{QPN_MAX, QPN_MIN};
 

@@ -214,7 +214,73 @@ pub struct ShmMr {
     pub(super) mr: Arc<LocalMr>,
 }
 
+/// A region's doorbell (`layout::MR_BELL`), in the region's header page,
+/// which a peer maps with the region: a peer that may write the region may
+/// ring it, and no other.
+struct ShmBell {
+    mem: Arc<SharedMem>,
+    off: usize,
+}
+
+impl ShmBell {
+    fn word(&self) -> &std::sync::atomic::AtomicU64 {
+        MrView(&self.mem, 0).h(self.off)
+    }
+}
+
+impl Bell for ShmBell {
+    fn arm(&self) {
+        self.word().store(BELL_ARMED, SeqCst);
+    }
+    fn disarm(&self) {
+        self.word().store(0, SeqCst);
+    }
+    fn wait(&self, timeout: Option<std::time::Duration>) {
+        // (asleep only from here on: a ring before this needs no wake-up)
+        if self
+            .word()
+            .compare_exchange(BELL_ARMED, BELL_ASLEEP, SeqCst, SeqCst)
+            .is_ok()
+        {
+            let _ = self.mem.futex_wait(self.off, BELL_ASLEEP as u32, timeout);
+        }
+    }
+    fn ring(&self) -> bool {
+        let w = self.word();
+        if w.load(SeqCst) == 0 {
+            return false;
+        }
+        let was = w.swap(0, SeqCst);
+        if was == BELL_ASLEEP {
+            let _ = self.mem.futex_wake(self.off);
+        }
+        was != 0
+    }
+}
+
+/// Takes a peer region's doorbell if its owner waits on it: what the word
+/// was (0: nobody waits; [`BELL_ASLEEP`]: the owner sleeps, to be woken,
+/// `SharedMem::futex_wake` at `MR_BELL`, once what it waits for is there;
+/// anything else: it is about to sleep, and finds the word taken).
+pub(super) fn take_bell(m: &PeerMr) -> u64 {
+    let w = MrView(&m.mem, 0).h(MR_BELL);
+    if w.load(SeqCst) == 0 {
+        return 0;
+    }
+    w.swap(0, SeqCst)
+}
+
 impl MemoryRegion for ShmMr {
+    fn doorbell(&self) -> Option<Doorbell> {
+        // (only a region a peer may write has a header it maps)
+        if !self.mr.access.contains(Access::REMOTE_WRITE) {
+            return None;
+        }
+        Some(Arc::new(ShmBell {
+            mem: self.mr.mem.clone(),
+            off: self.mr.base + MR_BELL,
+        }))
+    }
     fn lkey(&self) -> u32 {
         self.mr.lkey
     }

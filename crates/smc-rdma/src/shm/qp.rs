@@ -84,6 +84,9 @@ pub(super) struct Pending {
     pub(super) signaled: bool,
     pub(super) len: u32,
     pub(super) stage: Stage,
+    /// The peer region whose doorbell this SEND rings once published
+    /// (`QueuePair::post_send_ringing`).
+    pub(super) bell: Option<u32>,
 }
 
 /// The data path's view of the verified peer: its ring and channels.
@@ -318,6 +321,74 @@ impl ShmQp {
     }
 }
 
+impl ShmQp {
+    /// Posts a send WR, ringing the peer's doorbell `bell` once a SEND is
+    /// published (see `QpInner::progress_send`).
+    fn post(&self, wr: &SendWr<'_>, bell: Option<u32>) -> Result<()> {
+        let q = &self.inner;
+
+        let mut c = lock(&q.core);
+        if q.fail_pending.load(Relaxed) {
+            let (first, event) = *lock(&q.fail_what);
+            q.fail_locked(&mut c, first, event);
+        }
+        if c.state != QpState::Rts {
+            return Err(Error::InvalidState {
+                op: "post_send",
+                state: c.state,
+            });
+        }
+        validate_send(wr, &q.cap, SLOT_PAYLOAD as u32)?;
+        q.adopt_ready(&mut c);
+        if c.sq.len() >= q.cap.max_send_wr as usize {
+            q.progress_locked(&mut c);
+            if c.sq.len() >= q.cap.max_send_wr as usize {
+                return Err(Error::QueueFull);
+            }
+        }
+        if let (SendOp::RdmaWrite { remote_addr, rkey }, Payload::Inline(d)) = (wr.op, wr.payload) {
+            if q.executes_at_post(&c, wr.signaled) {
+                if let Ok((m, off)) = q.check_remote(rkey, remote_addr, d.len()) {
+                    if m.mem.write(off, d).is_ok() {
+                        if wr.signaled {
+                            q.send_cq.push(wc(
+                                wr.wr_id,
+                                WcStatus::Success,
+                                WcOpcode::RdmaWrite,
+                                d.len() as u32,
+                                None,
+                                q.qpn,
+                            ));
+                        }
+                        return Ok(());
+                    }
+                }
+                // anything wrong: queue it, progress reports the error in order
+            }
+        }
+        let payload = match wr.payload {
+            Payload::Inline(d) if d.len() <= SMALL => {
+                let mut b = [0u8; SMALL];
+                b[..d.len()].copy_from_slice(d);
+                OwnedPayload::Small(b, d.len() as u8)
+            }
+            Payload::Inline(d) => OwnedPayload::Inline(d.to_vec()),
+            Payload::Sges(s) => OwnedPayload::Sges(Sges::new(s)),
+        };
+        c.sq.push_back(Pending {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            payload,
+            signaled: wr.signaled,
+            len: wr.payload.len() as u32,
+            stage: Stage::Queued,
+            bell: bell.filter(|_| matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_))),
+        });
+        q.progress_send(&mut c);
+        Ok(())
+    }
+}
+
 impl QueuePair for ShmQp {
     fn qp_num(&self) -> u32 {
         self.inner.qpn
@@ -464,65 +535,11 @@ impl QueuePair for ShmQp {
     }
 
     fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
-        let q = &self.inner;
-        let mut c = lock(&q.core);
-        if q.fail_pending.load(Relaxed) {
-            let (first, event) = *lock(&q.fail_what);
-            q.fail_locked(&mut c, first, event);
-        }
-        if c.state != QpState::Rts {
-            return Err(Error::InvalidState {
-                op: "post_send",
-                state: c.state,
-            });
-        }
-        validate_send(wr, &q.cap, SLOT_PAYLOAD as u32)?;
-        q.adopt_ready(&mut c);
-        if c.sq.len() >= q.cap.max_send_wr as usize {
-            q.progress_locked(&mut c);
-            if c.sq.len() >= q.cap.max_send_wr as usize {
-                return Err(Error::QueueFull);
-            }
-        }
-        if let (SendOp::RdmaWrite { remote_addr, rkey }, Payload::Inline(d)) = (wr.op, wr.payload) {
-            if q.executes_at_post(&c, wr.signaled) {
-                if let Ok((m, off)) = q.check_remote(rkey, remote_addr, d.len()) {
-                    if m.mem.write(off, d).is_ok() {
-                        if wr.signaled {
-                            q.send_cq.push(wc(
-                                wr.wr_id,
-                                WcStatus::Success,
-                                WcOpcode::RdmaWrite,
-                                d.len() as u32,
-                                None,
-                                q.qpn,
-                            ));
-                        }
-                        return Ok(());
-                    }
-                }
-                // anything wrong: queue it, progress reports the error in order
-            }
-        }
-        let payload = match wr.payload {
-            Payload::Inline(d) if d.len() <= SMALL => {
-                let mut b = [0u8; SMALL];
-                b[..d.len()].copy_from_slice(d);
-                OwnedPayload::Small(b, d.len() as u8)
-            }
-            Payload::Inline(d) => OwnedPayload::Inline(d.to_vec()),
-            Payload::Sges(s) => OwnedPayload::Sges(Sges::new(s)),
-        };
-        c.sq.push_back(Pending {
-            wr_id: wr.wr_id,
-            op: wr.op,
-            payload,
-            signaled: wr.signaled,
-            len: wr.payload.len() as u32,
-            stage: Stage::Queued,
-        });
-        q.progress_send(&mut c);
-        Ok(())
+        self.post(wr, None)
+    }
+
+    fn post_send_ringing(&self, wr: &SendWr<'_>, bell_rkey: u32) -> Result<()> {
+        super::qp_progress::defer_wakes(|| self.post(wr, Some(bell_rkey)))
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {

@@ -7,6 +7,7 @@
 //! bookkeeping: everything read from them is checked.
 
 use super::cq::CqInner;
+use super::mr::{take_bell, PeerMr};
 use super::qp::{send_opcode, wc, Core, OwnedPayload, QpInner, Stage};
 use super::{lock, MAX_RNR_TIMER};
 
@@ -21,6 +22,62 @@ use std::time::{Duration, Instant};
 pub(super) fn slot_taken(ring: &SharedMem, seq: u64) -> bool {
     let w = Ring(ring).s(seq, S_STATE).load(SeqCst);
     w >> 3 == seq && w & 7 != 0
+}
+
+thread_local! {
+    /// Doorbells whose owners a post of this thread is to wake once it has
+    /// let go of the QP's lock (see [`defer_wakes`]); `None`: wake at once.
+    static DEFERRED: std::cell::RefCell<Option<Vec<Arc<PeerMr>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Wakes the owner of doorbell `m` (it sleeps and its word is taken), now,
+/// or when the post under way in this thread has let go of its QP's lock.
+fn wake_later(m: Arc<PeerMr>) {
+    let m = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
+        Some(v) => {
+            v.push(m);
+            None
+        }
+        None => Some(m),
+    });
+    if let Some(m) = m {
+        let _ = m.mem.futex_wake(MR_BELL);
+    }
+}
+
+/// Runs `f` with the wake-ups of the doorbells that posts of this thread
+/// ring held back, then makes them: the woken thread, which may take this
+/// one's CPU at once, does not find the locks held that `f` (a post under
+/// the QP's lock, or a caller's write with its own locks) took. Nested
+/// calls wake at the end of the outermost one.
+pub fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
+    /// Makes the held-back wake-ups when the outermost call ends, also by
+    /// a panic (a list left behind would hold back every later one).
+    struct Outermost;
+    impl Drop for Outermost {
+        fn drop(&mut self) {
+            let v = DEFERRED
+                .try_with(|d| d.borrow_mut().take())
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            for m in v {
+                let _ = m.mem.futex_wake(MR_BELL);
+            }
+        }
+    }
+    let outer = DEFERRED.with(|d| {
+        let mut d = d.borrow_mut();
+        let outer = d.is_some();
+        if !outer {
+            *d = Some(Vec::new());
+        }
+        outer
+    });
+    // (not `then_some`: it would make, and drop, a guard in a nested call)
+    let _flush = if outer { None } else { Some(Outermost) };
+    f()
 }
 
 impl QpInner {
@@ -189,7 +246,12 @@ impl QpInner {
         // of any SEND can go: they need the peer's region, not its ring.
         let queued = matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued));
         let mut tail = c.link.as_ref().map_or(0, |l| l.tail);
+        // (published: a slot without a doorbell rung for it, which signals
+        // the peer's armed channel)
         let mut published = false;
+        // the peer regions whose doorbells SENDs of this pass name, and
+        // whether each was rung before its SEND was published
+        let mut bells: Vec<(Arc<PeerMr>, bool)> = Vec::new();
         // RC: while an earlier SEND is refused with RNR, the responder does not
         // execute anything behind it, so a later WRITE must not land either.
         let mut rnr_blocked = false;
@@ -246,6 +308,18 @@ impl QpInner {
                 Ok(Some((op, imm))) => {
                     let pr = Ring(ring.expect("a slot op has a ring"));
                     let psn = (sq_psn as u64).wrapping_add(tail) & 0xff_ffff;
+                    // A doorbell whose owner sleeps is taken before the
+                    // slot is published, and the slot says so: the woken
+                    // owner polls it in, and the peer's channel is not
+                    // signalled for it. It is rung once published (below).
+                    let bell = p.bell.and_then(|k| self.cached_peer_region(k));
+                    let was = bell.as_ref().map_or(0, |m| take_bell(m));
+                    let rang = was != 0;
+                    pr.s(tail, S_BELL).store(u64::from(rang), Relaxed);
+                    if let Some(m) = bell {
+                        bells.push((m, was == BELL_ASLEEP));
+                    }
+                    published |= !rang;
                     pr.s(tail, S_META).store(op | len << 32, Relaxed);
                     pr.s(tail, S_IMM).store(imm | psn << 40, Relaxed);
                     // Publish: everything above (including earlier WRITE copies) happens-before.
@@ -256,7 +330,6 @@ impl QpInner {
                     };
                     tail = tail.wrapping_add(1);
                     pr.h(R_TAIL).store(tail, Release);
-                    published = true;
                 }
             }
         }
@@ -266,6 +339,16 @@ impl QpInner {
                 if let Some(e) = &l.peer_rx_efd {
                     e.signal();
                 }
+            }
+        }
+        // The doorbells: an owner found asleep above is woken now that its
+        // SEND is published; and any that its owner armed since is rung
+        // too: an owner arms, then looks at the ring, so either its look
+        // finds the slot published above or this finds the word set.
+        for (m, asleep) in bells {
+            let asleep = asleep || take_bell(&m) == BELL_ASLEEP;
+            if asleep {
+                wake_later(m);
             }
         }
         // 3. Complete in order.
@@ -380,18 +463,24 @@ impl QpInner {
             r.h(R_HEAD).store(c.head, Release);
             c.rq.pop_front();
             consumed = true;
-            self.recv_cq.push(wc(
-                wr_id,
-                status,
-                opcode,
-                if status == WcStatus::Success {
-                    len as u32
-                } else {
-                    0
-                },
-                imm,
-                self.qpn,
-            ));
+            // (a SEND that rang our doorbell leaves the channel's arm to
+            // the next one: the thread it woke takes it)
+            let rang = r.s(head, S_BELL).load(Relaxed) == 1;
+            self.recv_cq.push_as(
+                rang,
+                wc(
+                    wr_id,
+                    status,
+                    opcode,
+                    if status == WcStatus::Success {
+                        len as u32
+                    } else {
+                        0
+                    },
+                    imm,
+                    self.qpn,
+                ),
+            );
             if status != WcStatus::Success {
                 self.fail_locked(c, None, false);
                 break;

@@ -184,6 +184,13 @@ impl QpInner {
         Ok(r)
     }
 
+    /// The peer region `rkey` if it is mapped here already and still
+    /// registered (never asks the peer: for a doorbell, which a SEND rings
+    /// only where the region has been written, `QpInner::progress_send`).
+    pub(super) fn cached_peer_region(&self, rkey: u32) -> Option<Arc<PeerMr>> {
+        lock(&self.remote).get(&rkey).filter(|r| r.valid()).cloned()
+    }
+
     /// Checks the peer region for a WRITE and returns (mapping, byte offset).
     pub(super) fn check_remote(
         &self,
