@@ -34,12 +34,13 @@ thread_local! {
 /// Wakes the owner of doorbell `m` (it sleeps and its word is taken), now,
 /// or when the post under way in this thread has let go of its QP's lock.
 fn wake_later(m: Arc<PeerMr>) {
-    let m = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
-        Some(v) => {
-            v.push(m);
-            None
+    // (a thread whose locals are gone, a post from an exit handler, wakes
+    // at once)
+    let mut m = Some(m);
+    let _ = DEFERRED.try_with(|d| {
+        if let Some(v) = d.borrow_mut().as_mut() {
+            v.extend(m.take());
         }
-        None => Some(m),
     });
     if let Some(m) = m {
         let _ = m.mem.futex_wake(MR_BELL);
@@ -67,16 +68,22 @@ pub fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
             }
         }
     }
-    let outer = DEFERRED.with(|d| {
+    // (where this thread's locals are already destroyed, at process exit
+    // after them, the wake-ups are not held back: `wake_later` makes them)
+    let nested = DEFERRED.try_with(|d| {
         let mut d = d.borrow_mut();
-        let outer = d.is_some();
-        if !outer {
+        let nested = d.is_some();
+        if !nested {
             *d = Some(Vec::new());
         }
-        outer
+        nested
     });
     // (not `then_some`: it would make, and drop, a guard in a nested call)
-    let _flush = if outer { None } else { Some(Outermost) };
+    let _flush = if nested.unwrap_or(true) {
+        None
+    } else {
+        Some(Outermost)
+    };
     f()
 }
 
