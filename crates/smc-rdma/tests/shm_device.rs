@@ -204,8 +204,10 @@ fn a_starved_peer_keeps_its_link_for_a_while_and_not_for_ever() {
     let dt = t0.elapsed();
     starved(false);
     assert!(!kept, "a peer starved for ever kept its link");
+    // (the silence began at the peer's last heartbeat, up to a heartbeat
+    // interval, timeout / 4, before the starving did)
     assert!(
-        dt >= timeout * 8,
+        dt >= timeout * 7,
         "a starved peer lost its link after {dt:?}"
     );
     assert_eq!(
