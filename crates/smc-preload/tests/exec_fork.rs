@@ -26,6 +26,18 @@ fn exec_run(tag: &str, mode: &str) -> (Setup, String, String) {
     exec_run_with(tag, "server", &["client", mode])
 }
 
+/// exec.c `client MODE` against `server`, both SMC-R, where the client hands
+/// its connection to a child image (however MODE starts it): the child
+/// reports the clear errors (`AFTER_EXEC`), the parent's two pings still
+/// go through, and the server sees both and then the end.
+fn the_child_gets_a_clear_error_and_the_parent_goes_on(tag: &str, mode: &str) {
+    let (s, cli, srv) = exec_run(tag, mode);
+    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
+    // the server echoed both pings and nothing else
+    assert_eq!(srv, "server end eof after 10\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
 /// exec.c `server` (a server mode) under smc_run, once it listens: the
 /// setup, the program, the server and its port.
 fn start_server(tag: &str, server: &str) -> (Setup, PathBuf, Server, u16) {
@@ -110,11 +122,7 @@ const AFTER_EXEC: &str = "after poll=1 hup=1 read=ENOTCONN write=EPIPE peer=ENOT
 /// using the connection.
 #[test]
 fn an_smc_r_connection_inherited_across_fork_and_exec_is_a_clear_error_there() {
-    let (s, cli, srv) = exec_run("exec-fork", "fork");
-    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
-    // the server echoed both pings and nothing else
-    assert_eq!(srv, "server end eof after 10\n");
-    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+    the_child_gets_a_clear_error_and_the_parent_goes_on("exec-fork", "fork");
 }
 
 /// A forked child that uses the library: the parent's connection is a
@@ -305,10 +313,7 @@ fn an_smc_r_connection_execd_into_a_program_without_the_library_is_a_clear_error
 /// error in the spawned program, and the parent goes on with the connection.
 #[test]
 fn an_smc_r_connection_inherited_by_a_spawned_program_is_a_clear_error_there() {
-    let (s, cli, srv) = exec_run("spawn", "spawn");
-    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
-    assert_eq!(srv, "server end eof after 10\n");
-    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+    the_child_gets_a_clear_error_and_the_parent_goes_on("spawn", "spawn");
 }
 
 /// An exec (execlp) of a program that is not there fails:
@@ -389,10 +394,7 @@ fn a_listener_execd_into_a_set_user_id_program_serves_plain_tcp() {
 /// close-on-exec flag and its connection.
 #[test]
 fn an_smc_r_connection_dup2d_onto_a_spawned_programs_stdin_is_a_clear_error_there() {
-    let (s, cli, srv) = exec_run("spawn-stdin", "spawn-stdin");
-    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
-    assert_eq!(srv, "server end eof after 10\n");
-    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+    the_child_gets_a_clear_error_and_the_parent_goes_on("spawn-stdin", "spawn-stdin");
 }
 
 /// system() with an SMC-R connection's descriptor inherited: glibc runs the
@@ -401,10 +403,7 @@ fn an_smc_r_connection_dup2d_onto_a_spawned_programs_stdin_is_a_clear_error_ther
 /// an exec'd one, and the parent goes on with the connection.
 #[test]
 fn an_smc_r_connection_inherited_through_system_is_a_clear_error_there() {
-    let (s, cli, srv) = exec_run("system", "system");
-    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
-    assert_eq!(srv, "server end eof after 10\n");
-    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+    the_child_gets_a_clear_error_and_the_parent_goes_on("system", "system");
 }
 
 /// The same through system() into a program without the library
@@ -412,20 +411,14 @@ fn an_smc_r_connection_inherited_through_system_is_a_clear_error_there() {
 #[test]
 fn an_smc_r_connection_inherited_through_system_by_a_program_without_the_library_is_a_clear_error()
 {
-    let (s, cli, srv) = exec_run("system-plain", "system-plain");
-    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
-    assert_eq!(srv, "server end eof after 10\n");
-    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+    the_child_gets_a_clear_error_and_the_parent_goes_on("system-plain", "system-plain");
 }
 
 /// The same through popen(): the command's output (read through the pipe)
 /// is the clear error, and the parent goes on with the connection.
 #[test]
 fn an_smc_r_connection_inherited_through_popen_is_a_clear_error_there() {
-    let (s, cli, srv) = exec_run("popen", "popen");
-    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
-    assert_eq!(srv, "server end eof after 10\n");
-    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+    the_child_gets_a_clear_error_and_the_parent_goes_on("popen", "popen");
 }
 
 /// vfork + exec, the child moving the descriptor first (`dup2`, `close`):
@@ -435,10 +428,7 @@ fn an_smc_r_connection_inherited_through_popen_is_a_clear_error_there() {
 /// sees the clear error; the parent's connection goes on.
 #[test]
 fn an_smc_r_connection_across_vfork_and_exec_is_a_clear_error_there_and_the_parent_keeps_it() {
-    let (s, cli, srv) = exec_run("vfork", "vfork");
-    assert_eq!(cli, format!("{AFTER_EXEC}parent ok\n"));
-    assert_eq!(srv, "server end eof after 10\n");
-    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+    the_child_gets_a_clear_error_and_the_parent_goes_on("vfork", "vfork");
 }
 
 /// A listening socket handed by system() to a program without the library
