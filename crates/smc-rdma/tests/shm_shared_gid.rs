@@ -296,6 +296,13 @@ fn allocator_reclaims_dead_numbers_and_skips_live_ones() {
     // A dead owner: a socket file nobody listens on any more.
     let dead_sock = rundir.join("dev-ghost-1-0-00000000.sock");
     drop(SeqPacket::listen(&dead_sock).unwrap());
+    // (a process another test of this binary spawns at that moment holds a
+    // copy of the listening socket until its exec closes it, and the owner
+    // looks alive till then)
+    let t0 = Instant::now();
+    while SeqPacket::probe(&dead_sock) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let q = live.qp_num() + 1;
     std::os::unix::fs::symlink(&dead_sock, rundir.join(format!("qpn-{q:06x}"))).unwrap();
     // Cursor at the live QP: it is skipped, the dead one reclaimed.
