@@ -54,6 +54,24 @@ pub(super) enum Posted {
 /// Smallest part of a larger write that goes out directly (see `write_direct`).
 const DIRECT_PART_MIN: usize = 16 * 1024;
 
+/// Whether group `lg` is one link, active, in an active group: the only
+/// shape in which a connection's own writes and receive dispatch may run
+/// beside the endpoint (with two links a failover's replay and CDC order,
+/// §7.2, are the endpoint's).
+fn one_active_link<P: Provider>(lg: &Lgr<P>) -> bool {
+    let mut links = lg.links.iter().enumerate().filter(|(_, r)| r.is_some());
+    match (links.next(), links.next()) {
+        (Some((slot, _)), None) => {
+            lg.state == LgrState::Active
+                && lg
+                    .group
+                    .link(slot)
+                    .is_some_and(|k| k.state == LinkState::Active)
+        }
+        _ => false,
+    }
+}
+
 impl<P: Provider> Endpoint<P> {
     /// Writes as much of `data` as the send buffer takes; 0 means "would block".
     ///
@@ -269,17 +287,7 @@ impl<P: Provider> Endpoint<P> {
         if !lg.links.iter().flatten().any(|r| r.fast_granted) {
             return;
         }
-        let mut links = lg.links.iter().enumerate().filter(|(_, r)| r.is_some());
-        let single = match (links.next(), links.next()) {
-            (Some((slot, _)), None) => {
-                lg.state == LgrState::Active
-                    && lg
-                        .group
-                        .link(slot)
-                        .is_some_and(|k| k.state == LinkState::Active)
-            }
-            _ => false,
-        };
+        let single = one_active_link(lg);
         if single {
             return;
         }
@@ -300,17 +308,7 @@ impl<P: Provider> Endpoint<P> {
         let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
             return;
         };
-        let mut links = lg.links.iter().enumerate().filter(|(_, r)| r.is_some());
-        let single = match (links.next(), links.next()) {
-            (Some((slot, _)), None) => {
-                lg.state == LgrState::Active
-                    && lg
-                        .group
-                        .link(slot)
-                        .is_some_and(|k| k.state == LinkState::Active)
-            }
-            _ => false,
-        };
+        let single = one_active_link(lg);
         for res in lg.links.iter().flatten() {
             res.rx.set_open(single && res.connected);
         }
