@@ -206,8 +206,8 @@ fn the_registry_thread_sleeps_while_the_process_is_idle() {
     std::thread::sleep(Duration::from_secs(2));
     let registry = switches_of("smc-registry") - before;
     let woken = voluntary_switches().1 - process.1;
-    // Nothing changed: the registry thread sleeps (it was woken every
-    // 100 ms before it learnt to wait for events and traffic).
+    // Nothing changed: the registry thread sleeps (it waits for events and
+    // traffic, no period).
     assert!(
         registry <= 2,
         "{registry} wake-ups of the registry thread in 2 s of an idle process"
