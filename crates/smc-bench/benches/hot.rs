@@ -4,6 +4,8 @@
 //! * `cursor`   — cursor arithmetic (smc-wire helpers, smc-proto `cursor_at`)
 //!   and one full `DataPath` exchange: produce, poll_tx, peer on_cdc, consume,
 //!   consumer update, send completion (smc-proto, no I/O);
+//! * `copy`     — 64 KiB into shared memory at distances where `rep movsb`
+//!   stalls and where it does not: `memcpy` against `smc_rdma::copy`;
 //! * `shm`      — the shared-memory device (smc-rdma `shm`) with two QPs in
 //!   this process on `lo`: an RDMA WRITE of 64 B / 4 KiB / 64 KiB posted and
 //!   its completion polled, and a 44-byte SEND (a CDC) from post to the
@@ -289,5 +291,45 @@ mod shm {
             one();
         }
         b.bench_local(one);
+    }
+}
+
+mod copy {
+    //! 64 KiB copied from a buffer into shared memory (an RMB's mapping) at
+    //! a chosen `(destination - source) mod 4096`: through `memcpy`
+    //! (`copy_from_slice`, what a plain copy does) and through
+    //! `SharedMem::write` (`smc_rdma::copy`, which goes in pieces where
+    //! `rep movsb` would stall). Distances 1 and 8 are in the band
+    //! `smc_rdma::copy` splits; 0 is too; 64 and 2048 are not.
+    use super::*;
+    use smc_rdma::sys::SharedMem;
+
+    const LEN: usize = 64 * 1024;
+
+    /// The offset in a buffer at `base` at which a copy from `src` has
+    /// `(destination - source) mod 4096 == distance`.
+    fn offset(src: &[u8], base: usize, distance: usize) -> usize {
+        (src.as_ptr() as usize + distance + 4096 - base % 4096) % 4096
+    }
+
+    /// `copy_from_slice` between two heap buffers at that distance.
+    #[divan::bench(args = [0, 1, 8, 64, 2048])]
+    fn memcpy(b: Bencher, distance: usize) {
+        let src = vec![7u8; LEN];
+        let mut dst = vec![0u8; LEN + 2 * 4096];
+        let off = offset(&src, dst.as_ptr() as usize, distance);
+        b.counter(BytesCount::new(LEN))
+            .bench_local(|| dst[off..off + LEN].copy_from_slice(black_box(&src)));
+    }
+
+    /// `SharedMem::write` into a memfd mapping at that distance.
+    #[divan::bench(args = [0, 1, 8, 64, 2048])]
+    fn shared_mem_write(b: Bencher, distance: usize) {
+        let src = vec![7u8; LEN];
+        let mem = SharedMem::create("smc-bench-copy", LEN + 2 * 4096).expect("memfd");
+        // (a mapping starts on a page)
+        let off = offset(&src, 0, distance);
+        b.counter(BytesCount::new(LEN))
+            .bench_local(|| mem.write(off, black_box(&src)).expect("in bounds"));
     }
 }

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod conformance;
+pub mod copy;
 pub mod prf;
 pub mod shm;
 pub mod sim;

@@ -303,7 +303,11 @@ impl SharedMem {
         // self and may be modified concurrently by a peer, which (as with real
         // RDMA) can only produce torn bytes, never invalid values for u8.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
+            crate::copy::copy_nonoverlapping(
+                self.ptr.as_ptr().add(off),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
         };
         Ok(())
     }
@@ -314,13 +318,13 @@ impl SharedMem {
         // SAFETY: bounds checked above; destination is our writable shared mapping
         // which no Rust reference aliases (only raw copies and atomics are used).
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len())
+            crate::copy::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len())
         };
         Ok(())
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `self` at `dst_off`
-    /// (one memcpy, both bounds checked).
+    /// (both bounds checked; `crate::copy` says how).
     pub fn copy_from(
         &self,
         dst_off: usize,
@@ -333,7 +337,7 @@ impl SharedMem {
         // SAFETY: both ranges are bounds checked inside live mappings. If src and
         // self map the same file the ranges may overlap, so use copy (memmove).
         unsafe {
-            std::ptr::copy(
+            crate::copy::copy(
                 src.ptr.as_ptr().add(src_off),
                 self.ptr.as_ptr().add(dst_off),
                 len,

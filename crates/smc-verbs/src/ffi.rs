@@ -847,13 +847,17 @@ impl Mr {
         assert!(off.checked_add(buf.len()).is_some_and(|e| e <= self.len));
         // SAFETY: in bounds (asserted); `buf` is a distinct Rust buffer. The
         // NIC may write concurrently; bytes are copied, never referenced.
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), buf.as_mut_ptr(), buf.len()) };
+        unsafe {
+            smc_rdma::copy::copy_nonoverlapping(self.base.add(off), buf.as_mut_ptr(), buf.len())
+        };
     }
     /// Copies in; the caller checked the range.
     pub fn write_at(&self, off: usize, data: &[u8]) {
         assert!(off.checked_add(data.len()).is_some_and(|e| e <= self.len));
         // SAFETY: in bounds (asserted); `data` does not alias the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len()) };
+        unsafe {
+            smc_rdma::copy::copy_nonoverlapping(data.as_ptr(), self.base.add(off), data.len())
+        };
     }
 }
 
