@@ -21,8 +21,26 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-const CONNS: usize = 10;
-const SIZE: usize = 16 * 1024;
+/// Connections (`RR_CONNS`, default 10) and bytes each way per transaction
+/// (`RR_SIZE`, default 16 KiB): `RR_CONNS=1 RR_SIZE=64` is a 64 B ping-pong
+/// whose system calls and context switches `perf stat` can count per message.
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+fn conn_count() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| env_or("RR_CONNS", 10))
+}
+
+fn size() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| env_or("RR_SIZE", 16 * 1024))
+}
 
 trait Stream: Read + Write + Send {
     fn nonblocking(&self) -> io::Result<()>;
@@ -44,14 +62,14 @@ fn accept(smc: bool) -> io::Result<Vec<Box<dyn Stream>>> {
         let l = SmcListener::bind("127.0.0.1:0")?;
         println!("port {}", l.local_addr()?.port());
         io::stdout().flush()?;
-        for _ in 0..CONNS {
+        for _ in 0..conn_count() {
             out.push(Box::new(l.accept()?.0));
         }
     } else {
         let l = TcpListener::bind("127.0.0.1:0")?;
         println!("port {}", l.local_addr()?.port());
         io::stdout().flush()?;
-        for _ in 0..CONNS {
+        for _ in 0..conn_count() {
             let (s, _) = l.accept()?;
             s.set_nodelay(true)?;
             out.push(Box::new(s));
@@ -85,7 +103,7 @@ struct Step {
 impl Step {
     fn new(sending: bool) -> Step {
         Step {
-            buf: vec![0x5a; SIZE],
+            buf: vec![0x5a; size()],
             at: 0,
             sending,
         }
@@ -103,7 +121,7 @@ impl Step {
             Ok(0) if !self.sending => Err(io::Error::new(ErrorKind::UnexpectedEof, "peer closed")),
             Ok(n) => {
                 self.at += n;
-                if self.at < SIZE {
+                if self.at < size() {
                     return Ok(false);
                 }
                 self.at = 0;
@@ -132,7 +150,7 @@ fn server(polling: bool, smc: bool) -> io::Result<()> {
         for c in &conns {
             c.nonblocking()?;
         }
-        let mut steps: Vec<Step> = (0..CONNS).map(|_| Step::new(false)).collect();
+        let mut steps: Vec<Step> = (0..conn_count()).map(|_| Step::new(false)).collect();
         loop {
             for (c, st) in conns.iter_mut().zip(&mut steps) {
                 match st.advance(c.as_mut()) {
@@ -148,7 +166,7 @@ fn server(polling: bool, smc: bool) -> io::Result<()> {
         .into_iter()
         .map(|mut c| {
             std::thread::spawn(move || {
-                let mut b = vec![0u8; SIZE];
+                let mut b = vec![0u8; size()];
                 while c.read_exact(&mut b).is_ok() && c.write_all(&b).is_ok() {}
             })
         })
@@ -177,14 +195,14 @@ fn run(polling: bool, smc: bool, dur: Duration) -> io::Result<f64> {
         .strip_prefix("port ")
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| io::Error::other(format!("server said {line:?}")))?;
-    let mut conns = (0..CONNS)
+    let mut conns = (0..conn_count())
         .map(|_| connect(smc, port))
         .collect::<io::Result<Vec<_>>>()?;
     let tps = if polling {
         for c in &conns {
             c.nonblocking()?;
         }
-        let mut steps: Vec<Step> = (0..CONNS).map(|_| Step::new(true)).collect();
+        let mut steps: Vec<Step> = (0..conn_count()).map(|_| Step::new(true)).collect();
         let t0 = Instant::now();
         let mut n = 0u64;
         while t0.elapsed() < dur {
@@ -201,8 +219,8 @@ fn run(polling: bool, smc: bool, dur: Duration) -> io::Result<f64> {
             .drain(..)
             .map(|mut c| {
                 std::thread::spawn(move || -> io::Result<f64> {
-                    let req = vec![0x5au8; SIZE];
-                    let mut resp = vec![0u8; SIZE];
+                    let req = vec![0x5au8; size()];
+                    let mut resp = vec![0u8; size()];
                     let t0 = Instant::now();
                     let mut n = 0u64;
                     while t0.elapsed() < dur {
@@ -246,7 +264,11 @@ fn main() -> ExitCode {
     let dur = Duration::from_secs_f64(secs);
     let shape = args.get(3).map(String::as_str);
     let transport = args.get(4).map(String::as_str);
-    println!("request/response, {CONNS} connections, {SIZE} B each way, {secs} s per run, rounds interleaved");
+    println!(
+        "request/response, {} connections, {} B each way, {secs} s per run, rounds interleaved",
+        conn_count(),
+        size()
+    );
     for polling in [false, true] {
         if shape.is_some_and(|s| s != if polling { "polling" } else { "threads" }) {
             continue;

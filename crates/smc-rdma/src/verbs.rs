@@ -692,6 +692,18 @@ pub trait Bell: Send + Sync {
     fn wait(&self, timeout: Option<Duration>);
     /// Rings it if armed; whether it was.
     fn ring(&self) -> bool;
+    /// Arms it for a thread of the owner that is not going to sleep but
+    /// will look before it returns (a writer, whose reply may come while it
+    /// is still in its call), unless another thread of the owner has it
+    /// armed: a peer's SEND that names the region then neither wakes
+    /// anybody nor signals the owner's completion channel. Whether it did
+    /// (then [`Self::release`] it).
+    fn hold(&self) -> bool;
+    /// Ends a [`Self::hold`]: whether a ring took the bell meanwhile, whose
+    /// SEND then waits in the owner's receive queue unannounced, for the
+    /// holder to take (or to have the owner's completion channel
+    /// signalled for it).
+    fn release(&self) -> bool;
 }
 
 /// A shared handle to a [`Bell`].

@@ -472,7 +472,7 @@ fn progress_loop(weak: std::sync::Weak<Shared>) {
 /// device has them (docs/FAST-PATH.md, steps 5 and 6); `SMC_BELL=0`: they
 /// wait through the leader and its followers, as on devices without
 /// doorbells (to compare the two).
-fn bells_on() -> bool {
+pub(crate) fn bells_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("SMC_BELL").map_or(true, |v| v != "0"))
 }
@@ -578,7 +578,7 @@ impl Shared {
     /// thread keeps out of the way then, as it does while threads are in
     /// [`Shared::run`] (else it would arm the completion queues during the
     /// copy and be woken, with a system call on the peer's side, by every
-    /// message: bulk fell from 11 to 7.4-9.3 GB/s).
+    /// message, which costs a one-way stream much of its throughput).
     pub(crate) fn busy(&self) -> Busy<'_> {
         self.busy.fetch_add(1, Ordering::AcqRel);
         Busy(&self.busy)
@@ -1105,6 +1105,40 @@ impl Shared {
         got
     }
 
+    /// After a fast write of connection `fast` held its doorbell
+    /// (`Bell::hold`) and a CDC took it (`Bell::release`): that CDC
+    /// signalled neither a reader nor the completion channel, so this thread
+    /// applies it (as a reader's dispatch would), and when that is not the
+    /// whole story (another thread had the link's receive CQ, something
+    /// waits for the endpoint, or a thread or task of this process waits
+    /// through the endpoint and may want what came) pumps, as the progress
+    /// thread would have done had the channel been signalled.
+    pub(crate) fn take_held_cdc(&self, fast: &smc_engine::endpoint::FastConn<AnyProvider>) {
+        if fast.take_held_cdc() && !self.has_waiters() {
+            return;
+        }
+        let mut ep = self.lock();
+        self.pump(&mut ep);
+    }
+
+    /// Whether a thread sleeps through the endpoint or (with the tokio
+    /// adapter) a task waits for its progress.
+    fn has_waiters(&self) -> bool {
+        if self.sleepers.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        #[cfg(feature = "tokio")]
+        if !self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            return true;
+        }
+        false
+    }
+
     /// Wakes the tasks whose connection can go on (`all`: every one), as
     /// [`Self::wake`] chooses the threads (called with the endpoint locked).
     #[cfg(feature = "tokio")]
@@ -1511,10 +1545,10 @@ pub(crate) fn system_id(mac: Mac) -> SystemId {
     SystemId::new(context().map_or(0, |c| c.instance), mac)
 }
 
-/// Default size of each connection's RMB and send buffer (1 MiB). Measured
-/// with smc-bench on the 2-core development machine: one-way bulk 1.70 GB/s
-/// at 64 KiB (a CDC round trip for every 32 KiB), 4.8 GB/s at 256 KiB,
-/// 7.9 GB/s at 1 MiB. An idle connection's buffers are memory mappings that
+/// Default size of each connection's RMB and send buffer (1 MiB): a smaller
+/// RMB makes a one-way stream wait for a consumer-cursor CDC more often (at
+/// 64 KiB, one round trip for every 32 KiB; `smc-bench --only bulk` with
+/// `SMC_RMB_KIB` compares sizes). An idle connection's buffers are memory mappings that
 /// take pages only where data went through, and they are reused for the
 /// next connection of the link group. `SMC_RMB_KIB` / `SMC_SNDBUF_KIB` set
 /// other sizes (the analogue of Linux's `net.smc.rmem` / `wmem`).

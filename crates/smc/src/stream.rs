@@ -139,8 +139,21 @@ impl SmcConn {
     /// write sets it after the write (`note`).
     fn try_fast_write(&self, buf: &[u8]) -> Option<usize> {
         let f = self.fast_conn()?;
+        // The peer's reader, woken by this write, may take this CPU at once
+        // and answer before this thread is back from its call; with the
+        // doorbell held meanwhile, that answer's CDC waits for this thread
+        // (`Shared::take_held_cdc`), which reads next as a rule, instead of
+        // signalling the completion channel and waking the progress thread.
+        let held = ctx::bells_on()
+            .then(|| f.doorbell())
+            .flatten()
+            .filter(|b| b.hold());
         // (the peer's reader woken once the write let go of its locks)
-        match smc_rdma::shm::defer_wakes(|| f.try_write(buf)) {
+        let r = smc_rdma::shm::defer_wakes(|| f.try_write(buf));
+        if held.is_some_and(|b| b.release()) {
+            self.shared.take_held_cdc(f);
+        }
+        match r {
             Ok(FastWrite::Wrote(n)) => Some(n),
             // the endpoint learns of the broken link at its next pump: now
             Ok(FastWrite::WroteLinkBroke(n)) => {

@@ -181,19 +181,44 @@ pub enum FastRead {
 /// the endpoint.
 pub struct FastConn<P: Provider> {
     core: CoreRef<P>,
+    /// [`Self::doorbell`], looked up once.
+    held_bell: std::sync::OnceLock<Option<Doorbell>>,
 }
 
 impl<P: Provider> Clone for FastConn<P> {
     fn clone(&self) -> Self {
         FastConn {
             core: self.core.clone(),
+            held_bell: self.held_bell.clone(),
         }
     }
 }
 
 impl<P: Provider> FastConn<P> {
     pub(super) fn new(core: CoreRef<P>) -> FastConn<P> {
-        FastConn { core }
+        FastConn {
+            core,
+            held_bell: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The connection's doorbell ([`Self::bell`]), looked up at the first
+    /// call only: for a writer that holds it ([`smc_rdma::Bell::hold`]) on every
+    /// write.
+    pub fn doorbell(&self) -> Option<&Doorbell> {
+        self.held_bell.get_or_init(|| self.bell()).as_ref()
+    }
+
+    /// After a [`smc_rdma::Bell::hold`] that a CDC took ([`smc_rdma::Bell::release`]): takes the
+    /// link's receive CQ as a reader's dispatch does, so that the CDC that
+    /// took it is applied. Whether everything found was (`false`: another
+    /// thread had the CQ, or something waits for the endpoint, which must
+    /// then pump).
+    pub fn take_held_cdc(&self) -> bool {
+        let Some((rx, tokens, l)) = lock(&self.core).dispatch_grant() else {
+            return false;
+        };
+        super::cdc_recv::dispatch_all(&rx, &tokens, l) == Some(true)
     }
 
     /// Writes all of `data` straight into the peer's RMB with its CDC, if

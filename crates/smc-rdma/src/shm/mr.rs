@@ -256,6 +256,18 @@ impl Bell for ShmBell {
         }
         was != 0
     }
+    fn hold(&self) -> bool {
+        self.word()
+            .compare_exchange(0, BELL_ARMED, SeqCst, SeqCst)
+            .is_ok()
+    }
+    fn release(&self) -> bool {
+        // (anything else than 0: not taken, or armed again since by a
+        // reader of the owner, which takes what comes)
+        self.word()
+            .compare_exchange(BELL_ARMED, 0, SeqCst, SeqCst)
+            .is_err_and(|w| w == 0)
+    }
 }
 
 /// Takes a peer region's doorbell if its owner waits on it: what the word
