@@ -257,7 +257,10 @@ impl QpInner {
         // the peer's armed channel)
         let mut published = false;
         // the peer regions whose doorbells SENDs of this pass name, and
-        // whether each was rung before its SEND was published
+        // whether each was rung before its SEND was published (the first
+        // apart: a pass has one CDC as a rule, which then costs no
+        // allocation)
+        let mut bell1: Option<(Arc<PeerMr>, bool)> = None;
         let mut bells: Vec<(Arc<PeerMr>, bool)> = Vec::new();
         // RC: while an earlier SEND is refused with RNR, the responder does not
         // execute anything behind it, so a later WRITE must not land either.
@@ -324,7 +327,11 @@ impl QpInner {
                     let rang = was != 0;
                     pr.s(tail, S_BELL).store(u64::from(rang), Relaxed);
                     if let Some(m) = bell {
-                        bells.push((m, was == BELL_ASLEEP));
+                        let b = (m, was == BELL_ASLEEP);
+                        match bell1 {
+                            None => bell1 = Some(b),
+                            Some(_) => bells.push(b),
+                        }
                     }
                     published |= !rang;
                     pr.s(tail, S_META).store(op | len << 32, Relaxed);
@@ -352,7 +359,7 @@ impl QpInner {
         // SEND is published; and any that its owner armed since is rung
         // too: an owner arms, then looks at the ring, so either its look
         // finds the slot published above or this finds the word set.
-        for (m, asleep) in bells {
+        for (m, asleep) in bell1.into_iter().chain(bells) {
             let asleep = asleep || take_bell(&m) == BELL_ASLEEP;
             if asleep {
                 wake_later(m);
