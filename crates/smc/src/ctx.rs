@@ -353,22 +353,29 @@ impl Want {
 
 /// Whether spinning pays off here. It does when the peer answers within the
 /// spin time, i.e. when both sides have a core; on a machine with more
-/// runnable threads than cores a spinning thread takes the CPU the peer needs
-/// and every wait ends in a sleep anyway, only later (measured: 64 B RTT
-/// 126 us spinning 50 us, 25 us not spinning, 6 us spinning on an idle machine).
-/// So after [`SPIN_MISSES_OFF`] waits in a row that had to sleep, waits sleep at
-/// once, and every [`SPIN_PROBE_EVERY`]th one spins again to see whether
-/// things have changed. (The handshakes keep one of their own: theirs wait
-/// for a peer's whole handshake step, not for one message.)
+/// runnable threads than cores, or with both processes on one CPU, a spinning
+/// thread takes the CPU the peer needs and every wait ends in a sleep anyway,
+/// only later. So after [`SPIN_MISSES_OFF`] waits in a row that had to sleep,
+/// waits sleep at once, and now and then one spins again to see whether
+/// things have changed: every [`SPIN_PROBE_EVERY`]th wait at first, half as
+/// often after each probe that had to sleep too, down to every
+/// [`SPIN_PROBE_MAX`]th, since each probe that misses costs a whole spin
+/// time of a CPU the peer needed, which a ping-pong on one CPU saw in its
+/// 99th percentile while probes came every 32nd wait. (The handshakes keep
+/// one of their own: theirs wait for a peer's whole handshake step, not for
+/// one message.)
 #[derive(Default)]
 pub(crate) struct Spin {
     misses: AtomicU32,
     off: AtomicBool,
     waits: AtomicU32,
+    /// Waits between probes while off (0: [`SPIN_PROBE_EVERY`]).
+    probe_every: AtomicU32,
 }
 
 const SPIN_MISSES_OFF: u32 = 8;
 const SPIN_PROBE_EVERY: u32 = 32;
+const SPIN_PROBE_MAX: u32 = 4096;
 
 impl Spin {
     /// How long the next wait may spin.
@@ -376,7 +383,11 @@ impl Spin {
         if !self.off.load(Ordering::Relaxed) {
             return spin_time();
         }
-        if self.waits.fetch_add(1, Ordering::Relaxed) + 1 >= SPIN_PROBE_EVERY {
+        let every = match self.probe_every.load(Ordering::Relaxed) {
+            0 => SPIN_PROBE_EVERY,
+            n => n,
+        };
+        if self.waits.fetch_add(1, Ordering::Relaxed) + 1 >= every {
             self.waits.store(0, Ordering::Relaxed);
             return spin_time();
         }
@@ -387,11 +398,23 @@ impl Spin {
     pub(crate) fn hit(&self) {
         self.misses.store(0, Ordering::Relaxed);
         self.off.store(false, Ordering::Relaxed);
+        self.probe_every.store(0, Ordering::Relaxed);
     }
 
     /// A wait spun for `budget` and then had to sleep.
     pub(crate) fn miss(&self, budget: Duration) {
-        if !budget.is_zero() && self.misses.fetch_add(1, Ordering::Relaxed) + 1 >= SPIN_MISSES_OFF {
+        if budget.is_zero() {
+            return;
+        }
+        if self.off.load(Ordering::Relaxed) {
+            // a probe that missed: the next one comes later
+            let every = match self.probe_every.load(Ordering::Relaxed) {
+                0 => SPIN_PROBE_EVERY,
+                n => n,
+            };
+            self.probe_every
+                .store((every * 2).min(SPIN_PROBE_MAX), Ordering::Relaxed);
+        } else if self.misses.fetch_add(1, Ordering::Relaxed) + 1 >= SPIN_MISSES_OFF {
             self.off.store(true, Ordering::Relaxed);
         }
     }
@@ -988,9 +1011,9 @@ impl Shared {
                 // one would take the core (and the endpoint lock) that the
                 // others and the peer need, so wait without spinning.
                 // (Sleeping waiters count too: letting the one awake thread
-                // spin while nine slept took request/response from 70-75k to
-                // 47-52k tps. The price: a process with a thread parked in a
-                // read, a dedicated reader, does not spin in other waits.)
+                // spin while nine slept cost request/response a third of its
+                // rate. The price: a process with a thread parked in a read,
+                // a dedicated reader, does not spin in other waits.)
                 let b = if self.active.load(Ordering::Relaxed)
                     + self.bell_waiting.load(Ordering::Relaxed)
                     > max_spinners()
@@ -1057,11 +1080,17 @@ impl Shared {
             self.spin.budget()
         };
         let until = Instant::now() + budget;
+        let mut looked = false;
         while Instant::now() < until {
             if let Some(n) = read() {
-                self.spin.hit();
+                // (only what came while this thread spun says spinning
+                // pays: data there at the first look says nothing)
+                if looked {
+                    self.spin.hit();
+                }
                 return Some(n);
             }
+            looked = true;
             std::hint::spin_loop();
         }
         self.spin.miss(budget);
@@ -2147,5 +2176,60 @@ mod tests {
         assert!(!registered_in_rundir(&dir, &c));
         assert!(!registered_in_rundir(&dir.join("missing"), &a));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod spin_tests {
+    use super::{Spin, SPIN_MISSES_OFF, SPIN_PROBE_EVERY, SPIN_PROBE_MAX};
+
+    /// The waits (1-based) among the next `n` that may spin, each of which
+    /// then has to sleep.
+    fn spinning_waits(s: &Spin, n: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        for i in 1..=n {
+            let b = s.budget();
+            if b.is_zero() {
+                s.miss(b);
+                continue;
+            }
+            out.push(i);
+            s.miss(b);
+        }
+        out
+    }
+
+    /// Spinning stops after a run of waits that had to sleep anyway; the
+    /// probes that look whether it pays again come less and less often
+    /// while they miss, and a hit turns it back on.
+    #[test]
+    fn probes_that_miss_come_less_and_less_often() {
+        let s = Spin::default();
+        // on at first, off after SPIN_MISSES_OFF misses
+        assert_eq!(
+            spinning_waits(&s, SPIN_MISSES_OFF),
+            (1..=SPIN_MISSES_OFF).collect::<Vec<_>>()
+        );
+        // then a probe every 32nd wait, 64th, 128th ...
+        let probes = spinning_waits(&s, 32 + 64 + 128 + 256);
+        assert_eq!(probes, vec![32, 96, 224, 480]);
+        // ... never rarer than every SPIN_PROBE_MAX-th
+        spinning_waits(&s, 4 * SPIN_PROBE_MAX);
+        let late = spinning_waits(&s, 2 * SPIN_PROBE_MAX);
+        assert_eq!(late.len(), 2, "{late:?}");
+        assert_eq!(late[1] - late[0], SPIN_PROBE_MAX);
+        // a probe that hits turns spinning on again
+        let waits = (1..=SPIN_PROBE_MAX)
+            .find(|_| !s.budget().is_zero())
+            .expect("a probe");
+        assert!(waits <= SPIN_PROBE_MAX);
+        s.hit();
+        assert_eq!(
+            spinning_waits(&s, SPIN_MISSES_OFF),
+            (1..=SPIN_MISSES_OFF).collect::<Vec<_>>(),
+            "on again after a hit"
+        );
+        // and the next run of misses starts from probes every 32nd wait
+        assert_eq!(spinning_waits(&s, SPIN_PROBE_EVERY), vec![SPIN_PROBE_EVERY]);
     }
 }
