@@ -154,18 +154,14 @@ impl Readiness {
     /// Shows `level` from now on (a system call only for what changes).
     pub fn set(&self, level: Level) {
         let want = level.bits();
-        if self.state.load(Ordering::Acquire) == want {
+        // (a look that changes nothing, once the end shows too)
+        let seen = self.state.load(Ordering::Acquire);
+        if shown(want, seen) == seen {
             return;
         }
         let _g = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.state.load(Ordering::Acquire);
-        // the ends of a connection stay
-        let new = want | (old & (EOF | HUP));
-        let new = if new & HUP != 0 {
-            new | R | W | EOF
-        } else {
-            new
-        };
+        let new = shown(want, old);
         if new == old {
             return;
         }
@@ -190,6 +186,17 @@ impl Readiness {
             }
         }
         self.state.store(new, Ordering::Release);
+    }
+}
+
+/// What a descriptor showing `old` shows once set to `want`: the ends of a
+/// connection stay.
+fn shown(want: u8, old: u8) -> u8 {
+    let new = want | (old & (EOF | HUP));
+    if new & HUP != 0 {
+        new | R | W | EOF
+    } else {
+        new
     }
 }
 
