@@ -5,8 +5,8 @@ use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, ReadLease, ReadPlan,
-    WriteLease, WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, MaySleep, ReadLease,
+    ReadPlan, WriteLease, WritePlan,
 };
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
@@ -551,6 +551,21 @@ impl SmcStream {
         if !buf.is_empty() {
             if let Some(n) = c.try_fast_read(buf) {
                 return Ok(n);
+            }
+            // a non-blocking reader that finds nothing, with nothing for the
+            // endpoint to do (the link's receive CQ taken, nothing of the
+            // connection waiting for it): no lock, no pump (an event loop
+            // reads until it would block, every time)
+            if let (true, Some(f)) = (nonblocking, c.fast_conn()) {
+                match f.may_sleep() {
+                    MaySleep::Sleep => return Err(io::ErrorKind::WouldBlock.into()),
+                    MaySleep::Again => {
+                        if let Some(n) = c.try_fast_read(buf) {
+                            return Ok(n);
+                        }
+                    }
+                    MaySleep::Busy | MaySleep::No => {}
+                }
             }
             // a blocking reader waits on its connection's doorbell where it can
             if let (false, Some(f)) = (nonblocking, c.fast_conn()) {
@@ -1167,5 +1182,40 @@ mod tests {
         let mut b = [0u8; 64];
         sa.read_exact(&mut b).unwrap();
         assert_eq!(b, [5; 64]);
+    }
+
+    /// A non-blocking read that finds nothing, on a connection the endpoint
+    /// has nothing to do for, says so without the endpoint's lock (an event
+    /// loop's last read of every event).
+    #[test]
+    fn a_nonblocking_read_that_finds_nothing_does_not_wait_for_the_endpoint_lock() {
+        let (mut c, mut s) = smc_pair();
+        let _fd = s.readiness_fd().unwrap();
+        for _ in 0..3 {
+            c.write_all(&[1; 64]).unwrap();
+            let mut b = [0u8; 64];
+            s.read_exact(&mut b).unwrap();
+        }
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 64];
+        // (the first look through the endpoint gives the grant to take the
+        // link's receive CQ)
+        assert_eq!(
+            (&s).read(&mut b).map_err(|e| e.kind()),
+            Err(io::ErrorKind::WouldBlock)
+        );
+        let conn = s.smc.clone().unwrap();
+        let ep = conn.shared.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut b = [0u8; 64];
+                let _ = tx.send((&s).read(&mut b).map_err(|e| e.kind()));
+            });
+            // (a deadlock detector, not a latency bound)
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            drop(ep);
+            assert_eq!(got, Ok(Err(io::ErrorKind::WouldBlock)));
+        });
     }
 }
