@@ -155,7 +155,7 @@ mod write;
 
 pub use close::PEER_GONE_GRACE;
 pub use conn::{ConnError, ConnStatus};
-pub use conn_core::{FastConn, FastRead, FastWrite, MaySleep};
+pub use conn_core::{ConnLevel, FastConn, FastRead, FastWrite, MaySleep, Watch};
 pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};
 pub use extra_link::LinkOffer;
 pub use lease::{ReadLease, ReadPlan, WriteLease, WritePlan};

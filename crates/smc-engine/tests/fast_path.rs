@@ -482,6 +482,55 @@ fn a_reader_that_finds_nothing_takes_its_cdc_from_the_receive_cq_itself() {
     assert!(w.server.violation(t.s).is_none());
 }
 
+/// A connection's watch (`FastConn::watch`) is told of a CDC for it that
+/// another connection's reader takes from the link's receive CQ (no pump
+/// of the endpoint between), and of its own fast read that empties it: a
+/// readiness descriptor set by it shows the data as soon as any thread
+/// finds it.
+#[test]
+fn a_watch_is_told_by_whichever_reader_applies_the_cdc() {
+    use smc_engine::endpoint::ConnLevel;
+    let mut w = World::with_seed(23, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    let mut t2 = w.open();
+    w.settle(&mut [&mut t2], Duration::from_millis(2));
+    assert_eq!(w.server.link_group_of(t.s), w.server.link_group_of(t2.s));
+    granted(&mut w, &t);
+    let told: Arc<Mutex<Vec<ConnLevel>>> = Arc::default();
+    let h2 = w.server.fast_conn(t2.s).unwrap();
+    let log = told.clone();
+    h2.watch(Some(Arc::new(move |l: &ConnLevel| {
+        log.lock().unwrap().push(*l)
+    })));
+    assert_eq!(told.lock().unwrap().len(), 1, "told the level at once");
+    assert_eq!(told.lock().unwrap()[0].readable, 0);
+    assert_eq!(w.client.write(t2.c, &[9; 64]).unwrap(), 64);
+    deliver_to_server(&mut w);
+    let h = w.server.fast_conn(t.s).unwrap();
+    let mut buf = [0u8; 256];
+    assert_eq!(
+        h.try_read(&mut buf),
+        FastRead::Declined,
+        "nothing for the first"
+    );
+    assert_eq!(
+        told.lock().unwrap().last().map(|l| l.readable),
+        Some(64),
+        "the second's watch told by the first's dispatch"
+    );
+    assert!(matches!(
+        h2.try_read(&mut buf),
+        FastRead::Read { n: 64, .. }
+    ));
+    assert_eq!(told.lock().unwrap().last().map(|l| l.readable), Some(0));
+    h2.watch(None);
+    let n = told.lock().unwrap().len();
+    assert_eq!(w.client.write(t2.c, &[8; 64]).unwrap(), 64);
+    deliver_to_server(&mut w);
+    let _ = h.try_read(&mut buf);
+    assert_eq!(told.lock().unwrap().len(), n, "no watch, nobody told");
+}
+
 /// What a dispatch without the endpoint leaves for the endpoint (here: a
 /// peer's abort of another connection, which the endpoint must report)
 /// keeps the link's order: a CDC behind it waits for the endpoint's poll

@@ -11,7 +11,7 @@ use rustix::event::{epoll, PollFd, PollFlags, Timespec};
 use smc_config::pnet::{base_netdev, candidates, PnetTable, PortInfo, Route};
 use smc_config::store::{ConfigDir, Table};
 use smc_config::ueid::UeidTable;
-use smc_engine::endpoint::{ConnId, Endpoint, EndpointConfig};
+use smc_engine::endpoint::{ConnId, ConnLevel, Endpoint, EndpointConfig, FastConn};
 use smc_proto::close::CloseState;
 use smc_proto::negotiate::IfAddr;
 use smc_proto::Timestamp;
@@ -269,32 +269,54 @@ impl Drop for ProgressFd {
     }
 }
 
-/// A connection's readiness descriptor.
+/// A connection's readiness descriptor, set under the connection's own
+/// lock (`FastConn::watch`) by whichever thread changes what it shows: a
+/// read or write of the fast path or of the endpoint, a CDC applied by the
+/// endpoint's pump or by another reader's dispatch, a send completion.
 pub(crate) struct ConnReadiness {
-    id: ConnId,
-    pub(crate) fd: crate::readiness::Readiness,
+    /// The connection (`None`: gone from the endpoint when the descriptor
+    /// was made; it shows the end).
+    fast: Option<FastConn<AnyProvider>>,
+    pub(crate) fd: Arc<crate::readiness::Readiness>,
 }
+
+impl Drop for ConnReadiness {
+    fn drop(&mut self) {
+        // (the core outlives the handle until the endpoint frees it)
+        if let Some(f) = &self.fast {
+            f.watch(None);
+        }
+    }
+}
+
+/// A connection that is over, as its readiness descriptor shows it.
+const GONE: crate::readiness::Level = crate::readiness::Level {
+    readable: true,
+    writable: true,
+    eof: true,
+    hup: true,
+};
 
 /// What a connection's readiness descriptor shows: readable and writable as
 /// [`Want::Read`] and [`Want::Write`] are ready, end of file once the peer
 /// sends nothing more, the end once the connection is over.
-fn level(ep: &Endpoint<AnyProvider>, id: ConnId, sndbuf_len: usize) -> crate::readiness::Level {
+fn level(l: &ConnLevel, sndbuf_len: usize) -> crate::readiness::Level {
     // (also both directions shut, each by one side: EPOLLHUP as a TCP
     // socket whose sk_shutdown is SHUTDOWN_MASK, tcp.c tcp_poll, and as
     // af_smc.c smc_poll)
     let gone = matches!(
-        ep.close_state(id),
-        None | Some(CloseState::Closed)
-            | Some(CloseState::ProcessAbort)
-            | Some(CloseState::PeerAbortWait)
-            | Some(CloseState::AppFinCloseWait)
-            | Some(CloseState::AppCloseWait2)
-            | Some(CloseState::PeerCloseWait2)
+        l.close,
+        CloseState::Closed
+            | CloseState::ProcessAbort
+            | CloseState::PeerAbortWait
+            | CloseState::AppFinCloseWait
+            | CloseState::AppCloseWait2
+            | CloseState::PeerCloseWait2
     );
     crate::readiness::Level {
-        readable: ep.readable(id) > 0,
-        writable: ep.unacked(id) < sndbuf_len || ep.peer_closed(id),
-        eof: ep.peer_done(id),
+        readable: l.readable > 0,
+        writable: l.unacked < sndbuf_len || l.peer_closed,
+        eof: l.peer_done,
         hup: gone,
     }
 }
@@ -872,10 +894,15 @@ impl Shared {
         ep: &Endpoint<AnyProvider>,
         id: ConnId,
     ) -> io::Result<Arc<ConnReadiness>> {
-        let r = Arc::new(ConnReadiness {
-            id,
-            fd: crate::readiness::Readiness::new(level(ep, id, self.sndbuf_len))?,
-        });
+        let fast = ep.fast_conn(id);
+        let n = self.sndbuf_len;
+        let now = fast.as_ref().map_or(GONE, |f| level(&f.level(), n));
+        let fd = Arc::new(crate::readiness::Readiness::new(now)?);
+        if let Some(f) = &fast {
+            let shown = fd.clone();
+            f.watch(Some(Arc::new(move |l: &ConnLevel| shown.set(level(l, n)))));
+        }
+        let r = Arc::new(ConnReadiness { fast, fd });
         let mut v = self.readiness.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(&r));
@@ -883,21 +910,27 @@ impl Shared {
         Ok(r)
     }
 
-    /// Sets one connection's readiness descriptor (with the endpoint locked).
-    pub(crate) fn refresh_one(&self, ep: &Endpoint<AnyProvider>, r: &ConnReadiness) {
-        r.fd.set(level(ep, r.id, self.sndbuf_len));
+    /// Sets one connection's readiness descriptor (after a change through
+    /// the endpoint).
+    pub(crate) fn refresh_one(&self, r: &ConnReadiness) {
+        match &r.fast {
+            Some(f) => f.refresh(),
+            None => r.fd.set(GONE),
+        }
     }
 
     /// Sets every readiness descriptor of the endpoint to its connection's
-    /// state (with the endpoint locked; nothing to do without descriptors).
-    fn refresh_readiness(&self, ep: &Endpoint<AnyProvider>) {
+    /// state (with the endpoint locked, after a pump: what the engine
+    /// changed without the connection's core seeing it, a failover's or a
+    /// timer's abort; nothing to do without descriptors).
+    fn refresh_readiness(&self, _ep: &Endpoint<AnyProvider>) {
         if self.readied.load(Ordering::Acquire) == 0 {
             return;
         }
         let mut v = self.readiness.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| match w.upgrade() {
             Some(r) => {
-                self.refresh_one(ep, &r);
+                self.refresh_one(&r);
                 true
             }
             None => false,

@@ -38,7 +38,8 @@
 //! that changes nothing costs a load (the state is cached). A blocked
 //! reader can sleep on the same descriptor, woken by whoever takes the
 //! CDC that made it readable (the per-connection wake-up of a faster data
-//! path).
+//! path): the socket library sets it from the thread that changes the
+//! connection, under the connection's own lock (`FastConn::watch`).
 
 use rustix::net::{
     recv, send, shutdown, socketpair, sockopt, AddressFamily, RecvFlags, SendFlags, Shutdown,
@@ -116,7 +117,8 @@ pub struct Readiness {
     ctl: OwnedFd,
     /// The state shown (bits R, W, EOF, HUP).
     state: AtomicU8,
-    /// Serializes changes (callers usually hold the endpoint's lock anyway).
+    /// Serializes changes (the socket library's callers hold the
+    /// connection's lock anyway, which orders them: `ctx::ConnReadiness`).
     change: Mutex<()>,
 }
 
@@ -154,18 +156,14 @@ impl Readiness {
     /// Shows `level` from now on (a system call only for what changes).
     pub fn set(&self, level: Level) {
         let want = level.bits();
-        if self.state.load(Ordering::Acquire) == want {
+        // (a look that changes nothing, once the end shows too)
+        let seen = self.state.load(Ordering::Acquire);
+        if shown(want, seen) == seen {
             return;
         }
         let _g = self.change.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.state.load(Ordering::Acquire);
-        // the ends of a connection stay
-        let new = want | (old & (EOF | HUP));
-        let new = if new & HUP != 0 {
-            new | R | W | EOF
-        } else {
-            new
-        };
+        let new = shown(want, old);
         if new == old {
             return;
         }
@@ -193,15 +191,26 @@ impl Readiness {
     }
 }
 
-/// Takes every datagram queued on `fd`.
+/// What a descriptor showing `old` shows once set to `want`: the ends of a
+/// connection stay.
+fn shown(want: u8, old: u8) -> u8 {
+    let new = want | (old & (EOF | HUP));
+    if new & HUP != 0 {
+        new | R | W | EOF
+    } else {
+        new
+    }
+}
+
+/// Takes the datagram queued on `fd`, if any: one system call. There is at
+/// most one: each end gets one only when the state turns (a token when
+/// `user` turns readable, the blocker when it turns unwritable), changes
+/// are serialized, and the turn back takes it. (A loop until `EAGAIN` cost
+/// a second call every time: an event loop's descriptors turn readable
+/// and back once per message.)
 fn drain(fd: &OwnedFd) {
     let mut buf = [0u8; BLOCKER];
-    // (0 bytes: nothing more after a shutdown; we never send empty datagrams)
-    while let Ok((n, _)) = recv(fd, &mut buf, RecvFlags::DONTWAIT) {
-        if n == 0 {
-            break;
-        }
-    }
+    let _ = recv(fd, &mut buf, RecvFlags::DONTWAIT);
 }
 
 impl AsFd for Readiness {

@@ -5,8 +5,8 @@ use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, ReadLease, ReadPlan,
-    WriteLease, WritePlan,
+    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, MaySleep, ReadLease,
+    ReadPlan, WriteLease, WritePlan,
 };
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
@@ -123,11 +123,12 @@ impl SmcConn {
         Ok(self.ready.get().expect("set above"))
     }
 
-    /// After an operation of ours changed the connection (with the endpoint
-    /// locked): its readiness descriptor shows it.
-    pub(crate) fn note(&self, ep: &Endpoint<AnyProvider>) {
+    /// After an operation of ours through the endpoint changed the
+    /// connection: its readiness descriptor shows it (the fast path's and
+    /// the connection's core's own changes show without this).
+    pub(crate) fn note(&self) {
         if let Some(r) = self.ready.get() {
-            self.shared.refresh_one(ep, r);
+            self.shared.refresh_one(r);
         }
     }
 
@@ -135,8 +136,7 @@ impl SmcConn {
     /// endpoint's lock, if the connection can (`FastConn::try_write`): a
     /// direct write of an established connection that leaves nothing for
     /// the endpoint to do. `None`: it could not, nothing was written.
-    /// Not while the connection has a readiness descriptor: the locked
-    /// write sets it after the write (`note`).
+    /// A readiness descriptor shows what it changed (the core's watch).
     fn try_fast_write(&self, buf: &[u8]) -> Option<usize> {
         let f = self.fast_conn()?;
         // The peer's reader, woken by this write, may take this CPU at once
@@ -170,8 +170,8 @@ impl SmcConn {
     /// endpoint's lock, if the connection can (`FastConn::try_read`): bytes
     /// that have arrived, copied out, with the consumer-cursor update they
     /// make due. `None`: it could not (nothing has arrived, among other
-    /// things), nothing was read. Not while the connection has a readiness
-    /// descriptor, as for writes.
+    /// things), nothing was read. A readiness descriptor shows what it
+    /// changed, as for writes.
     fn try_fast_read(&self, buf: &mut [u8]) -> Option<usize> {
         let f = self.fast_conn()?;
         match smc_rdma::shm::defer_wakes(|| f.try_read(buf)) {
@@ -186,12 +186,8 @@ impl SmcConn {
         }
     }
 
-    /// The connection's fast-path handle, unless it has a readiness
-    /// descriptor (which the locked paths keep current, `note`).
+    /// The connection's fast-path handle.
     fn fast_conn(&self) -> Option<&FastConn<AnyProvider>> {
-        if self.ready.get().is_some() {
-            return None;
-        }
         self.fast
             .get_or_init(|| self.shared.lock().fast_conn(self.id))
             .as_ref()
@@ -300,7 +296,7 @@ fn noted<R>(
     op: impl FnOnce(&mut Endpoint<AnyProvider>) -> R,
 ) -> R {
     let r = op(ep);
-    c.note(ep);
+    c.note();
     r
 }
 
@@ -569,6 +565,21 @@ impl SmcStream {
             if let Some(n) = c.try_fast_read(buf) {
                 return Ok(n);
             }
+            // a non-blocking reader that finds nothing, with nothing for the
+            // endpoint to do (the link's receive CQ taken, nothing of the
+            // connection waiting for it): no lock, no pump (an event loop
+            // reads until it would block, every time)
+            if let (true, Some(f)) = (nonblocking, c.fast_conn()) {
+                match f.may_sleep() {
+                    MaySleep::Sleep => return Err(io::ErrorKind::WouldBlock.into()),
+                    MaySleep::Again => {
+                        if let Some(n) = c.try_fast_read(buf) {
+                            return Ok(n);
+                        }
+                    }
+                    MaySleep::Busy | MaySleep::No => {}
+                }
+            }
             // a blocking reader waits on its connection's doorbell where it can
             if let (false, Some(f)) = (nonblocking, c.fast_conn()) {
                 if let Some(n) = c
@@ -616,7 +627,7 @@ impl SmcStream {
         // the consumer cursor update, if one is due now
         let _ = ep.flush(c.id);
         c.shared.after_lease(&mut ep, c.id);
-        c.note(&ep);
+        c.note();
         drop(ep);
         // bytes copied are delivered (a failed commit shows at the next read)
         copied.map_err(conn_error)?;
@@ -647,7 +658,7 @@ impl SmcStream {
             } else {
                 ep.write_unbuffered(c.id, buf)
             };
-            c.note(ep);
+            c.note();
             match r {
                 Ok(0) => None,
                 Ok(n) => Some(Ok(n)),
@@ -684,7 +695,7 @@ impl SmcStream {
                 let mut ep = c.shared.lock();
                 let r = ep.write_commit(c.id, &l, copied);
                 c.shared.after_lease(&mut ep, c.id);
-                c.note(&ep);
+                c.note();
                 drop(ep);
                 match r {
                     Ok(true) => return Ok(l.len()),
@@ -791,7 +802,7 @@ impl SmcStream {
                 let mut ep = c.shared.lock();
                 c.shared.pump(&mut ep);
                 let r = ep.read_oob(c.id).map_err(conn_error);
-                c.note(&ep);
+                c.note();
                 r
             }
             None => {
@@ -889,7 +900,7 @@ impl SmcStream {
                     let mut ep = c.shared.lock();
                     ep.close(c.id, CloseEvent::AppShutdownWrite);
                     c.shared.pump(&mut ep);
-                    c.note(&ep);
+                    c.note();
                 }
                 Ok(())
             }
@@ -1012,6 +1023,7 @@ impl std::os::fd::AsRawFd for SmcStream {
 mod tests {
     use super::*;
     use crate::SmcListener;
+    use std::os::fd::AsFd;
 
     /// The shared-memory device of this test process (root: BPF), as the
     /// integration tests' `common::setup` makes it.
@@ -1075,6 +1087,148 @@ mod tests {
             let got = rx.recv_timeout(Duration::from_secs(30));
             drop(ep);
             assert_eq!(got, Ok(Ok((64, 2))), "read while the endpoint is locked");
+        });
+    }
+
+    /// Whether `fd` polls readable within `secs`.
+    fn readable(fd: std::os::fd::BorrowedFd<'_>, secs: i64) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut p = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+        let t = Timespec {
+            tv_sec: secs,
+            tv_nsec: 0,
+        };
+        rustix::event::poll(&mut p, Some(&t)).unwrap();
+        p[0].revents().contains(PollFlags::IN)
+    }
+
+    /// An established pair on this process's shm device.
+    fn smc_pair() -> (SmcStream, SmcStream) {
+        setup();
+        let l = SmcListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let acc = std::thread::spawn(move || l.accept().unwrap().0);
+        let c = SmcStream::connect(addr).unwrap();
+        let s = acc.join().unwrap();
+        assert_eq!(s.mode(), Mode::SmcR, "both ends on the shm device");
+        (c, s)
+    }
+
+    /// A connection with a readiness descriptor reads what has arrived
+    /// through the fast path too, and its descriptor shows what the read
+    /// changed, all while another thread holds the endpoint's lock.
+    #[test]
+    fn a_readiness_connection_reads_and_shows_it_without_the_endpoint_lock() {
+        let (mut c, mut s) = smc_pair();
+        let fd = s.readiness_fd().unwrap().try_clone_to_owned().unwrap();
+        assert!(!readable(fd.as_fd(), 0), "nothing arrived yet");
+        // a first message (its read makes the connection's handles)
+        c.write_all(&[1; 64]).unwrap();
+        assert!(readable(fd.as_fd(), 10), "the first message shows");
+        let mut b = [0u8; 64];
+        s.read_exact(&mut b).unwrap();
+        c.write_all(&[2; 64]).unwrap();
+        assert!(readable(fd.as_fd(), 10), "the second message shows");
+        let conn = s.smc.clone().unwrap();
+        let ep = conn.shared.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut b = [0u8; 64];
+                let r = (&s).read(&mut b).map(|n| (n, b[0]));
+                let _ = tx.send(r.map_err(|e| e.kind()));
+            });
+            // (a deadlock detector, not a latency bound)
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            let after = readable(fd.as_fd(), 0);
+            drop(ep);
+            assert_eq!(got, Ok(Ok((64, 2))), "read while the endpoint is locked");
+            assert!(!after, "the descriptor shows the read before any pump");
+        });
+    }
+
+    /// A CDC applied by another connection's reader (its dispatch of the
+    /// link's receive CQ, `FastConn::try_read`) sets the descriptor of the
+    /// connection it announces data for, from that reader's thread: no pump
+    /// (here: the endpoint's lock held all along) has to come first.
+    #[test]
+    fn a_cdc_dispatched_by_another_reader_sets_the_descriptor() {
+        let (ca, mut sa) = smc_pair();
+        let (cb, sb) = smc_pair();
+        let fd = sa.readiness_fd().unwrap().try_clone_to_owned().unwrap();
+        // both connections' handles and grants: a message each way on
+        // each, and a read of B that finds nothing (the endpoint's read
+        // gives B its grant to take the link's receive CQ)
+        for (mut c, mut s) in [(&ca, &sa), (&cb, &sb)] {
+            for _ in 0..3 {
+                c.write_all(&[1; 64]).unwrap();
+                let mut b = [0u8; 64];
+                s.read_exact(&mut b).unwrap();
+                s.write_all(&[3; 64]).unwrap();
+                c.read_exact(&mut b).unwrap();
+            }
+        }
+        sb.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 64];
+        assert_eq!(
+            (&sb).read(&mut b).map_err(|e| e.kind()),
+            Err(io::ErrorKind::WouldBlock)
+        );
+        assert!(!readable(fd.as_fd(), 0), "nothing for A yet");
+        let conn = sa.smc.clone().unwrap();
+        let ep = conn.shared.lock();
+        std::thread::scope(|scope| {
+            let t = scope.spawn(|| {
+                // (the client's fast write: no endpoint lock either)
+                (&ca).write_all(&[5; 64]).unwrap();
+                // B's reader finds nothing of its own, takes the CQ (A's
+                // CDC), then waits for the endpoint
+                let mut b = [0u8; 64];
+                (&sb).read(&mut b).map_err(|e| e.kind())
+            });
+            // (a deadlock detector, not a latency bound)
+            let shown = readable(fd.as_fd(), 30);
+            drop(ep);
+            assert!(shown, "A's descriptor set before any pump");
+            assert_eq!(t.join().unwrap(), Err(io::ErrorKind::WouldBlock));
+        });
+        let mut b = [0u8; 64];
+        sa.read_exact(&mut b).unwrap();
+        assert_eq!(b, [5; 64]);
+    }
+
+    /// A non-blocking read that finds nothing, on a connection the endpoint
+    /// has nothing to do for, says so without the endpoint's lock (an event
+    /// loop's last read of every event).
+    #[test]
+    fn a_nonblocking_read_that_finds_nothing_does_not_wait_for_the_endpoint_lock() {
+        let (mut c, mut s) = smc_pair();
+        let _fd = s.readiness_fd().unwrap();
+        for _ in 0..3 {
+            c.write_all(&[1; 64]).unwrap();
+            let mut b = [0u8; 64];
+            s.read_exact(&mut b).unwrap();
+        }
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 64];
+        // (the first look through the endpoint gives the grant to take the
+        // link's receive CQ)
+        assert_eq!(
+            (&s).read(&mut b).map_err(|e| e.kind()),
+            Err(io::ErrorKind::WouldBlock)
+        );
+        let conn = s.smc.clone().unwrap();
+        let ep = conn.shared.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut b = [0u8; 64];
+                let _ = tx.send((&s).read(&mut b).map_err(|e| e.kind()));
+            });
+            // (a deadlock detector, not a latency bound)
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            drop(ep);
+            assert_eq!(got, Ok(Err(io::ErrorKind::WouldBlock)));
         });
     }
 }

@@ -96,7 +96,34 @@ pub(super) struct ConnCore<P: Provider> {
     /// rung by every CDC applied to the connection (`Self::on_cdc`), which
     /// wakes a reader that sleeps on it whoever took the CDC.
     pub(super) bell: Option<Doorbell>,
+    /// Told of the connection's [`ConnLevel`] after every change of it made
+    /// here or by the fast path ([`FastConn::watch`]).
+    pub(super) watch: Option<Watch>,
 }
+
+/// What a connection's readiness depends on, as its core has it: what the
+/// endpoint's `readable`, `unacked`, `peer_done`, `peer_closed` and
+/// `close_state` tell of it, read together under the core's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLevel {
+    /// Bytes received and not yet read.
+    pub readable: usize,
+    /// Bytes written whose CDC has not completed yet, plus unsent ones.
+    pub unacked: usize,
+    /// The peer sends nothing more (end of file once `readable` is read).
+    pub peer_done: bool,
+    /// The peer closed or aborted (as opposed to only shutting down its
+    /// write side).
+    pub peer_closed: bool,
+    /// The connection's close state.
+    pub close: CloseState,
+}
+
+/// Told of a connection's [`ConnLevel`] ([`FastConn::watch`]), with the
+/// connection's core locked: the calls are ordered by that lock, so the
+/// last one tells the state as it is, whichever thread made it. It must
+/// not lock the connection, its link or the endpoint.
+pub type Watch = Arc<dyn Fn(&ConnLevel) + Send + Sync>;
 
 /// A grant to poll the receive CQ of the connection's link without the
 /// endpoint ([`FastConn::try_read`], `cdc_recv::dispatch`): the link's
@@ -227,7 +254,12 @@ impl<P: Provider> FastConn<P> {
     /// WRITEs and one CDC).
     #[inline]
     pub fn try_write(&self, data: &[u8]) -> std::result::Result<FastWrite, ConnError> {
-        lock(&self.core).fast_write(data)
+        let mut k = lock(&self.core);
+        let r = k.fast_write(data);
+        if matches!(r, Ok(FastWrite::Wrote(_) | FastWrite::WroteLinkBroke(_))) {
+            k.watched();
+        }
+        r
     }
 
     /// Reads into `buf` straight from the RMB what has arrived, if the
@@ -245,7 +277,11 @@ impl<P: Provider> FastConn<P> {
     pub fn try_read(&self, buf: &mut [u8]) -> FastRead {
         let mut k = lock(&self.core);
         let r = k.fast_read(buf);
-        if r != FastRead::Declined || buf.is_empty() {
+        if r != FastRead::Declined {
+            k.watched();
+            return r;
+        }
+        if buf.is_empty() {
             return r;
         }
         let Some((rx, tokens, l)) = k.dispatch_grant() else {
@@ -257,7 +293,33 @@ impl<P: Provider> FastConn<P> {
         if !super::cdc_recv::dispatch(&rx, &tokens, l) {
             return r;
         }
-        lock(&self.core).fast_read(buf)
+        let mut k = lock(&self.core);
+        let r = k.fast_read(buf);
+        if r != FastRead::Declined {
+            k.watched();
+        }
+        r
+    }
+
+    /// Has `w` told of the connection's level after every change the core
+    /// sees from now on (a CDC applied by whichever thread took it, a read
+    /// or write of the fast path, a send completion, a close event; `None`:
+    /// no more), and tells it the level now. Changes made through the
+    /// endpoint's reads and writes are told by [`Self::refresh`].
+    pub fn watch(&self, w: Option<Watch>) {
+        let mut k = lock(&self.core);
+        k.watch = w;
+        k.watched();
+    }
+
+    /// Tells the watch ([`Self::watch`]) the connection's level now.
+    pub fn refresh(&self) {
+        lock(&self.core).watched();
+    }
+
+    /// What the connection's readiness depends on now.
+    pub fn level(&self) -> ConnLevel {
+        lock(&self.core).level()
     }
 
     /// The doorbell of the connection's RMB (`MemoryRegion::doorbell`), if
@@ -402,6 +464,26 @@ impl<P: Provider> ConnCore<P> {
             fast: None,
             fast_rx: None,
             bell: None,
+            watch: None,
+        }
+    }
+
+    /// What the connection's readiness depends on now.
+    pub(super) fn level(&self) -> ConnLevel {
+        ConnLevel {
+            readable: self.readable(),
+            unacked: self.dp.as_ref().map_or(0, DataPath::unacked),
+            peer_done: self.closer.peer_done(),
+            peer_closed: self.closer.rx_flags().any_close(),
+            close: self.closer.state(),
+        }
+    }
+
+    /// Tells the watch, if any, the connection's level (after a change).
+    #[inline]
+    pub(super) fn watched(&self) {
+        if let Some(w) = &self.watch {
+            w(&self.level());
         }
     }
 
@@ -640,6 +722,7 @@ impl<P: Provider> ConnCore<P> {
         if let (Some(f), Some(dp)) = (o.send_cdc, self.dp.as_mut()) {
             dp.set_close_flags(f);
         }
+        self.watched();
     }
 
     /// `shutdown(SHUT_WR)` or `close()` (see `Endpoint::close`). `Some`: the
@@ -828,6 +911,14 @@ impl<P: Provider> ConnCore<P> {
     /// path: cursors, urgent byte, close flags, violations.
     #[inline]
     pub(super) fn on_cdc(&mut self, m: &CdcMessage) -> CdcDone {
+        let d = self.apply_cdc(m);
+        // (whoever applied it: a reactor waiting on the connection's
+        // readiness learns of the data from this thread)
+        self.watched();
+        d
+    }
+
+    fn apply_cdc(&mut self, m: &CdcMessage) -> CdcDone {
         let Some(dp) = self.dp.as_mut() else {
             return CdcDone::default();
         };
@@ -880,6 +971,8 @@ impl<P: Provider> ConnCore<P> {
         if let Some(Err(v)) = self.dp.as_mut().map(|dp| dp.on_cdc_sent(seq)) {
             self.violation = Some(v);
         }
+        // (room in the send buffer again)
+        self.watched();
         Some(CdcSent {
             unsent: self.unsent(),
             finished: self.closer.is_finished(),

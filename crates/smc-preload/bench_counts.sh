@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Per-request counts of a server and its client, threads included (perf stat
+# over each whole process), beside bench.sh's rates:
+#   crates/smc-preload/bench_counts.sh MODE TEST   (root; release build first)
+#   MODE: smc (both under smc_run) or tcp;  TEST: redis (redis-benchmark -t get
+#   -n 100000 -c 50 against redis-server) or pp (sockperf ping-pong, 3 s).
+#   EV=perf,events,... replaces the default events.
+# Prints each side's counts divided by the requests (round trips for pp).
+set -euo pipefail
+MODE=$1; TEST=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cargo build -q --release -p smc-preload --manifest-path "$ROOT/Cargo.toml"
+SMC_RUN="$ROOT/target/release/smc_run"
+W=$(mktemp -d /tmp/smc-counts.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+mkdir -p "$W/run" "$W/conf"
+printf 'rundir %s/run\ndevice shm-lo netdev lo\n' "$W" >"$W/shm.conf"
+export SMC_RDMA_SHM_CONFIG="$W/shm.conf" SMC_RS_CONFIG_DIR="$W/conf" SMC_RUN_STATE="$W/state"
+EV=${EV:-task-clock,context-switches,syscalls:sys_enter_futex,raw_syscalls:sys_enter}
+pre=""; [ "$MODE" = smc ] && pre="$SMC_RUN"
+p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+if [ "$TEST" = redis ]; then
+  perf stat -x, -e "$EV" -o "$W/srv" $pre redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
+  perfpid=$!
+  N=100000
+  sleep 0.7
+  perf stat -x, -e "$EV" -o "$W/cli" $pre redis-benchmark -p "$p" -t get -n $N -c 50 -q 2>&1 | tr '\r' '\n' | grep -a "GET:" | tail -1
+else
+  perf stat -x, -e "$EV" -o "$W/srv" $pre sockperf sr --tcp -i 127.0.0.1 -p "$p" >/dev/null 2>&1 &
+  perfpid=$!
+  sleep 0.7
+  out=$(perf stat -x, -e "$EV" -o "$W/cli" $pre sockperf pp --tcp -i 127.0.0.1 -p "$p" -t 3 2>&1)
+  echo "$out" | grep -a "Summary: Latency is" | sed 's/.*Summary/Summary/'
+  N=$(echo "$out" | sed -n 's/.*\[Valid Duration\].*ReceivedMessages=\([0-9]*\).*/\1/p' | head -1)
+fi
+# the server's counts come when it exits
+child=$(pgrep -P $perfpid || true)
+[ -n "$child" ] && kill -TERM $child
+wait $perfpid 2>/dev/null || true
+for f in srv cli; do
+  awk -F, -v n="$N" -v who=$f '$3!=""{printf "%s %s %.4f/req  ", who, $3, $1/n} END{print ""}' "$W/$f"
+done
+echo "requests $N (task-clock in ms)"
