@@ -159,6 +159,7 @@ pub use conn_core::{FastConn, FastRead, FastWrite, MaySleep};
 pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};
 pub use extra_link::LinkOffer;
 pub use lease::{ReadLease, ReadPlan, WriteLease, WritePlan};
+pub use link::LinkBringup;
 
 use conn::Conn;
 use lgr::Lgr;
@@ -301,6 +302,12 @@ pub struct Endpoint<P: Provider> {
     redundancy: smc_proto::link::Redundancy,
     /// Link and connection events for the driver (`endpoint/events.rs`).
     events: events::Events,
+    /// Connects of added links' QPs are handed to the driver
+    /// (`endpoint/add_link.rs`), and those not taken yet.
+    hand_out_bringups: bool,
+    bringups: std::collections::VecDeque<LinkBringup<P>>,
+    /// The last bring-up's id.
+    next_bringup: u64,
 }
 
 /// Provider errors.
@@ -368,6 +375,9 @@ impl<P: Provider> Endpoint<P> {
             now: Duration::ZERO,
             redundancy: smc_proto::link::Redundancy::default(),
             events: events::Events::default(),
+            hand_out_bringups: false,
+            bringups: std::collections::VecDeque::new(),
+            next_bringup: 0,
         })
     }
 }
