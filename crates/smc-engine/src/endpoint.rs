@@ -212,6 +212,8 @@ pub struct Endpoint<P: Provider> {
     dev: P::Device,
     /// A second device for further links (`endpoint/devices.rs`).
     dev2: Option<P::Device>,
+    /// Its name (a device's `info()` may query the device: not for a name).
+    dev2_name: Option<String>,
     /// The completion channel of every CQ on the first device (see
     /// [`Endpoint::arm`]).
     chan: P::Channel,
@@ -338,6 +340,7 @@ impl<P: Provider> Endpoint<P> {
             cfg,
             dev,
             dev2: None,
+            dev2_name: None,
             chan,
             chan2: None,
             wake: None,

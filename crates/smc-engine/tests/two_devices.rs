@@ -508,7 +508,7 @@ fn a_port_coming_back_to_an_idle_group_gets_its_link_back_at_once() {
 fn link_events_name_the_device_of_their_link() {
     use smc_engine::endpoint::EngineEvent;
     let mut w = world(true);
-    assert_eq!(w.client.second_device_name().as_deref(), Some("simC2"));
+    assert_eq!(w.client.second_device_name(), Some("simC2"));
     let mut t0 = smc(&mut w);
     w.settle(&mut [&mut t0], Duration::from_millis(2));
     let lc = w.client.link_group_of(t0.c).unwrap();

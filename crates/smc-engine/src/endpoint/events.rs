@@ -8,7 +8,7 @@
 
 use super::{ConnId, Endpoint, LgrId};
 use smc_proto::link::DownReason;
-use smc_rdma::{Device, Provider};
+use smc_rdma::Provider;
 use std::collections::VecDeque;
 
 /// Events kept until the driver drains them; older ones are dropped (and
@@ -148,8 +148,8 @@ impl<P: Provider> Endpoint<P> {
 
     /// The endpoint's second device, if it has one (the device of the
     /// events whose link is `second`).
-    pub fn second_device_name(&self) -> Option<String> {
-        self.dev2.as_ref().map(|d| d.info().name)
+    pub fn second_device_name(&self) -> Option<&str> {
+        self.dev2_name.as_deref()
     }
 
     /// Whether link `slot` of group `l` is on the second device (false for
