@@ -695,7 +695,7 @@ pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) -> bool
     let r = registry();
     let devs = Devices {
         first: ep.device_name().to_string(),
-        second: ep.second_device_name(),
+        second: ep.second_device_name().map(str::to_string),
     };
     let mut next = Some(first);
     while let Some(e) = next {
@@ -721,6 +721,12 @@ pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) -> bool
     }
     if let Some(r) = r {
         r.note_change();
+        // (rung even when a look is due already: the thread logs the events
+        // at its next turn, whereas its next look may be seconds away — it
+        // waits COST_FACTOR times as long as the last look took, 15 s after
+        // a look of 0.3 s under emulation — and the process may be gone by
+        // then: the interop VMs lost every link event after the first)
+        r.bell.ring();
     }
     true
 }
