@@ -159,6 +159,7 @@ pub use conn_core::{ConnLevel, FastConn, FastRead, FastWrite, MaySleep, Watch};
 pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};
 pub use extra_link::LinkOffer;
 pub use lease::{ReadLease, ReadPlan, WriteLease, WritePlan};
+pub use link::LinkBringup;
 
 use conn::Conn;
 use lgr::Lgr;
@@ -211,6 +212,8 @@ pub struct Endpoint<P: Provider> {
     dev: P::Device,
     /// A second device for further links (`endpoint/devices.rs`).
     dev2: Option<P::Device>,
+    /// Its name (a device's `info()` may query the device: not for a name).
+    dev2_name: Option<String>,
     /// The completion channel of every CQ on the first device (see
     /// [`Endpoint::arm`]).
     chan: P::Channel,
@@ -301,6 +304,12 @@ pub struct Endpoint<P: Provider> {
     redundancy: smc_proto::link::Redundancy,
     /// Link and connection events for the driver (`endpoint/events.rs`).
     events: events::Events,
+    /// Connects of added links' QPs are handed to the driver
+    /// (`endpoint/add_link.rs`), and those not taken yet.
+    hand_out_bringups: bool,
+    bringups: std::collections::VecDeque<LinkBringup<P>>,
+    /// The last bring-up's id.
+    next_bringup: u64,
 }
 
 /// Provider errors.
@@ -331,6 +340,7 @@ impl<P: Provider> Endpoint<P> {
             cfg,
             dev,
             dev2: None,
+            dev2_name: None,
             chan,
             chan2: None,
             wake: None,
@@ -368,6 +378,9 @@ impl<P: Provider> Endpoint<P> {
             now: Duration::ZERO,
             redundancy: smc_proto::link::Redundancy::default(),
             events: events::Events::default(),
+            hand_out_bringups: false,
+            bringups: std::collections::VecDeque::new(),
+            next_bringup: 0,
         })
     }
 }

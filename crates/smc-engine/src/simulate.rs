@@ -24,7 +24,14 @@
 //! within 8 s of virtual time (the asymmetric link added meanwhile
 //! replaced, a failed ADD_LINK flow tried again; issue 17), and then the
 //! other device's port goes down and comes back, with nothing lost either.
-//! A crashed process answers on none of its devices. In a share of the runs
+//! A crashed process answers on none of its devices. In 30 % of the multi-link
+//! runs the endpoints hand the connect of an added link's QP out
+//! (`Endpoint::set_hand_out_bringups`, as the socket library does: a modify
+//! to RTR may wait for ARP) and the run reports it back at once, some
+//! steps later, up to 50 ms or (one in ten) up to 1.5 s later (virtual),
+//! now and then as failed:
+//! the ADD_LINK flow waits for it within its deadlines, and nothing may be
+//! lost meanwhile. In a share of the runs
 //! (drawn from a generator of their own, so that the other choices of a seed
 //! stay) the provider's `QueuePair::prepare_remote` fails now and then, and in
 //! another share the first link of a first contact fails on both sides at once
@@ -66,7 +73,7 @@
 
 use crate::endpoint::{
     ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, FastConn, FastRead, FastWrite,
-    ReadPlan, WritePlan,
+    LinkBringup, ReadPlan, WritePlan,
 };
 use crate::state::HandshakePhase;
 use smc_proto::close::CloseEvent;
@@ -411,6 +418,11 @@ pub struct Report {
     pub moves: usize,
     /// A QP failed while an ADD_LINK flow ran (`Fault::AddLinkQpError`).
     pub add_link_fault: bool,
+    /// Connects of added links' QPs handed out and reported back later
+    /// than the call that handed them out (see the module documentation).
+    pub delayed_bringups: usize,
+    /// Of those handed out, reported as failed.
+    pub failed_bringups: usize,
     /// After a survivable port fault the port came back, both ends had a
     /// link on each device again, and then the other device's port went
     /// down and came back.
@@ -742,6 +754,17 @@ pub fn run(seed: u64) -> Result<Report, String> {
     // connections a side aborted because it could not reach the peer's RMB
     // (`AbortCause::Local`): (client side, its id)
     let mut local_aborts: Vec<(bool, ConnId)> = Vec::new();
+    // 30 % of the multi-link runs hand the connects of added links' QPs out
+    // and report them back later (from a generator of their own, so that
+    // the other choices of a seed stay; not more: a second link that comes
+    // later than a fault, drawn within 20 ms, leaves that fault a single
+    // link, and the runs that fail over between two get fewer):
+    // (client side, when, the connect).
+    let mut brng = Rng::new(seed ^ 0xB41D_0B0E_5EED_0006);
+    let hand_out = multi_link && brng.chance(30);
+    client.set_hand_out_bringups(hand_out);
+    server.set_hand_out_bringups(hand_out);
+    let mut bringups: Vec<(bool, Duration, LinkBringup<Faulty>)> = Vec::new();
     let mut survivable = false;
     let mut fault_done = false;
     let mut fault_undo: Option<Duration> = None;
@@ -1528,6 +1551,62 @@ pub fn run(seed: u64) -> Result<Report, String> {
         server
             .pump(now)
             .map_err(|e| fail(&report, format!("server provider error: {e}")))?;
+        // the connects of added links' QPs handed out, due later (see the
+        // module documentation); a dead process runs none
+        for (is_client, ep) in [(true, &mut client), (false, &mut server)] {
+            while let Some(b) = ep.take_link_bringup() {
+                // (at once, a few steps, tens of ms as rxe took in the
+                // interop VMs, or — one in ten — an ARP wait of up to 1.5 s,
+                // within the client flow's 2 s)
+                let delay = match brng.below(10) {
+                    0..=2 => Duration::ZERO,
+                    3..=5 => Duration::from_micros(brng.below(2000)),
+                    6..=8 => Duration::from_millis(brng.below(50)),
+                    _ => Duration::from_millis(300 + brng.below(1200)),
+                };
+                let who = if is_client { "client" } else { "server" };
+                trace(
+                    &mut report,
+                    now,
+                    format!(
+                        "{who}: link connect {} handed out, due in {delay:?}",
+                        b.id()
+                    ),
+                );
+                bringups.push((is_client, now + delay, b));
+            }
+        }
+        let mut i = 0;
+        while i < bringups.len() {
+            if bringups[i].1 > now {
+                i += 1;
+                continue;
+            }
+            let (is_client, _, b) = bringups.remove(i);
+            if dead == Some(is_client) {
+                continue;
+            }
+            progress = true;
+            // (not while a link is to come back: its deadline is an
+            // invariant, and a failed connect costs the flow's retry)
+            let failed = relink_since.is_none() && other_undo.is_none() && brng.chance(5);
+            let r = if failed {
+                Err(smc_rdma::Error::Connect("simulated: no neighbour".into()))
+            } else {
+                b.run()
+            };
+            let who = if is_client { "client" } else { "server" };
+            trace(
+                &mut report,
+                now,
+                format!("{who}: link connect {} reported: {r:?}", b.id()),
+            );
+            report.delayed_bringups += 1;
+            report.failed_bringups += usize::from(failed);
+            let ep = if is_client { &mut client } else { &mut server };
+            ep.handle_link_bringup(b.id(), r, now)
+                .map_err(|e| fail(&report, format!("{who} provider error: {e}")))?;
+        }
         // link events and aborts, with their causes, into the trace
         for (who, ep) in [("client", &mut client), ("server", &mut server)] {
             while let Some(e) = ep.poll_event() {

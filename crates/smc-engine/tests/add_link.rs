@@ -5,11 +5,15 @@
 //! connections spread over both links, a link that fails under load moves
 //! its connections to the other without losing a byte, and the server adds
 //! a link again; without an alternate path on the client the server's
-//! ADD_LINK is rejected and the group stays single.
+//! ADD_LINK is rejected and the group stays single. A driver may take the
+//! connect of an added link's QP out of the engine's calls
+//! (`Endpoint::set_hand_out_bringups`): the flow waits for its report,
+//! within the flow's deadlines.
 
 use smc_engine::endpoint::{ConnStatus, EndpointConfig};
 use smc_engine::state::LgrState;
 use smc_proto::link::{LgrType, Redundancy};
+use smc_rdma::QpState;
 use std::time::Duration;
 
 mod common;
@@ -539,4 +543,189 @@ fn a_group_grown_to_two_links_gives_its_connections_the_failover_reserve() {
     let slot = w.client.link_of(t0.c).unwrap();
     w.fabric.fail_qp(w.client.link_qp_num(lc, slot).unwrap());
     streams(&mut w, &[&t0, &t1], 100_000, |_, _| {});
+}
+
+/// The slot of group `l`'s link that has a QP but is not usable yet (the
+/// one an ADD_LINK flow adds).
+fn new_slot(ep: &smc_engine::endpoint::Endpoint<smc_rdma::sim::SimFabric>, l: usize) -> usize {
+    let usable = ep.usable_links(l);
+    (0..3)
+        .find(|&s| ep.link_qp_num(l, s).is_some() && !usable.contains(&s))
+        .expect("a link being added")
+}
+
+/// Ticks until `pred` holds (at most `max` ticks).
+fn tick_until(w: &mut World, max: u32, what: &str, pred: impl Fn(&World) -> bool) {
+    for _ in 0..max {
+        if pred(w) {
+            return;
+        }
+        w.tick();
+    }
+    panic!("not within {max} ticks: {what}");
+}
+
+#[test]
+fn an_added_links_qp_connects_outside_the_engines_calls_while_data_flows() {
+    for v2 in [false, true] {
+        let mut w = world(v2, true);
+        // (the socket library does this: a modify to RTR may wait for ARP)
+        w.client.set_hand_out_bringups(true);
+        w.server.set_hand_out_bringups(true);
+        let mut t0 = smc(&mut w);
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        // The client got the server's ADD_LINK: the call that handled it
+        // left its new QP in INIT and handed the connect out.
+        tick_until(&mut w, 10_000, "the client's connect handed out", |w| {
+            w.client.link_bringups_waiting() > 0
+        });
+        let cs = new_slot(&w.client, lc);
+        assert_eq!(w.client.link_qp_state(lc, cs), Some(QpState::Init));
+        let b = w.client.take_link_bringup().unwrap();
+        // Meanwhile the endpoints go on: the first link carries data both
+        // ways, the flow waits.
+        streams(&mut w, &[&t0], 100_000, |_, _| {});
+        assert_eq!(w.client.link_qp_state(lc, cs), Some(QpState::Init));
+        assert!(w.client.adding_link(lc) && w.server.adding_link(ls));
+        assert_eq!(w.client.usable_links(lc).len(), 1);
+        // The connect, where the driver runs it, then its report: the
+        // client answers.
+        b.run().unwrap();
+        assert_eq!(w.client.link_qp_state(lc, cs), Some(QpState::Rts));
+        w.client.handle_link_bringup(b.id(), Ok(()), w.now).unwrap();
+        // The server's QP connects the same way at the client's answer;
+        // its CONFIRM_LINK on the new link waits for that.
+        tick_until(&mut w, 10_000, "the server's connect handed out", |w| {
+            w.server.link_bringups_waiting() > 0
+        });
+        let ss = new_slot(&w.server, ls);
+        assert_eq!(w.server.link_qp_state(ls, ss), Some(QpState::Init));
+        let b = w.server.take_link_bringup().unwrap();
+        w.settle(&mut [&mut t0], Duration::from_millis(1));
+        assert_eq!(w.client.usable_links(lc).len(), 1, "no CONFIRM_LINK yet");
+        b.run().unwrap();
+        w.server.handle_link_bringup(b.id(), Ok(()), w.now).unwrap();
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        assert_eq!(w.client.usable_links(lc).len(), 2, "v2 {v2}");
+        assert_eq!(w.server.usable_links(ls).len(), 2, "v2 {v2}");
+        assert!(!w.client.adding_link(lc) && !w.server.adding_link(ls));
+        // connections spread over both links, data flows on both
+        let ts: Vec<Tcp> = (0..4).map(|_| smc(&mut w)).collect();
+        let mut links: Vec<usize> = ts.iter().map(|t| w.server.link_of(t.s).unwrap()).collect();
+        links.sort_unstable();
+        links.dedup();
+        assert_eq!(links.len(), 2, "connections on both links");
+        let mut all: Vec<&Tcp> = ts.iter().collect();
+        all.push(&t0);
+        streams(&mut w, &all, 100_000, |_, _| {});
+    }
+}
+
+#[test]
+fn a_link_connect_that_does_not_come_back_ends_its_flow_at_the_flows_deadline() {
+    let mut w = world(true, true);
+    w.client.set_hand_out_bringups(true);
+    w.server.set_hand_out_bringups(true);
+    let mut t0 = smc(&mut w);
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    let ls = w.server.link_group_of(t0.s).unwrap();
+    tick_until(&mut w, 10_000, "the client's connect handed out", |w| {
+        w.client.link_bringups_waiting() > 0
+    });
+    let cs = new_slot(&w.client, lc);
+    let stuck = w.client.take_link_bringup().unwrap();
+    let asked = w.now;
+    // Never reported: the client's flow ends at its wait for its own end
+    // (SMC_LLC_WAIT_TIME from the request), the server's at its wait for
+    // the response; the QP goes, the group stays single and works.
+    let wait = smc_wire::llc::WAIT_TIME;
+    tick_until(&mut w, 200_000, "the client's flow ended", |w| {
+        !w.client.adding_link(lc)
+    });
+    assert!(
+        w.now - asked >= wait - Duration::from_millis(5),
+        "{:?}",
+        w.now - asked
+    );
+    assert!(w.now - asked <= wait + Duration::from_millis(5));
+    assert_eq!(w.client.link_qp_num(lc, cs), None, "its QP is freed");
+    assert_eq!(w.client.usable_links(lc).len(), 1);
+    let t1 = smc(&mut w);
+    streams(&mut w, &[&t0, &t1], 50_000, |_, _| {});
+    // The server tries again (a failed flow is retried WAIT_TIME later):
+    // a new offer, a new connect handed out. The late report of the first
+    // changes nothing.
+    tick_until(&mut w, 200_000, "the next connect handed out", |w| {
+        w.client.link_bringups_waiting() > 0
+    });
+    let _ = stuck.run();
+    w.client
+        .handle_link_bringup(stuck.id(), Ok(()), w.now)
+        .unwrap();
+    assert!(w.client.adding_link(lc));
+    assert_eq!(w.client.usable_links(lc).len(), 1);
+    let b = w.client.take_link_bringup().unwrap();
+    assert_ne!(b.id(), stuck.id());
+    w.client
+        .handle_link_bringup(b.id(), b.run(), w.now)
+        .unwrap();
+    tick_until(&mut w, 10_000, "the server's connect handed out", |w| {
+        w.server.link_bringups_waiting() > 0
+    });
+    let b = w.server.take_link_bringup().unwrap();
+    w.server
+        .handle_link_bringup(b.id(), b.run(), w.now)
+        .unwrap();
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    assert_eq!(w.client.usable_links(lc).len(), 2);
+    assert_eq!(w.server.usable_links(ls).len(), 2);
+}
+
+#[test]
+fn a_failed_link_connect_rejects_the_offer_or_takes_the_new_link_down() {
+    for client_fails in [true, false] {
+        let mut w = world(true, true);
+        w.client.set_hand_out_bringups(true);
+        w.server.set_hand_out_bringups(true);
+        let mut t0 = smc(&mut w);
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        tick_until(&mut w, 10_000, "the client's connect handed out", |w| {
+            w.client.link_bringups_waiting() > 0
+        });
+        let b = w.client.take_link_bringup().unwrap();
+        let failed = || Err(smc_rdma::Error::Connect("no neighbour".into()));
+        if client_fails {
+            // the client rejects the offer at once (a Linux client whose
+            // QP cannot be readied does so too)
+            w.client
+                .handle_link_bringup(b.id(), failed(), w.now)
+                .unwrap();
+            assert!(!w.client.adding_link(lc));
+            tick_until(&mut w, 10_000, "the server's flow ended", |w| {
+                !w.server.adding_link(ls)
+            });
+        } else {
+            w.client
+                .handle_link_bringup(b.id(), b.run(), w.now)
+                .unwrap();
+            tick_until(&mut w, 10_000, "the server's connect handed out", |w| {
+                w.server.link_bringups_waiting() > 0
+            });
+            let b = w.server.take_link_bringup().unwrap();
+            w.server
+                .handle_link_bringup(b.id(), failed(), w.now)
+                .unwrap();
+            // the new link goes down, and the peer learns it (DELETE_LINK)
+            tick_until(&mut w, 10_000, "the client's flow ended", |w| {
+                !w.client.adding_link(lc) && !w.server.adding_link(ls)
+            });
+        }
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        assert_eq!(w.client.usable_links(lc).len(), 1, "{client_fails}");
+        assert_eq!(w.server.usable_links(ls).len(), 1, "{client_fails}");
+        let t1 = smc(&mut w);
+        streams(&mut w, &[&t0, &t1], 50_000, |_, _| {});
+    }
 }

@@ -499,3 +499,53 @@ fn a_port_coming_back_to_an_idle_group_gets_its_link_back_at_once() {
         streams(&mut w, &[&t0], 20_000, |_, _| {});
     }
 }
+
+/// Link events say which device their link is on (the socket library's log
+/// names that device, not the endpoint's first): the second link's up,
+/// its down when the second device's port goes, and the connections moved
+/// from it to the first device's link.
+#[test]
+fn link_events_name_the_device_of_their_link() {
+    use smc_engine::endpoint::EngineEvent;
+    let mut w = world(true);
+    assert_eq!(w.client.second_device_name(), Some("simC2"));
+    let mut t0 = smc(&mut w);
+    w.settle(&mut [&mut t0], Duration::from_millis(2));
+    let lc = w.client.link_group_of(t0.c).unwrap();
+    let ts: Vec<Tcp> = (0..5).map(|_| smc(&mut w)).collect();
+    let mut ups = Vec::new();
+    while let Some(e) = w.client.poll_event() {
+        if let EngineEvent::LinkUp {
+            lgr, slot, second, ..
+        } = e
+        {
+            assert_eq!(w.client.link_on_second_device(lgr, slot), Some(second));
+            ups.push(second);
+        }
+    }
+    ups.sort_unstable();
+    assert_eq!(ups, [false, true]);
+    let mut all: Vec<&Tcp> = ts.iter().collect();
+    all.push(&t0);
+    let fabric = w.fabric.clone();
+    streams(&mut w, &all, 300_000, |_, step| {
+        if step == 60 {
+            fabric.set_port("simC2", false).unwrap();
+        }
+    });
+    let (mut down, mut moved) = (Vec::new(), Vec::new());
+    while let Some(e) = w.client.poll_event() {
+        match e {
+            EngineEvent::LinkDown { lgr, second, .. } if lgr == lc => down.push(second),
+            EngineEvent::ConnMoved {
+                from_second,
+                to_second,
+                ..
+            } => moved.push((from_second, to_second)),
+            _ => {}
+        }
+    }
+    assert_eq!(down, [true], "the second device's link went down");
+    assert!(!moved.is_empty());
+    assert!(moved.iter().all(|&m| m == (true, false)), "{moved:?}");
+}

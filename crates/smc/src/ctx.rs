@@ -173,6 +173,9 @@ pub(crate) struct Shared {
     /// count, readable without the lock.
     fd_waiters: Mutex<Vec<Arc<Waker>>>,
     fd_waiting: AtomicUsize,
+    /// This endpoint, for the threads that connect the QPs of added links
+    /// (see [`Shared::start_bringups`]); set once it is shared.
+    me: OnceLock<std::sync::Weak<Shared>>,
 }
 
 /// [`Shared::leader_until`] when there is nothing to kick.
@@ -573,7 +576,50 @@ impl Shared {
             leader_until: AtomicU64::new(NOBODY_SLEEPS),
             fd_waiters: Mutex::new(Vec::new()),
             fd_waiting: AtomicUsize::new(0),
+            me: OnceLock::new(),
         })
+    }
+
+    /// Connects the QPs of links added by ADD_LINK that the engine handed
+    /// out ([`Endpoint::take_link_bringup`]), each on a thread of its own,
+    /// without the endpoint's lock: verbs' modify to RTR resolves the
+    /// peer's MAC by a neighbour lookup and may wait for ARP a second or
+    /// more (an address of the peer that does not answer), which under the
+    /// lock held up every connection of the endpoint. Linux does its QP
+    /// modify in its LLC worker (smc_llc.c `smc_llc_cli_add_link`). The
+    /// thread reports the result to the engine
+    /// ([`Endpoint::handle_link_bringup`]) and pumps, which sends what
+    /// follows (the ADD_LINK response, a CONFIRM_LINK); the ADD_LINK flow's
+    /// deadlines run meanwhile as ever. Rare (a link added), so a thread
+    /// each rather than one kept.
+    fn start_bringups(&self, ep: &mut Endpoint<AnyProvider>) {
+        if ep.link_bringups_waiting() == 0 {
+            return;
+        }
+        let me = self.me.get().cloned();
+        while let Some(b) = ep.take_link_bringup() {
+            let id = b.id();
+            let Some(me) = me.clone() else {
+                // (not shared yet: cannot happen, the engine hands none out
+                // before its first pump)
+                let _ = ep.handle_link_bringup(id, b.run(), now());
+                continue;
+            };
+            let spawned = std::thread::Builder::new()
+                .name("smc-link-up".into())
+                .spawn(move || {
+                    let r = b.run();
+                    if let Some(s) = me.upgrade() {
+                        let mut ep = s.lock();
+                        let _ = ep.handle_link_bringup(id, r, now());
+                        s.pump(&mut ep);
+                    }
+                });
+            if let Err(e) = spawned {
+                crate::registry::error("thread_start", format!("link bring-up: {e}"));
+                let _ = ep.handle_link_bringup(id, Err(smc_rdma::Error::Io(e)), now());
+            }
+        }
     }
 
     fn waiters(&self) -> MutexGuard<'_, Vec<Waiter>> {
@@ -1471,6 +1517,12 @@ impl std::ops::DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
+        // (what the calls under the lock handed out, to run without it)
+        if !std::thread::panicking() {
+            if let Some(ep) = self.guard.as_mut() {
+                self.shared.start_bringups(ep);
+            }
+        }
         let until = self.shared.leader_until.load(Ordering::Acquire);
         if until != NOBODY_SLEEPS {
             // The leader armed what was waited for when it went to sleep;
@@ -2025,10 +2077,14 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
             alternate,
         });
     }
+    // QPs of added links connect on threads of their own, not under the
+    // endpoint's lock (`Shared::start_bringups`)
+    ep.set_hand_out_bringups(true);
     let shared =
         Arc::new(Shared::new(ep, sndbuf_len).map_err(|e| {
             crate::registry::error("endpoint_open", format!("device {device}: {e}"))
         })?);
+    let _ = shared.me.set(Arc::downgrade(&shared));
     // Control traffic nobody waits for (LLC requests, keepalives, the final CDCs
     // of released connections) is handled by a small progress thread; data moves
     // in the application's threads.

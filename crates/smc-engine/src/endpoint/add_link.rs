@@ -9,10 +9,22 @@
 //! `endpoint/devices.rs`; one PD per group and device, see
 //! `endpoint/link.rs`).
 //!
-//! Linux: smc_llc.c `smc_llc_srv_add_link`, `smc_llc_cli_add_link`;
-//! smc_core.c `smcr_link_init`.
+//! The connect of the new link's QP (INIT → RTR → RTS) may be handed to the
+//! driver ([`Endpoint::set_hand_out_bringups`]) to run without the
+//! endpoint: with verbs the modify to RTR resolves the peer's MAC by a
+//! neighbour lookup and can wait a second or more for ARP, which inside an
+//! engine call would hold up every connection of a driver that locks the
+//! endpoint. Meanwhile the QP waits in its slot, unconnected (no
+//! connection picks it, LLC messages for it are held), and the ADD_LINK
+//! flow's deadlines run as ever; the driver's report
+//! ([`Endpoint::handle_link_bringup`]) carries the flow on.
+//!
+//! Linux: smc_llc.c `smc_llc_srv_add_link`, `smc_llc_cli_add_link` (run
+//! by its LLC worker, the QP modified there: smc_ib.c
+//! `smc_ib_ready_link`); smc_core.c `smcr_link_init`.
 
-use super::{Endpoint, LgrId};
+use super::link::{LinkBringup, WrKind};
+use super::{Endpoint, LgrId, Result};
 use smc_proto::link::{PeerPort, Redundancy, Role};
 use smc_proto::Timestamp;
 use smc_rdma::{MemoryRegion, Provider};
@@ -106,8 +118,11 @@ impl<P: Provider> Endpoint<P> {
 
     /// Client: the server offers a link in `slot`: a QP for it, connected to
     /// the server's (RTR and RTS: the server sends CONFIRM_LINK on it only
-    /// after our response), and our response; a QP we cannot make or
-    /// connect rejects the offer.
+    /// after our response), then our response
+    /// ([`Self::link_bringup_done`]); a QP we cannot make or connect
+    /// rejects the offer. The QP waits in its slot, not yet connected,
+    /// while its connect runs (see [`Self::start_bringup`]); the flow's
+    /// own deadline (`SMC_LLC_WAIT_TIME` from the request) still holds.
     pub(super) fn on_add_link_offer(
         &mut self,
         l: LgrId,
@@ -116,7 +131,6 @@ impl<P: Provider> Endpoint<P> {
         now: Timestamp,
     ) {
         let mtu = self.port_mtu;
-        let mac = self.mac;
         let psn = self.psns.next_psn();
         let free = self
             .lgrs
@@ -124,10 +138,7 @@ impl<P: Provider> Endpoint<P> {
             .and_then(Option::as_ref)
             .is_some_and(|lg| lg.links.get(slot).is_some_and(Option::is_none));
         let res = free.then(|| self.new_link(l, psn).ok()).flatten();
-        let rkeys = res
-            .as_ref()
-            .map(|r| self.add_link_rkeys(l, r.on.is_some()))
-            .unwrap_or_default();
+        let id = self.next_bringup_id();
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return;
         };
@@ -136,35 +147,154 @@ impl<P: Provider> Endpoint<P> {
             return;
         };
         let (gid, mtu) = res.port(lg.local, mtu);
-        if res.connect(&peer, mtu, gid.index).is_err() {
-            res.shut();
-            lg.group.refuse_add_link();
-            return;
-        }
-        let local = res.local_port(gid.gid, mac, mtu);
+        let b = res.begin_connect(&peer, mtu, gid.index, id);
         lg.links[slot] = Some(res);
-        lg.known_rkeys.clear();
-        lg.group.accept_add_link(local, &rkeys, now);
+        self.start_bringup(b, now);
     }
 
-    /// Server: the client answered; our QP in `slot` connects to its end.
-    pub(super) fn on_connect_link(&mut self, l: LgrId, slot: usize, peer: PeerPort) {
+    /// Server: the client answered; our QP in `slot` connects to its end
+    /// (handed out as the client's is; the CONFIRM_LINK that the flow sends
+    /// on the new link waits for it, `drain_lgr`).
+    pub(super) fn on_connect_link(
+        &mut self,
+        l: LgrId,
+        slot: usize,
+        peer: PeerPort,
+        now: Timestamp,
+    ) {
         let mtu = self.port_mtu;
+        let id = self.next_bringup_id();
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return;
         };
         let group = lg.local;
-        let ok = lg
-            .links
-            .get_mut(slot)
-            .and_then(Option::as_mut)
-            .is_some_and(|r| {
-                let (gid, mtu) = r.port(group, mtu);
-                r.connect(&peer, mtu, gid.index).is_ok()
-            });
-        if !ok {
-            lg.group.on_link_failure(slot);
+        let b = lg.links.get_mut(slot).and_then(Option::as_mut).map(|r| {
+            let (gid, mtu) = r.port(group, mtu);
+            r.begin_connect(&peer, mtu, gid.index, id)
+        });
+        match b {
+            Some(b) => self.start_bringup(b, now),
+            None => lg.group.on_link_failure(slot),
         }
+    }
+
+    fn next_bringup_id(&mut self) -> u64 {
+        self.next_bringup += 1;
+        self.next_bringup
+    }
+
+    /// A link's QP connect: handed to the driver
+    /// ([`Self::take_link_bringup`]) when it asked for that
+    /// ([`Self::set_hand_out_bringups`]), else run here and now.
+    fn start_bringup(&mut self, b: LinkBringup<P>, now: Timestamp) {
+        if self.hand_out_bringups {
+            self.bringups.push_back(b);
+        } else {
+            let r = b.run();
+            self.link_bringup_done(b.id(), r, now);
+        }
+    }
+
+    /// Whether the connect of an added link's QP (INIT → RTR → RTS) is
+    /// handed to the driver ([`Self::take_link_bringup`]) instead of run
+    /// inside the engine's call that decided it. A driver that holds a lock
+    /// around the endpoint wants this: with verbs the modify to RTR resolves
+    /// the peer's MAC by a neighbour lookup and may wait for ARP (a second
+    /// and more for an address that does not answer) — user space cannot
+    /// pass the MAC; Linux runs its QP modify from its LLC worker
+    /// (smc_llc.c `smc_llc_cli_add_link` → smc_ib.c
+    /// `smc_ib_ready_link`), apart from its connections' data path. Off by
+    /// default (the call runs it).
+    pub fn set_hand_out_bringups(&mut self, on: bool) {
+        self.hand_out_bringups = on;
+    }
+
+    /// The next link connect to run (see [`Self::set_hand_out_bringups`]):
+    /// run it ([`LinkBringup::run`]) without the endpoint and report its
+    /// result with [`Self::handle_link_bringup`]. One not reported keeps its
+    /// ADD_LINK flow waiting until the flow's deadline ends it.
+    pub fn take_link_bringup(&mut self) -> Option<LinkBringup<P>> {
+        self.bringups.pop_front()
+    }
+
+    /// Link connects handed out and not yet taken.
+    pub fn link_bringups_waiting(&self) -> usize {
+        self.bringups.len()
+    }
+
+    /// The result of link connect `id` ([`LinkBringup::run`]): the link
+    /// goes on (a client answers the offer, a server's CONFIRM_LINK goes
+    /// out) or fails (a client rejects the offer, a server's new link goes
+    /// down). A connect whose link is gone meanwhile (its flow timed out,
+    /// the group ended) is ignored.
+    pub fn handle_link_bringup(&mut self, id: u64, r: Result<()>, now: Timestamp) -> Result<()> {
+        self.now = now;
+        let Some(l) = self.link_bringup_done(id, r, now) else {
+            return Ok(());
+        };
+        self.sweep_due = true;
+        self.lgr_recheck = true;
+        self.drain_lgr(l, now)
+    }
+
+    /// See [`Self::handle_link_bringup`]; the group it concerned, if any.
+    fn link_bringup_done(&mut self, id: u64, r: Result<()>, now: Timestamp) -> Option<LgrId> {
+        let (l, slot) = self.lgrs.iter().enumerate().find_map(|(l, lg)| {
+            let lg = lg.as_ref()?;
+            let slot = lg.links.iter().position(|r| {
+                r.as_ref()
+                    .and_then(|r| r.bringup.as_ref())
+                    .is_some_and(|b| b.id == id)
+            })?;
+            Some((l, slot))
+        })?;
+        let mtu = self.port_mtu;
+        let mac = self.mac;
+        let rkeys = if r.is_ok() && self.lgrs[l].as_ref()?.role == Role::Client {
+            let second = self.lgrs[l].as_ref()?.links[slot].as_ref()?.on.is_some();
+            self.add_link_rkeys(l, second)
+        } else {
+            Vec::new()
+        };
+        let lg = self.lgrs.get_mut(l).and_then(Option::as_mut)?;
+        let client = lg.role == Role::Client;
+        if r.is_err() {
+            if client {
+                if let Some(res) = lg.links[slot].take() {
+                    res.shut();
+                }
+                lg.group.refuse_add_link();
+            } else {
+                if let Some(res) = lg.links[slot].as_mut() {
+                    res.bringup = None;
+                }
+                lg.group.on_link_failure(slot);
+            }
+            return Some(l);
+        }
+        let res = lg.links[slot].as_mut()?;
+        let held = res.finish_connect();
+        if client {
+            let (gid, mtu) = res.port(lg.local, mtu);
+            let local = res.local_port(gid.gid, mac, mtu);
+            lg.known_rkeys.clear();
+            lg.group.accept_add_link(local, &rkeys, now);
+        }
+        for bytes in held {
+            self.llc_sent += 1;
+            let posted = self
+                .lgrs
+                .get_mut(l)
+                .and_then(Option::as_mut)
+                .and_then(|lg| lg.links[slot].as_mut())
+                .map(|res| res.post(WrKind::Llc, &bytes));
+            if let Some(Err(e)) = posted {
+                if self.link_error(l, slot, e).is_err() {
+                    break;
+                }
+            }
+        }
+        Some(l)
     }
 
     /// An ADD_LINK flow ended before its link existed: its QP goes.

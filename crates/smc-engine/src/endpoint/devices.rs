@@ -192,6 +192,7 @@ impl<P: Provider> Endpoint<P> {
         // a link on either device)
         self.max_inline = self.max_inline.min(dev.info().max_inline);
         self.dev2 = Some(dev);
+        self.dev2_name = Some(name.to_string());
         self.chan2 = Some(chan2);
         self.wake = Some(wake);
         Ok(())

@@ -62,6 +62,9 @@ pub enum EngineEvent {
         lgr_id: u32,
         /// Link slot.
         slot: usize,
+        /// The link is on the endpoint's second device
+        /// ([`Endpoint::second_device_name`]).
+        second: bool,
     },
     /// A link went down.
     LinkDown {
@@ -71,6 +74,8 @@ pub enum EngineEvent {
         lgr_id: u32,
         /// Link slot.
         slot: usize,
+        /// The link is on the endpoint's second device.
+        second: bool,
         /// Why (smc-proto's reason).
         reason: DownReason,
     },
@@ -88,6 +93,10 @@ pub enum EngineEvent {
         from: usize,
         /// The new link's slot.
         to: usize,
+        /// The failed link is on the endpoint's second device.
+        from_second: bool,
+        /// The new link is on the endpoint's second device.
+        to_second: bool,
     },
     /// A connection was aborted.
     ConnAborted {
@@ -137,6 +146,18 @@ impl<P: Provider> Endpoint<P> {
         &self.cfg.device
     }
 
+    /// The endpoint's second device, if it has one (the device of the
+    /// events whose link is `second`).
+    pub fn second_device_name(&self) -> Option<&str> {
+        self.dev2_name.as_deref()
+    }
+
+    /// Whether link `slot` of group `l` is on the second device (false for
+    /// a link already released).
+    fn on_second(&self, l: LgrId, slot: usize) -> bool {
+        self.link_on_second_device(l, slot).unwrap_or(false)
+    }
+
     /// Events dropped because the queue was full.
     pub fn events_lost(&self) -> u64 {
         self.events.lost
@@ -152,19 +173,23 @@ impl<P: Provider> Endpoint<P> {
 
     pub(super) fn event_link_up(&mut self, l: LgrId, slot: usize) {
         let lgr_id = self.lgr_engine_id(l).unwrap_or(0);
+        let second = self.on_second(l, slot);
         self.events.push(EngineEvent::LinkUp {
             lgr: l,
             lgr_id,
             slot,
+            second,
         });
     }
 
     pub(super) fn event_link_down(&mut self, l: LgrId, slot: usize, reason: DownReason) {
         let lgr_id = self.lgr_engine_id(l).unwrap_or(0);
+        let second = self.on_second(l, slot);
         self.events.push(EngineEvent::LinkDown {
             lgr: l,
             lgr_id,
             slot,
+            second,
             reason,
         });
     }
@@ -176,6 +201,7 @@ impl<P: Provider> Endpoint<P> {
             .get(id)
             .and_then(Option::as_ref)
             .map_or(0, |c| c.token);
+        let (from_second, to_second) = (self.on_second(l, from), self.on_second(l, to));
         self.events.push(EngineEvent::ConnMoved {
             lgr: l,
             lgr_id,
@@ -183,6 +209,8 @@ impl<P: Provider> Endpoint<P> {
             token,
             from,
             to,
+            from_second,
+            to_second,
         });
     }
 

@@ -71,6 +71,12 @@ impl<P: Provider> Endpoint<P> {
         lg.links.get(slot)?.as_ref().map(|r| r.qp.qp_num())
     }
 
+    /// State of the QP of the link in `slot` of a link group.
+    pub fn link_qp_state(&self, l: LgrId, slot: usize) -> Option<smc_rdma::QpState> {
+        let lg = self.lgrs.get(l)?.as_ref()?;
+        lg.links.get(slot)?.as_ref().map(|r| r.qp.state())
+    }
+
     /// Slots of a link group's usable (active) links.
     pub fn usable_links(&self, l: LgrId) -> Vec<usize> {
         self.lgrs

@@ -121,6 +121,56 @@ pub(super) struct LinkRes<P: Provider> {
     pub fast_granted: bool,
     /// `Some`: the link is on the endpoint's second device.
     pub on: Option<OtherDevice>,
+    /// The QP's connect was handed out and has not come back yet
+    /// ([`LinkBringup`], `endpoint/add_link.rs`).
+    pub bringup: Option<PendingBringup>,
+}
+
+/// A connect of a link's QP handed out ([`LinkRes::begin_connect`]): what
+/// its completion finishes.
+pub(super) struct PendingBringup {
+    /// Which bring-up (an endpoint-wide serial: a late report of one whose
+    /// link is gone finds nothing).
+    pub id: u64,
+    pub peer: PeerPort,
+    pub path_mtu: IbMtu,
+    /// LLC messages for this link that came before its QP was connected
+    /// (a server's CONFIRM_LINK): posted once it is.
+    pub held: Vec<Vec<u8>>,
+}
+
+/// The connect of a link's QP to the peer's (INIT → RTR → RTS), to run
+/// where the endpoint is not held (see `endpoint/add_link.rs`): the modify
+/// to RTR may block (verbs resolves the peer's MAC there, waiting for ARP),
+/// and the QP is synchronized by the provider. Its result goes back to
+/// [`super::Endpoint::handle_link_bringup`] with [`Self::id`].
+pub struct LinkBringup<P: Provider> {
+    id: u64,
+    qp: Arc<P::Qp>,
+    rtr: QpModify,
+    rts: QpModify,
+}
+
+impl<P: Provider> LinkBringup<P> {
+    /// Which bring-up this is.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Modifies the QP to RTR and RTS.
+    pub fn run(&self) -> Result<()> {
+        self.qp.modify(&self.rtr)?;
+        self.qp.modify(&self.rts)
+    }
+}
+
+impl<P: Provider> std::fmt::Debug for LinkBringup<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkBringup")
+            .field("id", &self.id)
+            .field("rtr", &self.rtr)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A link's send side as a connection's fast path uses it without the
@@ -400,6 +450,7 @@ impl<P: Provider> LinkRes<P> {
             send_armed: false,
             fast_granted: false,
             on: None,
+            bringup: None,
         })
     }
 
@@ -425,28 +476,67 @@ impl<P: Provider> LinkRes<P> {
     /// each way, GRH hop limit 1 (a direct link, `v2_direct`), traffic
     /// class and flow label 0.
     pub fn connect(&mut self, peer: &PeerPort, local_mtu: IbMtu, sgid_index: u16) -> Result<()> {
+        let b = self.begin_connect(peer, local_mtu, sgid_index, 0);
+        let r = b.run();
+        match r {
+            Ok(()) => {
+                self.finish_connect();
+            }
+            Err(_) => self.bringup = None,
+        }
+        r
+    }
+
+    /// [`Self::connect`] handed out: the modifies to run (anywhere, see
+    /// [`LinkBringup`]) as bring-up `id`; [`Self::finish_connect`] once
+    /// they succeeded.
+    pub fn begin_connect(
+        &mut self,
+        peer: &PeerPort,
+        local_mtu: IbMtu,
+        sgid_index: u16,
+        id: u64,
+    ) -> LinkBringup<P> {
         let mtu = smc_rdma::Mtu::from_code(peer.mtu).map_or(local_mtu, |m| m.min(local_mtu));
-        self.qp.modify(&QpModify::Rtr {
-            remote: RemoteQp {
-                gid: peer.gid,
-                qp_num: peer.qpn,
-            },
-            sgid_index,
-            rq_psn: peer.psn,
+        self.bringup = Some(PendingBringup {
+            id,
+            peer: *peer,
             path_mtu: mtu,
-            min_rnr_timer: MIN_RNR_TIMER,
-        })?;
-        self.qp.modify(&QpModify::Rts {
-            sq_psn: self.psn,
-            timeout: QP_TIMEOUT,
-            retry_cnt: 7,
-            rnr_retry: 7,
-        })?;
-        self.peer_gid = peer.gid;
-        self.peer_qpn = peer.qpn;
-        self.path_mtu = Some(mtu);
+            held: Vec::new(),
+        });
+        LinkBringup {
+            id,
+            qp: self.qp.clone(),
+            rtr: QpModify::Rtr {
+                remote: RemoteQp {
+                    gid: peer.gid,
+                    qp_num: peer.qpn,
+                },
+                sgid_index,
+                rq_psn: peer.psn,
+                path_mtu: mtu,
+                min_rnr_timer: MIN_RNR_TIMER,
+            },
+            rts: QpModify::Rts {
+                sq_psn: self.psn,
+                timeout: QP_TIMEOUT,
+                retry_cnt: 7,
+                rnr_retry: 7,
+            },
+        }
+    }
+
+    /// The handed-out connect succeeded: the link is connected; the LLC
+    /// messages held for it meanwhile, to post now.
+    pub fn finish_connect(&mut self) -> Vec<Vec<u8>> {
+        let Some(b) = self.bringup.take() else {
+            return Vec::new();
+        };
+        self.peer_gid = b.peer.gid;
+        self.peer_qpn = b.peer.qpn;
+        self.path_mtu = Some(b.path_mtu);
         self.connected = true;
-        Ok(())
+        b.held
     }
 
     /// The link's send bookkeeping, locked.

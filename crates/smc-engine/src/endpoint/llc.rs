@@ -178,6 +178,12 @@ impl<P: Provider> Endpoint<P> {
                         continue;
                     };
                     let bytes = msg.encode();
+                    if let Some(b) = res.bringup.as_mut() {
+                        // (its QP is still being connected: the message
+                        // goes once it is, `link_bringup_done`)
+                        b.held.push(bytes);
+                        continue;
+                    }
                     self.llc_sent += 1;
                     if let Err(e) = res.post(WrKind::Llc, &bytes) {
                         self.link_error(l, slot, e)?;
@@ -203,7 +209,7 @@ impl<P: Provider> Endpoint<P> {
                 LgrOutput::AddLinkOffer { slot, peer, .. } => {
                     self.on_add_link_offer(l, slot, peer, now)
                 }
-                LgrOutput::ConnectLink { slot, peer } => self.on_connect_link(l, slot, peer),
+                LgrOutput::ConnectLink { slot, peer } => self.on_connect_link(l, slot, peer, now),
                 LgrOutput::AddLinkFailed { slot } => self.on_add_link_failed(l, slot),
                 LgrOutput::RkeyFlowDone { tag, .. } if tag & DELETE_TAG != 0 => {}
                 LgrOutput::RkeyFlowDone { tag, ok } => {

@@ -144,21 +144,34 @@ mod tests {
     }
 
     /// The engine's link events as `SMC_LOG` prints them: with the LG-ID,
-    /// the link id, the device and the reason or cause.
+    /// the link id, the device of the link (the endpoint's second device
+    /// for a link there) and the reason or cause.
     #[test]
     fn engine_events_are_logged_with_lg_id_and_reason() {
         use smc_engine::endpoint::{AbortCause, EngineEvent};
         use smc_proto::link::DownReason;
         let got = Arc::new(Mutex::new(Vec::new()));
         let sub = Collect(got.clone(), Level::INFO);
+        let devs = super::super::Devices {
+            first: "rxe0".into(),
+            second: Some("rxe1".into()),
+        };
         tracing::subscriber::with_default(sub, || {
+            let up = EngineEvent::LinkUp {
+                lgr: 0,
+                lgr_id: 0x100,
+                slot: 1,
+                second: true,
+            };
+            super::super::log_event(&devs, Some(0x7300), &up);
             let down = EngineEvent::LinkDown {
                 lgr: 0,
                 lgr_id: 0x100,
                 slot: 1,
+                second: true,
                 reason: DownReason::Failure,
             };
-            super::super::log_event("shm-lo", Some(0x7300), &down);
+            super::super::log_event(&devs, Some(0x7300), &down);
             let moved = EngineEvent::ConnMoved {
                 lgr: 0,
                 lgr_id: 0x100,
@@ -166,23 +179,33 @@ mod tests {
                 token: 9,
                 from: 1,
                 to: 0,
+                from_second: true,
+                to_second: false,
             };
-            super::super::log_event("shm-lo", Some(0x7300), &moved);
+            super::super::log_event(&devs, Some(0x7300), &moved);
             let aborted = EngineEvent::ConnAborted {
                 lgr_id: None,
                 conn: 3,
                 token: 9,
                 cause: AbortCause::NoLink,
             };
-            super::super::log_event("shm-lo", None, &aborted);
+            super::super::log_event(&devs, None, &aborted);
+            // an endpoint without a second device: its own
+            let one = super::super::Devices {
+                first: "shm-lo".into(),
+                second: None,
+            };
+            super::super::log_event(&one, Some(0x7300), &up);
         });
         let got = got.lock().unwrap();
         assert_eq!(
             got.as_slice(),
             [
-                "smc-rs WARN smc: link down lg_id=\"00007300\" engine_lgr=256 link_id=2 device=\"shm-lo\" reason=\"Failure\"",
-                "smc-rs INFO smc: connection moved to another link (failover) lg_id=\"00007300\" engine_lgr=256 token=9 from_link=2 to_link=1 device=\"shm-lo\"",
-                "smc-rs WARN smc: connection aborted lg_id=\"\" token=9 device=\"shm-lo\" cause=\"no_link\"",
+                "smc-rs INFO smc: link up lg_id=\"00007300\" engine_lgr=256 link_id=2 device=\"rxe1\"",
+                "smc-rs WARN smc: link down lg_id=\"00007300\" engine_lgr=256 link_id=2 device=\"rxe1\" reason=\"Failure\"",
+                "smc-rs INFO smc: connection moved to another link (failover) lg_id=\"00007300\" engine_lgr=256 token=9 from_link=2 to_link=1 device=\"rxe0\" from_device=\"rxe1\"",
+                "smc-rs WARN smc: connection aborted lg_id=\"\" token=9 device=\"rxe0\" cause=\"no_link\"",
+                "smc-rs INFO smc: link up lg_id=\"00007300\" engine_lgr=256 link_id=2 device=\"shm-lo\"",
             ]
         );
     }

@@ -234,9 +234,9 @@ struct Registry {
     link_down: AtomicU64,
     failover: AtomicU64,
     aborts: AtomicU64,
-    /// Engine events (with their device) not yet logged, at most
-    /// [`PENDING_MAX`], and those dropped beyond.
-    pending: Mutex<Vec<(String, EngineEvent)>>,
+    /// Engine events (with their endpoint's devices) not yet logged, at
+    /// most [`PENDING_MAX`], and those dropped beyond.
+    pending: Mutex<Vec<(Devices, EngineEvent)>>,
     pending_lost: AtomicU64,
 }
 
@@ -660,6 +660,26 @@ fn shutdown_of(s: CloseState) -> u8 {
 /// see [`Registry::note_change`]); beyond, they are counted but not logged.
 const PENDING_MAX: usize = 1024;
 
+/// The devices of the endpoint an engine event came from: its (first)
+/// device, which names the endpoint and, with the engine's id, its link
+/// groups (the LG-ID key); and its second device, if it has one, on which
+/// some of its links run.
+#[derive(Clone, Debug, Default)]
+struct Devices {
+    first: String,
+    second: Option<String>,
+}
+
+impl Devices {
+    /// The device of a link on the second device (`second`) or the first.
+    fn of(&self, second: bool) -> &str {
+        match (&self.second, second) {
+            (Some(d), true) => d,
+            _ => &self.first,
+        }
+    }
+}
+
 /// Takes the engine's link and connection events (see
 /// [`Endpoint::poll_event`]) where the endpoint is pumped, with its lock
 /// held: counts them, and queues them for the registry thread to log (or
@@ -673,6 +693,10 @@ pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) -> bool
         return false;
     };
     let r = registry();
+    let devs = Devices {
+        first: ep.device_name().to_string(),
+        second: ep.second_device_name().map(str::to_string),
+    };
     let mut next = Some(first);
     while let Some(e) = next {
         match r {
@@ -686,35 +710,52 @@ pub(crate) fn engine_events<P: smc_rdma::Provider>(ep: &mut Endpoint<P>) -> bool
                 n.fetch_add(1, Relaxed);
                 let mut p = lock(&r.pending);
                 if p.len() < PENDING_MAX {
-                    p.push((ep.device_name().to_string(), e));
+                    p.push((devs.clone(), e));
                 } else {
                     r.pending_lost.fetch_add(1, Relaxed);
                 }
             }
-            None => log_event(ep.device_name(), None, &e),
+            None => log_event(&devs, None, &e),
         }
         next = ep.poll_event();
     }
     if let Some(r) = r {
         r.note_change();
+        // (rung even when a look is due already: the thread logs the events
+        // at its next turn, whereas its next look may be seconds away — it
+        // waits COST_FACTOR times as long as the last look took, 15 s after
+        // a look of 0.3 s under emulation — and the process may be gone by
+        // then: the interop VMs lost every link event after the first)
+        r.bell.ring();
     }
     true
 }
 
-/// One engine event as a `tracing` event (target `smc`).
-fn log_event(dev: &str, lg_id: Option<u32>, e: &EngineEvent) {
+/// One engine event as a `tracing` event (target `smc`): `device` is the
+/// device of the event's link (of a moved connection: the link it moved
+/// to, `from_device` the failed one's), a connection's abort names the
+/// endpoint's.
+fn log_event(devs: &Devices, lg_id: Option<u32>, e: &EngineEvent) {
     let lg = lg_id.map(|id| format!("{id:08x}")).unwrap_or_default();
     let lg = lg.as_str();
     match *e {
-        EngineEvent::LinkUp { lgr_id, slot, .. } => {
+        EngineEvent::LinkUp {
+            lgr_id,
+            slot,
+            second,
+            ..
+        } => {
+            let dev = devs.of(second);
             tracing::info!(target: "smc", lg_id = lg, engine_lgr = lgr_id, link_id = slot + 1, device = dev, "link up")
         }
         EngineEvent::LinkDown {
             lgr_id,
             slot,
+            second,
             reason,
             ..
         } => {
+            let dev = devs.of(second);
             let reason = format!("{reason:?}");
             tracing::warn!(target: "smc", lg_id = lg, engine_lgr = lgr_id, link_id = slot + 1, device = dev, reason = reason.as_str(), "link down")
         }
@@ -723,13 +764,19 @@ fn log_event(dev: &str, lg_id: Option<u32>, e: &EngineEvent) {
             token,
             from,
             to,
+            from_second,
+            to_second,
             ..
-        } => tracing::info!(
-            target: "smc",
-            lg_id = lg, engine_lgr = lgr_id, token, from_link = from + 1, to_link = to + 1, device = dev,
-            "connection moved to another link (failover)"
-        ),
+        } => {
+            let (dev, from_dev) = (devs.of(to_second), devs.of(from_second));
+            tracing::info!(
+                target: "smc",
+                lg_id = lg, engine_lgr = lgr_id, token, from_link = from + 1, to_link = to + 1, device = dev, from_device = from_dev,
+                "connection moved to another link (failover)"
+            )
+        }
         EngineEvent::ConnAborted { token, cause, .. } => {
+            let dev = devs.first.as_str();
             tracing::warn!(target: "smc", lg_id = lg, token, device = dev, cause = cause.name(), "connection aborted")
         }
     }
@@ -959,15 +1006,15 @@ impl Registry {
         let down = evs
             .iter()
             .any(|(_, e)| matches!(e, EngineEvent::LinkDown { .. }));
-        for (dev, e) in evs {
-            let mut lg = |id: u32| Some(watch.lg_id(&self.dir, (dev.clone(), id)));
+        for (devs, e) in evs {
+            let mut lg = |id: u32| Some(watch.lg_id(&self.dir, (devs.first.clone(), id)));
             let lg_id = match e {
                 EngineEvent::LinkUp { lgr_id, .. }
                 | EngineEvent::LinkDown { lgr_id, .. }
                 | EngineEvent::ConnMoved { lgr_id, .. } => lg(lgr_id),
                 EngineEvent::ConnAborted { lgr_id, .. } => lgr_id.and_then(lg),
             };
-            log_event(&dev, lg_id, &e);
+            log_event(&devs, lg_id, &e);
         }
         let lost = self.pending_lost.swap(0, Relaxed);
         if lost > 0 {
