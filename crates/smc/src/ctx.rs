@@ -385,8 +385,8 @@ impl Want {
 /// things have changed: every [`SPIN_PROBE_EVERY`]th wait at first, half as
 /// often after each probe that had to sleep too, down to every
 /// [`SPIN_PROBE_MAX`]th, since each probe that misses costs a whole spin
-/// time of a CPU the peer needed, which a ping-pong on one CPU saw in its
-/// 99th percentile while probes came every 32nd wait. (The handshakes keep
+/// time of a CPU the peer needed (on one CPU: a ping-pong's 99th
+/// percentile). (The handshakes keep
 /// one of their own: theirs wait for a peer's whole handshake step, not for
 /// one message.)
 #[derive(Default)]
@@ -408,15 +408,19 @@ impl Spin {
         if !self.off.load(Ordering::Relaxed) {
             return spin_time();
         }
-        let every = match self.probe_every.load(Ordering::Relaxed) {
-            0 => SPIN_PROBE_EVERY,
-            n => n,
-        };
-        if self.waits.fetch_add(1, Ordering::Relaxed) + 1 >= every {
+        if self.waits.fetch_add(1, Ordering::Relaxed) + 1 >= self.probe_every() {
             self.waits.store(0, Ordering::Relaxed);
             return spin_time();
         }
         Duration::ZERO
+    }
+
+    /// Waits between probes while spinning is off.
+    fn probe_every(&self) -> u32 {
+        match self.probe_every.load(Ordering::Relaxed) {
+            0 => SPIN_PROBE_EVERY,
+            n => n,
+        }
     }
 
     /// A wait ended while spinning.
@@ -433,12 +437,8 @@ impl Spin {
         }
         if self.off.load(Ordering::Relaxed) {
             // a probe that missed: the next one comes later
-            let every = match self.probe_every.load(Ordering::Relaxed) {
-                0 => SPIN_PROBE_EVERY,
-                n => n,
-            };
-            self.probe_every
-                .store((every * 2).min(SPIN_PROBE_MAX), Ordering::Relaxed);
+            let later = (self.probe_every() * 2).min(SPIN_PROBE_MAX);
+            self.probe_every.store(later, Ordering::Relaxed);
         } else if self.misses.fetch_add(1, Ordering::Relaxed) + 1 >= SPIN_MISSES_OFF {
             self.off.store(true, Ordering::Relaxed);
         }
@@ -748,7 +748,7 @@ impl Shared {
             .push_back(Instant::now() + smc_engine::endpoint::PEER_GONE_GRACE + RECHECK_MARGIN);
         self.pump(ep);
         self.wake(ep, true);
-        self.refresh_readiness(ep);
+        self.refresh_readiness();
         #[cfg(feature = "tokio")]
         self.wake_tasks(ep, true);
     }
@@ -781,7 +781,7 @@ impl Shared {
             let mut ep = self.lock();
             self.pump(&mut ep);
             self.wake(&ep, true);
-            self.refresh_readiness(&ep);
+            self.refresh_readiness();
             #[cfg(feature = "tokio")]
             self.wake_tasks(&ep, true);
         }
@@ -918,7 +918,7 @@ impl Shared {
             self.wake_tasks(ep, all);
         }
         if moved || all {
-            self.refresh_readiness(ep);
+            self.refresh_readiness();
             if self.fd_waiting.load(Ordering::Acquire) > 0 {
                 for fd in self
                     .fd_waiters
@@ -969,7 +969,7 @@ impl Shared {
     /// state (with the endpoint locked, after a pump: what the engine
     /// changed without the connection's core seeing it, a failover's or a
     /// timer's abort; nothing to do without descriptors).
-    fn refresh_readiness(&self, _ep: &Endpoint<AnyProvider>) {
+    fn refresh_readiness(&self) {
         if self.readied.load(Ordering::Acquire) == 0 {
             return;
         }
