@@ -48,22 +48,11 @@ fn alone(case: &str, registry: bool) -> bool {
 /// and of all the others.
 fn voluntary_switches() -> (u64, u64) {
     let (mut device, mut others) = (0, 0);
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let (Ok(status), Ok(comm)) = (
-            std::fs::read_to_string(t.path().join("status")),
-            std::fs::read_to_string(t.path().join("comm")),
-        ) else {
-            continue; // a thread that just ended
-        };
-        for line in status.lines() {
-            if let Some(v) = line.strip_prefix("voluntary_ctxt_switches:") {
-                let v = v.trim().parse::<u64>().unwrap();
-                if comm.starts_with("shm-") {
-                    device += v;
-                } else {
-                    others += v;
-                }
-            }
+    for (name, v) in common::voluntary_switches_by_thread(false) {
+        if name.starts_with("shm-") {
+            device += v;
+        } else {
+            others += v;
         }
     }
     (device, others)

@@ -17,24 +17,11 @@ use std::io::{Read, Write};
 /// Voluntary context switches of this process's threads whose name starts
 /// with `prefix`.
 fn switches_of(prefix: &str) -> u64 {
-    let mut n = 0;
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let (Ok(status), Ok(comm)) = (
-            std::fs::read_to_string(t.path().join("status")),
-            std::fs::read_to_string(t.path().join("comm")),
-        ) else {
-            continue; // a thread that just ended
-        };
-        if !comm.starts_with(prefix) {
-            continue;
-        }
-        for line in status.lines() {
-            if let Some(v) = line.strip_prefix("voluntary_ctxt_switches:") {
-                n += v.trim().parse::<u64>().unwrap();
-            }
-        }
-    }
-    n
+    common::voluntary_switches_by_thread(false)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(prefix))
+        .map(|(_, v)| v)
+        .sum()
 }
 
 /// Pins the calling thread, and so every thread it starts from now on, to

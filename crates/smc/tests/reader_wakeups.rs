@@ -24,29 +24,10 @@ fn others_switches() -> u64 {
 
 /// [`others_switches`] by thread name.
 fn others_by_thread() -> Vec<(String, u64)> {
-    let mut out = Vec::new();
-    let me = std::fs::read_link("/proc/thread-self").unwrap();
-    let me = me.file_name().unwrap().to_owned();
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        if t.file_name() == me {
-            continue;
-        }
-        let (Ok(status), Ok(comm)) = (
-            std::fs::read_to_string(t.path().join("status")),
-            std::fs::read_to_string(t.path().join("comm")),
-        ) else {
-            continue; // a thread that just ended
-        };
-        if comm.starts_with("shm-") {
-            continue;
-        }
-        for line in status.lines() {
-            if let Some(v) = line.strip_prefix("voluntary_ctxt_switches:") {
-                out.push((comm.trim().to_owned(), v.trim().parse::<u64>().unwrap()));
-            }
-        }
-    }
-    out
+    common::voluntary_switches_by_thread(true)
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("shm-"))
+        .collect()
 }
 
 #[test]

@@ -207,3 +207,30 @@ pub fn held() -> [u64; 6] {
         * 4;
     [conns, groups, threads, fds, memfds, rss_kib]
 }
+
+/// Voluntary context switches so far (a thread that sleeps and is woken
+/// makes one) of each thread of this process: `(name, switches)`, the
+/// calling thread left out when `but_me`.
+#[allow(dead_code)] // not every test binary uses it
+pub fn voluntary_switches_by_thread(but_me: bool) -> Vec<(String, u64)> {
+    let me = std::fs::read_link("/proc/thread-self").unwrap();
+    let me = me.file_name().unwrap().to_owned();
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        if but_me && t.file_name() == me {
+            continue;
+        }
+        let (Ok(status), Ok(comm)) = (
+            std::fs::read_to_string(t.path().join("status")),
+            std::fs::read_to_string(t.path().join("comm")),
+        ) else {
+            continue; // a thread that just ended
+        };
+        for line in status.lines() {
+            if let Some(v) = line.strip_prefix("voluntary_ctxt_switches:") {
+                out.push((comm.trim().to_owned(), v.trim().parse::<u64>().unwrap()));
+            }
+        }
+    }
+    out
+}
