@@ -704,6 +704,35 @@ pub trait Bell: Send + Sync {
     /// holder to take (or to have the owner's completion channel
     /// signalled for it).
     fn release(&self) -> bool;
+    /// The descriptor that a peer's SEND naming the region makes readable
+    /// while the bell is armed for a poller ([`Self::arm_polled`]): for an
+    /// event loop that waits in `epoll`/`poll`, not in [`Self::wait`].
+    /// `None`: the device has none (the owner learns of the peer's SENDs
+    /// through its completion channel only).
+    fn poll_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// Drains [`Self::poll_fd`] and arms the bell for a poller: the peer's
+    /// next SEND that names the region makes `poll_fd` readable once it is
+    /// published, and does not signal the owner's completion channel (the
+    /// poller takes it off the receive queue itself, as a reader's
+    /// dispatch does). The caller looks for what came after this call and
+    /// before it (the arm-then-look order of [`Self::arm`]). Whether it is
+    /// armed so; `false`: no `poll_fd`, or a thread of the owner has the
+    /// bell armed for a wait or a hold (that thread takes what comes).
+    fn arm_polled(&self) -> bool {
+        false
+    }
+    /// Whether a peer's SEND took the bell armed for a poller since the
+    /// last [`Self::arm_polled`]: `poll_fd` is readable (or about to be:
+    /// the peer writes it right after publishing that SEND) until the next
+    /// `arm_polled` or [`Self::disarm_polled`].
+    fn polled_taken(&self) -> bool {
+        false
+    }
+    /// The bell no longer armed for a poller, `poll_fd` drained (the last
+    /// poller is gone).
+    fn disarm_polled(&self) {}
 }
 
 /// A shared handle to a [`Bell`].
