@@ -166,7 +166,11 @@ pub(crate) fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, p: Arc<Pend>)
                 p.user.as_raw_fd(),
                 std::ptr::null_mut(),
             );
-            real_ctl(ep, libc::EPOLL_CTL_ADD, target, &mut ev);
+            if real_ctl(ep, libc::EPOLL_CTL_ADD, target, &mut ev) == 0 {
+                if let Some(Entry::Stream(c)) = get(fd) {
+                    crate::poll::signal_ctl(&c, ep, libc::EPOLL_CTL_ADD, &ev);
+                }
+            }
         }
     }
     drop(reg);
@@ -191,8 +195,5 @@ pub(crate) fn carried(s: SmcStream, nonblock: bool) -> Option<Arc<Conn>> {
         return None;
     }
     let _ = s.set_nonblocking(nonblock);
-    Some(Arc::new(Conn {
-        s,
-        peeked: Mutex::new(Vec::new()),
-    }))
+    Some(Arc::new(Conn::new(s)))
 }

@@ -7,7 +7,10 @@ use super::*;
 pub(crate) fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
     match get_active(fd)? {
         Entry::Stream(c) => {
+            // (a CDC the peer signalled is data for a read, though the
+            // readiness descriptor does not show it: see `signal_ctl`)
             let now = c.s.has_pending()
+                || c.s.signal_taken()
                 || !c
                     .peeked
                     .lock()
@@ -292,6 +295,14 @@ pub unsafe extern "C" fn epoll_ctl(
         };
         let p = match target {
             Some((_, _, Entry::Connecting(p))) => p,
+            Some((r, _, Entry::Stream(c))) => {
+                // SAFETY: as below.
+                let n = unsafe { real_ctl(epfd, op, r, ev) };
+                if n == 0 {
+                    signal_ctl(&c, epfd, op, ev);
+                }
+                return n;
+            }
             // SAFETY: the caller's arguments, with an SMC descriptor's
             // readiness descriptor in its place (it lives as long as the
             // connection).
@@ -313,5 +324,53 @@ pub unsafe extern "C" fn epoll_ctl(
             }
         }
         return r;
+    }
+}
+
+/// After the application's `epoll_ctl(epfd, op, ..., ev)` on connection
+/// `c` went through on its readiness descriptor: the connection's peer
+/// signal (`SmcStream::signal_fd`) follows in the same set, under the same
+/// event data, for as long as the application waits there for readable:
+/// registered for `EPOLLIN` with the application's `EPOLLET` and
+/// `EPOLLONESHOT`. So an event loop asleep in that set is woken by the
+/// peer's SEND itself; its read then takes the CDC.
+pub(crate) fn signal_ctl(c: &Conn, epfd: c_int, op: c_int, ev: *const libc::epoll_event) {
+    let Some(sfd) = c.s.signal_fd() else { return };
+    let sfd = sfd.as_raw_fd();
+    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    // SAFETY: the caller's event, if any.
+    let ev = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
+    let want = ev.filter(|e| e.events & libc::EPOLLIN as u32 != 0);
+    let mut sets = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+    let had = sets.contains(&epfd);
+    let keep = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP) as u32;
+    match (had, want) {
+        (false, Some(e)) => {
+            let mut mine = libc::epoll_event {
+                events: libc::EPOLLIN as u32 | e.events & (keep | libc::EPOLLEXCLUSIVE as u32),
+                u64: e.u64,
+            };
+            // SAFETY: our own descriptor into the application's set.
+            if unsafe { real_ctl(epfd, libc::EPOLL_CTL_ADD, sfd, &mut mine) } == 0 {
+                sets.push(epfd);
+                c.s.watch_signal(true);
+            }
+        }
+        (true, Some(e)) => {
+            let mut mine = libc::epoll_event {
+                events: libc::EPOLLIN as u32 | e.events & keep,
+                u64: e.u64,
+            };
+            // SAFETY: as above.
+            unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd, &mut mine) };
+        }
+        (true, None) => {
+            // SAFETY: as above.
+            unsafe { real_ctl(epfd, libc::EPOLL_CTL_DEL, sfd, std::ptr::null_mut()) };
+            sets.retain(|&s| s != epfd);
+            drop(sets);
+            c.s.watch_signal(false);
+        }
+        (false, None) => {}
     }
 }

@@ -8,6 +8,53 @@ pub(crate) struct Conn {
     pub(crate) s: SmcStream,
     /// Bytes read ahead for `MSG_PEEK` and `FIONREAD`, delivered first.
     pub(crate) peeked: Mutex<Vec<u8>>,
+    /// The application's epoll sets that have the connection's peer
+    /// signal registered beside its readiness descriptor
+    /// (`poll::signal_ctl`).
+    pub(crate) signalled_in: Mutex<Vec<c_int>>,
+}
+
+impl Conn {
+    pub(crate) fn new(s: SmcStream) -> Conn {
+        Conn {
+            s,
+            peeked: Mutex::new(Vec::new()),
+            signalled_in: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // An epoll set keeps a registration while its descriptor is open
+        // anywhere, and the signal's descriptor is the connection's own
+        // duplicate, closed with it: out of the sets first, so that they
+        // do not report it under the application's data after its close.
+        let sets = std::mem::take(
+            self.signalled_in
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        if sets.is_empty() {
+            return;
+        }
+        if let Some(sfd) = self.s.signal_fd() {
+            let real_ctl =
+                real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+            for ep in sets {
+                // SAFETY: removes our own descriptor from a set of the
+                // application's (a set closed meanwhile fails harmlessly).
+                unsafe {
+                    real_ctl(
+                        ep,
+                        libc::EPOLL_CTL_DEL,
+                        sfd.as_raw_fd(),
+                        std::ptr::null_mut(),
+                    )
+                };
+            }
+        }
+    }
 }
 
 /// A listener the library carries.

@@ -281,6 +281,9 @@ pub(crate) struct ConnReadiness {
     /// was made; it shows the end).
     fast: Option<FastConn<AnyProvider>>,
     pub(crate) fd: Arc<crate::readiness::Readiness>,
+    /// The peer's direct signal, where the device has one (see
+    /// [`PeerSignal`]).
+    pub(crate) signal: Option<Arc<PeerSignal>>,
 }
 
 impl Drop for ConnReadiness {
@@ -289,7 +292,71 @@ impl Drop for ConnReadiness {
         if let Some(f) = &self.fast {
             f.watch(None);
         }
+        if let Some(s) = &self.signal {
+            if s.pollers.load(Ordering::Acquire) > 0 {
+                s.bell.disarm_polled();
+            }
+        }
     }
+}
+
+/// A descriptor the peer makes readable itself when a CDC for the
+/// connection comes while the application's event loop waits
+/// (`Bell::arm_polled`), so that the loop is woken by the peer's SEND, not
+/// by our progress thread after it pumped (a wake-up and a thread hop per
+/// message). An event loop polls it beside the readiness descriptor, as
+/// readable only (`SmcStream::signal_fd`); reading the connection takes
+/// what the signal announced. It cannot be the readiness descriptor
+/// itself: the peer would need that descriptor's control end, with which
+/// it could also show a false hang-up or writability; all it can do with
+/// this one is make it readable (at worst a wake-up for nothing).
+///
+/// While it is readable for a CDC that the peer signalled, the readiness
+/// descriptor does not show the data that CDC brought (it would be a
+/// second system call and wake-up for the same bytes): the application
+/// sees the connection readable through this one. Once the connection has
+/// nothing to read the signal is drained and armed again.
+pub(crate) struct PeerSignal {
+    pub(crate) bell: smc_rdma::Doorbell,
+    /// The bell's descriptor, duplicated for this connection (a region's
+    /// bell outlives a connection when its buffer is used again, and an
+    /// epoll set keeps a registration while its descriptor is open).
+    pub(crate) fd: OwnedFd,
+    /// Pollers registered ([`SmcStream::watch_signal`]): the bell is armed
+    /// for them while there is one.
+    ///
+    /// [`SmcStream::watch_signal`]: crate::SmcStream::watch_signal
+    pub(crate) pollers: AtomicUsize,
+}
+
+impl PeerSignal {
+    /// Whether a poller is registered.
+    #[inline]
+    pub(crate) fn polled(&self) -> bool {
+        self.pollers.load(Ordering::Acquire) > 0
+    }
+}
+
+/// The peer signal of a connection whose device has one (`Bell::poll_fd`).
+fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
+    if !bells_on() || !signals_on() {
+        return None;
+    }
+    let bell = f.bell()?;
+    let fd = bell.poll_fd()?.try_clone_to_owned().ok()?;
+    Some(Arc::new(PeerSignal {
+        fd: crate::readiness::out_of_the_way(fd),
+        bell,
+        pollers: AtomicUsize::new(0),
+    }))
+}
+
+/// Whether event loops are woken by the peer directly where the device can
+/// (`PeerSignal`); `SMC_PEER_SIGNAL=0`: through the progress thread (to
+/// compare the two).
+pub(crate) fn signals_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SMC_PEER_SIGNAL").map_or(true, |v| v != "0"))
 }
 
 /// A connection that is over, as its readiness descriptor shows it.
@@ -944,11 +1011,28 @@ impl Shared {
         let n = self.sndbuf_len;
         let now = fast.as_ref().map_or(GONE, |f| level(&f.level(), n));
         let fd = Arc::new(crate::readiness::Readiness::new(now)?);
+        let signal = fast.as_ref().and_then(peer_signal);
         if let Some(f) = &fast {
             let shown = fd.clone();
-            f.watch(Some(Arc::new(move |l: &ConnLevel| shown.set(level(l, n)))));
+            let sig = signal.clone();
+            f.watch(Some(Arc::new(move |l: &ConnLevel| {
+                let mut now = level(l, n);
+                if let Some(s) = sig.as_ref().filter(|s| s.polled()) {
+                    if s.bell.polled_taken() {
+                        if now.readable {
+                            // the peer's signal shows these bytes
+                            now.readable = shown.shows_readable();
+                        } else {
+                            // all read: the signal is spent (drained), and
+                            // armed for the next CDC
+                            s.bell.arm_polled();
+                        }
+                    }
+                }
+                shown.set(now)
+            })));
         }
-        let r = Arc::new(ConnReadiness { fast, fd });
+        let r = Arc::new(ConnReadiness { fast, fd, signal });
         let mut v = self.readiness.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(&r));

@@ -153,6 +153,11 @@ impl Readiness {
         Ok(r)
     }
 
+    /// Whether it shows readable now.
+    pub fn shows_readable(&self) -> bool {
+        self.state.load(Ordering::Acquire) & R != 0
+    }
+
     /// Shows `level` from now on (a system call only for what changes).
     pub fn set(&self, level: Level) {
         let want = level.bits();

@@ -186,6 +186,12 @@ impl SmcConn {
         }
     }
 
+    /// The connection's peer signal (`ctx::PeerSignal`), once its readiness
+    /// descriptor exists and where the device has one.
+    fn signal(&self) -> Option<&ctx::PeerSignal> {
+        self.ready.get()?.signal.as_deref()
+    }
+
     /// The connection's fast-path handle.
     fn fast_conn(&self) -> Option<&FastConn<AnyProvider>> {
         self.fast
@@ -570,6 +576,13 @@ impl SmcStream {
             // connection waiting for it): no lock, no pump (an event loop
             // reads until it would block, every time)
             if let (true, Some(f)) = (nonblocking, c.fast_conn()) {
+                // An event loop that waits on the peer's signal: armed again
+                // before the look below (and drained: a signal whose bytes
+                // a read took may still be there), so that the peer's next
+                // CDC signals it unless the look finds that CDC.
+                if let Some(s) = c.signal().filter(|s| s.polled()) {
+                    s.bell.arm_polled();
+                }
                 match f.may_sleep() {
                     MaySleep::Sleep => return Err(io::ErrorKind::WouldBlock.into()),
                     MaySleep::Again => {
@@ -834,6 +847,64 @@ impl SmcStream {
             Some(c) => Ok(c.readiness()?.fd.as_fd()),
             None => Ok(self.tcp.as_fd()),
         }
+    }
+
+    /// A descriptor through which the peer wakes an event loop directly:
+    /// the peer's SEND makes it readable when it brings something for this
+    /// connection while the loop waits (`None`: not SMC-R, or the device
+    /// cannot; on the shared-memory device it can). An event loop polls it
+    /// for readable beside [`SmcStream::readiness_fd`], under the same
+    /// event data, and says so with [`SmcStream::watch_signal`]; readable,
+    /// it means "read the connection": data the peer announced through it
+    /// shows there and not on the readiness descriptor. It is drained and
+    /// armed again by the reads: never read from or write to it. Without
+    /// it (`mio` and other users of `AsFd`) the readiness descriptor shows
+    /// everything, set by whichever thread of ours takes the peer's CDC.
+    pub fn signal_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        let c = self.smc_conn().ok()??;
+        Some(c.readiness().ok()?.signal.as_ref()?.fd.as_fd())
+    }
+
+    /// Says that a poller of [`SmcStream::signal_fd`] registered (`true`)
+    /// or left (`false`); the peer signals it while at least one is
+    /// registered. When the last one leaves, what the peer signalled
+    /// shows on the readiness descriptor again.
+    pub fn watch_signal(&self, on: bool) {
+        let Ok(Some(c)) = self.smc_conn() else { return };
+        let Some(s) = c.signal() else { return };
+        if on {
+            if s.pollers.fetch_add(1, Ordering::AcqRel) == 0 {
+                // (every CDC before this signalled the completion channel:
+                // nothing came unannounced, no look needed)
+                s.bell.arm_polled();
+            }
+            return;
+        }
+        let left = s
+            .pollers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if left != Ok(1) {
+            return;
+        }
+        s.bell.disarm_polled();
+        // A CDC the peer signalled may still wait in the receive queue,
+        // announced to nobody else: taken now, and what it brought shows
+        // on the readiness descriptor.
+        if let Some(f) = c.fast_conn() {
+            c.shared.take_held_cdc(f);
+            f.refresh();
+        }
+    }
+
+    /// Whether the peer signalled [`SmcStream::signal_fd`] for data not
+    /// read yet: a read would not block (for a poll that does not include
+    /// that descriptor).
+    pub fn signal_taken(&self) -> bool {
+        let Ok(Some(c)) = self.smc_conn() else {
+            return false;
+        };
+        c.signal()
+            .is_some_and(|s| s.polled() && s.bell.polled_taken())
     }
 
     /// The connection's TCP socket (on SMC-R, the one its CLC handshake ran
