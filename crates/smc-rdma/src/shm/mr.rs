@@ -494,3 +494,51 @@ impl Drop for ShmMr {
         *lock(&self.mr.regs) &= !(1 << self.mr.slot);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer_mr(efd: Option<EventFd>) -> PeerMr {
+        PeerMr {
+            mem: SharedMem::create("take-bell-test", HDR).unwrap(),
+            rkey: 1,
+            iova: 0x1000,
+            len: 0,
+            access: Access::from_bits(0),
+            slot: 0,
+            efd,
+            efd_want: AtomicU8::new(EFD_NONE),
+        }
+    }
+
+    /// What a peer's SEND takes from each doorbell word, and what it leaves.
+    #[test]
+    fn take_bell_takes_sleepers_and_a_pollers_arm_once() {
+        let m = peer_mr(Some(EventFd::new().unwrap()));
+        let w = MrView(&m.mem, 0).h(MR_BELL);
+        for (word, took, left) in [
+            (0, 0, 0),
+            (BELL_ARMED, BELL_ARMED, 0),
+            (BELL_ASLEEP, BELL_ASLEEP, 0),
+            (BELL_POLLED, BELL_POLLED, BELL_SIGNALLED),
+            // (taken already: the owner may be re-arming, the channel is
+            // what it sees)
+            (BELL_SIGNALLED, 0, BELL_SIGNALLED),
+            (77, 0, 77),
+        ] {
+            w.store(word, SeqCst);
+            assert_eq!((take_bell(&m), w.load(SeqCst)), (took, left), "word {word}");
+        }
+        assert_eq!(m.efd_want.load(Relaxed), EFD_NONE);
+
+        // no eventfd: a poller's arm is left, and the region is to be
+        // fetched again for its eventfd
+        let m = peer_mr(None);
+        let w = MrView(&m.mem, 0).h(MR_BELL);
+        w.store(BELL_POLLED, SeqCst);
+        assert_eq!(take_bell(&m), 0);
+        assert_eq!(w.load(SeqCst), BELL_POLLED);
+        assert_eq!(m.efd_want.load(Relaxed), EFD_WANTED);
+    }
+}
