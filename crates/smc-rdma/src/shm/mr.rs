@@ -189,6 +189,7 @@ impl ProtectionDomain for ShmPd {
             remote: Mutex::new(KeyMap::default()),
             fail_pending: AtomicBool::new(false),
             fail_what: Mutex::new((None, false)),
+            bell_fd_wanted: AtomicBool::new(false),
         });
         lock(&self.dev.qps).insert(qpn, Arc::downgrade(&inner));
         lock(&send_cq.inner.qps).push(Arc::downgrade(&inner));

@@ -228,6 +228,11 @@ pub(super) struct QpInner {
     /// The device thread wanted to fail the QP while `core` was busy.
     pub(super) fail_pending: AtomicBool,
     pub(super) fail_what: Mutex<(Option<WcStatus>, bool)>,
+    /// A SEND found a peer region's doorbell armed for a poller without
+    /// the region's eventfd here (`PeerMr::efd_want`): the next ringing post
+    /// looks whether its region is to be fetched again for it (so that the
+    /// others need not look).
+    pub(super) bell_fd_wanted: AtomicBool,
 }
 
 /// Heartbeat state of a connected QP (device thread only).

@@ -7,7 +7,7 @@
 //! bookkeeping: everything read from them is checked.
 
 use super::cq::CqInner;
-use super::mr::{take_bell, PeerMr};
+use super::mr::{take_bell, PeerMr, EFD_WANTED};
 use super::qp::{send_opcode, wc, Core, OwnedPayload, QpInner, Stage};
 use super::{lock, MAX_RNR_TIMER};
 
@@ -344,6 +344,12 @@ impl QpInner {
                     let bell = p.bell.and_then(|k| self.cached_peer_region(k));
                     let was = bell.as_ref().map_or(0, |m| take_bell(m));
                     let rang = was != 0;
+                    if bell
+                        .as_ref()
+                        .is_some_and(|m| m.efd_want.load(Relaxed) == EFD_WANTED)
+                    {
+                        self.bell_fd_wanted.store(true, Relaxed);
+                    }
                     pr.s(tail, S_BELL).store(u64::from(rang), Relaxed);
                     if let Some(m) = bell {
                         let b = (m, was);
@@ -378,16 +384,19 @@ impl QpInner {
         // now that its SEND is published; and any that its owner armed
         // since is rung too: an owner arms, then looks at the ring, so
         // either its look finds the slot published above or this finds the
-        // word set. (One that we took asleep or polling is not taken again:
-        // the owner has not seen our wake-up yet, whatever it set since.)
+        // word set. (A sleeper we took is not taken again: it has not seen
+        // our wake-up yet. A poller's arm we took may have been overwritten
+        // since by a thread of the owner arming to wait, which the eventfd
+        // does not wake, so that word is taken again.)
         for (m, was) in bell1.into_iter().chain(bells) {
-            let was = match was {
-                BELL_ASLEEP | BELL_POLLED => was,
-                _ => take_bell(&m),
-            };
+            let again = if was == BELL_ASLEEP { 0 } else { take_bell(&m) };
+            if again == BELL_ASLEEP {
+                wake_later(m.clone(), false);
+            }
             match was {
                 BELL_ASLEEP => wake_later(m, false),
                 BELL_POLLED => wake_later(m, true),
+                _ if again == BELL_POLLED => wake_later(m, true),
                 _ => {}
             }
         }

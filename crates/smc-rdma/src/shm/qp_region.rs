@@ -207,6 +207,11 @@ impl QpInner {
     /// give it, the region stays mapped as it was, and is not asked for
     /// again.
     pub(super) fn fetch_bell_fd(&self, rkey: u32) {
+        // (another region that wants its eventfd sets the flag again at its
+        // next SEND)
+        if !self.bell_fd_wanted.load(Relaxed) || !self.bell_fd_wanted.swap(false, Relaxed) {
+            return;
+        }
         let Some(old) = self.cached_peer_region(rkey) else {
             return;
         };
