@@ -321,7 +321,7 @@ impl ShmQp {
     /// length in it — or `None` if it refuses.
     #[doc(hidden)]
     pub fn peer_region_memfd(&self, rkey: u32) -> Option<(OwnedFd, u64, usize)> {
-        let (m, fd, _) = self.inner.ask_region(rkey).ok()?;
+        let (m, fd, _) = self.inner.ask_region(rkey, 0).ok()?;
         Some((fd, m.z, m.y as usize))
     }
 }

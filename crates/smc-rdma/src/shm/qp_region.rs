@@ -84,11 +84,13 @@ impl QpInner {
     /// answer, the memfd the region lives in, and the region's doorbell
     /// eventfd if the peer sent one (a second descriptor that is not an
     /// eventfd is closed: a write into a pipe or socket of the peer's
-    /// choice could block, or feed something else). Holds no lock of ours
-    /// but the request lock while it waits.
+    /// choice could block, or feed something else). `flags`: those of the
+    /// request (`wire::F_MR_BELL_FD`). Holds no lock of ours but the request
+    /// lock while it waits.
     pub(super) fn ask_region(
         &self,
         rkey: u32,
+        flags: u32,
     ) -> std::result::Result<(Msg, OwnedFd, Option<EventFd>), FetchError> {
         let out = lock(&self.ctl).out.clone().ok_or_else(|| {
             FetchError::remote(WcStatus::RetryExceeded, "the QP is not connected")
@@ -105,7 +107,7 @@ impl QpInner {
         let req = Msg {
             a: id,
             b: rkey,
-            c: F_MR_BELL_FD,
+            c: flags,
             ..Msg::new(Kind::MrReq)
         };
         out.sock.send(&req.encode(), &[]).map_err(gone)?;
@@ -161,7 +163,12 @@ impl QpInner {
     /// Fetches the peer's region `rkey` ([`QpInner::ask_region`]) and maps
     /// it: only its range of the memfd, which is closed then.
     pub(super) fn fetch_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
-        let (m, fd, efd) = self.ask_region(rkey)?;
+        let (m, fd, efd) = match self.ask_region(rkey, F_MR_BELL_FD) {
+            // (no room here for the eventfd too: the region alone, as
+            // before the owner polled it)
+            Err(e) if e.local => self.ask_region(rkey, 0)?,
+            r => r?,
+        };
         let refused = |why: &str| FetchError::remote(WcStatus::RemoteAccessError, why);
         let len = m.y as usize;
         let mem = SharedMem::map_peer_range(fd, m.z, HDR + len).map_err(|e| {
