@@ -1251,3 +1251,69 @@ fn a_full_blocking_eventfd_of_the_owner_does_not_block_a_post() {
     assert!(readable(fd, Duration::ZERO));
     assert_eq!(h.peer.ep.poll_recv()[0].wr_id, 1);
 }
+
+/// An event loop that arms its doorbell for polling, then looks at its
+/// receive CQ, and waits on the eventfd only when it found nothing never
+/// misses a SEND: either its look finds the SEND or the SEND finds the arm
+/// (before publishing, or in its second look after). The sender waits for
+/// each SEND's completion, which needs the owner to have taken it.
+#[test]
+fn a_poller_that_arms_then_looks_misses_no_send() {
+    const N: u64 = 400;
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    let fd = bell.poll_fd().expect("a region's doorbell has an eventfd");
+    write_4(&h, 0);
+    let owner = &h.peer.ep;
+    let recv = |wr_id| {
+        let sge = owner.mr.sge(RECV_AREA, 64).unwrap();
+        owner
+            .qp
+            .post_recv(&RecvWr {
+                wr_id,
+                sges: &[sge],
+            })
+            .unwrap();
+    };
+    for i in 0..4 {
+        recv(i);
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..N {
+                h.local.qp.post_send_ringing(&cdc(i), r.rkey).unwrap();
+                let t0 = Instant::now();
+                loop {
+                    let w = h.local.poll_send();
+                    if let Some(w) = w.first() {
+                        assert_eq!((w.wr_id, w.status), (i, WcStatus::Success));
+                        break;
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(5), "SEND {i} not taken");
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut got = 0;
+        let mut by_fd = 0;
+        while got < N {
+            assert!(bell.arm_polled());
+            let w = owner.poll_recv();
+            for c in &w {
+                assert_eq!(c.status, WcStatus::Success);
+                recv(got + 4);
+                got += 1;
+            }
+            if w.is_empty() {
+                assert!(
+                    readable(fd, Duration::from_secs(3)),
+                    "the poller missed a SEND after {got}"
+                );
+                by_fd += 1;
+            }
+        }
+        bell.disarm_polled();
+        assert!(by_fd > 0, "no SEND came through the eventfd");
+    });
+}
