@@ -1040,3 +1040,280 @@ fn a_send_rings_the_doorbell_of_a_sleeping_owner_instead_of_its_channel() {
     let w = h.peer.ep.poll_recv();
     assert_eq!((w[0].wr_id, w[0].byte_len), (2, 3));
 }
+
+/// Whether `fd` becomes readable within `t`.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, t: Duration) -> bool {
+    smc_rdma::sys::poll_one(fd, libc::POLLIN, Some(t)).unwrap() & libc::POLLIN != 0
+}
+
+fn cdc(wr_id: u64) -> SendWr<'static> {
+    SendWr {
+        wr_id,
+        op: SendOp::Send,
+        payload: Payload::Inline(b"cdc"),
+        signaled: true,
+    }
+}
+
+fn write_4(h: &InProc, wr_id: u64) {
+    let r = h.remote.mr;
+    h.local
+        .qp
+        .post_send(&SendWr {
+            wr_id,
+            op: SendOp::RdmaWrite {
+                remote_addr: r.addr + 8192,
+                rkey: r.rkey,
+            },
+            payload: Payload::Inline(b"data"),
+            signaled: false,
+        })
+        .unwrap();
+}
+
+/// A SEND that names a region whose owner's event loop armed its doorbell
+/// for polling (`Bell::arm_polled`) makes the region's eventfd readable and
+/// leaves the owner's armed completion channel alone; armed again, the
+/// eventfd is drained and a SEND without a doorbell signals the channel.
+/// While the bell is armed for polling, `ring` (a local applier) leaves it
+/// armed and a writer's `hold` fails; `disarm_polled` ends it.
+#[test]
+fn a_send_makes_a_pollers_eventfd_readable_instead_of_signalling_its_channel() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    assert!(bell.arm_polled(), "armed for a poller");
+    let fd = bell.poll_fd().expect("a region's doorbell has an eventfd");
+    // data first, as a CDC follows it: the sender maps the region, and
+    // takes its eventfd with it
+    write_4(&h, 1);
+    for i in 1..=4 {
+        h.peer.post_recv(i, RECV_AREA, 64).unwrap();
+    }
+    h.peer.ep.rcq.req_notify().unwrap();
+    assert!(h.peer.ep.poll_recv().is_empty());
+    let _ = h.peer.ep.chan.try_get_event();
+    assert!(!readable(fd, Duration::ZERO));
+    assert!(!bell.polled_taken());
+
+    h.local.qp.post_send_ringing(&cdc(2), r.rkey).unwrap();
+    assert!(
+        readable(fd, Duration::from_secs(2)),
+        "the SEND did not make the poller's eventfd readable"
+    );
+    assert!(bell.polled_taken());
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (1, 3));
+    assert!(
+        !h.peer.ep.chan.try_get_event().unwrap(),
+        "a SEND that made the eventfd readable signalled the channel too"
+    );
+
+    // armed again: drained, not taken
+    assert!(bell.arm_polled());
+    assert!(!readable(fd, Duration::ZERO), "arm_polled drains");
+    assert!(!bell.polled_taken());
+    // a local applier's ring is not for the poller; a writer cannot hold it
+    assert!(!bell.ring());
+    assert!(!bell.hold());
+    // a SEND without a doorbell: the channel (its arm left in place above)
+    h.local.qp.post_send(&cdc(3)).unwrap();
+    assert!(h.peer.ep.chan.wait(Duration::from_secs(2)).unwrap());
+    assert!(!readable(fd, Duration::ZERO));
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (2, 3));
+    // still armed for the poller after all that
+    h.peer.ep.rcq.req_notify().unwrap();
+    h.local.qp.post_send_ringing(&cdc(4), r.rkey).unwrap();
+    assert!(readable(fd, Duration::from_secs(2)));
+    assert!(bell.polled_taken());
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (3, 3));
+    assert!(!h.peer.ep.chan.try_get_event().unwrap());
+
+    // disarmed: drained, and a writer holds it again
+    bell.disarm_polled();
+    assert!(!readable(fd, Duration::ZERO));
+    assert!(!bell.polled_taken());
+    assert!(bell.hold());
+    assert!(!bell.release());
+}
+
+/// A region whose owner has an eventfd but did not arm for polling: a SEND
+/// that names it signals the channel as before and leaves the eventfd
+/// alone; so does one while a thread of the owner holds the bell
+/// (`arm_polled` then refuses).
+#[test]
+fn a_send_to_an_owner_that_does_not_poll_signals_its_channel() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    let fd = bell.poll_fd().expect("a region's doorbell has an eventfd");
+    write_4(&h, 1);
+    for i in 1..=2 {
+        h.peer.post_recv(i, RECV_AREA, 64).unwrap();
+    }
+    h.peer.ep.rcq.req_notify().unwrap();
+    assert!(h.peer.ep.poll_recv().is_empty());
+    let _ = h.peer.ep.chan.try_get_event();
+    h.local.qp.post_send_ringing(&cdc(2), r.rkey).unwrap();
+    assert!(h.peer.ep.chan.wait(Duration::from_secs(2)).unwrap());
+    assert!(!readable(fd, Duration::ZERO));
+    assert!(!bell.polled_taken());
+    assert_eq!(h.peer.ep.poll_recv()[0].wr_id, 1);
+
+    // held by a writer: not armed for the poller, and the ring is the
+    // holder's (no channel, no eventfd)
+    assert!(bell.hold());
+    assert!(!bell.arm_polled());
+    h.peer.ep.rcq.req_notify().unwrap();
+    h.local.qp.post_send_ringing(&cdc(3), r.rkey).unwrap();
+    assert!(bell.release(), "the SEND took the held bell");
+    assert!(!readable(fd, Duration::ZERO));
+    assert!(!h.peer.ep.chan.try_get_event().unwrap());
+    assert_eq!(h.peer.ep.poll_recv()[0].wr_id, 2);
+}
+
+/// A peer that mapped the region before its owner made the eventfd (as a
+/// connection readies its peer's RMB before any data) signals the channel
+/// for the first SEND that finds the bell armed for polling, then fetches
+/// the region again with its eventfd: the next SENDs make it readable.
+#[test]
+fn a_peer_that_mapped_the_region_early_takes_its_eventfd_later() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    write_4(&h, 1);
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    assert!(bell.arm_polled());
+    let fd = bell.poll_fd().expect("a region's doorbell has an eventfd");
+    for i in 1..=2 {
+        h.peer.post_recv(i, RECV_AREA, 64).unwrap();
+    }
+    h.peer.ep.rcq.req_notify().unwrap();
+    assert!(h.peer.ep.poll_recv().is_empty());
+    let _ = h.peer.ep.chan.try_get_event();
+    h.local.qp.post_send_ringing(&cdc(2), r.rkey).unwrap();
+    assert!(h.peer.ep.chan.wait(Duration::from_secs(2)).unwrap());
+    assert!(!readable(fd, Duration::ZERO));
+    assert!(!bell.polled_taken());
+    assert_eq!(h.peer.ep.poll_recv()[0].wr_id, 1);
+
+    h.peer.ep.rcq.req_notify().unwrap();
+    h.local.qp.post_send_ringing(&cdc(3), r.rkey).unwrap();
+    assert!(
+        readable(fd, Duration::from_secs(2)),
+        "the peer did not take the eventfd"
+    );
+    assert!(bell.polled_taken());
+    assert!(!h.peer.ep.chan.try_get_event().unwrap());
+    assert_eq!(h.peer.ep.poll_recv()[0].wr_id, 2);
+}
+
+/// The peer's eventfd write never blocks the post path: the owner (the
+/// other end, which may be hostile) handed out its eventfd blocking and
+/// filled its counter; a SEND that takes the bell still returns at once.
+#[test]
+fn a_full_blocking_eventfd_of_the_owner_does_not_block_a_post() {
+    use std::os::fd::AsRawFd;
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    assert!(bell.arm_polled());
+    let fd = bell.poll_fd().expect("a region's doorbell has an eventfd");
+    let raw = fd.as_raw_fd();
+    // SAFETY: F_GETFL/F_SETFL on a descriptor that `bell` keeps open.
+    unsafe {
+        let fl = libc::fcntl(raw, libc::F_GETFL);
+        assert_eq!(libc::fcntl(raw, libc::F_SETFL, fl & !libc::O_NONBLOCK), 0);
+    }
+    write_4(&h, 1);
+    // SAFETY: writes 8 bytes from a local to the eventfd `bell` keeps
+    // open: the counter's largest value, so a further blocking write would
+    // wait for a read.
+    unsafe {
+        let v: u64 = u64::MAX - 1;
+        assert_eq!(libc::write(raw, (&v as *const u64).cast(), 8), 8);
+    }
+    h.peer.post_recv(1, RECV_AREA, 64).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            h.local.qp.post_send_ringing(&cdc(2), r.rkey).unwrap();
+            tx.send(()).unwrap();
+        });
+        let done = rx.recv_timeout(Duration::from_secs(5));
+        if done.is_err() {
+            bell.disarm_polled(); // (reads: lets the blocked write go)
+        }
+        assert!(done.is_ok(), "the post blocked on the owner's eventfd");
+    });
+    assert!(bell.polled_taken());
+    assert!(readable(fd, Duration::ZERO));
+    assert_eq!(h.peer.ep.poll_recv()[0].wr_id, 1);
+}
+
+/// An event loop that arms its doorbell for polling, then looks at its
+/// receive CQ, and waits on the eventfd only when it found nothing never
+/// misses a SEND: either its look finds the SEND or the SEND finds the arm
+/// (before publishing, or in its second look after). The sender waits for
+/// each SEND's completion, which needs the owner to have taken it.
+#[test]
+fn a_poller_that_arms_then_looks_misses_no_send() {
+    const N: u64 = 400;
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    let fd = bell.poll_fd().expect("a region's doorbell has an eventfd");
+    write_4(&h, 0);
+    let owner = &h.peer.ep;
+    let recv = |wr_id| {
+        let sge = owner.mr.sge(RECV_AREA, 64).unwrap();
+        owner
+            .qp
+            .post_recv(&RecvWr {
+                wr_id,
+                sges: &[sge],
+            })
+            .unwrap();
+    };
+    for i in 0..4 {
+        recv(i);
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..N {
+                h.local.qp.post_send_ringing(&cdc(i), r.rkey).unwrap();
+                let t0 = Instant::now();
+                loop {
+                    let w = h.local.poll_send();
+                    if let Some(w) = w.first() {
+                        assert_eq!((w.wr_id, w.status), (i, WcStatus::Success));
+                        break;
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(5), "SEND {i} not taken");
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut got = 0;
+        let mut by_fd = 0;
+        while got < N {
+            assert!(bell.arm_polled());
+            let w = owner.poll_recv();
+            for c in &w {
+                assert_eq!(c.status, WcStatus::Success);
+                recv(got + 4);
+                got += 1;
+            }
+            if w.is_empty() {
+                assert!(
+                    readable(fd, Duration::from_secs(3)),
+                    "the poller missed a SEND after {got}"
+                );
+                by_fd += 1;
+            }
+        }
+        bell.disarm_polled();
+        assert!(by_fd > 0, "no SEND came through the eventfd");
+    });
+}

@@ -131,6 +131,14 @@ pub(super) struct LocalMr {
     /// A further registration keeps the memory of the first one (its arena
     /// range) alive.
     pub(super) _first: Option<Arc<LocalMr>>,
+    /// The eventfd a peer's SEND writes when it finds the doorbell armed for
+    /// a poller (`layout::BELL_POLLED`): one per memory (its registrations
+    /// share it, as they share the doorbell word), made when the owner first
+    /// asks for it (`Bell::poll_fd`) and handed to peers that fetch the
+    /// region after that. `None` inside: it could not be made (no
+    /// descriptor left); SENDs then signal the owner's channel as for a
+    /// region that nobody polls. Regions nobody polls cost no descriptor.
+    pub(super) bell_efd: Arc<std::sync::OnceLock<Option<EventFd>>>,
 }
 
 impl LocalMr {

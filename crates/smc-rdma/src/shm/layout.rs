@@ -53,6 +53,20 @@ pub const MR_BELL: usize = 1024;
 pub const BELL_ARMED: u64 = 1;
 /// `MR_BELL`: the owner sleeps on it (a ring wakes it with a system call).
 pub const BELL_ASLEEP: u64 = 2;
+/// `MR_BELL`: an event loop of the owner armed it (`verbs::Bell::arm_polled`)
+/// and waits for the region's eventfd, which the owner handed to the peer
+/// with the region: the peer's next SEND naming the region sets
+/// [`BELL_SIGNALLED`] before it publishes the slot (the slot then does not
+/// signal the owner's channel) and writes the eventfd after. A peer can
+/// write this word, as any other of `MR_BELL`: at worst a wake-up for
+/// nothing, or a SEND of its own connection left unannounced until the
+/// owner looks for another reason.
+pub const BELL_POLLED: u64 = 3;
+/// `MR_BELL`: a peer's SEND took the word [`BELL_POLLED`] and writes (or has
+/// written) the region's eventfd; the owner arms it again. A peer that finds
+/// it so signals the owner's channel instead (the owner may be re-arming
+/// right then, and only the channel is announced whatever it does).
+pub const BELL_SIGNALLED: u64 = 4;
 /// Registrations a region's memory may have at once: the first one and
 /// `MR_REGS - 1` further ones (SMC-R has at most three links per group).
 pub const MR_REGS: usize = 8;

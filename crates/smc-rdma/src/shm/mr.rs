@@ -12,12 +12,12 @@ use super::qp::{Core, Ctl, QpInner, ShmQp};
 use super::{fresh_key, lock, random_u64, KeyMap, MAX_INLINE, MAX_REGION};
 
 use super::layout::*;
-use crate::sys::SharedMem;
+use crate::sys::{EventFd, SharedMem};
 use crate::verbs::*;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicBool;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// A protection domain of an `shm` device.
 pub struct ShmPd {
@@ -80,6 +80,7 @@ impl ProtectionDomain for ShmPd {
             slot: 0,
             regs: Arc::new(Mutex::new(1)),
             _first: None,
+            bell_efd: Arc::default(),
         });
         lkeys.insert(lkey, mr.clone());
         rkeys.insert(rkey, mr.clone());
@@ -155,6 +156,7 @@ impl ProtectionDomain for ShmPd {
             _slice: None,
             slot,
             regs: first.regs.clone(),
+            bell_efd: first.bell_efd.clone(),
             _first: Some(first),
         });
         lkeys.insert(lkey, shared.clone());
@@ -187,6 +189,7 @@ impl ProtectionDomain for ShmPd {
             remote: Mutex::new(KeyMap::default()),
             fail_pending: AtomicBool::new(false),
             fail_what: Mutex::new((None, false)),
+            bell_fd_wanted: AtomicBool::new(false),
         });
         lock(&self.dev.qps).insert(qpn, Arc::downgrade(&inner));
         lock(&send_cq.inner.qps).push(Arc::downgrade(&inner));
@@ -220,11 +223,16 @@ pub struct ShmMr {
 struct ShmBell {
     mem: Arc<SharedMem>,
     off: usize,
+    /// The region's eventfd for a poller (`LocalMr::bell_efd`).
+    efd: Arc<OnceLock<Option<EventFd>>>,
 }
 
 impl ShmBell {
     fn word(&self) -> &std::sync::atomic::AtomicU64 {
         MrView(&self.mem, 0).h(self.off)
+    }
+    fn efd(&self) -> Option<&EventFd> {
+        self.efd.get_or_init(|| EventFd::new().ok()).as_ref()
     }
 }
 
@@ -246,15 +254,23 @@ impl Bell for ShmBell {
         }
     }
     fn ring(&self) -> bool {
+        // Only a thread of ours is rung here: a poller's arm is the peer's
+        // to take (its SEND writes the eventfd; a local applier has nothing
+        // to add, the poller looks at what it finds anyway).
         let w = self.word();
-        if w.load(SeqCst) == 0 {
-            return false;
+        let mut was = w.load(SeqCst);
+        while was == BELL_ARMED || was == BELL_ASLEEP {
+            match w.compare_exchange(was, 0, SeqCst, SeqCst) {
+                Ok(_) => {
+                    if was == BELL_ASLEEP {
+                        let _ = self.mem.futex_wake(self.off);
+                    }
+                    return true;
+                }
+                Err(now) => was = now,
+            }
         }
-        let was = w.swap(0, SeqCst);
-        if was == BELL_ASLEEP {
-            let _ = self.mem.futex_wake(self.off);
-        }
-        was != 0
+        false
     }
     fn hold(&self) -> bool {
         self.word()
@@ -268,18 +284,81 @@ impl Bell for ShmBell {
             .compare_exchange(BELL_ARMED, 0, SeqCst, SeqCst)
             .is_err_and(|w| w == 0)
     }
+    fn poll_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.efd().map(|e| e.as_fd())
+    }
+    fn arm_polled(&self) -> bool {
+        let Some(e) = self.efd() else {
+            return false;
+        };
+        // Drained every time: a peer writes the eventfd after it took the
+        // word, so its write may land after an earlier drain, even after
+        // the arm that followed it. (One read resets an eventfd that is not
+        // a semaphore.)
+        e.drain();
+        let w = self.word();
+        let mut was = w.load(SeqCst);
+        loop {
+            if was == BELL_ARMED || was == BELL_ASLEEP {
+                // a thread of ours waits or holds: it takes what comes
+                return false;
+            }
+            // (0, POLLED, SIGNALLED, or what a peer wrote: ours to set)
+            match w.compare_exchange(was, BELL_POLLED, SeqCst, SeqCst) {
+                Ok(_) => return true,
+                Err(now) => was = now,
+            }
+        }
+    }
+    fn polled_taken(&self) -> bool {
+        self.word().load(SeqCst) == BELL_SIGNALLED
+    }
+    fn disarm_polled(&self) {
+        let w = self.word();
+        for was in [BELL_POLLED, BELL_SIGNALLED] {
+            let _ = w.compare_exchange(was, 0, SeqCst, SeqCst);
+        }
+        if let Some(e) = self.efd.get().and_then(Option::as_ref) {
+            e.drain();
+        }
+    }
 }
 
 /// Takes a peer region's doorbell if its owner waits on it: what the word
-/// was (0: nobody waits; [`BELL_ASLEEP`]: the owner sleeps, to be woken,
+/// was (0: not taken; [`BELL_ASLEEP`]: the owner sleeps, to be woken,
 /// `SharedMem::futex_wake` at `MR_BELL`, once what it waits for is there;
-/// anything else: it is about to sleep, and finds the word taken).
+/// [`BELL_ARMED`]: it is about to sleep, and finds the word taken;
+/// [`BELL_POLLED`]: an event loop of the owner waits for the region's
+/// eventfd, to be written once what it waits for is there, and the word is
+/// [`BELL_SIGNALLED`] now). Taken by compare-and-swap, so that an owner
+/// changing the word meanwhile (a poller re-arming) is not overwritten.
+/// Not taken: a word armed for a poller when we have no eventfd (the region
+/// is marked to be fetched again with it, `QpInner::fetch_bell_fd`), or
+/// already signalled (the owner may be re-arming right now: its channel is
+/// what it is sure to see), or anything else the owner's peer wrote.
 pub(super) fn take_bell(m: &PeerMr) -> u64 {
     let w = MrView(&m.mem, 0).h(MR_BELL);
-    if w.load(SeqCst) == 0 {
-        return 0;
+    let mut was = w.load(SeqCst);
+    // (a bounded number of tries: the word is shared with the owner, which
+    // could change it forever; not taken, the SEND signals its channel)
+    for _ in 0..4 {
+        let to = match was {
+            BELL_ARMED | BELL_ASLEEP => 0,
+            BELL_POLLED if m.efd.is_some() => BELL_SIGNALLED,
+            BELL_POLLED => {
+                let _ = m
+                    .efd_want
+                    .compare_exchange(EFD_NONE, EFD_WANTED, Relaxed, Relaxed);
+                return 0;
+            }
+            _ => return 0,
+        };
+        match w.compare_exchange(was, to, SeqCst, SeqCst) {
+            Ok(_) => return was,
+            Err(now) => was = now,
+        }
     }
-    w.swap(0, SeqCst)
+    0
 }
 
 impl MemoryRegion for ShmMr {
@@ -291,6 +370,7 @@ impl MemoryRegion for ShmMr {
         Some(Arc::new(ShmBell {
             mem: self.mr.mem.clone(),
             off: self.mr.base + MR_BELL,
+            efd: self.mr.bell_efd.clone(),
         }))
     }
     fn lkey(&self) -> u32 {
@@ -340,7 +420,23 @@ pub(super) struct PeerMr {
     pub(super) access: Access,
     /// The registration of the memory this rkey is (`layout::mr_reg_words`).
     pub(super) slot: usize,
+    /// The eventfd its owner handed out with it, which a SEND writes when it
+    /// takes the doorbell armed for a poller ([`take_bell`]); checked to be
+    /// an eventfd and made non-blocking when it came.
+    pub(super) efd: Option<EventFd>,
+    /// Whether to fetch the region again for its eventfd: [`EFD_NONE`],
+    /// [`EFD_WANTED`] (a SEND found the doorbell armed for a poller and we
+    /// have no eventfd: fetched before the owner made one), [`EFD_ASKED`]
+    /// (fetched again already, or fetched with it: never again).
+    pub(super) efd_want: AtomicU8,
 }
+
+/// [`PeerMr::efd_want`]: nothing to fetch.
+pub(super) const EFD_NONE: u8 = 0;
+/// [`PeerMr::efd_want`]: to be fetched again for its eventfd.
+pub(super) const EFD_WANTED: u8 = 1;
+/// [`PeerMr::efd_want`]: not to be fetched again for it.
+pub(super) const EFD_ASKED: u8 = 2;
 
 impl PeerMr {
     /// Still registered by its owner (a correct writer stops at once when
@@ -397,5 +493,53 @@ impl Drop for ShmMr {
         lock(&self.dev.lkeys).remove(&self.mr.lkey);
         lock(&self.dev.rkeys).remove(&self.mr.rkey);
         *lock(&self.mr.regs) &= !(1 << self.mr.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer_mr(efd: Option<EventFd>) -> PeerMr {
+        PeerMr {
+            mem: SharedMem::create("take-bell-test", HDR).unwrap(),
+            rkey: 1,
+            iova: 0x1000,
+            len: 0,
+            access: Access::from_bits(0),
+            slot: 0,
+            efd,
+            efd_want: AtomicU8::new(EFD_NONE),
+        }
+    }
+
+    /// What a peer's SEND takes from each doorbell word, and what it leaves.
+    #[test]
+    fn take_bell_takes_sleepers_and_a_pollers_arm_once() {
+        let m = peer_mr(Some(EventFd::new().unwrap()));
+        let w = MrView(&m.mem, 0).h(MR_BELL);
+        for (word, took, left) in [
+            (0, 0, 0),
+            (BELL_ARMED, BELL_ARMED, 0),
+            (BELL_ASLEEP, BELL_ASLEEP, 0),
+            (BELL_POLLED, BELL_POLLED, BELL_SIGNALLED),
+            // (taken already: the owner may be re-arming, the channel is
+            // what it sees)
+            (BELL_SIGNALLED, 0, BELL_SIGNALLED),
+            (77, 0, 77),
+        ] {
+            w.store(word, SeqCst);
+            assert_eq!((take_bell(&m), w.load(SeqCst)), (took, left), "word {word}");
+        }
+        assert_eq!(m.efd_want.load(Relaxed), EFD_NONE);
+
+        // no eventfd: a poller's arm is left, and the region is to be
+        // fetched again for its eventfd
+        let m = peer_mr(None);
+        let w = MrView(&m.mem, 0).h(MR_BELL);
+        w.store(BELL_POLLED, SeqCst);
+        assert_eq!(take_bell(&m), 0);
+        assert_eq!(w.load(SeqCst), BELL_POLLED);
+        assert_eq!(m.efd_want.load(Relaxed), EFD_WANTED);
     }
 }

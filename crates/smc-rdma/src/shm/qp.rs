@@ -166,8 +166,8 @@ pub(super) struct Inbound {
     pub(super) auth: Option<u64>,
     /// The auth proof was checked: regions may be handed out.
     pub(super) authed: bool,
-    /// Region requests (id, rkey) that arrived before `authed`.
-    pub(super) deferred: VecDeque<(u32, u32)>,
+    /// Region requests (id, rkey, flags) that arrived before `authed`.
+    pub(super) deferred: VecDeque<(u32, u32, u32)>,
 }
 
 /// Rendezvous state of a QP. Taken only briefly (never across a blocking
@@ -228,6 +228,11 @@ pub(super) struct QpInner {
     /// The device thread wanted to fail the QP while `core` was busy.
     pub(super) fail_pending: AtomicBool,
     pub(super) fail_what: Mutex<(Option<WcStatus>, bool)>,
+    /// A SEND found a peer region's doorbell armed for a poller without
+    /// the region's eventfd here (`PeerMr::efd_want`): the next ringing post
+    /// looks whether its region is to be fetched again for it (so that the
+    /// others need not look).
+    pub(super) bell_fd_wanted: AtomicBool,
 }
 
 /// Heartbeat state of a connected QP (device thread only).
@@ -316,7 +321,7 @@ impl ShmQp {
     /// length in it — or `None` if it refuses.
     #[doc(hidden)]
     pub fn peer_region_memfd(&self, rkey: u32) -> Option<(OwnedFd, u64, usize)> {
-        let (m, fd) = self.inner.ask_region(rkey).ok()?;
+        let (m, fd, _) = self.inner.ask_region(rkey, 0).ok()?;
         Some((fd, m.z, m.y as usize))
     }
 }
@@ -326,6 +331,9 @@ impl ShmQp {
     /// published (see `QpInner::progress_send`).
     fn post(&self, wr: &SendWr<'_>, bell: Option<u32>) -> Result<()> {
         let q = &self.inner;
+        if let Some(k) = bell {
+            q.fetch_bell_fd(k);
+        }
 
         let mut c = lock(&q.core);
         if q.fail_pending.load(Relaxed) {

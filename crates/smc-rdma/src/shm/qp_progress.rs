@@ -7,7 +7,7 @@
 //! bookkeeping: everything read from them is checked.
 
 use super::cq::CqInner;
-use super::mr::{take_bell, PeerMr};
+use super::mr::{take_bell, PeerMr, EFD_WANTED};
 use super::qp::{send_opcode, wc, Core, OwnedPayload, QpInner, Stage};
 use super::{lock, MAX_RNR_TIMER};
 
@@ -24,26 +24,44 @@ pub(super) fn slot_taken(ring: &SharedMem, seq: u64) -> bool {
     w >> 3 == seq && w & 7 != 0
 }
 
+/// A wake-up of a doorbell's owner: its sleeping thread (`false`: the
+/// futex at `MR_BELL`) or its poller (`true`: the region's eventfd).
+type Wake = (Arc<PeerMr>, bool);
+
 thread_local! {
     /// Doorbells whose owners a post of this thread is to wake once it has
     /// let go of the QP's lock (see [`defer_wakes`]); `None`: wake at once.
-    static DEFERRED: std::cell::RefCell<Option<Vec<Arc<PeerMr>>>> =
+    static DEFERRED: std::cell::RefCell<Option<Vec<Wake>>> =
         const { std::cell::RefCell::new(None) };
 }
 
-/// Wakes the owner of doorbell `m` (it sleeps and its word is taken), now,
-/// or when the post under way in this thread has let go of its QP's lock.
-fn wake_later(m: Arc<PeerMr>) {
+/// Makes a wake-up. The eventfd is the peer's, checked and made
+/// non-blocking when it came (`qp_region::bell_fd`): a write that fails
+/// (its counter full) leaves it readable, which is all a poller needs.
+fn wake((m, polled): Wake) {
+    if polled {
+        if let Some(e) = &m.efd {
+            e.signal();
+        }
+    } else {
+        let _ = m.mem.futex_wake(MR_BELL);
+    }
+}
+
+/// Wakes the owner of doorbell `m` whose word we took (`polled`: from an
+/// event loop's arm), now, or when the post under way in this thread has
+/// let go of its QP's lock.
+fn wake_later(m: Arc<PeerMr>, polled: bool) {
     // (a thread whose locals are gone, a post from an exit handler, wakes
     // at once)
-    let mut m = Some(m);
+    let mut w = Some((m, polled));
     let _ = DEFERRED.try_with(|d| {
         if let Some(v) = d.borrow_mut().as_mut() {
-            v.extend(m.take());
+            v.extend(w.take());
         }
     });
-    if let Some(m) = m {
-        let _ = m.mem.futex_wake(MR_BELL);
+    if let Some(w) = w {
+        wake(w);
     }
 }
 
@@ -63,8 +81,8 @@ pub fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-            for m in v {
-                let _ = m.mem.futex_wake(MR_BELL);
+            for w in v {
+                wake(w);
             }
         }
     }
@@ -257,11 +275,11 @@ impl QpInner {
         // the peer's armed channel)
         let mut published = false;
         // the peer regions whose doorbells SENDs of this pass name, and
-        // whether each was rung before its SEND was published (the first
-        // apart: a pass has one CDC as a rule, which then costs no
-        // allocation)
-        let mut bell1: Option<(Arc<PeerMr>, bool)> = None;
-        let mut bells: Vec<(Arc<PeerMr>, bool)> = Vec::new();
+        // what each word was when taken before its SEND was published (0:
+        // not taken; the first apart: a pass has one CDC as a rule, which
+        // then costs no allocation)
+        let mut bell1: Option<(Arc<PeerMr>, u64)> = None;
+        let mut bells: Vec<(Arc<PeerMr>, u64)> = Vec::new();
         // RC: while an earlier SEND is refused with RNR, the responder does not
         // execute anything behind it, so a later WRITE must not land either.
         let mut rnr_blocked = false;
@@ -318,16 +336,23 @@ impl QpInner {
                 Ok(Some((op, imm))) => {
                     let pr = Ring(ring.expect("a slot op has a ring"));
                     let psn = (sq_psn as u64).wrapping_add(tail) & 0xff_ffff;
-                    // A doorbell whose owner sleeps is taken before the
-                    // slot is published, and the slot says so: the woken
-                    // owner polls it in, and the peer's channel is not
-                    // signalled for it. It is rung once published (below).
+                    // A doorbell whose owner sleeps (or whose owner's event
+                    // loop waits for its eventfd) is taken before the slot
+                    // is published, and the slot says so: the woken owner
+                    // polls it in, and the peer's channel is not signalled
+                    // for it. It is rung once published (below).
                     let bell = p.bell.and_then(|k| self.cached_peer_region(k));
                     let was = bell.as_ref().map_or(0, |m| take_bell(m));
                     let rang = was != 0;
+                    if bell
+                        .as_ref()
+                        .is_some_and(|m| m.efd_want.load(Relaxed) == EFD_WANTED)
+                    {
+                        self.bell_fd_wanted.store(true, Relaxed);
+                    }
                     pr.s(tail, S_BELL).store(u64::from(rang), Relaxed);
                     if let Some(m) = bell {
-                        let b = (m, was == BELL_ASLEEP);
+                        let b = (m, was);
                         match bell1 {
                             None => bell1 = Some(b),
                             Some(_) => bells.push(b),
@@ -355,14 +380,24 @@ impl QpInner {
                 }
             }
         }
-        // The doorbells: an owner found asleep above is woken now that its
-        // SEND is published; and any that its owner armed since is rung
-        // too: an owner arms, then looks at the ring, so either its look
-        // finds the slot published above or this finds the word set.
-        for (m, asleep) in bell1.into_iter().chain(bells) {
-            let asleep = asleep || take_bell(&m) == BELL_ASLEEP;
-            if asleep {
-                wake_later(m);
+        // The doorbells: an owner found asleep (or polling) above is woken
+        // now that its SEND is published; and any that its owner armed
+        // since is rung too: an owner arms, then looks at the ring, so
+        // either its look finds the slot published above or this finds the
+        // word set. (A sleeper we took is not taken again: it has not seen
+        // our wake-up yet. A poller's arm we took may have been overwritten
+        // since by a thread of the owner arming to wait, which the eventfd
+        // does not wake, so that word is taken again.)
+        for (m, was) in bell1.into_iter().chain(bells) {
+            let again = if was == BELL_ASLEEP { 0 } else { take_bell(&m) };
+            if again == BELL_ASLEEP {
+                wake_later(m.clone(), false);
+            }
+            match was {
+                BELL_ASLEEP => wake_later(m, false),
+                BELL_POLLED => wake_later(m, true),
+                _ if again == BELL_POLLED => wake_later(m, true),
+                _ => {}
             }
         }
         // 3. Complete in order.

@@ -4,16 +4,17 @@
 //! rkey, mapping only the range it hands out, and checking a WRITE against
 //! it.
 
-use super::mr::PeerMr;
+use super::mr::{PeerMr, EFD_ASKED, EFD_NONE, EFD_WANTED};
 use super::qp::{is_local_shortage, FetchError, QpInner};
 use super::{lock, ANSWER_WAIT, MAX_REGION};
 
 use super::layout::*;
-use super::wire::{Kind, Msg};
-use crate::sys::{SeqPacket, SharedMem};
+use super::wire::{Kind, Msg, F_MR_BELL_FD};
+use crate::sys::{self, EventFd, SeqPacket, SharedMem};
 use crate::verbs::*;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering::Acquire;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,7 +23,9 @@ impl QpInner {
     /// connection: the memfd of the region's arena chunk (which holds
     /// remote-access regions of this PD only), with the region's offset and
     /// length in it, if the region is of this QP's PD, registered for remote
-    /// writes, and the QP grants remote writes; else a refusal. False if the
+    /// writes, and the QP grants remote writes; else a refusal. With the
+    /// memfd the region's doorbell eventfd, if the peer takes it (`flags`
+    /// has `wire::F_MR_BELL_FD`) and a poller of ours made it. False if the
     /// peer does not take the answer (it stopped reading).
     pub(super) fn serve_region(
         &self,
@@ -30,6 +33,7 @@ impl QpInner {
         s: &SeqPacket,
         id: u32,
         rkey: u32,
+        flags: u32,
     ) -> bool {
         let mr = lock(&self.dev.rkeys).get(&rkey).cloned().filter(|mr| {
             mr.pd == self.pd
@@ -37,19 +41,32 @@ impl QpInner {
                 && qp_access.contains(Access::REMOTE_WRITE)
         });
         let r = match mr.as_ref().and_then(|mr| Some((mr, mr.mem.fd()?))) {
-            Some((mr, fd)) => s.try_send(
-                &Msg {
-                    a: id,
-                    b: rkey,
-                    c: mr.access.bits(),
-                    x: mr.iova,
-                    y: mr.len as u64,
-                    z: mr.base as u64,
-                    ..Msg::new(Kind::MrResp)
-                }
-                .encode(),
-                &[fd],
-            ),
+            Some((mr, fd)) => {
+                // (made by the owner's poller only: a region nobody polls
+                // costs no descriptor, here or at the peer)
+                let efd = mr
+                    .bell_efd
+                    .get()
+                    .and_then(Option::as_ref)
+                    .filter(|_| flags & F_MR_BELL_FD != 0);
+                let fds: &[BorrowedFd<'_>] = match efd {
+                    Some(e) => &[fd, e.as_fd()],
+                    None => &[fd],
+                };
+                s.try_send(
+                    &Msg {
+                        a: id,
+                        b: rkey,
+                        c: mr.access.bits(),
+                        x: mr.iova,
+                        y: mr.len as u64,
+                        z: mr.base as u64,
+                        ..Msg::new(Kind::MrResp)
+                    }
+                    .encode(),
+                    fds,
+                )
+            }
             None => s.try_send(
                 &Msg {
                     a: id,
@@ -64,9 +81,17 @@ impl QpInner {
     }
 
     /// Asks the peer for its region `rkey` on the connection we dialed: the
-    /// answer and the memfd the region lives in. Holds no lock of ours but
-    /// the request lock while it waits.
-    pub(super) fn ask_region(&self, rkey: u32) -> std::result::Result<(Msg, OwnedFd), FetchError> {
+    /// answer, the memfd the region lives in, and the region's doorbell
+    /// eventfd if the peer sent one (a second descriptor that is not an
+    /// eventfd is closed: a write into a pipe or socket of the peer's
+    /// choice could block, or feed something else). `flags`: those of the
+    /// request (`wire::F_MR_BELL_FD`). Holds no lock of ours but the request
+    /// lock while it waits.
+    pub(super) fn ask_region(
+        &self,
+        rkey: u32,
+        flags: u32,
+    ) -> std::result::Result<(Msg, OwnedFd, Option<EventFd>), FetchError> {
         let out = lock(&self.ctl).out.clone().ok_or_else(|| {
             FetchError::remote(WcStatus::RetryExceeded, "the QP is not connected")
         })?;
@@ -82,6 +107,7 @@ impl QpInner {
         let req = Msg {
             a: id,
             b: rkey,
+            c: flags,
             ..Msg::new(Kind::MrReq)
         };
         out.sock.send(&req.encode(), &[]).map_err(gone)?;
@@ -122,17 +148,27 @@ impl QpInner {
                 return Err(refused("the peer refused the region"));
             }
             let len = m.y as usize;
-            if m.b != rkey || fds.len() != 1 || len == 0 || len > MAX_REGION {
+            if m.b != rkey || !matches!(fds.len(), 1 | 2) || len == 0 || len > MAX_REGION {
                 return Err(refused("malformed region answer"));
             }
-            return Ok((m, fds.remove(0)));
+            let efd = if fds.len() == 2 {
+                fds.pop().and_then(bell_fd)
+            } else {
+                None
+            };
+            return Ok((m, fds.remove(0), efd));
         }
     }
 
     /// Fetches the peer's region `rkey` ([`QpInner::ask_region`]) and maps
     /// it: only its range of the memfd, which is closed then.
     pub(super) fn fetch_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
-        let (m, fd) = self.ask_region(rkey)?;
+        let (m, fd, efd) = match self.ask_region(rkey, F_MR_BELL_FD) {
+            // (no room here for the eventfd too: the region alone, as
+            // before the owner polled it)
+            Err(e) if e.local => self.ask_region(rkey, 0)?,
+            r => r?,
+        };
         let refused = |why: &str| FetchError::remote(WcStatus::RemoteAccessError, why);
         let len = m.y as usize;
         let mem = SharedMem::map_peer_range(fd, m.z, HDR + len).map_err(|e| {
@@ -163,7 +199,40 @@ impl QpInner {
             len,
             access: Access::from_bits(m.c),
             slot,
+            efd_want: AtomicU8::new(if efd.is_some() { EFD_ASKED } else { EFD_NONE }),
+            efd,
         }))
+    }
+
+    /// Fetches the peer's region `rkey` again, once, if a SEND found its
+    /// doorbell armed for a poller and we had no eventfd to write (we
+    /// fetched it before the owner's poller made one, as a connection
+    /// readies its peer's RMB before any data): the next SENDs then write
+    /// the eventfd instead of signalling the owner's channel. Called by a
+    /// post that names the doorbell, before it takes the QP's lock (it waits
+    /// for the peer's answer, at most `ANSWER_WAIT`). If the peer does not
+    /// give it, the region stays mapped as it was, and is not asked for
+    /// again.
+    pub(super) fn fetch_bell_fd(&self, rkey: u32) {
+        // (another region that wants its eventfd sets the flag again at its
+        // next SEND)
+        if !self.bell_fd_wanted.load(Relaxed) || !self.bell_fd_wanted.swap(false, Relaxed) {
+            return;
+        }
+        let Some(old) = self.cached_peer_region(rkey) else {
+            return;
+        };
+        if old
+            .efd_want
+            .compare_exchange(EFD_WANTED, EFD_ASKED, Relaxed, Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        if let Ok(new) = self.fetch_region(rkey) {
+            new.efd_want.store(EFD_ASKED, Relaxed);
+            lock(&self.remote).insert(rkey, new);
+        }
     }
 
     /// The peer's region `rkey` for this QP: mapped already, or fetched now.
@@ -201,5 +270,39 @@ impl QpInner {
         let m = self.peer_region(rkey).map_err(|e| e.status)?;
         let off = m.check(addr, len)?;
         Ok((m, off))
+    }
+}
+
+/// A region's doorbell eventfd as a peer handed it to us, if it is one:
+/// anything else is closed. Made non-blocking (a peer's eventfd whose counter
+/// it filled would block a write): the post path writes it.
+pub(super) fn bell_fd(fd: OwnedFd) -> Option<EventFd> {
+    if !sys::is_eventfd(fd.as_fd()) || sys::set_nonblocking(fd.as_fd()).is_err() {
+        return None;
+    }
+    Some(EventFd::from_owned(fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second descriptor of a region answer is kept only if it is an
+    /// eventfd (that it is made non-blocking: the `shm_device` test
+    /// `a_full_blocking_eventfd_of_the_owner_does_not_block_a_post`).
+    #[test]
+    fn a_bell_fd_must_be_an_eventfd() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(bell_fd(OwnedFd::from(a)).is_none(), "a socket");
+        let (r, _w) = std::io::pipe().unwrap();
+        assert!(bell_fd(OwnedFd::from(r)).is_none(), "a pipe");
+        let mem = SharedMem::create("bell-fd-test", 4096).unwrap();
+        let fd = mem.fd().unwrap().try_clone_to_owned().unwrap();
+        assert!(bell_fd(fd).is_none(), "a memfd");
+
+        let e = EventFd::new().unwrap();
+        let kept = bell_fd(e.as_fd().try_clone_to_owned().unwrap()).expect("an eventfd is kept");
+        kept.signal();
+        assert!(e.drain(), "the same eventfd");
     }
 }

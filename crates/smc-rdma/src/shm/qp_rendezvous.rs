@@ -271,8 +271,8 @@ impl QpInner {
             if !bad {
                 let access = ctl.access;
                 if let Some(b) = ctl.inb.as_mut().filter(|b| b.authed) {
-                    while let Some((id, rkey)) = b.deferred.pop_front() {
-                        if !self.serve_region(access, &b.sock, id, rkey) {
+                    while let Some((id, rkey, flags)) = b.deferred.pop_front() {
+                        if !self.serve_region(access, &b.sock, id, rkey, flags) {
                             bad = true;
                             break;
                         }
@@ -405,13 +405,13 @@ impl QpInner {
                         verify = true;
                     }
                     Some(m) if m.kind == Kind::MrReq && b.authed => {
-                        if !self.serve_region(access, &b.sock, m.a, m.b) {
+                        if !self.serve_region(access, &b.sock, m.a, m.b, m.c) {
                             end = Some(b.sock.clone());
                             break;
                         }
                     }
                     Some(m) if m.kind == Kind::MrReq && b.deferred.len() < MAX_DEFERRED => {
-                        b.deferred.push_back((m.a, m.b));
+                        b.deferred.push_back((m.a, m.b, m.c));
                     }
                     _ => {
                         end = Some(b.sock.clone());

@@ -36,7 +36,13 @@
 //!    region lives in — shared by the remote-access regions of that PD
 //!    only — and the region's page-aligned offset and length in it: the
 //!    dialer maps that range (its header page and bytes) and closes the
-//!    descriptor.
+//!    descriptor. A dialer that sets [`F_MR_BELL_FD`] in the request may get
+//!    a second descriptor: the eventfd of the region's doorbell, if its
+//!    owner made one (a poller of the owner waits on it, `verbs::Bell::
+//!    arm_polled`); the dialer keeps it only if it is an eventfd. A dialer
+//!    that does not set the flag gets the memfd alone, and an acceptor that
+//!    does not know the flag ignores it, so the two ends need not agree on
+//!    anything new.
 //!
 //! The order fits SMC's first contact, where the client's QP stays in RTR
 //! until the server's CONFIRM LINK arrived (net/smc/af_smc.c:
@@ -106,6 +112,10 @@ pub const F_TX_CHAN: u32 = 2;
 /// both, saving the acceptor a descriptor).
 pub const F_SAME_CHAN: u32 = 4;
 
+/// `MrReq` flag: the dialer takes the region's doorbell eventfd, if it has
+/// one, as a second descriptor of the answer.
+pub const F_MR_BELL_FD: u32 = 1;
+
 /// One message. Field use by kind:
 ///
 /// | kind | `a` | `b` | `c` | `gid` | `x` | `y` | `z` |
@@ -113,7 +123,7 @@ pub const F_SAME_CHAN: u32 = 4;
 /// | Hello | dialer QPN | acceptor QPN | flags | dialer GID | nonce | [`hello_proof`] | – |
 /// | Received | – | – | – | – | – | – | – |
 /// | Auth | – | – | – | – | – | [`auth_proof`] | – |
-/// | MrReq | request id | rkey | – | – | – | – | – |
+/// | MrReq | request id | rkey | flags ([`F_MR_BELL_FD`]) | – | – | – | – |
 /// | MrResp | request id | rkey | access bits | – | iova | length | offset of the region's header page in the memfd |
 /// | Nak | request id | rkey | – | – | – | – | – |
 ///
