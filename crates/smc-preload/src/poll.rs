@@ -33,7 +33,10 @@ pub(crate) fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
 }
 
 /// Runs `f` on a copy of `fds` whose SMC descriptors are replaced by their
-/// readiness descriptors, and copies the results back.
+/// readiness descriptors, and copies the results back. A connection that
+/// also has its peer's signal polled in an epoll set (`signal_ctl`) has
+/// that signal in the copy too, after the caller's entries, as readable:
+/// data it announces does not show on the readiness descriptor.
 pub(crate) unsafe fn poll_via(
     fds: *mut pollfd,
     n: nfds_t,
@@ -49,12 +52,20 @@ pub(crate) unsafe fn poll_via(
     let mut keep = Vec::new();
     let mut now = vec![false; copy.len()];
     let mut pend = vec![None; copy.len()];
+    // (caller's entry, peer signal)
+    let mut signals = Vec::new();
     for (k, p) in copy.iter_mut().enumerate() {
         if let Some((r, ready, e)) = poll_target(p.fd) {
             p.fd = r;
             now[k] = ready && p.events & libc::POLLIN != 0;
-            if let Entry::Connecting(c) = &e {
-                pend[k] = Some(c.clone());
+            match &e {
+                Entry::Connecting(c) => pend[k] = Some(c.clone()),
+                Entry::Stream(c) if p.events & libc::POLLIN != 0 => {
+                    if let Some(sfd) = c.s.signal_fd().filter(|_| c.s.signal_polled()) {
+                        signals.push((k, sfd.as_raw_fd()));
+                    }
+                }
+                _ => {}
             }
             keep.push(e);
         }
@@ -62,10 +73,22 @@ pub(crate) unsafe fn poll_via(
     if keep.is_empty() {
         return None;
     }
+    for &(_, sfd) in &signals {
+        copy.push(pollfd {
+            fd: sfd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+    }
     let any_now = now.iter().any(|x| *x);
-    let r = f(copy.as_mut_ptr(), n, any_now);
+    let r = f(copy.as_mut_ptr(), copy.len() as nfds_t, any_now);
     if r < 0 {
         return Some(r);
+    }
+    for (i, &(k, _)) in signals.iter().enumerate() {
+        if copy[n as usize + i].revents & libc::POLLIN != 0 {
+            now[k] = true;
+        }
     }
     let mut count = 0;
     for (k, (u, c)) in user.iter_mut().zip(copy.iter()).enumerate() {

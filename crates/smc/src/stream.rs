@@ -896,6 +896,16 @@ impl SmcStream {
         }
     }
 
+    /// Whether a poller of [`SmcStream::signal_fd`] is registered
+    /// ([`SmcStream::watch_signal`]): the peer signals it, and a poll of the
+    /// connection must include it.
+    pub fn signal_polled(&self) -> bool {
+        let Ok(Some(c)) = self.smc_conn() else {
+            return false;
+        };
+        c.signal().is_some_and(|s| s.polled())
+    }
+
     /// Whether the peer signalled [`SmcStream::signal_fd`] for data not
     /// read yet: a read would not block (for a poll that does not include
     /// that descriptor).

@@ -440,6 +440,23 @@ pub(super) enum FlushStep {
     LinkError(smc_rdma::Error),
 }
 
+/// Whether a CDC names the peer's doorbell (`QueuePair::post_send_ringing`):
+/// only one that brings data and nothing else the peer's application must
+/// see at once — no close, abort or urgent byte. An event loop that the
+/// doorbell wakes directly (`Bell::arm_polled`) learns "readable" from it
+/// and no more, so a CDC that ends the connection goes through the peer's
+/// completion channel, whose applier shows it on the readiness descriptor
+/// whole (an end of file with its `EPOLLRDHUP` in one event, as Linux shows
+/// a FIN, tcp.c `tcp_poll`), and a cursor update, which brings nothing to
+/// read, wakes no reader. A reader asleep on the doorbell is woken by that
+/// applier then (`ConnCore::on_cdc` rings it).
+fn names_bell(cdc: &CdcMessage, brings_data: bool) -> bool {
+    brings_data
+        && cdc.conn_flags.is_empty()
+        && !cdc.prod_flags.urg_data_pending()
+        && !cdc.prod_flags.urg_data_present()
+}
+
 impl<P: Provider> ConnCore<P> {
     pub(super) fn new() -> ConnCore<P> {
         ConnCore {
@@ -569,7 +586,7 @@ impl<P: Provider> ConnCore<P> {
                 qp,
                 WrKind::Cdc(f.id, batch.cdc.seqno),
                 &batch.cdc.encode(),
-                Some(f.rkey),
+                names_bell(&batch.cdc, n > 0).then_some(f.rkey),
             );
         }
         match posted {
@@ -678,11 +695,12 @@ impl<P: Provider> ConnCore<P> {
             return FastRead::Read { n, cdc: false };
         };
         debug_assert!(batch.writes.is_empty(), "a cursor update carries no data");
+        // (a cursor update: no data for the peer's reader, see `names_bell`)
         match book.post(
             &f.tx.qp,
             WrKind::Cdc(f.id, batch.cdc.seqno),
             &batch.cdc.encode(),
-            Some(f.rkey),
+            None,
         ) {
             Ok(()) => {
                 book.fast_cdcs += 1;
@@ -1048,7 +1066,12 @@ impl<P: Provider> ConnCore<P> {
             }
         }
         if posted.is_ok() {
-            posted = res.post_cdc(WrKind::Cdc(id, batch.cdc.seqno), &batch.cdc.encode(), rkey);
+            let kind = WrKind::Cdc(id, batch.cdc.seqno);
+            posted = if names_bell(&batch.cdc, n > 0) {
+                res.post_cdc(kind, &batch.cdc.encode(), rkey)
+            } else {
+                res.post(kind, &batch.cdc.encode())
+            };
         }
         Ok(posted)
     }
@@ -1108,8 +1131,10 @@ impl<P: Provider> ConnCore<P> {
         if posted.is_ok() {
             let cdc = WrKind::Cdc(id, batch.cdc.seqno);
             posted = match rtoken {
-                Some((rkey, _)) => res.post_cdc(cdc, &batch.cdc.encode(), rkey),
-                None => res.post(cdc, &batch.cdc.encode()),
+                Some((rkey, _)) if names_bell(&batch.cdc, !batch.writes.is_empty()) => {
+                    res.post_cdc(cdc, &batch.cdc.encode(), rkey)
+                }
+                _ => res.post(cdc, &batch.cdc.encode()),
             };
         }
         // A batch that did not go out stays accounted as in flight: the
