@@ -353,47 +353,226 @@ pub unsafe extern "C" fn epoll_ctl(
 /// After the application's `epoll_ctl(epfd, op, ..., ev)` on connection
 /// `c` went through on its readiness descriptor: the connection's peer
 /// signal (`SmcStream::signal_fd`) follows in the same set, under the same
-/// event data, for as long as the application waits there for readable:
-/// registered for `EPOLLIN` with the application's `EPOLLET` and
-/// `EPOLLONESHOT`. So an event loop asleep in that set is woken by the
+/// event data, for readable only: `EPOLLIN` with the application's
+/// `EPOLLET` and `EPOLLONESHOT` while the application waits there for
+/// readable, no events while it does not (a `MOD` that drops `EPOLLIN`,
+/// as event loops do between a request and its answer: the signal stays
+/// registered, and data it announces meanwhile waits to be read, as in a
+/// TCP socket's receive queue; the same after a `DEL`, until the
+/// connection ends). So an event loop asleep in that set is woken by the
 /// peer's SEND itself; its read then takes the CDC.
-pub(crate) fn signal_ctl(c: &Conn, epfd: c_int, op: c_int, ev: *const libc::epoll_event) {
+pub(crate) fn signal_ctl(c: &Arc<Conn>, epfd: c_int, op: c_int, ev: *const libc::epoll_event) {
     let Some(sfd) = c.s.signal_fd() else { return };
     let sfd = sfd.as_raw_fd();
     let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
     // SAFETY: the caller's event, if any.
     let ev = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
-    let want = ev.filter(|e| e.events & libc::EPOLLIN as u32 != 0);
     let mut sets = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
-    let had = sets.contains(&epfd);
+    let at = sets.iter().position(|&(s, _, _)| s == epfd);
     let keep = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP) as u32;
-    match (had, want) {
-        (false, Some(e)) => {
+    let events = |e: &libc::epoll_event| {
+        if e.events & libc::EPOLLIN as u32 != 0 {
+            libc::EPOLLIN as u32 | e.events & keep
+        } else {
+            0
+        }
+    };
+    match (at, ev) {
+        (None, Some(e)) => {
             let mut mine = libc::epoll_event {
-                events: libc::EPOLLIN as u32 | e.events & (keep | libc::EPOLLEXCLUSIVE as u32),
+                events: events(&e) | e.events & libc::EPOLLEXCLUSIVE as u32,
                 u64: e.u64,
             };
             // SAFETY: our own descriptor into the application's set.
             if unsafe { real_ctl(epfd, libc::EPOLL_CTL_ADD, sfd, &mut mine) } == 0 {
-                sets.push(epfd);
+                sets.push((epfd, mine.events, e.u64));
                 c.s.watch_signal(true);
+                note_signalled(epfd, None, Some((e.u64, e.events)), c);
             }
         }
-        (true, Some(e)) => {
+        (Some(k), Some(e)) => {
             let mut mine = libc::epoll_event {
-                events: libc::EPOLLIN as u32 | e.events & keep,
+                events: events(&e),
                 u64: e.u64,
             };
-            // SAFETY: as above.
-            unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd, &mut mine) };
+            // (an edge-triggered or one-shot registration is armed again by
+            // every MOD, as the application's own)
+            if (mine.events, e.u64) != (sets[k].1, sets[k].2) || mine.events & keep != 0 {
+                // SAFETY: as above.
+                unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd, &mut mine) };
+            }
+            // (what the application asks for changes with every MOD)
+            note_signalled(epfd, Some(sets[k].2), Some((e.u64, e.events)), c);
+            sets[k].1 = mine.events;
+            sets[k].2 = e.u64;
         }
-        (true, None) => {
-            // SAFETY: as above.
-            unsafe { real_ctl(epfd, libc::EPOLL_CTL_DEL, sfd, std::ptr::null_mut()) };
-            sets.retain(|&s| s != epfd);
-            drop(sets);
-            c.s.watch_signal(false);
+        (Some(k), None) => {
+            // Out of the set for the application: no events, but registered
+            // still (event loops take a descriptor out and put it back
+            // between a request and its answer; a MOD costs less than a
+            // DEL and an ADD). It leaves the set with the connection.
+            if sets[k].1 != 0 {
+                let mut none = libc::epoll_event { events: 0, u64: 0 };
+                // SAFETY: as above.
+                unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd, &mut none) };
+                note_signalled(epfd, Some(sets[k].2), None, c);
+                sets[k].1 = 0;
+                sets[k].2 = 0;
+            }
         }
-        (false, None) => {}
+        (None, None) => {}
+    }
+}
+
+/// The registrations of peer signals in the application's epoll sets, by
+/// (set, event data): the connection and the events the application asked
+/// for there. `epoll_wait` reports such a connection's events whole
+/// (`fix_events`).
+type Signalled = std::collections::HashMap<(c_int, u64), (std::sync::Weak<Conn>, u32)>;
+
+static SIGNALLED: Mutex<Option<Signalled>> = Mutex::new(None);
+
+/// Registrations in [`SIGNALLED`] (a look without the lock).
+static SIGNALLED_N: AtomicUsize = AtomicUsize::new(0);
+
+/// Replaces connection `c`'s entry `(epfd, old)` of [`SIGNALLED`] by
+/// `(epfd, new)` (data and the application's events).
+pub(crate) fn note_signalled(
+    epfd: c_int,
+    old: Option<u64>,
+    new: Option<(u64, u32)>,
+    c: &Arc<Conn>,
+) {
+    let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let m = g.get_or_insert_with(Default::default);
+    if let Some(d) = old {
+        if m.get(&(epfd, d)).is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(c))) {
+            m.remove(&(epfd, d));
+        }
+    }
+    if let Some((d, ev)) = new {
+        m.insert((epfd, d), (Arc::downgrade(c), ev));
+    }
+    SIGNALLED_N.store(m.len(), Ordering::Release);
+}
+
+/// Connection `c` (at `ptr`) is gone: its entries leave [`SIGNALLED`].
+pub(crate) fn forget_signalled(ptr: *const Conn, sets: &[(c_int, u32, u64)]) {
+    let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(m) = g.as_mut() else { return };
+    for &(ep, _, d) in sets {
+        if m.get(&(ep, d)).is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), ptr)) {
+            m.remove(&(ep, d));
+        }
+    }
+    SIGNALLED_N.store(m.len(), Ordering::Release);
+}
+
+/// After the real `epoll_wait` on `epfd` returned `n` events in `events`:
+/// an event of a connection whose peer signal is in the set shows the
+/// connection's state now, taken whole — what TCP's poll would report —
+/// and once (the readiness descriptor and the signal are two registrations
+/// under the application's data, and the signal says "readable" only).
+/// An event left with nothing the application asked for is dropped.
+/// Returns the new count.
+unsafe fn fix_events(epfd: c_int, events: *mut libc::epoll_event, n: c_int) -> c_int {
+    if n <= 0 || SIGNALLED_N.load(Ordering::Acquire) == 0 || events.is_null() {
+        return n;
+    }
+    // SAFETY: the `n` events the kernel wrote.
+    let ev = unsafe { std::slice::from_raw_parts_mut(events, n as usize) };
+    let mut found = Vec::new();
+    {
+        let g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = g.as_ref() else { return n };
+        for (i, e) in ev.iter().enumerate() {
+            if let Some((w, asked)) = m.get(&(epfd, e.u64)) {
+                if let Some(c) = w.upgrade() {
+                    found.push((i, c, *asked));
+                }
+            }
+        }
+    }
+    if found.is_empty() {
+        return n;
+    }
+    let mut drop_at = vec![false; ev.len()];
+    let mut seen: Vec<u64> = Vec::new();
+    for (i, c, asked) in found {
+        let data = ev[i].u64;
+        if seen.contains(&data) {
+            drop_at[i] = true;
+            continue;
+        }
+        seen.push(data);
+        let Some(now) = c.s.signalled_events() else {
+            continue;
+        };
+        // (EPOLLHUP and EPOLLERR are reported whatever was asked, as epoll does)
+        let now = now & (asked | libc::EPOLLHUP as u32 | libc::EPOLLERR as u32);
+        if now == 0 {
+            drop_at[i] = true;
+        } else {
+            ev[i].events = now;
+        }
+    }
+    let mut k = 0;
+    for i in 0..ev.len() {
+        if !drop_at[i] {
+            ev[k] = ev[i];
+            k += 1;
+        }
+    }
+    k as c_int
+}
+
+/// Milliseconds left of an `epoll_wait` timeout that started at `t0`.
+fn left_ms(timeout: c_int, t0: std::time::Instant) -> c_int {
+    if timeout < 0 {
+        return timeout;
+    }
+    let spent = t0.elapsed().as_millis().min(c_int::MAX as u128) as c_int;
+    (timeout - spent).max(0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+) -> c_int {
+    let real = real!(epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int);
+    let t0 = std::time::Instant::now();
+    loop {
+        // SAFETY: the caller's arguments (the timeout what is left of it).
+        let n = unsafe { real(epfd, events, maxevents, left_ms(timeout, t0)) };
+        // SAFETY: the events just written.
+        let k = unsafe { fix_events(epfd, events, n) };
+        // (everything dropped: wait on, as if nothing had woken the set)
+        if k != 0 || n <= 0 || left_ms(timeout, t0) == 0 {
+            return k;
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let real = real!(epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int);
+    let t0 = std::time::Instant::now();
+    loop {
+        // SAFETY: as `epoll_wait`, with the caller's mask.
+        let n = unsafe { real(epfd, events, maxevents, left_ms(timeout, t0), sigmask) };
+        // SAFETY: the events just written.
+        let k = unsafe { fix_events(epfd, events, n) };
+        if k != 0 || n <= 0 || left_ms(timeout, t0) == 0 {
+            return k;
+        }
     }
 }

@@ -9,9 +9,9 @@ pub(crate) struct Conn {
     /// Bytes read ahead for `MSG_PEEK` and `FIONREAD`, delivered first.
     pub(crate) peeked: Mutex<Vec<u8>>,
     /// The application's epoll sets that have the connection's peer
-    /// signal registered beside its readiness descriptor
-    /// (`poll::signal_ctl`).
-    pub(crate) signalled_in: Mutex<Vec<c_int>>,
+    /// signal registered beside its readiness descriptor, with the events
+    /// and data it is registered with there (`poll::signal_ctl`).
+    pub(crate) signalled_in: Mutex<Vec<(c_int, u32, u64)>>,
 }
 
 impl Conn {
@@ -38,10 +38,11 @@ impl Drop for Conn {
         if sets.is_empty() {
             return;
         }
+        crate::poll::forget_signalled(self, &sets);
         if let Some(sfd) = self.s.signal_fd() {
             let real_ctl =
                 real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
-            for ep in sets {
+            for (ep, _, _) in sets {
                 // SAFETY: removes our own descriptor from a set of the
                 // application's (a set closed meanwhile fails harmlessly).
                 unsafe {

@@ -337,6 +337,11 @@ impl PeerSignal {
     }
 }
 
+/// What connection `f`'s readiness descriptor shows for its level now.
+pub(crate) fn shown_level(f: &FastConn<AnyProvider>, s: &Shared) -> crate::readiness::Level {
+    level(&f.level(), s.sndbuf_len)
+}
+
 /// The peer signal of a connection whose device has one (`Bell::poll_fd`).
 fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
     if !bells_on() || !signals_on() {

@@ -896,6 +896,48 @@ impl SmcStream {
         }
     }
 
+    /// What `epoll` would report for the connection now, as TCP's poll does
+    /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP` bits of `libc`'s
+    /// values), after taking what the peer signalled through
+    /// [`SmcStream::signal_fd`] (so that its data, end of file and room
+    /// show together, in one event); a signal with nothing behind it is
+    /// drained. For an event loop whose wait the signal ended. `None`:
+    /// not known here (not SMC-R, no readiness descriptor).
+    pub fn signalled_events(&self) -> Option<u32> {
+        const IN: u32 = 0x001;
+        const OUT: u32 = 0x004;
+        const HUP: u32 = 0x010;
+        const RDHUP: u32 = 0x2000;
+        let Ok(Some(c)) = self.smc_conn() else {
+            return None;
+        };
+        let (Some(f), Some(r)) = (c.fast_conn(), c.ready.get()) else {
+            return None;
+        };
+        if let Some(s) = r.signal.as_ref().filter(|s| s.bell.polled_taken()) {
+            c.shared.take_held_cdc(f);
+            // nothing (more) to read: the signal is spent
+            if f.level().readable == 0 {
+                s.bell.arm_polled();
+            }
+        }
+        let l = ctx::shown_level(f, &c.shared);
+        let mut ev = 0;
+        if l.readable || l.eof || l.hup {
+            ev |= IN;
+        }
+        if l.writable || l.hup {
+            ev |= OUT;
+        }
+        if l.eof || l.hup {
+            ev |= RDHUP;
+        }
+        if l.hup {
+            ev |= HUP;
+        }
+        Some(ev)
+    }
+
     /// Whether a poller of [`SmcStream::signal_fd`] is registered
     /// ([`SmcStream::watch_signal`]): the peer signals it, and a poll of the
     /// connection must include it.
