@@ -446,7 +446,9 @@ pub(crate) fn note_signalled(
     let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
     let m = g.get_or_insert_with(Default::default);
     if let Some(d) = old {
-        if m.get(&(epfd, d)).is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(c))) {
+        if m.get(&(epfd, d))
+            .is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(c)))
+        {
             m.remove(&(epfd, d));
         }
     }
@@ -461,7 +463,9 @@ pub(crate) fn forget_signalled(ptr: *const Conn, sets: &[(c_int, u32, u64)]) {
     let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
     let Some(m) = g.as_mut() else { return };
     for &(ep, _, d) in sets {
-        if m.get(&(ep, d)).is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), ptr)) {
+        if m.get(&(ep, d))
+            .is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), ptr))
+        {
             m.remove(&(ep, d));
         }
     }

@@ -1022,17 +1022,18 @@ impl Shared {
             let sig = signal.clone();
             f.watch(Some(Arc::new(move |l: &ConnLevel| {
                 let mut now = level(l, n);
-                if let Some(s) = sig.as_ref().filter(|s| s.polled()) {
-                    if s.bell.polled_taken() {
-                        if now.readable {
-                            // the peer's signal shows these bytes
-                            now.readable = shown.shows_readable();
-                        } else {
-                            // all read: the signal is spent (drained), and
-                            // armed for the next CDC
-                            s.bell.arm_polled();
-                        }
-                    }
+                // The peer's signal shows these bytes. (Once they are
+                // read it stays readable, spent, until a read that finds
+                // nothing or the event loop's wait arms it again: both
+                // look for CDCs after arming, which this cannot do here —
+                // a CDC published and not yet applied would be announced
+                // by nothing.)
+                if now.readable
+                    && sig
+                        .as_ref()
+                        .is_some_and(|s| s.polled() && s.bell.polled_taken())
+                {
+                    now.readable = shown.shows_readable();
                 }
                 shown.set(now)
             })));

@@ -916,10 +916,15 @@ impl SmcStream {
         };
         if let Some(s) = r.signal.as_ref().filter(|s| s.bell.polled_taken()) {
             c.shared.take_held_cdc(f);
-            // nothing (more) to read: the signal is spent
             if f.level().readable == 0 {
+                // Nothing (more) to read: the signal is spent. Armed again,
+                // then a look for what came before the arm (a CDC that
+                // another thread applies meanwhile shows here or on the
+                // readiness descriptor, never on neither).
                 s.bell.arm_polled();
+                c.shared.take_held_cdc(f);
             }
+            f.refresh();
         }
         let l = ctx::shown_level(f, &c.shared);
         let mut ev = 0;

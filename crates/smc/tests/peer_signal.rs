@@ -302,3 +302,52 @@ fn a_level_triggered_loop_does_not_spin_on_a_spent_signal() {
     }
     let _ = c.as_fd();
 }
+
+/// An edge-triggered loop that reads what it expects and waits again
+/// without a read that would block (as nginx does when a read returns less
+/// than it asked for) is woken by every message: the peer signals again
+/// until the loop arms the signal anew.
+#[test]
+fn an_edge_triggered_loop_that_does_not_drain_is_woken_by_each_message() {
+    let (mut c, mut s) = pair();
+    c.set_nonblocking(true).unwrap();
+    let ep = event_loop_set(&c, epoll::EventFlags::IN | epoll::EventFlags::ET, true);
+    let mut b = [0u8; 4];
+    for i in 0..100u32 {
+        s.write_all(&i.to_le_bytes()).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut got = 0;
+        while got < 4 {
+            match c.read(&mut b[got..]) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    assert!(Instant::now() < until, "message {i} woke nothing");
+                    wait(&ep, Duration::from_secs(5));
+                }
+                Err(e) => panic!("read: {e}"),
+            }
+            if got == 4 {
+                break;
+            }
+        }
+        assert_eq!(b, i.to_le_bytes());
+        // the next message must wake the loop (no read to WouldBlock here)
+        if i < 99 {
+            s.write_all(&(i + 1000).to_le_bytes()).unwrap();
+            let ev = wait(&ep, Duration::from_secs(5));
+            assert!(!ev.is_empty(), "message after {i}: no event");
+            let mut x = [0u8; 4];
+            let mut got = 0;
+            while got < 4 {
+                match c.read(&mut x[got..]) {
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        wait(&ep, Duration::from_millis(100));
+                    }
+                    Err(e) => panic!("read: {e}"),
+                }
+            }
+            assert_eq!(x, (i + 1000).to_le_bytes());
+        }
+    }
+}

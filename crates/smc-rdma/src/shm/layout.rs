@@ -63,9 +63,11 @@ pub const BELL_ASLEEP: u64 = 2;
 /// owner looks for another reason.
 pub const BELL_POLLED: u64 = 3;
 /// `MR_BELL`: a peer's SEND took the word [`BELL_POLLED`] and writes (or has
-/// written) the region's eventfd; the owner arms it again. A peer that finds
-/// it so signals the owner's channel instead (the owner may be re-arming
-/// right then, and only the channel is announced whatever it does).
+/// written) the region's eventfd, until the owner arms it again (it drains
+/// the eventfd, then looks at its ring). A peer that finds it so takes it
+/// again (it stays) and writes the eventfd again after publishing: every
+/// SEND between two arms is announced by the eventfd, none by the channel,
+/// so the owner's readiness descriptor need not show what they bring.
 pub const BELL_SIGNALLED: u64 = 4;
 /// Registrations a region's memory may have at once: the first one and
 /// `MR_REGS - 1` further ones (SMC-R has at most three links per group).

@@ -334,8 +334,12 @@ impl Bell for ShmBell {
 /// changing the word meanwhile (a poller re-arming) is not overwritten.
 /// Not taken: a word armed for a poller when we have no eventfd (the region
 /// is marked to be fetched again with it, `QpInner::fetch_bell_fd`), or
-/// already signalled (the owner may be re-arming right now: its channel is
-/// what it is sure to see), or anything else the owner's peer wrote.
+/// anything else the owner's peer wrote. A word signalled already and not
+/// armed again since ([`BELL_SIGNALLED`]) is taken again, left as it is:
+/// the owner's event loop has not looked since the last signal (it may
+/// read part of what came and wait again), so this SEND signals it too;
+/// an owner re-arming meanwhile drains the eventfd and then looks at the
+/// ring, which has this slot once its signal can have been drained.
 pub(super) fn take_bell(m: &PeerMr) -> u64 {
     let w = MrView(&m.mem, 0).h(MR_BELL);
     let mut was = w.load(SeqCst);
@@ -344,7 +348,7 @@ pub(super) fn take_bell(m: &PeerMr) -> u64 {
     for _ in 0..4 {
         let to = match was {
             BELL_ARMED | BELL_ASLEEP => 0,
-            BELL_POLLED if m.efd.is_some() => BELL_SIGNALLED,
+            BELL_POLLED | BELL_SIGNALLED if m.efd.is_some() => BELL_SIGNALLED,
             BELL_POLLED => {
                 let _ = m
                     .efd_want
@@ -515,7 +519,7 @@ mod tests {
 
     /// What a peer's SEND takes from each doorbell word, and what it leaves.
     #[test]
-    fn take_bell_takes_sleepers_and_a_pollers_arm_once() {
+    fn take_bell_takes_sleepers_and_a_pollers_arm() {
         let m = peer_mr(Some(EventFd::new().unwrap()));
         let w = MrView(&m.mem, 0).h(MR_BELL);
         for (word, took, left) in [
@@ -523,9 +527,8 @@ mod tests {
             (BELL_ARMED, BELL_ARMED, 0),
             (BELL_ASLEEP, BELL_ASLEEP, 0),
             (BELL_POLLED, BELL_POLLED, BELL_SIGNALLED),
-            // (taken already: the owner may be re-arming, the channel is
-            // what it sees)
-            (BELL_SIGNALLED, 0, BELL_SIGNALLED),
+            // (signalled, not armed again since: signalled again)
+            (BELL_SIGNALLED, BELL_SIGNALLED, BELL_SIGNALLED),
             (77, 0, 77),
         ] {
             w.store(word, SeqCst);

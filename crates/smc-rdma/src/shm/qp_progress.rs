@@ -395,8 +395,8 @@ impl QpInner {
             }
             match was {
                 BELL_ASLEEP => wake_later(m, false),
-                BELL_POLLED => wake_later(m, true),
-                _ if again == BELL_POLLED => wake_later(m, true),
+                BELL_POLLED | BELL_SIGNALLED => wake_later(m, true),
+                _ if matches!(again, BELL_POLLED | BELL_SIGNALLED) => wake_later(m, true),
                 _ => {}
             }
         }
