@@ -91,6 +91,20 @@ impl Level {
         }
         b
     }
+
+    /// What `epoll` reports for it, as for a TCP socket in that state
+    /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP`: tcp.c `tcp_poll`).
+    pub fn epoll_events(self) -> u32 {
+        const IN: u32 = 0x001;
+        const OUT: u32 = 0x004;
+        const HUP_EV: u32 = 0x010;
+        const RDHUP: u32 = 0x2000;
+        let b = self.bits();
+        [(R, IN), (W, OUT), (EOF, RDHUP), (HUP, HUP_EV)]
+            .into_iter()
+            .filter(|&(bit, _)| b & bit != 0)
+            .fold(0, |ev, (_, e)| ev | e)
+    }
 }
 
 /// `fd` moved to a number in the upper half of the descriptor limit (at

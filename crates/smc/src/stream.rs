@@ -904,43 +904,29 @@ impl SmcStream {
     /// drained. For an event loop whose wait the signal ended. `None`:
     /// not known here (not SMC-R, no readiness descriptor).
     pub fn signalled_events(&self) -> Option<u32> {
-        const IN: u32 = 0x001;
-        const OUT: u32 = 0x004;
-        const HUP: u32 = 0x010;
-        const RDHUP: u32 = 0x2000;
         let Ok(Some(c)) = self.smc_conn() else {
             return None;
         };
         let (Some(f), Some(r)) = (c.fast_conn(), c.ready.get()) else {
             return None;
         };
-        if let Some(s) = r.signal.as_ref().filter(|s| s.bell.polled_taken()) {
-            c.shared.take_held_cdc(f);
+        if let Some(s) = r.signal.as_ref().filter(|s| s.polled()) {
+            if s.bell.polled_taken() {
+                c.shared.take_held_cdc(f);
+            }
             if f.level().readable == 0 {
-                // Nothing (more) to read: the signal is spent. Armed again,
-                // then a look for what came before the arm (a CDC that
-                // another thread applies meanwhile shows here or on the
-                // readiness descriptor, never on neither).
+                // Nothing (more) to read: the signal is spent, or stale (a
+                // peer's write that came after a drain), and a level-
+                // triggered wait would see it again and again. Drained
+                // and armed again, then a look for what came before the
+                // arm (a CDC that another thread applies meanwhile shows
+                // here or on the readiness descriptor, never on neither).
                 s.bell.arm_polled();
                 c.shared.take_held_cdc(f);
             }
             f.refresh();
         }
-        let l = ctx::shown_level(f, &c.shared);
-        let mut ev = 0;
-        if l.readable || l.eof || l.hup {
-            ev |= IN;
-        }
-        if l.writable || l.hup {
-            ev |= OUT;
-        }
-        if l.eof || l.hup {
-            ev |= RDHUP;
-        }
-        if l.hup {
-            ev |= HUP;
-        }
-        Some(ev)
+        Some(ctx::shown_level(f, &c.shared).epoll_events())
     }
 
     /// Whether a poller of [`SmcStream::signal_fd`] is registered

@@ -15,16 +15,6 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// Voluntary context switches of this process's threads whose name starts
-/// with `prefix`.
-fn switches_of(prefix: &str) -> u64 {
-    common::voluntary_switches_by_thread(false)
-        .into_iter()
-        .filter(|(name, _)| name.starts_with(prefix))
-        .map(|(_, v)| v)
-        .sum()
-}
-
 /// An epoll set with `c`'s readiness descriptor (data 7) and, if `signal`,
 /// its peer signal (data 8), as `smc-preload`'s `epoll_ctl` registers them
 /// (which gives both the application's data).
@@ -168,7 +158,7 @@ fn ping_pong_from_a_loop(test: &str, flags: epoll::EventFlags, signal: bool) -> 
     let mut w = Waits::default();
     for i in 0..WARM + ROUNDS {
         if i == WARM {
-            before = switches_of("smc-progress");
+            before = common::switches_of("smc-progress");
             w = Waits::default();
         }
         let m = [i as u8; 64];
@@ -185,7 +175,7 @@ fn ping_pong_from_a_loop(test: &str, flags: epoll::EventFlags, signal: bool) -> 
         let got = read_by_loop(&mut c, &ep, 64, &mut w);
         assert_eq!(got, [!(i as u8); 64], "answer {i}");
     }
-    let woken = switches_of("smc-progress") - before;
+    let woken = common::switches_of("smc-progress") - before;
     drop(c);
     assert!(child.wait().unwrap().success(), "the echo server failed");
     (w, woken)

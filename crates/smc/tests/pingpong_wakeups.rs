@@ -14,16 +14,6 @@ use common::setup;
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{Read, Write};
 
-/// Voluntary context switches of this process's threads whose name starts
-/// with `prefix`.
-fn switches_of(prefix: &str) -> u64 {
-    common::voluntary_switches_by_thread(false)
-        .into_iter()
-        .filter(|(name, _)| name.starts_with(prefix))
-        .map(|(_, v)| v)
-        .sum()
-}
-
 /// Pins the calling thread, and so every thread it starts from now on, to
 /// the first CPU it may use.
 fn pin_to_one_cpu() {
@@ -67,13 +57,13 @@ fn a_one_cpu_ping_pong_does_not_wake_the_progress_thread() {
     let mut b = [0u8; 64];
     for i in 0..WARM + ROUNDS {
         if i == WARM {
-            before = switches_of("smc-progress");
+            before = common::switches_of("smc-progress");
         }
         c.write_all(&[i as u8; 64]).unwrap();
         c.read_exact(&mut b).unwrap();
         assert_eq!(b, [!(i as u8); 64]);
     }
-    let woken = switches_of("smc-progress") - before;
+    let woken = common::switches_of("smc-progress") - before;
     let mut s = server.join().unwrap();
     // Some room for what the engine does on its own (a timer, a lock met
     // busy, a reply that came between a write call and the next read).

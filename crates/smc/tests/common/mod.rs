@@ -234,3 +234,14 @@ pub fn voluntary_switches_by_thread(but_me: bool) -> Vec<(String, u64)> {
     }
     out
 }
+
+/// Voluntary context switches of this process's threads whose name starts
+/// with `prefix`.
+#[allow(dead_code)] // not every test binary uses it
+pub fn switches_of(prefix: &str) -> u64 {
+    voluntary_switches_by_thread(false)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(prefix))
+        .map(|(_, v)| v)
+        .sum()
+}
