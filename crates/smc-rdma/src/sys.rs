@@ -47,6 +47,13 @@ impl EventFd {
     pub fn from_owned(fd: OwnedFd) -> EventFd {
         EventFd { fd }
     }
+    /// [`Self::new`], numbered out of the way of the application's
+    /// descriptors ([`out_of_the_way`]): for one made per connection.
+    pub fn new_high() -> io::Result<EventFd> {
+        Ok(EventFd {
+            fd: out_of_the_way(Self::new()?.fd),
+        })
+    }
     /// Adds one to the counter (wakes pollers).
     pub fn signal(&self) {
         signal_fd(self.fd.as_fd());
@@ -1357,4 +1364,32 @@ mod interface_addr_tests {
             assert_eq!(super::link(bad).unwrap(), None, "{bad:?}");
         }
     }
+}
+
+/// `fd` moved to a number in the upper half of the descriptor limit (at
+/// most 4096 up: a higher number grows the process's descriptor table), if
+/// there is room. For descriptors made per connection: event loops (wrk's,
+/// redis') size their tables by the descriptors they open themselves and
+/// refuse a socket numbered above that, and a library that takes low
+/// numbers for each connection pushes the application's own up.
+pub fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur
+    } else {
+        1024
+    };
+    let base = (cur / 2).clamp(64, 4096) as libc::c_int;
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; the result, if any,
+    // is a new descriptor nobody else owns.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, base) };
+    if high < 0 {
+        return fd;
+    }
+    // SAFETY: just returned by fcntl, owned by nobody else.
+    unsafe { OwnedFd::from_raw_fd(high) }
 }

@@ -15,6 +15,12 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+/// The signal is opt-in (`SMC_PEER_SIGNAL=1`), read once per process:
+/// set before the first connection (the echo server's process inherits it).
+fn signals_on() {
+    std::env::set_var("SMC_PEER_SIGNAL", "1");
+}
+
 /// An epoll set with `c`'s readiness descriptor (data 7) and, if `signal`,
 /// its peer signal (data 8), as `smc-preload`'s `epoll_ctl` registers them
 /// (which gives both the application's data).
@@ -105,6 +111,7 @@ fn read_by_loop(c: &mut SmcStream, ep: &OwnedFd, want: usize, w: &mut Waits) -> 
 }
 
 fn pair() -> (SmcStream, SmcStream) {
+    signals_on();
     setup();
     let l = SmcListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
@@ -187,6 +194,7 @@ const ROUNDS: usize = 2000;
 #[test]
 fn an_event_loop_is_woken_by_the_peer_not_by_the_progress_thread() {
     std::env::set_var("SMC_RS_REGISTRY", "0");
+    signals_on();
     setup();
     if let Ok(n) = std::env::var("SMC_PS_ECHO") {
         return echo_server(n.parse().unwrap());

@@ -232,7 +232,8 @@ impl ShmBell {
         MrView(&self.mem, 0).h(self.off)
     }
     fn efd(&self) -> Option<&EventFd> {
-        self.efd.get_or_init(|| EventFd::new().ok()).as_ref()
+        // (one per polled connection: out of the application's way)
+        self.efd.get_or_init(|| EventFd::new_high().ok()).as_ref()
     }
 }
 

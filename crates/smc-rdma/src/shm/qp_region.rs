@@ -280,7 +280,8 @@ pub(super) fn bell_fd(fd: OwnedFd) -> Option<EventFd> {
     if !sys::is_eventfd(fd.as_fd()) || sys::set_nonblocking(fd.as_fd()).is_err() {
         return None;
     }
-    Some(EventFd::from_owned(fd))
+    // (one per polled region of the peer: out of the application's way)
+    Some(EventFd::from_owned(sys::out_of_the_way(fd)))
 }
 
 #[cfg(test)]
