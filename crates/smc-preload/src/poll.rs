@@ -7,10 +7,7 @@ use super::*;
 pub(crate) fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
     match get_active(fd)? {
         Entry::Stream(c) => {
-            // (a CDC the peer signalled is data for a read, though the
-            // readiness descriptor does not show it: see `signal_ctl`)
             let now = c.s.has_pending()
-                || c.s.signal_taken()
                 || !c
                     .peeked
                     .lock()

@@ -939,9 +939,8 @@ impl SmcStream {
         c.signal().is_some_and(|s| s.polled())
     }
 
-    /// Whether the peer signalled [`SmcStream::signal_fd`] for data not
-    /// read yet: a read would not block (for a poll that does not include
-    /// that descriptor).
+    /// Whether a CDC of the peer signalled [`SmcStream::signal_fd`] since it
+    /// was last armed (what it brought may have been read already).
     pub fn signal_taken(&self) -> bool {
         let Ok(Some(c)) = self.smc_conn() else {
             return false;
