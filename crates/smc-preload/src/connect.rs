@@ -128,15 +128,46 @@ pub(crate) fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, p: Arc<Pend>)
         let _ = rustix::net::recv(&p.ctl, &mut [0u8; 1024], rustix::net::RecvFlags::DONTWAIT);
         return;
     }
-    let target = match made {
+    // The application's registrations move from the connect's descriptor
+    // to what now stands for the socket before the socket's new entry is
+    // published: meanwhile the application's `epoll_ctl` on it waits for
+    // `reg` (its entry still says connecting), so that none of its
+    // operations lands before the move's, which would undo it.
+    let registrations = reg.take().unwrap_or_default();
+    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    let move_to = |target: c_int, c: Option<&Arc<Conn>>| {
+        for (ep, mut ev) in registrations.iter().copied() {
+            // SAFETY: epoll_ctl on the application's epoll set with an
+            // event of our own; `user` and `target` are open.
+            unsafe {
+                real_ctl(
+                    ep,
+                    libc::EPOLL_CTL_DEL,
+                    p.user.as_raw_fd(),
+                    std::ptr::null_mut(),
+                );
+                match c {
+                    Some(c) => crate::poll::conn_ctl(c, ep, libc::EPOLL_CTL_ADD, target, &mut ev),
+                    None => real_ctl(ep, libc::EPOLL_CTL_ADD, target, &mut ev),
+                };
+            }
+        }
+    };
+    match made {
         Some(Ok(s)) => {
             report("connect", &s);
             // (the application's O_NONBLOCK, also after a fallback)
             let _ = s.set_nonblocking(true);
-            adopt(fd, s, true);
-            match get(fd) {
-                Some(Entry::Stream(c)) => c.s.readiness_fd().map_or(fd, |r| r.as_raw_fd()),
-                _ => fd,
+            match carried(s, true) {
+                Some(c) => {
+                    let r = c.s.readiness_fd().map_or(fd, |r| r.as_raw_fd());
+                    move_to(r, Some(&c));
+                    drop(insert(fd, Entry::Stream(c)));
+                }
+                None => {
+                    move_to(fd, None);
+                    drop(remove(fd));
+                }
             }
         }
         Some(Err(e)) => {
@@ -148,29 +179,11 @@ pub(crate) fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, p: Arc<Pend>)
             drop(insert(fd, Entry::Failed(errno_of(&e))));
             let _ = rustix::io::ioctl_fionbio(borrow(fd), true);
             let _ = rustix::net::shutdown(borrow(fd), rustix::net::Shutdown::Both);
-            fd
+            move_to(fd, None);
         }
         None => {
+            move_to(fd, None);
             drop(remove(fd));
-            fd
-        }
-    };
-    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
-    for (ep, mut ev) in reg.take().unwrap_or_default() {
-        // SAFETY: epoll_ctl on the application's epoll set with an event of
-        // our own; `user` and `target` are open.
-        unsafe {
-            real_ctl(
-                ep,
-                libc::EPOLL_CTL_DEL,
-                p.user.as_raw_fd(),
-                std::ptr::null_mut(),
-            );
-            if real_ctl(ep, libc::EPOLL_CTL_ADD, target, &mut ev) == 0 {
-                if let Some(Entry::Stream(c)) = get(fd) {
-                    crate::poll::signal_ctl(&c, ep, libc::EPOLL_CTL_ADD, &ev);
-                }
-            }
         }
     }
     drop(reg);

@@ -315,14 +315,8 @@ pub unsafe extern "C" fn epoll_ctl(
         };
         let p = match target {
             Some((_, _, Entry::Connecting(p))) => p,
-            Some((r, _, Entry::Stream(c))) => {
-                // SAFETY: as below.
-                let n = unsafe { real_ctl(epfd, op, r, ev) };
-                if n == 0 {
-                    signal_ctl(&c, epfd, op, ev);
-                }
-                return n;
-            }
+            // SAFETY: as below.
+            Some((r, _, Entry::Stream(c))) => return unsafe { conn_ctl(&c, epfd, op, r, ev) },
             // SAFETY: the caller's arguments, with an SMC descriptor's
             // readiness descriptor in its place (it lives as long as the
             // connection).
@@ -347,6 +341,35 @@ pub unsafe extern "C" fn epoll_ctl(
     }
 }
 
+/// The application's `epoll_ctl(epfd, op, fd, ev)` on connection `c`,
+/// whose readiness descriptor is `r`: done on `r`, and the connection's
+/// peer signal follows ([`signal_ctl`]), the two under the connection's
+/// lock of its registrations. Without it, a stale operation could land on
+/// the signal after a newer one of the application's (the connect thread
+/// moves a connect's registrations while the application, woken by the
+/// first of them, already changes them: the signal was left without
+/// `EPOLLIN` while the application waited for it, a wake-up lost).
+///
+/// # Safety
+/// `ev` as `epoll_ctl` takes it.
+pub(crate) unsafe fn conn_ctl(
+    c: &Arc<Conn>,
+    epfd: c_int,
+    op: c_int,
+    r: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    let mut sets = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: the caller's arguments, with the connection's readiness
+    // descriptor (open while `c` is) for its descriptor.
+    let n = unsafe { real_ctl(epfd, op, r, ev) };
+    if n == 0 {
+        signal_ctl(c, &mut sets, epfd, op, ev);
+    }
+    n
+}
+
 /// After the application's `epoll_ctl(epfd, op, ..., ev)` on connection
 /// `c` went through on its readiness descriptor: the connection's peer
 /// signal (`SmcStream::signal_fd`) follows in the same set, under the same
@@ -358,13 +381,18 @@ pub unsafe extern "C" fn epoll_ctl(
 /// TCP socket's receive queue; the same after a `DEL`, until the
 /// connection ends). So an event loop asleep in that set is woken by the
 /// peer's SEND itself; its read then takes the CDC.
-pub(crate) fn signal_ctl(c: &Arc<Conn>, epfd: c_int, op: c_int, ev: *const libc::epoll_event) {
+fn signal_ctl(
+    c: &Arc<Conn>,
+    sets: &mut Vec<(c_int, u32, u64)>,
+    epfd: c_int,
+    op: c_int,
+    ev: *const libc::epoll_event,
+) {
     let Some(sfd) = c.s.signal_fd() else { return };
     let sfd = sfd.as_raw_fd();
     let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
     // SAFETY: the caller's event, if any.
     let ev = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
-    let mut sets = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
     let at = sets.iter().position(|&(s, _, _)| s == epfd);
     let keep = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP) as u32;
     let events = |e: &libc::epoll_event| {
