@@ -358,13 +358,11 @@ fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
 }
 
 /// Whether event loops are woken by the peer directly where the device can
-/// (`PeerSignal`): `SMC_PEER_SIGNAL=1`. Off by default: under the preload
-/// one of the program tests (`crates/smc-preload/tests/programs.rs`) does
-/// not finish with it yet; without it, event loops are woken through the
-/// progress thread.
+/// (`PeerSignal`); `SMC_PEER_SIGNAL=0`: through the progress thread, as on
+/// devices without the signal (to compare the two).
 pub(crate) fn signals_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SMC_PEER_SIGNAL").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("SMC_PEER_SIGNAL").map_or(true, |v| v != "0"))
 }
 
 /// A connection that is over, as its readiness descriptor shows it.

@@ -15,8 +15,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// The signal is opt-in (`SMC_PEER_SIGNAL=1`), read once per process:
-/// set before the first connection (the echo server's process inherits it).
+/// The signal is on unless `SMC_PEER_SIGNAL=0` (read once per process):
+/// these tests are about it, whatever the environment they run in says
+/// (the echo server's process inherits the setting).
 fn signals_on() {
     std::env::set_var("SMC_PEER_SIGNAL", "1");
 }

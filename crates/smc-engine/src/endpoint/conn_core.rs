@@ -1227,3 +1227,51 @@ impl<P: Provider> TokenTable<P> {
         self.0.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::names_bell;
+    use smc_wire::cdc::{CdcMessage, ConnStateFlags, ProducerFlags};
+
+    /// Only a CDC that brings data and nothing the peer's application must
+    /// see with it names the doorbell; a write-blocked or cursor-update
+    /// request flag does not change what the reader sees, so it does not
+    /// keep the doorbell from ringing.
+    #[test]
+    fn only_plain_data_cdcs_name_the_doorbell() {
+        let data = CdcMessage::default();
+        assert!(names_bell(&data, true));
+        assert!(!names_bell(&data, false), "a cursor update wakes no reader");
+        for f in [
+            ProducerFlags::WRITE_BLOCKED,
+            ProducerFlags::CONS_CURS_UPD_REQ,
+        ] {
+            let c = CdcMessage {
+                prod_flags: f,
+                ..data
+            };
+            assert!(names_bell(&c, true), "{f:?}");
+        }
+        for f in [
+            ProducerFlags::URG_DATA_PENDING,
+            ProducerFlags::URG_DATA_PRESENT,
+        ] {
+            let c = CdcMessage {
+                prod_flags: f,
+                ..data
+            };
+            assert!(!names_bell(&c, true), "urgent data: {f:?}");
+        }
+        for f in [
+            ConnStateFlags::PEER_DONE_WRITING,
+            ConnStateFlags::PEER_CONN_CLOSED,
+            ConnStateFlags::PEER_CONN_ABORT,
+        ] {
+            let c = CdcMessage {
+                conn_flags: f,
+                ..data
+            };
+            assert!(!names_bell(&c, true), "an end: {f:?}");
+        }
+    }
+}
