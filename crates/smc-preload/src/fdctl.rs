@@ -32,6 +32,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let spawn = (COUNT.load(Ordering::Acquire) > 0)
         .then(|| exec::SPAWN.read().unwrap_or_else(|e| e.into_inner()));
     let old = remove(fd);
+    crate::poll::set_closing(fd);
     // SAFETY: the caller's arguments, unchanged (so for every call below).
     let r = unsafe { real!(close: fn(c_int) -> c_int)(fd) };
     let e = errno();
@@ -65,6 +66,10 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
+    if fd != nfd {
+        // (the descriptor at `nfd` is closed by the call)
+        crate::poll::set_closing(nfd);
+    }
     // SAFETY: the caller's arguments, unchanged (so for every call below).
     let r = unsafe { real!(dup2: fn(c_int, c_int) -> c_int)(fd, nfd) };
     duplicated(fd, r);
@@ -73,6 +78,10 @@ pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
+    if fd != nfd {
+        // (the descriptor at `nfd` is closed by the call)
+        crate::poll::set_closing(nfd);
+    }
     // SAFETY: the caller's arguments, unchanged (so for every call below).
     let r = unsafe { real!(dup3: fn(c_int, c_int, c_int) -> c_int)(fd, nfd, flags) };
     duplicated(fd, r);

@@ -313,6 +313,10 @@ pub unsafe extern "C" fn epoll_ctl(
         } else {
             poll_target(fd)
         };
+        if !matches!(target, Some((_, _, Entry::Stream(_)))) {
+            // SAFETY: the caller's event.
+            unsafe { data_given_away(epfd, op, ev) };
+        }
         let p = match target {
             Some((_, _, Entry::Connecting(p))) => p,
             // SAFETY: as below.
@@ -375,12 +379,20 @@ pub(crate) unsafe fn conn_ctl(
 /// signal (`SmcStream::signal_fd`) follows in the same set, under the same
 /// event data, for readable only: `EPOLLIN` with the application's
 /// `EPOLLET` and `EPOLLONESHOT` while the application waits there for
-/// readable, no events while it does not (a `MOD` that drops `EPOLLIN`,
-/// as event loops do between a request and its answer: the signal stays
-/// registered, and data it announces meanwhile waits to be read, as in a
-/// TCP socket's receive queue; the same after a `DEL`, until the
-/// connection ends). So an event loop asleep in that set is woken by the
-/// peer's SEND itself; its read then takes the CDC.
+/// readable. So an event loop asleep in that set is woken by the peer's
+/// SEND itself; its read then takes the CDC.
+///
+/// When the application stops waiting for readable (a `MOD` without
+/// `EPOLLIN`, or a `DEL`: event loops such as redis' and wrk's take a
+/// socket out of their set and put it back twice per request) the signal's
+/// registration is left as it is, and only the record of what the
+/// application asks for changes: no system call of ours beside each of
+/// theirs. Should the signal fire meanwhile, `epoll_wait` drops its
+/// readable and only then turns the registration off (`fix_events`); data
+/// it announced waits to be read, as in a TCP socket's receive queue, and
+/// shows when the application asks for readable again (the `MOD` that
+/// turns the registration back on makes the kernel look at the eventfd
+/// again). The registration leaves the set with the connection.
 fn signal_ctl(
     c: &Arc<Conn>,
     sets: &mut Vec<(c_int, u32, u64)>,
@@ -410,9 +422,11 @@ fn signal_ctl(
             };
             // SAFETY: our own descriptor into the application's set.
             if unsafe { real_ctl(epfd, libc::EPOLL_CTL_ADD, sfd, &mut mine) } == 0 {
+                note_signal_set(epfd);
                 sets.push((epfd, mine.events, e.u64));
                 c.s.watch_signal(true);
-                note_signalled(epfd, None, Some((e.u64, e.events)), c);
+                let displaced = note_signalled(epfd, None, Some((e.u64, e.events)), c);
+                quiet_displaced(displaced, epfd, e.u64);
             }
         }
         (Some(k), Some(e)) => {
@@ -420,32 +434,90 @@ fn signal_ctl(
                 events: events(&e),
                 u64: e.u64,
             };
-            // (an edge-triggered or one-shot registration is armed again by
-            // every MOD, as the application's own)
-            if (mine.events, e.u64) != (sets[k].1, sets[k].2) || mine.events & keep != 0 {
+            let was = sets[k].2;
+            // (not waiting for readable, same data: left as registered, see
+            // above; an edge-triggered or one-shot registration is armed
+            // again by every MOD, as the application's own)
+            let lazy = mine.events == 0 && e.u64 == was;
+            if !lazy && ((mine.events, e.u64) != (sets[k].1, sets[k].2) || mine.events & keep != 0)
+            {
                 // SAFETY: as above.
                 unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd, &mut mine) };
+                sets[k].1 = mine.events;
+                sets[k].2 = e.u64;
             }
             // (what the application asks for changes with every MOD)
-            note_signalled(epfd, Some(sets[k].2), Some((e.u64, e.events)), c);
-            sets[k].1 = mine.events;
-            sets[k].2 = e.u64;
+            let displaced = note_signalled(epfd, Some(was), Some((e.u64, e.events)), c);
+            quiet_displaced(displaced, epfd, e.u64);
         }
         (Some(k), None) => {
-            // Out of the set for the application: no events, but registered
-            // still (event loops take a descriptor out and put it back
-            // between a request and its answer; a MOD costs less than a
-            // DEL and an ADD). It leaves the set with the connection.
-            if sets[k].1 != 0 {
-                let mut none = libc::epoll_event { events: 0, u64: 0 };
-                // SAFETY: as above.
-                unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd, &mut none) };
-                note_signalled(epfd, Some(sets[k].2), None, c);
-                sets[k].1 = 0;
-                sets[k].2 = 0;
-            }
+            // Out of the set for the application: left as registered (see
+            // above), asked for nothing.
+            let d = sets[k].2;
+            note_signalled(epfd, Some(d), Some((d, 0)), c);
         }
         (None, None) => {}
+    }
+}
+
+/// The application's epoll sets that a peer signal was registered in
+/// (`signal_ctl`): when one is closed, the records of its registrations
+/// go with it ([`set_closing`]).
+static SIGNAL_SETS: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
+
+/// Entries of [`SIGNAL_SETS`] (a look without the lock).
+static SIGNAL_SETS_N: AtomicUsize = AtomicUsize::new(0);
+
+fn note_signal_set(epfd: c_int) {
+    let mut v = SIGNAL_SETS.lock().unwrap_or_else(|e| e.into_inner());
+    if !v.contains(&epfd) {
+        v.push(epfd);
+        SIGNAL_SETS_N.store(v.len(), Ordering::Release);
+    }
+}
+
+/// Descriptor `fd` is about to be closed (or replaced by `dup2`/`dup3`):
+/// if it is an epoll set with peer signals registered, the kernel drops
+/// their registrations with it, and so do the connections' records of them
+/// ([`Conn::signalled_in`], [`SIGNALLED`]). Without this, a set created
+/// later under the same number looked like the old one: the signal seemed
+/// registered there and was not (a connection added to it was never woken
+/// by its peer). Before the close, so that a set another thread creates
+/// under the number at once is not mistaken for the old one.
+pub(crate) fn set_closing(fd: c_int) {
+    if SIGNAL_SETS_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    {
+        let mut v = SIGNAL_SETS.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(i) = v.iter().position(|&e| e == fd) else {
+            return;
+        };
+        v.swap_remove(i);
+        SIGNAL_SETS_N.store(v.len(), Ordering::Release);
+    }
+    {
+        let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = g.as_mut() {
+            m.retain(|&(ep, _), _| ep != fd);
+            SIGNALLED_N.store(m.len(), Ordering::Release);
+        }
+    }
+    // (rare: an event loop closes its set once; a scan of the table then)
+    let conns: Vec<Arc<Conn>> = TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .filter_map(|e| match e {
+            Entry::Stream(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    for c in conns {
+        c.signalled_in
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&(ep, _, _)| ep != fd);
     }
 }
 
@@ -461,13 +533,16 @@ static SIGNALLED: Mutex<Option<Signalled>> = Mutex::new(None);
 static SIGNALLED_N: AtomicUsize = AtomicUsize::new(0);
 
 /// Replaces connection `c`'s entry `(epfd, old)` of [`SIGNALLED`] by
-/// `(epfd, new)` (data and the application's events).
-pub(crate) fn note_signalled(
+/// `(epfd, new)` (data and the application's events). Returns another
+/// connection whose entry under the new data it replaced: the application
+/// gave that data to `c` after it stopped waiting on the other one there,
+/// whose signal may still be registered under it (see [`signal_ctl`]).
+fn note_signalled(
     epfd: c_int,
     old: Option<u64>,
     new: Option<(u64, u32)>,
     c: &Arc<Conn>,
-) {
+) -> Option<Arc<Conn>> {
     let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
     let m = g.get_or_insert_with(Default::default);
     if let Some(d) = old {
@@ -477,10 +552,82 @@ pub(crate) fn note_signalled(
             m.remove(&(epfd, d));
         }
     }
+    let mut displaced = None;
     if let Some((d, ev)) = new {
-        m.insert((epfd, d), (Arc::downgrade(c), ev));
+        if let Some((w, asked)) = m.insert((epfd, d), (Arc::downgrade(c), ev)) {
+            // (one the application took out of the set: see
+            // `data_given_away`)
+            displaced = w.upgrade().filter(|o| asked == 0 && !Arc::ptr_eq(o, c));
+        }
     }
     SIGNALLED_N.store(m.len(), Ordering::Release);
+    displaced
+}
+
+/// The application registers a descriptor that is not an SMC-R connection
+/// in `epfd` under `ev`'s data: a connection's signal left registered
+/// there under that data after the application stopped waiting on it
+/// (see [`signal_ctl`]) is turned off first and its entry goes, so that
+/// neither reports for the other.
+///
+/// # Safety
+/// `ev` as `epoll_ctl` takes it.
+unsafe fn data_given_away(epfd: c_int, op: c_int, ev: *const libc::epoll_event) {
+    if op == libc::EPOLL_CTL_DEL || ev.is_null() || SIGNALLED_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    // SAFETY: the caller's event.
+    let data = unsafe { (*ev).u64 };
+    let o = {
+        let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = g.as_mut() else { return };
+        // (only an entry the application took out of the set: one it
+        // still waits on under the same data stays, as two descriptors
+        // under one data are the application's to tell apart)
+        if m.get(&(epfd, data)).is_none_or(|&(_, asked)| asked != 0) {
+            return;
+        }
+        let o = m.remove(&(epfd, data)).and_then(|(w, _)| w.upgrade());
+        SIGNALLED_N.store(m.len(), Ordering::Release);
+        o
+    };
+    if let Some(o) = o {
+        let mut sets = o.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        turn_off(&o, &mut sets, epfd, Some(data));
+    }
+}
+
+/// Connection `o` lost its entry `(epfd, data)` of [`SIGNALLED`] to
+/// another: its signal, if still registered there under that data, is
+/// turned off, so that it never fires under the other's data. (The caller
+/// holds the other's lock: `o`'s is only tried; a thread that has it is
+/// changing `o`'s registrations itself.)
+fn quiet_displaced(o: Option<Arc<Conn>>, epfd: c_int, data: u64) {
+    let Some(o) = o else { return };
+    let Ok(mut sets) = o.signalled_in.try_lock() else {
+        return;
+    };
+    turn_off(&o, &mut sets, epfd, Some(data));
+}
+
+/// Turns connection `c`'s signal registration in `epfd` off (no events),
+/// if it has events there (and, with `data`, is under that data).
+fn turn_off(c: &Conn, sets: &mut [(c_int, u32, u64)], epfd: c_int, data: Option<u64>) {
+    let Some(sfd) = c.s.signal_fd() else { return };
+    let Some(k) = sets.iter().position(|&(s, _, _)| s == epfd) else {
+        return;
+    };
+    if sets[k].1 == 0 || data.is_some_and(|d| d != sets[k].2) {
+        return;
+    }
+    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    let mut none = libc::epoll_event {
+        events: 0,
+        u64: sets[k].2,
+    };
+    // SAFETY: our own descriptor, registered in the application's set.
+    unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd.as_raw_fd(), &mut none) };
+    sets[k].1 = 0;
 }
 
 /// Connection `c` (at `ptr`) is gone: its entries leave [`SIGNALLED`].
@@ -546,25 +693,37 @@ unsafe fn fix_events(
             continue;
         }
         seen.push((data, i));
+
         let Some(now) = c.s.signalled_events() else {
             continue;
         };
+
         // What the kernel reported stands, but for readable: the signal's
         // says only that something came, which may have been read already
         // (an event loop takes readable to mean data: wrk counts a read
         // that would block as an error). The rest of what the
         // application asked for is added.
         let inn = libc::EPOLLIN as u32;
-        let fixed = (orig & !inn) | (orig & now & inn) | (now & asked & !inn);
+        let fixed = (orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn);
+        if orig & inn != 0 && asked & inn == 0 && now & inn != 0 {
+            // The signal, left registered while the application does not
+            // wait for readable (`signal_ctl`), fired for data that waits
+            // to be read: off until the application waits for it, or a
+            // level-triggered set would report it again and again. (A
+            // signal with nothing behind it was drained and armed again by
+            // the look above: it stays.)
+            let mut sets = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+            turn_off(&c, &mut sets, epfd, None);
+        }
         if fixed == 0 && !keep_all {
             drop_at[i] = true;
         } else if fixed != 0 {
             ev[i].events = fixed;
         }
-        firsts.push((i, now));
+        firsts.push((i, now & (asked | !inn)));
     }
     // later events of a data were merged into its first: readable again
-    // only if it is
+    // only if it is, and asked for
     for &(first, now) in &firsts {
         let inn = libc::EPOLLIN as u32;
         ev[first].events &= !inn | now;

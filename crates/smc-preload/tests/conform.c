@@ -207,6 +207,11 @@ static void server(const char *portfile, const char *file) {
     step(c, 'B');
     /* the client checks pselect: nothing, then 10 bytes */
     write_all(c, "0123456789", 10);
+    /* the client's level-triggered set (one byte each) */
+    step(c, 'L');
+    write_all(c, "l", 1);
+    step(c, 'M');
+    write_all(c, "m", 1);
     step(c, 'C');
 
     /* sendfile of FILE */
@@ -378,6 +383,45 @@ static void client(int port, const char *file) {
     printf("client got %.10s\n", buf);
     show("read the duplicate again", read(d, buf, 10));
     show("close the duplicate", close(d));
+    /* A level-triggered set the socket leaves and rejoins, as event loops
+     * (redis, wrk) do between a request and its answer; its data given to
+     * another descriptor meanwhile. */
+    int lt = epoll_create1(0);
+    struct epoll_event le = { .events = EPOLLIN, .data.fd = s };
+    show("epoll_ctl ADD LT", epoll_ctl(lt, EPOLL_CTL_ADD, s, &le));
+    ep_wait("epoll LT (nothing)", lt, 50);
+    show("epoll_ctl DEL LT", epoll_ctl(lt, EPOLL_CTL_DEL, s, NULL));
+    int pp[2];
+    if (pipe(pp) < 0) die("pipe");
+    show("epoll_ctl ADD pipe under the socket's data", epoll_ctl(lt, EPOLL_CTL_ADD, pp[0], &le));
+    write_all(s, "L", 1);
+    settle(s, POLLIN);
+    ep_wait("epoll LT pipe (nothing) with socket data", lt, 100);
+    show("write pipe", write(pp[1], "p", 1));
+    ep_wait("epoll LT pipe", lt, 1000);
+    show("read pipe", read(pp[0], buf, 1));
+    close(pp[0]);
+    close(pp[1]);
+    le.events = EPOLLOUT;
+    show("epoll_ctl ADD LT OUT", epoll_ctl(lt, EPOLL_CTL_ADD, s, &le));
+    ep_wait("epoll LT OUT with data waiting", lt, 100);
+    ep_wait("epoll LT OUT with data waiting again", lt, 100);
+    le.events = EPOLLIN | EPOLLOUT;
+    show("epoll_ctl MOD LT IN|OUT", epoll_ctl(lt, EPOLL_CTL_MOD, s, &le));
+    ep_wait("epoll LT IN|OUT", lt, 1000);
+    show("read l", read(s, buf, 10));
+    le.events = EPOLLOUT;
+    show("epoll_ctl MOD LT OUT", epoll_ctl(lt, EPOLL_CTL_MOD, s, &le));
+    write_all(s, "M", 1);
+    settle(s, POLLIN);
+    ep_wait("epoll LT OUT with data waiting (after MOD)", lt, 100);
+    ep_wait("epoll LT OUT with data waiting (after MOD) again", lt, 100);
+    le.events = EPOLLIN;
+    show("epoll_ctl MOD LT IN", epoll_ctl(lt, EPOLL_CTL_MOD, s, &le));
+    ep_wait("epoll LT IN", lt, 1000);
+    show("read m", read(s, buf, 10));
+    ep_wait("epoll LT IN after read", lt, 50);
+    close(lt);
     write_all(s, "C", 1);
 
     /* the server's sendfile: the file, then its last 100 bytes */
