@@ -43,32 +43,8 @@ impl<P: Provider> Endpoint<P> {
         if due {
             // (a consumer cursor update may be due)
             self.mark_tx(id);
-            self.grant_tx_to_reads(id);
         }
         Ok(n)
-    }
-
-    /// After a read of connection `id` through the endpoint that made a
-    /// consumer-cursor update due: the connection's next reads post their
-    /// updates themselves (`ConnCore::fast_read`), under the grant a direct
-    /// write gives (`Self::grant_fast`) and on the same conditions, checked
-    /// here as for a one-byte write (`Self::direct_plan`). A connection that
-    /// only reads (a bulk receiver: iperf3's server never writes on its data
-    /// connection) had every read that owed an update go through the
-    /// endpoint and wait for its flush, and its sender for that.
-    pub(super) fn grant_tx_to_reads(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
-            return;
-        };
-        let mut k = lock(&c.core);
-        if k.write_leased || k.fast.as_ref().is_some_and(|f| f.epoch == k.epoch) {
-            return;
-        }
-        let max_inline = self.max_inline as usize;
-        let Ok(p) = Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, 1, false) else {
-            return;
-        };
-        Self::grant_fast(&mut self.lgrs, max_inline, id, &mut k, &p);
     }
 
     /// After a read of connection `id` through the endpoint: its next reads
