@@ -1368,10 +1368,11 @@ mod interface_addr_tests {
 
 /// `fd` moved to a number in the upper half of the descriptor limit (at
 /// most 4096 up: a higher number grows the process's descriptor table), if
-/// there is room. For descriptors made per connection: event loops (wrk's,
-/// redis') size their tables by the descriptors they open themselves and
-/// refuse a socket numbered above that, and a library that takes low
-/// numbers for each connection pushes the application's own up.
+/// there is room. For descriptors made per connection (this provider's
+/// doorbell eventfds, the socket library's readiness descriptors): event
+/// loops (wrk's, redis') size their tables by the descriptors they open
+/// themselves and refuse a socket numbered above that, and a library that
+/// takes low numbers for each connection pushes the application's own up.
 pub fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

@@ -351,7 +351,7 @@ fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
     let bell = f.bell()?;
     let fd = bell.poll_fd()?.try_clone_to_owned().ok()?;
     Some(Arc::new(PeerSignal {
-        fd: crate::readiness::out_of_the_way(fd),
+        fd: smc_rdma::sys::out_of_the_way(fd),
         bell,
         pollers: AtomicUsize::new(0),
     }))

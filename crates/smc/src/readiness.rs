@@ -45,6 +45,7 @@ use rustix::net::{
     recv, send, shutdown, socketpair, sockopt, AddressFamily, RecvFlags, SendFlags, Shutdown,
     SocketFlags, SocketType,
 };
+use smc_rdma::sys::out_of_the_way;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -107,22 +108,6 @@ impl Level {
     }
 }
 
-/// `fd` moved to a number in the upper half of the descriptor limit (at
-/// most 4096 up: a higher number grows the process's descriptor table), if
-/// there is room: a program under the preload library (which makes these
-/// for the program's sockets) sizes its tables by the descriptors it opens
-/// itself (wrk's and redis' event loops refuse a socket numbered above
-/// their size), so the library's own stay clear of the low numbers.
-pub(crate) fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
-    let base = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .map_or(512, |n| (n / 2).clamp(64, 4096)) as i32;
-    match rustix::io::fcntl_dupfd_cloexec(&fd, base) {
-        Ok(high) => high,
-        Err(_) => fd,
-    }
-}
-
 /// A readiness descriptor (see the module documentation).
 pub struct Readiness {
     /// The descriptor pollers see.
@@ -154,6 +139,7 @@ impl Readiness {
             SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
             None,
         )?;
+        // (numbered out of the way of the application's own descriptors)
         let (user, ctl) = (out_of_the_way(user), out_of_the_way(ctl));
         // the kernel raises it to its minimum
         sockopt::set_socket_send_buffer_size(&user, 1)?;
