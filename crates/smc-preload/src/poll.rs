@@ -32,12 +32,16 @@ pub(crate) fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
 /// Runs `f` on a copy of `fds` whose SMC descriptors are replaced by their
 /// readiness descriptors, and copies the results back. A connection that
 /// also has its peer's signal polled in an epoll set (`signal_ctl`) has
-/// that signal in the copy too, after the caller's entries, as readable:
-/// data it announces does not show on the readiness descriptor.
+/// that signal in the copy too, after the caller's entries: data it
+/// announces does not show on the readiness descriptor. A signal that
+/// fired is readable for the caller only if the connection is
+/// (`SmcStream::signalled_events` takes its CDC, or drains a spent one);
+/// when spent signals were all that ended the poll, it is run again (a few
+/// times at most, as `epoll_wait`), as if nothing had woken it.
 pub(crate) unsafe fn poll_via(
     fds: *mut pollfd,
     n: nfds_t,
-    f: impl FnOnce(*mut pollfd, nfds_t, bool) -> c_int,
+    mut f: impl FnMut(*mut pollfd, nfds_t, bool) -> c_int,
 ) -> Option<c_int> {
     if COUNT.load(Ordering::Acquire) == 0 || fds.is_null() || n == 0 {
         return None;
@@ -59,7 +63,7 @@ pub(crate) unsafe fn poll_via(
                 Entry::Connecting(c) => pend[k] = Some(c.clone()),
                 Entry::Stream(c) if p.events & libc::POLLIN != 0 => {
                     if let Some(sfd) = c.s.signal_fd().filter(|_| c.s.signal_polled()) {
-                        signals.push((k, sfd.as_raw_fd()));
+                        signals.push((k, sfd.as_raw_fd(), c.clone()));
                     }
                 }
                 _ => {}
@@ -70,21 +74,31 @@ pub(crate) unsafe fn poll_via(
     if keep.is_empty() {
         return None;
     }
-    for &(_, sfd) in &signals {
+    for (_, sfd, _) in &signals {
         copy.push(pollfd {
-            fd: sfd,
+            fd: *sfd,
             events: libc::POLLIN,
             revents: 0,
         });
     }
-    let any_now = now.iter().any(|x| *x);
-    let r = f(copy.as_mut_ptr(), copy.len() as nfds_t, any_now);
-    if r < 0 {
-        return Some(r);
-    }
-    for (i, &(k, _)) in signals.iter().enumerate() {
-        if copy[n as usize + i].revents & libc::POLLIN != 0 {
-            now[k] = true;
+    let ready = now.clone();
+    for round in 0.. {
+        now.clone_from(&ready);
+        let any_now = now.iter().any(|x| *x);
+        let r = f(copy.as_mut_ptr(), copy.len() as nfds_t, any_now);
+        if r < 0 {
+            return Some(r);
+        }
+        for (i, (k, _, c)) in signals.iter().enumerate() {
+            if copy[n as usize + i].revents & libc::POLLIN != 0 {
+                now[*k] |=
+                    c.s.signalled_events()
+                        .is_some_and(|e| e & libc::EPOLLIN as u32 != 0);
+            }
+        }
+        let shown = (0..n as usize).any(|k| now[k] || copy[k].revents != 0);
+        if shown || r == 0 || round >= RETRIES {
+            break;
         }
     }
     let mut count = 0;
@@ -680,31 +694,26 @@ unsafe fn fix_events(
         return n;
     }
     let mut drop_at = vec![false; ev.len()];
-    // (data, index of its first event)
-    let mut seen: Vec<(u64, usize)> = Vec::new();
-    // (first event of a data, what the connection has now)
-    let mut firsts: Vec<(usize, u32)> = Vec::new();
+    // The readiness descriptor and the signal are two registrations under
+    // the application's data: what they reported is merged into the first
+    // event of the data, the others dropped.
+    let mut firsts: Vec<(usize, Arc<Conn>, u32)> = Vec::new();
     for (i, c, asked) in found {
         let data = ev[i].u64;
-        let orig = ev[i].events;
-        if let Some(&(_, first)) = seen.iter().find(|(d, _)| *d == data) {
-            ev[first].events |= orig;
-            drop_at[i] = true;
-            continue;
+        match firsts.iter().find(|(f, _, _)| ev[*f].u64 == data) {
+            Some(&(first, _, _)) => {
+                ev[first].events |= ev[i].events;
+                drop_at[i] = true;
+            }
+            None => firsts.push((i, c, asked)),
         }
-        seen.push((data, i));
-
+    }
+    let inn = libc::EPOLLIN as u32;
+    for (i, c, asked) in firsts {
         let Some(now) = c.s.signalled_events() else {
             continue;
         };
-
-        // What the kernel reported stands, but for readable: the signal's
-        // says only that something came, which may have been read already
-        // (an event loop takes readable to mean data: wrk counts a read
-        // that would block as an error). The rest of what the
-        // application asked for is added.
-        let inn = libc::EPOLLIN as u32;
-        let fixed = (orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn);
+        let orig = ev[i].events;
         if orig & inn != 0 && asked & inn == 0 && now & inn != 0 {
             // The signal, left registered while the application does not
             // wait for readable (`signal_ctl`), fired for data that waits
@@ -715,19 +724,18 @@ unsafe fn fix_events(
             let mut sets = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
             turn_off(&c, &mut sets, epfd, None);
         }
-        if fixed == 0 && !keep_all {
-            drop_at[i] = true;
-        } else if fixed != 0 {
+        // What the kernel reported stands, but for readable: the signal's
+        // says only that something came, which may have been read already
+        // (an event loop takes readable to mean data: wrk counts a read
+        // that would block as an error), and it may fire while the
+        // application does not ask for readable. The rest of what the
+        // application asked for is added.
+        let fixed = (orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn);
+        if fixed != 0 {
             ev[i].events = fixed;
+        } else if !keep_all {
+            drop_at[i] = true;
         }
-        firsts.push((i, now & (asked | !inn)));
-    }
-    // later events of a data were merged into its first: readable again
-    // only if it is, and asked for
-    for &(first, now) in &firsts {
-        let inn = libc::EPOLLIN as u32;
-        ev[first].events &= !inn | now;
-        drop_at[first] = ev[first].events == 0 && !keep_all;
     }
     let mut k = 0;
     for i in 0..ev.len() {

@@ -410,6 +410,7 @@ static void client(int port, const char *file) {
     show("epoll_ctl MOD LT IN|OUT", epoll_ctl(lt, EPOLL_CTL_MOD, s, &le));
     ep_wait("epoll LT IN|OUT", lt, 1000);
     show("read l", read(s, buf, 10));
+    poll_show("poll after reading all", s, POLLIN, 50);
     le.events = EPOLLOUT;
     show("epoll_ctl MOD LT OUT", epoll_ctl(lt, EPOLL_CTL_MOD, s, &le));
     write_all(s, "M", 1);
