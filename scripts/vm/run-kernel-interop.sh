@@ -85,6 +85,7 @@ SMCI_CUT_MARK_PORT=6999 # redund.*: a SYN to this closed port marks the cut in t
 . "$HERE/interop/cases.sh"
 
 QEMU_PIDS=()
+declare -A VM_PID # NAME -> the pid of the subshell that runs its qemu (gone when qemu is)
 cleanup() { # on any exit: no qemu and no helper process of this run is left behind
   local p
   for p in "${QEMU_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -188,14 +189,33 @@ boot() { # NAME ID NETDEV-SPEC NETDEV2-SPEC (the second NIC: its own wire, for r
     -netdev socket,id=d0,"$3" -device virtio-net-pci,netdev=d0,mac=$SMCI_MAC_PREFIX:0$id \
     -netdev socket,id=d1,"$4" -device virtio-net-pci,netdev=d1,mac=$SMCI_MAC_PREFIX2:0$id &
   QEMU_PIDS+=($!)
+  VM_PID[$name]=$!
   # keep qemu's side of the FIFOs drained
   cat "$RES/$name.ctl.out" > /dev/null &
   cat "$RES/$name.mon.out" > "$RES/$name.monitor.log" &
 }
 
 vm_alive() { kill -0 "$1" 2>/dev/null; }
-send() { printf '%s\n' "$2" > "$RES/$1.ctl.in"; } # send VM LINE
-hmp() { printf '%s\n' "$1" > "$RES/kern.mon.in"; }
+# to_fifo VM FIFO LINE: a line to one of a VM's FIFOs. Once its qemu is gone nothing
+# reads the FIFO and open(2) for writing would block for ever (the run would hang
+# until CI's own time limit): a dead VM is skipped, and the write is bounded anyway
+# (qemu may die between the check and the open).
+to_fifo() {
+  vm_alive "${VM_PID[$1]}" || { log "  ($1 VM gone: not sent to $2: $3)"; return 0; }
+  timeout 10 bash -c 'printf "%s\n" "$2" > "$1"' _ "$RES/$2" "$3" \
+    || log "  ($1 VM: could not write to $2 within 10 s: $3)"
+}
+send() { to_fifo "$1" "$1.ctl.in" "$2"; } # send VM LINE
+hmp() { to_fifo kern kern.mon.in "$1"; }
+# died: what a VM that is gone printed last (a guest panic powers qemu off: -no-reboot)
+died() {
+  local v
+  for v in kern rs; do
+    vm_alive "${VM_PID[$v]}" && continue
+    log "$v VM is gone; the last lines of its console ($RES/$v.log):"
+    tail -n 40 "$RES/$v.log" | cut -c1-300 | sed 's/^/    | /'
+  done
+}
 
 # wait_for PATTERN SECONDS: until both logs have a line matching PATTERN (grep -E);
 # 1 on timeout, 2 if a VM died or reported a fatal error
@@ -214,8 +234,12 @@ wait_for() {
 
 step_boot() {
   rm -rf "$RES" "$I/cases"; mkdir -p "$RES" "$I/cases"
-  local a=127.0.0.1
   log "boot: two VMs (TCG, 1 vCPU, ${MEM} MiB each); logs in $RES/"
+  boot_vms
+}
+
+boot_vms() {
+  local a=127.0.0.1
   boot kern 1 "udp=$a:$((PORT + 1)),localaddr=$a:$PORT" "udp=$a:$((PORT + 3)),localaddr=$a:$((PORT + 2))"
   boot rs 2 "udp=$a:$PORT,localaddr=$a:$((PORT + 1))" "udp=$a:$((PORT + 2)),localaddr=$a:$((PORT + 3))"
   local rc=0
@@ -223,6 +247,26 @@ step_boot() {
   [ $rc = 0 ] || { grep -h 'SMCI-FATAL' "$RES"/*.log || true; die "VMs not ready (rc $rc); see $RES/kern.log, $RES/rs.log"; }
   grep -h '^SMCI-READY' "$RES/kern.log" "$RES/rs.log" | sed 's/^/    /'
   log "VMs ready"
+}
+
+# reboot_vms: two fresh VMs after a control case that a VM did not survive or that hung
+# (the old consoles are kept as NAME.bootN.log)
+REBOOTS=0
+reboot_vms() {
+  local v p
+  for v in kern rs; do send "$v" quit; done
+  for p in "${QEMU_PIDS[@]}"; do
+    for _ in $(seq 60); do vm_alive "$p" || break; sleep 0.5; done
+  done
+  for v in kern rs; do [ -r "$RES/$v.pid" ] && kill "$(cat "$RES/$v.pid")" 2>/dev/null || true; done
+  for p in "${QEMU_PIDS[@]}"; do
+    for _ in $(seq 40); do vm_alive "$p" || break; sleep 0.5; done
+  done
+  REBOOTS=$((REBOOTS + 1))
+  for v in kern rs; do mv "$RES/$v.log" "$RES/$v.boot$REBOOTS.log"; rm -f "$RES/$v.pid"; done
+  QEMU_PIDS=()
+  log "reboot: two fresh VMs (the old consoles: $RES/{kern,rs}.boot$REBOOTS.log)"
+  boot_vms
 }
 
 declare -A CASE_SECS CASE_ABORT RETRIED
@@ -234,56 +278,61 @@ phase() {
   wait_for "^SMCI-ACK $ph $c " "$3" || rc=$?
   if [ $rc != 0 ]; then
     CASE_ABORT[$c]="phase $ph: $([ $rc = 1 ] && echo "no answer within $3 s" || echo "a VM died or failed")"
+    if [ $rc = 2 ]; then
+      died
+      grep -h '^SMCI-FATAL' "$RES/kern.log" "$RES/rs.log" 2>/dev/null | head -5 | sed 's/^/    /' || true
+    fi
     return 1
   fi
 }
 
+# attempt CASE CAPTURE-ID: one run of a case (capture, phases, verdict); 1 if it was cut
+# short (a phase unanswered or a VM gone)
+attempt() {
+  local c=$1 t capfile= rc=0
+  t=$(date +%s)
+  unset "CASE_ABORT[$c]"
+  if [ "$CAPTURE" = 1 ]; then
+    capfile=$I/cases/$c.pcap
+    hmp "object_add filter-dump,id=$2,netdev=d0,file=$capfile,maxlen=$SNAP"
+    for _ in $(seq 50); do [ -s "$capfile" ] && break; sleep 0.1; done
+    [ -s "$capfile" ] || log "  capture did not start (see $RES/kern.monitor.log)"
+  fi
+  # the judge reads this attempt's lines only (a control case may run twice)
+  FROM_K=$(( $(wc -l < "$RES/kern.log") + 1 )); FROM_R=$(( $(wc -l < "$RES/rs.log") + 1 ))
+  phase "$c" prep 60 && phase "$c" run $((TIMEOUT + 120)) && phase "$c" post $((SMCI_LGR_WAIT + 90)) || rc=1
+  [ -n "$capfile" ] && hmp "object_del $2"
+  CASE_SECS[$c]=$(( $(date +%s) - t ))
+  judge "$c" | tee -a "$RES/judged.txt"
+  return $rc
+}
+
 step_cases() {
-  local c i=0 t capfile aborted=
+  local c i=0 aborted=
   for c in $CASES; do
     i=$((i + 1))
     if [ -n "$aborted" ]; then CASE_ABORT[$c]="not run: the run stopped at $aborted"; continue; fi
     case_def "$c"
-    t=$(date +%s)
     log "case $c ($i of $(wc -w <<< "$CASES")): $SCEN, $DIR, $CONNS connection(s)"
-    capfile=
-    if [ "$CAPTURE" = 1 ]; then
-      capfile=$I/cases/$c.pcap
-      hmp "object_add filter-dump,id=cap$i,netdev=d0,file=$capfile,maxlen=$SNAP"
-      for _ in $(seq 50); do [ -s "$capfile" ] && break; sleep 0.1; done
-      [ -s "$capfile" ] || log "  capture did not start (see $RES/kern.monitor.log)"
-    fi
-    # the judge reads this attempt's lines only (a control case may run twice)
-    FROM_K=$(( $(wc -l < "$RES/kern.log") + 1 )); FROM_R=$(( $(wc -l < "$RES/rs.log") + 1 ))
-    phase "$c" prep 60 && phase "$c" run $((TIMEOUT + 120)) && phase "$c" post $((SMCI_LGR_WAIT + 90)) || aborted=$c
-    [ -n "$capfile" ] && hmp "object_del cap$i"
-    CASE_SECS[$c]=$(( $(date +%s) - t ))
-    judge "$c" | tee -a "$RES/judged.txt"
+    attempt "$c" "cap$i" || aborted=$c
     # A control case (the kernel on both VMs) proves the harness and pins the
     # kernel's own behaviour; it does not test smc-rs. Linux 6.12 over rxe under
-    # emulation has failed one once (a kernel<->kernel transfer ended in EOF on one
-    # side while the other hung): such a case runs once more, and both attempts
-    # are reported. An smc-rs case never gets a second chance.
+    # emulation has failed such cases: a kernel<->kernel transfer ended in EOF on one
+    # side while the other hung, and a CI run lost a VM in smcr.kc (the third case, no
+    # smc-rs before it). Such a case runs once more, and both attempts are reported;
+    # when a VM died or stopped answering, on two fresh VMs. An smc-rs case never gets
+    # a second chance.
     # (not redund.*: its second device is set up once per attempt, and what it finds is
     # the kernel's, see its checks)
-    if [ "$VM2_IMPL" = kernel ] && [ "$FAULT" != linkcut ] && [ -z "$aborted" ] && [ "$(tail -1 "$RES/verdicts")" = "$c FAIL" ] \
+    if [ "$VM2_IMPL" = kernel ] && [ "$FAULT" != linkcut ] && [ "$(tail -1 "$RES/verdicts")" = "$c FAIL" ] \
        && [ -z "${RETRIED[$c]:-}" ]; then
       RETRIED[$c]=1
       sed -i '$ s/ FAIL$/ FAIL-RETRIED/' "$RES/verdicts"
       log "control case $c failed (kernel <-> kernel): running it once more"
-      echo "    (control case failed: kernel <-> kernel; running it once more)" >> "$RES/judged.txt"
-      capfile=
-      if [ "$CAPTURE" = 1 ]; then
-        capfile=$I/cases/$c.pcap; rm -f "$capfile"
-        hmp "object_add filter-dump,id=capr$i,netdev=d0,file=$capfile,maxlen=$SNAP"
-        for _ in $(seq 50); do [ -s "$capfile" ] && break; sleep 0.1; done
-      fi
-      t=$(date +%s)
-      FROM_K=$(( $(wc -l < "$RES/kern.log") + 1 )); FROM_R=$(( $(wc -l < "$RES/rs.log") + 1 ))
-      phase "$c" prep 60 && phase "$c" run $((TIMEOUT + 120)) && phase "$c" post $((SMCI_LGR_WAIT + 90)) || aborted=$c
-      [ -n "$capfile" ] && hmp "object_del capr$i"
-      CASE_SECS[$c]=$(( $(date +%s) - t ))
-      judge "$c" | tee -a "$RES/judged.txt"
+      echo "    (control case failed: kernel <-> kernel; running it once more$([ -n "$aborted" ] && echo ", on two fresh VMs"))" >> "$RES/judged.txt"
+      if [ -n "$aborted" ]; then reboot_vms; aborted=; fi
+      [ "$CAPTURE" = 1 ] && rm -f "$I/cases/$c.pcap"
+      attempt "$c" "capr$i" || aborted=$c
     fi
   done
   send kern quit; send rs quit
