@@ -1056,6 +1056,12 @@ static int cmd_server(int port, int conns, int af, double timeout)
 		c->fd = fd;
 		if (pthread_create(&c->th, NULL, conn_thread, c))
 			die("pthread_create");
+		/* The link groups while the peer is surely up: a peer that ends its
+		 * group when its process exits (smc-rs does, with DELETE_LINK) can be
+		 * gone before the last connection's thread here has joined, so the
+		 * dump at the end alone may miss the group the case created. */
+		if (i == 0)
+			print_lgrs("accept-1");
 	}
 	close(l);
 	int failed = 0;
