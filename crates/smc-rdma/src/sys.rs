@@ -58,11 +58,41 @@ impl EventFd {
     pub fn signal(&self) {
         signal_fd(self.fd.as_fd());
     }
-    /// Resets the counter; returns whether it was non-zero.
+    /// Resets the counter; returns whether it was non-zero. Never blocks,
+    /// whatever the descriptor's file status flags are now: the eventfds of
+    /// a region's doorbell and of a completion channel are handed to peers
+    /// (other processes) so that they can signal them, and a peer can clear
+    /// `O_NONBLOCK` on the open file description they share with us; a plain
+    /// `read` of a counter at 0 would then hang this thread. The read asks
+    /// for `RWF_NOWAIT` (`preadv2`), which the eventfd honours per call
+    /// (Linux fs/eventfd.c `eventfd_read`: `IOCB_NOWAIT` as `O_NONBLOCK`).
+    /// Kernels whose eventfd refuses the flag get a zero-timeout poll before
+    /// a plain read: a hostile peer that also reads its copy between the two
+    /// can still make that read wait.
     pub fn drain(&self) -> bool {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        static NO_NOWAIT: AtomicBool = AtomicBool::new(false);
         let mut v: u64 = 0;
+        let fd = self.fd.as_raw_fd();
+        if !NO_NOWAIT.load(Relaxed) {
+            let iov = libc::iovec {
+                iov_base: (&mut v as *mut u64).cast(),
+                iov_len: 8,
+            };
+            // SAFETY: one iovec of 8 bytes over a local u64, a valid eventfd;
+            // offset -1: the file's own position (an eventfd has none).
+            let r = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
+            if r >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return r == 8 && v > 0;
+            }
+            NO_NOWAIT.store(true, Relaxed);
+        }
+        let ready = poll_one(self.fd.as_fd(), libc::POLLIN, Some(Duration::ZERO));
+        if !matches!(ready, Ok(r) if r & libc::POLLIN != 0) {
+            return false;
+        }
         // SAFETY: reads 8 bytes into a local u64 from a valid eventfd.
-        let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        let r = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
         r == 8 && v > 0
     }
     /// Waits until readable or timeout, then drains; true if an event was consumed.
@@ -353,6 +383,85 @@ impl SharedMem {
         Ok(())
     }
 
+    /// Reads from `fd` straight into the ranges `parts` (offset, length) of
+    /// the mapping, in order, with one `readv` (`at`: `None`) or `preadv`
+    /// (at file offset `at`): the kernel copies from the file, pipe or socket
+    /// into this memory, no buffer of ours in between. Bytes read (fewer
+    /// than asked at end of file or with a short read, as `readv`).
+    pub fn read_fd(
+        &self,
+        parts: &[(usize, usize)],
+        fd: BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> io::Result<usize> {
+        self.vectored(parts, fd, at, false)
+    }
+
+    /// Writes the ranges `parts` of the mapping to `fd`, in order, with one
+    /// `writev` (`at`: `None`) or `pwritev` (at file offset `at`): the kernel
+    /// copies out of this memory. Bytes written (possibly fewer, as
+    /// `writev`).
+    pub fn write_fd(
+        &self,
+        parts: &[(usize, usize)],
+        fd: BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> io::Result<usize> {
+        self.vectored(parts, fd, at, true)
+    }
+
+    /// [`Self::read_fd`] (`to_fd` false) or [`Self::write_fd`].
+    fn vectored(
+        &self,
+        parts: &[(usize, usize)],
+        fd: BorrowedFd<'_>,
+        at: Option<u64>,
+        to_fd: bool,
+    ) -> io::Result<usize> {
+        let iov = self.iovecs(parts)?;
+        let (fd, p, cnt) = (fd.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int);
+        // SAFETY: every iovec lies inside this live mapping (checked by
+        // `iovecs`). Reading into it, the kernel writes it as it would a user
+        // buffer, and no Rust reference aliases the mapping (only raw copies
+        // and atomics touch it); writing from it, the kernel only reads it,
+        // and bytes a peer changes meanwhile go out as they are (torn at
+        // worst), as with a real RDMA buffer.
+        let r = unsafe {
+            match (to_fd, at) {
+                (false, None) => libc::readv(fd, p, cnt),
+                (false, Some(off)) => libc::preadv(fd, p, cnt, off as libc::off_t),
+                (true, None) => libc::writev(fd, p, cnt),
+                (true, Some(off)) => libc::pwritev(fd, p, cnt, off as libc::off_t),
+            }
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(r as usize)
+    }
+
+    /// `parts` as iovecs into the mapping, each bounds checked (at most
+    /// `IOV_MAX` of them: a ring's window has two).
+    fn iovecs(&self, parts: &[(usize, usize)]) -> io::Result<Vec<libc::iovec>> {
+        if parts.len() > 1024 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "more than IOV_MAX ranges",
+            ));
+        }
+        parts
+            .iter()
+            .map(|&(off, len)| {
+                self.check(off, len)?;
+                Ok(libc::iovec {
+                    // SAFETY: `off` is inside the mapping (checked above).
+                    iov_base: unsafe { self.ptr.as_ptr().add(off) }.cast(),
+                    iov_len: len,
+                })
+            })
+            .collect()
+    }
+
     /// Fills a range with a byte.
     pub fn fill(&self, off: usize, len: usize, byte: u8) -> io::Result<()> {
         self.check(off, len)?;
@@ -474,6 +583,46 @@ fn file_size(fd: BorrowedFd<'_>) -> io::Result<usize> {
 }
 
 /// Memory from a peer must be a memfd sealed against shrinking.
+/// `read(2)` (`at`: `None`) or `pread(2)` at file offset `at` into `buf`.
+pub fn read_into(fd: BorrowedFd<'_>, buf: &mut [u8], at: Option<u64>) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length.
+    let r = unsafe {
+        match at {
+            None => libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()),
+            Some(off) => libc::pread(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                off as libc::off_t,
+            ),
+        }
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
+/// `write(2)` (`at`: `None`) or `pwrite(2)` at file offset `at` from `buf`.
+pub fn write_from(fd: BorrowedFd<'_>, buf: &[u8], at: Option<u64>) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for reads of its length.
+    let r = unsafe {
+        match at {
+            None => libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()),
+            Some(off) => libc::pwrite(
+                fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                off as libc::off_t,
+            ),
+        }
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r as usize)
+}
+
 fn check_peer_seals(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: F_GET_SEALS on a valid descriptor; fails with EINVAL for
     // anything but a memfd (shmem or hugetlbfs).
@@ -1192,6 +1341,39 @@ pub fn is_root() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer holding a copy of our eventfd (a doorbell's, a completion
+    /// channel's) clears `O_NONBLOCK` on the description we share: a drain
+    /// of a counter at 0 still returns at once, and one of a signalled
+    /// counter still takes it.
+    #[test]
+    fn a_drain_never_blocks_though_a_peer_made_the_eventfd_blocking() {
+        let e = EventFd::new().unwrap();
+        let peer = e.as_fd().try_clone_to_owned().unwrap();
+        // SAFETY: F_SETFL on a descriptor of ours, as the peer would.
+        assert_eq!(
+            unsafe { libc::fcntl(peer.as_raw_fd(), libc::F_SETFL, 0) },
+            0
+        );
+        // SAFETY: F_GETFL on our own descriptor.
+        let flags = unsafe { libc::fcntl(e.as_fd().as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_NONBLOCK, 0, "the flag is the description's");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let e = std::sync::Arc::new(e);
+        let e2 = e.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(e2.drain());
+        });
+        // (a hang detector, not a latency bound)
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Ok(false),
+            "a drain of nothing returns at once"
+        );
+        signal_fd(peer.as_fd());
+        assert!(e.drain(), "a signal is taken");
+        assert!(!e.drain(), "and only once");
+    }
 
     #[test]
     fn a_running_thread_reads_as_runnable_and_a_missing_one_as_unknown() {

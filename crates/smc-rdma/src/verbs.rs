@@ -831,6 +831,51 @@ pub trait MappedMem: Send + Sync {
     /// Copies into the mapping at `off` (bounds checked; fails once the
     /// memory is no longer open to the writer, e.g. deregistered).
     fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()>;
+    /// Reads from `fd` into the ranges `parts` (offset, length) of the
+    /// mapping, in order, as one `readv` (`at`: `None`) or `preadv` at file
+    /// offset `at`; bytes read. Same checks as [`Self::write_mapped`]. The
+    /// default reads into a buffer and copies it in; a provider whose memory
+    /// the kernel can address overrides it, so that the kernel's copy is the
+    /// only one.
+    fn read_fd_mapped(
+        &self,
+        parts: &[(usize, usize)],
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let mut buf = vec![0u8; total];
+        let n = crate::sys::read_into(fd, &mut buf, at)?;
+        let mut done = 0;
+        for &(off, len) in parts {
+            let k = len.min(n - done);
+            if k == 0 {
+                break;
+            }
+            self.write_mapped(off, &buf[done..done + k])
+                .map_err(std::io::Error::other)?;
+            done += k;
+        }
+        Ok(n)
+    }
+    /// Writes the ranges `parts` of the mapping to `fd`, in order, as one
+    /// `writev` (`at`: `None`) or `pwritev` at file offset `at`; bytes
+    /// written. The default copies them out into a buffer first.
+    fn write_fd_mapped(
+        &self,
+        parts: &[(usize, usize)],
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        let mut buf = Vec::new();
+        for &(off, len) in parts {
+            let from = buf.len();
+            buf.resize(from + len, 0);
+            self.read_mapped(off, &mut buf[from..])
+                .map_err(std::io::Error::other)?;
+        }
+        crate::sys::write_from(fd, &buf, at)
+    }
 }
 
 /// A bounded window onto memory mapped in this process: a local region
@@ -874,6 +919,41 @@ impl MemWindow {
     pub fn write_at(&self, off: usize, data: &[u8]) -> Result<()> {
         check_range(off, data.len(), self.len)?;
         self.mem.write_mapped(self.base + off, data)
+    }
+    /// Reads from `fd` into the ranges `parts` (offset, length) of the
+    /// window, in order, with one `readv`, or `preadv` at file offset `at`
+    /// (bounds checked; see [`MappedMem::read_fd_mapped`]); bytes read.
+    pub fn read_fd(
+        &self,
+        parts: &[(usize, usize)],
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        let parts = self.rebase(parts)?;
+        self.mem.read_fd_mapped(&parts, fd, at)
+    }
+    /// Writes the ranges `parts` of the window to `fd`, in order, with one
+    /// `writev`, or `pwritev` at file offset `at` (bounds checked); bytes
+    /// written.
+    pub fn write_fd(
+        &self,
+        parts: &[(usize, usize)],
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        let parts = self.rebase(parts)?;
+        self.mem.write_fd_mapped(&parts, fd, at)
+    }
+    /// `parts` of the window as ranges of the mapping, each checked.
+    fn rebase(&self, parts: &[(usize, usize)]) -> std::io::Result<Vec<(usize, usize)>> {
+        parts
+            .iter()
+            .map(|&(off, len)| {
+                check_range(off, len, self.len)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+                Ok((self.base + off, len))
+            })
+            .collect()
     }
 }
 

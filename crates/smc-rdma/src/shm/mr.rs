@@ -413,6 +413,22 @@ impl MappedMem for LocalMr {
     fn write_mapped(&self, off: usize, data: &[u8]) -> Result<()> {
         Ok(self.mem.write(off, data)?)
     }
+    fn read_fd_mapped(
+        &self,
+        parts: &[(usize, usize)],
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        self.mem.read_fd(parts, fd, at)
+    }
+    fn write_fd_mapped(
+        &self,
+        parts: &[(usize, usize)],
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        self.mem.write_fd(parts, fd, at)
+    }
 }
 
 /// A peer's region mapped here for one QP: what its owner told us about it
@@ -486,6 +502,30 @@ impl MappedMem for RemoteMem {
             ));
         }
         Ok(self.0.mem.write(off, data)?)
+    }
+    fn read_fd_mapped(
+        &self,
+        parts: &[(usize, usize)],
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        // (as `write_mapped`: the kernel writes into the peer's region only
+        // while it is registered)
+        if !self.0.valid() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the peer's memory region is no longer registered",
+            ));
+        }
+        self.0.mem.read_fd(parts, fd, at)
+    }
+    fn write_fd_mapped(
+        &self,
+        parts: &[(usize, usize)],
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        self.0.mem.write_fd(parts, fd, at)
     }
 }
 
