@@ -159,7 +159,7 @@ pub use conn_core::{ConnLevel, FastConn, FastRead, FastWrite, MaySleep, Watch};
 pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};
 pub use extra_link::LinkOffer;
 pub use lease::{ReadLease, ReadPlan, WriteLease, WritePlan};
-pub use link::LinkBringup;
+pub use link::{LinkBringup, MAX_SENDS};
 
 use conn::Conn;
 use lgr::Lgr;

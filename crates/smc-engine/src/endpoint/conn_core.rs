@@ -880,8 +880,18 @@ impl<P: Provider> ConnCore<P> {
     /// bytes read, and whether a consumer-cursor update may be due.
     #[inline]
     pub(super) fn read_into(&mut self, buf: &mut [u8]) -> Result<(usize, bool), ConnError> {
-        let Some((chunks, n)) = self.readable_now(buf.len())? else {
+        let n = self.copy_readable(buf)?;
+        if n == 0 {
             return Ok((0, false));
+        }
+        Ok((n, self.read_commit(n)?))
+    }
+
+    /// Copies the bytes a read of `buf.len()` would take into `buf`,
+    /// consuming nothing; how many (0: none now, see `readable_now`).
+    fn copy_readable(&mut self, buf: &mut [u8]) -> Result<usize, ConnError> {
+        let Some((chunks, n)) = self.readable_now(buf.len())? else {
+            return Ok(0);
         };
         let rmb = self.rmb.as_ref().ok_or(ConnError::NotConnected)?;
         let mut at = 0;
@@ -892,7 +902,7 @@ impl<P: Provider> ConnCore<P> {
             at += len;
         }
         debug_assert_eq!(at, n);
-        Ok((n, self.read_commit(n)?))
+        Ok(n)
     }
 
     /// `n` read bytes' space in the RMB is free (see `Endpoint::read_commit`);
@@ -903,6 +913,15 @@ impl<P: Provider> ConnCore<P> {
         self.read_leased = false;
         let dp = self.dp.as_mut().ok_or(ConnError::NotConnected)?;
         Ok(dp.consumed(n) > 0)
+    }
+
+    /// See `Endpoint::read_peek`.
+    pub(super) fn read_peek(&mut self, buf: &mut [u8]) -> Result<usize, ConnError> {
+        let n = self.copy_readable(buf)?;
+        if n > 0 {
+            self.read_leased = true;
+        }
+        Ok(n)
     }
 
     /// See `Endpoint::read_lease`.

@@ -57,16 +57,86 @@ impl WriteLease {
     /// An error means the peer's region went away (the connection is being
     /// torn down); commit nothing then.
     pub fn copy_from(&self, data: &[u8]) -> std::result::Result<(), ConnError> {
+        let data = data.get(..self.n).ok_or(ConnError::Aborted)?;
+        self.copy_from_at(0, data).map_err(|_| ConnError::Aborted)
+    }
+
+    /// Copies `data` into the lent bytes from byte `skip` of the lease on
+    /// (`skip + data.len()` at most [`Self::len`]).
+    pub fn copy_from_at(&self, skip: usize, data: &[u8]) -> std::io::Result<()> {
         let mut at = 0;
-        for &(off, len) in self.chunks.as_slice() {
-            let src = data.get(at..at + len).ok_or(ConnError::Aborted)?;
+        for (off, len) in parts(self.chunks.as_slice(), self.n, skip, data.len())? {
             self.win
-                .write_at(off, src)
-                .map_err(|_| ConnError::Aborted)?;
+                .write_at(off, &data[at..at + len])
+                .map_err(std::io::Error::other)?;
             at += len;
         }
         Ok(())
     }
+
+    /// Copies lent bytes from byte `skip` of the lease on into `buf` (what
+    /// was put there, to be written again when the commit found the
+    /// connection changed: [`Endpoint::write_commit_len`] `Ok(false)`).
+    pub fn copy_to_at(&self, skip: usize, buf: &mut [u8]) -> std::io::Result<()> {
+        let mut at = 0;
+        for (off, len) in parts(self.chunks.as_slice(), self.n, skip, buf.len())? {
+            self.win
+                .read_at(off, &mut buf[at..at + len])
+                .map_err(std::io::Error::other)?;
+            at += len;
+        }
+        Ok(())
+    }
+
+    /// Reads from `fd` (one `readv`, or `preadv` at file offset `at`)
+    /// straight into the lent bytes from byte `skip` of the lease on, up to
+    /// its end: the kernel's copy is the only one. Bytes read.
+    pub fn read_fd(
+        &self,
+        skip: usize,
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        let want = self.n.checked_sub(skip).ok_or_else(out_of_lease)?;
+        let p = parts(self.chunks.as_slice(), self.n, skip, want)?;
+        self.win.read_fd(&p, fd, at)
+    }
+}
+
+fn out_of_lease() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        "range outside the lent bytes",
+    )
+}
+
+/// The ranges of the RMB that bytes `skip..skip + len` of a lease over
+/// `chunks` (`n` bytes in all) occupy, in order.
+fn parts(
+    chunks: &[(usize, usize)],
+    n: usize,
+    skip: usize,
+    len: usize,
+) -> std::io::Result<Vec<(usize, usize)>> {
+    if skip.checked_add(len).is_none_or(|e| e > n) {
+        return Err(out_of_lease());
+    }
+    let mut v = Vec::with_capacity(2);
+    let (mut skip, mut len) = (skip, len);
+    for &(off, clen) in chunks {
+        if len == 0 {
+            break;
+        }
+        if skip >= clen {
+            skip -= clen;
+            continue;
+        }
+        let k = (clen - skip).min(len);
+        v.push((off + skip, k));
+        len -= k;
+        skip = 0;
+    }
+    Ok(v)
 }
 
 /// What [`Endpoint::read_lease`] found.
@@ -108,13 +178,35 @@ impl ReadLease {
     /// Copies the lent bytes into the front of `buf` (which is at least
     /// [`Self::len`] long, as the lease was asked for).
     pub fn copy_to(&self, buf: &mut [u8]) -> std::result::Result<(), ConnError> {
+        let buf = buf.get_mut(..self.n).ok_or(ConnError::Aborted)?;
+        self.copy_to_at(0, buf).map_err(|_| ConnError::Aborted)
+    }
+
+    /// Copies lent bytes from byte `skip` of the lease on into `buf`
+    /// (`skip + buf.len()` at most [`Self::len`]).
+    pub fn copy_to_at(&self, skip: usize, buf: &mut [u8]) -> std::io::Result<()> {
         let mut at = 0;
-        for &(off, len) in self.chunks.as_slice() {
-            let dst = buf.get_mut(at..at + len).ok_or(ConnError::Aborted)?;
-            self.win.read_at(off, dst).map_err(|_| ConnError::Aborted)?;
+        for (off, len) in parts(self.chunks.as_slice(), self.n, skip, buf.len())? {
+            self.win
+                .read_at(off, &mut buf[at..at + len])
+                .map_err(std::io::Error::other)?;
             at += len;
         }
         Ok(())
+    }
+
+    /// Writes `len` lent bytes from byte `skip` of the lease on to `fd`
+    /// (one `writev`, or `pwritev` at file offset `at`) straight from the
+    /// RMB. Bytes written.
+    pub fn write_fd(
+        &self,
+        skip: usize,
+        len: usize,
+        fd: std::os::fd::BorrowedFd<'_>,
+        at: Option<u64>,
+    ) -> std::io::Result<usize> {
+        let p = parts(self.chunks.as_slice(), self.n, skip, len)?;
+        self.win.write_fd(&p, fd, at)
     }
 }
 
@@ -134,13 +226,24 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         data: &[u8],
     ) -> std::result::Result<WritePlan, ConnError> {
+        self.write_lease_up_to(id, data.len())
+    }
+
+    /// [`Self::write_lease`] for up to `max` bytes the caller will put in
+    /// place itself (the zero-copy write: e.g. read from a file straight into
+    /// the peer's RMB), committed with [`Self::write_commit_len`].
+    pub fn write_lease_up_to(
+        &mut self,
+        id: ConnId,
+        max: usize,
+    ) -> std::result::Result<WritePlan, ConnError> {
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
             return Err(ConnError::NotConnected);
         };
         let mut k = lock(&c.core);
         k.smc()?;
         let max_inline = self.max_inline as usize;
-        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, data.len(), false) {
+        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, max, false) {
             Ok(p) => p,
             Err(Direct::NoRoom) => return Ok(WritePlan::NoRoom),
             Err(_) => return Ok(WritePlan::NotDirect),
@@ -193,21 +296,37 @@ impl<P: Provider> Endpoint<P> {
         lease: &WriteLease,
         copied: bool,
     ) -> std::result::Result<bool, ConnError> {
+        self.write_commit_len(id, lease, if copied { lease.n } else { 0 })
+    }
+
+    /// Ends a [`WriteLease`] of which the first `n` bytes (at most
+    /// [`WriteLease::len`]) were put in place: they are announced (a CDC),
+    /// the rest of the lent space stays unseen by the peer. `Ok(true)`: `n`
+    /// bytes are written. `Ok(false)`: `n` 0 (the lease is ended, nothing
+    /// written), or as [`Self::write_commit`].
+    pub fn write_commit_len(
+        &mut self,
+        id: ConnId,
+        lease: &WriteLease,
+        n: usize,
+    ) -> std::result::Result<bool, ConnError> {
         let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
             return Err(ConnError::NotConnected);
         };
         let mut k = lock(&c.core);
         k.smc()?;
         k.write_leased = false;
-        if !copied {
+        if n == 0 || n > lease.n {
             return Ok(false);
         }
         let max_inline = self.max_inline as usize;
-        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, lease.n, true) {
+        // (the peer's free space only grows while a lease is out: all `n`
+        // bytes fit where the lease put them)
+        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, n, true) {
             Ok(p) => p,
             Err(_) => return Ok(false),
         };
-        if p.n != lease.n
+        if p.n != n
             || p.slot != lease.slot
             || p.rkey != lease.rkey
             || p.at != lease.at
@@ -242,6 +361,27 @@ impl<P: Provider> Endpoint<P> {
             self.grant_rx(id);
         }
         plan
+    }
+
+    /// What a caller that wants to look at the readable bytes before saying
+    /// how many it takes does where [`Self::read_lease`] lends no window
+    /// ([`ReadPlan::NoWindow`]): copies up to `buf.len()` of them into `buf`
+    /// without consuming them, and holds them as a lease does (other readers
+    /// wait) until [`Self::read_commit`] says how many were taken. `Ok(0)`:
+    /// as [`ReadPlan::Empty`], no lease.
+    pub fn read_peek(
+        &mut self,
+        id: ConnId,
+        buf: &mut [u8],
+    ) -> std::result::Result<usize, ConnError> {
+        let n = self
+            .core(id)
+            .ok_or(ConnError::NotConnected)?
+            .read_peek(buf)?;
+        if n == 0 {
+            self.grant_rx(id);
+        }
+        Ok(n)
     }
 
     /// Whether a read or write of connection `id` was turned away because of

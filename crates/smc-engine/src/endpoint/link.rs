@@ -44,8 +44,15 @@ pub(super) struct OtherDevice {
 pub(super) const RECV_SLOTS: usize = 48;
 /// Bytes per receive buffer (SMC-Rv2 LLC messages are up to 8 KiB).
 pub(super) const RECV_SLOT_LEN: usize = 8192;
-/// SENDs in flight per link (Linux `SMC_WR_BUF_CNT`).
-pub(super) const MAX_SENDS: usize = 16;
+/// SENDs in flight per link. Linux sends at most `SMC_WR_BUF_CNT` (16)
+/// and posts three times as many receive buffers (`smc_ib_create_queue_pair`,
+/// as [`RECV_SLOTS`] here); twice that many still leaves a peer of either kind
+/// receive buffers to spare. One link carries many connections, and a
+/// write that finds all of its SENDs in flight leaves the fast path for the
+/// endpoint (the counts are in smc-preload's README). More than a
+/// peer has posted would only meet RNR NAKs, which the QP retries for ever
+/// (`rnr_retry` 7, as Linux's `SMC_QP_RNR_RETRY`).
+pub const MAX_SENDS: usize = 32;
 /// Send-queue depth: every SEND may be preceded by two RDMA WRITEs (Linux
 /// `smc_ib_create_queue_pair`: `SMC_WR_BUF_CNT * 3`).
 const SQ_DEPTH: usize = 3 * MAX_SENDS;

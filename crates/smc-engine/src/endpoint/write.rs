@@ -111,6 +111,14 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// Bytes a [`Self::write`] of connection `id` could take now: the send
+    /// buffer's free space (0 when the connection cannot be written).
+    pub fn sndbuf_free(&self, id: ConnId) -> usize {
+        self.core(id)
+            .and_then(|k| k.dp.as_ref().map(|dp| dp.sndbuf_free()))
+            .unwrap_or(0)
+    }
+
     /// Copies into the send buffer; [`Self::pump`] sends it.
     fn write_buffered(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<usize, ConnError> {
         let w = self
@@ -178,18 +186,21 @@ impl<P: Provider> Endpoint<P> {
         // What fits now, if the device takes it inline. A part of a larger
         // write only when the part is large: many small direct pieces (verbs'
         // inline limit is 64 bytes) would cost more than the copy they save.
-        let room = want.min(dp.sndbuf_free());
-        let n = room.min(dp.peer_space());
-        if room == 0 || room.min(DIRECT_PART_MIN) > max_inline {
+        if want == 0 || want.min(DIRECT_PART_MIN) > max_inline {
             return Err(Direct::No);
         }
-        if n == 0 || n > max_inline || (n < want && n < DIRECT_PART_MIN) {
-            // only the peer's free space is short
-            return Err(if n < room.min(DIRECT_PART_MIN) {
-                Direct::NoRoom
-            } else {
-                Direct::No
-            });
+        // Bytes written directly count in the send buffer until their CDC
+        // completes (§3.2: what the send buffer holds is what the peer has
+        // not confirmed), so room is the smaller of its free space and the
+        // peer's. Too little of either: wait for more (a CDC completing, or
+        // the peer's consumer cursor), the write stays direct.
+        let room = want.min(dp.sndbuf_free());
+        let n = room.min(dp.peer_space());
+        if n == 0 || (n < want && n < DIRECT_PART_MIN) {
+            return Err(Direct::NoRoom);
+        }
+        if n > max_inline {
+            return Err(Direct::No);
         }
         Ok(DirectPlan {
             l,
