@@ -604,6 +604,13 @@ pub(crate) fn bells_on() -> bool {
 /// not yet armed.
 const BELL_BUSY_WAIT: Duration = Duration::from_millis(2);
 
+/// How long a reader sleeps on its doorbell at most before it looks again:
+/// a safety net. Two readers of one connection share its doorbell word, and
+/// one's `arm` can overwrite the other's "asleep" mark, so that a ring then
+/// wakes only the thread that had not gone to sleep yet. Bounded, such a
+/// lost wake-up costs this long, not the connection.
+const BELL_SLEEP_MAX: Duration = Duration::from_millis(100);
+
 /// After a TCP end, everyone waiting looks again this long after the
 /// engine's grace (its pump must have run past the deadline).
 const RECHECK_MARGIN: Duration = Duration::from_millis(20);
@@ -991,7 +998,15 @@ impl Shared {
             self.wake_tasks(ep, all);
         }
         if moved || all {
-            self.refresh_readiness();
+            // (the connections' own changes — a CDC applied, a send
+            // completed, a close event — their cores tell their watches
+            // themselves, whichever thread made them; only what the engine
+            // does around them, a link's failover or a timer's abort, needs
+            // every descriptor looked at: one look per connection per pump
+            // would make each message cost as many as there are connections)
+            if all {
+                self.refresh_readiness();
+            }
             if self.fd_waiting.load(Ordering::Acquire) > 0 {
                 for fd in self
                     .fd_waiters
@@ -1273,7 +1288,9 @@ impl Shared {
             }
             bell.arm();
             match fast.may_sleep() {
-                MaySleep::Sleep => bell.wait(left),
+                MaySleep::Sleep => {
+                    bell.wait(Some(left.map_or(BELL_SLEEP_MAX, |l| l.min(BELL_SLEEP_MAX))))
+                }
                 MaySleep::Busy => {
                     bell.wait(Some(left.map_or(BELL_BUSY_WAIT, |l| l.min(BELL_BUSY_WAIT))))
                 }
@@ -1720,7 +1737,7 @@ pub(crate) fn endpoints_and_devices(
 
 /// The RMB and send buffer size of this process's connections.
 pub(crate) fn buffer_sizes() -> (usize, usize) {
-    (buf_len("SMC_RMB_KIB"), buf_len("SMC_SNDBUF_KIB"))
+    (rmb_len(), sndbuf_len())
 }
 
 /// This process's devices and endpoints; `None` in a process forked more
@@ -1750,21 +1767,37 @@ pub(crate) fn system_id(mac: Mac) -> SystemId {
     SystemId::new(context().map_or(0, |c| c.instance), mac)
 }
 
-/// Default size of each connection's RMB and send buffer (1 MiB): a smaller
-/// RMB makes a one-way stream wait for a consumer-cursor CDC more often (at
-/// 64 KiB, one round trip for every 32 KiB; `smc-bench --only bulk` with
-/// `SMC_RMB_KIB` compares sizes). An idle connection's buffers are memory mappings that
+/// Default size of each connection's RMB (4 MiB). A one-way stream with a
+/// smaller one waits for consumer-cursor CDCs more often (at 64 KiB, one
+/// round trip for every 32 KiB), and with an RMB no larger than a core's L2
+/// cache its copies cost more per byte (most likely because the lines the
+/// writer stores into were just read into the reader's cache).
+/// `smc-bench --only bulk` with `SMC_RMB_KIB` compares sizes. An idle connection's buffers are memory mappings that
 /// take pages only where data went through, and they are reused for the
 /// next connection of the link group. `SMC_RMB_KIB` / `SMC_SNDBUF_KIB` set
 /// other sizes (the analogue of Linux's `net.smc.rmem` / `wmem`).
-const DEFAULT_BUF: usize = 1 << 20;
+const DEFAULT_RMB: usize = 4 << 20;
 
-/// Buffer size from `var` (KiB), default [`DEFAULT_BUF`].
-fn buf_len(var: &str) -> usize {
+/// Default size of each connection's send buffer (1 MiB): it holds only
+/// what cannot go straight into the peer's RMB yet (`Endpoint::write`).
+const DEFAULT_SNDBUF: usize = 1 << 20;
+
+/// The RMB size of this process's connections.
+fn rmb_len() -> usize {
+    buf_len("SMC_RMB_KIB", DEFAULT_RMB)
+}
+
+/// The send buffer size of this process's connections.
+fn sndbuf_len() -> usize {
+    buf_len("SMC_SNDBUF_KIB", DEFAULT_SNDBUF)
+}
+
+/// Buffer size from `var` (KiB), else `default`.
+fn buf_len(var: &str, default: usize) -> usize {
     std::env::var(var)
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
-        .map_or(DEFAULT_BUF, |k| k << 10)
+        .map_or(default, |k| k << 10)
 }
 
 /// The interface that owns `local`, or whose prefix covers it (all of
@@ -2110,7 +2143,7 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
         .and_then(|l| l.mac)
         .map(Mac)
         .unwrap_or_default();
-    let sndbuf_len = buf_len("SMC_SNDBUF_KIB");
+    let sndbuf_len = sndbuf_len();
     let cfg = EndpointConfig {
         system_id: SystemId::new(ctx.instance, mac),
         device: device.to_string(),
@@ -2121,7 +2154,7 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
         ueids: choice.ueids.clone(),
         offer_v1: cand.roce_v1,
         if_addrs: choice.if_addrs.clone(),
-        rmb_len: buf_len("SMC_RMB_KIB"),
+        rmb_len: rmb_len(),
         sndbuf_len,
         testlink: Some(Duration::from_secs(30)),
         max_conns: 255,

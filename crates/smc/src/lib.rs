@@ -72,6 +72,15 @@
 //! listeners it inherited are the parent's (`ENOTCONN` in the child, and
 //! dropped without effect on the parent's connection).
 //!
+//! Beside `Read`/`Write`, [`SmcStream::write_in_place`] and
+//! [`SmcStream::read_in_place`] move bytes without the library's copy: the
+//! first lends the place in the peer's RMB where the next bytes go, the
+//! second the received bytes where they lie in our RMB, each committed by the
+//! length the caller used ([`WriteSpace`], [`ReadSpace`]: copies, or a file,
+//! pipe or socket read into or written from the RMB by the kernel). Where a
+//! connection cannot lend its memory (TCP fallback, an RNIC) the same calls
+//! go through a buffer. The tokio adapter has both too.
+//!
 //! With the cargo feature `tokio`, the `tokio` module has async
 //! `SmcStream`/`SmcListener` (`AsyncRead`/`AsyncWrite`, `accept().await`) that
 //! run the endpoint in the task's poll and sleep in tokio's reactor.
@@ -95,7 +104,7 @@ pub mod tokio;
 pub use ctx::{redundancy, state, DeviceState};
 pub use fork::after_fork_in_child;
 pub use listen::SmcListener;
-pub use stream::{Fallback, Mode, SmcStream};
+pub use stream::{Fallback, Mode, ReadSpace, SmcStream, WriteSpace};
 
 /// Opts the TCP socket `fd` in to the SMC option on its SYN (or SYN-ACK),
 /// before its `connect()` or `listen()`, through the host's rendezvous

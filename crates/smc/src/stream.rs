@@ -1,5 +1,13 @@
 //! `SmcStream` (the listener is in `listen.rs`).
 
+mod in_place;
+#[cfg(feature = "tokio")]
+pub(crate) use in_place::{
+    fill_bounce, finish_read, finish_write, read_plan, too_many, write_plan, Finished, ReadGot,
+    WriteGot, BOUNCE_MAX,
+};
+pub use in_place::{ReadSpace, WriteSpace};
+
 use crate::ctx::{self, Shared, Want};
 use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
@@ -556,6 +564,11 @@ impl SmcStream {
 
     fn nonblocking(&self) -> bool {
         self.opts.nonblocking.load(Ordering::Relaxed)
+    }
+
+    /// Whether the stream is in non-blocking mode ([`Self::set_nonblocking`]).
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking()
     }
 
     /// Reads with the copy out of the RMB made after the endpoint's lock is
@@ -1155,11 +1168,22 @@ mod tests {
         });
     }
 
+    /// One of these tests at a time: all share this process's endpoint and
+    /// its link groups, and those that hold the endpoint's lock count on
+    /// their link carrying only their own CDCs meanwhile (another test's
+    /// handshake puts LLC messages on it, which wait for the endpoint and
+    /// keep CDCs behind them from a reader's dispatch, as they must).
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        ONE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A read of bytes that have arrived copies them out through the
     /// connection's fast path (`FastConn::try_read`): it finishes while
     /// another thread holds the endpoint's lock.
     #[test]
     fn a_read_of_arrived_bytes_does_not_wait_for_the_endpoint_lock() {
+        let _one = serial();
         setup();
         let l = SmcListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -1232,6 +1256,7 @@ mod tests {
     /// changed, all while another thread holds the endpoint's lock.
     #[test]
     fn a_readiness_connection_reads_and_shows_it_without_the_endpoint_lock() {
+        let _one = serial();
         let (mut c, mut s) = smc_pair();
         let fd = s.readiness_fd().unwrap().try_clone_to_owned().unwrap();
         assert!(!readable(fd.as_fd(), 0), "nothing arrived yet");
@@ -1266,6 +1291,7 @@ mod tests {
     /// (here: the endpoint's lock held all along) has to come first.
     #[test]
     fn a_cdc_dispatched_by_another_reader_sets_the_descriptor() {
+        let _one = serial();
         let (ca, mut sa) = smc_pair();
         let (cb, sb) = smc_pair();
         let fd = sa.readiness_fd().unwrap().try_clone_to_owned().unwrap();
@@ -1315,6 +1341,7 @@ mod tests {
     /// loop's last read of every event).
     #[test]
     fn a_nonblocking_read_that_finds_nothing_does_not_wait_for_the_endpoint_lock() {
+        let _one = serial();
         let (mut c, mut s) = smc_pair();
         let _fd = s.readiness_fd().unwrap();
         for _ in 0..3 {

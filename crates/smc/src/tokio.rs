@@ -116,7 +116,9 @@ use crate::listen::out_of_resources;
 use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, socket_for};
 use crate::stream::{
-    conn_error, fail_error, no_rendezvous, no_smc, Fallback, Mode, Parts, SmcConn,
+    conn_error, fail_error, fill_bounce, finish_read, finish_write, no_rendezvous, no_smc,
+    read_plan, too_many, write_plan, Fallback, Finished, Mode, Parts, ReadGot, ReadSpace, SmcConn,
+    WriteGot, WriteSpace, BOUNCE_MAX,
 };
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -686,6 +688,139 @@ impl SmcStream {
     /// SMC-R, or TCP with the reason.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// Writes in place, as [`crate::SmcStream::write_in_place`]: waits
+    /// (without blocking the runtime) for room, lends up to `max` bytes of
+    /// it — with SMC-R on the shared-memory device the peer's RMB itself —
+    /// to `f`, and sends the bytes `f` says it filled; returns their count.
+    /// Where the connection cannot lend its memory the space is a buffer of
+    /// the library's, written whole afterwards.
+    pub async fn write_in_place<F>(&mut self, max: usize, f: F) -> io::Result<usize>
+    where
+        F: FnOnce(&mut WriteSpace<'_>) -> io::Result<usize>,
+    {
+        if max == 0 {
+            return Ok(0);
+        }
+        if let Io::Smc(Smc { conn, chan, .. }) = &mut self.io {
+            let want = ctx::Want::Write(conn.id);
+            // (as the blocking stream's non-blocking mode: a task does not
+            // block its thread)
+            let lease = std::future::poll_fn(|cx| {
+                chan.poll_op(Dir::Write, want, &conn.shared, cx, |ep| {
+                    write_plan(ep, conn.id, max, true)
+                })
+            })
+            .await?;
+            match lease {
+                WriteGot::Lease(l) => {
+                    let r = f(&mut WriteSpace::rmb(&l));
+                    return match finish_write(conn, &l, r)? {
+                        Finished::Sent(n) => Ok(n),
+                        Finished::Again(b) => self.write_whole_async(&b).await,
+                    };
+                }
+                WriteGot::Bounce(n) => return self.bounce_write_async(n, f).await,
+            }
+        }
+        self.bounce_write_async(max, f).await
+    }
+
+    /// [`Self::write_in_place`] through a buffer of `max` bytes at most,
+    /// written whole.
+    async fn bounce_write_async<F>(&mut self, max: usize, f: F) -> io::Result<usize>
+    where
+        F: FnOnce(&mut WriteSpace<'_>) -> io::Result<usize>,
+    {
+        let (buf, n) = fill_bounce(max, f)?;
+        self.write_whole_async(&buf[..n]).await
+    }
+
+    /// Writes all of `buf` (bytes produced already).
+    async fn write_whole_async(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let k = std::future::poll_fn(|cx| Pin::new(&mut *self).poll_write(cx, &buf[done..]))
+                .await?;
+            if k == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            done += k;
+        }
+        Ok(done)
+    }
+
+    /// Reads in place, as [`crate::SmcStream::read_in_place`]: waits
+    /// (without blocking the runtime) for received bytes, lends up to `max`
+    /// of them where they are — with SMC-R on the shared-memory device, in
+    /// our RMB — to `f`, and consumes the bytes `f` says it took; returns
+    /// their count, 0 at end of file without calling `f`.
+    pub async fn read_in_place<F>(&mut self, max: usize, f: F) -> io::Result<usize>
+    where
+        F: FnOnce(&ReadSpace<'_>) -> io::Result<usize>,
+    {
+        if max == 0 {
+            return Ok(0);
+        }
+        let tcp = match &mut self.io {
+            Io::Smc(Smc { conn, chan, .. }) => {
+                let want = ctx::Want::Read(conn.id);
+                let mut bounce = Vec::new();
+                let got = std::future::poll_fn(|cx| {
+                    chan.poll_op(Dir::Read, want, &conn.shared, cx, |ep| {
+                        read_plan(ep, conn.id, max, &mut bounce)
+                    })
+                })
+                .await?;
+                return match got {
+                    ReadGot::Eof => Ok(0),
+                    ReadGot::Lease(l) => {
+                        let r = f(&ReadSpace::rmb(&l));
+                        finish_read(conn, l.len(), r)
+                    }
+                    ReadGot::Peeked(n) => {
+                        let r = f(&ReadSpace::buf(&bounce[..n]));
+                        finish_read(conn, n, r)
+                    }
+                };
+            }
+            Io::Tcp(t) => t,
+        };
+        if self.pending_at < self.pending.len() {
+            let rest = &self.pending[self.pending_at..];
+            let len = rest.len().min(max);
+            let k = f(&ReadSpace::buf(&rest[..len]))?;
+            if k > len {
+                return Err(too_many(k, len));
+            }
+            self.pending_at += k;
+            if self.pending_at == self.pending.len() {
+                self.pending = Vec::new();
+                self.pending_at = 0;
+            }
+            return Ok(k);
+        }
+        let mut buf = vec![0u8; max.min(BOUNCE_MAX)];
+        let n = tcp.peek(&mut buf).await?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let k = f(&ReadSpace::buf(&buf[..n]))?;
+        if k > n {
+            return Err(too_many(k, n));
+        }
+        // (the peeked bytes are queued: taking them does not wait)
+        let mut done = 0;
+        while done < k {
+            let mut rb = ReadBuf::new(&mut buf[done..k]);
+            std::future::poll_fn(|cx| Pin::new(&mut *tcp).poll_read(cx, &mut rb)).await?;
+            match rb.filled().len() {
+                0 => break,
+                m => done += m,
+            }
+        }
+        Ok(k)
     }
 
     fn std_tcp(&self) -> Option<&std::net::TcpStream> {
