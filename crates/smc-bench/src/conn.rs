@@ -110,6 +110,41 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Writes a prefix of `data` in place (`SmcStream::write_in_place`: the
+    /// bytes copied straight into the space lent, the peer's RMB); over
+    /// plain TCP, a write.
+    pub fn write_in_place(&mut self, data: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Smc(s) => s.write_in_place(data.len(), |w| {
+                let n = w.len().min(data.len());
+                w.copy_from(0, &data[..n])?;
+                Ok(n)
+            }),
+            Conn::Tcp(s) => s.write(data),
+        }
+    }
+
+    /// Takes up to `max` received bytes in place (`SmcStream::read_in_place`),
+    /// looking at the first and the last byte of what is lent only; over
+    /// plain TCP, a read into `scratch`. Bytes taken (0: end of file).
+    pub fn take_in_place(&mut self, max: usize, scratch: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Smc(s) => s.read_in_place(max, |r| {
+                let mut b = [0u8; 1];
+                r.copy_to(0, &mut b)?;
+                r.copy_to(r.len() - 1, &mut b)?;
+                std::hint::black_box(b);
+                Ok(r.len())
+            }),
+            Conn::Tcp(s) => {
+                let n = max.min(scratch.len());
+                s.read(&mut scratch[..n])
+            }
+        }
+    }
+}
+
 impl Read for Conn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {

@@ -308,6 +308,20 @@ fn run(mut c: Conn, job: Job) -> io::Result<()> {
             c.write_all(&got.to_le_bytes())?;
             drain(&mut c)
         }
+        Job::SinkInPlace { total } => {
+            let mut scratch = vec![0u8; SINK_CHUNK];
+            let mut got = 0u64;
+            while got < total {
+                let want = SINK_CHUNK.min((total - got).try_into().unwrap_or(usize::MAX));
+                let n = c.take_in_place(want, &mut scratch)?;
+                if n == 0 {
+                    break;
+                }
+                got += n as u64;
+            }
+            c.write_all(&got.to_le_bytes())?;
+            drain(&mut c)
+        }
         Job::Idle => {
             c.write_all(&[1])?;
             drain(&mut c)

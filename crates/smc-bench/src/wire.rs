@@ -23,6 +23,13 @@ pub enum Job {
         /// Bytes the client will send.
         total: u64,
     },
+    /// As `Sink`, with the bytes taken in place (`SmcStream::read_in_place`:
+    /// each lent piece is committed after its first and last byte are looked
+    /// at; the body is not read). Over TCP, as `Sink`.
+    SinkInPlace {
+        /// Bytes the client will send.
+        total: u64,
+    },
     /// One request of `req` bytes, one response of `resp` bytes, then close.
     Once {
         /// Request size.
@@ -59,6 +66,7 @@ impl Header {
         let (kind, a, b) = match self.0 {
             Job::Echo { req, resp } => (1u32, req, resp),
             Job::Sink { total } => (2, total, 0),
+            Job::SinkInPlace { total } => (6, total, 0),
             Job::Once { req, resp } => (3, req, resp),
             Job::Idle => (4, 0, 0),
             Job::PollEcho { size, group, count } => {
@@ -91,6 +99,7 @@ impl Header {
         let job = match u32_at(4) {
             1 => Job::Echo { req: a, resp: bb },
             2 => Job::Sink { total: a },
+            6 => Job::SinkInPlace { total: a },
             3 => Job::Once { req: a, resp: bb },
             4 => Job::Idle,
             5 => Job::PollEcho {
@@ -145,6 +154,7 @@ mod tests {
                 resp: 65536,
             },
             Job::Sink { total: 4 << 30 },
+            Job::SinkInPlace { total: 1 << 30 },
             Job::Once { req: 64, resp: 64 },
             Job::Idle,
             Job::PollEcho {

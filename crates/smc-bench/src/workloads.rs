@@ -234,19 +234,26 @@ pub struct Bulk {
 
 /// Streams `total` bytes in `chunk`-byte writes; the server answers its count.
 /// CPU time of both processes is taken right before the first byte and right
-/// after the answer.
+/// after the answer. `in_place`: through the zero-copy API on both sides
+/// (`Conn::write_in_place`, `Conn::take_in_place`).
 pub fn bulk(
     t: Transport,
     server: &mut ServerProc,
     total: u64,
     chunk: usize,
+    in_place: bool,
     tally: &mut Tally,
 ) -> io::Result<Bulk> {
     let port = match t {
         Transport::Smc => server.smc_port,
         Transport::Tcp => server.tcp_port,
     };
-    let mut c = open(t, port, Job::Sink { total }, tally)?;
+    let job = if in_place {
+        Job::SinkInPlace { total }
+    } else {
+        Job::Sink { total }
+    };
+    let mut c = open(t, port, job, tally)?;
     let buf = vec![0x5au8; chunk];
     let s0 = server.cpu()?;
     let c0 = CpuTime::now();
@@ -254,8 +261,16 @@ pub fn bulk(
     let mut left = total;
     while left > 0 {
         let n = chunk.min(left.try_into().unwrap_or(usize::MAX));
-        c.write_all(&buf[..n])?;
-        left -= n as u64;
+        if in_place {
+            let k = c.write_in_place(&buf[..n])?;
+            if k == 0 {
+                return Err(io::Error::from(io::ErrorKind::WriteZero));
+            }
+            left -= k as u64;
+        } else {
+            c.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
     }
     let mut ack = [0u8; 8];
     c.read_exact(&mut ack)?;

@@ -16,7 +16,15 @@ const WORKLOADS: [&str; 6] = ["pingpong", "rr", "bulk", "setup", "memory", "refe
 const PLACED: [(&str, &[&str]); 5] = [
     ("pingpong", &["pingpong.64.median_us", "pingpong.64.p99_us"]),
     ("rr", &["rr.tps", "rr.polling_tps"]),
-    ("bulk", &["bulk.gbps", "bulk.cpu_s_per_gib"]),
+    (
+        "bulk",
+        &[
+            "bulk.gbps",
+            "bulk.cpu_s_per_gib",
+            "bulk_in_place.gbps",
+            "bulk_in_place.cpu_s_per_gib",
+        ],
+    ),
     ("setup", &["setup.conn_per_s"]),
     (
         "reference",
@@ -245,6 +253,8 @@ fn quick_run_measures_every_workload_over_smc_r_and_tcp() {
         assert_eq!(target("rr", "rr.tps", p, true), 0.6);
         assert_eq!(target("rr", "rr.polling_tps", p, false), 2.5);
         assert_eq!(target("bulk", "bulk.gbps", p, true), 0.95);
+        assert_eq!(target("bulk", "bulk_in_place.gbps", p, true), 1.5);
+        assert_eq!(target("bulk", "bulk_in_place.cpu_s_per_gib", p, true), 0.6);
         assert_eq!(target("setup", "setup.conn_per_s", p, false), 0.8);
     }
     let verdicts = doc["workloads"]
@@ -257,7 +267,7 @@ fn quick_run_measures_every_workload_over_smc_r_and_tcp() {
                 + usize::from(f["vs_reference"]["pass"].is_boolean())
         })
         .sum::<usize>();
-    assert_eq!(verdicts, 14, "7 targets in each of 2 placements: {doc:#}");
+    assert_eq!(verdicts, 18, "9 targets in each of 2 placements: {doc:#}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
