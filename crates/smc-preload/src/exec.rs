@@ -70,7 +70,8 @@ pub(crate) fn detach_for_exec() -> Vec<(RawFd, OwnedFd)> {
 /// `all`: the close-on-exec descriptors too (a spawn's file actions may
 /// `dup2` one onto a descriptor the child keeps).
 fn detach_connections(all: bool) -> Vec<(RawFd, OwnedFd)> {
-    if !USED.load(Ordering::Acquire) {
+    // (a forked child has connections its parent serves, and USED unset)
+    if COUNT.load(Ordering::Acquire) == 0 {
         return Vec::new();
     }
     let ids: Vec<(u64, u64)> = {
@@ -78,6 +79,7 @@ fn detach_connections(all: bool) -> Vec<(RawFd, OwnedFd)> {
         t.iter()
             .filter_map(|(&fd, e)| match e {
                 Entry::Stream(c) => file_id(c.s.tcp_fd()),
+                Entry::Remote(r) => file_id(borrow(r.tcp)),
                 // (its own duplicate is the connect thread's)
                 Entry::Connecting(_) => file_id(borrow(fd)),
                 _ => None,

@@ -5,6 +5,12 @@ use super::*;
 
 #[no_mangle]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(Entry::Remote(r)) = get(fd) {
+        return match r.shutdown(how) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        };
+    }
     if let Some(c) = stream(fd) {
         if c.s.mode() == Mode::SmcR {
             let h = match how {
@@ -96,6 +102,7 @@ pub(crate) fn nonblocking_set(fd: c_int, on: bool) {
         Some(Entry::Stream(c)) => {
             let _ = c.s.set_nonblocking(on);
         }
+        Some(Entry::Remote(r)) => r.set_nonblocking(on),
         Some(Entry::Listener(l)) => {
             l.nonblock.store(on, Ordering::Relaxed);
             let _ = l.l.set_nonblocking(on);
@@ -149,19 +156,21 @@ pub(crate) fn fcntl_after(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) -> c_in
 /// `ioctl` (variadic in C, as `fcntl`).
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
-    if COUNT.load(Ordering::Acquire) != 0 {
-        if let Some(c) = stream(fd) {
-            if req == libc::FIONREAD as c_ulong && !arg.is_null() {
-                // what a read would return now: read ahead without waiting
-                let mut p = c.peeked.lock().unwrap_or_else(|e| e.into_inner());
-                let mut tmp = vec![0u8; 64 << 10];
-                if let Ok(n) = c.s.read_with(&mut tmp, true) {
-                    p.extend_from_slice(&tmp[..n]);
-                }
+    if COUNT.load(Ordering::Acquire) != 0 && req == libc::FIONREAD as c_ulong && !arg.is_null() {
+        // what a read would return now: read ahead without waiting
+        let n = match get(fd) {
+            Some(Entry::Stream(c)) => Some(Ok(crate::share::fionread(&c))),
+            Some(Entry::Remote(r)) => Some(r.fionread()),
+            _ => None,
+        };
+        match n {
+            Some(Ok(n)) => {
                 // SAFETY: FIONREAD's argument is an int.
-                unsafe { *(arg as *mut c_int) = p.len().min(c_int::MAX as usize) as c_int };
+                unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
                 return 0;
             }
+            Some(Err(e)) => return fail(&e),
+            None => {}
         }
     }
     // SAFETY: the caller's arguments, unchanged.

@@ -33,6 +33,9 @@
 //! * `poll`, `ppoll`, `select` and `epoll_ctl` see a connection's (or
 //!   listener's) readiness descriptor in place of its socket
 //!   (`SmcStream::readiness_fd`); `epoll_wait` needs nothing more.
+//! * `fork()`: the SMC-R connections open at the fork keep working in the
+//!   child, as TCP sockets do: the parent, where each connection lives,
+//!   serves the child's calls on them (`share.rs`).
 //! * `SMC_DEBUG` (first character not `0`) prints a line per connection:
 //!   SMC-R, or the fallback reason. `SMC_RUN_STATE=FILE` appends the same
 //!   line to FILE (the library's record of each connection's mode, for
@@ -60,6 +63,7 @@ mod poll;
 mod report;
 mod rw;
 mod sendfile;
+mod share;
 mod socket;
 mod sockopt;
 mod table;

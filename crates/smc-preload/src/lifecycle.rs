@@ -11,12 +11,15 @@ thread_local! {
 }
 
 extern "C" fn before_fork() {
+    // (first: it reads the table and makes descriptors)
+    crate::share::prepare();
     let g = TABLE.write().unwrap_or_else(|e| e.into_inner());
     FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
 }
 
 extern "C" fn in_parent() {
     FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
+    crate::share::serve();
 }
 
 /// In a forked child. The parent's connections live in the parent: its
@@ -27,12 +30,16 @@ extern "C" fn in_parent() {
 /// library's yet and gives up the rest, without dropping anything (a drop
 /// would send the SMC close of the parent's connection, or wait for one of
 /// its threads):
-/// * each SMC-R connection (or connect in progress) gets a fresh
-///   unconnected TCP socket on its descriptor, as before an exec
-///   (`exec.rs`): in the child reads fail with `ENOTCONN`, writes with
-///   `EPIPE`, poll shows `POLLHUP` — a connection that is gone, never a
-///   hang; the parent goes on with it (redis' `BGSAVE` child leaves them
-///   alone, a child closing its copy before exec closes the stand-in);
+/// * each SMC-R connection is served by the parent for the child
+///   (`share.rs`): its descriptor keeps working in both, as a TCP socket's
+///   does; one the parent could not prepare (no descriptor left for the
+///   channel, or made while the fork began), and one the parent itself had
+///   from its own parent, gets a fresh unconnected TCP socket on its
+///   descriptor, as before an exec (`exec.rs`): reads fail with `ENOTCONN`,
+///   writes with `EPIPE`, poll shows `POLLHUP` — a connection that is gone,
+///   never a hang;
+/// * a connect in progress (a thread of the parent's runs it) gets the
+///   stand-in too;
 /// * a connection whose handshake waits for its first use stays usable:
 ///   whichever process uses it first takes it (`Entry::Lazy`), unless a
 ///   thread of the parent was running its handshake at the fork;
@@ -44,15 +51,17 @@ extern "C" fn in_parent() {
 ///
 /// Runs in the child of a possibly multi-threaded parent: system calls
 /// (socket, fcntl, dup2, close) and the table's entries taken out in place;
-/// the only allocator call is the table's freeing of removed entries (the C
+/// the allocator calls are the table's and the shared connections' (the C
 /// library's allocator is usable in a forked child).
 extern "C" fn in_child() {
     smc::after_fork_in_child();
+    crate::share::forget_served_in_child();
+    let shared = crate::share::adopt_in_child();
     FORK_GUARD.with(|f| {
         if let Some(t) = f.borrow_mut().as_mut() {
             // (not only after USED: a parent thread may be running a
             // lazy connection's first handshake, see Entry::Lazy)
-            forget_the_parents(t);
+            forget_the_parents(t, shared);
         }
         drop(f.borrow_mut().take());
     });
@@ -60,10 +69,44 @@ extern "C" fn in_child() {
 }
 
 /// See [`in_child`].
-fn forget_the_parents(t: &mut BTreeMap<RawFd, Entry>) {
+fn forget_the_parents(
+    t: &mut BTreeMap<RawFd, Entry>,
+    mut shared: Option<BTreeMap<RawFd, crate::share::Remote>>,
+) {
+    // (one Arc per connection: its duplicates share it, as in the parent)
+    let mut by_conn: Vec<(*const Conn, Arc<crate::share::Remote>)> = Vec::new();
+    let mut old_chans: Vec<RawFd> = Vec::new();
     for (&fd, e) in t.iter_mut() {
         let keep = match e {
-            Entry::Stream(_) | Entry::Connecting(_) => {
+            Entry::Stream(c) => {
+                let ptr = Arc::as_ptr(c);
+                let known = by_conn
+                    .iter()
+                    .find(|(p, _)| *p == ptr)
+                    .map(|(_, r)| r.clone());
+                match known.or_else(|| {
+                    let r = Arc::new(shared.as_mut()?.remove(&fd)?);
+                    by_conn.push((ptr, r.clone()));
+                    Some(r)
+                }) {
+                    Some(r) => Entry::Remote(r),
+                    None => {
+                        exec::stand_in(fd);
+                        Entry::Failed(0)
+                    }
+                }
+            }
+            Entry::Remote(r) => {
+                // (a connection of the parent's parent: its channel is the
+                // parent's, not this child's)
+                let ch = crate::share::channel_of(r);
+                if !old_chans.contains(&ch) {
+                    old_chans.push(ch);
+                }
+                exec::stand_in(fd);
+                Entry::Failed(0)
+            }
+            Entry::Connecting(_) => {
                 exec::stand_in(fd);
                 Entry::Failed(0)
             }
@@ -79,6 +122,13 @@ fn forget_the_parents(t: &mut BTreeMap<RawFd, Entry>) {
         };
         std::mem::forget(std::mem::replace(e, keep));
     }
+    for ch in old_chans {
+        // SAFETY: the inherited channel of a connection given up above
+        // (its entries are forgotten, never dropped: nothing else closes it).
+        unsafe { rustix::io::close(ch) };
+    }
+    // (prepared for descriptors the table no longer had: not this child's)
+    std::mem::forget(shared);
     t.retain(|_, e| !matches!(e, Entry::Failed(0)));
     COUNT.store(t.len(), Ordering::Release);
 }
@@ -126,6 +176,8 @@ extern "C" fn at_exit() {
         Err(_) => return,
     };
     drop(all);
+    // (and those a forked child shares: they end with this process)
+    crate::share::release_all();
 }
 
 /// The `SMC_*` environment at load time (the device configuration, the

@@ -21,6 +21,7 @@ pub(crate) fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
             Some((r, false, Entry::Listener(l)))
         }
         Entry::Connecting(p) => Some((p.user.as_raw_fd(), false, Entry::Connecting(p))),
+        Entry::Remote(r) => Some((r.ready, r.has_held(), Entry::Remote(r))),
         Entry::Fresh { .. }
         | Entry::Passive
         | Entry::LazyListener
@@ -30,10 +31,11 @@ pub(crate) fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
 }
 
 /// Runs `f` on a copy of `fds` whose SMC descriptors are replaced by their
-/// readiness descriptors, and copies the results back. A connection that
-/// also has its peer's signal polled in an epoll set (`signal_ctl`) has
-/// that signal in the copy too, after the caller's entries: data it
-/// announces does not show on the readiness descriptor. A signal that
+/// readiness descriptors, and copies the results back. A connection polled
+/// for readable has its peer's signal watched for the poll's duration and
+/// in the copy too, after the caller's entries (as an epoll set that has
+/// it, `signal_ctl`): data it announces does not show on the readiness
+/// descriptor. A signal that
 /// fired is readable for the caller only if the connection is
 /// (`SmcStream::signalled_events` takes its CDC, or drains a spent one);
 /// when spent signals were all that ended the poll, it is run again (a few
@@ -55,6 +57,9 @@ pub(crate) unsafe fn poll_via(
     let mut pend = vec![None; copy.len()];
     // (caller's entry, peer signal)
     let mut signals = Vec::new();
+    // (the same for connections a parent serves: see share.rs)
+    let mut rsignals = Vec::new();
+    let mut watched: Vec<Arc<Conn>> = Vec::new();
     for (k, p) in copy.iter_mut().enumerate() {
         if let Some((r, ready, e)) = poll_target(p.fd) {
             p.fd = r;
@@ -62,8 +67,21 @@ pub(crate) unsafe fn poll_via(
             match &e {
                 Entry::Connecting(c) => pend[k] = Some(c.clone()),
                 Entry::Stream(c) if p.events & libc::POLLIN != 0 => {
+                    // The peer signals this poll too, as it does an epoll
+                    // set that has the connection (`signal_ctl`): a
+                    // `poll`/`select` loop is woken by the peer's SEND
+                    // itself, not by a progress thread that took the CDC.
+                    if c.s.signal_fd().is_some() {
+                        c.s.watch_signal(true);
+                        watched.push(c.clone());
+                    }
                     if let Some(sfd) = c.s.signal_fd().filter(|_| c.s.signal_polled()) {
                         signals.push((k, sfd.as_raw_fd(), c.clone()));
+                    }
+                }
+                Entry::Remote(r) if p.events & libc::POLLIN != 0 => {
+                    if let Some(sfd) = r.signal {
+                        rsignals.push((k, sfd, r.clone()));
                     }
                 }
                 _ => {}
@@ -74,9 +92,13 @@ pub(crate) unsafe fn poll_via(
     if keep.is_empty() {
         return None;
     }
-    for (_, sfd, _) in &signals {
+    for sfd in signals
+        .iter()
+        .map(|s| s.1)
+        .chain(rsignals.iter().map(|s| s.1))
+    {
         copy.push(pollfd {
-            fd: *sfd,
+            fd: sfd,
             events: libc::POLLIN,
             revents: 0,
         });
@@ -87,6 +109,9 @@ pub(crate) unsafe fn poll_via(
         let any_now = now.iter().any(|x| *x);
         let r = f(copy.as_mut_ptr(), copy.len() as nfds_t, any_now);
         if r < 0 {
+            let e = errno();
+            unwatch(watched);
+            set_errno(e);
             return Some(r);
         }
         for (i, (k, _, c)) in signals.iter().enumerate() {
@@ -96,11 +121,17 @@ pub(crate) unsafe fn poll_via(
                         .is_some_and(|e| e & libc::EPOLLIN as u32 != 0);
             }
         }
+        for (i, (k, _, r)) in rsignals.iter().enumerate() {
+            if copy[n as usize + signals.len() + i].revents & libc::POLLIN != 0 {
+                now[*k] |= r.look() & libc::EPOLLIN as u32 != 0;
+            }
+        }
         let shown = (0..n as usize).any(|k| now[k] || copy[k].revents != 0);
         if shown || r == 0 || round >= RETRIES {
             break;
         }
     }
+    unwatch(watched);
     let mut count = 0;
     for (k, (u, c)) in user.iter_mut().zip(copy.iter()).enumerate() {
         u.revents = c.revents;
@@ -222,6 +253,15 @@ pub unsafe extern "C" fn pselect(
 }
 
 /// `select`/`pselect`: `real` if no SMC descriptor is in the sets, else
+/// The end of a poll's watch of its connections' peer signals: what they
+/// signalled and nobody took shows on their readiness descriptors again
+/// (`SmcStream::watch_signal`).
+fn unwatch(watched: Vec<Arc<Conn>>) {
+    for c in watched {
+        c.s.watch_signal(false);
+    }
+}
+
 /// `ppoll` (ours) on the same descriptors.
 pub(crate) unsafe fn select_via(
     nfds: c_int,
@@ -244,6 +284,7 @@ pub(crate) unsafe fn select_via(
                     get(fd),
                     Some(
                         Entry::Stream(_)
+                            | Entry::Remote(_)
                             | Entry::Listener(_)
                             | Entry::Connecting(_)
                             | Entry::Passive
@@ -538,8 +579,12 @@ pub(crate) fn set_closing(fd: c_int) {
 /// The registrations of peer signals in the application's epoll sets, by
 /// (set, event data): the connection and the events the application asked
 /// for there. `epoll_wait` reports such a connection's events whole
-/// (`fix_events`).
-type Signalled = std::collections::HashMap<(c_int, u64), (std::sync::Weak<Conn>, u32)>;
+/// (`fix_events`). (Ordered, not hashed: it is looked up for every event
+/// and every `epoll_ctl` of a connection, and a few comparisons of two
+/// integers cost less than hashing them with the standard library's
+/// DoS-resistant hasher, which keys chosen by the application itself do
+/// not need.)
+type Signalled = std::collections::BTreeMap<(c_int, u64), (std::sync::Weak<Conn>, u32)>;
 
 static SIGNALLED: Mutex<Option<Signalled>> = Mutex::new(None);
 

@@ -66,14 +66,18 @@ pub(crate) fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize>
         }
         write_all(c, buf, dont_wait)
     })();
-    let r = r.map_err(|e| tcp_write_error(c, e));
-    if let Err(e) = &r {
-        if e.kind() == io::ErrorKind::BrokenPipe && flags & libc::MSG_NOSIGNAL == 0 {
-            // SAFETY: raise has no preconditions.
-            unsafe { libc::raise(libc::SIGPIPE) };
-        }
+    r.map_err(|e| write_failed(c, e, flags & libc::MSG_NOSIGNAL == 0))
+}
+
+/// A failed write's error as TCP's ([`tcp_write_error`]), with `SIGPIPE`
+/// raised, as the kernel does, for a peer that is gone, if `signal`.
+pub(crate) fn write_failed(c: &Conn, e: io::Error, signal: bool) -> io::Error {
+    let e = tcp_write_error(c, e);
+    if e.kind() == io::ErrorKind::BrokenPipe && signal {
+        // SAFETY: raise has no preconditions.
+        unsafe { libc::raise(libc::SIGPIPE) };
     }
-    r
+    e
 }
 
 /// A write's error as TCP's: SMC (as Linux AF_SMC) says `ECONNRESET` to a
@@ -137,6 +141,8 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     match io(fd) {
         // SAFETY: the caller's buffer of `n` bytes.
         Io::Smc(c) => ret(conn_recv(&c, unsafe { slice_mut(buf, n) }, 0)),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(r.recv(unsafe { slice_mut(buf, n) }, 0)),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe { real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf, n) },
@@ -148,6 +154,8 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     match io(fd) {
         // SAFETY: the caller's buffer of `n` bytes.
         Io::Smc(c) => ret(conn_recv(&c, unsafe { slice_mut(buf, n) }, flags)),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(r.recv(unsafe { slice_mut(buf, n) }, flags)),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -174,6 +182,14 @@ pub unsafe extern "C" fn recvfrom(
             // SAFETY: the caller's buffer of `n` bytes.
             ret(conn_recv(&c, unsafe { slice_mut(buf, n) }, flags))
         }
+        Io::Remote(r) => {
+            if !alen.is_null() {
+                // SAFETY: as above.
+                unsafe { *alen = 0 };
+            }
+            // SAFETY: as above.
+            ret(r.recv(unsafe { slice_mut(buf, n) }, flags))
+        }
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -189,6 +205,8 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     match io(fd) {
         // SAFETY: the caller's buffer of `n` bytes.
         Io::Smc(c) => ret(conn_send(&c, unsafe { slice(buf, n) }, 0)),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(r.send(unsafe { slice(buf, n) }, 0)),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -202,6 +220,8 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     match io(fd) {
         // SAFETY: the caller's buffer of `n` bytes.
         Io::Smc(c) => ret(conn_send(&c, unsafe { slice(buf, n) }, flags)),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(r.send(unsafe { slice(buf, n) }, flags)),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -222,6 +242,8 @@ pub unsafe extern "C" fn sendto(
     match io(fd) {
         // SAFETY: the caller's buffer of `n` bytes (a connected stream ignores the address).
         Io::Smc(c) => ret(conn_send(&c, unsafe { slice(buf, n) }, flags)),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(r.send(unsafe { slice(buf, n) }, flags)),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -241,12 +263,15 @@ pub(crate) unsafe fn iovs<'a>(iov: *const iovec, cnt: c_int) -> &'a [iovec] {
     unsafe { std::slice::from_raw_parts(iov, cnt as usize) }
 }
 
-/// Reads for `readv`/`recvmsg`: one read into a buffer of their total size,
-/// scattered over them.
-pub(crate) unsafe fn recv_iov(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
+/// Reads for `readv`/`recvmsg`: one read (`recv`, of a connection) into a
+/// buffer of their total size, scattered over them.
+pub(crate) unsafe fn recv_iov(
+    recv: impl FnOnce(&mut [u8]) -> io::Result<usize>,
+    iov: &[iovec],
+) -> io::Result<usize> {
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     let mut tmp = vec![0u8; total.min(4 << 20)];
-    let n = conn_recv(c, &mut tmp, flags)?;
+    let n = recv(&mut tmp)?;
     let mut off = 0;
     for v in iov {
         if off >= n {
@@ -260,13 +285,17 @@ pub(crate) unsafe fn recv_iov(c: &Conn, iov: &[iovec], flags: c_int) -> io::Resu
     Ok(n)
 }
 
-/// Writes for `writev`/`sendmsg`: one iovec after the other.
-pub(crate) unsafe fn send_iov(c: &Conn, iov: &[iovec], flags: c_int) -> io::Result<usize> {
+/// Writes for `writev`/`sendmsg`: one iovec after the other (`send`, of a
+/// connection).
+pub(crate) unsafe fn send_iov(
+    mut send: impl FnMut(&[u8]) -> io::Result<usize>,
+    iov: &[iovec],
+) -> io::Result<usize> {
     let mut done = 0;
     for v in iov {
         // SAFETY: the caller's iovec of `iov_len` readable bytes.
         let b = unsafe { slice(v.iov_base, v.iov_len) };
-        match conn_send(c, b, flags) {
+        match send(b) {
             Ok(n) => {
                 done += n;
                 if n < b.len() {
@@ -284,7 +313,9 @@ pub(crate) unsafe fn send_iov(c: &Conn, iov: &[iovec], flags: c_int) -> io::Resu
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     match io(fd) {
         // SAFETY: the caller's iovecs.
-        Io::Smc(c) => ret(unsafe { recv_iov(&c, iovs(iov, cnt), 0) }),
+        Io::Smc(c) => ret(unsafe { recv_iov(|b| conn_recv(&c, b, 0), iovs(iov, cnt)) }),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(unsafe { recv_iov(|b| r.recv(b, 0), iovs(iov, cnt)) }),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -297,7 +328,9 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     match io(fd) {
         // SAFETY: the caller's iovecs.
-        Io::Smc(c) => ret(unsafe { send_iov(&c, iovs(iov, cnt), 0) }),
+        Io::Smc(c) => ret(unsafe { send_iov(|b| conn_send(&c, b, 0), iovs(iov, cnt)) }),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(unsafe { send_iov(|b| r.send(b, 0), iovs(iov, cnt)) }),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -316,7 +349,21 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             m.msg_controllen = 0;
             m.msg_flags = 0;
             // SAFETY: its iovecs.
-            ret(unsafe { recv_iov(&c, iovs(m.msg_iov, m.msg_iovlen as c_int), flags) })
+            ret(unsafe {
+                recv_iov(
+                    |b| conn_recv(&c, b, flags),
+                    iovs(m.msg_iov, m.msg_iovlen as c_int),
+                )
+            })
+        }
+        Io::Remote(r) if !msg.is_null() => {
+            // SAFETY: the caller's message header.
+            let m = unsafe { &mut *msg };
+            m.msg_namelen = 0;
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+            // SAFETY: its iovecs.
+            ret(unsafe { recv_iov(|b| r.recv(b, flags), iovs(m.msg_iov, m.msg_iovlen as c_int)) })
         }
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
@@ -330,7 +377,17 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
         Io::Smc(c) if !msg.is_null() => {
             // SAFETY: the caller's message header and its iovecs.
             let m = unsafe { &*msg };
-            ret(unsafe { send_iov(&c, iovs(m.msg_iov, m.msg_iovlen as c_int), flags) })
+            ret(unsafe {
+                send_iov(
+                    |b| conn_send(&c, b, flags),
+                    iovs(m.msg_iov, m.msg_iovlen as c_int),
+                )
+            })
+        }
+        Io::Remote(r) if !msg.is_null() => {
+            // SAFETY: the caller's message header and its iovecs.
+            let m = unsafe { &*msg };
+            ret(unsafe { send_iov(|b| r.send(b, flags), iovs(m.msg_iov, m.msg_iovlen as c_int)) })
         }
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.

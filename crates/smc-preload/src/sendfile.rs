@@ -2,9 +2,12 @@
 
 use super::*;
 
-/// `sendfile` into an SMC-R connection: a copy through the library (at most
-/// 1 MiB per call; a partial write moves the file's offset as far as the
-/// connection took, as `sendfile` does).
+/// `sendfile` into an SMC-R connection: the file is read straight into the
+/// peer's RMB (`SmcStream::write_in_place`: `pread` into the lent space, the
+/// kernel's copy the only one; through a buffer where the connection lends
+/// none). A blocking socket takes all `count` bytes (or up to the end of the
+/// file), a non-blocking one what fits now, as `sendfile` does; the file's
+/// offset moves as far as the connection took.
 #[no_mangle]
 pub unsafe extern "C" fn sendfile(
     out: c_int,
@@ -15,6 +18,8 @@ pub unsafe extern "C" fn sendfile(
     match io(out) {
         // SAFETY: the caller's offset, if any.
         Io::Smc(c) => ret(unsafe { file_to_conn(&c, inp, off, count) }),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(unsafe { file_to_remote(&r, inp, off, count) }),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -35,6 +40,8 @@ pub unsafe extern "C" fn sendfile64(
     match io(out) {
         // SAFETY: the caller's offset, if any (off64_t is off_t on 64-bit Linux).
         Io::Smc(c) => ret(unsafe { file_to_conn(&c, inp, off.cast(), count) }),
+        // SAFETY: as above.
+        Io::Remote(r) => ret(unsafe { file_to_remote(&r, inp, off.cast(), count) }),
         Io::Busy => busy(),
         // SAFETY: the caller's arguments, unchanged.
         Io::Kernel => unsafe {
@@ -58,12 +65,28 @@ pub(crate) unsafe fn file_to_conn(
         // SAFETY: the caller's offset.
         (unsafe { *off }) as u64
     };
-    let mut buf = vec![0u8; count.min(1 << 20)];
-    let got = rustix::io::pread(f, &mut buf, pos)?;
-    if got == 0 {
+    let mut sent = 0usize;
+    while sent < count {
+        let at = pos + sent as u64;
+        match c
+            .s
+            .write_in_place(count - sent, |w| w.read_from(0, f, Some(at)))
+        {
+            // end of the file
+            Ok(0) => break,
+            Ok(n) => {
+                sent += n;
+                if c.s.is_nonblocking() {
+                    break;
+                }
+            }
+            Err(_) if sent > 0 => break,
+            Err(e) => return Err(write_failed(c, e, true)),
+        }
+    }
+    if sent == 0 {
         return Ok(0);
     }
-    let sent = conn_send(c, &buf[..got], 0)?;
     let end = pos + sent as u64;
     if off.is_null() {
         rustix::fs::seek(f, rustix::fs::SeekFrom::Start(end))?;
@@ -74,10 +97,58 @@ pub(crate) unsafe fn file_to_conn(
     Ok(sent)
 }
 
-/// `splice` to or from an SMC-R connection: a copy through the library.
-/// Bytes taken from a pipe are written whole (blocking), bytes taken from
-/// the connection are given to the pipe whole: a pipe cannot take back
-/// what was read from it.
+/// [`file_to_conn`] for a connection a parent serves (`share.rs`): through
+/// a buffer, the file's offset moved as far as the connection took.
+unsafe fn file_to_remote(
+    r: &crate::share::Remote,
+    inp: c_int,
+    off: *mut libc::off_t,
+    count: size_t,
+) -> io::Result<usize> {
+    let f = borrow(inp);
+    let pos = if off.is_null() {
+        rustix::fs::seek(f, rustix::fs::SeekFrom::Current(0))?
+    } else {
+        // SAFETY: the caller's offset.
+        (unsafe { *off }) as u64
+    };
+    let mut buf = vec![0u8; count.min(64 << 10)];
+    let mut sent = 0usize;
+    while sent < count {
+        let want = (count - sent).min(buf.len());
+        let n = rustix::io::pread(f, &mut buf[..want], pos + sent as u64)?;
+        if n == 0 {
+            break;
+        }
+        match r.send(&buf[..n], 0) {
+            Ok(w) => {
+                sent += w;
+                if w < n {
+                    break;
+                }
+            }
+            Err(_) if sent > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    let end = pos + sent as u64;
+    if off.is_null() {
+        rustix::fs::seek(f, rustix::fs::SeekFrom::Start(end))?;
+    } else {
+        // SAFETY: as above.
+        unsafe { *off = end as libc::off_t };
+    }
+    Ok(sent)
+}
+
+/// `splice` to or from an SMC-R connection, in place
+/// (`SmcStream::write_in_place` / `read_in_place`): the kernel reads
+/// `fd_in` straight into the peer's RMB, or writes our RMB straight to
+/// `fd_out`, and only what went through is committed, so nothing is taken
+/// from a pipe that the connection did not take, nor from the connection
+/// that `fd_out` did not take. `SPLICE_F_NONBLOCK`: `EAGAIN` where the side
+/// that is not the connection (or the connection for reading, as before)
+/// has nothing now.
 #[no_mangle]
 pub unsafe extern "C" fn splice(
     fd_in: c_int,
@@ -96,66 +167,151 @@ pub unsafe extern "C" fn splice(
     };
     match (i, o) {
         (Io::Busy, _) | (_, Io::Busy) => busy(),
-        (Io::Kernel, Io::Smc(c)) => {
-            let mut buf = vec![0u8; len.min(1 << 20)];
-            let got = if off_in.is_null() {
+        (Io::Kernel, Io::Remote(r)) => {
+            // (a connection a parent serves, share.rs: through a buffer,
+            // sent whole before the next read)
+            if dont_wait && !ready(fd_in, libc::POLLIN) {
+                return fail(&io::ErrorKind::WouldBlock.into());
+            }
+            let mut buf = vec![0u8; len.min(64 << 10)];
+            let n = if off_in.is_null() {
                 rustix::io::read(borrow(fd_in), &mut buf)
             } else {
                 // SAFETY: the caller's offset.
-                rustix::io::pread(borrow(fd_in), &mut buf, unsafe { *off_in } as u64)
+                let at = unsafe { *off_in } as u64;
+                rustix::io::pread(borrow(fd_in), &mut buf, at).inspect(|n| {
+                    // SAFETY: as above.
+                    unsafe { *off_in += *n as libc::loff_t };
+                })
             };
-            let got = match got {
+            let n = match n {
                 Ok(n) => n,
                 Err(e) => return fail(&e.into()),
             };
-            if !off_in.is_null() {
-                // SAFETY: as above.
-                unsafe { *off_in += got as libc::loff_t };
-            }
             let mut done = 0;
-            while done < got {
-                match conn_send(&c, &buf[done..got], 0) {
-                    Ok(n) => done += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        if let Ok(r) = c.s.readiness_fd() {
-                            wait_writable(r.as_raw_fd());
-                        }
-                    }
+            while done < n {
+                match r.send(&buf[done..n], 0) {
+                    Ok(w) => done += w,
                     Err(e) => return fail(&e),
                 }
             }
-            got as ssize_t
+            n as ssize_t
+        }
+        (Io::Remote(r), Io::Kernel) => {
+            let mut buf = vec![0u8; len.min(64 << 10)];
+            let got = match r.recv(&mut buf, if dont_wait { libc::MSG_DONTWAIT } else { 0 }) {
+                Ok(n) => n,
+                Err(e) => return fail(&e),
+            };
+            // SAFETY: the caller's offset, if any.
+            match unsafe { write_out(fd_out, off_out, &buf[..got]) } {
+                Ok(()) => got as ssize_t,
+                Err(e) => fail(&e),
+            }
+        }
+        (Io::Kernel, Io::Smc(c)) => {
+            // Straight from `fd_in` into the peer's RMB: what is read is
+            // what is sent, nothing is taken from a pipe that the connection
+            // did not take.
+            if dont_wait && !ready(fd_in, libc::POLLIN) {
+                return fail(&io::ErrorKind::WouldBlock.into());
+            }
+            // SAFETY: the caller's offset, if any.
+            let at = (!off_in.is_null()).then(|| unsafe { *off_in } as u64);
+            match c
+                .s
+                .write_in_place(len, |w| w.read_from(0, borrow(fd_in), at))
+            {
+                Ok(n) => {
+                    if !off_in.is_null() {
+                        // SAFETY: as above.
+                        unsafe { *off_in += n as libc::loff_t };
+                    }
+                    n as ssize_t
+                }
+                Err(e) => fail(&write_failed(&c, e, true)),
+            }
+        }
+        (Io::Smc(c), Io::Kernel) if c.peeked.lock().is_ok_and(|p| p.is_empty()) => {
+            // Straight from our RMB into `fd_out`: only what it took is
+            // consumed, the rest stays for the next read.
+            if dont_wait
+                && !c
+                    .s
+                    .readiness_fd()
+                    .is_ok_and(|r| ready(r.as_raw_fd(), libc::POLLIN))
+            {
+                return fail(&io::ErrorKind::WouldBlock.into());
+            }
+            // SAFETY: the caller's offset, if any.
+            let at = (!off_out.is_null()).then(|| unsafe { *off_out } as u64);
+            match c
+                .s
+                .read_in_place(len, |r| r.write_to(0, r.len(), borrow(fd_out), at))
+            {
+                Ok(n) => {
+                    if !off_out.is_null() {
+                        // SAFETY: as above.
+                        unsafe { *off_out += n as libc::loff_t };
+                    }
+                    n as ssize_t
+                }
+                Err(e) => fail(&e),
+            }
         }
         (Io::Smc(c), Io::Kernel) => {
+            // (bytes a MSG_PEEK kept first: through a buffer)
             let mut buf = vec![0u8; len.min(64 << 10)];
             let got = match conn_recv(&c, &mut buf, if dont_wait { libc::MSG_DONTWAIT } else { 0 })
             {
                 Ok(n) => n,
                 Err(e) => return fail(&e),
             };
-            let mut done = 0;
-            while done < got {
-                let w = if off_out.is_null() {
-                    rustix::io::write(borrow(fd_out), &buf[done..got])
-                } else {
-                    // SAFETY: the caller's offset.
-                    let at = unsafe { *off_out } as u64;
-                    rustix::io::pwrite(borrow(fd_out), &buf[done..got], at).inspect(|n| {
-                        // SAFETY: as above.
-                        unsafe { *off_out += *n as libc::loff_t };
-                    })
-                };
-                match w {
-                    Ok(n) => done += n,
-                    Err(rustix::io::Errno::AGAIN) => wait_writable(fd_out),
-                    Err(e) => return fail(&e.into()),
-                }
+            // SAFETY: the caller's offset, if any.
+            match unsafe { write_out(fd_out, off_out, &buf[..got]) } {
+                Ok(()) => got as ssize_t,
+                Err(e) => fail(&e),
             }
-            got as ssize_t
         }
         // SAFETY: the caller's arguments, unchanged.
         _ => unsafe { real_splice(fd_in, off_in, fd_out, off_out, len, flags) },
     }
+}
+
+/// All of `buf` to `fd_out` (at `*off_out`, moved on, if not null), for
+/// bytes already taken from a connection: waits while `fd_out` is full.
+unsafe fn write_out(fd_out: c_int, off_out: *mut libc::loff_t, buf: &[u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let w = if off_out.is_null() {
+            rustix::io::write(borrow(fd_out), &buf[done..])
+        } else {
+            // SAFETY: the caller's offset.
+            let at = unsafe { *off_out } as u64;
+            rustix::io::pwrite(borrow(fd_out), &buf[done..], at).inspect(|n| {
+                // SAFETY: as above.
+                unsafe { *off_out += *n as libc::loff_t };
+            })
+        };
+        match w {
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::AGAIN) => wait_writable(fd_out),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Whether `fd` polls `events` now (the real `poll`, not waiting).
+fn ready(fd: RawFd, events: libc::c_short) -> bool {
+    let mut p = [pollfd {
+        fd,
+        events,
+        revents: 0,
+    }];
+    // SAFETY: our own pollfd.
+    let n = unsafe { real!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int)(p.as_mut_ptr(), 1, 0) };
+    n > 0 && p[0].revents & (events | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Waits (at most 1 s, then the caller retries) until `fd` can take more

@@ -96,6 +96,9 @@ pub(crate) enum Entry {
     Lazy(Arc<Lazy>),
     /// A non-blocking `connect()` in progress (see [`Pend`]).
     Connecting(Arc<Pend>),
+    /// In a forked child: an SMC-R connection its parent owns and serves
+    /// for it (see `share.rs`).
+    Remote(Arc<crate::share::Remote>),
     /// A non-blocking `connect()` whose handshake failed: the socket is shut
     /// down, and `getsockopt(SO_ERROR)` returns this errno once.
     Failed(c_int),
@@ -140,6 +143,8 @@ pub(crate) struct Pend {
 /// What a read or write on `fd` goes to.
 pub(crate) enum Io {
     Smc(Arc<Conn>),
+    /// A connection the parent owns (in a forked child).
+    Remote(Arc<crate::share::Remote>),
     /// A non-blocking connect in progress: `EAGAIN`, as TCP before the
     /// connection is established.
     Busy,
@@ -149,6 +154,7 @@ pub(crate) enum Io {
 pub(crate) fn io(fd: RawFd) -> Io {
     match get(fd) {
         Some(Entry::Stream(c)) => Io::Smc(c),
+        Some(Entry::Remote(r)) => Io::Remote(r),
         Some(Entry::Connecting(_)) => Io::Busy,
         _ => Io::Kernel,
     }

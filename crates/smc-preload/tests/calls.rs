@@ -59,11 +59,16 @@ fn conform_run(s: &Setup, server_preload: bool, client_preload: bool) -> (String
     let mut srv = srv;
     let child = std::mem::replace(&mut srv.0, Command::new("true").spawn().unwrap());
     let so = child.wait_with_output().unwrap();
+    // (the server's side of the story goes with the client's failure too)
     assert!(
         cli.status.success(),
-        "client {server_preload} {client_preload}: {:?} {}",
+        "client {server_preload} {client_preload}: {:?} {}\n{}\nserver: {:?} {}\n{}",
         cli.status,
-        String::from_utf8_lossy(&cli.stderr)
+        String::from_utf8_lossy(&cli.stderr),
+        String::from_utf8_lossy(&cli.stdout),
+        so.status,
+        String::from_utf8_lossy(&so.stderr),
+        String::from_utf8_lossy(&so.stdout)
     );
     assert!(
         so.status.success(),

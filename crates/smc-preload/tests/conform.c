@@ -232,6 +232,27 @@ static void server(const char *portfile, const char *file) {
     lseek(fd, st.st_size - 100, SEEK_SET);
     show("sendfile NULL offset 100", sendfile(c, fd, NULL, 100));
     show("lseek after", lseek(fd, 0, SEEK_CUR) == st.st_size);
+    /* splice of FILE through a pipe: file -> pipe -> socket */
+    int pp[2];
+    if (pipe(pp) < 0) die("pipe");
+    loff_t loff = 0;
+    size_t spl = 0;
+    while (spl < (size_t)st.st_size) {
+        ssize_t k = splice(fd, &loff, pp[1], NULL, st.st_size - spl, 0);
+        if (k <= 0) die("splice from file");
+        ssize_t left = k;
+        while (left > 0) {
+            ssize_t w = splice(pp[0], NULL, c, NULL, left, 0);
+            if (w > 0) { left -= w; continue; }
+            if (w < 0 && errno != EAGAIN) die("splice to socket");
+            struct pollfd p = { c, POLLOUT, 0 };
+            poll(&p, 1, 10000);
+        }
+        spl += k;
+    }
+    printf("server splice %zu offset %ld\n", spl, (long)loff);
+    close(pp[0]);
+    close(pp[1]);
     close(fd);
     step(c, 'D');
 
@@ -437,6 +458,26 @@ static void client(int port, const char *file) {
            fnv(got, st.st_size) == fnv(want, st.st_size));
     read_n(s, (char *)got, 100);
     printf("client sendfile tail equal %d\n", memcmp(got, want + st.st_size - 100, 100) == 0);
+    /* the server's splice: the file again, taken socket -> pipe */
+    int sp[2];
+    if (pipe(sp) < 0) die("pipe");
+    size_t spl = 0;
+    while (spl < (size_t)st.st_size) {
+        size_t ask = st.st_size - spl < 65536 ? st.st_size - spl : 65536;
+        ssize_t k = splice(s, NULL, sp[1], NULL, ask, 0);
+        if (k < 0 && errno == EAGAIN) {
+            struct pollfd p = { s, POLLIN, 0 };
+            poll(&p, 1, 10000);
+            continue;
+        }
+        if (k <= 0) die("splice from socket");
+        if (read(sp[0], got + spl, k) != k) die("read pipe");
+        spl += k;
+    }
+    printf("client splice %zu bytes equal %d\n", spl,
+           fnv(got, st.st_size) == fnv(want, st.st_size));
+    close(sp[0]);
+    close(sp[1]);
     free(want);
     free(got);
 

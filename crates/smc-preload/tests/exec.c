@@ -45,9 +45,19 @@
  *   exec client PORT fork    pings, forks a child that execs `after` on the
  *                            connection's descriptor, then pings again
  *   exec client PORT self    pings, then execs `after` itself
- *   exec client PORT use     pings, forks a child that runs `after` on the
- *                            connection's descriptor and then `pings` on a
- *                            connection of its own, then pings again
+ *   exec client PORT use     pings, forks a child that pings on the
+ *                            inherited connection (poll first) and then
+ *                            runs `pings` on a connection of its own, then
+ *                            pings again once the child is done
+ *   exec client PORT both    pings, forks; parent and child each write
+ *                            1 MiB at once (bytes 'P' and 'C'), the child
+ *                            leaving by _exit (no close); then the parent
+ *                            half-closes and counts what comes back
+ *   exec client PORT handoff pings, forks a child and closes its own copy;
+ *                            the child (once the parent closed) pings twice
+ *                            on the inherited connection (epoll, then a
+ *                            blocking read), sends a file on it (sendfile),
+ *                            half-closes it and reads the server's end
  *   exec client PORT plain   pings, then execs `after` itself (execle) with
  *                            LD_PRELOAD left out of its environment
  *   exec client PORT spawn   pings, spawns `after` on the connection's
@@ -76,6 +86,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -456,8 +468,84 @@ static int client(int port, const char *mode, const char *self) {
     if (p < 0) die("fork");
     if (p == 0 && !strcmp(mode, "use")) {
         /* the inherited connection, then one of the child's own */
-        after(s);
+        struct pollfd pf = {.fd = s, .events = POLLOUT};
+        if (poll(&pf, 1, 5000) != 1 || !(pf.revents & POLLOUT)) die("child poll");
+        ping(s, "child1");
+        printf("child ok\n");
+        fflush(stdout);
         exit(pings(port));
+    }
+    if (!strcmp(mode, "both")) {
+        size_t n = 1 << 20;
+        char *b = malloc(n);
+        if (!b) die("malloc");
+        memset(b, p == 0 ? 'C' : 'P', n);
+        for (size_t off = 0; off < n;) {
+            ssize_t w = write(s, b + off, n - off);
+            if (w <= 0) die(p == 0 ? "child write" : "parent write");
+            off += w;
+        }
+        if (p == 0) _exit(0);
+        int st;
+        if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+        if (shutdown(s, SHUT_WR)) die("shutdown");
+        size_t cp = 0, cc = 0, other = 0;
+        for (;;) {
+            ssize_t r = read(s, b, n);
+            if (r < 0) die("parent read");
+            if (r == 0) break;
+            for (ssize_t i = 0; i < r; i++) {
+                if (b[i] == 'P') cp++;
+                else if (b[i] == 'C') cc++;
+                else other++;
+            }
+        }
+        printf("parent got P=%zu C=%zu other=%zu\n", cp, cc, other);
+        close(s);
+        return 0;
+    }
+    if (!strcmp(mode, "handoff")) {
+        if (p > 0) {
+            close(s);
+            int st;
+            if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st)) { fprintf(stderr, "child failed\n"); return 1; }
+            printf("parent ok\n");
+            return 0;
+        }
+        usleep(300000); /* (the parent's close first) */
+        if (write(s, "child1", 6) != 6) die("child write");
+        int ep = epoll_create1(0);
+        struct epoll_event ev = {.events = EPOLLIN}, out;
+        if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev)) die("epoll");
+        if (epoll_wait(ep, &out, 1, 5000) != 1) die("child epoll_wait");
+        char b[8] = {0};
+        size_t got = 0;
+        while (got < 6) {
+            ssize_t r = read(s, b + got, 6 - got);
+            if (r <= 0) die("child read");
+            got += r;
+        }
+        if (memcmp(b, "child1", 6)) { fprintf(stderr, "wrong echo\n"); exit(2); }
+        ping(s, "child2");
+        /* sendfile into it, the echo read back */
+        FILE *f = tmpfile();
+        if (!f || fputs("child3", f) < 0 || fflush(f)) die("tmpfile");
+        off_t at = 0;
+        if (sendfile(s, fileno(f), &at, 6) != 6 || at != 6) die("child sendfile");
+        got = 0;
+        while (got < 6) {
+            ssize_t r = read(s, b + got, 6 - got);
+            if (r <= 0) die("child read");
+            got += r;
+        }
+        if (memcmp(b, "child3", 6)) { fprintf(stderr, "wrong echo\n"); exit(2); }
+        fclose(f);
+        if (shutdown(s, SHUT_WR)) die("shutdown");
+        ssize_t r = read(s, b, 1);
+        if (r != 0) { fprintf(stderr, "no end: %zd\n", r); exit(2); }
+        close(s);
+        printf("child ok\n");
+        return 0;
     }
     if (p == 0) {
         execv(self, (char *[]){(char *)self, "after", fd, NULL});

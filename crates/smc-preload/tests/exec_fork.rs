@@ -125,16 +125,17 @@ fn an_smc_r_connection_inherited_across_fork_and_exec_is_a_clear_error_there() {
     the_child_gets_a_clear_error_and_the_parent_goes_on("exec-fork", "fork");
 }
 
-/// A forked child that uses the library: the parent's connection is a
-/// clear error there (it goes on in the parent, which pings on it after the
-/// child is done), and the child's own new connection is SMC-R, with a
-/// library state of its own.
+/// A forked child that uses the library: the parent's connection works in
+/// the child too, as a TCP socket does (the parent serves it there), and
+/// the parent goes on with it once the child is done; the child's own new
+/// connection is SMC-R, with a library state of its own.
 #[test]
-fn a_forked_child_gets_clear_errors_on_the_parents_connection_and_smc_r_of_its_own() {
+fn a_forked_child_uses_the_parents_connection_and_has_smc_r_of_its_own() {
     let (s, cli, srv) = exec_run_with("fork-use", "server2", &["client", "use"]);
-    assert_eq!(cli, format!("{AFTER_EXEC}pings ok\nparent ok\n"));
-    // the child's two pings and the parent's two; the child's "x" went nowhere
-    assert_eq!(srv, "server end eof after 10\nserver end eof after 10\n");
+    assert_eq!(cli, "child ok\npings ok\nparent ok\n");
+    // the child's own connection ends first (its two pings), then the
+    // shared one: the parent's two pings and the child's one
+    assert_eq!(srv, "server end eof after 10\nserver end eof after 16\n");
     let modes = s.modes();
     let smc_r = |role: &str| {
         modes
@@ -147,6 +148,30 @@ fn a_forked_child_gets_clear_errors_on_the_parents_connection_and_smc_r_of_its_o
         (4, 2, 2),
         "{modes:?}"
     );
+}
+
+/// Parent and child write on one connection at the same time, 1 MiB each:
+/// every byte reaches the peer once (the server echoes them all back to
+/// the parent), and a child that leaves by `_exit` (no close) leaves the
+/// connection to the parent.
+#[test]
+fn parent_and_child_write_on_one_connection_at_once_and_nothing_is_lost() {
+    let (s, cli, srv) = exec_run_with("fork-both", "server", &["client", "both"]);
+    assert_eq!(cli, "parent got P=1048576 C=1048576 other=0\n");
+    assert_eq!(srv, format!("server end eof after {}\n", 5 + (2 << 20)));
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
+}
+
+/// A parent that connects, forks and closes its copy: the connection is
+/// the child's from then on (epoll, blocking reads, `sendfile`, a half
+/// close and the peer's end all work there), and it ends when the child
+/// closes it.
+#[test]
+fn a_connection_handed_to_a_forked_child_works_there_after_the_parent_closed_it() {
+    let (s, cli, srv) = exec_run_with("fork-handoff", "server", &["client", "handoff"]);
+    assert_eq!(cli, "child ok\nparent ok\n");
+    assert_eq!(srv, "server end eof after 23\n");
+    assert_modes(&s, &[("connect", " SMC-R"), ("accept", " SMC-R")]);
 }
 
 /// An exec of the process itself: the same for the new image; the
