@@ -604,13 +604,6 @@ pub(crate) fn bells_on() -> bool {
 /// not yet armed.
 const BELL_BUSY_WAIT: Duration = Duration::from_millis(2);
 
-/// How long a reader sleeps on its doorbell at most before it looks again:
-/// a safety net. Two readers of one connection share its doorbell word, and
-/// one's `arm` can overwrite the other's "asleep" mark, so that a ring then
-/// wakes only the thread that had not gone to sleep yet. Bounded, such a
-/// lost wake-up costs this long, not the connection.
-const BELL_SLEEP_MAX: Duration = Duration::from_millis(100);
-
 /// After a TCP end, everyone waiting looks again this long after the
 /// engine's grace (its pump must have run past the deadline).
 const RECHECK_MARGIN: Duration = Duration::from_millis(20);
@@ -1288,9 +1281,7 @@ impl Shared {
             }
             bell.arm();
             match fast.may_sleep() {
-                MaySleep::Sleep => {
-                    bell.wait(Some(left.map_or(BELL_SLEEP_MAX, |l| l.min(BELL_SLEEP_MAX))))
-                }
+                MaySleep::Sleep => bell.wait(left),
                 MaySleep::Busy => {
                     bell.wait(Some(left.map_or(BELL_BUSY_WAIT, |l| l.min(BELL_BUSY_WAIT))))
                 }

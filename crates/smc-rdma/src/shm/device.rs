@@ -139,6 +139,10 @@ pub(super) struct LocalMr {
     /// descriptor left); SENDs then signal the owner's channel as for a
     /// region that nobody polls. Regions nobody polls cost no descriptor.
     pub(super) bell_efd: Arc<std::sync::OnceLock<Option<EventFd>>>,
+    /// Threads of this process in the doorbell's wait (`Bell::wait`), shared
+    /// by the memory's registrations as the word is: the last one to leave
+    /// a word still marked asleep takes the mark back (`ShmBell::wait`).
+    pub(super) bell_sleepers: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl LocalMr {

@@ -16,7 +16,7 @@ use crate::sys::{EventFd, SharedMem};
 use crate::verbs::*;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A protection domain of an `shm` device.
@@ -81,6 +81,7 @@ impl ProtectionDomain for ShmPd {
             regs: Arc::new(Mutex::new(1)),
             _first: None,
             bell_efd: Arc::default(),
+            bell_sleepers: Arc::default(),
         });
         lkeys.insert(lkey, mr.clone());
         rkeys.insert(rkey, mr.clone());
@@ -157,6 +158,7 @@ impl ProtectionDomain for ShmPd {
             slot,
             regs: first.regs.clone(),
             bell_efd: first.bell_efd.clone(),
+            bell_sleepers: first.bell_sleepers.clone(),
             _first: Some(first),
         });
         lkeys.insert(lkey, shared.clone());
@@ -225,6 +227,8 @@ struct ShmBell {
     off: usize,
     /// The region's eventfd for a poller (`LocalMr::bell_efd`).
     efd: Arc<OnceLock<Option<EventFd>>>,
+    /// Threads of ours in [`Bell::wait`] on this word (`LocalMr::bell_sleepers`).
+    sleepers: Arc<AtomicUsize>,
 }
 
 impl ShmBell {
@@ -237,21 +241,53 @@ impl ShmBell {
     }
 }
 
+// Several threads of the owner may wait on one word (readers of one
+// connection). The word says only whether someone waits, so arming leaves a
+// word that is armed or asleep as it is (storing "armed" over "asleep" let a
+// ring skip the futex wake of a thread already asleep), a disarm clears only
+// "armed" (a sleeper's mark is not the disarming thread's to clear), and the
+// last sleeper to leave without a ring takes "asleep" back to "armed", so
+// that a word left asleep with nobody on it does not keep a peer's SEND
+// from signalling the owner's channel.
 impl Bell for ShmBell {
     fn arm(&self) {
-        self.word().store(BELL_ARMED, SeqCst);
+        let w = self.word();
+        let mut was = w.load(SeqCst);
+        while was != BELL_ARMED && was != BELL_ASLEEP {
+            // (0, a poller's arm, or what a peer wrote: a waiting thread's
+            // arm takes over, as it always has)
+            match w.compare_exchange(was, BELL_ARMED, SeqCst, SeqCst) {
+                Ok(_) => return,
+                Err(now) => was = now,
+            }
+        }
     }
     fn disarm(&self) {
-        self.word().store(0, SeqCst);
+        // (another thread's "armed" cleared here makes its wait return at
+        // once, and it looks again: no wake-up is lost)
+        let _ = self.word().compare_exchange(BELL_ARMED, 0, SeqCst, SeqCst);
     }
     fn wait(&self, timeout: Option<std::time::Duration>) {
-        // (asleep only from here on: a ring before this needs no wake-up)
-        if self
-            .word()
-            .compare_exchange(BELL_ARMED, BELL_ASLEEP, SeqCst, SeqCst)
-            .is_ok()
-        {
+        let w = self.word();
+        // (counted before the word is looked at: a leaving sleeper that
+        // changes the word after this looks at the count, and wakes us)
+        self.sleepers.fetch_add(1, SeqCst);
+        // asleep only from here on: a ring before this (the word 0) needs
+        // no wake-up
+        let asleep = match w.compare_exchange(BELL_ARMED, BELL_ASLEEP, SeqCst, SeqCst) {
+            Ok(_) => true,
+            Err(now) => now == BELL_ASLEEP,
+        };
+        if asleep {
             let _ = self.mem.futex_wait(self.off, BELL_ASLEEP as u32, timeout);
+        }
+        if self.sleepers.fetch_sub(1, SeqCst) == 1
+            && w.compare_exchange(BELL_ASLEEP, BELL_ARMED, SeqCst, SeqCst)
+                .is_ok()
+            && self.sleepers.load(SeqCst) > 0
+        {
+            // a thread came to sleep on "asleep" meanwhile: it looks again
+            let _ = self.mem.futex_wake(self.off);
         }
     }
     fn ring(&self) -> bool {
@@ -376,6 +412,7 @@ impl MemoryRegion for ShmMr {
             mem: self.mr.mem.clone(),
             off: self.mr.base + MR_BELL,
             efd: self.mr.bell_efd.clone(),
+            sleepers: self.mr.bell_sleepers.clone(),
         }))
     }
     fn lkey(&self) -> u32 {
@@ -556,6 +593,97 @@ mod tests {
             efd,
             efd_want: AtomicU8::new(EFD_NONE),
         }
+    }
+
+    fn bell() -> ShmBell {
+        ShmBell {
+            mem: Arc::new(SharedMem::create("bell-test", HDR).unwrap()),
+            off: MR_BELL,
+            efd: Arc::default(),
+            sleepers: Arc::default(),
+        }
+    }
+
+    /// `f` on a thread of its own; a receiver of its return.
+    fn spawn_signalled(f: impl FnOnce() + Send + 'static) -> std::sync::mpsc::Receiver<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = tx.send(());
+        });
+        rx
+    }
+
+    fn until(what: impl Fn() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !what() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "never happened"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// A second reader of the same connection that arms and then finds its
+    /// data (and disarms) leaves the first one's sleep marked: the next
+    /// ring wakes it. (Storing "armed" over "asleep", then 0, lost it.)
+    #[test]
+    fn a_second_readers_arm_and_disarm_keep_the_sleepers_wake_up() {
+        let b = Arc::new(bell());
+        let first = spawn_signalled({
+            let b = b.clone();
+            move || {
+                b.arm();
+                b.wait(None);
+            }
+        });
+        until(|| b.sleepers.load(SeqCst) == 1 && b.word().load(SeqCst) == BELL_ASLEEP);
+        // (the second reader comes, finds its data, goes)
+        b.arm();
+        b.disarm();
+        assert_eq!(b.word().load(SeqCst), BELL_ASLEEP);
+        assert!(b.ring(), "the sleeper's mark was gone");
+        assert!(
+            first
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .is_ok(),
+            "the ring did not wake the sleeper"
+        );
+    }
+
+    /// Two sleepers: one leaves by its timeout, the other still sleeps on
+    /// the mark and a ring wakes it; the last one to leave without a ring
+    /// takes the mark back, so that nobody's sleep is announced to a peer.
+    #[test]
+    fn sleepers_leave_one_by_one_and_the_last_takes_the_mark_back() {
+        let b = Arc::new(bell());
+        let long = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                b.arm();
+                b.wait(Some(std::time::Duration::from_secs(20)));
+            })
+        };
+        until(|| b.sleepers.load(SeqCst) == 1 && b.word().load(SeqCst) == BELL_ASLEEP);
+        b.arm();
+        b.wait(Some(std::time::Duration::from_millis(20)));
+        // (the long sleeper still on it)
+        assert_eq!(b.word().load(SeqCst), BELL_ASLEEP);
+        b.disarm();
+        assert_eq!(b.word().load(SeqCst), BELL_ASLEEP);
+        assert!(b.ring());
+        long.join().unwrap();
+        assert_eq!(b.sleepers.load(SeqCst), 0);
+
+        // alone, out by its timeout: armed again (the thread looks next),
+        // then its disarm clears the word
+        b.arm();
+        b.wait(Some(std::time::Duration::from_millis(5)));
+        assert_eq!(b.word().load(SeqCst), BELL_ARMED);
+        b.disarm();
+        assert_eq!(b.word().load(SeqCst), 0);
+        assert!(!b.ring());
     }
 
     /// What a peer's SEND takes from each doorbell word, and what it leaves.
