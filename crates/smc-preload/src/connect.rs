@@ -208,5 +208,6 @@ pub(crate) fn carried(s: SmcStream, nonblock: bool) -> Option<Arc<Conn>> {
         return None;
     }
     let _ = s.set_nonblocking(nonblock);
+    crate::sockopt::take_timeouts(&s, true);
     Some(Arc::new(Conn::new(s)))
 }

@@ -19,7 +19,8 @@
 //!   that fork per connection).
 //! * The application's descriptor is the TCP socket and stays the
 //!   connection's identity (`getsockname`, `getpeername`, `setsockopt` go to
-//!   it unchanged); a table maps it to the `SmcStream`, which holds a
+//!   it unchanged; the timeouts `SO_RCVTIMEO`/`SO_SNDTIMEO` bound the
+//!   connection's blocking calls too, `sockopt.rs`); a table maps it to the `SmcStream`, which holds a
 //!   duplicate of it of its own (so that the library's own calls on its
 //!   socket are never routed back into the table). A connection that fell
 //!   back to TCP leaves the table: from then on every call goes straight to

@@ -31,8 +31,10 @@
 //!
 //! Limits: one level (a child's child gets clear errors on connections the
 //! child shares, as before an exec: `ENOTCONN`, `EPIPE`); the owner must
-//! live while the child uses the connection (the connection lives in it);
-//! `SO_RCVTIMEO`/`SO_SNDTIMEO` set in the child do not apply to its calls.
+//! live while the child uses the connection (the connection lives in it).
+//! The child's blocking calls wait by the socket's `SO_RCVTIMEO` and
+//! `SO_SNDTIMEO`; the owner's by what its own `setsockopt` set (one the
+//! child makes is not seen by the owner's calls).
 
 use super::*;
 
@@ -484,9 +486,9 @@ impl Remote {
     /// Waits until the connection may have become readable (`POLLIN`) or
     /// writable (`POLLOUT`): its readiness descriptor, and for reading its
     /// peer signal, with the real `poll` (both are the library's own
-    /// descriptors). A signal interrupts the wait, not the call (the
-    /// library's blocking calls restart, as with `SA_RESTART`).
-    fn wait(&self, events: libc::c_short) {
+    /// descriptors), or until `until`. A signal interrupts the wait, not the
+    /// call (the library's blocking calls restart, as with `SA_RESTART`).
+    fn wait(&self, events: libc::c_short, until: Option<std::time::Instant>) {
         if events & libc::POLLIN != 0 && self.has_held() {
             return;
         }
@@ -505,9 +507,21 @@ impl Remote {
                 revents: 0,
             },
         ];
+        let ms = until.map_or(1000, |u| {
+            let left = u.saturating_duration_since(std::time::Instant::now());
+            // (rounded up: a wait that ends early only looks once more)
+            left.as_micros().div_ceil(1000).min(1000) as c_int
+        });
         // SAFETY: our own pollfds; the timeout bounds a wait that a change
         // of the owner's (a signal it drained) would otherwise prolong.
-        unsafe { real!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int)(p.as_mut_ptr(), 2, 1000) };
+        unsafe { real!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int)(p.as_mut_ptr(), 2, ms) };
+    }
+
+    /// When a call that waits from now on gives up: the TCP socket's
+    /// `SO_RCVTIMEO` or `SO_SNDTIMEO` (`which`) from now, which the child
+    /// shares with the owner as it would a TCP socket's.
+    fn deadline(&self, which: c_int) -> Option<std::time::Instant> {
+        crate::sockopt::kernel_timeout(self.tcp, which).map(|d| std::time::Instant::now() + d)
     }
 
     /// `recv(flags)` on the connection.
@@ -516,6 +530,8 @@ impl Remote {
         let pass = flags & (libc::MSG_PEEK | libc::MSG_OOB);
         let all = flags & libc::MSG_WAITALL != 0 && pass == 0 && !dont_wait;
         let mut got = 0;
+        // (SO_RCVTIMEO, looked up once the call would wait)
+        let mut until = None;
         loop {
             let want = (buf.len() - got).min(CHUNK);
             match self.call(RECV, pass, want, &[], &mut buf[got..got + want]) {
@@ -531,7 +547,11 @@ impl Remote {
                         && !dont_wait
                         && pass & libc::MSG_OOB == 0 =>
                 {
-                    self.wait(libc::POLLIN)
+                    let until = *until.get_or_insert_with(|| self.deadline(libc::SO_RCVTIMEO));
+                    if until.is_some_and(|u| std::time::Instant::now() >= u) {
+                        return if got > 0 { Ok(got) } else { Err(e) };
+                    }
+                    self.wait(libc::POLLIN, until)
                 }
                 Err(_) if got > 0 => return Ok(got),
                 Err(e) => return Err(e),
@@ -545,6 +565,8 @@ impl Remote {
         let dont_wait = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Ordering::Relaxed);
         let oob = flags & libc::MSG_OOB != 0 && !buf.is_empty();
         let mut done = 0;
+        // (SO_SNDTIMEO, looked up once the call would wait)
+        let mut until = None;
         while done < buf.len() {
             let end = (done + CHUNK).min(buf.len());
             // (urgent: the last byte, in a request of its own)
@@ -560,7 +582,11 @@ impl Remote {
             match self.call(SEND, f, 0, &buf[done..end], &mut []) {
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && !dont_wait => {
-                    self.wait(libc::POLLOUT)
+                    let until = *until.get_or_insert_with(|| self.deadline(libc::SO_SNDTIMEO));
+                    if until.is_some_and(|u| std::time::Instant::now() >= u) {
+                        return if done > 0 { Ok(done) } else { Err(e) };
+                    }
+                    self.wait(libc::POLLOUT, until)
                 }
                 Err(_) if done > 0 => return Ok(done),
                 Err(e) => {

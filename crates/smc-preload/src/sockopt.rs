@@ -1,4 +1,6 @@
-//! `getsockopt` (`SO_ERROR` of a non-blocking connect).
+//! `getsockopt` (`SO_ERROR` of a non-blocking connect) and `setsockopt`
+//! (the timeouts `SO_RCVTIMEO`/`SO_SNDTIMEO`, which an SMC-R connection's
+//! calls apply themselves).
 
 use super::*;
 
@@ -31,4 +33,81 @@ pub unsafe extern "C" fn getsockopt(
             fd, level, opt, val, len,
         )
     }
+}
+
+/// `setsockopt`: the kernel's, and for an SMC-R connection its read and
+/// write timeouts too, which the library's calls wait by (the TCP socket's
+/// never see those calls).
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    opt: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    // SAFETY: the caller's arguments, unchanged.
+    let r = unsafe {
+        real!(setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int)(
+            fd, level, opt, val, len,
+        )
+    };
+    if r == 0 && level == libc::SOL_SOCKET && is_timeout(opt) && COUNT.load(Ordering::Acquire) != 0
+    {
+        if let Some(Entry::Stream(c)) = get(fd) {
+            // (read back from the kernel, which has parsed whichever form
+            // of timeval the program passed)
+            take_timeouts(&c.s, false);
+        }
+    }
+    r
+}
+
+/// `SO_RCVTIMEO`/`SO_SNDTIMEO`, in the old (`timeval` of `long`s) and new
+/// (64-bit) forms (asm-generic/socket.h).
+fn is_timeout(opt: c_int) -> bool {
+    const RCVTIMEO_NEW: c_int = 66;
+    const SNDTIMEO_NEW: c_int = 67;
+    matches!(
+        opt,
+        libc::SO_RCVTIMEO | libc::SO_SNDTIMEO | RCVTIMEO_NEW | SNDTIMEO_NEW
+    )
+}
+
+/// Stream `s` takes the read and write timeouts of its TCP socket: those set
+/// before the connection was made (on a listener, whose accepted sockets
+/// inherit them, as in Linux's `sk_clone_lock`), or by `setsockopt` since.
+/// (The kernel's timeout 0 is "none".) A `fresh` stream has none yet, and
+/// is left so where the socket has none.
+pub(crate) fn take_timeouts(s: &SmcStream, fresh: bool) {
+    use rustix::net::sockopt::{socket_timeout, Timeout};
+    let fd = s.tcp_fd();
+    if let Ok(t) = socket_timeout(fd, Timeout::Recv) {
+        let t = t.filter(|d| !d.is_zero());
+        if t.is_some() || !fresh {
+            let _ = s.set_read_timeout(t);
+        }
+    }
+    if let Ok(t) = socket_timeout(fd, Timeout::Send) {
+        let t = t.filter(|d| !d.is_zero());
+        if t.is_some() || !fresh {
+            let _ = s.set_write_timeout(t);
+        }
+    }
+}
+
+/// The timeout of kind `which` (`SO_RCVTIMEO`/`SO_SNDTIMEO`) on the TCP
+/// socket `tcp` (a forked child's calls on a connection of its parent's
+/// wait by it: the socket and its options are shared, as TCP's are).
+pub(crate) fn kernel_timeout(tcp: RawFd, which: c_int) -> Option<std::time::Duration> {
+    use rustix::net::sockopt::{socket_timeout, Timeout};
+    let t = if which == libc::SO_RCVTIMEO {
+        Timeout::Recv
+    } else {
+        Timeout::Send
+    };
+    socket_timeout(borrow(tcp), t)
+        .ok()
+        .flatten()
+        .filter(|d| !d.is_zero())
 }

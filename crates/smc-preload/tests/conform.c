@@ -27,6 +27,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *who = "?";
@@ -364,6 +365,20 @@ static void client(int port, const char *file) {
     ep_wait("epoll after a partial read (ET)", ep, 100);
     show("read rest", read(s, buf, sizeof buf));
     show("read again", read(s, buf, sizeof buf));
+    /* a blocking read with SO_RCVTIMEO and nothing to read: EAGAIN once the
+     * timeout passed (not a read that waits for ever) */
+    show("fcntl blocking", fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK));
+    struct timeval rt = { 0, 150000 };
+    show("setsockopt SO_RCVTIMEO 150 ms", setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    show("read (SO_RCVTIMEO)", read(s, buf, sizeof buf));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long waited_ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    printf("client read waited its timeout %d\n", waited_ms >= 140 && waited_ms < 5000);
+    rt.tv_usec = 0;
+    show("setsockopt SO_RCVTIMEO 0", setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt));
+    show("fcntl O_NONBLOCK again", fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK));
 
     /* pselect */
     fd_set rd;

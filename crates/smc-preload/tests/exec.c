@@ -46,7 +46,8 @@
  *                            connection's descriptor, then pings again
  *   exec client PORT self    pings, then execs `after` itself
  *   exec client PORT use     pings, forks a child that pings on the
- *                            inherited connection (poll first) and then
+ *                            inherited connection (poll first, and a read
+ *                            that SO_RCVTIMEO ends) and then
  *                            runs `pings` on a connection of its own, then
  *                            pings again once the child is done
  *   exec client PORT both    pings, forks; parent and child each write
@@ -89,6 +90,7 @@
 #include <sys/epoll.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -470,6 +472,15 @@ static int client(int port, const char *mode, const char *self) {
         /* the inherited connection, then one of the child's own */
         struct pollfd pf = {.fd = s, .events = POLLOUT};
         if (poll(&pf, 1, 5000) != 1 || !(pf.revents & POLLOUT)) die("child poll");
+        /* a blocking read with SO_RCVTIMEO and nothing to read gives up
+         * (EAGAIN), as on the TCP socket the child shares */
+        struct timeval rt = {0, 150000};
+        if (setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt)) die("child SO_RCVTIMEO");
+        char tb[8];
+        ssize_t tr = read(s, tb, sizeof tb);
+        if (tr != -1 || errno != EAGAIN) { fprintf(stderr, "child read with SO_RCVTIMEO: %zd %s\n", tr, strerror(errno)); exit(2); }
+        rt.tv_usec = 0;
+        if (setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt)) die("child SO_RCVTIMEO 0");
         ping(s, "child1");
         printf("child ok\n");
         fflush(stdout);
