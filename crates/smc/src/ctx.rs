@@ -1259,17 +1259,34 @@ impl Shared {
         };
         let until = Instant::now() + budget;
         let mut looked = false;
+        // The doorbell held while this thread spins (`Bell::hold`), as a
+        // writer holds it through its call: a CDC that comes meanwhile takes
+        // it and is left for this thread's look, instead of signalling the
+        // completion channel, whose progress thread would wake only to find
+        // that this thread took the CDC already.
+        let held = !budget.is_zero() && bell.hold();
+        let mut got = None;
         while Instant::now() < until {
             if let Some(n) = read() {
-                // (only what came while this thread spun says spinning
-                // pays: data there at the first look says nothing)
-                if looked {
-                    self.spin.hit();
-                }
-                return Some(n);
+                got = Some(n);
+                break;
             }
             looked = true;
             std::hint::spin_loop();
+        }
+        // (taken: by the CDC just read, or one after it, which nobody was
+        // told of; the held answer's look takes it, as after a write)
+        let taken = held && bell.release();
+        if let Some(n) = got {
+            // (only what came while this thread spun says spinning
+            // pays: data there at the first look says nothing)
+            if looked {
+                self.spin.hit();
+            }
+            if taken {
+                self.take_held_cdc(fast);
+            }
+            return Some(n);
         }
         self.spin.miss(budget);
         let mut woken = self.bell_register(id, &bell)?;
