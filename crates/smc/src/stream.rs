@@ -648,13 +648,7 @@ impl SmcStream {
         };
         let copied = l.copy_to(buf);
         let n = if copied.is_ok() { l.len() } else { 0 };
-        let mut ep = c.shared.lock();
-        let committed = ep.read_commit(c.id, n);
-        // the consumer cursor update, if one is due now
-        let _ = ep.flush(c.id);
-        c.shared.after_lease(&mut ep, c.id);
-        c.note();
-        drop(ep);
+        let committed = in_place::commit_read(c, n);
         // bytes copied are delivered (a failed commit shows at the next read)
         copied.map_err(conn_error)?;
         if n == 0 {

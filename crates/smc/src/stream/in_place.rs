@@ -25,7 +25,6 @@ use crate::provider::AnyProvider;
 use smc_engine::endpoint::{ConnId, Endpoint, ReadLease, ReadPlan, WriteLease, WritePlan};
 use std::io;
 use std::os::fd::AsFd;
-use std::time::Instant;
 
 /// Largest buffer the library lends where the connection cannot lend its
 /// own memory.
@@ -301,9 +300,6 @@ impl SmcStream {
     fn wait_writable(&self) -> io::Result<()> {
         use rustix::event::{poll, PollFd, PollFlags};
         let until = Self::timeout(&self.opts.write_timeout);
-        if until.is_some_and(|d| Instant::now() >= d) {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
         let mut p = [PollFd::new(&*self.tcp, PollFlags::OUT)];
         let ts = crate::ctx::timespec_until(until);
         poll(&mut p, ts.as_ref())?;
@@ -547,6 +543,21 @@ pub(crate) fn finish_write(
     }
 }
 
+/// Consumes `n` bytes of connection `c`'s read lease under the endpoint's
+/// lock, posts the consumer-cursor update if one is due now, and ends the
+/// lease: what the commit said.
+pub(crate) fn commit_read(
+    c: &SmcConn,
+    n: usize,
+) -> std::result::Result<(), smc_engine::endpoint::ConnError> {
+    let mut ep = c.shared.lock();
+    let committed = ep.read_commit(c.id, n);
+    let _ = ep.flush(c.id);
+    c.shared.after_lease(&mut ep, c.id);
+    c.note();
+    committed
+}
+
 /// Ends a read lease (or a peek) of `len` bytes of connection `c` after the
 /// caller's `f` returned `r`: consumes what it says it took (nothing on an
 /// error or a count beyond `len`), and returns that count or the error.
@@ -555,13 +566,7 @@ pub(crate) fn finish_read(c: &SmcConn, len: usize, r: io::Result<usize>) -> io::
         Ok(n) if *n <= len => *n,
         _ => 0,
     };
-    let mut ep = c.shared.lock();
-    let committed = ep.read_commit(c.id, n);
-    // the consumer cursor update, if one is due now
-    let _ = ep.flush(c.id);
-    c.shared.after_lease(&mut ep, c.id);
-    c.note();
-    drop(ep);
+    let committed = commit_read(c, n);
     let k = r?;
     if k > len {
         return Err(too_many(k, len));
