@@ -52,6 +52,20 @@ pub unsafe extern "C" fn sendfile64(
     }
 }
 
+/// Where a `sendfile` from `f` starts: at `*off`, or (`off` null) at the
+/// file's own offset.
+///
+/// # Safety
+/// `off` is null or points to the caller's offset.
+unsafe fn start_of(f: BorrowedFd<'_>, off: *const libc::off_t) -> io::Result<u64> {
+    if off.is_null() {
+        Ok(rustix::fs::seek(f, rustix::fs::SeekFrom::Current(0))?)
+    } else {
+        // SAFETY: the caller's offset (see above).
+        Ok((unsafe { *off }) as u64)
+    }
+}
+
 pub(crate) unsafe fn file_to_conn(
     c: &Conn,
     inp: c_int,
@@ -59,12 +73,8 @@ pub(crate) unsafe fn file_to_conn(
     count: size_t,
 ) -> io::Result<usize> {
     let f = borrow(inp);
-    let pos = if off.is_null() {
-        rustix::fs::seek(f, rustix::fs::SeekFrom::Current(0))?
-    } else {
-        // SAFETY: the caller's offset.
-        (unsafe { *off }) as u64
-    };
+    // SAFETY: the caller's offset.
+    let pos = unsafe { start_of(f, off) }?;
     let mut sent = 0usize;
     while sent < count {
         let at = pos + sent as u64;
@@ -106,12 +116,8 @@ unsafe fn file_to_remote(
     count: size_t,
 ) -> io::Result<usize> {
     let f = borrow(inp);
-    let pos = if off.is_null() {
-        rustix::fs::seek(f, rustix::fs::SeekFrom::Current(0))?
-    } else {
-        // SAFETY: the caller's offset.
-        (unsafe { *off }) as u64
-    };
+    // SAFETY: the caller's offset.
+    let pos = unsafe { start_of(f, off) }?;
     let mut buf = vec![0u8; count.min(64 << 10)];
     let mut sent = 0usize;
     while sent < count {
