@@ -52,7 +52,10 @@ fn server(cpu: usize) {
 fn a_ping_pong_across_two_cpus_rarely_wakes_the_progress_thread() {
     // (the tools' registry publishes on a period of its own)
     std::env::set_var("SMC_RS_REGISTRY", "0");
-    if let Some(cpu) = std::env::var("SMC_SPIN_CPU").ok().and_then(|v| v.parse().ok()) {
+    if let Some(cpu) = std::env::var("SMC_SPIN_CPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         setup();
         return server(cpu);
     }
