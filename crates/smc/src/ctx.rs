@@ -161,11 +161,20 @@ pub(crate) struct Shared {
     /// (a handshake or close deadline, a peer taken for gone) changes a
     /// connection without a completion, so every waiter looks again.
     timers_seen: AtomicU64,
-    /// Wakes the leader from its `poll()` (an eventfd) when the engine's
-    /// next deadline moved before the one it sleeps until (see [`Locked`]).
+    /// Wakes the leader from its `poll()` (a timerfd) when the engine's
+    /// next deadline moved before the one it sleeps until, then (see
+    /// [`Locked`]): the call that moved it sets the timer, and the leader
+    /// sleeps on without a wake-up now. A new handshake's deadline (6 s) is
+    /// such a move for a leader without one; waking the leader for it cost
+    /// two context switches per connection.
     kick: OwnedFd,
-    /// The engine time the leader sleeps until, in nanoseconds
-    /// ([`NOBODY_SLEEPS`]: no leader sleeps, or it was kicked already).
+    /// Taken by whoever sets [`Self::kick`]: the timer and
+    /// [`Self::leader_until`] move together, so that a later deadline set
+    /// after an earlier one cannot win.
+    kick_lock: Mutex<()>,
+    /// The engine time the leader sleeps until, in nanoseconds, its
+    /// `poll()` timeout or [`Self::kick`] ([`NOBODY_SLEEPS`]: no leader
+    /// sleeps, or it was woken already).
     leader_until: AtomicU64,
     /// Descriptors (eventfds) of threads that wait outside [`Shared::run`],
     /// on a socket too (blocking handshakes, [`Shared::progress_fd`]): rung
@@ -212,6 +221,32 @@ fn drain_eventfd(fd: &OwnedFd) {
 /// An eventfd rung.
 fn ring_eventfd(fd: &OwnedFd) {
     let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Sets timerfd `fd` to expire `after` from now (at once: zero disarms a
+/// timerfd, so at least a nanosecond).
+fn set_timer(fd: &OwnedFd, after: Duration) {
+    use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+    let after = after.max(Duration::from_nanos(1));
+    let spec = Itimerspec {
+        it_interval: Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: Timespec {
+            tv_sec: after.as_secs().try_into().unwrap_or(i64::MAX),
+            tv_nsec: after.subsec_nanos().into(),
+        },
+    };
+    let _ = timerfd_settime(fd, TimerfdTimerFlags::empty(), &spec);
+}
+
+fn new_timerfd() -> io::Result<OwnedFd> {
+    use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+    Ok(timerfd_create(
+        TimerfdClockId::Monotonic,
+        TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
+    )?)
 }
 
 fn new_eventfd() -> io::Result<OwnedFd> {
@@ -645,7 +680,8 @@ impl Shared {
             readiness: Mutex::new(Vec::new()),
             readied: AtomicUsize::new(0),
             timers_seen: AtomicU64::new(0),
-            kick: new_eventfd()?,
+            kick: new_timerfd()?,
+            kick_lock: Mutex::new(()),
             leader_until: AtomicU64::new(NOBODY_SLEEPS),
             fd_waiters: Mutex::new(Vec::new()),
             fd_waiting: AtomicUsize::new(0),
@@ -1569,6 +1605,7 @@ impl Shared {
             let _ = rustix::event::poll(&mut pfd, ts.as_ref());
             tcp_ended = !pfd[1].revents().is_empty();
             if !pfd[2].revents().is_empty() {
+                // (a timerfd reads as its count of expirations, like an eventfd)
                 drain_eventfd(&self.kick);
             }
         }
@@ -1588,6 +1625,28 @@ impl Shared {
         // (Waking a follower to take over here would cost a wake-up for every
         // completion that was not the leader's own.)
         true
+    }
+
+    /// Makes the sleeping leader, if there is one, wake at engine time `at`
+    /// (nanoseconds; 0: now) if that is before the time it sleeps until.
+    fn kick_at(&self, at: u64) {
+        let _k = self.kick_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let until = self.leader_until.load(Ordering::Acquire);
+        if until == NOBODY_SLEEPS || at >= until {
+            return;
+        }
+        // (a leader that woke meanwhile stored NOBODY_SLEEPS: then it
+        // looks at the engine anyway, and the timer set would only be early)
+        let next = if at == 0 { NOBODY_SLEEPS } else { at };
+        if self
+            .leader_until
+            .compare_exchange(until, next, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let when = origin() + Duration::from_nanos(at);
+        set_timer(&self.kick, when.saturating_duration_since(Instant::now()));
     }
 
     /// After leaving the waiting loop as the last leader: a parked follower
@@ -1662,22 +1721,32 @@ impl Drop for Locked<'_> {
                 Some(Ok(false)) | None => false,
                 Some(Err(_)) => true,
             };
-            // A call may have given the engine an earlier deadline than the
-            // one the leader sleeps until (a close's wait for unsent data, a
-            // new handshake): wake it, once, to sleep again until the new one.
+            // A call may have left work for a pump now (a handshake's or a
+            // close's step: `Endpoint::poll_timeout` is now): done here,
+            // under the lock this thread holds, rather than by the leader,
+            // which would be woken for it (two context switches for each
+            // step of each connection's setup and close).
+            if look {
+                if let Some(ep) = self.guard.as_mut() {
+                    if ep.poll_timeout().is_some_and(|t| t <= now()) {
+                        self.shared.pump(ep);
+                    }
+                }
+            }
+            // It may also have given the engine an earlier deadline than
+            // the one the leader sleeps until (a close's wait for unsent
+            // data, a new handshake): its timer moves there, and it sleeps
+            // on until then. An arming that failed wakes it at once.
             let earlier = self
                 .guard
                 .as_ref()
                 .and_then(|ep| ep.poll_timeout())
-                .is_some_and(|t| nanos(t) < until);
-            if (earlier || missed)
-                && self
-                    .shared
-                    .leader_until
-                    .swap(NOBODY_SLEEPS, Ordering::AcqRel)
-                    != NOBODY_SLEEPS
-            {
-                ring_eventfd(&self.shared.kick);
+                .map(nanos)
+                .filter(|&t| t < until);
+            if missed {
+                self.shared.kick_at(0);
+            } else if let Some(t) = earlier {
+                self.shared.kick_at(t);
             }
         }
         drop(self.guard.take());
