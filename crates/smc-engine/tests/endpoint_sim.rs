@@ -434,7 +434,8 @@ fn a_tcp_fin_after_an_orderly_close_is_not_a_reset() {
     let mut t = w.handshake();
     w.server.write(t.s, b"bye").unwrap();
     w.server.release(t.s);
-    w.client.tcp_closed(t.c); // the FIN may overtake the close CDC
+    // the FIN may overtake the close CDC: a grace begins
+    assert!(w.client.tcp_closed(t.c));
     w.settle(&mut [&mut t], Duration::from_secs(2));
     assert_eq!(w.client.read(t.c, 10).unwrap(), b"bye");
     assert!(w.client.peer_done(t.c));
@@ -443,6 +444,29 @@ fn a_tcp_fin_after_an_orderly_close_is_not_a_reset() {
         Vec::<u8>::new(),
         "EOF, not a reset"
     );
+}
+
+#[test]
+fn a_tcp_fin_after_the_close_cdc_needs_no_grace() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    w.server.write(t.s, b"bye").unwrap();
+    w.server.release(t.s);
+    w.settle(&mut [&mut t], Duration::from_millis(20));
+    assert!(w.client.peer_closed(t.c), "the close CDC came");
+    let fired = w.client.timer_events();
+    assert!(
+        !w.client.tcp_closed(t.c),
+        "the FIN after it changes nothing"
+    );
+    w.settle(&mut [&mut t], Duration::from_secs(2));
+    assert_eq!(
+        w.client.timer_events(),
+        fired,
+        "no grace ran out for it (which wakes every waiter of the endpoint)"
+    );
+    assert_eq!(w.client.read(t.c, 10).unwrap(), b"bye");
+    assert_eq!(w.client.read(t.c, 10).unwrap(), Vec::<u8>::new(), "EOF");
 }
 
 #[test]

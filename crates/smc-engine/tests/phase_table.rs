@@ -466,7 +466,9 @@ fn apply(case: &mut Case, ev: &str) {
         }
         "link lost" => lose_link(case),
         "timers +6 s, peer silent" => later(case, Duration::from_secs(6)),
-        "TCP closed" => case.ep().tcp_closed(id),
+        "TCP closed" => {
+            case.ep().tcp_closed(id);
+        }
         "release()" => case.ep().release(id),
         _ => unreachable!(),
     }

@@ -842,14 +842,23 @@ impl Shared {
         if got.is_empty() {
             return;
         }
+        // What came before the TCP ends first: a peer closes its connections
+        // with a close CDC, then its TCP socket, and a TCP end after the
+        // close CDC changes nothing.
+        self.pump(ep);
+        let mut changed = false;
         for ev in got.iter() {
             let data = ev.data;
             let d = data.u64();
             let (id, token) = ((d >> 32) as ConnId, d as u32);
             // (a connection freed meanwhile, its id maybe reused: not this one)
             if ep.alert_token(id) == Some(token) {
-                ep.tcp_closed(id);
+                changed |= ep.tcp_closed(id);
             }
+        }
+        if !changed {
+            self.pump(ep);
+            return;
         }
         self.recheck_at
             .lock()

@@ -499,7 +499,9 @@ impl Accepting {
 
     fn tcp_gone(&mut self) {
         match &mut self.how {
-            How::Engine(c) => c.shared.lock().tcp_closed(c.id),
+            How::Engine(c) => {
+                c.shared.lock().tcp_closed(c.id);
+            }
             How::NoDevice { failed, .. } => *failed = true,
             How::IfOnHost { local, .. } => {
                 let mut how = How::no_device(*local, false);

@@ -42,19 +42,29 @@ impl<P: Provider> Endpoint<P> {
     /// away takes the link with it, and an unanswered probe ends the link
     /// (and a group left without one) after `SMC_LLC_WAIT_TIME`, so that a
     /// released connection does not wait for CDCs that cannot complete.
-    pub fn tcp_closed(&mut self, id: ConnId) {
+    ///
+    /// Returns whether that changed something the connection's waiters may
+    /// see, now or when the grace ends: not for an SMC-R connection whose
+    /// peer had closed it already (its TCP end follows the close CDC, as
+    /// Linux's `smc_close_active` closes the TCP socket after sending it),
+    /// which needs no grace.
+    pub fn tcp_closed(&mut self, id: ConnId) -> bool {
         self.conn_event(id);
         let deadline = self.now + PEER_GONE_GRACE;
         if let Some(Phase::LateDeclined { reason, .. }) = self.conn(id).map(|c| c.phase.clone()) {
             // Our Decline is out and no crossed one came: the connection is on
             // TCP, and the peer's close is the application's end of file.
-            return self.finish(id, ConnStatus::Fallback { reason, peer: None });
+            self.finish(id, ConnStatus::Fallback { reason, peer: None });
+            return true;
         }
         match self.status(id) {
             Some(ConnStatus::Handshaking) => {
                 self.finish(id, ConnStatus::Failed(FailReason::TcpClosed))
             }
             Some(ConnStatus::Smc) => {
+                if self.peer_closed(id) {
+                    return false;
+                }
                 if let Some(Phase::Smc { tcp_gone_deadline }) = self.conn(id).map(|c| &mut c.phase)
                 {
                     tcp_gone_deadline.get_or_insert(deadline);
@@ -62,6 +72,7 @@ impl<P: Provider> Endpoint<P> {
             }
             _ => {}
         }
+        true
     }
 
     /// Kills an established connection of ours with an abort CDC to the peer

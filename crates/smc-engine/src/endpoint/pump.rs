@@ -216,28 +216,27 @@ impl<P: Provider> Endpoint<P> {
                 return;
             }
             let mut k = lock(&c.core);
-            if tcp_gone {
+            // (a peer that closed during the grace changed nothing here)
+            if tcp_gone && !k.closer.rx_flags().any_close() {
                 self.sweep_due = true;
                 self.timer_events += 1;
-                if !k.closer.rx_flags().any_close() {
-                    // treated like an abort from the peer: ECONNRESET
-                    k.close_event(CloseEvent::Peer(CloseFlags {
-                        done_writing: false,
-                        closed: false,
-                        abort: true,
-                    }));
-                    // Its link may have died with it, silently (a peer
-                    // whose device went away sends no DELETE_LINK): then
-                    // our CDCs on it never complete where the transport
-                    // retries forever (rxe at retry count 7), and the
-                    // connection, released, would wait for them until
-                    // the next keepalive. Probe the link now: unanswered,
-                    // it goes down after SMC_LLC_WAIT_TIME and, as the
-                    // last link, ends the group (Linux `smcr_link_down`).
-                    if let (Some(l), Some(slot)) = (c.lgr, k.link) {
-                        if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
-                            lg.group.probe_link(slot, now);
-                        }
+                // treated like an abort from the peer: ECONNRESET
+                k.close_event(CloseEvent::Peer(CloseFlags {
+                    done_writing: false,
+                    closed: false,
+                    abort: true,
+                }));
+                // Its link may have died with it, silently (a peer
+                // whose device went away sends no DELETE_LINK): then
+                // our CDCs on it never complete where the transport
+                // retries forever (rxe at retry count 7), and the
+                // connection, released, would wait for them until
+                // the next keepalive. Probe the link now: unanswered,
+                // it goes down after SMC_LLC_WAIT_TIME and, as the
+                // last link, ends the group (Linux `smcr_link_down`).
+                if let (Some(l), Some(slot)) = (c.lgr, k.link) {
+                    if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                        lg.group.probe_link(slot, now);
                     }
                 }
             }
