@@ -309,9 +309,11 @@ impl Rendezvous {
     /// (`Ok(false)`), and one that is not a socket fails the cookie read.
     pub fn take_peer_offered_smc(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
         let cookie = socket_cookie(fd)?;
-        let status = self.status_by_cookie(cookie);
-        let _ = self.map.delete(cookie);
-        offered(status?)
+        let v = self
+            .map
+            .lookup_and_delete(cookie)
+            .map_err(|e| kerr("BPF_MAP_LOOKUP_AND_DELETE_ELEM", e))?;
+        offered(status_of(v))
     }
 
     /// After `connect()` returned (client) or `accept()` (server): did the peer offer SMC?
@@ -332,15 +334,7 @@ impl Rendezvous {
             .map
             .lookup(cookie)
             .map_err(|e| kerr("BPF_MAP_LOOKUP_ELEM", e))?;
-        Ok(match v {
-            None => SocketStatus::Untracked,
-            Some(v) if v & program::VAL_ESTABLISHED != 0 => SocketStatus::Established {
-                peer_smc: v & program::VAL_PEER_SMC != 0,
-                passive: v & program::VAL_PASSIVE != 0,
-            },
-            Some(v) if v & program::VAL_WANT != 0 => SocketStatus::OptedIn,
-            Some(_) => SocketStatus::Untracked,
-        })
+        Ok(status_of(v))
     }
 
     /// Takes the socket's entry for this caller alone: `Ok(true)` if this call
@@ -753,7 +747,6 @@ fn ioerr(op: &'static str, path: &Path, e: io::Error) -> RendezvousError {
     }
 }
 
-/// Classifies a failed kernel step.
 /// Whether a connected socket's status says the peer offered SMC.
 fn offered(s: SocketStatus) -> Result<bool, RendezvousError> {
     match s {
@@ -763,6 +756,20 @@ fn offered(s: SocketStatus) -> Result<bool, RendezvousError> {
     }
 }
 
+/// A socket's status from its map value (`None`: no entry).
+fn status_of(v: Option<u32>) -> SocketStatus {
+    match v {
+        None => SocketStatus::Untracked,
+        Some(v) if v & program::VAL_ESTABLISHED != 0 => SocketStatus::Established {
+            peer_smc: v & program::VAL_PEER_SMC != 0,
+            passive: v & program::VAL_PASSIVE != 0,
+        },
+        Some(v) if v & program::VAL_WANT != 0 => SocketStatus::OptedIn,
+        Some(_) => SocketStatus::Untracked,
+    }
+}
+
+/// Classifies a failed kernel step.
 fn kerr(op: &'static str, e: io::Error) -> RendezvousError {
     let errno = errno_of(&e);
     match errno {

@@ -26,6 +26,7 @@ const BPF_OBJ_GET: i32 = 7;
 const BPF_PROG_ATTACH: i32 = 8;
 const BPF_PROG_DETACH: i32 = 9;
 const BPF_PROG_GET_FD_BY_ID: i32 = 13;
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: i32 = 21;
 const BPF_OBJ_GET_INFO_BY_FD: i32 = 15;
 const BPF_PROG_QUERY: i32 = 16;
 
@@ -196,6 +197,38 @@ impl CookieMap {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The key's value, removed in the same call (`Ok(None)`: absent).
+    /// `BPF_MAP_LOOKUP_AND_DELETE_ELEM` takes hash maps since Linux 5.14
+    /// (kernel/bpf/hashtab.c `htab_map_lookup_and_delete_elem`); before
+    /// that it fails with `EINVAL` or `ENOTSUPP`, and this falls back to a
+    /// lookup and a delete, which is what it then stays with.
+    pub fn lookup_and_delete(&self, key: u64) -> io::Result<Option<u32>> {
+        static UNSUPPORTED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        use std::sync::atomic::Ordering::Relaxed;
+        if !UNSUPPORTED.load(Relaxed) {
+            let mut value: u32 = 0;
+            let mut a = Attr::new();
+            a.u32(0, self.fd.as_raw_fd() as u32)
+                .ptr(8, &key)
+                .ptr(16, &mut value as *mut u32);
+            // SAFETY: as in `lookup`: the kernel reads 8 bytes from `key` and writes value_size
+            // (checked: 4) bytes into `value`; both live on this frame.
+            match unsafe { bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut a) } {
+                Ok(_) => return Ok(Some(value)),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+                // (ENOTSUPP, 524, is the kernel's own and not in libc)
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(524)) => {
+                    UNSUPPORTED.store(true, Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let v = self.lookup(key)?;
+        self.delete(key)?;
+        Ok(v)
     }
 
     /// `Ok(false)` if the key was absent.

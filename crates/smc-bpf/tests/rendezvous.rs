@@ -384,6 +384,39 @@ fn forget_and_close_remove_map_entries() {
     }
 }
 
+#[test]
+fn take_peer_offered_smc_reads_and_removes_the_entry() {
+    let r = rdv();
+    let lfd = tcp_socket(Fam::V4);
+    r.opt_in(lfd.as_fd()).unwrap();
+    let port = bind_listen(&lfd, Fam::V4);
+    let listener = into_listener(lfd);
+    let cfd = tcp_socket(Fam::V4);
+    r.opt_in(cfd.as_fd()).unwrap();
+    connect(&cfd, Fam::V4, port);
+    let client = into_stream(cfd);
+    let (server, _) = listener.accept().unwrap();
+    for s in [client.as_fd(), server.as_fd()] {
+        let cookie = smc_bpf::socket_cookie(s).unwrap();
+        assert!(r.take_peer_offered_smc(s).unwrap(), "the peer offered SMC");
+        assert_eq!(
+            r.status_by_cookie(cookie).unwrap(),
+            SocketStatus::Untracked,
+            "taken: the entry is gone"
+        );
+        assert!(
+            !r.take_peer_offered_smc(s).unwrap(),
+            "a second take finds nothing"
+        );
+    }
+    // a socket that was not opted in has no entry
+    let plain = tcp_socket(Fam::V4);
+    connect(&plain, Fam::V4, port);
+    let (_other, _) = listener.accept().unwrap();
+    assert!(!r.take_peer_offered_smc(plain.as_fd()).unwrap());
+    r.forget(listener.as_fd());
+}
+
 // ----- two processes share one pinned instance -----
 
 const CHILD_PORT_ENV: &str = "SMC_BPF_TEST_CHILD_PORT";
