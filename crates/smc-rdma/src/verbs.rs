@@ -683,10 +683,9 @@ pub trait MemoryRegion: Send + Sync {
 /// owner's process that found what the owner waits for.
 pub trait Bell: Send + Sync {
     /// Says the owner is about to sleep: a ring from now on wakes it (or
-    /// keeps its next [`Self::wait`] from sleeping).
+    /// keeps its next [`Self::wait`] from sleeping). A look at what the
+    /// owner waits for follows.
     fn arm(&self);
-    /// Says the owner no longer sleeps (a ring finds nothing to do).
-    fn disarm(&self);
     /// Sleeps until rung (at once if rung since [`Self::arm`]), `timeout`
     /// passes or a signal comes; spurious returns are possible.
     fn wait(&self, timeout: Option<Duration>);
@@ -699,10 +698,10 @@ pub trait Bell: Send + Sync {
     /// anybody nor signals the owner's completion channel. Whether it did
     /// (then [`Self::release`] it).
     fn hold(&self) -> bool;
-    /// Ends a [`Self::hold`]: whether a ring took the bell meanwhile, whose
-    /// SEND then waits in the owner's receive queue unannounced, for the
-    /// holder to take (or to have the owner's completion channel
-    /// signalled for it).
+    /// Ends a [`Self::hold`], or an [`Self::arm`] and its waits: whether a
+    /// ring took the bell since (the last arm), whose SEND may then wait in
+    /// the owner's receive queue unannounced, for the caller to take (or
+    /// to have the owner's completion channel signalled for it).
     fn release(&self) -> bool;
     /// The descriptor that a peer's SEND naming the region makes readable
     /// while the bell is armed for a poller ([`Self::arm_polled`]): for an

@@ -1038,11 +1038,55 @@ fn a_send_rings_the_doorbell_of_a_sleeping_owner_instead_of_its_channel() {
         !h.peer.ep.chan.try_get_event().unwrap(),
         "a SEND that rang the doorbell signalled the channel too"
     );
+    // the woken owner looked and lets go: rung since its arm
+    assert!(bell.release());
     // nobody on the doorbell: the arm signals the next SEND
     h.local.qp.post_send_ringing(&send(3), r.rkey).unwrap();
     assert!(h.peer.ep.chan.wait(Duration::from_secs(2)).unwrap());
     let w = h.peer.ep.poll_recv();
     assert_eq!((w[0].wr_id, w[0].byte_len), (2, 3));
+}
+
+/// A ring leaves the doorbell held until its owner lets go of it: a SEND
+/// that comes before (a close CDC behind the data the owner was woken for,
+/// while the owner has not run yet) takes it again and signals neither the
+/// owner nor its armed channel, and the owner's release says a ring came;
+/// once let go of, the next SEND signals the channel.
+#[test]
+fn a_send_to_a_rung_owner_that_has_not_looked_yet_stays_silent() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    write_4(&h, 1);
+    for i in 1..=3 {
+        h.peer.post_recv(i, RECV_AREA, 64).unwrap();
+    }
+    h.peer.ep.rcq.req_notify().unwrap();
+    assert!(h.peer.ep.poll_recv().is_empty());
+    let _ = h.peer.ep.chan.try_get_event();
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    bell.arm();
+    h.local.qp.post_send_ringing(&cdc(2), r.rkey).unwrap();
+    // rung: the owner does not sleep
+    let t0 = Instant::now();
+    bell.wait(Some(Duration::from_secs(5)));
+    assert!(t0.elapsed() < Duration::from_secs(2), "the ring was lost");
+    // a second SEND before the owner looked
+    h.local.qp.post_send_ringing(&cdc(3), r.rkey).unwrap();
+    assert!(
+        !h.peer.ep.chan.try_get_event().unwrap(),
+        "a SEND to a rung owner signalled its channel"
+    );
+    assert!(bell.release(), "the release did not say the bell was rung");
+    let w = h.peer.ep.poll_recv();
+    assert_eq!(
+        w.iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(),
+        [(1, 3), (2, 3)]
+    );
+    // let go of: the next SEND goes to the channel
+    h.local.qp.post_send_ringing(&cdc(4), r.rkey).unwrap();
+    assert!(h.peer.ep.chan.wait(Duration::from_secs(2)).unwrap());
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (3, 3));
 }
 
 /// Whether `fd` becomes readable within `t`.

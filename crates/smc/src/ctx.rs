@@ -1362,14 +1362,21 @@ impl Shared {
             // took the registration: the read above saw what it could, the
             // wait goes on registered again
             if woken.load(Ordering::Acquire) {
-                bell.disarm();
+                if bell.release() {
+                    self.take_held_cdc(fast);
+                }
                 match self.bell_register(id, &bell) {
                     Some(w) => woken = w,
                     None => return None,
                 }
             }
         };
-        bell.disarm();
+        // (rung since the last arm: the ring's SEND was read above, but
+        // one that took the bell after it and was published after that
+        // look signalled nobody: taken here, as after a hold)
+        if bell.release() {
+            self.take_held_cdc(fast);
+        }
         self.bell_unregister(&woken);
         got
     }

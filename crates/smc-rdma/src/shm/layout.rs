@@ -44,15 +44,24 @@ pub const MR_PD: usize = 48;
 /// this offset.
 pub const MR_SHARED: usize = 256;
 /// MR header: the region's doorbell (`verbs::Bell`): nonzero while its
-/// owner waits on it (a futex word, its low 32 bits), set to 0 by whoever
-/// rings it. A peer can write it: at worst it wakes the owner for nothing or
-/// lets it sleep on until its own timeout or another wake-up, which it could
-/// do by sending nothing.
+/// owner waits on it (a futex word, its low 32 bits), [`BELL_HELD`] once
+/// rung, until the owner looked. A peer can write it: at worst it wakes the
+/// owner for nothing or lets it sleep on until its own timeout or another
+/// wake-up, which it could do by sending nothing.
 pub const MR_BELL: usize = 1024;
 /// `MR_BELL`: the owner armed it and looks before it sleeps.
 pub const BELL_ARMED: u64 = 1;
 /// `MR_BELL`: the owner sleeps on it (a ring wakes it with a system call).
 pub const BELL_ASLEEP: u64 = 2;
+/// `MR_BELL`: rung (by a peer's SEND, which takes the word before it
+/// publishes its slot, or by a thread of the owner): the owner was woken,
+/// or was about to look anyway, and looks before it lets go of the word
+/// (`verbs::Bell::release`). A further SEND takes it again silently: it
+/// neither wakes anyone nor signals the owner's completion channel, as
+/// the owner's look is still to come. A SEND that took it and finds it
+/// let go of once its slot is published (the owner's last look may have
+/// come before) signals the channel after all.
+pub const BELL_HELD: u64 = 5;
 /// `MR_BELL`: an event loop of the owner armed it (`verbs::Bell::arm_polled`)
 /// and waits for the region's eventfd, which the owner handed to the peer
 /// with the region: the peer's next SEND naming the region sets

@@ -244,28 +244,31 @@ impl ShmBell {
 // Several threads of the owner may wait on one word (readers of one
 // connection). The word says only whether someone waits, so arming leaves a
 // word that is armed or asleep as it is (storing "armed" over "asleep" let a
-// ring skip the futex wake of a thread already asleep), a disarm clears only
-// "armed" (a sleeper's mark is not the disarming thread's to clear), and the
-// last sleeper to leave without a ring takes "asleep" back to "armed", so
-// that a word left asleep with nobody on it does not keep a peer's SEND
-// from signalling the owner's channel.
+// ring skip the futex wake of a thread already asleep), a release clears
+// only "armed" and "held" (a sleeper's mark is not the releasing thread's to
+// clear), and the last sleeper to leave without a ring takes "asleep" back
+// to "armed", so that a word left asleep with nobody on it does not keep a
+// peer's SEND from signalling the owner's channel.
+//
+// A ring leaves the word "held" rather than 0, until the owner's arm (which
+// precedes a look) or release: the SENDs that come before the woken owner
+// has looked (a close CDC behind the data it was woken for, on a core the
+// owner shares with the sender) take it again silently instead of
+// signalling the completion channel, whose leader would wake only to find
+// them taken by the owner's look.
 impl Bell for ShmBell {
     fn arm(&self) {
         let w = self.word();
         let mut was = w.load(SeqCst);
         while was != BELL_ARMED && was != BELL_ASLEEP {
-            // (0, a poller's arm, or what a peer wrote: a waiting thread's
-            // arm takes over, as it always has)
+            // (0, held — the look that follows takes what rang it — a
+            // poller's arm, or what a peer wrote: a waiting thread's arm
+            // takes over, as it always has)
             match w.compare_exchange(was, BELL_ARMED, SeqCst, SeqCst) {
                 Ok(_) => return,
                 Err(now) => was = now,
             }
         }
-    }
-    fn disarm(&self) {
-        // (another thread's "armed" cleared here makes its wait return at
-        // once, and it looks again: no wake-up is lost)
-        let _ = self.word().compare_exchange(BELL_ARMED, 0, SeqCst, SeqCst);
     }
     fn wait(&self, timeout: Option<std::time::Duration>) {
         let w = self.word();
@@ -297,7 +300,7 @@ impl Bell for ShmBell {
         let w = self.word();
         let mut was = w.load(SeqCst);
         while was == BELL_ARMED || was == BELL_ASLEEP {
-            match w.compare_exchange(was, 0, SeqCst, SeqCst) {
+            match w.compare_exchange(was, BELL_HELD, SeqCst, SeqCst) {
                 Ok(_) => {
                     if was == BELL_ASLEEP {
                         let _ = self.mem.futex_wake(self.off);
@@ -315,11 +318,26 @@ impl Bell for ShmBell {
             .is_ok()
     }
     fn release(&self) -> bool {
-        // (anything else than 0: not taken, or armed again since by a
-        // reader of the owner, which takes what comes)
-        self.word()
-            .compare_exchange(BELL_ARMED, 0, SeqCst, SeqCst)
-            .is_err_and(|w| w == 0)
+        let w = self.word();
+        let mut was = w.load(SeqCst);
+        loop {
+            let taken = match was {
+                // nothing came
+                BELL_ARMED => false,
+                // rung since this thread's last arm, perhaps by a SEND
+                // published after its last look
+                BELL_HELD => true,
+                // (taken by a peer that clears the word: looked at too)
+                0 => return true,
+                // a sleeper's mark, a poller's, or what a peer wrote: not
+                // this thread's to clear
+                _ => return false,
+            };
+            match w.compare_exchange(was, 0, SeqCst, SeqCst) {
+                Ok(_) => return taken,
+                Err(now) => was = now,
+            }
+        }
     }
     fn poll_fd(&self) -> Option<BorrowedFd<'_>> {
         self.efd().map(|e| e.as_fd())
@@ -336,7 +354,7 @@ impl Bell for ShmBell {
         let w = self.word();
         let mut was = w.load(SeqCst);
         loop {
-            if was == BELL_ARMED || was == BELL_ASLEEP {
+            if was == BELL_ARMED || was == BELL_ASLEEP || was == BELL_HELD {
                 // a thread of ours waits or holds: it takes what comes
                 return false;
             }
@@ -365,6 +383,8 @@ impl Bell for ShmBell {
 /// was (0: not taken; [`BELL_ASLEEP`]: the owner sleeps, to be woken,
 /// `SharedMem::futex_wake` at `MR_BELL`, once what it waits for is there;
 /// [`BELL_ARMED`]: it is about to sleep, and finds the word taken;
+/// [`BELL_HELD`]: rung already, the owner's look still to come; these
+/// three leave it [`BELL_HELD`];
 /// [`BELL_POLLED`]: an event loop of the owner waits for the region's
 /// eventfd, to be written once what it waits for is there, and the word is
 /// [`BELL_SIGNALLED`] now). Taken by compare-and-swap, so that an owner
@@ -384,7 +404,7 @@ pub(super) fn take_bell(m: &PeerMr) -> u64 {
     // could change it forever; not taken, the SEND signals its channel)
     for _ in 0..4 {
         let to = match was {
-            BELL_ARMED | BELL_ASLEEP => 0,
+            BELL_ARMED | BELL_ASLEEP | BELL_HELD => BELL_HELD,
             BELL_POLLED | BELL_SIGNALLED if m.efd.is_some() => BELL_SIGNALLED,
             BELL_POLLED => {
                 let _ = m
@@ -626,10 +646,10 @@ mod tests {
     }
 
     /// A second reader of the same connection that arms and then finds its
-    /// data (and disarms) leaves the first one's sleep marked: the next
+    /// data (and lets go) leaves the first one's sleep marked: the next
     /// ring wakes it. (Storing "armed" over "asleep", then 0, lost it.)
     #[test]
-    fn a_second_readers_arm_and_disarm_keep_the_sleepers_wake_up() {
+    fn a_second_readers_arm_and_release_keep_the_sleepers_wake_up() {
         let b = Arc::new(bell());
         let first = spawn_signalled({
             let b = b.clone();
@@ -641,7 +661,7 @@ mod tests {
         until(|| b.sleepers.load(SeqCst) == 1 && b.word().load(SeqCst) == BELL_ASLEEP);
         // (the second reader comes, finds its data, goes)
         b.arm();
-        b.disarm();
+        assert!(!b.release(), "nothing rang");
         assert_eq!(b.word().load(SeqCst), BELL_ASLEEP);
         assert!(b.ring(), "the sleeper's mark was gone");
         assert!(
@@ -670,20 +690,62 @@ mod tests {
         b.wait(Some(std::time::Duration::from_millis(20)));
         // (the long sleeper still on it)
         assert_eq!(b.word().load(SeqCst), BELL_ASLEEP);
-        b.disarm();
+        assert!(!b.release());
         assert_eq!(b.word().load(SeqCst), BELL_ASLEEP);
         assert!(b.ring());
         long.join().unwrap();
         assert_eq!(b.sleepers.load(SeqCst), 0);
 
         // alone, out by its timeout: armed again (the thread looks next),
-        // then its disarm clears the word
+        // then its release clears the word
         b.arm();
         b.wait(Some(std::time::Duration::from_millis(5)));
         assert_eq!(b.word().load(SeqCst), BELL_ARMED);
-        b.disarm();
+        assert!(!b.release());
         assert_eq!(b.word().load(SeqCst), 0);
         assert!(!b.ring());
+    }
+
+    /// A ring leaves the word held, so that what comes before the woken
+    /// owner looked does not announce itself again; the owner's arm takes
+    /// it back (a look follows), and its release says it was rung.
+    #[test]
+    fn a_ring_holds_the_word_until_the_owner_looks_or_lets_go() {
+        let b = bell();
+        b.arm();
+        assert!(b.ring());
+        assert_eq!(b.word().load(SeqCst), BELL_HELD);
+        assert!(!b.ring(), "held: nobody to ring again");
+        assert!(!b.hold(), "a writer's hold leaves it to the owner's look");
+        // rung: no sleep
+        let t0 = std::time::Instant::now();
+        b.wait(Some(std::time::Duration::from_secs(5)));
+        assert!(t0.elapsed() < std::time::Duration::from_secs(2));
+        // the look the arm precedes takes it
+        b.arm();
+        assert_eq!(b.word().load(SeqCst), BELL_ARMED);
+        assert!(!b.release(), "nothing rang since the arm");
+        // rung, then let go of: the release says so, and clears it
+        b.arm();
+        assert!(b.ring());
+        assert!(b.release());
+        assert_eq!(b.word().load(SeqCst), 0);
+        // a writer's hold rung the same way
+        assert!(b.hold());
+        assert!(b.ring());
+        assert!(b.release());
+        assert_eq!(b.word().load(SeqCst), 0);
+        // (a peer that cleared the word: looked at too)
+        assert!(b.release());
+        // a poller's arm and what a peer wrote are not the releaser's
+        for w in [BELL_POLLED, BELL_SIGNALLED, 77] {
+            b.word().store(w, SeqCst);
+            assert!(!b.release());
+            assert_eq!(b.word().load(SeqCst), w);
+        }
+        // held: the event loop's arm leaves it to the thread's look
+        b.word().store(BELL_HELD, SeqCst);
+        assert!(!b.arm_polled());
     }
 
     /// What a peer's SEND takes from each doorbell word, and what it leaves.
@@ -693,8 +755,10 @@ mod tests {
         let w = MrView(&m.mem, 0).h(MR_BELL);
         for (word, took, left) in [
             (0, 0, 0),
-            (BELL_ARMED, BELL_ARMED, 0),
-            (BELL_ASLEEP, BELL_ASLEEP, 0),
+            (BELL_ARMED, BELL_ARMED, BELL_HELD),
+            (BELL_ASLEEP, BELL_ASLEEP, BELL_HELD),
+            // (rung, the owner's look to come: taken again, silently)
+            (BELL_HELD, BELL_HELD, BELL_HELD),
             (BELL_POLLED, BELL_POLLED, BELL_SIGNALLED),
             // (signalled, not armed again since: signalled again)
             (BELL_SIGNALLED, BELL_SIGNALLED, BELL_SIGNALLED),

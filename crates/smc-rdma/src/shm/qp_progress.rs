@@ -372,32 +372,36 @@ impl QpInner {
                 }
             }
         }
+        // The doorbells: an owner found asleep (or polling) above is woken
+        // now that its SEND is published; and any that its owner armed
+        // since is rung too: an owner arms, then looks at the ring, so
+        // either its look finds the slot published above or this finds the
+        // word set. A word taken above that the owner let go of since (its
+        // release, after a look that may have come before the slot was
+        // published) leaves the slot to the owner's completion channel, as
+        // if no doorbell had been there. (A poller's arm we took may have
+        // been overwritten since by a thread of the owner arming to wait,
+        // which the eventfd does not wake, so that word is taken again.)
+        for (m, was) in bell1.into_iter().chain(bells) {
+            let again = take_bell(&m);
+            if matches!(was, BELL_ARMED | BELL_ASLEEP | BELL_HELD) && again == 0 {
+                published = true;
+            }
+            if was == BELL_ASLEEP || again == BELL_ASLEEP {
+                wake_later(m.clone(), false);
+            }
+            if matches!(was, BELL_POLLED | BELL_SIGNALLED)
+                || matches!(again, BELL_POLLED | BELL_SIGNALLED)
+            {
+                wake_later(m, true);
+            }
+        }
         if let Some(l) = c.link.as_mut() {
             l.tail = tail;
             if published && Ring(&l.peer_ring).h(R_RX_NOTIFY).swap(0, SeqCst) == 1 {
                 if let Some(e) = &l.peer_rx_efd {
                     e.signal();
                 }
-            }
-        }
-        // The doorbells: an owner found asleep (or polling) above is woken
-        // now that its SEND is published; and any that its owner armed
-        // since is rung too: an owner arms, then looks at the ring, so
-        // either its look finds the slot published above or this finds the
-        // word set. (A sleeper we took is not taken again: it has not seen
-        // our wake-up yet. A poller's arm we took may have been overwritten
-        // since by a thread of the owner arming to wait, which the eventfd
-        // does not wake, so that word is taken again.)
-        for (m, was) in bell1.into_iter().chain(bells) {
-            let again = if was == BELL_ASLEEP { 0 } else { take_bell(&m) };
-            if again == BELL_ASLEEP {
-                wake_later(m.clone(), false);
-            }
-            match was {
-                BELL_ASLEEP => wake_later(m, false),
-                BELL_POLLED | BELL_SIGNALLED => wake_later(m, true),
-                _ if matches!(again, BELL_POLLED | BELL_SIGNALLED) => wake_later(m, true),
-                _ => {}
             }
         }
         // 3. Complete in order.
