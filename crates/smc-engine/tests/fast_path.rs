@@ -62,8 +62,6 @@ fn fast_writes_racing_a_failover_are_replanned_never_lost_or_duplicated() {
     assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
     assert_eq!(w.client.link_of(t.c), Some(0));
     let h = w.client.fast_conn(t.c).unwrap();
-    // nothing granted yet: the endpoint's own direct write grants it
-    assert_eq!(h.try_write(&[byte(0)]), Ok(FastWrite::Declined));
     let (c, s) = (t.c, t.s);
     let w = Arc::new(Mutex::new(w));
     let phase = Arc::new(AtomicUsize::new(ONE_LINK));
@@ -485,6 +483,54 @@ fn a_reader_that_finds_nothing_takes_its_cdc_from_the_receive_cq_itself() {
     assert_eq!(w.server.msg_counts().cdc_received, received + 3);
     assert!(w.server.read(t.s, 1 << 10).unwrap().is_empty());
     assert!(w.server.violation(t.s).is_none());
+}
+
+/// An established connection may take its CDCs itself from its first read
+/// (granted when the handshake ends, not after a read through the
+/// endpoint): the one read of a short connection, a request, needs no
+/// endpoint, and a blocking reader may sleep on its doorbell for it.
+#[test]
+fn a_fresh_connection_reads_its_first_cdc_itself() {
+    let mut w = World::with_seed(19, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    let h = w.server.fast_conn(t.s).unwrap();
+    assert_eq!(
+        h.may_sleep(),
+        smc_engine::endpoint::MaySleep::Sleep,
+        "no grant before a read through the endpoint"
+    );
+    let mut buf = [0u8; 256];
+    assert_eq!(w.client.write(t.c, b"request").unwrap(), 7);
+    deliver_to_server(&mut w);
+    match h.try_read(&mut buf) {
+        FastRead::Read { n, .. } => assert_eq!(&buf[..n], b"request"),
+        other => panic!("the first CDC was left to the endpoint: {other:?}"),
+    }
+}
+
+/// Data that came with (or just before) the peer's close is read by the
+/// fast path too; the end of file after it is the endpoint's to tell.
+#[test]
+fn data_before_the_peers_close_is_read_without_the_endpoint() {
+    let mut w = World::with_seed(23, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let mut t = w.handshake();
+    let h = w.client.fast_conn(t.c).unwrap();
+    assert_eq!(w.server.write(t.s, b"response").unwrap(), 8);
+    w.server.release(t.s);
+    w.settle(&mut [&mut t], Duration::from_millis(20));
+    assert!(w.client.peer_closed(t.c), "the close CDC came");
+    let mut buf = [0u8; 256];
+    match h.try_read(&mut buf) {
+        FastRead::Read { n, .. } => assert_eq!(&buf[..n], b"response"),
+        other => panic!("data before the close was left to the endpoint: {other:?}"),
+    }
+    assert_eq!(
+        h.try_read(&mut buf),
+        FastRead::Declined,
+        "EOF: the endpoint's"
+    );
+    assert!(w.client.peer_done(t.c));
+    assert_eq!(w.client.read(t.c, 16).unwrap(), Vec::<u8>::new());
 }
 
 /// A connection's watch (`FastConn::watch`) is told of a CDC for it that

@@ -60,6 +60,9 @@ fn a_sleeping_reader_is_woken_once_per_message() {
     const WARM: usize = 20;
     const MSGS: usize = 300;
     let (ack, acks) = mpsc::channel::<()>();
+    // (the reader stays until its wake-ups are counted: a thread that has
+    // ended is not in the count, which would then shrink)
+    let (counted, wait_counted) = mpsc::channel::<()>();
     let reader = std::thread::Builder::new()
         .name("busy-reader".into())
         .spawn(move || {
@@ -69,6 +72,7 @@ fn a_sleeping_reader_is_woken_once_per_message() {
                 assert_eq!(b, [i as u8; 64]);
                 ack.send(()).unwrap();
             }
+            let _ = wait_counted.recv();
             busy_s
         })
         .unwrap();
@@ -82,7 +86,8 @@ fn a_sleeping_reader_is_woken_once_per_message() {
         busy_c.write_all(&[i as u8; 64]).unwrap();
         acks.recv().unwrap();
     }
-    let woken = others_switches() - before;
+    let woken = others_switches().saturating_sub(before);
+    counted.send(()).unwrap();
     let mut busy_s = reader.join().unwrap();
     // One wake-up per message (the reader's), and a little room for the
     // rare ones of the engine (its progress thread, a lock met busy).

@@ -641,11 +641,20 @@ impl<P: Provider> ConnCore<P> {
         // (nothing to read first: the common case of a reader that comes
         // before its data)
         let n = buf.len().min(dp.readable());
+        // Bytes the peer sent before it closed or shut down its write side
+        // (its close CDC often comes in the same dispatch as its last data)
+        // are read here too; what follows them, the end of file, is the
+        // endpoint's to tell.
+        let active = self.closer.state() == CloseState::Active;
+        let peer_finished = matches!(
+            self.closer.state(),
+            CloseState::AppCloseWait1 | CloseState::AppCloseWait2
+        ) && !self.closer.rx_flags().abort;
         if n == 0
             || !self.established
             || self.read_leased
             || self.violation.is_some()
-            || self.closer.state() != CloseState::Active
+            || !(active || peer_finished)
             || dp.urgent_signalled()
         {
             return FastRead::Declined;
@@ -655,7 +664,9 @@ impl<P: Provider> ConnCore<P> {
             let Some(f) = self.fast.as_ref() else {
                 return FastRead::Declined;
             };
-            if f.epoch != self.epoch
+            // (a cursor update after the peer's close: the endpoint's call)
+            if !active
+                || f.epoch != self.epoch
                 || self.link != Some(f.slot)
                 || self.write_leased
                 || self.move_to.is_some()

@@ -486,6 +486,22 @@ impl<P: Provider> Endpoint<P> {
         }
         if lgr_dead {
             self.event_aborted(id, super::events::AbortCause::GroupTerminated);
+        } else {
+            // Its first blocking read may then sleep on the connection's
+            // doorbell (`FastConn::may_sleep` needs the grant) instead of
+            // through the endpoint, whose leader would be woken for the
+            // peer's first CDC to wake it in turn: the one read of a short
+            // connection (a request) paid that. Its writes may go direct
+            // from the first (a read that owes the peer a cursor update
+            // posts it that way too, or declines).
+            self.grant_rx(id);
+            if let Some(c) = self.conns.get(id).and_then(Option::as_ref) {
+                let mut k = lock(&c.core);
+                let max_inline = self.max_inline as usize;
+                if let Ok(p) = Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, 1, false) {
+                    Self::grant_fast(&mut self.lgrs, max_inline, id, &mut k, &p);
+                }
+            }
         }
     }
 }
