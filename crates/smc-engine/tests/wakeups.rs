@@ -251,3 +251,25 @@ fn a_sleeping_driver_is_woken_for_everything_an_echo_and_its_close_need() {
         "every connection freed (a close waits for its CDCs' completions)"
     );
 }
+
+/// A link made while a driver sleeps (a first contact's, whose peer sends
+/// CONFIRM_LINK on it next) has a receive CQ that driver's arm never saw:
+/// `arm_new_links` arms it, once.
+#[test]
+fn a_link_made_while_the_driver_sleeps_is_armed_by_arm_new_links() {
+    let mut w = World::default();
+    let now = w.now;
+    arm(&mut w.client, now);
+    assert!(!w.client.arm_new_links().unwrap(), "no link yet");
+    let mut t = w.open();
+    while w.client.link_groups() == 0 {
+        w.step(&mut [&mut t]);
+    }
+    assert!(
+        w.client.arm_new_links().unwrap(),
+        "the new link's receive CQ was left unarmed"
+    );
+    assert!(!w.client.arm_new_links().unwrap(), "armed once");
+    w.settle(&mut [&mut t], Duration::from_millis(5));
+    assert!(!w.client.arm_new_links().unwrap());
+}

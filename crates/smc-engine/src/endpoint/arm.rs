@@ -76,6 +76,25 @@ impl<P: Provider> Endpoint<P> {
         Ok(armed)
     }
 
+    /// Arms the receive CQs of links made since the sleeping driver's
+    /// [`Self::arm`] (a first contact's link, an added one), whose first
+    /// messages (the peer's CONFIRM_LINK or ADD_LINK) would otherwise wait
+    /// for whatever wakes that driver next. Returns whether it armed any;
+    /// then a [`Self::pump`] takes what came before.
+    pub fn arm_new_links(&mut self) -> Result<bool> {
+        let mut armed = false;
+        for l in 0..self.lgrs.len() {
+            for slot in 0..smc_proto::link::LINK_SLOTS {
+                let send = self.awaits_send_completions(l, slot);
+                if let Some(res) = self.link_res_mut(l, slot).filter(|r| !r.recv_armed) {
+                    res.arm(send)?;
+                    armed = true;
+                }
+            }
+        }
+        Ok(armed)
+    }
+
     fn link_res_mut(&mut self, l: LgrId, slot: usize) -> Option<&mut super::link::LinkRes<P>> {
         self.lgrs
             .get_mut(l)

@@ -123,6 +123,9 @@ pub(super) struct LinkRes<P: Provider> {
     /// The send CQ was armed by the last [`Self::arm`] or since (an armed CQ
     /// stays armed until its event, which wakes the driver, who arms again).
     pub send_armed: bool,
+    /// Whether its receive CQ was ever armed ([`Self::arm`]): a link made
+    /// while a driver sleeps is not, and `Endpoint::arm_new_links` arms it.
+    pub recv_armed: bool,
     /// The endpoint opened the link's send side to the fast path
     /// (`TxBook::open`, kept here to look at without its lock).
     pub fast_granted: bool,
@@ -455,6 +458,7 @@ impl<P: Provider> LinkRes<P> {
             offered_id: 0,
             tx,
             send_armed: false,
+            recv_armed: false,
             fast_granted: false,
             on: None,
             bringup: None,
@@ -636,7 +640,9 @@ impl<P: Provider> LinkRes<P> {
         if send {
             self.arm_send()?;
         }
-        self.rx.cq.req_notify()
+        self.rx.cq.req_notify()?;
+        self.recv_armed = true;
+        Ok(())
     }
 
     /// Asks the send CQ to signal the endpoint's channel at its next completion.
