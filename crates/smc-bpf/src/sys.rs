@@ -185,18 +185,7 @@ impl CookieMap {
 
     /// `Ok(None)` if the key is absent.
     pub fn lookup(&self, key: u64) -> io::Result<Option<u32>> {
-        let mut value: u32 = 0;
-        let mut a = Attr::new();
-        a.u32(0, self.fd.as_raw_fd() as u32)
-            .ptr(8, &key)
-            .ptr(16, &mut value as *mut u32);
-        // SAFETY: the kernel reads 8 bytes from `key` and writes value_size (checked: 4) bytes
-        // into `value`; both live on this frame.
-        match unsafe { bpf(BPF_MAP_LOOKUP_ELEM, &mut a) } {
-            Ok(_) => Ok(Some(value)),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.lookup_cmd(BPF_MAP_LOOKUP_ELEM, key)
     }
 
     /// The key's value, removed in the same call (`Ok(None)`: absent).
@@ -209,26 +198,34 @@ impl CookieMap {
             std::sync::atomic::AtomicBool::new(false);
         use std::sync::atomic::Ordering::Relaxed;
         if !UNSUPPORTED.load(Relaxed) {
-            let mut value: u32 = 0;
-            let mut a = Attr::new();
-            a.u32(0, self.fd.as_raw_fd() as u32)
-                .ptr(8, &key)
-                .ptr(16, &mut value as *mut u32);
-            // SAFETY: as in `lookup`: the kernel reads 8 bytes from `key` and writes value_size
-            // (checked: 4) bytes into `value`; both live on this frame.
-            match unsafe { bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut a) } {
-                Ok(_) => return Ok(Some(value)),
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            match self.lookup_cmd(BPF_MAP_LOOKUP_AND_DELETE_ELEM, key) {
                 // (ENOTSUPP, 524, is the kernel's own and not in libc)
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(524)) => {
                     UNSUPPORTED.store(true, Relaxed);
                 }
-                Err(e) => return Err(e),
+                r => return r,
             }
         }
         let v = self.lookup(key)?;
         self.delete(key)?;
         Ok(v)
+    }
+
+    /// A lookup-like command `cmd` (the key in, the value out): `Ok(None)`
+    /// if the key is absent.
+    fn lookup_cmd(&self, cmd: i32, key: u64) -> io::Result<Option<u32>> {
+        let mut value: u32 = 0;
+        let mut a = Attr::new();
+        a.u32(0, self.fd.as_raw_fd() as u32)
+            .ptr(8, &key)
+            .ptr(16, &mut value as *mut u32);
+        // SAFETY: for both commands the kernel reads 8 bytes from `key` and writes value_size
+        // (checked: 4) bytes into `value`; both live on this frame.
+        match unsafe { bpf(cmd, &mut a) } {
+            Ok(_) => Ok(Some(value)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// `Ok(false)` if the key was absent.
