@@ -147,7 +147,9 @@ pub(crate) fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, p: Arc<Pend>)
                     std::ptr::null_mut(),
                 );
                 match c {
-                    Some(c) => crate::poll::conn_ctl(c, ep, libc::EPOLL_CTL_ADD, target, &mut ev),
+                    Some(c) => {
+                        crate::interest::conn_ctl(c, ep, libc::EPOLL_CTL_ADD, target, &mut ev)
+                    }
                     None => real_ctl(ep, libc::EPOLL_CTL_ADD, target, &mut ev),
                 };
             }

@@ -64,6 +64,8 @@ pub(crate) fn duplicated(fd: c_int, nfd: c_int) {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // (a duplicate of an epoll set of ours is waited on under its own number)
+    crate::interest::expose_polled(std::iter::once(fd));
     // SAFETY: the caller's arguments, unchanged (so for every call below).
     let r = unsafe { real!(dup: fn(c_int) -> c_int)(fd) };
     duplicated(fd, r);
@@ -72,6 +74,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
+    crate::interest::expose_polled(std::iter::once(fd));
     if fd != nfd {
         // (the descriptor at `nfd` is closed by the call)
         crate::poll::set_closing(nfd);
@@ -84,6 +87,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, nfd: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, nfd: c_int, flags: c_int) -> c_int {
+    crate::interest::expose_polled(std::iter::once(fd));
     if fd != nfd {
         // (the descriptor at `nfd` is closed by the call)
         crate::poll::set_closing(nfd);
@@ -117,15 +121,25 @@ pub(crate) fn nonblocking_set(fd: c_int, on: bool) {
 /// register the third parameter takes on the ABIs Linux runs on).
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    dup_ahead(fd, cmd);
     let r = real_fcntl(fd, cmd, arg);
     fcntl_after(fd, cmd, arg, r)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    dup_ahead(fd, cmd);
     // SAFETY: as `fcntl`.
     let r = unsafe { real!(fcntl64: fn(c_int, c_int, c_ulong) -> c_int)(fd, cmd, arg) };
     fcntl_after(fd, cmd, arg, r)
+}
+
+/// Before `fcntl(fd, cmd, ...)`: a duplicate of an epoll set of ours is
+/// waited on under its own number (see `dup`).
+fn dup_ahead(fd: c_int, cmd: c_int) {
+    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+        crate::interest::expose_polled(std::iter::once(fd));
+    }
 }
 
 pub(crate) fn fcntl_after(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) -> c_int {

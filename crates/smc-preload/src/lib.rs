@@ -58,6 +58,7 @@ mod exec;
 mod fdctl;
 mod fortify;
 mod image;
+mod interest;
 mod lifecycle;
 mod listen;
 mod poll;

@@ -11,6 +11,8 @@ thread_local! {
 }
 
 extern "C" fn before_fork() {
+    // (the child shares the epoll sets: what they have goes to the kernel)
+    crate::interest::expose_all();
     // (first: it reads the table and makes descriptors)
     crate::share::prepare();
     let g = TABLE.write().unwrap_or_else(|e| e.into_inner());

@@ -166,6 +166,8 @@ pub(crate) unsafe fn poll_via(
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     let real_poll = real!(poll: fn(*mut pollfd, nfds_t, c_int) -> c_int);
+    // SAFETY: the caller's pollfds.
+    unsafe { expose_polled(fds, n) };
     // SAFETY: the caller's pollfds; the real poll gets a copy of the same length.
     let via = unsafe {
         poll_via(fds, n, |p, n, now| {
@@ -187,6 +189,8 @@ pub unsafe extern "C" fn ppoll(
     sigmask: *const libc::sigset_t,
 ) -> c_int {
     let real_ppoll = real!(ppoll: fn(*mut pollfd, nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int);
+    // SAFETY: the caller's pollfds.
+    unsafe { expose_polled(fds, n) };
     let zero = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -252,6 +256,17 @@ pub unsafe extern "C" fn pselect(
     }
 }
 
+/// Epoll sets of ours among `n` pollfds at `fds` are exposed
+/// (`interest::expose`): their waiter is the kernel's poll.
+unsafe fn expose_polled(fds: *const pollfd, n: nfds_t) {
+    if fds.is_null() || n == 0 {
+        return;
+    }
+    // SAFETY: the caller's `n` pollfds.
+    let p = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+    crate::interest::expose_polled(p.iter().map(|p| p.fd));
+}
+
 /// `select`/`pselect`: `real` if no SMC descriptor is in the sets, else
 /// The end of a poll's watch of its connections' peer signals: what they
 /// signalled and nobody took shows on their readiness descriptors again
@@ -277,6 +292,9 @@ pub(crate) unsafe fn select_via(
         !s.is_null() && unsafe { libc::FD_ISSET(fd, s) }
     };
     let nfds_c = nfds.clamp(0, libc::FD_SETSIZE as c_int);
+    crate::interest::expose_polled(
+        (0..nfds_c).filter(|&fd| isset(rd, fd) || isset(wr, fd) || isset(ex, fd)),
+    );
     let ours = COUNT.load(Ordering::Acquire) != 0
         && (0..nfds_c).any(|fd| {
             (isset(rd, fd) || isset(wr, fd) || isset(ex, fd))
@@ -363,19 +381,31 @@ pub unsafe extern "C" fn epoll_ctl(
 ) -> c_int {
     let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
     loop {
-        let target = if COUNT.load(Ordering::Acquire) == 0 {
-            None
-        } else {
-            poll_target(fd)
+        let target = match get_active(fd) {
+            None => None,
+            // (the readiness descriptor only: what a poll would also want
+            // to know now is not asked here)
+            Some(Entry::Stream(c)) => {
+                let r = c.s.readiness_fd().ok().map(|r| r.as_raw_fd());
+                r.map(|r| (r, false, Entry::Stream(c)))
+            }
+            Some(_) => poll_target(fd),
         };
         if !matches!(target, Some((_, _, Entry::Stream(_)))) {
             // SAFETY: the caller's event.
             unsafe { data_given_away(epfd, op, ev) };
+            if op == libc::EPOLL_CTL_ADD {
+                // (a set of ours put in another: what it has must be in
+                // the kernel, which the other's waiter asks)
+                crate::interest::expose(fd);
+            }
         }
         let p = match target {
             Some((_, _, Entry::Connecting(p))) => p,
             // SAFETY: as below.
-            Some((r, _, Entry::Stream(c))) => return unsafe { conn_ctl(&c, epfd, op, r, ev) },
+            Some((r, _, Entry::Stream(c))) => {
+                return unsafe { crate::interest::conn_ctl(&c, epfd, op, r, ev) }
+            }
             // SAFETY: the caller's arguments, with an SMC descriptor's
             // readiness descriptor in its place (it lives as long as the
             // connection).
@@ -400,35 +430,6 @@ pub unsafe extern "C" fn epoll_ctl(
     }
 }
 
-/// The application's `epoll_ctl(epfd, op, fd, ev)` on connection `c`,
-/// whose readiness descriptor is `r`: done on `r`, and the connection's
-/// peer signal follows ([`signal_ctl`]), the two under the connection's
-/// lock of its registrations. Without it, a stale operation could land on
-/// the signal after a newer one of the application's (the connect thread
-/// moves a connect's registrations while the application, woken by the
-/// first of them, already changes them: the signal was left without
-/// `EPOLLIN` while the application waited for it, a wake-up lost).
-///
-/// # Safety
-/// `ev` as `epoll_ctl` takes it.
-pub(crate) unsafe fn conn_ctl(
-    c: &Arc<Conn>,
-    epfd: c_int,
-    op: c_int,
-    r: c_int,
-    ev: *mut libc::epoll_event,
-) -> c_int {
-    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
-    let mut sets = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: the caller's arguments, with the connection's readiness
-    // descriptor (open while `c` is) for its descriptor.
-    let n = unsafe { real_ctl(epfd, op, r, ev) };
-    if n == 0 {
-        signal_ctl(c, &mut sets, epfd, op, ev);
-    }
-    n
-}
-
 /// After the application's `epoll_ctl(epfd, op, ..., ev)` on connection
 /// `c` went through on its readiness descriptor: the connection's peer
 /// signal (`SmcStream::signal_fd`) follows in the same set, under the same
@@ -448,7 +449,7 @@ pub(crate) unsafe fn conn_ctl(
 /// shows when the application asks for readable again (the `MOD` that
 /// turns the registration back on makes the kernel look at the eventfd
 /// again). The registration leaves the set with the connection.
-fn signal_ctl(
+pub(crate) fn signal_ctl(
     c: &Arc<Conn>,
     sets: &mut Vec<(c_int, u32, u64)>,
     epfd: c_int,
@@ -540,23 +541,26 @@ fn note_signal_set(epfd: c_int) {
 /// by its peer). Before the close, so that a set another thread creates
 /// under the number at once is not mistaken for the old one.
 pub(crate) fn set_closing(fd: c_int) {
-    if SIGNAL_SETS_N.load(Ordering::Acquire) == 0 {
-        return;
-    }
-    {
+    // (the records of the connections' registrations there: interest.rs)
+    let ours = crate::interest::set_closing(fd);
+    let mut signalled = false;
+    if SIGNAL_SETS_N.load(Ordering::Acquire) != 0 {
         let mut v = SIGNAL_SETS.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(i) = v.iter().position(|&e| e == fd) else {
-            return;
-        };
-        v.swap_remove(i);
-        SIGNAL_SETS_N.store(v.len(), Ordering::Release);
+        if let Some(i) = v.iter().position(|&e| e == fd) {
+            v.swap_remove(i);
+            SIGNAL_SETS_N.store(v.len(), Ordering::Release);
+            signalled = true;
+        }
     }
-    {
+    if signalled {
         let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = g.as_mut() {
             m.retain(|&(ep, _), _| ep != fd);
             SIGNALLED_N.store(m.len(), Ordering::Release);
         }
+    }
+    if !ours && !signalled {
+        return;
     }
     // (rare: an event loop closes its set once; a scan of the table then)
     let conns: Vec<Arc<Conn>> = TABLE
@@ -569,10 +573,9 @@ pub(crate) fn set_closing(fd: c_int) {
         })
         .collect();
     for c in conns {
-        c.signalled_in
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|&(ep, _, _)| ep != fd);
+        let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        regs.sig.retain(|&(ep, _, _)| ep != fd);
+        regs.rdy.retain(|x| x.epfd != fd);
     }
 }
 
@@ -604,6 +607,18 @@ fn note_signalled(
 ) -> Option<Arc<Conn>> {
     let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
     let m = g.get_or_insert_with(Default::default);
+    if let (Some(d), Some((n, ev))) = (old, new) {
+        if d == n {
+            // (the same data: what the application asks for changes in
+            // place, the common case of an event loop's changes)
+            if let Some(e) = m.get_mut(&(epfd, d)) {
+                if std::ptr::eq(e.0.as_ptr(), Arc::as_ptr(c)) {
+                    e.1 = ev;
+                    return None;
+                }
+            }
+        }
+    }
     if let Some(d) = old {
         if m.get(&(epfd, d))
             .is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(c)))
@@ -651,8 +666,9 @@ unsafe fn data_given_away(epfd: c_int, op: c_int, ev: *const libc::epoll_event) 
         o
     };
     if let Some(o) = o {
-        let mut sets = o.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
-        turn_off(&o, &mut sets, epfd, Some(data));
+        let mut regs = o.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        turn_off(&o, &mut regs.sig, epfd, Some(data));
+        crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
     }
 }
 
@@ -663,10 +679,11 @@ unsafe fn data_given_away(epfd: c_int, op: c_int, ev: *const libc::epoll_event) 
 /// changing `o`'s registrations itself.)
 fn quiet_displaced(o: Option<Arc<Conn>>, epfd: c_int, data: u64) {
     let Some(o) = o else { return };
-    let Ok(mut sets) = o.signalled_in.try_lock() else {
+    let Ok(mut regs) = o.signalled_in.try_lock() else {
         return;
     };
-    turn_off(&o, &mut sets, epfd, Some(data));
+    turn_off(&o, &mut regs.sig, epfd, Some(data));
+    crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
 }
 
 /// Turns connection `c`'s signal registration in `epfd` off (no events),
@@ -766,19 +783,24 @@ unsafe fn fix_events(
             // level-triggered set would report it again and again. (A
             // signal with nothing behind it was drained and armed again by
             // the look above: it stays.)
-            let mut sets = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
-            turn_off(&c, &mut sets, epfd, None);
+            let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+            turn_off(&c, &mut regs.sig, epfd, None);
         }
+        // What the application's registration shows (the readiness
+        // descriptor's may ask for more, left in place: interest.rs).
+        let mask = crate::interest::shown_mask(&c, epfd, ev[i].u64, orig, now).unwrap_or(u32::MAX);
         // What the kernel reported stands, but for readable: the signal's
         // says only that something came, which may have been read already
         // (an event loop takes readable to mean data: wrk counts a read
         // that would block as an error), and it may fire while the
         // application does not ask for readable. The rest of what the
         // application asked for is added.
-        let fixed = (orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn);
+        let fixed = ((orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn)) & mask;
         if fixed != 0 {
             ev[i].events = fixed;
-        } else if !keep_all {
+        } else if keep_all && orig & mask != 0 {
+            ev[i].events = orig & mask;
+        } else {
             drop_at[i] = true;
         }
     }
@@ -804,6 +826,69 @@ fn left_ms(timeout: c_int, t0: std::time::Instant) -> c_int {
     (timeout - spent).max(0)
 }
 
+/// `epoll_wait` and its variants on `epfd`: `real(events, max, zero)`
+/// waits as the caller asked, for what is left of its timeout (`zero`: not
+/// at all), and `expired()` says whether the timeout is over. Events ready
+/// in this process (`interest::before_wait`) are reported with the
+/// kernel's, from a kernel wait that does not sleep.
+unsafe fn wait_via(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    mut real: impl FnMut(*mut libc::epoll_event, c_int, bool) -> c_int,
+    expired: impl Fn() -> bool,
+) -> c_int {
+    if maxevents <= 0 || events.is_null() {
+        // (the kernel's answer: EINVAL, EFAULT)
+        return real(events, maxevents, false);
+    }
+    let w = crate::interest::before_wait(epfd);
+    if let Some(w) = w.as_ref().filter(|w| !w.ours.is_empty()) {
+        let max = maxevents as usize;
+        // (room for both, half each at least; one event alternates)
+        let mut room = max - w.ours.len().min(max.div_ceil(2));
+        if max == 1 && !w.ours_first {
+            room = 1;
+        }
+        let n = if room > 0 {
+            real(events, room as c_int, true)
+        } else {
+            0
+        };
+        if n < 0 {
+            return n;
+        }
+        // SAFETY: the events just written.
+        let k = unsafe { fix_events(epfd, events, n, false) } as usize;
+        // SAFETY: the caller's `maxevents` events.
+        let out = unsafe { std::slice::from_raw_parts_mut(events, max) };
+        let mut total = k;
+        for e in &w.ours {
+            if total == max {
+                break;
+            }
+            if out[..k].iter().any(|x| x.u64 == e.u64) {
+                // (the kernel's event for it shows its state already)
+                continue;
+            }
+            out[total] = *e;
+            total += 1;
+        }
+        return total as c_int;
+    }
+    for round in 0.. {
+        let n = real(events, maxevents, false);
+        // SAFETY: the events just written. (Everything dropped: wait on,
+        // as if nothing had woken the set; a few times only, then the
+        // events go out as they are, rather than a loop here.)
+        let k = unsafe { fix_events(epfd, events, n, round >= RETRIES) };
+        if k != 0 || n <= 0 || expired() {
+            return k;
+        }
+    }
+    unreachable!()
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn epoll_wait(
     epfd: c_int,
@@ -813,18 +898,16 @@ pub unsafe extern "C" fn epoll_wait(
 ) -> c_int {
     let real = real!(epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int);
     let t0 = std::time::Instant::now();
-    for round in 0.. {
-        // SAFETY: the caller's arguments (the timeout what is left of it).
-        let n = unsafe { real(epfd, events, maxevents, left_ms(timeout, t0)) };
-        // SAFETY: the events just written. (Everything dropped: wait on,
-        // as if nothing had woken the set; a few times only, then the
-        // events go out as they are, rather than a loop here.)
-        let k = unsafe { fix_events(epfd, events, n, round >= RETRIES) };
-        if k != 0 || n <= 0 || left_ms(timeout, t0) == 0 {
-            return k;
-        }
+    // SAFETY: the caller's arguments (the timeout what is left of it).
+    unsafe {
+        wait_via(
+            epfd,
+            events,
+            maxevents,
+            |e, m, zero| real(epfd, e, m, if zero { 0 } else { left_ms(timeout, t0) }),
+            || left_ms(timeout, t0) == 0,
+        )
     }
-    unreachable!()
 }
 
 #[no_mangle]
@@ -837,14 +920,62 @@ pub unsafe extern "C" fn epoll_pwait(
 ) -> c_int {
     let real = real!(epoll_pwait: fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int);
     let t0 = std::time::Instant::now();
-    for round in 0.. {
-        // SAFETY: as `epoll_wait`, with the caller's mask.
-        let n = unsafe { real(epfd, events, maxevents, left_ms(timeout, t0), sigmask) };
-        // SAFETY: the events just written.
-        let k = unsafe { fix_events(epfd, events, n, round >= RETRIES) };
-        if k != 0 || n <= 0 || left_ms(timeout, t0) == 0 {
-            return k;
-        }
+    // SAFETY: as `epoll_wait`, with the caller's mask.
+    unsafe {
+        wait_via(
+            epfd,
+            events,
+            maxevents,
+            |e, m, zero| {
+                let t = if zero { 0 } else { left_ms(timeout, t0) };
+                real(epfd, e, m, t, sigmask)
+            },
+            || left_ms(timeout, t0) == 0,
+        )
     }
-    unreachable!()
+}
+
+/// `epoll_pwait` with a timeout in nanoseconds.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    maxevents: c_int,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let real = real!(epoll_pwait2: fn(c_int, *mut libc::epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int);
+    // SAFETY: the caller's timeout, if any (NULL: none).
+    let limit = (!timeout.is_null()).then(|| unsafe { *timeout }).map(|t| {
+        std::time::Duration::new(
+            t.tv_sec.max(0) as u64,
+            t.tv_nsec.clamp(0, 999_999_999) as u32,
+        )
+    });
+    let t0 = std::time::Instant::now();
+    let left = move || limit.map(|l| l.saturating_sub(t0.elapsed()));
+    // SAFETY: as `epoll_pwait`.
+    unsafe {
+        wait_via(
+            epfd,
+            events,
+            maxevents,
+            |e, m, zero| {
+                let t = if zero {
+                    Some(std::time::Duration::ZERO)
+                } else {
+                    left()
+                };
+                let ts = t.map(|d| libc::timespec {
+                    tv_sec: d.as_secs() as libc::time_t,
+                    tv_nsec: d.subsec_nanos() as libc::c_long,
+                });
+                let p = ts
+                    .as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+                real(epfd, e, m, p, sigmask)
+            },
+            || left().is_some_and(|d| d.is_zero()),
+        )
+    }
 }

@@ -8,10 +8,22 @@ pub(crate) struct Conn {
     pub(crate) s: SmcStream,
     /// Bytes read ahead for `MSG_PEEK` and `FIONREAD`, delivered first.
     pub(crate) peeked: Mutex<Vec<u8>>,
-    /// The application's epoll sets that have the connection's peer
-    /// signal registered beside its readiness descriptor, with the events
-    /// and data it is registered with there (`poll::signal_ctl`).
-    pub(crate) signalled_in: Mutex<Vec<(c_int, u32, u64)>>,
+    /// The connection's registrations in the application's epoll sets
+    /// (its peer signal's and its readiness descriptor's).
+    pub(crate) signalled_in: Mutex<Regs>,
+}
+
+/// A connection's registrations in the application's epoll sets.
+#[derive(Default)]
+pub(crate) struct Regs {
+    /// The sets that have the connection's peer signal registered beside
+    /// its readiness descriptor, with the events and data it is registered
+    /// with there (`poll::signal_ctl`).
+    pub(crate) sig: Vec<(c_int, u32, u64)>,
+    /// The sets the application registered the connection in, with what
+    /// it asked for and what the readiness descriptor is registered with
+    /// (`interest.rs`).
+    pub(crate) rdy: Vec<crate::interest::Rdy>,
 }
 
 impl Conn {
@@ -19,7 +31,7 @@ impl Conn {
         Conn {
             s,
             peeked: Mutex::new(Vec::new()),
-            signalled_in: Mutex::new(Vec::new()),
+            signalled_in: Mutex::new(Regs::default()),
         }
     }
 }
@@ -30,11 +42,13 @@ impl Drop for Conn {
         // anywhere, and the signal's descriptor is the connection's own
         // duplicate, closed with it: out of the sets first, so that they
         // do not report it under the application's data after its close.
-        let sets = std::mem::take(
+        let regs = std::mem::take(
             self.signalled_in
                 .get_mut()
                 .unwrap_or_else(|e| e.into_inner()),
         );
+        crate::interest::forget(self, &regs.rdy);
+        let sets = regs.sig;
         if sets.is_empty() {
             return;
         }

@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +110,16 @@ static void write_all(int fd, const void *b, size_t n) {
         struct pollfd p = { fd, POLLOUT, 0 };
         poll(&p, 1, 10000);
     }
+}
+
+/* a thread that waits on an epoll set while another changes it */
+struct waiter { int ep; int n; unsigned events; };
+static void *wait_thread(void *arg) {
+    struct waiter *w = arg;
+    struct epoll_event e;
+    w->n = epoll_wait(w->ep, &e, 1, 5000);
+    w->events = w->n == 1 ? e.events : 0;
+    return NULL;
 }
 
 /* waits for the one-byte step marker `c` */
@@ -213,6 +224,9 @@ static void server(const char *portfile, const char *file) {
     write_all(c, "l", 1);
     step(c, 'M');
     write_all(c, "m", 1);
+    /* the client's interest changed between waits */
+    step(c, 'N');
+    write_all(c, "n", 1);
     step(c, 'C');
 
     /* sendfile of FILE */
@@ -459,6 +473,74 @@ static void client(int port, const char *file) {
     show("read m", read(s, buf, 10));
     ep_wait("epoll LT IN after read", lt, 50);
     close(lt);
+    /* Interest changed between waits, as event loops (redis-benchmark)
+     * do around every request: errors as the set's state has them, what
+     * the next wait shows, writable while data waits unasked, data given
+     * anew, room for one event at a time, and a thread asleep in the set
+     * while another asks for writable. */
+    int ev2 = epoll_create1(0);
+    struct epoll_event ve = { .events = EPOLLOUT, .data.fd = s };
+    show("epoll_ctl ADD OUT (loop)", epoll_ctl(ev2, EPOLL_CTL_ADD, s, &ve));
+    ep_wait("epoll loop OUT", ev2, 1000);
+    show("epoll_ctl DEL (loop)", epoll_ctl(ev2, EPOLL_CTL_DEL, s, NULL));
+    show("epoll_ctl MOD after DEL (loop)", epoll_ctl(ev2, EPOLL_CTL_MOD, s, &ve));
+    show("epoll_ctl DEL after DEL (loop)", epoll_ctl(ev2, EPOLL_CTL_DEL, s, NULL));
+    ep_wait("epoll loop after DEL", ev2, 50);
+    ve.events = EPOLLIN;
+    show("epoll_ctl ADD IN (loop)", epoll_ctl(ev2, EPOLL_CTL_ADD, s, &ve));
+    show("epoll_ctl ADD IN again (loop)", epoll_ctl(ev2, EPOLL_CTL_ADD, s, &ve));
+    ep_wait("epoll loop IN (nothing)", ev2, 50);
+    write_all(s, "N", 1);
+    ep_wait("epoll loop IN", ev2, 1000);
+    show("epoll_ctl MOD IN (loop)", epoll_ctl(ev2, EPOLL_CTL_MOD, s, &ve));
+    show("epoll_ctl DEL IN (loop)", epoll_ctl(ev2, EPOLL_CTL_DEL, s, NULL));
+    ve.events = EPOLLOUT;
+    show("epoll_ctl ADD OUT again (loop)", epoll_ctl(ev2, EPOLL_CTL_ADD, s, &ve));
+    ep_wait("epoll loop OUT with data waiting", ev2, 100);
+    ve.events = EPOLLIN | EPOLLOUT;
+    ve.data.u64 = 77;
+    show("epoll_ctl MOD IN|OUT new data (loop)", epoll_ctl(ev2, EPOLL_CTL_MOD, s, &ve));
+    {
+        struct epoll_event g[4];
+        int n = epoll_wait(ev2, g, 4, 1000);
+        printf("client epoll loop new data: %d data %llu\n", n,
+               n > 0 ? (unsigned long long)g[0].data.u64 : 0ULL);
+        if (n > 0) show_events("epoll loop new data", g[0].events);
+    }
+    show("read n", read(s, buf, 10));
+    int lp[2];
+    if (pipe(lp) < 0) die("pipe");
+    struct epoll_event pipe_ev = { .events = EPOLLIN, .data.u64 = 99 };
+    show("epoll_ctl ADD pipe (loop)", epoll_ctl(ev2, EPOLL_CTL_ADD, lp[0], &pipe_ev));
+    show("write pipe (loop)", write(lp[1], "p", 1));
+    {
+        int seen77 = 0, seen99 = 0;
+        for (int i = 0; i < 4; i++) {
+            struct epoll_event g;
+            if (epoll_wait(ev2, &g, 1, 1000) == 1) {
+                seen77 |= g.data.u64 == 77;
+                seen99 |= g.data.u64 == 99;
+            }
+        }
+        printf("client epoll loop one at a time: socket %d pipe %d\n", seen77, seen99);
+    }
+    show("epoll_ctl DEL pipe (loop)", epoll_ctl(ev2, EPOLL_CTL_DEL, lp[0], NULL));
+    close(lp[0]);
+    close(lp[1]);
+    ve.events = EPOLLIN;
+    show("epoll_ctl MOD IN (loop, before the thread)", epoll_ctl(ev2, EPOLL_CTL_MOD, s, &ve));
+    {
+        struct waiter w = { ev2, -2, 0 };
+        pthread_t t;
+        pthread_create(&t, NULL, wait_thread, &w);
+        usleep(200000);
+        ve.events = EPOLLIN | EPOLLOUT;
+        show("epoll_ctl MOD IN|OUT while a thread waits", epoll_ctl(ev2, EPOLL_CTL_MOD, s, &ve));
+        pthread_join(t, NULL);
+        printf("client thread woken: %d\n", w.n);
+        show_events("thread woken", w.events);
+    }
+    close(ev2);
     write_all(s, "C", 1);
 
     /* the server's sendfile: the file, then its last 100 bytes */

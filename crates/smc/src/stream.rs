@@ -936,6 +936,27 @@ impl SmcStream {
         Some(ctx::shown_level(f, &c.shared).epoll_events())
     }
 
+    /// What `epoll` would report for the connection now, as
+    /// [`SmcStream::signalled_events`] says it (a CDC the peer signalled
+    /// taken first), but without draining or arming the signal: a look for
+    /// a poller that asks whether the connection can be written, which
+    /// costs no system call. `None`: not known here.
+    pub fn ready_events(&self) -> Option<u32> {
+        let Ok(Some(c)) = self.smc_conn() else {
+            return None;
+        };
+        let (Some(f), Some(r)) = (c.fast_conn(), c.ready.get()) else {
+            return None;
+        };
+        if let Some(s) = r.signal.as_ref().filter(|s| s.polled()) {
+            if s.bell.polled_taken() {
+                c.shared.take_held_cdc(f);
+                f.refresh();
+            }
+        }
+        Some(ctx::shown_level(f, &c.shared).epoll_events())
+    }
+
     /// Whether a poller of [`SmcStream::signal_fd`] is registered
     /// ([`SmcStream::watch_signal`]): the peer signals it, and a poll of the
     /// connection must include it.

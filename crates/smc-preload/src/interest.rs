@@ -1,0 +1,561 @@
+//! The application's epoll interest in SMC-R connections, kept where the
+//! kernel need not see it.
+//!
+//! Event loops such as redis' and wrk's (`ae`) change a socket's interest
+//! around every request: take it out of the set, put it back for
+//! readable, then for writable (five `epoll_ctl` per request in
+//! redis-benchmark, two in wrk). Over TCP each is a system call, and the
+//! kernel must know them all, because only the kernel knows when the
+//! socket is readable or writable. An SMC-R connection's state is in this
+//! process: whether it can be written is known without asking. So a
+//! level-triggered registration of a connection is recorded here as the
+//! application asks for it (`Rdy::want`), and the kernel's registration of
+//! the connection's readiness descriptor (`Rdy::kern`) only has to be
+//! enough to wake the set's waiter:
+//! * what the application waits for besides writable (`EPOLLIN`,
+//!   `EPOLLPRI`, `EPOLLRDHUP`, with the peer signal beside it, `poll.rs`);
+//! * writable only while the connection is not: while it is, the wait
+//!   reports it from here (`before_wait`), after a wait of the kernel's
+//!   that does not sleep, as an event of the kernel's would be reported;
+//! * bits the application stopped waiting for are left registered (a
+//!   system call saved per change) until they fire for nobody, and then
+//!   taken off (`poll::fix_events`); a registration the application
+//!   deleted stays too, until it fires, the connection closes, or the
+//!   application gives its data to another descriptor in the set.
+//!
+//! The kernel's registration is brought up to date by the next wait on the
+//! set (`before_wait`), so the changes between two waits cost at most one
+//! system call per connection, and none when they cancel out (redis'
+//! five per request become none; wrk's two, none). What the application
+//! sees stays what the kernel would show: the same results and errors of
+//! `epoll_ctl` (`EEXIST`, `ENOENT` from the record), and from the next
+//! `epoll_wait` the same events, computed from the connection's state as
+//! `poll::fix_events` does for every event of a connection.
+//!
+//! Where the kernel itself must see the application's registration, it gets
+//! it whole, as the application made it (a set is "direct"):
+//! * edge-triggered, one-shot, exclusive and wake-up registrations, whose
+//!   meaning is in the kernel's bookkeeping of edges and arms;
+//! * while another thread waits on the set (`SetState::waiters`): it is
+//!   asleep in the kernel, and a change must wake it as over TCP;
+//! * for good, once the set is watched by something other than this
+//!   library's `epoll_wait`: added to another epoll set, polled or
+//!   selected, duplicated (the duplicate's number is another set here), or
+//!   shared with a child by `fork()` (`expose`, `expose_all`);
+//! * connections without a peer signal (the device cannot), and the first
+//!   registration in a set (the kernel answers `EBADF`, `EINVAL` for a
+//!   descriptor that is not an epoll set).
+
+use super::*;
+
+/// A connection's registration in one of the application's epoll sets.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rdy {
+    pub(crate) epfd: c_int,
+    /// What the application asked for (events and data), `None` after its
+    /// `EPOLL_CTL_DEL`.
+    pub(crate) want: Option<(u32, u64)>,
+    /// What the readiness descriptor is registered with in the kernel.
+    pub(crate) kern: Option<(u32, u64)>,
+    /// In its set's `dirty` list: `kern` to be brought up to date before
+    /// the next wait.
+    dirty: bool,
+    /// In its set's `outs` list: the application waits for writable.
+    out: bool,
+}
+
+/// An epoll set of the application's that has a connection registered.
+#[derive(Default)]
+struct SetState {
+    /// Threads in `epoll_wait` on it now.
+    waiters: u32,
+    /// Watched by something other than our `epoll_wait`: every change goes
+    /// to the kernel as made.
+    direct: bool,
+    /// Connections whose registration changed since the last wait.
+    dirty: Vec<std::sync::Weak<Conn>>,
+    /// Connections waited on for writable, level-triggered.
+    outs: Vec<std::sync::Weak<Conn>>,
+    /// Alternates which of the kernel's events and ours come first when
+    /// there is room for one only.
+    ours_first: bool,
+}
+
+static SETS: Mutex<BTreeMap<c_int, SetState>> = Mutex::new(BTreeMap::new());
+
+/// Entries in [`SETS`] (a look without the lock).
+static SETS_N: AtomicUsize = AtomicUsize::new(0);
+
+const OUT: u32 = libc::EPOLLOUT as u32;
+/// What a readiness registration can ask for.
+const ASKABLE: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLPRI | libc::EPOLLRDHUP) as u32;
+/// What the kernel reports whether asked for or not.
+const ALWAYS: u32 = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+/// Registration flags whose meaning lives in the kernel's bookkeeping.
+const KERNEL_FLAGS: u32 =
+    (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLEXCLUSIVE | libc::EPOLLWAKEUP) as u32;
+
+fn plain(events: u32) -> bool {
+    events & KERNEL_FLAGS == 0
+}
+
+fn real_ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> c_int {
+    let f = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    let mut e = libc::epoll_event { events, u64: data };
+    // SAFETY: an event of our own, on descriptors the caller names.
+    unsafe { f(epfd, op, fd, &mut e) }
+}
+
+/// What the kernel must have registered for a plain registration asking for
+/// `want` on a connection that is (`writable`) or is not writable now.
+fn need(want: u32, writable: bool) -> u32 {
+    want & ASKABLE & !OUT | if want & OUT != 0 && !writable { OUT } else { 0 }
+}
+
+/// The connection's events now, as `epoll` would report them
+/// (`SmcStream::ready_events`: a look that leaves the peer signal as it
+/// is, which `poll::fix_events` drains when it fired).
+fn now(c: &Conn) -> u32 {
+    c.s.ready_events().unwrap_or(0)
+}
+
+fn readiness(c: &Conn) -> Option<c_int> {
+    c.s.readiness_fd().ok().map(|r| r.as_raw_fd())
+}
+
+/// The application's `epoll_ctl(epfd, op, fd, ev)` on connection `c`,
+/// whose readiness descriptor is `r`, with the connection's peer signal
+/// following (`poll::signal_ctl`), all under the connection's lock of its
+/// registrations. Without that lock a stale operation could land after a
+/// newer one of the application's (the connect thread moves a connect's
+/// registrations while the application, woken by the first of them,
+/// already changes them: a wake-up was lost).
+///
+/// # Safety
+/// `ev` as `epoll_ctl` takes it.
+pub(crate) unsafe fn conn_ctl(
+    c: &Arc<Conn>,
+    epfd: c_int,
+    op: c_int,
+    r: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    // SAFETY: the caller's event, if the operation has one.
+    let app = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
+    let known = matches!(
+        op,
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL
+    ) && (op == libc::EPOLL_CTL_DEL || app.is_some());
+    // (before the locks: the library's own)
+    let signalled = c.s.signal_fd().is_some();
+    let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+    let at = regs.rdy.iter().position(|x| x.epfd == epfd);
+    if let (true, Some(k)) = (known, at) {
+        // The application's view decides its errors, as the kernel's
+        // would (the kernel's registration may be one left in place).
+        let exists = regs.rdy[k].want.is_some();
+        let err = match op {
+            libc::EPOLL_CTL_ADD if exists => libc::EEXIST,
+            libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL if !exists => libc::ENOENT,
+            libc::EPOLL_CTL_MOD
+                if app.is_some_and(|e| e.events & libc::EPOLLEXCLUSIVE as u32 != 0) =>
+            {
+                libc::EINVAL
+            }
+            _ => 0,
+        };
+        if err != 0 {
+            set_errno(err);
+            return -1;
+        }
+    }
+    let here = sets.get(&epfd).is_some_and(|s| !s.direct && s.waiters == 0);
+    let virtual_ok = known
+        && here
+        && signalled
+        && at.is_some_and(|k| {
+            let x = &regs.rdy[k];
+            x.kern.is_some_and(|(e, _)| plain(e)) && x.want.is_none_or(|(e, _)| plain(e))
+        })
+        && app.is_none_or(|e| plain(e.events));
+    if let (true, Some(k), Some(st)) = (virtual_ok, at, sets.get_mut(&epfd)) {
+        let x = &mut regs.rdy[k];
+        x.want = app.map(|e| (e.events, e.u64));
+        if !x.dirty {
+            x.dirty = true;
+            st.dirty.push(Arc::downgrade(c));
+        }
+        if x.want.is_some_and(|(e, _)| e & OUT != 0) && !x.out {
+            x.out = true;
+            st.outs.push(Arc::downgrade(c));
+        }
+        drop(sets);
+        crate::poll::signal_ctl(c, &mut regs.sig, epfd, op, ev);
+        return 0;
+    }
+    // Direct: the kernel gets the application's registration as made
+    // (from the state ours is in: one left in place is deleted or changed).
+    // (still under the sets' lock: a wait does not bring this registration
+    // up meanwhile)
+    let kern = at.and_then(|k| regs.rdy[k].kern);
+    let f = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    let n = match (known, op, kern) {
+        (true, libc::EPOLL_CTL_ADD, Some(_)) => {
+            // (a registration left in place: replaced, so that the
+            // kernel's own ADD decides what this one may be)
+            real_ctl(epfd, libc::EPOLL_CTL_DEL, r, 0, 0);
+            if let Some(k) = at {
+                regs.rdy[k].kern = None;
+            }
+            // SAFETY: the caller's event.
+            unsafe { f(epfd, libc::EPOLL_CTL_ADD, r, ev) }
+        }
+        // (taken out of the kernel's set already, see `quiet`)
+        (true, libc::EPOLL_CTL_MOD, None) if at.is_some() => {
+            // SAFETY: as below.
+            unsafe { f(epfd, libc::EPOLL_CTL_ADD, r, ev) }
+        }
+        (true, libc::EPOLL_CTL_DEL, None) if at.is_some() => 0,
+        // SAFETY: the caller's arguments, with the connection's readiness
+        // descriptor (open while `c` is) for its descriptor.
+        _ => unsafe { f(epfd, op, r, ev) },
+    };
+    if n != 0 {
+        return n;
+    }
+    let now = app.map(|e| (e.events, e.u64));
+    match at {
+        Some(k) => {
+            let x = &mut regs.rdy[k];
+            x.want = now;
+            x.kern = now;
+            if now.is_none() && !x.dirty && !x.out {
+                regs.rdy.swap_remove(k);
+            }
+        }
+        None if now.is_some() => {
+            regs.rdy.push(Rdy {
+                epfd,
+                want: now,
+                kern: now,
+                dirty: false,
+                out: false,
+            });
+            sets.entry(epfd).or_default();
+            SETS_N.store(sets.len(), Ordering::Release);
+        }
+        None => {}
+    }
+    drop(sets);
+    crate::poll::signal_ctl(c, &mut regs.sig, epfd, op, ev);
+    n
+}
+
+/// A wait on an epoll set, from [`before_wait`] until it returns.
+pub(crate) struct Waiting {
+    epfd: c_int,
+    /// Events known here to be ready now (writable connections waited on
+    /// for writable), in the application's terms.
+    pub(crate) ours: Vec<libc::epoll_event>,
+    /// Whether ours come before the kernel's when there is room for one.
+    pub(crate) ours_first: bool,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(st) = sets.get_mut(&self.epfd) {
+            st.waiters = st.waiters.saturating_sub(1);
+        }
+    }
+}
+
+/// Before a wait on `epfd`: the kernel's registrations brought up to date
+/// with what the application asked for since the last wait, and the events
+/// ready here. `None`: nothing of ours in the set.
+pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
+    if SETS_N.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    let (dirty, outs, ours_first) = {
+        let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+        let st = sets.get_mut(&epfd)?;
+        // (from here on, a change another thread makes goes to the kernel
+        // itself: this wait may be asleep there)
+        st.waiters += 1;
+        if st.direct {
+            (Vec::new(), Vec::new(), false)
+        } else {
+            if st.outs.len() > 1 {
+                // (so that a wait with room for fewer events than are
+                // ready reports the others next)
+                st.outs.rotate_left(1);
+            }
+            st.ours_first = !st.ours_first;
+            (
+                std::mem::take(&mut st.dirty),
+                st.outs.clone(),
+                st.ours_first,
+            )
+        }
+    };
+    let mut w = Waiting {
+        epfd,
+        ours: Vec::new(),
+        ours_first,
+    };
+    // (without the sets' lock: the connections' state is the library's,
+    // whose threads poll through this library too)
+    for c in dirty {
+        let Some(c) = c.upgrade() else { continue };
+        let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(x) = regs.rdy.iter_mut().find(|x| x.epfd == epfd) else {
+            continue;
+        };
+        x.dirty = false;
+        let Some((want, data)) = x.want else {
+            // (deleted: left registered until it fires, see shown_mask)
+            continue;
+        };
+        let writable = want & OUT != 0 && now(&c) & OUT != 0;
+        bring_up(&c, x, need(want, writable), data);
+    }
+    let mut gone = Vec::new();
+    for (i, c) in outs.iter().enumerate() {
+        let Some(c) = c.upgrade() else {
+            gone.push(i);
+            continue;
+        };
+        let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(x) = regs.rdy.iter_mut().find(|x| x.epfd == epfd) else {
+            gone.push(i);
+            continue;
+        };
+        let Some((want, data)) = x.want.filter(|(e, _)| e & OUT != 0 && plain(*e)) else {
+            x.out = false;
+            gone.push(i);
+            continue;
+        };
+        let n = now(&c);
+        if n & OUT != 0 {
+            w.ours.push(libc::epoll_event {
+                events: n & (want & ASKABLE | ALWAYS),
+                u64: data,
+            });
+        } else {
+            // not writable (a write of another thread's since the look
+            // above): the kernel wakes the wait when it is
+            bring_up(&c, x, need(want, false), data);
+        }
+    }
+    if !gone.is_empty() {
+        let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(st) = sets.get_mut(&epfd) {
+            st.outs
+                .retain(|c| !gone.iter().any(|&i| std::sync::Weak::ptr_eq(c, &outs[i])));
+        }
+    }
+    Some(w)
+}
+
+/// Registers the readiness descriptor of `c` in `x`'s set with at least
+/// `need` under `data`, unless it is.
+fn bring_up(c: &Conn, x: &mut Rdy, need: u32, data: u64) {
+    if x.kern
+        .is_some_and(|(e, d)| d == data && e & need == need && plain(e))
+    {
+        return;
+    }
+    let Some(r) = readiness(c) else { return };
+    let op = if x.kern.is_some() {
+        libc::EPOLL_CTL_MOD
+    } else {
+        libc::EPOLL_CTL_ADD
+    };
+    if real_ctl(x.epfd, op, r, need, data) == 0 {
+        x.kern = Some((need, data));
+    }
+}
+
+/// What an event the kernel reported under `data` for `c` in `epfd` may
+/// show: the application's registration's events (with `EPOLLERR` and
+/// `EPOLLHUP`), nothing if it has none there (deleted, or under other
+/// data). Bits `orig` has outside that which the connection shows `now`
+/// and the kernel's registration asks for are taken off it (or it goes, if
+/// the application has none): they were left in place and, level-
+/// triggered, would fire for nobody at every wait. (A bit the connection
+/// does not show was the peer signal's, spent: `poll::fix_events`.)
+pub(crate) fn shown_mask(c: &Conn, epfd: c_int, data: u64, orig: u32, now: u32) -> Option<u32> {
+    let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+    let x = regs.rdy.iter_mut().find(|x| x.epfd == epfd)?;
+    let mask = match x.want {
+        Some((e, d)) if d == data => e & ASKABLE | ALWAYS,
+        _ => 0,
+    };
+    let extra = orig & !mask & now;
+    if let Some((k, kd)) = x.kern {
+        if extra != 0 && (kd != data || k & extra != 0 || mask == 0) && plain(k) {
+            if let Some(r) = readiness(c) {
+                match x.want {
+                    Some((e, d)) if d == data => {
+                        let writable = e & OUT != 0 && now & OUT != 0;
+                        let n = need(e, writable);
+                        if real_ctl(epfd, libc::EPOLL_CTL_MOD, r, n, d) == 0 {
+                            x.kern = Some((n, d));
+                        }
+                    }
+                    _ => {
+                        if real_ctl(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
+                            x.kern = None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Some(mask)
+}
+
+/// The application gives `data` in `epfd` to another descriptor: a
+/// registration of `c`'s readiness descriptor left in place there under
+/// that data (deleted or moved to other data by the application) goes
+/// first, so that it never reports under the other's data.
+pub(crate) fn quiet(c: &Conn, rdy: &mut [Rdy], epfd: c_int, data: u64) {
+    let Some(x) = rdy.iter_mut().find(|x| x.epfd == epfd) else {
+        return;
+    };
+    let left = x.kern.is_some_and(|(_, d)| d == data) && x.want.is_none_or(|(_, d)| d != data);
+    if !left {
+        return;
+    }
+    // (an application's own registration under other data is changed
+    // virtually, so it waits for the next wait, which adds it again)
+    if let Some(r) = readiness(c) {
+        if real_ctl(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
+            x.kern = None;
+        }
+    }
+}
+
+/// Connection `c` is going: registrations the application deleted and that
+/// were left in place leave the kernel's sets now (the readiness
+/// descriptor may be open in a child too, which would keep them).
+pub(crate) fn forget(c: &Conn, rdy: &[Rdy]) {
+    let Some(r) = readiness(c) else { return };
+    for x in rdy {
+        if x.kern.is_some() && x.want.is_none() {
+            real_ctl(x.epfd, libc::EPOLL_CTL_DEL, r, 0, 0);
+        }
+    }
+}
+
+/// Descriptor `fd` is about to be closed: if it is a set of ours, its
+/// records go (the kernel drops the registrations with it).
+pub(crate) fn set_closing(fd: c_int) -> bool {
+    if SETS_N.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    let had = sets.remove(&fd).is_some();
+    SETS_N.store(sets.len(), Ordering::Release);
+    had
+}
+
+/// Set `fd` is watched by something other than our `epoll_wait` (see the
+/// module's comment): every registration in it goes to the kernel as the
+/// application made it, now and from now on.
+pub(crate) fn expose(fd: c_int) {
+    if SETS_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    match sets.get_mut(&fd) {
+        Some(st) if !st.direct => {
+            st.direct = true;
+            st.dirty.clear();
+            st.outs.clear();
+        }
+        _ => return,
+    }
+    drop(sets);
+    materialize(&[fd]);
+}
+
+/// Before `fork()`: the child shares every set with this process, and
+/// waits on it where this process's records are not seen.
+pub(crate) fn expose_all() {
+    if SETS_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut fds = Vec::new();
+    for (fd, st) in sets.iter_mut() {
+        if !st.direct {
+            st.direct = true;
+            st.dirty.clear();
+            st.outs.clear();
+            fds.push(*fd);
+        }
+    }
+    drop(sets);
+    if !fds.is_empty() {
+        materialize(&fds);
+    }
+}
+
+/// Every connection's registration in `fds` (sets made direct) as the
+/// application made it. (Without the sets' lock, as `before_wait`: a wait
+/// on a direct set brings nothing up, and changes go to the kernel.)
+fn materialize(fds: &[c_int]) {
+    // (rare: once per set; a scan of the table then)
+    let conns: Vec<Arc<Conn>> = TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .filter_map(|e| match e {
+            Entry::Stream(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    for c in conns {
+        let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        let r = readiness(&c);
+        regs.rdy.retain_mut(|x| {
+            if !fds.contains(&x.epfd) {
+                return true;
+            }
+            x.dirty = false;
+            x.out = false;
+            if x.kern == x.want {
+                return x.want.is_some();
+            }
+            let Some(r) = r else { return true };
+            let n = match (x.want, x.kern) {
+                (None, _) => real_ctl(x.epfd, libc::EPOLL_CTL_DEL, r, 0, 0),
+                (Some((e, d)), Some(_)) => real_ctl(x.epfd, libc::EPOLL_CTL_MOD, r, e, d),
+                (Some((e, d)), None) => real_ctl(x.epfd, libc::EPOLL_CTL_ADD, r, e, d),
+            };
+            if n == 0 {
+                x.kern = x.want;
+            }
+            x.want.is_some() || x.kern.is_some()
+        });
+    }
+}
+
+/// Descriptors about to be polled or selected: those that are sets of
+/// ours are exposed ([`expose`]).
+pub(crate) fn expose_polled(fds: impl Iterator<Item = c_int>) {
+    if SETS_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let found: Vec<c_int> = {
+        let sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+        fds.filter(|fd| sets.get(fd).is_some_and(|s| !s.direct))
+            .collect()
+    };
+    for fd in found {
+        expose(fd);
+    }
+}
