@@ -148,7 +148,9 @@ pub(crate) unsafe fn conn_ctl(
     ) && (op == libc::EPOLL_CTL_DEL || app.is_some());
     // (before the locks: the library's own)
     let signalled = c.s.signal_fd().is_some();
-    let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    // (the connection's lock, then the sets': the sets' lock is taken last
+    // everywhere and held over nothing of the library's, whose threads poll
+    // through this library while they hold its own locks)
     let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
     let at = regs.rdy.iter().position(|x| x.epfd == epfd);
     if let (true, Some(k)) = (known, at) {
@@ -170,6 +172,7 @@ pub(crate) unsafe fn conn_ctl(
             return -1;
         }
     }
+    let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
     let here = sets.get(&epfd).is_some_and(|s| !s.direct && s.waiters == 0);
     let virtual_ok = known
         && here
@@ -194,10 +197,11 @@ pub(crate) unsafe fn conn_ctl(
         crate::poll::signal_ctl(c, &mut regs.sig, epfd, op, ev);
         return 0;
     }
+    drop(sets);
     // Direct: the kernel gets the application's registration as made
     // (from the state ours is in: one left in place is deleted or changed).
-    // (still under the sets' lock: a wait does not bring this registration
-    // up meanwhile)
+    // (under the connection's lock: a wait does not bring this
+    // registration up meanwhile)
     let kern = at.and_then(|k| regs.rdy[k].kern);
     let f = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
     let n = match (known, op, kern) {
@@ -242,12 +246,12 @@ pub(crate) unsafe fn conn_ctl(
                 dirty: false,
                 out: false,
             });
+            let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
             sets.entry(epfd).or_default();
             SETS_N.store(sets.len(), Ordering::Release);
         }
         None => {}
     }
-    drop(sets);
     crate::poll::signal_ctl(c, &mut regs.sig, epfd, op, ev);
     n
 }
