@@ -513,16 +513,7 @@ pub(crate) fn expose_all() {
 /// on a direct set brings nothing up, and changes go to the kernel.)
 fn materialize(fds: &[c_int]) {
     // (rare: once per set; a scan of the table then)
-    let conns: Vec<Arc<Conn>> = TABLE
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .filter_map(|e| match e {
-            Entry::Stream(c) => Some(c.clone()),
-            _ => None,
-        })
-        .collect();
-    for c in conns {
+    for c in streams() {
         let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
         let r = readiness(&c);
         regs.rdy.retain_mut(|x| {

@@ -563,16 +563,7 @@ pub(crate) fn set_closing(fd: c_int) {
         return;
     }
     // (rare: an event loop closes its set once; a scan of the table then)
-    let conns: Vec<Arc<Conn>> = TABLE
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .filter_map(|e| match e {
-            Entry::Stream(c) => Some(c.clone()),
-            _ => None,
-        })
-        .collect();
-    for c in conns {
+    for c in streams() {
         let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
         regs.sig.retain(|&(ep, _, _)| ep != fd);
         regs.rdy.retain(|x| x.epfd != fd);

@@ -211,6 +211,20 @@ pub(crate) fn get_raw(fd: RawFd) -> Option<Entry> {
         .cloned()
 }
 
+/// Every SMC-R connection in the table (a scan, for what is rare: an epoll
+/// set closed or exposed).
+pub(crate) fn streams() -> Vec<Arc<Conn>> {
+    TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .filter_map(|e| match e {
+            Entry::Stream(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 pub(crate) fn stream(fd: RawFd) -> Option<Arc<Conn>> {
     match get(fd)? {
         Entry::Stream(c) => Some(c),
