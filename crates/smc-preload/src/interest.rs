@@ -19,7 +19,7 @@
 //!   that does not sleep, as an event of the kernel's would be reported;
 //! * bits the application stopped waiting for are left registered (a
 //!   system call saved per change) until they fire for nobody, and then
-//!   taken off (`poll::fix_events`); a registration the application
+//!   taken off (`shown_mask`, from `poll::fix_events`); a registration the application
 //!   deleted stays too, until it fires, the connection closes, or the
 //!   application gives its data to another descriptor in the set.
 //!
@@ -97,13 +97,6 @@ const KERNEL_FLAGS: u32 =
 
 fn plain(events: u32) -> bool {
     events & KERNEL_FLAGS == 0
-}
-
-fn real_ctl(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> c_int {
-    let f = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
-    let mut e = libc::epoll_event { events, u64: data };
-    // SAFETY: an event of our own, on descriptors the caller names.
-    unsafe { f(epfd, op, fd, &mut e) }
 }
 
 /// What the kernel must have registered for a plain registration asking for
@@ -208,7 +201,7 @@ pub(crate) unsafe fn conn_ctl(
         (true, libc::EPOLL_CTL_ADD, Some(_)) => {
             // (a registration left in place: replaced, so that the
             // kernel's own ADD decides what this one may be)
-            real_ctl(epfd, libc::EPOLL_CTL_DEL, r, 0, 0);
+            ctl_own(epfd, libc::EPOLL_CTL_DEL, r, 0, 0);
             if let Some(k) = at {
                 regs.rdy[k].kern = None;
             }
@@ -377,7 +370,7 @@ fn bring_up(c: &Conn, x: &mut Rdy, need: u32, data: u64) {
     } else {
         libc::EPOLL_CTL_ADD
     };
-    if real_ctl(x.epfd, op, r, need, data) == 0 {
+    if ctl_own(x.epfd, op, r, need, data) == 0 {
         x.kern = Some((need, data));
     }
 }
@@ -405,12 +398,12 @@ pub(crate) fn shown_mask(c: &Conn, epfd: c_int, data: u64, orig: u32, now: u32) 
                     Some((e, d)) if d == data => {
                         let writable = e & OUT != 0 && now & OUT != 0;
                         let n = need(e, writable);
-                        if real_ctl(epfd, libc::EPOLL_CTL_MOD, r, n, d) == 0 {
+                        if ctl_own(epfd, libc::EPOLL_CTL_MOD, r, n, d) == 0 {
                             x.kern = Some((n, d));
                         }
                     }
                     _ => {
-                        if real_ctl(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
+                        if ctl_own(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
                             x.kern = None;
                         }
                     }
@@ -436,7 +429,7 @@ pub(crate) fn quiet(c: &Conn, rdy: &mut [Rdy], epfd: c_int, data: u64) {
     // (an application's own registration under other data is changed
     // virtually, so it waits for the next wait, which adds it again)
     if let Some(r) = readiness(c) {
-        if real_ctl(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
+        if ctl_own(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
             x.kern = None;
         }
     }
@@ -449,7 +442,7 @@ pub(crate) fn forget(c: &Conn, rdy: &[Rdy]) {
     let Some(r) = readiness(c) else { return };
     for x in rdy {
         if x.kern.is_some() && x.want.is_none() {
-            real_ctl(x.epfd, libc::EPOLL_CTL_DEL, r, 0, 0);
+            ctl_own(x.epfd, libc::EPOLL_CTL_DEL, r, 0, 0);
         }
     }
 }
@@ -527,9 +520,9 @@ fn materialize(fds: &[c_int]) {
             }
             let Some(r) = r else { return true };
             let n = match (x.want, x.kern) {
-                (None, _) => real_ctl(x.epfd, libc::EPOLL_CTL_DEL, r, 0, 0),
-                (Some((e, d)), Some(_)) => real_ctl(x.epfd, libc::EPOLL_CTL_MOD, r, e, d),
-                (Some((e, d)), None) => real_ctl(x.epfd, libc::EPOLL_CTL_ADD, r, e, d),
+                (None, _) => ctl_own(x.epfd, libc::EPOLL_CTL_DEL, r, 0, 0),
+                (Some((e, d)), Some(_)) => ctl_own(x.epfd, libc::EPOLL_CTL_MOD, r, e, d),
+                (Some((e, d)), None) => ctl_own(x.epfd, libc::EPOLL_CTL_ADD, r, e, d),
             };
             if n == 0 {
                 x.kern = x.want;

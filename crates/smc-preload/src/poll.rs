@@ -458,7 +458,6 @@ pub(crate) fn signal_ctl(
 ) {
     let Some(sfd) = c.s.signal_fd() else { return };
     let sfd = sfd.as_raw_fd();
-    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
     // SAFETY: the caller's event, if any.
     let ev = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
     let at = sets.iter().position(|&(s, _, _)| s == epfd);
@@ -472,34 +471,25 @@ pub(crate) fn signal_ctl(
     };
     match (at, ev) {
         (None, Some(e)) => {
-            let mut mine = libc::epoll_event {
-                events: events(&e) | e.events & libc::EPOLLEXCLUSIVE as u32,
-                u64: e.u64,
-            };
-            // SAFETY: our own descriptor into the application's set.
-            if unsafe { real_ctl(epfd, libc::EPOLL_CTL_ADD, sfd, &mut mine) } == 0 {
+            let mine = events(&e) | e.events & libc::EPOLLEXCLUSIVE as u32;
+            if ctl_own(epfd, libc::EPOLL_CTL_ADD, sfd, mine, e.u64) == 0 {
                 note_signal_set(epfd);
-                sets.push((epfd, mine.events, e.u64));
+                sets.push((epfd, mine, e.u64));
                 c.s.watch_signal(true);
                 let displaced = note_signalled(epfd, None, Some((e.u64, e.events)), c);
                 quiet_displaced(displaced, epfd, e.u64);
             }
         }
         (Some(k), Some(e)) => {
-            let mut mine = libc::epoll_event {
-                events: events(&e),
-                u64: e.u64,
-            };
+            let mine = events(&e);
             let was = sets[k].2;
             // (not waiting for readable, same data: left as registered, see
             // above; an edge-triggered or one-shot registration is armed
             // again by every MOD, as the application's own)
-            let lazy = mine.events == 0 && e.u64 == was;
-            if !lazy && ((mine.events, e.u64) != (sets[k].1, sets[k].2) || mine.events & keep != 0)
-            {
-                // SAFETY: as above.
-                unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd, &mut mine) };
-                sets[k].1 = mine.events;
+            let lazy = mine == 0 && e.u64 == was;
+            if !lazy && ((mine, e.u64) != (sets[k].1, sets[k].2) || mine & keep != 0) {
+                ctl_own(epfd, libc::EPOLL_CTL_MOD, sfd, mine, e.u64);
+                sets[k].1 = mine;
                 sets[k].2 = e.u64;
             }
             // (what the application asks for changes with every MOD)
@@ -687,13 +677,7 @@ fn turn_off(c: &Conn, sets: &mut [(c_int, u32, u64)], epfd: c_int, data: Option<
     if sets[k].1 == 0 || data.is_some_and(|d| d != sets[k].2) {
         return;
     }
-    let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
-    let mut none = libc::epoll_event {
-        events: 0,
-        u64: sets[k].2,
-    };
-    // SAFETY: our own descriptor, registered in the application's set.
-    unsafe { real_ctl(epfd, libc::EPOLL_CTL_MOD, sfd.as_raw_fd(), &mut none) };
+    ctl_own(epfd, libc::EPOLL_CTL_MOD, sfd.as_raw_fd(), 0, sets[k].2);
     sets[k].1 = 0;
 }
 

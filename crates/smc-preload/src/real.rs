@@ -37,3 +37,15 @@ pub(crate) fn real_fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     // SAFETY: libc's fcntl with the caller's arguments.
     unsafe { real!(fcntl: fn(c_int, c_int, c_ulong) -> c_int)(fd, cmd, arg) }
 }
+
+/// The kernel's `epoll_ctl` with an event of the library's own (`events`
+/// under `data`; none for `EPOLL_CTL_DEL`): for the descriptors the library
+/// registers in the application's sets itself (a connection's readiness
+/// descriptor, its peer signal).
+pub(crate) fn ctl_own(epfd: c_int, op: c_int, fd: c_int, events: u32, data: u64) -> c_int {
+    let f = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
+    let mut e = libc::epoll_event { events, u64: data };
+    // SAFETY: an event on this frame; the descriptors are the caller's to
+    // name (a closed one fails with EBADF, harmlessly).
+    unsafe { f(epfd, op, fd, &mut e) }
+}

@@ -54,19 +54,9 @@ impl Drop for Conn {
         }
         crate::poll::forget_signalled(self, &sets);
         if let Some(sfd) = self.s.signal_fd() {
-            let real_ctl =
-                real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
             for (ep, _, _) in sets {
-                // SAFETY: removes our own descriptor from a set of the
-                // application's (a set closed meanwhile fails harmlessly).
-                unsafe {
-                    real_ctl(
-                        ep,
-                        libc::EPOLL_CTL_DEL,
-                        sfd.as_raw_fd(),
-                        std::ptr::null_mut(),
-                    )
-                };
+                // (a set closed meanwhile fails harmlessly)
+                ctl_own(ep, libc::EPOLL_CTL_DEL, sfd.as_raw_fd(), 0, 0);
             }
         }
     }
