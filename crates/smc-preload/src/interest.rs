@@ -144,7 +144,7 @@ pub(crate) unsafe fn conn_ctl(
     // (the connection's lock, then the sets': the sets' lock is taken last
     // everywhere and held over nothing of the library's, whose threads poll
     // through this library while they hold its own locks)
-    let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+    let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
     let at = regs.rdy.iter().position(|x| x.epfd == epfd);
     if let (true, Some(k)) = (known, at) {
         // The application's view decides its errors, as the kernel's
@@ -306,7 +306,7 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
     // whose threads poll through this library too)
     for c in dirty {
         let Some(c) = c.upgrade() else { continue };
-        let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(x) = regs.rdy.iter_mut().find(|x| x.epfd == epfd) else {
             continue;
         };
@@ -324,7 +324,7 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
             gone.push(i);
             continue;
         };
-        let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(x) = regs.rdy.iter_mut().find(|x| x.epfd == epfd) else {
             gone.push(i);
             continue;
@@ -384,7 +384,7 @@ fn bring_up(c: &Conn, x: &mut Rdy, need: u32, data: u64) {
 /// triggered, would fire for nobody at every wait. (A bit the connection
 /// does not show was the peer signal's, spent: `poll::fix_events`.)
 pub(crate) fn shown_mask(c: &Conn, epfd: c_int, data: u64, orig: u32, now: u32) -> Option<u32> {
-    let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+    let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
     let x = regs.rdy.iter_mut().find(|x| x.epfd == epfd)?;
     let mask = match x.want {
         Some((e, d)) if d == data => e & ASKABLE | ALWAYS,
@@ -507,7 +507,7 @@ pub(crate) fn expose_all() {
 fn materialize(fds: &[c_int]) {
     // (rare: once per set; a scan of the table then)
     for c in streams() {
-        let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
         let r = readiness(&c);
         regs.rdy.retain_mut(|x| {
             if !fds.contains(&x.epfd) {

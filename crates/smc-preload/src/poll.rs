@@ -4,15 +4,17 @@ use super::*;
 
 /// What a poll on an SMC descriptor waits on instead: its readiness
 /// descriptor, and whether a read would return at once (bytes read ahead).
-pub(crate) fn poll_target(fd: c_int) -> Option<(RawFd, bool, Entry)> {
+/// (`look`: whether to look for bytes read ahead; `epoll_ctl` does not ask.)
+pub(crate) fn poll_target(fd: c_int, look: bool) -> Option<(RawFd, bool, Entry)> {
     match get_active(fd)? {
         Entry::Stream(c) => {
-            let now = c.s.has_pending()
-                || !c
-                    .peeked
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .is_empty();
+            let now = look
+                && (c.s.has_pending()
+                    || !c
+                        .peeked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_empty());
             let r = c.s.readiness_fd().ok()?.as_raw_fd();
             Some((r, now, Entry::Stream(c)))
         }
@@ -61,7 +63,7 @@ pub(crate) unsafe fn poll_via(
     let mut rsignals = Vec::new();
     let mut watched: Vec<Arc<Conn>> = Vec::new();
     for (k, p) in copy.iter_mut().enumerate() {
-        if let Some((r, ready, e)) = poll_target(p.fd) {
+        if let Some((r, ready, e)) = poll_target(p.fd, true) {
             p.fd = r;
             now[k] = ready && p.events & libc::POLLIN != 0;
             match &e {
@@ -381,16 +383,7 @@ pub unsafe extern "C" fn epoll_ctl(
 ) -> c_int {
     let real_ctl = real!(epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int);
     loop {
-        let target = match get_active(fd) {
-            None => None,
-            // (the readiness descriptor only: what a poll would also want
-            // to know now is not asked here)
-            Some(Entry::Stream(c)) => {
-                let r = c.s.readiness_fd().ok().map(|r| r.as_raw_fd());
-                r.map(|r| (r, false, Entry::Stream(c)))
-            }
-            Some(_) => poll_target(fd),
-        };
+        let target = poll_target(fd, false);
         if !matches!(target, Some((_, _, Entry::Stream(_)))) {
             // SAFETY: the caller's event.
             unsafe { data_given_away(epfd, op, ev) };
@@ -525,7 +518,7 @@ fn note_signal_set(epfd: c_int) {
 /// Descriptor `fd` is about to be closed (or replaced by `dup2`/`dup3`):
 /// if it is an epoll set with peer signals registered, the kernel drops
 /// their registrations with it, and so do the connections' records of them
-/// ([`Conn::signalled_in`], [`SIGNALLED`]). Without this, a set created
+/// ([`Conn::regs`], [`SIGNALLED`]). Without this, a set created
 /// later under the same number looked like the old one: the signal seemed
 /// registered there and was not (a connection added to it was never woken
 /// by its peer). Before the close, so that a set another thread creates
@@ -554,7 +547,7 @@ pub(crate) fn set_closing(fd: c_int) {
     }
     // (rare: an event loop closes its set once; a scan of the table then)
     for c in streams() {
-        let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
         regs.sig.retain(|&(ep, _, _)| ep != fd);
         regs.rdy.retain(|x| x.epfd != fd);
     }
@@ -647,7 +640,7 @@ unsafe fn data_given_away(epfd: c_int, op: c_int, ev: *const libc::epoll_event) 
         o
     };
     if let Some(o) = o {
-        let mut regs = o.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+        let mut regs = o.regs.lock().unwrap_or_else(|e| e.into_inner());
         turn_off(&o, &mut regs.sig, epfd, Some(data));
         crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
     }
@@ -660,7 +653,7 @@ unsafe fn data_given_away(epfd: c_int, op: c_int, ev: *const libc::epoll_event) 
 /// changing `o`'s registrations itself.)
 fn quiet_displaced(o: Option<Arc<Conn>>, epfd: c_int, data: u64) {
     let Some(o) = o else { return };
-    let Ok(mut regs) = o.signalled_in.try_lock() else {
+    let Ok(mut regs) = o.regs.try_lock() else {
         return;
     };
     turn_off(&o, &mut regs.sig, epfd, Some(data));
@@ -758,7 +751,7 @@ unsafe fn fix_events(
             // level-triggered set would report it again and again. (A
             // signal with nothing behind it was drained and armed again by
             // the look above: it stays.)
-            let mut regs = c.signalled_in.lock().unwrap_or_else(|e| e.into_inner());
+            let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
             turn_off(&c, &mut regs.sig, epfd, None);
         }
         // What the application's registration shows (the readiness

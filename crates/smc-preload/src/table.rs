@@ -10,7 +10,7 @@ pub(crate) struct Conn {
     pub(crate) peeked: Mutex<Vec<u8>>,
     /// The connection's registrations in the application's epoll sets
     /// (its peer signal's and its readiness descriptor's).
-    pub(crate) signalled_in: Mutex<Regs>,
+    pub(crate) regs: Mutex<Regs>,
 }
 
 /// A connection's registrations in the application's epoll sets.
@@ -31,7 +31,7 @@ impl Conn {
         Conn {
             s,
             peeked: Mutex::new(Vec::new()),
-            signalled_in: Mutex::new(Regs::default()),
+            regs: Mutex::new(Regs::default()),
         }
     }
 }
@@ -42,11 +42,7 @@ impl Drop for Conn {
         // anywhere, and the signal's descriptor is the connection's own
         // duplicate, closed with it: out of the sets first, so that they
         // do not report it under the application's data after its close.
-        let regs = std::mem::take(
-            self.signalled_in
-                .get_mut()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+        let regs = std::mem::take(self.regs.get_mut().unwrap_or_else(|e| e.into_inner()));
         crate::interest::forget(self, &regs.rdy);
         let sets = regs.sig;
         if sets.is_empty() {
