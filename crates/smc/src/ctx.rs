@@ -1722,26 +1722,22 @@ impl Drop for Locked<'_> {
             // that is armed now, then looked at once (`Endpoint::arm_sends`).
             // (not while unwinding: no pump in a panicking thread)
             let look = !std::thread::panicking();
-            let missed =
-                match self
-                    .guard
-                    .as_mut()
-                    .filter(|_| look)
-                    .map(|ep| -> smc_rdma::Result<bool> {
-                        // (and the receive CQs of links made meanwhile — a
-                        // first contact's: its CONFIRM_LINK comes on them)
-                        let new = ep.arm_new_links()?;
-                        Ok(ep.arm_sends()? || new)
-                    }) {
-                    Some(Ok(true)) => {
-                        if let Some(ep) = self.guard.as_mut() {
-                            self.shared.pump(ep);
-                        }
-                        false
+            // (and the receive CQs of links made meanwhile — a first
+            // contact's: its CONFIRM_LINK comes on them)
+            let armed = |ep: &mut MutexGuard<'_, Endpoint<AnyProvider>>| -> smc_rdma::Result<bool> {
+                let new = ep.arm_new_links()?;
+                Ok(ep.arm_sends()? || new)
+            };
+            let missed = match self.guard.as_mut().filter(|_| look).map(armed) {
+                Some(Ok(true)) => {
+                    if let Some(ep) = self.guard.as_mut() {
+                        self.shared.pump(ep);
                     }
-                    Some(Ok(false)) | None => false,
-                    Some(Err(_)) => true,
-                };
+                    false
+                }
+                Some(Ok(false)) | None => false,
+                Some(Err(_)) => true,
+            };
             // A call may have left work for a pump now (a handshake's or a
             // close's step: `Endpoint::poll_timeout` is now): done here,
             // under the lock this thread holds, rather than by the leader,

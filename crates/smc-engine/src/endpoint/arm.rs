@@ -85,8 +85,13 @@ impl<P: Provider> Endpoint<P> {
         let mut armed = false;
         for l in 0..self.lgrs.len() {
             for slot in 0..smc_proto::link::LINK_SLOTS {
+                // (the look at the send side only for a link to arm: this
+                // runs at every release of the endpoint's lock)
+                if self.link_res_mut(l, slot).is_none_or(|r| r.recv_armed) {
+                    continue;
+                }
                 let send = self.awaits_send_completions(l, slot);
-                if let Some(res) = self.link_res_mut(l, slot).filter(|r| !r.recv_armed) {
+                if let Some(res) = self.link_res_mut(l, slot) {
                     res.arm(send)?;
                     armed = true;
                 }
