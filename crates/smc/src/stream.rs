@@ -911,6 +911,21 @@ impl SmcStream {
     /// drained. For an event loop whose wait the signal ended. `None`:
     /// not known here (not SMC-R, no readiness descriptor).
     pub fn signalled_events(&self) -> Option<u32> {
+        self.events_after_signal(true)
+    }
+
+    /// What `epoll` would report for the connection now, as
+    /// [`SmcStream::signalled_events`] says it (a CDC the peer signalled
+    /// taken first), but without draining or arming the signal: a look for
+    /// a poller that asks whether the connection can be written, which
+    /// costs no system call. `None`: not known here.
+    pub fn ready_events(&self) -> Option<u32> {
+        self.events_after_signal(false)
+    }
+
+    /// [`SmcStream::signalled_events`] (`spent`: a spent signal drained and
+    /// armed again) and [`SmcStream::ready_events`].
+    fn events_after_signal(&self, spent: bool) -> Option<u32> {
         let Ok(Some(c)) = self.smc_conn() else {
             return None;
         };
@@ -918,10 +933,12 @@ impl SmcStream {
             return None;
         };
         if let Some(s) = r.signal.as_ref().filter(|s| s.polled()) {
-            if s.bell.polled_taken() {
+            let taken = s.bell.polled_taken();
+            if taken {
                 c.shared.take_held_cdc(f);
             }
-            if f.level().readable == 0 {
+            let rearm = spent && f.level().readable == 0;
+            if rearm {
                 // Nothing (more) to read: the signal is spent, or stale (a
                 // peer's write that came after a drain), and a level-
                 // triggered wait would see it again and again. Drained
@@ -931,26 +948,7 @@ impl SmcStream {
                 s.bell.arm_polled();
                 c.shared.take_held_cdc(f);
             }
-            f.refresh();
-        }
-        Some(ctx::shown_level(f, &c.shared).epoll_events())
-    }
-
-    /// What `epoll` would report for the connection now, as
-    /// [`SmcStream::signalled_events`] says it (a CDC the peer signalled
-    /// taken first), but without draining or arming the signal: a look for
-    /// a poller that asks whether the connection can be written, which
-    /// costs no system call. `None`: not known here.
-    pub fn ready_events(&self) -> Option<u32> {
-        let Ok(Some(c)) = self.smc_conn() else {
-            return None;
-        };
-        let (Some(f), Some(r)) = (c.fast_conn(), c.ready.get()) else {
-            return None;
-        };
-        if let Some(s) = r.signal.as_ref().filter(|s| s.polled()) {
-            if s.bell.polled_taken() {
-                c.shared.take_held_cdc(f);
+            if spent || taken {
                 f.refresh();
             }
         }
