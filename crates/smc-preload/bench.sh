@@ -9,11 +9,13 @@
 # server's processes pinned to CPU 0 and the client's to CPU 1, same = both
 # on CPU 0, free = not pinned (the scheduler's choice, which moves ratios
 # between runs). The library's threads run where their process is pinned.
+# SMC_RUN names another build's smc_run (it loads the library next to it),
+# to compare builds.
 set -euo pipefail
 T=${1:-3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cargo build -q --release -p smc-preload --manifest-path "$ROOT/Cargo.toml"
-SMC_RUN="$ROOT/target/release/smc_run"
+SMC_RUN=${SMC_RUN:-$ROOT/target/release/smc_run}
 W=$(mktemp -d /tmp/smc-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; sleep 0.3; rm -rf "$W"' EXIT
 mkdir -p "$W/run" "$W/conf" "$W/www" "$W/tmp"

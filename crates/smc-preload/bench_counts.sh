@@ -3,14 +3,17 @@
 # over each whole process), beside bench.sh's rates:
 #   crates/smc-preload/bench_counts.sh MODE TEST   (root; release build first)
 #   MODE: smc (both under smc_run) or tcp;  TEST: redis (redis-benchmark -t get
-#   -n 100000 -c 50 against redis-server) or pp (sockperf ping-pong, 3 s).
-#   EV=perf,events,... replaces the default events.
+#   -n 100000 -c 50 against redis-server), pp (sockperf ping-pong, 3 s) or wrk
+#   (wrk -t 2 -c 50 -d 3 against nginx with 2 workers, a 100-byte page).
+#   EV=perf,events,... replaces the default events. SRV_CPUS / CLI_CPUS pin
+#   the server / client (taskset CPU lists; unpinned if unset). SMC_RUN names
+#   another build's smc_run (it loads the library next to it), to compare.
 # Prints each side's counts divided by the requests (round trips for pp).
 set -euo pipefail
 MODE=$1; TEST=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cargo build -q --release -p smc-preload --manifest-path "$ROOT/Cargo.toml"
-SMC_RUN="$ROOT/target/release/smc_run"
+SMC_RUN=${SMC_RUN:-$ROOT/target/release/smc_run}
 W=$(mktemp -d /tmp/smc-counts.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/run" "$W/conf"
@@ -18,18 +21,38 @@ printf 'rundir %s/run\ndevice shm-lo netdev lo\n' "$W" >"$W/shm.conf"
 export SMC_RDMA_SHM_CONFIG="$W/shm.conf" SMC_RS_CONFIG_DIR="$W/conf" SMC_RUN_STATE="$W/state"
 EV=${EV:-task-clock,context-switches,syscalls:sys_enter_futex,raw_syscalls:sys_enter}
 pre=""; [ "$MODE" = smc ] && pre="$SMC_RUN"
+spin=(); [ -n "${SRV_CPUS:-}" ] && spin=(taskset -c "$SRV_CPUS")
+cpin=(); [ -n "${CLI_CPUS:-}" ] && cpin=(taskset -c "$CLI_CPUS")
 p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 if [ "$TEST" = redis ]; then
-  perf stat -x, -e "$EV" -o "$W/srv" $pre redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
+  "${spin[@]}" perf stat -x, -e "$EV" -o "$W/srv" $pre redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
   perfpid=$!
   N=100000
   sleep 0.7
-  perf stat -x, -e "$EV" -o "$W/cli" $pre redis-benchmark -p "$p" -t get -n $N -c 50 -q 2>&1 | tr '\r' '\n' | grep -a "GET:" | tail -1
+  "${cpin[@]}" perf stat -x, -e "$EV" -o "$W/cli" $pre redis-benchmark -p "$p" -t get -n $N -c 50 -q 2>&1 | tr '\r' '\n' | grep -a "GET:" | tail -1
+elif [ "$TEST" = wrk ]; then
+  mkdir -p "$W/www" "$W/tmp"
+  head -c 100 /dev/zero >"$W/www/index.html"
+  cat >"$W/nginx.conf" <<EOF
+daemon off; master_process on; worker_processes 2; user root;
+pid $W/nginx.pid; error_log $W/error.log;
+events { worker_connections 1024; }
+http { access_log off; sendfile on;
+  client_body_temp_path $W/tmp; proxy_temp_path $W/tmp; fastcgi_temp_path $W/tmp;
+  uwsgi_temp_path $W/tmp; scgi_temp_path $W/tmp;
+  server { listen 127.0.0.1:$p; root $W/www; } }
+EOF
+  "${spin[@]}" perf stat -x, -e "$EV" -o "$W/srv" $pre nginx -c "$W/nginx.conf" -p "$W" >/dev/null 2>&1 &
+  perfpid=$!
+  sleep 1
+  out=$("${cpin[@]}" perf stat -x, -e "$EV" -o "$W/cli" $pre wrk -t 2 -c 50 -d 3 "http://127.0.0.1:$p/index.html" 2>&1)
+  echo "$out" | grep -a "Requests/sec"
+  N=$(echo "$out" | sed -n 's/^ *\([0-9]*\) requests in.*/\1/p')
 else
-  perf stat -x, -e "$EV" -o "$W/srv" $pre sockperf sr --tcp -i 127.0.0.1 -p "$p" >/dev/null 2>&1 &
+  "${spin[@]}" perf stat -x, -e "$EV" -o "$W/srv" $pre sockperf sr --tcp -i 127.0.0.1 -p "$p" >/dev/null 2>&1 &
   perfpid=$!
   sleep 0.7
-  out=$(perf stat -x, -e "$EV" -o "$W/cli" $pre sockperf pp --tcp -i 127.0.0.1 -p "$p" -t 3 2>&1)
+  out=$("${cpin[@]}" perf stat -x, -e "$EV" -o "$W/cli" $pre sockperf pp --tcp -i 127.0.0.1 -p "$p" -t 3 2>&1)
   echo "$out" | grep -a "Summary: Latency is" | sed 's/.*Summary/Summary/'
   N=$(echo "$out" | sed -n 's/.*\[Valid Duration\].*ReceivedMessages=\([0-9]*\).*/\1/p' | head -1)
 fi
