@@ -324,9 +324,8 @@ step_cases() {
     # A control case (the kernel on both VMs) proves the harness and pins the
     # kernel's own behaviour; it does not test smc-rs. Linux 6.12 over rxe under
     # emulation has failed such cases: a kernel<->kernel transfer ended in EOF on one
-    # side while the other hung, and CI runs lost a VM in smcr.kc (the third case, no
-    # smc-rs before it) to a guest kernel panic (slab corruption under rxe_requester's
-    # skb allocation), twice in a row once. Such a case runs again, up to twice more,
+    # side while the other hung, and a guest kernel has panicked in smcr.kc (slab
+    # corruption under rxe_requester's skb allocation). Such a case runs again, up to twice more,
     # and every attempt is reported; when a VM died or stopped answering, on two fresh
     # VMs. If every attempt ended in a guest kernel panic, the case is reported as
     # KERNEL-PANIC (the kernel's own crash with no smc-rs in it), not counted as a
