@@ -465,9 +465,15 @@ pub(crate) fn signal_ctl(
     match (at, ev) {
         (None, Some(e)) => {
             let mine = events(&e) | e.events & libc::EPOLLEXCLUSIVE as u32;
+            // (an edge-triggered or exclusive registration's signal is
+            // written for every CDC from before it is made on)
+            if mine & EDGE != 0 {
+                c.s.signal_level(false);
+            }
             if ctl_own(epfd, libc::EPOLL_CTL_ADD, sfd, mine, e.u64) == 0 {
                 note_signal_set(epfd);
                 sets.push((epfd, mine, e.u64));
+                signal_mode(c, sets);
                 c.s.watch_signal(true);
                 let displaced = note_signalled(epfd, None, Some((e.u64, e.events)), c);
                 quiet_displaced(displaced, epfd, e.u64);
@@ -481,9 +487,14 @@ pub(crate) fn signal_ctl(
             // again by every MOD, as the application's own)
             let lazy = mine == 0 && e.u64 == was;
             if !lazy && ((mine, e.u64) != (sets[k].1, sets[k].2) || mine & keep != 0) {
+                // (as for an ADD)
+                if mine & EDGE != 0 && sets[k].1 & EDGE == 0 {
+                    c.s.signal_level(false);
+                }
                 ctl_own(epfd, libc::EPOLL_CTL_MOD, sfd, mine, e.u64);
                 sets[k].1 = mine;
                 sets[k].2 = e.u64;
+                signal_mode(c, sets);
             }
             // (what the application asks for changes with every MOD)
             let displaced = note_signalled(epfd, Some(was), Some((e.u64, e.events)), c);
@@ -498,6 +509,20 @@ pub(crate) fn signal_ctl(
         (None, None) => {}
     }
 }
+
+/// Tells the connection how its signal's registrations `sets` wait
+/// (`SmcStream::signal_level`): level-triggered unless one is
+/// edge-triggered or exclusive (an exclusive one wakes one waiter per
+/// write). `poll` and `select` wait level-triggered. A registration left
+/// edge-triggered while the application does not wait for readable (see
+/// [`signal_ctl`]) still counts: it is armed again as it was.
+fn signal_mode(c: &Conn, sets: &[(c_int, u32, u64)]) {
+    c.s.signal_level(sets.iter().all(|&(_, ev, _)| ev & EDGE == 0));
+}
+
+/// Registrations that need the peer signal written for every CDC
+/// ([`signal_mode`]).
+const EDGE: u32 = (libc::EPOLLET | libc::EPOLLEXCLUSIVE) as u32;
 
 /// The application's epoll sets that a peer signal was registered in
 /// (`signal_ctl`): when one is closed, the records of its registrations

@@ -732,6 +732,18 @@ pub trait Bell: Send + Sync {
     /// The bell no longer armed for a poller, `poll_fd` drained (the last
     /// poller is gone).
     fn disarm_polled(&self) {}
+    /// Says how the owner's pollers wait on `poll_fd`: `true`, all of them
+    /// level-triggered (`poll`, `select`, `epoll` without `EPOLLET` or
+    /// `EPOLLEXCLUSIVE`), which see `poll_fd` readable until the next
+    /// [`Self::arm_polled`] drains it, so the first SEND after an arm
+    /// needs to write it and the others need not; `false` (the default, and
+    /// what a region's next connection starts with), some wait
+    /// edge-triggered, which are woken only by a write, and every SEND
+    /// writes it, as TCP wakes them for every segment. Takes effect at once,
+    /// also for a bell armed already.
+    fn set_poll_level(&self, level: bool) {
+        let _ = level;
+    }
 }
 
 /// A shared handle to a [`Bell`].

@@ -1187,6 +1187,64 @@ fn a_send_makes_a_pollers_eventfd_readable_instead_of_signalling_its_channel() {
     assert!(!bell.release());
 }
 
+/// The eventfd's counter (how many writes since the last drain), read,
+/// which drains it.
+fn efd_count(fd: std::os::fd::BorrowedFd<'_>) -> u64 {
+    use std::io::Read;
+    let mut f = std::fs::File::from(fd.try_clone_to_owned().unwrap());
+    let mut b = [0u8; 8];
+    match f.read(&mut b) {
+        Ok(8) => u64::from_ne_bytes(b),
+        _ => 0,
+    }
+}
+
+/// An owner whose pollers wait level-triggered (`Bell::set_poll_level`)
+/// has its eventfd written once for the SENDs that come between two arms:
+/// it stays readable until the next arm drains it; the SENDs are all in the
+/// receive queue, none signalled the channel. Pollers that wait
+/// edge-triggered get a write for every SEND.
+#[test]
+fn a_level_pollers_eventfd_is_written_once_between_two_arms() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    let r = h.remote.mr;
+    let bell = h.peer.ep.mr.doorbell().expect("shm regions have doorbells");
+    let fd = bell.poll_fd().expect("a region's doorbell has an eventfd");
+    write_4(&h, 1);
+    for i in 1..=8 {
+        h.peer.post_recv(i, RECV_AREA, 64).unwrap();
+    }
+    h.peer.ep.rcq.req_notify().unwrap();
+    let _ = h.peer.ep.chan.try_get_event();
+    let mut wr = 2;
+    for (level, writes) in [(true, 1), (false, 3), (true, 1)] {
+        bell.set_poll_level(level);
+        assert!(bell.arm_polled());
+        assert!(!readable(fd, Duration::ZERO), "arm_polled drains");
+        for _ in 0..3 {
+            h.local.qp.post_send_ringing(&cdc(wr), r.rkey).unwrap();
+            wr += 1;
+        }
+        assert!(readable(fd, Duration::from_secs(2)), "level {level}");
+        assert!(bell.polled_taken());
+        assert_eq!(efd_count(fd), writes, "level {level}: eventfd writes");
+        assert_eq!(h.peer.ep.poll_recv().len(), 3, "level {level}");
+        assert!(
+            !h.peer.ep.chan.try_get_event().unwrap(),
+            "level {level}: a SEND signalled the channel"
+        );
+        h.peer.ep.rcq.req_notify().unwrap();
+        for i in 0..3 {
+            h.peer.post_recv(10 + wr + i, RECV_AREA, 64).unwrap();
+        }
+    }
+    // disarmed, then a SEND: the channel, not the eventfd
+    bell.disarm_polled();
+    h.local.qp.post_send_ringing(&cdc(wr), r.rkey).unwrap();
+    assert!(h.peer.ep.chan.wait(Duration::from_secs(2)).unwrap());
+    assert!(!readable(fd, Duration::ZERO));
+}
+
 /// A region whose owner has an eventfd but did not arm for polling: a SEND
 /// that names it signals the channel as before and leaves the eventfd
 /// alone; so does one while a thread of the owner holds the bell

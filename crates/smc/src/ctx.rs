@@ -331,6 +331,8 @@ impl Drop for ConnReadiness {
             if s.pollers.load(Ordering::Acquire) > 0 {
                 s.bell.disarm_polled();
             }
+            // (the region's next connection starts with pollers of its own)
+            s.bell.set_poll_level(false);
         }
     }
 }

@@ -903,6 +903,20 @@ impl SmcStream {
         }
     }
 
+    /// Says how the pollers of [`SmcStream::signal_fd`] wait: `true`, all
+    /// level-triggered (`poll`, `select`, `epoll` without `EPOLLET` or
+    /// `EPOLLEXCLUSIVE`), so that the peer writes the signal once for all
+    /// the CDCs that come until a look drains it
+    /// ([`SmcStream::signalled_events`], a read that would block); `false`
+    /// (the default), some wait edge-triggered, and the peer writes it for
+    /// every CDC, as TCP wakes such a poller for every segment.
+    pub fn signal_level(&self, level: bool) {
+        let Ok(Some(c)) = self.smc_conn() else { return };
+        if let Some(s) = c.signal() {
+            s.bell.set_poll_level(level);
+        }
+    }
+
     /// What `epoll` would report for the connection now, as TCP's poll does
     /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP` bits of `libc`'s
     /// values), after taking what the peer signalled through

@@ -143,6 +143,11 @@ pub(super) struct LocalMr {
     /// by the memory's registrations as the word is: the last one to leave
     /// a word still marked asleep takes the mark back (`ShmBell::wait`).
     pub(super) bell_sleepers: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether the doorbell's pollers all wait level-triggered
+    /// (`Bell::set_poll_level`), shared by the memory's registrations as
+    /// the word is; kept here, not read back from the word, which the peer
+    /// can write.
+    pub(super) bell_level: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LocalMr {

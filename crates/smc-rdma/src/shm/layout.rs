@@ -78,6 +78,21 @@ pub const BELL_POLLED: u64 = 3;
 /// SEND between two arms is announced by the eventfd, none by the channel,
 /// so the owner's readiness descriptor need not show what they bring.
 pub const BELL_SIGNALLED: u64 = 4;
+/// `MR_BELL`: as [`BELL_POLLED`], for an event loop that waits
+/// level-triggered (`verbs::Bell::set_poll_level`): the region's eventfd,
+/// once written, stays readable until the owner arms the bell again (it
+/// drains it only then, and looks at its ring after), so one write
+/// announces every SEND until that arm. The peer's next SEND naming the
+/// region sets [`BELL_SIGNALLED_LEVEL`] and writes the eventfd, as for
+/// [`BELL_POLLED`].
+pub const BELL_POLLED_LEVEL: u64 = 6;
+/// `MR_BELL`: a peer's SEND took the word [`BELL_POLLED_LEVEL`] and writes
+/// (or has written) the region's eventfd. A further SEND takes it again
+/// silently (it stays): it writes nothing, as the eventfd is readable
+/// until the owner's next arm, whose look comes after its drain, and it
+/// does not signal the owner's channel. (An edge-triggered poller needs a
+/// write per SEND, as TCP wakes one for every segment: [`BELL_SIGNALLED`].)
+pub const BELL_SIGNALLED_LEVEL: u64 = 7;
 /// Registrations a region's memory may have at once: the first one and
 /// `MR_REGS - 1` further ones (SMC-R has at most three links per group).
 pub const MR_REGS: usize = 8;

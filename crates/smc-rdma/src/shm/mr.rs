@@ -82,6 +82,7 @@ impl ProtectionDomain for ShmPd {
             _first: None,
             bell_efd: Arc::default(),
             bell_sleepers: Arc::default(),
+            bell_level: Arc::default(),
         });
         lkeys.insert(lkey, mr.clone());
         rkeys.insert(rkey, mr.clone());
@@ -159,6 +160,7 @@ impl ProtectionDomain for ShmPd {
             regs: first.regs.clone(),
             bell_efd: first.bell_efd.clone(),
             bell_sleepers: first.bell_sleepers.clone(),
+            bell_level: first.bell_level.clone(),
             _first: Some(first),
         });
         lkeys.insert(lkey, shared.clone());
@@ -229,6 +231,8 @@ struct ShmBell {
     efd: Arc<OnceLock<Option<EventFd>>>,
     /// Threads of ours in [`Bell::wait`] on this word (`LocalMr::bell_sleepers`).
     sleepers: Arc<AtomicUsize>,
+    /// Whether its pollers all wait level-triggered (`LocalMr::bell_level`).
+    level: Arc<AtomicBool>,
 }
 
 impl ShmBell {
@@ -358,23 +362,56 @@ impl Bell for ShmBell {
                 // a thread of ours waits or holds: it takes what comes
                 return false;
             }
-            // (0, POLLED, SIGNALLED, or what a peer wrote: ours to set)
-            match w.compare_exchange(was, BELL_POLLED, SeqCst, SeqCst) {
+            // (0, a poller's arm or signal, or what a peer wrote: ours to set)
+            let to = if self.level.load(SeqCst) {
+                BELL_POLLED_LEVEL
+            } else {
+                BELL_POLLED
+            };
+            match w.compare_exchange(was, to, SeqCst, SeqCst) {
                 Ok(_) => return true,
                 Err(now) => was = now,
             }
         }
     }
     fn polled_taken(&self) -> bool {
-        self.word().load(SeqCst) == BELL_SIGNALLED
+        matches!(
+            self.word().load(SeqCst),
+            BELL_SIGNALLED | BELL_SIGNALLED_LEVEL
+        )
     }
     fn disarm_polled(&self) {
         let w = self.word();
-        for was in [BELL_POLLED, BELL_SIGNALLED] {
+        for was in [
+            BELL_POLLED,
+            BELL_SIGNALLED,
+            BELL_POLLED_LEVEL,
+            BELL_SIGNALLED_LEVEL,
+        ] {
             let _ = w.compare_exchange(was, 0, SeqCst, SeqCst);
         }
         if let Some(e) = self.efd.get().and_then(Option::as_ref) {
             e.drain();
+        }
+    }
+    fn set_poll_level(&self, level: bool) {
+        if self.level.swap(level, SeqCst) == level {
+            return;
+        }
+        // An arm made in the other mode changes with it: to level, a word
+        // signalled stays readable until the next arm drains it (its
+        // SEND writes the eventfd); to edge, the next SEND writes it again
+        // (one that took the word level before this wrote it when it took
+        // it from an arm, or takes it again once published and finds it
+        // changed, see `QpInner::progress_send`).
+        let pairs = [
+            (BELL_POLLED, BELL_POLLED_LEVEL),
+            (BELL_SIGNALLED, BELL_SIGNALLED_LEVEL),
+        ];
+        let w = self.word();
+        for (edge, lvl) in pairs {
+            let (from, to) = if level { (edge, lvl) } else { (lvl, edge) };
+            let _ = w.compare_exchange(from, to, SeqCst, SeqCst);
         }
     }
 }
@@ -387,16 +424,21 @@ impl Bell for ShmBell {
 /// three leave it [`BELL_HELD`];
 /// [`BELL_POLLED`]: an event loop of the owner waits for the region's
 /// eventfd, to be written once what it waits for is there, and the word is
-/// [`BELL_SIGNALLED`] now). Taken by compare-and-swap, so that an owner
-/// changing the word meanwhile (a poller re-arming) is not overwritten.
+/// [`BELL_SIGNALLED`] now; [`BELL_POLLED_LEVEL`] the same for an event
+/// loop that waits level-triggered, [`BELL_SIGNALLED_LEVEL`] now). Taken by
+/// compare-and-swap, so that an owner changing the word meanwhile (a poller
+/// re-arming) is not overwritten.
 /// Not taken: a word armed for a poller when we have no eventfd (the region
 /// is marked to be fetched again with it, `QpInner::fetch_bell_fd`), or
 /// anything else the owner's peer wrote. A word signalled already and not
-/// armed again since ([`BELL_SIGNALLED`]) is taken again, left as it is:
-/// the owner's event loop has not looked since the last signal (it may
-/// read part of what came and wait again), so this SEND signals it too;
-/// an owner re-arming meanwhile drains the eventfd and then looks at the
-/// ring, which has this slot once its signal can have been drained.
+/// armed again since ([`BELL_SIGNALLED`], [`BELL_SIGNALLED_LEVEL`]) is taken
+/// again, left as it is: the owner's event loop has not looked since the
+/// last signal (it may read part of what came and wait again). An
+/// edge-triggered one needs this SEND to signal it too; a level-triggered
+/// one sees the eventfd readable still (the caller writes it only for a
+/// word it took from an arm). An owner re-arming meanwhile drains the
+/// eventfd and then looks at the ring, which has this slot once its signal
+/// can have been drained.
 pub(super) fn take_bell(m: &PeerMr) -> u64 {
     let w = MrView(&m.mem, 0).h(MR_BELL);
     let mut was = w.load(SeqCst);
@@ -406,7 +448,8 @@ pub(super) fn take_bell(m: &PeerMr) -> u64 {
         let to = match was {
             BELL_ARMED | BELL_ASLEEP | BELL_HELD => BELL_HELD,
             BELL_POLLED | BELL_SIGNALLED if m.efd.is_some() => BELL_SIGNALLED,
-            BELL_POLLED => {
+            BELL_POLLED_LEVEL | BELL_SIGNALLED_LEVEL if m.efd.is_some() => BELL_SIGNALLED_LEVEL,
+            BELL_POLLED | BELL_POLLED_LEVEL => {
                 let _ = m
                     .efd_want
                     .compare_exchange(EFD_NONE, EFD_WANTED, Relaxed, Relaxed);
@@ -433,6 +476,7 @@ impl MemoryRegion for ShmMr {
             off: self.mr.base + MR_BELL,
             efd: self.mr.bell_efd.clone(),
             sleepers: self.mr.bell_sleepers.clone(),
+            level: self.mr.bell_level.clone(),
         }))
     }
     fn lkey(&self) -> u32 {
@@ -621,6 +665,7 @@ mod tests {
             off: MR_BELL,
             efd: Arc::default(),
             sleepers: Arc::default(),
+            level: Arc::default(),
         }
     }
 
@@ -762,6 +807,14 @@ mod tests {
             (BELL_POLLED, BELL_POLLED, BELL_SIGNALLED),
             // (signalled, not armed again since: signalled again)
             (BELL_SIGNALLED, BELL_SIGNALLED, BELL_SIGNALLED),
+            (BELL_POLLED_LEVEL, BELL_POLLED_LEVEL, BELL_SIGNALLED_LEVEL),
+            // (the same for a level-triggered poller; the caller writes
+            // nothing for it, see `progress_send`)
+            (
+                BELL_SIGNALLED_LEVEL,
+                BELL_SIGNALLED_LEVEL,
+                BELL_SIGNALLED_LEVEL,
+            ),
             (77, 0, 77),
         ] {
             w.store(word, SeqCst);
@@ -773,9 +826,41 @@ mod tests {
         // fetched again for its eventfd
         let m = peer_mr(None);
         let w = MrView(&m.mem, 0).h(MR_BELL);
-        w.store(BELL_POLLED, SeqCst);
-        assert_eq!(take_bell(&m), 0);
-        assert_eq!(w.load(SeqCst), BELL_POLLED);
+        for word in [BELL_POLLED, BELL_POLLED_LEVEL] {
+            w.store(word, SeqCst);
+            assert_eq!(take_bell(&m), 0);
+            assert_eq!(w.load(SeqCst), word);
+        }
         assert_eq!(m.efd_want.load(Relaxed), EFD_WANTED);
+    }
+
+    /// The owner's arm for a poller follows the mode it was told, a mode
+    /// change carries an arm (or a signal) already made with it, and the
+    /// owner's look and disarm take either mode's words.
+    #[test]
+    fn a_pollers_arm_follows_its_mode() {
+        let b = bell();
+        assert!(b.arm_polled());
+        assert_eq!(b.word().load(SeqCst), BELL_POLLED);
+        b.set_poll_level(true);
+        assert_eq!(b.word().load(SeqCst), BELL_POLLED_LEVEL);
+        assert!(b.arm_polled());
+        assert_eq!(b.word().load(SeqCst), BELL_POLLED_LEVEL);
+        b.word().store(BELL_SIGNALLED_LEVEL, SeqCst);
+        assert!(b.polled_taken());
+        b.set_poll_level(false);
+        assert_eq!(b.word().load(SeqCst), BELL_SIGNALLED);
+        assert!(b.polled_taken());
+        b.set_poll_level(true);
+        assert_eq!(b.word().load(SeqCst), BELL_SIGNALLED_LEVEL);
+        // (a thread's wait is not a mode's to change)
+        b.word().store(BELL_HELD, SeqCst);
+        b.set_poll_level(false);
+        assert_eq!(b.word().load(SeqCst), BELL_HELD);
+        b.set_poll_level(true);
+        b.word().store(BELL_SIGNALLED_LEVEL, SeqCst);
+        b.disarm_polled();
+        assert_eq!(b.word().load(SeqCst), 0);
+        assert!(!b.polled_taken());
     }
 }

@@ -382,17 +382,23 @@ impl QpInner {
         // if no doorbell had been there. (A poller's arm we took may have
         // been overwritten since by a thread of the owner arming to wait,
         // which the eventfd does not wake, so that word is taken again.)
+        // A level-triggered poller's word taken again after the first
+        // SEND's (`BELL_SIGNALLED_LEVEL` both times) writes nothing: the
+        // eventfd that SEND writes stays readable until the owner's next
+        // arm, which looks at the ring after draining it. A word taken
+        // above that is 0 now (the owner's last poller left, or its waiter
+        // let go of it) leaves the slot to the channel too: the owner's
+        // look after that may have come before the slot was published.
         for (m, was) in bell1.into_iter().chain(bells) {
             let again = take_bell(&m);
-            if matches!(was, BELL_ARMED | BELL_ASLEEP | BELL_HELD) && again == 0 {
+            if again == 0 {
                 published = true;
             }
             if was == BELL_ASLEEP || again == BELL_ASLEEP {
                 wake_later(m.clone(), false);
             }
-            if matches!(was, BELL_POLLED | BELL_SIGNALLED)
-                || matches!(again, BELL_POLLED | BELL_SIGNALLED)
-            {
+            let signals = |w| matches!(w, BELL_POLLED | BELL_SIGNALLED | BELL_POLLED_LEVEL);
+            if signals(was) || signals(again) {
                 wake_later(m, true);
             }
         }
