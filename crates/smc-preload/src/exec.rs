@@ -77,7 +77,7 @@ fn detach_connections(all: bool) -> Vec<(RawFd, OwnedFd)> {
     let ids: Vec<(u64, u64)> = {
         let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
         t.iter()
-            .filter_map(|(&fd, e)| match e {
+            .filter_map(|(fd, e)| match e {
                 Entry::Stream(c) => file_id(c.s.tcp_fd()),
                 Entry::Remote(r) => file_id(borrow(r.tcp)),
                 // (its own duplicate is the connect thread's)
@@ -127,7 +127,7 @@ fn decline_lazy_for_exec() {
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .filter_map(|(&fd, e)| match e {
+        .filter_map(|(fd, e)| match e {
             Entry::Lazy(l) => Some((fd, l.clone())),
             _ => None,
         })

@@ -6,7 +6,7 @@ use super::*;
 thread_local! {
     /// The table's lock, held by the thread that forks across `fork()`, so
     /// that the child does not inherit it held by a thread it has not.
-    static FORK_GUARD: std::cell::RefCell<Option<std::sync::RwLockWriteGuard<'static, BTreeMap<RawFd, Entry>>>> =
+    static FORK_GUARD: std::cell::RefCell<Option<std::sync::RwLockWriteGuard<'static, crate::table::FdMap>>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -72,13 +72,13 @@ extern "C" fn in_child() {
 
 /// See [`in_child`].
 fn forget_the_parents(
-    t: &mut BTreeMap<RawFd, Entry>,
+    t: &mut crate::table::FdMap,
     mut shared: Option<BTreeMap<RawFd, crate::share::Remote>>,
 ) {
     // (one Arc per connection: its duplicates share it, as in the parent)
     let mut by_conn: Vec<(*const Conn, Arc<crate::share::Remote>)> = Vec::new();
     let mut old_chans: Vec<RawFd> = Vec::new();
-    for (&fd, e) in t.iter_mut() {
+    for (fd, e) in t.iter_mut() {
         let keep = match e {
             Entry::Stream(c) => {
                 let ptr = Arc::as_ptr(c);

@@ -96,7 +96,7 @@ pub(crate) fn prepare() {
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .filter_map(|(&fd, e)| match e {
+        .filter_map(|(fd, e)| match e {
             Entry::Stream(c) => Some((fd, c.clone())),
             _ => None,
         })

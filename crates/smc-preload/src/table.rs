@@ -165,7 +165,89 @@ pub(crate) fn busy<T: From<i8>>() -> T {
     T::from(-1)
 }
 
-pub(crate) static TABLE: RwLock<BTreeMap<RawFd, Entry>> = RwLock::new(BTreeMap::new());
+pub(crate) static TABLE: RwLock<FdMap> = RwLock::new(FdMap::new());
+
+/// The table's entries, indexed by descriptor number: every interposed call
+/// looks its descriptor up (an event loop makes several calls per request,
+/// on as many connections as it serves), and an index costs no walk.
+/// Grows to the highest descriptor it held (the kernel hands out the
+/// lowest free number, so about as many slots as the process has
+/// descriptors open).
+#[derive(Default)]
+pub(crate) struct FdMap {
+    slots: Vec<Option<Entry>>,
+    len: usize,
+}
+
+impl FdMap {
+    pub(crate) const fn new() -> FdMap {
+        FdMap {
+            slots: Vec::new(),
+            len: 0,
+        }
+    }
+
+    pub(crate) fn get(&self, fd: RawFd) -> Option<&Entry> {
+        let i = usize::try_from(fd).ok()?;
+        self.slots.get(i)?.as_ref()
+    }
+
+    /// Sets `fd`'s entry; the one it replaces. (A negative number, which
+    /// no call hands the table, is not kept.)
+    pub(crate) fn insert(&mut self, fd: RawFd, e: Entry) -> Option<Entry> {
+        let i = usize::try_from(fd).ok()?;
+        if i >= self.slots.len() {
+            self.slots.resize_with(i + 1, || None);
+        }
+        let old = self.slots[i].replace(e);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    pub(crate) fn remove(&mut self, fd: RawFd) -> Option<Entry> {
+        let i = usize::try_from(fd).ok()?;
+        let old = self.slots.get_mut(i)?.take();
+        if old.is_some() {
+            self.len -= 1;
+        }
+        old
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The entries in descriptor order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (RawFd, &Entry)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| Some((i as RawFd, e.as_ref()?)))
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (RawFd, &mut Entry)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, e)| Some((i as RawFd, e.as_mut()?)))
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().flatten()
+    }
+
+    /// Keeps the entries `f` says to keep (the others are dropped here).
+    pub(crate) fn retain(&mut self, mut f: impl FnMut(RawFd, &mut Entry) -> bool) {
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.as_mut().is_some_and(|e| !f(i as RawFd, e)) {
+                *s = None;
+                self.len -= 1;
+            }
+        }
+    }
+}
 
 /// Entries in the table: none, and every call passes straight through.
 pub(crate) static COUNT: AtomicUsize = AtomicUsize::new(0);
@@ -193,7 +275,7 @@ pub(crate) fn get_raw(fd: RawFd) -> Option<Entry> {
     TABLE
         .read()
         .unwrap_or_else(|e| e.into_inner())
-        .get(&fd)
+        .get(fd)
         .cloned()
 }
 
@@ -231,7 +313,7 @@ pub(crate) fn remove(fd: RawFd) -> Option<Entry> {
         return None;
     }
     let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
-    let old = t.remove(&fd);
+    let old = t.remove(fd);
     COUNT.store(t.len(), Ordering::Release);
     old
 }
@@ -293,4 +375,50 @@ pub(crate) fn dup_own(fd: RawFd) -> io::Result<OwnedFd> {
     rustix::io::fcntl_dupfd_cloexec(borrow(fd), base)
         .or_else(|_| rustix::io::fcntl_dupfd_cloexec(borrow(fd), 0))
         .map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(e: &Entry) -> Option<c_int> {
+        match e {
+            Entry::Failed(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_fd_map_keeps_one_entry_per_descriptor() {
+        let mut m = FdMap::new();
+        assert!(m.get(3).is_none() && m.get(-1).is_none() && m.len() == 0);
+        assert!(m.insert(7, Entry::Failed(7)).is_none());
+        assert!(m.insert(2, Entry::Failed(2)).is_none());
+        assert!(m.insert(-4, Entry::Failed(-4)).is_none(), "not kept");
+        assert_eq!(m.len(), 2);
+        assert_eq!(m.get(7).and_then(failed), Some(7));
+        assert!(m.get(3).is_none() && m.get(100).is_none() && m.get(-4).is_none());
+        // replaced: the old one comes back, the count stays
+        assert_eq!(
+            m.insert(7, Entry::Failed(70)).as_ref().and_then(failed),
+            Some(7)
+        );
+        assert_eq!(m.len(), 2);
+        let seen: Vec<(RawFd, Option<c_int>)> = m.iter().map(|(fd, e)| (fd, failed(e))).collect();
+        assert_eq!(seen, [(2, Some(2)), (7, Some(70))]);
+        assert_eq!(m.values().count(), 2);
+        for (fd, e) in m.iter_mut() {
+            *e = Entry::Failed(fd + 1);
+        }
+        assert_eq!(m.get(2).and_then(failed), Some(3));
+        assert!(m.insert(9, Entry::Failed(0)).is_none());
+        m.retain(|fd, _| fd != 2);
+        assert_eq!(m.len(), 2);
+        assert!(m.get(2).is_none());
+        assert_eq!(m.remove(9).as_ref().and_then(failed), Some(0));
+        assert!(m.remove(9).is_none() && m.remove(-1).is_none() && m.remove(1000).is_none());
+        assert_eq!(m.len(), 1);
+        assert_eq!(std::mem::take(&mut m).len(), 1);
+        assert_eq!(m.len(), 0);
+    }
 }
