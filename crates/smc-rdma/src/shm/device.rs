@@ -131,23 +131,30 @@ pub(super) struct LocalMr {
     /// A further registration keeps the memory of the first one (its arena
     /// range) alive.
     pub(super) _first: Option<Arc<LocalMr>>,
+    /// The doorbell's state in this process, shared by the memory's
+    /// registrations as the word is (one allocation per memory).
+    pub(super) bell: Arc<BellLocal>,
+}
+
+/// A region's doorbell as its owner's process keeps it (`LocalMr::bell`);
+/// kept here, never read back from the shared word, which the peer can
+/// write.
+#[derive(Default)]
+pub(super) struct BellLocal {
     /// The eventfd a peer's SEND writes when it finds the doorbell armed for
-    /// a poller (`layout::BELL_POLLED`): one per memory (its registrations
-    /// share it, as they share the doorbell word), made when the owner first
-    /// asks for it (`Bell::poll_fd`) and handed to peers that fetch the
-    /// region after that. `None` inside: it could not be made (no
-    /// descriptor left); SENDs then signal the owner's channel as for a
-    /// region that nobody polls. Regions nobody polls cost no descriptor.
-    pub(super) bell_efd: Arc<std::sync::OnceLock<Option<EventFd>>>,
-    /// Threads of this process in the doorbell's wait (`Bell::wait`), shared
-    /// by the memory's registrations as the word is: the last one to leave
-    /// a word still marked asleep takes the mark back (`ShmBell::wait`).
-    pub(super) bell_sleepers: Arc<std::sync::atomic::AtomicUsize>,
+    /// a poller (`layout::BELL_POLLED`): made when the owner first asks for
+    /// it (`Bell::poll_fd`) and handed to peers that fetch the region after
+    /// that. `None` inside: it could not be made (no descriptor left); SENDs
+    /// then signal the owner's channel as for a region that nobody polls.
+    /// Regions nobody polls cost no descriptor.
+    pub(super) efd: std::sync::OnceLock<Option<EventFd>>,
+    /// Threads of this process in the doorbell's wait (`Bell::wait`): the
+    /// last one to leave a word still marked asleep takes the mark back
+    /// (`ShmBell::wait`).
+    pub(super) sleepers: std::sync::atomic::AtomicUsize,
     /// Whether the doorbell's pollers all wait level-triggered
-    /// (`Bell::set_poll_level`), shared by the memory's registrations as
-    /// the word is; kept here, not read back from the word, which the peer
-    /// can write.
-    pub(super) bell_level: Arc<std::sync::atomic::AtomicBool>,
+    /// (`Bell::set_poll_level`).
+    pub(super) level: std::sync::atomic::AtomicBool,
 }
 
 impl LocalMr {

@@ -7,7 +7,7 @@
 
 use super::arena::Arena;
 use super::cq::ShmCq;
-use super::device::{DevShared, LocalMr, ShmProvider};
+use super::device::{BellLocal, DevShared, LocalMr, ShmProvider};
 use super::qp::{Core, Ctl, QpInner, ShmQp};
 use super::{fresh_key, lock, random_u64, KeyMap, MAX_INLINE, MAX_REGION};
 
@@ -16,8 +16,8 @@ use crate::sys::{EventFd, SharedMem};
 use crate::verbs::*;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::sync::{Arc, Mutex};
 
 /// A protection domain of an `shm` device.
 pub struct ShmPd {
@@ -80,9 +80,7 @@ impl ProtectionDomain for ShmPd {
             slot: 0,
             regs: Arc::new(Mutex::new(1)),
             _first: None,
-            bell_efd: Arc::default(),
-            bell_sleepers: Arc::default(),
-            bell_level: Arc::default(),
+            bell: Arc::default(),
         });
         lkeys.insert(lkey, mr.clone());
         rkeys.insert(rkey, mr.clone());
@@ -158,9 +156,7 @@ impl ProtectionDomain for ShmPd {
             _slice: None,
             slot,
             regs: first.regs.clone(),
-            bell_efd: first.bell_efd.clone(),
-            bell_sleepers: first.bell_sleepers.clone(),
-            bell_level: first.bell_level.clone(),
+            bell: first.bell.clone(),
             _first: Some(first),
         });
         lkeys.insert(lkey, shared.clone());
@@ -227,12 +223,9 @@ pub struct ShmMr {
 struct ShmBell {
     mem: Arc<SharedMem>,
     off: usize,
-    /// The region's eventfd for a poller (`LocalMr::bell_efd`).
-    efd: Arc<OnceLock<Option<EventFd>>>,
-    /// Threads of ours in [`Bell::wait`] on this word (`LocalMr::bell_sleepers`).
-    sleepers: Arc<AtomicUsize>,
-    /// Whether its pollers all wait level-triggered (`LocalMr::bell_level`).
-    level: Arc<AtomicBool>,
+    /// Its eventfd for a poller, its sleepers, its pollers' mode
+    /// (`LocalMr::bell`).
+    local: Arc<BellLocal>,
 }
 
 impl ShmBell {
@@ -241,7 +234,10 @@ impl ShmBell {
     }
     fn efd(&self) -> Option<&EventFd> {
         // (one per polled connection: out of the application's way)
-        self.efd.get_or_init(|| EventFd::new_high().ok()).as_ref()
+        self.local
+            .efd
+            .get_or_init(|| EventFd::new_high().ok())
+            .as_ref()
     }
 }
 
@@ -278,7 +274,7 @@ impl Bell for ShmBell {
         let w = self.word();
         // (counted before the word is looked at: a leaving sleeper that
         // changes the word after this looks at the count, and wakes us)
-        self.sleepers.fetch_add(1, SeqCst);
+        self.local.sleepers.fetch_add(1, SeqCst);
         // asleep only from here on: a ring before this (the word 0) needs
         // no wake-up
         let asleep = match w.compare_exchange(BELL_ARMED, BELL_ASLEEP, SeqCst, SeqCst) {
@@ -288,10 +284,10 @@ impl Bell for ShmBell {
         if asleep {
             let _ = self.mem.futex_wait(self.off, BELL_ASLEEP as u32, timeout);
         }
-        if self.sleepers.fetch_sub(1, SeqCst) == 1
+        if self.local.sleepers.fetch_sub(1, SeqCst) == 1
             && w.compare_exchange(BELL_ASLEEP, BELL_ARMED, SeqCst, SeqCst)
                 .is_ok()
-            && self.sleepers.load(SeqCst) > 0
+            && self.local.sleepers.load(SeqCst) > 0
         {
             // a thread came to sleep on "asleep" meanwhile: it looks again
             let _ = self.mem.futex_wake(self.off);
@@ -363,7 +359,7 @@ impl Bell for ShmBell {
                 return false;
             }
             // (0, a poller's arm or signal, or what a peer wrote: ours to set)
-            let to = if self.level.load(SeqCst) {
+            let to = if self.local.level.load(SeqCst) {
                 BELL_POLLED_LEVEL
             } else {
                 BELL_POLLED
@@ -390,12 +386,12 @@ impl Bell for ShmBell {
         ] {
             let _ = w.compare_exchange(was, 0, SeqCst, SeqCst);
         }
-        if let Some(e) = self.efd.get().and_then(Option::as_ref) {
+        if let Some(e) = self.local.efd.get().and_then(Option::as_ref) {
             e.drain();
         }
     }
     fn set_poll_level(&self, level: bool) {
-        if self.level.swap(level, SeqCst) == level {
+        if self.local.level.swap(level, SeqCst) == level {
             return;
         }
         // An arm made in the other mode changes with it: to level, a word
@@ -474,9 +470,7 @@ impl MemoryRegion for ShmMr {
         Some(Arc::new(ShmBell {
             mem: self.mr.mem.clone(),
             off: self.mr.base + MR_BELL,
-            efd: self.mr.bell_efd.clone(),
-            sleepers: self.mr.bell_sleepers.clone(),
-            level: self.mr.bell_level.clone(),
+            local: self.mr.bell.clone(),
         }))
     }
     fn lkey(&self) -> u32 {
@@ -663,9 +657,7 @@ mod tests {
         ShmBell {
             mem: Arc::new(SharedMem::create("bell-test", HDR).unwrap()),
             off: MR_BELL,
-            efd: Arc::default(),
-            sleepers: Arc::default(),
-            level: Arc::default(),
+            local: Arc::default(),
         }
     }
 
@@ -703,7 +695,7 @@ mod tests {
                 b.wait(None);
             }
         });
-        until(|| b.sleepers.load(SeqCst) == 1 && b.word().load(SeqCst) == BELL_ASLEEP);
+        until(|| b.local.sleepers.load(SeqCst) == 1 && b.word().load(SeqCst) == BELL_ASLEEP);
         // (the second reader comes, finds its data, goes)
         b.arm();
         assert!(!b.release(), "nothing rang");
@@ -730,7 +722,7 @@ mod tests {
                 b.wait(Some(std::time::Duration::from_secs(20)));
             })
         };
-        until(|| b.sleepers.load(SeqCst) == 1 && b.word().load(SeqCst) == BELL_ASLEEP);
+        until(|| b.local.sleepers.load(SeqCst) == 1 && b.word().load(SeqCst) == BELL_ASLEEP);
         b.arm();
         b.wait(Some(std::time::Duration::from_millis(20)));
         // (the long sleeper still on it)
@@ -739,7 +731,7 @@ mod tests {
         assert_eq!(b.word().load(SeqCst), BELL_ASLEEP);
         assert!(b.ring());
         long.join().unwrap();
-        assert_eq!(b.sleepers.load(SeqCst), 0);
+        assert_eq!(b.local.sleepers.load(SeqCst), 0);
 
         // alone, out by its timeout: armed again (the thread looks next),
         // then its release clears the word

@@ -45,7 +45,8 @@ impl QpInner {
                 // (made by the owner's poller only: a region nobody polls
                 // costs no descriptor, here or at the peer)
                 let efd = mr
-                    .bell_efd
+                    .bell
+                    .efd
                     .get()
                     .and_then(Option::as_ref)
                     .filter(|_| flags & F_MR_BELL_FD != 0);
