@@ -19,6 +19,15 @@ pub(crate) fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<us
     {
         let mut p = c.peeked.lock().unwrap_or_else(|e| e.into_inner());
         if !p.is_empty() {
+            // Bytes read ahead first, and what has come behind them, as a
+            // TCP read returns its whole receive queue up to the length
+            // (without waiting: what was read ahead is enough to return).
+            if p.len() < buf.len() {
+                let mut tmp = vec![0u8; buf.len() - p.len()];
+                if let Ok(m) = c.s.read_with(&mut tmp, true) {
+                    p.extend_from_slice(&tmp[..m]);
+                }
+            }
             let n = buf.len().min(p.len());
             buf[..n].copy_from_slice(&p[..n]);
             if !peek {

@@ -345,10 +345,17 @@ fn answer(c: &Conn, op: u8, flags: i32, arg: usize, data: &[u8], out: &mut [u8])
     }
 }
 
-/// `FIONREAD` of a connection: what a read would return now (read ahead,
-/// without waiting, into the bytes kept for the next read).
+/// `FIONREAD` of a connection: what a read would return now. On SMC-R the
+/// connection counts its bytes without taking them: read ahead into the
+/// bytes kept for the next read, they would be out of every descriptor an
+/// epoll set watches, and a wait after `FIONREAD` would not see them (TCP's
+/// shows its receive queue). A fallback connection reads ahead, without
+/// waiting (its bytes behind the CLC messages are the library's).
 pub(crate) fn fionread(c: &Conn) -> usize {
     let mut p = c.peeked.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = c.s.readable_bytes() {
+        return p.len() + n;
+    }
     let mut tmp = vec![0u8; 64 << 10];
     if let Ok(n) = c.s.read_with(&mut tmp, true) {
         p.extend_from_slice(&tmp[..n]);

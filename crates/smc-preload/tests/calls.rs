@@ -95,7 +95,8 @@ fn assert_same(plain: &str, other: &str, what: &str) {
 /// FIONREAD; partial reads under EPOLLET; select/pselect; EPOLLONESHOT in
 /// an epoll set inside another; a level-triggered set whose interest
 /// changes between waits (the library keeps such changes from the kernel
-/// until the next wait: `src/interest.rs`), with a thread asleep in it;
+/// until the next wait: `src/interest.rs`), with a thread asleep in it,
+/// and one that waits while two messages come and reads one byte;
 /// reads through dup(); sendfile; half close
 /// with EPOLLRDHUP; EPOLLHUP; EPIPE and SIGPIPE after the peer closed) give the same results, errno values and readiness events under
 /// smc_run, both sides over SMC-R, as plain.
@@ -110,6 +111,10 @@ fn conformance_under_smc_run_as_plain_tcp() {
         "client epoll refused: OUT ERR HUP",
         "client epoll connected: OUT",
         "client epoll after a partial read (ET): none",
+        "client epoll LT after FIONREAD: IN",
+        "client epoll after MOD with data unread (ET): IN",
+        "client epoll new data after a partial read (ET): IN",
+        "client read rest = 2001",
         "client epoll peer closed: IN OUT HUP RDHUP",
         "client write after the peer closed: EPIPE, SIGPIPE 1",
         "server epoll half close: IN RDHUP",
@@ -125,6 +130,9 @@ fn conformance_under_smc_run_as_plain_tcp() {
         "client epoll loop new data: IN OUT",
         "client epoll loop one at a time: socket 1 pipe 1",
         "client thread woken: OUT",
+        "client epoll LT after reading one of two: IN",
+        "client read the other = 1",
+        "client epoll LT after reading both: none",
     ] {
         assert!(pc.contains(l) || ps.contains(l), "plain run lacks {l:?}");
     }

@@ -989,6 +989,19 @@ impl SmcStream {
             .is_some_and(|s| s.polled() && s.bell.polled_taken())
     }
 
+    /// The bytes a read would return now without waiting, as `FIONREAD`
+    /// counts them, without taking any (a CDC that has come is taken off
+    /// the link first, so that what it brought counts). `None`: not an
+    /// SMC-R connection (a fallback's bytes are the TCP socket's).
+    pub fn readable_bytes(&self) -> Option<usize> {
+        let Ok(Some(c)) = self.smc_conn() else {
+            return None;
+        };
+        let f = c.fast_conn()?;
+        c.shared.take_held_cdc(f);
+        Some(f.level().readable)
+    }
+
     /// The connection's TCP socket (on SMC-R, the one its CLC handshake ran
     /// on, which stays open as long as the connection). Not for polling:
     /// SMC-R data never shows on it ([`SmcStream::readiness_fd`] does).
