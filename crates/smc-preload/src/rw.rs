@@ -37,6 +37,11 @@ pub(crate) fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<us
         }
     }
     if peek {
+        // (on SMC-R the bytes stay where the connection's readiness shows
+        // them; a fallback's are read ahead)
+        if let Some(r) = c.s.peek_with(buf, dont_wait) {
+            return r;
+        }
         let mut tmp = vec![0u8; buf.len()];
         let n = c.s.read_with(&mut tmp, dont_wait)?;
         buf[..n].copy_from_slice(&tmp[..n]);

@@ -383,11 +383,13 @@ static void client(int port, const char *file) {
     for (int i = 0; i < 1000 && avail < 3000; i++) { ioctl(s, FIONREAD, &avail); if (avail < 3000) usleep(1000); }
     show("FIONREAD", avail);
     {
-        /* a level-triggered wait after FIONREAD sees the bytes it counted */
+        /* a level-triggered wait after FIONREAD and MSG_PEEK sees the
+         * bytes they looked at */
+        show("recv MSG_PEEK all", recv(s, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT));
         int lx = epoll_create1(0);
         struct epoll_event lxe = { .events = EPOLLIN, .data.fd = s };
         show("epoll_ctl ADD LT after FIONREAD", epoll_ctl(lx, EPOLL_CTL_ADD, s, &lxe));
-        ep_wait("epoll LT after FIONREAD", lx, 1000);
+        ep_wait("epoll LT after FIONREAD and MSG_PEEK", lx, 1000);
         close(lx);
     }
     show("read 1000", read(s, buf, 1000));

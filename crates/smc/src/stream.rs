@@ -766,6 +766,35 @@ impl SmcStream {
         (&*self.tcp).read(buf)
     }
 
+    /// Copies into `buf` what a read would return, without taking it, as
+    /// `recv(MSG_PEEK)`: waits for bytes as a read does (unless non-blocking
+    /// or `dont_wait`), `Ok(0)` at the end of the stream. On SMC-R the bytes
+    /// stay in the receive buffer, where the connection's readiness shows
+    /// them. `None`: not an SMC-R connection.
+    pub fn peek_with(&self, buf: &mut [u8], dont_wait: bool) -> Option<io::Result<usize>> {
+        let c = match self.smc_conn() {
+            Ok(Some(c)) => c,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        if buf.is_empty() {
+            return Some(Ok(0));
+        }
+        let nonblocking = dont_wait || self.nonblocking();
+        let deadline = Self::timeout(&self.opts.read_timeout);
+        let _busy = c.shared.busy();
+        Some(c.shared.run(Want::Read(c.id), deadline, nonblocking, |ep| {
+            noted(c, ep, |ep| match ep.read_peek(c.id, buf) {
+                Ok(0) if ep.peer_done(c.id) => Some(Ok(0)),
+                Ok(0) => None,
+                // (the peek holds the bytes as a lease does: given
+                // back, none taken)
+                Ok(n) => Some(ep.read_commit(c.id, 0).map(|()| n).map_err(conn_error)),
+                Err(e) => Some(Err(conn_error(e))),
+            })
+        }))
+    }
+
     fn do_write(&self, buf: &[u8]) -> io::Result<usize> {
         self.write_with(buf, false)
     }
