@@ -213,16 +213,14 @@ impl<P: Provider> Endpoint<P> {
                     .sum::<u64>(),
             // (and those that a dispatch without the endpoint applied and
             // no pump has taken yet: a reader that took its CDC itself
-            // leaves the link quiet for the endpoint's sleeping driver; a
-            // book a reader holds now is left to the next look, so that
-            // this never waits for one)
+            // leaves the link quiet for the endpoint's sleeping driver)
             cdc_received: self.cdc_received
                 + self
                     .lgrs
                     .iter()
                     .flatten()
                     .flat_map(|lg| lg.links.iter().flatten())
-                    .filter_map(|r| r.rx.try_book().map(|b| b.cdcs))
+                    .map(|r| r.rx.book().cdcs)
                     .sum::<u64>(),
             llc_sent: self.llc_sent,
             llc_received: self.llc_received,
