@@ -211,17 +211,7 @@ impl<P: Provider> Endpoint<P> {
                     .flat_map(|lg| lg.links.iter().flatten())
                     .map(|r| r.book().fast_cdcs)
                     .sum::<u64>(),
-            // (and those that a dispatch without the endpoint applied and
-            // no pump has taken yet: a reader that took its CDC itself
-            // leaves the link quiet for the endpoint's sleeping driver)
-            cdc_received: self.cdc_received
-                + self
-                    .lgrs
-                    .iter()
-                    .flatten()
-                    .flat_map(|lg| lg.links.iter().flatten())
-                    .map(|r| r.rx.book().cdcs)
-                    .sum::<u64>(),
+            cdc_received: self.cdc_received,
             llc_sent: self.llc_sent,
             llc_received: self.llc_received,
         }
