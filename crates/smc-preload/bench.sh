@@ -14,6 +14,7 @@
 set -euo pipefail
 T=${1:-3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+. "$ROOT/crates/smc-preload/bench_lib.sh"
 cargo build -q --release -p smc-preload --manifest-path "$ROOT/Cargo.toml"
 SMC_RUN=${SMC_RUN:-$ROOT/target/release/smc_run}
 W=$(mktemp -d /tmp/smc-bench.XXXXXX)
@@ -63,15 +64,7 @@ for mode in tcp smc; do
 
   # nginx + wrk
   p=$(port)
-  cat >"$W/nginx.conf" <<EOF
-daemon off; master_process on; worker_processes 2; user root;
-pid $W/nginx.pid; error_log $W/error.log;
-events { worker_connections 1024; }
-http { access_log off; sendfile on;
-  client_body_temp_path $W/tmp; proxy_temp_path $W/tmp; fastcgi_temp_path $W/tmp;
-  uwsgi_temp_path $W/tmp; scgi_temp_path $W/tmp;
-  server { listen 127.0.0.1:$p; root $W/www; } }
-EOF
+  nginx_conf "$W" "$p"
   PIN=$SP run $mode nginx -c "$W/nginx.conf" -p "$W" >/dev/null 2>&1 &
   srv=$!
   sleep 1

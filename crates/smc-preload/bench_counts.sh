@@ -12,6 +12,7 @@
 set -euo pipefail
 MODE=$1; TEST=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+. "$ROOT/crates/smc-preload/bench_lib.sh"
 cargo build -q --release -p smc-preload --manifest-path "$ROOT/Cargo.toml"
 SMC_RUN=${SMC_RUN:-$ROOT/target/release/smc_run}
 W=$(mktemp -d /tmp/smc-counts.XXXXXX)
@@ -31,17 +32,8 @@ if [ "$TEST" = redis ]; then
   sleep 0.7
   "${cpin[@]}" perf stat -x, -e "$EV" -o "$W/cli" $pre redis-benchmark -p "$p" -t get -n $N -c 50 -q 2>&1 | tr '\r' '\n' | grep -a "GET:" | tail -1
 elif [ "$TEST" = wrk ]; then
-  mkdir -p "$W/www" "$W/tmp"
   head -c 100 /dev/zero >"$W/www/index.html"
-  cat >"$W/nginx.conf" <<EOF
-daemon off; master_process on; worker_processes 2; user root;
-pid $W/nginx.pid; error_log $W/error.log;
-events { worker_connections 1024; }
-http { access_log off; sendfile on;
-  client_body_temp_path $W/tmp; proxy_temp_path $W/tmp; fastcgi_temp_path $W/tmp;
-  uwsgi_temp_path $W/tmp; scgi_temp_path $W/tmp;
-  server { listen 127.0.0.1:$p; root $W/www; } }
-EOF
+  nginx_conf "$W" "$p"
   "${spin[@]}" perf stat -x, -e "$EV" -o "$W/srv" $pre nginx -c "$W/nginx.conf" -p "$W" >/dev/null 2>&1 &
   perfpid=$!
   sleep 1
