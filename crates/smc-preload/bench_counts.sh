@@ -32,8 +32,8 @@ if [ "$TEST" = redis ]; then
   sleep 0.7
   "${cpin[@]}" perf stat -x, -e "$EV" -o "$W/cli" $pre redis-benchmark -p "$p" -t get -n $N -c 50 -q 2>&1 | tr '\r' '\n' | grep -a "GET:" | tail -1
 elif [ "$TEST" = wrk ]; then
-  head -c 100 /dev/zero >"$W/www/index.html"
   nginx_conf "$W" "$p"
+  head -c 100 /dev/zero >"$W/www/index.html"
   "${spin[@]}" perf stat -x, -e "$EV" -o "$W/srv" $pre nginx -c "$W/nginx.conf" -p "$W" >/dev/null 2>&1 &
   perfpid=$!
   sleep 1
