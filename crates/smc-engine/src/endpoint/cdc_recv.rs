@@ -43,7 +43,7 @@ impl<P: Provider> Endpoint<P> {
         if rx.attention() {
             rx.set_attention(&book, false);
             self.completions += std::mem::take(&mut book.completions);
-            let cdcs = std::mem::take(&mut book.cdcs);
+            let cdcs = rx.take_cdcs(&book);
             self.cdc_received += cdcs;
             self.cdc_dispatched += cdcs;
             if std::mem::take(&mut book.active) {
@@ -274,7 +274,7 @@ fn dispatch_with<P: Provider>(
             };
             applied = true;
             book.completions += 1;
-            book.cdcs += 1;
+            rx.count_cdc(&book);
             book.active = true;
             if !book.marks.contains(&id) {
                 book.marks.push(id);

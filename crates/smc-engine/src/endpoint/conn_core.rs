@@ -591,7 +591,7 @@ impl<P: Provider> ConnCore<P> {
         }
         match posted {
             Ok(()) => {
-                book.fast_cdcs += 1;
+                f.tx.count_cdc(&book);
                 Ok(FastWrite::Wrote(n))
             }
             // (as the endpoint's direct write: what did not go out stays
@@ -714,7 +714,7 @@ impl<P: Provider> ConnCore<P> {
             None,
         ) {
             Ok(()) => {
-                book.fast_cdcs += 1;
+                f.tx.count_cdc(&book);
                 FastRead::Read { n, cdc: true }
             }
             // (as a failed post of the endpoint's flush: the CDC stays

@@ -209,9 +209,19 @@ impl<P: Provider> Endpoint<P> {
                     .iter()
                     .flatten()
                     .flat_map(|lg| lg.links.iter().flatten())
-                    .map(|r| r.book().fast_cdcs)
+                    .map(|r| r.tx.uncounted_cdcs())
                     .sum::<u64>(),
-            cdc_received: self.cdc_received,
+            // (and those that a reader's own dispatch applied and no poll
+            // of the link by the endpoint has taken yet: with the driver
+            // asleep that can be seconds away)
+            cdc_received: self.cdc_received
+                + self
+                    .lgrs
+                    .iter()
+                    .flatten()
+                    .flat_map(|lg| lg.links.iter().flatten())
+                    .map(|r| r.rx.uncounted_cdcs())
+                    .sum::<u64>(),
             llc_sent: self.llc_sent,
             llc_received: self.llc_received,
         }

@@ -22,7 +22,7 @@ use smc_rdma::{
 };
 use smc_wire::types::{Gid, IbMtu, Mac};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -194,6 +194,10 @@ pub(super) struct LinkTx<P: Provider> {
     /// Set when a fast post failed ([`TxBook::broken`]): the endpoint's next
     /// pump looks.
     attention: AtomicBool,
+    /// CDCs the fast path posted, not yet counted by the endpoint: written
+    /// under `book` only (a load and a store on the data path), read
+    /// without it by the endpoint's statistics (`Endpoint::msg_counts`).
+    fast_cdcs: AtomicU64,
 }
 
 /// A link's receive side (docs/FAST-PATH.md, step 4): the receive CQ, the
@@ -218,6 +222,13 @@ pub(super) struct LinkRx<P: Provider> {
     /// (`Endpoint::open_rx`: the group's only link, active); closed when the
     /// link is stopped or released.
     open: AtomicBool,
+    /// CDCs a dispatch without the device lock applied, not yet counted by
+    /// the endpoint: written under `book` only (so a load and a store, no
+    /// locked add, on the data path), read without it by the endpoint's
+    /// statistics (`Endpoint::msg_counts`), which a reader that takes its
+    /// own CDCs would otherwise leave behind until the endpoint's next poll
+    /// of the link.
+    cdcs: AtomicU64,
 }
 
 /// What a link's receive poller keeps under [`LinkRx`]'s lock: the buffers
@@ -240,10 +251,9 @@ pub(super) struct RxBook {
     /// Such a dispatch received something on the link (the group's
     /// `on_rx_activity`, at the endpoint's next poll).
     pub active: bool,
-    /// Completions and CDCs such a dispatch applied, not yet counted by the
-    /// endpoint.
+    /// Completions such a dispatch applied, not yet counted by the
+    /// endpoint (its CDCs: [`LinkRx::cdcs`]).
     pub completions: u64,
-    pub cdcs: u64,
 }
 
 /// A receive completion that a dispatch without the device lock left to the
@@ -299,6 +309,27 @@ impl<P: Provider> LinkRx<P> {
     #[inline]
     pub fn attention(&self) -> bool {
         self.attention.load(Ordering::SeqCst)
+    }
+
+    /// Counts a CDC a dispatch without the device lock applied (the caller
+    /// holds `book`).
+    #[inline]
+    pub fn count_cdc(&self, _book: &RxBook) {
+        let n = self.cdcs.load(Ordering::Relaxed);
+        self.cdcs.store(n + 1, Ordering::Relaxed);
+    }
+
+    /// Takes the count of [`Self::count_cdc`] (the caller holds `book`).
+    pub fn take_cdcs(&self, _book: &RxBook) -> u64 {
+        let n = self.cdcs.load(Ordering::Relaxed);
+        self.cdcs.store(0, Ordering::Relaxed);
+        n
+    }
+
+    /// CDCs counted by [`Self::count_cdc`] and not yet taken, without the
+    /// lock (a statistic: one the dispatch is counting may be missed).
+    pub fn uncounted_cdcs(&self) -> u64 {
+        self.cdcs.load(Ordering::Relaxed)
     }
 
     /// Sets or clears [`Self::attention`] (the caller holds `book`).
@@ -368,8 +399,6 @@ pub(super) struct TxBook<P: Provider> {
     /// A fast post failed with this: the link is broken, for the endpoint
     /// to handle (`Endpoint::take_fast_errors`).
     pub broken: Option<smc_rdma::Error>,
-    /// CDCs the fast path posted, not yet counted by the endpoint.
-    pub fast_cdcs: u64,
 }
 
 impl<P: Provider> LinkRes<P> {
@@ -434,9 +463,9 @@ impl<P: Provider> LinkRes<P> {
                 next_wr: 1 << 32,
                 open: false,
                 broken: None,
-                fast_cdcs: 0,
             }),
             attention: AtomicBool::new(false),
+            fast_cdcs: AtomicU64::new(0),
         });
         let rx = Arc::new(LinkRx {
             qp: qp.clone(),
@@ -445,6 +474,7 @@ impl<P: Provider> LinkRes<P> {
             book: Mutex::new(RxBook::default()),
             attention: AtomicBool::new(false),
             open: AtomicBool::new(false),
+            cdcs: AtomicU64::new(0),
         });
         Ok(LinkRes {
             scq,
@@ -627,7 +657,8 @@ impl<P: Provider> LinkRes<P> {
     /// `cdc_sent`.
     pub fn complete(&mut self, wr_id: u64, cdc_sent: &mut u64) -> Option<WrKind> {
         let mut book = self.tx.book();
-        *cdc_sent += std::mem::take(&mut book.fast_cdcs);
+        *cdc_sent += self.tx.fast_cdcs.load(Ordering::Relaxed);
+        self.tx.fast_cdcs.store(0, Ordering::Relaxed);
         book.complete(wr_id)
     }
 
@@ -691,6 +722,19 @@ impl<P: Provider> LinkTx<P> {
     #[inline]
     pub fn book(&self) -> MutexGuard<'_, TxBook<P>> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a CDC the fast path posted (the caller holds `book`).
+    #[inline]
+    pub fn count_cdc(&self, _book: &TxBook<P>) {
+        let n = self.fast_cdcs.load(Ordering::Relaxed);
+        self.fast_cdcs.store(n + 1, Ordering::Relaxed);
+    }
+
+    /// CDCs counted by [`Self::count_cdc`] and not yet taken, without the
+    /// lock (a statistic: one being counted may be missed).
+    pub fn uncounted_cdcs(&self) -> u64 {
+        self.fast_cdcs.load(Ordering::Relaxed)
     }
 
     /// A fast post failed with `e` (the caller holds `book`): the link
