@@ -315,7 +315,9 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
             // (deleted: left registered until it fires, see shown_mask)
             continue;
         };
-        let writable = want & OUT != 0 && now(&c) & OUT != 0;
+        // (one waited on for writable is looked at below, in `outs`, which
+        // registers it for writable if it is not: not looked at twice)
+        let writable = want & OUT != 0 && (x.out || now(&c) & OUT != 0);
         bring_up(&c, x, need(want, writable), data);
     }
     let mut gone = Vec::new();
