@@ -365,6 +365,10 @@ pub(crate) struct PeerSignal {
     ///
     /// [`SmcStream::watch_signal`]: crate::SmcStream::watch_signal
     pub(crate) pollers: AtomicUsize,
+    /// Its pollers all wait level-triggered ([`SmcStream::signal_level`]).
+    ///
+    /// [`SmcStream::signal_level`]: crate::SmcStream::signal_level
+    pub(crate) level: AtomicBool,
 }
 
 impl PeerSignal {
@@ -391,6 +395,7 @@ fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
         fd: smc_rdma::sys::out_of_the_way(fd),
         bell,
         pollers: AtomicUsize::new(0),
+        level: AtomicBool::new(false),
     }))
 }
 

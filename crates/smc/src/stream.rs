@@ -194,6 +194,45 @@ impl SmcConn {
         }
     }
 
+    /// After a read that took bytes: if it left nothing to read and the
+    /// peer signal had fired, the signal is spent, and is drained and armed
+    /// here, where the read makes it so, as TCP's readable ends with the
+    /// read that empties the queue. Otherwise a level-triggered event loop
+    /// that reads once per event (redis, hiredis) would be woken by it
+    /// again at its next wait, for a look that finds nothing
+    /// (`SmcStream::signalled_events`). A CDC that came between the read
+    /// and the arm found the signal taken and wrote nothing: looked for
+    /// after the arm, and if it brought bytes, the signal is written here
+    /// for it.
+    ///
+    /// Only for level-triggered pollers: an edge-triggered one is woken by
+    /// a write of the signal only, which the peer makes for every CDC, so
+    /// a spent signal costs it nothing, and a drain here would be a system
+    /// call per message more (nginx).
+    fn rearm_if_emptied(&self) {
+        let Some(s) = self
+            .signal()
+            .filter(|s| s.polled() && s.level.load(Ordering::Relaxed) && s.bell.polled_taken())
+        else {
+            return;
+        };
+        let Some(f) = self.fast_conn() else { return };
+        if f.level().readable != 0 {
+            return;
+        }
+        if !s.bell.arm_polled() {
+            return;
+        }
+        self.shared.take_held_cdc(f);
+        f.refresh();
+        if f.level().readable != 0 {
+            // (an eventfd counts: a write of 1 makes it readable, and the
+            // next arm drains it; a full counter cannot happen with writes
+            // of 1 that a drain resets)
+            let _ = rustix::io::write(&s.fd, &1u64.to_ne_bytes());
+        }
+    }
+
     /// The connection's peer signal (`ctx::PeerSignal`), once its readiness
     /// descriptor exists and where the device has one.
     fn signal(&self) -> Option<&ctx::PeerSignal> {
@@ -582,6 +621,7 @@ impl SmcStream {
         let deadline = Self::timeout(&self.opts.read_timeout);
         if !buf.is_empty() {
             if let Some(n) = c.try_fast_read(buf) {
+                c.rearm_if_emptied();
                 return Ok(n);
             }
             // a non-blocking reader that finds nothing, with nothing for the
@@ -593,8 +633,12 @@ impl SmcStream {
                 // before the look below (and drained: a signal whose bytes
                 // a read took may still be there), so that the peer's next
                 // CDC signals it unless the look finds that CDC.
+                // (not again if armed since and not signalled: the read
+                // that emptied the connection armed it, `rearm_if_emptied`)
                 if let Some(s) = c.signal().filter(|s| s.polled()) {
-                    s.bell.arm_polled();
+                    if !s.bell.polled_armed() {
+                        s.bell.arm_polled();
+                    }
                 }
                 match f.may_sleep() {
                     MaySleep::Sleep => return Err(io::ErrorKind::WouldBlock.into()),
@@ -942,6 +986,7 @@ impl SmcStream {
     pub fn signal_level(&self, level: bool) {
         let Ok(Some(c)) = self.smc_conn() else { return };
         if let Some(s) = c.signal() {
+            s.level.store(level, Ordering::Relaxed);
             s.bell.set_poll_level(level);
         }
     }
