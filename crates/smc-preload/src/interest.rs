@@ -358,6 +358,16 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
     Some(w)
 }
 
+/// What the application asks for (its events) in set `epfd` under `data`,
+/// by a connection's records `rdy`: nothing if it deleted its registration
+/// there or gave it other data.
+pub(crate) fn asked(rdy: &[Rdy], epfd: c_int, data: u64) -> u32 {
+    match rdy.iter().find(|x| x.epfd == epfd).and_then(|x| x.want) {
+        Some((e, d)) if d == data => e,
+        _ => 0,
+    }
+}
+
 /// Registers the readiness descriptor of `c` in `x`'s set with at least
 /// `need` under `data`, unless it is.
 fn bring_up(c: &Conn, x: &mut Rdy, need: u32, data: u64) {

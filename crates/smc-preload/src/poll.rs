@@ -475,7 +475,7 @@ pub(crate) fn signal_ctl(
                 sets.push((epfd, mine, e.u64));
                 signal_mode(c, sets);
                 c.s.watch_signal(true);
-                let displaced = note_signalled(epfd, None, Some((e.u64, e.events)), c);
+                let displaced = note_signalled(epfd, None, Some(e.u64), c);
                 quiet_displaced(displaced, epfd, e.u64);
             }
         }
@@ -496,17 +496,22 @@ pub(crate) fn signal_ctl(
                 sets[k].2 = e.u64;
                 signal_mode(c, sets);
             }
-            // (what the application asks for changes with every MOD)
-            let displaced = note_signalled(epfd, Some(was), Some((e.u64, e.events)), c);
-            quiet_displaced(displaced, epfd, e.u64);
+            // (what the application asks for is its record's, `Rdy::want`:
+            // the map changes only with the data, or to take back an entry
+            // another took, see `Conn::unlisted`, which one change clears
+            // only for a connection in one set)
+            let unlisted = c.unlisted.load(Ordering::Acquire);
+            if unlisted && sets.len() == 1 {
+                c.unlisted.store(false, Ordering::Release);
+            }
+            if e.u64 != was || unlisted {
+                let displaced = note_signalled(epfd, Some(was), Some(e.u64), c);
+                quiet_displaced(displaced, epfd, e.u64);
+            }
         }
-        (Some(k), None) => {
-            // Out of the set for the application: left as registered (see
-            // above), asked for nothing.
-            let d = sets[k].2;
-            note_signalled(epfd, Some(d), Some((d, 0)), c);
-        }
-        (None, None) => {}
+        // Out of the set for the application: left as registered (see
+        // above), and in the map; its record asks for nothing now.
+        (Some(_), None) | (None, None) => {}
     }
 }
 
@@ -579,14 +584,15 @@ pub(crate) fn set_closing(fd: c_int) {
 }
 
 /// The registrations of peer signals in the application's epoll sets, by
-/// (set, event data): the connection and the events the application asked
-/// for there. `epoll_wait` reports such a connection's events whole
-/// (`fix_events`). (Ordered, not hashed: it is looked up for every event
+/// (set, event data): the connection (what the application asks for there
+/// is in the connection's record, `interest::asked`, so that the changes
+/// of an event loop's interest around each request need not lock this).
+/// `epoll_wait` reports such a connection's events whole (`fix_events`). (Ordered, not hashed: it is looked up for every event
 /// and every `epoll_ctl` of a connection, and a few comparisons of two
 /// integers cost less than hashing them with the standard library's
 /// DoS-resistant hasher, which keys chosen by the application itself do
 /// not need.)
-type Signalled = std::collections::BTreeMap<(c_int, u64), (std::sync::Weak<Conn>, u32)>;
+type Signalled = std::collections::BTreeMap<(c_int, u64), std::sync::Weak<Conn>>;
 
 static SIGNALLED: Mutex<Option<Signalled>> = Mutex::new(None);
 
@@ -594,43 +600,32 @@ static SIGNALLED: Mutex<Option<Signalled>> = Mutex::new(None);
 static SIGNALLED_N: AtomicUsize = AtomicUsize::new(0);
 
 /// Replaces connection `c`'s entry `(epfd, old)` of [`SIGNALLED`] by
-/// `(epfd, new)` (data and the application's events). Returns another
-/// connection whose entry under the new data it replaced: the application
-/// gave that data to `c` after it stopped waiting on the other one there,
-/// whose signal may still be registered under it (see [`signal_ctl`]).
+/// `(epfd, new)` (event data). Returns another connection whose entry
+/// under the new data it replaced: if the application took that one out of
+/// the set before it gave its data to `c`, its signal may still be
+/// registered under it (see [`signal_ctl`], [`quiet_displaced`]).
 fn note_signalled(
     epfd: c_int,
     old: Option<u64>,
-    new: Option<(u64, u32)>,
+    new: Option<u64>,
     c: &Arc<Conn>,
 ) -> Option<Arc<Conn>> {
     let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
     let m = g.get_or_insert_with(Default::default);
-    if let (Some(d), Some((n, ev))) = (old, new) {
-        if d == n {
-            // (the same data: what the application asks for changes in
-            // place, the common case of an event loop's changes)
-            if let Some(e) = m.get_mut(&(epfd, d)) {
-                if std::ptr::eq(e.0.as_ptr(), Arc::as_ptr(c)) {
-                    e.1 = ev;
-                    return None;
-                }
-            }
-        }
-    }
     if let Some(d) = old {
         if m.get(&(epfd, d))
-            .is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(c)))
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(c)))
         {
             m.remove(&(epfd, d));
         }
     }
     let mut displaced = None;
-    if let Some((d, ev)) = new {
-        if let Some((w, asked)) = m.insert((epfd, d), (Arc::downgrade(c), ev)) {
-            // (one the application took out of the set: see
-            // `data_given_away`)
-            displaced = w.upgrade().filter(|o| asked == 0 && !Arc::ptr_eq(o, c));
+    if let Some(d) = new {
+        if let Some(w) = m.insert((epfd, d), Arc::downgrade(c)) {
+            displaced = w.upgrade().filter(|o| !Arc::ptr_eq(o, c));
+            if let Some(o) = &displaced {
+                o.unlisted.store(true, Ordering::Release);
+            }
         }
     }
     SIGNALLED_N.store(m.len(), Ordering::Release);
@@ -652,35 +647,50 @@ unsafe fn data_given_away(epfd: c_int, op: c_int, ev: *const libc::epoll_event) 
     // SAFETY: the caller's event.
     let data = unsafe { (*ev).u64 };
     let o = {
+        let g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = g.as_ref() else { return };
+        m.get(&(epfd, data)).and_then(std::sync::Weak::upgrade)
+    };
+    let Some(o) = o else { return };
+    // (its lock before the map's, as everywhere)
+    let mut regs = o.regs.lock().unwrap_or_else(|e| e.into_inner());
+    // (only an entry the application took out of the set: one it still
+    // waits on under the same data stays, as two descriptors under one
+    // data are the application's to tell apart)
+    if crate::interest::asked(&regs.rdy, epfd, data) != 0 {
+        return;
+    }
+    {
         let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
         let Some(m) = g.as_mut() else { return };
-        // (only an entry the application took out of the set: one it
-        // still waits on under the same data stays, as two descriptors
-        // under one data are the application's to tell apart)
-        if m.get(&(epfd, data)).is_none_or(|&(_, asked)| asked != 0) {
+        if !m
+            .get(&(epfd, data))
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&o)))
+        {
             return;
         }
-        let o = m.remove(&(epfd, data)).and_then(|(w, _)| w.upgrade());
+        m.remove(&(epfd, data));
         SIGNALLED_N.store(m.len(), Ordering::Release);
-        o
-    };
-    if let Some(o) = o {
-        let mut regs = o.regs.lock().unwrap_or_else(|e| e.into_inner());
-        turn_off(&o, &mut regs.sig, epfd, Some(data));
-        crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
+        o.unlisted.store(true, Ordering::Release);
     }
+    turn_off(&o, &mut regs.sig, epfd, Some(data));
+    crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
 }
 
 /// Connection `o` lost its entry `(epfd, data)` of [`SIGNALLED`] to
-/// another: its signal, if still registered there under that data, is
-/// turned off, so that it never fires under the other's data. (The caller
-/// holds the other's lock: `o`'s is only tried; a thread that has it is
-/// changing `o`'s registrations itself.)
+/// another: if the application took it out of the set (it asks for nothing
+/// there under that data), its signal, if still registered there under
+/// that data, is turned off, so that it never fires under the other's
+/// data. (The caller holds the other's lock: `o`'s is only tried; a thread
+/// that has it is changing `o`'s registrations itself.)
 fn quiet_displaced(o: Option<Arc<Conn>>, epfd: c_int, data: u64) {
     let Some(o) = o else { return };
     let Ok(mut regs) = o.regs.try_lock() else {
         return;
     };
+    if crate::interest::asked(&regs.rdy, epfd, data) != 0 {
+        return;
+    }
     turn_off(&o, &mut regs.sig, epfd, Some(data));
     crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
 }
@@ -705,7 +715,7 @@ pub(crate) fn forget_signalled(ptr: *const Conn, sets: &[(c_int, u32, u64)]) {
     let Some(m) = g.as_mut() else { return };
     for &(ep, _, d) in sets {
         if m.get(&(ep, d))
-            .is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), ptr))
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), ptr))
         {
             m.remove(&(ep, d));
         }
@@ -738,10 +748,8 @@ unsafe fn fix_events(
         let g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
         let Some(m) = g.as_ref() else { return n };
         for (i, e) in ev.iter().enumerate() {
-            if let Some((w, asked)) = m.get(&(epfd, e.u64)) {
-                if let Some(c) = w.upgrade() {
-                    found.push((i, c, *asked));
-                }
+            if let Some(c) = m.get(&(epfd, e.u64)).and_then(std::sync::Weak::upgrade) {
+                found.push((i, c));
             }
         }
     }
@@ -752,33 +760,37 @@ unsafe fn fix_events(
     // The readiness descriptor and the signal are two registrations under
     // the application's data: what they reported is merged into the first
     // event of the data, the others dropped.
-    let mut firsts: Vec<(usize, Arc<Conn>, u32)> = Vec::new();
-    for (i, c, asked) in found {
+    let mut firsts: Vec<(usize, Arc<Conn>)> = Vec::new();
+    for (i, c) in found {
         let data = ev[i].u64;
-        match firsts.iter().find(|(f, _, _)| ev[*f].u64 == data) {
-            Some(&(first, _, _)) => {
+        match firsts.iter().find(|(f, _)| ev[*f].u64 == data) {
+            Some(&(first, _)) => {
                 ev[first].events |= ev[i].events;
                 drop_at[i] = true;
             }
-            None => firsts.push((i, c, asked)),
+            None => firsts.push((i, c)),
         }
     }
     let inn = libc::EPOLLIN as u32;
-    for (i, c, asked) in firsts {
+    for (i, c) in firsts {
         let Some(now) = c.s.signalled_events() else {
             continue;
         };
         let orig = ev[i].events;
-        if orig & inn != 0 && asked & inn == 0 && now & inn != 0 {
-            // The signal, left registered while the application does not
-            // wait for readable (`signal_ctl`), fired for data that waits
-            // to be read: off until the application waits for it, or a
-            // level-triggered set would report it again and again. (A
-            // signal with nothing behind it was drained and armed again by
-            // the look above: it stays.)
+        let asked = {
             let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
-            turn_off(&c, &mut regs.sig, epfd, None);
-        }
+            let asked = crate::interest::asked(&regs.rdy, epfd, ev[i].u64);
+            if orig & inn != 0 && asked & inn == 0 && now & inn != 0 {
+                // The signal, left registered while the application does
+                // not wait for readable (`signal_ctl`), fired for data that
+                // waits to be read: off until the application waits for
+                // it, or a level-triggered set would report it again and
+                // again. (A signal with nothing behind it was drained and
+                // armed again by the look above: it stays.)
+                turn_off(&c, &mut regs.sig, epfd, None);
+            }
+            asked
+        };
         // What the application's registration shows (the readiness
         // descriptor's may ask for more, left in place: interest.rs).
         let mask = crate::interest::shown_mask(&c, epfd, ev[i].u64, orig, now).unwrap_or(u32::MAX);

@@ -11,6 +11,10 @@ pub(crate) struct Conn {
     /// The connection's registrations in the application's epoll sets
     /// (its peer signal's and its readiness descriptor's).
     pub(crate) regs: Mutex<Regs>,
+    /// An entry of the connection's in the map of signals by (set, data)
+    /// (`poll.rs`, `SIGNALLED`) went to another descriptor given its data:
+    /// its next registration change under the same data puts it back.
+    pub(crate) unlisted: std::sync::atomic::AtomicBool,
 }
 
 /// A connection's registrations in the application's epoll sets.
@@ -32,6 +36,7 @@ impl Conn {
             s,
             peeked: Mutex::new(Vec::new()),
             regs: Mutex::new(Regs::default()),
+            unlisted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
