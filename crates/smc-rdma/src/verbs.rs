@@ -729,13 +729,6 @@ pub trait Bell: Send + Sync {
     fn polled_taken(&self) -> bool {
         false
     }
-    /// Whether the bell is armed for a poller ([`Self::arm_polled`]) and no
-    /// peer's SEND has taken it since: `poll_fd` was drained then and has
-    /// not been written for a SEND after it (a write of a SEND that took
-    /// the bell before that arm may still land).
-    fn polled_armed(&self) -> bool {
-        false
-    }
     /// The bell no longer armed for a poller, `poll_fd` drained (the last
     /// poller is gone).
     fn disarm_polled(&self) {}

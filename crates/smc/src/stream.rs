@@ -633,12 +633,13 @@ impl SmcStream {
                 // before the look below (and drained: a signal whose bytes
                 // a read took may still be there), so that the peer's next
                 // CDC signals it unless the look finds that CDC.
-                // (not again if armed since and not signalled: the read
-                // that emptied the connection armed it, `rearm_if_emptied`)
+                // (also when a read before armed it, `rearm_if_emptied`: a
+                // peer's write for a SEND that took the bell before that arm
+                // may have landed after its drain, and a level-triggered
+                // loop that reads to WouldBlock would be woken by it again
+                // and again)
                 if let Some(s) = c.signal().filter(|s| s.polled()) {
-                    if !s.bell.polled_armed() {
-                        s.bell.arm_polled();
-                    }
+                    s.bell.arm_polled();
                 }
                 match f.may_sleep() {
                     MaySleep::Sleep => return Err(io::ErrorKind::WouldBlock.into()),

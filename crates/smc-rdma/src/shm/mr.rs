@@ -376,9 +376,6 @@ impl Bell for ShmBell {
             BELL_SIGNALLED | BELL_SIGNALLED_LEVEL
         )
     }
-    fn polled_armed(&self) -> bool {
-        matches!(self.word().load(SeqCst), BELL_POLLED | BELL_POLLED_LEVEL)
-    }
     fn disarm_polled(&self) {
         let w = self.word();
         for was in [
