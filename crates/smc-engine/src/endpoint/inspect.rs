@@ -200,28 +200,23 @@ impl<P: Provider> Endpoint<P> {
 
     /// CDC and LLC messages this endpoint sent and received so far.
     pub fn msg_counts(&self) -> MsgCounts {
+        // (the links' own counts that no poll of the endpoint has taken
+        // yet: the fast path's sent CDCs until a send completion, and the
+        // CDCs a reader's own dispatch applied until the endpoint polls the
+        // link, which with the driver asleep can be seconds away)
+        let (mut sent, mut received) = (0, 0);
+        for r in self
+            .lgrs
+            .iter()
+            .flatten()
+            .flat_map(|lg| lg.links.iter().flatten())
+        {
+            sent += r.tx.uncounted_cdcs();
+            received += r.rx.uncounted_cdcs();
+        }
         MsgCounts {
-            // (and those of the fast path that no send completion has
-            // counted yet)
-            cdc_sent: self.cdc_sent
-                + self
-                    .lgrs
-                    .iter()
-                    .flatten()
-                    .flat_map(|lg| lg.links.iter().flatten())
-                    .map(|r| r.tx.uncounted_cdcs())
-                    .sum::<u64>(),
-            // (and those that a reader's own dispatch applied and no poll
-            // of the link by the endpoint has taken yet: with the driver
-            // asleep that can be seconds away)
-            cdc_received: self.cdc_received
-                + self
-                    .lgrs
-                    .iter()
-                    .flatten()
-                    .flat_map(|lg| lg.links.iter().flatten())
-                    .map(|r| r.rx.uncounted_cdcs())
-                    .sum::<u64>(),
+            cdc_sent: self.cdc_sent + sent,
+            cdc_received: self.cdc_received + received,
             llc_sent: self.llc_sent,
             llc_received: self.llc_received,
         }
