@@ -43,7 +43,7 @@ impl<P: Provider> Endpoint<P> {
         if rx.attention() {
             rx.set_attention(&book, false);
             self.completions += std::mem::take(&mut book.completions);
-            let cdcs = rx.take_cdcs(&book);
+            let cdcs = rx.cdcs.take(&*book);
             self.cdc_received += cdcs;
             self.cdc_dispatched += cdcs;
             if std::mem::take(&mut book.active) {
@@ -274,7 +274,7 @@ fn dispatch_with<P: Provider>(
             };
             applied = true;
             book.completions += 1;
-            rx.count_cdc(&book);
+            rx.cdcs.add(&*book);
             book.active = true;
             if !book.marks.contains(&id) {
                 book.marks.push(id);

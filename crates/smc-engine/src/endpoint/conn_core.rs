@@ -591,7 +591,7 @@ impl<P: Provider> ConnCore<P> {
         }
         match posted {
             Ok(()) => {
-                f.tx.count_cdc(&book);
+                f.tx.fast_cdcs.add(&*book);
                 Ok(FastWrite::Wrote(n))
             }
             // (as the endpoint's direct write: what did not go out stays
@@ -714,7 +714,7 @@ impl<P: Provider> ConnCore<P> {
             None,
         ) {
             Ok(()) => {
-                f.tx.count_cdc(&book);
+                f.tx.fast_cdcs.add(&*book);
                 FastRead::Read { n, cdc: true }
             }
             // (as a failed post of the endpoint's flush: the CDC stays

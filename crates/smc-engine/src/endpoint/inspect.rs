@@ -211,8 +211,8 @@ impl<P: Provider> Endpoint<P> {
             .flatten()
             .flat_map(|lg| lg.links.iter().flatten())
         {
-            sent += r.tx.uncounted_cdcs();
-            received += r.rx.uncounted_cdcs();
+            sent += r.tx.fast_cdcs.get();
+            received += r.rx.cdcs.get();
         }
         MsgCounts {
             cdc_sent: self.cdc_sent + sent,

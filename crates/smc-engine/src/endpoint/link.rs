@@ -194,10 +194,39 @@ pub(super) struct LinkTx<P: Provider> {
     /// Set when a fast post failed ([`TxBook::broken`]): the endpoint's next
     /// pump looks.
     attention: AtomicBool,
-    /// CDCs the fast path posted, not yet counted by the endpoint: written
-    /// under `book` only (a load and a store on the data path), read
-    /// without it by the endpoint's statistics (`Endpoint::msg_counts`).
-    fast_cdcs: AtomicU64,
+    /// CDCs the fast path posted, not yet counted by the endpoint.
+    pub fast_cdcs: Uncounted,
+}
+
+/// CDCs a link's send or receive side took without the endpoint, not yet
+/// counted by it: changed under that side's `book` lock only (so a load
+/// and a store, no locked add, on the data path), read without it by the
+/// endpoint's statistics (`Endpoint::msg_counts`), which would otherwise
+/// lag until the endpoint next polls the link (seconds, with its driver
+/// asleep).
+#[derive(Default)]
+pub(super) struct Uncounted(AtomicU64);
+
+impl Uncounted {
+    /// One more (the caller holds the side's `book`).
+    #[inline]
+    pub fn add<B>(&self, _book: &B) {
+        let n = self.0.load(Ordering::Relaxed);
+        self.0.store(n + 1, Ordering::Relaxed);
+    }
+
+    /// The count, reset (the caller holds the side's `book`).
+    pub fn take<B>(&self, _book: &B) -> u64 {
+        let n = self.0.load(Ordering::Relaxed);
+        self.0.store(0, Ordering::Relaxed);
+        n
+    }
+
+    /// The count, without the lock (a statistic: one being added may be
+    /// missed).
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// A link's receive side (docs/FAST-PATH.md, step 4): the receive CQ, the
@@ -223,12 +252,8 @@ pub(super) struct LinkRx<P: Provider> {
     /// link is stopped or released.
     open: AtomicBool,
     /// CDCs a dispatch without the device lock applied, not yet counted by
-    /// the endpoint: written under `book` only (so a load and a store, no
-    /// locked add, on the data path), read without it by the endpoint's
-    /// statistics (`Endpoint::msg_counts`), which a reader that takes its
-    /// own CDCs would otherwise leave behind until the endpoint's next poll
-    /// of the link.
-    cdcs: AtomicU64,
+    /// the endpoint.
+    pub cdcs: Uncounted,
 }
 
 /// What a link's receive poller keeps under [`LinkRx`]'s lock: the buffers
@@ -309,27 +334,6 @@ impl<P: Provider> LinkRx<P> {
     #[inline]
     pub fn attention(&self) -> bool {
         self.attention.load(Ordering::SeqCst)
-    }
-
-    /// Counts a CDC a dispatch without the device lock applied (the caller
-    /// holds `book`).
-    #[inline]
-    pub fn count_cdc(&self, _book: &RxBook) {
-        let n = self.cdcs.load(Ordering::Relaxed);
-        self.cdcs.store(n + 1, Ordering::Relaxed);
-    }
-
-    /// Takes the count of [`Self::count_cdc`] (the caller holds `book`).
-    pub fn take_cdcs(&self, _book: &RxBook) -> u64 {
-        let n = self.cdcs.load(Ordering::Relaxed);
-        self.cdcs.store(0, Ordering::Relaxed);
-        n
-    }
-
-    /// CDCs counted by [`Self::count_cdc`] and not yet taken, without the
-    /// lock (a statistic: one the dispatch is counting may be missed).
-    pub fn uncounted_cdcs(&self) -> u64 {
-        self.cdcs.load(Ordering::Relaxed)
     }
 
     /// Sets or clears [`Self::attention`] (the caller holds `book`).
@@ -465,7 +469,7 @@ impl<P: Provider> LinkRes<P> {
                 broken: None,
             }),
             attention: AtomicBool::new(false),
-            fast_cdcs: AtomicU64::new(0),
+            fast_cdcs: Uncounted::default(),
         });
         let rx = Arc::new(LinkRx {
             qp: qp.clone(),
@@ -474,7 +478,7 @@ impl<P: Provider> LinkRes<P> {
             book: Mutex::new(RxBook::default()),
             attention: AtomicBool::new(false),
             open: AtomicBool::new(false),
-            cdcs: AtomicU64::new(0),
+            cdcs: Uncounted::default(),
         });
         Ok(LinkRes {
             scq,
@@ -657,8 +661,7 @@ impl<P: Provider> LinkRes<P> {
     /// `cdc_sent`.
     pub fn complete(&mut self, wr_id: u64, cdc_sent: &mut u64) -> Option<WrKind> {
         let mut book = self.tx.book();
-        *cdc_sent += self.tx.fast_cdcs.load(Ordering::Relaxed);
-        self.tx.fast_cdcs.store(0, Ordering::Relaxed);
+        *cdc_sent += self.tx.fast_cdcs.take(&book);
         book.complete(wr_id)
     }
 
@@ -722,19 +725,6 @@ impl<P: Provider> LinkTx<P> {
     #[inline]
     pub fn book(&self) -> MutexGuard<'_, TxBook<P>> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Counts a CDC the fast path posted (the caller holds `book`).
-    #[inline]
-    pub fn count_cdc(&self, _book: &TxBook<P>) {
-        let n = self.fast_cdcs.load(Ordering::Relaxed);
-        self.fast_cdcs.store(n + 1, Ordering::Relaxed);
-    }
-
-    /// CDCs counted by [`Self::count_cdc`] and not yet taken, without the
-    /// lock (a statistic: one being counted may be missed).
-    pub fn uncounted_cdcs(&self) -> u64 {
-        self.fast_cdcs.load(Ordering::Relaxed)
     }
 
     /// A fast post failed with `e` (the caller holds `book`): the link
