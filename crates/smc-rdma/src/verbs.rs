@@ -744,6 +744,10 @@ pub trait Bell: Send + Sync {
     fn set_poll_level(&self, level: bool) {
         let _ = level;
     }
+    /// What [`Self::set_poll_level`] last said (`false` until then).
+    fn poll_level(&self) -> bool {
+        false
+    }
 }
 
 /// A shared handle to a [`Bell`].

@@ -365,10 +365,6 @@ pub(crate) struct PeerSignal {
     ///
     /// [`SmcStream::watch_signal`]: crate::SmcStream::watch_signal
     pub(crate) pollers: AtomicUsize,
-    /// Its pollers all wait level-triggered ([`SmcStream::signal_level`]).
-    ///
-    /// [`SmcStream::signal_level`]: crate::SmcStream::signal_level
-    pub(crate) level: AtomicBool,
 }
 
 impl PeerSignal {
@@ -395,7 +391,6 @@ fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
         fd: smc_rdma::sys::out_of_the_way(fd),
         bell,
         pollers: AtomicUsize::new(0),
-        level: AtomicBool::new(false),
     }))
 }
 

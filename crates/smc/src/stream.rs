@@ -212,7 +212,7 @@ impl SmcConn {
     fn rearm_if_emptied(&self) {
         let Some(s) = self
             .signal()
-            .filter(|s| s.polled() && s.level.load(Ordering::Relaxed) && s.bell.polled_taken())
+            .filter(|s| s.polled() && s.bell.poll_level() && s.bell.polled_taken())
         else {
             return;
         };
@@ -987,7 +987,6 @@ impl SmcStream {
     pub fn signal_level(&self, level: bool) {
         let Ok(Some(c)) = self.smc_conn() else { return };
         if let Some(s) = c.signal() {
-            s.level.store(level, Ordering::Relaxed);
             s.bell.set_poll_level(level);
         }
     }

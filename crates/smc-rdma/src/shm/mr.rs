@@ -390,6 +390,9 @@ impl Bell for ShmBell {
             e.drain();
         }
     }
+    fn poll_level(&self) -> bool {
+        self.local.level.load(SeqCst)
+    }
     fn set_poll_level(&self, level: bool) {
         if self.local.level.swap(level, SeqCst) == level {
             return;
