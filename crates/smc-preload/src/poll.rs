@@ -587,11 +587,11 @@ pub(crate) fn set_closing(fd: c_int) {
 /// (set, event data): the connection (what the application asks for there
 /// is in the connection's record, `interest::asked`, so that the changes
 /// of an event loop's interest around each request need not lock this).
-/// `epoll_wait` reports such a connection's events whole (`fix_events`). (Ordered, not hashed: it is looked up for every event
-/// and every `epoll_ctl` of a connection, and a few comparisons of two
-/// integers cost less than hashing them with the standard library's
-/// DoS-resistant hasher, which keys chosen by the application itself do
-/// not need.)
+/// `epoll_wait` reports such a connection's events whole (`fix_events`).
+/// (Ordered, not hashed: it is looked up for every event of a connection,
+/// and a few comparisons of two integers cost less than hashing them with
+/// the standard library's DoS-resistant hasher, which keys chosen by the
+/// application itself do not need.)
 type Signalled = std::collections::BTreeMap<(c_int, u64), std::sync::Weak<Conn>>;
 
 static SIGNALLED: Mutex<Option<Signalled>> = Mutex::new(None);
