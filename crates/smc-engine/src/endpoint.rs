@@ -261,6 +261,9 @@ pub struct Endpoint<P: Provider> {
     /// Scratch space for the completions one send CQ poll takes
     /// (`poll_send`; a receive CQ's poll has its link's, `LinkRx`), kept so that a poll does not initialize it each time.
     scratch_wcs: Vec<smc_rdma::WorkCompletion>,
+    /// The send completions of one poll with what their work requests
+    /// carried (`Endpoint::poll_send`), kept for its next call.
+    scratch_sent: Vec<(smc_rdma::WorkCompletion, Option<link::WrKind>)>,
     /// LLC messages posted so far.
     llc_sent: u64,
     /// LLC messages received, CDC messages posted and received so far
@@ -358,6 +361,7 @@ impl<P: Provider> Endpoint<P> {
             parked: Vec::new(),
             conn_flushes: 0,
             scratch_wcs: Vec::new(),
+            scratch_sent: Vec::new(),
             llc_sent: 0,
             llc_received: 0,
             cdc_sent: 0,

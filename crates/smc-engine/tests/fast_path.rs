@@ -245,6 +245,186 @@ fn the_fast_path_leaves_the_last_send_to_the_endpoint() {
     }
 }
 
+/// The server takes what came (the client's endpoint is not pumped): its
+/// CDCs' SENDs complete on the client's send CQ.
+fn serve(w: &mut World, s: &[smc_engine::endpoint::ConnId], got: &mut [Vec<u8>]) {
+    for _ in 0..50 {
+        w.fabric.advance(Duration::from_micros(20));
+        w.now += Duration::from_micros(20);
+        let now = w.now;
+        w.server.pump(now).unwrap();
+        for (s, g) in s.iter().zip(got.iter_mut()) {
+            g.extend(w.server.read(*s, 1 << 16).unwrap());
+        }
+    }
+}
+
+/// `n` ticks of both endpoints, the server reading what came after each.
+fn tick_read(w: &mut World, s: &[smc_engine::endpoint::ConnId], got: &mut [Vec<u8>], n: usize) {
+    for _ in 0..n {
+        w.tick();
+        for (s, g) in s.iter().zip(got.iter_mut()) {
+            g.extend(w.server.read(*s, 1 << 16).unwrap());
+        }
+    }
+}
+
+/// 64 bytes of stream `k`, from byte `sent[k]` on.
+fn next_msg(sent: &mut [usize], k: usize) -> Vec<u8> {
+    let m: Vec<u8> = (sent[k]..sent[k] + 64).map(|i| byte(i + k * 7)).collect();
+    sent[k] += 64;
+    m
+}
+
+fn assert_stream(got: &[u8], sent: usize, k: usize) {
+    assert_eq!(got.len(), sent, "stream {k}: every byte, once");
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(*b, byte(i + k * 7), "stream {k}, byte {i}");
+    }
+}
+
+/// A fast write that finds every SEND in flight takes the send completions
+/// that have come in itself (`LinkTx::reap`), without a pump of the
+/// endpoint's, applies its own connection's CDCs among them at once (the
+/// bytes they carried no longer unacknowledged) and goes on; every byte
+/// arrives once, in order.
+#[test]
+fn a_fast_write_takes_the_send_completions_that_came_when_every_send_is_in_flight() {
+    let mut w = World::with_seed(12, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    let (c, s) = (t.c, t.s);
+    let (mut sent, mut got) = (vec![0], vec![Vec::new()]);
+    let m = next_msg(&mut sent, 0);
+    assert_eq!(w.client.write(c, &m), Ok(64));
+    for _ in 0..20 {
+        w.tick();
+        got[0].extend(w.server.read(s, 1 << 16).unwrap());
+    }
+    let h = w.client.fast_conn(c).unwrap();
+    let mut fast = 0;
+    let mut rounds = 0;
+    // each round fills the link's SENDs, then the server takes them: the
+    // next fast write reaps
+    while rounds < 3 {
+        let m = next_msg(&mut sent, 0);
+        match h.try_write(&m).unwrap() {
+            FastWrite::Wrote(64) => fast += 1,
+            FastWrite::Declined => {
+                assert!(
+                    fast >= smc_engine::endpoint::MAX_SENDS - 1,
+                    "round {rounds}: declined after {fast} fast writes"
+                );
+                let unacked = w.client.unacked(c);
+                assert!(unacked >= fast * 64, "round {rounds}: {unacked} unacked");
+                serve(&mut w, &[s], &mut got);
+                assert_eq!(
+                    h.try_write(&m),
+                    Ok(FastWrite::Wrote(64)),
+                    "round {rounds}: the completions that came were not taken"
+                );
+                // (the connection's own completions applied by the write:
+                // only its own 64 bytes wait for theirs)
+                assert_eq!(w.client.unacked(c), 64, "round {rounds}");
+                fast = 1;
+                rounds += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(fast < 3 * smc_engine::endpoint::MAX_SENDS, "never declines");
+    }
+    for _ in 0..50 {
+        w.tick();
+        got[0].extend(w.server.read(s, 1 << 16).unwrap());
+    }
+    assert_eq!(w.client.unacked(c), 0);
+    assert_stream(&got[0], sent[0], 0);
+}
+
+/// Two connections on one link: a fast write's reap leaves the other
+/// connection's completions to the endpoint, and when that one's own fast
+/// write reaps later, before the endpoint took them, it leaves its own too
+/// (applying a later CDC's completion before an earlier one would confirm
+/// the earlier twice): the endpoint's pump applies them all, in order. Both
+/// streams arrive whole, neither connection is hurt.
+#[test]
+fn a_reap_leaves_other_connections_completions_to_the_endpoint_in_order() {
+    let mut w = World::with_seed(13, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let a = w.handshake();
+    let b = w.handshake();
+    assert_eq!(w.client.link_group_of(a.c), w.client.link_group_of(b.c));
+    assert_eq!(w.client.link_of(a.c), w.client.link_of(b.c));
+    let (c, s) = ([a.c, b.c], [a.s, b.s]);
+    let (mut sent, mut got) = (vec![0, 0], vec![Vec::new(), Vec::new()]);
+    for (k, &ck) in c.iter().enumerate() {
+        let m = next_msg(&mut sent, k);
+        assert_eq!(w.client.write(ck, &m), Ok(64));
+    }
+    tick_read(&mut w, &s, &mut got, 20);
+    let h = [
+        w.client.fast_conn(c[0]).unwrap(),
+        w.client.fast_conn(c[1]).unwrap(),
+    ];
+    // a fast write of stream `k`: whether it went (a declined one is not sent)
+    let write = |sent: &mut Vec<usize>, k: usize| {
+        let m = next_msg(sent, k);
+        match h[k].try_write(&m).unwrap() {
+            FastWrite::Wrote(64) => true,
+            FastWrite::Declined => {
+                sent[k] -= 64;
+                false
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    // B's writes, then A's until every SEND is in flight
+    for _ in 0..10 {
+        assert!(write(&mut sent, 1));
+    }
+    while write(&mut sent, 0) {}
+    serve(&mut w, &s, &mut got);
+    // A's write reaps: its own completions applied, B's left
+    let b_unacked = w.client.unacked(c[1]);
+    assert_eq!(b_unacked, 10 * 64);
+    assert!(write(&mut sent, 0), "A's reap");
+    assert_eq!(w.client.unacked(c[0]), 64);
+    assert_eq!(
+        w.client.unacked(c[1]),
+        b_unacked,
+        "B's completions are the endpoint's"
+    );
+    // B fills the SENDs, the server takes everything, B's write reaps: B's
+    // earlier completions still wait for the endpoint, so its own new ones
+    // wait too
+    while write(&mut sent, 1) {}
+    serve(&mut w, &s, &mut got);
+    assert!(write(&mut sent, 1), "B's reap");
+    assert!(
+        w.client.unacked(c[1]) > b_unacked,
+        "B's completions were applied before its older ones: {}",
+        w.client.unacked(c[1])
+    );
+    // the endpoint applies them in order; nothing is violated
+    let now = w.now;
+    w.client.pump(now).unwrap();
+    assert_eq!(
+        w.client.unacked(c[1]),
+        64,
+        "B: only its last write unconfirmed"
+    );
+    tick_read(&mut w, &s, &mut got, 50);
+    for (k, &ck) in c.iter().enumerate() {
+        assert_eq!(w.client.status(ck), Some(ConnStatus::Smc), "stream {k}");
+        assert_eq!(w.client.unacked(ck), 0, "stream {k}");
+        assert_stream(&got[k], sent[k], k);
+        let m = next_msg(&mut sent, k);
+        assert_eq!(w.client.write(ck, &m), Ok(64), "stream {k} goes on");
+    }
+    tick_read(&mut w, &s, &mut got, 50);
+    for k in 0..2 {
+        assert_stream(&got[k], sent[k], k);
+    }
+}
+
 /// The fast path's reads, racing the same way: a reader thread reads the
 /// server's end through its handle (the endpoint's read, under the lock,
 /// when the handle declines) while the driving thread writes the client's

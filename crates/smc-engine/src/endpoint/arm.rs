@@ -56,11 +56,24 @@ impl<P: Provider> Endpoint<P> {
     /// post CDCs that something waits on). Returns whether it armed any;
     /// then what the poll took is handled by the next pump. Cheap when
     /// there is nothing to arm: it looks at the signaled SENDs in flight, a
-    /// few per link.
+    /// few per link. Completions a connection's fast path took meanwhile
+    /// are handled too (then it returns `true`).
     pub fn arm_sends(&mut self) -> Result<bool> {
         let mut armed = false;
         for l in 0..self.lgrs.len() {
             for slot in 0..smc_proto::link::LINK_SLOTS {
+                // Completions a connection's fast path took off the send CQ
+                // since the last poll (`LinkTx::reap`) are out of the CQ and
+                // its notification, and out of the SENDs in flight looked at
+                // below: handled now, and the pump that follows does the
+                // rest (a waiter's may be among them).
+                if self
+                    .link_res_mut(l, slot)
+                    .is_some_and(|res| res.tx.has_reaped())
+                {
+                    self.poll_send(l, slot)?;
+                    armed = true;
+                }
                 let unarmed = self
                     .link_res_mut(l, slot)
                     .is_some_and(|res| !res.send_armed && !res.book().wrs.is_empty());

@@ -17,7 +17,7 @@ use super::{ConnId, Endpoint, LgrId, Result};
 /// Completions taken from a CQ per poll.
 pub(super) const POLL_BATCH: usize = 16;
 use smc_proto::link::LinkState;
-use smc_rdma::{CompletionQueue, Provider, WcStatus, WorkCompletion};
+use smc_rdma::{Provider, WcStatus, WorkCompletion};
 
 impl<P: Provider> Endpoint<P> {
     /// Send completions of link `slot`. A CDC's completion counts only while its
@@ -26,12 +26,21 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn poll_send(&mut self, l: LgrId, slot: usize) -> Result<()> {
         let mut wcs = std::mem::take(&mut self.scratch_wcs);
         wcs.resize(POLL_BATCH, WorkCompletion::default());
-        let r = self.poll_send_with(l, slot, &mut wcs);
+        let mut sent = std::mem::take(&mut self.scratch_sent);
+        let r = self.poll_send_with(l, slot, &mut wcs, &mut sent);
+        sent.clear();
         self.scratch_wcs = wcs;
+        self.scratch_sent = sent;
         r
     }
 
-    fn poll_send_with(&mut self, l: LgrId, slot: usize, wcs: &mut [WorkCompletion]) -> Result<()> {
+    fn poll_send_with(
+        &mut self,
+        l: LgrId,
+        slot: usize,
+        wcs: &mut [WorkCompletion],
+        sent: &mut Vec<(WorkCompletion, Option<WrKind>)>,
+    ) -> Result<()> {
         loop {
             let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
                 return Ok(());
@@ -39,12 +48,14 @@ impl<P: Provider> Endpoint<P> {
             let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
                 return Ok(());
             };
-            let n = res.scq.poll(wcs)?;
-            self.completions += n as u64;
+            // (what a connection's fast path reaped first: the send queue's
+            // order, see `LinkTx::reap`)
+            sent.clear();
+            let more = res.tx.take_completions(wcs, sent, &mut self.cdc_sent)?;
+            self.completions += sent.len() as u64;
             let now = self.now;
             let mut failed = false;
-            for wc in wcs.iter().take(n) {
-                let kind = res.complete(wc.wr_id, &mut self.cdc_sent);
+            for &(wc, kind) in sent.iter() {
                 if wc.status != WcStatus::Success {
                     failed = true;
                     continue;
@@ -63,12 +74,12 @@ impl<P: Provider> Endpoint<P> {
                         c.tx_dirty = true;
                         self.tx_dirty.push(id);
                     }
-                    let sent = lock(&c.core).on_cdc_sent(slot, seq);
-                    if let Some(sent) = sent {
+                    let done = lock(&c.core).on_cdc_sent(slot, seq);
+                    if let Some(done) = done {
                         // A close that waits for unsent data waits on while
                         // the peer takes some.
-                        c.close_progress(sent.unsent, now);
-                        if sent.finished {
+                        c.close_progress(done.unsent, now);
+                        if done.finished {
                             self.due.push(id);
                         }
                     }
@@ -77,7 +88,7 @@ impl<P: Provider> Endpoint<P> {
             if failed {
                 lg.group.on_link_failure(slot);
             }
-            if n < wcs.len() {
+            if !more {
                 return Ok(());
             }
         }

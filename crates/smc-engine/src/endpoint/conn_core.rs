@@ -25,12 +25,12 @@ use super::conn::ConnError;
 use super::events::AbortCause;
 use super::lease::{ReadLease, ReadPlan};
 use super::lgr::PeerRmb;
-use super::link::{LinkRes, LinkTx, WrKind, MAX_SENDS};
+use super::link::{LinkRes, LinkTx, WrKind};
 use super::ConnId;
 use smc_proto::close::{CloseEvent, CloseState, Closer};
 use smc_proto::datapath::{DataPath, Violation};
 use smc_rdma::{Doorbell, MemWindow, MemoryRegion, Provider};
-use smc_wire::cdc::{CdcMessage, RingChunks, CDC_LEN};
+use smc_wire::cdc::{CdcMessage, RingChunks};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// A connection's data path, shared between the endpoint and whoever holds a
@@ -204,8 +204,9 @@ pub enum FastRead {
 /// what an established connection can do on its own, without the endpoint
 /// (and so without the lock a driver keeps it under). Cloneable; obtained
 /// from [`Endpoint::fast_conn`](super::Endpoint::fast_conn). Every call either
-/// finishes or declines without a change, and the caller then goes through
-/// the endpoint.
+/// finishes or declines without a change (but for send completions it took
+/// on the way, `LinkTx::reap`, whose effects are the endpoint's), and the
+/// caller then goes through the endpoint.
 pub struct FastConn<P: Provider> {
     core: CoreRef<P>,
     /// [`Self::doorbell`], looked up once.
@@ -553,10 +554,18 @@ impl<P: Provider> ConnCore<P> {
             return Ok(FastWrite::Declined);
         }
         let mut book = f.tx.book();
+        // A completion of this connection's own CDCs that this write's reap
+        // takes is applied here, as `Endpoint::poll_send` would: with
+        // nothing unsent and no close (checked above) the endpoint would
+        // have nothing to flush or finish for it, and the connection had
+        // room in its send buffer already (`n < sndbuf_free`), so no thread
+        // or task can be waiting to write (only a completion gives room, and
+        // the endpoint's wakes them): it only grows, told to the watch after
+        // the write (`FastConn::try_write`).
         if !book.open
-            || book.sends_in_flight + 1 >= MAX_SENDS
-            || !book.has_free_slots()
-            || (book.takes_slot(CDC_LEN) && book.free_small() < 2)
+            || !f
+                .tx
+                .has_room(&mut book, f.id, |seq| dp.on_cdc_sent(seq).is_ok())
         {
             return Ok(FastWrite::Declined);
         }
@@ -677,11 +686,15 @@ impl<P: Provider> ConnCore<P> {
             {
                 return FastRead::Declined;
             }
-            let book = f.tx.book();
+            let mut book = f.tx.book();
+            // (the connection's own completions applied as in `fast_write`,
+            // where it has room in its send buffer: else a writer may wait
+            // for them, whom the endpoint wakes)
+            let room = dp.sndbuf_free() > 0;
             if !book.open
-                || book.sends_in_flight + 1 >= MAX_SENDS
-                || !book.has_free_slots()
-                || (book.takes_slot(CDC_LEN) && book.free_small() < 2)
+                || !f
+                    .tx
+                    .has_room(&mut book, f.id, |seq| room && dp.on_cdc_sent(seq).is_ok())
             {
                 return FastRead::Declined;
             }

@@ -18,7 +18,7 @@
 use smc_proto::link::{LocalPort, PeerPort};
 use smc_rdma::{
     Access, CompletionQueue, Device, MemoryRegion, Payload, ProtectionDomain, Provider, QpCap,
-    QpModify, QpState, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge,
+    QpModify, QpState, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge, WcStatus,
 };
 use smc_wire::types::{Gid, IbMtu, Mac};
 use std::collections::{HashMap, VecDeque};
@@ -48,11 +48,16 @@ pub(super) const RECV_SLOT_LEN: usize = 8192;
 /// and posts three times as many receive buffers (`smc_ib_create_queue_pair`,
 /// as [`RECV_SLOTS`] here); twice that many still leaves a peer of either kind
 /// receive buffers to spare. One link carries many connections, and a
-/// write that finds all of its SENDs in flight leaves the fast path for the
-/// endpoint (the counts are in smc-preload's README). More than a
+/// write that finds all of its SENDs in flight, with no completion come in
+/// to take (`LinkTx::reap`), leaves the fast path for the endpoint (the
+/// counts are in smc-preload's README). More than a
 /// peer has posted would only meet RNR NAKs, which the QP retries for ever
 /// (`rnr_retry` 7, as Linux's `SMC_QP_RNR_RETRY`).
 pub const MAX_SENDS: usize = 32;
+/// Send completions a fast path's reap ([`LinkTx::reap`]) leaves for the
+/// endpoint at most: beyond that the fast path goes through the endpoint,
+/// whose pump takes them (a bound on what waits, when no driver pumps).
+const REAPED_MAX: usize = 4 * MAX_SENDS;
 /// Send-queue depth: every SEND may be preceded by two RDMA WRITEs (Linux
 /// `smc_ib_create_queue_pair`: `SMC_WR_BUF_CNT * 3`).
 const SQ_DEPTH: usize = 3 * MAX_SENDS;
@@ -98,7 +103,6 @@ impl SendSlot {
 
 /// One link's provider objects and send bookkeeping.
 pub(super) struct LinkRes<P: Provider> {
-    pub scq: P::Cq,
     /// The QP (shared with [`LinkTx`] and [`LinkRx`]: posting takes `&self`,
     /// providers synchronize it internally).
     pub qp: Arc<P::Qp>,
@@ -190,7 +194,15 @@ impl<P: Provider> std::fmt::Debug for LinkBringup<P> {
 /// disagree on what is in flight.
 pub(super) struct LinkTx<P: Provider> {
     pub qp: Arc<P::Qp>,
+    /// The send CQ. Polled only with [`Self::book`] held, by the endpoint
+    /// (`Endpoint::poll_send`) or by a connection's fast path that finds
+    /// every SEND in flight ([`Self::reap`]), so that the two take
+    /// completions in the send queue's order; armed and looked at without.
+    pub scq: P::Cq,
     book: Mutex<TxBook<P>>,
+    /// [`TxBook::reaped`] has completions for the endpoint: the link's
+    /// group is not quiet until its next poll of the send CQ took them.
+    reaped: AtomicBool,
     /// Set when a fast post failed ([`TxBook::broken`]): the endpoint's next
     /// pump looks.
     attention: AtomicBool,
@@ -403,6 +415,11 @@ pub(super) struct TxBook<P: Provider> {
     /// A fast post failed with this: the link is broken, for the endpoint
     /// to handle (`Endpoint::take_fast_errors`).
     pub broken: Option<smc_rdma::Error>,
+    /// Send completions a connection's fast path took off the send CQ
+    /// ([`LinkTx::reap`]) and left to the endpoint, with what each one's
+    /// work request carried (its send slot and place in flight are free
+    /// already): the endpoint handles them before what it polls itself.
+    pub reaped: Vec<(smc_rdma::WorkCompletion, Option<WrKind>)>,
 }
 
 impl<P: Provider> LinkRes<P> {
@@ -457,6 +474,8 @@ impl<P: Provider> LinkRes<P> {
         let qp = Arc::new(qp);
         let tx = Arc::new(LinkTx {
             qp: qp.clone(),
+            scq,
+            reaped: AtomicBool::new(false),
             book: Mutex::new(TxBook {
                 wrs: VecDeque::new(),
                 max_inline: max_inline as usize,
@@ -467,6 +486,7 @@ impl<P: Provider> LinkRes<P> {
                 next_wr: 1 << 32,
                 open: false,
                 broken: None,
+                reaped: Vec::new(),
             }),
             attention: AtomicBool::new(false),
             fast_cdcs: Uncounted::default(),
@@ -481,7 +501,6 @@ impl<P: Provider> LinkRes<P> {
             cdcs: Uncounted::default(),
         });
         Ok(LinkRes {
-            scq,
             qp,
             rx,
             psn,
@@ -655,16 +674,6 @@ impl<P: Provider> LinkRes<P> {
             .post_write_inline(&self.qp, data, rkey, remote_addr)
     }
 
-    /// Takes the signaled SEND `wr_id` out of the link's SENDs in flight
-    /// (its send slot is free again, and its place in the send queue):
-    /// what it carried. The CDCs the fast path posted since are added to
-    /// `cdc_sent`.
-    pub fn complete(&mut self, wr_id: u64, cdc_sent: &mut u64) -> Option<WrKind> {
-        let mut book = self.tx.book();
-        *cdc_sent += self.tx.fast_cdcs.take(&book);
-        book.complete(wr_id)
-    }
-
     /// Asks the receive CQ, and the send CQ if `send`, to signal the
     /// endpoint's channel at their next completion (see `endpoint/arm.rs`).
     pub fn arm(&mut self, send: bool) -> Result<()> {
@@ -681,7 +690,7 @@ impl<P: Provider> LinkRes<P> {
 
     /// Asks the send CQ to signal the endpoint's channel at its next completion.
     pub fn arm_send(&mut self) -> Result<()> {
-        self.scq.req_notify()?;
+        self.tx.scq.req_notify()?;
         self.send_armed = true;
         Ok(())
     }
@@ -725,6 +734,94 @@ impl<P: Provider> LinkTx<P> {
     #[inline]
     pub fn book(&self) -> MutexGuard<'_, TxBook<P>> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the send completions that have come (the caller holds
+    /// `book`), for connection `me`'s fast path, which finds every SEND in
+    /// flight (without this it would go through the endpoint, whose pump is
+    /// where completions were taken): their SENDs leave the flight and give
+    /// back their send slots now. A completed CDC of `me`'s own is handed
+    /// to `own` (its sequence number), which applies it if it can (see
+    /// `ConnCore::fast_write`); every other completion, and `me`'s from the
+    /// first that `own` refuses, wait in [`TxBook::reaped`] for the
+    /// endpoint, which does the rest (a CDC's connection told, a failed
+    /// one's link) at its next pump, in the send queue's order. Whether it
+    /// took any. Nothing is taken while [`REAPED_MAX`] wait already: the
+    /// fast path then goes through the endpoint, which takes them.
+    pub fn reap(&self, book: &mut TxBook<P>, me: ConnId, mut own: impl FnMut(u16) -> bool) -> bool {
+        if book.reaped.len() >= REAPED_MAX {
+            return false;
+        }
+        let mine = |k: &Option<WrKind>| matches!(k, Some(WrKind::Cdc(id, _)) if *id == me);
+        // (a CDC of `me`'s that waits for the endpoint is older than any
+        // taken now: applying a later one first would confirm it twice)
+        let mut inline = !book.reaped.iter().any(|(_, k)| mine(k));
+        let mut wcs = [smc_rdma::WorkCompletion::default(); 16];
+        let mut took = false;
+        // (a failed poll: the endpoint's own poll meets it again)
+        while let Ok(n) = self.scq.poll(&mut wcs) {
+            for wc in &wcs[..n] {
+                let kind = book.complete(wc.wr_id);
+                if let Some(WrKind::Cdc(id, seq)) = kind {
+                    if inline && id == me && wc.status == WcStatus::Success {
+                        if own(seq) {
+                            continue;
+                        }
+                        inline = false;
+                    }
+                }
+                book.reaped.push((*wc, kind));
+            }
+            took |= n > 0;
+            if n < wcs.len() {
+                break;
+            }
+        }
+        if !book.reaped.is_empty() {
+            self.reaped.store(true, Ordering::Release);
+        }
+        took
+    }
+
+    /// Whether a fast post of connection `me` may take a SEND and its send
+    /// slot now, leaving one of each to spare for the endpoint (its
+    /// flushes, LLC messages): after a [`Self::reap`] (with `own`) if every
+    /// SEND seemed in flight.
+    pub fn has_room(&self, book: &mut TxBook<P>, me: ConnId, own: impl FnMut(u16) -> bool) -> bool {
+        let room = |b: &TxBook<P>| {
+            b.sends_in_flight + 1 < MAX_SENDS
+                && b.has_free_slots()
+                && (!b.takes_slot(smc_wire::cdc::CDC_LEN) || b.free_small() >= 2)
+        };
+        room(book) || (self.reap(book, me, own) && room(book))
+    }
+
+    /// Whether [`Self::reap`] left completions for the endpoint.
+    pub fn has_reaped(&self) -> bool {
+        self.reaped.load(Ordering::Acquire)
+    }
+
+    /// The endpoint's poll of the send CQ (`Endpoint::poll_send`): what
+    /// [`Self::reap`] took, then up to `wcs.len()` completions of the CQ,
+    /// each with what its work request carried, in the send queue's order,
+    /// into `out`; the CDCs the fast path posted since the last call are
+    /// added to `cdc_sent`. Whether the CQ may have more.
+    pub fn take_completions(
+        &self,
+        wcs: &mut [smc_rdma::WorkCompletion],
+        out: &mut Vec<(smc_rdma::WorkCompletion, Option<WrKind>)>,
+        cdc_sent: &mut u64,
+    ) -> Result<bool> {
+        let mut book = self.book();
+        *cdc_sent += self.fast_cdcs.take(&book);
+        out.append(&mut book.reaped);
+        self.reaped.store(false, Ordering::Release);
+        let n = self.scq.poll(wcs)?;
+        for wc in &wcs[..n] {
+            let kind = book.complete(wc.wr_id);
+            out.push((*wc, kind));
+        }
+        Ok(n == wcs.len())
     }
 
     /// A fast post failed with `e` (the caller holds `book`): the link
@@ -829,7 +926,9 @@ impl<P: Provider> TxBook<P> {
         })
     }
 
-    /// See [`LinkRes::complete`].
+    /// Takes the signaled SEND `wr_id` out of the link's SENDs in flight
+    /// (its send slot is free again, and its place in the send queue):
+    /// what it carried.
     pub fn complete(&mut self, wr_id: u64) -> Option<WrKind> {
         // (RC completes a send queue in order: the oldest, found at once)
         let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;

@@ -312,7 +312,8 @@ impl<P: Provider> Endpoint<P> {
     /// (`CompletionQueue::may_have_work`, which the providers without a
     /// cheap look answer `true`: their groups are always pumped) and
     /// nothing left by a receive dispatch without the device lock
-    /// (`LinkRx::attention`). A group
+    /// (`LinkRx::attention`) or by a fast path's reap of the send CQ
+    /// (`LinkTx::has_reaped`). A group
     /// in any other state, or whose timers are due, is pumped whole.
     fn lgr_quiet(&self, l: LgrId) -> bool {
         let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
@@ -323,7 +324,8 @@ impl<P: Provider> Endpoint<P> {
             && !lg.group.has_work()
             && lg.links.iter().flatten().all(|r| {
                 r.connected
-                    && !r.scq.may_have_work()
+                    && !r.tx.scq.may_have_work()
+                    && !r.tx.has_reaped()
                     && !r.rx.cq.may_have_work()
                     && !r.rx.attention()
             })
@@ -429,10 +431,12 @@ impl<P: Provider> Endpoint<P> {
     /// `false` must still pump now and then.
     pub fn may_have_work(&self) -> bool {
         self.lgrs.iter().flatten().any(|lg| {
-            lg.links
-                .iter()
-                .flatten()
-                .any(|r| r.scq.may_have_work() || r.rx.cq.may_have_work() || r.rx.attention())
+            lg.links.iter().flatten().any(|r| {
+                r.tx.scq.may_have_work()
+                    || r.tx.has_reaped()
+                    || r.rx.cq.may_have_work()
+                    || r.rx.attention()
+            })
         })
     }
 }
