@@ -96,7 +96,11 @@ fn assert_same(plain: &str, other: &str, what: &str) {
 /// an epoll set inside another; a level-triggered set whose interest
 /// changes between waits (the library keeps such changes from the kernel
 /// until the next wait: `src/interest.rs`), with a thread asleep in it,
-/// and one that waits while two messages come and reads one byte;
+/// and one that waits while two messages come and reads one byte; an
+/// epoll data given by a connection taken out of the set (DEL, or MOD
+/// without events) to another, whose first one's peer then writes (the
+/// library turns the first one's peer signal off there: nothing shows
+/// under the data until the other's peer writes);
 /// reads through dup(); sendfile; half close
 /// with EPOLLRDHUP; EPOLLHUP; EPIPE and SIGPIPE after the peer closed) give the same results, errno values and readiness events under
 /// smc_run, both sides over SMC-R, as plain.
@@ -134,6 +138,12 @@ fn conformance_under_smc_run_as_plain_tcp() {
         "client epoll LT after reading one of two: IN",
         "client read the other = 1",
         "client epoll LT after reading both: none",
+        "client epoll given, A's peer wrote: 0",
+        "client epoll given, B's peer wrote: 1",
+        "client epoll given, B's peer wrote data 55: IN",
+        "client epoll given by MOD, B's peer wrote: 0",
+        "client epoll given by MOD, A's peer wrote: 1",
+        "client epoll given by MOD, A's peer wrote data 66: IN",
     ] {
         assert!(pc.contains(l) || ps.contains(l), "plain run lacks {l:?}");
     }
@@ -141,9 +151,9 @@ fn conformance_under_smc_run_as_plain_tcp() {
     let (ss, sc) = conform_run(&s, true, true);
     assert_same(&ps, &ss, "server under smc_run");
     assert_same(&pc, &sc, "client under smc_run");
-    // the script's three connections, both ends
+    // the script's four connections, both ends
     let modes = s.modes();
-    assert_eq!(modes.len(), 6, "{modes:?}");
+    assert_eq!(modes.len(), 8, "{modes:?}");
     assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
 }
 
@@ -158,7 +168,7 @@ fn conformance_with_one_side_plain_as_plain_tcp() {
         assert_same(&ps, &ss, &format!("server (smc_run: {sp})"));
         assert_same(&pc, &sc, &format!("client (smc_run: {cp})"));
         let modes = s.modes();
-        assert_eq!(modes.len(), 3, "{modes:?}");
+        assert_eq!(modes.len(), 4, "{modes:?}");
         assert!(
             modes
                 .iter()

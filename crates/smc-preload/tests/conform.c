@@ -75,6 +75,21 @@ static void ep_wait(const char *name, int ep, int ms) {
     show_events(name, e[0].events);
 }
 
+/* one epoll_wait: the number of events, and each event's data and events */
+static void ep_wait_data(const char *name, int ep, int ms) {
+    struct epoll_event e[4];
+    int n = epoll_wait(ep, e, 4, ms);
+    if (n < 0)
+        die("epoll_wait");
+    printf("%s %s: %d\n", who, name, n);
+    for (int i = 0; i < n; i++) {
+        char what[200];
+        snprintf(what, sizeof what, "%s data %llu", name, (unsigned long long)e[i].data.u64);
+        show_events(what, e[i].events);
+    }
+    fflush(stdout);
+}
+
 static void poll_show(const char *name, int fd, short events, int ms) {
     struct pollfd p = { fd, events, 0 };
     int n = poll(&p, 1, ms);
@@ -234,6 +249,21 @@ static void server(const char *portfile, const char *file) {
     /* the client's interest changed between waits */
     step(c, 'N');
     write_all(c, "n", 1);
+    /* the client's second connection (B), whose set's data it gives from
+     * one connection to the other: data from each peer in turn */
+    step(c, 'G');
+    poll_show("poll listener (B)", l, POLLIN, 10000);
+    int cb = accept4(l, NULL, NULL, SOCK_NONBLOCK);
+    show("accept B", cb < 0 ? -1 : 0);
+    if (cb < 0) exit(2);
+    step(c, 'H');
+    write_all(c, "h", 1);
+    step(c, 'I');
+    write_all(cb, "i", 1);
+    step(c, 'J');
+    write_all(cb, "j", 1);
+    step(c, 'K');
+    write_all(c, "k", 1);
     step(c, 'C');
 
     /* sendfile of FILE */
@@ -290,6 +320,7 @@ static void server(const char *portfile, const char *file) {
     show("accept second", c2 < 0 ? -1 : 0);
     show("close", close(c));
     show("close second", close(c2));
+    show("close B", close(cb));
     /* a third connection says the client is done: until then this process
      * stays (a user-space SMC-R link ends with its process, and with it the
      * peer's closed connections: not a TCP socket's behaviour to compare) */
@@ -580,6 +611,55 @@ static void client(int port, const char *file) {
         show_events("thread woken", w.events);
     }
     close(ev2);
+    /* An epoll data given by a connection the set no longer has to
+     * another, as an event loop that reuses its slots does: A (the
+     * socket) taken out of the set by EPOLL_CTL_DEL, then B added under
+     * A's data. A's peer writes: nothing under the data (A is out of the
+     * set, B has nothing); then B's peer writes: one event. */
+    write_all(s, "G", 1);
+    int b = socket(AF_INET, SOCK_STREAM, 0);
+    show("connect B (blocking)", connect(b, (struct sockaddr *)&a, sizeof a));
+    show("fcntl B O_NONBLOCK", fcntl(b, F_SETFL, fcntl(b, F_GETFL) | O_NONBLOCK));
+    int gv = epoll_create1(0);
+    struct epoll_event ge = { .events = EPOLLIN, .data.u64 = 55 };
+    show("epoll_ctl ADD A (given)", epoll_ctl(gv, EPOLL_CTL_ADD, s, &ge));
+    ep_wait_data("epoll given A (nothing)", gv, 50);
+    show("epoll_ctl DEL A (given)", epoll_ctl(gv, EPOLL_CTL_DEL, s, NULL));
+    show("epoll_ctl ADD B under A's data (given)", epoll_ctl(gv, EPOLL_CTL_ADD, b, &ge));
+    write_all(s, "H", 1);
+    ep_wait_data("epoll given, A's peer wrote", gv, 500);
+    read_n(s, buf, 1);
+    printf("client A got %.1s\n", buf);
+    write_all(s, "I", 1);
+    ep_wait_data("epoll given, B's peer wrote", gv, 2000);
+    read_n(b, buf, 1);
+    printf("client B got %.1s\n", buf);
+    ep_wait_data("epoll given, all read", gv, 50);
+    close(gv);
+    /* The same with B left in the set without events (EPOLL_CTL_MOD with
+     * none) and A moved to B's data (EPOLL_CTL_MOD): B's peer writes,
+     * nothing; A's peer writes, one event. */
+    int gw = epoll_create1(0);
+    struct epoll_event be = { .events = EPOLLIN, .data.u64 = 66 };
+    show("epoll_ctl ADD B (given by MOD)", epoll_ctl(gw, EPOLL_CTL_ADD, b, &be));
+    struct epoll_event ae = { .events = EPOLLIN, .data.u64 = 67 };
+    show("epoll_ctl ADD A other data (given by MOD)", epoll_ctl(gw, EPOLL_CTL_ADD, s, &ae));
+    ep_wait_data("epoll given by MOD (nothing)", gw, 50);
+    be.events = 0;
+    show("epoll_ctl MOD B no events (given by MOD)", epoll_ctl(gw, EPOLL_CTL_MOD, b, &be));
+    ae.data.u64 = 66;
+    show("epoll_ctl MOD A to B's data (given by MOD)", epoll_ctl(gw, EPOLL_CTL_MOD, s, &ae));
+    write_all(s, "J", 1);
+    ep_wait_data("epoll given by MOD, B's peer wrote", gw, 500);
+    read_n(b, buf, 1);
+    printf("client B got %.1s\n", buf);
+    write_all(s, "K", 1);
+    ep_wait_data("epoll given by MOD, A's peer wrote", gw, 2000);
+    read_n(s, buf, 1);
+    printf("client A got %.1s\n", buf);
+    ep_wait_data("epoll given by MOD, all read", gw, 50);
+    close(gw);
+    show("close B", close(b));
     write_all(s, "C", 1);
 
     /* the server's sendfile: the file, then its last 100 bytes */
