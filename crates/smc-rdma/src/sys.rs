@@ -323,13 +323,26 @@ impl SharedMem {
         self.fd = None;
     }
 
+    #[cold]
+    fn out_of_bounds() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "shared memory access out of bounds",
+        )
+    }
+
+    #[cold]
+    fn unaligned() -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidInput, "unaligned atomic")
+    }
+
+    // (inlined, its error out of line: every header word and slot access
+    // of the shm device's data path comes through here)
+    #[inline]
     fn check(&self, off: usize, len: usize) -> io::Result<()> {
         match off.checked_add(len) {
             Some(e) if e <= self.len => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "shared memory access out of bounds",
-            )),
+            _ => Err(Self::out_of_bounds()),
         }
     }
 
@@ -471,13 +484,11 @@ impl SharedMem {
     }
 
     /// An atomic u64 at `off` (8-byte aligned, in bounds) shared with peers.
+    #[inline]
     pub fn atomic(&self, off: usize) -> io::Result<&AtomicU64> {
         self.check(off, 8)?;
         if !off.is_multiple_of(8) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "unaligned atomic",
-            ));
+            return Err(Self::unaligned());
         }
         // SAFETY: in bounds, 8-byte aligned (mapping is page aligned), lives as
         // long as &self; AtomicU64 has the same layout as u64 and all

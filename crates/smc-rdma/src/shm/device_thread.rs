@@ -359,7 +359,18 @@ pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
         }
         // Peer regions deregistered since: unmap (windows lent keep theirs).
         if let Ok(mut m) = qp.remote.try_lock() {
+            let n = m.len();
             m.retain(|_, r| r.valid());
+            if m.len() != n {
+                qp.remote_changed(&m);
+                drop(m);
+                // (and the one the data path remembers, if it is one of them)
+                if let Ok(mut c) = qp.core.try_lock() {
+                    if c.last_remote.as_ref().is_some_and(|(_, r)| !r.valid()) {
+                        c.last_remote = None;
+                    }
+                }
+            }
         }
     }
 }

@@ -195,14 +195,17 @@ impl<'a> Ring<'a> {
         Some(Ring(m))
     }
     /// Header word.
+    #[inline]
     pub fn h(&self, off: usize) -> &'a AtomicU64 {
         self.0.atomic(off).expect("ring header words are in bounds")
     }
     /// Byte offset of slot `seq`.
+    #[inline]
     pub fn slot(seq: u64) -> usize {
         HDR + (seq % NSLOTS) as usize * SLOT_SIZE
     }
     /// Slot word.
+    #[inline]
     pub fn s(&self, seq: u64, off: usize) -> &'a AtomicU64 {
         self.0
             .atomic(Self::slot(seq) + off)
@@ -215,6 +218,7 @@ pub struct MrView<'a>(pub &'a SharedMem, pub usize);
 
 impl<'a> MrView<'a> {
     /// Header word (a region's mapping holds its whole header page).
+    #[inline]
     pub fn h(&self, off: usize) -> &'a AtomicU64 {
         self.0
             .atomic(self.1 + off)

@@ -16,7 +16,7 @@ use crate::sys::{EventFd, SharedMem};
 use crate::verbs::*;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 
 /// A protection domain of an `shm` device.
@@ -187,6 +187,7 @@ impl ProtectionDomain for ShmPd {
             live: AtomicBool::new(false),
             ctl: Mutex::new(Ctl::default()),
             remote: Mutex::new(KeyMap::default()),
+            remote_gen: AtomicU64::new(0),
             fail_pending: AtomicBool::new(false),
             fail_what: Mutex::new((None, false)),
             bell_fd_wanted: AtomicBool::new(false),

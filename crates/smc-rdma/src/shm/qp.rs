@@ -26,8 +26,8 @@ use crate::sys::{EventFd, SeqPacket, SharedMem};
 use crate::verbs::*;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -121,6 +121,12 @@ pub(super) struct Core {
     /// The peer's ring head (how far it consumed our SENDs) when the send
     /// queue last looked at acknowledgements (see `may_have_work`).
     pub(super) seen_peer_head: u64,
+    /// The peer region the last WRITE or doorbell named, with
+    /// [`QpInner::remote_gen`] when it was looked up: the next post to the
+    /// same region (a connection's WRITE and its CDC name the same RMB)
+    /// takes it from here, without the lock and lookup of `remote`
+    /// (`QpInner::peer_region_in`).
+    pub(super) last_remote: Option<(u64, Arc<PeerMr>)>,
 }
 
 impl Core {
@@ -142,6 +148,7 @@ impl Core {
             link: None,
             recv_posted: 0,
             seen_peer_head: 0,
+            last_remote: None,
         }
     }
 }
@@ -225,6 +232,10 @@ pub(super) struct QpInner {
     /// The peer's regions mapped for this QP, by rkey. They go with the link
     /// (ERR, RESET, destruction), and when the peer deregisters them.
     pub(super) remote: Mutex<KeyMap<u32, Arc<PeerMr>>>,
+    /// Changes of `remote` so far (each one with its lock held): a region
+    /// remembered in `Core::last_remote` under an older count is looked up
+    /// again.
+    pub(super) remote_gen: AtomicU64,
     /// The device thread wanted to fail the QP while `core` was busy.
     pub(super) fail_pending: AtomicBool,
     pub(super) fail_what: Mutex<(Option<WcStatus>, bool)>,
@@ -356,7 +367,9 @@ impl ShmQp {
         }
         if let (SendOp::RdmaWrite { remote_addr, rkey }, Payload::Inline(d)) = (wr.op, wr.payload) {
             if q.executes_at_post(&c, wr.signaled) {
-                if let Ok((m, off)) = q.check_remote(rkey, remote_addr, d.len()) {
+                if let Ok((m, off)) =
+                    q.check_remote_in(&mut c.last_remote, rkey, remote_addr, d.len())
+                {
                     if m.mem.write(off, d).is_ok() {
                         if wr.signaled {
                             q.send_cq.push(wc(

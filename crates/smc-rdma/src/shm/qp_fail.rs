@@ -115,7 +115,11 @@ impl QpInner {
         c.link = None;
         lock(&self.ctl).clear_links();
         *lock(&self.hb) = None;
-        lock(&self.remote).clear();
+        let mut m = lock(&self.remote);
+        m.clear();
+        self.remote_changed(&m);
+        drop(m);
+        c.last_remote = None;
         self.dev.wake.signal();
     }
 }

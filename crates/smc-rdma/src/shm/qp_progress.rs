@@ -308,7 +308,12 @@ impl QpInner {
                     | SendOp::RdmaWriteWithImm {
                         remote_addr, rkey, ..
                     } => {
-                        let (m, off) = self.check_remote(rkey, remote_addr, p.len as usize)?;
+                        let (m, off) = self.check_remote_in(
+                            &mut c.last_remote,
+                            rkey,
+                            remote_addr,
+                            p.len as usize,
+                        )?;
                         self.gather(&p.payload, &m.mem, off)?;
                     }
                     _ => {
@@ -341,7 +346,9 @@ impl QpInner {
                     // is published, and the slot says so: the woken owner
                     // polls it in, and the peer's channel is not signalled
                     // for it. It is rung once published (below).
-                    let bell = p.bell.and_then(|k| self.cached_peer_region(k));
+                    let bell = p
+                        .bell
+                        .and_then(|k| self.cached_peer_region_in(&mut c.last_remote, k));
                     let was = bell.as_ref().map_or(0, |m| take_bell(m));
                     let rang = was != 0;
                     if bell

@@ -6,7 +6,7 @@
 
 use super::mr::{PeerMr, EFD_ASKED, EFD_NONE, EFD_WANTED};
 use super::qp::{is_local_shortage, FetchError, QpInner};
-use super::{lock, ANSWER_WAIT, MAX_REGION};
+use super::{lock, KeyMap, ANSWER_WAIT, MAX_REGION};
 
 use super::layout::*;
 use super::wire::{Kind, Msg, F_MR_BELL_FD};
@@ -14,7 +14,7 @@ use crate::sys::{self, EventFd, SeqPacket, SharedMem};
 use crate::verbs::*;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU8;
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -232,7 +232,9 @@ impl QpInner {
         }
         if let Ok(new) = self.fetch_region(rkey) {
             new.efd_want.store(EFD_ASKED, Relaxed);
-            lock(&self.remote).insert(rkey, new);
+            let mut m = lock(&self.remote);
+            m.insert(rkey, new);
+            self.remote_changed(&m);
         }
     }
 
@@ -244,13 +246,16 @@ impl QpInner {
                 Some(r) if r.valid() => return Ok(r.clone()),
                 Some(_) => {
                     m.remove(&rkey);
+                    self.remote_changed(&m);
                 }
                 None => {}
             }
         }
         let r = self.fetch_region(rkey)?;
         debug_assert_eq!(r.rkey, rkey);
-        lock(&self.remote).insert(rkey, r.clone());
+        let mut m = lock(&self.remote);
+        m.insert(rkey, r.clone());
+        self.remote_changed(&m);
         Ok(r)
     }
 
@@ -271,6 +276,58 @@ impl QpInner {
         let m = self.peer_region(rkey).map_err(|e| e.status)?;
         let off = m.check(addr, len)?;
         Ok((m, off))
+    }
+
+    /// `remote` changed (the caller holds its lock, `_m`): regions
+    /// remembered before are looked up again (`Core::last_remote`).
+    pub(super) fn remote_changed(&self, _m: &KeyMap<u32, Arc<PeerMr>>) {
+        self.remote_gen.fetch_add(1, Release);
+    }
+
+    /// `last`'s region if it is `rkey`'s, `remote` has not changed since it
+    /// was looked up, and the peer still has it registered.
+    fn remembered(&self, last: &Option<(u64, Arc<PeerMr>)>, rkey: u32) -> Option<Arc<PeerMr>> {
+        let (gen, r) = last.as_ref()?;
+        (r.rkey == rkey && *gen == self.remote_gen.load(Acquire) && r.valid()).then(|| r.clone())
+    }
+
+    /// [`Self::check_remote`] for a post, which holds the QP's core and
+    /// passes its `last_remote`: the region looked up there first, and
+    /// remembered there after a lookup.
+    pub(super) fn check_remote_in(
+        &self,
+        last: &mut Option<(u64, Arc<PeerMr>)>,
+        rkey: u32,
+        addr: u64,
+        len: usize,
+    ) -> std::result::Result<(Arc<PeerMr>, usize), WcStatus> {
+        let m = match self.remembered(last, rkey) {
+            Some(m) => m,
+            None => {
+                // (read first: a change during the lookup makes it stale)
+                let gen = self.remote_gen.load(Acquire);
+                let m = self.peer_region(rkey).map_err(|e| e.status)?;
+                *last = Some((gen, m.clone()));
+                m
+            }
+        };
+        let off = m.check(addr, len)?;
+        Ok((m, off))
+    }
+
+    /// [`Self::cached_peer_region`] for a post, as [`Self::check_remote_in`].
+    pub(super) fn cached_peer_region_in(
+        &self,
+        last: &mut Option<(u64, Arc<PeerMr>)>,
+        rkey: u32,
+    ) -> Option<Arc<PeerMr>> {
+        if let Some(m) = self.remembered(last, rkey) {
+            return Some(m);
+        }
+        let gen = self.remote_gen.load(Acquire);
+        let m = self.cached_peer_region(rkey)?;
+        *last = Some((gen, m.clone()));
+        Some(m)
     }
 }
 
