@@ -235,10 +235,11 @@ fn the_registry_thread_sleeps_while_the_process_is_idle() {
     }
     let registry = switches_of("smc-registry") - before;
     // (two or three looks: each one wait, and the file's write, and at
-    // times a wait for a lock the ping-pong holds at that moment; looking
-    // per message would be thousands)
+    // times a wait for a lock the ping-pong holds at that moment, more of
+    // them since the fast path takes its send completions itself, under
+    // the link's send lock; looking per message would be thousands)
     assert!(
-        registry <= 12,
+        registry <= 24,
         "{registry} wake-ups of the registry thread in 2 s of traffic"
     );
     let a = clients[2];
