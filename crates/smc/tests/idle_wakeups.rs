@@ -234,10 +234,12 @@ fn the_registry_thread_sleeps_while_the_process_is_idle() {
         n += 64;
     }
     let registry = switches_of("smc-registry") - before;
-    // (two or three looks: each one wait, and the file's write, and at
-    // times a wait for a lock the ping-pong holds at that moment, more of
-    // them since the fast path takes its send completions itself, under
-    // the link's send lock; looking per message would be thousands)
+    // (two looks, one a second, each a wait, the file's write and waits
+    // for locks the ping-pong holds at that moment: a look walks every
+    // connection and link, and takes a few hundred microseconds to a few
+    // milliseconds, so that on this 2-core machine a look meets the
+    // ping-pong's locks several times; looking per message would be
+    // thousands)
     assert!(
         registry <= 24,
         "{registry} wake-ups of the registry thread in 2 s of traffic"
