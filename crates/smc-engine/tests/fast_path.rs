@@ -673,6 +673,34 @@ fn a_reader_that_finds_nothing_takes_its_cdc_from_the_receive_cq_itself() {
     assert!(w.server.violation(t.s).is_none());
 }
 
+/// A writer whose held doorbell a CDC took (`FastConn::take_held_cdc`)
+/// takes that CDC off the receive CQ itself even when its connection has
+/// bytes to read already (applied by an earlier dispatch): the CDC that
+/// took the doorbell may be behind them, and nobody was signalled for it.
+#[test]
+fn a_held_cdc_is_taken_even_when_the_connection_has_bytes_to_read() {
+    let mut w = World::with_seed(23, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    granted(&mut w, &t);
+    let h = w.server.fast_conn(t.s).unwrap();
+    assert_eq!(w.client.write(t.c, &[1u8; 64]).unwrap(), 64);
+    deliver_to_server(&mut w);
+    assert!(h.take_held_cdc(), "nothing to read yet: dispatched");
+    assert_eq!(h.level().readable, 64);
+    // a second CDC comes while the first one's bytes are unread
+    assert_eq!(w.client.write(t.c, &[2u8; 64]).unwrap(), 64);
+    deliver_to_server(&mut w);
+    assert!(
+        h.take_held_cdc(),
+        "the CDC behind unread bytes was not taken"
+    );
+    assert_eq!(h.level().readable, 128, "applied without a pump");
+    let got = w.server.read(t.s, 1 << 10).unwrap();
+    assert_eq!(got.len(), 128);
+    assert!(got[..64].iter().all(|&b| b == 1) && got[64..].iter().all(|&b| b == 2));
+    assert!(w.server.violation(t.s).is_none());
+}
+
 /// An established connection may take its CDCs itself from its first read
 /// (granted when the handshake ends, not after a read through the
 /// endpoint): the one read of a short connection, a request, needs no

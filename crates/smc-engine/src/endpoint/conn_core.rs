@@ -243,7 +243,11 @@ impl<P: Provider> FastConn<P> {
     /// thread had the CQ, or something waits for the endpoint, which must
     /// then pump).
     pub fn take_held_cdc(&self) -> bool {
-        let Some((rx, tokens, l)) = lock(&self.core).dispatch_grant() else {
+        // (also when the connection has bytes to read already: a dispatch
+        // for another connection may have applied some of its CDCs, not
+        // necessarily the one that took the doorbell, which may still
+        // wait in the receive CQ)
+        let Some((rx, tokens, l)) = lock(&self.core).link_grant(true) else {
             return false;
         };
         super::cdc_recv::dispatch_all(&rx, &tokens, l) == Some(true)
@@ -626,9 +630,15 @@ impl<P: Provider> ConnCore<P> {
     /// no read lease or violation) and holds a valid grant to poll its
     /// link ([`FastRx`]).
     fn dispatch_grant(&self) -> Option<DispatchGrant<P>> {
+        self.link_grant(false)
+    }
+
+    /// [`Self::dispatch_grant`], also while the connection has bytes to
+    /// read if `with_bytes`.
+    fn link_grant(&self, with_bytes: bool) -> Option<DispatchGrant<P>> {
         let dp = self.dp.as_ref()?;
         let f = self.fast_rx.as_ref()?;
-        if dp.readable() > 0
+        if (dp.readable() > 0 && !with_bytes)
             || !self.established
             || self.read_leased
             || self.violation.is_some()
