@@ -19,9 +19,11 @@
 //!   that does not sleep, as an event of the kernel's would be reported;
 //! * bits the application stopped waiting for are left registered (a
 //!   system call saved per change) until they fire for nobody, and then
-//!   taken off (`shown_mask`, from `poll::fix_events`); a registration the application
-//!   deleted stays too, until it fires, the connection closes, or the
-//!   application gives its data to another descriptor in the set.
+//!   taken off (`shown_mask`, from `poll::fix_events`), or until the
+//!   application gives their data to another descriptor in the set
+//!   (`quiet`); a registration the application deleted stays too, until it
+//!   fires, the connection closes, or the application gives its data to
+//!   another descriptor in the set.
 //!
 //! The kernel's registration is brought up to date by the next wait on the
 //! set (`before_wait`), so the changes between two waits cost at most one
@@ -428,21 +430,45 @@ pub(crate) fn shown_mask(c: &Conn, epfd: c_int, data: u64, orig: u32, now: u32) 
 
 /// The application gives `data` in `epfd` to another descriptor: a
 /// registration of `c`'s readiness descriptor left in place there under
-/// that data (deleted or moved to other data by the application) goes
-/// first, so that it never reports under the other's data.
+/// that data goes first (deleted or moved to other data by the
+/// application), or is cut down to no events (still there under that data,
+/// asking for none: an `EPOLL_CTL_MOD` without events), so that it never
+/// reports under the other's data.
 pub(crate) fn quiet(c: &Conn, rdy: &mut [Rdy], epfd: c_int, data: u64) {
     let Some(x) = rdy.iter_mut().find(|x| x.epfd == epfd) else {
         return;
     };
-    let left = x.kern.is_some_and(|(_, d)| d == data) && x.want.is_none_or(|(_, d)| d != data);
-    if !left {
+    let Some((k, _)) = x.kern.filter(|&(_, d)| d == data) else {
         return;
-    }
-    // (an application's own registration under other data is changed
-    // virtually, so it waits for the next wait, which adds it again)
+    };
+    let events = match x.want {
+        // (an application's own registration under other data is changed
+        // virtually, so it waits for the next wait, which adds it again)
+        Some((_, d)) if d != data => None,
+        None => None,
+        // Left in the set under the data with no events: the bits the
+        // application stopped asking for stay registered until they fire
+        // for nobody (`shown_mask`), but an event under the data is the
+        // other's now (`poll::fix_events` finds its connection by set and
+        // data), so this one's readable (its end of file, say) showed as
+        // the other's, and was never taken off. Registered as the
+        // application's own is, with no events (the kernel reports
+        // `EPOLLERR` and `EPOLLHUP` still, as it does for its socket).
+        Some((e, _)) if e & ASKABLE == 0 && k & ASKABLE != 0 && plain(k) => Some(0),
+        Some(_) => return,
+    };
     if let Some(r) = readiness(c) {
-        if ctl_own(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
-            x.kern = None;
+        match events {
+            None => {
+                if ctl_own(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
+                    x.kern = None;
+                }
+            }
+            Some(e) => {
+                if ctl_own(epfd, libc::EPOLL_CTL_MOD, r, e, data) == 0 {
+                    x.kern = Some((e, data));
+                }
+            }
         }
     }
 }

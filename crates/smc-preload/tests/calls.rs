@@ -100,7 +100,12 @@ fn assert_same(plain: &str, other: &str, what: &str) {
 /// epoll data given by a connection taken out of the set (DEL, or MOD
 /// without events) to another, whose first one's peer then writes (the
 /// library turns the first one's peer signal off there: nothing shows
-/// under the data until the other's peer writes);
+/// under the data until the other's peer writes), then whose first one's
+/// peer shuts its sending down (its readiness descriptor, readable for
+/// good, is taken out of the set or left there with no events,
+/// `interest::quiet`: nothing shows under the data) and whose first one
+/// then shuts its own down (EPOLLHUP under the data of the one left with
+/// no events, as the kernel reports it for any registration);
 /// reads through dup(); sendfile; half close
 /// with EPOLLRDHUP; EPOLLHUP; EPIPE and SIGPIPE after the peer closed) give the same results, errno values and readiness events under
 /// smc_run, both sides over SMC-R, as plain.
@@ -144,6 +149,13 @@ fn conformance_under_smc_run_as_plain_tcp() {
         "client epoll given by MOD, B's peer wrote: 0",
         "client epoll given by MOD, A's peer wrote: 1",
         "client epoll given by MOD, A's peer wrote data 66: IN",
+        "client read B after its peer's shutdown = 0",
+        "client epoll given by MOD, B's peer shut down: 0",
+        "client epoll given by DEL, B's peer shut down: 0",
+        "client epoll given by MOD, B over data 66: HUP",
+        "client epoll given by DEL, B over: 0",
+        "client epoll given by MOD after a wait, B's peer shut down: 0",
+        "client epoll given by MOD after a wait, B over data 88: HUP",
     ] {
         assert!(pc.contains(l) || ps.contains(l), "plain run lacks {l:?}");
     }

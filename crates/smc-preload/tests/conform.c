@@ -264,6 +264,9 @@ static void server(const char *portfile, const char *file) {
     write_all(cb, "j", 1);
     step(c, 'K');
     write_all(c, "k", 1);
+    /* B's end of file, for the client's sets that B asks nothing of */
+    step(c, 'O');
+    show("shutdown B SHUT_WR", shutdown(cb, SHUT_WR));
     step(c, 'C');
 
     /* sendfile of FILE */
@@ -658,6 +661,53 @@ static void client(int port, const char *file) {
     read_n(s, buf, 1);
     printf("client A got %.1s\n", buf);
     ep_wait_data("epoll given by MOD, all read", gw, 50);
+    /* The same for an end of file rather than data: B's peer shuts its
+     * sending down, and B, readable for good (IN RDHUP, no HUP), shows
+     * nothing under the data it gave A, in gw and in two more sets: gx,
+     * which B left by EPOLL_CTL_DEL before A was moved to its data, and gy,
+     * where B is left without events as in gw but a wait comes between
+     * that and A's move. (A has nothing to read.) */
+    int gx = epoll_create1(0);
+    struct epoll_event bx = { .events = EPOLLIN, .data.u64 = 77 };
+    show("epoll_ctl ADD B (given by DEL, EOF)", epoll_ctl(gx, EPOLL_CTL_ADD, b, &bx));
+    struct epoll_event ax = { .events = EPOLLIN, .data.u64 = 78 };
+    show("epoll_ctl ADD A other data (given by DEL, EOF)", epoll_ctl(gx, EPOLL_CTL_ADD, s, &ax));
+    ep_wait_data("epoll given by DEL, EOF (nothing)", gx, 50);
+    show("epoll_ctl DEL B (given by DEL, EOF)", epoll_ctl(gx, EPOLL_CTL_DEL, b, NULL));
+    ax.data.u64 = 77;
+    show("epoll_ctl MOD A to B's data (given by DEL, EOF)", epoll_ctl(gx, EPOLL_CTL_MOD, s, &ax));
+    int gy = epoll_create1(0);
+    struct epoll_event by = { .events = EPOLLIN, .data.u64 = 88 };
+    show("epoll_ctl ADD B (given by MOD after a wait)", epoll_ctl(gy, EPOLL_CTL_ADD, b, &by));
+    struct epoll_event ay = { .events = EPOLLIN, .data.u64 = 89 };
+    show("epoll_ctl ADD A other data (given by MOD after a wait)", epoll_ctl(gy, EPOLL_CTL_ADD, s, &ay));
+    by.events = 0;
+    show("epoll_ctl MOD B no events (given by MOD after a wait)", epoll_ctl(gy, EPOLL_CTL_MOD, b, &by));
+    ep_wait_data("epoll given by MOD after a wait (nothing)", gy, 50);
+    ay.data.u64 = 88;
+    show("epoll_ctl MOD A to B's data (given by MOD after a wait)", epoll_ctl(gy, EPOLL_CTL_MOD, s, &ay));
+    write_all(s, "O", 1);
+    {
+        /* B's end of file, read (so that it shows, whoever takes it) */
+        ssize_t r;
+        while ((r = read(b, buf, 1)) < 0 && errno == EAGAIN) {
+            struct pollfd p = { b, POLLIN, 0 };
+            if (poll(&p, 1, 10000) != 1) { fprintf(stderr, "%s: no EOF on B\n", who); exit(3); }
+        }
+        show("read B after its peer's shutdown", r);
+    }
+    ep_wait_data("epoll given by MOD, B's peer shut down", gw, 200);
+    ep_wait_data("epoll given by DEL, B's peer shut down", gx, 200);
+    ep_wait_data("epoll given by MOD after a wait, B's peer shut down", gy, 200);
+    /* B shuts its own sending down too: over both ways, B reports
+     * EPOLLHUP, which a registration without events still gets (gw, gy:
+     * under the data B shares with A), and one taken out does not (gx) */
+    show("shutdown B SHUT_WR", shutdown(b, SHUT_WR));
+    ep_wait_data("epoll given by MOD, B over", gw, 1000);
+    ep_wait_data("epoll given by DEL, B over", gx, 200);
+    ep_wait_data("epoll given by MOD after a wait, B over", gy, 1000);
+    close(gy);
+    close(gx);
     close(gw);
     show("close B", close(b));
     write_all(s, "C", 1);
