@@ -90,7 +90,8 @@ static SETS_N: AtomicUsize = AtomicUsize::new(0);
 
 const OUT: u32 = libc::EPOLLOUT as u32;
 /// What a readiness registration can ask for.
-const ASKABLE: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLPRI | libc::EPOLLRDHUP) as u32;
+pub(crate) const ASKABLE: u32 =
+    (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLPRI | libc::EPOLLRDHUP) as u32;
 /// What the kernel reports whether asked for or not.
 const ALWAYS: u32 = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
 /// Registration flags whose meaning lives in the kernel's bookkeeping.
@@ -189,7 +190,7 @@ pub(crate) unsafe fn conn_ctl(
             st.outs.push(Arc::downgrade(c));
         }
         drop(sets);
-        crate::poll::signal_ctl(c, &mut regs.sig, epfd, op, ev);
+        crate::poll::signal_ctl(c, &mut regs, epfd, op, ev);
         return 0;
     }
     drop(sets);
@@ -247,7 +248,7 @@ pub(crate) unsafe fn conn_ctl(
         }
         None => {}
     }
-    crate::poll::signal_ctl(c, &mut regs.sig, epfd, op, ev);
+    crate::poll::signal_ctl(c, &mut regs, epfd, op, ev);
     n
 }
 

@@ -442,14 +442,16 @@ pub unsafe extern "C" fn epoll_ctl(
 /// shows when the application asks for readable again (the `MOD` that
 /// turns the registration back on makes the kernel look at the eventfd
 /// again). The registration leaves the set with the connection.
+/// (`regs`: the connection's records, `Conn::regs`, locked by the caller.)
 pub(crate) fn signal_ctl(
     c: &Arc<Conn>,
-    sets: &mut Vec<(c_int, u32, u64)>,
+    regs: &mut Regs,
     epfd: c_int,
     op: c_int,
     ev: *const libc::epoll_event,
 ) {
     let Some(sfd) = c.s.signal_fd() else { return };
+    let sets = &mut regs.sig;
     let sfd = sfd.as_raw_fd();
     // SAFETY: the caller's event, if any.
     let ev = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
@@ -475,8 +477,7 @@ pub(crate) fn signal_ctl(
                 sets.push((epfd, mine, e.u64));
                 signal_mode(c, sets);
                 c.s.watch_signal(true);
-                let displaced = note_signalled(epfd, None, Some(e.u64), c);
-                quiet_displaced(displaced, epfd, e.u64);
+                list_signal(c, regs, epfd, None, &e);
             }
         }
         (Some(k), Some(e)) => {
@@ -497,22 +498,55 @@ pub(crate) fn signal_ctl(
                 signal_mode(c, sets);
             }
             // (what the application asks for is its record's, `Rdy::want`:
-            // the map changes only with the data, or to take back an entry
-            // another took, see `Conn::unlisted`, which one change clears
-            // only for a connection in one set)
+            // the map changes only with the data, or to put back an entry
+            // that went, see `Conn::unlisted`, which one change clears only
+            // for a connection in one set)
             let unlisted = c.unlisted.load(Ordering::Acquire);
             if unlisted && sets.len() == 1 {
                 c.unlisted.store(false, Ordering::Release);
             }
             if e.u64 != was || unlisted {
-                let displaced = note_signalled(epfd, Some(was), Some(e.u64), c);
-                quiet_displaced(displaced, epfd, e.u64);
+                list_signal(c, regs, epfd, Some(was), &e);
             }
         }
         // Out of the set for the application: left as registered (see
         // above), and in the map; its record asks for nothing now.
         (Some(_), None) | (None, None) => {}
     }
+}
+
+/// Connection `c`'s signal is registered in `epfd` under `e`'s data (from
+/// `old`; `regs` its records, locked): its entry of [`SIGNALLED`] follows
+/// (see [`quiet_displaced`] for the connections it may find there). A
+/// registration that asks for no events (the application's `EPOLL_CTL_ADD`
+/// or `EPOLL_CTL_MOD` with none) keeps an entry it has under the data but
+/// makes none: `fix_events` shows an event under the data as what the
+/// connections there ask for and have, and one that asks for nothing shows
+/// nothing, so the events of a descriptor that is not a connection under
+/// the same data (`data_given_away`) were dropped for good. It stays out of
+/// the map instead (`Conn::unlisted`: its next change that asks for events
+/// puts it there), and what it left registered under the data is turned
+/// off (the signal) or cut down to no events (the readiness descriptor,
+/// `interest::quiet`), so that nothing of it reports there but `EPOLLERR`
+/// and `EPOLLHUP`, as the kernel reports them for any registration.
+fn list_signal(
+    c: &Arc<Conn>,
+    regs: &mut Regs,
+    epfd: c_int,
+    old: Option<u64>,
+    e: &libc::epoll_event,
+) {
+    if e.events & crate::interest::ASKABLE != 0 {
+        let others = note_signalled(epfd, old, Some(e.u64), c);
+        quiet_displaced(others, epfd, e.u64);
+        return;
+    }
+    if keep_signalled(epfd, old, e.u64, c) {
+        return;
+    }
+    c.unlisted.store(true, Ordering::Release);
+    turn_off(c, &mut regs.sig, epfd, Some(e.u64));
+    crate::interest::quiet(c, &mut regs.rdy, epfd, e.u64);
 }
 
 /// Tells the connection how its signal's registrations `sets` wait
@@ -568,7 +602,7 @@ pub(crate) fn set_closing(fd: c_int) {
     if signalled {
         let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = g.as_mut() {
-            m.retain(|&(ep, _), _| ep != fd);
+            m.retain(|&(ep, _, _), _| ep != fd);
             SIGNALLED_N.store(m.len(), Ordering::Release);
         }
     }
@@ -584,52 +618,80 @@ pub(crate) fn set_closing(fd: c_int) {
 }
 
 /// The registrations of peer signals in the application's epoll sets, by
-/// (set, event data): the connection (what the application asks for there
-/// is in the connection's record, `interest::asked`, so that the changes
-/// of an event loop's interest around each request need not lock this).
-/// `epoll_wait` reports such a connection's events whole (`fix_events`).
-/// (Ordered, not hashed: it is looked up for every event of a connection,
-/// and a few comparisons of two integers cost less than hashing them with
-/// the standard library's DoS-resistant hasher, which keys chosen by the
-/// application itself do not need.)
-type Signalled = std::collections::BTreeMap<(c_int, u64), std::sync::Weak<Conn>>;
+/// (set, event data, connection): the connection (what the application
+/// asks for there is in the connection's record, `interest::asked`, so
+/// that the changes of an event loop's interest around each request need
+/// not lock this). `epoll_wait` reports such a connection's events whole
+/// (`fix_events`). Two connections the application gave the same data in
+/// a set are both there: an event under the data may be either's, and
+/// shows what each asks for and has (the kernel's registrations cannot
+/// tell whose it is). (Ordered, not hashed: it is looked up for every
+/// event of a connection, and a few comparisons of integers cost less than
+/// hashing them with the standard library's DoS-resistant hasher, which
+/// keys chosen by the application itself do not need; the connection,
+/// by its address, comes last, so that those under one data are a range.)
+type Signalled = std::collections::BTreeMap<(c_int, u64, usize), std::sync::Weak<Conn>>;
 
 static SIGNALLED: Mutex<Option<Signalled>> = Mutex::new(None);
 
 /// Registrations in [`SIGNALLED`] (a look without the lock).
 static SIGNALLED_N: AtomicUsize = AtomicUsize::new(0);
 
-/// Replaces connection `c`'s entry `(epfd, old)` of [`SIGNALLED`] by
-/// `(epfd, new)` (event data). Returns another connection whose entry
-/// under the new data it replaced: if the application took that one out of
-/// the set before it gave its data to `c`, its signal may still be
-/// registered under it (see [`signal_ctl`], [`quiet_displaced`]).
+/// The connections in `m` under `data` in `epfd`.
+fn signalled_under(
+    m: &Signalled,
+    epfd: c_int,
+    data: u64,
+) -> impl Iterator<Item = &std::sync::Weak<Conn>> {
+    // (one search, for the first: the rest follow it)
+    m.range((epfd, data, 0)..)
+        .take_while(move |&(&(e, d, _), _)| e == epfd && d == data)
+        .map(|(_, w)| w)
+}
+
+/// Moves connection `c`'s entry `(epfd, old)` of [`SIGNALLED`] to
+/// `(epfd, new)` (event data). Returns the other connections under the new
+/// data: if the application took one out of the set before it gave its
+/// data to `c`, its signal may still be registered under it (see
+/// [`signal_ctl`], [`quiet_displaced`]).
 fn note_signalled(
     epfd: c_int,
     old: Option<u64>,
     new: Option<u64>,
     c: &Arc<Conn>,
-) -> Option<Arc<Conn>> {
+) -> Vec<Arc<Conn>> {
+    let p = Arc::as_ptr(c) as usize;
     let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
     let m = g.get_or_insert_with(Default::default);
     if let Some(d) = old {
-        if m.get(&(epfd, d))
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(c)))
-        {
-            m.remove(&(epfd, d));
-        }
+        m.remove(&(epfd, d, p));
     }
-    let mut displaced = None;
+    let mut others = Vec::new();
     if let Some(d) = new {
-        if let Some(w) = m.insert((epfd, d), Arc::downgrade(c)) {
-            displaced = w.upgrade().filter(|o| !Arc::ptr_eq(o, c));
-            if let Some(o) = &displaced {
-                o.unlisted.store(true, Ordering::Release);
-            }
-        }
+        m.insert((epfd, d, p), Arc::downgrade(c));
+        others.extend(
+            signalled_under(m, epfd, d)
+                .filter_map(std::sync::Weak::upgrade)
+                .filter(|o| !Arc::ptr_eq(o, c)),
+        );
     }
     SIGNALLED_N.store(m.len(), Ordering::Release);
-    displaced
+    others
+}
+
+/// Connection `c`'s entry `(epfd, old)` of [`SIGNALLED`] goes, unless it
+/// is under `new`; returns whether `c` has an entry under `(epfd, new)`
+/// (see [`list_signal`]).
+fn keep_signalled(epfd: c_int, old: Option<u64>, new: u64, c: &Arc<Conn>) -> bool {
+    let p = Arc::as_ptr(c) as usize;
+    let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
+    let m = g.get_or_insert_with(Default::default);
+    if let Some(d) = old.filter(|&d| d != new) {
+        if m.remove(&(epfd, d, p)).is_some() {
+            SIGNALLED_N.store(m.len(), Ordering::Release);
+        }
+    }
+    m.contains_key(&(epfd, new, p))
 }
 
 /// The application registers a descriptor that is not an SMC-R connection
@@ -646,53 +708,57 @@ unsafe fn data_given_away(epfd: c_int, op: c_int, ev: *const libc::epoll_event) 
     }
     // SAFETY: the caller's event.
     let data = unsafe { (*ev).u64 };
-    let o = {
+    let under: Vec<Arc<Conn>> = {
         let g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
         let Some(m) = g.as_ref() else { return };
-        m.get(&(epfd, data)).and_then(std::sync::Weak::upgrade)
+        signalled_under(m, epfd, data)
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
     };
-    let Some(o) = o else { return };
-    // (its lock before the map's, as everywhere)
-    let mut regs = o.regs.lock().unwrap_or_else(|e| e.into_inner());
-    // (only an entry the application took out of the set: one it still
-    // waits on under the same data stays, as two descriptors under one
-    // data are the application's to tell apart)
-    if crate::interest::asked(&regs.rdy, epfd, data) != 0 {
-        return;
-    }
-    {
-        let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(m) = g.as_mut() else { return };
-        if !m
-            .get(&(epfd, data))
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&o)))
-        {
-            return;
+    for o in under {
+        // (its lock before the map's, as everywhere)
+        let mut regs = o.regs.lock().unwrap_or_else(|e| e.into_inner());
+        // (only an entry the application took out of the set: one it still
+        // waits on under the same data stays, as two descriptors under one
+        // data are the application's to tell apart)
+        if crate::interest::asked(&regs.rdy, epfd, data) != 0 {
+            continue;
         }
-        m.remove(&(epfd, data));
-        SIGNALLED_N.store(m.len(), Ordering::Release);
-        o.unlisted.store(true, Ordering::Release);
+        {
+            let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(m) = g.as_mut() else { return };
+            if m.remove(&(epfd, data, Arc::as_ptr(&o) as usize)).is_none() {
+                continue;
+            }
+            SIGNALLED_N.store(m.len(), Ordering::Release);
+            o.unlisted.store(true, Ordering::Release);
+        }
+        turn_off(&o, &mut regs.sig, epfd, Some(data));
+        crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
     }
-    turn_off(&o, &mut regs.sig, epfd, Some(data));
-    crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
 }
 
-/// Connection `o` lost its entry `(epfd, data)` of [`SIGNALLED`] to
-/// another: if the application took it out of the set (it asks for nothing
-/// there under that data), its signal, if still registered there under
-/// that data, is turned off, so that it never fires under the other's
-/// data. (The caller holds the other's lock: `o`'s is only tried; a thread
-/// that has it is changing `o`'s registrations itself.)
-fn quiet_displaced(o: Option<Arc<Conn>>, epfd: c_int, data: u64) {
-    let Some(o) = o else { return };
-    let Ok(mut regs) = o.regs.try_lock() else {
-        return;
-    };
-    if crate::interest::asked(&regs.rdy, epfd, data) != 0 {
-        return;
+/// The application gave `data` in `epfd` to another connection besides
+/// `others`: one that asks for nothing there under that data (the
+/// application took it out of the set, or left it with no events), if its
+/// signal is still registered there under that data, has it turned off and
+/// its readiness descriptor's registration cut down (`interest::quiet`), so
+/// that it never fires under the other's data. (The caller holds the other's
+/// lock: theirs are only tried; a thread that has one is changing that
+/// connection's registrations itself. Left as they are, they stay in the
+/// map: `fix_events` shows nothing of them, and turns them off when they
+/// fire.)
+fn quiet_displaced(others: Vec<Arc<Conn>>, epfd: c_int, data: u64) {
+    for o in others {
+        let Ok(mut regs) = o.regs.try_lock() else {
+            continue;
+        };
+        if crate::interest::asked(&regs.rdy, epfd, data) != 0 {
+            continue;
+        }
+        turn_off(&o, &mut regs.sig, epfd, Some(data));
+        crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
     }
-    turn_off(&o, &mut regs.sig, epfd, Some(data));
-    crate::interest::quiet(&o, &mut regs.rdy, epfd, data);
 }
 
 /// Turns connection `c`'s signal registration in `epfd` off (no events),
@@ -714,11 +780,7 @@ pub(crate) fn forget_signalled(ptr: *const Conn, sets: &[(c_int, u32, u64)]) {
     let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
     let Some(m) = g.as_mut() else { return };
     for &(ep, _, d) in sets {
-        if m.get(&(ep, d))
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), ptr))
-        {
-            m.remove(&(ep, d));
-        }
+        m.remove(&(ep, d, ptr as usize));
     }
     SIGNALLED_N.store(m.len(), Ordering::Release);
 }
@@ -730,8 +792,9 @@ pub(crate) fn forget_signalled(ptr: *const Conn, sets: &[(c_int, u32, u64)]) {
 /// event, as TCP's poll reports them), and once (the readiness descriptor
 /// and the signal are two registrations under the application's data).
 /// An event that is the signal's readable alone with nothing to read (a
-/// spent signal, drained now) is dropped, unless `keep_all`. Returns the
-/// new count.
+/// spent signal, drained now) is dropped, unless `keep_all`. Under data
+/// the application gave two connections in the set, the event shows what
+/// it shows for either. Returns the new count.
 unsafe fn fix_events(
     epfd: c_int,
     events: *mut libc::epoll_event,
@@ -743,12 +806,13 @@ unsafe fn fix_events(
     }
     // SAFETY: the `n` events the kernel wrote.
     let ev = unsafe { std::slice::from_raw_parts_mut(events, n as usize) };
+    // (event, connection under its data), in the events' order
     let mut found = Vec::new();
     {
         let g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
         let Some(m) = g.as_ref() else { return n };
         for (i, e) in ev.iter().enumerate() {
-            if let Some(c) = m.get(&(epfd, e.u64)).and_then(std::sync::Weak::upgrade) {
+            for c in signalled_under(m, epfd, e.u64).filter_map(std::sync::Weak::upgrade) {
                 found.push((i, c));
             }
         }
@@ -760,51 +824,64 @@ unsafe fn fix_events(
     // The readiness descriptor and the signal are two registrations under
     // the application's data: what they reported is merged into the first
     // event of the data, the others dropped.
-    let mut firsts: Vec<(usize, Arc<Conn>)> = Vec::new();
-    for (i, c) in found {
+    // (first event of the data, its connections in `found`)
+    let mut firsts: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    let mut j = 0;
+    while j < found.len() {
+        let i = found[j].0;
+        let end = j + found[j..].iter().take_while(|(k, _)| *k == i).count();
         let data = ev[i].u64;
         match firsts.iter().find(|(f, _)| ev[*f].u64 == data) {
             Some(&(first, _)) => {
                 ev[first].events |= ev[i].events;
                 drop_at[i] = true;
             }
-            None => firsts.push((i, c)),
+            None => firsts.push((i, j..end)),
         }
+        j = end;
     }
     let inn = libc::EPOLLIN as u32;
-    for (i, c) in firsts {
-        let Some(now) = c.s.signalled_events() else {
-            continue;
-        };
+    for (i, run) in firsts {
         let orig = ev[i].events;
-        let asked = {
-            let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
-            let asked = crate::interest::asked(&regs.rdy, epfd, ev[i].u64);
-            if orig & inn != 0 && asked & inn == 0 && now & inn != 0 {
-                // The signal, left registered while the application does
-                // not wait for readable (`signal_ctl`), fired for data that
-                // waits to be read: off until the application waits for
-                // it, or a level-triggered set would report it again and
-                // again. (A signal with nothing behind it was drained and
-                // armed again by the look above: it stays.)
-                turn_off(&c, &mut regs.sig, epfd, None);
-            }
-            asked
-        };
-        // What the application's registration shows (the readiness
-        // descriptor's may ask for more, left in place: interest.rs).
-        let mask = crate::interest::shown_mask(&c, epfd, ev[i].u64, orig, now).unwrap_or(u32::MAX);
-        // What the kernel reported stands, but for readable: the signal's
-        // says only that something came, which may have been read already
-        // (an event loop takes readable to mean data: wrk counts a read
-        // that would block as an error), and it may fire while the
-        // application does not ask for readable. The rest of what the
-        // application asked for is added.
-        let fixed = ((orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn)) & mask;
+        let (mut fixed, mut kept) = (0, 0);
+        for (_, c) in &found[run] {
+            let Some(now) = c.s.signalled_events() else {
+                // (not known here: as the kernel reported it)
+                fixed |= orig;
+                continue;
+            };
+            let asked = {
+                let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
+                let asked = crate::interest::asked(&regs.rdy, epfd, ev[i].u64);
+                if orig & inn != 0 && asked & inn == 0 && now & inn != 0 {
+                    // The signal, left registered while the application
+                    // does not wait for readable (`signal_ctl`), fired for
+                    // data that waits to be read: off until the application
+                    // waits for it, or a level-triggered set would report
+                    // it again and again. (A signal with nothing behind it
+                    // was drained and armed again by the look above: it
+                    // stays.)
+                    turn_off(c, &mut regs.sig, epfd, None);
+                }
+                asked
+            };
+            // What the application's registration shows (the readiness
+            // descriptor's may ask for more, left in place: interest.rs).
+            let mask =
+                crate::interest::shown_mask(c, epfd, ev[i].u64, orig, now).unwrap_or(u32::MAX);
+            // What the kernel reported stands, but for readable: the
+            // signal's says only that something came, which may have been
+            // read already (an event loop takes readable to mean data: wrk
+            // counts a read that would block as an error), and it may fire
+            // while the application does not ask for readable. The rest of
+            // what the application asked for is added.
+            fixed |= ((orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn)) & mask;
+            kept |= orig & mask;
+        }
         if fixed != 0 {
             ev[i].events = fixed;
-        } else if keep_all && orig & mask != 0 {
-            ev[i].events = orig & mask;
+        } else if keep_all && kept != 0 {
+            ev[i].events = kept;
         } else {
             drop_at[i] = true;
         }

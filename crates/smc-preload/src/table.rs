@@ -11,9 +11,11 @@ pub(crate) struct Conn {
     /// The connection's registrations in the application's epoll sets
     /// (its peer signal's and its readiness descriptor's).
     pub(crate) regs: Mutex<Regs>,
-    /// An entry of the connection's in the map of signals by (set, data)
-    /// (`poll.rs`, `SIGNALLED`) went to another descriptor given its data:
-    /// its next registration change under the same data puts it back.
+    /// A registration of the connection's signal is not in the map of
+    /// signals by (set, data) (`poll.rs`, `SIGNALLED`): its entry went when
+    /// a descriptor that is not a connection was given its data, or it asks
+    /// for no events (`poll::list_signal`). Its next registration change
+    /// under the same data puts it back.
     pub(crate) unlisted: std::sync::atomic::AtomicBool,
 }
 

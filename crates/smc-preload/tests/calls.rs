@@ -105,7 +105,15 @@ fn assert_same(plain: &str, other: &str, what: &str) {
 /// good, is taken out of the set or left there with no events,
 /// `interest::quiet`: nothing shows under the data) and whose first one
 /// then shuts its own down (EPOLLHUP under the data of the one left with
-/// no events, as the kernel reports it for any registration);
+/// no events, as the kernel reports it for any registration); an epoll
+/// data two connections share in a set while one asks for nothing there
+/// (MOD without events, DEL, ADD or a move to the data without events, by
+/// the one that had the data first or the one that came second), whose
+/// other one's peer then writes (its event under the data, until read:
+/// the library once attributed the data's events to the one that asks for
+/// nothing, and dropped them); a pipe given a connection's data, which
+/// the connection, asking for nothing, is changed or added back under
+/// (the pipe's event);
 /// reads through dup(); sendfile; half close
 /// with EPOLLRDHUP; EPOLLHUP; EPIPE and SIGPIPE after the peer closed) give the same results, errno values and readiness events under
 /// smc_run, both sides over SMC-R, as plain.
@@ -156,6 +164,19 @@ fn conformance_under_smc_run_as_plain_tcp() {
         "client epoll given by DEL, B over: 0",
         "client epoll given by MOD after a wait, B's peer shut down: 0",
         "client epoll given by MOD after a wait, B over data 88: HUP",
+        "client epoll shared, B MOD, A's peer wrote data 99: IN",
+        "client epoll shared, B MOD, A's peer wrote (again) data 99: IN",
+        "client epoll shared, B DEL, A's peer wrote data 99: IN",
+        "client epoll shared, B ADD, A's peer wrote data 91: IN",
+        "client epoll shared, B MOD to A's data, A's peer wrote data 92: IN",
+        "client epoll shared, B MOD, all read: 0",
+        "client epoll shared, A DEL, B's peer wrote data 95: IN",
+        "client epoll shared, A MOD, B's peer wrote data 95: IN",
+        "client epoll shared, A MOD, all read: 0",
+        "client epoll pipe, B MOD, written data 94: IN",
+        "client epoll pipe, B DEL, written data 94: IN",
+        "client epoll pipe, A ADD, written data 89: IN",
+        "client epoll pipe, A ADD, all read: 0",
     ] {
         assert!(pc.contains(l) || ps.contains(l), "plain run lacks {l:?}");
     }

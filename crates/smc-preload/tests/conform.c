@@ -264,6 +264,11 @@ static void server(const char *portfile, const char *file) {
     write_all(cb, "j", 1);
     step(c, 'K');
     write_all(c, "k", 1);
+    /* the client's sets where A and B share data: A's peer writes, then B's */
+    step(c, 'Q');
+    write_all(c, "q", 1);
+    step(c, 'R');
+    write_all(cb, "r", 1);
     /* B's end of file, for the client's sets that B asks nothing of */
     step(c, 'O');
     show("shutdown B SHUT_WR", shutdown(cb, SHUT_WR));
@@ -661,6 +666,131 @@ static void client(int port, const char *file) {
     read_n(s, buf, 1);
     printf("client A got %.1s\n", buf);
     ep_wait_data("epoll given by MOD, all read", gw, 50);
+    /* The other way round: B keeps its data and A is moved to it (both
+     * wait for readable under it), then B asks for nothing there: in gz by
+     * EPOLL_CTL_MOD without events, in gc by EPOLL_CTL_DEL. In ga, B is
+     * added without events under A's data; in gb, B is moved to A's data
+     * without events. A's peer writes: A's event under the data in each set
+     * until A is read (B, which asks for nothing there, must not take the
+     * data's events from A: they were lost, and an event loop hung). */
+    {
+        int gz = epoll_create1(0), gc = epoll_create1(0);
+        int ga = epoll_create1(0), gb = epoll_create1(0);
+        struct epoll_event bz = { .events = EPOLLIN, .data.u64 = 99 };
+        struct epoll_event az = { .events = EPOLLIN, .data.u64 = 98 };
+        show("epoll_ctl ADD B (shared, B MOD)", epoll_ctl(gz, EPOLL_CTL_ADD, b, &bz));
+        show("epoll_ctl ADD A other data (shared, B MOD)", epoll_ctl(gz, EPOLL_CTL_ADD, s, &az));
+        show("epoll_ctl ADD B (shared, B DEL)", epoll_ctl(gc, EPOLL_CTL_ADD, b, &bz));
+        show("epoll_ctl ADD A other data (shared, B DEL)", epoll_ctl(gc, EPOLL_CTL_ADD, s, &az));
+        ep_wait_data("epoll shared, B MOD (nothing)", gz, 50);
+        ep_wait_data("epoll shared, B DEL (nothing)", gc, 50);
+        az.data.u64 = 99;
+        show("epoll_ctl MOD A to B's data (shared, B MOD)", epoll_ctl(gz, EPOLL_CTL_MOD, s, &az));
+        show("epoll_ctl MOD A to B's data (shared, B DEL)", epoll_ctl(gc, EPOLL_CTL_MOD, s, &az));
+        bz.events = 0;
+        show("epoll_ctl MOD B no events (shared, B MOD)", epoll_ctl(gz, EPOLL_CTL_MOD, b, &bz));
+        show("epoll_ctl DEL B (shared, B DEL)", epoll_ctl(gc, EPOLL_CTL_DEL, b, NULL));
+        struct epoll_event aa = { .events = EPOLLIN, .data.u64 = 91 };
+        struct epoll_event ba = { .events = 0, .data.u64 = 91 };
+        show("epoll_ctl ADD A (shared, B ADD)", epoll_ctl(ga, EPOLL_CTL_ADD, s, &aa));
+        ep_wait_data("epoll shared, B ADD (nothing)", ga, 50);
+        show("epoll_ctl ADD B no events (shared, B ADD)", epoll_ctl(ga, EPOLL_CTL_ADD, b, &ba));
+        struct epoll_event ab = { .events = EPOLLIN, .data.u64 = 92 };
+        struct epoll_event bb = { .events = EPOLLIN, .data.u64 = 93 };
+        show("epoll_ctl ADD A (shared, B MOD to A's data)", epoll_ctl(gb, EPOLL_CTL_ADD, s, &ab));
+        show("epoll_ctl ADD B (shared, B MOD to A's data)", epoll_ctl(gb, EPOLL_CTL_ADD, b, &bb));
+        ep_wait_data("epoll shared, B MOD to A's data (nothing)", gb, 50);
+        bb.events = 0;
+        bb.data.u64 = 92;
+        show("epoll_ctl MOD B to A's data no events (shared)", epoll_ctl(gb, EPOLL_CTL_MOD, b, &bb));
+        ep_wait_data("epoll shared, B MOD (nothing 2)", gz, 50);
+        write_all(s, "Q", 1);
+        ep_wait_data("epoll shared, B MOD, A's peer wrote", gz, 1000);
+        ep_wait_data("epoll shared, B MOD, A's peer wrote (again)", gz, 200);
+        ep_wait_data("epoll shared, B DEL, A's peer wrote", gc, 200);
+        ep_wait_data("epoll shared, B ADD, A's peer wrote", ga, 200);
+        ep_wait_data("epoll shared, B MOD to A's data, A's peer wrote", gb, 200);
+        read_n(s, buf, 1);
+        printf("client A got %.1s\n", buf);
+        ep_wait_data("epoll shared, B MOD, all read", gz, 50);
+        ep_wait_data("epoll shared, B DEL, all read", gc, 50);
+        ep_wait_data("epoll shared, B ADD, all read", ga, 50);
+        ep_wait_data("epoll shared, B MOD to A's data, all read", gb, 50);
+        close(gb);
+        close(ga);
+        close(gc);
+        close(gz);
+    }
+    /* A takes B's data (both wait for readable under it), then asks for
+     * nothing there: in gd by EPOLL_CTL_DEL, in ge by EPOLL_CTL_MOD without
+     * events. B's peer writes: B's event under the data. */
+    {
+        int gd = epoll_create1(0), ge = epoll_create1(0);
+        struct epoll_event bd = { .events = EPOLLIN, .data.u64 = 95 };
+        struct epoll_event ad = { .events = EPOLLIN, .data.u64 = 96 };
+        show("epoll_ctl ADD B (shared, A DEL)", epoll_ctl(gd, EPOLL_CTL_ADD, b, &bd));
+        show("epoll_ctl ADD A other data (shared, A DEL)", epoll_ctl(gd, EPOLL_CTL_ADD, s, &ad));
+        show("epoll_ctl ADD B (shared, A MOD)", epoll_ctl(ge, EPOLL_CTL_ADD, b, &bd));
+        show("epoll_ctl ADD A other data (shared, A MOD)", epoll_ctl(ge, EPOLL_CTL_ADD, s, &ad));
+        ep_wait_data("epoll shared, A DEL (nothing)", gd, 50);
+        ep_wait_data("epoll shared, A MOD (nothing)", ge, 50);
+        ad.data.u64 = 95;
+        show("epoll_ctl MOD A to B's data (shared, A DEL)", epoll_ctl(gd, EPOLL_CTL_MOD, s, &ad));
+        show("epoll_ctl MOD A to B's data (shared, A MOD)", epoll_ctl(ge, EPOLL_CTL_MOD, s, &ad));
+        show("epoll_ctl DEL A (shared, A DEL)", epoll_ctl(gd, EPOLL_CTL_DEL, s, NULL));
+        ad.events = 0;
+        show("epoll_ctl MOD A no events (shared, A MOD)", epoll_ctl(ge, EPOLL_CTL_MOD, s, &ad));
+        ep_wait_data("epoll shared, A DEL (nothing 2)", gd, 50);
+        write_all(s, "R", 1);
+        ep_wait_data("epoll shared, A DEL, B's peer wrote", gd, 1000);
+        ep_wait_data("epoll shared, A MOD, B's peer wrote", ge, 200);
+        read_n(b, buf, 1);
+        printf("client B got %.1s\n", buf);
+        ep_wait_data("epoll shared, A DEL, all read", gd, 50);
+        ep_wait_data("epoll shared, A MOD, all read", ge, 50);
+        close(ge);
+        close(gd);
+    }
+    /* A pipe given a connection's data: in gp, B (left without events by
+     * EPOLL_CTL_MOD) gives its data to the pipe and is changed again
+     * without events; in gr, B (taken out by EPOLL_CTL_DEL) gives it, and
+     * is added back without events; in gq, A is added without events under
+     * the pipe's data. The pipe is written: its event in each set. */
+    {
+        int gp = epoll_create1(0), gr = epoll_create1(0), gq = epoll_create1(0), pp[2];
+        if (pipe(pp) < 0) die("pipe");
+        struct epoll_event bp = { .events = EPOLLIN, .data.u64 = 94 };
+        struct epoll_event pe = { .events = EPOLLIN, .data.u64 = 94 };
+        show("epoll_ctl ADD B (pipe, B MOD)", epoll_ctl(gp, EPOLL_CTL_ADD, b, &bp));
+        show("epoll_ctl ADD B (pipe, B DEL)", epoll_ctl(gr, EPOLL_CTL_ADD, b, &bp));
+        ep_wait_data("epoll pipe, B MOD (nothing)", gp, 50);
+        ep_wait_data("epoll pipe, B DEL (nothing)", gr, 50);
+        bp.events = 0;
+        show("epoll_ctl MOD B no events (pipe)", epoll_ctl(gp, EPOLL_CTL_MOD, b, &bp));
+        show("epoll_ctl DEL B (pipe)", epoll_ctl(gr, EPOLL_CTL_DEL, b, NULL));
+        show("epoll_ctl ADD pipe under B's data (pipe, B MOD)", epoll_ctl(gp, EPOLL_CTL_ADD, pp[0], &pe));
+        show("epoll_ctl ADD pipe under B's data (pipe, B DEL)", epoll_ctl(gr, EPOLL_CTL_ADD, pp[0], &pe));
+        show("epoll_ctl MOD B no events again (pipe)", epoll_ctl(gp, EPOLL_CTL_MOD, b, &bp));
+        show("epoll_ctl ADD B back no events (pipe)", epoll_ctl(gr, EPOLL_CTL_ADD, b, &bp));
+        struct epoll_event pq = { .events = EPOLLIN, .data.u64 = 89 };
+        struct epoll_event aq = { .events = 0, .data.u64 = 89 };
+        show("epoll_ctl ADD pipe (pipe, A ADD)", epoll_ctl(gq, EPOLL_CTL_ADD, pp[0], &pq));
+        show("epoll_ctl ADD A no events under the pipe's data", epoll_ctl(gq, EPOLL_CTL_ADD, s, &aq));
+        ep_wait_data("epoll pipe, B MOD (nothing 2)", gp, 50);
+        show("write pipe (given)", write(pp[1], "p", 1));
+        ep_wait_data("epoll pipe, B MOD, written", gp, 1000);
+        ep_wait_data("epoll pipe, B DEL, written", gr, 200);
+        ep_wait_data("epoll pipe, A ADD, written", gq, 200);
+        show("read pipe (given)", read(pp[0], buf, 1));
+        ep_wait_data("epoll pipe, B MOD, all read", gp, 50);
+        ep_wait_data("epoll pipe, B DEL, all read", gr, 50);
+        ep_wait_data("epoll pipe, A ADD, all read", gq, 50);
+        close(pp[0]);
+        close(pp[1]);
+        close(gq);
+        close(gr);
+        close(gp);
+    }
     /* The same for an end of file rather than data: B's peer shuts its
      * sending down, and B, readable for good (IN RDHUP, no HUP), shows
      * nothing under the data it gave A, in gw and in two more sets: gx,
