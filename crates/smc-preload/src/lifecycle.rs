@@ -175,7 +175,7 @@ extern "C" fn at_exit() {
             COUNT.store(0, Ordering::Release);
             std::mem::take(&mut *t)
         }
-        Err(_) => return,
+        Err(_) => Default::default(),
     };
     drop(all);
     // (and those a forked child shares: they end with this process)

@@ -247,12 +247,14 @@ fn serve_child(chan: OwnedFd, conns: Served) {
         let id = i32::from_ne_bytes(req[4..8].try_into().unwrap());
         let flags = i32::from_ne_bytes(req[8..12].try_into().unwrap());
         let arg = u32::from_ne_bytes(req[12..16].try_into().unwrap()) as usize;
-        // (the map's lock is not held across the call: `release_all`)
-        let c = conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-            .cloned();
+        // The map's lock is held across the request, the answer and a
+        // close's drop: `release_all` (at the owner's `exit()`) waits for
+        // them, so that a handle this thread holds is never the last one
+        // when the process ends (it would die with the thread, unclosed: the
+        // peer would see the connection aborted instead of its end). Nothing
+        // here waits for the child.
+        let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
+        let c = map.get(&id).cloned();
         let (r, len) = match &c {
             None => (-(libc::EBADF as i64), 0),
             Some(c) => answer(c, op, flags, arg, &req[REQ..n], &mut ans[ANS..]),
@@ -266,17 +268,23 @@ fn serve_child(chan: OwnedFd, conns: Served) {
         if op == CLOSE {
             // (after the answer: the last handle's close may wait for its
             // data to leave)
-            let gone = conns.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            let gone = map.remove(&id);
             drop(c);
             drop(gone);
+        } else {
+            drop(c);
         }
+        drop(map);
         if sent.is_err() {
             break;
         }
     }
-    // the child is gone: its copies of the connections with it
-    let all = std::mem::take(&mut *conns.lock().unwrap_or_else(|e| e.into_inner()));
+    // the child is gone: its copies of the connections with it (dropped
+    // under the lock, for `release_all` as above)
+    let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
+    let all = std::mem::take(&mut *map);
     drop(all);
+    drop(map);
 }
 
 /// One request on connection `c`: its result and the bytes it put in `out`.
