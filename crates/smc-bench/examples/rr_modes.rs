@@ -109,9 +109,9 @@ impl Step {
         }
     }
 
-    /// Moves `s` along without blocking; true when a message was completed
-    /// in the direction it was going.
-    fn advance(&mut self, s: &mut dyn Stream) -> io::Result<bool> {
+    /// Moves `s` along without blocking: whether a byte moved, and whether
+    /// a message was completed in the direction it was going.
+    fn advance(&mut self, s: &mut dyn Stream) -> io::Result<(bool, bool)> {
         let r = if self.sending {
             s.write(&self.buf[self.at..])
         } else {
@@ -119,16 +119,17 @@ impl Step {
         };
         match r {
             Ok(0) if !self.sending => Err(io::Error::new(ErrorKind::UnexpectedEof, "peer closed")),
+            Ok(0) => Ok((false, false)),
             Ok(n) => {
                 self.at += n;
                 if self.at < size() {
-                    return Ok(false);
+                    return Ok((true, false));
                 }
                 self.at = 0;
                 self.sending = !self.sending;
-                Ok(true)
+                Ok((true, true))
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(false),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok((false, false)),
             Err(e) => Err(e),
         }
     }
@@ -152,13 +153,18 @@ fn server(polling: bool, smc: bool) -> io::Result<()> {
         }
         let mut steps: Vec<Step> = (0..conn_count()).map(|_| Step::new(false)).collect();
         loop {
+            let mut moved = false;
             for (c, st) in conns.iter_mut().zip(&mut steps) {
                 match st.advance(c.as_mut()) {
-                    Ok(_) => {}
+                    Ok((m, _)) => moved |= m,
                     // the client is done (it may close mid-message)
                     Err(e) if gone(&e) => return Ok(()),
                     Err(e) => return Err(e),
                 }
+            }
+            if !moved {
+                // (as smc-bench's polling shape: on one core, the peer's turn)
+                std::thread::yield_now();
             }
         }
     }
@@ -206,11 +212,17 @@ fn run(polling: bool, smc: bool, dur: Duration) -> io::Result<f64> {
         let t0 = Instant::now();
         let mut n = 0u64;
         while t0.elapsed() < dur {
+            let mut moved = false;
             for (c, st) in conns.iter_mut().zip(&mut steps) {
                 // a response received completes a transaction
-                if st.advance(c.as_mut())? && st.sending {
+                let (m, done) = st.advance(c.as_mut())?;
+                moved |= m;
+                if done && st.sending {
                     n += 1;
                 }
+            }
+            if !moved {
+                std::thread::yield_now();
             }
         }
         n as f64 / t0.elapsed().as_secs_f64()

@@ -182,6 +182,16 @@ pub(crate) struct Shared {
     /// count, readable without the lock.
     fd_waiters: Mutex<Vec<Arc<Waker>>>,
     fd_waiting: AtomicUsize,
+    /// The progress thread sleeps as the leader with receive CQs that
+    /// connections poll themselves left unarmed (`Endpoint::arm_unpolled`),
+    /// until its own deadline: whoever starts to wait for a pump meanwhile
+    /// (a follower, a readiness descriptor, a descriptor waiter) kicks it
+    /// ([`Self::kick_lazy`]), and it arms everything at its next sleep.
+    lazy: AtomicBool,
+    /// How long the progress thread's next such sleep lasts at most, in
+    /// microseconds (doubled by each one up to [`LAZY_MAX`], reset to
+    /// [`LAZY_MIN`] by a full arm).
+    lazy_for: AtomicU64,
     /// This endpoint, for the threads that connect the QPs of added links
     /// (see [`Shared::start_bringups`]); set once it is shared.
     me: OnceLock<std::sync::Weak<Shared>>,
@@ -189,6 +199,15 @@ pub(crate) struct Shared {
 
 /// [`Shared::leader_until`] when there is nothing to kick.
 const NOBODY_SLEEPS: u64 = u64::MAX;
+
+/// The shortest and longest sleep of the progress thread with receive CQs
+/// left unarmed for threads that poll them ([`Shared::lazy`]), in
+/// microseconds: what a CDC that no poller takes and nobody waits for (an
+/// LLC request, a connection whose reader is elsewhere) may wait for the
+/// progress thread, against the progress-thread wake-ups it saves (one per
+/// arm otherwise, each for a CDC the poller takes first).
+const LAZY_MIN: u64 = 1_000;
+const LAZY_MAX: u64 = 16_000;
 
 /// Where the engine's next deadline is, as an instant (`None`: it waits for
 /// nothing but events).
@@ -687,6 +706,8 @@ impl Shared {
             leader_until: AtomicU64::new(NOBODY_SLEEPS),
             fd_waiters: Mutex::new(Vec::new()),
             fd_waiting: AtomicUsize::new(0),
+            lazy: AtomicBool::new(false),
+            lazy_for: AtomicU64::new(LAZY_MIN),
             me: OnceLock::new(),
         })
     }
@@ -1098,7 +1119,9 @@ impl Shared {
         let mut v = self.readiness.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(&r));
-        self.readied.store(v.len(), Ordering::Release);
+        self.readied.store(v.len(), Ordering::SeqCst);
+        drop(v);
+        self.kick_lazy();
         Ok(r)
     }
 
@@ -1156,7 +1179,9 @@ impl Shared {
         });
         let mut v = self.fd_waiters.lock().unwrap_or_else(|e| e.into_inner());
         v.push(fd.clone());
-        self.fd_waiting.store(v.len(), Ordering::Release);
+        self.fd_waiting.store(v.len(), Ordering::SeqCst);
+        drop(v);
+        self.kick_lazy();
         Ok(ProgressFd {
             shared: self.clone(),
             fd,
@@ -1566,8 +1591,9 @@ impl Shared {
                     woken: woken.clone(),
                     bell: None,
                 });
-                self.sleepers.store(w.len(), Ordering::Release);
+                self.sleepers.store(w.len(), Ordering::SeqCst);
             }
+            self.kick_lazy();
             // a pump between `seen` and the registration woke nobody: look again
             if self.gen.load(Ordering::Acquire) == seen {
                 while !woken.load(Ordering::Acquire) {
@@ -1591,10 +1617,32 @@ impl Shared {
         }
         *leader = true;
         drop(leader);
+        // (the progress thread, when nothing waits that only a pump serves:
+        // see `lazy`)
+        let lazy = want.is_none() && {
+            self.lazy.store(true, Ordering::SeqCst);
+            self.may_arm_lazily()
+        };
         let (quiet, until) = {
             let mut ep = self.lock();
             // arm, then look once more: a completion before arming signals nobody
-            let quiet = ep.arm().is_ok() && self.pump(&mut ep) == seen;
+            let armed = if lazy {
+                ep.arm_unpolled()
+            } else {
+                ep.arm().map(|()| 0)
+            };
+            let left = *armed.as_ref().unwrap_or(&0);
+            let quiet = armed.is_ok() && self.pump(&mut ep) == seen;
+            let lazy_until = if left > 0 {
+                let d = self.lazy_for.load(Ordering::Relaxed);
+                self.lazy_for
+                    .store((d * 2).min(LAZY_MAX), Ordering::Relaxed);
+                Some(Instant::now() + Duration::from_micros(d))
+            } else {
+                self.lazy.store(false, Ordering::SeqCst);
+                self.lazy_for.store(LAZY_MIN, Ordering::Relaxed);
+                None
+            };
             let next = self.next_wake(&mut ep);
             // (a tcp end's recheck is due then too)
             let recheck = self
@@ -1603,13 +1651,16 @@ impl Shared {
                 .unwrap_or_else(|e| e.into_inner())
                 .front()
                 .copied();
-            let until = earliest(earliest(deadline, next), recheck);
+            let until = earliest(earliest(earliest(deadline, next), recheck), lazy_until);
             // from here on a call that moves the engine's next deadline
             // before `until` kicks this sleep (see `Locked`)
             let at = until.map_or(NOBODY_SLEEPS - 1, |u| {
                 nanos(u.saturating_duration_since(origin()))
             });
-            self.leader_until.store(at, Ordering::Release);
+            self.leader_until.store(at, Ordering::SeqCst);
+            // (one who started to wait before that store found nobody to
+            // kick: looked at again after it)
+            let quiet = quiet && (!self.lazy.load(Ordering::SeqCst) || self.may_arm_lazily());
             (quiet, until)
         };
         let mut tcp_ended = false;
@@ -1628,6 +1679,7 @@ impl Shared {
             }
         }
         self.leader_until.store(NOBODY_SLEEPS, Ordering::Release);
+        self.lazy.store(false, Ordering::SeqCst);
         {
             let mut ep = self.lock();
             ep.take_notification();
@@ -1643,6 +1695,28 @@ impl Shared {
         // (Waking a follower to take over here would cost a wake-up for every
         // completion that was not the leader's own.)
         true
+    }
+
+    /// Whether the progress thread may leave polled receive CQs unarmed
+    /// (see [`Self::lazy`]): nobody waits for a pump — no follower or
+    /// doorbell sleeper, no readiness descriptor (an event loop waits on it
+    /// for CDCs the progress thread applies), no descriptor waiter, no
+    /// thread in the endpoint.
+    fn may_arm_lazily(&self) -> bool {
+        self.sleepers.load(Ordering::SeqCst) == 0
+            && self.readied.load(Ordering::SeqCst) == 0
+            && self.fd_waiting.load(Ordering::SeqCst) == 0
+            && self.active.load(Ordering::SeqCst) == 0
+            && self.busy.load(Ordering::SeqCst) == 0
+    }
+
+    /// Called after starting to wait for a pump (the count that says so
+    /// stored): a progress thread asleep with receive CQs unarmed wakes
+    /// now, and arms them at its next sleep.
+    fn kick_lazy(&self) {
+        if self.lazy.load(Ordering::SeqCst) {
+            self.kick_at(0);
+        }
     }
 
     /// Makes the sleeping leader, if there is one, wake at engine time `at`

@@ -47,6 +47,32 @@ impl<P: Provider> Endpoint<P> {
         Ok(())
     }
 
+    /// [`Self::arm`] for a driver that wakes by itself soon (a deadline of
+    /// its own): a link's receive CQ that connections polled themselves
+    /// since its last arm is left unarmed. Threads that poll their
+    /// connections without sleeping (`FastConn::try_read`) take the link's
+    /// CDCs themselves, and an armed CQ would have the peer signal the
+    /// driver's channel after every arm, waking it for a CDC a poller takes
+    /// first (on one core, two context switches each time). What the
+    /// pollers leave is taken by the driver's next look. Returns how many
+    /// receive CQs were left unarmed: 0 means as [`Self::arm`]. The driver
+    /// must not sleep beyond its deadline then, and must arm fully once
+    /// something waits that only a pump can serve.
+    pub fn arm_unpolled(&mut self) -> Result<usize> {
+        let mut left = 0;
+        for l in 0..self.lgrs.len() {
+            for slot in 0..smc_proto::link::LINK_SLOTS {
+                let send = self.awaits_send_completions(l, slot);
+                if let Some(res) = self.link_res_mut(l, slot) {
+                    if !res.arm_unpolled(send)? {
+                        left += 1;
+                    }
+                }
+            }
+        }
+        Ok(left)
+    }
+
     /// Arms the send CQs that something waits on now and that [`Self::arm`]
     /// (or an earlier call of this) left unarmed, and polls each of them
     /// once (a completion may have come in before arming): for what starts

@@ -244,6 +244,7 @@ fn dispatch_with<P: Provider>(
     // group, and waits for the lock (a leader about to sleep would
     // otherwise miss what this dispatch leaves).
     rx.set_attention(&book, true);
+    rx.note_polled();
     let mut applied = false;
     // (a failed poll: the endpoint's poll meets it again)
     while let Ok(n) = rx.poll(&mut book) {

@@ -266,6 +266,9 @@ pub(super) struct LinkRx<P: Provider> {
     /// CDCs a dispatch without the device lock applied, not yet counted by
     /// the endpoint.
     pub cdcs: Uncounted,
+    /// A connection polled the CQ itself (`cdc_recv::dispatch`) since the
+    /// endpoint last armed it or left it unarmed (`Endpoint::arm_unpolled`).
+    polled: AtomicBool,
 }
 
 /// What a link's receive poller keeps under [`LinkRx`]'s lock: the buffers
@@ -376,6 +379,21 @@ impl<P: Provider> LinkRx<P> {
             wr_id,
             sges: &[sge],
         })
+    }
+
+    /// Notes a poll of a connection's own (see [`Self::take_polled`]): a
+    /// load, and a store only the first time after a take (the line stays
+    /// shared between the cores of pollers that find it set).
+    #[inline]
+    pub fn note_polled(&self) {
+        if !self.polled.load(Ordering::Relaxed) {
+            self.polled.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a connection polled the CQ itself since the last take.
+    pub fn take_polled(&self) -> bool {
+        self.polled.load(Ordering::Relaxed) && self.polled.swap(false, Ordering::Relaxed)
     }
 
     /// Polls the receive CQ into `book.wcs` (the caller holds `book`).
@@ -499,6 +517,7 @@ impl<P: Provider> LinkRes<P> {
             attention: AtomicBool::new(false),
             open: AtomicBool::new(false),
             cdcs: Uncounted::default(),
+            polled: AtomicBool::new(false),
         });
         Ok(LinkRes {
             qp,
@@ -685,7 +704,23 @@ impl<P: Provider> LinkRes<P> {
         }
         self.rx.cq.req_notify()?;
         self.recv_armed = true;
+        self.rx.take_polled();
         Ok(())
+    }
+
+    /// [`Self::arm`], but the receive CQ only if no connection polled it
+    /// itself since the last arm (see `Endpoint::arm_unpolled`): whether it
+    /// was armed.
+    pub fn arm_unpolled(&mut self, send: bool) -> Result<bool> {
+        if !self.recv_armed || !self.rx.take_polled() {
+            self.arm(send)?;
+            return Ok(true);
+        }
+        self.send_armed = false;
+        if send {
+            self.arm_send()?;
+        }
+        Ok(false)
     }
 
     /// Asks the send CQ to signal the endpoint's channel at its next completion.

@@ -1,0 +1,140 @@
+//! A program that polls its non-blocking connections (no thread of it ever
+//! sleeps in the library: it reads until `WouldBlock`, then yields) does not
+//! have the progress thread woken for its messages (issue 15: one polling
+//! thread per side). The poller takes each CDC off its link's receive CQ
+//! itself; with that CQ armed, every CDC after an arm signalled the
+//! completion channel, and the progress thread woke, found the CDC taken,
+//! armed again and slept: about one wake-up per one to four messages, on
+//! one core two context switches each. The progress thread now leaves a
+//! CQ that connections poll unarmed while nothing waits for a pump
+//! (`Endpoint::arm_unpolled`) and looks by itself after a short sleep.
+//! Both processes on one CPU (the case where each wake-up takes the core
+//! from a poller); alone in its test binary: the process's threads are
+//! counted.
+
+mod common;
+
+use common::{setup, spawn_self};
+use smc::{Mode, SmcListener, SmcStream};
+use std::io::{ErrorKind, Read, Write};
+
+fn pin(cpu: usize) {
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(cpu);
+    rustix::thread::sched_setaffinity(None, &one).unwrap();
+}
+
+fn first_cpu() -> usize {
+    let set = rustix::thread::sched_getaffinity(None).unwrap();
+    (0..rustix::thread::CpuSet::MAX_CPU)
+        .find(|&c| set.is_set(c))
+        .unwrap()
+}
+
+const WARM: usize = 2000;
+const ROUNDS: usize = 20000;
+
+/// Moves `m` through `s` without blocking: writes it whole, then reads a
+/// whole answer into it, yielding the CPU whenever nothing moved.
+fn exchange(s: &mut SmcStream, out: &[u8; 64], back: &mut [u8; 64]) {
+    let mut at = 0;
+    while at < out.len() {
+        match s.write(&out[at..]) {
+            Ok(n) => at += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    read_polling(s, back);
+}
+
+fn read_polling(s: &mut SmcStream, m: &mut [u8; 64]) {
+    let mut at = 0;
+    while at < m.len() {
+        match s.read(&mut m[at..]) {
+            Ok(0) => panic!("end of file"),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+/// The other process, on the same CPU, polling too: answers each 64 B
+/// message with its complement.
+fn server(cpu: usize) {
+    pin(cpu);
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    assert_eq!(s.mode(), Mode::SmcR);
+    s.set_nonblocking(true).unwrap();
+    let mut m = [0u8; 64];
+    for i in 0..WARM + ROUNDS {
+        read_polling(&mut s, &mut m);
+        assert_eq!(m, [i as u8; 64]);
+        let a = [!(i as u8); 64];
+        let mut at = 0;
+        while at < a.len() {
+            match s.write(&a[at..]) {
+                Ok(n) => at += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("server write: {e}"),
+            }
+        }
+    }
+    // (until the client is done counting)
+    s.set_nonblocking(false).unwrap();
+    let _ = s.read(&mut m);
+}
+
+#[test]
+fn a_polling_ping_pong_does_not_wake_the_progress_thread_per_message() {
+    // (the tools' registry publishes on a period of its own)
+    std::env::set_var("SMC_RS_REGISTRY", "0");
+    if let Some(cpu) = std::env::var("SMC_POLL_CPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        setup();
+        return server(cpu);
+    }
+    let cpu = first_cpu();
+    // before the first connection: the engine's threads inherit it
+    pin(cpu);
+    setup();
+    let (mut child, _out, port) = spawn_self(
+        "a_polling_ping_pong_does_not_wake_the_progress_thread_per_message",
+        &[("SMC_POLL_CPU", cpu.to_string().as_ref())],
+    );
+    let mut c = SmcStream::connect(("127.0.0.1", port)).unwrap();
+    assert_eq!(c.mode(), Mode::SmcR);
+    c.set_nonblocking(true).unwrap();
+    let mut before = 0;
+    let mut m = [0u8; 64];
+    let mut t0 = std::time::Instant::now();
+    for i in 0..WARM + ROUNDS {
+        if i == WARM {
+            before = common::switches_of("smc-progress");
+            t0 = std::time::Instant::now();
+        }
+        exchange(&mut c, &[i as u8; 64], &mut m);
+        assert_eq!(m, [!(i as u8); 64]);
+    }
+    let took = t0.elapsed();
+    let woken = common::switches_of("smc-progress") - before;
+    eprintln!("progress thread woken {woken} times for {ROUNDS} answers in {took:?}");
+    c.set_nonblocking(false).unwrap();
+    drop(c);
+    assert!(child.wait().unwrap().success(), "the server process failed");
+    // The progress thread still looks by itself, at most once a
+    // millisecond (`LAZY_MIN`): room for that over the run's time, and
+    // for what the engine does on its own.
+    let looks = took.as_millis() as u64 + 1;
+    assert!(
+        woken <= (ROUNDS as u64 / 20).max(2 * looks),
+        "the progress thread woke {woken} times for {ROUNDS} answers of a polling ping-pong \
+         in {took:?}"
+    );
+}
