@@ -93,3 +93,49 @@ fn a_full_send_buffer_is_counted_once_per_wait() {
     assert_eq!(b.tx_full, 1, "one wait, however often retried: {b:?}");
     assert!(b.tx_too_small >= 1 && b.tx_peer_too_small >= 1, "{b:?}");
 }
+
+/// Sizes asked for one connection (a socket's `SO_RCVBUF`/`SO_SNDBUF`, as
+/// Linux sizes an SMC socket's RMB and send buffer by them) are its own:
+/// rounded up to a size class, announced to the peer, used by the data
+/// path, pooled by size; the next connection without a request gets the
+/// endpoint's sizes.
+#[test]
+fn buffer_sizes_asked_for_one_connection_are_its_own() {
+    let mut w = World::default();
+    let mut t = w.open();
+    // (client: 100 KiB and 40 KiB; server: only an RMB of 20 KiB)
+    w.client
+        .set_buffer_sizes(t.c, Some(100 * 1024), Some(40 * 1024));
+    w.server.set_buffer_sizes(t.s, Some(20 * 1024), None);
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    let c = w.client.conn_diag(t.c).unwrap();
+    let s = w.server.conn_diag(t.s).unwrap();
+    assert_eq!(
+        (c.rmbe_len, c.sndbuf_len, c.peer_rmbe_len),
+        (128 * 1024, 64 * 1024, 32 * 1024)
+    );
+    let default = simple_config("x", 1, 1);
+    assert_eq!(
+        (s.rmbe_len, s.sndbuf_len, s.peer_rmbe_len),
+        (32 * 1024, default.sndbuf_len, 128 * 1024)
+    );
+    // data flows through the sizes taken, beyond each of them
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let (mut sent, mut got) = (0, Vec::new());
+    let mut steps = 0;
+    while got.len() < data.len() {
+        assert!(steps < 100_000, "stalled at {} of {} bytes", got.len(), data.len());
+        steps += 1;
+        if sent < data.len() {
+            sent += w.client.write(t.c, &data[sent..]).unwrap();
+        }
+        got.extend(w.server.read(t.s, 50_000).unwrap());
+        w.step(&mut [&mut t]);
+    }
+    assert!(got == data, "the bytes arrived changed");
+    // a connection without a request: the endpoint's sizes
+    let u = w.handshake();
+    let d = w.client.conn_diag(u.c).unwrap();
+    assert_eq!((d.rmbe_len, d.sndbuf_len), (default.rmb_len, default.sndbuf_len));
+}

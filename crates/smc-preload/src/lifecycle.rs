@@ -208,6 +208,14 @@ extern "C" fn init() {
             .collect(),
     );
     let _ = STATE_FILE.set(open_state_file());
+    // `smc_run -r/-t`: the sizes of the SMC buffers, as they are of an
+    // AF_SMC socket's RMB and send buffer in Linux (the TCP socket gets
+    // them too, at `socket()`)
+    let size = |v| crate::report::env_size(v).and_then(|n| usize::try_from(n).ok());
+    let (rcv, snd) = (size("SMC_RCVBUF"), size("SMC_SNDBUF"));
+    if rcv.is_some() || snd.is_some() {
+        smc::set_buffer_sizes(rcv, snd);
+    }
     adopt_inherited_listeners();
     // SAFETY: registers handlers that take and release the table's lock
     // around the fork; the child's also gives up the parent's entries with

@@ -27,6 +27,33 @@ pub unsafe extern "C" fn getsockopt(
             }
         }
     }
+    if level == libc::SOL_SOCKET
+        && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF)
+        && !val.is_null()
+        && !len.is_null()
+        && COUNT.load(Ordering::Acquire) != 0
+    {
+        // An SMC-R connection's buffers are its RMB and send buffer: Linux
+        // reports them doubled, as it does a socket's (smc_core.c
+        // `__smc_buf_create` sets `sk_rcvbuf` / `sk_sndbuf` to twice the
+        // size taken).
+        let sizes = match get(fd) {
+            Some(Entry::Stream(c)) => c.s.buffer_sizes(),
+            _ => None,
+        };
+        if let Some((rmb, snd)) = sizes {
+            let v = if opt == libc::SO_RCVBUF { rmb } else { snd };
+            let v = c_int::try_from(v.saturating_mul(2)).unwrap_or(c_int::MAX);
+            // SAFETY: the caller's buffer of `*len` bytes (an int, checked).
+            unsafe {
+                if *len as usize >= std::mem::size_of::<c_int>() {
+                    *(val as *mut c_int) = v;
+                    *len = std::mem::size_of::<c_int>() as socklen_t;
+                    return 0;
+                }
+            }
+        }
+    }
     // SAFETY: the caller's arguments, unchanged.
     unsafe {
         real!(getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int)(

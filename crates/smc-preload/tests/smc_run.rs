@@ -193,3 +193,58 @@ fn smc_run_checks_and_passes_the_lists() {
     let h = smc_run(&["-h"]);
     assert!(String::from_utf8_lossy(&h.stdout).contains("-p <PORTS>"));
 }
+
+/// One process under `smc_run` `args` that connects to its own listener,
+/// moves a byte each way and prints `getsockopt(SO_RCVBUF, SO_SNDBUF)` of
+/// the client's and the server's socket; returns that line and the modes.
+fn buffers_seen(tag: &str, args: &[&str]) -> (String, Vec<String>) {
+    const PY: &str = r#"
+import socket, threading
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(1)
+got = {}
+def serve():
+    s, _ = l.accept(); s.sendall(s.recv(1)); got["s"] = s
+t = threading.Thread(target=serve); t.start()
+c = socket.create_connection(l.getsockname())
+c.sendall(b"x"); assert c.recv(1) == b"x"; t.join()
+o = lambda s: "%d/%d" % (s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+print(o(c), o(got["s"]))
+"#;
+    let s = setup(tag);
+    let py = program("python3");
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend([py.to_str().unwrap(), "-c", PY]);
+    let out = Command::new(SMC_RUN)
+        .args(&all)
+        .env("SMC_RDMA_SHM_CONFIG", s.dir.join("shm.conf"))
+        .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
+        .env("SMC_RUN_STATE", s.dir.join("state"))
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (line, s.modes())
+}
+
+/// `smc_run -r SIZE` / `-t SIZE` size the SMC-R connections' RMB and send
+/// buffer as they size an AF_SMC socket's in Linux (rounded up to a size
+/// class), and `getsockopt(SO_RCVBUF/SO_SNDBUF)` on such a connection
+/// reports them doubled, as Linux reports a socket's; without them the
+/// library's defaults (4 MiB, 1 MiB).
+#[test]
+fn smc_run_r_and_t_size_the_smc_buffers() {
+    let (line, m) = buffers_seen("bufs-asked", &["-r", "200k", "-t", "64k"]);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
+    // (200 KiB: the 256 KiB class)
+    assert_eq!(line, "524288/131072 524288/131072");
+    let (line, m) = buffers_seen("bufs-default", &[]);
+    assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
+    assert_eq!(line, "8388608/2097152 8388608/2097152");
+}

@@ -1905,9 +1905,56 @@ pub(crate) fn endpoints_and_devices(
     Some((eps, devices))
 }
 
-/// The RMB and send buffer size of this process's connections.
+/// The RMB and send buffer size of this process's connections (those
+/// asked for with [`crate::set_buffer_sizes`], rounded up to their size
+/// classes as the engine does).
 pub(crate) fn buffer_sizes() -> (usize, usize) {
-    (rmb_len(), sndbuf_len())
+    let class = |n: usize| {
+        smc_wire::types::RmbeSize::for_size(n, smc_wire::types::RmbeSize::MAX_CLASS).bytes()
+    };
+    let (rmb, snd) = asked_buffers();
+    (
+        class(rmb.unwrap_or_else(rmb_len)),
+        snd.map_or_else(sndbuf_len, class),
+    )
+}
+
+/// The sizes [`crate::set_buffer_sizes`] asked for (0: none).
+static ASKED_RMB: AtomicUsize = AtomicUsize::new(0);
+static ASKED_SNDBUF: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) fn ask_buffers(rmb: Option<usize>, sndbuf: Option<usize>) {
+    ASKED_RMB.store(rmb.unwrap_or(0), Ordering::Relaxed);
+    ASKED_SNDBUF.store(sndbuf.unwrap_or(0), Ordering::Relaxed);
+}
+
+fn asked_buffers() -> (Option<usize>, Option<usize>) {
+    let some = |n: usize| (n > 0).then_some(n);
+    (
+        some(ASKED_RMB.load(Ordering::Relaxed)),
+        some(ASKED_SNDBUF.load(Ordering::Relaxed)),
+    )
+}
+
+/// A client connection's start in `ep` ([`Endpoint::connect`]) with the
+/// buffer sizes this process asked for.
+pub(crate) fn connect_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr) -> ConnId {
+    let id = ep.connect(local, now());
+    let (rmb, snd) = asked_buffers();
+    if rmb.is_some() || snd.is_some() {
+        ep.set_buffer_sizes(id, rmb, snd);
+    }
+    id
+}
+
+/// A server connection's start in `ep` ([`Endpoint::accept`]), likewise.
+pub(crate) fn accept_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr) -> ConnId {
+    let id = ep.accept(local, now());
+    let (rmb, snd) = asked_buffers();
+    if rmb.is_some() || snd.is_some() {
+        ep.set_buffer_sizes(id, rmb, snd);
+    }
+    id
 }
 
 /// This process's devices and endpoints; `None` in a process forked more

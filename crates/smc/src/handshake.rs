@@ -393,7 +393,7 @@ enum How {
 
 impl How {
     fn engine(shared: std::sync::Arc<crate::ctx::Shared>, local: IpAddr) -> How {
-        let id = shared.lock().accept(local, crate::ctx::now());
+        let id = crate::ctx::accept_in(&mut shared.lock(), local);
         How::Engine(crate::stream::SmcConn::handshaking(shared, id))
     }
 

@@ -137,6 +137,21 @@ pub fn opt_in_listener_again(fd: std::os::fd::BorrowedFd<'_>) -> bool {
     rendezvous::rendezvous().is_ok_and(|r| r.opt_in_listener_again(fd).is_ok())
 }
 
+/// Asks for an RMB of at least `rmb` bytes and a send buffer of at least
+/// `sndbuf` bytes for this process's SMC-R connections whose handshakes
+/// start from now on (`None`: the default, 4 MiB and 1 MiB, or
+/// `SMC_RMB_KIB` / `SMC_SNDBUF_KIB`). As a socket's `SO_RCVBUF` and
+/// `SO_SNDBUF` size an SMC socket's buffers in Linux (smc_core.c
+/// `__smc_buf_create`), each is rounded up to a size class (a power of two,
+/// 16 KiB the least); the RMB's size is what the peer learns in the CLC
+/// handshake. `smc_run -r SIZE` / `-t SIZE` (`SMC_RCVBUF` / `SMC_SNDBUF`)
+/// come here. A smaller RMB keeps request/response traffic in the caches;
+/// a larger one lets a one-way stream run further ahead of its reader
+/// (the README's Performance section has both).
+pub fn set_buffer_sizes(rmb: Option<usize>, sndbuf: Option<usize>) {
+    ctx::ask_buffers(rmb, sndbuf);
+}
+
 /// smc-rs's own fallback reason for "the SYN option could not be used on this
 /// host" (no BPF privilege, no cgroup2, ...). Not a Linux code: the kernel
 /// always has its option.

@@ -486,7 +486,7 @@ impl SmcStream {
         let peer = tcp.peer_addr()?.ip();
         match ctx::endpoint_for(local, peer, ctx::Role::Client) {
             ctx::Device::Endpoint(shared) => {
-                let id = shared.lock().connect(local, ctx::now());
+                let id = ctx::connect_in(&mut shared.lock(), local);
                 SmcStream::finish_handshake(tcp, shared, id)
             }
             dev => {
@@ -1097,6 +1097,18 @@ impl SmcStream {
     /// SMC-R, or TCP with the reason.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// An SMC-R connection's RMB and send buffer sizes in bytes, as its
+    /// handshake took them (see [`crate::set_buffer_sizes`]); `None` over
+    /// TCP, or in a forked child (the connection is the parent's).
+    pub fn buffer_sizes(&self) -> Option<(usize, usize)> {
+        let c = self.smc.as_ref()?;
+        if crate::fork::parents(c.born) {
+            return None;
+        }
+        let d = c.shared.lock().conn_diag(c.id)?;
+        (d.rmbe_len > 0).then_some((d.rmbe_len, d.sndbuf_len))
     }
 
     /// Whether dropping the last handle waits for the SMC close to leave

@@ -173,6 +173,9 @@ pub(super) struct Conn<P: Provider> {
     /// Listed in `Endpoint::tx_dirty`: something may have given the
     /// connection something to send since it last had nothing.
     pub(super) tx_dirty: bool,
+    /// The RMB and send buffer sizes asked for this connection
+    /// ([`Endpoint::set_buffer_sizes`]); `None`: the endpoint's.
+    pub(super) bufs: (Option<usize>, Option<usize>),
 }
 
 impl<P: Provider> Endpoint<P> {
@@ -211,6 +214,7 @@ impl<P: Provider> Endpoint<P> {
             close_deadline: None,
             close_unsent: 0,
             tx_dirty: false,
+            bufs: (None, None),
         };
         let id = match self.conns.iter().position(Option::is_none) {
             Some(i) => {
@@ -225,6 +229,26 @@ impl<P: Provider> Endpoint<P> {
         // its handshake deadline
         self.arm_conn_timer(id);
         id
+    }
+
+    /// Asks for an RMB of `rmb_len` and a send buffer of `sndbuf_len` bytes
+    /// for connection `id` instead of the endpoint's sizes (`None`: the
+    /// endpoint's), as a socket's `SO_RCVBUF`/`SO_SNDBUF` size its RMB and
+    /// send buffer in Linux (smc_core.c `__smc_buf_create`: the size class
+    /// at or above the request, 16 KiB the least). Takes effect when the
+    /// handshake gives the connection its buffers: call it right after
+    /// [`Self::connect`] or [`Self::accept`]. The RMB goes down the size
+    /// classes as ever when one that large cannot be registered; the size
+    /// taken is what the CLC message announces.
+    pub fn set_buffer_sizes(
+        &mut self,
+        id: ConnId,
+        rmb_len: Option<usize>,
+        sndbuf_len: Option<usize>,
+    ) {
+        if let Some(c) = self.conn(id) {
+            c.bufs = (rmb_len, sndbuf_len);
+        }
     }
 
     pub(super) fn conn(&mut self, id: ConnId) -> Option<&mut Conn<P>> {

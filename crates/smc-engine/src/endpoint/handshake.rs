@@ -334,7 +334,6 @@ impl<P: Provider> Endpoint<P> {
         let Ok(row) = lg.add_clc_rtoken(slot, peer) else {
             return false;
         };
-        let sndbuf_len = self.cfg.sndbuf_len;
         let can_fail_over =
             lg.multi_link || (self.redundancy.enabled && lg.group.config().max_links > 1);
         let Some(c) = self.conn(id) else {
@@ -343,6 +342,11 @@ impl<P: Provider> Endpoint<P> {
         {
             let mut k = lock(&c.core);
             let Some(rmbe_len) = k.rmb.as_ref().map(MemoryRegion::len) else {
+                return false;
+            };
+            // (the connection's own, which `Endpoint::set_buffer_sizes` may
+            // have sized)
+            let Some(sndbuf_len) = k.sndbuf.as_ref().map(MemoryRegion::len) else {
                 return false;
             };
             k.peer_rmb = Some(PeerRmb { row, offset: off });

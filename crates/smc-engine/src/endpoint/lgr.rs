@@ -291,8 +291,18 @@ impl<P: Provider> Endpoint<P> {
     /// Attaches connection `id` to group `l` on link `slot`: RMB and send buffer
     /// from the group's pool or its PD.
     pub(super) fn attach(&mut self, id: ConnId, l: LgrId, slot: usize) -> Result<()> {
-        let rmb_len = RmbeSize::for_size(self.cfg.rmb_len, RmbeSize::MAX_CLASS).bytes();
-        let sndbuf_len = self.cfg.sndbuf_len;
+        let (rmb_ask, sndbuf_ask) = self
+            .conns
+            .get(id)
+            .and_then(Option::as_ref)
+            .map_or((None, None), |c| c.bufs);
+        let rmb_len =
+            RmbeSize::for_size(rmb_ask.unwrap_or(self.cfg.rmb_len), RmbeSize::MAX_CLASS).bytes();
+        // (a send buffer asked for is rounded as an RMB is, as Linux does,
+        // so that pooled ones fit the next connection that asks alike)
+        let sndbuf_len = sndbuf_ask.map_or(self.cfg.sndbuf_len, |n| {
+            RmbeSize::for_size(n, RmbeSize::MAX_CLASS).bytes()
+        });
         let lg = self
             .lgrs
             .get_mut(l)
