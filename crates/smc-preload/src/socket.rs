@@ -15,10 +15,17 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     if fd < 0 {
         return fd;
     }
+    // (TCP sockets only: smc-tools' library sets them on every socket, UDP
+    // and Unix ones too, a side effect its users do not ask for; an SMC-R
+    // connection's own buffers follow them through `smc::set_buffer_sizes`)
+    let tcp = is_tcp(domain, ty, proto);
     for (var, opt) in [
         ("SMC_SNDBUF", libc::SO_SNDBUF),
         ("SMC_RCVBUF", libc::SO_RCVBUF),
-    ] {
+    ]
+    .into_iter()
+    .filter(|_| tcp)
+    {
         if let Some(v) = env_size(var) {
             // SAFETY: `v` lives across the call; its size is passed.
             unsafe {
@@ -29,7 +36,7 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
             }
         }
     }
-    if is_tcp(domain, ty, proto) {
+    if tcp {
         // (with SMC_RUN_PORTS/DESTS the opt-in waits for the address: see `selected`)
         let opted = selection().is_all() && smc::opt_in(borrow(fd));
         drop(insert(fd, Entry::Fresh { opted }));

@@ -208,7 +208,9 @@ t = threading.Thread(target=serve); t.start()
 c = socket.create_connection(l.getsockname())
 c.sendall(b"x"); assert c.recv(1) == b"x"; t.join()
 o = lambda s: "%d/%d" % (s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
-print(o(c), o(got["s"]))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dflt = int(open("/proc/sys/net/core/rmem_default").read())
+print(o(c), o(got["s"]), "udp-default" if u.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == dflt else "udp-changed")
 "#;
     let s = setup(tag);
     let py = program("python3");
@@ -236,15 +238,17 @@ print(o(c), o(got["s"]))
 /// buffer as they size an AF_SMC socket's in Linux (rounded up to a size
 /// class), and `getsockopt(SO_RCVBUF/SO_SNDBUF)` on such a connection
 /// reports them doubled, as Linux reports a socket's; without them the
-/// library's defaults (4 MiB, 1 MiB).
+/// library's defaults (4 MiB, 1 MiB). Other sockets than TCP keep their
+/// sizes (tools.md §8: smc-tools' library sets them on every socket).
 #[test]
 fn smc_run_r_and_t_size_the_smc_buffers() {
     let (line, m) = buffers_seen("bufs-asked", &["-r", "200k", "-t", "64k"]);
     assert_eq!(m.len(), 2, "{m:?}");
     assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
     // (200 KiB: the 256 KiB class)
-    assert_eq!(line, "524288/131072 524288/131072");
+    // (a UDP socket keeps its own sizes: smc-tools' library would set them)
+    assert_eq!(line, "524288/131072 524288/131072 udp-default");
     let (line, m) = buffers_seen("bufs-default", &[]);
     assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
-    assert_eq!(line, "8388608/2097152 8388608/2097152");
+    assert_eq!(line, "8388608/2097152 8388608/2097152 udp-default");
 }
