@@ -5,7 +5,7 @@ use super::*;
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let real_connect = real!(connect: fn(c_int, *const sockaddr, socklen_t) -> c_int);
-    let Some(Entry::Fresh { opted }) = get(fd) else {
+    let Some(Entry::Fresh { opted, bufs }) = get(fd) else {
         // SAFETY: the caller's arguments, unchanged.
         return unsafe { real_connect(fd, addr, len) };
     };
@@ -35,7 +35,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     if r != 0 {
         let e = errno();
         if nonblock && e == libc::EINPROGRESS {
-            connect_in_background(fd, opted);
+            connect_in_background(fd, opted, bufs);
         }
         set_errno(e);
         return r;
@@ -44,7 +44,9 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     if nonblock {
         real_fcntl(fd, libc::F_SETFL, (flags & !libc::O_NONBLOCK) as c_ulong);
     }
-    let made = dup_own(fd).and_then(|own| SmcStream::from_connected(TcpStream::from(own), opted));
+    let made = dup_own(fd).and_then(|own| {
+        SmcStream::from_connected_sized(TcpStream::from(own), opted, bufs.0, bufs.1)
+    });
     let s = match made {
         Ok(s) => s,
         Err(e) => {
@@ -66,7 +68,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 /// After a non-blocking connect's `EINPROGRESS`: the rest runs in a thread
 /// (see [`Pend`]). If that cannot start, the socket is left to the kernel
 /// (plain TCP: the peer declines or times out its handshake).
-pub(crate) fn connect_in_background(fd: RawFd, opted: bool) {
+pub(crate) fn connect_in_background(fd: RawFd, opted: bool, bufs: Bufs) {
     let started = (|| -> io::Result<()> {
         let own = dup_own(fd)?;
         let (user, ctl) = rustix::net::socketpair(
@@ -87,7 +89,7 @@ pub(crate) fn connect_in_background(fd: RawFd, opted: bool) {
         drop(insert(fd, Entry::Connecting(p.clone())));
         let t = std::thread::Builder::new()
             .name("smc-connect".into())
-            .spawn(move || connect_thread(fd, own, opted, p));
+            .spawn(move || connect_thread(fd, own, opted, bufs, p));
         if let Err(e) = t {
             drop(remove(fd));
             return Err(e);
@@ -102,7 +104,7 @@ pub(crate) fn connect_in_background(fd: RawFd, opted: bool) {
     }
 }
 
-pub(crate) fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, p: Arc<Pend>) {
+pub(crate) fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, bufs: Bufs, p: Arc<Pend>) {
     let mut pfd = [rustix::event::PollFd::new(
         &own,
         rustix::event::PollFlags::OUT,
@@ -114,7 +116,12 @@ pub(crate) fn connect_thread(fd: RawFd, own: OwnedFd, opted: bool, p: Arc<Pend>)
         // the handshake runs blocking (the file's flag, the application's
         // socket's too: its calls meanwhile are answered by the library)
         let _ = rustix::io::ioctl_fionbio(&own, false);
-        Some(SmcStream::from_connected(TcpStream::from(own), opted))
+        Some(SmcStream::from_connected_sized(
+            TcpStream::from(own),
+            opted,
+            bufs.0,
+            bufs.1,
+        ))
     } else {
         drop(own);
         None

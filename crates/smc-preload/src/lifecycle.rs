@@ -112,7 +112,7 @@ fn forget_the_parents(
                 exec::stand_in(fd);
                 Entry::Failed(0)
             }
-            Entry::Listener(_) => Entry::Passive,
+            Entry::Listener(l) => Entry::Passive(l.bufs()),
             // A connection whose handshake a thread of the parent was
             // running at the fork (that thread holds the lock, which stays
             // held in the child): the parent's.
@@ -261,7 +261,7 @@ pub(crate) fn adopt_inherited_listeners() {
         }
         if let Some(id) = file_id(b) {
             INHERITED.lock().unwrap_or_else(|e| e.into_inner()).push(id);
-            drop(insert(fd, Entry::Passive));
+            drop(insert(fd, Entry::Passive((None, None))));
         }
     }
 }

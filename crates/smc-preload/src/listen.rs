@@ -5,7 +5,7 @@ use super::*;
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     let real_listen = real!(listen: fn(c_int, c_int) -> c_int);
-    let Some(Entry::Fresh { opted }) = get(fd) else {
+    let Some(Entry::Fresh { opted, bufs }) = get(fd) else {
         // SAFETY: the caller's arguments, unchanged (so for every call below).
         return unsafe { real_listen(fd, backlog) };
     };
@@ -35,7 +35,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         return r;
     }
     // (its driver starts at the first accept or poll: see Entry::Passive)
-    drop(insert(fd, Entry::Passive));
+    drop(insert(fd, Entry::Passive(bufs)));
     r
 }
 
@@ -44,7 +44,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
     static ONE: Mutex<()> = Mutex::new(());
     let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(Entry::Passive) = get(fd) else {
+    let Some(Entry::Passive(bufs)) = get(fd) else {
         return get(fd);
     };
     if was_inherited(fd) && !smc::is_opted_in(borrow(fd)) {
@@ -58,8 +58,8 @@ pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
     if !nonblock {
         // (no state of the library's: its connections are made at their
         // first use, see Entry::LazyListener)
-        drop(insert(fd, Entry::LazyListener));
-        return Some(Entry::LazyListener);
+        drop(insert(fd, Entry::LazyListener(bufs)));
+        return Some(Entry::LazyListener(bufs));
     }
     USED.store(true, Ordering::Release);
     match dup_own(fd).and_then(|own| SmcListener::from_listening(TcpListener::from(own), true)) {
@@ -68,7 +68,10 @@ pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
             let l = Arc::new(Lst {
                 l,
                 nonblock: AtomicBool::new(nonblock),
+                rmb: Default::default(),
+                sndbuf: Default::default(),
             });
+            l.set_bufs(bufs);
             drop(insert(fd, Entry::Listener(l.clone())));
             Some(Entry::Listener(l))
         }
@@ -85,7 +88,7 @@ pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
 /// `fd`'s entry, a listener started if it is one.
 pub(crate) fn get_active(fd: RawFd) -> Option<Entry> {
     match get(fd)? {
-        Entry::Passive => activate(fd),
+        Entry::Passive(_) => activate(fd),
         e => Some(e),
     }
 }
@@ -100,11 +103,11 @@ pub unsafe extern "C" fn accept4(
     let real_accept4 = real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int);
     let l = match get_active(fd) {
         Some(Entry::Listener(l)) => l,
-        Some(Entry::LazyListener) => {
+        Some(Entry::LazyListener(bufs)) => {
             // SAFETY: the caller's arguments, unchanged.
             let nfd = unsafe { real_accept4(fd, addr, len, flags) };
             if nfd >= 0 {
-                accepted_lazily(nfd);
+                accepted_lazily(nfd, bufs);
             }
             return nfd;
         }
@@ -143,7 +146,7 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
 /// A connection `accept()` took from a lazy listener (see
 /// [`Entry::LazyListener`]): one whose client offered SMC gets its handshake
 /// at its first use; the others are plain TCP, the kernel's.
-fn accepted_lazily(nfd: RawFd) {
+fn accepted_lazily(nfd: RawFd, bufs: Bufs) {
     let own = match dup_own(nfd) {
         Ok(o) => o,
         Err(e) => {
@@ -162,7 +165,8 @@ fn accepted_lazily(nfd: RawFd) {
             // (plain TCP with nothing read ahead: left to the kernel)
             drop(s);
         }
-        smc::deferred::Deferred::Pending(p) => {
+        smc::deferred::Deferred::Pending(mut p) => {
+            p.set_buffer_sizes(bufs.0, bufs.1);
             let l = Lazy {
                 pending: Mutex::new(Some(p)),
                 done: OnceLock::new(),

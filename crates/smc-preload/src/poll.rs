@@ -25,8 +25,8 @@ pub(crate) fn poll_target(fd: c_int, look: bool) -> Option<(RawFd, bool, Entry)>
         Entry::Connecting(p) => Some((p.user.as_raw_fd(), false, Entry::Connecting(p))),
         Entry::Remote(r) => Some((r.ready, r.has_held(), Entry::Remote(r))),
         Entry::Fresh { .. }
-        | Entry::Passive
-        | Entry::LazyListener
+        | Entry::Passive(_)
+        | Entry::LazyListener(_)
         | Entry::Lazy(_)
         | Entry::Failed(_) => None,
     }
@@ -307,7 +307,7 @@ pub(crate) unsafe fn select_via(
                             | Entry::Remote(_)
                             | Entry::Listener(_)
                             | Entry::Connecting(_)
-                            | Entry::Passive
+                            | Entry::Passive(_)
                     )
                 )
         });

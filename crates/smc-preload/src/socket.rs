@@ -39,7 +39,13 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
     if tcp {
         // (with SMC_RUN_PORTS/DESTS the opt-in waits for the address: see `selected`)
         let opted = selection().is_all() && smc::opt_in(borrow(fd));
-        drop(insert(fd, Entry::Fresh { opted }));
+        drop(insert(
+            fd,
+            Entry::Fresh {
+                opted,
+                bufs: (None, None),
+            },
+        ));
     }
     fd
 }

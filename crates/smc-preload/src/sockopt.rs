@@ -87,7 +87,50 @@ pub unsafe extern "C" fn setsockopt(
             take_timeouts(&c.s, false);
         }
     }
+    if r == 0
+        && level == libc::SOL_SOCKET
+        && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF)
+        && COUNT.load(Ordering::Acquire) != 0
+    {
+        ask_buffer(fd, opt == libc::SO_RCVBUF);
+    }
     r
+}
+
+/// After a program's `setsockopt(SO_RCVBUF or SO_SNDBUF)` on `fd`: a socket
+/// not yet connected or listening, or a listening one, asks for SMC buffers
+/// of that size for its connection or the connections it accepts from now
+/// on, as an AF_SMC socket's do in Linux (smc_core.c `__smc_buf_create`
+/// starts from half the socket's doubled size, the size asked for). The
+/// size is read back from the kernel: capped by `net.core.rmem_max` /
+/// `wmem_max` as it is for the TCP socket.
+fn ask_buffer(fd: RawFd, rcv: bool) {
+    use rustix::net::sockopt::{socket_recv_buffer_size, socket_send_buffer_size};
+    let b = borrow(fd);
+    let n = if rcv {
+        socket_recv_buffer_size(b)
+    } else {
+        socket_send_buffer_size(b)
+    };
+    let Ok(n) = n else { return };
+    let n = Some((n / 2).max(1));
+    let set = |b: Bufs| if rcv { (n, b.1) } else { (b.0, n) };
+    let e = match get(fd) {
+        Some(Entry::Fresh { opted, bufs }) => Entry::Fresh {
+            opted,
+            bufs: set(bufs),
+        },
+        Some(Entry::Passive(bufs)) => Entry::Passive(set(bufs)),
+        Some(Entry::LazyListener(bufs)) => Entry::LazyListener(set(bufs)),
+        Some(Entry::Listener(l)) => {
+            l.set_bufs(set(l.bufs()));
+            return;
+        }
+        _ => return,
+    };
+    // (a race with the program's own calls on the socket is its own, as
+    // with a kernel socket's options)
+    drop(insert(fd, e));
 }
 
 /// `SO_RCVTIMEO`/`SO_SNDTIMEO`, in the old (`timeval` of `long`s) and new

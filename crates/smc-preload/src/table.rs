@@ -71,7 +71,33 @@ pub(crate) struct Lst {
     /// The application's `O_NONBLOCK` (the socket itself stays non-blocking
     /// for the listener's driver).
     pub(crate) nonblock: AtomicBool,
+    /// The buffer sizes asked for its connections (0: none), kept for a
+    /// forked child's listener (atomics: read in the child of a fork).
+    pub(crate) rmb: std::sync::atomic::AtomicUsize,
+    pub(crate) sndbuf: std::sync::atomic::AtomicUsize,
 }
+
+impl Lst {
+    pub(crate) fn bufs(&self) -> Bufs {
+        let some = |n: usize| (n > 0).then_some(n);
+        (
+            some(self.rmb.load(Ordering::Relaxed)),
+            some(self.sndbuf.load(Ordering::Relaxed)),
+        )
+    }
+
+    pub(crate) fn set_bufs(&self, b: Bufs) {
+        self.rmb.store(b.0.unwrap_or(0), Ordering::Relaxed);
+        self.sndbuf.store(b.1.unwrap_or(0), Ordering::Relaxed);
+        self.l.set_buffer_sizes(b.0, b.1);
+    }
+}
+
+/// The SMC buffer sizes a program asked of a socket with
+/// `setsockopt(SO_RCVBUF/SO_SNDBUF)` before its connect or listen (RMB,
+/// send buffer; `None`: not asked), as Linux sizes an AF_SMC socket's by
+/// them (smc_core.c `__smc_buf_create`).
+pub(crate) type Bufs = (Option<usize>, Option<usize>);
 
 #[derive(Clone)]
 pub(crate) enum Entry {
@@ -79,6 +105,7 @@ pub(crate) enum Entry {
     /// in to the SMC option.
     Fresh {
         opted: bool,
+        bufs: Bufs,
     },
     /// A listening socket opted in to SMC whose listener (and its driver
     /// thread, which accepts and runs the handshakes) starts at the first
@@ -86,7 +113,7 @@ pub(crate) enum Entry {
     /// workers (nginx's master) has not used the library before the fork,
     /// so each worker runs its own listener on the shared socket (see
     /// [`USED`]).
-    Passive,
+    Passive(Bufs),
     Stream(Arc<Conn>),
     Listener(Arc<Lst>),
     /// A listening socket opted in to SMC that was in blocking mode at its
@@ -96,7 +123,7 @@ pub(crate) enum Entry {
     /// handshake run in that process (see `smc::deferred`). Event-driven
     /// servers (non-blocking listeners) keep the listener's driver, which
     /// runs handshakes at once without holding up their loop.
-    LazyListener,
+    LazyListener(Bufs),
     /// An accepted connection whose client offered SMC, its handshake to run
     /// at its first use in whichever process (see [`Lazy`]); no lookup
     /// returns it ([`get`] runs the handshake).

@@ -197,15 +197,19 @@ fn smc_run_checks_and_passes_the_lists() {
 /// One process under `smc_run` `args` that connects to its own listener,
 /// moves a byte each way and prints `getsockopt(SO_RCVBUF, SO_SNDBUF)` of
 /// the client's and the server's socket; returns that line and the modes.
-fn buffers_seen(tag: &str, args: &[&str]) -> (String, Vec<String>) {
+fn buffers_seen(tag: &str, args: &[&str], env: &[(&str, &str)]) -> (String, Vec<String>) {
     const PY: &str = r#"
-import socket, threading
-l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(1)
+import os, socket, threading
+l = socket.socket(); l.bind(("127.0.0.1", 0))
+if "LRCV" in os.environ: l.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, int(os.environ["LRCV"]))
+l.listen(1)
 got = {}
 def serve():
     s, _ = l.accept(); s.sendall(s.recv(1)); got["s"] = s
 t = threading.Thread(target=serve); t.start()
-c = socket.create_connection(l.getsockname())
+c = socket.socket()
+if "CSND" in os.environ: c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(os.environ["CSND"]))
+c.connect(l.getsockname())
 c.sendall(b"x"); assert c.recv(1) == b"x"; t.join()
 o = lambda s: "%d/%d" % (s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -222,6 +226,7 @@ print(o(c), o(got["s"]), "udp-default" if u.getsockopt(socket.SOL_SOCKET, socket
         .env("SMC_RS_CONFIG_DIR", s.dir.join("conf"))
         .env("SMC_RUN_STATE", s.dir.join("state"))
         .env_remove("LD_PRELOAD")
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -238,17 +243,30 @@ print(o(c), o(got["s"]), "udp-default" if u.getsockopt(socket.SOL_SOCKET, socket
 /// buffer as they size an AF_SMC socket's in Linux (rounded up to a size
 /// class), and `getsockopt(SO_RCVBUF/SO_SNDBUF)` on such a connection
 /// reports them doubled, as Linux reports a socket's; without them the
-/// library's defaults (4 MiB, 1 MiB). Other sockets than TCP keep their
+/// library's defaults (4 MiB, 1 MiB); a program's `setsockopt` of them on
+/// a socket before its connect or listen sizes that socket's connections,
+/// as in Linux. Other sockets than TCP keep their
 /// sizes (tools.md §8: smc-tools' library sets them on every socket).
 #[test]
 fn smc_run_r_and_t_size_the_smc_buffers() {
-    let (line, m) = buffers_seen("bufs-asked", &["-r", "200k", "-t", "64k"]);
+    let (line, m) = buffers_seen("bufs-asked", &["-r", "200k", "-t", "64k"], &[]);
     assert_eq!(m.len(), 2, "{m:?}");
     assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
     // (200 KiB: the 256 KiB class)
     // (a UDP socket keeps its own sizes: smc-tools' library would set them)
     assert_eq!(line, "524288/131072 524288/131072 udp-default");
-    let (line, m) = buffers_seen("bufs-default", &[]);
+    let (line, m) = buffers_seen("bufs-default", &[], &[]);
     assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
     assert_eq!(line, "8388608/2097152 8388608/2097152 udp-default");
+    // The program's own setsockopt before listen / connect: the listener's
+    // SO_RCVBUF sizes the RMBs of the connections it accepts (60,000: the
+    // 64 KiB class), the client's SO_SNDBUF its send buffer (100,000: 128
+    // KiB), over the sizes smc_run asked for.
+    let (line, m) = buffers_seen(
+        "bufs-program",
+        &["-r", "200k"],
+        &[("LRCV", "60000"), ("CSND", "100000")],
+    );
+    assert!(m.iter().all(|l| l.ends_with(" SMC-R")), "{m:?}");
+    assert_eq!(line, "524288/262144 131072/2097152 udp-default");
 }

@@ -1928,7 +1928,11 @@ pub(crate) fn ask_buffers(rmb: Option<usize>, sndbuf: Option<usize>) {
     ASKED_SNDBUF.store(sndbuf.unwrap_or(0), Ordering::Relaxed);
 }
 
-fn asked_buffers() -> (Option<usize>, Option<usize>) {
+/// Buffer sizes asked for one connection (RMB, send buffer; `None`: the
+/// process's, see [`crate::set_buffer_sizes`]).
+pub(crate) type Bufs = (Option<usize>, Option<usize>);
+
+fn asked_buffers() -> Bufs {
     let some = |n: usize| (n > 0).then_some(n);
     (
         some(ASKED_RMB.load(Ordering::Relaxed)),
@@ -1936,11 +1940,16 @@ fn asked_buffers() -> (Option<usize>, Option<usize>) {
     )
 }
 
-/// A client connection's start in `ep` ([`Endpoint::connect`]) with the
-/// buffer sizes this process asked for.
-pub(crate) fn connect_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr) -> ConnId {
-    let id = ep.connect(local, now());
+fn with_process_asks(ask: Bufs) -> Bufs {
     let (rmb, snd) = asked_buffers();
+    (ask.0.or(rmb), ask.1.or(snd))
+}
+
+/// A client connection's start in `ep` ([`Endpoint::connect`]) with the
+/// buffer sizes asked for it (`ask`), else those this process asked for.
+pub(crate) fn connect_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr, ask: Bufs) -> ConnId {
+    let id = ep.connect(local, now());
+    let (rmb, snd) = with_process_asks(ask);
     if rmb.is_some() || snd.is_some() {
         ep.set_buffer_sizes(id, rmb, snd);
     }
@@ -1948,9 +1957,9 @@ pub(crate) fn connect_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr) -> ConnI
 }
 
 /// A server connection's start in `ep` ([`Endpoint::accept`]), likewise.
-pub(crate) fn accept_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr) -> ConnId {
+pub(crate) fn accept_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr, ask: Bufs) -> ConnId {
     let id = ep.accept(local, now());
-    let (rmb, snd) = asked_buffers();
+    let (rmb, snd) = with_process_asks(ask);
     if rmb.is_some() || snd.is_some() {
         ep.set_buffer_sizes(id, rmb, snd);
     }

@@ -43,6 +43,7 @@ pub enum Deferred {
 #[derive(Debug)]
 pub struct PendingSmc {
     tcp: TcpStream,
+    ask: crate::ctx::Bufs,
 }
 
 /// How often a handshake waiting for the client or the device looks at its
@@ -72,7 +73,10 @@ pub fn classify(tcp: TcpStream, opted: bool) -> Deferred {
         let mode = no_smc(DeclineCode::PeerNoSmc);
         return Deferred::Ready(SmcStream::tcp_only(tcp, role, mode, Vec::new()));
     }
-    Deferred::Pending(PendingSmc { tcp })
+    Deferred::Pending(PendingSmc {
+        tcp,
+        ask: (None, None),
+    })
 }
 
 impl PendingSmc {
@@ -80,6 +84,15 @@ impl PendingSmc {
     /// handshake: the client's CLC Proposal is the handshake's).
     pub fn tcp_fd(&self) -> BorrowedFd<'_> {
         self.tcp.as_fd()
+    }
+
+    /// Asks for an RMB of at least `rmb` and a send buffer of at least
+    /// `sndbuf` bytes should the handshake make the connection SMC-R
+    /// (`None`: the process's sizes; see [`crate::set_buffer_sizes`]), as
+    /// the listening socket's `SO_RCVBUF`/`SO_SNDBUF` size an accepted
+    /// AF_SMC socket's buffers in Linux.
+    pub fn set_buffer_sizes(&mut self, rmb: Option<usize>, sndbuf: Option<usize>) {
+        self.ask = (rmb, sndbuf);
     }
 
     /// Runs the server side of the CLC handshake in the calling thread,
@@ -94,7 +107,7 @@ impl PendingSmc {
     /// another process's.
     pub fn handshake(self) -> io::Result<SmcStream> {
         self.claim()?;
-        let a = run(Accepting::start(self.tcp)?)?;
+        let a = run(Accepting::start(self.tcp, self.ask)?)?;
         a.into_stream().ok_or_else(|| {
             io::Error::new(io::ErrorKind::ConnectionAborted, "the SMC handshake failed")
         })

@@ -392,8 +392,12 @@ enum How {
 }
 
 impl How {
-    fn engine(shared: std::sync::Arc<crate::ctx::Shared>, local: IpAddr) -> How {
-        let id = crate::ctx::accept_in(&mut shared.lock(), local);
+    fn engine(
+        shared: std::sync::Arc<crate::ctx::Shared>,
+        local: IpAddr,
+        ask: crate::ctx::Bufs,
+    ) -> How {
+        let id = crate::ctx::accept_in(&mut shared.lock(), local, ask);
         How::Engine(crate::stream::SmcConn::handshaking(shared, id))
     }
 
@@ -424,18 +428,21 @@ pub(crate) struct Accepting {
     /// Decline).
     leftover: Vec<u8>,
     how: How,
+    /// The buffer sizes asked for the connection.
+    ask: crate::ctx::Bufs,
 }
 
 impl Accepting {
     /// Starts the handshake on `tcp` (whose SYN carried the SMC option), over
     /// the endpoint serving its local address if there is one.
-    pub(crate) fn start(tcp: TcpStream) -> io::Result<Accepting> {
+    /// (`ask`: the buffer sizes asked for the connection, its listener's)
+    pub(crate) fn start(tcp: TcpStream, ask: crate::ctx::Bufs) -> io::Result<Accepting> {
         use crate::ctx::Device;
         let local = tcp.local_addr()?.ip();
         let peer = tcp.peer_addr()?.ip();
         let dev = crate::ctx::endpoint_for(local, peer, crate::ctx::Role::Server);
         let how = match dev {
-            Device::Endpoint(shared) => How::engine(shared, local),
+            Device::Endpoint(shared) => How::engine(shared, local, ask),
             Device::IfOnHost(shared) => How::IfOnHost {
                 shared,
                 local,
@@ -451,6 +458,7 @@ impl Accepting {
             out: Vec::new(),
             leftover: Vec::new(),
             how,
+            ask,
         })
     }
 
@@ -464,6 +472,7 @@ impl Accepting {
             out: Vec::new(),
             leftover: Vec::new(),
             how: How::no_device(local, false),
+            ask: (None, None),
         })
     }
 
@@ -602,7 +611,7 @@ impl Accepting {
                         Ok((0, _)) => self.tcp_gone(),
                         Ok(_) => {
                             self.how = if crate::ctx::shm_reaches(peer) {
-                                How::engine(shared, local)
+                                How::engine(shared, local, self.ask)
                             } else {
                                 How::no_device(local, false)
                             };

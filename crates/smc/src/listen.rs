@@ -90,6 +90,9 @@ struct Inner {
     ready: std::sync::OnceLock<Readiness>,
     /// Listed in the registry (smcss) while this lives.
     _listed: Option<crate::registry::Token>,
+    /// The buffer sizes asked for its connections
+    /// ([`SmcListener::set_buffer_sizes`]).
+    ask: Mutex<crate::ctx::Bufs>,
 }
 
 impl Inner {
@@ -212,6 +215,7 @@ impl SmcListener {
             wake,
             ready: std::sync::OnceLock::new(),
             _listed: listed,
+            ask: Mutex::new((None, None)),
         });
         let driver = if opted {
             let i = inner.clone();
@@ -350,6 +354,15 @@ impl SmcListener {
         Ok(self.inner.ready.get().expect("set above").as_fd())
     }
 
+    /// Asks for an RMB of at least `rmb` and a send buffer of at least
+    /// `sndbuf` bytes for the SMC-R connections whose handshakes start from
+    /// now on (`None`: the process's sizes, see [`crate::set_buffer_sizes`]),
+    /// as a listening AF_SMC socket's `SO_RCVBUF`/`SO_SNDBUF` size its
+    /// accepted sockets' buffers in Linux.
+    pub fn set_buffer_sizes(&self, rmb: Option<usize>, sndbuf: Option<usize>) {
+        *lock(&self.inner.ask) = (rmb, sndbuf);
+    }
+
     /// Non-blocking accept: `WouldBlock` while no finished connection waits.
     /// Turning it on also creates the readiness descriptor
     /// ([`SmcListener::readiness_fd`]), as a reactor will ask for it next.
@@ -398,7 +411,7 @@ enum Arrival {
     Handshake(Accepting),
 }
 
-fn arrival(tcp: std::net::TcpStream, opted: bool) -> io::Result<Arrival> {
+fn arrival(tcp: std::net::TcpStream, opted: bool, ask: crate::ctx::Bufs) -> io::Result<Arrival> {
     if !opted {
         return Ok(Arrival::Ready(SmcStream::tcp_only(
             tcp,
@@ -417,7 +430,7 @@ fn arrival(tcp: std::net::TcpStream, opted: bool) -> io::Result<Arrival> {
             Vec::new(),
         )));
     }
-    Ok(Arrival::Handshake(Accepting::start(tcp)?))
+    Ok(Arrival::Handshake(Accepting::start(tcp, ask)?))
 }
 
 /// Out of a resource the system may give back later (accept(2): EMFILE,
@@ -638,7 +651,7 @@ fn drive(inner: &Inner) {
                     break;
                 }
                 match inner.tcp.accept() {
-                    Ok((tcp, addr)) => match arrival(tcp, inner.opted) {
+                    Ok((tcp, addr)) => match arrival(tcp, inner.opted, *lock(&inner.ask)) {
                         Ok(Arrival::Ready(s)) => inner.push(s, addr),
                         Ok(Arrival::Handshake(mut hs)) => {
                             let wait = hs.step();

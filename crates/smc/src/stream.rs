@@ -452,7 +452,7 @@ impl SmcStream {
                 TcpStream::from(fd)
             }
         };
-        Self::after_connect(tcp, opted)
+        Self::after_connect(tcp, opted, (None, None))
     }
 
     /// A stream over `tcp`, a TCP socket connected in blocking mode: runs
@@ -461,10 +461,23 @@ impl SmcStream {
     /// SYN-ACK offered SMC; TCP otherwise. For programs that create and
     /// connect their sockets themselves (the preload library).
     pub fn from_connected(tcp: TcpStream, opted: bool) -> io::Result<SmcStream> {
-        Self::after_connect(tcp, opted)
+        Self::after_connect(tcp, opted, (None, None))
     }
 
-    fn after_connect(mut tcp: TcpStream, opted: bool) -> io::Result<SmcStream> {
+    /// [`Self::from_connected`] with an RMB of at least `rmb` and a send
+    /// buffer of at least `sndbuf` bytes if the connection is SMC-R (`None`:
+    /// the process's, see [`crate::set_buffer_sizes`]): what a socket's
+    /// `SO_RCVBUF`/`SO_SNDBUF` ask of an AF_SMC socket in Linux.
+    pub fn from_connected_sized(
+        tcp: TcpStream,
+        opted: bool,
+        rmb: Option<usize>,
+        sndbuf: Option<usize>,
+    ) -> io::Result<SmcStream> {
+        Self::after_connect(tcp, opted, (rmb, sndbuf))
+    }
+
+    fn after_connect(mut tcp: TcpStream, opted: bool, ask: ctx::Bufs) -> io::Result<SmcStream> {
         if !opted {
             return Ok(SmcStream::tcp_only(
                 tcp,
@@ -486,7 +499,7 @@ impl SmcStream {
         let peer = tcp.peer_addr()?.ip();
         match ctx::endpoint_for(local, peer, ctx::Role::Client) {
             ctx::Device::Endpoint(shared) => {
-                let id = ctx::connect_in(&mut shared.lock(), local);
+                let id = ctx::connect_in(&mut shared.lock(), local, ask);
                 SmcStream::finish_handshake(tcp, shared, id)
             }
             dev => {

@@ -555,7 +555,7 @@ impl SmcStream {
         let peer = tcp.peer_addr()?.ip();
         match ctx::endpoint_for(local, peer, ctx::Role::Client) {
             ctx::Device::Endpoint(shared) => {
-                let id = ctx::connect_in(&mut shared.lock(), local);
+                let id = ctx::connect_in(&mut shared.lock(), local, (None, None));
                 Self::finish_handshake(tcp, ctx::Role::Client, SmcConn::handshaking(shared, id))
                     .await
             }
@@ -1222,7 +1222,7 @@ impl SmcListener {
         Ok(Arrival::Handshake(
             match ctx::endpoint_for(local, peer, ctx::Role::Server) {
                 ctx::Device::Endpoint(shared) => {
-                    let id = ctx::accept_in(&mut shared.lock(), local);
+                    let id = ctx::accept_in(&mut shared.lock(), local, (None, None));
                     // the connection is released if the handshake is dropped unpolled
                     Box::pin(SmcStream::finish_handshake(
                         tcp,
@@ -1252,7 +1252,7 @@ impl SmcListener {
                         }
                     }
                     if ctx::shm_reaches(peer) {
-                        let id = ctx::accept_in(&mut shared.lock(), local);
+                        let id = ctx::accept_in(&mut shared.lock(), local, (None, None));
                         SmcStream::finish_handshake(
                             tcp,
                             ctx::Role::Server,
