@@ -112,7 +112,8 @@ fn forget_the_parents(
                 exec::stand_in(fd);
                 Entry::Failed(0)
             }
-            Entry::Listener(l) => Entry::Passive(l.bufs()),
+            // (the listener's asks: atomics, read as the parent left them)
+            Entry::Listener(l) => Entry::Passive(l.l.buffer_sizes()),
             // A connection whose handshake a thread of the parent was
             // running at the fork (that thread holds the lock, which stays
             // held in the child): the parent's.

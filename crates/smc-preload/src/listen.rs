@@ -68,10 +68,8 @@ pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
             let l = Arc::new(Lst {
                 l,
                 nonblock: AtomicBool::new(nonblock),
-                rmb: Default::default(),
-                sndbuf: Default::default(),
             });
-            l.set_bufs(bufs);
+            l.l.set_buffer_sizes(bufs.0, bufs.1);
             drop(insert(fd, Entry::Listener(l.clone())));
             Some(Entry::Listener(l))
         }

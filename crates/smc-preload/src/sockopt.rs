@@ -16,14 +16,10 @@ pub unsafe extern "C" fn getsockopt(
 ) -> c_int {
     if level == libc::SOL_SOCKET && opt == libc::SO_ERROR && !val.is_null() && !len.is_null() {
         if let Some(Entry::Failed(e)) = get(fd) {
-            // SAFETY: the caller's int-sized buffer and its length.
-            unsafe {
-                if *len as usize >= std::mem::size_of::<c_int>() {
-                    drop(remove(fd));
-                    *(val as *mut c_int) = e;
-                    *len = std::mem::size_of::<c_int>() as socklen_t;
-                    return 0;
-                }
+            // SAFETY: the caller's buffer and its length, not null.
+            if unsafe { put_int(val, len, e) } {
+                drop(remove(fd));
+                return 0;
             }
         }
     }
@@ -44,13 +40,9 @@ pub unsafe extern "C" fn getsockopt(
         if let Some((rmb, snd)) = sizes {
             let v = if opt == libc::SO_RCVBUF { rmb } else { snd };
             let v = c_int::try_from(v.saturating_mul(2)).unwrap_or(c_int::MAX);
-            // SAFETY: the caller's buffer of `*len` bytes (an int, checked).
-            unsafe {
-                if *len as usize >= std::mem::size_of::<c_int>() {
-                    *(val as *mut c_int) = v;
-                    *len = std::mem::size_of::<c_int>() as socklen_t;
-                    return 0;
-                }
+            // SAFETY: as above.
+            if unsafe { put_int(val, len, v) } {
+                return 0;
             }
         }
     }
@@ -60,6 +52,23 @@ pub unsafe extern "C" fn getsockopt(
             fd, level, opt, val, len,
         )
     }
+}
+
+/// Answers an int-valued option: `v` into the caller's buffer `val` of
+/// `*len` bytes if an int fits there (false, nothing written, if not).
+///
+/// # Safety
+/// `val` and `len` are the caller's `getsockopt` arguments, not null.
+unsafe fn put_int(val: *mut c_void, len: *mut socklen_t, v: c_int) -> bool {
+    // SAFETY: the caller's buffer of `*len` bytes, an int's size checked.
+    unsafe {
+        if (*len as usize) < std::mem::size_of::<c_int>() {
+            return false;
+        }
+        *(val as *mut c_int) = v;
+        *len = std::mem::size_of::<c_int>() as socklen_t;
+    }
+    true
 }
 
 /// `setsockopt`: the kernel's, and for an SMC-R connection its read and
@@ -123,7 +132,8 @@ fn ask_buffer(fd: RawFd, rcv: bool) {
         Some(Entry::Passive(bufs)) => Entry::Passive(set(bufs)),
         Some(Entry::LazyListener(bufs)) => Entry::LazyListener(set(bufs)),
         Some(Entry::Listener(l)) => {
-            l.set_bufs(set(l.bufs()));
+            let (rmb, snd) = set(l.l.buffer_sizes());
+            l.l.set_buffer_sizes(rmb, snd);
             return;
         }
         _ => return,

@@ -71,26 +71,6 @@ pub(crate) struct Lst {
     /// The application's `O_NONBLOCK` (the socket itself stays non-blocking
     /// for the listener's driver).
     pub(crate) nonblock: AtomicBool,
-    /// The buffer sizes asked for its connections (0: none), kept for a
-    /// forked child's listener (atomics: read in the child of a fork).
-    pub(crate) rmb: std::sync::atomic::AtomicUsize,
-    pub(crate) sndbuf: std::sync::atomic::AtomicUsize,
-}
-
-impl Lst {
-    pub(crate) fn bufs(&self) -> Bufs {
-        let some = |n: usize| (n > 0).then_some(n);
-        (
-            some(self.rmb.load(Ordering::Relaxed)),
-            some(self.sndbuf.load(Ordering::Relaxed)),
-        )
-    }
-
-    pub(crate) fn set_bufs(&self, b: Bufs) {
-        self.rmb.store(b.0.unwrap_or(0), Ordering::Relaxed);
-        self.sndbuf.store(b.1.unwrap_or(0), Ordering::Relaxed);
-        self.l.set_buffer_sizes(b.0, b.1);
-    }
 }
 
 /// The SMC buffer sizes a program asked of a socket with

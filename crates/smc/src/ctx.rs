@@ -1905,65 +1905,59 @@ pub(crate) fn endpoints_and_devices(
     Some((eps, devices))
 }
 
-/// The RMB and send buffer size of this process's connections (those
-/// asked for with [`crate::set_buffer_sizes`], rounded up to their size
-/// classes as the engine does).
-pub(crate) fn buffer_sizes() -> (usize, usize) {
-    let class = |n: usize| {
-        smc_wire::types::RmbeSize::for_size(n, smc_wire::types::RmbeSize::MAX_CLASS).bytes()
-    };
-    let (rmb, snd) = asked_buffers();
-    (
-        class(rmb.unwrap_or_else(rmb_len)),
-        snd.map_or_else(sndbuf_len, class),
-    )
-}
-
-/// The sizes [`crate::set_buffer_sizes`] asked for (0: none).
-static ASKED_RMB: AtomicUsize = AtomicUsize::new(0);
-static ASKED_SNDBUF: AtomicUsize = AtomicUsize::new(0);
-
-pub(crate) fn ask_buffers(rmb: Option<usize>, sndbuf: Option<usize>) {
-    ASKED_RMB.store(rmb.unwrap_or(0), Ordering::Relaxed);
-    ASKED_SNDBUF.store(sndbuf.unwrap_or(0), Ordering::Relaxed);
-}
-
-/// Buffer sizes asked for one connection (RMB, send buffer; `None`: the
-/// process's, see [`crate::set_buffer_sizes`]).
+/// Buffer sizes asked for (RMB, send buffer; `None`: not asked, the
+/// process's or the endpoint's then, see [`crate::set_buffer_sizes`]).
 pub(crate) type Bufs = (Option<usize>, Option<usize>);
 
-fn asked_buffers() -> Bufs {
-    let some = |n: usize| (n > 0).then_some(n);
-    (
-        some(ASKED_RMB.load(Ordering::Relaxed)),
-        some(ASKED_SNDBUF.load(Ordering::Relaxed)),
-    )
+/// [`Bufs`] readable without a lock (0: not asked): the process's, and a
+/// listener's (a forked child reads its parent's copy).
+#[derive(Default)]
+pub(crate) struct Asked(AtomicUsize, AtomicUsize);
+
+impl Asked {
+    pub(crate) const fn new() -> Asked {
+        Asked(AtomicUsize::new(0), AtomicUsize::new(0))
+    }
+
+    pub(crate) fn get(&self) -> Bufs {
+        let some = |n: usize| (n > 0).then_some(n);
+        (
+            some(self.0.load(Ordering::Relaxed)),
+            some(self.1.load(Ordering::Relaxed)),
+        )
+    }
+
+    pub(crate) fn set(&self, (rmb, snd): Bufs) {
+        self.0.store(rmb.unwrap_or(0), Ordering::Relaxed);
+        self.1.store(snd.unwrap_or(0), Ordering::Relaxed);
+    }
 }
 
-fn with_process_asks(ask: Bufs) -> Bufs {
-    let (rmb, snd) = asked_buffers();
-    (ask.0.or(rmb), ask.1.or(snd))
-}
+/// What [`crate::set_buffer_sizes`] asked for.
+pub(crate) static ASKED: Asked = Asked::new();
 
 /// A client connection's start in `ep` ([`Endpoint::connect`]) with the
 /// buffer sizes asked for it (`ask`), else those this process asked for.
 pub(crate) fn connect_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr, ask: Bufs) -> ConnId {
     let id = ep.connect(local, now());
-    let (rmb, snd) = with_process_asks(ask);
-    if rmb.is_some() || snd.is_some() {
-        ep.set_buffer_sizes(id, rmb, snd);
-    }
+    sized(ep, id, ask);
     id
 }
 
 /// A server connection's start in `ep` ([`Endpoint::accept`]), likewise.
 pub(crate) fn accept_in(ep: &mut Endpoint<AnyProvider>, local: IpAddr, ask: Bufs) -> ConnId {
     let id = ep.accept(local, now());
-    let (rmb, snd) = with_process_asks(ask);
+    sized(ep, id, ask);
+    id
+}
+
+/// Gives connection `id` the sizes `ask` names, the process's for the rest.
+fn sized(ep: &mut Endpoint<AnyProvider>, id: ConnId, ask: Bufs) {
+    let (rmb, snd) = ASKED.get();
+    let (rmb, snd) = (ask.0.or(rmb), ask.1.or(snd));
     if rmb.is_some() || snd.is_some() {
         ep.set_buffer_sizes(id, rmb, snd);
     }
-    id
 }
 
 /// This process's devices and endpoints; `None` in a process forked more

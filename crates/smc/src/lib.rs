@@ -149,7 +149,7 @@ pub fn opt_in_listener_again(fd: std::os::fd::BorrowedFd<'_>) -> bool {
 /// a larger one lets a one-way stream run further ahead of its reader
 /// (the README's Performance section has both).
 pub fn set_buffer_sizes(rmb: Option<usize>, sndbuf: Option<usize>) {
-    ctx::ask_buffers(rmb, sndbuf);
+    ctx::ASKED.set((rmb, sndbuf));
 }
 
 /// smc-rs's own fallback reason for "the SYN option could not be used on this

@@ -92,7 +92,7 @@ struct Inner {
     _listed: Option<crate::registry::Token>,
     /// The buffer sizes asked for its connections
     /// ([`SmcListener::set_buffer_sizes`]).
-    ask: Mutex<crate::ctx::Bufs>,
+    ask: crate::ctx::Asked,
 }
 
 impl Inner {
@@ -215,7 +215,7 @@ impl SmcListener {
             wake,
             ready: std::sync::OnceLock::new(),
             _listed: listed,
-            ask: Mutex::new((None, None)),
+            ask: crate::ctx::Asked::new(),
         });
         let driver = if opted {
             let i = inner.clone();
@@ -360,7 +360,12 @@ impl SmcListener {
     /// as a listening AF_SMC socket's `SO_RCVBUF`/`SO_SNDBUF` size its
     /// accepted sockets' buffers in Linux.
     pub fn set_buffer_sizes(&self, rmb: Option<usize>, sndbuf: Option<usize>) {
-        *lock(&self.inner.ask) = (rmb, sndbuf);
+        self.inner.ask.set((rmb, sndbuf));
+    }
+
+    /// What [`Self::set_buffer_sizes`] asked for.
+    pub fn buffer_sizes(&self) -> (Option<usize>, Option<usize>) {
+        self.inner.ask.get()
     }
 
     /// Non-blocking accept: `WouldBlock` while no finished connection waits.
@@ -651,7 +656,7 @@ fn drive(inner: &Inner) {
                     break;
                 }
                 match inner.tcp.accept() {
-                    Ok((tcp, addr)) => match arrival(tcp, inner.opted, *lock(&inner.ask)) {
+                    Ok((tcp, addr)) => match arrival(tcp, inner.opted, inner.ask.get()) {
                         Ok(Arrival::Ready(s)) => inner.push(s, addr),
                         Ok(Arrival::Handshake(mut hs)) => {
                             let wait = hs.step();

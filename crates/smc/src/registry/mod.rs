@@ -450,7 +450,7 @@ impl Drop for Listed {
 pub(crate) fn stream_fd(fd: BorrowedFd<'_>, role: Role, mode: Mode) -> Option<Token> {
     log_result(role, mode, fd);
     let r = registry()?;
-    r.count(role, mode);
+    r.count(role, mode, None);
     let token = Arc::new(Listed);
     let weak: Weak<Listed> = Arc::downgrade(&token);
     r.add(Entry {
@@ -536,14 +536,16 @@ fn log_result(role: Role, mode: Mode, fd: BorrowedFd<'_>) {
 }
 
 impl Registry {
-    fn count(&self, role: Role, mode: Mode) {
+    /// `bufs`: an SMC-R connection's RMB and send buffer sizes.
+    fn count(&self, role: Role, mode: Mode, bufs: Option<(usize, usize)>) {
         let s = side(role);
         match mode {
             Mode::SmcR => {
                 self.smc[s].fetch_add(1, Relaxed);
-                let (rmb, snd) = ctx::buffer_sizes();
-                self.rmb_hist[bucket(rmb)].fetch_add(1, Relaxed);
-                self.sndbuf_hist[bucket(snd)].fetch_add(1, Relaxed);
+                if let Some((rmb, snd)) = bufs {
+                    self.rmb_hist[bucket(rmb)].fetch_add(1, Relaxed);
+                    self.sndbuf_hist[bucket(snd)].fetch_add(1, Relaxed);
+                }
             }
             Mode::Tcp(f) => {
                 self.fallback[s].fetch_add(1, Relaxed);
@@ -566,7 +568,11 @@ pub(crate) fn stream(
 ) {
     log_result(role, mode, tcp.as_fd());
     let Some(r) = registry() else { return };
-    r.count(role, mode);
+    // (the sizes the connection's handshake took: its own or the process's)
+    let bufs = smc
+        .and_then(|(sh, id, _)| sh.lock().conn_diag(id))
+        .map(|d| (d.rmbe_len, d.sndbuf_len));
+    r.count(role, mode, bufs);
     let weak: Weak<TcpStream> = Arc::downgrade(tcp);
     r.add(Entry {
         alive: weak.clone(),
