@@ -265,26 +265,17 @@ fn serve_child(chan: OwnedFd, conns: Served) {
         ans[..8].copy_from_slice(&r.to_ne_bytes());
         ans[8..16].copy_from_slice(&held.to_ne_bytes());
         let sent = rustix::net::send(&chan, &ans[..ANS + len], rustix::net::SendFlags::NOSIGNAL);
-        if op == CLOSE {
-            // (after the answer: the last handle's close may wait for its
-            // data to leave)
-            let gone = map.remove(&id);
-            drop(c);
-            drop(gone);
-        } else {
-            drop(c);
-        }
-        drop(map);
+        // (after the answer: the last handle's close may wait for its data
+        // to leave)
+        let gone = if op == CLOSE { map.remove(&id) } else { None };
+        drop((c, gone, map));
         if sent.is_err() {
             break;
         }
     }
     // the child is gone: its copies of the connections with it (dropped
     // under the lock, for `release_all` as above)
-    let mut map = conns.lock().unwrap_or_else(|e| e.into_inner());
-    let all = std::mem::take(&mut *map);
-    drop(all);
-    drop(map);
+    conns.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }
 
 /// One request on connection `c`: its result and the bytes it put in `out`.
