@@ -14,15 +14,9 @@
 
 mod common;
 
-use common::{setup, spawn_self};
+use common::{pin, setup, spawn_self};
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{ErrorKind, Read, Write};
-
-fn pin(cpu: usize) {
-    let mut one = rustix::thread::CpuSet::new();
-    one.set(cpu);
-    rustix::thread::sched_setaffinity(None, &one).unwrap();
-}
 
 fn first_cpu() -> usize {
     let set = rustix::thread::sched_getaffinity(None).unwrap();
@@ -37,15 +31,19 @@ const ROUNDS: usize = 20000;
 /// Moves `m` through `s` without blocking: writes it whole, then reads a
 /// whole answer into it, yielding the CPU whenever nothing moved.
 fn exchange(s: &mut SmcStream, out: &[u8; 64], back: &mut [u8; 64]) {
+    write_polling(s, out);
+    read_polling(s, back);
+}
+
+fn write_polling(s: &mut SmcStream, m: &[u8; 64]) {
     let mut at = 0;
-    while at < out.len() {
-        match s.write(&out[at..]) {
+    while at < m.len() {
+        match s.write(&m[at..]) {
             Ok(n) => at += n,
             Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
             Err(e) => panic!("write: {e}"),
         }
     }
-    read_polling(s, back);
 }
 
 fn read_polling(s: &mut SmcStream, m: &mut [u8; 64]) {
@@ -74,15 +72,7 @@ fn server(cpu: usize) {
     for i in 0..WARM + ROUNDS {
         read_polling(&mut s, &mut m);
         assert_eq!(m, [i as u8; 64]);
-        let a = [!(i as u8); 64];
-        let mut at = 0;
-        while at < a.len() {
-            match s.write(&a[at..]) {
-                Ok(n) => at += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
-                Err(e) => panic!("server write: {e}"),
-            }
-        }
+        write_polling(&mut s, &[!(i as u8); 64]);
     }
     // (until the client is done counting)
     s.set_nonblocking(false).unwrap();

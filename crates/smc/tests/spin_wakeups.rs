@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{setup, spawn_self};
+use common::{pin, setup, spawn_self};
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{Read, Write};
 
@@ -18,12 +18,6 @@ fn two_cpus() -> Option<(usize, usize)> {
     let set = rustix::thread::sched_getaffinity(None).unwrap();
     let mut cpus = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| set.is_set(c));
     Some((cpus.next()?, cpus.next()?))
-}
-
-fn pin(cpu: usize) {
-    let mut one = rustix::thread::CpuSet::new();
-    one.set(cpu);
-    rustix::thread::sched_setaffinity(None, &one).unwrap();
 }
 
 const WARM: usize = 2000;

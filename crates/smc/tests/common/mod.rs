@@ -245,3 +245,11 @@ pub fn switches_of(prefix: &str) -> u64 {
         .map(|(_, v)| v)
         .sum()
 }
+
+/// Pins the calling thread (and the threads it starts after) to `cpu`.
+#[allow(dead_code)] // not every test binary uses it
+pub fn pin(cpu: usize) {
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(cpu);
+    rustix::thread::sched_setaffinity(None, &one).unwrap();
+}
