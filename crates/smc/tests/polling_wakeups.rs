@@ -4,8 +4,8 @@
 //! thread per side). The poller takes each CDC off its link's receive CQ
 //! itself; with that CQ armed, every CDC after an arm signalled the
 //! completion channel, and the progress thread woke, found the CDC taken,
-//! armed again and slept: about one wake-up per one to four messages, on
-//! one core two context switches each. The progress thread now leaves a
+//! armed again and slept, taking the core from a poller each time. The
+//! progress thread now leaves a
 //! CQ that connections poll unarmed while nothing waits for a pump
 //! (`Endpoint::arm_unpolled`) and looks by itself after a short sleep.
 //! Both processes on one CPU (the case where each wake-up takes the core
