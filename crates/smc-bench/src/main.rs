@@ -95,6 +95,9 @@ struct Plan {
     placements: Vec<Placement>,
     /// Why a placement was left out, if one was.
     placement_note: Option<String>,
+    /// The CPUs this process could use at start (before it pins itself to
+    /// a placement's CPU).
+    allowed: Vec<usize>,
     /// (message size, recorded round trips)
     pingpong: Vec<(usize, usize)>,
     rr_conns: usize,
@@ -113,7 +116,12 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(cli: &Cli, placements: Vec<Placement>, placement_note: Option<String>) -> Plan {
+    fn new(
+        cli: &Cli,
+        placements: Vec<Placement>,
+        placement_note: Option<String>,
+        allowed: Vec<usize>,
+    ) -> Plan {
         let q = cli.quick;
         let bulk = match (cli.bulk_gib, cli.bulk_mib) {
             (Some(g), _) => g << 30,
@@ -133,6 +141,7 @@ impl Plan {
             workloads,
             placements,
             placement_note,
+            allowed,
             pingpong: if q {
                 vec![(1, 200), (64, 200), (1024, 200), (16384, 100), (65536, 50)]
             } else {
@@ -198,7 +207,7 @@ fn main() -> ExitCode {
             .exit(),
     };
     smc::use_loopback_device("smc-bench");
-    match run(&cli, Plan::new(&cli, placements, note)) {
+    match run(&cli, Plan::new(&cli, placements, note, allowed)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("smc-bench: {e}");
@@ -249,10 +258,7 @@ fn host_meta(report: &mut Report, plan: &Plan, server_pid: u32) {
         "kernel".into(),
         json!(read("/proc/sys/kernel/osrelease").trim()),
     );
-    m.insert(
-        "allowed_cpus".into(),
-        json!(sys::allowed_cpus().unwrap_or_default()),
-    );
+    m.insert("allowed_cpus".into(), json!(plan.allowed));
     m.insert("client_pid".into(), json!(std::process::id()));
     m.insert("server_pid".into(), json!(server_pid));
     m.insert(
@@ -361,8 +367,8 @@ fn run(cli: &Cli, plan: Plan) -> Result<ExitCode, String> {
         report.rounds_done,
         plan.rounds,
         std::env::var("SMC_RDMA_SHM_CONFIG").unwrap_or_default(),
-        sys::allowed_cpus().map(|c| c.len()).unwrap_or(0),
-        sys::allowed_cpus().unwrap_or_default(),
+        plan.allowed.len(),
+        plan.allowed,
     );
     println!(
         "placements (each process pinned, all its threads): {}",

@@ -188,6 +188,19 @@ fn quick_run_measures_every_workload_over_smc_r_and_tcp() {
     let cpu = |i: usize, side: &str| placements[i][side].as_u64().unwrap();
     assert_ne!(cpu(0, "client_cpu"), cpu(0, "server_cpu"), "{doc:#}");
     assert_eq!(cpu(1, "client_cpu"), cpu(1, "server_cpu"), "{doc:#}");
+    // the CPUs the run could use, as at its start (not the one it pinned
+    // itself to last)
+    let allowed: Vec<u64> = doc["meta"]["allowed_cpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    for side in ["client_cpu", "server_cpu"] {
+        assert!(allowed.contains(&cpu(0, side)), "{side}: {doc:#}");
+    }
+    let said = format!("{} CPU(s) allowed: {allowed:?}", allowed.len());
+    assert!(stdout.contains(&said), "{said}:\n{stdout}");
     for name in names {
         for side in ["client", "server"] {
             let n = &doc["meta"]["pinned_threads"][name][side];
