@@ -586,11 +586,67 @@ fn max_spinners() -> usize {
 }
 
 /// Whether a wait may spin at all: not on a single CPU, where the spinning
-/// thread holds the core its peer needs.
+/// thread holds the core its peer needs. The calling thread's CPU
+/// affinity, looked at again every [`AFFINITY_RECHECK`]: a program (or
+/// `taskset -p`) may pin its threads after they first waited.
 pub(crate) fn may_spin() -> bool {
-    static M: OnceLock<bool> = OnceLock::new();
-    *M.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+    use std::cell::Cell;
+    thread_local! {
+        static SEEN: Cell<Option<(Instant, bool)>> = const { Cell::new(None) };
+    }
+    let now = Instant::now();
+    SEEN.with(|seen| match seen.get() {
+        Some((at, many)) if now.saturating_duration_since(at) < AFFINITY_RECHECK => many,
+        _ => {
+            let many = rustix::thread::sched_getaffinity(None).map_or(true, |s| s.count() > 1);
+            seen.set(Some((now, many)));
+            many
+        }
+    })
 }
+
+/// How long a thread's CPU affinity, as [`may_spin`] found it, is taken as
+/// still holding.
+const AFFINITY_RECHECK: Duration = Duration::from_millis(100);
+
+/// The turns of one waiting thread's spin ([`Self::pause`] between two
+/// looks). A thread that may use one CPU gives it up (`sched_yield`)
+/// instead of pausing: its peer, when it runs on that CPU too, answers
+/// meanwhile, and the answer is found at the next look without a sleep and
+/// a wake-up (a doorbell held while spinning is not rung). A yield that
+/// came back sooner than a switch to another thread and back takes
+/// ([`YIELD_RAN_NOBODY`]) ran nobody: the peer is elsewhere (or not
+/// runnable), and the rest of the wait pauses, each look sooner than a
+/// system call would allow. With more CPUs the peer runs elsewhere and
+/// pausing is the cheaper look from the start.
+pub(crate) struct SpinTurns {
+    /// Whether the next turn yields (`None`: not known before the first).
+    yielding: Option<bool>,
+}
+
+impl SpinTurns {
+    pub(crate) fn new() -> SpinTurns {
+        SpinTurns { yielding: None }
+    }
+
+    /// Between two looks of the wait.
+    pub(crate) fn pause(&mut self) {
+        if !*self.yielding.get_or_insert_with(|| !may_spin()) {
+            std::hint::spin_loop();
+            return;
+        }
+        let t = Instant::now();
+        std::thread::yield_now();
+        if t.elapsed() < YIELD_RAN_NOBODY {
+            self.yielding = Some(false);
+        }
+    }
+}
+
+/// Less than two context switches take: a `sched_yield` that returned
+/// within this ran no other thread (the call alone is a system call's
+/// entry and exit).
+const YIELD_RAN_NOBODY: Duration = Duration::from_micros(1);
 
 /// How long a waiting thread polls before it sleeps (`SMC_SPIN_US`, default 50 µs).
 pub(crate) fn spin_time() -> Duration {
@@ -1211,6 +1267,7 @@ impl Shared {
         let mut active = Active(self, None);
         // (end of the spin phase, its budget) once a first try failed
         let mut spin: Option<(Instant, Duration)> = None;
+        let mut turns = SpinTurns::new();
         let mut slept = false;
         // whether the last sleep was as the leader
         let mut led = false;
@@ -1275,7 +1332,7 @@ impl Shared {
                 (now + b, b)
             });
             if now < until {
-                std::hint::spin_loop();
+                turns.pause();
                 continue;
             }
             if !slept {
@@ -1338,13 +1395,14 @@ impl Shared {
         // that this thread took the CDC already.
         let held = !budget.is_zero() && bell.hold();
         let mut got = None;
+        let mut turns = SpinTurns::new();
         while Instant::now() < until {
             if let Some(n) = read() {
                 got = Some(n);
                 break;
             }
             looked = true;
-            std::hint::spin_loop();
+            turns.pause();
         }
         // (taken: by the CDC just read, or one after it, which nobody was
         // told of; the held answer's look takes it, as after a write)

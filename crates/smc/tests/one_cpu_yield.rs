@@ -1,0 +1,101 @@
+//! A ping-pong between two processes that share one CPU: a blocking reader
+//! whose answer has not come gives the CPU to the peer (`sched_yield`)
+//! while it may spin, instead of sleeping on its doorbell, so that the
+//! answer, made meanwhile, is found without a sleep and a wake-up. Before,
+//! a thread pinned to one CPU spun with pause instructions, which held the
+//! CPU its peer needed; every such spin ran out, spinning turned itself
+//! off, and each message cost a futex sleep and wake-up on each side.
+//! Alone in its test binary: the reading thread's context switches are
+//! counted.
+
+mod common;
+
+use common::{pin, setup, spawn_self};
+use smc::{Mode, SmcListener, SmcStream};
+use std::io::{Read, Write};
+
+const WARM: usize = 2000;
+const ROUNDS: usize = 20000;
+
+/// The first CPU this process may use.
+fn first_cpu() -> usize {
+    let set = rustix::thread::sched_getaffinity(None).unwrap();
+    (0..rustix::thread::CpuSet::MAX_CPU)
+        .find(|&c| set.is_set(c))
+        .unwrap()
+}
+
+/// Voluntary context switches of the calling thread so far (a sleep that
+/// is woken makes one; a `sched_yield` that runs another thread does not).
+fn my_sleeps() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The other process, on the same CPU: answers each 64 B message with its
+/// complement.
+fn server(cpu: usize) {
+    pin(cpu);
+    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    assert_eq!(s.mode(), Mode::SmcR);
+    let mut m = [0u8; 64];
+    for i in 0..WARM + ROUNDS {
+        s.read_exact(&mut m).unwrap();
+        assert_eq!(m, [i as u8; 64]);
+        s.write_all(&[!(i as u8); 64]).unwrap();
+    }
+    // (until the client is done)
+    let _ = s.read(&mut m);
+}
+
+#[test]
+fn a_reader_on_its_peers_cpu_yields_to_it_instead_of_sleeping() {
+    // (the tools' registry publishes on a period of its own)
+    std::env::set_var("SMC_RS_REGISTRY", "0");
+    if let Some(cpu) = std::env::var("SMC_YIELD_CPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        setup();
+        return server(cpu);
+    }
+    let cpu = first_cpu();
+    // before the first connection: the engine's threads inherit it
+    pin(cpu);
+    setup();
+    let (mut child, _out, port) = spawn_self(
+        "a_reader_on_its_peers_cpu_yields_to_it_instead_of_sleeping",
+        &[("SMC_YIELD_CPU", cpu.to_string().as_ref())],
+    );
+    let mut c = SmcStream::connect(("127.0.0.1", port)).unwrap();
+    assert_eq!(c.mode(), Mode::SmcR);
+    let mut before = 0;
+    let mut m = [0u8; 64];
+    for i in 0..WARM + ROUNDS {
+        if i == WARM {
+            before = my_sleeps();
+        }
+        c.write_all(&[i as u8; 64]).unwrap();
+        c.read_exact(&mut m).unwrap();
+        assert_eq!(m, [!(i as u8); 64], "answer {i}");
+    }
+    let slept = my_sleeps() - before;
+    eprintln!("the reader slept {slept} times for {ROUNDS} answers");
+    drop(c);
+    assert!(child.wait().unwrap().success(), "the server process failed");
+    // Room for waits that ran out of their spin (the host took the CPU
+    // away, a probe while spinning was off).
+    assert!(
+        slept <= ROUNDS as u64 / 10,
+        "the reader slept {slept} times for {ROUNDS} answers from a peer on its CPU"
+    );
+}
