@@ -629,17 +629,19 @@ impl SpinTurns {
         SpinTurns { yielding: None }
     }
 
-    /// Between two looks of the wait.
-    pub(crate) fn pause(&mut self) {
+    /// Between two looks of the wait; returns the time after it.
+    pub(crate) fn pause(&mut self) -> Instant {
         if !*self.yielding.get_or_insert_with(|| !may_spin()) {
             std::hint::spin_loop();
-            return;
+            return Instant::now();
         }
-        let t = Instant::now();
+        let before = Instant::now();
         std::thread::yield_now();
-        if t.elapsed() < YIELD_RAN_NOBODY {
+        let after = Instant::now();
+        if after.saturating_duration_since(before) < YIELD_RAN_NOBODY {
             self.yielding = Some(false);
         }
+        after
     }
 }
 
@@ -1332,7 +1334,8 @@ impl Shared {
                 (now + b, b)
             });
             if now < until {
-                turns.pause();
+                // (the time after it: the loop's next look reads its own)
+                let _ = turns.pause();
                 continue;
             }
             if !slept {
@@ -1386,7 +1389,8 @@ impl Shared {
         } else {
             self.spin.budget()
         };
-        let until = Instant::now() + budget;
+        let mut now = Instant::now();
+        let until = now + budget;
         let mut looked = false;
         // The doorbell held while this thread spins (`Bell::hold`), as a
         // writer holds it through its call: a CDC that comes meanwhile takes
@@ -1396,13 +1400,13 @@ impl Shared {
         let held = !budget.is_zero() && bell.hold();
         let mut got = None;
         let mut turns = SpinTurns::new();
-        while Instant::now() < until {
+        while now < until {
             if let Some(n) = read() {
                 got = Some(n);
                 break;
             }
             looked = true;
-            turns.pause();
+            now = turns.pause();
         }
         // (taken: by the CDC just read, or one after it, which nobody was
         // told of; the held answer's look takes it, as after a write)
