@@ -613,12 +613,27 @@ const AFFINITY_RECHECK: Duration = Duration::from_millis(100);
 /// looks). A thread that may use one CPU gives it up (`sched_yield`)
 /// instead of pausing: its peer, when it runs on that CPU too, answers
 /// meanwhile, and the answer is found at the next look without a sleep and
-/// a wake-up (a doorbell held while spinning is not rung). A yield that
-/// came back sooner than a switch to another thread and back takes
-/// ([`YIELD_RAN_NOBODY`]) ran nobody: the peer is elsewhere (or not
-/// runnable), and the rest of the wait pauses, each look sooner than a
-/// system call would allow. With more CPUs the peer runs elsewhere and
-/// pausing is the cheaper look from the start.
+/// a wake-up (a doorbell held while spinning is not rung).
+///
+/// - A yield that came back sooner than a switch to another thread and
+///   back takes ([`YIELD_RAN_NOBODY`]) ran nobody: the peer is elsewhere
+///   (or not runnable), and the rest of the wait pauses, each look sooner
+///   than a system call would allow.
+/// - A yield that came back only after [`YIELD_RAN_LONG`] gave the CPU to
+///   a thread with work of its own: a busy process beside ours, which keeps
+///   the CPU for its time slice (a millisecond or more) while the answer
+///   may come from a peer on another CPU at once (or a host that took the
+///   CPU away). The thread's waits then pause as they did before yielding
+///   (and sleep when that runs out, as before) for [`YIELD_OFF_MIN`]; for
+///   twice as long as the last time (up to [`YIELD_OFF_MAX`]) when that
+///   came within ten such periods of the last yield that ran long. A busy
+///   neighbour then costs a waiting thread one of its slices about once a
+///   second; a peer on the same CPU that now and then takes that long to
+///   answer (a wait in some thousands) costs the waits of the next
+///   millisecond what they cost before yielding.
+///
+/// With more CPUs the peer runs elsewhere and pausing is the cheaper look
+/// from the start.
 pub(crate) struct SpinTurns {
     /// Whether the next turn yields (`None`: not known before the first).
     yielding: Option<bool>,
@@ -631,14 +646,38 @@ impl SpinTurns {
 
     /// Between two looks of the wait; returns the time after it.
     pub(crate) fn pause(&mut self) -> Instant {
-        if !*self.yielding.get_or_insert_with(|| !may_spin()) {
+        use std::cell::Cell;
+        thread_local! {
+            /// The last yield of this thread that ran long, and for how
+            /// long it turned yielding off.
+            static OFF: Cell<Option<(Instant, Duration)>> = const { Cell::new(None) };
+        }
+        let yielding = *self.yielding.get_or_insert_with(|| {
+            !may_spin()
+                && OFF
+                    .with(Cell::get)
+                    .is_none_or(|(at, off)| Instant::now() >= at + off)
+        });
+        if !yielding {
             std::hint::spin_loop();
             return Instant::now();
         }
         let before = Instant::now();
         std::thread::yield_now();
         let after = Instant::now();
-        if after.saturating_duration_since(before) < YIELD_RAN_NOBODY {
+        let took = after.saturating_duration_since(before);
+        if took < YIELD_RAN_NOBODY {
+            self.yielding = Some(false);
+        } else if took > YIELD_RAN_LONG {
+            OFF.with(|o| {
+                let off = match o.get() {
+                    Some((at, off)) if after.saturating_duration_since(at) < off * 10 => {
+                        (off * 2).min(YIELD_OFF_MAX)
+                    }
+                    _ => YIELD_OFF_MIN,
+                };
+                o.set(Some((after, off)));
+            });
             self.yielding = Some(false);
         }
         after
@@ -649,6 +688,17 @@ impl SpinTurns {
 /// within this ran no other thread (the call alone is a system call's
 /// entry and exit).
 const YIELD_RAN_NOBODY: Duration = Duration::from_micros(1);
+
+/// A `sched_yield` that returned only after this ran a thread that did more
+/// than answer a message: longer than all but about one in ten thousand of
+/// a one-CPU ping-pong's yields, shorter than a time slice of the
+/// scheduler (0.75 ms and more).
+const YIELD_RAN_LONG: Duration = Duration::from_micros(500);
+
+/// How long a thread whose yield ran long pauses instead of yielding: at
+/// first, and at most (see [`SpinTurns`]).
+const YIELD_OFF_MIN: Duration = Duration::from_millis(1);
+const YIELD_OFF_MAX: Duration = Duration::from_secs(1);
 
 /// How long a waiting thread polls before it sleeps (`SMC_SPIN_US`, default 50 µs).
 pub(crate) fn spin_time() -> Duration {
