@@ -223,13 +223,18 @@ guest_panicked() {
     || tail -n "+$FROM_R" "$RES/rs.log" 2>/dev/null | grep -aq 'Kernel panic - not syncing'
 }
 
-# wait_for PATTERN SECONDS: until both logs have a line matching PATTERN (grep -E);
-# 1 on timeout, 2 if a VM died or reported a fatal error
+# wait_for PATTERN SECONDS: until both logs have a line matching PATTERN (grep -E)
+# since the current attempt began (FROM_K, FROM_R: a case run again must not take
+# its first attempt's answers for its own); 1 on timeout, 2 if a VM died or
+# reported a fatal error
 wait_for() {
-  local pat=$1 until=$(( $(date +%s) + $2 )) v ok
+  local pat=$1 until=$(( $(date +%s) + $2 )) v ok from
   while :; do
     ok=1
-    for v in kern rs; do grep -qE "$pat" "$RES/$v.log" 2>/dev/null || ok=0; done
+    for v in kern rs; do
+      from=$FROM_K; [ "$v" = rs ] && from=$FROM_R
+      tail -n "+$from" "$RES/$v.log" 2>/dev/null | grep -qE "$pat" || ok=0
+    done
     [ $ok = 1 ] && return 0
     grep -q '^SMCI-FATAL' "$RES/kern.log" "$RES/rs.log" 2>/dev/null && return 2
     for v in "${QEMU_PIDS[@]}"; do vm_alive "$v" || return 2; done
@@ -246,6 +251,8 @@ step_boot() {
 
 boot_vms() {
   local a=127.0.0.1
+  # (fresh consoles: every line is new)
+  FROM_K=1; FROM_R=1
   boot kern 1 "udp=$a:$((PORT + 1)),localaddr=$a:$PORT" "udp=$a:$((PORT + 3)),localaddr=$a:$((PORT + 2))"
   boot rs 2 "udp=$a:$PORT,localaddr=$a:$((PORT + 1))" "udp=$a:$((PORT + 2)),localaddr=$a:$((PORT + 3))"
   local rc=0
