@@ -10,20 +10,12 @@
 
 mod common;
 
-use common::{pin, setup, spawn_self};
-use smc::{Mode, SmcListener, SmcStream};
+use common::{answer_complements, first_cpu, pin, setup, spawn_self};
+use smc::{Mode, SmcStream};
 use std::io::{Read, Write};
 
 const WARM: usize = 2000;
 const ROUNDS: usize = 20000;
-
-/// The first CPU this process may use.
-fn first_cpu() -> usize {
-    let set = rustix::thread::sched_getaffinity(None).unwrap();
-    (0..rustix::thread::CpuSet::MAX_CPU)
-        .find(|&c| set.is_set(c))
-        .unwrap()
-}
 
 /// Voluntary context switches of the calling thread so far (a sleep that
 /// is woken makes one; a `sched_yield` that runs another thread does not).
@@ -38,25 +30,6 @@ fn my_sleeps() -> u64 {
         .unwrap()
 }
 
-/// The other process, on the same CPU: answers each 64 B message with its
-/// complement.
-fn server(cpu: usize) {
-    pin(cpu);
-    let l = SmcListener::bind("127.0.0.1:0").unwrap();
-    println!("port {}", l.local_addr().unwrap().port());
-    std::io::stdout().flush().unwrap();
-    let (mut s, _) = l.accept().unwrap();
-    assert_eq!(s.mode(), Mode::SmcR);
-    let mut m = [0u8; 64];
-    for i in 0..WARM + ROUNDS {
-        s.read_exact(&mut m).unwrap();
-        assert_eq!(m, [i as u8; 64]);
-        s.write_all(&[!(i as u8); 64]).unwrap();
-    }
-    // (until the client is done)
-    let _ = s.read(&mut m);
-}
-
 #[test]
 fn a_reader_on_its_peers_cpu_yields_to_it_instead_of_sleeping() {
     // (the tools' registry publishes on a period of its own)
@@ -66,7 +39,7 @@ fn a_reader_on_its_peers_cpu_yields_to_it_instead_of_sleeping() {
         .and_then(|v| v.parse().ok())
     {
         setup();
-        return server(cpu);
+        return answer_complements(cpu, WARM + ROUNDS);
     }
     let cpu = first_cpu();
     // before the first connection: the engine's threads inherit it

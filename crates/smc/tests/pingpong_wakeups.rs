@@ -10,28 +10,16 @@
 
 mod common;
 
-use common::setup;
+use common::{first_cpu, pin, setup};
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{Read, Write};
-
-/// Pins the calling thread, and so every thread it starts from now on, to
-/// the first CPU it may use.
-fn pin_to_one_cpu() {
-    let set = rustix::thread::sched_getaffinity(None).unwrap();
-    let cpu = (0..rustix::thread::CpuSet::MAX_CPU)
-        .find(|&c| set.is_set(c))
-        .unwrap();
-    let mut one = rustix::thread::CpuSet::new();
-    one.set(cpu);
-    rustix::thread::sched_setaffinity(None, &one).unwrap();
-}
 
 #[test]
 fn a_one_cpu_ping_pong_does_not_wake_the_progress_thread() {
     // (the tools' registry publishes on a period of its own)
     std::env::set_var("SMC_RS_REGISTRY", "0");
     // before the first connection: the engine's threads inherit it
-    pin_to_one_cpu();
+    pin(first_cpu());
     setup();
     let l = SmcListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();

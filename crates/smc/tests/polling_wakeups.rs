@@ -14,16 +14,9 @@
 
 mod common;
 
-use common::{pin, setup, spawn_self};
+use common::{first_cpu, pin, setup, spawn_self};
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{ErrorKind, Read, Write};
-
-fn first_cpu() -> usize {
-    let set = rustix::thread::sched_getaffinity(None).unwrap();
-    (0..rustix::thread::CpuSet::MAX_CPU)
-        .find(|&c| set.is_set(c))
-        .unwrap()
-}
 
 const WARM: usize = 2000;
 const ROUNDS: usize = 20000;

@@ -9,8 +9,8 @@
 
 mod common;
 
-use common::{pin, setup, spawn_self};
-use smc::{Mode, SmcListener, SmcStream};
+use common::{answer_complements, pin, setup, spawn_self};
+use smc::{Mode, SmcStream};
 use std::io::{Read, Write};
 
 /// The first two CPUs this process may use, if it may use two.
@@ -23,25 +23,6 @@ fn two_cpus() -> Option<(usize, usize)> {
 const WARM: usize = 2000;
 const ROUNDS: usize = 20000;
 
-/// The other process: pinned to CPU `SMC_SPIN_CPU`, it answers each 64 B
-/// message with its complement.
-fn server(cpu: usize) {
-    pin(cpu);
-    let l = SmcListener::bind("127.0.0.1:0").unwrap();
-    println!("port {}", l.local_addr().unwrap().port());
-    std::io::stdout().flush().unwrap();
-    let (mut s, _) = l.accept().unwrap();
-    assert_eq!(s.mode(), Mode::SmcR);
-    let mut m = [0u8; 64];
-    for i in 0..WARM + ROUNDS {
-        s.read_exact(&mut m).unwrap();
-        assert_eq!(m, [i as u8; 64]);
-        s.write_all(&[!(i as u8); 64]).unwrap();
-    }
-    // (until the client is done counting)
-    let _ = s.read(&mut m);
-}
-
 #[test]
 fn a_ping_pong_across_two_cpus_rarely_wakes_the_progress_thread() {
     // (the tools' registry publishes on a period of its own)
@@ -51,7 +32,7 @@ fn a_ping_pong_across_two_cpus_rarely_wakes_the_progress_thread() {
         .and_then(|v| v.parse().ok())
     {
         setup();
-        return server(cpu);
+        return answer_complements(cpu, WARM + ROUNDS);
     }
     let Some((a, b)) = two_cpus() else {
         eprintln!("one CPU only: a spinning reader is a two-CPU case, not measured here");

@@ -246,6 +246,38 @@ pub fn switches_of(prefix: &str) -> u64 {
         .sum()
 }
 
+/// The first CPU this process may use.
+#[allow(dead_code)] // not every test binary uses it
+pub fn first_cpu() -> usize {
+    let set = rustix::thread::sched_getaffinity(None).unwrap();
+    (0..rustix::thread::CpuSet::MAX_CPU)
+        .find(|&c| set.is_set(c))
+        .unwrap()
+}
+
+/// The server half of a two-process ping-pong test, pinned to `cpu`: says
+/// its port (`port N`, see [`spawn_self`]), accepts one SMC-R connection,
+/// answers each of `n` 64 B messages (message `i` filled with `i as u8`)
+/// with its complement in blocking calls, then waits for the client's end.
+#[allow(dead_code)] // not every test binary uses it
+pub fn answer_complements(cpu: usize, n: usize) {
+    use std::io::{Read, Write};
+    pin(cpu);
+    let l = smc::SmcListener::bind("127.0.0.1:0").unwrap();
+    println!("port {}", l.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    assert_eq!(s.mode(), smc::Mode::SmcR);
+    let mut m = [0u8; 64];
+    for i in 0..n {
+        s.read_exact(&mut m).unwrap();
+        assert_eq!(m, [i as u8; 64]);
+        s.write_all(&[!(i as u8); 64]).unwrap();
+    }
+    // (until the client is done counting)
+    let _ = s.read(&mut m);
+}
+
 /// Pins the calling thread (and the threads it starts after) to `cpu`.
 #[allow(dead_code)] // not every test binary uses it
 pub fn pin(cpu: usize) {
