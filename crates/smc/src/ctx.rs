@@ -585,10 +585,12 @@ fn max_spinners() -> usize {
     })
 }
 
-/// Whether a wait may spin at all: not on a single CPU, where the spinning
-/// thread holds the core its peer needs. The calling thread's CPU
-/// affinity, looked at again every [`AFFINITY_RECHECK`]: a program (or
-/// `taskset -p`) may pin its threads after they first waited.
+/// Whether the calling thread may run on more than one CPU: only then may
+/// a wait spin on pause instructions (on a single CPU that holds the core
+/// its peer needs; [`SpinTurns`] yields it there instead, and the listener
+/// and handshake waits do not spin). Its affinity, looked at again every
+/// [`AFFINITY_RECHECK`]: a program (or `taskset -p`) may pin its threads
+/// after they first waited.
 pub(crate) fn may_spin() -> bool {
     use std::cell::Cell;
     thread_local! {
@@ -690,9 +692,9 @@ impl SpinTurns {
 const YIELD_RAN_NOBODY: Duration = Duration::from_micros(1);
 
 /// A `sched_yield` that returned only after this ran a thread that did more
-/// than answer a message: longer than all but about one in ten thousand of
-/// a one-CPU ping-pong's yields, shorter than a time slice of the
-/// scheduler (0.75 ms and more).
+/// than answer a message: far longer than a peer's answer takes (a few
+/// microseconds), shorter than a time slice of the scheduler (0.75 ms and
+/// more).
 const YIELD_RAN_LONG: Duration = Duration::from_micros(500);
 
 /// How long a thread whose yield ran long pauses instead of yielding: at
