@@ -153,6 +153,11 @@ pub(super) struct FastTx<P: Provider> {
     pub(super) rmbe_addr: u64,
     /// Largest write the device takes inline.
     pub(super) max_inline: usize,
+    /// The peer's RMBE mapped here, where the provider has it
+    /// (`QueuePair::remote_window`, the shared-memory device): a write
+    /// copies into it itself instead of posting a WRITE, then posts its
+    /// CDC, which the QP orders after the copy as after a WRITE.
+    pub(super) win: Option<MemWindow>,
 }
 
 /// What [`FastConn::try_read`] dispatches a link's receive CQ with.
@@ -587,10 +592,19 @@ impl<P: Provider> ConnCore<P> {
         let mut posted = Ok(());
         let mut at = 0;
         for w in &batch.writes {
-            let addr = f.rmbe_addr + w.peer_offset as u64;
-            posted = book.post_write_inline(qp, &data[at..at + w.len], f.rkey, addr);
-            if posted.is_err() {
-                break;
+            let part = &data[at..at + w.len];
+            // (a copy the window refuses, the region gone, is posted as a
+            // WRITE, which fails the way the peer's loss of it should)
+            let copied = f
+                .win
+                .as_ref()
+                .is_some_and(|win| win.write_at(w.peer_offset, part).is_ok());
+            if !copied {
+                let addr = f.rmbe_addr + w.peer_offset as u64;
+                posted = book.post_write_inline(qp, part, f.rkey, addr);
+                if posted.is_err() {
+                    break;
+                }
             }
             at += w.len;
         }

@@ -15,6 +15,7 @@ use super::{ConnId, Endpoint, LgrId};
 use crate::state::LgrState;
 use smc_proto::link::LinkState;
 use smc_rdma::Provider;
+use smc_rdma::QueuePair;
 
 /// What [`Endpoint::write_direct`] did.
 pub(super) enum Direct {
@@ -275,6 +276,19 @@ impl<P: Provider> Endpoint<P> {
         }
         res.fast_granted = true;
         res.book().open = true;
+        let win = match (&k.peer_window, k.dp.as_ref()) {
+            (Some((slot, rkey, w)), _) if *slot == p.slot && *rkey == p.rkey => Some(w.clone()),
+            (_, Some(dp)) => {
+                let w = res
+                    .qp
+                    .remote_window(p.rkey, p.rmbe_addr, dp.config().peer_rmbe_len);
+                if let Some(w) = &w {
+                    k.peer_window = Some((p.slot, p.rkey, w.clone()));
+                }
+                w
+            }
+            _ => None,
+        };
         k.fast = Some(FastTx {
             tx: res.tx.clone(),
             id,
@@ -283,6 +297,7 @@ impl<P: Provider> Endpoint<P> {
             rkey: p.rkey,
             rmbe_addr: p.rmbe_addr,
             max_inline,
+            win,
         });
     }
 
