@@ -837,6 +837,50 @@ pub trait QueuePair: Send + Sync {
         let _ = (rkey, addr, len);
         Ok(())
     }
+    /// Takes the next SEND that arrived for this QP where it arrived,
+    /// without a receive completion: its payload is copied into `buf`, and
+    /// the receive WR it consumes (the oldest posted) is posted again at
+    /// once, as the caller would post it after reading it (so the WR's own
+    /// buffer is left untouched, and [`InPlace::Got`] carries that WR's id
+    /// and the payload's length). For a receiver that only copies each
+    /// message out of its receive buffer and posts the buffer again (a CDC
+    /// or LLC receiver) this saves the copy into the buffer, the completion
+    /// and the post. Providers whose receives land in the buffers anyway
+    /// (real RNICs) say [`InPlace::Unsupported`] (default).
+    ///
+    /// Order: a completion already in the QP's receive CQ is older than
+    /// anything taken here, so while one is there nothing is taken
+    /// ([`InPlace::CqFirst`]); a caller polls the CQ first, then takes
+    /// here. A SEND this cannot take (one with immediate data, one longer
+    /// than `buf` or than the receive WR's buffer, a malformed one) goes
+    /// through the receive queue as usual and into the CQ ([`InPlace::CqFirst`]).
+    fn recv_in_place(&self, buf: &mut [u8]) -> InPlace {
+        let _ = buf;
+        InPlace::Unsupported
+    }
+}
+
+/// What [`QueuePair::recv_in_place`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InPlace {
+    /// The provider has no receives in place: poll the receive CQ.
+    Unsupported,
+    /// Nothing arrived (or no receive WR is posted for it).
+    Empty,
+    /// The receive CQ holds completions of this QP (older, or what could
+    /// not be taken here): poll it, then try again.
+    CqFirst,
+    /// A SEND taken.
+    Got {
+        /// The receive WR it consumed (posted again).
+        wr_id: u64,
+        /// Its payload's length, at the start of the caller's buffer.
+        len: u32,
+        /// Another SEND was there already (a caller may stop looking
+        /// when there was none, as after a CQ poll that did not fill its
+        /// array).
+        more: bool,
+    },
 }
 
 /// Memory mapped in this process that a [`MemWindow`] copies to and from.

@@ -1423,3 +1423,116 @@ fn a_poller_that_arms_then_looks_misses_no_send() {
         assert!(by_fd > 0, "no SEND came through the eventfd");
     });
 }
+
+/// Receives taken in place (`QueuePair::recv_in_place`, what the engine's
+/// CDC receiver uses on this device): each SEND is copied into the caller's
+/// buffer, never into the receive WR's own, with that WR's id, and the WR
+/// is posted again at the back of the queue (the peer's credit grows, as
+/// after a repost: the WRs go round); what cannot be taken in place (immediate data, longer
+/// than the caller's buffer) goes through the CQ, in order, and nothing is
+/// taken in place while the CQ holds a completion.
+#[test]
+fn receives_in_place_keep_order_with_the_cq_and_repost() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let (l, p) = (&h.local, &h.peer.ep);
+    for i in 0..4u64 {
+        let sge = l.mr.sge(i as usize * 64, 64).unwrap();
+        l.qp.post_recv(&RecvWr {
+            wr_id: i,
+            sges: &[sge],
+        })
+        .unwrap();
+    }
+    let send = |wr_id: u64, op: SendOp, data: &[u8]| {
+        p.qp.post_send(&SendWr {
+            wr_id,
+            op,
+            payload: Payload::Inline(data),
+            signaled: true,
+        })
+        .unwrap();
+    };
+    send(10, SendOp::Send, b"first");
+    send(11, SendOp::SendWithImm(7), b"second");
+    send(12, SendOp::Send, b"third");
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        l.qp.recv_in_place(&mut buf),
+        InPlace::Got {
+            wr_id: 0,
+            len: 5,
+            more: true
+        }
+    );
+    assert_eq!(&buf[..5], b"first");
+    // the WR's own buffer is not written
+    let mut own = [0u8; 5];
+    l.mr.read_at(0, &mut own).unwrap();
+    assert_eq!(own, [0; 5]);
+    // immediate data: through the CQ, and nothing taken while it is
+    // there; the CQ's poll takes what follows it too, into the WRs' buffers
+    assert_eq!(l.qp.recv_in_place(&mut buf), InPlace::CqFirst);
+    assert_eq!(l.qp.recv_in_place(&mut buf), InPlace::CqFirst);
+    let w = l.poll_recv();
+    assert_eq!(
+        w.iter()
+            .map(|w| (w.wr_id, w.status, w.imm, w.byte_len))
+            .collect::<Vec<_>>(),
+        [
+            (1, WcStatus::Success, Some(7), 6),
+            (2, WcStatus::Success, None, 5)
+        ]
+    );
+    let mut own = [0u8; 5];
+    l.mr.read_at(2 * 64, &mut own).unwrap();
+    assert_eq!(&own, b"third");
+    assert_eq!(l.qp.recv_in_place(&mut buf), InPlace::Empty);
+    // posted now: 3, and 0 again (1 and 2 went through the CQ and are the
+    // caller's to post again); each one taken is posted again at once
+    for (i, m) in [b"four", b"five", b"six!"].iter().enumerate() {
+        send(20 + i as u64, SendOp::Send, &m[..]);
+    }
+    let mut got = Vec::new();
+    let mut more = Vec::new();
+    while let InPlace::Got {
+        wr_id,
+        len,
+        more: m,
+    } = l.qp.recv_in_place(&mut buf)
+    {
+        got.push((wr_id, buf[..len as usize].to_vec()));
+        more.push(m);
+    }
+    assert_eq!(
+        got,
+        [
+            (3, b"four".to_vec()),
+            (0, b"five".to_vec()),
+            (3, b"six!".to_vec())
+        ]
+    );
+    assert_eq!(more, [true, true, false]);
+    // longer than the caller's buffer: into the WR's buffer, through the CQ
+    send(23, SendOp::Send, b"sev.");
+    let mut small = [0u8; 2];
+    assert_eq!(l.qp.recv_in_place(&mut small), InPlace::CqFirst);
+    let w = l.poll_recv();
+    assert_eq!(
+        w.iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(),
+        [(0, 4)]
+    );
+    let mut own = [0u8; 4];
+    l.mr.read_at(0, &mut own).unwrap();
+    assert_eq!(&own, b"sev.");
+    assert_eq!(l.qp.recv_in_place(&mut buf), InPlace::Empty);
+    // every SEND completed at the sender, in order
+    let t0 = Instant::now();
+    let mut done = Vec::new();
+    while done.len() < 7 && t0.elapsed() < Duration::from_secs(3) {
+        done.extend(p.poll_send().iter().map(|w| (w.wr_id, w.status)));
+    }
+    assert_eq!(
+        done,
+        [10, 11, 12, 20, 21, 22, 23].map(|i| (i, WcStatus::Success))
+    );
+}

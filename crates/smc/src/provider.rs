@@ -30,8 +30,8 @@
 use smc_rdma::shm::ShmProvider;
 use smc_rdma::{
     Access, AsyncEvent, CompletionChannel, CompletionQueue, Device, DeviceInfo, Doorbell, Error,
-    MemWindow, MemoryRegion, PortAttr, ProtectionDomain, Provider, QpCap, QpModify, QpState,
-    QueuePair, RecvWr, RemoteMr, Result, SendWr, Sge, WorkCompletion,
+    InPlace, MemWindow, MemoryRegion, PortAttr, ProtectionDomain, Provider, QpCap, QpModify,
+    QpState, QueuePair, RecvWr, RemoteMr, Result, SendWr, Sge, WorkCompletion,
 };
 use smc_verbs::VerbsProvider;
 use std::os::fd::BorrowedFd;
@@ -425,6 +425,10 @@ impl<S: Provider, V: Provider> QueuePair for PairQp<S, V> {
     #[inline]
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         each!(self, q => q.post_recv(wr))
+    }
+    #[inline]
+    fn recv_in_place(&self, buf: &mut [u8]) -> InPlace {
+        each!(self, q => q.recv_in_place(buf))
     }
     #[inline]
     fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {

@@ -11,10 +11,10 @@
 
 use super::conn::Phase;
 use super::conn_core::{lock, CdcDone, TokenTable};
-use super::link::{LinkRx, RxBook, RxLeft};
+use super::link::{LinkRx, Recv, RxBook, RxLeft};
 use super::{ConnId, Endpoint, LgrId, Result};
 use smc_proto::Timestamp;
-use smc_rdma::{Provider, WcStatus, WorkCompletion};
+use smc_rdma::{Provider, WcStatus};
 use smc_wire::cdc::CdcMessage;
 use smc_wire::WrMessage;
 
@@ -61,7 +61,29 @@ impl<P: Provider> Endpoint<P> {
                 match left {
                     RxLeft::Wc(wc) => {
                         self.completions += 1;
-                        if !self.on_recv(l, slot, now, &rx, &mut book, wc)? {
+                        let r = Recv {
+                            wc,
+                            in_place: false,
+                        };
+                        if !self.on_recv(l, slot, now, &rx, &mut book, r)? {
+                            return Ok(());
+                        }
+                    }
+                    RxLeft::Msg(wc, msg) => {
+                        self.completions += 1;
+                        let n = msg.len();
+                        if book.msg.len() < n {
+                            book.msg.resize(n, 0);
+                        }
+                        book.msg[..n].copy_from_slice(&msg);
+                        let r = Recv {
+                            wc: smc_rdma::WorkCompletion {
+                                byte_len: n as u32,
+                                ..wc
+                            },
+                            in_place: true,
+                        };
+                        if !self.on_recv(l, slot, now, &rx, &mut book, r)? {
                             return Ok(());
                         }
                     }
@@ -70,23 +92,17 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
         }
-        loop {
-            let n = rx.poll(&mut book)?;
-            self.completions += n as u64;
-            for i in 0..n {
-                let wc = book.wcs[i];
-                if !self.on_recv(l, slot, now, &rx, &mut book, wc)? {
-                    return Ok(());
-                }
-            }
-            if n < book.wcs.len() {
+        while let Some(r) = rx.next(&mut book)? {
+            self.completions += 1;
+            if !self.on_recv(l, slot, now, &rx, &mut book, r)? {
                 return Ok(());
             }
         }
+        Ok(())
     }
 
-    /// Receive completion `wc` of link `slot` of group `l` (the caller holds
-    /// its receive lock, `book`); `false` when the link or group is gone.
+    /// Receive `r` of link `slot` of group `l` (the caller holds its
+    /// receive lock, `book`); `false` when the link or group is gone.
     fn on_recv(
         &mut self,
         l: LgrId,
@@ -94,8 +110,9 @@ impl<P: Provider> Endpoint<P> {
         now: Timestamp,
         rx: &LinkRx<P>,
         book: &mut RxBook,
-        wc: WorkCompletion,
+        r: Recv,
     ) -> Result<bool> {
+        let wc = r.wc;
         let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
             return Ok(false);
         };
@@ -108,8 +125,8 @@ impl<P: Provider> Endpoint<P> {
             }
             return Ok(true);
         }
-        let len = rx.peek(book, wc.wr_id, wc.byte_len)?;
-        let reposted = rx.repost(book, wc.wr_id);
+        let len = rx.message(book, &r)?;
+        let reposted = rx.release(book, &r);
         lg.group.on_rx_activity(slot, now);
         match WrMessage::decode(&book.msg[..len]) {
             Ok(WrMessage::Llc(m)) => {
@@ -246,20 +263,37 @@ fn dispatch_with<P: Provider>(
     rx.set_attention(&book, true);
     rx.note_polled();
     let mut applied = false;
-    // (a failed poll: the endpoint's poll meets it again)
-    while let Ok(n) = rx.poll(&mut book) {
-        for i in 0..n {
-            let wc = book.wcs[i];
-            if !book.queue.is_empty() || wc.status != WcStatus::Success {
-                book.queue.push_back(RxLeft::Wc(wc));
+    // Once something is left to the endpoint, the rest is too: it stays
+    // where it is (the last poll's completions in `book`, the CQ, the
+    // ring), for the endpoint's poll to take after the queue. (A failed
+    // poll: the endpoint's poll meets it again.)
+    while book.queue.is_empty() {
+        let Ok(Some(r)) = rx.next(&mut book) else {
+            break;
+        };
+        let wc = r.wc;
+        // What is left to the endpoint: a completion as it is, a message
+        // taken in place with its bytes.
+        let leave = |book: &mut RxBook| {
+            let left = if r.in_place {
+                let n = (wc.byte_len as usize).min(book.msg.len());
+                RxLeft::Msg(wc, book.msg[..n].into())
+            } else {
+                RxLeft::Wc(wc)
+            };
+            book.queue.push_back(left);
+        };
+        {
+            if wc.status != WcStatus::Success {
+                leave(&mut book);
                 continue;
             }
-            let Ok(len) = rx.peek(&mut book, wc.wr_id, wc.byte_len) else {
-                book.queue.push_back(RxLeft::Wc(wc));
+            let Ok(len) = rx.message(&mut book, &r) else {
+                leave(&mut book);
                 continue;
             };
             let Ok(WrMessage::Cdc(c)) = WrMessage::decode(&book.msg[..len]) else {
-                book.queue.push_back(RxLeft::Wc(wc));
+                leave(&mut book);
                 continue;
             };
             let found = {
@@ -270,7 +304,7 @@ fn dispatch_with<P: Provider>(
                 })
             };
             let Some((id, done)) = found else {
-                book.queue.push_back(RxLeft::Wc(wc));
+                leave(&mut book);
                 continue;
             };
             applied = true;
@@ -283,12 +317,9 @@ fn dispatch_with<P: Provider>(
             if done.aborted.is_some() || done.finished {
                 book.queue.push_back(RxLeft::Done(id, done));
             }
-            if let Err(e) = rx.repost(&book, wc.wr_id) {
+            if let Err(e) = rx.release(&book, &r) {
                 book.queue.push_back(RxLeft::Repost(e));
             }
-        }
-        if n < book.wcs.len() {
-            break;
         }
     }
     let left = book.completions > 0 || !book.queue.is_empty() || !book.marks.is_empty();

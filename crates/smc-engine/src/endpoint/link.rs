@@ -17,8 +17,8 @@
 
 use smc_proto::link::{LocalPort, PeerPort};
 use smc_rdma::{
-    Access, CompletionQueue, Device, MemoryRegion, Payload, ProtectionDomain, Provider, QpCap,
-    QpModify, QpState, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge, WcStatus,
+    Access, CompletionQueue, Device, InPlace, MemoryRegion, Payload, ProtectionDomain, Provider,
+    QpCap, QpModify, QpState, QueuePair, RecvWr, RemoteQp, SendOp, SendWr, Sge, WcStatus,
 };
 use smc_wire::types::{Gid, IbMtu, Mac};
 use std::collections::{HashMap, VecDeque};
@@ -281,9 +281,10 @@ pub(super) struct RxBook {
     /// The completions of one poll.
     pub wcs: Vec<smc_rdma::WorkCompletion>,
     /// What a dispatch without the device lock (`cdc_recv::dispatch`) left
-    /// for the endpoint, in the CQ's order: once anything is here, every
-    /// later completion is queued too, and the endpoint's poll takes these
-    /// before it polls the CQ, so that the link's LLC and CDC order holds.
+    /// for the endpoint, in the link's order: once anything is here, the
+    /// dispatch stops and leaves every later receive where it is, and the
+    /// endpoint's poll takes these before it takes those (`LinkRx::next`),
+    /// so that the link's LLC and CDC order holds.
     pub queue: VecDeque<RxLeft>,
     /// Connections that CDCs applied by such a dispatch marked to send
     /// (`Endpoint::mark_tx`), each once.
@@ -294,6 +295,27 @@ pub(super) struct RxBook {
     /// Completions such a dispatch applied, not yet counted by the
     /// endpoint (its CDCs: [`LinkRx::cdcs`]).
     pub completions: u64,
+    /// The completions of the last CQ poll not handed out yet by
+    /// [`LinkRx::next`]: `wcs[at..polled]`.
+    at: usize,
+    polled: usize,
+    /// The last receive taken in place was the last there, or (a provider
+    /// without receives in place) the last CQ poll did not fill its array:
+    /// once its completions are handed out, the next [`LinkRx::next`] says
+    /// there is nothing more without looking. For this hold of the lock
+    /// only (cleared when it is taken): the next poller looks.
+    drained: bool,
+}
+
+/// A receive that [`LinkRx::next`] hands out.
+#[derive(Clone, Copy)]
+pub(super) struct Recv {
+    pub wc: smc_rdma::WorkCompletion,
+    /// Taken in place (`QueuePair::recv_in_place`): its message is in
+    /// [`RxBook::msg`] already and its buffer posted again; else its message
+    /// is in its receive buffer ([`LinkRx::peek`]), to be posted again
+    /// ([`LinkRx::repost`]).
+    pub in_place: bool,
 }
 
 /// A receive completion that a dispatch without the device lock left to the
@@ -304,6 +326,9 @@ pub(super) enum RxLeft {
     /// connection not yet established): its receive buffer is not posted
     /// again yet, and the endpoint handles it as if it had polled it now.
     Wc(smc_rdma::WorkCompletion),
+    /// The same for a receive taken in place: its message (its buffer is
+    /// posted again already).
+    Msg(smc_rdma::WorkCompletion, Box<[u8]>),
     /// A CDC applied to connection `.0` that left the endpoint something to
     /// do: an abort or a finished close.
     Done(ConnId, super::conn_core::CdcDone),
@@ -317,18 +342,22 @@ impl<P: Provider> LinkRx<P> {
     /// link survives with one buffer fewer: it is used as it is).
     #[inline]
     pub fn book(&self) -> MutexGuard<'_, RxBook> {
-        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+        let mut b = self.book.lock().unwrap_or_else(PoisonError::into_inner);
+        b.drained = false;
+        b
     }
 
     /// The link's receive side for a dispatch that must not wait: `None`
     /// while another poller has it.
     #[inline]
     pub fn try_book(&self) -> Option<MutexGuard<'_, RxBook>> {
-        match self.book.try_lock() {
-            Ok(b) => Some(b),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+        let mut b = match self.book.try_lock() {
+            Ok(b) => b,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        b.drained = false;
+        Some(b)
     }
 
     /// Whether connections may poll the link without the endpoint.
@@ -396,9 +425,81 @@ impl<P: Provider> LinkRx<P> {
         self.polled.load(Ordering::Relaxed) && self.polled.swap(false, Ordering::Relaxed)
     }
 
+    /// The link's next receive, in the order the peer sent them (the
+    /// caller holds `book`): what the receive CQ holds first, then a
+    /// message taken in place where the provider has them
+    /// (`QueuePair::recv_in_place`: no copy into a receive buffer, no
+    /// completion, no post of the buffer again). `None`: nothing more now.
+    pub fn next(&self, book: &mut RxBook) -> Result<Option<Recv>> {
+        // (a few rounds at most: a CQ said to hold completions gives some)
+        for _ in 0..4 {
+            if book.at < book.polled {
+                let wc = book.wcs[book.at];
+                book.at += 1;
+                return Ok(Some(Recv {
+                    wc,
+                    in_place: false,
+                }));
+            }
+            if std::mem::take(&mut book.drained) {
+                return Ok(None);
+            }
+            if book.msg.len() != RECV_SLOT_LEN {
+                book.msg.resize(RECV_SLOT_LEN, 0);
+            }
+            let unsupported = match self.qp.recv_in_place(&mut book.msg) {
+                InPlace::Got { wr_id, len, more } => {
+                    book.drained = !more;
+                    return Ok(Some(Recv {
+                        wc: smc_rdma::WorkCompletion {
+                            wr_id,
+                            status: smc_rdma::WcStatus::Success,
+                            opcode: smc_rdma::WcOpcode::Recv,
+                            byte_len: len,
+                            imm: None,
+                            qp_num: self.qp.qp_num(),
+                        },
+                        in_place: true,
+                    }));
+                }
+                InPlace::Empty => return Ok(None),
+                InPlace::CqFirst => false,
+                InPlace::Unsupported => true,
+            };
+            book.polled = self.poll(book)?;
+            book.at = 0;
+            if unsupported {
+                // (a poll that did not fill the array took everything)
+                book.drained = book.polled < book.wcs.len();
+                if book.polled == 0 {
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The message of `r` in `book.msg` ([`Self::peek`] unless it is there
+    /// already); its length.
+    pub fn message(&self, book: &mut RxBook, r: &Recv) -> Result<usize> {
+        if r.in_place {
+            return Ok((r.wc.byte_len as usize).min(book.msg.len()));
+        }
+        self.peek(book, r.wc.wr_id, r.wc.byte_len)
+    }
+
+    /// Posts the receive buffer of `r` again unless it is already
+    /// ([`Self::repost`]).
+    pub fn release(&self, book: &RxBook, r: &Recv) -> Result<()> {
+        if r.in_place {
+            return Ok(());
+        }
+        self.repost(book, r.wc.wr_id)
+    }
+
     /// Polls the receive CQ into `book.wcs` (the caller holds `book`).
     #[inline]
-    pub fn poll(&self, book: &mut RxBook) -> Result<usize> {
+    fn poll(&self, book: &mut RxBook) -> Result<usize> {
         if book.wcs.len() != super::cdc_send::POLL_BATCH {
             book.wcs.resize(
                 super::cdc_send::POLL_BATCH,

@@ -21,6 +21,7 @@ use super::netdev::gid_table;
 use super::{lock, KeyMap};
 
 use super::layout::*;
+use super::qp_progress::PayloadView;
 use super::wire::Msg;
 use crate::sys::{EventFd, SeqPacket, SharedMem};
 use crate::verbs::*;
@@ -40,6 +41,20 @@ pub(super) enum OwnedPayload {
     Small([u8; SMALL], u8),
     /// Local memory (one SGE without a heap allocation).
     Sges(Sges),
+    /// Published at post already (`QpInner::publish_at_post`): nothing
+    /// left to gather.
+    Sent,
+}
+
+impl OwnedPayload {
+    pub(super) fn view(&self) -> PayloadView<'_> {
+        match self {
+            OwnedPayload::Inline(d) => PayloadView::Bytes(d),
+            OwnedPayload::Small(b, n) => PayloadView::Bytes(&b[..usize::from(*n)]),
+            OwnedPayload::Sges(s) => PayloadView::Sges(s.as_slice()),
+            OwnedPayload::Sent => PayloadView::Bytes(&[]),
+        }
+    }
 }
 
 /// Inline payloads up to this size are kept in the WR itself.
@@ -117,7 +132,7 @@ pub(super) struct Core {
     pub(super) rq: VecDeque<(u64, Sges)>,
     pub(super) sq: VecDeque<Pending>,
     pub(super) link: Option<Link>,
-    recv_posted: u64,
+    pub(super) recv_posted: u64,
     /// The peer's ring head (how far it consumed our SENDs) when the send
     /// queue last looked at acknowledgements (see `may_have_work`).
     pub(super) seen_peer_head: u64,
@@ -127,6 +142,11 @@ pub(super) struct Core {
     /// takes it from here, without the lock and lookup of `remote`
     /// (`QpInner::peer_region_in`).
     pub(super) last_remote: Option<(u64, Arc<PeerMr>)>,
+    /// A WR of the send queue failed (a NAK, RNR retries exhausted, a bad
+    /// gather): nothing is published at post any more
+    /// (`QpInner::publishes_at_post`); the QP fails once that WR is at the
+    /// front of the queue.
+    pub(super) stalled: bool,
 }
 
 impl Core {
@@ -149,6 +169,7 @@ impl Core {
             recv_posted: 0,
             seen_peer_head: 0,
             last_remote: None,
+            stalled: false,
         }
     }
 }
@@ -387,6 +408,15 @@ impl ShmQp {
                 // anything wrong: queue it, progress reports the error in order
             }
         }
+        if matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && q.publishes_at_post(&c) {
+            if let Ok(p) = q.publish_at_post(&mut c, wr, bell) {
+                c.sq.push_back(p);
+                // (the acknowledgements of earlier SENDs, their completions)
+                q.ack_front(&mut c);
+                return Ok(());
+            }
+            // (its payload could not be gathered: queued, it fails in order)
+        }
         let payload = match wr.payload {
             Payload::Inline(d) if d.len() <= SMALL => {
                 let mut b = [0u8; SMALL];
@@ -561,6 +591,10 @@ impl QueuePair for ShmQp {
 
     fn post_send_ringing(&self, wr: &SendWr<'_>, bell_rkey: u32) -> Result<()> {
         super::qp_progress::defer_wakes(|| self.post(wr, Some(bell_rkey)))
+    }
+
+    fn recv_in_place(&self, buf: &mut [u8]) -> InPlace {
+        self.inner.recv_in_place(buf)
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {

@@ -8,7 +8,7 @@
 
 use super::cq::CqInner;
 use super::mr::{take_bell, PeerMr, EFD_WANTED};
-use super::qp::{send_opcode, wc, Core, OwnedPayload, QpInner, Stage};
+use super::qp::{send_opcode, wc, Core, OwnedPayload, Pending, QpInner, Stage};
 use super::{lock, MAX_RNR_TIMER};
 
 use super::layout::*;
@@ -22,6 +22,48 @@ use std::time::{Duration, Instant};
 pub(super) fn slot_taken(ring: &SharedMem, seq: u64) -> bool {
     let w = Ring(ring).s(seq, S_STATE).load(SeqCst);
     w >> 3 == seq && w & 7 != 0
+}
+
+/// The peer regions whose doorbells SENDs of one pass name, and what each
+/// word was when taken before its SEND was published (0: not taken; the
+/// first apart: a pass has one CDC as a rule, which then costs no
+/// allocation), and whether a slot was published without a doorbell rung
+/// for it (which signals the peer's armed channel).
+#[derive(Default)]
+struct Bells {
+    first: Option<(Arc<PeerMr>, u64)>,
+    rest: Vec<(Arc<PeerMr>, u64)>,
+    published: bool,
+}
+
+/// A slot's header: sequence number (its place in the ring), PSN, opcode,
+/// immediate word, payload length.
+#[derive(Clone, Copy)]
+struct Slot {
+    seq: u64,
+    psn: u64,
+    op: u64,
+    imm: u64,
+    len: u64,
+}
+
+/// A send WR's payload, as posted or as kept in the send queue.
+#[derive(Clone, Copy)]
+pub(super) enum PayloadView<'a> {
+    Bytes(&'a [u8]),
+    Sges(&'a [Sge]),
+}
+
+/// The slot opcode and immediate word of `op`, `None` for an RDMA WRITE
+/// (which takes no slot).
+fn slot_op(op: SendOp) -> Option<(u64, u64)> {
+    let (op, imm) = match op {
+        SendOp::RdmaWrite { .. } => return None,
+        SendOp::Send => (OP_SEND, None),
+        SendOp::SendWithImm(i) => (OP_SEND_IMM, Some(i)),
+        SendOp::RdmaWriteWithImm { imm, .. } => (OP_WRITE_IMM, Some(imm)),
+    };
+    Some((op, imm.map(|i| i as u64 | 1 << 32).unwrap_or(0)))
 }
 
 /// A wake-up of a doorbell's owner: its sleeping thread (`false`: the
@@ -165,23 +207,20 @@ impl QpInner {
         }
     }
 
-    /// Copies `len` bytes of the WR's payload to `dst` at `dst_off`.
-    fn gather(
+    /// Copies the WR's payload `p` to `dst` at `dst_off`.
+    pub(super) fn gather(
         &self,
-        p: &OwnedPayload,
+        p: PayloadView<'_>,
         dst: &SharedMem,
         dst_off: usize,
     ) -> std::result::Result<(), WcStatus> {
         match p {
-            OwnedPayload::Inline(d) => dst
+            PayloadView::Bytes(d) => dst
                 .write(dst_off, d)
                 .map_err(|_| WcStatus::LocalQpOperationError),
-            OwnedPayload::Small(b, n) => dst
-                .write(dst_off, &b[..usize::from(*n)])
-                .map_err(|_| WcStatus::LocalQpOperationError),
-            OwnedPayload::Sges(sges) => {
+            PayloadView::Sges(sges) => {
                 let mut pos = dst_off;
-                for s in sges.as_slice() {
+                for s in sges {
                     let mr = self
                         .dev
                         .local_mr(s.lkey)
@@ -201,6 +240,197 @@ impl QpInner {
                     pos += s.length as usize;
                 }
                 Ok(())
+            }
+        }
+    }
+
+    /// What a post does instead of a whole [`Self::progress_send`] pass:
+    /// the acknowledgements the peer gave since the last look, completed in
+    /// order from the front of the send queue. Anything else at the front
+    /// (a SEND not consumed yet, a refusal) stops it, for the next pass.
+    pub(super) fn ack_front(&self, c: &mut Core) {
+        let Some(l) = c.link.as_ref() else {
+            return;
+        };
+        let pr = Ring(&l.peer_ring);
+        // (before the slot states, as in `progress_send`)
+        let head = pr.h(R_HEAD).load(Acquire);
+        let mut all = true;
+        while let Some(p) = c.sq.front() {
+            match p.stage {
+                Stage::Done(WcStatus::Success) => {}
+                Stage::Published { seq, .. } => {
+                    let w = pr.s(seq, S_STATE).load(SeqCst);
+                    if w != seq << 3 | ST_CONSUMED {
+                        // (waiting for the peer: nothing of the peer's
+                        // since `head` is left unlooked at)
+                        all = w == seq << 3 | ST_PUBLISHED;
+                        break;
+                    }
+                }
+                _ => {
+                    all = false;
+                    break;
+                }
+            }
+            let p = c.sq.pop_front().expect("front exists");
+            if p.signaled {
+                self.send_cq.push(wc(
+                    p.wr_id,
+                    WcStatus::Success,
+                    send_opcode(p.op),
+                    p.len,
+                    None,
+                    self.qpn,
+                ));
+            }
+        }
+        if all {
+            c.seen_peer_head = head;
+        }
+    }
+
+    /// Whether a SEND posted now may be published at once, without queueing
+    /// (and a pass over the queue): nothing queued before it, no WR failed
+    /// (the QP is about to), a link, and room in the peer's ring. (RC does
+    /// not hold a SEND back behind an earlier one waiting for a receive: the
+    /// ring keeps their order.)
+    pub(super) fn publishes_at_post(&self, c: &Core) -> bool {
+        let Some(l) = c.link.as_ref() else {
+            return false;
+        };
+        !c.stalled
+            && !matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued))
+            && l.tail
+                .wrapping_sub(Ring(&l.peer_ring).h(R_HEAD).load(Acquire))
+                < NSLOTS
+    }
+
+    /// Publishes the SEND `wr` (ringing the doorbell of the peer's region
+    /// `bell` as [`Self::progress_send`] does) where
+    /// [`Self::publishes_at_post`] said it may; the WR to keep in the send
+    /// queue for its acknowledgement, or `Err` with nothing published (its
+    /// payload could not be gathered: it is to be queued, and fails in order).
+    pub(super) fn publish_at_post(
+        &self,
+        c: &mut Core,
+        wr: &SendWr<'_>,
+        bell: Option<u32>,
+    ) -> std::result::Result<Pending, WcStatus> {
+        let l = c.link.as_ref().expect("checked by publishes_at_post");
+        let tail = l.tail;
+        let pr = Ring(&l.peer_ring);
+        let view = match wr.payload {
+            Payload::Inline(d) => PayloadView::Bytes(d),
+            Payload::Sges(s) => PayloadView::Sges(s),
+        };
+        self.gather(view, &l.peer_ring, Ring::slot(tail) + SLOT_HDR)?;
+        let (op, imm) = slot_op(wr.op).expect("a SEND takes a slot");
+        let len = wr.payload.len();
+        let slot = Slot {
+            seq: tail,
+            psn: (c.sq_psn as u64).wrapping_add(tail) & 0xff_ffff,
+            op,
+            imm,
+            len,
+        };
+        let mut bells = Bells::default();
+        self.publish_slot(&mut c.last_remote, pr, slot, bell, &mut bells);
+        self.ring_bells(c, tail.wrapping_add(1), bells);
+        Ok(Pending {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            payload: OwnedPayload::Sent,
+            signaled: wr.signaled,
+            len: len as u32,
+            stage: Stage::Published {
+                seq: tail,
+                rnr_since: None,
+            },
+            bell,
+        })
+    }
+
+    /// Writes the header of slot `s` of the peer's ring `pr` (its payload is
+    /// there already) and publishes it. A doorbell whose owner sleeps (or
+    /// whose owner's event loop waits for its eventfd) is taken before the
+    /// slot is published, and the slot says so: the woken owner polls it
+    /// in, and the peer's channel is not signalled for it. It is rung once
+    /// published ([`Self::ring_bells`]).
+    fn publish_slot(
+        &self,
+        last_remote: &mut Option<(u64, Arc<PeerMr>)>,
+        pr: Ring<'_>,
+        s: Slot,
+        bell: Option<u32>,
+        bells: &mut Bells,
+    ) {
+        let bell = bell.and_then(|k| self.cached_peer_region_in(last_remote, k));
+        let was = bell.as_ref().map_or(0, |m| take_bell(m));
+        let rang = was != 0;
+        if bell
+            .as_ref()
+            .is_some_and(|m| m.efd_want.load(Relaxed) == EFD_WANTED)
+        {
+            self.bell_fd_wanted.store(true, Relaxed);
+        }
+        pr.s(s.seq, S_BELL).store(u64::from(rang), Relaxed);
+        if let Some(m) = bell {
+            let b = (m, was);
+            match bells.first {
+                None => bells.first = Some(b),
+                Some(_) => bells.rest.push(b),
+            }
+        }
+        bells.published |= !rang;
+        pr.s(s.seq, S_META).store(s.op | s.len << 32, Relaxed);
+        pr.s(s.seq, S_IMM).store(s.imm | s.psn << 40, Relaxed);
+        // Publish: everything above (including earlier WRITE copies) happens-before.
+        pr.s(s.seq, S_STATE)
+            .store(s.seq << 3 | ST_PUBLISHED, SeqCst);
+        pr.h(R_TAIL).store(s.seq.wrapping_add(1), Release);
+    }
+
+    /// After a pass that published slots up to `tail` (exclusive): the
+    /// doorbells, and the peer's armed channel for slots without one.
+    ///
+    /// An owner found asleep (or polling) by [`Self::publish_slot`] is woken
+    /// now that its SEND is published; and any that its owner armed since
+    /// is rung too: an owner arms, then looks at the ring, so either its
+    /// look finds the slot published or this finds the word set. A word
+    /// taken before that the owner let go of since (its release, after a
+    /// look that may have come before the slot was published) leaves the
+    /// slot to the owner's completion channel, as if no doorbell had been
+    /// there. (A poller's arm we took may have been overwritten since by a
+    /// thread of the owner arming to wait, which the eventfd does not wake,
+    /// so that word is taken again.) A level-triggered poller's word taken
+    /// again after the first SEND's (`BELL_SIGNALLED_LEVEL` both times)
+    /// writes nothing: the eventfd that SEND writes stays readable until
+    /// the owner's next arm, which looks at the ring after draining it. A
+    /// word taken before that is 0 now (the owner's last poller left, or
+    /// its waiter let go of it) leaves the slot to the channel too: the
+    /// owner's look after that may have come before the slot was published.
+    fn ring_bells(&self, c: &mut Core, tail: u64, bells: Bells) {
+        let mut published = bells.published;
+        for (m, was) in bells.first.into_iter().chain(bells.rest) {
+            let again = take_bell(&m);
+            if again == 0 {
+                published = true;
+            }
+            if was == BELL_ASLEEP || again == BELL_ASLEEP {
+                wake_later(m.clone(), false);
+            }
+            let signals = |w| matches!(w, BELL_POLLED | BELL_SIGNALLED | BELL_POLLED_LEVEL);
+            if signals(was) || signals(again) {
+                wake_later(m, true);
+            }
+        }
+        if let Some(l) = c.link.as_mut() {
+            l.tail = tail;
+            if published && Ring(&l.peer_ring).h(R_RX_NOTIFY).swap(0, SeqCst) == 1 {
+                if let Some(e) = &l.peer_rx_efd {
+                    e.signal();
+                }
             }
         }
     }
@@ -242,6 +472,7 @@ impl QpInner {
                         p.stage = Stage::Done(WcStatus::Success);
                     } else if w == s << 3 | ST_NAK {
                         p.stage = Stage::Done(WcStatus::RemoteInvalidRequest);
+                        c.stalled = true;
                         break; // later WRs flush
                     } else if credits <= s {
                         let since = *rnr_since.get_or_insert_with(&mut now);
@@ -258,6 +489,7 @@ impl QpInner {
                                 .is_ok()
                         {
                             p.stage = Stage::Done(WcStatus::RnrRetryExceeded);
+                            c.stalled = true;
                             break; // later WRs flush
                         }
                     } else {
@@ -271,15 +503,7 @@ impl QpInner {
         // of any SEND can go: they need the peer's region, not its ring.
         let queued = matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued));
         let mut tail = c.link.as_ref().map_or(0, |l| l.tail);
-        // (published: a slot without a doorbell rung for it, which signals
-        // the peer's armed channel)
-        let mut published = false;
-        // the peer regions whose doorbells SENDs of this pass name, and
-        // what each word was when taken before its SEND was published (0:
-        // not taken; the first apart: a pass has one CDC as a rule, which
-        // then costs no allocation)
-        let mut bell1: Option<(Arc<PeerMr>, u64)> = None;
-        let mut bells: Vec<(Arc<PeerMr>, u64)> = Vec::new();
+        let mut bells = Bells::default();
         // RC: while an earlier SEND is refused with RNR, the responder does not
         // execute anything behind it, so a later WRITE must not land either.
         let mut rnr_blocked = false;
@@ -314,109 +538,44 @@ impl QpInner {
                             remote_addr,
                             p.len as usize,
                         )?;
-                        self.gather(&p.payload, &m.mem, off)?;
+                        self.gather(p.payload.view(), &m.mem, off)?;
                     }
                     _ => {
                         let r = ring.expect("checked above");
-                        self.gather(&p.payload, r, Ring::slot(tail) + SLOT_HDR)?;
+                        self.gather(p.payload.view(), r, Ring::slot(tail) + SLOT_HDR)?;
                     }
                 }
-                let (op, imm) = match p.op {
-                    SendOp::RdmaWrite { .. } => return Ok(None),
-                    SendOp::Send => (OP_SEND, None),
-                    SendOp::SendWithImm(i) => (OP_SEND_IMM, Some(i)),
-                    SendOp::RdmaWriteWithImm { imm, .. } => (OP_WRITE_IMM, Some(imm)),
-                };
-                Ok(Some((op, imm.map(|i| i as u64 | 1 << 32).unwrap_or(0))))
+                Ok(slot_op(p.op))
             })();
             let len = p.len as u64;
             let sq_psn = c.sq_psn;
-            let p = &mut c.sq[i];
+            let bell = c.sq[i].bell;
             match result {
                 Err(s) => {
-                    p.stage = Stage::Done(s);
+                    c.sq[i].stage = Stage::Done(s);
+                    c.stalled = true;
                     break;
                 }
-                Ok(None) => p.stage = Stage::Done(WcStatus::Success),
+                Ok(None) => c.sq[i].stage = Stage::Done(WcStatus::Success),
                 Ok(Some((op, imm))) => {
                     let pr = Ring(ring.expect("a slot op has a ring"));
-                    let psn = (sq_psn as u64).wrapping_add(tail) & 0xff_ffff;
-                    // A doorbell whose owner sleeps (or whose owner's event
-                    // loop waits for its eventfd) is taken before the slot
-                    // is published, and the slot says so: the woken owner
-                    // polls it in, and the peer's channel is not signalled
-                    // for it. It is rung once published (below).
-                    let bell = p
-                        .bell
-                        .and_then(|k| self.cached_peer_region_in(&mut c.last_remote, k));
-                    let was = bell.as_ref().map_or(0, |m| take_bell(m));
-                    let rang = was != 0;
-                    if bell
-                        .as_ref()
-                        .is_some_and(|m| m.efd_want.load(Relaxed) == EFD_WANTED)
-                    {
-                        self.bell_fd_wanted.store(true, Relaxed);
-                    }
-                    pr.s(tail, S_BELL).store(u64::from(rang), Relaxed);
-                    if let Some(m) = bell {
-                        let b = (m, was);
-                        match bell1 {
-                            None => bell1 = Some(b),
-                            Some(_) => bells.push(b),
-                        }
-                    }
-                    published |= !rang;
-                    pr.s(tail, S_META).store(op | len << 32, Relaxed);
-                    pr.s(tail, S_IMM).store(imm | psn << 40, Relaxed);
-                    // Publish: everything above (including earlier WRITE copies) happens-before.
-                    pr.s(tail, S_STATE).store(tail << 3 | ST_PUBLISHED, SeqCst);
-                    p.stage = Stage::Published {
+                    let slot = Slot {
+                        seq: tail,
+                        psn: (sq_psn as u64).wrapping_add(tail) & 0xff_ffff,
+                        op,
+                        imm,
+                        len,
+                    };
+                    self.publish_slot(&mut c.last_remote, pr, slot, bell, &mut bells);
+                    c.sq[i].stage = Stage::Published {
                         seq: tail,
                         rnr_since: None,
                     };
                     tail = tail.wrapping_add(1);
-                    pr.h(R_TAIL).store(tail, Release);
                 }
             }
         }
-        // The doorbells: an owner found asleep (or polling) above is woken
-        // now that its SEND is published; and any that its owner armed
-        // since is rung too: an owner arms, then looks at the ring, so
-        // either its look finds the slot published above or this finds the
-        // word set. A word taken above that the owner let go of since (its
-        // release, after a look that may have come before the slot was
-        // published) leaves the slot to the owner's completion channel, as
-        // if no doorbell had been there. (A poller's arm we took may have
-        // been overwritten since by a thread of the owner arming to wait,
-        // which the eventfd does not wake, so that word is taken again.)
-        // A level-triggered poller's word taken again after the first
-        // SEND's (`BELL_SIGNALLED_LEVEL` both times) writes nothing: the
-        // eventfd that SEND writes stays readable until the owner's next
-        // arm, which looks at the ring after draining it. A word taken
-        // above that is 0 now (the owner's last poller left, or its waiter
-        // let go of it) leaves the slot to the channel too: the owner's
-        // look after that may have come before the slot was published.
-        for (m, was) in bell1.into_iter().chain(bells) {
-            let again = take_bell(&m);
-            if again == 0 {
-                published = true;
-            }
-            if was == BELL_ASLEEP || again == BELL_ASLEEP {
-                wake_later(m.clone(), false);
-            }
-            let signals = |w| matches!(w, BELL_POLLED | BELL_SIGNALLED | BELL_POLLED_LEVEL);
-            if signals(was) || signals(again) {
-                wake_later(m, true);
-            }
-        }
-        if let Some(l) = c.link.as_mut() {
-            l.tail = tail;
-            if published && Ring(&l.peer_ring).h(R_RX_NOTIFY).swap(0, SeqCst) == 1 {
-                if let Some(e) = &l.peer_rx_efd {
-                    e.signal();
-                }
-            }
-        }
+        self.ring_bells(c, tail, bells);
         // 3. Complete in order.
         while let Some(Stage::Done(s)) = c.sq.front().map(|p| p.stage) {
             let p = c.sq.pop_front().expect("front exists");
@@ -430,6 +589,109 @@ impl QpInner {
                     .push(wc(p.wr_id, s, send_opcode(p.op), p.len, None, self.qpn));
             }
         }
+    }
+
+    /// [`QueuePair::recv_in_place`] on this QP: the slot at our ring's head,
+    /// if it is a SEND whose payload fits `buf` and the oldest posted
+    /// receive, copied into `buf` and consumed as [`Self::progress_recv`]
+    /// consumes it, with that receive posted again at the back of the
+    /// queue (the credit the peer sees grows by one, as by `post_recv`).
+    /// Anything else is left to `progress_recv`, which completes it into the
+    /// receive CQ in order.
+    pub(super) fn recv_in_place(&self, buf: &mut [u8]) -> InPlace {
+        let mut c = lock(&self.core);
+        if self.fail_pending.load(Relaxed) {
+            let (first, event) = *lock(&self.fail_what);
+            self.fail_locked(&mut c, first, event);
+        }
+        // (the CQ's lock under the QP's, as `progress_recv` pushes: nothing
+        // can be completed into it between this look and the take below)
+        if !lock(&self.recv_cq.entries).is_empty() {
+            return InPlace::CqFirst;
+        }
+        if !matches!(c.state, QpState::Rtr | QpState::Rts) {
+            return InPlace::Empty;
+        }
+        self.adopt_ready(&mut c);
+        let c = &mut *c;
+        let r = Ring(&c.ring);
+        // (a pass looks at most at one ring's worth of slots, as `progress_recv`)
+        for _ in 0..NSLOTS {
+            let head = c.head;
+            let w = r.s(head, S_STATE).load(SeqCst);
+            if w >> 3 != head {
+                return InPlace::Empty;
+            }
+            match w & 7 {
+                ST_CANCELLED => {
+                    c.head = head.wrapping_add(1);
+                    r.h(R_HEAD).store(c.head, Release);
+                    continue;
+                }
+                ST_PUBLISHED => {}
+                _ => return InPlace::Empty,
+            }
+            let Some((wr_id, sges)) = c.rq.front() else {
+                return InPlace::Empty; // RNR
+            };
+            let meta = r.s(head, S_META).load(Relaxed);
+            let immw = r.s(head, S_IMM).load(Relaxed);
+            let (op, len) = (meta & 0xffff_ffff, (meta >> 32) as usize);
+            let psn = (immw >> 40) as u32 & 0xff_ffff;
+            let expect_psn = (c.rq_psn as u64).wrapping_add(head) as u32 & 0xff_ffff;
+            let cap: u64 = sges.as_slice().iter().map(|s| s.length as u64).sum();
+            if op != OP_SEND
+                || immw & (1 << 32) != 0
+                || psn != expect_psn
+                || len > SLOT_PAYLOAD
+                || len > buf.len()
+                || len as u64 > cap
+            {
+                // completed (or refused) into the CQ, in order
+                self.progress_recv(c);
+                return InPlace::CqFirst;
+            }
+            let wr_id = *wr_id;
+            if c.ring
+                .read(Ring::slot(head) + SLOT_HDR, &mut buf[..len])
+                .is_err()
+            {
+                self.progress_recv(c);
+                return InPlace::CqFirst;
+            }
+            c.head = head.wrapping_add(1);
+            if r.s(head, S_STATE)
+                .compare_exchange(
+                    head << 3 | ST_PUBLISHED,
+                    head << 3 | ST_CONSUMED,
+                    SeqCst,
+                    SeqCst,
+                )
+                .is_err()
+            {
+                // The sender withdrew it (RNR retries exhausted): skip, keep the receive.
+                r.h(R_HEAD).store(c.head, Release);
+                continue;
+            }
+            r.h(R_HEAD).store(c.head, Release);
+            let again = c.rq.pop_front().expect("looked at above");
+            c.rq.push_back(again);
+            c.recv_posted += 1;
+            r.h(R_RECV_CREDITS).store(c.recv_posted, Release);
+            if let Some(l) = c.link.as_ref() {
+                if r.h(R_TX_NOTIFY).swap(0, SeqCst) == 1 {
+                    if let Some(e) = &l.peer_tx_efd {
+                        e.signal();
+                    }
+                }
+            }
+            return InPlace::Got {
+                wr_id,
+                len: len as u32,
+                more: slot_taken(&c.ring, c.head),
+            };
+        }
+        InPlace::Empty
     }
 
     /// Takes published slots of our ring into posted receives. The slots are
