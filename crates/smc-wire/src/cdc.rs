@@ -214,14 +214,6 @@ impl Cursor {
             count: self.count.min(max),
         }
     }
-
-    fn read(r: &mut Reader<'_>) -> Result<Cursor> {
-        r.skip(2)?;
-        Ok(Cursor {
-            wrap: r.be16()?,
-            count: r.be32()?,
-        })
-    }
 }
 
 impl fmt::Display for Cursor {
@@ -274,20 +266,32 @@ impl CdcMessage {
                 expected: CDC_LEN,
             });
         }
-        if buf.len() < CDC_LEN {
+        // (every CDC received comes through here: the fields are read at
+        // their offsets in its 44 bytes, the layout `encode` writes)
+        let Some(b) = buf.first_chunk::<CDC_LEN>() else {
             return Err(WireError::Truncated {
                 what: "CDC message",
                 needed: CDC_LEN,
                 available: buf.len(),
             });
-        }
+        };
+        // type, length, seqno, token; each cursor: 2 reserved, wrap, count;
+        // the flags; the rest reserved
+        let [_, _, s0, s1, t0, t1, t2, t3, _, _, pw0, pw1, pc0, pc1, pc2, pc3, _, _, cw0, cw1, cc0, cc1, cc2, cc3, pf, cf, ..] =
+            *b;
         Ok(CdcMessage {
-            seqno: r.be16()?,
-            token: r.be32()?,
-            prod: Cursor::read(&mut r)?,
-            cons: Cursor::read(&mut r)?,
-            prod_flags: ProducerFlags::from_bits_truncate(r.u8()?),
-            conn_flags: ConnStateFlags::from_bits_truncate(r.u8()?),
+            seqno: u16::from_be_bytes([s0, s1]),
+            token: u32::from_be_bytes([t0, t1, t2, t3]),
+            prod: Cursor::new(
+                u16::from_be_bytes([pw0, pw1]),
+                u32::from_be_bytes([pc0, pc1, pc2, pc3]),
+            ),
+            cons: Cursor::new(
+                u16::from_be_bytes([cw0, cw1]),
+                u32::from_be_bytes([cc0, cc1, cc2, cc3]),
+            ),
+            prod_flags: ProducerFlags::from_bits_truncate(pf),
+            conn_flags: ConnStateFlags::from_bits_truncate(cf),
         })
     }
 

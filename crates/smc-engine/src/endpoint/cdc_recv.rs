@@ -292,7 +292,10 @@ fn dispatch_with<P: Provider>(
                 leave(&mut book);
                 continue;
             };
-            let Ok(WrMessage::Cdc(c)) = WrMessage::decode(&book.msg[..len]) else {
+            // (a CDC decoded as such, not as a `WrMessage`: LLC is left)
+            let msg = &book.msg[..len];
+            let cdc = msg.first() == Some(&smc_wire::cdc::CDC_TYPE);
+            let Some(c) = cdc.then(|| CdcMessage::decode(msg).ok()).flatten() else {
                 leave(&mut book);
                 continue;
             };

@@ -118,13 +118,12 @@ pub fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
     struct Outermost;
     impl Drop for Outermost {
         fn drop(&mut self) {
-            let v = DEFERRED
-                .try_with(|d| d.borrow_mut().take())
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-            for w in v {
-                wake(w);
+            let Some(v) = DEFERRED.try_with(|d| d.borrow_mut().take()).ok().flatten() else {
+                return;
+            };
+            // (none, as a rule: a post that rang nobody asleep)
+            if !v.is_empty() {
+                v.into_iter().for_each(wake);
             }
         }
     }
