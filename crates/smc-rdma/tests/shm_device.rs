@@ -315,7 +315,12 @@ fn hostile_peer(
         .unwrap()
         .store(RING_MAGIC, std::sync::atomic::Ordering::Release);
     let l = &h.local;
-    let qp = l.pd.create_qp(&l.scq, &l.rcq, QpCap::default()).unwrap();
+    // (room for more SENDs than its ring has slots)
+    let cap = QpCap {
+        max_send_wr: 2 * NSLOTS as u32,
+        ..QpCap::default()
+    };
+    let qp = l.pd.create_qp(&l.scq, &l.rcq, cap).unwrap();
     qp.modify(&QpModify::Init {
         port: 1,
         access: Access::REMOTE_WRITE | Access::LOCAL_WRITE,
@@ -701,15 +706,17 @@ fn prepare_remote_readies_what_writes_reach_and_refuses_the_rest() {
 /// years) and never posts a receive stalls only its own link, and only for
 /// as long as the largest timer IB allows: the SEND fails with RNR retries
 /// exceeded, as with any peer that stops consuming. A consumer index far
-/// ahead of anything sent reads as a full ring: SENDs wait, nothing breaks.
-/// Other QPs carry on.
+/// ahead of anything sent reads as a full ring once the sender reads it
+/// (when its own count of the ring's room runs out, after a ring's worth
+/// of SENDs): SENDs wait, nothing breaks. Other QPs carry on.
 #[test]
 fn hostile_peer_ring_words_stall_only_its_link_and_not_forever() {
     use smc_rdma::shm::layout::*;
     use std::sync::atomic::Ordering;
     let mut h = setup!(make_inproc(&ConnParams::default()));
     let (qp, ring, fake_ring, _conns) = hostile_peer(&h, 1);
-    let (qp2, ring2, fake_ring2, _conns2) = hostile_peer(&h, 1);
+    // (retrying RNR for ever: its SENDs wait in the ring, the QP stays)
+    let (qp2, ring2, fake_ring2, _conns2) = hostile_peer(&h, 7);
     // The hostile peers are alive: they keep up the heartbeat.
     let stop = std::sync::atomic::AtomicBool::new(false);
     fake_ring
@@ -727,17 +734,20 @@ fn hostile_peer_ring_words_stall_only_its_link_and_not_forever() {
         signaled: true,
     };
     qp.post_send(&send(1)).unwrap();
-    qp2.post_send(&send(2)).unwrap();
+    for i in 0..=NSLOTS {
+        qp2.post_send(&send(100 + i)).unwrap();
+    }
     let st = fake_ring.atomic(Ring::slot(0) + S_STATE).unwrap();
     assert_eq!(
         st.load(Ordering::Acquire),
         ST_PUBLISHED,
         "the SEND was published"
     );
+    // slot 0 holds the first SEND still, not the one a ring later
     let st2 = fake_ring2.atomic(Ring::slot(0) + S_STATE).unwrap();
     assert_eq!(
         st2.load(Ordering::Acquire),
-        0,
+        ST_PUBLISHED,
         "a SEND went into a \"full\" ring"
     );
     // Meanwhile the real connection works.
@@ -1534,5 +1544,50 @@ fn receives_in_place_keep_order_with_the_cq_and_repost() {
     assert_eq!(
         done,
         [10, 11, 12, 20, 21, 22, 23].map(|i| (i, WcStatus::Success))
+    );
+}
+
+/// A SEND published at post takes the ring slot of the SEND `NSLOTS` (64)
+/// before it: when the peer took that one but no pass of ours has seen its
+/// acknowledgement yet, the post goes through a whole pass (which looks
+/// first), and every SEND completes. (Published at once, the 65th SEND
+/// overwrote the first one's acknowledgement, which then never completed.)
+#[test]
+fn a_full_ring_taken_all_at_once_completes_every_send() {
+    let mut h = setup!(make_inproc(&ConnParams::default()));
+    for i in 0..65u64 {
+        h.peer.post_recv(i, RECV_AREA, 64).unwrap();
+    }
+    let l = &h.local;
+    let send = |wr_id: u64| {
+        l.qp.post_send(&SendWr {
+            wr_id,
+            op: SendOp::Send,
+            payload: Payload::Inline(&wr_id.to_le_bytes()),
+            signaled: true,
+        })
+        .unwrap();
+    };
+    for i in 0..64 {
+        send(i);
+    }
+    // the peer takes all 64 before our next post looks at anything
+    let t0 = Instant::now();
+    let mut got = 0;
+    while got < 64 && t0.elapsed() < Duration::from_secs(3) {
+        got += h.peer.ep.poll_recv().len();
+    }
+    assert_eq!(got, 64);
+    send(64);
+    let mut done = Vec::new();
+    let t0 = Instant::now();
+    while done.len() < 65 && t0.elapsed() < Duration::from_secs(3) {
+        got += h.peer.ep.poll_recv().len();
+        done.extend(h.local.poll_send().iter().map(|w| (w.wr_id, w.status)));
+    }
+    assert_eq!(got, 65);
+    assert_eq!(
+        done,
+        (0..65).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
     );
 }

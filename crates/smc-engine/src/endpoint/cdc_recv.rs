@@ -11,7 +11,7 @@
 
 use super::conn::Phase;
 use super::conn_core::{lock, CdcDone, TokenTable};
-use super::link::{LinkRx, Recv, RxBook, RxLeft};
+use super::link::{LeftMsg, LinkRx, Recv, RxBook, RxLeft};
 use super::{ConnId, Endpoint, LgrId, Result};
 use smc_proto::Timestamp;
 use smc_rdma::{Provider, WcStatus};
@@ -71,11 +71,12 @@ impl<P: Provider> Endpoint<P> {
                     }
                     RxLeft::Msg(wc, msg) => {
                         self.completions += 1;
+                        let msg = msg.bytes();
                         let n = msg.len();
                         if book.msg.len() < n {
                             book.msg.resize(n, 0);
                         }
-                        book.msg[..n].copy_from_slice(&msg);
+                        book.msg[..n].copy_from_slice(msg);
                         let r = Recv {
                             wc: smc_rdma::WorkCompletion {
                                 byte_len: n as u32,
@@ -277,7 +278,7 @@ fn dispatch_with<P: Provider>(
         let leave = |book: &mut RxBook| {
             let left = if r.in_place {
                 let n = (wc.byte_len as usize).min(book.msg.len());
-                RxLeft::Msg(wc, book.msg[..n].into())
+                RxLeft::Msg(wc, LeftMsg::new(&book.msg[..n]))
             } else {
                 RxLeft::Wc(wc)
             };

@@ -153,11 +153,6 @@ pub(super) struct FastTx<P: Provider> {
     pub(super) rmbe_addr: u64,
     /// Largest write the device takes inline.
     pub(super) max_inline: usize,
-    /// The peer's RMBE mapped here, where the provider has it
-    /// (`QueuePair::remote_window`, the shared-memory device): a write
-    /// copies into it itself instead of posting a WRITE, then posts its
-    /// CDC, which the QP orders after the copy as after a WRITE.
-    pub(super) win: Option<MemWindow>,
 }
 
 /// What [`FastConn::try_read`] dispatches a link's receive CQ with.
@@ -591,14 +586,20 @@ impl<P: Provider> ConnCore<P> {
         let qp = &*f.tx.qp;
         let mut posted = Ok(());
         let mut at = 0;
+        // The peer's RMBE mapped here, where the provider has it
+        // (`QueuePair::remote_window`, the shared-memory device; made with
+        // the grant, `Endpoint::grant_fast`): the write copies into it
+        // itself instead of posting a WRITE, then posts its CDC, which the
+        // QP orders after the copy as after a WRITE.
+        let win = match &self.peer_window {
+            Some((slot, rkey, w)) if *slot == f.slot && *rkey == f.rkey => Some(w),
+            _ => None,
+        };
         for w in &batch.writes {
             let part = &data[at..at + w.len];
             // (a copy the window refuses, the region gone, is posted as a
             // WRITE, which fails the way the peer's loss of it should)
-            let copied = f
-                .win
-                .as_ref()
-                .is_some_and(|win| win.write_at(w.peer_offset, part).is_ok());
+            let copied = win.is_some_and(|win| win.write_at(w.peer_offset, part).is_ok());
             if !copied {
                 let addr = f.rmbe_addr + w.peer_offset as u64;
                 posted = book.post_write_inline(qp, part, f.rkey, addr);

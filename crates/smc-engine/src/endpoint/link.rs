@@ -328,12 +328,40 @@ pub(super) enum RxLeft {
     Wc(smc_rdma::WorkCompletion),
     /// The same for a receive taken in place: its message (its buffer is
     /// posted again already).
-    Msg(smc_rdma::WorkCompletion, Box<[u8]>),
+    Msg(smc_rdma::WorkCompletion, LeftMsg),
     /// A CDC applied to connection `.0` that left the endpoint something to
     /// do: an abort or a finished close.
     Done(ConnId, super::conn_core::CdcDone),
     /// Posting a receive buffer again failed.
     Repost(smc_rdma::Error),
+}
+
+/// The bytes of a message taken in place that a dispatch left to the
+/// endpoint ([`RxLeft::Msg`]): a CDC or an LLC message of SMC-R v1 (44
+/// bytes) kept as it is, a longer one on the heap.
+pub(super) enum LeftMsg {
+    Short([u8; 64], u8),
+    Long(Box<[u8]>),
+}
+
+impl LeftMsg {
+    pub fn new(b: &[u8]) -> LeftMsg {
+        let mut short = [0u8; 64];
+        match short.get_mut(..b.len()) {
+            Some(s) => {
+                s.copy_from_slice(b);
+                LeftMsg::Short(short, b.len() as u8)
+            }
+            None => LeftMsg::Long(b.into()),
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            LeftMsg::Short(b, n) => &b[..usize::from(*n)],
+            LeftMsg::Long(b) => b,
+        }
+    }
 }
 
 impl<P: Provider> LinkRx<P> {

@@ -276,19 +276,20 @@ impl<P: Provider> Endpoint<P> {
         }
         res.fast_granted = true;
         res.book().open = true;
-        let win = match (&k.peer_window, k.dp.as_ref()) {
-            (Some((slot, rkey, w)), _) if *slot == p.slot && *rkey == p.rkey => Some(w.clone()),
-            (_, Some(dp)) => {
-                let w = res
-                    .qp
-                    .remote_window(p.rkey, p.rmbe_addr, dp.config().peer_rmbe_len);
-                if let Some(w) = &w {
-                    k.peer_window = Some((p.slot, p.rkey, w.clone()));
+        // (the window onto the peer's RMBE that the fast path copies into,
+        // where the provider has one: `ConnCore::fast_write`)
+        let mapped = k
+            .peer_window
+            .as_ref()
+            .is_some_and(|(slot, rkey, _)| *slot == p.slot && *rkey == p.rkey);
+        if !mapped {
+            if let Some(dp) = k.dp.as_ref() {
+                let len = dp.config().peer_rmbe_len;
+                if let Some(w) = res.qp.remote_window(p.rkey, p.rmbe_addr, len) {
+                    k.peer_window = Some((p.slot, p.rkey, w));
                 }
-                w
             }
-            _ => None,
-        };
+        }
         k.fast = Some(FastTx {
             tx: res.tx.clone(),
             id,
@@ -297,7 +298,6 @@ impl<P: Provider> Endpoint<P> {
             rkey: p.rkey,
             rmbe_addr: p.rmbe_addr,
             max_inline,
-            win,
         });
     }
 

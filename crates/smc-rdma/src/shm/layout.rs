@@ -113,8 +113,9 @@ pub fn mr_reg_words(slot: usize) -> (usize, usize, usize) {
 pub const RING_MAGIC: u64 = 0x534d_4352_5249_0001;
 /// Consumer index (written by the receiver).
 pub const R_HEAD: usize = 8;
-/// Producer index (written by the sender).
-pub const R_TAIL: usize = 16;
+// (16: unused. A producer index here was written with every SEND and read
+// by nobody: the slots' own state words say what is published, and the
+// word shared a cache line with the receiver's, which it pulled across.)
 /// Receiver armed: the sender signals the receiver's channel after publishing.
 pub const R_RX_NOTIFY: usize = 24;
 /// Sender armed: the receiver signals the sender's channel after consuming.

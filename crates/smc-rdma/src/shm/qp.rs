@@ -112,6 +112,22 @@ pub(super) struct Link {
     /// Our producer index in the peer's ring (kept here, not read back from
     /// the ring the peer can write).
     pub(super) tail: u64,
+    /// The peer's consumer index (`R_HEAD` of its ring) when last read: the
+    /// ring has at least the room it shows (the peer's index only grows),
+    /// so a post reads the peer's word, a cache line the peer writes with
+    /// every message it takes, only when this shows the ring full.
+    pub(super) peer_head: u64,
+}
+
+impl Link {
+    /// Whether the peer's ring has a free slot for our next SEND.
+    pub(super) fn ring_room(&mut self) -> bool {
+        if self.tail.wrapping_sub(self.peer_head) < NSLOTS {
+            return true;
+        }
+        self.peer_head = Ring(&self.peer_ring).h(R_HEAD).load(Acquire);
+        self.tail.wrapping_sub(self.peer_head) < NSLOTS
+    }
 }
 
 pub(super) struct Core {
@@ -408,7 +424,7 @@ impl ShmQp {
                 // anything wrong: queue it, progress reports the error in order
             }
         }
-        if matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && q.publishes_at_post(&c) {
+        if matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && q.publishes_at_post(&mut c) {
             if let Ok(p) = q.publish_at_post(&mut c, wr, bell) {
                 c.sq.push_back(p);
                 // (the acknowledgements of earlier SENDs, their completions)

@@ -291,18 +291,27 @@ impl QpInner {
 
     /// Whether a SEND posted now may be published at once, without queueing
     /// (and a pass over the queue): nothing queued before it, no WR failed
-    /// (the QP is about to), a link, and room in the peer's ring. (RC does
-    /// not hold a SEND back behind an earlier one waiting for a receive: the
-    /// ring keeps their order.)
-    pub(super) fn publishes_at_post(&self, c: &Core) -> bool {
-        let Some(l) = c.link.as_ref() else {
+    /// (the QP is about to), a link, room in the peer's ring, and no
+    /// acknowledgement left to see in the slot it takes. (RC does not hold
+    /// a SEND back behind an earlier one waiting for a receive: the ring
+    /// keeps their order.)
+    pub(super) fn publishes_at_post(&self, c: &mut Core) -> bool {
+        if c.stalled || matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued)) {
+            return false;
+        }
+        let Some(l) = c.link.as_mut() else {
             return false;
         };
-        !c.stalled
-            && !matches!(c.sq.back().map(|p| p.stage), Some(Stage::Queued))
-            && l.tail
-                .wrapping_sub(Ring(&l.peer_ring).h(R_HEAD).load(Acquire))
-                < NSLOTS
+        // The slot taken now is the one of the SEND `NSLOTS` before it: one
+        // whose acknowledgement (its state word) no pass has seen yet would
+        // never be completed once overwritten. A whole pass, which looks at
+        // the acknowledgements before it publishes, takes such a post.
+        let tail = l.tail;
+        let oldest = c.sq.iter().find_map(|p| match p.stage {
+            Stage::Published { seq, .. } => Some(seq),
+            _ => None,
+        });
+        oldest.is_none_or(|seq| tail.wrapping_sub(seq) < NSLOTS) && l.ring_room()
     }
 
     /// Publishes the SEND `wr` (ringing the doorbell of the peer's region
@@ -387,7 +396,6 @@ impl QpInner {
         // Publish: everything above (including earlier WRITE copies) happens-before.
         pr.s(s.seq, S_STATE)
             .store(s.seq << 3 | ST_PUBLISHED, SeqCst);
-        pr.h(R_TAIL).store(s.seq.wrapping_add(1), Release);
     }
 
     /// After a pass that published slots up to `tail` (exclusive): the

@@ -320,6 +320,7 @@ impl QpInner {
             peer_rx_efd: rx,
             peer_tx_efd: tx,
             tail: 0,
+            peer_head: 0,
         })
     }
 
