@@ -526,6 +526,7 @@ impl<P: Provider> ConnCore<P> {
     /// buffer, nothing unsent, no close, urgent byte or move), and the link
     /// with a free SEND and send slot, so that no sleeping driver has to
     /// arm its send CQ for this CDC's completion (`endpoint/arm.rs`).
+    #[inline]
     pub(super) fn fast_write(&mut self, data: &[u8]) -> std::result::Result<FastWrite, ConnError> {
         let Some(f) = self.fast.as_ref() else {
             return Ok(FastWrite::Declined);
