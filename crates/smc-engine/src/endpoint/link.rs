@@ -509,6 +509,7 @@ impl<P: Provider> LinkRx<P> {
 
     /// The message of `r` in `book.msg` ([`Self::peek`] unless it is there
     /// already); its length.
+    #[inline]
     pub fn message(&self, book: &mut RxBook, r: &Recv) -> Result<usize> {
         if r.in_place {
             return Ok((r.wc.byte_len as usize).min(book.msg.len()));
@@ -518,6 +519,7 @@ impl<P: Provider> LinkRx<P> {
 
     /// Posts the receive buffer of `r` again unless it is already
     /// ([`Self::repost`]).
+    #[inline]
     pub fn release(&self, book: &RxBook, r: &Recv) -> Result<()> {
         if r.in_place {
             return Ok(());
@@ -951,6 +953,7 @@ impl<P: Provider> LinkTx<P> {
     /// slot now, leaving one of each to spare for the endpoint (its
     /// flushes, LLC messages): after a [`Self::reap`] (with `own`) if every
     /// SEND seemed in flight.
+    #[inline]
     pub fn has_room(&self, book: &mut TxBook<P>, me: ConnId, own: impl FnMut(u16) -> bool) -> bool {
         let room = |b: &TxBook<P>| {
             b.sends_in_flight + 1 < MAX_SENDS
