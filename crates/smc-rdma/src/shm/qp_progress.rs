@@ -624,20 +624,11 @@ impl QpInner {
         let r = Ring(&c.ring);
         // (a pass looks at most at one ring's worth of slots, as `progress_recv`)
         for _ in 0..NSLOTS {
-            let head = c.head;
-            let w = r.s(head, S_STATE).load(SeqCst);
-            if w >> 3 != head {
-                return InPlace::Empty;
-            }
-            match w & 7 {
-                ST_CANCELLED => {
-                    c.head = head.wrapping_add(1);
-                    r.h(R_HEAD).store(c.head, Release);
-                    continue;
-                }
-                ST_PUBLISHED => {}
-                _ => return InPlace::Empty,
-            }
+            let head = match head_slot(&c.ring, &mut c.head) {
+                Head::Published(head) => head,
+                Head::Skipped => continue,
+                Head::Nothing => return InPlace::Empty,
+            };
             let Some((wr_id, sges)) = c.rq.front() else {
                 return InPlace::Empty; // RNR
             };
@@ -666,32 +657,14 @@ impl QpInner {
                 self.progress_recv(c);
                 return InPlace::CqFirst;
             }
-            c.head = head.wrapping_add(1);
-            if r.s(head, S_STATE)
-                .compare_exchange(
-                    head << 3 | ST_PUBLISHED,
-                    head << 3 | ST_CONSUMED,
-                    SeqCst,
-                    SeqCst,
-                )
-                .is_err()
-            {
-                // The sender withdrew it (RNR retries exhausted): skip, keep the receive.
-                r.h(R_HEAD).store(c.head, Release);
-                continue;
+            if !take_head(&c.ring, &mut c.head, ST_CONSUMED) {
+                continue; // withdrawn meanwhile: the receive is kept
             }
-            r.h(R_HEAD).store(c.head, Release);
             let again = c.rq.pop_front().expect("looked at above");
             c.rq.push_back(again);
             c.recv_posted += 1;
             r.h(R_RECV_CREDITS).store(c.recv_posted, Release);
-            if let Some(l) = c.link.as_ref() {
-                if r.h(R_TX_NOTIFY).swap(0, SeqCst) == 1 {
-                    if let Some(e) = &l.peer_tx_efd {
-                        e.signal();
-                    }
-                }
-            }
+            tell_sender(c);
             return InPlace::Got {
                 wr_id,
                 len: len as u32,
@@ -717,20 +690,11 @@ impl QpInner {
         let r = Ring(&ring);
         let mut consumed = false;
         for _ in 0..NSLOTS {
-            let head = c.head;
-            let w = r.s(head, S_STATE).load(SeqCst);
-            if w >> 3 != head {
-                break;
-            }
-            match w & 7 {
-                ST_CANCELLED => {
-                    c.head = head.wrapping_add(1);
-                    r.h(R_HEAD).store(c.head, Release);
-                    continue;
-                }
-                ST_PUBLISHED => {}
-                _ => break,
-            }
+            let head = match head_slot(&ring, &mut c.head) {
+                Head::Published(head) => head,
+                Head::Skipped => continue,
+                Head::Nothing => break,
+            };
             let Some((wr_id, sges)) = c.rq.front() else {
                 break;
             }; // RNR
@@ -786,16 +750,9 @@ impl QpInner {
             } else {
                 ST_NAK
             };
-            c.head = head.wrapping_add(1);
-            if r.s(head, S_STATE)
-                .compare_exchange(head << 3 | ST_PUBLISHED, head << 3 | next, SeqCst, SeqCst)
-                .is_err()
-            {
-                // The sender withdrew it (RNR retries exhausted): skip, keep the receive.
-                r.h(R_HEAD).store(c.head, Release);
-                continue;
+            if !take_head(&ring, &mut c.head, next) {
+                continue; // withdrawn meanwhile: the receive is kept
             }
-            r.h(R_HEAD).store(c.head, Release);
             c.rq.pop_front();
             consumed = true;
             // (a SEND that rang our doorbell leaves the channel's arm to
@@ -822,12 +779,63 @@ impl QpInner {
             }
         }
         if consumed {
-            if let Some(l) = c.link.as_ref() {
-                if r.h(R_TX_NOTIFY).swap(0, SeqCst) == 1 {
-                    if let Some(e) = &l.peer_tx_efd {
-                        e.signal();
-                    }
-                }
+            tell_sender(c);
+        }
+    }
+}
+
+/// What the slot at our ring's head (`head`, our consumer index) holds.
+enum Head {
+    /// A SEND published there: this slot.
+    Published(u64),
+    /// One the sender withdrew (RNR retries exhausted): skipped, the index
+    /// moved past it.
+    Skipped,
+    /// Nothing yet (or anything else a peer wrote there).
+    Nothing,
+}
+
+/// Looks at the slot at our ring's head (see [`Head`]).
+fn head_slot(ring: &SharedMem, head: &mut u64) -> Head {
+    let r = Ring(ring);
+    let h = *head;
+    let w = r.s(h, S_STATE).load(SeqCst);
+    if w >> 3 != h {
+        return Head::Nothing;
+    }
+    match w & 7 {
+        ST_CANCELLED => {
+            *head = h.wrapping_add(1);
+            r.h(R_HEAD).store(*head, Release);
+            Head::Skipped
+        }
+        ST_PUBLISHED => Head::Published(h),
+        _ => Head::Nothing,
+    }
+}
+
+/// Marks the published slot at our ring's head `next` (consumed, or
+/// refused) and moves the index past it; `false` if the sender withdrew it
+/// meanwhile (RNR retries exhausted: skipped all the same).
+fn take_head(ring: &SharedMem, head: &mut u64, next: u64) -> bool {
+    let r = Ring(ring);
+    let h = *head;
+    *head = h.wrapping_add(1);
+    let taken = r
+        .s(h, S_STATE)
+        .compare_exchange(h << 3 | ST_PUBLISHED, h << 3 | next, SeqCst, SeqCst)
+        .is_ok();
+    r.h(R_HEAD).store(*head, Release);
+    taken
+}
+
+/// Signals the sender's channel if it armed it for our consumption
+/// (`R_TX_NOTIFY` of our ring).
+fn tell_sender(c: &Core) {
+    if let Some(l) = c.link.as_ref() {
+        if Ring(&c.ring).h(R_TX_NOTIFY).swap(0, SeqCst) == 1 {
+            if let Some(e) = &l.peer_tx_efd {
+                e.signal();
             }
         }
     }
