@@ -10,8 +10,7 @@
 
 mod common;
 
-use common::{answer_complements, first_cpu, pin, setup, spawn_self};
-use smc::{Mode, SmcStream};
+use common::{answer_complements, first_cpu, pinned_client_of_self, setup};
 use std::io::{Read, Write};
 
 const WARM: usize = 2000;
@@ -42,15 +41,11 @@ fn a_reader_on_its_peers_cpu_yields_to_it_instead_of_sleeping() {
         return answer_complements(cpu, WARM + ROUNDS);
     }
     let cpu = first_cpu();
-    // before the first connection: the engine's threads inherit it
-    pin(cpu);
-    setup();
-    let (mut child, _out, port) = spawn_self(
+    let (mut child, _out, mut c) = pinned_client_of_self(
+        cpu,
         "a_reader_on_its_peers_cpu_yields_to_it_instead_of_sleeping",
         &[("SMC_YIELD_CPU", cpu.to_string().as_ref())],
     );
-    let mut c = SmcStream::connect(("127.0.0.1", port)).unwrap();
-    assert_eq!(c.mode(), Mode::SmcR);
     let mut before = 0;
     let mut m = [0u8; 64];
     for i in 0..WARM + ROUNDS {

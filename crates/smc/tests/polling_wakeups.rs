@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{first_cpu, pin, setup, spawn_self};
+use common::{first_cpu, pin, pinned_client_of_self, setup};
 use smc::{Mode, SmcListener, SmcStream};
 use std::io::{ErrorKind, Read, Write};
 
@@ -84,15 +84,11 @@ fn a_polling_ping_pong_does_not_wake_the_progress_thread_per_message() {
         return server(cpu);
     }
     let cpu = first_cpu();
-    // before the first connection: the engine's threads inherit it
-    pin(cpu);
-    setup();
-    let (mut child, _out, port) = spawn_self(
+    let (mut child, _out, mut c) = pinned_client_of_self(
+        cpu,
         "a_polling_ping_pong_does_not_wake_the_progress_thread_per_message",
         &[("SMC_POLL_CPU", cpu.to_string().as_ref())],
     );
-    let mut c = SmcStream::connect(("127.0.0.1", port)).unwrap();
-    assert_eq!(c.mode(), Mode::SmcR);
     c.set_nonblocking(true).unwrap();
     let mut before = 0;
     let mut m = [0u8; 64];

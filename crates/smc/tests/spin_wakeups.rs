@@ -9,8 +9,7 @@
 
 mod common;
 
-use common::{answer_complements, pin, setup, spawn_self};
-use smc::{Mode, SmcStream};
+use common::{answer_complements, pinned_client_of_self, setup};
 use std::io::{Read, Write};
 
 /// The first two CPUs this process may use, if it may use two.
@@ -38,15 +37,11 @@ fn a_ping_pong_across_two_cpus_rarely_wakes_the_progress_thread() {
         eprintln!("one CPU only: a spinning reader is a two-CPU case, not measured here");
         return;
     };
-    // before the first connection: the engine's threads inherit it
-    pin(a);
-    setup();
-    let (mut child, _out, port) = spawn_self(
+    let (mut child, _out, mut c) = pinned_client_of_self(
+        a,
         "a_ping_pong_across_two_cpus_rarely_wakes_the_progress_thread",
         &[("SMC_SPIN_CPU", b.to_string().as_ref())],
     );
-    let mut c = SmcStream::connect(("127.0.0.1", port)).unwrap();
-    assert_eq!(c.mode(), Mode::SmcR);
     let mut before = 0;
     let mut m = [0u8; 64];
     for i in 0..WARM + ROUNDS {

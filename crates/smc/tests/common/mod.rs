@@ -84,6 +84,29 @@ impl Fnv {
     }
 }
 
+/// The client half of a pinned two-process test: this thread pinned to
+/// `cpu` before the first connection (the engine's threads inherit it),
+/// then an SMC-R connection to this test binary run again as `test` with
+/// `env` ([`spawn_self`]), checked to be SMC-R. Returns the child, its
+/// stdout, and the stream.
+#[allow(dead_code)]
+pub fn pinned_client_of_self(
+    cpu: usize,
+    test: &str,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+    smc::SmcStream,
+) {
+    pin(cpu);
+    setup();
+    let (child, out, port) = spawn_self(test, env);
+    let c = smc::SmcStream::connect(("127.0.0.1", port)).unwrap();
+    assert_eq!(c.mode(), smc::Mode::SmcR);
+    (child, out, c)
+}
+
 /// The other half of a two-process test: this test binary again, running
 /// only `test` with the environment `env`, its stdout piped. Returns the
 /// child, its stdout, and the port it announced with a `port N` line.
