@@ -208,9 +208,8 @@ pub fn line_with(out: &mut std::io::BufReader<std::process::ChildStdout>, marker
 /// What this process holds: SMC connections and link groups (`smc::state()`),
 /// threads, descriptors, memfds among them, resident memory in KiB once the
 /// allocator has given back the free memory it keeps (`malloc_trim`): what
-/// is leaked shows, what glibc's heap keeps of freed connections, which
-/// varied by hundreds of KiB from run to run with where their last blocks
-/// lay, does not.
+/// is leaked shows, what glibc's heap keeps of freed connections (which
+/// depends on where their last blocks happened to lie) does not.
 #[allow(dead_code)] // not every test binary uses it
 pub fn held() -> [u64; 6] {
     // SAFETY: malloc_trim only returns free heap memory to the kernel; it
