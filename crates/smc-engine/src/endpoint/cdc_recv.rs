@@ -284,46 +284,44 @@ fn dispatch_with<P: Provider>(
             };
             book.queue.push_back(left);
         };
-        {
-            if wc.status != WcStatus::Success {
-                leave(&mut book);
-                continue;
-            }
-            let Ok(len) = rx.message(&mut book, &r) else {
-                leave(&mut book);
-                continue;
-            };
-            // (a CDC decoded as such, not as a `WrMessage`: LLC is left)
-            let msg = &book.msg[..len];
-            let cdc = msg.first() == Some(&smc_wire::cdc::CDC_TYPE);
-            let Some(c) = cdc.then(|| CdcMessage::decode(msg).ok()).flatten() else {
-                leave(&mut book);
-                continue;
-            };
-            let found = {
-                let table = tokens.read();
-                table.get(&c.token).filter(|e| e.lgr == l).and_then(|e| {
-                    let mut k = lock(&e.core);
-                    (k.dp.is_some() && k.established).then(|| (e.id, k.on_cdc(&c)))
-                })
-            };
-            let Some((id, done)) = found else {
-                leave(&mut book);
-                continue;
-            };
-            applied = true;
-            book.completions += 1;
-            rx.cdcs.add(&*book);
-            book.active = true;
-            if !book.marks.contains(&id) {
-                book.marks.push(id);
-            }
-            if done.aborted.is_some() || done.finished {
-                book.queue.push_back(RxLeft::Done(id, done));
-            }
-            if let Err(e) = rx.release(&book, &r) {
-                book.queue.push_back(RxLeft::Repost(e));
-            }
+        if wc.status != WcStatus::Success {
+            leave(&mut book);
+            continue;
+        }
+        let Ok(len) = rx.message(&mut book, &r) else {
+            leave(&mut book);
+            continue;
+        };
+        // (a CDC decoded as such, not as a `WrMessage`: LLC is left)
+        let msg = &book.msg[..len];
+        let cdc = msg.first() == Some(&smc_wire::cdc::CDC_TYPE);
+        let Some(c) = cdc.then(|| CdcMessage::decode(msg).ok()).flatten() else {
+            leave(&mut book);
+            continue;
+        };
+        let found = {
+            let table = tokens.read();
+            table.get(&c.token).filter(|e| e.lgr == l).and_then(|e| {
+                let mut k = lock(&e.core);
+                (k.dp.is_some() && k.established).then(|| (e.id, k.on_cdc(&c)))
+            })
+        };
+        let Some((id, done)) = found else {
+            leave(&mut book);
+            continue;
+        };
+        applied = true;
+        book.completions += 1;
+        rx.cdcs.add(&*book);
+        book.active = true;
+        if !book.marks.contains(&id) {
+            book.marks.push(id);
+        }
+        if done.aborted.is_some() || done.finished {
+            book.queue.push_back(RxLeft::Done(id, done));
+        }
+        if let Err(e) = rx.release(&book, &r) {
+            book.queue.push_back(RxLeft::Repost(e));
         }
     }
     let left = book.completions > 0 || !book.queue.is_empty() || !book.marks.is_empty();

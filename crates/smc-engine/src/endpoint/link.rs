@@ -417,7 +417,7 @@ impl<P: Provider> LinkRx<P> {
     /// Copies the message of receive completion `wr_id` (`len` bytes) into
     /// `book.msg` without posting its buffer again (the caller holds
     /// `book`); its length.
-    pub fn peek(&self, book: &mut RxBook, wr_id: u64, len: u32) -> Result<usize> {
+    fn peek(&self, book: &mut RxBook, wr_id: u64, len: u32) -> Result<usize> {
         if book.msg.len() != RECV_SLOT_LEN {
             book.msg.resize(RECV_SLOT_LEN, 0);
         }
@@ -428,7 +428,7 @@ impl<P: Provider> LinkRx<P> {
     }
 
     /// Posts receive buffer `wr_id` again (the caller holds `book`).
-    pub fn repost(&self, _book: &RxBook, wr_id: u64) -> Result<()> {
+    fn repost(&self, _book: &RxBook, wr_id: u64) -> Result<()> {
         let sge = self
             .recv
             .sge(wr_id as usize * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
