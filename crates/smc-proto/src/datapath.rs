@@ -622,6 +622,50 @@ impl DataPath {
             self.tx_sent += len as u64;
             self.tx_sent_max = self.tx_sent_max.max(self.tx_sent);
         }
+        let cdc = self.seal_cdc(blocked);
+        Some(TxBatch { writes, cdc })
+    }
+
+    /// [`Self::produced`] and [`Self::poll_tx`] at once for `n` bytes that
+    /// the caller copies into the peer's RMBE itself, from its own buffer
+    /// (the fast path): where they go there, and the CDC that announces
+    /// them. The same batch `poll_tx` would make, without the send-buffer
+    /// pieces it would name as their source, for the one case the fast path
+    /// takes — nothing unsent, urgent or closing before them, room for all
+    /// `n` in the peer's RMBE and in the send buffer, where they stay
+    /// accounted until the CDC's completion (§3.2 step 6) — and `None`,
+    /// nothing changed, in every other.
+    #[inline]
+    pub fn poll_tx_direct(&mut self, n: usize) -> Option<(RingChunks, CdcMessage)> {
+        let space = self.peer_space();
+        if n == 0
+            || n > space
+            || n >= self.sndbuf_free()
+            || self.unsent() > 0
+            || self.tx_urgent.is_some()
+            || self.close_pending()
+            || self.close_requested.abort
+        {
+            return None;
+        }
+        let dst = write_chunks(
+            self.cfg.peer_rmbe_len,
+            cursor_at(self.tx_sent, self.cfg.peer_rmbe_len),
+            n,
+        )
+        .ok()?;
+        self.tx_prep += n as u64;
+        self.tx_sent += n as u64;
+        self.tx_sent_max = self.tx_sent_max.max(self.tx_sent);
+        // (`write_len`'s write_blocked: the data fills the peer's free space)
+        let cdc = self.seal_cdc(n >= space);
+        Some((dst, cdc))
+    }
+
+    /// The CDC of a batch whose writes are accounted (`tx_sent`), with
+    /// write_blocked as given, and what sending it changes.
+    #[inline]
+    fn seal_cdc(&mut self, blocked: bool) -> CdcMessage {
         self.tx_seqno = self.tx_seqno.wrapping_add(1);
         self.write_blocked_sent = blocked;
         // Close flags go out once no data written before them is left unsent.
@@ -665,7 +709,7 @@ impl DataPath {
             sent: self.tx_sent,
             urgent: urgent_announced,
         });
-        Some(TxBatch { writes, cdc })
+        cdc
     }
 
     /// The CDC with `seqno` completed its send: its data's send-buffer space is
@@ -1078,6 +1122,63 @@ mod tests {
         assert!(b.cdc.prod_flags.write_blocked());
         assert_eq!(a.peer_space(), 0);
         assert!(a.poll_tx().is_none());
+    }
+
+    /// The fast path's batch is the one `produced` + `poll_tx` make, source
+    /// pieces aside, with the same state after it, wrapping or filling the
+    /// peer's RMBE; and where `poll_tx` would do anything else, none, and
+    /// nothing changed.
+    #[test]
+    fn poll_tx_direct_is_poll_tx_for_the_fast_paths_case() {
+        let mut a = DataPath::new(cfg(65536, 16384, 16384));
+        let peer_read = |seqno: u16, wrap: u16, count: u32| CdcMessage {
+            seqno,
+            token: 0,
+            prod: Cursor::new(0, 0),
+            cons: Cursor::new(wrap, count),
+            prod_flags: ProducerFlags::empty(),
+            conn_flags: ConnStateFlags::empty(),
+        };
+        // 10000 at 0; then 6384 + 3616 around the end; then exactly the space left
+        for (n, peer_cons) in [(10000, None), (10000, Some((0, 10000))), (6384, None)] {
+            if let Some((w, c)) = peer_cons {
+                a.on_cdc(&peer_read(1, w, c)).unwrap();
+            }
+            let mut b = a.clone();
+            b.produced(n);
+            let want = b.poll_tx().unwrap();
+            let (dst, cdc) = a.poll_tx_direct(n).unwrap();
+            assert_eq!(cdc, want.cdc);
+            assert_eq!(
+                dst.as_slice().to_vec(),
+                want.writes
+                    .iter()
+                    .map(|w| (w.peer_offset, w.len))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
+        assert!(a.poll_tx_direct(1).is_none(), "the peer's RMBE is full");
+        let declined = |a: &mut DataPath, n: usize| {
+            let before = format!("{a:?}");
+            assert!(a.poll_tx_direct(n).is_none());
+            assert_eq!(format!("{a:?}"), before);
+        };
+        let mut a = DataPath::new(cfg(8192, 16384, 16384));
+        declined(&mut a, 0);
+        declined(&mut a, 8192);
+        let mut u = a.clone();
+        u.produced(10);
+        declined(&mut u, 10);
+        assert!(u.mark_urgent());
+        declined(&mut u, 10);
+        let mut c = a.clone();
+        c.set_close_flags(CloseFlags {
+            done_writing: true,
+            ..CloseFlags::default()
+        });
+        declined(&mut c, 10);
+        assert!(a.poll_tx_direct(8191).is_some());
     }
 
     #[test]

@@ -548,14 +548,7 @@ impl<P: Provider> ConnCore<P> {
             return Ok(FastWrite::Declined);
         };
         let n = data.len();
-        if n == 0
-            || n > f.max_inline
-            || n >= dp.sndbuf_free()
-            || n > dp.peer_space()
-            || dp.unsent() > 0
-            || dp.urgent_pending()
-            || dp.close_pending()
-        {
+        if n == 0 || n > f.max_inline {
             return Ok(FastWrite::Declined);
         }
         let mut book = f.tx.book();
@@ -574,15 +567,11 @@ impl<P: Provider> ConnCore<P> {
         {
             return Ok(FastWrite::Declined);
         }
-        dp.produced(n);
-        let Some(batch) = dp.poll_tx() else {
-            return Err(ConnError::Aborted);
+        // (declined unless nothing is unsent, urgent or closing before these
+        // bytes and the peer's RMBE and the send buffer have room for them)
+        let Some((dst, cdc)) = dp.poll_tx_direct(n) else {
+            return Ok(FastWrite::Declined);
         };
-        debug_assert_eq!(
-            batch.writes.iter().map(|w| w.len).sum::<usize>(),
-            n,
-            "the batch writes everything produced"
-        );
         self.direct_sent = dp.sent_total();
         let qp = &*f.tx.qp;
         let mut posted = Ok(());
@@ -596,26 +585,26 @@ impl<P: Provider> ConnCore<P> {
             Some((slot, rkey, w)) if *slot == f.slot && *rkey == f.rkey => Some(w),
             _ => None,
         };
-        for w in &batch.writes {
-            let part = &data[at..at + w.len];
+        for &(peer_offset, len) in dst.as_slice() {
+            let part = &data[at..at + len];
             // (a copy the window refuses, the region gone, is posted as a
             // WRITE, which fails the way the peer's loss of it should)
-            let copied = win.is_some_and(|win| win.write_at(w.peer_offset, part).is_ok());
+            let copied = win.is_some_and(|win| win.write_at(peer_offset, part).is_ok());
             if !copied {
-                let addr = f.rmbe_addr + w.peer_offset as u64;
+                let addr = f.rmbe_addr + peer_offset as u64;
                 posted = book.post_write_inline(qp, part, f.rkey, addr);
                 if posted.is_err() {
                     break;
                 }
             }
-            at += w.len;
+            at += len;
         }
         if posted.is_ok() {
             posted = book.post(
                 qp,
-                WrKind::Cdc(f.id, batch.cdc.seqno),
-                &batch.cdc.encode(),
-                names_bell(&batch.cdc, n > 0).then_some(f.rkey),
+                WrKind::Cdc(f.id, cdc.seqno),
+                &cdc.encode(),
+                names_bell(&cdc, n > 0).then_some(f.rkey),
             );
         }
         match posted {
