@@ -265,6 +265,13 @@ pub struct DataPath {
     tx_prep: u64,
     tx_sent: u64,
     tx_fin: u64,
+    /// Just past the last byte put into the send buffer ([`Self::produced`]).
+    buffered_end: u64,
+    /// No byte below this that is in the send buffer waits for its CDC's
+    /// completion: the bytes from `tx_fin` up to here went straight into the
+    /// peer's RMBE ([`Self::produced_direct`]), so they hold no send-buffer
+    /// space (see [`Self::sndbuf_free`]).
+    direct_floor: u64,
     /// The highest `tx_sent` ever reached: a failover rewinds `tx_sent`, but the
     /// peer may already have consumed up to here.
     tx_sent_max: u64,
@@ -355,6 +362,8 @@ impl DataPath {
             tx_prep: 0,
             tx_sent: 0,
             tx_fin: 0,
+            buffered_end: 0,
+            direct_floor: 0,
             tx_sent_max: 0,
             peer_cons: 0,
             tx_seqno: 0,
@@ -434,9 +443,21 @@ impl DataPath {
 
     // ------------------------------------------------------------------ sending
 
-    /// Free bytes in the send buffer: `S - (prep - fin)`.
+    /// Free bytes in the send buffer: `S - (prep - fin)` (§3.1), where bytes
+    /// written straight into the peer's RMBE, never in the send buffer, are
+    /// not counted while no buffered byte before them waits for its
+    /// completion. The send buffer is a ring indexed by stream offset: the
+    /// next byte goes at `prep mod S`, and every byte that must stay (written
+    /// to the peer, not completed: what a failover sends again) lies at or
+    /// above `max(fin, direct_floor)`, so the `S` positions from there on
+    /// hold nothing else. Without that, a stream of direct writes whose
+    /// CDCs the peer has not taken yet (a reader that shares this CPU) would
+    /// stop at one send buffer's worth, however large the peer's RMB.
     pub fn sndbuf_free(&self) -> usize {
-        self.cfg.sndbuf_len - (self.tx_prep - self.tx_fin) as usize
+        let held = self
+            .tx_prep
+            .saturating_sub(self.tx_fin.max(self.direct_floor));
+        self.cfg.sndbuf_len.saturating_sub(held as usize)
     }
 
     /// Where the next `min(n, free)` application bytes go in the send buffer.
@@ -455,7 +476,28 @@ impl DataPath {
     pub fn produced(&mut self, n: usize) -> usize {
         let n = n.min(self.sndbuf_free());
         self.tx_prep += n as u64;
+        self.buffered_end = self.tx_prep;
         n
+    }
+
+    /// As [`Self::produced`] for `n` bytes the caller writes straight into
+    /// the peer's RMBE, not into the send buffer; sent at once (nothing may
+    /// be unsent before them), they hold no send-buffer space once no
+    /// buffered byte before them waits for its completion. Capped as
+    /// `produced` is.
+    pub fn produced_direct(&mut self, n: usize) -> usize {
+        let n = n.min(self.sndbuf_free());
+        self.tx_prep += n as u64;
+        self.note_direct();
+        n
+    }
+
+    /// The bytes up to `tx_prep` went straight into the peer's RMBE: if
+    /// every buffered byte has completed, none below `tx_prep` holds space.
+    fn note_direct(&mut self) {
+        if self.buffered_end <= self.tx_fin {
+            self.direct_floor = self.tx_prep;
+        }
     }
 
     /// Marks the last byte produced as urgent (TCP `MSG_OOB`, §3.5): the CDC that
@@ -626,15 +668,15 @@ impl DataPath {
         Some(TxBatch { writes, cdc })
     }
 
-    /// [`Self::produced`] and [`Self::poll_tx`] at once for `n` bytes that
-    /// the caller copies into the peer's RMBE itself, from its own buffer
-    /// (the fast path): where they go there, and the CDC that announces
-    /// them. The same batch `poll_tx` would make, without the send-buffer
-    /// pieces it would name as their source, for the one case the fast path
-    /// takes — nothing unsent, urgent or closing before them, room for all
-    /// `n` in the peer's RMBE and in the send buffer, where they stay
-    /// accounted until the CDC's completion (§3.2 step 6) — and `None`,
-    /// nothing changed, in every other.
+    /// [`Self::produced_direct`] and [`Self::poll_tx`] at once for `n` bytes
+    /// that the caller copies into the peer's RMBE itself, from its own
+    /// buffer (the fast path): where they go there, and the CDC that
+    /// announces them. The same batch `poll_tx` would make, without the
+    /// send-buffer pieces it would name as their source, for the one case
+    /// the fast path takes — nothing unsent, urgent or closing before them,
+    /// room for all `n` in the peer's RMBE and in the send buffer as
+    /// [`Self::sndbuf_free`] counts it — and `None`, nothing changed, in
+    /// every other.
     #[inline]
     pub fn poll_tx_direct(&mut self, n: usize) -> Option<(RingChunks, CdcMessage)> {
         let space = self.peer_space();
@@ -655,6 +697,7 @@ impl DataPath {
         )
         .ok()?;
         self.tx_prep += n as u64;
+        self.note_direct();
         self.tx_sent += n as u64;
         self.tx_sent_max = self.tx_sent_max.max(self.tx_sent);
         // (`write_len`'s write_blocked: the data fills the peer's free space)
@@ -1124,7 +1167,43 @@ mod tests {
         assert!(a.poll_tx().is_none());
     }
 
-    /// The fast path's batch is the one `produced` + `poll_tx` make, source
+    /// Bytes written straight into the peer's RMBE take no send-buffer space
+    /// while no buffered byte before them waits for its completion; behind
+    /// one that does, they count until it completes, so that a buffered
+    /// write never lands on a byte a failover may have to send again.
+    #[test]
+    fn direct_bytes_hold_send_buffer_space_only_behind_waiting_buffered_ones() {
+        let mut a = DataPath::new(cfg(65536, 16384, 1 << 20));
+        // 256 KiB direct, none completed: the send buffer is all free
+        for _ in 0..8 {
+            assert!(a.poll_tx_direct(32768).is_some());
+        }
+        assert_eq!(a.unacked(), 262144);
+        assert_eq!(a.sndbuf_free(), 65536);
+        // a buffered write has all of it; sent, it waits for its completion
+        assert_eq!(a.produced(65536), 65536);
+        let b = a.poll_tx().unwrap();
+        assert_eq!(b.cdc.seqno, 9);
+        assert_eq!(a.sndbuf_free(), 0);
+        assert!(a.poll_tx_direct(100).is_none());
+        a.on_cdc_sent(9).unwrap();
+        assert_eq!(a.sndbuf_free(), 65536);
+        // direct bytes behind a buffered byte in flight count, until both
+        // are completed
+        assert_eq!(a.produced(1000), 1000);
+        assert_eq!(a.poll_tx().unwrap().cdc.seqno, 10);
+        assert!(a.poll_tx_direct(2000).is_some());
+        assert_eq!(a.sndbuf_free(), 65536 - 3000);
+        a.on_cdc_sent(10).unwrap();
+        assert_eq!(a.sndbuf_free(), 65536 - 2000);
+        a.on_cdc_sent(11).unwrap();
+        assert_eq!(a.sndbuf_free(), 65536);
+        // and with nothing buffered waiting, direct bytes take none again
+        assert!(a.poll_tx_direct(40000).is_some());
+        assert_eq!(a.sndbuf_free(), 65536);
+    }
+
+    /// The fast path's batch is the one `produced_direct` + `poll_tx` make, source
     /// pieces aside, with the same state after it, wrapping or filling the
     /// peer's RMBE; and where `poll_tx` would do anything else, none, and
     /// nothing changed.
@@ -1145,7 +1224,7 @@ mod tests {
                 a.on_cdc(&peer_read(1, w, c)).unwrap();
             }
             let mut b = a.clone();
-            b.produced(n);
+            b.produced_direct(n);
             let want = b.poll_tx().unwrap();
             let (dst, cdc) = a.poll_tx_direct(n).unwrap();
             assert_eq!(cdc, want.cdc);

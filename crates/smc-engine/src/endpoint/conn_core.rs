@@ -1101,7 +1101,7 @@ impl<P: Provider> ConnCore<P> {
         data: Option<&[u8]>,
     ) -> Result<smc_rdma::Result<()>, ConnError> {
         let dp = self.smc()?;
-        dp.produced(n);
+        dp.produced_direct(n);
         let Some(batch) = dp.poll_tx() else {
             return Err(ConnError::Aborted);
         };
