@@ -1452,13 +1452,23 @@ impl Shared {
         let held = !budget.is_zero() && bell.hold();
         let mut got = None;
         let mut turns = SpinTurns::new();
-        while now < until {
-            if let Some(n) = read() {
-                got = Some(n);
-                break;
+        // (a look after every pause, the last one too: a yield on one CPU
+        // may run the peer for longer than the whole budget, a writer
+        // filling the RMB, and what it wrote is this wait's hit, not a miss;
+        // misses turn spinning off, and then every CDC of that writer wakes
+        // this thread, which takes the CPU from it at once)
+        if !budget.is_zero() {
+            loop {
+                if let Some(n) = read() {
+                    got = Some(n);
+                    break;
+                }
+                if now >= until {
+                    break;
+                }
+                looked = true;
+                now = turns.pause();
             }
-            looked = true;
-            now = turns.pause();
         }
         // (taken: by the CDC just read, or one after it, which nobody was
         // told of; the held answer's look takes it, as after a write)
