@@ -119,8 +119,6 @@ pub(crate) struct Shared {
     unparks: AtomicUsize,
     /// `waiters.len()`, readable without the lock.
     sleepers: AtomicUsize,
-    /// Send buffer size of every connection (a writer can go on below it).
-    sndbuf_len: usize,
     /// Application threads inside [`Shared::run`] (the progress thread leads
     /// the sleepers only while there are none, see [`progress_loop`]).
     active: AtomicUsize,
@@ -395,8 +393,8 @@ impl PeerSignal {
 }
 
 /// What connection `f`'s readiness descriptor shows for its level now.
-pub(crate) fn shown_level(f: &FastConn<AnyProvider>, s: &Shared) -> crate::readiness::Level {
-    level(&f.level(), s.sndbuf_len)
+pub(crate) fn shown_level(f: &FastConn<AnyProvider>) -> crate::readiness::Level {
+    level(&f.level())
 }
 
 /// The peer signal of a connection whose device has one (`Bell::poll_fd`).
@@ -432,7 +430,7 @@ const GONE: crate::readiness::Level = crate::readiness::Level {
 /// What a connection's readiness descriptor shows: readable and writable as
 /// [`Want::Read`] and [`Want::Write`] are ready, end of file once the peer
 /// sends nothing more, the end once the connection is over.
-fn level(l: &ConnLevel, sndbuf_len: usize) -> crate::readiness::Level {
+fn level(l: &ConnLevel) -> crate::readiness::Level {
     // (also both directions shut, each by one side: EPOLLHUP as a TCP
     // socket whose sk_shutdown is SHUTDOWN_MASK, tcp.c tcp_poll, and as
     // af_smc.c smc_poll)
@@ -447,7 +445,7 @@ fn level(l: &ConnLevel, sndbuf_len: usize) -> crate::readiness::Level {
     );
     crate::readiness::Level {
         readable: l.readable > 0,
-        writable: l.unacked < sndbuf_len || l.peer_closed,
+        writable: l.sndbuf_free > 0 || l.peer_closed,
         eof: l.peer_done,
         hup: gone,
     }
@@ -490,10 +488,10 @@ impl Want {
         }
     }
 
-    fn ready(self, ep: &Endpoint<AnyProvider>, sndbuf_len: usize) -> bool {
+    fn ready(self, ep: &Endpoint<AnyProvider>) -> bool {
         let (id, more) = match self {
             Want::Read(id) => (id, ep.readable(id) > 0 || ep.peer_done(id)),
-            Want::Write(id) => (id, ep.unacked(id) < sndbuf_len || ep.peer_closed(id)),
+            Want::Write(id) => (id, ep.sndbuf_free(id) > 0 || ep.peer_closed(id)),
             Want::CloseSent(id) => (id, ep.close_sent(id)),
         };
         more || matches!(
@@ -784,7 +782,7 @@ const IDLE_SLEEP: Duration = Duration::from_millis(20);
 const BUSY_LOOK: Duration = Duration::from_millis(1);
 
 impl Shared {
-    fn new(ep: Endpoint<AnyProvider>, sndbuf_len: usize) -> io::Result<Shared> {
+    fn new(ep: Endpoint<AnyProvider>) -> io::Result<Shared> {
         let notify = ep.notify_fd().try_clone_to_owned()?;
         let watch = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         Ok(Shared {
@@ -799,7 +797,6 @@ impl Shared {
             to_unpark: Mutex::new(Vec::new()),
             unparks: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
-            sndbuf_len,
             active: AtomicUsize::new(0),
             busy: AtomicUsize::new(0),
             leader: Mutex::new(false),
@@ -876,7 +873,7 @@ impl Shared {
         let mut w = self.waiters();
         let mut u = self.to_unpark.lock().unwrap_or_else(|e| e.into_inner());
         w.retain(|x| {
-            if all || x.want.ready(ep, self.sndbuf_len) {
+            if all || x.want.ready(ep) {
                 x.woken.store(true, Ordering::Release);
                 match &x.bell {
                     Some(b) => {
@@ -1200,15 +1197,14 @@ impl Shared {
         id: ConnId,
     ) -> io::Result<Arc<ConnReadiness>> {
         let fast = ep.fast_conn(id);
-        let n = self.sndbuf_len;
-        let now = fast.as_ref().map_or(GONE, |f| level(&f.level(), n));
+        let now = fast.as_ref().map_or(GONE, |f| level(&f.level()));
         let fd = Arc::new(crate::readiness::Readiness::new(now)?);
         let signal = fast.as_ref().and_then(peer_signal);
         if let Some(f) = &fast {
             let shown = fd.clone();
             let sig = signal.clone();
             f.watch(Some(Arc::new(move |l: &ConnLevel| {
-                let mut now = level(l, n);
+                let mut now = level(l);
                 // The peer's signal shows these bytes. (Once they are
                 // read it stays readable, spent, until a read that finds
                 // nothing or the event loop's wait arms it again: both
@@ -1572,7 +1568,7 @@ impl Shared {
     fn wake_tasks(&self, ep: &Endpoint<AnyProvider>, all: bool) {
         let mut v = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|t| {
-            if all || t.want.is_none_or(|w| w.ready(ep, self.sndbuf_len)) {
+            if all || t.want.is_none_or(|w| w.ready(ep)) {
                 t.waker.wake_by_ref();
                 false
             } else {
@@ -2487,7 +2483,6 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
         .and_then(|l| l.mac)
         .map(Mac)
         .unwrap_or_default();
-    let sndbuf_len = sndbuf_len();
     let cfg = EndpointConfig {
         system_id: SystemId::new(ctx.instance, mac),
         device: device.to_string(),
@@ -2499,7 +2494,7 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
         offer_v1: cand.roce_v1,
         if_addrs: choice.if_addrs.clone(),
         rmb_len: rmb_len(),
-        sndbuf_len,
+        sndbuf_len: sndbuf_len(),
         testlink: Some(Duration::from_secs(30)),
         max_conns: 255,
         hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -2549,7 +2544,7 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
     // endpoint's lock (`Shared::start_bringups`)
     ep.set_hand_out_bringups(true);
     let shared =
-        Arc::new(Shared::new(ep, sndbuf_len).map_err(|e| {
+        Arc::new(Shared::new(ep).map_err(|e| {
             crate::registry::error("endpoint_open", format!("device {device}: {e}"))
         })?);
     let _ = shared.me.set(Arc::downgrade(&shared));

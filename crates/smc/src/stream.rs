@@ -1053,7 +1053,7 @@ impl SmcStream {
                 f.refresh();
             }
         }
-        Some(ctx::shown_level(f, &c.shared).epoll_events())
+        Some(ctx::shown_level(f).epoll_events())
     }
 
     /// Whether a poller of [`SmcStream::signal_fd`] is registered

@@ -115,6 +115,48 @@ fn an_smc_r_stream_polls_as_its_reads_and_writes_would_go() {
     assert!(poll(sfd, PollFlags::IN, &NOW).contains(PollFlags::IN | PollFlags::RDHUP));
 }
 
+/// Writable shows for as long as writes go through, also past a send
+/// buffer's worth of bytes written straight into the peer's RMB (they take
+/// no send-buffer space), and not once a write blocks. (A writer that waited
+/// for the descriptor when it was not shown writable, as iperf3 does,
+/// stalled there while the peer's RMB had room.)
+#[test]
+fn a_writer_polls_writable_exactly_while_its_writes_go_through() {
+    let (c, s) = pair();
+    c.set_nonblocking(true).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let cfd = c.as_fd();
+    let buf = vec![7u8; 64 << 10];
+    let mut sent = 0;
+    loop {
+        let shown = poll(cfd, PollFlags::OUT, &NOW).contains(PollFlags::OUT);
+        match (&c).write(&buf) {
+            Ok(n) => {
+                assert!(
+                    shown,
+                    "not shown writable, yet a write took {n} after {sent}"
+                );
+                sent += n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                assert!(!shown, "shown writable, yet a write blocked after {sent}");
+                break;
+            }
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    // (the defaults: a 4 MiB RMB, then a 1 MiB send buffer)
+    assert!(sent > 2 << 20, "{sent} bytes before the first block");
+    let mut got = 0;
+    while got < sent {
+        assert!(poll(s.as_fd(), PollFlags::IN, &LONG).contains(PollFlags::IN));
+        got += drain(&s);
+    }
+    assert_eq!(got, sent);
+    assert!(poll(cfd, PollFlags::OUT, &LONG).contains(PollFlags::OUT));
+    assert!((&c).write(&buf).unwrap() > 0);
+}
+
 fn wait(ep: &std::os::fd::OwnedFd, t: &Timespec) -> Vec<(u64, epoll::EventFlags)> {
     let mut buf = [MaybeUninit::<epoll::Event>::uninit(); 8];
     let (got, _) = epoll::wait(ep, &mut buf, Some(t)).unwrap();

@@ -102,14 +102,15 @@ pub(super) struct ConnCore<P: Provider> {
 }
 
 /// What a connection's readiness depends on, as its core has it: what the
-/// endpoint's `readable`, `unacked`, `peer_done`, `peer_closed` and
+/// endpoint's `readable`, `sndbuf_free`, `peer_done`, `peer_closed` and
 /// `close_state` tell of it, read together under the core's lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLevel {
     /// Bytes received and not yet read.
     pub readable: usize,
-    /// Bytes written whose CDC has not completed yet, plus unsent ones.
-    pub unacked: usize,
+    /// Bytes a write could take now (`DataPath::sndbuf_free`): a write
+    /// blocks exactly when this is 0 (and the connection open).
+    pub sndbuf_free: usize,
     /// The peer sends nothing more (end of file once `readable` is read).
     pub peer_done: bool,
     /// The peer closed or aborted (as opposed to only shutting down its
@@ -494,7 +495,7 @@ impl<P: Provider> ConnCore<P> {
     pub(super) fn level(&self) -> ConnLevel {
         ConnLevel {
             readable: self.readable(),
-            unacked: self.dp.as_ref().map_or(0, DataPath::unacked),
+            sndbuf_free: self.dp.as_ref().map_or(0, DataPath::sndbuf_free),
             peer_done: self.closer.peer_done(),
             peer_closed: self.closer.rx_flags().any_close(),
             close: self.closer.state(),

@@ -190,11 +190,12 @@ impl<P: Provider> Endpoint<P> {
         if want == 0 || want.min(DIRECT_PART_MIN) > max_inline {
             return Err(Direct::No);
         }
-        // Bytes written directly count in the send buffer until their CDC
-        // completes (§3.2: what the send buffer holds is what the peer has
-        // not confirmed), so room is the smaller of its free space and the
-        // peer's. Too little of either: wait for more (a CDC completing, or
-        // the peer's consumer cursor), the write stays direct.
+        // Bytes written directly count in the send buffer while a buffered
+        // byte before them waits for its CDC's completion
+        // (`DataPath::sndbuf_free`), so room is the smaller of its free
+        // space and the peer's. Too little of either: wait for more (a CDC
+        // completing, or the peer's consumer cursor), the write stays
+        // direct.
         let room = want.min(dp.sndbuf_free());
         let n = room.min(dp.peer_space());
         if n == 0 || (n < want && n < DIRECT_PART_MIN) {
