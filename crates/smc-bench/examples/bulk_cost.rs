@@ -14,8 +14,10 @@
 //! shared-memory one on `lo` (`smc::use_loopback_device`).
 //! `smc-bench --only bulk` measures the same stream side by side with TCP.
 
+mod common;
+
 use smc::{Mode, SmcListener, SmcStream};
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -77,25 +79,12 @@ fn main() -> ExitCode {
         return serve();
     }
     let mib: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1024);
-    let mut child = match std::process::Command::new(&args[0])
-        .arg("serve")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
+    let (mut child, port) = match common::start_server("bulk_cost") {
+        Ok(x) => x,
         Err(e) => {
-            eprintln!("bulk_cost: start the server: {e}");
+            eprintln!("{e}");
             return ExitCode::FAILURE;
         }
-    };
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        let _ = std::io::BufReader::new(out).read_line(&mut line);
-    }
-    let Ok(port) = line.trim().parse::<u16>() else {
-        eprintln!("bulk_cost: the server did not start");
-        let _ = child.kill();
-        return ExitCode::FAILURE;
     };
     let r = stream(port, mib << 20);
     let _ = child.wait();

@@ -16,8 +16,10 @@
 //! (`smc::use_loopback_device`) unless `SMC_RDMA_SHM_CONFIG` names another.
 //! `smc-bench --only setup` measures the same workload side by side with TCP.
 
+mod common;
+
 use smc::{Mode, SmcListener, SmcStream};
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -62,25 +64,12 @@ fn main() -> ExitCode {
         return serve();
     }
     let n: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
-    let mut child = match std::process::Command::new(&args[0])
-        .arg("serve")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
+    let (mut child, port) = match common::start_server("setup_cost") {
+        Ok(x) => x,
         Err(e) => {
-            eprintln!("setup_cost: start the server: {e}");
+            eprintln!("{e}");
             return ExitCode::FAILURE;
         }
-    };
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        let _ = std::io::BufReader::new(out).read_line(&mut line);
-    }
-    let Ok(port) = line.trim().parse::<u16>() else {
-        eprintln!("setup_cost: the server did not start");
-        let _ = child.kill();
-        return ExitCode::FAILURE;
     };
     let mut smc = 0;
     let run = |count: usize, smc: &mut usize| -> std::io::Result<()> {
