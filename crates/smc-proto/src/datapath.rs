@@ -210,6 +210,7 @@ pub struct RxOutcome {
 }
 
 /// The absolute position `abs` as a wire cursor in a ring of `ring` bytes.
+#[inline]
 pub fn cursor_at(abs: u64, ring: usize) -> Cursor {
     let ring = ring.max(1) as u64;
     Cursor {

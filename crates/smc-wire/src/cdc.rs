@@ -543,6 +543,7 @@ impl RingChunks {
 ///
 /// Errors ([`WireError::InvalidField`]) instead of panics: `at.count >= ring_size`
 /// (field "cursor count") or `len > ring_size` (field "ring access length").
+#[inline]
 pub fn write_chunks(ring_size: usize, at: Cursor, len: usize) -> Result<RingChunks> {
     let off = usize::try_from(at.count).unwrap_or(usize::MAX);
     if off >= ring_size {
