@@ -483,6 +483,22 @@ impl SharedMem {
         Ok(())
     }
 
+    /// `N` consecutive atomic u64s from `off`, as [`Self::atomic`] gives
+    /// each, with one bounds check for all of them (a region's registration
+    /// words, read before every write into it).
+    #[inline]
+    pub fn atomics<const N: usize>(&self, off: usize) -> io::Result<[&AtomicU64; N]> {
+        self.check(off, 8 * N)?;
+        if !off.is_multiple_of(8) {
+            return Err(Self::unaligned());
+        }
+        // SAFETY: as in `atomic`, for each of the N words, all within the
+        // range checked above.
+        Ok(std::array::from_fn(|i| unsafe {
+            &*(self.ptr.as_ptr().add(off + 8 * i) as *const AtomicU64)
+        }))
+    }
+
     /// An atomic u64 at `off` (8-byte aligned, in bounds) shared with peers.
     #[inline]
     pub fn atomic(&self, off: usize) -> io::Result<&AtomicU64> {

@@ -74,6 +74,36 @@ fn deregistration_revokes_remote_access() {
     assert_eq!(h.local.qp.state(), QpState::Err);
 }
 
+/// A peer's region mapped as a window (`QueuePair::remote_window`) takes
+/// copies while the peer has it registered and refuses them once it is
+/// deregistered, for a region's first registration and for a second one of
+/// the same memory (`share_mr`), whose words lie elsewhere in the header.
+#[test]
+fn a_remote_window_refuses_copies_once_its_region_is_deregistered() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let pd = &h.peer.ep.pd;
+    let first = pd
+        .alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let second = pd
+        .share_mr(&first, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    for (mr, name) in [(second, "second"), (first, "first")] {
+        let r = mr.remote();
+        let w = h
+            .local
+            .qp
+            .remote_window(r.rkey, r.addr, 8192)
+            .unwrap_or_else(|| panic!("{name}: a window"));
+        w.write_at(100, b"through the window").unwrap();
+        let mut got = [0u8; 18];
+        mr.read_at(100, &mut got).unwrap();
+        assert_eq!(&got, b"through the window", "{name}");
+        drop(mr);
+        assert!(w.write_at(100, b"after").is_err(), "{name}: deregistered");
+    }
+}
+
 #[test]
 fn local_protection_error_on_bad_lkey() {
     let h = setup!(make_inproc(&ConnParams::default()));

@@ -563,12 +563,25 @@ impl PeerMr {
     /// the owner deregisters it). The owner may give the region's range to
     /// another region of its PD afterwards, or the registration slot to
     /// another registration of the memory: those have other keys.
+    #[inline]
     pub(super) fn valid(&self) -> bool {
-        let v = MrView(&self.mem, 0);
+        // (one bounds check for the three words: the first registration's
+        // lie in 5 words of the header, the others' one after the other)
         let (valid, rkey, iova) = mr_reg_words(self.slot);
-        v.h(valid).load(Acquire) == 1
-            && v.h(rkey).load(Relaxed) == u64::from(self.rkey)
-            && v.h(iova).load(Relaxed) == self.iova
+        let words = if self.slot == 0 {
+            self.mem
+                .atomics::<5>(valid)
+                .map(|[v, r, _, _, i]| [v, r, i])
+        } else {
+            self.mem.atomics::<3>(valid)
+        };
+        debug_assert!(rkey == valid + 8 && iova == valid + if self.slot == 0 { 32 } else { 16 });
+        let Ok([valid, rkey, iova]) = words else {
+            return false;
+        };
+        valid.load(Acquire) == 1
+            && rkey.load(Relaxed) == u64::from(self.rkey)
+            && iova.load(Relaxed) == self.iova
     }
     /// The byte offset in the mapping of a WRITE of `len` bytes at `addr`.
     pub(super) fn check(&self, addr: u64, len: usize) -> std::result::Result<usize, WcStatus> {
