@@ -226,27 +226,23 @@ fn absolute_near(base: u64, c: Cursor, ring: usize) -> u64 {
     let ring = ring.max(1) as u64;
     let period = ring * 0x1_0000;
     let target = u64::from(c.wrap) * ring + u64::from(c.count); // position mod period
-    let base_mod = base % period;
-    let start = base - base_mod;
-    // candidates: in the current period, the previous one or the next one
-    let cands = [
-        start.wrapping_sub(period).wrapping_add(target),
-        start + target,
-        start + period + target,
-    ];
-    let mut best = start + target;
-    let mut best_d = u64::MAX;
-    for x in cands {
-        if x > u64::MAX / 2 {
-            continue; // wrapped below zero
+                                                                // In base's period; then of it and the same position one period below
+                                                                // and above, the nearest to base (the lower on a tie, never below 0).
+    let cur = base - base % period + target;
+    if cur >= base {
+        let above = cur - base;
+        match cur.checked_sub(period) {
+            Some(prev) if period - above <= above => prev,
+            _ => cur,
         }
-        let d = x.abs_diff(base);
-        if d < best_d {
-            best_d = d;
-            best = x;
+    } else {
+        let below = base - cur;
+        if period - below < below {
+            cur + period
+        } else {
+            cur
         }
     }
-    best
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1105,6 +1101,69 @@ mod tests {
             rmbe_len: r,
             peer_rmbe_len: p,
             peer_token: 7,
+        }
+    }
+
+    /// The former search over the three candidates, as the oracle of the
+    /// direct computation.
+    fn absolute_near_by_search(base: u64, c: Cursor, ring: usize) -> u64 {
+        let ring = ring.max(1) as u64;
+        let period = ring * 0x1_0000;
+        let target = u64::from(c.wrap) * ring + u64::from(c.count);
+        let start = base - base % period;
+        let cands = [
+            start.wrapping_sub(period).wrapping_add(target),
+            start + target,
+            start + period + target,
+        ];
+        let (mut best, mut best_d) = (start + target, u64::MAX);
+        for x in cands {
+            if x > u64::MAX / 2 {
+                continue;
+            }
+            let d = x.abs_diff(base);
+            if d < best_d {
+                best_d = d;
+                best = x;
+            }
+        }
+        best
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn absolute_near_is_the_nearest_candidate(
+            base in 0u64..(1 << 50),
+            ring_log in 0u32..24,
+            wrap: u16,
+            count_frac in 0.0f64..1.0,
+        ) {
+            let ring = 1usize << ring_log;
+            let count = ((ring as f64 * count_frac) as u32).min(ring as u32 - 1);
+            let c = Cursor::new(wrap, count);
+            proptest::prop_assert_eq!(
+                absolute_near(base, c, ring),
+                absolute_near_by_search(base, c, ring)
+            );
+            // half a period away either way (a tie, the lower wins), and
+            // near the period's edges
+            let period = (ring as u64) << 16;
+            for d in [period / 2, period / 2 + 1, period - period / 2 - 1] {
+                for b in [base, base + period, base + 2 * period] {
+                    for t in [cursor_at(b + d, ring), cursor_at(b.saturating_sub(d), ring)] {
+                        proptest::prop_assert_eq!(
+                            absolute_near(b, t, ring),
+                            absolute_near_by_search(b, t, ring)
+                        );
+                    }
+                }
+            }
+            for b in [period / 2, period / 2 + 1, period, period + period / 2, 3 * period / 2 + 1] {
+                proptest::prop_assert_eq!(
+                    absolute_near(b, c, ring),
+                    absolute_near_by_search(b, c, ring)
+                );
+            }
         }
     }
 
