@@ -225,9 +225,10 @@ pub fn cursor_at(abs: u64, ring: usize) -> Cursor {
 fn absolute_near(base: u64, c: Cursor, ring: usize) -> u64 {
     let ring = ring.max(1) as u64;
     let period = ring * 0x1_0000;
-    let target = u64::from(c.wrap) * ring + u64::from(c.count); // position mod period
-                                                                // In base's period; then of it and the same position one period below
-                                                                // and above, the nearest to base (the lower on a tie, never below 0).
+    // (the position modulo the period)
+    let target = u64::from(c.wrap) * ring + u64::from(c.count);
+    // In base's period; then of it and the same position one period below
+    // and above, the nearest to base (the lower on a tie, never below 0).
     let cur = base - base % period + target;
     if cur >= base {
         let above = cur - base;
@@ -693,6 +694,7 @@ impl DataPath {
             n,
         )
         .ok()?;
+        // (`produced_direct` without its cap: the room was checked above)
         self.tx_prep += n as u64;
         self.note_direct();
         self.tx_sent += n as u64;
