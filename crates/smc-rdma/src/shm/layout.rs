@@ -97,6 +97,11 @@ pub const BELL_SIGNALLED_LEVEL: u64 = 7;
 /// `MR_REGS - 1` further ones (SMC-R has at most three links per group).
 pub const MR_REGS: usize = 8;
 
+// `PeerMr::valid` reads a registration's words as one span from its
+// validity word: the first registration's as five words (rkey one after,
+// iova four after), a shared one's as three.
+const _: () = assert!(MR_RKEY == MR_VALID + 8 && MR_IOVA == MR_VALID + 32);
+
 /// The header offsets of (validity, rkey, iova) of registration `slot`
 /// (0: the region's first registration) of a region's memory.
 pub fn mr_reg_words(slot: usize) -> (usize, usize, usize) {
