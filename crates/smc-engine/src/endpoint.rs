@@ -193,6 +193,10 @@ pub struct EndpointConfig {
     pub if_addrs: Vec<IfAddr>,
     /// RMB (receive buffer) per connection, rounded up to a size class.
     pub rmb_len: usize,
+    /// A smaller RMB for a connection that joins while the endpoint's
+    /// connections already hold many (see [`RmbCrowding`]); `None`: every
+    /// connection that asks for no size gets `rmb_len`.
+    pub rmb_crowding: Option<RmbCrowding>,
     /// Send buffer per connection.
     pub sndbuf_len: usize,
     /// TEST_LINK interval (Linux default 30 s; `None` disables).
@@ -204,6 +208,25 @@ pub struct EndpointConfig {
     /// A link group without connections is ended after this long (Linux: 600 s
     /// on a server, 610 s on a client so the client's never expires first).
     pub lgr_idle_timeout: Duration,
+}
+
+/// When a connection that asks for no RMB size gets a smaller one than
+/// [`EndpointConfig::rmb_len`]: if the RMBs the endpoint's connections hold
+/// already, plus `rmb_len`, would exceed `budget` bytes, it gets `len`.
+/// Every RMB is a ring the peer writes through from end to end, so the
+/// memory a program's connections cycle through together is the sum of
+/// their RMBs: one large RMB lets a lone stream's writer run far ahead of
+/// its reader, while many large ones together outgrow the caches and every
+/// message's copies go to memory. (Linux picks the RMB from the socket's
+/// receive buffer size alone, smc_core.c `__smc_buf_create`; a size asked
+/// for, e.g. by `SO_RCVBUF`, is taken as it is here too.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmbCrowding {
+    /// RMB bytes the endpoint's connections may hold before the next one
+    /// gets `len`.
+    pub budget: usize,
+    /// The RMB of a connection beyond the budget, rounded up to a size class.
+    pub len: usize,
 }
 
 /// An SMC-R endpoint on one device.

@@ -73,7 +73,7 @@
 
 use crate::endpoint::{
     ConnError, ConnId, ConnStatus, Endpoint, EndpointConfig, FastConn, FastRead, FastWrite,
-    LinkBringup, ReadPlan, WritePlan,
+    LinkBringup, ReadPlan, RmbCrowding, WritePlan,
 };
 use crate::state::HandshakePhase;
 use smc_proto::close::CloseEvent;
@@ -504,7 +504,13 @@ fn pattern(seed: u64, conn: usize, dir: u8, off: u64) -> u8 {
     (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 57) as u8 ^ (off as u8)
 }
 
-fn cfg(dev: &str, inst: u16, last: u8, rmb: usize, sndbuf: usize) -> EndpointConfig {
+fn cfg(
+    dev: &str,
+    inst: u16,
+    last: u8,
+    (rmb, rmb_crowding): (usize, Option<RmbCrowding>),
+    sndbuf: usize,
+) -> EndpointConfig {
     EndpointConfig {
         system_id: SystemId::new(inst, Mac([2, 0, 0, 0, 0, last])),
         device: dev.into(),
@@ -516,6 +522,7 @@ fn cfg(dev: &str, inst: u16, last: u8, rmb: usize, sndbuf: usize) -> EndpointCon
             prefix_len: 24,
         }],
         rmb_len: rmb,
+        rmb_crowding,
         sndbuf_len: sndbuf,
         testlink: Some(Duration::from_secs(30)),
         max_conns: 255,
@@ -568,6 +575,14 @@ pub fn run(seed: u64) -> Result<Report, String> {
     // again (so that the fast writes' choices stay as they were).
     let mut rrng = Rng::new(seed ^ 0xFA57_4EAD_5EED_0005);
     let fast_reading = rrng.chance(75);
+    // Half the runs give connections beyond one or two RMBs the smallest
+    // RMB (`RmbCrowding`): peers with RMBs of different sizes on one link
+    // group; a generator of its own as well.
+    let mut crng = Rng::new(seed ^ 0xC20D_ED00_5EED_0006);
+    let crowding = crng.chance(50).then(|| RmbCrowding {
+        budget: rmb * (1 + crng.below(2) as usize),
+        len: 16384,
+    });
     let mut fast_handles: std::collections::HashMap<(usize, bool), Option<FastConn<Faulty>>> =
         std::collections::HashMap::new();
     let percent = if prng.chance(15) {
@@ -592,13 +607,13 @@ pub fn run(seed: u64) -> Result<Report, String> {
     // (the PSNs are drawn from the seed: a run replays exactly)
     let mut client = Endpoint::new_seeded(
         &provider,
-        cfg("simC", 0x1111, 1, rmb, sndbuf),
+        cfg("simC", 0x1111, 1, (rmb, crowding), sndbuf),
         seed.wrapping_mul(2),
     )
     .map_err(|e| e.to_string())?;
     let mut server = Endpoint::new_seeded(
         &provider,
-        cfg("simS", 0x2222, 2, rmb, sndbuf),
+        cfg("simS", 0x2222, 2, (rmb, crowding), sndbuf),
         seed.wrapping_mul(2) + 1,
     )
     .map_err(|e| e.to_string())?;

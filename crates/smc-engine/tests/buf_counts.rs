@@ -4,7 +4,7 @@
 //! wanted one cannot be registered, a write that found the send buffer full
 //! (once per wait), writes larger than the send buffer or the peer's RMB.
 
-use smc_engine::endpoint::{ConnStatus, EndpointConfig};
+use smc_engine::endpoint::{ConnStatus, EndpointConfig, RmbCrowding};
 use smc_engine::state::BufCounts;
 use std::time::Duration;
 
@@ -37,9 +37,54 @@ fn buffers_registered_then_reused_from_the_pool() {
 }
 
 #[test]
+fn connections_beyond_the_rmb_budget_get_the_crowded_rmb_until_others_go() {
+    const BIG: usize = 64 * 1024;
+    const SMALL: usize = 16 * 1024;
+    let cfg = |dev: &str, inst: u16, last: u8| EndpointConfig {
+        rmb_len: BIG,
+        rmb_crowding: Some(RmbCrowding {
+            budget: 2 * BIG,
+            len: SMALL,
+        }),
+        ..simple_config(dev, inst, last)
+    };
+    let mut w = World::with_seed(5, cfg("simC", 0x1111, 1), cfg("simS", 0x2222, 2));
+    let rmbs = |w: &World, t: &Tcp| {
+        (
+            w.client.conn_diag(t.c).map(|d| d.rmbe_len),
+            w.server.conn_diag(t.s).map(|d| d.rmbe_len),
+        )
+    };
+    // two large RMBs fill the budget on each side; the third gets the small one
+    let mut ts: Vec<Tcp> = (0..3).map(|_| w.handshake()).collect();
+    for t in &ts {
+        assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+    }
+    assert_eq!(rmbs(&w, &ts[0]), (Some(BIG), Some(BIG)));
+    assert_eq!(rmbs(&w, &ts[1]), (Some(BIG), Some(BIG)));
+    assert_eq!(rmbs(&w, &ts[2]), (Some(SMALL), Some(SMALL)));
+    // a size asked for is taken whatever the budget says
+    let mut asked = w.open();
+    w.client.set_buffer_sizes(asked.c, Some(BIG), None);
+    w.settle(&mut [&mut asked], Duration::from_millis(2));
+    assert_eq!(rmbs(&w, &asked).0, Some(BIG));
+    // once the two first are gone their bytes no longer count
+    let mut gone: Vec<Tcp> = ts.drain(..2).chain(std::iter::once(asked)).collect();
+    for t in &gone {
+        w.client.release(t.c);
+        w.server.release(t.s);
+    }
+    let mut refs: Vec<&mut Tcp> = gone.iter_mut().chain(ts.iter_mut()).collect();
+    w.settle(&mut refs, Duration::from_millis(2));
+    let t = w.handshake();
+    assert_eq!(rmbs(&w, &t), (Some(BIG), Some(BIG)));
+}
+
+#[test]
 fn an_rmb_that_cannot_be_registered_is_downgraded_and_counted() {
     let cfg = |dev: &str, inst: u16, last: u8| EndpointConfig {
         rmb_len: 1024 * 1024,
+        rmb_crowding: None,
         sndbuf_len: 16 * 1024,
         ..simple_config(dev, inst, last)
     };
@@ -125,7 +170,12 @@ fn buffer_sizes_asked_for_one_connection_are_its_own() {
     let (mut sent, mut got) = (0, Vec::new());
     let mut steps = 0;
     while got.len() < data.len() {
-        assert!(steps < 100_000, "stalled at {} of {} bytes", got.len(), data.len());
+        assert!(
+            steps < 100_000,
+            "stalled at {} of {} bytes",
+            got.len(),
+            data.len()
+        );
         steps += 1;
         if sent < data.len() {
             sent += w.client.write(t.c, &data[sent..]).unwrap();
@@ -137,5 +187,8 @@ fn buffer_sizes_asked_for_one_connection_are_its_own() {
     // a connection without a request: the endpoint's sizes
     let u = w.handshake();
     let d = w.client.conn_diag(u.c).unwrap();
-    assert_eq!((d.rmbe_len, d.sndbuf_len), (default.rmb_len, default.sndbuf_len));
+    assert_eq!(
+        (d.rmbe_len, d.sndbuf_len),
+        (default.rmb_len, default.sndbuf_len)
+    );
 }

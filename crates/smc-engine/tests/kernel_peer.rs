@@ -41,6 +41,7 @@ fn our_cfg(dev: &str, last: u8) -> EndpointConfig {
             prefix_len: 24,
         }],
         rmb_len: 65536,
+        rmb_crowding: None,
         sndbuf_len: 65536,
         testlink: None,
         max_conns: 255,

@@ -26,6 +26,7 @@ fn cfg(inst: u16) -> EndpointConfig {
             prefix_len: 8,
         }],
         rmb_len: 65536,
+        rmb_crowding: None,
         sndbuf_len: 65536,
         testlink: None,
         max_conns: 255,

@@ -11,7 +11,7 @@ use rustix::event::{epoll, PollFd, PollFlags, Timespec};
 use smc_config::pnet::{base_netdev, candidates, PnetTable, PortInfo, Route};
 use smc_config::store::{ConfigDir, Table};
 use smc_config::ueid::UeidTable;
-use smc_engine::endpoint::{ConnId, ConnLevel, Endpoint, EndpointConfig, FastConn};
+use smc_engine::endpoint::{ConnId, ConnLevel, Endpoint, EndpointConfig, FastConn, RmbCrowding};
 use smc_proto::close::CloseState;
 use smc_proto::negotiate::IfAddr;
 use smc_proto::Timestamp;
@@ -2107,16 +2107,31 @@ pub(crate) fn system_id(mac: Mac) -> SystemId {
     SystemId::new(context().map_or(0, |c| c.instance), mac)
 }
 
-/// Default size of each connection's RMB (4 MiB). A one-way stream with a
-/// smaller one waits for consumer-cursor CDCs more often (at 64 KiB, one
-/// round trip for every 32 KiB), and with an RMB no larger than a core's L2
-/// cache its copies cost more per byte (most likely because the lines the
+/// Default size of a connection's RMB (4 MiB) while the endpoint's
+/// connections hold no more than [`RMB_BUDGET`] of RMBs. A one-way stream
+/// with a smaller one waits for consumer-cursor CDCs more often (at 64 KiB,
+/// one round trip for every 32 KiB), and with an RMB no larger than a core's
+/// L2 cache its copies cost more per byte (most likely because the lines the
 /// writer stores into were just read into the reader's cache).
-/// `smc-bench --only bulk` with `SMC_RMB_KIB` compares sizes. An idle connection's buffers are memory mappings that
-/// take pages only where data went through, and they are reused for the
-/// next connection of the link group. `SMC_RMB_KIB` / `SMC_SNDBUF_KIB` set
-/// other sizes (the analogue of Linux's `net.smc.rmem` / `wmem`).
+/// `smc-bench --only bulk` with `SMC_RMB_KIB` compares sizes. An idle
+/// connection's buffers are memory mappings that take pages only where data
+/// went through, and they are reused for the next connection of the link
+/// group. `SMC_RMB_KIB` / `SMC_SNDBUF_KIB` set other sizes for every
+/// connection (the analogue of Linux's `net.smc.rmem` / `wmem`).
 const DEFAULT_RMB: usize = 4 << 20;
+
+/// RMB bytes an endpoint's connections may hold before a new one gets a
+/// [`CROWDED_RMB`]: two default RMBs, so that a program's second connection
+/// (iperf3's data connection after its control connection, a stream each
+/// way) still streams at full speed.
+const RMB_BUDGET: usize = 2 * DEFAULT_RMB;
+
+/// The RMB of a connection that joins others holding [`RMB_BUDGET`] or more:
+/// the largest Linux gives an SMC-R connection (`net.smc.rmem`,
+/// Documentation/networking/smc-sysctl.rst). Request/response over many
+/// connections then copies through rings that stay in the caches together,
+/// where 4 MiB rings each send every message's copies to memory.
+const CROWDED_RMB: usize = 512 << 10;
 
 /// Default size of each connection's send buffer (1 MiB): it holds only
 /// what cannot go straight into the peer's RMB yet (`Endpoint::write`).
@@ -2125,6 +2140,19 @@ const DEFAULT_SNDBUF: usize = 1 << 20;
 /// The RMB size of this process's connections.
 fn rmb_len() -> usize {
     buf_len("SMC_RMB_KIB", DEFAULT_RMB)
+}
+
+/// Above how many bytes of RMBs held a new connection gets the smaller RMB,
+/// and that RMB (`smc_engine::endpoint::RmbCrowding`); none when
+/// `SMC_RMB_KIB` fixes every connection's size.
+fn rmb_crowding() -> Option<RmbCrowding> {
+    if std::env::var_os("SMC_RMB_KIB").is_some() {
+        return None;
+    }
+    Some(RmbCrowding {
+        budget: buf_len("SMC_RMB_BUDGET_KIB", RMB_BUDGET),
+        len: buf_len("SMC_RMB_CROWDED_KIB", CROWDED_RMB),
+    })
 }
 
 /// The send buffer size of this process's connections.
@@ -2494,6 +2522,7 @@ fn endpoint_of(ctx: &Context, choice: &Choice, cand: &Candidate) -> Result<Arc<S
         offer_v1: cand.roce_v1,
         if_addrs: choice.if_addrs.clone(),
         rmb_len: rmb_len(),
+        rmb_crowding: rmb_crowding(),
         sndbuf_len: sndbuf_len(),
         testlink: Some(Duration::from_secs(30)),
         max_conns: 255,

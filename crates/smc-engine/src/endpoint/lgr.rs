@@ -21,7 +21,7 @@ use crate::state::{HandshakePhase, LgrAction, LgrEvent, LgrState};
 use smc_proto::close::CloseEvent;
 use smc_proto::link::{LgrConfig, LinkGroup, PeerPort, Role, LINK_SLOTS};
 use smc_proto::Timestamp;
-use smc_rdma::{Device, Provider, QueuePair};
+use smc_rdma::{Device, MemoryRegion, Provider, QueuePair};
 use smc_wire::clc::{DeclineCode, SMC_V2};
 use smc_wire::llc::LlcVersion;
 use smc_wire::types::{Eid, Gid, RmbeSize, SystemId};
@@ -66,6 +66,10 @@ pub(super) struct Lgr<P: Provider> {
     pub(super) peer_v2: Option<crate::state::PeerV2>,
     pub(super) eid: Option<Eid>,
     pub(super) tokens: BTreeMap<u32, ConnId>,
+    /// The RMB size of each connection in `tokens`, and their sum (what
+    /// [`RmbCrowding`](crate::endpoint::RmbCrowding) weighs).
+    pub(super) rmb_lens: BTreeMap<u32, usize>,
+    pub(super) rmb_held: usize,
     pub(super) rkey_queue: VecDeque<RkeyFlow>,
     /// Released RMBs and send buffers kept registered for reuse (Linux keeps
     /// them in per-size pools, §4.4): a late RDMA WRITE from the peer lands in
@@ -163,6 +167,8 @@ impl<P: Provider> Endpoint<P> {
             peer_v2: None,
             eid: None,
             tokens: BTreeMap::new(),
+            rmb_lens: BTreeMap::new(),
+            rmb_held: 0,
             rkey_queue: VecDeque::new(),
             free_bufs: Vec::new(),
             known_rkeys: std::collections::HashSet::new(),
@@ -296,8 +302,11 @@ impl<P: Provider> Endpoint<P> {
             .get(id)
             .and_then(Option::as_ref)
             .map_or((None, None), |c| c.bufs);
-        let rmb_len =
-            RmbeSize::for_size(rmb_ask.unwrap_or(self.cfg.rmb_len), RmbeSize::MAX_CLASS).bytes();
+        let rmb_len = RmbeSize::for_size(
+            rmb_ask.unwrap_or_else(|| self.default_rmb_len()),
+            RmbeSize::MAX_CLASS,
+        )
+        .bytes();
         // (a send buffer asked for is rounded as an RMB is, as Linux does,
         // so that pooled ones fit the next connection that asks alike)
         let sndbuf_len = sndbuf_ask.map_or(self.cfg.sndbuf_len, |n| {
@@ -320,6 +329,10 @@ impl<P: Provider> Endpoint<P> {
             .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such connection".into()))?;
         lg.tokens.insert(c.token, id);
+        lg.rmb_held += rmb.len();
+        if let Some(old) = lg.rmb_lens.insert(c.token, rmb.len()) {
+            lg.rmb_held -= old;
+        }
         c.lgr = Some(l);
         {
             let mut k = lock(&c.core);
@@ -339,6 +352,22 @@ impl<P: Provider> Endpoint<P> {
         Ok(())
     }
 
+    /// The RMB size of a connection that asks for none: the configured one,
+    /// or the crowded one once the RMBs held exceed the budget
+    /// ([`RmbCrowding`](crate::endpoint::RmbCrowding)).
+    fn default_rmb_len(&self) -> usize {
+        let len = self.cfg.rmb_len;
+        match self.cfg.rmb_crowding {
+            Some(c) if self.rmb_held().saturating_add(len) > c.budget => c.len.min(len),
+            _ => len,
+        }
+    }
+
+    /// RMB bytes the connections of every link group hold.
+    pub(super) fn rmb_held(&self) -> usize {
+        self.lgrs.iter().flatten().map(|lg| lg.rmb_held).sum()
+    }
+
     pub(super) fn detach(&mut self, id: ConnId, l: LgrId) {
         let token = self.conns.get(id).and_then(Option::as_ref).map(|c| c.token);
         if let Some(t) = token {
@@ -346,6 +375,9 @@ impl<P: Provider> Endpoint<P> {
         }
         let empty = match self.lgrs.get_mut(l).and_then(Option::as_mut) {
             Some(lg) => {
+                if let Some(n) = token.and_then(|t| lg.rmb_lens.remove(&t)) {
+                    lg.rmb_held -= n;
+                }
                 token.is_some_and(|t| lg.tokens.remove(&t).is_some()) && lg.tokens.is_empty()
             }
             None => false,

@@ -31,6 +31,7 @@ pub fn config(
             prefix_len: 24,
         }],
         rmb_len: 16384,
+        rmb_crowding: None,
         sndbuf_len: 32768,
         testlink: None,
         max_conns: 255,
