@@ -142,14 +142,13 @@ pub fn opt_in_listener_again(fd: std::os::fd::BorrowedFd<'_>) -> bool {
 /// start from now on (`None`: the default, a 4 MiB RMB, or 512 KiB for a
 /// connection that joins others holding 8 MiB of RMBs already, and a 1 MiB
 /// send buffer; or `SMC_RMB_KIB` / `SMC_SNDBUF_KIB` for every connection).
-/// As a socket's `SO_RCVBUF` and
-/// `SO_SNDBUF` size an SMC socket's buffers in Linux (smc_core.c
-/// `__smc_buf_create`), each is rounded up to a size class (a power of two,
-/// 16 KiB the least); the RMB's size is what the peer learns in the CLC
-/// handshake. `smc_run -r SIZE` / `-t SIZE` (`SMC_RCVBUF` / `SMC_SNDBUF`)
-/// come here. A smaller RMB keeps request/response traffic in the caches;
-/// a larger one lets a one-way stream run further ahead of its reader
-/// (the README's Performance section has both).
+/// As a socket's `SO_RCVBUF` and `SO_SNDBUF` size an SMC socket's buffers in
+/// Linux (smc_core.c `__smc_buf_create`), each is rounded up to a size class
+/// (a power of two, 16 KiB the least); the RMB's size is what the peer
+/// learns in the CLC handshake. `smc_run -r SIZE` / `-t SIZE` (`SMC_RCVBUF`
+/// / `SMC_SNDBUF`) come here. A smaller RMB keeps request/response traffic
+/// in the caches; a larger one lets a one-way stream run further ahead of
+/// its reader (the README's Performance section has both).
 pub fn set_buffer_sizes(rmb: Option<usize>, sndbuf: Option<usize>) {
     ctx::ASKED.set((rmb, sndbuf));
 }
