@@ -271,6 +271,9 @@ pub struct Endpoint<P: Provider> {
     /// The earliest timer of the link groups, as the last pump left them
     /// (see `endpoint/timers.rs`).
     lgr_next: Option<Timestamp>,
+    /// When the driver looks at the send CQs for the last CDCs of finished
+    /// connections, which it did not arm for (`endpoint/arm.rs`).
+    reap_at: Option<Timestamp>,
     /// An LLC message came in, or a connection's handshake or close moved
     /// (it may have joined or left a group): the next pump looks at the
     /// groups' timers and frees the groups that are done.
@@ -380,6 +383,7 @@ impl<P: Provider> Endpoint<P> {
             scratch_due: Vec::new(),
             timer_events: 0,
             lgr_next: None,
+            reap_at: None,
             lgr_recheck: false,
             parked: Vec::new(),
             conn_flushes: 0,

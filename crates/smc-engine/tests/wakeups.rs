@@ -7,7 +7,6 @@ mod common;
 
 use common::*;
 use smc_engine::endpoint::Endpoint;
-use smc_proto::close::CloseEvent;
 use smc_proto::Timestamp;
 use smc_rdma::sim::SimFabric;
 use std::time::Duration;
@@ -90,18 +89,76 @@ fn a_writer_with_a_full_send_buffer_is_woken_by_the_completion_that_frees_it() {
     assert!(w.client.write(t.c, &[1; 4096]).unwrap() > 0);
 }
 
+/// The side that closes first is not woken when the peer takes its close
+/// CDC: that completion cannot free the connection, which waits for the
+/// peer's close; the peer's close wakes it, and the connection is freed.
 #[test]
-fn a_close_is_woken_by_the_completion_of_its_cdc() {
+fn a_first_close_sleeps_until_the_peers_close_then_is_freed() {
     let (mut w, t) = established();
-    w.client
-        .close(t.c, CloseEvent::AppClose { unread_data: false });
+    w.client.release(t.c);
     w.client.flush(t.c).unwrap();
     assert!(w.client.sent_close_flags(t.c).is_some_and(|f| f.any()));
     arm(&mut w.client, w.now);
     sleep(&mut w, Duration::from_millis(1));
     assert!(
+        !w.client.take_notification(),
+        "woken by its close CDC's completion, which frees nothing before the peer's close"
+    );
+    w.server.pump(w.now).unwrap();
+    w.server.release(t.s);
+    w.server.flush(t.s).unwrap();
+    sleep(&mut w, Duration::from_millis(1));
+    assert!(
         w.client.take_notification(),
-        "the close CDC's completion must wake the driver (the connection is freed after it)"
+        "the peer's close must wake it"
+    );
+    w.client.pump(w.now).unwrap();
+    assert_eq!(w.client.status(t.c), None, "the connection must be freed");
+}
+
+/// The side that closes second waits for nothing but its close CDC's
+/// completion, to free the connection: the driver is not woken for it but
+/// looks by itself soon after (`REAP_AFTER`, 10 ms), for every connection
+/// that closed meanwhile, and frees it then.
+#[test]
+fn a_second_close_is_freed_by_a_look_soon_after_not_by_a_wake_up() {
+    let (mut w, mut t) = established();
+    w.server.release(t.s);
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert!(w.client.peer_closed(t.c));
+    w.client.release(t.c);
+    w.client.flush(t.c).unwrap();
+    assert!(w.client.sent_close_flags(t.c).is_some_and(|f| f.any()));
+    arm(&mut w.client, w.now);
+    assert!(
+        w.client.status(t.c).is_some(),
+        "freed before its CDC completed"
+    );
+    let armed_at = w.now;
+    sleep(&mut w, Duration::from_millis(1));
+    assert!(
+        !w.client.take_notification(),
+        "woken by the completion of a finished connection's close CDC"
+    );
+    assert_eq!(w.client.status(t.c).map(|_| ()), Some(()));
+    let look = w
+        .client
+        .poll_timeout()
+        .expect("a look at the send CQ is due");
+    assert!(
+        look <= armed_at + Duration::from_millis(10),
+        "the look comes {:?} after the arm",
+        look.saturating_sub(armed_at)
+    );
+    sleep(&mut w, Duration::from_millis(10));
+    w.client.handle_timeout(w.now).unwrap();
+    w.client.pump(w.now).unwrap();
+    assert_eq!(w.client.status(t.c), None, "the connection must be freed");
+    assert!(
+        w.client
+            .poll_timeout()
+            .is_none_or(|t| t > w.now + Duration::from_secs(1)),
+        "nothing left to look at soon"
     );
 }
 

@@ -14,8 +14,18 @@
 //! or group that is not plainly up, and CDCs of connections that are not
 //! plainly open with room to write — a full send buffer (a writer waits), data
 //! not yet sent or a CDC owed (a flush may wait for a slot), a close in
-//! progress (its last CDC must complete before the connection is freed,
-//! see `reap`), a failover or move (they wait for the old link's CDCs).
+//! progress that waits for more than the completion of its last CDC, a
+//! failover or move (they wait for the old link's CDCs).
+//!
+//! A close needs no wake-up for its CDC's completion (`SendWait`): while
+//! the connection waits for the peer's close, that completion frees nothing
+//! (the peer's close, which wakes the driver on the receive side anyway,
+//! does); once it is closed and released, only the freeing waits, and the
+//! driver looks after [`REAP_AFTER`] for every connection that closed
+//! meanwhile (`reap_at`) instead of waking for each. On the shared-memory
+//! device, where the peer signals a SEND's completion when it takes the
+//! message, that is a wake-up and two context switches per connection less
+//! for a program that opens and closes connections one after another.
 
 use super::conn::{Conn, Phase};
 use super::conn_core::lock;
@@ -25,6 +35,28 @@ use crate::state::LgrState;
 use smc_proto::close::CloseState;
 use smc_proto::link::LinkState;
 use smc_rdma::Provider;
+use std::time::Duration;
+
+/// How long a finished connection may wait for its last CDC's completion
+/// before the driver looks (see the module documentation): its buffers go
+/// back to the pool that much later at most.
+pub(super) const REAP_AFTER: Duration = Duration::from_millis(10);
+
+/// The connections of a group (finished ones included) from which on the
+/// driver wakes for the freeing of each again: a quarter of the 255 a group
+/// may hold (Linux `SMC_RMBS_PER_LGR_MAX`).
+const LAZY_REAP_MAX_CONNS: usize = 64;
+
+/// What a sleeping driver does about a link's send completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum SendWait {
+    /// Nothing waits for them.
+    No,
+    /// Only the freeing of finished connections: a look after [`REAP_AFTER`].
+    Lazy,
+    /// Something is blocked until one comes: arm the send CQ.
+    Now,
+}
 
 impl<P: Provider> Endpoint<P> {
     /// Asks the completion queues to signal the endpoint's descriptor
@@ -38,9 +70,9 @@ impl<P: Provider> Endpoint<P> {
     pub fn arm(&mut self) -> Result<()> {
         for l in 0..self.lgrs.len() {
             for slot in 0..smc_proto::link::LINK_SLOTS {
-                let send = self.awaits_send_completions(l, slot);
+                let send = self.send_wait(l, slot);
                 if let Some(res) = self.link_res_mut(l, slot) {
-                    res.arm(send)?;
+                    res.arm(send == SendWait::Now)?;
                 }
             }
         }
@@ -62,7 +94,7 @@ impl<P: Provider> Endpoint<P> {
         let mut left = 0;
         for l in 0..self.lgrs.len() {
             for slot in 0..smc_proto::link::LINK_SLOTS {
-                let send = self.awaits_send_completions(l, slot);
+                let send = self.send_wait(l, slot) == SendWait::Now;
                 if let Some(res) = self.link_res_mut(l, slot) {
                     if !res.arm_unpolled(send)? {
                         left += 1;
@@ -103,7 +135,7 @@ impl<P: Provider> Endpoint<P> {
                 let unarmed = self
                     .link_res_mut(l, slot)
                     .is_some_and(|res| !res.send_armed && !res.book().wrs.is_empty());
-                if unarmed && self.awaits_send_completions(l, slot) {
+                if unarmed && self.send_wait(l, slot) == SendWait::Now {
                     if let Some(res) = self.link_res_mut(l, slot) {
                         res.arm_send()?;
                         armed = true;
@@ -129,7 +161,7 @@ impl<P: Provider> Endpoint<P> {
                 if self.link_res_mut(l, slot).is_none_or(|r| r.recv_armed) {
                     continue;
                 }
-                let send = self.awaits_send_completions(l, slot);
+                let send = self.send_wait(l, slot) == SendWait::Now;
                 if let Some(res) = self.link_res_mut(l, slot) {
                     res.arm(send)?;
                     armed = true;
@@ -137,6 +169,22 @@ impl<P: Provider> Endpoint<P> {
             }
         }
         Ok(armed)
+    }
+
+    /// Polls the send CQ of every link with signaled SENDs in flight (see
+    /// `reap_at`).
+    pub(super) fn poll_sends_in_flight(&mut self) -> Result<()> {
+        for l in 0..self.lgrs.len() {
+            for slot in 0..smc_proto::link::LINK_SLOTS {
+                if self
+                    .link_res_mut(l, slot)
+                    .is_some_and(|res| !res.book().wrs.is_empty())
+                {
+                    self.poll_send(l, slot)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn link_res_mut(&mut self, l: LgrId, slot: usize) -> Option<&mut super::link::LinkRes<P>> {
@@ -147,14 +195,24 @@ impl<P: Provider> Endpoint<P> {
             .and_then(Option::as_mut)
     }
 
-    /// Whether something waits for a send completion of link `slot` of
-    /// group `l` (see the module documentation).
-    fn awaits_send_completions(&self, l: LgrId, slot: usize) -> bool {
+    /// What waits for a send completion of link `slot` of group `l` (see
+    /// the module documentation); a [`SendWait::Lazy`] one is noted in
+    /// `reap_at`, for [`Self::poll_timeout`].
+    fn send_wait(&mut self, l: LgrId, slot: usize) -> SendWait {
+        let w = self.send_wait_of(l, slot);
+        if w == SendWait::Lazy {
+            let at = self.now + REAP_AFTER;
+            self.reap_at = Some(self.reap_at.map_or(at, |t| t.min(at)));
+        }
+        w
+    }
+
+    fn send_wait_of(&self, l: LgrId, slot: usize) -> SendWait {
         let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
-            return false;
+            return SendWait::No;
         };
         let Some(res) = lg.links.get(slot).and_then(Option::as_ref) else {
-            return false;
+            return SendWait::No;
         };
         // What is in flight, copied out: the link's send lock is not held
         // while a connection's core is locked (the fast path takes them the
@@ -166,18 +224,20 @@ impl<P: Provider> Endpoint<P> {
             if book.wrs.is_empty() {
                 // nothing signaled in flight: no send completion to wait for (a
                 // failed QP also flushes its receives, on the receive CQ)
-                return false;
+                return SendWait::No;
             }
             if book.sends_in_flight >= MAX_SENDS || !book.has_free_slots() {
-                return true;
+                return SendWait::Now;
             }
             for &(_, kind, _) in &book.wrs {
                 match kind {
-                    super::link::WrKind::Llc | super::link::WrKind::Validation => return true,
+                    super::link::WrKind::Llc | super::link::WrKind::Validation => {
+                        return SendWait::Now
+                    }
                     super::link::WrKind::Cdc(id, _) => {
                         // (more than fit: wait for them, to be safe)
                         let Some(at) = cdcs.get_mut(n) else {
-                            return true;
+                            return SendWait::Now;
                         };
                         *at = id;
                         n += 1;
@@ -191,37 +251,62 @@ impl<P: Provider> Endpoint<P> {
                 .link(slot)
                 .is_none_or(|k| k.state != LinkState::Active)
         {
-            return true;
+            return SendWait::Now;
         }
-        cdcs[..n].iter().any(|&id| {
-            self.conns
-                .get(id)
-                .and_then(Option::as_ref)
-                .is_some_and(|c| conn_awaits_send_completion(c, slot))
-        })
+        let w = cdcs[..n]
+            .iter()
+            .map(|&id| {
+                self.conns
+                    .get(id)
+                    .and_then(Option::as_ref)
+                    .map_or(SendWait::No, |c| conn_send_wait(c, slot))
+            })
+            .max()
+            .unwrap_or(SendWait::No);
+        // (finished connections count against the group's connections until
+        // they are freed: a group that programs fill faster than the looks
+        // free them would send new connections to a new group)
+        if w == SendWait::Lazy && lg.tokens.len() >= LAZY_REAP_MAX_CONNS {
+            return SendWait::Now;
+        }
+        w
     }
 }
 
-/// Whether connection `c`, with a CDC in flight on link `slot`, may wait for
-/// its completion: anything but an open connection on that link with room in
-/// its send buffer and nothing left to send.
-fn conn_awaits_send_completion<P: Provider>(c: &Conn<P>, slot: usize) -> bool {
-    if !matches!(c.phase, Phase::Smc { .. }) || c.close_deadline.is_some() || c.tx_dirty {
-        return true;
+/// What connection `c`, with a CDC in flight on link `slot`, waits for of
+/// its completion: nothing while it is open with room to write and nothing
+/// to send, or has sent its close and waits for the peer's; the freeing
+/// alone once it is finished; anything else may be blocked on it.
+fn conn_send_wait<P: Provider>(c: &Conn<P>, slot: usize) -> SendWait {
+    // (a close's wait for unsent data, `close_deadline`, is the data path's
+    // unsent bytes and pending close flags below)
+    if !matches!(c.phase, Phase::Smc { .. }) || c.tx_dirty {
+        return SendWait::Now;
     }
     let k = lock(&c.core);
-    if k.link != Some(slot)
-        || k.move_to.is_some()
-        || k.validation.is_some()
-        || k.closer.state() != CloseState::Active
-    {
-        return true;
+    if k.link != Some(slot) || k.move_to.is_some() || k.validation.is_some() {
+        return SendWait::Now;
     }
-    k.dp.as_ref().is_none_or(|dp| {
+    let quiet = match k.closer.state() {
+        // (the completion frees nothing before the peer's close, whose
+        // arrival wakes the driver on the receive side anyway)
+        CloseState::Active
+        | CloseState::PeerCloseWait1
+        | CloseState::PeerCloseWait2
+        | CloseState::PeerFinCloseWait => SendWait::No,
+        CloseState::Closed if k.closer.is_finished() => SendWait::Lazy,
+        _ => return SendWait::Now,
+    };
+    let blocked = k.dp.as_ref().is_none_or(|dp| {
         dp.sndbuf_free() == 0
             || dp.unsent() > 0
             || dp.cdc_wanted()
             || dp.urgent_pending()
             || dp.close_pending()
-    })
+    });
+    if blocked {
+        SendWait::Now
+    } else {
+        quiet
+    }
 }

@@ -33,6 +33,13 @@ impl<P: Provider> Endpoint<P> {
     pub fn pump(&mut self, now: Timestamp) -> Result<()> {
         self.now = now;
         self.poll_device_events();
+        if self.reap_at.is_some_and(|t| now >= t) {
+            // (the connections these completions finish are freed by the
+            // next pump, `due`; a CDC still in flight notes `reap_at` again
+            // at the driver's next arm)
+            self.reap_at = None;
+            self.poll_sends_in_flight()?;
+        }
         // (events of this pump that call for a sweep set `sweep_due` again,
         // for the next one)
         let sweep = std::mem::take(&mut self.sweep_due);

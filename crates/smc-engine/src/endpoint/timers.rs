@@ -24,6 +24,8 @@
 //!   releases the endpoint); what changes a group's timers between pumps
 //!   (a handshake, a link event, a close) also sets `sweep_due`, a received
 //!   LLC message `lgr_recheck`.
+//! * the freeing of connections whose last CDC's completion the driver did
+//!   not arm for (`reap_at`, `endpoint/arm.rs`): a look at the send CQs.
 //! * work that an event left for the next pump (`sweep_due`, connections
 //!   to look at, `due`): due at once.
 //!
@@ -73,7 +75,7 @@ impl<P: Provider> Endpoint<P> {
             return Some(self.now);
         }
         let conn = self.timers.peek().map(|Reverse((d, _))| *d);
-        earliest(conn, self.lgr_next)
+        earliest(earliest(conn, self.lgr_next), self.reap_at)
     }
 
     /// Runs what is due at `now` (and whatever else a [`Self::pump`] finds:
