@@ -10,6 +10,11 @@
 //! perf record -g -- taskset -c 0 target/release/examples/bulk_cost 4096
 //! ```
 //!
+//! With `BULK_IN_PLACE=1` both sides use the zero-copy API instead, as
+//! `smc-bench`'s "bulk in place" row does: the client copies each piece
+//! into the space `write_in_place` lends, the server looks at the first and
+//! last byte of what `read_in_place` lends and takes it.
+//!
 //! Run as root (SMC-R needs the rendezvous BPF program); the device is a
 //! shared-memory one on `lo` (`smc::use_loopback_device`).
 //! `smc-bench --only bulk` measures the same stream side by side with TCP.
@@ -38,8 +43,20 @@ fn serve() -> ExitCode {
     };
     let mut buf = vec![0u8; CHUNK];
     let mut got = 0u64;
+    let in_place = in_place();
     loop {
-        match s.read(&mut buf) {
+        let r = if in_place {
+            s.read_in_place(CHUNK, |r| {
+                let mut b = [0u8; 1];
+                r.copy_to(0, &mut b)?;
+                r.copy_to(r.len() - 1, &mut b)?;
+                std::hint::black_box(b);
+                Ok(r.len())
+            })
+        } else {
+            s.read(&mut buf)
+        };
+        match r {
             Ok(0) => break,
             Ok(n) => got += n as u64,
             Err(e) => {
@@ -57,10 +74,23 @@ fn stream(port: u16, total: u64) -> std::io::Result<(Mode, f64)> {
     let buf = vec![0x5au8; CHUNK];
     let t = Instant::now();
     let mut left = total;
+    let in_place = in_place();
     while left > 0 {
         let n = CHUNK.min(usize::try_from(left).unwrap_or(CHUNK));
-        s.write_all(&buf[..n])?;
-        left -= n as u64;
+        if in_place {
+            let k = s.write_in_place(n, |w| {
+                let k = w.len().min(n);
+                w.copy_from(0, &buf[..k])?;
+                Ok(k)
+            })?;
+            if k == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            left -= k as u64;
+        } else {
+            s.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
     }
     s.shutdown(std::net::Shutdown::Write)?;
     let mut count = [0u8; 8];
@@ -70,6 +100,11 @@ fn stream(port: u16, total: u64) -> std::io::Result<(Mode, f64)> {
         return Err(std::io::Error::other("the server counted another length"));
     }
     Ok((s.mode(), secs))
+}
+
+/// Whether both sides use the zero-copy API (`BULK_IN_PLACE=1`).
+fn in_place() -> bool {
+    std::env::var("BULK_IN_PLACE").is_ok_and(|v| v == "1")
 }
 
 fn main() -> ExitCode {
