@@ -307,10 +307,15 @@ impl QpInner {
         // never be completed once overwritten. A whole pass, which looks at
         // the acknowledgements before it publishes, takes such a post.
         let tail = l.tail;
-        let oldest = c.sq.iter().find_map(|p| match p.stage {
+        let published = |p: &Pending| match p.stage {
             Stage::Published { seq, .. } => Some(seq),
             _ => None,
-        });
+        };
+        // (the front, as a rule: the walk only when it is not published)
+        let oldest = match c.sq.front() {
+            None => None,
+            Some(p) => published(p).or_else(|| c.sq.iter().find_map(published)),
+        };
         oldest.is_none_or(|seq| tail.wrapping_sub(seq) < NSLOTS) && l.ring_room()
     }
 
