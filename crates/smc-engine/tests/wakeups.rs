@@ -162,6 +162,33 @@ fn a_second_close_is_freed_by_a_look_soon_after_not_by_a_wake_up() {
     );
 }
 
+/// In a group of 64 connections or more a finished connection's close CDC
+/// wakes the driver again: finished connections count against the group's
+/// 255 until they are freed, and a group filled with them faster than the
+/// looks free them would send new connections to a new group.
+#[test]
+fn in_a_crowded_group_a_second_close_is_woken_by_its_completion_again() {
+    let (mut w, mut t) = established();
+    let mut others: Vec<Tcp> = (0..63).map(|_| w.handshake()).collect();
+    let mut refs: Vec<&mut Tcp> = others.iter_mut().collect();
+    w.settle(&mut refs, Duration::from_millis(5));
+    assert!(others.iter().all(|o| w.client.status(o.c).is_some()));
+    w.server.release(t.s);
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert!(w.client.peer_closed(t.c));
+    w.client.release(t.c);
+    w.client.flush(t.c).unwrap();
+    arm(&mut w.client, w.now);
+    sleep(&mut w, Duration::from_millis(1));
+    assert!(
+        w.client.take_notification(),
+        "with 64 connections in the group the close CDC's completion must wake the driver"
+    );
+    w.client.pump(w.now).unwrap();
+    w.client.pump(w.now).unwrap();
+    assert_eq!(w.client.status(t.c), None, "the connection must be freed");
+}
+
 /// A driver sleeps armed for a reader (receive only); another caller then
 /// fills a send buffer: `arm_sends` arms the send CQ, whose completion
 /// wakes the sleeper; with nothing new to wait for it arms nothing.
