@@ -274,6 +274,11 @@ pub struct Endpoint<P: Provider> {
     /// When the driver looks at the send CQs for the last CDCs of finished
     /// connections, which it did not arm for (`endpoint/arm.rs`).
     reap_at: Option<Timestamp>,
+    /// A look at `reap_at` came and no connection has been freed since: a
+    /// finished connection's last CDC may be slow to complete (a peer that
+    /// does not run), so the driver arms for it instead of looking again
+    /// every `REAP_AFTER`.
+    reap_looked: bool,
     /// An LLC message came in, or a connection's handshake or close moved
     /// (it may have joined or left a group): the next pump looks at the
     /// groups' timers and frees the groups that are done.
@@ -384,6 +389,7 @@ impl<P: Provider> Endpoint<P> {
             timer_events: 0,
             lgr_next: None,
             reap_at: None,
+            reap_looked: false,
             lgr_recheck: false,
             parked: Vec::new(),
             conn_flushes: 0,

@@ -162,6 +162,45 @@ fn a_second_close_is_freed_by_a_look_soon_after_not_by_a_wake_up() {
     );
 }
 
+/// A look that finds a finished connection's close CDC still in flight (a
+/// peer slow to take it) is not repeated every 10 ms: the driver arms for
+/// the completion instead, and it wakes the driver when it comes.
+#[test]
+fn a_close_cdc_still_in_flight_at_the_look_is_armed_for_not_looked_at_again() {
+    let (mut w, mut t) = established();
+    w.server.release(t.s);
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert!(w.client.peer_closed(t.c));
+    // (its close CDC completes 80 ms from now at the earliest)
+    w.fabric
+        .set_latency(Duration::from_millis(40), Duration::ZERO);
+    w.client.release(t.c);
+    w.client.flush(t.c).unwrap();
+    arm(&mut w.client, w.now);
+    sleep(&mut w, Duration::from_millis(10));
+    w.client.handle_timeout(w.now).unwrap();
+    assert!(
+        w.client.status(t.c).is_some(),
+        "freed before its CDC completed"
+    );
+    arm(&mut w.client, w.now);
+    assert!(
+        w.client
+            .poll_timeout()
+            .is_none_or(|d| d > w.now + Duration::from_millis(10)),
+        "another look is due in 10 ms where the completion is armed for"
+    );
+    assert!(!w.client.take_notification());
+    sleep(&mut w, Duration::from_millis(100));
+    assert!(
+        w.client.take_notification(),
+        "the close CDC's completion must wake the driver"
+    );
+    w.client.pump(w.now).unwrap();
+    w.client.pump(w.now).unwrap();
+    assert_eq!(w.client.status(t.c), None, "the connection must be freed");
+}
+
 /// In a group of 64 connections or more a finished connection's close CDC
 /// wakes the driver again: finished connections count against the group's
 /// 255 until they are freed, and a group filled with them faster than the

@@ -22,7 +22,9 @@
 //! (the peer's close, which wakes the driver on the receive side anyway,
 //! does); once it is closed and released, only the freeing waits, and the
 //! driver looks after [`REAP_AFTER`] for every connection that closed
-//! meanwhile (`reap_at`) instead of waking for each. On the shared-memory
+//! meanwhile (`reap_at`) instead of waking for each (once: should a look
+//! find a CDC still in flight, the driver arms for it until a connection is
+//! freed again, `reap_looked`). On the shared-memory
 //! device, where the peer signals a SEND's completion when it takes the
 //! message, that is a wake-up and two context switches per connection less
 //! for a program that opens and closes connections one after another.
@@ -200,6 +202,12 @@ impl<P: Provider> Endpoint<P> {
     /// `reap_at`, for [`Self::poll_timeout`].
     fn send_wait(&mut self, l: LgrId, slot: usize) -> SendWait {
         let w = self.send_wait_of(l, slot);
+        if w == SendWait::Lazy && self.reap_looked {
+            // (a look found a CDC still in flight, nothing was freed since:
+            // a wake-up when it completes rather than a look every
+            // `REAP_AFTER` while the peer does not take it)
+            return SendWait::Now;
+        }
         if w == SendWait::Lazy {
             let at = self.now + REAP_AFTER;
             self.reap_at = Some(self.reap_at.map_or(at, |t| t.min(at)));

@@ -35,9 +35,10 @@ impl<P: Provider> Endpoint<P> {
         self.poll_device_events();
         if self.reap_at.is_some_and(|t| now >= t) {
             // (the connections these completions finish are freed by the
-            // next pump, `due`; a CDC still in flight notes `reap_at` again
-            // at the driver's next arm)
+            // next pump, `due`; for a CDC still in flight then, the
+            // driver's next arm arms its send CQ: `reap_looked`)
             self.reap_at = None;
+            self.reap_looked = true;
             self.poll_sends_in_flight()?;
         }
         // (events of this pump that call for a sweep set `sweep_due` again,
@@ -371,6 +372,7 @@ impl<P: Provider> Endpoint<P> {
                     self.pool_bufs(id, l);
                 }
                 self.conns[id] = None;
+                self.reap_looked = false;
                 // (its group may be done, a Proposal parked for it may go
                 // on: the next pump looks, without a sweep of every
                 // connection)
