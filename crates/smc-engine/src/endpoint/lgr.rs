@@ -66,9 +66,10 @@ pub(super) struct Lgr<P: Provider> {
     pub(super) peer_v2: Option<crate::state::PeerV2>,
     pub(super) eid: Option<Eid>,
     pub(super) tokens: BTreeMap<u32, ConnId>,
-    /// The RMB size of each connection in `tokens`, and their sum (what
-    /// [`RmbCrowding`](crate::endpoint::RmbCrowding) weighs).
-    pub(super) rmb_lens: BTreeMap<u32, usize>,
+    /// The sum of the RMB sizes of the connections in `tokens` (what
+    /// [`RmbCrowding`](crate::endpoint::RmbCrowding) weighs): added in
+    /// `attach`, taken off in `detach`, which comes before a connection's
+    /// core gives its RMB up.
     pub(super) rmb_held: usize,
     pub(super) rkey_queue: VecDeque<RkeyFlow>,
     /// Released RMBs and send buffers kept registered for reuse (Linux keeps
@@ -167,7 +168,6 @@ impl<P: Provider> Endpoint<P> {
             peer_v2: None,
             eid: None,
             tokens: BTreeMap::new(),
-            rmb_lens: BTreeMap::new(),
             rmb_held: 0,
             rkey_queue: VecDeque::new(),
             free_bufs: Vec::new(),
@@ -328,10 +328,8 @@ impl<P: Provider> Endpoint<P> {
             .get_mut(id)
             .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such connection".into()))?;
-        lg.tokens.insert(c.token, id);
-        lg.rmb_held += rmb.len();
-        if let Some(old) = lg.rmb_lens.insert(c.token, rmb.len()) {
-            lg.rmb_held -= old;
+        if lg.tokens.insert(c.token, id).is_none() {
+            lg.rmb_held += rmb.len();
         }
         c.lgr = Some(l);
         {
@@ -373,12 +371,17 @@ impl<P: Provider> Endpoint<P> {
         if let Some(t) = token {
             self.by_token.write().remove(&t);
         }
+        let rmb_len = self
+            .core(id)
+            .and_then(|k| k.rmb.as_ref().map(MemoryRegion::len))
+            .unwrap_or(0);
         let empty = match self.lgrs.get_mut(l).and_then(Option::as_mut) {
             Some(lg) => {
-                if let Some(n) = token.and_then(|t| lg.rmb_lens.remove(&t)) {
-                    lg.rmb_held -= n;
+                let attached = token.is_some_and(|t| lg.tokens.remove(&t).is_some());
+                if attached {
+                    lg.rmb_held = lg.rmb_held.saturating_sub(rmb_len);
                 }
-                token.is_some_and(|t| lg.tokens.remove(&t).is_some()) && lg.tokens.is_empty()
+                attached && lg.tokens.is_empty()
             }
             None => false,
         };
