@@ -201,18 +201,18 @@ impl<P: Provider> Endpoint<P> {
     /// the module documentation); a [`SendWait::Lazy`] one is noted in
     /// `reap_at`, for [`Self::poll_timeout`].
     fn send_wait(&mut self, l: LgrId, slot: usize) -> SendWait {
-        let w = self.send_wait_of(l, slot);
-        if w == SendWait::Lazy && self.reap_looked {
+        match self.send_wait_of(l, slot) {
             // (a look found a CDC still in flight, nothing was freed since:
             // a wake-up when it completes rather than a look every
             // `REAP_AFTER` while the peer does not take it)
-            return SendWait::Now;
+            SendWait::Lazy if self.reap_looked => SendWait::Now,
+            SendWait::Lazy => {
+                let at = self.now + REAP_AFTER;
+                self.reap_at = Some(self.reap_at.map_or(at, |t| t.min(at)));
+                SendWait::Lazy
+            }
+            w => w,
         }
-        if w == SendWait::Lazy {
-            let at = self.now + REAP_AFTER;
-            self.reap_at = Some(self.reap_at.map_or(at, |t| t.min(at)));
-        }
-        w
     }
 
     fn send_wait_of(&self, l: LgrId, slot: usize) -> SendWait {
