@@ -50,6 +50,20 @@ fn fill(ep: &mut Endpoint<SimFabric>, id: smc_engine::endpoint::ConnId) -> usize
     }
 }
 
+/// The server closes connection `t` and the client has seen it.
+fn server_closes_first(w: &mut World, t: &mut Tcp) {
+    w.server.release(t.s);
+    w.settle(&mut [t], Duration::from_millis(2));
+    assert!(w.client.peer_closed(t.c));
+}
+
+/// The client closes connection `t`: its close CDC is posted.
+fn client_closes(w: &mut World, t: &Tcp) {
+    w.client.release(t.c);
+    w.client.flush(t.c).unwrap();
+    assert!(w.client.sent_close_flags(t.c).is_some_and(|f| f.any()));
+}
+
 #[test]
 fn a_reader_is_not_woken_by_the_completion_of_its_own_message() {
     let (mut w, t) = established();
@@ -95,9 +109,7 @@ fn a_writer_with_a_full_send_buffer_is_woken_by_the_completion_that_frees_it() {
 #[test]
 fn a_first_close_sleeps_until_the_peers_close_then_is_freed() {
     let (mut w, t) = established();
-    w.client.release(t.c);
-    w.client.flush(t.c).unwrap();
-    assert!(w.client.sent_close_flags(t.c).is_some_and(|f| f.any()));
+    client_closes(&mut w, &t);
     arm(&mut w.client, w.now);
     sleep(&mut w, Duration::from_millis(1));
     assert!(
@@ -123,12 +135,8 @@ fn a_first_close_sleeps_until_the_peers_close_then_is_freed() {
 #[test]
 fn a_second_close_is_freed_by_a_look_soon_after_not_by_a_wake_up() {
     let (mut w, mut t) = established();
-    w.server.release(t.s);
-    w.settle(&mut [&mut t], Duration::from_millis(2));
-    assert!(w.client.peer_closed(t.c));
-    w.client.release(t.c);
-    w.client.flush(t.c).unwrap();
-    assert!(w.client.sent_close_flags(t.c).is_some_and(|f| f.any()));
+    server_closes_first(&mut w, &mut t);
+    client_closes(&mut w, &t);
     arm(&mut w.client, w.now);
     assert!(
         w.client.status(t.c).is_some(),
@@ -168,14 +176,11 @@ fn a_second_close_is_freed_by_a_look_soon_after_not_by_a_wake_up() {
 #[test]
 fn a_close_cdc_still_in_flight_at_the_look_is_armed_for_not_looked_at_again() {
     let (mut w, mut t) = established();
-    w.server.release(t.s);
-    w.settle(&mut [&mut t], Duration::from_millis(2));
-    assert!(w.client.peer_closed(t.c));
+    server_closes_first(&mut w, &mut t);
     // (its close CDC completes 80 ms from now at the earliest)
     w.fabric
         .set_latency(Duration::from_millis(40), Duration::ZERO);
-    w.client.release(t.c);
-    w.client.flush(t.c).unwrap();
+    client_closes(&mut w, &t);
     arm(&mut w.client, w.now);
     sleep(&mut w, Duration::from_millis(10));
     w.client.handle_timeout(w.now).unwrap();
@@ -212,11 +217,8 @@ fn in_a_crowded_group_a_second_close_is_woken_by_its_completion_again() {
     let mut refs: Vec<&mut Tcp> = others.iter_mut().collect();
     w.settle(&mut refs, Duration::from_millis(5));
     assert!(others.iter().all(|o| w.client.status(o.c).is_some()));
-    w.server.release(t.s);
-    w.settle(&mut [&mut t], Duration::from_millis(2));
-    assert!(w.client.peer_closed(t.c));
-    w.client.release(t.c);
-    w.client.flush(t.c).unwrap();
+    server_closes_first(&mut w, &mut t);
+    client_closes(&mut w, &t);
     arm(&mut w.client, w.now);
     sleep(&mut w, Duration::from_millis(1));
     assert!(
