@@ -87,6 +87,7 @@
 //!
 //! | file | what it holds |
 //! |------|---------------|
+//! | `slots.rs` | generational handles ([`ConnId`], [`LgrId`]) and the tables they index: a freed record's handle finds nothing |
 //! | `conn.rs` | the connection record, its phases, status and errors; the connection table |
 //! | `conn_core.rs` | a connection's data path (`ConnCore`): cursors, buffers, leases, close state, its link; shared as `Arc<Mutex<_>>`, found by alert token |
 //! | `handshake.rs` | the CLC stream, Declines and fallback, late declines, data-path setup from Accept / Confirm |
@@ -150,6 +151,7 @@ mod psn;
 mod pump;
 mod read;
 mod rkey;
+mod slots;
 mod timers;
 mod write;
 
@@ -160,21 +162,17 @@ pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};
 pub use extra_link::LinkOffer;
 pub use lease::{ReadLease, ReadPlan, WriteLease, WritePlan};
 pub use link::{LinkBringup, MAX_SENDS};
+pub use slots::{ConnId, LgrId};
 
 use conn::Conn;
 use lgr::Lgr;
 use psn::PsnSource;
+use slots::Slots;
 use smc_proto::negotiate::IfAddr;
 use smc_proto::Timestamp;
 use smc_rdma::{Device, GidEntry, Provider};
 use smc_wire::types::{Eid, Mac, SystemId};
 use std::time::Duration;
-
-/// Handle of a connection.
-pub type ConnId = usize;
-
-/// Handle of a link group.
-pub type LgrId = usize;
 
 /// What an endpoint is and offers.
 #[derive(Clone, Debug)]
@@ -313,8 +311,8 @@ pub struct Endpoint<P: Provider> {
     /// Largest inline payload of the device: writes up to this size go from the
     /// application's buffer straight to the peer (see [`Endpoint::write`]).
     max_inline: u32,
-    lgrs: Vec<Option<Lgr<P>>>,
-    conns: Vec<Option<Conn<P>>>,
+    lgrs: Slots<LgrId, Lgr<P>>,
+    conns: Slots<ConnId, Conn<P>>,
     /// The connections of every link group by alert token, with their data
     /// path (`endpoint/conn_core.rs`): where a received CDC goes.
     /// Shared (`Arc`) with the links' receive dispatch.
@@ -402,8 +400,8 @@ impl<P: Provider> Endpoint<P> {
             cdc_dispatched: 0,
             port_mtu,
             max_inline,
-            lgrs: Vec::new(),
-            conns: Vec::new(),
+            lgrs: Slots::default(),
+            conns: Slots::default(),
             by_token: std::sync::Arc::default(),
             next_token: 1,
             next_lgr_id: 0x100,

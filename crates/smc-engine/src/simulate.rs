@@ -87,6 +87,9 @@ use smc_rdma::{
 use smc_wire::clc::DeclineCode;
 use smc_wire::types::{Eid, Mac, SystemId};
 use std::collections::VecDeque;
+
+/// A side's handle before its connection is opened: it names no connection.
+const NOT_OPEN: ConnId = ConnId::from_bits(u64::MAX);
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::os::fd::BorrowedFd;
@@ -650,7 +653,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 },
                 opened: false,
                 c: Side {
-                    id: 0,
+                    id: NOT_OPEN,
                     sent: 0,
                     got: 0,
                     closed: false,
@@ -661,7 +664,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                     error: false,
                 },
                 s: Side {
-                    id: 0,
+                    id: NOT_OPEN,
                     sent: 0,
                     got: 0,
                     closed: false,
@@ -822,7 +825,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         ) = (fault, fault_done)
         {
             let ep = if on_client { &client } else { &server };
-            if let Some(l) = (0..8).find(|&l| ep.adding_link(l)) {
+            if let Some(l) = ep.link_group_ids().find(|&l| ep.adding_link(l)) {
                 adding_seen += 1;
                 if adding_seen > add_fault_delay {
                     fault_done = true;
@@ -857,8 +860,9 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 match f {
                     Fault::QpError { client: on_client } => {
                         // with two usable links on both sides, one of them dies
-                        let two =
-                            |ep: &Endpoint<Faulty>| (0..8).find(|&l| ep.usable_links(l).len() >= 2);
+                        let two = |ep: &Endpoint<Faulty>| {
+                            ep.link_group_ids().find(|&l| ep.usable_links(l).len() >= 2)
+                        };
                         let ep = if on_client { &client } else { &server };
                         match (two(&client), two(&server)) {
                             (Some(lc), Some(ls)) => {
@@ -1023,12 +1027,13 @@ pub fn run(seed: u64) -> Result<Report, String> {
         steps += 1;
         if multi_link && !report.second_link {
             // the second link came up by ADD_LINK on both sides
-            let two = |ep: &Endpoint<Faulty>| (0..8).any(|l| ep.usable_links(l).len() >= 2);
+            let two =
+                |ep: &Endpoint<Faulty>| ep.link_group_ids().any(|l| ep.usable_links(l).len() >= 2);
             if two(&client) && two(&server) {
                 report.second_link = true;
                 // (one link on each device, on both sides)
                 let across = |ep: &Endpoint<Faulty>| {
-                    (0..8).any(|l| {
+                    ep.link_group_ids().any(|l| {
                         ep.usable_links(l)
                             .iter()
                             .any(|&s| ep.link_on_second_device(l, s) == Some(true))
@@ -1867,12 +1872,12 @@ fn read_peeked(
 }
 
 fn first_qp(ep: &Endpoint<Faulty>) -> Option<u32> {
-    (0..8).find_map(|l| ep.qp_num(l))
+    ep.link_group_ids().find_map(|l| ep.qp_num(l))
 }
 
 /// Whether `ep` has a link group with a usable link on each of its devices.
 fn across_devices(ep: &Endpoint<Faulty>) -> bool {
-    (0..8).any(|l| {
+    ep.link_group_ids().any(|l| {
         let on: Vec<Option<bool>> = ep
             .usable_links(l)
             .iter()

@@ -254,7 +254,7 @@ pub struct ConnDiag {
     /// Cursors and flags of the last CDCs (absent before the data path exists).
     pub cursors: Option<smc_proto::datapath::DiagCursors>,
     /// The link group and link (slot) the connection uses.
-    pub lgr: Option<usize>,
+    pub lgr: Option<crate::endpoint::LgrId>,
     /// Its link's slot.
     pub link: Option<usize>,
 }

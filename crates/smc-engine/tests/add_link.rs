@@ -348,7 +348,7 @@ fn a_qp_failure_yields_link_down_and_moved_events() {
     ups.sort_unstable();
     assert_eq!(ups, usable, "a link-up event for each link");
     let slot = usable[0];
-    let on_it: Vec<usize> = all
+    let on_it: Vec<smc_engine::endpoint::ConnId> = all
         .iter()
         .filter(|t| w.client.link_of(t.c) == Some(slot))
         .map(|t| t.c)
@@ -384,7 +384,7 @@ fn a_qp_failure_yields_link_down_and_moved_events() {
         }
     }
     assert_eq!(down.first(), Some(&(slot, DownReason::Failure)));
-    let mut conns: Vec<usize> = moved.iter().map(|m| m.0).collect();
+    let mut conns: Vec<smc_engine::endpoint::ConnId> = moved.iter().map(|m| m.0).collect();
     conns.sort_unstable();
     let mut want = on_it.clone();
     want.sort_unstable();
@@ -547,7 +547,10 @@ fn a_group_grown_to_two_links_gives_its_connections_the_failover_reserve() {
 
 /// The slot of group `l`'s link that has a QP but is not usable yet (the
 /// one an ADD_LINK flow adds).
-fn new_slot(ep: &smc_engine::endpoint::Endpoint<smc_rdma::sim::SimFabric>, l: usize) -> usize {
+fn new_slot(
+    ep: &smc_engine::endpoint::Endpoint<smc_rdma::sim::SimFabric>,
+    l: smc_engine::endpoint::LgrId,
+) -> usize {
     let usable = ep.usable_links(l);
     (0..3)
         .find(|&s| ep.link_qp_num(l, s).is_some() && !usable.contains(&s))

@@ -112,10 +112,9 @@ impl Run {
     /// Both ends' first-link QPs fail (a QP error each sees at once).
     fn fail_both_links(&mut self) {
         for ep in [&self.w.client, &self.w.server] {
-            for l in 0..8 {
-                if let Some(q) = ep.qp_num(l) {
-                    self.w.fabric.fail_qp(q);
-                }
+            let qps: Vec<u32> = ep.link_group_ids().filter_map(|l| ep.qp_num(l)).collect();
+            for q in qps {
+                self.w.fabric.fail_qp(q);
             }
         }
     }
@@ -323,8 +322,8 @@ fn a_first_contact_group_lost_before_the_confirm_declines_after_reading_it() {
     // the server's QP fails before the Confirm is read
     let q =
         r.w.server
-            .qp_num(0)
-            .or_else(|| (0..8).find_map(|l| r.w.server.qp_num(l)));
+            .link_group_ids()
+            .find_map(|l| r.w.server.qp_num(l));
     r.w.fabric.fail_qp(q.unwrap());
     r.run(Duration::from_millis(5), false);
     assert_eq!(

@@ -438,7 +438,7 @@ fn closes_after_a_failover(rxe: bool) {
 }
 
 /// Links per device of group `l` of `ep`: (on the first, on the second).
-fn per_device(ep: &Endpoint<SimFabric>, l: usize) -> (usize, usize) {
+fn per_device(ep: &Endpoint<SimFabric>, l: smc_engine::endpoint::LgrId) -> (usize, usize) {
     let on: Vec<bool> = ep
         .usable_links(l)
         .iter()

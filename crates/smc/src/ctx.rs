@@ -59,19 +59,15 @@ pub fn state() -> Vec<DeviceState> {
             let n = ep.link_groups();
             let mut links = Vec::new();
             let mut second_device_links = Vec::new();
-            let mut l = 0;
-            while links.len() < n && l < 4096 {
-                if ep.link_group_state(l).is_some() {
-                    let usable = ep.usable_links(l);
-                    links.push(usable.len());
-                    second_device_links.push(
-                        usable
-                            .iter()
-                            .filter(|&&s| ep.link_on_second_device(l, s) == Some(true))
-                            .count(),
-                    );
-                }
-                l += 1;
+            for l in ep.link_group_ids() {
+                let usable = ep.usable_links(l);
+                links.push(usable.len());
+                second_device_links.push(
+                    usable
+                        .iter()
+                        .filter(|&&s| ep.link_on_second_device(l, s) == Some(true))
+                        .count(),
+                );
             }
             DeviceState {
                 device: name.clone(),
@@ -939,9 +935,9 @@ impl Shared {
     /// its TCP connection down right after its close CDC). One epoll set per
     /// endpoint, no descriptor or thread per connection. The socket must stay
     /// open until [`Shared::unwatch_tcp`].
-    pub(crate) fn watch_tcp(&self, tcp: BorrowedFd<'_>, id: ConnId, token: u32) -> io::Result<()> {
+    pub(crate) fn watch_tcp(&self, tcp: BorrowedFd<'_>, id: ConnId) -> io::Result<()> {
         // one event is all it takes (ONESHOT): a socket that ended stays readable
-        let data = epoll::EventData::new_u64(((id as u64) << 32) | u64::from(token));
+        let data = epoll::EventData::new_u64(id.to_bits());
         epoll::add(
             &self.watch,
             tcp,
@@ -980,11 +976,9 @@ impl Shared {
         for ev in got.iter() {
             let data = ev.data;
             let d = data.u64();
-            let (id, token) = ((d >> 32) as ConnId, d as u32);
-            // (a connection freed meanwhile, its id maybe reused: not this one)
-            if ep.alert_token(id) == Some(token) {
-                changed |= ep.tcp_closed(id);
-            }
+            // (a connection freed meanwhile: its handle finds nothing, even
+            // where a new connection took its slot)
+            changed |= ep.tcp_closed(ConnId::from_bits(d));
         }
         if !changed {
             self.pump(ep);

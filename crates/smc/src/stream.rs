@@ -262,12 +262,9 @@ impl SmcConn {
 
     /// The handshake reached SMC-R on `tcp`: watched from now on.
     pub(crate) fn established(mut self, tcp: Arc<TcpStream>, linger: bool) -> SmcConn {
-        let token = self.shared.lock().alert_token(self.id);
-        if let Some(t) = token {
-            // (without the watch the connection still works; it is reset
-            // only when the peer's device says it is gone)
-            let _ = self.shared.watch_tcp(tcp.as_fd(), self.id, t);
-        }
+        // (without the watch the connection still works; it is reset only
+        // when the peer's device says it is gone)
+        let _ = self.shared.watch_tcp(tcp.as_fd(), self.id);
         self.linger.store(linger, Ordering::Relaxed);
         self.tcp = Some(tcp);
         self
@@ -313,22 +310,21 @@ impl Drop for SmcConn {
             self.shared.unwatch_tcp(t.as_fd());
         }
         let id = self.id;
-        let token = {
+        {
             let mut ep = self.shared.lock();
-            let token = ep.alert_token(id);
             ep.release(id);
             self.shared.pump(&mut ep);
             if !self.linger.load(Ordering::Relaxed) || ep.close_sent(id) {
                 return;
             }
-            token
-        };
-        // (a connection freed meanwhile, its id maybe reused: settled)
+        }
+        // (a connection freed meanwhile counts as sent: its handle finds
+        // nothing, whatever took its slot)
         let _ = self.shared.run(
             Want::CloseSent(id),
             Some(Instant::now() + LINGER),
             false,
-            |ep| (ep.alert_token(id) != token || ep.close_sent(id)).then_some(Ok(())),
+            |ep| ep.close_sent(id).then_some(Ok(())),
         );
     }
 }

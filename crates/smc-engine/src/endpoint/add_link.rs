@@ -43,7 +43,7 @@ impl<P: Provider> Endpoint<P> {
     /// takes every link.
     pub fn set_redundancy(&mut self, r: Redundancy) {
         self.redundancy = r;
-        for lg in self.lgrs.iter_mut().flatten() {
+        for lg in self.lgrs.values_mut() {
             lg.group.set_redundancy(r);
         }
     }
@@ -53,7 +53,7 @@ impl<P: Provider> Endpoint<P> {
     /// usable one, where the flow runs —, rkey on the new link, address on
     /// the new link).
     pub(super) fn add_link_rkeys(&self, l: LgrId, second: bool) -> Vec<(u32, u32, u64)> {
-        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+        let Some(lg) = self.lgrs.get(l) else {
             return Vec::new();
         };
         let via = lg.group.active_slots().next().unwrap_or(0);
@@ -72,7 +72,7 @@ impl<P: Provider> Endpoint<P> {
     /// Server: starts the ADD_LINK flow if group `l` wants one now. True if
     /// it started (or could not and gave up), so that outputs may follow.
     pub(super) fn maybe_add_link(&mut self, l: LgrId, now: Timestamp) -> bool {
-        let ready = self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
+        let ready = self.lgrs.get(l).is_some_and(|lg| {
             lg.role == Role::Server
                 && lg.state.accepts_connections()
                 && lg.group.can_start_add_link()
@@ -83,7 +83,7 @@ impl<P: Provider> Endpoint<P> {
         let mtu = self.port_mtu;
         let mac = self.mac;
         let psn = self.psns.next_psn();
-        let slot = self.lgrs.get(l).and_then(Option::as_ref).and_then(|lg| {
+        let slot = self.lgrs.get(l).and_then(|lg| {
             lg.group
                 .add_slot()
                 .filter(|&s| lg.links.get(s).is_some_and(Option::is_none))
@@ -93,7 +93,7 @@ impl<P: Provider> Endpoint<P> {
             .as_ref()
             .map(|r| self.add_link_rkeys(l, r.on.is_some()))
             .unwrap_or_default();
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return false;
         };
         let (Some(slot), Some(res)) = (slot, res) else {
@@ -135,11 +135,10 @@ impl<P: Provider> Endpoint<P> {
         let free = self
             .lgrs
             .get(l)
-            .and_then(Option::as_ref)
             .is_some_and(|lg| lg.links.get(slot).is_some_and(Option::is_none));
         let res = free.then(|| self.new_link(l, psn).ok()).flatten();
         let id = self.next_bringup_id();
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return;
         };
         let Some(mut res) = res else {
@@ -164,7 +163,7 @@ impl<P: Provider> Endpoint<P> {
     ) {
         let mtu = self.port_mtu;
         let id = self.next_bringup_id();
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return;
         };
         let group = lg.local;
@@ -239,8 +238,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// See [`Self::handle_link_bringup`]; the group it concerned, if any.
     fn link_bringup_done(&mut self, id: u64, r: Result<()>, now: Timestamp) -> Option<LgrId> {
-        let (l, slot) = self.lgrs.iter().enumerate().find_map(|(l, lg)| {
-            let lg = lg.as_ref()?;
+        let (l, slot) = self.lgrs.iter().find_map(|(l, lg)| {
             let slot = lg.links.iter().position(|r| {
                 r.as_ref()
                     .and_then(|r| r.bringup.as_ref())
@@ -250,13 +248,13 @@ impl<P: Provider> Endpoint<P> {
         })?;
         let mtu = self.port_mtu;
         let mac = self.mac;
-        let rkeys = if r.is_ok() && self.lgrs[l].as_ref()?.role == Role::Client {
-            let second = self.lgrs[l].as_ref()?.links[slot].as_ref()?.on.is_some();
+        let rkeys = if r.is_ok() && self.lgrs.get(l)?.role == Role::Client {
+            let second = self.lgrs.get(l)?.links[slot].as_ref()?.on.is_some();
             self.add_link_rkeys(l, second)
         } else {
             Vec::new()
         };
-        let lg = self.lgrs.get_mut(l).and_then(Option::as_mut)?;
+        let lg = self.lgrs.get_mut(l)?;
         let client = lg.role == Role::Client;
         if r.is_err() {
             if client {
@@ -285,7 +283,6 @@ impl<P: Provider> Endpoint<P> {
             let posted = self
                 .lgrs
                 .get_mut(l)
-                .and_then(Option::as_mut)
                 .and_then(|lg| lg.links[slot].as_mut())
                 .map(|res| res.post(WrKind::Llc, &bytes));
             if let Some(Err(e)) = posted {
@@ -299,7 +296,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// An ADD_LINK flow ended before its link existed: its QP goes.
     pub(super) fn on_add_link_failed(&mut self, l: LgrId, slot: usize) {
-        if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+        if let Some(lg) = self.lgrs.get_mut(l) {
             if lg.group.link(slot).is_none() {
                 if let Some(r) = lg.links.get_mut(slot).and_then(Option::take) {
                     r.shut();
@@ -312,14 +309,11 @@ impl<P: Provider> Endpoint<P> {
 impl<P: Provider> Endpoint<P> {
     /// The redundancy type of group `l` (Linux's SINGLE, SYMMETRIC, ...).
     pub fn link_group_type(&self, l: LgrId) -> Option<smc_proto::link::LgrType> {
-        Some(self.lgrs.get(l)?.as_ref()?.group.lgr_type())
+        Some(self.lgrs.get(l)?.group.lgr_type())
     }
 
     /// An ADD_LINK flow runs in group `l`.
     pub fn adding_link(&self, l: LgrId) -> bool {
-        self.lgrs
-            .get(l)
-            .and_then(Option::as_ref)
-            .is_some_and(|lg| lg.group.adding_link())
+        self.lgrs.get(l).is_some_and(|lg| lg.group.adding_link())
     }
 }

@@ -70,7 +70,10 @@ impl<P: Provider> Endpoint<P> {
     /// What starts to wait for a send completion while a driver sleeps is
     /// armed by [`Self::arm_sends`].
     pub fn arm(&mut self) -> Result<()> {
-        for l in 0..self.lgrs.len() {
+        for i in 0..self.lgrs.slot_count() {
+            let Some(l) = self.lgrs.id_at(i) else {
+                continue;
+            };
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 let send = self.send_wait(l, slot);
                 if let Some(res) = self.link_res_mut(l, slot) {
@@ -94,7 +97,10 @@ impl<P: Provider> Endpoint<P> {
     /// something waits that only a pump can serve.
     pub fn arm_unpolled(&mut self) -> Result<usize> {
         let mut left = 0;
-        for l in 0..self.lgrs.len() {
+        for i in 0..self.lgrs.slot_count() {
+            let Some(l) = self.lgrs.id_at(i) else {
+                continue;
+            };
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 let send = self.send_wait(l, slot) == SendWait::Now;
                 if let Some(res) = self.link_res_mut(l, slot) {
@@ -120,7 +126,10 @@ impl<P: Provider> Endpoint<P> {
     /// are handled too (then it returns `true`).
     pub fn arm_sends(&mut self) -> Result<bool> {
         let mut armed = false;
-        for l in 0..self.lgrs.len() {
+        for i in 0..self.lgrs.slot_count() {
+            let Some(l) = self.lgrs.id_at(i) else {
+                continue;
+            };
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 // Completions a connection's fast path took off the send CQ
                 // since the last poll (`LinkTx::reap`) are out of the CQ and
@@ -156,7 +165,10 @@ impl<P: Provider> Endpoint<P> {
     /// then a [`Self::pump`] takes what came before.
     pub fn arm_new_links(&mut self) -> Result<bool> {
         let mut armed = false;
-        for l in 0..self.lgrs.len() {
+        for i in 0..self.lgrs.slot_count() {
+            let Some(l) = self.lgrs.id_at(i) else {
+                continue;
+            };
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 // (the look at the send side only for a link to arm: this
                 // runs at every release of the endpoint's lock)
@@ -176,7 +188,10 @@ impl<P: Provider> Endpoint<P> {
     /// Polls the send CQ of every link with signaled SENDs in flight (see
     /// `reap_at`).
     pub(super) fn poll_sends_in_flight(&mut self) -> Result<()> {
-        for l in 0..self.lgrs.len() {
+        for i in 0..self.lgrs.slot_count() {
+            let Some(l) = self.lgrs.id_at(i) else {
+                continue;
+            };
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 if self
                     .link_res_mut(l, slot)
@@ -192,7 +207,6 @@ impl<P: Provider> Endpoint<P> {
     fn link_res_mut(&mut self, l: LgrId, slot: usize) -> Option<&mut super::link::LinkRes<P>> {
         self.lgrs
             .get_mut(l)
-            .and_then(Option::as_mut)
             .and_then(|lg| lg.links.get_mut(slot))
             .and_then(Option::as_mut)
     }
@@ -216,7 +230,7 @@ impl<P: Provider> Endpoint<P> {
     }
 
     fn send_wait_of(&self, l: LgrId, slot: usize) -> SendWait {
-        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+        let Some(lg) = self.lgrs.get(l) else {
             return SendWait::No;
         };
         let Some(res) = lg.links.get(slot).and_then(Option::as_ref) else {
@@ -225,7 +239,7 @@ impl<P: Provider> Endpoint<P> {
         // What is in flight, copied out: the link's send lock is not held
         // while a connection's core is locked (the fast path takes them the
         // other way round, `ConnCore::fast_write`).
-        let mut cdcs = [0 as super::ConnId; MAX_SENDS];
+        let mut cdcs: [Option<super::ConnId>; MAX_SENDS] = [None; MAX_SENDS];
         let mut n = 0;
         {
             let book = res.book();
@@ -247,7 +261,7 @@ impl<P: Provider> Endpoint<P> {
                         let Some(at) = cdcs.get_mut(n) else {
                             return SendWait::Now;
                         };
-                        *at = id;
+                        *at = Some(id);
                         n += 1;
                     }
                 }
@@ -263,10 +277,10 @@ impl<P: Provider> Endpoint<P> {
         }
         let w = cdcs[..n]
             .iter()
+            .flatten()
             .map(|&id| {
                 self.conns
                     .get(id)
-                    .and_then(Option::as_ref)
                     .map_or(SendWait::No, |c| conn_send_wait(c, slot))
             })
             .max()

@@ -32,7 +32,6 @@ impl<P: Provider> Endpoint<P> {
         let Some(rx) = self
             .lgrs
             .get(l)
-            .and_then(Option::as_ref)
             .and_then(|lg| lg.links.get(slot))
             .and_then(Option::as_ref)
             .map(|res| res.rx.clone())
@@ -47,7 +46,7 @@ impl<P: Provider> Endpoint<P> {
             self.cdc_received += cdcs;
             self.cdc_dispatched += cdcs;
             if std::mem::take(&mut book.active) {
-                if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                if let Some(lg) = self.lgrs.get_mut(l) {
                     lg.group.on_rx_activity(slot, now);
                 }
             }
@@ -114,7 +113,7 @@ impl<P: Provider> Endpoint<P> {
         r: Recv,
     ) -> Result<bool> {
         let wc = r.wc;
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return Ok(false);
         };
         if lg.links.get(slot).and_then(Option::as_ref).is_none() {

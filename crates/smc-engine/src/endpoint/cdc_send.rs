@@ -42,7 +42,7 @@ impl<P: Provider> Endpoint<P> {
         sent: &mut Vec<(WorkCompletion, Option<WrKind>)>,
     ) -> Result<()> {
         loop {
-            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            let Some(lg) = self.lgrs.get_mut(l) else {
                 return Ok(());
             };
             let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
@@ -67,7 +67,7 @@ impl<P: Provider> Endpoint<P> {
                 // group's.
                 if let Some(WrKind::Cdc(id, seq)) = kind {
                     // (`mark_tx` by hand: the link is borrowed here)
-                    let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
+                    let Some(c) = self.conns.get_mut(id) else {
                         continue;
                     };
                     if !c.tx_dirty {
@@ -100,7 +100,7 @@ impl<P: Provider> Endpoint<P> {
             // (no connection is marked: nothing to look at)
             return Ok(());
         }
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return Ok(());
         };
         if lg.group.usable_links() == 0 {
@@ -127,19 +127,17 @@ impl<P: Provider> Endpoint<P> {
         // this group's marked connections are flushed now (once each: a list
         // can hold an id twice after a flush outside this pass); the others'
         // marks go back
-        marked.retain(
-            |&id| match self.conns.get_mut(id).and_then(Option::as_mut) {
-                Some(c) if c.tx_dirty && c.lgr == Some(l) => {
-                    c.tx_dirty = false;
-                    if !sweep {
-                        ids.push(id);
-                    }
-                    false
+        marked.retain(|&id| match self.conns.get_mut(id) {
+            Some(c) if c.tx_dirty && c.lgr == Some(l) => {
+                c.tx_dirty = false;
+                if !sweep {
+                    ids.push(id);
                 }
-                Some(c) => c.tx_dirty,
-                None => false,
-            },
-        );
+                false
+            }
+            Some(c) => c.tx_dirty,
+            None => false,
+        });
         if !ids.is_empty() {
             lg.rr = (lg.rr + 1) % ids.len();
             ids.rotate_left(lg.rr);
@@ -160,7 +158,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// Connection `id` may have something to send: flush it at the next pump.
     pub(super) fn mark_tx(&mut self, id: ConnId) {
-        if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+        if let Some(c) = self.conns.get_mut(id) {
             if !c.tx_dirty {
                 c.tx_dirty = true;
                 self.tx_dirty.push(id);
@@ -172,7 +170,7 @@ impl<P: Provider> Endpoint<P> {
     /// (WRITEs and their CDC), as the send slots of its link allow.
     fn flush_conn(&mut self, l: LgrId, id: ConnId) -> Result<()> {
         self.conn_flushes += 1;
-        if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+        if let Some(c) = self.conns.get_mut(id) {
             c.tx_dirty = false;
         }
         // Its latest mark is spent: the next pump would only drop it (and a
@@ -190,12 +188,12 @@ impl<P: Provider> Endpoint<P> {
 
     /// [`Self::flush_conn`]'s batches; `Ok(true)` when nothing is left to send.
     fn flush_conn_batches(&mut self, l: LgrId, id: ConnId) -> Result<bool> {
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+        let Some(c) = self.conns.get(id) else {
             return Ok(true);
         };
         let mut k = lock(&c.core);
         for _ in 0..4 {
-            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            let Some(lg) = self.lgrs.get_mut(l) else {
                 return Ok(true);
             };
             if !k.established || !k.settle_move() {
@@ -236,18 +234,12 @@ impl<P: Provider> Endpoint<P> {
     /// buffer, a due consumer-cursor update) without a whole [`Self::pump`]:
     /// the cheap follow-up of a read or write.
     pub fn flush(&mut self, id: ConnId) -> Result<()> {
-        let Some(l) = self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .and_then(|c| c.lgr)
-        else {
+        let Some(l) = self.conns.get(id).and_then(|c| c.lgr) else {
             return Ok(());
         };
         if self
             .lgrs
             .get(l)
-            .and_then(Option::as_ref)
             .is_none_or(|lg| lg.group.usable_links() == 0)
         {
             return Ok(());

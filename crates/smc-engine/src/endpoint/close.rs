@@ -47,8 +47,11 @@ impl<P: Provider> Endpoint<P> {
     /// see, now or when the grace ends: not for an SMC-R connection whose
     /// peer had closed it already (its TCP end follows the close CDC, as
     /// Linux's `smc_close_active` closes the TCP socket after sending it),
-    /// which needs no grace.
+    /// which needs no grace; nor for a connection already freed.
     pub fn tcp_closed(&mut self, id: ConnId) -> bool {
+        if self.conn(id).is_none() {
+            return false;
+        }
         self.conn_event(id);
         let deadline = self.now + PEER_GONE_GRACE;
         if let Some(Phase::LateDeclined { reason, .. }) = self.conn(id).map(|c| c.phase.clone()) {
@@ -92,7 +95,7 @@ impl<P: Provider> Endpoint<P> {
     pub fn release(&mut self, id: ConnId) {
         // (the next pump frees the connection once it is finished)
         self.conn_event(id);
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+        let Some(c) = self.conns.get(id) else {
             return;
         };
         match &c.phase {
@@ -104,10 +107,10 @@ impl<P: Provider> Endpoint<P> {
                 if matches!(self.status(id), Some(ConnStatus::Handshaking)) {
                     self.finish(id, ConnStatus::Failed(FailReason::TcpClosed));
                 }
-                if let Some(l) = self.conns[id].as_mut().and_then(|c| c.lgr.take()) {
+                if let Some(l) = self.conns.get_mut(id).and_then(|c| c.lgr.take()) {
                     self.detach(id, l);
                 }
-                self.conns[id] = None;
+                self.conns.remove(id);
             }
         }
     }

@@ -191,8 +191,7 @@ impl<P: Provider> Endpoint<P> {
                 self.next_token = 1;
                 self.tokens_wrapped = true;
             }
-            let taken =
-                self.tokens_wrapped && self.conns.iter().flatten().any(|c| c.token == token);
+            let taken = self.tokens_wrapped && self.conns.values().any(|c| c.token == token);
             if token != 0 && !taken {
                 return token;
             }
@@ -216,16 +215,7 @@ impl<P: Provider> Endpoint<P> {
             tx_dirty: false,
             bufs: (None, None),
         };
-        let id = match self.conns.iter().position(Option::is_none) {
-            Some(i) => {
-                self.conns[i] = Some(c);
-                i
-            }
-            None => {
-                self.conns.push(Some(c));
-                self.conns.len() - 1
-            }
-        };
+        let id = self.conns.insert(c);
         // its handshake deadline
         self.arm_conn_timer(id);
         id
@@ -252,12 +242,12 @@ impl<P: Provider> Endpoint<P> {
     }
 
     pub(super) fn conn(&mut self, id: ConnId) -> Option<&mut Conn<P>> {
-        self.conns.get_mut(id).and_then(Option::as_mut)
+        self.conns.get_mut(id)
     }
 
     /// How the connection stands.
     pub fn status(&self, id: ConnId) -> Option<ConnStatus> {
-        let c = self.conns.get(id)?.as_ref()?;
+        let c = self.conns.get(id)?;
         Some(match &c.phase {
             Phase::Smc { .. } => ConnStatus::Smc,
             Phase::Done(s) => s.clone(),
@@ -267,7 +257,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// Connection `id`'s data path, locked.
     pub(super) fn core(&self, id: ConnId) -> Option<MutexGuard<'_, ConnCore<P>>> {
-        self.conns.get(id)?.as_ref().map(|c| lock(&c.core))
+        self.conns.get(id).map(|c| lock(&c.core))
     }
 }
 

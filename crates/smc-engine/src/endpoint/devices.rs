@@ -206,7 +206,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// Whether link `slot` of group `l` is on the second device.
     pub fn link_on_second_device(&self, l: LgrId, slot: usize) -> Option<bool> {
-        let lg = self.lgrs.get(l)?.as_ref()?;
+        let lg = self.lgrs.get(l)?;
         Some(lg.links.get(slot)?.as_ref()?.on.is_some())
     }
 
@@ -223,7 +223,7 @@ impl<P: Provider> Endpoint<P> {
     /// Whether a new link of group `l` goes on the second device (see the
     /// module documentation).
     fn new_link_on_second(&self, l: LgrId) -> bool {
-        let (Some(d2), Some(lg)) = (&self.dev2, self.lgrs.get(l).and_then(Option::as_ref)) else {
+        let (Some(d2), Some(lg)) = (&self.dev2, self.lgrs.get(l)) else {
             return false;
         };
         let mut n = [0usize; 2];
@@ -243,11 +243,7 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn new_link(&mut self, l: LgrId, psn: u32) -> Result<LinkRes<P>> {
         let bad = |m: &str| smc_rdma::Error::InvalidArgument(m.into());
         let second = self.new_link_on_second(l);
-        let lg = self
-            .lgrs
-            .get_mut(l)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| bad("no link group"))?;
+        let lg = self.lgrs.get_mut(l).ok_or_else(|| bad("no link group"))?;
         if !second {
             return LinkRes::new(&self.dev, &lg.pd, &self.chan, self.max_inline, psn);
         }
@@ -276,7 +272,7 @@ impl<P: Provider> Endpoint<P> {
             };
             // every buffer of the group: in use, and pooled
             for &id in lg.tokens.values() {
-                let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+                let Some(c) = self.conns.get(id) else {
                     continue;
                 };
                 let k = lock(&c.core);

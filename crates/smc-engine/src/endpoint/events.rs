@@ -165,10 +165,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// The engine's id of group `l`.
     fn lgr_engine_id(&self, l: LgrId) -> Option<u32> {
-        self.lgrs
-            .get(l)
-            .and_then(Option::as_ref)
-            .map(|lg| lg.group.config().id)
+        self.lgrs.get(l).map(|lg| lg.group.config().id)
     }
 
     pub(super) fn event_link_up(&mut self, l: LgrId, slot: usize) {
@@ -196,11 +193,7 @@ impl<P: Provider> Endpoint<P> {
 
     pub(super) fn event_moved(&mut self, l: LgrId, id: ConnId, from: usize, to: usize) {
         let lgr_id = self.lgr_engine_id(l).unwrap_or(0);
-        let token = self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .map_or(0, |c| c.token);
+        let token = self.conns.get(id).map_or(0, |c| c.token);
         let (from_second, to_second) = (self.on_second(l, from), self.on_second(l, to));
         self.events.push(EngineEvent::ConnMoved {
             lgr: l,
@@ -215,11 +208,7 @@ impl<P: Provider> Endpoint<P> {
     }
 
     pub(super) fn event_aborted(&mut self, id: ConnId, cause: AbortCause) {
-        let (token, lgr) = self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .map_or((0, None), |c| (c.token, c.lgr));
+        let (token, lgr) = self.conns.get(id).map_or((0, None), |c| (c.token, c.lgr));
         let lgr_id = lgr.and_then(|l| self.lgr_engine_id(l));
         self.events.push(EngineEvent::ConnAborted {
             lgr_id,

@@ -57,11 +57,7 @@ impl<P: Provider> Endpoint<P> {
             return Err(bad("link group not ready for a further link"));
         }
         let rkeys = self.add_link_rkeys(l, false);
-        let lg = self
-            .lgrs
-            .get_mut(l)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| bad("no link group"))?;
+        let lg = self.lgrs.get_mut(l).ok_or_else(|| bad("no link group"))?;
         let slot = lg
             .group
             .free_slot()
@@ -91,7 +87,7 @@ impl<P: Provider> Endpoint<P> {
     /// running or queued.
     #[doc(hidden)]
     pub fn extra_link_ready(&self, l: LgrId) -> bool {
-        self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
+        self.lgrs.get(l).is_some_and(|lg| {
             lg.state.accepts_connections()
                 && !lg.group.is_terminated()
                 && !lg.group.adding_link()
@@ -117,11 +113,7 @@ impl<P: Provider> Endpoint<P> {
         let mtu = self.dev.query_port(1)?.active_mtu;
         let mac = self.mac;
         let bad = |m: &str| smc_rdma::Error::InvalidArgument(m.into());
-        let lg = self
-            .lgrs
-            .get_mut(l)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| bad("no link group"))?;
+        let lg = self.lgrs.get_mut(l).ok_or_else(|| bad("no link group"))?;
         let slot = (0..LINK_SLOTS)
             .find(|&s| {
                 lg.group.link(s).is_none()

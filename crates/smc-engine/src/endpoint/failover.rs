@@ -29,14 +29,12 @@ impl<P: Provider> Endpoint<P> {
         let usable_left = self
             .lgrs
             .get(l)
-            .and_then(Option::as_ref)
             .is_some_and(|lg| lg.group.usable_links() > 0);
         // (no receive dispatch of the connections' on it from here on: its
         // last poll below takes what one left, `cdc_recv::dispatch`)
         if let Some(res) = self
             .lgrs
             .get(l)
-            .and_then(Option::as_ref)
             .and_then(|lg| lg.links.get(slot))
             .and_then(Option::as_ref)
         {
@@ -48,7 +46,6 @@ impl<P: Provider> Endpoint<P> {
             let ids: Vec<ConnId> = self
                 .lgrs
                 .get(l)
-                .and_then(Option::as_ref)
                 .map(|lg| lg.tokens.values().copied().collect())
                 .unwrap_or_default();
             for id in ids {
@@ -92,7 +89,7 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
         }
-        if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+        if let Some(lg) = self.lgrs.get_mut(l) {
             if let Some(res) = lg.links.get_mut(slot).and_then(Option::take) {
                 res.shut();
             }
@@ -149,7 +146,7 @@ impl<P: Provider> Endpoint<P> {
     /// link's QP cannot be readied for it, `QueuePair::prepare_remote`).
     pub fn move_connection(&mut self, id: ConnId, slot: usize) -> bool {
         self.sweep_due = true;
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+        let Some(c) = self.conns.get(id) else {
             return false;
         };
         let k = lock(&c.core);
@@ -160,7 +157,7 @@ impl<P: Provider> Endpoint<P> {
             return false;
         }
         drop(k);
-        let usable = self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
+        let usable = self.lgrs.get(l).is_some_and(|lg| {
             lg.group.active_slots().any(|s| s == slot)
                 && lg
                     .links
@@ -196,7 +193,7 @@ impl<P: Provider> Endpoint<P> {
     /// one link. Connections still in their handshake get it with their data
     /// path (`setup_datapath`, from `Lgr::multi_link`).
     pub(super) fn group_can_fail_over(&mut self, l: LgrId) {
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return;
         };
         if lg.multi_link || lg.group.usable_links() < 2 {

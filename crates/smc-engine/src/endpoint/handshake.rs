@@ -260,7 +260,7 @@ impl<P: Provider> Endpoint<P> {
         if let ClcMessage::Decline(d) = &m {
             if d.out_of_sync {
                 if let Some(l) = self.conn(id).and_then(|c| c.lgr) {
-                    if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                    if let Some(lg) = self.lgrs.get_mut(l) {
                         lg.group.terminate(smc_wire::llc::DEL_PROG_INIT_TERM, false);
                     }
                 }
@@ -325,7 +325,7 @@ impl<P: Provider> Endpoint<P> {
         let Some((off, peer_len)) = negotiate::peer_rmbe_range(peer) else {
             return false;
         };
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return false;
         };
         // The rkey in CLC is the peer RMB's on the link the CLC names (§1.11),
@@ -394,8 +394,8 @@ impl<P: Provider> Endpoint<P> {
         eid: Option<Eid>,
         kind: AcceptConfirmKind,
     ) -> Option<AcceptConfirm> {
-        let c = self.conns.get(id)?.as_ref()?;
-        let lg = self.lgrs.get(c.lgr?)?.as_ref()?;
+        let c = self.conns.get(id)?;
+        let lg = self.lgrs.get(c.lgr?)?;
         // the connection's link is the one this message names (§6)
         let k = lock(&c.core);
         let link = lg.links.get(k.link?)?.as_ref()?;
@@ -471,12 +471,10 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn established(&mut self, id: ConnId) {
         // The link group may have died between the Accept and the Confirm (a
         // reused group losing its link): the connection is born dead.
-        let lgr_dead = self.conn(id).and_then(|c| c.lgr).is_none_or(|l| {
-            self.lgrs
-                .get(l)
-                .and_then(Option::as_ref)
-                .is_none_or(|lg| lg.group.is_terminated())
-        });
+        let lgr_dead = self
+            .conn(id)
+            .and_then(|c| c.lgr)
+            .is_none_or(|l| self.lgrs.get(l).is_none_or(|lg| lg.group.is_terminated()));
         if let Some(c) = self.conn(id) {
             c.phase = Phase::Smc {
                 tcp_gone_deadline: None,
@@ -499,7 +497,7 @@ impl<P: Provider> Endpoint<P> {
             // from the first (a read that owes the peer a cursor update
             // posts it that way too, or declines).
             self.grant_rx(id);
-            if let Some(c) = self.conns.get(id).and_then(Option::as_ref) {
+            if let Some(c) = self.conns.get(id) {
                 let mut k = lock(&c.core);
                 let max_inline = self.max_inline as usize;
                 if let Ok(p) = Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, 1, false) {

@@ -120,8 +120,8 @@ impl<P: Provider> Endpoint<P> {
                     && lg.peer_system_id == a.peer_id
                     && lg.local == local
             };
-            let found = self.lgrs.iter().enumerate().find_map(|(i, lg)| {
-                let lg = lg.as_ref().filter(|lg| group(lg))?;
+            let found = self.lgrs.iter().find_map(|(i, lg)| {
+                let lg = Some(lg).filter(|lg| group(lg))?;
                 let slot = lg.group.active_slots().find(|&s| {
                     lg.links
                         .get(s)
@@ -137,7 +137,7 @@ impl<P: Provider> Endpoint<P> {
                 // connection with NOSRVLINK, which — unlike SYNCERR, "no such
                 // group" — does not make the server end the group
                 // (af_smc.c `smc_connect_rdma`).
-                let code = if self.lgrs.iter().flatten().any(group) {
+                let code = if self.lgrs.values().any(group) {
                     DeclineCode::NoSrvLink
                 } else {
                     DeclineCode::SyncErr

@@ -75,26 +75,25 @@ impl<P: Provider> Endpoint<P> {
                 && lg.local == local
         };
         // §6: a group with an active link to the peer's GID and room for one more.
-        let reuse = self.lgrs.iter().position(|lg| {
-            lg.as_ref().is_some_and(|lg| {
-                same_peer(lg)
-                    && lg.state.accepts_connections()
-                    && lg.tokens.len() < max
-                    && lg.group.active_slots().any(|s| {
-                        lg.links
-                            .get(s)
-                            .and_then(Option::as_ref)
-                            .is_some_and(|r| r.connected && r.peer_gid == peer_gid)
-                    })
-            })
+        let reuse = self.lgrs.iter().find_map(|(l, lg)| {
+            let fits = same_peer(lg)
+                && lg.state.accepts_connections()
+                && lg.tokens.len() < max
+                && lg.group.active_slots().any(|s| {
+                    lg.links
+                        .get(s)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|r| r.connected && r.peer_gid == peer_gid)
+                });
+            fits.then_some(l)
         });
         // A first contact with this peer is under way: wait for it (Linux holds
         // `smc_server_lgr_pending` for a whole first contact, so the next
         // connection finds the new group and joins it).
-        let pending = self.lgrs.iter().any(|lg| {
-            lg.as_ref()
-                .is_some_and(|lg| same_peer(lg) && lg.state.first_contact_pending())
-        });
+        let pending = self
+            .lgrs
+            .values()
+            .any(|lg| same_peer(lg) && lg.state.first_contact_pending());
         if let (None, true, Some(deadline)) = (reuse, pending, park_until) {
             if now < deadline {
                 if let Some(c) = self.conn(id) {
@@ -203,12 +202,10 @@ impl<P: Provider> Endpoint<P> {
                 return self.decline(id, version, code);
             }
         }
-        let lgr_alive = self.conn(id).and_then(|x| x.lgr).is_some_and(|l| {
-            self.lgrs
-                .get(l)
-                .and_then(Option::as_ref)
-                .is_some_and(|lg| !lg.group.is_terminated())
-        });
+        let lgr_alive = self
+            .conn(id)
+            .and_then(|x| x.lgr)
+            .is_some_and(|l| self.lgrs.get(l).is_some_and(|lg| !lg.group.is_terminated()));
         if first_contact && !lgr_alive {
             // the group died while the Confirm was on its way: no link to ready
             return self.decline(id, version, DeclineCode::ErrRdyLnk);
@@ -257,7 +254,6 @@ impl<P: Provider> Endpoint<P> {
             let link_failed = slot.zip(l).filter(|&(s, l)| {
                 self.lgrs
                     .get(l)
-                    .and_then(Option::as_ref)
                     .and_then(|lg| lg.links.get(s)?.as_ref())
                     .is_some_and(super::link::LinkRes::failed)
             });
@@ -267,7 +263,7 @@ impl<P: Provider> Endpoint<P> {
             self.established(id);
             if let Some((s, l)) = link_failed {
                 // (the next pump carries out the failover)
-                if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                if let Some(lg) = self.lgrs.get_mut(l) {
                     lg.group.on_link_failure(s);
                 }
             } else if !prepared {

@@ -12,14 +12,14 @@ use smc_rdma::{Provider, QueuePair};
 impl<P: Provider> Endpoint<P> {
     /// Which side of the handshake a connection is.
     pub fn role(&self, id: ConnId) -> Option<Role> {
-        self.conns.get(id)?.as_ref().map(|c| c.role)
+        self.conns.get(id).map(|c| c.role)
     }
 
     /// A connection's alert token (unique among the live connections of its
     /// link group; with the id it tells a connection from a later one that
     /// reuses the id).
     pub fn alert_token(&self, id: ConnId) -> Option<u32> {
-        self.conns.get(id)?.as_ref().map(|c| c.token)
+        self.conns.get(id).map(|c| c.token)
     }
 
     /// Unsent or unconfirmed bytes of ours on a connection.
@@ -31,17 +31,22 @@ impl<P: Provider> Endpoint<P> {
 
     /// Live link groups.
     pub fn link_groups(&self) -> usize {
-        self.lgrs.iter().flatten().count()
+        self.lgrs.len()
+    }
+
+    /// The handles of the live link groups.
+    pub fn link_group_ids(&self) -> impl Iterator<Item = LgrId> + '_ {
+        self.lgrs.ids()
     }
 
     /// Connections of the link group a connection uses.
     pub fn link_group_of(&self, id: ConnId) -> Option<LgrId> {
-        self.conns.get(id)?.as_ref()?.lgr
+        self.conns.get(id)?.lgr
     }
 
     /// Connections still allocated (not yet reaped).
     pub fn connections(&self) -> usize {
-        self.conns.iter().flatten().count()
+        self.conns.len()
     }
 
     /// LLC messages posted so far (requests and responses, every group).
@@ -53,27 +58,26 @@ impl<P: Provider> Endpoint<P> {
     /// it keeps for reuse.
     pub fn link_group_buffers(&self, l: LgrId) -> Option<(usize, usize)> {
         self.lgrs
-            .get(l)?
-            .as_ref()
+            .get(l)
             .map(|lg| (lg.group.rtoken_count(), lg.free_bufs.len()))
     }
 
     /// QP number of a link group's first link (lowest slot; for fault injection
     /// in tests).
     pub fn qp_num(&self, l: LgrId) -> Option<u32> {
-        let lg = self.lgrs.get(l)?.as_ref()?;
+        let lg = self.lgrs.get(l)?;
         lg.links.iter().flatten().map(|r| r.qp.qp_num()).next()
     }
 
     /// QP number of the link in `slot` of a link group.
     pub fn link_qp_num(&self, l: LgrId, slot: usize) -> Option<u32> {
-        let lg = self.lgrs.get(l)?.as_ref()?;
+        let lg = self.lgrs.get(l)?;
         lg.links.get(slot)?.as_ref().map(|r| r.qp.qp_num())
     }
 
     /// State of the QP of the link in `slot` of a link group.
     pub fn link_qp_state(&self, l: LgrId, slot: usize) -> Option<smc_rdma::QpState> {
-        let lg = self.lgrs.get(l)?.as_ref()?;
+        let lg = self.lgrs.get(l)?;
         lg.links.get(slot)?.as_ref().map(|r| r.qp.state())
     }
 
@@ -81,14 +85,13 @@ impl<P: Provider> Endpoint<P> {
     pub fn usable_links(&self, l: LgrId) -> Vec<usize> {
         self.lgrs
             .get(l)
-            .and_then(Option::as_ref)
             .map(|lg| lg.group.active_slots().collect())
             .unwrap_or_default()
     }
 
     /// A link group's life-cycle state.
     pub fn link_group_state(&self, l: LgrId) -> Option<LgrState> {
-        Some(self.lgrs.get(l)?.as_ref()?.state)
+        Some(self.lgrs.get(l)?.state)
     }
 
     /// The link (slot) a connection is assigned to.
@@ -98,15 +101,15 @@ impl<P: Provider> Endpoint<P> {
 
     /// Where a connection's handshake stands.
     pub fn handshake_phase(&self, id: ConnId) -> Option<HandshakePhase> {
-        Some(self.conns.get(id)?.as_ref()?.phase.kind())
+        Some(self.conns.get(id)?.phase.kind())
     }
 
     /// Debug dump of a connection's data path and close state.
     pub fn debug_conn(&self, id: ConnId) -> String {
-        match self.conns.get(id).and_then(Option::as_ref) {
+        match self.conns.get(id) {
             Some(c) => {
                 let k = lock(&c.core);
-                let lg = c.lgr.and_then(|l| self.lgrs.get(l)?.as_ref());
+                let lg = c.lgr.and_then(|l| self.lgrs.get(l));
                 let rtoken = k.peer_rmb.and_then(|p| lg?.group.rtoken(p.row).copied());
                 let sends: Vec<usize> = lg
                     .map(|lg| {
@@ -145,7 +148,7 @@ impl<P: Provider> Endpoint<P> {
     /// What `smcss -d`/`-R` show of a connection: token, buffer sizes,
     /// cursors and flags of its last CDCs, its link group and link.
     pub fn conn_diag(&self, id: ConnId) -> Option<ConnDiag> {
-        let c = self.conns.get(id)?.as_ref()?;
+        let c = self.conns.get(id)?;
         let k = lock(&c.core);
         let cfg = k.dp.as_ref().map(|dp| *dp.config());
         Some(ConnDiag {
@@ -161,7 +164,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// What `smcr -d linkgroup` and `link-show -dd` show of a link group.
     pub fn lgr_diag(&self, l: LgrId) -> Option<LgrDiag> {
-        let lg = self.lgrs.get(l)?.as_ref()?;
+        let lg = self.lgrs.get(l)?;
         let links = (0..lg.links.len())
             .filter_map(|slot| {
                 let k = lg.group.link(slot)?;
@@ -205,12 +208,7 @@ impl<P: Provider> Endpoint<P> {
         // CDCs a reader's own dispatch applied until the endpoint polls the
         // link, which with the driver asleep can be seconds away)
         let (mut sent, mut received) = (0, 0);
-        for r in self
-            .lgrs
-            .iter()
-            .flatten()
-            .flat_map(|lg| lg.links.iter().flatten())
-        {
+        for r in self.lgrs.values().flat_map(|lg| lg.links.iter().flatten()) {
             sent += r.tx.fast_cdcs.get();
             received += r.rx.cdcs.get();
         }

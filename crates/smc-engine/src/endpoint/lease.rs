@@ -237,7 +237,7 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         max: usize,
     ) -> std::result::Result<WritePlan, ConnError> {
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+        let Some(c) = self.conns.get(id) else {
             return Err(ConnError::NotConnected);
         };
         let mut k = lock(&c.core);
@@ -251,7 +251,6 @@ impl<P: Provider> Endpoint<P> {
         let Some(res) = self
             .lgrs
             .get(p.l)
-            .and_then(Option::as_ref)
             .and_then(|lg| lg.links.get(p.slot))
             .and_then(Option::as_ref)
         else {
@@ -310,7 +309,7 @@ impl<P: Provider> Endpoint<P> {
         lease: &WriteLease,
         n: usize,
     ) -> std::result::Result<bool, ConnError> {
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+        let Some(c) = self.conns.get(id) else {
             return Err(ConnError::NotConnected);
         };
         let mut k = lock(&c.core);

@@ -176,16 +176,7 @@ impl<P: Provider> Endpoint<P> {
             rr: 0,
             multi_link: false,
         };
-        Ok(match self.lgrs.iter().position(Option::is_none) {
-            Some(i) => {
-                self.lgrs[i] = Some(l);
-                i
-            }
-            None => {
-                self.lgrs.push(Some(l));
-                self.lgrs.len() - 1
-            }
-        })
+        Ok(self.lgrs.insert(l))
     }
 
     /// Keeps what a v2 first contact told about the peer and agreed on
@@ -197,7 +188,7 @@ impl<P: Provider> Endpoint<P> {
         fce: Option<&smc_wire::clc::FirstContactExt>,
         eid: Option<Eid>,
     ) {
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return;
         };
         if lg.version < SMC_V2 {
@@ -218,7 +209,7 @@ impl<P: Provider> Endpoint<P> {
     /// One step of a link group's life cycle ([`LgrState::on`]) and its action.
     /// `MoveConnections` is the caller's (it knows which link failed).
     pub(super) fn lgr_step(&mut self, l: LgrId, ev: LgrEvent) -> LgrAction {
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return LgrAction::Nothing;
         };
         let (next, action) = lg.state.on(ev);
@@ -284,7 +275,7 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
             LgrAction::Free => {
-                if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::take) {
+                if let Some(lg) = self.lgrs.remove(l) {
                     for res in lg.links.iter().flatten() {
                         res.shut();
                     }
@@ -297,11 +288,7 @@ impl<P: Provider> Endpoint<P> {
     /// Attaches connection `id` to group `l` on link `slot`: RMB and send buffer
     /// from the group's pool or its PD.
     pub(super) fn attach(&mut self, id: ConnId, l: LgrId, slot: usize) -> Result<()> {
-        let (rmb_ask, sndbuf_ask) = self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .map_or((None, None), |c| c.bufs);
+        let (rmb_ask, sndbuf_ask) = self.conns.get(id).map_or((None, None), |c| c.bufs);
         let rmb_len = RmbeSize::for_size(
             rmb_ask.unwrap_or_else(|| self.default_rmb_len()),
             RmbeSize::MAX_CLASS,
@@ -315,7 +302,6 @@ impl<P: Provider> Endpoint<P> {
         let lg = self
             .lgrs
             .get_mut(l)
-            .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such link group".into()))?;
         let (rmb, sndbuf) = lg.take_bufs(rmb_len, sndbuf_len, &mut self.events.bufs)?;
         // (on the group's second device too, if it has links there)
@@ -326,7 +312,6 @@ impl<P: Provider> Endpoint<P> {
         let c = self
             .conns
             .get_mut(id)
-            .and_then(Option::as_mut)
             .ok_or_else(|| smc_rdma::Error::InvalidArgument("no such connection".into()))?;
         if lg.tokens.insert(c.token, id).is_none() {
             lg.rmb_held += rmb.len();
@@ -363,11 +348,11 @@ impl<P: Provider> Endpoint<P> {
 
     /// RMB bytes the connections of every link group hold.
     pub(super) fn rmb_held(&self) -> usize {
-        self.lgrs.iter().flatten().map(|lg| lg.rmb_held).sum()
+        self.lgrs.values().map(|lg| lg.rmb_held).sum()
     }
 
     pub(super) fn detach(&mut self, id: ConnId, l: LgrId) {
-        let token = self.conns.get(id).and_then(Option::as_ref).map(|c| c.token);
+        let token = self.conns.get(id).map(|c| c.token);
         if let Some(t) = token {
             self.by_token.write().remove(&t);
         }
@@ -375,7 +360,7 @@ impl<P: Provider> Endpoint<P> {
             .core(id)
             .and_then(|k| k.rmb.as_ref().map(MemoryRegion::len))
             .unwrap_or(0);
-        let empty = match self.lgrs.get_mut(l).and_then(Option::as_mut) {
+        let empty = match self.lgrs.get_mut(l) {
             Some(lg) => {
                 let attached = token.is_some_and(|t| lg.tokens.remove(&t).is_some());
                 if attached {
@@ -402,7 +387,7 @@ impl<P: Provider> Endpoint<P> {
     /// peer sees nothing but our WRITEs and CDCs on the other link.
     pub(super) fn spread_to(&mut self, l: LgrId, slot: usize) {
         let mut loads = self.link_loads(l);
-        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+        let Some(lg) = self.lgrs.get(l) else {
             return;
         };
         let mut candidates: Vec<(usize, ConnId)> = lg
@@ -439,7 +424,7 @@ impl<P: Provider> Endpoint<P> {
     /// Connections per link slot of a group.
     fn link_loads(&self, l: LgrId) -> [usize; LINK_SLOTS] {
         let mut n = [0; LINK_SLOTS];
-        if let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) {
+        if let Some(lg) = self.lgrs.get(l) {
             for id in lg.tokens.values() {
                 let slot = self.core(*id).and_then(|k| k.link);
                 if let Some(x) = slot.and_then(|s| n.get_mut(s)) {
@@ -460,7 +445,7 @@ impl<P: Provider> Endpoint<P> {
         row: Option<usize>,
         except: Option<usize>,
     ) -> Option<usize> {
-        let lg = self.lgrs.get(l).and_then(Option::as_ref)?;
+        let lg = self.lgrs.get(l)?;
         let loads = self.link_loads(l);
         lg.group
             .active_slots()
@@ -503,7 +488,6 @@ impl<P: Provider> Endpoint<P> {
         let lg = self
             .lgrs
             .get_mut(l)
-            .and_then(Option::as_mut)
             .filter(|lg| !lg.group.is_terminated())
             .ok_or(DeclineCode::ErrRdyLnk)?;
         let gid = lg.local;
@@ -533,20 +517,12 @@ impl<P: Provider> Endpoint<P> {
         id: ConnId,
         slot: usize,
     ) -> std::result::Result<(), DeclineCode> {
-        let c = self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .ok_or(DeclineCode::IntErr)?;
+        let c = self.conns.get(id).ok_or(DeclineCode::IntErr)?;
         let k = lock(&c.core);
         let (Some(l), Some(peer), Some(dp)) = (c.lgr, k.peer_rmb, k.dp.as_ref()) else {
             return Err(DeclineCode::IntErr);
         };
-        let lg = self
-            .lgrs
-            .get(l)
-            .and_then(Option::as_ref)
-            .ok_or(DeclineCode::IntErr)?;
+        let lg = self.lgrs.get(l).ok_or(DeclineCode::IntErr)?;
         let (rkey, base) = lg
             .group
             .rtoken(peer.row)

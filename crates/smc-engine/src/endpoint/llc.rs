@@ -45,7 +45,7 @@ impl<P: Provider> Endpoint<P> {
             _ => Vec::new(),
         };
         let (mac, gids) = (self.mac, &self.gids);
-        for lg in self.lgrs.iter_mut().flatten() {
+        for lg in self.lgrs.values_mut() {
             if matches!(ev, AsyncEvent::PortActive { .. }) {
                 lg.group.request_add_link();
                 // A client invites the server (Linux `smcr_port_add`, for
@@ -119,7 +119,7 @@ impl<P: Provider> Endpoint<P> {
     /// replaced now ([`Self::link_to_replace`]).
     fn replace_asymmetric_link(&mut self, l: LgrId) {
         let ups = [port_up(&self.dev), self.dev2.as_ref().is_some_and(port_up)];
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return;
         };
         for (second, is_up) in [false, true].into_iter().zip(ups) {
@@ -133,7 +133,7 @@ impl<P: Provider> Endpoint<P> {
     /// A provider error while posting on link `slot`: a failed QP takes the link
     /// down (§7.1: "failure to post a send"); anything else is the caller's.
     pub(super) fn link_error(&mut self, l: LgrId, slot: usize, e: smc_rdma::Error) -> Result<()> {
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return Ok(());
         };
         let failed = lg
@@ -150,7 +150,7 @@ impl<P: Provider> Endpoint<P> {
 
     pub(super) fn drain_lgr(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
         loop {
-            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            let Some(lg) = self.lgrs.get_mut(l) else {
                 return Ok(());
             };
             let Some(o) = lg.group.poll_output() else {
@@ -213,8 +213,10 @@ impl<P: Provider> Endpoint<P> {
                 LgrOutput::AddLinkFailed { slot } => self.on_add_link_failed(l, slot),
                 LgrOutput::RkeyFlowDone { tag, .. } if tag & DELETE_TAG != 0 => {}
                 LgrOutput::RkeyFlowDone { tag, ok } => {
-                    self.on_rkey_done(tag as ConnId, ok);
-                    self.conn_event(tag as ConnId);
+                    // (a connection freed meanwhile: its id finds nothing)
+                    let id = ConnId::from_bits(tag);
+                    self.on_rkey_done(id, ok);
+                    self.conn_event(id);
                 }
             }
         }

@@ -95,9 +95,7 @@ impl<P: Provider> Endpoint<P> {
             // does not pay for a large buffer.
             zero(rmb, used.min(rmb.len()));
         }
-        if let (Some((rmb, sndbuf)), Some(lg)) =
-            (bufs, self.lgrs.get_mut(l).and_then(Option::as_mut))
-        {
+        if let (Some((rmb, sndbuf)), Some(lg)) = (bufs, self.lgrs.get_mut(l)) {
             if !lg.group.is_terminated() {
                 if lg.links.iter().flatten().count() == 1 && lg.known_rkeys.len() < KNOWN_RKEYS_MAX
                 {

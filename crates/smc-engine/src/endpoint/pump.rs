@@ -58,7 +58,7 @@ impl<P: Provider> Endpoint<P> {
                 // every connection's timers are looked at and armed, the
                 // heap's entries stay (they find nothing, or what is due anyway)
                 self.due.clear();
-                ids.extend(0..self.conns.len());
+                ids.extend(self.conns.ids());
             } else {
                 self.take_due(now, &mut ids);
             }
@@ -79,10 +79,10 @@ impl<P: Provider> Endpoint<P> {
         }
         let lgr_timers = recheck || sweep || self.lgr_next.is_some_and(|t| now >= t);
         let mut lgr_next: Option<Timestamp> = None;
-        for l in 0..self.lgrs.len() {
-            if self.lgrs.get(l).and_then(Option::as_ref).is_none() {
+        for i in 0..self.lgrs.slot_count() {
+            let Some(l) = self.lgrs.id_at(i) else {
                 continue;
-            }
+            };
             if !sweep && !lgr_timers && self.lgr_quiet(l) {
                 // Nothing can have come in on its links and nothing waits
                 // there: only what its connections have to send (a message
@@ -109,7 +109,7 @@ impl<P: Provider> Endpoint<P> {
             let mut next = None;
             // (the linger of a group without connections, see `poll_timeout`)
             let mut linger = None;
-            if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+            if let Some(lg) = self.lgrs.get_mut(l) {
                 next = lg.group.poll_timeout();
                 if next.is_some_and(|t| now >= t) {
                     fired = true;
@@ -132,11 +132,7 @@ impl<P: Provider> Endpoint<P> {
                 self.timer_events += 1;
                 // what the timers decided goes out now
                 self.drain_lgr(l, now)?;
-                next = self
-                    .lgrs
-                    .get(l)
-                    .and_then(Option::as_ref)
-                    .and_then(|lg| lg.group.poll_timeout());
+                next = self.lgrs.get(l).and_then(|lg| lg.group.poll_timeout());
             }
             lgr_next = earliest(earliest(lgr_next, next), linger);
         }
@@ -148,7 +144,8 @@ impl<P: Provider> Endpoint<P> {
         // (those this pump's events marked stay marked: the next pump looks
         // at their timers, `conn_event`)
         if sweep {
-            self.reap(0..self.conns.len());
+            let all: Vec<ConnId> = self.conns.ids().collect();
+            self.reap(all.into_iter());
             self.reap_lgrs();
         } else if !ids.is_empty() || !self.due.is_empty() {
             ids.extend_from_slice(&self.due);
@@ -167,12 +164,7 @@ impl<P: Provider> Endpoint<P> {
     /// Connection `id`'s timers at `now` (see `endpoint/timers.rs`); arms its
     /// next deadline.
     fn conn_timers(&mut self, id: ConnId, now: Timestamp) {
-        let due = match self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .map(|c| &c.phase)
-        {
+        let due = match self.conns.get(id).map(|c| &c.phase) {
             Some(&Phase::AwaitAccept { deadline, .. })
             | Some(&Phase::AwaitProposal { deadline })
             | Some(&Phase::AwaitConfirm { deadline, .. }) => now >= deadline,
@@ -183,12 +175,7 @@ impl<P: Provider> Endpoint<P> {
             self.timer_events += 1;
             self.finish(id, ConnStatus::Failed(FailReason::Timeout));
         }
-        match self
-            .conns
-            .get(id)
-            .and_then(Option::as_ref)
-            .map(|c| &c.phase)
-        {
+        match self.conns.get(id).map(|c| &c.phase) {
             Some(&Phase::AwaitLateDecline { version, deadline }) if now >= deadline => {
                 self.sweep_due = true;
                 self.timer_events += 1;
@@ -202,15 +189,12 @@ impl<P: Provider> Endpoint<P> {
             _ => {}
         }
         if matches!(
-            self.conns
-                .get(id)
-                .and_then(Option::as_ref)
-                .map(|c| &c.phase),
+            self.conns.get(id).map(|c| &c.phase),
             Some(Phase::AwaitLgr { .. })
         ) {
             self.retry_parked(id, now);
         }
-        if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+        if let Some(c) = self.conns.get_mut(id) {
             let tcp_gone = match &mut c.phase {
                 Phase::Smc { tcp_gone_deadline } => {
                     tcp_gone_deadline.take_if(|d| now >= *d).is_some()
@@ -243,7 +227,7 @@ impl<P: Provider> Endpoint<P> {
                 // it goes down after SMC_LLC_WAIT_TIME and, as the
                 // last link, ends the group (Linux `smcr_link_down`).
                 if let (Some(l), Some(slot)) = (c.lgr, k.link) {
-                    if let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) {
+                    if let Some(lg) = self.lgrs.get_mut(l) {
                         lg.group.probe_link(slot, now);
                     }
                 }
@@ -280,11 +264,7 @@ impl<P: Provider> Endpoint<P> {
         self.drain_lgr(l, now)?;
         for slot in 0..LINK_SLOTS {
             // (pumps run in every waiting loop: skip empty slots cheaply)
-            let present = self
-                .lgrs
-                .get(l)
-                .and_then(Option::as_ref)
-                .is_some_and(|lg| lg.links[slot].is_some());
+            let present = self.lgrs.get(l).is_some_and(|lg| lg.links[slot].is_some());
             if !present {
                 continue;
             }
@@ -293,7 +273,6 @@ impl<P: Provider> Endpoint<P> {
             let fast_error = self
                 .lgrs
                 .get(l)
-                .and_then(Option::as_ref)
                 .and_then(|lg| lg.links[slot].as_ref())
                 .and_then(super::link::LinkRes::take_fast_error);
             if let Some(e) = fast_error {
@@ -324,7 +303,7 @@ impl<P: Provider> Endpoint<P> {
     /// (`LinkTx::has_reaped`). A group
     /// in any other state, or whose timers are due, is pumped whole.
     fn lgr_quiet(&self, l: LgrId) -> bool {
-        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+        let Some(lg) = self.lgrs.get(l) else {
             return true;
         };
         lg.state == LgrState::Active
@@ -344,7 +323,6 @@ impl<P: Provider> Endpoint<P> {
         self.tx_dirty.iter().any(|&id| {
             self.conns
                 .get(id)
-                .and_then(Option::as_ref)
                 .is_some_and(|c| c.tx_dirty && c.lgr == Some(l))
         })
     }
@@ -352,26 +330,19 @@ impl<P: Provider> Endpoint<P> {
     /// Frees those of connections `ids` that are closed and released.
     fn reap(&mut self, ids: impl Iterator<Item = ConnId>) {
         for id in ids {
-            let finished = self
-                .conns
-                .get(id)
-                .and_then(Option::as_ref)
-                .is_some_and(|c| {
-                    // CDCs of a dead link group never complete; do not wait for them.
-                    let lgr_dead = c.lgr.is_none_or(|l| {
-                        self.lgrs
-                            .get(l)
-                            .and_then(Option::as_ref)
-                            .is_none_or(|lg| lg.group.is_terminated())
-                    });
-                    lock(&c.core).reapable(lgr_dead)
-                });
+            let finished = self.conns.get(id).is_some_and(|c| {
+                // CDCs of a dead link group never complete; do not wait for them.
+                let lgr_dead = c
+                    .lgr
+                    .is_none_or(|l| self.lgrs.get(l).is_none_or(|lg| lg.group.is_terminated()));
+                lock(&c.core).reapable(lgr_dead)
+            });
             if finished {
-                if let Some(l) = self.conns[id].as_ref().and_then(|c| c.lgr) {
+                if let Some(l) = self.conns.get(id).and_then(|c| c.lgr) {
                     self.detach(id, l);
                     self.pool_bufs(id, l);
                 }
-                self.conns[id] = None;
+                self.conns.remove(id);
                 self.reap_looked = false;
                 // (its group may be done, a Proposal parked for it may go
                 // on: the next pump looks, without a sweep of every
@@ -385,9 +356,13 @@ impl<P: Provider> Endpoint<P> {
     /// Frees the link groups that died (in a sweep: the pump after the
     /// group's end, not the one that posted its last LLC message).
     fn reap_lgrs(&mut self) {
-        for l in 0..self.lgrs.len() {
-            let dead = self.lgrs[l]
-                .as_ref()
+        for i in 0..self.lgrs.slot_count() {
+            let Some(l) = self.lgrs.id_at(i) else {
+                continue;
+            };
+            let dead = self
+                .lgrs
+                .get(l)
                 .is_some_and(|lg| lg.state == LgrState::Terminating && lg.tokens.is_empty());
             if dead {
                 // (connections parked for a first contact decide again)
@@ -439,7 +414,7 @@ impl<P: Provider> Endpoint<P> {
     /// does not cover timers or device events: a caller that stops pumping on
     /// `false` must still pump now and then.
     pub fn may_have_work(&self) -> bool {
-        self.lgrs.iter().flatten().any(|lg| {
+        self.lgrs.values().any(|lg| {
             lg.links.iter().flatten().any(|r| {
                 r.tx.scq.may_have_work()
                     || r.tx.has_reaped()

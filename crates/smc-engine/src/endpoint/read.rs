@@ -51,7 +51,7 @@ impl<P: Provider> Endpoint<P> {
     /// may poll its link's receive CQ themselves (`FastRx`), unless they may
     /// already.
     pub(super) fn grant_rx(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+        let Some(c) = self.conns.get(id) else {
             return;
         };
         let Some(l) = c.lgr else { return };
@@ -66,7 +66,6 @@ impl<P: Provider> Endpoint<P> {
         let Some(res) = self
             .lgrs
             .get(l)
-            .and_then(Option::as_ref)
             .and_then(|lg| lg.links.get(slot))
             .and_then(Option::as_ref)
         else {

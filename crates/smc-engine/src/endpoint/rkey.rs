@@ -23,7 +23,9 @@ pub(super) enum RkeyFlow {
     Delete(u32),
 }
 
-/// Flow tags: confirm flows carry the connection id, delete flows this bit.
+/// Flow tags: confirm flows carry the connection id
+/// ([`ConnId::to_bits`]: its slot in the high half never reaches 2^31, there
+/// is no memory for that many connections), delete flows this bit.
 pub(super) const DELETE_TAG: u64 = 1 << 63;
 
 impl<P: Provider> Endpoint<P> {
@@ -34,14 +36,14 @@ impl<P: Provider> Endpoint<P> {
         let Some(rkey) = self.core(id).and_then(|k| k.rmb.as_ref().map(|m| m.rkey())) else {
             return false;
         };
-        let known = self.lgrs.get(l).and_then(Option::as_ref).is_some_and(|lg| {
+        let known = self.lgrs.get(l).is_some_and(|lg| {
             lg.links.iter().flatten().count() == 1 && lg.known_rkeys.contains(&rkey)
         });
         if known {
             self.on_rkey_done(id, true);
             return true;
         }
-        match self.lgrs.get_mut(l).and_then(Option::as_mut) {
+        match self.lgrs.get_mut(l) {
             // One local LLC flow at a time (§1.6): a busy group queues the
             // connection and pump() starts its flow when the slot frees.
             Some(lg) => lg.rkey_queue.push_back(RkeyFlow::Confirm(id)),
@@ -88,12 +90,7 @@ impl<P: Provider> Endpoint<P> {
 
     pub(super) fn retry_rkey_flows(&mut self, l: LgrId, now: Timestamp) {
         loop {
-            let Some(&flow) = self
-                .lgrs
-                .get(l)
-                .and_then(Option::as_ref)
-                .and_then(|lg| lg.rkey_queue.front())
-            else {
+            let Some(&flow) = self.lgrs.get(l).and_then(|lg| lg.rkey_queue.front()) else {
                 return;
             };
             // CONFIRM_RKEY on the connection's link, entry 0 for that link and one
@@ -106,7 +103,7 @@ impl<P: Provider> Endpoint<P> {
                 })),
                 RkeyFlow::Delete(_) => None,
             };
-            let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+            let Some(lg) = self.lgrs.get_mut(l) else {
                 return;
             };
             let started = match (flow, confirm) {
@@ -124,7 +121,7 @@ impl<P: Provider> Endpoint<P> {
                         .collect();
                     let (k, a) = lg.rmb_token(slot, rkey, addr);
                     lg.group
-                        .start_confirm_rkey(slot, k, a, &others, id as u64, now)
+                        .start_confirm_rkey(slot, k, a, &others, id.to_bits(), now)
                 }
                 (RkeyFlow::Delete(rkey), _) => match lg.group.active_slots().min() {
                     Some(slot) => {

@@ -93,7 +93,7 @@ impl<P: Provider> Endpoint<P> {
 
     /// Keeps connection `id`'s earliest deadline in the heap.
     pub(super) fn arm_conn_timer(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) else {
+        let Some(c) = self.conns.get_mut(id) else {
             return;
         };
         let Some(d) = conn_deadline(c) else {
@@ -112,7 +112,7 @@ impl<P: Provider> Endpoint<P> {
     /// its driver at the end of its handshake's wait.
     pub(super) fn prune_timers(&mut self) {
         while let Some(&Reverse((t, id))) = self.timers.peek() {
-            let c = self.conns.get_mut(id).and_then(Option::as_mut);
+            let c = self.conns.get_mut(id);
             let live = c
                 .as_ref()
                 .is_some_and(|c| c.timer_at == Some(t) && conn_deadline(c).is_some_and(|d| d <= t));
@@ -158,7 +158,7 @@ impl<P: Provider> Endpoint<P> {
                 break;
             }
             self.timers.pop();
-            if let Some(c) = self.conns.get_mut(id).and_then(Option::as_mut) {
+            if let Some(c) = self.conns.get_mut(id) {
                 // (an entry for an earlier deadline superseded this one's
                 // place: the connection's own entry is still in the heap)
                 if c.timer_at == Some(t) {

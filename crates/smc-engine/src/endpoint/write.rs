@@ -145,7 +145,7 @@ impl<P: Provider> Endpoint<P> {
     pub(super) fn direct_plan(
         k: &mut ConnCore<P>,
         lgr: Option<LgrId>,
-        lgrs: &[Option<Lgr<P>>],
+        lgrs: &super::Slots<LgrId, Lgr<P>>,
         max_inline: usize,
         want: usize,
         lessee: bool,
@@ -154,7 +154,7 @@ impl<P: Provider> Endpoint<P> {
         let Some(l) = lgr else {
             return Err(Direct::No);
         };
-        let Some(lg) = lgrs.get(l).and_then(Option::as_ref) else {
+        let Some(lg) = lgrs.get(l) else {
             return Err(Direct::No);
         };
         // A failover replays unconfirmed data from the send buffer (§7.2), which
@@ -218,7 +218,7 @@ impl<P: Provider> Endpoint<P> {
     /// The direct path of [`Self::write`]: plans and posts under one lock of
     /// the connection's core.
     fn write_direct(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<Direct, ConnError> {
-        let Some(c) = self.conns.get(id).and_then(Option::as_ref) else {
+        let Some(c) = self.conns.get(id) else {
             return Ok(Direct::No);
         };
         let mut k = lock(&c.core);
@@ -251,7 +251,7 @@ impl<P: Provider> Endpoint<P> {
     /// (a new epoch) or the link's conditions stop holding
     /// ([`Self::close_fast`]).
     pub(super) fn grant_fast(
-        lgrs: &mut [Option<Lgr<P>>],
+        lgrs: &mut super::Slots<LgrId, Lgr<P>>,
         max_inline: usize,
         id: ConnId,
         k: &mut ConnCore<P>,
@@ -259,7 +259,6 @@ impl<P: Provider> Endpoint<P> {
     ) {
         let Some(res) = lgrs
             .get_mut(p.l)
-            .and_then(Option::as_mut)
             .and_then(|lg| lg.links.get_mut(p.slot))
             .and_then(Option::as_mut)
         else {
@@ -308,7 +307,7 @@ impl<P: Provider> Endpoint<P> {
     /// every pump; a connection's own conditions and its link epoch the
     /// fast path checks itself).
     pub(super) fn close_fast(&mut self, l: LgrId) {
-        let Some(lg) = self.lgrs.get_mut(l).and_then(Option::as_mut) else {
+        let Some(lg) = self.lgrs.get_mut(l) else {
             return;
         };
         if !lg.links.iter().flatten().any(|r| r.fast_granted) {
@@ -332,7 +331,7 @@ impl<P: Provider> Endpoint<P> {
     /// CDCs may come on either, and a failover's (§7.2) are the endpoint's
     /// to order. Looked at by every pump of the group.
     pub(super) fn open_rx(&mut self, l: LgrId) {
-        let Some(lg) = self.lgrs.get(l).and_then(Option::as_ref) else {
+        let Some(lg) = self.lgrs.get(l) else {
             return;
         };
         let single = one_active_link(lg);
@@ -344,7 +343,7 @@ impl<P: Provider> Endpoint<P> {
     /// Connection `id`'s handle for the fast path ([`FastConn`]): what it
     /// can do without the endpoint. `None` for an unknown connection.
     pub fn fast_conn(&self, id: ConnId) -> Option<FastConn<P>> {
-        let c = self.conns.get(id)?.as_ref()?;
+        let c = self.conns.get(id)?;
         Some(FastConn::new(c.core.clone()))
     }
 
@@ -354,7 +353,7 @@ impl<P: Provider> Endpoint<P> {
     /// and their CDC (counted in `cdc_sent`). What came of it goes to
     /// [`Self::direct_posted`] once `k` is unlocked.
     pub(super) fn post_direct(
-        lgrs: &mut [Option<Lgr<P>>],
+        lgrs: &mut super::Slots<LgrId, Lgr<P>>,
         cdc_sent: &mut u64,
         id: ConnId,
         k: &mut ConnCore<P>,
@@ -363,7 +362,6 @@ impl<P: Provider> Endpoint<P> {
     ) -> std::result::Result<Posted, ConnError> {
         let Some(res) = lgrs
             .get_mut(p.l)
-            .and_then(Option::as_mut)
             .and_then(|lg| lg.links.get_mut(p.slot))
             .and_then(Option::as_mut)
         else {

@@ -148,7 +148,7 @@ mod tests {
     /// for a link there) and the reason or cause.
     #[test]
     fn engine_events_are_logged_with_lg_id_and_reason() {
-        use smc_engine::endpoint::{AbortCause, EngineEvent};
+        use smc_engine::endpoint::{AbortCause, ConnId, EngineEvent, LgrId};
         use smc_proto::link::DownReason;
         let got = Arc::new(Mutex::new(Vec::new()));
         let sub = Collect(got.clone(), Level::INFO);
@@ -158,14 +158,14 @@ mod tests {
         };
         tracing::subscriber::with_default(sub, || {
             let up = EngineEvent::LinkUp {
-                lgr: 0,
+                lgr: LgrId::from_bits(0),
                 lgr_id: 0x100,
                 slot: 1,
                 second: true,
             };
             super::super::log_event(&devs, Some(0x7300), &up);
             let down = EngineEvent::LinkDown {
-                lgr: 0,
+                lgr: LgrId::from_bits(0),
                 lgr_id: 0x100,
                 slot: 1,
                 second: true,
@@ -173,9 +173,9 @@ mod tests {
             };
             super::super::log_event(&devs, Some(0x7300), &down);
             let moved = EngineEvent::ConnMoved {
-                lgr: 0,
+                lgr: LgrId::from_bits(0),
                 lgr_id: 0x100,
-                conn: 3,
+                conn: ConnId::from_bits(3),
                 token: 9,
                 from: 1,
                 to: 0,
@@ -185,7 +185,7 @@ mod tests {
             super::super::log_event(&devs, Some(0x7300), &moved);
             let aborted = EngineEvent::ConnAborted {
                 lgr_id: None,
-                conn: 3,
+                conn: ConnId::from_bits(3),
                 token: 9,
                 cause: AbortCause::NoLink,
             };

@@ -53,7 +53,7 @@ use crate::ctx::{self, Role, Shared};
 use crate::stream::Mode;
 use serde_json::{json, Value};
 use smc_config::store::Table;
-use smc_engine::endpoint::{ConnId, Endpoint, EngineEvent};
+use smc_engine::endpoint::{ConnId, Endpoint, EngineEvent, LgrId};
 use smc_engine::state::{BufCounts, ConnDiag, LgrDiag, MsgCounts};
 use smc_proto::close::CloseState;
 use smc_proto::link::LinkState;
@@ -825,7 +825,7 @@ struct Facts {
 
 /// A link group as the engine describes it: (device index, group index,
 /// the engine's description).
-type LgrSeen = (usize, usize, LgrDiag);
+type LgrSeen = (usize, LgrId, LgrDiag);
 
 /// What the registry thread remembers between snapshots: the LG-IDs it
 /// gave out.
@@ -1103,21 +1103,17 @@ impl Registry {
             bufs.tx_full += b.tx_full;
             bufs.tx_too_small += b.tx_too_small;
             bufs.tx_peer_too_small += b.tx_peer_too_small;
-            let n = ep.link_groups();
-            let (mut found, mut l) = (0, 0);
-            while found < n && l < 4096 {
+            for l in ep.link_group_ids() {
                 if let Some(d) = ep.lgr_diag(l) {
-                    found += 1;
                     groups.push((di, l, d));
                 }
-                l += 1;
             }
         }
         let ids: Vec<u32> = groups
             .iter()
             .map(|(di, _, d)| watch.lg_id(&self.dir, (eps[*di].0.clone(), d.id)))
             .collect();
-        let id_of = |di: usize, l: usize| {
+        let id_of = |di: usize, l: LgrId| {
             groups
                 .iter()
                 .zip(&ids)
@@ -1277,7 +1273,7 @@ impl Registry {
             lgrs.push(json!({
                 "id": id,
                 "device": dev,
-                "index": l,
+                "index": l.slot(),
                 "role": role_name(role),
                 "type": ty,
                 "state": format!("{:?}", g.state).to_uppercase(),
@@ -1405,7 +1401,7 @@ impl Registry {
         s: &mut Value,
         d: &ConnDiag,
         di: Option<usize>,
-        id_of: &dyn Fn(usize, usize) -> Option<(u32, &'g LgrDiag)>,
+        id_of: &dyn Fn(usize, LgrId) -> Option<(u32, &'g LgrDiag)>,
         eps: &[(String, Arc<Shared>)],
         lgr_conns: &mut HashMap<u32, (u32, [u32; 3])>,
     ) {
