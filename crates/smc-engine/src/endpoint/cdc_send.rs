@@ -78,7 +78,7 @@ impl<P: Provider> Endpoint<P> {
                     if let Some(done) = done {
                         // A close that waits for unsent data waits on while
                         // the peer takes some.
-                        c.close_progress(done.unsent, now);
+                        c.phase.close_progress(done.unsent, now);
                         if done.finished {
                             self.due.push(id);
                         }

@@ -10,7 +10,7 @@
 //!
 //! [`Closer`]: smc_proto::close::Closer
 
-use super::conn::{ConnStatus, Phase};
+use super::conn::{CloseWait, ConnStatus, Phase};
 use super::conn_core::lock;
 use super::{ConnId, Endpoint};
 use smc_proto::clc_stream::FailReason;
@@ -68,7 +68,9 @@ impl<P: Provider> Endpoint<P> {
                 if self.peer_closed(id) {
                     return false;
                 }
-                if let Some(Phase::Smc { tcp_gone_deadline }) = self.conn(id).map(|c| &mut c.phase)
+                if let Some(Phase::Smc {
+                    tcp_gone_deadline, ..
+                }) = self.conn(id).map(|c| &mut c.phase)
                 {
                     tcp_gone_deadline.get_or_insert(deadline);
                 }
@@ -148,12 +150,13 @@ impl<P: Provider> Endpoint<P> {
     /// wait above).
     pub fn close(&mut self, id: ConnId, ev: CloseEvent) {
         self.conn_event(id);
-        let deadline = self.now + MAX_STREAM_WAIT;
+        let now = self.now;
         let wait = self.core(id).and_then(|mut k| k.close(ev));
         let gives_up = matches!(ev, CloseEvent::AppClose { .. });
         if let (Some(unsent), Some(c), true) = (wait, self.conn(id), gives_up) {
-            c.close_deadline = Some(deadline);
-            c.close_unsent = unsent;
+            if let Some(w) = c.phase.close_wait() {
+                *w = Some(CloseWait::new(unsent, now));
+            }
         }
     }
 

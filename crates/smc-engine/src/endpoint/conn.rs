@@ -128,6 +128,9 @@ pub(super) enum Phase {
         /// The TCP connection ended; without a close CDC by then the peer is
         /// dead (see [`PEER_GONE_GRACE`](super::PEER_GONE_GRACE)).
         tcp_gone_deadline: Option<Timestamp>,
+        /// The application closed while data was unsent: how long the close
+        /// waits for it (see `Endpoint::close`).
+        close_wait: Option<CloseWait>,
     },
     Done(ConnStatus),
 }
@@ -163,13 +166,9 @@ pub(super) struct Conn<P: Provider> {
     /// `endpoint/conn_core.rs`).
     pub(super) core: CoreRef<P>,
     /// The deadline of this connection's entry in the timer heap, if it has
-    /// one (see `endpoint/timers.rs`).
+    /// one (see `endpoint/timers.rs`; the endpoint's bookkeeping, not the
+    /// connection's: every phase may have a deadline).
     pub(super) timer_at: Option<Timestamp>,
-    /// When a close waiting for the send buffer to drain is sent anyway.
-    pub(super) close_deadline: Option<Timestamp>,
-    /// Unsent bytes when `close_deadline` was last set: the wait starts over
-    /// whenever the peer has taken some (see `Endpoint::close`).
-    pub(super) close_unsent: usize,
     /// Listed in `Endpoint::tx_dirty`: something may have given the
     /// connection something to send since it last had nothing.
     pub(super) tx_dirty: bool,
@@ -210,8 +209,6 @@ impl<P: Provider> Endpoint<P> {
             out: VecDeque::new(),
             core: Arc::new(Mutex::new(ConnCore::new())),
             timer_at: None,
-            close_deadline: None,
-            close_unsent: 0,
             tx_dirty: false,
             bufs: (None, None),
         };
@@ -269,32 +266,41 @@ impl<P: Provider> Drop for Conn<P> {
     }
 }
 
-impl<P: Provider> Conn<P> {
-    /// The close waits for unsent data (`close_deadline`): each time the
-    /// peer has taken some of it (`unsent`: what is left, with a data path),
-    /// the wait starts over (see `Endpoint::close`).
-    pub(super) fn close_progress(&mut self, unsent: Option<usize>, now: Timestamp) {
-        close_progress(
-            &mut self.close_deadline,
-            &mut self.close_unsent,
+/// An established connection's close that waits for its unsent data
+/// (`Endpoint::close`): sent anyway at `deadline`, which starts over
+/// whenever the peer has taken some of the `unsent` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct CloseWait {
+    pub(super) deadline: Timestamp,
+    /// Unsent bytes when `deadline` was last set.
+    pub(super) unsent: usize,
+}
+
+impl CloseWait {
+    pub(super) fn new(unsent: usize, now: Timestamp) -> CloseWait {
+        CloseWait {
+            deadline: now + super::close::MAX_STREAM_WAIT,
             unsent,
-            now,
-        );
+        }
     }
 }
 
-/// [`Conn::close_progress`] on the two fields, for a caller that holds the
-/// connection's core meanwhile.
-pub(super) fn close_progress(
-    deadline: &mut Option<Timestamp>,
-    close_unsent: &mut usize,
-    unsent: Option<usize>,
-    now: Timestamp,
-) {
-    if let (Some(_), Some(unsent)) = (*deadline, unsent) {
-        if unsent < *close_unsent {
-            *close_unsent = unsent;
-            *deadline = Some(now + super::close::MAX_STREAM_WAIT);
+impl Phase {
+    /// The close's wait for unsent data, if one runs.
+    pub(super) fn close_wait(&mut self) -> Option<&mut Option<CloseWait>> {
+        match self {
+            Phase::Smc { close_wait, .. } => Some(close_wait),
+            _ => None,
+        }
+    }
+
+    /// A close that waits for unsent data waits on each time the peer has
+    /// taken some of it (`unsent`: what is left, with a data path).
+    pub(super) fn close_progress(&mut self, unsent: Option<usize>, now: Timestamp) {
+        if let (Some(Some(w)), Some(unsent)) = (self.close_wait(), unsent) {
+            if unsent < w.unsent {
+                *w = CloseWait::new(unsent, now);
+            }
         }
     }
 }

@@ -478,6 +478,7 @@ impl<P: Provider> Endpoint<P> {
         if let Some(c) = self.conn(id) {
             c.phase = Phase::Smc {
                 tcp_gone_deadline: None,
+                close_wait: None,
             };
             let mut k = lock(&c.core);
             k.established = true;

@@ -10,7 +10,6 @@
 //! `protocol-llc-cdc.md` §1.5 (LLC timers), §5.6 (close timeouts, idle
 //! groups).
 
-use super::conn::close_progress;
 use super::conn::{ConnStatus, Phase};
 use super::conn_core::lock;
 use super::timers::earliest;
@@ -195,15 +194,19 @@ impl<P: Provider> Endpoint<P> {
             self.retry_parked(id, now);
         }
         if let Some(c) = self.conns.get_mut(id) {
-            let tcp_gone = match &mut c.phase {
-                Phase::Smc { tcp_gone_deadline } => {
-                    tcp_gone_deadline.take_if(|d| now >= *d).is_some()
-                }
-                _ => false,
+            let (tcp_gone, close_waits) = match &mut c.phase {
+                Phase::Smc {
+                    tcp_gone_deadline,
+                    close_wait,
+                } => (
+                    tcp_gone_deadline.take_if(|d| now >= *d).is_some(),
+                    close_wait.is_some(),
+                ),
+                _ => (false, false),
             };
             // (its core only when the TCP end's grace ran out or a close
             // waits for unsent data: a sweep walks every connection)
-            if !tcp_gone && c.close_deadline.is_none() {
+            if !tcp_gone && !close_waits {
                 self.arm_conn_timer(id);
                 return;
             }
@@ -233,11 +236,15 @@ impl<P: Provider> Endpoint<P> {
                 }
             }
             let unsent = k.unsent();
-            close_progress(&mut c.close_deadline, &mut c.close_unsent, unsent, now);
-            if c.close_deadline.is_some_and(|d| now >= d) {
+            c.phase.close_progress(unsent, now);
+            let expired = c
+                .phase
+                .close_wait()
+                .and_then(|w| w.take_if(|w| now >= w.deadline))
+                .is_some();
+            if expired {
                 self.sweep_due = true;
                 self.timer_events += 1;
-                c.close_deadline = None;
                 if unsent.is_some_and(|n| n > 0) {
                     // Data a write accepted cannot go: an abort, never a
                     // close after a shortened stream (see `Endpoint::close`).

@@ -42,17 +42,19 @@ pub(super) type TimerHeap = std::collections::BinaryHeap<Reverse<(Timestamp, Con
 
 /// The earliest time at which connection `c` has something due.
 pub(super) fn conn_deadline<P: Provider>(c: &Conn<P>) -> Option<Timestamp> {
-    let phase = match &c.phase {
+    match &c.phase {
         Phase::AwaitAccept { deadline, .. }
         | Phase::AwaitProposal { deadline }
         | Phase::AwaitLgr { deadline, .. }
         | Phase::AwaitConfirm { deadline, .. }
         | Phase::AwaitLateDecline { deadline, .. }
         | Phase::LateDeclined { deadline, .. } => Some(*deadline),
-        Phase::Smc { tcp_gone_deadline } => *tcp_gone_deadline,
+        Phase::Smc {
+            tcp_gone_deadline,
+            close_wait,
+        } => earliest(*tcp_gone_deadline, close_wait.map(|w| w.deadline)),
         _ => None,
-    };
-    earliest(phase, c.close_deadline)
+    }
 }
 
 /// The earlier of two optional times (`None`: no time).
