@@ -225,6 +225,29 @@ pub(crate) fn timespec_until(until: Option<Instant>) -> Option<Timespec> {
     })
 }
 
+/// A sleep that ends within this anyway does not watch the TCP ends of
+/// the established connections: it looks at them when it ends. Every
+/// connection's orderly close ends its TCP connection too (right after
+/// its close CDC, which is what counts), and a watching sleeper would be
+/// woken by each one for nothing; a dead peer, whose TCP end is what the
+/// watch is for, is taken for dead only `PEER_GONE_GRACE` after it anyway.
+const WATCH_SLACK: Duration = Duration::from_millis(20);
+
+/// Whether a sleep until `until` watches the TCP ends (see [`WATCH_SLACK`]).
+fn watches_tcp_ends(until: Option<Instant>) -> bool {
+    until.is_none_or(|u| u.saturating_duration_since(Instant::now()) > WATCH_SLACK)
+}
+
+/// Whether `fd` polls readable now.
+fn fd_ready(fd: &OwnedFd) -> bool {
+    let mut pfd = [PollFd::new(fd, PollFlags::IN)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut pfd, Some(&zero)), Ok(n) if n > 0)
+}
+
 /// An eventfd's count taken (it polls readable no more).
 fn drain_eventfd(fd: &OwnedFd) {
     let mut b = [0u8; 8];
@@ -998,9 +1021,15 @@ impl Shared {
     /// Waits until `until` for a watched TCP connection to end, and deals
     /// with it (the progress thread, while application threads pump).
     fn poll_watch(&self, until: Instant) {
-        let mut pfd = [PollFd::new(&self.watch, PollFlags::IN)];
         let ts = timespec_until(Some(until));
-        if matches!(rustix::event::poll(&mut pfd, ts.as_ref()), Ok(n) if n > 0) {
+        let ended = if watches_tcp_ends(Some(until)) {
+            let mut pfd = [PollFd::new(&self.watch, PollFlags::IN)];
+            matches!(rustix::event::poll(&mut pfd, ts.as_ref()), Ok(n) if n > 0)
+        } else {
+            let _ = rustix::event::poll(&mut [], ts.as_ref());
+            fd_ready(&self.watch)
+        };
+        if ended {
             let mut ep = self.lock();
             self.take_tcp_ends(&mut ep);
         }
@@ -1779,14 +1808,26 @@ impl Shared {
         };
         let mut tcp_ended = false;
         if quiet {
+            let watching = watches_tcp_ends(until);
             let mut pfd = [
                 PollFd::new(&self.notify, PollFlags::IN),
-                PollFd::new(&self.watch, PollFlags::IN),
+                PollFd::new(
+                    &self.watch,
+                    if watching {
+                        PollFlags::IN
+                    } else {
+                        PollFlags::empty()
+                    },
+                ),
                 PollFd::new(&self.kick, PollFlags::IN),
             ];
             let ts = timespec_until(until);
             let _ = rustix::event::poll(&mut pfd, ts.as_ref());
-            tcp_ended = !pfd[1].revents().is_empty();
+            tcp_ended = if watching {
+                !pfd[1].revents().is_empty()
+            } else {
+                fd_ready(&self.watch)
+            };
             if !pfd[2].revents().is_empty() {
                 // (a timerfd reads as its count of expirations, like an eventfd)
                 drain_eventfd(&self.kick);
@@ -1874,6 +1915,11 @@ impl Drop for Busy<'_> {
     }
 }
 
+/// How many pumps [`Locked`]'s release runs at most for work a call left
+/// for the next pump (each may leave some for the one after); beyond, the
+/// sleeping leader is kicked to do the rest.
+const DROP_PUMPS: usize = 3;
+
 /// The locked endpoint. Threads that a pump under this lock found ready are
 /// unparked when it is released, not while it is held: woken at once, a
 /// thread would run (on the other core, or in place of the pumping one) only
@@ -1933,9 +1979,15 @@ impl Drop for Locked<'_> {
             // under the lock this thread holds, rather than by the leader,
             // which would be woken for it (two context switches for each
             // step of each connection's setup and close).
+            // A pump can leave work for the next one (a freed connection's
+            // group is looked at by the pump after, as are the events that
+            // call for a sweep): those run here too, a few rounds at most.
             if look {
                 if let Some(ep) = self.guard.as_mut() {
-                    if ep.poll_timeout().is_some_and(|t| t <= now()) {
+                    for _ in 0..DROP_PUMPS {
+                        if ep.poll_timeout().is_none_or(|t| t > now()) {
+                            break;
+                        }
                         self.shared.pump(ep);
                     }
                 }
