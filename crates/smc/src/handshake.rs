@@ -437,9 +437,18 @@ impl Accepting {
     /// the endpoint serving its local address if there is one.
     /// (`ask`: the buffer sizes asked for the connection, its listener's)
     pub(crate) fn start(tcp: TcpStream, ask: crate::ctx::Bufs) -> io::Result<Accepting> {
+        let peer = tcp.peer_addr()?.ip();
+        Self::start_from(tcp, ask, peer)
+    }
+
+    /// [`Self::start`] for a connection whose peer address `accept()` gave.
+    pub(crate) fn start_from(
+        tcp: TcpStream,
+        ask: crate::ctx::Bufs,
+        peer: std::net::IpAddr,
+    ) -> io::Result<Accepting> {
         use crate::ctx::Device;
         let local = tcp.local_addr()?.ip();
-        let peer = tcp.peer_addr()?.ip();
         let dev = crate::ctx::endpoint_for(local, peer, crate::ctx::Role::Server);
         let how = match dev {
             Device::Endpoint(shared) => How::engine(shared, local, ask),

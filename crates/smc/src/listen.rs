@@ -416,7 +416,12 @@ enum Arrival {
     Handshake(Accepting),
 }
 
-fn arrival(tcp: std::net::TcpStream, opted: bool, ask: crate::ctx::Bufs) -> io::Result<Arrival> {
+fn arrival(
+    tcp: std::net::TcpStream,
+    peer: SocketAddr,
+    opted: bool,
+    ask: crate::ctx::Bufs,
+) -> io::Result<Arrival> {
     if !opted {
         return Ok(Arrival::Ready(SmcStream::tcp_only(
             tcp,
@@ -435,7 +440,11 @@ fn arrival(tcp: std::net::TcpStream, opted: bool, ask: crate::ctx::Bufs) -> io::
             Vec::new(),
         )));
     }
-    Ok(Arrival::Handshake(Accepting::start(tcp, ask)?))
+    Ok(Arrival::Handshake(Accepting::start_from(
+        tcp,
+        ask,
+        peer.ip(),
+    )?))
 }
 
 /// Out of a resource the system may give back later (accept(2): EMFILE,
@@ -656,7 +665,7 @@ fn drive(inner: &Inner) {
                     break;
                 }
                 match inner.tcp.accept() {
-                    Ok((tcp, addr)) => match arrival(tcp, inner.opted, inner.ask.get()) {
+                    Ok((tcp, addr)) => match arrival(tcp, addr, inner.opted, inner.ask.get()) {
                         Ok(Arrival::Ready(s)) => inner.push(s, addr),
                         Ok(Arrival::Handshake(mut hs)) => {
                             let wait = hs.step();

@@ -448,7 +448,7 @@ impl SmcStream {
                 TcpStream::from(fd)
             }
         };
-        Self::after_connect(tcp, opted, (None, None))
+        Self::after_connect(tcp, opted, (None, None), Some(addr.ip()))
     }
 
     /// A stream over `tcp`, a TCP socket connected in blocking mode: runs
@@ -457,7 +457,7 @@ impl SmcStream {
     /// SYN-ACK offered SMC; TCP otherwise. For programs that create and
     /// connect their sockets themselves (the preload library).
     pub fn from_connected(tcp: TcpStream, opted: bool) -> io::Result<SmcStream> {
-        Self::after_connect(tcp, opted, (None, None))
+        Self::after_connect(tcp, opted, (None, None), None)
     }
 
     /// [`Self::from_connected`] with an RMB of at least `rmb` and a send
@@ -470,10 +470,17 @@ impl SmcStream {
         rmb: Option<usize>,
         sndbuf: Option<usize>,
     ) -> io::Result<SmcStream> {
-        Self::after_connect(tcp, opted, (rmb, sndbuf))
+        Self::after_connect(tcp, opted, (rmb, sndbuf), None)
     }
 
-    fn after_connect(mut tcp: TcpStream, opted: bool, ask: ctx::Bufs) -> io::Result<SmcStream> {
+    /// `peer`: the address connected to, if the caller knows it (one
+    /// system call less per connection).
+    fn after_connect(
+        mut tcp: TcpStream,
+        opted: bool,
+        ask: ctx::Bufs,
+        peer: Option<std::net::IpAddr>,
+    ) -> io::Result<SmcStream> {
         if !opted {
             return Ok(SmcStream::tcp_only(
                 tcp,
@@ -492,7 +499,10 @@ impl SmcStream {
             ));
         }
         let local = tcp.local_addr()?.ip();
-        let peer = tcp.peer_addr()?.ip();
+        let peer = match peer {
+            Some(p) => p,
+            None => tcp.peer_addr()?.ip(),
+        };
         match ctx::endpoint_for(local, peer, ctx::Role::Client) {
             ctx::Device::Endpoint(shared) => {
                 let id = ctx::connect_in(&mut shared.lock(), local, ask);
