@@ -70,11 +70,25 @@ fn slot_op(op: SendOp) -> Option<(u64, u64)> {
 /// futex at `MR_BELL`) or its poller (`true`: the region's eventfd).
 type Wake = (Arc<PeerMr>, bool);
 
+/// Where this thread is with held-back wake-ups (see [`defer_wakes`]):
+/// [`HOLD_NONE`], [`HOLD_ON`], [`HOLD_SOME`].
+const HOLD_NONE: u8 = 0;
+/// Inside [`defer_wakes`], nothing held back yet.
+const HOLD_ON: u8 = 1;
+/// Inside [`defer_wakes`], wake-ups held back in [`DEFERRED`].
+const HOLD_SOME: u8 = 2;
+
 thread_local! {
+    /// Whether a post of this thread holds its wake-ups back ([`HOLD_NONE`],
+    /// [`HOLD_ON`], [`HOLD_SOME`]). Apart from the list, and without a
+    /// destructor: entering and leaving [`defer_wakes`] touch only this
+    /// word, which stays usable while the thread's locals are destroyed.
+    static HOLD: std::cell::Cell<u8> = const { std::cell::Cell::new(HOLD_NONE) };
     /// Doorbells whose owners a post of this thread is to wake once it has
-    /// let go of the QP's lock (see [`defer_wakes`]); `None`: wake at once.
-    static DEFERRED: std::cell::RefCell<Option<Vec<Wake>>> =
-        const { std::cell::RefCell::new(None) };
+    /// let go of the QP's lock (see [`defer_wakes`]); used while [`HOLD`]
+    /// says so.
+    static DEFERRED: std::cell::RefCell<Vec<Wake>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Makes a wake-up. The eventfd is the peer's, checked and made
@@ -94,14 +108,15 @@ fn wake((m, polled): Wake) {
 /// event loop's arm), now, or when the post under way in this thread has
 /// let go of its QP's lock.
 fn wake_later(m: Arc<PeerMr>, polled: bool) {
-    // (a thread whose locals are gone, a post from an exit handler, wakes
-    // at once)
     let mut w = Some((m, polled));
-    let _ = DEFERRED.try_with(|d| {
-        if let Some(v) = d.borrow_mut().as_mut() {
-            v.extend(w.take());
-        }
-    });
+    if HOLD.get() != HOLD_NONE {
+        // (a thread whose list is gone, a post from an exit handler, wakes
+        // at once)
+        let _ = DEFERRED.try_with(|d| {
+            d.borrow_mut().extend(w.take());
+            HOLD.set(HOLD_SOME);
+        });
+    }
     if let Some(w) = w {
         wake(w);
     }
@@ -112,38 +127,39 @@ fn wake_later(m: Arc<PeerMr>, polled: bool) {
 /// one's CPU at once, does not find the locks held that `f` (a post under
 /// the QP's lock, or a caller's write with its own locks) took. Nested
 /// calls wake at the end of the outermost one.
+#[inline]
 pub fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
     /// Makes the held-back wake-ups when the outermost call ends, also by
     /// a panic (a list left behind would hold back every later one).
     struct Outermost;
     impl Drop for Outermost {
+        #[inline]
         fn drop(&mut self) {
-            let Some(v) = DEFERRED.try_with(|d| d.borrow_mut().take()).ok().flatten() else {
-                return;
-            };
             // (none, as a rule: a post that rang nobody asleep)
-            if !v.is_empty() {
-                v.into_iter().for_each(wake);
+            if HOLD.replace(HOLD_NONE) == HOLD_SOME {
+                wake_held();
             }
         }
     }
-    // (where this thread's locals are already destroyed, at process exit
-    // after them, the wake-ups are not held back: `wake_later` makes them)
-    let nested = DEFERRED.try_with(|d| {
-        let mut d = d.borrow_mut();
-        let nested = d.is_some();
-        if !nested {
-            *d = Some(Vec::new());
-        }
-        nested
-    });
     // (not `then_some`: it would make, and drop, a guard in a nested call)
-    let _flush = if nested.unwrap_or(true) {
-        None
-    } else {
+    let _flush = if HOLD.get() == HOLD_NONE {
+        HOLD.set(HOLD_ON);
         Some(Outermost)
+    } else {
+        None
     };
     f()
+}
+
+/// The wake-ups held back by the outermost [`defer_wakes`] that just ended
+/// (which has already said that none are held any more: a wake-up asked
+/// for from here on is made at once).
+#[cold]
+fn wake_held() {
+    let v = DEFERRED
+        .try_with(|d| std::mem::take(&mut *d.borrow_mut()))
+        .unwrap_or_default();
+    v.into_iter().for_each(wake);
 }
 
 impl QpInner {
@@ -843,5 +859,63 @@ fn tell_sender(c: &Core) {
                 e.signal();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::SharedMem;
+
+    fn region() -> Arc<PeerMr> {
+        Arc::new(PeerMr {
+            mem: SharedMem::create("defer-wakes-test", HDR).unwrap(),
+            rkey: 1,
+            iova: 0x1000,
+            len: 0,
+            access: Access::from_bits(0),
+            slot: 0,
+            efd: None,
+            efd_want: std::sync::atomic::AtomicU8::new(super::super::mr::EFD_NONE),
+        })
+    }
+
+    fn held() -> usize {
+        DEFERRED.with(|d| d.borrow().len())
+    }
+
+    /// A wake-up asked for inside `defer_wakes`, nested or not, is held
+    /// back until the outermost call ends, also by a panic; outside, it is
+    /// made at once.
+    #[test]
+    fn wake_ups_wait_for_the_outermost_call() {
+        let m = region();
+        wake_later(m.clone(), false);
+        assert_eq!((HOLD.get(), held()), (HOLD_NONE, 0), "made at once");
+        defer_wakes(|| {
+            defer_wakes(|| wake_later(m.clone(), false));
+            assert_eq!(
+                (HOLD.get(), held()),
+                (HOLD_SOME, 1),
+                "held past the nested call"
+            );
+            wake_later(m.clone(), false);
+            assert_eq!(held(), 2);
+        });
+        assert_eq!((HOLD.get(), held()), (HOLD_NONE, 0), "made at the end");
+        assert_eq!(Arc::strong_count(&m), 1, "nothing kept");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            defer_wakes(|| {
+                wake_later(m.clone(), false);
+                panic!("in the post");
+            })
+        }));
+        assert!(r.is_err());
+        assert_eq!(
+            (HOLD.get(), held()),
+            (HOLD_NONE, 0),
+            "made by the unwinding"
+        );
+        defer_wakes(|| assert_eq!(HOLD.get(), HOLD_ON, "a later call holds back again"));
     }
 }
