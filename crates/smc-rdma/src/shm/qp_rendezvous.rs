@@ -363,14 +363,22 @@ impl QpInner {
         }
     }
 
-    /// A link the device thread verified while `core` was busy.
+    /// A link the device thread verified while `core` was busy. (Inlined:
+    /// every post and poll of a connected QP asks, and has its link.)
+    #[inline]
     pub(super) fn adopt_ready(&self, c: &mut Core) {
         if c.link.is_none() {
-            if let Ok(mut ctl) = self.ctl.try_lock() {
-                if let Some(l) = ctl.ready.take() {
-                    drop(ctl);
-                    self.adopt(c, l);
-                }
+            self.adopt_ready_unlinked(c);
+        }
+    }
+
+    /// [`Self::adopt_ready`] where there is no link yet.
+    #[cold]
+    fn adopt_ready_unlinked(&self, c: &mut Core) {
+        if let Ok(mut ctl) = self.ctl.try_lock() {
+            if let Some(l) = ctl.ready.take() {
+                drop(ctl);
+                self.adopt(c, l);
             }
         }
     }
