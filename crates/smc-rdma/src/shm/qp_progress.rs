@@ -36,6 +36,29 @@ struct Bells {
     published: bool,
 }
 
+/// What [`QpInner::publish_slot`] took for one SEND: the peer region whose
+/// doorbell it names (if we have it mapped) and what its word was (0: not
+/// taken).
+type Taken = Option<(Arc<PeerMr>, u64)>;
+
+/// Whether a slot with doorbell `t` was published without a doorbell rung
+/// for it (so far: [`QpInner::ring_bell`] looks at the word again).
+fn unrung(t: &Taken) -> bool {
+    t.as_ref().is_none_or(|(_, was)| *was == 0)
+}
+
+impl Bells {
+    fn add(&mut self, t: Taken) {
+        self.published |= unrung(&t);
+        if let Some(b) = t {
+            match self.first {
+                None => self.first = Some(b),
+                Some(_) => self.rest.push(b),
+            }
+        }
+    }
+}
+
 /// A slot's header: sequence number (its place in the ring), PSN, opcode,
 /// immediate word, payload length.
 #[derive(Clone, Copy)]
@@ -160,6 +183,23 @@ fn wake_held() {
         .try_with(|d| std::mem::take(&mut *d.borrow_mut()))
         .unwrap_or_default();
     v.into_iter().for_each(wake);
+}
+
+/// One doorbell of [`QpInner::ring_bells`]: region `m`, whose word was
+/// `was` when taken before its SEND was published, is taken again and its
+/// owner woken as that says; whether the word is 0 now (the slot is left
+/// to the owner's completion channel).
+#[inline]
+fn ring_bell(m: Arc<PeerMr>, was: u64) -> bool {
+    let again = take_bell(&m);
+    if was == BELL_ASLEEP || again == BELL_ASLEEP {
+        wake_later(m.clone(), false);
+    }
+    let signals = |w| matches!(w, BELL_POLLED | BELL_SIGNALLED | BELL_POLLED_LEVEL);
+    if signals(was) || signals(again) {
+        wake_later(m, true);
+    }
+    again == 0
 }
 
 impl QpInner {
@@ -363,9 +403,13 @@ impl QpInner {
             imm,
             len,
         };
-        let mut bells = Bells::default();
-        self.publish_slot(&mut c.last_remote, pr, slot, bell, &mut bells);
-        self.ring_bells(c, tail.wrapping_add(1), bells);
+        // (one slot, at most one doorbell: no pass's list of them)
+        let taken = self.publish_slot(&mut c.last_remote, pr, slot, bell);
+        let mut published = unrung(&taken);
+        if let Some((m, was)) = taken {
+            published |= ring_bell(m, was);
+        }
+        self.slots_published(c, tail.wrapping_add(1), published);
         Ok(Pending {
             wr_id: wr.wr_id,
             op: wr.op,
@@ -385,15 +429,15 @@ impl QpInner {
     /// whose owner's event loop waits for its eventfd) is taken before the
     /// slot is published, and the slot says so: the woken owner polls it
     /// in, and the peer's channel is not signalled for it. It is rung once
-    /// published ([`Self::ring_bells`]).
+    /// published ([`Self::ring_bells`]); what was taken is for that.
+    #[inline]
     fn publish_slot(
         &self,
         last_remote: &mut Option<(u64, Arc<PeerMr>)>,
         pr: Ring<'_>,
         s: Slot,
         bell: Option<u32>,
-        bells: &mut Bells,
-    ) {
+    ) -> Taken {
         let bell = bell.and_then(|k| self.cached_peer_region_in(last_remote, k));
         let was = bell.as_ref().map_or(0, |m| take_bell(m));
         let rang = was != 0;
@@ -404,19 +448,12 @@ impl QpInner {
             self.bell_fd_wanted.store(true, Relaxed);
         }
         pr.s(s.seq, S_BELL).store(u64::from(rang), Relaxed);
-        if let Some(m) = bell {
-            let b = (m, was);
-            match bells.first {
-                None => bells.first = Some(b),
-                Some(_) => bells.rest.push(b),
-            }
-        }
-        bells.published |= !rang;
         pr.s(s.seq, S_META).store(s.op | s.len << 32, Relaxed);
         pr.s(s.seq, S_IMM).store(s.imm | s.psn << 40, Relaxed);
         // Publish: everything above (including earlier WRITE copies) happens-before.
         pr.s(s.seq, S_STATE)
             .store(s.seq << 3 | ST_PUBLISHED, SeqCst);
+        bell.map(|m| (m, was))
     }
 
     /// After a pass that published slots up to `tail` (exclusive): the
@@ -441,18 +478,16 @@ impl QpInner {
     fn ring_bells(&self, c: &mut Core, tail: u64, bells: Bells) {
         let mut published = bells.published;
         for (m, was) in bells.first.into_iter().chain(bells.rest) {
-            let again = take_bell(&m);
-            if again == 0 {
-                published = true;
-            }
-            if was == BELL_ASLEEP || again == BELL_ASLEEP {
-                wake_later(m.clone(), false);
-            }
-            let signals = |w| matches!(w, BELL_POLLED | BELL_SIGNALLED | BELL_POLLED_LEVEL);
-            if signals(was) || signals(again) {
-                wake_later(m, true);
-            }
+            published |= ring_bell(m, was);
         }
+        self.slots_published(c, tail, published);
+    }
+
+    /// The end of [`Self::ring_bells`] (the doorbells rung): our producer
+    /// index is `tail`, and the peer's armed channel is signalled if a slot
+    /// was `published` without a doorbell.
+    #[inline]
+    fn slots_published(&self, c: &mut Core, tail: u64, published: bool) {
         if let Some(l) = c.link.as_mut() {
             l.tail = tail;
             if published && Ring(&l.peer_ring).h(R_RX_NOTIFY).swap(0, SeqCst) == 1 {
@@ -594,7 +629,7 @@ impl QpInner {
                         imm,
                         len,
                     };
-                    self.publish_slot(&mut c.last_remote, pr, slot, bell, &mut bells);
+                    bells.add(self.publish_slot(&mut c.last_remote, pr, slot, bell));
                     c.sq[i].stage = Stage::Published {
                         seq: tail,
                         rnr_since: None,
