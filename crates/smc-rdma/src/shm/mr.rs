@@ -439,9 +439,21 @@ impl Bell for ShmBell {
 /// word it took from an arm). An owner re-arming meanwhile drains the
 /// eventfd and then looks at the ring, which has this slot once its signal
 /// can have been drained.
+#[inline]
 pub(super) fn take_bell(m: &PeerMr) -> u64 {
     let w = MrView(&m.mem, 0).h(MR_BELL);
-    let mut was = w.load(SeqCst);
+    let was = w.load(SeqCst);
+    // (0, as a rule: nobody waits, and the look is all a SEND does; a word
+    // no owner writes is left as it is too, below)
+    if !(BELL_ARMED..=BELL_SIGNALLED_LEVEL).contains(&was) {
+        return 0;
+    }
+    take_bell_from(m, w, was)
+}
+
+/// [`take_bell`] where the word `w` of region `m` was found `was`, one of
+/// the doorbell's states.
+fn take_bell_from(m: &PeerMr, w: &std::sync::atomic::AtomicU64, mut was: u64) -> u64 {
     // (a bounded number of tries: the word is shared with the owner, which
     // could change it forever; not taken, the SEND signals its channel)
     for _ in 0..4 {
