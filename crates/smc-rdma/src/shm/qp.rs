@@ -60,6 +60,24 @@ impl OwnedPayload {
 /// Inline payloads up to this size are kept in the WR itself.
 const SMALL: usize = 64;
 
+/// A posted receive: its WR id, its scatter list, and the list's length in
+/// bytes (summed at post, not at every message that lands in it).
+pub(super) struct PostedRecv {
+    pub(super) wr_id: u64,
+    pub(super) sges: Sges,
+    pub(super) cap: u64,
+}
+
+impl PostedRecv {
+    fn new(wr_id: u64, sges: &[Sge]) -> PostedRecv {
+        PostedRecv {
+            wr_id,
+            sges: Sges::new(sges),
+            cap: sges.iter().map(|s| s.length as u64).sum(),
+        }
+    }
+}
+
 /// A WR's scatter/gather list, the common single SGE without allocation.
 pub(super) enum Sges {
     One([Sge; 1]),
@@ -145,7 +163,7 @@ pub(super) struct Core {
     retry_cnt: u8,
     pub(super) rnr_retry: u8,
     min_rnr_timer: Duration,
-    pub(super) rq: VecDeque<(u64, Sges)>,
+    pub(super) rq: VecDeque<PostedRecv>,
     pub(super) sq: VecDeque<Pending>,
     pub(super) link: Option<Link>,
     pub(super) recv_posted: u64,
@@ -636,7 +654,7 @@ impl QueuePair for ShmQp {
         if c.rq.len() >= q.cap.max_recv_wr as usize {
             return Err(Error::QueueFull);
         }
-        c.rq.push_back((wr.wr_id, Sges::new(wr.sges)));
+        c.rq.push_back(PostedRecv::new(wr.wr_id, wr.sges));
         c.recv_posted += 1;
         let n = c.recv_posted;
         Ring(&c.ring).h(R_RECV_CREDITS).store(n, Release);

@@ -3,7 +3,7 @@
 //! peer notices, raising `QpFatal`, and letting go of everything the link
 //! holds. The device thread fails a QP without waiting for a busy data path.
 
-use super::qp::{send_opcode, wc, Core, QpInner, Stage};
+use super::qp::{send_opcode, wc, Core, PostedRecv, QpInner, Stage};
 use super::{lock, lock_within};
 
 use super::layout::*;
@@ -83,7 +83,7 @@ impl QpInner {
             self.send_cq
                 .push(wc(p.wr_id, status, send_opcode(p.op), 0, None, self.qpn));
         }
-        for (wr_id, _) in c.rq.drain(..) {
+        for PostedRecv { wr_id, .. } in c.rq.drain(..) {
             self.recv_cq.push(wc(
                 wr_id,
                 WcStatus::WrFlushError,

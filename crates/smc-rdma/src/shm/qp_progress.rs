@@ -8,7 +8,7 @@
 
 use super::cq::CqInner;
 use super::mr::{take_bell, PeerMr, EFD_WANTED};
-use super::qp::{send_opcode, wc, Core, OwnedPayload, Pending, QpInner, Stage};
+use super::qp::{send_opcode, wc, Core, OwnedPayload, Pending, PostedRecv, QpInner, Stage};
 use super::{lock, MAX_RNR_TIMER};
 
 use super::layout::*;
@@ -685,7 +685,7 @@ impl QpInner {
                 Head::Skipped => continue,
                 Head::Nothing => return InPlace::Empty,
             };
-            let Some((wr_id, sges)) = c.rq.front() else {
+            let Some(&PostedRecv { wr_id, cap, .. }) = c.rq.front() else {
                 return InPlace::Empty; // RNR
             };
             let meta = r.s(head, S_META).load(Relaxed);
@@ -693,7 +693,6 @@ impl QpInner {
             let (op, len) = (meta & 0xffff_ffff, (meta >> 32) as usize);
             let psn = (immw >> 40) as u32 & 0xff_ffff;
             let expect_psn = (c.rq_psn as u64).wrapping_add(head) as u32 & 0xff_ffff;
-            let cap: u64 = sges.as_slice().iter().map(|s| s.length as u64).sum();
             if op != OP_SEND
                 || immw & (1 << 32) != 0
                 || psn != expect_psn
@@ -705,7 +704,6 @@ impl QpInner {
                 self.progress_recv(c);
                 return InPlace::CqFirst;
             }
-            let wr_id = *wr_id;
             if c.ring
                 .read(Ring::slot(head) + SLOT_HDR, &mut buf[..len])
                 .is_err()
@@ -751,10 +749,10 @@ impl QpInner {
                 Head::Skipped => continue,
                 Head::Nothing => break,
             };
-            let Some((wr_id, sges)) = c.rq.front() else {
+            let Some(rcv) = c.rq.front() else {
                 break;
             }; // RNR
-            let (wr_id, sges) = (*wr_id, sges.as_slice());
+            let (wr_id, sges, cap) = (rcv.wr_id, rcv.sges.as_slice(), rcv.cap);
             let meta = r.s(head, S_META).load(Relaxed);
             let immw = r.s(head, S_IMM).load(Relaxed);
             let (op, len) = (meta & 0xffff_ffff, (meta >> 32) as usize);
@@ -770,7 +768,6 @@ impl QpInner {
             if !matches!(op, OP_SEND | OP_SEND_IMM | OP_WRITE_IMM) || psn != expect_psn {
                 status = WcStatus::RemoteInvalidRequest;
             } else if op != OP_WRITE_IMM {
-                let cap: u64 = sges.iter().map(|s| s.length as u64).sum();
                 if len > SLOT_PAYLOAD || len as u64 > cap {
                     status = WcStatus::LocalLengthError;
                 } else {
