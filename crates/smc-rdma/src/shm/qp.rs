@@ -442,14 +442,18 @@ impl ShmQp {
                 // anything wrong: queue it, progress reports the error in order
             }
         }
-        if matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && q.publishes_at_post(&mut c) {
-            if let Ok(p) = q.publish_at_post(&mut c, wr, bell) {
-                c.sq.push_back(p);
-                // (the acknowledgements of earlier SENDs, their completions)
-                q.ack_front(&mut c);
-                return Ok(());
+        if matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) {
+            // (the acknowledgements of earlier SENDs, their completions:
+            // first, so that the slot this one takes has none left unseen,
+            // as a rule)
+            q.ack_front(&mut c);
+            if q.publishes_at_post(&mut c) {
+                if let Ok(p) = q.publish_at_post(&mut c, wr, bell) {
+                    c.sq.push_back(p);
+                    return Ok(());
+                }
+                // (its payload could not be gathered: queued, it fails in order)
             }
-            // (its payload could not be gathered: queued, it fails in order)
         }
         let payload = match wr.payload {
             Payload::Inline(d) if d.len() <= SMALL => {
