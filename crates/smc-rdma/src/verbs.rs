@@ -1017,7 +1017,21 @@ impl MemWindow {
 }
 
 /// Validates a send WR against QP limits; shared by providers.
+#[inline]
 pub fn validate_send(wr: &SendWr<'_>, cap: &QpCap, max_msg: u32) -> Result<()> {
+    let len = wr.payload.len();
+    let over_inline =
+        matches!(wr.payload, Payload::Inline(d) if d.len() > cap.max_inline_data as usize);
+    let send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_));
+    if over_inline || (send && len > max_msg as u64) || len > u32::MAX as u64 {
+        return send_refused(wr, cap, max_msg);
+    }
+    Ok(())
+}
+
+/// Why [`validate_send`] refuses `wr` (the first of its checks it fails).
+#[cold]
+fn send_refused(wr: &SendWr<'_>, cap: &QpCap, max_msg: u32) -> Result<()> {
     if let Payload::Inline(d) = wr.payload {
         if d.len() > cap.max_inline_data as usize {
             return Err(Error::InvalidArgument(format!(

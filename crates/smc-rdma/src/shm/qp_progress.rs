@@ -189,7 +189,7 @@ fn wake_held() {
 /// `was` when taken before its SEND was published, is taken again and its
 /// owner woken as that says; whether the word is 0 now (the slot is left
 /// to the owner's completion channel).
-#[inline]
+#[inline(always)]
 fn ring_bell(m: Arc<PeerMr>, was: u64) -> bool {
     let again = take_bell(&m);
     if was == BELL_ASLEEP || again == BELL_ASLEEP {
@@ -430,7 +430,7 @@ impl QpInner {
     /// slot is published, and the slot says so: the woken owner polls it
     /// in, and the peer's channel is not signalled for it. It is rung once
     /// published ([`Self::ring_bells`]); what was taken is for that.
-    #[inline]
+    #[inline(always)]
     fn publish_slot(
         &self,
         last_remote: &mut Option<(u64, Arc<PeerMr>)>,
