@@ -201,9 +201,12 @@ impl<'a> Ring<'a> {
         Some(Ring(m))
     }
     /// Header word.
-    #[inline]
+    #[inline(always)]
     pub fn h(&self, off: usize) -> &'a AtomicU64 {
-        self.0.atomic(off).expect("ring header words are in bounds")
+        match self.0.atomic(off) {
+            Ok(w) => w,
+            Err(e) => out_of_bounds("ring header words are in bounds", e),
+        }
     }
     /// Byte offset of slot `seq`.
     #[inline]
@@ -211,11 +214,12 @@ impl<'a> Ring<'a> {
         HDR + (seq % NSLOTS) as usize * SLOT_SIZE
     }
     /// Slot word.
-    #[inline]
+    #[inline(always)]
     pub fn s(&self, seq: u64, off: usize) -> &'a AtomicU64 {
-        self.0
-            .atomic(Self::slot(seq) + off)
-            .expect("slot words are in bounds")
+        match self.0.atomic(Self::slot(seq) + off) {
+            Ok(w) => w,
+            Err(e) => out_of_bounds("slot words are in bounds", e),
+        }
     }
 }
 
@@ -224,10 +228,20 @@ pub struct MrView<'a>(pub &'a SharedMem, pub usize);
 
 impl<'a> MrView<'a> {
     /// Header word (a region's mapping holds its whole header page).
-    #[inline]
+    #[inline(always)]
     pub fn h(&self, off: usize) -> &'a AtomicU64 {
-        self.0
-            .atomic(self.1 + off)
-            .expect("mr header words are in bounds")
+        match self.0.atomic(self.1 + off) {
+            Ok(w) => w,
+            Err(e) => out_of_bounds("mr header words are in bounds", e),
+        }
     }
+}
+
+/// The panic of a header or slot word out of its mapping's bounds (which
+/// the mapping's length, checked when it was made or came, rules out), as
+/// `expect` words it; out of line, so that the accessors stay small.
+#[cold]
+#[inline(never)]
+fn out_of_bounds(what: &str, e: std::io::Error) -> ! {
+    panic!("{what}: {e:?}")
 }
