@@ -328,13 +328,19 @@ impl QpInner {
                     break;
                 }
             }
-            let p = c.sq.pop_front().expect("front exists");
-            if p.signaled {
+            let (signaled, wr_id, op, len) = (p.signaled, p.wr_id, p.op, p.len);
+            // (its payload freed where it lies: the WR taken off the queue
+            // has nothing left to drop, and is not moved out to be dropped)
+            if let Some(p) = c.sq.front_mut() {
+                drop(std::mem::replace(&mut p.payload, OwnedPayload::Sent));
+            }
+            let _ = c.sq.pop_front();
+            if signaled {
                 self.send_cq.push(wc(
-                    p.wr_id,
+                    wr_id,
                     WcStatus::Success,
-                    send_opcode(p.op),
-                    p.len,
+                    send_opcode(op),
+                    len,
                     None,
                     self.qpn,
                 ));

@@ -286,6 +286,7 @@ impl QpInner {
 
     /// `last`'s region if it is `rkey`'s, `remote` has not changed since it
     /// was looked up, and the peer still has it registered.
+    #[inline]
     fn remembered(&self, last: &Option<(u64, Arc<PeerMr>)>, rkey: u32) -> Option<Arc<PeerMr>> {
         let (gen, r) = last.as_ref()?;
         (r.rkey == rkey && *gen == self.remote_gen.load(Acquire) && r.valid()).then(|| r.clone())
@@ -316,6 +317,9 @@ impl QpInner {
     }
 
     /// [`Self::cached_peer_region`] for a post, as [`Self::check_remote_in`].
+    /// (Inlined: every CDC names the region its connection's WRITEs and
+    /// earlier CDCs named, remembered as a rule.)
+    #[inline]
     pub(super) fn cached_peer_region_in(
         &self,
         last: &mut Option<(u64, Arc<PeerMr>)>,
@@ -324,6 +328,15 @@ impl QpInner {
         if let Some(m) = self.remembered(last, rkey) {
             return Some(m);
         }
+        self.cached_peer_region_lookup(last, rkey)
+    }
+
+    /// [`Self::cached_peer_region_in`] where `last` has not got it.
+    fn cached_peer_region_lookup(
+        &self,
+        last: &mut Option<(u64, Arc<PeerMr>)>,
+        rkey: u32,
+    ) -> Option<Arc<PeerMr>> {
         let gen = self.remote_gen.load(Acquire);
         let m = self.cached_peer_region(rkey)?;
         *last = Some((gen, m.clone()));
