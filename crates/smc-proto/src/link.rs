@@ -541,7 +541,14 @@ impl LinkGroup {
                 self.after_flow();
             }
         }
-        if was_active && survivor.is_some() {
+        // A link lost leaves the server one to add again (§1.9). So does one
+        // the peer deleted before it was confirmed: a client that replaces
+        // the link our ADD_LINK flow was bringing up (an asymmetric one,
+        // its port back meanwhile) sends no further trigger, and Linux's
+        // server adds again once a client's DELETE_LINK leaves the group
+        // single (smc_llc.c `smc_llc_process_srv_delete_link`).
+        let deleted = matches!(reason, DownReason::DeletedByPeer(_));
+        if (was_active || deleted) && survivor.is_some() {
             self.add_flow_after_loss();
         }
     }

@@ -771,3 +771,75 @@ fn an_rkey_flow_on_a_link_that_goes_down_ends_at_once() {
     p.c.on_link_failure(slots[1]);
     assert!(p.c.local_flow_busy());
 }
+
+#[test]
+fn a_new_link_the_client_deletes_before_the_server_confirmed_it_is_added_again() {
+    // The client's port came back while the server's ADD_LINK flow was
+    // bringing up a link next to the client's other one: the client
+    // confirms that link and replaces it at once (DELETE_LINK on the old
+    // link), which may reach the server before the CONFIRM_LINK response.
+    // The group is single again and nothing else will trigger an add:
+    // the server wants a new link (Linux: smc_llc.c
+    // `smc_llc_process_srv_delete_link` adds again once a client's
+    // DELETE_LINK leaves the group single).
+    let mut p = Pair::new(LlcVersion::V2_LE, true, true);
+    let slot = p.start(port(3, 0x12), &[]);
+    let req = match p.s.poll_output() {
+        Some(LgrOutput::SendLlc { msg, .. }) => msg,
+        o => panic!("{o:?}"),
+    };
+    p.c.on_llc(0, req, T0);
+    assert!(matches!(
+        p.c.poll_output(),
+        Some(LgrOutput::AddLinkOffer { .. })
+    ));
+    p.c.accept_add_link(port(4, 0x22), &[], T0);
+    let resp = match p.c.poll_output() {
+        Some(LgrOutput::SendLlc { msg, .. }) => msg,
+        o => panic!("{o:?}"),
+    };
+    p.s.on_llc(0, resp, T0);
+    let confirm = std::iter::from_fn(|| p.s.poll_output())
+        .find_map(|o| match o {
+            LgrOutput::SendLlc {
+                msg: m @ LlcMessage::ConfirmLink(_),
+                ..
+            } => Some(m),
+            _ => None,
+        })
+        .expect("CONFIRM_LINK on the new link");
+    let c_slot = Pair::peer_slot(&p.s, &p.c, slot);
+    p.c.on_llc(c_slot, confirm, T0);
+    let confirm_resp = std::iter::from_fn(|| p.c.poll_output())
+        .find_map(|o| match o {
+            LgrOutput::SendLlc {
+                msg: m @ LlcMessage::ConfirmLink(_),
+                ..
+            } => Some(m),
+            _ => None,
+        })
+        .expect("the client's CONFIRM_LINK response");
+    assert_eq!(p.c.usable_links(), 2);
+    // the client replaces the new link at once
+    p.c.on_link_failure(c_slot);
+    let delete = std::iter::from_fn(|| p.c.poll_output())
+        .find_map(|o| match o {
+            LgrOutput::SendLlc {
+                msg: m @ LlcMessage::DeleteLink(_),
+                ..
+            } => Some(m),
+            _ => None,
+        })
+        .expect("DELETE_LINK on the old link");
+    p.s.on_llc(0, delete, T0);
+    // the response on the deleted link comes after, and changes nothing
+    p.s.on_llc(slot, confirm_resp, T0);
+    let _: Vec<_> = std::iter::from_fn(|| p.s.poll_output()).collect();
+    assert_eq!(p.s.usable_links(), 1);
+    assert!(!p.s.add_flow_running());
+    assert!(p.s.clear_link(slot));
+    assert!(
+        p.s.can_start_add_link(),
+        "the server adds a link again after the client deleted the new one"
+    );
+}
