@@ -147,9 +147,39 @@ impl Pair {
         slot
     }
 
+    /// Delivers the server's ADD_LINK request (started by [`Self::start`])
+    /// to the client, which accepts it with a link on `client_port`, and the
+    /// client's response to the server; what follows stays queued.
+    fn offer_accepted(&mut self, client_port: LocalPort) {
+        let req = match self.s.poll_output() {
+            Some(LgrOutput::SendLlc { msg, .. }) => msg,
+            o => panic!("{o:?}"),
+        };
+        self.c.on_llc(0, req, T0);
+        assert!(matches!(
+            self.c.poll_output(),
+            Some(LgrOutput::AddLinkOffer { .. })
+        ));
+        self.c.accept_add_link(client_port, &[], T0);
+        let resp = match self.c.poll_output() {
+            Some(LgrOutput::SendLlc { msg, .. }) => msg,
+            o => panic!("{o:?}"),
+        };
+        self.s.on_llc(0, resp, T0);
+    }
+
     fn types(&self) -> Vec<(bool, LlcType, bool)> {
         self.log.clone()
     }
+}
+
+/// The first LLC message `g` sends that `want` picks, the outputs before
+/// it dropped.
+fn next_llc(g: &mut LinkGroup, want: impl Fn(&LlcMessage) -> bool) -> Option<LlcMessage> {
+    std::iter::from_fn(|| g.poll_output()).find_map(|o| match o {
+        LgrOutput::SendLlc { msg, .. } if want(&msg) => Some(msg),
+        _ => None,
+    })
 }
 
 fn rkeys(n: u32, base: u32) -> Vec<(u32, u32, u64)> {
@@ -330,21 +360,7 @@ fn a_missing_confirm_link_takes_the_new_link_down_with_delete_link() {
     let mut p = Pair::new(LlcVersion::V2_LE, true, true);
     let slot = p.start(port(3, 0x12), &[]);
     // deliver ADD_LINK and its response, then lose the CONFIRM_LINK
-    let req = match p.s.poll_output() {
-        Some(LgrOutput::SendLlc { msg, .. }) => msg,
-        o => panic!("{o:?}"),
-    };
-    p.c.on_llc(0, req, T0);
-    assert!(matches!(
-        p.c.poll_output(),
-        Some(LgrOutput::AddLinkOffer { .. })
-    ));
-    p.c.accept_add_link(port(4, 0x22), &[], T0);
-    let resp = match p.c.poll_output() {
-        Some(LgrOutput::SendLlc { msg, .. }) => msg,
-        o => panic!("{o:?}"),
-    };
-    p.s.on_llc(0, resp, T0);
+    p.offer_accepted(port(4, 0x22));
     let outs: Vec<_> = std::iter::from_fn(|| p.s.poll_output()).collect();
     assert!(matches!(outs[0], LgrOutput::ConnectLink { slot: s, .. } if s == slot));
     assert!(matches!(
@@ -784,52 +800,17 @@ fn a_new_link_the_client_deletes_before_the_server_confirmed_it_is_added_again()
     // DELETE_LINK leaves the group single).
     let mut p = Pair::new(LlcVersion::V2_LE, true, true);
     let slot = p.start(port(3, 0x12), &[]);
-    let req = match p.s.poll_output() {
-        Some(LgrOutput::SendLlc { msg, .. }) => msg,
-        o => panic!("{o:?}"),
-    };
-    p.c.on_llc(0, req, T0);
-    assert!(matches!(
-        p.c.poll_output(),
-        Some(LgrOutput::AddLinkOffer { .. })
-    ));
-    p.c.accept_add_link(port(4, 0x22), &[], T0);
-    let resp = match p.c.poll_output() {
-        Some(LgrOutput::SendLlc { msg, .. }) => msg,
-        o => panic!("{o:?}"),
-    };
-    p.s.on_llc(0, resp, T0);
-    let confirm = std::iter::from_fn(|| p.s.poll_output())
-        .find_map(|o| match o {
-            LgrOutput::SendLlc {
-                msg: m @ LlcMessage::ConfirmLink(_),
-                ..
-            } => Some(m),
-            _ => None,
-        })
+    p.offer_accepted(port(4, 0x22));
+    let confirm = next_llc(&mut p.s, |m| matches!(m, LlcMessage::ConfirmLink(_)))
         .expect("CONFIRM_LINK on the new link");
     let c_slot = Pair::peer_slot(&p.s, &p.c, slot);
     p.c.on_llc(c_slot, confirm, T0);
-    let confirm_resp = std::iter::from_fn(|| p.c.poll_output())
-        .find_map(|o| match o {
-            LgrOutput::SendLlc {
-                msg: m @ LlcMessage::ConfirmLink(_),
-                ..
-            } => Some(m),
-            _ => None,
-        })
+    let confirm_resp = next_llc(&mut p.c, |m| matches!(m, LlcMessage::ConfirmLink(_)))
         .expect("the client's CONFIRM_LINK response");
     assert_eq!(p.c.usable_links(), 2);
     // the client replaces the new link at once
     p.c.on_link_failure(c_slot);
-    let delete = std::iter::from_fn(|| p.c.poll_output())
-        .find_map(|o| match o {
-            LgrOutput::SendLlc {
-                msg: m @ LlcMessage::DeleteLink(_),
-                ..
-            } => Some(m),
-            _ => None,
-        })
+    let delete = next_llc(&mut p.c, |m| matches!(m, LlcMessage::DeleteLink(_)))
         .expect("DELETE_LINK on the old link");
     p.s.on_llc(0, delete, T0);
     // the response on the deleted link comes after, and changes nothing
