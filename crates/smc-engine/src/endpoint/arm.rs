@@ -70,10 +70,8 @@ impl<P: Provider> Endpoint<P> {
     /// What starts to wait for a send completion while a driver sleeps is
     /// armed by [`Self::arm_sends`].
     pub fn arm(&mut self) -> Result<()> {
-        for i in 0..self.lgrs.slot_count() {
-            let Some(l) = self.lgrs.id_at(i) else {
-                continue;
-            };
+        let mut groups = self.lgrs.walk();
+        while let Some(l) = groups.next(&self.lgrs) {
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 let send = self.send_wait(l, slot);
                 if let Some(res) = self.link_res_mut(l, slot) {
@@ -97,10 +95,8 @@ impl<P: Provider> Endpoint<P> {
     /// something waits that only a pump can serve.
     pub fn arm_unpolled(&mut self) -> Result<usize> {
         let mut left = 0;
-        for i in 0..self.lgrs.slot_count() {
-            let Some(l) = self.lgrs.id_at(i) else {
-                continue;
-            };
+        let mut groups = self.lgrs.walk();
+        while let Some(l) = groups.next(&self.lgrs) {
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 let send = self.send_wait(l, slot) == SendWait::Now;
                 if let Some(res) = self.link_res_mut(l, slot) {
@@ -126,10 +122,8 @@ impl<P: Provider> Endpoint<P> {
     /// are handled too (then it returns `true`).
     pub fn arm_sends(&mut self) -> Result<bool> {
         let mut armed = false;
-        for i in 0..self.lgrs.slot_count() {
-            let Some(l) = self.lgrs.id_at(i) else {
-                continue;
-            };
+        let mut groups = self.lgrs.walk();
+        while let Some(l) = groups.next(&self.lgrs) {
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 // Completions a connection's fast path took off the send CQ
                 // since the last poll (`LinkTx::reap`) are out of the CQ and
@@ -165,10 +159,8 @@ impl<P: Provider> Endpoint<P> {
     /// then a [`Self::pump`] takes what came before.
     pub fn arm_new_links(&mut self) -> Result<bool> {
         let mut armed = false;
-        for i in 0..self.lgrs.slot_count() {
-            let Some(l) = self.lgrs.id_at(i) else {
-                continue;
-            };
+        let mut groups = self.lgrs.walk();
+        while let Some(l) = groups.next(&self.lgrs) {
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 // (the look at the send side only for a link to arm: this
                 // runs at every release of the endpoint's lock)
@@ -188,10 +180,8 @@ impl<P: Provider> Endpoint<P> {
     /// Polls the send CQ of every link with signaled SENDs in flight (see
     /// `reap_at`).
     pub(super) fn poll_sends_in_flight(&mut self) -> Result<()> {
-        for i in 0..self.lgrs.slot_count() {
-            let Some(l) = self.lgrs.id_at(i) else {
-                continue;
-            };
+        let mut groups = self.lgrs.walk();
+        while let Some(l) = groups.next(&self.lgrs) {
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 if self
                     .link_res_mut(l, slot)

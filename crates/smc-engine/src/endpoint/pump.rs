@@ -78,10 +78,8 @@ impl<P: Provider> Endpoint<P> {
         }
         let lgr_timers = recheck || sweep || self.lgr_next.is_some_and(|t| now >= t);
         let mut lgr_next: Option<Timestamp> = None;
-        for i in 0..self.lgrs.slot_count() {
-            let Some(l) = self.lgrs.id_at(i) else {
-                continue;
-            };
+        let mut groups = self.lgrs.walk();
+        while let Some(l) = groups.next(&self.lgrs) {
             if !sweep && !lgr_timers && self.lgr_quiet(l) {
                 // Nothing can have come in on its links and nothing waits
                 // there: only what its connections have to send (a message
@@ -143,12 +141,16 @@ impl<P: Provider> Endpoint<P> {
         // (those this pump's events marked stay marked: the next pump looks
         // at their timers, `conn_event`)
         if sweep {
-            let all: Vec<ConnId> = self.conns.ids().collect();
-            self.reap(all.into_iter());
+            let mut all = self.conns.walk();
+            while let Some(id) = all.next(&self.conns) {
+                self.reap(id);
+            }
             self.reap_lgrs();
         } else if !ids.is_empty() || !self.due.is_empty() {
             ids.extend_from_slice(&self.due);
-            self.reap(ids.iter().copied());
+            for &id in &ids {
+                self.reap(id);
+            }
         }
         if ids.capacity() > 0 {
             self.scratch_due = ids;
@@ -334,39 +336,35 @@ impl<P: Provider> Endpoint<P> {
         })
     }
 
-    /// Frees those of connections `ids` that are closed and released.
-    fn reap(&mut self, ids: impl Iterator<Item = ConnId>) {
-        for id in ids {
-            let finished = self.conns.get(id).is_some_and(|c| {
-                // CDCs of a dead link group never complete; do not wait for them.
-                let lgr_dead = c
-                    .lgr
-                    .is_none_or(|l| self.lgrs.get(l).is_none_or(|lg| lg.group.is_terminated()));
-                lock(&c.core).reapable(lgr_dead)
-            });
-            if finished {
-                if let Some(l) = self.conns.get(id).and_then(|c| c.lgr) {
-                    self.detach(id, l);
-                    self.pool_bufs(id, l);
-                }
-                self.conns.remove(id);
-                self.reap_looked = false;
-                // (its group may be done, a Proposal parked for it may go
-                // on: the next pump looks, without a sweep of every
-                // connection)
-                self.lgr_recheck = true;
-                self.due.append(&mut self.parked);
-            }
+    /// Frees connection `id` if it is closed and released.
+    fn reap(&mut self, id: ConnId) {
+        let finished = self.conns.get(id).is_some_and(|c| {
+            // CDCs of a dead link group never complete; do not wait for them.
+            let lgr_dead = c
+                .lgr
+                .is_none_or(|l| self.lgrs.get(l).is_none_or(|lg| lg.group.is_terminated()));
+            lock(&c.core).reapable(lgr_dead)
+        });
+        if !finished {
+            return;
         }
+        if let Some(l) = self.conns.get(id).and_then(|c| c.lgr) {
+            self.detach(id, l);
+            self.pool_bufs(id, l);
+        }
+        self.conns.remove(id);
+        self.reap_looked = false;
+        // (its group may be done, a Proposal parked for it may go on: the
+        // next pump looks, without a sweep of every connection)
+        self.lgr_recheck = true;
+        self.due.append(&mut self.parked);
     }
 
     /// Frees the link groups that died (in a sweep: the pump after the
     /// group's end, not the one that posted its last LLC message).
     fn reap_lgrs(&mut self) {
-        for i in 0..self.lgrs.slot_count() {
-            let Some(l) = self.lgrs.id_at(i) else {
-                continue;
-            };
+        let mut groups = self.lgrs.walk();
+        while let Some(l) = groups.next(&self.lgrs) {
             let dead = self
                 .lgrs
                 .get(l)

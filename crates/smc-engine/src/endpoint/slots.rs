@@ -195,24 +195,41 @@ impl<I: SlotId, T> Slots<I, T> {
         self.iter().map(|(id, _)| id)
     }
 
-    /// How many slots the table has, live or free: with [`Self::id_at`], a
-    /// walk over the records that lets the walker change the table's owner
-    /// between steps (records freed meanwhile are skipped, new ones may or
-    /// may not be seen).
-    pub(super) fn slot_count(&self) -> usize {
-        self.entries.len()
+    /// A walk over the live records' handles, slot by slot, that does not
+    /// hold the table: the walker may change the table's owner between
+    /// steps (records freed meanwhile are skipped, new ones may or may not
+    /// be seen). See [`Walk::next`].
+    pub(super) fn walk(&self) -> Walk {
+        Walk(0)
     }
 
-    /// The handle of the record in slot `slot`, if it holds one.
-    pub(super) fn id_at(&self, slot: usize) -> Option<I> {
-        let e = self.entries.get(slot)?;
-        e.val.as_ref()?;
-        Some(I::from_key(slot as u32, e.gen))
+    /// The handle of the first live record at slot `from` or after, and
+    /// the slot after it.
+    fn live_from(&self, from: usize) -> Option<(I, usize)> {
+        self.entries
+            .iter()
+            .enumerate()
+            .skip(from)
+            .find(|(_, e)| e.val.is_some())
+            .map(|(slot, e)| (I::from_key(slot as u32, e.gen), slot + 1))
     }
 
     /// How many records are alive.
     pub(super) fn len(&self) -> usize {
         self.entries.len() - self.free.len()
+    }
+}
+
+/// Where a [`Slots::walk`] stands: the next slot to look at.
+pub(super) struct Walk(usize);
+
+impl Walk {
+    /// The next live record's handle in `slots` (the table the walk was
+    /// made from), `None` at the end.
+    pub(super) fn next<I: SlotId, T>(&mut self, slots: &Slots<I, T>) -> Option<I> {
+        let (id, after) = slots.live_from(self.0)?;
+        self.0 = after;
+        Some(id)
     }
 }
 
@@ -241,6 +258,22 @@ mod tests {
         assert_eq!(t.get(b), Some(&"b"));
         assert_eq!(t.len(), 2);
         assert_eq!(t.ids().collect::<Vec<_>>(), vec![c, b]);
+    }
+
+    #[test]
+    fn a_walk_goes_on_past_records_freed_during_it() {
+        let mut t: Slots<ConnId, u8> = Slots::default();
+        let ids: Vec<ConnId> = (0..4).map(|v| t.insert(v)).collect();
+        let mut w = t.walk();
+        let mut seen = Vec::new();
+        while let Some(id) = w.next(&t) {
+            seen.push(id);
+            // (the walker changes the table between steps)
+            if id == ids[0] {
+                t.remove(ids[1]);
+            }
+        }
+        assert_eq!(seen, vec![ids[0], ids[2], ids[3]]);
     }
 
     #[test]
