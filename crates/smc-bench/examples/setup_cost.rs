@@ -11,6 +11,17 @@
 //! strace -f -c -- taskset -c 0 target/release/examples/setup_cost 2000
 //! ```
 //!
+//! and per thread (which thread of which process switches how often), the
+//! kernel's own counts over one second of a longer run:
+//!
+//! ```text
+//! taskset -c 0 target/release/examples/setup_cost 50000 &
+//! snap() { for p in $(pgrep -f examples/setup_cost); do for t in /proc/$p/task/*; do
+//!   echo "$t $(cat $t/comm) $(awk '/ctxt_switches/ {s += $2} END {print s}' $t/status)"
+//! done; done; }
+//! sleep 1; snap > a; sleep 1; snap > b; join a b | awk '{print $1, $2, $5 - $3}'
+//! ```
+//!
 //! (divide by N plus the 50 warm-up connections). Run as root (SMC-R needs
 //! the rendezvous BPF program); the device is a shared-memory one on `lo`
 //! (`smc::use_loopback_device`) unless `SMC_RDMA_SHM_CONFIG` names another.
