@@ -549,3 +549,90 @@ fn link_events_name_the_device_of_their_link() {
     assert!(!moved.is_empty());
     assert!(moved.iter().all(|&m| m == (true, false)), "{moved:?}");
 }
+
+/// A new connection of a group with a link on each device is on its way
+/// through CLC: the client sent its Confirm (it counts itself established,
+/// its RMB announced by CONFIRM_RKEY on both links) when the link the
+/// connection is on fails, the client's QP (it deletes the link, DELETE_LINK)
+/// or the server's, before the Confirm reaches the server. The Confirm names
+/// the client's RMB by its rkey on that link (§1.11), which the server no
+/// longer has a column for; the server must still find the RMB's row, whose
+/// rkey on the surviving link CONFIRM_RKEY gave, move the connection there
+/// (as Linux's `smc_switch_conns` does, smc_core.c) and carry data. It used
+/// to put the rkey of the gone link into the surviving link's column, fail
+/// to ready the client's RMB there and abort the connection, which the
+/// client, established, saw as a reset (simulation seeds 115214, 125409).
+#[test]
+fn a_link_lost_while_the_clients_confirm_is_on_its_way_takes_the_connection_along() {
+    for (v2, client_qp) in [(true, true), (true, false), (false, true), (false, false)] {
+        let case = format!(
+            "v2 {v2}, the {} QP",
+            if client_qp { "client's" } else { "server's" }
+        );
+        let mut w = world(v2);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        assert_eq!(w.server.usable_links(ls).len(), 2, "{case}");
+        // the handshake runs until the client's Confirm is out; the server
+        // does not get it yet
+        let mut t = w.open();
+        for _ in 0..500 {
+            t.c2s.extend(w.client.clc_output(t.c));
+            t.s2c.extend(w.server.clc_output(t.s));
+            if w.client.status(t.c) != Some(ConnStatus::Smc) {
+                let n = w.server.clc_input(t.s, &t.c2s, w.now);
+                t.c2s.drain(..n);
+            }
+            let n = w.client.clc_input(t.c, &t.s2c, w.now);
+            t.s2c.drain(..n);
+            w.tick();
+            if w.client.status(t.c) == Some(ConnStatus::Smc) {
+                break;
+            }
+        }
+        assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc), "{case}");
+        t.c2s.extend(w.client.clc_output(t.c));
+        assert!(!t.c2s.is_empty(), "{case}: the Confirm is held back");
+        assert_eq!(
+            w.server.handshake_phase(t.s),
+            Some(smc_engine::state::HandshakePhase::AwaitConfirm),
+            "{case}"
+        );
+        // its link fails (no CLC byte moves meanwhile)
+        let slot_c = w.client.link_of(t.c).unwrap();
+        let slot_s = w.server.link_of(t.s).unwrap();
+        let server_qp = w.server.link_qp_num(ls, slot_s);
+        let qp = if client_qp {
+            w.client.link_qp_num(lc, slot_c)
+        } else {
+            server_qp
+        };
+        w.fabric.fail_qp(qp.unwrap());
+        // (until the server took the link down: a new link could come up
+        // on the same device, which knows the rkeys of the old one)
+        for _ in 0..100 {
+            if w.server.link_qp_num(ls, slot_s) != server_qp {
+                break;
+            }
+            w.tick();
+        }
+        assert_ne!(
+            w.server.link_qp_num(ls, slot_s),
+            server_qp,
+            "{case}: the link is gone on the server"
+        );
+        // now the Confirm arrives
+        w.settle(&mut [&mut t, &mut t0], Duration::from_millis(2));
+        assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc), "{case}");
+        assert_ne!(w.server.link_of(t.s), Some(slot_s), "{case}: moved");
+        streams(&mut w, &[&t, &t0], 200_000, |_, _| {});
+        for x in [&t, &t0] {
+            assert!(w.client.violation(x.c).is_none(), "{case}");
+            assert!(w.server.violation(x.s).is_none(), "{case}");
+            assert_eq!(w.client.status(x.c), Some(ConnStatus::Smc), "{case}");
+            assert_eq!(w.server.status(x.s), Some(ConnStatus::Smc), "{case}");
+        }
+    }
+}

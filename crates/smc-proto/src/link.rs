@@ -199,6 +199,16 @@ pub enum LgrOutput {
 /// A peer RMB as known per link slot: (rkey, address) valid on that link.
 pub type Rtoken = [Option<(u32, u64)>; LINK_SLOTS];
 
+/// A peer RMB's rkey on a link that is gone: the link's peer port (how a
+/// CLC message names a link, §1.11), the rkey there, and the RMB's row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FormerRkey {
+    gid: Gid,
+    qpn: u32,
+    rkey: u32,
+    row: usize,
+}
+
 /// Our LLC request awaiting its response (the local flow slot, §1.6).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum LocalFlow {
@@ -238,6 +248,9 @@ pub struct LinkGroup {
     cfg: LgrConfig,
     links: [Option<Link>; LINK_SLOTS],
     rtokens: Vec<Option<Rtoken>>,
+    /// The rkeys the peer's RMBs had on the last links cleared (see
+    /// [`LinkGroup::find_former_rtoken`]).
+    former: Vec<FormerRkey>,
     local_flow: Option<LocalFlow>,
     out: VecDeque<LgrOutput>,
     terminated: Option<u32>,
@@ -277,6 +290,7 @@ impl LinkGroup {
             cfg,
             links: [None, None, None],
             rtokens: Vec::new(),
+            former: Vec::new(),
             local_flow: None,
             out: VecDeque::new(),
             terminated: None,
@@ -436,10 +450,31 @@ impl LinkGroup {
             Some(Some(l)) if l.state == LinkState::Inactive => {}
             _ => return false,
         }
-        self.links[slot] = None;
-        for row in self.rtokens.iter_mut().flatten() {
-            if let Some(c) = row.get_mut(slot) {
-                *c = None;
+        let peer = self.links[slot].take().map(|l| l.peer);
+        // (the rkeys of the links cleared before it, up to LINK_SLOTS - 1
+        // of them, stay findable too; older ones are forgotten)
+        if let Some(p) = peer {
+            let mut gone: Vec<(Gid, u32)> = Vec::new();
+            for f in self.former.iter().rev() {
+                if !gone.contains(&(f.gid, f.qpn)) {
+                    gone.push((f.gid, f.qpn));
+                }
+            }
+            gone.truncate(LINK_SLOTS - 1);
+            self.former
+                .retain(|f| gone.contains(&(f.gid, f.qpn)) && (f.gid, f.qpn) != (p.gid, p.qpn));
+        }
+        for (i, row) in self.rtokens.iter_mut().enumerate() {
+            let Some(cell) = row.as_mut().and_then(|r| r.get_mut(slot)) else {
+                continue;
+            };
+            if let (Some((rkey, _)), Some(p)) = (cell.take(), peer) {
+                self.former.push(FormerRkey {
+                    gid: p.gid,
+                    qpn: p.qpn,
+                    rkey,
+                    row: i,
+                });
             }
         }
         true
@@ -610,6 +645,8 @@ impl LinkGroup {
         }
         match self.rtokens.iter().position(Option::is_none) {
             Some(i) => {
+                // (a row reused: the former rkeys were another RMB's)
+                self.former.retain(|f| f.row != i);
                 self.rtokens[i] = Some(row);
                 Ok(i)
             }
@@ -646,6 +683,23 @@ impl LinkGroup {
         self.rtokens.iter().position(
             |r| matches!(r, Some(row) if matches!(row.get(slot), Some(Some((k, _))) if *k == rkey)),
         )
+    }
+
+    /// The row of the peer RMB whose rkey was `rkey` on a link that is gone
+    /// now, the one to the peer port `gid`/`qpn`. A CLC Accept or Confirm
+    /// names the peer's RMB by its rkey on the link the connection was on
+    /// when it was sent (§1.11); the link can go down while it is on its
+    /// way, and its column with it (`clear_link`). The row, with the RMB's
+    /// rkeys on the other links (CONFIRM_RKEY, ADD_LINK_CONT), is what lets
+    /// the connection fail over to one of those as Linux's
+    /// `smc_switch_conns` (smc_core.c) moves a handshaking connection with
+    /// the rest of its group. The rkeys of the last `LINK_SLOTS - 1` links
+    /// cleared are kept, while their rows are.
+    pub fn find_former_rtoken(&self, gid: Gid, qpn: u32, rkey: u32) -> Option<usize> {
+        self.former
+            .iter()
+            .find(|f| f.gid == gid && f.qpn == qpn && f.rkey == rkey)
+            .map(|f| f.row)
     }
 
     /// A peer RMB row.
@@ -803,7 +857,10 @@ impl LinkGroup {
                 let mut unknown = Vec::new();
                 for &k in &d.rkeys {
                     match self.find_rtoken(slot, k) {
-                        Some(row) => self.rtokens[row] = None,
+                        Some(row) => {
+                            self.rtokens[row] = None;
+                            self.former.retain(|f| f.row != row);
+                        }
                         None => unknown.push(k),
                     }
                 }

@@ -428,6 +428,45 @@ fn a_second_link_confirms_and_outlives_the_first() {
     assert!(sent(&out).is_empty(), "no link left to tell the peer on");
 }
 
+/// A CLC Confirm names the peer's RMB by its rkey on the link its
+/// connection was on (§1.11); when that link is cleared before the Confirm
+/// arrives, the rkey still finds the RMB's row (with its rkey on the other
+/// link) by the gone link's peer port, until the peer deletes the RMB.
+#[test]
+fn a_cleared_links_rkeys_find_their_row_until_the_rmb_is_deleted() {
+    let (mut s, mut c) = pair(None);
+    let row = c.add_rtoken(0, 0xaaa, 0x1000).unwrap();
+    add_second_link(&mut s, &mut c, T0);
+    c.add_link_rtokens(1, &[(0xaaa, 0xbbb, 0x2000)]);
+    let gone = peer_of(port(1));
+    assert_eq!(
+        c.find_former_rtoken(gone.gid, gone.qpn, 0xaaa),
+        None,
+        "link 0 is up"
+    );
+    c.on_link_failure(0);
+    drain(&mut c);
+    assert!(c.clear_link(0));
+    assert_eq!(c.find_rtoken(0, 0xaaa), None);
+    assert_eq!(c.find_former_rtoken(gone.gid, gone.qpn, 0xaaa), Some(row));
+    // (another link's port, another rkey: nothing)
+    assert_eq!(c.find_former_rtoken(gone.gid, 0x13, 0xaaa), None);
+    assert_eq!(c.find_former_rtoken(gone.gid, gone.qpn, 0xbbb), None);
+    // the peer withdraws the RMB (DELETE_RKEY by its rkey on link 1): the
+    // row is gone, and so is the way to it
+    s.on_link_failure(0);
+    drain(&mut s);
+    assert!(s.clear_link(0));
+    assert!(s.start_delete_rkey(1, 0xbbb, 9, T0));
+    let (es, _) = exchange(&mut s, &mut c, T0);
+    assert_eq!(es, vec![LgrOutput::RkeyFlowDone { tag: 9, ok: true }]);
+    assert!(c.rtoken(row).is_none());
+    assert_eq!(c.find_former_rtoken(gone.gid, gone.qpn, 0xaaa), None);
+    // a new RMB in the freed row is not found by the old rkey either
+    assert_eq!(c.add_rtoken(1, 0xccc, 0x3000), Ok(row));
+    assert_eq!(c.find_former_rtoken(gone.gid, gone.qpn, 0xaaa), None);
+}
+
 #[test]
 fn an_added_link_that_is_never_confirmed_is_deleted_not_orderly() {
     let (mut s, c) = pair(None);

@@ -109,7 +109,10 @@ impl<P: Provider> Lgr<P> {
     /// which is `slot` unless that link failed meanwhile and the connection
     /// moved: on two devices the rkeys differ per link, so the rkey goes
     /// into the named link's column, or — that link gone — finds the row
-    /// the peer's CONFIRM_RKEY flow made (which has every link's rkey).
+    /// the peer's CONFIRM_RKEY flow made (which has every link's rkey): by
+    /// the rkey the row had on the gone link
+    /// (`LinkGroup::find_former_rtoken`), else by one equal to it on a
+    /// link still up (both links on one device share its rkeys).
     pub(super) fn add_clc_rtoken(
         &mut self,
         slot: usize,
@@ -120,11 +123,18 @@ impl<P: Provider> Lgr<P> {
                 .as_ref()
                 .is_some_and(|r| r.connected && r.peer_qpn == peer.qpn && r.peer_gid == peer.gid)
         });
-        let known = (0..self.links.len()).find_map(|s| self.group.find_rtoken(s, peer.rmb_rkey));
-        match (named, known) {
-            (Some(s), _) => self.group.add_rtoken(s, peer.rmb_rkey, peer.rmb_vaddr),
-            (None, Some(row)) => Ok(row),
-            (None, None) => self.group.add_rtoken(slot, peer.rmb_rkey, peer.rmb_vaddr),
+        if let Some(s) = named {
+            return self.group.add_rtoken(s, peer.rmb_rkey, peer.rmb_vaddr);
+        }
+        let known = self
+            .group
+            .find_former_rtoken(peer.gid, peer.qpn, peer.rmb_rkey)
+            .or_else(|| {
+                (0..self.links.len()).find_map(|s| self.group.find_rtoken(s, peer.rmb_rkey))
+            });
+        match known {
+            Some(row) => Ok(row),
+            None => self.group.add_rtoken(slot, peer.rmb_rkey, peer.rmb_vaddr),
         }
     }
 
