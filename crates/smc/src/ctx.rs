@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::IpAddr;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -128,6 +128,9 @@ pub(crate) struct Shared {
     /// their end (see [`Shared::watch_tcp`]); polled by whoever sleeps on
     /// `notify` and by the progress thread.
     watch: OwnedFd,
+    /// Sockets given to [`Shared::watch_tcp`] and not yet in `watch`, oldest
+    /// first (see [`Shared::register_watches`]).
+    unwatched: Mutex<std::collections::VecDeque<Unwatched>>,
     /// When connections whose TCP connection ended are reset, if their peer
     /// sent no close by then: every waiting thread and task looks again.
     recheck_at: Mutex<std::collections::VecDeque<Instant>>,
@@ -236,6 +239,15 @@ const WATCH_SLACK: Duration = Duration::from_millis(20);
 /// Whether a sleep until `until` watches the TCP ends (see [`WATCH_SLACK`]).
 fn watches_tcp_ends(until: Option<Instant>) -> bool {
     until.is_none_or(|u| u.saturating_duration_since(Instant::now()) > WATCH_SLACK)
+}
+
+/// A TCP socket to watch for its end, not yet in the epoll set: weakly held,
+/// so that a socket the watch is the last to know of is closed (a forked
+/// child's copy of the list keeps no parent connection's TCP end open).
+struct Unwatched {
+    tcp: std::sync::Weak<std::net::TcpStream>,
+    id: ConnId,
+    since: Instant,
 }
 
 /// Whether `fd` polls readable now.
@@ -806,6 +818,7 @@ impl Shared {
         let watch = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         Ok(Shared {
             watch,
+            unwatched: Mutex::new(std::collections::VecDeque::new()),
             recheck_at: Mutex::new(std::collections::VecDeque::new()),
             gen: AtomicU64::new(ep.completions()),
             ep: Mutex::new(ep),
@@ -958,21 +971,73 @@ impl Shared {
     /// its TCP connection down right after its close CDC). One epoll set per
     /// endpoint, no descriptor or thread per connection. The socket must stay
     /// open until [`Shared::unwatch_tcp`].
-    pub(crate) fn watch_tcp(&self, tcp: BorrowedFd<'_>, id: ConnId) -> io::Result<()> {
-        // one event is all it takes (ONESHOT): a socket that ended stays readable
-        let data = epoll::EventData::new_u64(id.to_bits());
-        epoll::add(
-            &self.watch,
-            tcp,
-            data,
-            epoll::EventFlags::RDHUP | epoll::EventFlags::ONESHOT,
-        )?;
-        Ok(())
+    ///
+    /// It joins the epoll set only once it has lived [`WATCH_SLACK`], or
+    /// before a sleep that watches the TCP ends ([`Self::register_watches`]):
+    /// most short connections close (orderly, with their close CDC) before
+    /// that and never cost the two `epoll_ctl` calls; a dead peer is taken
+    /// for dead `PEER_GONE_GRACE` after its TCP end anyway. A leader asleep
+    /// for longer is woken (its timer) when the socket is due.
+    pub(crate) fn watch_tcp(&self, tcp: &Arc<std::net::TcpStream>, id: ConnId) {
+        let since = Instant::now();
+        self.unwatched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(Unwatched {
+                tcp: Arc::downgrade(tcp),
+                id,
+                since,
+            });
+        self.kick_at(nanos(
+            (since + WATCH_SLACK).saturating_duration_since(origin()),
+        ));
+    }
+
+    /// Puts the sockets given to [`Self::watch_tcp`] into the epoll set:
+    /// all of them (`all`, before a sleep that watches the TCP ends) or
+    /// those that waited [`WATCH_SLACK`].
+    fn register_watches(&self, all: bool) {
+        let mut q = self.unwatched.lock().unwrap_or_else(|e| e.into_inner());
+        if q.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        while let Some(u) = q.front() {
+            if !all && now.saturating_duration_since(u.since) < WATCH_SLACK {
+                break;
+            }
+            let Some(u) = q.pop_front() else { break };
+            // (the list stays locked: `unwatch_tcp` of this socket, which
+            // comes before its close, waits for the registration)
+            if let Some(tcp) = u.tcp.upgrade() {
+                // one event is all it takes (ONESHOT): a socket that ended
+                // stays readable. Without the watch the connection still
+                // works; it is reset only when the peer's device says the
+                // peer is gone.
+                let _ = epoll::add(
+                    &self.watch,
+                    tcp.as_fd(),
+                    epoll::EventData::new_u64(u.id.to_bits()),
+                    epoll::EventFlags::RDHUP | epoll::EventFlags::ONESHOT,
+                );
+            }
+        }
     }
 
     /// Stops watching a socket given to [`Shared::watch_tcp`] (before it is closed).
-    pub(crate) fn unwatch_tcp(&self, tcp: BorrowedFd<'_>) {
-        let _ = epoll::delete(&self.watch, tcp);
+    pub(crate) fn unwatch_tcp(&self, tcp: &Arc<std::net::TcpStream>) {
+        {
+            let mut q = self.unwatched.lock().unwrap_or_else(|e| e.into_inner());
+            // (the newest first: most connections that end soon are)
+            if let Some(i) = q
+                .iter()
+                .rposition(|u| std::ptr::eq(u.tcp.as_ptr(), Arc::as_ptr(tcp)))
+            {
+                q.remove(i);
+                return;
+            }
+        }
+        let _ = epoll::delete(&self.watch, tcp.as_fd());
     }
 
     /// Tells the engine of the watched TCP connections that ended (with the
@@ -1022,6 +1087,7 @@ impl Shared {
     /// with it (the progress thread, while application threads pump).
     fn poll_watch(&self, until: Instant) {
         let ts = timespec_until(Some(until));
+        self.register_watches(watches_tcp_ends(Some(until)));
         let ended = if watches_tcp_ends(Some(until)) {
             let mut pfd = [PollFd::new(&self.watch, PollFlags::IN)];
             matches!(rustix::event::poll(&mut pfd, ts.as_ref()), Ok(n) if n > 0)
@@ -1809,6 +1875,7 @@ impl Shared {
         let mut tcp_ended = false;
         if quiet {
             let watching = watches_tcp_ends(until);
+            self.register_watches(watching);
             let mut pfd = [
                 PollFd::new(&self.notify, PollFlags::IN),
                 PollFd::new(

@@ -262,9 +262,7 @@ impl SmcConn {
 
     /// The handshake reached SMC-R on `tcp`: watched from now on.
     pub(crate) fn established(mut self, tcp: Arc<TcpStream>, linger: bool) -> SmcConn {
-        // (without the watch the connection still works; it is reset only
-        // when the peer's device says it is gone)
-        let _ = self.shared.watch_tcp(tcp.as_fd(), self.id);
+        self.shared.watch_tcp(&tcp, self.id);
         self.linger.store(linger, Ordering::Relaxed);
         self.tcp = Some(tcp);
         self
@@ -307,7 +305,7 @@ impl Drop for SmcConn {
         self.stats.retire();
         if let Some(t) = &self.tcp {
             // (still open: `self.tcp` is dropped after this)
-            self.shared.unwatch_tcp(t.as_fd());
+            self.shared.unwatch_tcp(t);
         }
         let id = self.id;
         {
