@@ -298,17 +298,30 @@ impl Rendezvous {
     /// and state checks are skipped (a connection's setup pays one `getsockopt` for
     /// its cookie and the map update, not five system calls).
     pub fn opt_in_new(&self, fd: BorrowedFd<'_>) -> Result<(), RendezvousError> {
+        self.opt_in_new_cookie(fd).map(drop)
+    }
+
+    /// [`Self::opt_in_new`], returning the socket's cookie: a socket keeps its
+    /// cookie for life, so the caller can look its entry up after `connect()`
+    /// ([`Self::take_peer_offered_smc_by_cookie`]) without reading it again.
+    pub fn opt_in_new_cookie(&self, fd: BorrowedFd<'_>) -> Result<u64, RendezvousError> {
         let cookie = socket_cookie(fd)?;
         self.map
             .update(cookie, program::VAL_WANT, 0)
-            .map_err(|e| kerr("BPF_MAP_UPDATE_ELEM (opt in)", e))
+            .map_err(|e| kerr("BPF_MAP_UPDATE_ELEM (opt in)", e))?;
+        Ok(cookie)
     }
 
     /// [`Self::peer_offered_smc`] then [`Self::forget`], with one cookie read and
     /// no socket type check: a socket that is no TCP socket has no entry
     /// (`Ok(false)`), and one that is not a socket fails the cookie read.
     pub fn take_peer_offered_smc(&self, fd: BorrowedFd<'_>) -> Result<bool, RendezvousError> {
-        let cookie = socket_cookie(fd)?;
+        self.take_peer_offered_smc_by_cookie(socket_cookie(fd)?)
+    }
+
+    /// [`Self::take_peer_offered_smc`] by the socket's cookie (see
+    /// [`Self::opt_in_new_cookie`]).
+    pub fn take_peer_offered_smc_by_cookie(&self, cookie: u64) -> Result<bool, RendezvousError> {
         let v = self
             .map
             .lookup_and_delete(cookie)

@@ -438,7 +438,7 @@ impl Accepting {
     /// (`ask`: the buffer sizes asked for the connection, its listener's)
     pub(crate) fn start(tcp: TcpStream, ask: crate::ctx::Bufs) -> io::Result<Accepting> {
         let peer = tcp.peer_addr()?.ip();
-        Self::start_from(tcp, ask, peer)
+        Self::start_from(tcp, ask, peer, None)
     }
 
     /// [`Self::start`] for a connection whose peer address `accept()` gave.
@@ -446,9 +446,13 @@ impl Accepting {
         tcp: TcpStream,
         ask: crate::ctx::Bufs,
         peer: std::net::IpAddr,
+        local: Option<std::net::IpAddr>,
     ) -> io::Result<Accepting> {
         use crate::ctx::Device;
-        let local = tcp.local_addr()?.ip();
+        let local = match local {
+            Some(l) => l,
+            None => tcp.local_addr()?.ip(),
+        };
         let dev = crate::ctx::endpoint_for(local, peer, crate::ctx::Role::Server);
         let how = match dev {
             Device::Endpoint(shared) => How::engine(shared, local, ask),

@@ -37,6 +37,12 @@ pub(crate) fn rendezvous() -> Result<&'static Rendezvous, RendezvousError> {
 /// A new TCP socket for `addr`'s family, opted in to the SMC option if the
 /// rendezvous is available. Returns whether it is opted in.
 pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
+    socket_with_cookie(addr).map(|(fd, cookie)| (fd, cookie.is_some()))
+}
+
+/// [`socket_for`], with the cookie of a socket that is opted in (for
+/// [`peer_offered_smc_by_cookie`] after its `connect()`).
+pub(crate) fn socket_with_cookie(addr: &SocketAddr) -> io::Result<(OwnedFd, Option<u64>)> {
     let fam = if addr.is_ipv4() {
         AddressFamily::INET
     } else {
@@ -44,18 +50,24 @@ pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
     };
     let fd = rustix::net::socket(fam, SocketType::STREAM, None)?;
     crate::registry::start();
-    let opted = match rendezvous() {
+    let cookie = match rendezvous() {
         // (a TCP socket of ours, fresh: no checks of type and state)
-        Ok(r) => r.opt_in_new(fd.as_fd()).is_ok(),
-        Err(_) => false,
+        Ok(r) => r.opt_in_new_cookie(fd.as_fd()).ok(),
+        Err(_) => None,
     };
-    Ok((fd, opted))
+    Ok((fd, cookie))
 }
 
 /// Whether the peer's SYN (or SYN-ACK) on the connected socket `fd` carried
 /// the SMC option; the rendezvous forgets the connection either way.
 pub(crate) fn peer_offered_smc(fd: BorrowedFd<'_>) -> bool {
     rendezvous().is_ok_and(|r| r.take_peer_offered_smc(fd).unwrap_or(false))
+}
+
+/// [`peer_offered_smc`] for the socket whose cookie is `cookie` (one system
+/// call less).
+pub(crate) fn peer_offered_smc_by_cookie(cookie: u64) -> bool {
+    rendezvous().is_ok_and(|r| r.take_peer_offered_smc_by_cookie(cookie).unwrap_or(false))
 }
 
 /// After `accept()`: whether the client offered SMC, leaving the socket's

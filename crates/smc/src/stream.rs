@@ -10,7 +10,7 @@ pub use in_place::{ReadSpace, WriteSpace};
 
 use crate::ctx::{self, Shared, Want};
 use crate::provider::AnyProvider;
-use crate::rendezvous::{peer_offered_smc, socket_for};
+use crate::rendezvous::{peer_offered_smc, peer_offered_smc_by_cookie, socket_with_cookie};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
     ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, MaySleep, ReadLease,
@@ -351,6 +351,25 @@ pub(crate) fn no_smc(reason: DeclineCode) -> Mode {
     Mode::Tcp(Fallback { reason, peer: None })
 }
 
+/// Whether a client socket was opted in to the SMC option before its
+/// `connect()`, and its cookie if known (the rendezvous' key: read once).
+#[derive(Clone, Copy)]
+enum Opted {
+    No,
+    Yes,
+    Cookie(u64),
+}
+
+impl From<bool> for Opted {
+    fn from(opted: bool) -> Opted {
+        if opted {
+            Opted::Yes
+        } else {
+            Opted::No
+        }
+    }
+}
+
 pub(crate) fn no_rendezvous() -> Mode {
     no_smc(DeclineCode::from_u32(FALLBACK_NO_RENDEZVOUS))
 }
@@ -410,7 +429,7 @@ impl SmcStream {
     }
 
     fn connect_one(addr: &SocketAddr, timeout: Option<Duration>) -> io::Result<SmcStream> {
-        let (fd, opted) = socket_for(addr)?;
+        let (fd, cookie) = socket_with_cookie(addr)?;
         let tcp = match timeout {
             None => {
                 rustix::net::connect(&fd, addr)?;
@@ -446,6 +465,10 @@ impl SmcStream {
                 TcpStream::from(fd)
             }
         };
+        let opted = match cookie {
+            Some(c) => Opted::Cookie(c),
+            None => Opted::No,
+        };
         Self::after_connect(tcp, opted, (None, None), Some(addr.ip()))
     }
 
@@ -455,7 +478,7 @@ impl SmcStream {
     /// SYN-ACK offered SMC; TCP otherwise. For programs that create and
     /// connect their sockets themselves (the preload library).
     pub fn from_connected(tcp: TcpStream, opted: bool) -> io::Result<SmcStream> {
-        Self::after_connect(tcp, opted, (None, None), None)
+        Self::after_connect(tcp, Opted::from(opted), (None, None), None)
     }
 
     /// [`Self::from_connected`] with an RMB of at least `rmb` and a send
@@ -468,26 +491,30 @@ impl SmcStream {
         rmb: Option<usize>,
         sndbuf: Option<usize>,
     ) -> io::Result<SmcStream> {
-        Self::after_connect(tcp, opted, (rmb, sndbuf), None)
+        Self::after_connect(tcp, Opted::from(opted), (rmb, sndbuf), None)
     }
 
     /// `peer`: the address connected to, if the caller knows it (one
     /// system call less per connection).
     fn after_connect(
         mut tcp: TcpStream,
-        opted: bool,
+        opted: Opted,
         ask: ctx::Bufs,
         peer: Option<std::net::IpAddr>,
     ) -> io::Result<SmcStream> {
-        if !opted {
-            return Ok(SmcStream::tcp_only(
-                tcp,
-                ctx::Role::Client,
-                no_rendezvous(),
-                Vec::new(),
-            ));
-        }
-        if !peer_offered_smc(tcp.as_fd()) {
+        let offered = match opted {
+            Opted::No => {
+                return Ok(SmcStream::tcp_only(
+                    tcp,
+                    ctx::Role::Client,
+                    no_rendezvous(),
+                    Vec::new(),
+                ));
+            }
+            Opted::Yes => peer_offered_smc(tcp.as_fd()),
+            Opted::Cookie(c) => peer_offered_smc_by_cookie(c),
+        };
+        if !offered {
             // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
             return Ok(SmcStream::tcp_only(
                 tcp,
