@@ -1096,10 +1096,17 @@ impl<P: Provider> TxBook<P> {
     /// Takes the signaled SEND `wr_id` out of the link's SENDs in flight
     /// (its send slot is free again, and its place in the send queue):
     /// what it carried.
+    #[inline]
     pub fn complete(&mut self, wr_id: u64) -> Option<WrKind> {
-        // (RC completes a send queue in order: the oldest, found at once)
-        let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;
-        let (_, kind, slot) = self.wrs.remove(i)?;
+        // RC completes a send queue in order: the oldest, taken off the
+        // front; anything else (a flush out of order) is looked for.
+        let (_, kind, slot) = match self.wrs.front() {
+            Some(&(id, _, _)) if id == wr_id => self.wrs.pop_front()?,
+            _ => {
+                let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;
+                self.wrs.remove(i)?
+            }
+        };
         if let Some(s) = slot {
             self.give_slot(s);
         }
