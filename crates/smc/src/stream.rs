@@ -662,12 +662,14 @@ impl SmcStream {
             Done(usize),
             Lease(ReadLease),
         }
+        if let Some(n) = (!buf.is_empty()).then(|| c.try_fast_read(buf)).flatten() {
+            c.rearm_if_emptied();
+            return Ok(n);
+        }
+        // (after the fast path, which never waits: the option's lock is
+        // taken by reads that may)
         let deadline = Self::timeout(&self.opts.read_timeout);
         if !buf.is_empty() {
-            if let Some(n) = c.try_fast_read(buf) {
-                c.rearm_if_emptied();
-                return Ok(n);
-            }
             // a non-blocking reader that finds nothing, with nothing for the
             // endpoint to do (the link's receive CQ taken, nothing of the
             // connection waiting for it): no lock, no pump (an event loop
