@@ -344,12 +344,44 @@ pub struct DiagCursors {
 
 /// What consuming bytes changes on the receive side (see
 /// `DataPath::consume_step`).
+#[derive(Clone, Copy, Debug)]
 struct ConsumeStep {
     n: usize,
     rx_cons: u64,
     urgent_passed: bool,
     cdc_wanted: bool,
     peer_write_blocked: bool,
+}
+
+/// A read of the receive side worked out before its bytes are copied
+/// ([`DataPath::plan_consume`]), applied once they are
+/// ([`DataPath::consume_planned`]): the fast path decides from it whether
+/// it can send the CDC the read makes owed, and the step is worked out
+/// once for both.
+#[derive(Clone, Copy, Debug)]
+pub struct ConsumePlan {
+    step: ConsumeStep,
+    /// `rx_cons` the plan was made at.
+    from: u64,
+    cdc_owed: bool,
+}
+
+impl ConsumePlan {
+    /// Bytes the read consumes (capped at what is readable).
+    pub fn len(&self) -> usize {
+        self.step.n
+    }
+
+    /// Whether it consumes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.step.n == 0
+    }
+
+    /// Whether the receive side owes the peer a CDC after the read
+    /// ([`DataPath::cdc_owed_after`]).
+    pub fn cdc_owed(&self) -> bool {
+        self.cdc_owed
+    }
 }
 
 impl DataPath {
@@ -1019,6 +1051,36 @@ impl DataPath {
     /// the bytes consumed.
     pub fn consumed(&mut self, n: usize) -> usize {
         let c = self.consume_step(n);
+        self.apply_consume(c)
+    }
+
+    /// What [`Self::consumed`]`(n)` would do, and whether it leaves a CDC
+    /// owed ([`Self::cdc_owed_after`]), for [`Self::consume_planned`] to
+    /// apply after the bytes are copied.
+    #[inline]
+    pub fn plan_consume(&self, n: usize) -> ConsumePlan {
+        let step = self.consume_step(n);
+        ConsumePlan {
+            step,
+            from: self.rx_cons,
+            cdc_owed: step.cdc_wanted || self.update_due_at(step.rx_cons, step.peer_write_blocked),
+        }
+    }
+
+    /// Applies plan `p`, made by [`Self::plan_consume`] with nothing
+    /// changed since: the same as [`Self::consumed`] with its length (which
+    /// it falls back to if the consumer cursor moved meanwhile). The bytes
+    /// consumed.
+    #[inline]
+    pub fn consume_planned(&mut self, p: ConsumePlan) -> usize {
+        if p.from != self.rx_cons {
+            return self.consumed(p.step.n);
+        }
+        self.apply_consume(p.step)
+    }
+
+    #[inline]
+    fn apply_consume(&mut self, c: ConsumeStep) -> usize {
         self.rx_cons = c.rx_cons;
         if c.urgent_passed {
             self.rx_urgent = None;
@@ -1062,8 +1124,7 @@ impl DataPath {
     /// peer a CDC (a consumer-cursor update, §3.4, or one already wanted):
     /// what a reader that sends its own updates checks before it reads.
     pub fn cdc_owed_after(&self, n: usize) -> bool {
-        let c = self.consume_step(n);
-        c.cdc_wanted || self.update_due_at(c.rx_cons, c.peer_write_blocked)
+        self.plan_consume(n).cdc_owed()
     }
 
     /// Linux's rule for a CDC that only updates the consumer cursor (§3.4): the
@@ -1848,7 +1909,13 @@ mod owed_tests {
                 for n in [0usize, 1, 100, 1700, 2304, 2305, 5000, 16384] {
                     let want = dp.cdc_owed_after(n);
                     let mut after = dp.clone();
-                    after.consumed(n);
+                    let took = after.consumed(n);
+                    // (a planned read does what `consumed` does)
+                    let mut planned = dp.clone();
+                    let plan = planned.plan_consume(n);
+                    assert_eq!(plan.cdc_owed(), want);
+                    assert_eq!(planned.consume_planned(plan), took);
+                    assert_eq!(format!("{planned:?}"), format!("{after:?}"));
                     assert_eq!(
                         want,
                         after.cdc_wanted() || after.consumer_update_due(),

@@ -659,12 +659,21 @@ impl<P: Provider> ConnCore<P> {
         Some((f.rx.clone(), f.tokens.clone(), f.lgr))
     }
 
+    #[inline]
     pub(super) fn fast_read(&mut self, buf: &mut [u8]) -> FastRead {
+        // (nothing to read first, without the rest: the common case of a
+        // reader that comes before its data)
+        if self.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
+            return FastRead::Declined;
+        }
+        self.fast_read_some(buf)
+    }
+
+    /// [`Self::fast_read`] once there are bytes to read.
+    fn fast_read_some(&mut self, buf: &mut [u8]) -> FastRead {
         let (Some(dp), Some(rmb)) = (self.dp.as_mut(), self.rmb.as_ref()) else {
             return FastRead::Declined;
         };
-        // (nothing to read first: the common case of a reader that comes
-        // before its data)
         let n = buf.len().min(dp.readable());
         // Bytes the peer sent before it closed or shut down its write side
         // (its close CDC often comes in the same dispatch as its last data)
@@ -685,7 +694,8 @@ impl<P: Provider> ConnCore<P> {
             return FastRead::Declined;
         }
         let mut post = None;
-        if dp.cdc_owed_after(n) {
+        let plan = dp.plan_consume(n);
+        if plan.cdc_owed() {
             let Some(f) = self.fast.as_ref() else {
                 return FastRead::Declined;
             };
@@ -726,7 +736,7 @@ impl<P: Provider> ConnCore<P> {
             at += len;
         }
         debug_assert_eq!(at, n);
-        dp.consumed(n);
+        dp.consume_planned(plan);
         let Some((f, mut book)) = post else {
             return FastRead::Read { n, cdc: false };
         };
