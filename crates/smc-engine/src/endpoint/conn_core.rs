@@ -31,7 +31,8 @@ use smc_proto::close::{CloseEvent, CloseState, Closer};
 use smc_proto::datapath::{DataPath, Violation};
 use smc_rdma::{Doorbell, MemWindow, MemoryRegion, Provider};
 use smc_wire::cdc::{CdcMessage, RingChunks};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 /// A connection's data path, shared between the endpoint and whoever holds a
 /// handle to the connection.
@@ -99,6 +100,12 @@ pub(super) struct ConnCore<P: Provider> {
     /// Told of the connection's [`ConnLevel`] after every change of it made
     /// here or by the fast path ([`FastConn::watch`]).
     pub(super) watch: Option<Watch>,
+    /// Set by a read of the fast path that left nothing to read, cleared
+    /// by every CDC applied to the connection (the only thing that makes
+    /// bytes readable): while set, a reader of the fast path knows without
+    /// the core's lock that it has to poll its link first
+    /// ([`FastConn::try_read`]). Shared with the connection's handles.
+    pub(super) drained: Arc<AtomicBool>,
 }
 
 /// What a connection's readiness depends on, as its core has it: what the
@@ -211,7 +218,34 @@ pub enum FastRead {
 pub struct FastConn<P: Provider> {
     core: CoreRef<P>,
     /// [`Self::doorbell`], looked up once.
-    held_bell: std::sync::OnceLock<Option<Doorbell>>,
+    held_bell: OnceLock<Option<Doorbell>>,
+    /// The core's [`ConnCore::drained`].
+    drained: Arc<AtomicBool>,
+    /// The link (receive side, token table, group) of the first grant to
+    /// poll it that a read found ([`FastRx`]), for reads that know they
+    /// have to poll without looking at the core ([`Self::try_read`]). Not
+    /// kept up to date: a read polls it only while it is open to
+    /// connections, which a link is only as its group's one active link,
+    /// and any connection of the group may poll that one. (Weak: a handle
+    /// does not keep a link that its connection has left alive.)
+    rx_link: OnceLock<RxLink<P>>,
+}
+
+/// See [`FastConn::rx_link`].
+struct RxLink<P: Provider> {
+    rx: Weak<super::link::LinkRx<P>>,
+    tokens: Arc<TokenTable<P>>,
+    lgr: super::LgrId,
+}
+
+impl<P: Provider> Clone for RxLink<P> {
+    fn clone(&self) -> Self {
+        RxLink {
+            rx: self.rx.clone(),
+            tokens: self.tokens.clone(),
+            lgr: self.lgr,
+        }
+    }
 }
 
 impl<P: Provider> Clone for FastConn<P> {
@@ -219,15 +253,20 @@ impl<P: Provider> Clone for FastConn<P> {
         FastConn {
             core: self.core.clone(),
             held_bell: self.held_bell.clone(),
+            drained: self.drained.clone(),
+            rx_link: self.rx_link.clone(),
         }
     }
 }
 
 impl<P: Provider> FastConn<P> {
     pub(super) fn new(core: CoreRef<P>) -> FastConn<P> {
+        let drained = lock(&core).drained.clone();
         FastConn {
             core,
-            held_bell: std::sync::OnceLock::new(),
+            held_bell: OnceLock::new(),
+            drained,
+            rx_link: OnceLock::new(),
         }
     }
 
@@ -281,6 +320,26 @@ impl<P: Provider> FastConn<P> {
     /// [`FastRx`]: one active link in its group), and looks again.
     #[inline]
     pub fn try_read(&self, buf: &mut [u8]) -> FastRead {
+        // A reader that emptied the connection and has seen no CDC applied
+        // to it since polls its link first (a reader that comes before its
+        // data, the common case), without a look at the core that would
+        // only decline; then it reads, whatever the poll found.
+        if !buf.is_empty() && self.drained.load(Ordering::Acquire) {
+            if let Some(g) = self.rx_link.get() {
+                if let Some(rx) = g.rx.upgrade().filter(|rx| rx.is_open()) {
+                    // (the link's receive lock is taken before a
+                    // connection's core, as below)
+                    super::cdc_recv::dispatch(&rx, &g.tokens, g.lgr);
+                    drop(rx);
+                    let mut k = lock(&self.core);
+                    let r = k.fast_read(buf);
+                    if r != FastRead::Declined {
+                        k.watched();
+                    }
+                    return r;
+                }
+            }
+        }
         let mut k = lock(&self.core);
         let r = k.fast_read(buf);
         if r != FastRead::Declined {
@@ -294,6 +353,13 @@ impl<P: Provider> FastConn<P> {
             return r;
         };
         drop(k);
+        if self.rx_link.get().is_none() {
+            let _ = self.rx_link.set(RxLink {
+                rx: Arc::downgrade(&rx),
+                tokens: tokens.clone(),
+                lgr: l,
+            });
+        }
         // (the link's receive lock is taken before a connection's core,
         // by the endpoint's poll as here)
         if !super::cdc_recv::dispatch(&rx, &tokens, l) {
@@ -488,6 +554,7 @@ impl<P: Provider> ConnCore<P> {
             fast_rx: None,
             bell: None,
             watch: None,
+            drained: Arc::default(),
         }
     }
 
@@ -737,6 +804,9 @@ impl<P: Provider> ConnCore<P> {
         }
         debug_assert_eq!(at, n);
         dp.consume_planned(plan);
+        if dp.readable() == 0 {
+            self.drained.store(true, Ordering::Release);
+        }
         let Some((f, mut book)) = post else {
             return FastRead::Read { n, cdc: false };
         };
@@ -1010,6 +1080,10 @@ impl<P: Provider> ConnCore<P> {
             return CdcDone::default();
         };
         let r = dp.on_cdc(m);
+        // (a load first: the line stays shared while nobody drained it)
+        if self.drained.load(Ordering::Relaxed) {
+            self.drained.store(false, Ordering::Release);
+        }
         // (under the core's lock: the woken reader looks at the core next)
         if let Some(b) = &self.bell {
             b.ring();
