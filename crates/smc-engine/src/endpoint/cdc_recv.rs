@@ -322,6 +322,10 @@ fn dispatch_with<P: Provider>(
         if let Err(e) = rx.release(&book, &r) {
             book.queue.push_back(RxLeft::Repost(e));
         }
+        // (what `next` would say without looking: the poll saw no more)
+        if book.nothing_left() {
+            break;
+        }
     }
     let left = book.completions > 0 || !book.queue.is_empty() || !book.marks.is_empty();
     rx.set_attention(&book, left);

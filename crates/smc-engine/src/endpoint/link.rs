@@ -364,6 +364,16 @@ impl LeftMsg {
     }
 }
 
+impl RxBook {
+    /// Whether the receive [`LinkRx::next`] handed out last was the last
+    /// one its poll saw, so that the next call would return `None` without
+    /// looking (the next holder of the lock looks again).
+    #[inline]
+    pub fn nothing_left(&self) -> bool {
+        self.at >= self.polled && self.drained
+    }
+}
+
 impl<P: Provider> LinkRx<P> {
     /// The link's receive side, locked for a poll (a panic while it was
     /// held leaves at worst a receive buffer not posted again, which the
