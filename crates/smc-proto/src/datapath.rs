@@ -483,6 +483,7 @@ impl DataPath {
     /// hold nothing else. Without that, a stream of direct writes whose
     /// CDCs the peer has not taken yet (a reader that shares this CPU) would
     /// stop at one send buffer's worth, however large the peer's RMB.
+    #[inline]
     pub fn sndbuf_free(&self) -> usize {
         let held = self
             .tx_prep
@@ -788,6 +789,7 @@ impl DataPath {
 
     /// The CDC with `seqno` completed its send: its data's send-buffer space is
     /// released (`fin`, §3.2 step 6). Completions arrive in posting order.
+    #[inline]
     pub fn on_cdc_sent(&mut self, seqno: u16) -> Result<(), Violation> {
         // (the oldest in flight, as a send queue completes in order: taken
         // without the search below, which it would end at once)
@@ -1025,6 +1027,7 @@ impl DataPath {
     }
 
     /// Where up to `n` normally readable bytes are in our RMBE (one or two pieces).
+    #[inline]
     pub fn readable_chunks(&self, n: usize) -> RingChunks {
         let len = n.min(self.readable());
         write_chunks(
@@ -1092,6 +1095,7 @@ impl DataPath {
 
     /// What [`Self::consumed`]`(n)` would change, worked out without changing
     /// anything (so that [`Self::cdc_owed_after`] cannot disagree with it).
+    #[inline]
     fn consume_step(&self, n: usize) -> ConsumeStep {
         let n = n.min(self.readable());
         let mut c = ConsumeStep {
@@ -1137,6 +1141,7 @@ impl DataPath {
 
     /// [`Self::consumer_update_due`] with the consumer cursor at `rx_cons`
     /// and the peer's write_blocked as given.
+    #[inline]
     fn update_due_at(&self, rx_cons: u64, peer_write_blocked: bool) -> bool {
         let to_confirm = rx_cons - self.rx_cons_confirmed;
         if to_confirm == 0 {
