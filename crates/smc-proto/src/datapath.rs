@@ -550,6 +550,7 @@ impl DataPath {
     }
 
     /// Bytes in the send buffer not yet written to the peer.
+    #[inline]
     pub fn unsent(&self) -> usize {
         (self.tx_prep - self.tx_sent) as usize
     }
@@ -563,6 +564,7 @@ impl DataPath {
     /// Free space in the peer's RMBE as we know it (§3.1 `peer_rmbe_space`)
     /// that may be written now: without the failover reserve, unless a
     /// rewind released it ([`Self::set_failover_reserve`]).
+    #[inline]
     pub fn peer_space(&self) -> usize {
         let free = self.cfg.peer_rmbe_len - (self.tx_sent - self.peer_cons) as usize;
         if self.reserve_released {
@@ -609,6 +611,7 @@ impl DataPath {
     }
 
     /// A requested close is still waiting for unsent data to leave.
+    #[inline]
     pub fn close_pending(&self) -> bool {
         self.close_flags != self.close_requested
     }
@@ -985,6 +988,7 @@ impl DataPath {
 
     /// Unread bytes in our RMBE that a normal read may return: reads stop at the
     /// urgent byte (the "mark"), which is not part of the normal stream.
+    #[inline]
     pub fn readable(&self) -> usize {
         let end = match self.rx_urgent {
             Some(u) if u >= self.rx_cons => u,
@@ -999,6 +1003,7 @@ impl DataPath {
     }
 
     /// Urgent data was announced by the peer (urg_data_pending) or is present.
+    #[inline]
     pub fn urgent_signalled(&self) -> bool {
         self.rx_urgent_pending || (self.rx_urgent.is_some() && !self.rx_urgent_taken)
     }
@@ -1006,6 +1011,7 @@ impl DataPath {
     /// Where the peer's urgent byte is in our RMBE, if it is there and has not been
     /// fetched yet (TCP `recv(MSG_OOB)`): the caller reads that one byte and calls
     /// [`Self::urgent_taken`].
+    #[inline]
     pub fn urgent_offset(&self) -> Option<usize> {
         match self.rx_urgent {
             Some(u) if !self.rx_urgent_taken => {
