@@ -815,6 +815,30 @@ impl DataPath {
         Ok(())
     }
 
+    /// The sends of `n` CDCs completed, the first `first` and the rest the
+    /// seqnos after it, in order: the same as [`Self::on_cdc_sent`] for
+    /// each in turn where they are the `n` oldest in flight, which they are
+    /// as a send queue completes in order; anything else changes nothing
+    /// and is `Err`, for the caller to take them one by one.
+    #[inline]
+    pub fn on_cdcs_sent(&mut self, first: u16, n: usize) -> Result<(), Violation> {
+        let mut fin = self.tx_fin;
+        let mut seq = first;
+        for k in 0..n {
+            match self.inflight.get(k) {
+                Some(i) if i.seqno == seq => fin = fin.max(i.sent),
+                _ => return Err(Violation::UnknownCompletion(seq)),
+            }
+            seq = seq.wrapping_add(1);
+        }
+        if n > 0 {
+            self.inflight.drain(..n);
+            self.tx_fin = fin;
+            self.last_fin_seqno = seq.wrapping_sub(1);
+        }
+        Ok(())
+    }
+
     /// Seqno of the last CDC whose send completed (for the failover validation CDC).
     pub fn last_completed_seqno(&self) -> u16 {
         self.last_fin_seqno
@@ -1268,6 +1292,41 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A run of completions taken at once (`on_cdcs_sent`) leaves what the
+    /// same completions one by one leave, and a run that is not the oldest
+    /// in flight in order changes nothing.
+    #[test]
+    fn completions_at_once_are_completions_one_by_one() {
+        let mut a = DataPath::new(cfg(65536, 16384, 16384));
+        let mut seqs = Vec::new();
+        for n in [100, 200, 300, 400, 500] {
+            a.produced(n);
+            seqs.push(a.poll_tx().unwrap().cdc.seqno);
+        }
+        let state = |d: &DataPath| format!("{d:?}");
+        for (from, len) in [(0, 1), (0, 3), (1, 2), (0, 5), (2, 3)] {
+            let mut one = a.clone();
+            let mut run = a.clone();
+            // (the ones before the run completed first)
+            for &s in &seqs[..from] {
+                one.on_cdc_sent(s).unwrap();
+                run.on_cdc_sent(s).unwrap();
+            }
+            for &s in &seqs[from..from + len] {
+                one.on_cdc_sent(s).unwrap();
+            }
+            run.on_cdcs_sent(seqs[from], len).unwrap();
+            assert_eq!(state(&run), state(&one), "run {from}+{len}");
+            assert_eq!(run.last_completed_seqno(), seqs[from + len - 1]);
+        }
+        // not the oldest, a seqno never sent, longer than what is in flight
+        for (first, len) in [(seqs[1], 1), (seqs[4].wrapping_add(1), 1), (seqs[0], 6)] {
+            let mut run = a.clone();
+            assert!(run.on_cdcs_sent(first, len).is_err());
+            assert_eq!(state(&run), state(&a));
         }
     }
 

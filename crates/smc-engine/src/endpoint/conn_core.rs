@@ -631,7 +631,7 @@ impl<P: Provider> ConnCore<P> {
         if !book.open
             || !f
                 .tx
-                .has_room(&mut book, f.id, |seq| dp.on_cdc_sent(seq).is_ok())
+                .has_room(&mut book, f.id, |seq, n| dp.on_cdcs_sent(seq, n).is_ok())
         {
             return Ok(FastWrite::Declined);
         }
@@ -785,9 +785,9 @@ impl<P: Provider> ConnCore<P> {
             // for them, whom the endpoint wakes)
             let room = dp.sndbuf_free() > 0;
             if !book.open
-                || !f
-                    .tx
-                    .has_room(&mut book, f.id, |seq| room && dp.on_cdc_sent(seq).is_ok())
+                || !f.tx.has_room(&mut book, f.id, |seq, n| {
+                    room && dp.on_cdcs_sent(seq, n).is_ok()
+                })
             {
                 return FastRead::Declined;
             }

@@ -916,15 +916,22 @@ impl<P: Provider> LinkTx<P> {
     /// `book`), for connection `me`'s fast path, which finds every SEND in
     /// flight (without this it would go through the endpoint, whose pump is
     /// where completions were taken): their SENDs leave the flight and give
-    /// back their send slots now. A completed CDC of `me`'s own is handed
-    /// to `own` (its sequence number), which applies it if it can (see
-    /// `ConnCore::fast_write`); every other completion, and `me`'s from the
-    /// first that `own` refuses, wait in [`TxBook::reaped`] for the
-    /// endpoint, which does the rest (a CDC's connection told, a failed
-    /// one's link) at its next pump, in the send queue's order. Whether it
-    /// took any. Nothing is taken while [`REAPED_MAX`] wait already: the
-    /// fast path then goes through the endpoint, which takes them.
-    pub fn reap(&self, book: &mut TxBook<P>, me: ConnId, mut own: impl FnMut(u16) -> bool) -> bool {
+    /// back their send slots now. Completed CDCs of `me`'s own are handed
+    /// to `own`, a run of consecutive ones at once (the first seqno and how
+    /// many), which applies them if it can (see `ConnCore::fast_write`);
+    /// a run it refuses is offered again one CDC at a time. Every other
+    /// completion, and `me`'s from the first that `own` refuses, wait in
+    /// [`TxBook::reaped`] for the endpoint, which does the rest (a CDC's
+    /// connection told, a failed one's link) at its next pump, in the send
+    /// queue's order. Whether it took any. Nothing is taken while
+    /// [`REAPED_MAX`] wait already: the fast path then goes through the
+    /// endpoint, which takes them.
+    pub fn reap(
+        &self,
+        book: &mut TxBook<P>,
+        me: ConnId,
+        mut own: impl FnMut(u16, usize) -> bool,
+    ) -> bool {
         if book.reaped.len() >= REAPED_MAX {
             return false;
         }
@@ -936,17 +943,35 @@ impl<P: Provider> LinkTx<P> {
         let mut took = false;
         // (a failed poll: the endpoint's own poll meets it again)
         while let Ok(n) = self.scq.poll(&mut wcs) {
-            for wc in &wcs[..n] {
+            // `me`'s CDCs completed in a row: where the first one's
+            // completion is in `wcs`, its seqno, how many
+            let mut run: Option<(usize, u16, usize)> = None;
+            for (at, wc) in wcs[..n].iter().enumerate() {
                 let kind = book.complete(wc.wr_id);
                 if let Some(WrKind::Cdc(id, seq)) = kind {
                     if inline && id == me && wc.status == WcStatus::Success {
-                        if own(seq) {
-                            continue;
+                        match &mut run {
+                            Some((_, first, len)) if first.wrapping_add(*len as u16) == seq => {
+                                *len += 1;
+                            }
+                            _ => {
+                                if let Some(r) = run.take() {
+                                    own_run(book, me, &wcs, r, &mut inline, &mut own);
+                                }
+                                run = Some((at, seq, 1));
+                            }
                         }
-                        inline = false;
+                        continue;
                     }
                 }
+                // (before anything else, in the send queue's order)
+                if let Some(r) = run.take() {
+                    own_run(book, me, &wcs, r, &mut inline, &mut own);
+                }
                 book.reaped.push((*wc, kind));
+            }
+            if let Some(r) = run.take() {
+                own_run(book, me, &wcs, r, &mut inline, &mut own);
             }
             took |= n > 0;
             if n < wcs.len() {
@@ -964,7 +989,12 @@ impl<P: Provider> LinkTx<P> {
     /// flushes, LLC messages): after a [`Self::reap`] (with `own`) if every
     /// SEND seemed in flight.
     #[inline]
-    pub fn has_room(&self, book: &mut TxBook<P>, me: ConnId, own: impl FnMut(u16) -> bool) -> bool {
+    pub fn has_room(
+        &self,
+        book: &mut TxBook<P>,
+        me: ConnId,
+        own: impl FnMut(u16, usize) -> bool,
+    ) -> bool {
         let room = |b: &TxBook<P>| {
             b.sends_in_flight + 1 < MAX_SENDS
                 && b.has_free_slots()
@@ -1007,6 +1037,31 @@ impl<P: Provider> LinkTx<P> {
         book.open = false;
         book.broken.get_or_insert(e);
         self.attention.store(true, Ordering::Release);
+    }
+}
+
+/// A run of `me`'s CDC completions that [`LinkTx::reap`] found (where the
+/// first is in `wcs`, its seqno, how many), handed to `own` at once, else
+/// one by one while `own` takes them; from the first it refuses on, they
+/// wait for the endpoint as every other completion does.
+fn own_run<P: Provider>(
+    book: &mut TxBook<P>,
+    me: ConnId,
+    wcs: &[smc_rdma::WorkCompletion],
+    (at, first, len): (usize, u16, usize),
+    inline: &mut bool,
+    own: &mut impl FnMut(u16, usize) -> bool,
+) {
+    if own(first, len) {
+        return;
+    }
+    let mut seq = first;
+    for wc in &wcs[at..at + len] {
+        if !(*inline && own(seq, 1)) {
+            *inline = false;
+            book.reaped.push((*wc, Some(WrKind::Cdc(me, seq))));
+        }
+        seq = seq.wrapping_add(1);
     }
 }
 
