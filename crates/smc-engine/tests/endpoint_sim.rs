@@ -571,27 +571,7 @@ fn data_that_overtakes_the_clc_confirm_is_not_lost() {
     let mut w = World::default();
     let _t1 = w.handshake();
     let mut t = w.open();
-    let mut held = Vec::new();
-    for _ in 0..200 {
-        held.extend(w.client.clc_output(t.c));
-        t.s2c.extend(w.server.clc_output(t.s));
-        // deliver server→client only; client→server bytes stay on "TCP"
-        // once the Proposal has gone, i.e. the Confirm is held back
-        if w.client.status(t.c) != Some(ConnStatus::Smc) {
-            t.c2s.append(&mut held);
-            let n = w.server.clc_input(t.s, &t.c2s, w.now);
-            t.c2s.drain(..n);
-        }
-        let n = w.client.clc_input(t.c, &t.s2c, w.now);
-        t.s2c.drain(..n);
-        w.tick();
-        if w.client.status(t.c) == Some(ConnStatus::Smc) {
-            break;
-        }
-    }
-    assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
-    held.extend(w.client.clc_output(t.c));
-    assert!(!held.is_empty(), "the Confirm is held back");
+    let mut held = w.hold_confirm(&mut t);
     assert_ne!(w.server.status(t.s), Some(ConnStatus::Smc));
     w.client.write(t.c, b"early bird").unwrap();
     for _ in 0..50 {

@@ -3,7 +3,7 @@
 //! an in-memory pipe standing in for the TCP connection.
 #![allow(dead_code)]
 
-use smc_engine::endpoint::{ConnId, Endpoint, EndpointConfig};
+use smc_engine::endpoint::{ConnId, ConnStatus, Endpoint, EndpointConfig};
 use smc_proto::negotiate::IfAddr;
 use smc_proto::Timestamp;
 use smc_rdma::sim::SimFabric;
@@ -176,6 +176,33 @@ impl World {
         while self.now < end {
             self.step(tcps);
         }
+    }
+
+    /// Runs `t`'s handshake until the client counts itself established
+    /// (a reused group's client, once its CLC Confirm went out); the server
+    /// gets nothing of the client's from then on. Returns those bytes (the
+    /// Confirm): on "TCP" still.
+    pub fn hold_confirm(&mut self, t: &mut Tcp) -> Vec<u8> {
+        let mut held = Vec::new();
+        for _ in 0..500 {
+            held.extend(self.client.clc_output(t.c));
+            t.s2c.extend(self.server.clc_output(t.s));
+            if self.client.status(t.c) != Some(ConnStatus::Smc) {
+                t.c2s.append(&mut held);
+                let n = self.server.clc_input(t.s, &t.c2s, self.now);
+                t.c2s.drain(..n);
+            }
+            let n = self.client.clc_input(t.c, &t.s2c, self.now);
+            t.s2c.drain(..n);
+            self.tick();
+            if self.client.status(t.c) == Some(ConnStatus::Smc) {
+                break;
+            }
+        }
+        assert_eq!(self.client.status(t.c), Some(ConnStatus::Smc));
+        held.extend(self.client.clc_output(t.c));
+        assert!(!held.is_empty(), "the Confirm is held back");
+        held
     }
 
     pub fn handshake(&mut self) -> Tcp {
