@@ -9,7 +9,6 @@ use common::setup;
 use serde_json::Value;
 use smc::registry::files;
 use smc::{Mode, SmcListener, SmcStream};
-use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -42,21 +41,8 @@ fn sockets(v: &Value) -> Vec<Value> {
 fn a_process_publishes_its_sockets_link_groups_and_counters() {
     setup();
     let dir = files::run_dir();
-    let l = SmcListener::bind("127.0.0.1:0").unwrap();
+    let (c, s, l) = common::echoed_pair("127.0.0.1:0");
     let addr = l.local_addr().unwrap();
-    let srv = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut b = [0u8; 4];
-        s.read_exact(&mut b).unwrap();
-        s.write_all(&b).unwrap();
-        (s, l)
-    });
-    let mut c = SmcStream::connect(addr).unwrap();
-    assert_eq!(c.mode(), Mode::SmcR);
-    c.write_all(b"ping").unwrap();
-    let mut b = [0u8; 4];
-    c.read_exact(&mut b).unwrap();
-    let (s, l) = srv.join().unwrap();
     // a fallback: a plain TCP server never offers SMC (PEERNOSMC)
     let plain = TcpListener::bind("127.0.0.1:0").unwrap();
     let f = SmcStream::connect(plain.local_addr().unwrap()).unwrap();

@@ -10,7 +10,6 @@
 mod common;
 
 use common::setup;
-use smc::{Mode, SmcListener, SmcStream};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -47,21 +46,7 @@ fn watched(fd: RawFd) -> bool {
 #[test]
 fn a_connections_tcp_end_is_watched_once_it_lived_a_while() {
     setup();
-    let l = SmcListener::bind("127.0.0.3:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let srv = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut b = [0u8; 4];
-        s.read_exact(&mut b).unwrap();
-        s.write_all(&b).unwrap();
-        (l, s)
-    });
-    let mut c = SmcStream::connect(addr).unwrap();
-    assert_eq!(c.mode(), Mode::SmcR);
-    c.write_all(b"ping").unwrap();
-    let mut b = [0u8; 4];
-    c.read_exact(&mut b).unwrap();
-    let (_l, s) = srv.join().unwrap();
+    let (mut c, mut s, _l) = common::echoed_pair("127.0.0.3:0");
     let (cfd, sfd) = (c.tcp_fd().as_raw_fd(), s.tcp_fd().as_raw_fd());
     // (whether they are in the set yet depends on who slept meanwhile: a
     // sleep that watches TCP ends takes every waiting socket in first)
@@ -77,14 +62,9 @@ fn a_connections_tcp_end_is_watched_once_it_lived_a_while() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    // and they still carry data, and leave the set with their connection
+    // and they still carry data
     c.write_all(b"pong").unwrap();
-    let mut s = s;
+    let mut b = [0u8; 4];
     s.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"pong");
-    drop(c);
-    drop(s);
-    // (the descriptor numbers may be taken again by now: only a look that
-    // cannot mistake them, of the set's size, would be exact; the drop's
-    // `epoll_ctl` delete is what `unwatch_tcp` does for a registered socket)
 }

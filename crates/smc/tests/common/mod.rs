@@ -314,3 +314,28 @@ pub fn pin(cpu: usize) {
     one.set(cpu);
     rustix::thread::sched_setaffinity(None, &one).unwrap();
 }
+
+/// An SMC-R connection through a listener bound to `bind` (an address with
+/// port 0) that has carried "ping" from the client and back: (client,
+/// server, listener).
+#[allow(dead_code)] // not every test binary uses it
+pub fn echoed_pair(bind: &str) -> (smc::SmcStream, smc::SmcStream, smc::SmcListener) {
+    use std::io::{Read, Write};
+    let l = smc::SmcListener::bind(bind).unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+        (s, l)
+    });
+    let mut c = smc::SmcStream::connect(addr).unwrap();
+    assert_eq!(c.mode(), smc::Mode::SmcR);
+    c.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+    let (s, l) = srv.join().unwrap();
+    (c, s, l)
+}
