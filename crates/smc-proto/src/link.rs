@@ -199,14 +199,13 @@ pub enum LgrOutput {
 /// A peer RMB as known per link slot: (rkey, address) valid on that link.
 pub type Rtoken = [Option<(u32, u64)>; LINK_SLOTS];
 
-/// A peer RMB's rkey on a link that is gone: the link's peer port (how a
-/// CLC message names a link, §1.11), the rkey there, and the RMB's row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FormerRkey {
+/// A link that is gone: its peer port (how a CLC message names a link,
+/// §1.11) and the peer RMBs' rkeys on it, each with the RMB's row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FormerLink {
     gid: Gid,
     qpn: u32,
-    rkey: u32,
-    row: usize,
+    rkeys: Vec<(u32, usize)>,
 }
 
 /// Our LLC request awaiting its response (the local flow slot, §1.6).
@@ -248,9 +247,9 @@ pub struct LinkGroup {
     cfg: LgrConfig,
     links: [Option<Link>; LINK_SLOTS],
     rtokens: Vec<Option<Rtoken>>,
-    /// The rkeys the peer's RMBs had on the last links cleared (see
+    /// The last links cleared, oldest first, at most `LINK_SLOTS` (see
     /// [`LinkGroup::find_former_rtoken`]).
-    former: Vec<FormerRkey>,
+    former: VecDeque<FormerLink>,
     local_flow: Option<LocalFlow>,
     out: VecDeque<LgrOutput>,
     terminated: Option<u32>,
@@ -290,7 +289,7 @@ impl LinkGroup {
             cfg,
             links: [None, None, None],
             rtokens: Vec::new(),
-            former: Vec::new(),
+            former: VecDeque::new(),
             local_flow: None,
             out: VecDeque::new(),
             terminated: None,
@@ -451,31 +450,21 @@ impl LinkGroup {
             _ => return false,
         }
         let peer = self.links[slot].take().map(|l| l.peer);
-        // (the rkeys of the links cleared before it, up to LINK_SLOTS - 1
-        // of them, stay findable too; older ones are forgotten)
-        if let Some(p) = peer {
-            let mut gone: Vec<(Gid, u32)> = Vec::new();
-            for f in self.former.iter().rev() {
-                if !gone.contains(&(f.gid, f.qpn)) {
-                    gone.push((f.gid, f.qpn));
-                }
-            }
-            gone.truncate(LINK_SLOTS - 1);
-            self.former
-                .retain(|f| gone.contains(&(f.gid, f.qpn)) && (f.gid, f.qpn) != (p.gid, p.qpn));
-        }
+        let mut rkeys = Vec::new();
         for (i, row) in self.rtokens.iter_mut().enumerate() {
-            let Some(cell) = row.as_mut().and_then(|r| r.get_mut(slot)) else {
-                continue;
-            };
-            if let (Some((rkey, _)), Some(p)) = (cell.take(), peer) {
-                self.former.push(FormerRkey {
-                    gid: p.gid,
-                    qpn: p.qpn,
-                    rkey,
-                    row: i,
-                });
+            if let Some((rkey, _)) = row.as_mut().and_then(|r| r.get_mut(slot)?.take()) {
+                rkeys.push((rkey, i));
             }
+        }
+        if let Some(p) = peer {
+            if self.former.len() == LINK_SLOTS {
+                self.former.pop_front();
+            }
+            self.former.push_back(FormerLink {
+                gid: p.gid,
+                qpn: p.qpn,
+                rkeys,
+            });
         }
         true
     }
@@ -646,7 +635,7 @@ impl LinkGroup {
         match self.rtokens.iter().position(Option::is_none) {
             Some(i) => {
                 // (a row reused: the former rkeys were another RMB's)
-                self.former.retain(|f| f.row != i);
+                self.forget_former_row(i);
                 self.rtokens[i] = Some(row);
                 Ok(i)
             }
@@ -693,13 +682,23 @@ impl LinkGroup {
     /// rkeys on the other links (CONFIRM_RKEY, ADD_LINK_CONT), is what lets
     /// the connection fail over to one of those as Linux's
     /// `smc_switch_conns` (smc_core.c) moves a handshaking connection with
-    /// the rest of its group. The rkeys of the last `LINK_SLOTS - 1` links
+    /// the rest of its group. The rkeys of the last `LINK_SLOTS` links
     /// cleared are kept, while their rows are.
     pub fn find_former_rtoken(&self, gid: Gid, qpn: u32, rkey: u32) -> Option<usize> {
         self.former
             .iter()
-            .find(|f| f.gid == gid && f.qpn == qpn && f.rkey == rkey)
-            .map(|f| f.row)
+            .filter(|f| f.gid == gid && f.qpn == qpn)
+            .flat_map(|f| &f.rkeys)
+            .find(|&&(k, _)| k == rkey)
+            .map(|&(_, row)| row)
+    }
+
+    /// A row that is freed or taken by another RMB: its rkeys on gone links
+    /// find it no more.
+    fn forget_former_row(&mut self, row: usize) {
+        for f in &mut self.former {
+            f.rkeys.retain(|&(_, r)| r != row);
+        }
     }
 
     /// A peer RMB row.
@@ -859,7 +858,7 @@ impl LinkGroup {
                     match self.find_rtoken(slot, k) {
                         Some(row) => {
                             self.rtokens[row] = None;
-                            self.former.retain(|f| f.row != row);
+                            self.forget_former_row(row);
                         }
                         None => unknown.push(k),
                     }
