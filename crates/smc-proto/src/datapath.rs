@@ -367,16 +367,6 @@ pub struct ConsumePlan {
 }
 
 impl ConsumePlan {
-    /// Bytes the read consumes (capped at what is readable).
-    pub fn len(&self) -> usize {
-        self.step.n
-    }
-
-    /// Whether it consumes nothing.
-    pub fn is_empty(&self) -> bool {
-        self.step.n == 0
-    }
-
     /// Whether the receive side owes the peer a CDC after the read
     /// ([`DataPath::cdc_owed_after`]).
     pub fn cdc_owed(&self) -> bool {
