@@ -1087,8 +1087,9 @@ impl Shared {
     /// with it (the progress thread, while application threads pump).
     fn poll_watch(&self, until: Instant) {
         let ts = timespec_until(Some(until));
-        self.register_watches(watches_tcp_ends(Some(until)));
-        let ended = if watches_tcp_ends(Some(until)) {
+        let watching = watches_tcp_ends(Some(until));
+        self.register_watches(watching);
+        let ended = if watching {
             let mut pfd = [PollFd::new(&self.watch, PollFlags::IN)];
             matches!(rustix::event::poll(&mut pfd, ts.as_ref()), Ok(n) if n > 0)
         } else {

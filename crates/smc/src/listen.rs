@@ -166,7 +166,8 @@ impl SmcListener {
     }
 
     fn bind_one(addr: &SocketAddr) -> io::Result<SmcListener> {
-        let (fd, opted) = socket_for(addr)?;
+        let (fd, cookie) = socket_for(addr)?;
+        let opted = cookie.is_some();
         rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
         rustix::net::bind(&fd, addr)?;
         rustix::net::listen(&fd, BACKLOG as i32)?;

@@ -35,14 +35,9 @@ pub(crate) fn rendezvous() -> Result<&'static Rendezvous, RendezvousError> {
 }
 
 /// A new TCP socket for `addr`'s family, opted in to the SMC option if the
-/// rendezvous is available. Returns whether it is opted in.
-pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, bool)> {
-    socket_with_cookie(addr).map(|(fd, cookie)| (fd, cookie.is_some()))
-}
-
-/// [`socket_for`], with the cookie of a socket that is opted in (for
+/// rendezvous is available. Returns its cookie if it is opted in (for
 /// [`peer_offered_smc_by_cookie`] after its `connect()`).
-pub(crate) fn socket_with_cookie(addr: &SocketAddr) -> io::Result<(OwnedFd, Option<u64>)> {
+pub(crate) fn socket_for(addr: &SocketAddr) -> io::Result<(OwnedFd, Option<u64>)> {
     let fam = if addr.is_ipv4() {
         AddressFamily::INET
     } else {

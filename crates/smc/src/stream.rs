@@ -10,7 +10,7 @@ pub use in_place::{ReadSpace, WriteSpace};
 
 use crate::ctx::{self, Shared, Want};
 use crate::provider::AnyProvider;
-use crate::rendezvous::{peer_offered_smc, peer_offered_smc_by_cookie, socket_with_cookie};
+use crate::rendezvous::{peer_offered_smc, peer_offered_smc_by_cookie, socket_for};
 use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
 use smc_engine::endpoint::{
     ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, MaySleep, ReadLease,
@@ -429,7 +429,7 @@ impl SmcStream {
     }
 
     fn connect_one(addr: &SocketAddr, timeout: Option<Duration>) -> io::Result<SmcStream> {
-        let (fd, cookie) = socket_with_cookie(addr)?;
+        let (fd, cookie) = socket_for(addr)?;
         let tcp = match timeout {
             None => {
                 rustix::net::connect(&fd, addr)?;

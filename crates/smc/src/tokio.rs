@@ -114,7 +114,7 @@ use crate::ctx::{self, Shared};
 use crate::handshake::{self, client_reply, client_start, server_reply};
 use crate::listen::out_of_resources;
 use crate::provider::AnyProvider;
-use crate::rendezvous::{peer_offered_smc, socket_for};
+use crate::rendezvous::{peer_offered_smc, peer_offered_smc_by_cookie, socket_for};
 use crate::stream::{
     conn_error, fail_error, fill_bounce, finish_read, finish_write, no_rendezvous, no_smc,
     read_plan, too_many, write_plan, Fallback, Finished, Mode, Parts, ReadGot, ReadSpace, SmcConn,
@@ -527,7 +527,7 @@ impl SmcStream {
     }
 
     async fn connect_one(addr: SocketAddr) -> io::Result<SmcStream> {
-        let (fd, opted) = socket_for(&addr)?;
+        let (fd, cookie) = socket_for(&addr)?;
         rustix::io::ioctl_fionbio(&fd, true)?;
         match rustix::net::connect(&fd, &addr) {
             Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
@@ -538,21 +538,23 @@ impl SmcStream {
         if let Some(e) = tcp.take_error()? {
             return Err(e);
         }
-        if !opted {
+        let Some(cookie) = cookie else {
             return Ok(Self::tcp_only(
                 tcp,
                 ctx::Role::Client,
                 no_rendezvous(),
                 Vec::new(),
             ));
-        }
-        if !peer_offered_smc(tcp.as_fd()) {
+        };
+        if !peer_offered_smc_by_cookie(cookie) {
             // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
             let mode = no_smc(DeclineCode::PeerNoSmc);
             return Ok(Self::tcp_only(tcp, ctx::Role::Client, mode, Vec::new()));
         }
+        // (the peer is the address connected to; the cookie read once, as
+        // `SmcStream::connect` does)
         let local = tcp.local_addr()?.ip();
-        let peer = tcp.peer_addr()?.ip();
+        let peer = addr.ip();
         match ctx::endpoint_for(local, peer, ctx::Role::Client) {
             ctx::Device::Endpoint(shared) => {
                 let id = ctx::connect_in(&mut shared.lock(), local, (None, None));
