@@ -630,6 +630,23 @@ impl SmcStream {
         }
     }
 
+    /// The SMC-R connection `conn` on `tcp` as a stream in non-blocking
+    /// mode, for the tokio adapter, whose reads and writes take the fast
+    /// path through it and wait in the reactor: the TCP socket's own mode
+    /// is left as it is (other handles share it).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn nonblocking_view(tcp: Arc<TcpStream>, conn: Arc<SmcConn>) -> SmcStream {
+        let opts = Opts::default();
+        opts.nonblocking.store(true, Ordering::Relaxed);
+        SmcStream {
+            tcp,
+            mode: Mode::SmcR,
+            smc: Some(conn),
+            pending: Arc::default(),
+            opts: Arc::new(opts),
+        }
+    }
+
     fn timeout(m: &Mutex<Option<Duration>>) -> Option<Instant> {
         let t = *m.lock().unwrap_or_else(|e| e.into_inner());
         t.map(|t| Instant::now() + t)
@@ -1318,14 +1335,14 @@ impl std::os::fd::AsRawFd for SmcStream {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::SmcListener;
     use std::os::fd::AsFd;
 
     /// The shared-memory device of this test process (root: BPF), as the
     /// integration tests' `common::setup` makes it.
-    fn setup() {
+    pub(crate) fn setup() {
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
             let tag = format!("smc-shm-test-{}", std::process::id());
@@ -1345,7 +1362,7 @@ mod tests {
     /// their link carrying only their own CDCs meanwhile (another test's
     /// handshake puts LLC messages on it, which wait for the endpoint and
     /// keep CDCs behind them from a reader's dispatch, as they must).
-    fn serial() -> std::sync::MutexGuard<'static, ()> {
+    pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         ONE.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1411,8 +1428,18 @@ mod tests {
         p[0].revents().contains(PollFlags::IN)
     }
 
+    /// The SMC-R connection of `s`.
+    pub(crate) fn conn_of(s: &SmcStream) -> Arc<SmcConn> {
+        s.smc.clone().expect("an SMC-R stream")
+    }
+
+    /// Whether a poller of `c`'s peer signal is registered.
+    pub(crate) fn signal_polled(c: &SmcConn) -> bool {
+        c.signal().is_some_and(|s| s.polled())
+    }
+
     /// An established pair on this process's shm device.
-    fn smc_pair() -> (SmcStream, SmcStream) {
+    pub(crate) fn smc_pair() -> (SmcStream, SmcStream) {
         setup();
         let l = SmcListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();

@@ -42,36 +42,37 @@
 //! ## How a task waits
 //!
 //! Nothing blocks a runtime thread and nothing runs on the blocking pool. A
-//! read or write runs the `smc-engine` endpoint in the task's own poll, as the
-//! blocking stream does in its thread: try the operation, pump the endpoint,
-//! try again. If it still cannot go on (nothing to read, send buffer or peer
-//! window full), the task arms the device's completion queues, pumps and tries
-//! once more — a completion that arrived before arming signals nobody — and
-//! then waits for the endpoint's completion channel to become readable.
+//! read or write of an SMC-R stream is the blocking stream's in
+//! non-blocking mode: its fast path moves the bytes without the endpoint's
+//! lock when the connection can (the copy out of our RMB or into the
+//! peer's, and the CDC), else the endpoint runs in the task's own poll. If
+//! it would block (nothing to read, send buffer or peer window full), the
+//! task waits in the reactor on two descriptors of its own connection,
+//! registered with [`AsyncFd`] at its first wait, as an event loop under
+//! `smc_run` does: the connection's readiness descriptor
+//! ([`crate::SmcStream::readiness_fd`]), which the library sets at every
+//! change of the connection (data, room, end of file, the end), and, on
+//! the shared-memory device, its peer signal
+//! ([`crate::SmcStream::signal_fd`]), an eventfd the peer's SEND writes
+//! for every CDC it brings while the stream waits. So a message wakes the
+//! task that waits for its connection and no other, and it is the peer
+//! that wakes it: no thread of ours takes the CDC first to pass it on.
+//! The CDC waits in the link's receive queue for the task, whose next
+//! read or write takes it. The reading task waits in the `AsyncFd`s' read
+//! slots, the writing task in the readiness descriptor's write slot and a
+//! `readable()` future of its own on the signal (an `AsyncFd` keeps one
+//! waker per slot). Reads and writes in place wait the same way.
 //!
-//! The task is registered with the endpoint, while it is locked, for what
-//! it waits for on its connection (data or end of file, send-buffer space,
-//! its close sent): a pump that takes completions wakes only the tasks whose
-//! connection can now go on, as it chooses the parked threads of blocking
-//! streams, so one connection's traffic does not poll tasks that wait on
-//! others. Whoever pumps wakes them: the device's progress thread, which
-//! sleeps on the completion channel while no blocking call is in the
-//! endpoint, or a blocking stream's thread of the same process.
-//!
-//! For latency one waiting stream also watches the channel itself in the
-//! reactor, through its own duplicate of the channel's descriptor registered
-//! with [`AsyncFd`] (made when it first has to wait; a registration belongs
-//! to the runtime that made it): woken by a signal, its task pumps at once,
-//! waking the tasks the completion concerns. The watch goes to a stream that
-//! waits while no other has it; a watcher woken by a signal that was not for
-//! its own connection gives it up (the next task to wait takes it, most
-//! likely the one that completion was for), and so does one whose operation
-//! went on. The reading task waits in the `AsyncFd`'s read slot, the writing
-//! task in a `readable()` future of its own (the `AsyncFd` keeps one waker
-//! per slot). The channel is not drained here: epoll reports each signal as
-//! a new edge. An edge is lost if someone drains the channel before the
-//! reactor collects it (the progress thread, a blocking stream's thread);
-//! the drainer pumps right after, and that pump wakes the tasks concerned.
+//! A stream's `poll_shutdown` waits for its close to leave: for a
+//! completion of the device, which it learns of through the endpoint's
+//! completion channel. It is registered with the endpoint for that (a pump
+//! that takes completions wakes only the tasks whose wait can now end),
+//! and, if no other stream does, watches the channel itself through its
+//! own duplicate of the channel's descriptor; one woken by a signal that
+//! was not for it gives the watch up. Whoever pumps wakes the others: the
+//! device's progress thread, which sleeps on the completion channel while
+//! no blocking call is in the endpoint, or a blocking stream's thread of
+//! the same process.
 //!
 //! Timers (close deadlines, keepalives, handshake deadlines) run in the
 //! device's progress thread, which sleeps until the engine's next deadline
@@ -116,9 +117,9 @@ use crate::listen::out_of_resources;
 use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc, peer_offered_smc_by_cookie, socket_for};
 use crate::stream::{
-    conn_error, fail_error, fill_bounce, finish_read, finish_write, no_rendezvous, no_smc,
-    read_plan, too_many, write_plan, Fallback, Finished, Mode, Parts, ReadGot, ReadSpace, SmcConn,
-    WriteGot, WriteSpace, BOUNCE_MAX,
+    fail_error, fill_bounce, finish_read, finish_write, no_rendezvous, no_smc, read_plan, too_many,
+    write_plan, Fallback, Finished, Mode, Parts, ReadGot, ReadSpace, SmcConn, WriteGot, WriteSpace,
+    BOUNCE_MAX,
 };
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -133,7 +134,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -285,17 +286,227 @@ impl Chan {
     }
 }
 
+/// A descriptor of the connection's own (its readiness descriptor or its
+/// peer signal) registered with the reactor as it is, without a
+/// duplicate: the `Arc` keeps it open, and the same, as long as the
+/// registration lives.
+struct ConnFd<T>(Arc<T>);
+
+impl AsRawFd for ConnFd<crate::readiness::Readiness> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+impl AsRawFd for ConnFd<ctx::PeerSignal> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.fd.as_raw_fd()
+    }
+}
+
+/// `fd` registered with the reactor for `interest`.
+fn register<T>(fd: ConnFd<T>, interest: Interest) -> io::Result<Arc<AsyncFd<ConnFd<T>>>>
+where
+    ConnFd<T>: AsRawFd,
+{
+    // (`with_interest` is deprecated since tokio 1.53 because a generic
+    // `AsRawFd` can name a descriptor it does not own; its unsafe
+    // successor's contract, the descriptor open and the same for the
+    // `AsyncFd`'s lifetime, holds by construction: `ConnFd` holds it)
+    #[allow(deprecated)]
+    Ok(Arc::new(AsyncFd::with_interest(fd, interest)?))
+}
+
+/// A stream's waits for its own connection, as an event loop's under
+/// `smc_run` (issue 15: a message wakes only the task that waits for its
+/// connection, and the peer's SEND wakes it, not a thread of ours that
+/// took the CDC): the connection's readiness descriptor, which shows
+/// every change of the connection (`crate::SmcStream::readiness_fd`), and
+/// its peer signal, which the peer writes for every CDC it sends while
+/// the stream is registered (`crate::SmcStream::signal_fd`; the CDC waits
+/// for this stream to take it). Registered at the stream's first wait.
+struct ConnWait {
+    ready: Arc<AsyncFd<ConnFd<crate::readiness::Readiness>>>,
+    signal: Option<Arc<AsyncFd<ConnFd<ctx::PeerSignal>>>>,
+    /// The writing task's wait on the signal (the reading task's is the
+    /// `AsyncFd`'s read slot, which keeps one waker).
+    wr: Option<WaitFuture>,
+}
+
+impl ConnWait {
+    fn new(conn: &SmcConn, nb: &crate::SmcStream) -> io::Result<ConnWait> {
+        let r = conn.readiness()?;
+        let ready = register(
+            ConnFd(r.fd.clone()),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        let signal = match &r.signal {
+            Some(s) => {
+                let fd = register(ConnFd(s.clone()), Interest::READABLE)?;
+                // (edge-triggered, as tokio registers: the peer writes
+                // the signal for every CDC, `SmcStream::signal_level`)
+                nb.signal_level(false);
+                nb.watch_signal(true);
+                Some(fd)
+            }
+            None => None,
+        };
+        Ok(ConnWait {
+            ready,
+            signal,
+            wr: None,
+        })
+    }
+
+    /// Ready when something changed for the connection that may let an
+    /// operation in direction `dir` go on (the caller looks again);
+    /// otherwise `cx` is registered for the next change. A signal from the
+    /// peer takes what it announced first, so that it shows.
+    fn poll(
+        &mut self,
+        dir: Dir,
+        nb: &crate::SmcStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Some(sig) = &self.signal {
+            let fired = match dir {
+                Dir::Read => match sig.poll_read_ready(cx) {
+                    Poll::Ready(g) => {
+                        g?.clear_ready();
+                        true
+                    }
+                    Poll::Pending => false,
+                },
+                Dir::Write => {
+                    let sig = sig.clone();
+                    let f = self.wr.get_or_insert_with(|| {
+                        Box::pin(async move {
+                            sig.readable().await?.clear_ready();
+                            Ok(())
+                        })
+                    });
+                    match f.as_mut().poll(cx) {
+                        Poll::Ready(r) => {
+                            self.wr = None;
+                            r?;
+                            true
+                        }
+                        Poll::Pending => false,
+                    }
+                }
+            };
+            if fired {
+                if matches!(dir, Dir::Write) {
+                    let _ = nb.signalled_events();
+                }
+                return Poll::Ready(Ok(()));
+            }
+        }
+        let mut g = match dir {
+            Dir::Read => ready!(self.ready.poll_read_ready(cx))?,
+            Dir::Write => ready!(self.ready.poll_write_ready(cx))?,
+        };
+        // (a change after this look makes a new edge)
+        g.clear_ready();
+        Poll::Ready(Ok(()))
+    }
+}
+
 /// The SMC-R half of a stream (its TCP socket is in the connection).
 struct Smc {
     conn: Arc<SmcConn>,
+    /// The connection as a non-blocking stream of the library's: reads
+    /// and writes go through its fast path, as an event loop's do.
+    nb: crate::SmcStream,
+    /// Waits for the connection's data and room ([`ConnWait`]).
+    wait: Option<ConnWait>,
+    /// The close's wait for its completion (the device's channel).
     chan: Chan,
     /// `poll_shutdown` closed the write side already.
     shut_wr: bool,
 }
 
+impl Smc {
+    fn new(tcp: Arc<std::net::TcpStream>, conn: Arc<SmcConn>, chan: Chan) -> Smc {
+        Smc {
+            nb: crate::SmcStream::nonblocking_view(tcp, conn.clone()),
+            conn,
+            wait: None,
+            chan,
+            shut_wr: false,
+        }
+    }
+
+    /// Waits as [`ConnWait::poll`] says (registered at the first wait).
+    fn poll_wait(&mut self, dir: Dir, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.wait.is_none() {
+            self.wait = Some(ConnWait::new(&self.conn, &self.nb)?);
+        }
+        let w = self.wait.as_mut().expect("made above");
+        w.poll(dir, &self.nb, cx)
+    }
+
+    /// Runs `op` on the endpoint (pumped if it cannot go on at first)
+    /// until it returns `Some`, waiting for the connection in between.
+    fn poll_locked<R>(
+        &mut self,
+        dir: Dir,
+        cx: &mut Context<'_>,
+        mut op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        loop {
+            let r = {
+                let shared = &self.conn.shared;
+                let mut ep = shared.lock();
+                let mut r = op(&mut ep);
+                if r.is_none() {
+                    shared.pump(&mut ep);
+                    r = op(&mut ep);
+                }
+                if r.is_some() {
+                    // (sends what the operation produced)
+                    shared.pump(&mut ep);
+                }
+                r
+            };
+            self.conn.note();
+            if let Some(r) = r {
+                return Poll::Ready(r);
+            }
+            ready!(self.poll_wait(dir, cx))?;
+        }
+    }
+
+    fn poll_read(&mut self, cx: &mut Context<'_>, dst: &mut [u8]) -> Poll<io::Result<usize>> {
+        loop {
+            match self.nb.read_with(dst, true) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+            ready!(self.poll_wait(Dir::Read, cx))?;
+        }
+    }
+
+    fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        loop {
+            match self.nb.write_with(buf, true) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+            ready!(self.poll_wait(Dir::Write, cx))?;
+        }
+    }
+}
+
 impl Drop for Smc {
     fn drop(&mut self) {
         self.chan.release(&self.conn.shared);
+        if let Some(w) = self.wait.take() {
+            // (deregistered first: the signal's CDCs go to the endpoint's
+            // channel again once nobody polls it)
+            drop(w);
+            self.nb.watch_signal(false);
+        }
     }
 }
 
@@ -596,13 +807,10 @@ impl SmcStream {
                     Mode::SmcR,
                     Some((&conn.shared, conn.id, &conn.stats)),
                 );
+                let conn = Arc::new(conn.established(tcp.clone(), false));
                 Ok(SmcStream {
                     _listed: None,
-                    io: Io::Smc(Smc {
-                        conn: Arc::new(conn.established(tcp, false)),
-                        chan,
-                        shut_wr: false,
-                    }),
+                    io: Io::Smc(Smc::new(tcp, conn, chan)),
                     mode: Mode::SmcR,
                     pending: Vec::new(),
                     pending_at: 0,
@@ -636,11 +844,7 @@ impl SmcStream {
             Some(conn) => {
                 // dropping it must not block the runtime (see poll_shutdown)
                 conn.linger.store(false, Ordering::Relaxed);
-                Io::Smc(Smc {
-                    conn,
-                    chan: Chan::default(),
-                    shut_wr: false,
-                })
+                Io::Smc(Smc::new(p.tcp, conn, Chan::default()))
             }
             None => {
                 // (listed while this stream lives, the Arc is going)
@@ -705,16 +909,15 @@ impl SmcStream {
         if max == 0 {
             return Ok(0);
         }
-        if let Io::Smc(Smc { conn, chan, .. }) = &mut self.io {
-            let want = ctx::Want::Write(conn.id);
+        if let Io::Smc(smc) = &mut self.io {
+            let id = smc.conn.id;
             // (as the blocking stream's non-blocking mode: a task does not
             // block its thread)
             let lease = std::future::poll_fn(|cx| {
-                chan.poll_op(Dir::Write, want, &conn.shared, cx, |ep| {
-                    write_plan(ep, conn.id, max, true)
-                })
+                smc.poll_locked(Dir::Write, cx, |ep| write_plan(ep, id, max, true))
             })
             .await?;
+            let conn = &smc.conn;
             match lease {
                 WriteGot::Lease(l) => {
                     let r = f(&mut WriteSpace::rmb(&l));
@@ -766,15 +969,14 @@ impl SmcStream {
             return Ok(0);
         }
         let tcp = match &mut self.io {
-            Io::Smc(Smc { conn, chan, .. }) => {
-                let want = ctx::Want::Read(conn.id);
+            Io::Smc(smc) => {
+                let id = smc.conn.id;
                 let mut bounce = Vec::new();
                 let got = std::future::poll_fn(|cx| {
-                    chan.poll_op(Dir::Read, want, &conn.shared, cx, |ep| {
-                        read_plan(ep, conn.id, max, &mut bounce)
-                    })
+                    smc.poll_locked(Dir::Read, cx, |ep| read_plan(ep, id, max, &mut bounce))
                 })
                 .await?;
+                let conn = &smc.conn;
                 return match got {
                     ReadGot::Eof => Ok(0),
                     ReadGot::Lease(l) => {
@@ -877,18 +1079,8 @@ impl AsyncRead for SmcStream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let tcp = match &mut this.io {
-            Io::Smc(Smc { conn, chan, .. }) => {
-                let dst = buf.initialize_unfilled();
-                let want = ctx::Want::Read(conn.id);
-                let n = ready!(chan.poll_op(Dir::Read, want, &conn.shared, cx, |ep| {
-                    match ep.read_into(conn.id, dst) {
-                        Ok(0) if dst.is_empty() || ep.peer_done(conn.id) => Some(Ok(0)),
-                        Ok(0) => None,
-                        Ok(n) => Some(Ok(n)),
-                        Err(e) => Some(Err(conn_error(e))),
-                    }
-                }))?;
-                conn.stats.rx(n);
+            Io::Smc(smc) => {
+                let n = ready!(smc.poll_read(cx, buf.initialize_unfilled()))?;
                 buf.advance(n);
                 return Poll::Ready(Ok(()));
             }
@@ -916,22 +1108,11 @@ impl AsyncWrite for SmcStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match &mut self.get_mut().io {
-            Io::Smc(Smc { conn, chan, .. }) => {
+            Io::Smc(smc) => {
                 if buf.is_empty() {
                     return Poll::Ready(Ok(0));
                 }
-                let want = ctx::Want::Write(conn.id);
-                let r = chan.poll_op(Dir::Write, want, &conn.shared, cx, |ep| {
-                    match ep.write(conn.id, buf) {
-                        Ok(0) => None,
-                        Ok(n) => Some(Ok(n)),
-                        Err(e) => Some(Err(conn_error(e))),
-                    }
-                });
-                if let Poll::Ready(Ok(n)) = r {
-                    conn.stats.tx(n);
-                }
-                r
+                smc.poll_write(cx, buf)
             }
             Io::Tcp(t) => Pin::new(t).poll_write(cx, buf),
         }
@@ -958,6 +1139,7 @@ impl AsyncWrite for SmcStream {
                 conn,
                 chan,
                 shut_wr,
+                ..
             }) => {
                 let id = conn.id;
                 if !*shut_wr {
@@ -1286,5 +1468,88 @@ impl SmcListener {
                 }
             },
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::stream::tests::{conn_of, serial, signal_polled, smc_pair};
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    use tokio::io::AsyncReadExt;
+
+    /// A task that waits to read is woken by the peer's SEND itself and
+    /// reads through the connection's fast path: its read finishes while
+    /// another thread holds the endpoint's lock, which a wake-up through a
+    /// pump of the endpoint (the progress thread's, or the task's own)
+    /// would wait for.
+    #[test]
+    fn a_waiting_task_is_woken_by_the_peer_and_reads_without_the_endpoint_lock() {
+        let _one = serial();
+        let (mut c, mut s) = smc_pair();
+        // a message each way (the first reads and writes make the
+        // connection's fast-path handles, which take the lock once)
+        let mut b = [0u8; 64];
+        c.write_all(&[1; 64]).unwrap();
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&[1; 64]).unwrap();
+        c.read_exact(&mut b).unwrap();
+        let conn = conn_of(&s);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut ts = {
+            let _in = rt.enter();
+            super::SmcStream::from_std(s).unwrap()
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (wtx, wrx) = std::sync::mpsc::channel::<u8>();
+        std::thread::scope(|scope| {
+            // the task reads two messages; the client writes each when told
+            scope.spawn(move || {
+                rt.block_on(async {
+                    for _ in 0..2 {
+                        let mut b = [0u8; 64];
+                        let r = ts.read_exact(&mut b).await.map(|n| (n, b[0]));
+                        let _ = tx.send(r.map_err(|e| e.kind()));
+                    }
+                })
+            });
+            let writer = scope.spawn(move || {
+                for v in wrx {
+                    c.write_all(&[v; 64])?;
+                }
+                Ok::<_, std::io::Error>(())
+            });
+            let waits = || {
+                let t0 = Instant::now();
+                while !signal_polled(&conn) {
+                    assert!(t0.elapsed() < Duration::from_secs(30), "the task waits");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            // a first message while the task waits: the client's SEND finds
+            // the doorbell armed for a poller and fetches the signal's
+            // eventfd (`QpInner::fetch_bell_fd`); this one may still be
+            // announced through the endpoint
+            waits();
+            wtx.send(2).unwrap();
+            let first = rx.recv_timeout(Duration::from_secs(30));
+            assert_eq!(first, Ok(Ok((64, 2))));
+            // the second one while the endpoint is locked (the writer's fast
+            // path needs no lock either; in a thread of its own all the
+            // same, so that a write that took it would only fail this test,
+            // not hang it)
+            waits();
+            let ep = conn.shared.lock();
+            wtx.send(3).unwrap();
+            drop(wtx);
+            // (a deadlock detector, not a latency bound)
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            drop(ep);
+            assert!(writer.join().unwrap().is_ok(), "the client's writes");
+            assert_eq!(got, Ok(Ok((64, 3))), "read while the endpoint is locked");
+        });
     }
 }
