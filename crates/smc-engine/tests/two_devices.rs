@@ -621,3 +621,62 @@ fn a_link_lost_while_the_clients_confirm_is_on_its_way_takes_the_connection_alon
         }
     }
 }
+
+/// As above, but the server takes the client's Confirm before it knows
+/// that the client's QP of the connection's link failed and is gone (its
+/// own QP there is fine until the client's DELETE_LINK or its next send
+/// says otherwise): the Confirm names the client's RMB by its rkey on that
+/// link, which the server has, but the fabric cannot ready the RMB over a
+/// QP whose peer is gone. The connection, established, must send on the group's other link,
+/// where the client's CONFIRM_RKEY gave the rkey, rather than be aborted
+/// (the client would see a reset; simulation seed 254407).
+#[test]
+fn a_confirm_taken_before_the_server_knows_its_peers_qp_failed_sends_on_the_other_link() {
+    for v2 in [true, false] {
+        let case = format!("v2 {v2}");
+        let mut w = world(v2);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        assert_eq!(w.server.usable_links(ls).len(), 2, "{case}");
+        let mut t = w.open();
+        let held = w.hold_confirm(&mut t);
+        let slot_c = w.client.link_of(t.c).unwrap();
+        let slot_s = w.server.link_of(t.s).unwrap();
+        let client_qp = w.client.link_qp_num(lc, slot_c);
+        w.fabric.fail_qp(client_qp.unwrap());
+        // the client takes its link down (its QP destroyed, DELETE_LINK on
+        // its way over the other link); the server does not run meanwhile
+        for _ in 0..100 {
+            if w.client.link_qp_num(lc, slot_c) != client_qp {
+                break;
+            }
+            w.client.pump(w.now).unwrap();
+            w.fabric.advance(Duration::from_micros(20));
+            w.now += Duration::from_micros(20);
+        }
+        assert_ne!(
+            w.client.link_qp_num(lc, slot_c),
+            client_qp,
+            "{case}: the link is gone on the client"
+        );
+        // then the Confirm, before anything else of the client's
+        let n = w.server.clc_input(t.s, &held, w.now);
+        assert_eq!(n, held.len(), "{case}: the whole Confirm taken");
+        assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc), "{case}");
+        assert_ne!(
+            w.server.link_of(t.s),
+            Some(slot_s),
+            "{case}: it sends on the other link"
+        );
+        w.settle(&mut [&mut t, &mut t0], Duration::from_millis(2));
+        streams(&mut w, &[&t, &t0], 200_000, |_, _| {});
+        for x in [&t, &t0] {
+            assert!(w.client.violation(x.c).is_none(), "{case}");
+            assert!(w.server.violation(x.s).is_none(), "{case}");
+            assert_eq!(w.client.status(x.c), Some(ConnStatus::Smc), "{case}");
+            assert_eq!(w.server.status(x.s), Some(ConnStatus::Smc), "{case}");
+        }
+    }
+}

@@ -248,7 +248,12 @@ impl<P: Provider> Endpoint<P> {
             // cannot be readied either, but that is the link's fault, not the
             // connection's: it goes down now and the connection fails over
             // to a link that can reach the peer's RMB (§7.2), or dies with the
-            // group if none is left.
+            // group if none is left. Nor can one whose peer's QP failed,
+            // which this end learns of only from the peer's DELETE_LINK or
+            // its own next send: the connection then sends on another link
+            // of the group that reaches the peer's RMB, as each end picks
+            // the link it sends on (§7.2: after a failover the two ends may
+            // use different links), and is aborted only if none does.
             let slot = self.core(id).and_then(|k| k.link);
             let l = self.conn(id).and_then(|x| x.lgr);
             let link_failed = slot.zip(l).filter(|&(s, l)| {
@@ -266,10 +271,33 @@ impl<P: Provider> Endpoint<P> {
                 if let Some(lg) = self.lgrs.get_mut(l) {
                     lg.group.on_link_failure(s);
                 }
-            } else if !prepared {
+            } else if !prepared && !slot.is_some_and(|s| self.send_elsewhere(id, s)) {
                 self.abort_now(id);
             }
         }
+    }
+
+    /// Points connection `id`, just established, whose peer RMB could not
+    /// be readied on its link `from`, at another link of its group that
+    /// has the peer's rkey for that RMB and can ready it. Nothing went out
+    /// on `from` for it yet, so there is nothing to send again (as for a
+    /// handshake that a failover re-points). False if no link can.
+    fn send_elsewhere(&mut self, id: ConnId, from: usize) -> bool {
+        let Some(l) = self.conn(id).and_then(|c| c.lgr) else {
+            return false;
+        };
+        let row = self.core(id).and_then(|k| k.peer_rmb.map(|p| p.row));
+        let Some(to) = row.and_then(|r| self.pick_link(l, Some(r), Some(from))) else {
+            return false;
+        };
+        if self.prepare_peer_rmb(id, to).is_err() {
+            return false;
+        }
+        if let Some(mut k) = self.core(id) {
+            k.set_link(Some(to));
+        }
+        self.event_moved(l, id, from, to);
+        true
     }
 
     /// A Proposal waiting for a first contact with the same peer
