@@ -1583,6 +1583,22 @@ mod interface_addr_tests {
 /// themselves and refuse a socket numbered above that, and a library that
 /// takes low numbers for each connection pushes the application's own up.
 pub fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
+    dup_high(fd.as_fd()).unwrap_or(fd)
+}
+
+/// A duplicate of `fd` numbered as [`out_of_the_way`] numbers one (where
+/// there is no room, anywhere): one system call fewer than a duplicate
+/// moved there, and no descriptor made only to be closed.
+pub fn dup_out_of_the_way(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    match dup_high(fd) {
+        Some(d) => Ok(d),
+        None => fd.try_clone_to_owned(),
+    }
+}
+
+/// `fd` duplicated (close-on-exec) into the upper half of the descriptor
+/// limit, if there is room.
+fn dup_high(fd: BorrowedFd<'_>) -> Option<OwnedFd> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -1594,12 +1610,12 @@ pub fn out_of_the_way(fd: OwnedFd) -> OwnedFd {
         1024
     };
     let base = (cur / 2).clamp(64, 4096) as libc::c_int;
-    // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own; the result, if any,
-    // is a new descriptor nobody else owns.
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor the caller holds open; the
+    // result, if any, is a new descriptor nobody else owns.
     let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, base) };
     if high < 0 {
-        return fd;
+        return None;
     }
     // SAFETY: just returned by fcntl, owned by nobody else.
-    unsafe { OwnedFd::from_raw_fd(high) }
+    Some(unsafe { OwnedFd::from_raw_fd(high) })
 }

@@ -355,15 +355,16 @@ impl Drop for ProgressFd {
     }
 }
 
-/// A connection's readiness descriptor, set under the connection's own
-/// lock (`FastConn::watch`) by whichever thread changes what it shows: a
-/// read or write of the fast path or of the endpoint, a CDC applied by the
+/// What a connection shows its waiters (its readiness descriptor, an
+/// async stream's tasks: `readiness::Shown`), set under the connection's
+/// own lock (`FastConn::watch`) by whichever thread changes it: a read or
+/// write of the fast path or of the endpoint, a CDC applied by the
 /// endpoint's pump or by another reader's dispatch, a send completion.
 pub(crate) struct ConnReadiness {
-    /// The connection (`None`: gone from the endpoint when the descriptor
-    /// was made; it shows the end).
+    /// The connection (`None`: gone from the endpoint when this was made;
+    /// it shows the end).
     fast: Option<FastConn<AnyProvider>>,
-    pub(crate) fd: Arc<crate::readiness::Readiness>,
+    pub(crate) shown: Arc<crate::readiness::Shown>,
     /// The peer's direct signal, where the device has one (see
     /// [`PeerSignal`]).
     pub(crate) signal: Option<Arc<PeerSignal>>,
@@ -434,9 +435,9 @@ fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
         return None;
     }
     let bell = f.bell()?;
-    let fd = bell.poll_fd()?.try_clone_to_owned().ok()?;
+    let fd = smc_rdma::sys::dup_out_of_the_way(bell.poll_fd()?).ok()?;
     Some(Arc::new(PeerSignal {
-        fd: smc_rdma::sys::out_of_the_way(fd),
+        fd,
         bell,
         pollers: AtomicUsize::new(0),
     }))
@@ -451,7 +452,7 @@ pub(crate) fn signals_on() -> bool {
 }
 
 /// A connection that is over, as its readiness descriptor shows it.
-const GONE: crate::readiness::Level = crate::readiness::Level {
+pub(crate) const GONE: crate::readiness::Level = crate::readiness::Level {
     readable: true,
     writable: true,
     eof: true,
@@ -1279,39 +1280,40 @@ impl Shared {
         r
     }
 
-    /// A readiness descriptor for connection `id`, showing its state from
-    /// now on (with the endpoint locked).
+    /// What connection `id` shows its waiters from now on (with the
+    /// endpoint locked): its descriptor and its tasks' side are made when
+    /// asked for (`SmcConn::readiness`, `SmcConn::task_ready`).
     pub(crate) fn readiness(
         &self,
         ep: &Endpoint<AnyProvider>,
         id: ConnId,
     ) -> io::Result<Arc<ConnReadiness>> {
         let fast = ep.fast_conn(id);
-        let now = fast.as_ref().map_or(GONE, |f| level(&f.level()));
-        let fd = Arc::new(crate::readiness::Readiness::new(now)?);
+        let shown = Arc::new(crate::readiness::Shown::default());
         let signal = fast.as_ref().and_then(peer_signal);
         if let Some(f) = &fast {
-            let shown = fd.clone();
+            let to = shown.clone();
             let sig = signal.clone();
             f.watch(Some(Arc::new(move |l: &ConnLevel| {
-                let mut now = level(l);
+                let now = level(l);
                 // The peer's signal shows these bytes. (Once they are
                 // read it stays readable, spent, until a read that finds
                 // nothing or the event loop's wait arms it again: both
                 // look for CDCs after arming, which this cannot do here —
                 // a CDC published and not yet applied would be announced
                 // by nothing.)
-                if now.readable
+                let held = now.readable
                     && sig
                         .as_ref()
-                        .is_some_and(|s| s.polled() && s.bell.polled_taken())
-                {
-                    now.readable = shown.shows_readable();
-                }
-                shown.set(now)
+                        .is_some_and(|s| s.polled() && s.bell.polled_taken());
+                to.set(now, held)
             })));
         }
-        let r = Arc::new(ConnReadiness { fast, fd, signal });
+        let r = Arc::new(ConnReadiness {
+            fast,
+            shown,
+            signal,
+        });
         let mut v = self.readiness.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(&r));
@@ -1326,7 +1328,7 @@ impl Shared {
     pub(crate) fn refresh_one(&self, r: &ConnReadiness) {
         match &r.fast {
             Some(f) => f.refresh(),
-            None => r.fd.set(GONE),
+            None => r.shown.set(GONE, false),
         }
     }
 

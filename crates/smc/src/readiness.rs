@@ -196,6 +196,129 @@ impl Readiness {
     }
 }
 
+/// What a connection shows its waiters: a readiness descriptor (`poll`,
+/// `select`, `epoll`, reactors through `AsFd`) and the tasks of an async
+/// stream (the tokio adapter), each made when first asked for; both are
+/// set to the connection's level by whichever thread changes it
+/// (`ctx::ConnReadiness`).
+#[derive(Default)]
+pub(crate) struct Shown {
+    fd: std::sync::OnceLock<std::sync::Arc<Readiness>>,
+    tasks: std::sync::OnceLock<std::sync::Arc<TaskReady>>,
+}
+
+impl Shown {
+    /// Shows `level`; `held`: the readable part stays as the descriptor
+    /// shows it (the peer signal shows those bytes to its pollers, see
+    /// `ctx::PeerSignal`). Tasks see the level itself: they always wait on
+    /// the signal too, and a readable that a read just emptied would have
+    /// them look again at once, for nothing, in a loop.
+    pub(crate) fn set(&self, level: Level, held: bool) {
+        if let Some(f) = self.fd.get() {
+            let mut l = level;
+            if held {
+                l.readable = f.shows_readable();
+            }
+            f.set(l);
+        }
+        if let Some(t) = self.tasks.get() {
+            t.set(level);
+        }
+    }
+
+    /// The descriptor, if made.
+    pub(crate) fn fd(&self) -> Option<&std::sync::Arc<Readiness>> {
+        self.fd.get()
+    }
+
+    /// The descriptor, made now showing `level` if it was not (the caller
+    /// serializes the making and sets the level again after it: a change
+    /// meanwhile went to the others).
+    pub(crate) fn fd_or_make(&self, level: Level) -> io::Result<&std::sync::Arc<Readiness>> {
+        if self.fd.get().is_none() {
+            let _ = self.fd.set(std::sync::Arc::new(Readiness::new(level)?));
+        }
+        Ok(self.fd.get().expect("set above"))
+    }
+
+    /// The tasks' side, made now showing `level` if it was not (as
+    /// [`Self::fd_or_make`]).
+    pub(crate) fn tasks_or_make(&self, level: Level) -> &std::sync::Arc<TaskReady> {
+        self.tasks
+            .get_or_init(|| std::sync::Arc::new(TaskReady::new(level)))
+    }
+}
+
+/// An async stream's tasks waiting on their connection, in place of a
+/// descriptor: the waker of the task that waits to read and of the one
+/// that waits to write, each woken once the level shows what it waits for
+/// (readable, writable; the ends show both). No descriptor, no system
+/// call: what wakes a reactor for the peer's CDCs is the peer signal.
+pub(crate) struct TaskReady {
+    tasks: Mutex<Tasks>,
+}
+
+struct Tasks {
+    /// The level shown (bits R, W, EOF, HUP).
+    level: u8,
+    read: Option<std::task::Waker>,
+    write: Option<std::task::Waker>,
+}
+
+impl TaskReady {
+    fn new(level: Level) -> TaskReady {
+        TaskReady {
+            tasks: Mutex::new(Tasks {
+                level: shown(level.bits(), 0),
+                read: None,
+                write: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tasks> {
+        self.tasks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Shows `level` from now on, waking a task that waits for it.
+    pub(crate) fn set(&self, level: Level) {
+        let (r, w) = {
+            let mut t = self.lock();
+            t.level = shown(level.bits(), t.level);
+            let r = (t.level & R != 0).then(|| t.read.take()).flatten();
+            let w = (t.level & W != 0).then(|| t.write.take()).flatten();
+            (r, w)
+        };
+        // (woken outside the lock: a waker may run the task here)
+        for x in [r, w].into_iter().flatten() {
+            x.wake();
+        }
+    }
+
+    /// Forgets the waker of direction `write` (its task is woken by
+    /// something else, and looks anyway: a change now would wake it again
+    /// for nothing).
+    pub(crate) fn forget(&self, write: bool) {
+        let mut t = self.lock();
+        let slot = if write { &mut t.write } else { &mut t.read };
+        *slot = None;
+    }
+
+    /// Ready if the level shows readable (`write`: writable); otherwise
+    /// `waker` is woken once it does (the last waker given per direction).
+    pub(crate) fn poll(&self, write: bool, waker: &std::task::Waker) -> std::task::Poll<()> {
+        let mut t = self.lock();
+        if t.level & if write { W } else { R } != 0 {
+            return std::task::Poll::Ready(());
+        }
+        let slot = if write { &mut t.write } else { &mut t.read };
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+        std::task::Poll::Pending
+    }
+}
+
 /// What a descriptor showing `old` shows once set to `want`: the ends of a
 /// connection stay.
 fn shown(want: u8, old: u8) -> u8 {
@@ -339,5 +462,64 @@ mod tests {
         });
         assert_eq!(wait(&lt), vec![E::IN | E::RDHUP]);
         assert_eq!(wait(&et), vec![E::IN | E::RDHUP]);
+    }
+
+    /// A waker that counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counting() -> (std::sync::Arc<Count>, std::task::Waker) {
+        let c = std::sync::Arc::new(Count(Default::default()));
+        (c.clone(), std::task::Waker::from(c))
+    }
+
+    /// A task waiting to read is woken once the level shows readable, not
+    /// by a change that leaves it unreadable; one waiting to write once it
+    /// shows writable; the end wakes both and stays; a forgotten waker is
+    /// not woken.
+    #[test]
+    fn tasks_are_woken_for_what_they_wait_for() {
+        use std::task::Poll;
+        let t = TaskReady::new(level(false, false));
+        let (rc, rw) = counting();
+        let (wc, ww) = counting();
+        assert_eq!(t.poll(false, &rw), Poll::Pending);
+        assert_eq!(t.poll(true, &ww), Poll::Pending);
+        t.set(level(false, false));
+        assert_eq!(rc.0.load(Ordering::SeqCst), 0, "nothing changed");
+        t.set(level(false, true));
+        assert_eq!(wc.0.load(Ordering::SeqCst), 1, "writable wakes the writer");
+        assert_eq!(rc.0.load(Ordering::SeqCst), 0, "and not the reader");
+        t.set(level(true, true));
+        assert_eq!(rc.0.load(Ordering::SeqCst), 1, "readable wakes the reader");
+        t.set(level(true, true));
+        assert_eq!(rc.0.load(Ordering::SeqCst), 1, "once per wait");
+        assert_eq!(t.poll(false, &rw), Poll::Ready(()), "readable shows");
+        t.set(level(false, false));
+        assert_eq!(t.poll(false, &rw), Poll::Pending);
+        t.forget(false);
+        t.set(level(true, false));
+        assert_eq!(
+            rc.0.load(Ordering::SeqCst),
+            1,
+            "a forgotten waker sleeps on"
+        );
+        t.set(level(false, false));
+        assert_eq!(t.poll(false, &rw), Poll::Pending);
+        assert_eq!(t.poll(true, &ww), Poll::Pending);
+        t.set(Level {
+            hup: true,
+            ..Level::default()
+        });
+        assert_eq!(rc.0.load(Ordering::SeqCst), 2, "the end wakes the reader");
+        assert_eq!(wc.0.load(Ordering::SeqCst), 2, "and the writer");
+        t.set(level(false, false));
+        assert_eq!(t.poll(false, &rw), Poll::Ready(()), "the end stays");
+        assert_eq!(t.poll(true, &ww), Poll::Ready(()));
     }
 }

@@ -116,8 +116,10 @@ pub(crate) struct SmcConn {
 }
 
 impl SmcConn {
-    /// The connection's readiness descriptor, created at the first call.
-    pub(crate) fn readiness(&self) -> io::Result<&ctx::ConnReadiness> {
+    /// What the connection shows its waiters (`ctx::ConnReadiness`: its
+    /// peer signal, the watch that sets what is shown), made at the first
+    /// call.
+    pub(crate) fn shown(&self) -> io::Result<&ctx::ConnReadiness> {
         if let Some(r) = self.ready.get() {
             return Ok(r);
         }
@@ -129,6 +131,32 @@ impl SmcConn {
         }
         drop(ep);
         Ok(self.ready.get().expect("set above"))
+    }
+
+    /// The connection's readiness descriptor, made at the first call.
+    pub(crate) fn readiness(&self) -> io::Result<&Arc<crate::readiness::Readiness>> {
+        let r = self.shown()?;
+        if let Some(fd) = r.shown.fd() {
+            return Ok(fd);
+        }
+        // (then set to the level once more: a change in between went to
+        // the other waiters only)
+        let now = self.fast_conn().map_or(ctx::GONE, ctx::shown_level);
+        let fd = r.shown.fd_or_make(now)?;
+        self.shared.refresh_one(r);
+        Ok(fd)
+    }
+
+    /// What an async stream's tasks wait on (the tokio adapter: the
+    /// readiness descriptor's level, with wakers in place of a
+    /// descriptor), made at the first call.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn task_ready(&self) -> io::Result<&Arc<crate::readiness::TaskReady>> {
+        let r = self.shown()?;
+        let now = self.fast_conn().map_or(ctx::GONE, ctx::shown_level);
+        let t = r.shown.tasks_or_make(now);
+        self.shared.refresh_one(r);
+        Ok(t)
     }
 
     /// After an operation of ours through the endpoint changed the
@@ -988,7 +1016,7 @@ impl SmcStream {
     /// Decline and not read yet ([`SmcStream::has_pending`]) do not show.
     pub fn readiness_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
         match self.smc_conn()? {
-            Some(c) => Ok(c.readiness()?.fd.as_fd()),
+            Some(c) => Ok(c.readiness()?.as_fd()),
             None => Ok(self.tcp.as_fd()),
         }
     }
@@ -1006,7 +1034,7 @@ impl SmcStream {
     /// everything, set by whichever thread of ours takes the peer's CDC.
     pub fn signal_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         let c = self.smc_conn().ok()??;
-        Some(c.readiness().ok()?.signal.as_ref()?.fd.as_fd())
+        Some(c.shown().ok()?.signal.as_ref()?.fd.as_fd())
     }
 
     /// Says that a poller of [`SmcStream::signal_fd`] registered (`true`)

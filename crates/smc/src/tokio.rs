@@ -47,21 +47,22 @@
 //! lock when the connection can (the copy out of our RMB or into the
 //! peer's, and the CDC), else the endpoint runs in the task's own poll. If
 //! it would block (nothing to read, send buffer or peer window full), the
-//! task waits in the reactor on two descriptors of its own connection,
-//! registered with [`AsyncFd`] at its first wait, as an event loop under
-//! `smc_run` does: the connection's readiness descriptor
-//! ([`crate::SmcStream::readiness_fd`]), which the library sets at every
-//! change of the connection (data, room, end of file, the end), and, on
-//! the shared-memory device, its peer signal
-//! ([`crate::SmcStream::signal_fd`]), an eventfd the peer's SEND writes
+//! task waits for its own connection, as an event loop under `smc_run`
+//! waits on the connection's readiness descriptor, with its waker in place
+//! of a descriptor (`readiness::TaskReady`: whichever thread changes the
+//! connection wakes the task that waits for what it now shows, a pump's
+//! abort or a send completion too, with no system call), and, on the
+//! shared-memory device, on the connection's peer signal
+//! ([`crate::SmcStream::signal_fd`]), an eventfd registered with
+//! [`AsyncFd`] at the stream's first wait, which the peer's SEND writes
 //! for every CDC it brings while the stream waits. So a message wakes the
 //! task that waits for its connection and no other, and it is the peer
 //! that wakes it: no thread of ours takes the CDC first to pass it on.
 //! The CDC waits in the link's receive queue for the task, whose next
-//! read or write takes it. The reading task waits in the `AsyncFd`s' read
-//! slots, the writing task in the readiness descriptor's write slot and a
-//! `readable()` future of its own on the signal (an `AsyncFd` keeps one
-//! waker per slot). Reads and writes in place wait the same way.
+//! read or write takes it. The reading task waits in the signal's read
+//! slot, the writing task in a `readable()` future of its own on it (an
+//! `AsyncFd` keeps one waker per slot). Reads and writes in place wait the
+//! same way.
 //!
 //! A stream's `poll_shutdown` waits for its close to leave: for a
 //! completion of the device, which it learns of through the endpoint's
@@ -286,82 +287,96 @@ impl Chan {
     }
 }
 
-/// A descriptor of the connection's own (its readiness descriptor or its
-/// peer signal) registered with the reactor as it is, without a
-/// duplicate: the `Arc` keeps it open, and the same, as long as the
-/// registration lives.
-struct ConnFd<T>(Arc<T>);
+/// The connection's peer signal, registered with the reactor as it is,
+/// without a duplicate: the `Arc` keeps the descriptor open, and the same,
+/// as long as the registration lives.
+struct SignalFd(Arc<ctx::PeerSignal>);
 
-impl AsRawFd for ConnFd<crate::readiness::Readiness> {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
-impl AsRawFd for ConnFd<ctx::PeerSignal> {
+impl AsRawFd for SignalFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.fd.as_raw_fd()
     }
 }
 
-/// `fd` registered with the reactor for `interest`.
-fn register<T>(fd: ConnFd<T>, interest: Interest) -> io::Result<Arc<AsyncFd<ConnFd<T>>>>
-where
-    ConnFd<T>: AsRawFd,
-{
-    // (`with_interest` is deprecated since tokio 1.53 because a generic
-    // `AsRawFd` can name a descriptor it does not own; its unsafe
-    // successor's contract, the descriptor open and the same for the
-    // `AsyncFd`'s lifetime, holds by construction: `ConnFd` holds it)
-    #[allow(deprecated)]
-    Ok(Arc::new(AsyncFd::with_interest(fd, interest)?))
-}
-
-/// A stream's waits for its own connection, as an event loop's under
-/// `smc_run` (issue 15: a message wakes only the task that waits for its
-/// connection, and the peer's SEND wakes it, not a thread of ours that
-/// took the CDC): the connection's readiness descriptor, which shows
-/// every change of the connection (`crate::SmcStream::readiness_fd`), and
-/// its peer signal, which the peer writes for every CDC it sends while
-/// the stream is registered (`crate::SmcStream::signal_fd`; the CDC waits
-/// for this stream to take it). Registered at the stream's first wait.
+/// A stream's waits for its own connection (issue 15: a message wakes
+/// only the task that waits for its connection, and the peer's SEND wakes
+/// it, not a thread of ours that took the CDC): the connection's level, as
+/// its readiness descriptor would show it, with the tasks' wakers in
+/// place of a descriptor (`readiness::TaskReady`: set by whichever thread
+/// changes the connection, a pump's abort or a send completion too), and
+/// its peer signal, which the peer writes for every CDC it sends while the
+/// stream is registered (`crate::SmcStream::signal_fd`; the CDC waits for
+/// this stream to take it). Made at the stream's first wait.
 struct ConnWait {
-    ready: Arc<AsyncFd<ConnFd<crate::readiness::Readiness>>>,
-    signal: Option<Arc<AsyncFd<ConnFd<ctx::PeerSignal>>>>,
+    tasks: Arc<crate::readiness::TaskReady>,
+    signal: Option<Arc<AsyncFd<SignalFd>>>,
     /// The writing task's wait on the signal (the reading task's is the
     /// `AsyncFd`'s read slot, which keeps one waker).
     wr: Option<WaitFuture>,
+    /// Whether a waker of the reading (`[0]`) and of the writing task is
+    /// left with `tasks`.
+    registered: [bool; 2],
 }
 
 impl ConnWait {
     fn new(conn: &SmcConn, nb: &crate::SmcStream) -> io::Result<ConnWait> {
-        let r = conn.readiness()?;
-        let ready = register(
-            ConnFd(r.fd.clone()),
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
-        let signal = match &r.signal {
+        let tasks = conn.task_ready()?.clone();
+        let signal = match &conn.shown()?.signal {
             Some(s) => {
-                let fd = register(ConnFd(s.clone()), Interest::READABLE)?;
+                // (`with_interest` is deprecated since tokio 1.53 because a
+                // generic `AsRawFd` can name a descriptor it does not own;
+                // its unsafe successor's contract, the descriptor open and
+                // the same for the `AsyncFd`'s lifetime, holds by
+                // construction: `SignalFd` holds it)
+                #[allow(deprecated)]
+                let fd = AsyncFd::with_interest(SignalFd(s.clone()), Interest::READABLE)?;
                 // (edge-triggered, as tokio registers: the peer writes
                 // the signal for every CDC, `SmcStream::signal_level`)
                 nb.signal_level(false);
                 nb.watch_signal(true);
-                Some(fd)
+                Some(Arc::new(fd))
             }
             None => None,
         };
         Ok(ConnWait {
-            ready,
+            tasks,
             signal,
             wr: None,
+            registered: [false; 2],
         })
+    }
+
+    /// The task of direction `dir` goes on (woken, or not waiting): a
+    /// waker it left would be woken by the changes its own reads and
+    /// writes make, for a look that finds nothing.
+    fn done(&mut self, dir: Dir) {
+        let i = matches!(dir, Dir::Write) as usize;
+        if std::mem::take(&mut self.registered[i]) {
+            self.tasks.forget(i == 1);
+        }
+    }
+
+    /// A read went on: a signal the reactor reported is spent (the read
+    /// took the CDC; the next one signals again, and a read that finds
+    /// nothing arms the signal for it first). Left standing, it would end
+    /// the next wait at once, for a look that finds nothing.
+    fn read_went_on(&mut self) {
+        self.done(Dir::Read);
+        if let Some(sig) = &self.signal {
+            // (a look at the reactor's record, no system call; the read
+            // slot is this task's, which is not waiting)
+            let mut cx = Context::from_waker(Waker::noop());
+            if let Poll::Ready(Ok(mut g)) = sig.poll_read_ready(&mut cx) {
+                g.clear_ready();
+            }
+        }
     }
 
     /// Ready when something changed for the connection that may let an
     /// operation in direction `dir` go on (the caller looks again);
     /// otherwise `cx` is registered for the next change. A signal from the
-    /// peer takes what it announced first, so that it shows.
+    /// peer that a writer sees takes what it announced first, so that the
+    /// room it brought shows (a reader's next read takes it).
     fn poll(
         &mut self,
         dir: Dir,
@@ -396,19 +411,24 @@ impl ConnWait {
                 }
             };
             if fired {
+                self.done(dir);
                 if matches!(dir, Dir::Write) {
                     let _ = nb.signalled_events();
                 }
                 return Poll::Ready(Ok(()));
             }
         }
-        let mut g = match dir {
-            Dir::Read => ready!(self.ready.poll_read_ready(cx))?,
-            Dir::Write => ready!(self.ready.poll_write_ready(cx))?,
-        };
-        // (a change after this look makes a new edge)
-        g.clear_ready();
-        Poll::Ready(Ok(()))
+        let i = matches!(dir, Dir::Write) as usize;
+        match self.tasks.poll(i == 1, cx.waker()) {
+            Poll::Ready(()) => {
+                self.done(dir);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                self.registered[i] = true;
+                Poll::Pending
+            }
+        }
     }
 }
 
@@ -471,7 +491,7 @@ impl Smc {
             };
             self.conn.note();
             if let Some(r) = r {
-                return Poll::Ready(r);
+                return Poll::Ready(self.went_on(dir, r));
             }
             ready!(self.poll_wait(dir, cx))?;
         }
@@ -481,7 +501,7 @@ impl Smc {
         loop {
             match self.nb.read_with(dst, true) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Poll::Ready(r),
+                r => return Poll::Ready(self.went_on(Dir::Read, r)),
             }
             ready!(self.poll_wait(Dir::Read, cx))?;
         }
@@ -491,10 +511,22 @@ impl Smc {
         loop {
             match self.nb.write_with(buf, true) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Poll::Ready(r),
+                r => return Poll::Ready(self.went_on(Dir::Write, r)),
             }
             ready!(self.poll_wait(Dir::Write, cx))?;
         }
+    }
+
+    /// An operation in direction `dir` ended with `r` (see
+    /// [`ConnWait::done`]).
+    fn went_on<R>(&mut self, dir: Dir, r: R) -> R {
+        if let Some(w) = &mut self.wait {
+            match dir {
+                Dir::Read => w.read_went_on(),
+                Dir::Write => w.done(dir),
+            }
+        }
+        r
     }
 }
 
