@@ -5,7 +5,9 @@
 //! runtime thread too, each task writing a request and reading the answer
 //! as fast as it comes. `RR_CONNS` connections (default 10) of `RR_SIZE`
 //! bytes each way (default 16 KiB); `RR_CONNS=1 RR_SIZE=64` is a 64 B
-//! ping-pong, whose round trip is printed too.
+//! ping-pong, whose round trip is printed too. With `RR_SETUP=1` every
+//! transaction is a connection of its own (connect, one request and answer,
+//! close): connection setup, as `smc-bench`'s setup row measures it.
 //!
 //! ```text
 //! cargo build --release -p smc-bench --example tokio_rr
@@ -40,6 +42,11 @@ fn size() -> usize {
     env_or("RR_SIZE", 16 * 1024)
 }
 
+/// Whether every transaction is a connection of its own (`RR_SETUP=1`).
+fn setup() -> bool {
+    std::env::var("RR_SETUP").is_ok_and(|v| v == "1")
+}
+
 fn runtime() -> io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -54,17 +61,20 @@ async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
 
 async fn serve(smc: bool) -> io::Result<()> {
     let mut tasks = Vec::new();
+    // (connections per transaction: served until the client stops; the
+    // client's end of the run ends this process)
+    let n = if setup() { usize::MAX } else { conns() };
     if smc {
         let l = SmcListener::bind("127.0.0.1:0").await?;
         println!("port {}", l.local_addr()?.port());
-        for _ in 0..conns() {
+        for _ in 0..n {
             let (s, _) = l.accept().await?;
             tasks.push(tokio::spawn(echo(s)));
         }
     } else {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("port {}", l.local_addr()?.port());
-        for _ in 0..conns() {
+        for _ in 0..n {
             let (s, _) = l.accept().await?;
             s.set_nodelay(true)?;
             tasks.push(tokio::spawn(echo(s)));
@@ -82,9 +92,33 @@ async fn client<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, dur: Duration) -> i
     let mut resp = vec![0u8; size()];
     let t0 = Instant::now();
     let mut n = 0;
-    while t0.elapsed() < dur {
+    // (at least one: a connection per transaction calls this with no time)
+    loop {
         s.write_all(&req).await?;
         s.read_exact(&mut resp).await?;
+        n += 1;
+        if t0.elapsed() >= dur {
+            return Ok(n);
+        }
+    }
+}
+
+/// Connections of one transaction each within `dur`.
+async fn connecting(smc: bool, port: u16, dur: Duration) -> io::Result<u64> {
+    let t0 = Instant::now();
+    let mut n = 0;
+    while t0.elapsed() < dur {
+        if smc {
+            let s = SmcStream::connect(("127.0.0.1", port)).await?;
+            if s.mode() != Mode::SmcR {
+                return Err(io::Error::other(format!("not SMC-R: {:?}", s.mode())));
+            }
+            client(s, Duration::ZERO).await?;
+        } else {
+            let s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+            s.set_nodelay(true)?;
+            client(s, Duration::ZERO).await?;
+        }
         n += 1;
     }
     Ok(n)
@@ -112,6 +146,18 @@ fn run(smc: bool, dur: Duration) -> io::Result<f64> {
         .ok_or_else(|| io::Error::other(format!("server said {line:?}")))?;
     let tps = runtime()?.block_on(async {
         let mut tasks = Vec::new();
+        if setup() {
+            let t0 = Instant::now();
+            let mut loops = Vec::new();
+            for _ in 0..conns() {
+                loops.push(tokio::spawn(connecting(smc, port, dur)));
+            }
+            let mut n = 0;
+            for t in loops {
+                n += t.await.map_err(io::Error::other)??;
+            }
+            return Ok(n as f64 / t0.elapsed().as_secs_f64());
+        }
         for _ in 0..conns() {
             if smc {
                 let s = SmcStream::connect(("127.0.0.1", port)).await?;
@@ -132,6 +178,10 @@ fn run(smc: bool, dur: Duration) -> io::Result<f64> {
         }
         Ok(n as f64 / t0.elapsed().as_secs_f64())
     })?;
+    // (a server that serves connections until told otherwise)
+    if setup() {
+        let _ = child.kill();
+    }
     let _ = child.wait();
     Ok(tps)
 }
@@ -177,7 +227,7 @@ fn main() -> ExitCode {
         let rtt = |tps: f64| 1e6 / tps;
         if conns() == 1 {
             println!(
-                "round {round}: SMC-R {:>8.0} tps ({:.2} us RTT)  TCP {:>8.0} tps ({:.2} us)  SMC/TCP {:.2}x",
+                "round {round}: SMC-R {:>8.0} tps ({:.2} us each)  TCP {:>8.0} tps ({:.2} us)  SMC/TCP {:.2}x",
                 r[0],
                 rtt(r[0]),
                 r[1],
