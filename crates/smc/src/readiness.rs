@@ -243,6 +243,7 @@ impl Shown {
 
     /// The tasks' side, made now showing `level` if it was not (as
     /// [`Self::fd_or_make`]).
+    #[cfg(feature = "tokio")]
     pub(crate) fn tasks_or_make(&self, level: Level) -> &std::sync::Arc<TaskReady> {
         self.tasks
             .get_or_init(|| std::sync::Arc::new(TaskReady::new(level)))
@@ -266,6 +267,7 @@ struct Tasks {
 }
 
 impl TaskReady {
+    #[cfg(feature = "tokio")]
     fn new(level: Level) -> TaskReady {
         TaskReady {
             tasks: Mutex::new(Tasks {
@@ -298,6 +300,7 @@ impl TaskReady {
     /// Forgets the waker of direction `write` (its task is woken by
     /// something else, and looks anyway: a change now would wake it again
     /// for nothing).
+    #[cfg(feature = "tokio")]
     pub(crate) fn forget(&self, write: bool) {
         let mut t = self.lock();
         let slot = if write { &mut t.write } else { &mut t.read };
@@ -306,6 +309,7 @@ impl TaskReady {
 
     /// Ready if the level shows readable (`write`: writable); otherwise
     /// `waker` is woken once it does (the last waker given per direction).
+    #[cfg(feature = "tokio")]
     pub(crate) fn poll(&self, write: bool, waker: &std::task::Waker) -> std::task::Poll<()> {
         let mut t = self.lock();
         if t.level & if write { W } else { R } != 0 {
@@ -465,14 +469,17 @@ mod tests {
     }
 
     /// A waker that counts its wakes.
+    #[cfg(feature = "tokio")]
     struct Count(std::sync::atomic::AtomicUsize);
 
+    #[cfg(feature = "tokio")]
     impl std::task::Wake for Count {
         fn wake(self: std::sync::Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
     }
 
+    #[cfg(feature = "tokio")]
     fn counting() -> (std::sync::Arc<Count>, std::task::Waker) {
         let c = std::sync::Arc::new(Count(Default::default()));
         (c.clone(), std::task::Waker::from(c))
@@ -483,6 +490,7 @@ mod tests {
     /// shows writable; the end wakes both and stays; a forgotten waker is
     /// not woken.
     #[test]
+    #[cfg(feature = "tokio")]
     fn tasks_are_woken_for_what_they_wait_for() {
         use std::task::Poll;
         let t = TaskReady::new(level(false, false));

@@ -1457,11 +1457,13 @@ pub(crate) mod tests {
     }
 
     /// The SMC-R connection of `s`.
+    #[cfg(feature = "tokio")]
     pub(crate) fn conn_of(s: &SmcStream) -> Arc<SmcConn> {
         s.smc.clone().expect("an SMC-R stream")
     }
 
     /// Whether a poller of `c`'s peer signal is registered.
+    #[cfg(feature = "tokio")]
     pub(crate) fn signal_polled(c: &SmcConn) -> bool {
         c.signal().is_some_and(|s| s.polled())
     }
