@@ -1462,10 +1462,13 @@ pub(crate) mod tests {
         s.smc.clone().expect("an SMC-R stream")
     }
 
-    /// Whether a poller of `c`'s peer signal is registered.
+    /// Whether a poller of `c`'s peer signal is registered and the signal
+    /// is armed for it, not signalled since: the poller waits, or is about
+    /// to, and the peer's next SEND writes the signal.
     #[cfg(feature = "tokio")]
-    pub(crate) fn signal_polled(c: &SmcConn) -> bool {
-        c.signal().is_some_and(|s| s.polled())
+    pub(crate) fn signal_armed(c: &SmcConn) -> bool {
+        c.signal()
+            .is_some_and(|s| s.polled() && !s.bell.polled_taken())
     }
 
     /// An established pair on this process's shm device.

@@ -1505,7 +1505,7 @@ impl SmcListener {
 
 #[cfg(test)]
 mod tests {
-    use crate::stream::tests::{conn_of, serial, signal_polled, smc_pair};
+    use crate::stream::tests::{conn_of, serial, signal_armed, smc_pair};
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
     use tokio::io::AsyncReadExt;
@@ -1537,26 +1537,37 @@ mod tests {
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let (wtx, wrx) = std::sync::mpsc::channel::<u8>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         std::thread::scope(|scope| {
-            // the task reads two messages; the client writes each when told
+            // the task reads message after message until the client closes;
+            // the client writes each when told, and says when it wrote it
             scope.spawn(move || {
                 rt.block_on(async {
-                    for _ in 0..2 {
+                    loop {
                         let mut b = [0u8; 64];
                         let r = ts.read_exact(&mut b).await.map(|n| (n, b[0]));
+                        let end = r.is_err();
                         let _ = tx.send(r.map_err(|e| e.kind()));
+                        if end {
+                            break;
+                        }
                     }
                 })
             });
-            let writer = scope.spawn(move || {
+            scope.spawn(move || {
                 for v in wrx {
-                    c.write_all(&[v; 64])?;
+                    if c.write_all(&[v; 64]).is_err() {
+                        break;
+                    }
+                    let _ = done_tx.send(());
                 }
-                Ok::<_, std::io::Error>(())
             });
+            // (the task's read that found nothing armed the signal; the
+            // previous message's SEND took it, so each wait is the task's
+            // own)
             let waits = || {
                 let t0 = Instant::now();
-                while !signal_polled(&conn) {
+                while !signal_armed(&conn) {
                     assert!(t0.elapsed() < Duration::from_secs(30), "the task waits");
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -1569,19 +1580,33 @@ mod tests {
             wtx.send(2).unwrap();
             let first = rx.recv_timeout(Duration::from_secs(30));
             assert_eq!(first, Ok(Ok((64, 2))));
-            // the second one while the endpoint is locked (the writer's fast
-            // path needs no lock either; in a thread of its own all the
-            // same, so that a write that took it would only fail this test,
-            // not hang it)
-            waits();
-            let ep = conn.shared.lock();
-            wtx.send(3).unwrap();
+            // then one while the endpoint is locked. The client shares this
+            // process's endpoint: its write may need the lock too (a CDC
+            // of ours held for it, a send slot to reap), and a round where
+            // it did says nothing of the reader; it is let go and tried
+            // again with the next message.
+            let mut shown = false;
+            for v in 3..13u8 {
+                waits();
+                let ep = conn.shared.lock();
+                wtx.send(v).unwrap();
+                let wrote = done_rx.recv_timeout(Duration::from_secs(2)).is_ok();
+                // (a deadlock detector, not a latency bound)
+                let got = rx.recv_timeout(Duration::from_secs(if wrote { 30 } else { 0 }));
+                drop(ep);
+                if !wrote {
+                    // (the write goes on once the lock is free)
+                    assert!(done_rx.recv_timeout(Duration::from_secs(30)).is_ok());
+                    let late = got.or_else(|_| rx.recv_timeout(Duration::from_secs(30)));
+                    assert_eq!(late, Ok(Ok((64, v))));
+                    continue;
+                }
+                assert_eq!(got, Ok(Ok((64, v))), "read while the endpoint is locked");
+                shown = true;
+                break;
+            }
+            assert!(shown, "the client's writes all needed the endpoint's lock");
             drop(wtx);
-            // (a deadlock detector, not a latency bound)
-            let got = rx.recv_timeout(Duration::from_secs(30));
-            drop(ep);
-            assert!(writer.join().unwrap().is_ok(), "the client's writes");
-            assert_eq!(got, Ok(Ok((64, 3))), "read while the endpoint is locked");
         });
     }
 }
