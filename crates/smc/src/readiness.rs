@@ -231,9 +231,9 @@ impl Shown {
         self.fd.get()
     }
 
-    /// The descriptor, made now showing `level` if it was not (the caller
-    /// serializes the making and sets the level again after it: a change
-    /// meanwhile went to the others).
+    /// The descriptor, made now showing `level` if it was not (two callers
+    /// at once may both make one: the first set stays; the caller sets the
+    /// level again after it, as a change meanwhile went to the others).
     pub(crate) fn fd_or_make(&self, level: Level) -> io::Result<&std::sync::Arc<Readiness>> {
         if self.fd.get().is_none() {
             let _ = self.fd.set(std::sync::Arc::new(Readiness::new(level)?));
