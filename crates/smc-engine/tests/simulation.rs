@@ -1,7 +1,6 @@
 //! The seeded simulation as a test: 10,000 seeds by default (`SMC_SIM_SEEDS`
-//! to change, `SMC_SIM_START` to shift; a seed takes about 8 ms in the test
-//! profile, and the failures found beyond the first thousand seeds came at
-//! about one in 25,000), each a random workload with or without a
+//! to change, `SMC_SIM_START` to shift; a fixed range keeps CI
+//! deterministic, `smc-sim run` explores beyond it), each a random workload with or without a
 //! fault, some with a second link by ADD_LINK (moves, failover, QP failures
 //! during ADD_LINK); any broken invariant fails
 //! with the seed, the trace tail and the replay command
