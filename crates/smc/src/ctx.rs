@@ -115,6 +115,10 @@ pub(crate) struct Shared {
     unparks: AtomicUsize,
     /// `waiters.len()`, readable without the lock.
     sleepers: AtomicUsize,
+    /// How many of them are parked threads, not readers on their doorbell:
+    /// only those wait for a pump to learn of a CDC (a reader's doorbell is
+    /// rung by the peer's SEND itself).
+    parked: AtomicUsize,
     /// Application threads inside [`Shared::run`] (the progress thread leads
     /// the sleepers only while there are none, see [`progress_loop`]).
     active: AtomicUsize,
@@ -830,6 +834,7 @@ impl Shared {
             to_unpark: Mutex::new(Vec::new()),
             unparks: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
             busy: AtomicUsize::new(0),
             leader: Mutex::new(false),
@@ -920,7 +925,7 @@ impl Shared {
             }
         });
         self.unparks.store(u.len(), Ordering::Release);
-        self.sleepers.store(w.len(), Ordering::Release);
+        self.count_waiters(&w, Ordering::Release);
     }
 
     /// Unparks the threads [`Self::wake`] chose (after the endpoint lock is
@@ -1135,7 +1140,7 @@ impl Shared {
             x.woken.store(true, Ordering::Release);
             x.thread.unpark();
         }
-        self.sleepers.store(w.len(), Ordering::Release);
+        self.count_waiters(&w, Ordering::Release);
     }
 
     /// Registers a reader of connection `id` about to sleep on its doorbell
@@ -1161,7 +1166,7 @@ impl Shared {
             woken: woken.clone(),
             bell: Some(bell.clone()),
         });
-        self.sleepers.store(w.len(), Ordering::Release);
+        self.count_waiters(&w, Ordering::Release);
         Some(woken)
     }
 
@@ -1172,7 +1177,7 @@ impl Shared {
         }
         let mut w = self.waiters();
         w.retain(|x| !Arc::ptr_eq(&x.woken, woken));
-        self.sleepers.store(w.len(), Ordering::Release);
+        self.count_waiters(&w, Ordering::Release);
     }
 
     /// Whether a thread of [`Self::run`] sleeps (or is about to) for
@@ -1204,7 +1209,7 @@ impl Shared {
             }
             _ => true,
         });
-        self.sleepers.store(w.len(), Ordering::Release);
+        self.count_waiters(&w, Ordering::Release);
     }
 
     fn run_unlist(&self, id: ConnId) {
@@ -1636,10 +1641,33 @@ impl Shared {
         self.pump(&mut ep);
     }
 
-    /// Whether a thread sleeps through the endpoint or (with the tokio
-    /// adapter) a task waits for its progress.
+    /// Threads registered as waiting (parked, or asleep on a doorbell).
+    #[cfg(test)]
+    pub(crate) fn sleepers(&self) -> usize {
+        self.sleepers.load(Ordering::Acquire)
+    }
+
+    /// `sleepers` and `parked` after a change of the waiters (with them
+    /// locked).
+    fn count_waiters(&self, w: &[Waiter], order: Ordering) {
+        let parked = w.iter().filter(|x| x.bell.is_none()).count();
+        self.parked.store(parked, order);
+        self.sleepers.store(w.len(), order);
+    }
+
+    /// Whether a thread sleeps through the endpoint, parked, or (with the
+    /// tokio adapter) a task waits for its progress: what a CDC that took a
+    /// held doorbell may concern besides its own connection. Not a reader
+    /// asleep on its doorbell: the peer's SEND of its CDC rang that
+    /// (`Bell::ring`), whoever applies the CDC; a reader of the held
+    /// connection itself could not be one (`Bell::hold` succeeds only on a
+    /// doorbell nobody waits on, and a reader that arms it after the hold
+    /// is rung through the word, as after any hold); and a pump for what
+    /// else concerns them (an abort, a finished close) is made when the
+    /// dispatch leaves it in the link's queue (`FastConn::take_held_cdc`
+    /// false).
     fn has_waiters(&self) -> bool {
-        if self.sleepers.load(Ordering::Acquire) > 0 {
+        if self.parked.load(Ordering::Acquire) > 0 {
             return true;
         }
         #[cfg(feature = "tokio")]
@@ -1803,7 +1831,7 @@ impl Shared {
                     woken: woken.clone(),
                     bell: None,
                 });
-                self.sleepers.store(w.len(), Ordering::SeqCst);
+                self.count_waiters(&w, Ordering::SeqCst);
             }
             self.kick_lazy();
             // a pump between `seen` and the registration woke nobody: look again
@@ -1823,7 +1851,7 @@ impl Shared {
             if !woken.load(Ordering::Acquire) {
                 let mut w = self.waiters();
                 w.retain(|x| !Arc::ptr_eq(&x.woken, &woken));
-                self.sleepers.store(w.len(), Ordering::Release);
+                self.count_waiters(&w, Ordering::Release);
             }
             return false;
         }

@@ -1517,6 +1517,59 @@ pub(crate) mod tests {
         });
     }
 
+    /// A writer whose held doorbell a CDC took (`Shared::take_held_cdc`)
+    /// applies it without the endpoint while other connections' readers
+    /// sleep on their own doorbells: the peer's SENDs ring those, so a
+    /// pump would only cost every write of a server with a thread per
+    /// connection the endpoint's lock. (With a thread parked through the
+    /// endpoint it still pumps: that thread learns of CDCs only so.)
+    #[test]
+    fn a_held_cdc_is_applied_without_a_pump_while_readers_sleep_on_their_doorbells() {
+        let _one = serial();
+        let (mut ca, mut sa) = smc_pair();
+        let (mut cb, mut sb) = smc_pair();
+        // a message each way on both, for their handles and grants
+        for (c, s) in [(&mut ca, &mut sa), (&mut cb, &mut sb)] {
+            c.write_all(&[1; 64]).unwrap();
+            let mut b = [0u8; 64];
+            s.read_exact(&mut b).unwrap();
+            s.write_all(&[2; 64]).unwrap();
+            c.read_exact(&mut b).unwrap();
+        }
+        let conn = ca.smc.clone().unwrap();
+        let fast = conn.fast_conn().expect("a fast handle");
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                let mut b = [0u8; 64];
+                (&cb).read_exact(&mut b).map(|()| b[0])
+            });
+            // until the reader has spun and sleeps on its doorbell
+            let mut asleep = false;
+            for _ in 0..10_000 {
+                if conn.shared.sleepers() > 0 {
+                    asleep = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(asleep, "the reader of the second connection sleeps");
+            let ep = conn.shared.lock();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let shared = &conn.shared;
+            scope.spawn(move || {
+                shared.take_held_cdc(fast);
+                let _ = tx.send(());
+            });
+            // (a deadlock detector, not a latency bound)
+            let got = rx.recv_timeout(Duration::from_secs(30));
+            drop(ep);
+            sb.write_all(&[3; 64]).unwrap();
+            let read = reader.join().unwrap().unwrap();
+            assert_eq!(got, Ok(()), "applied while the endpoint is locked");
+            assert_eq!(read, 3, "the reader is woken");
+        });
+    }
+
     /// A CDC applied by another connection's reader (its dispatch of the
     /// link's receive CQ, `FastConn::try_read`) sets the descriptor of the
     /// connection it announces data for, from that reader's thread: no pump
