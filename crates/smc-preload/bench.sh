@@ -16,6 +16,8 @@ T=${1:-3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/crates/smc-preload/bench_lib.sh"
 cargo build -q --release -p smc-preload --manifest-path "$ROOT/Cargo.toml"
+# (the one-core round trip's floor: two context switches between processes)
+cargo build -q --release -p smc-bench --example switch_cost --manifest-path "$ROOT/Cargo.toml"
 SMC_RUN=${SMC_RUN:-$ROOT/target/release/smc_run}
 W=$(mktemp -d /tmp/smc-bench.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; sleep 0.3; rm -rf "$W"' EXIT
@@ -92,6 +94,12 @@ row "redis-benchmark GET (req/s)" get
 row "nginx + wrk, 50 conns (req/s)" wrk
 row "iperf3 (Gbit/s)" ipfwd
 row "iperf3 -R (Gbit/s)" iprev
+if [ "$SP" = "$CP" ] && [ -n "$SP" ]; then
+  # No transport's ping-pong between two processes on one CPU beats two
+  # context switches; its ratio to TCP's latency is the best any can show.
+  fl=$("$ROOT/target/release/examples/switch_cost" 1000000 "$SP" | sed -n 's/.*needs two: \([0-9.]*\) us/\1/p')
+  printf '%-34s %12s %12s %8s\n' "floor: 2 process switches (us)" "-" "${fl:-?}" "$(ratio "${R[tcp,lat]:-0}" "${fl:-0}")"
+fi
 echo
 done
 echo "(connections under smc_run: $(grep -c ' SMC-R$' "$W/state" || true) SMC-R, $(grep -vc ' SMC-R$' "$W/state" || true) other)"
