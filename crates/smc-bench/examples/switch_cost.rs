@@ -80,7 +80,8 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize, default: u64| -> Result<u64, String> {
         args.get(i).map_or(Ok(default), |s| {
-            s.parse().map_err(|_| format!("switch_cost: not a number: {s}"))
+            s.parse()
+                .map_err(|_| format!("switch_cost: not a number: {s}"))
         })
     };
     if args.first().map(String::as_str) == Some("__other") {
