@@ -311,6 +311,9 @@ pub struct Endpoint<P: Provider> {
     /// Largest inline payload of the device: writes up to this size go from the
     /// application's buffer straight to the peer (see [`Endpoint::write`]).
     max_inline: u32,
+    /// SENDs a link may keep in flight, as the device says
+    /// (`DeviceInfo::max_sends`; the smaller of two devices').
+    max_sends: Option<u32>,
     lgrs: Slots<LgrId, Lgr<P>>,
     conns: Slots<ConnId, Conn<P>>,
     /// The connections of every link group by alert token, with their data
@@ -367,7 +370,8 @@ impl<P: Provider> Endpoint<P> {
         let gids = port.gids;
         let mac = cfg.system_id.mac();
         let chan = dev.create_channel()?;
-        let max_inline = dev.info().max_inline;
+        let info = dev.info();
+        let (max_inline, max_sends) = (info.max_inline, info.max_sends);
         Ok(Endpoint {
             cfg,
             dev,
@@ -400,6 +404,7 @@ impl<P: Provider> Endpoint<P> {
             cdc_dispatched: 0,
             port_mtu,
             max_inline,
+            max_sends,
             lgrs: Slots::default(),
             conns: Slots::default(),
             by_token: std::sync::Arc::default(),

@@ -214,6 +214,8 @@ struct St {
     trace: Vec<String>,
     /// Devices' inline limit (see [`SimFabric::set_max_inline`]).
     max_inline: u32,
+    /// What devices say of SENDs in flight (see [`SimFabric::set_max_sends`]).
+    max_sends: Option<u32>,
     /// Largest memory region that can be registered (see
     /// [`SimFabric::set_max_mr_len`]).
     max_mr_len: usize,
@@ -647,6 +649,7 @@ impl SimFabric {
                 next_id: 0,
                 trace: vec![],
                 max_inline: MAX_INLINE,
+                max_sends: None,
                 max_mr_len: usize::MAX,
             })),
         }
@@ -733,6 +736,14 @@ impl SimFabric {
     /// QPs are created.
     pub fn set_max_inline(&self, max_inline: u32) {
         self.st().max_inline = max_inline;
+    }
+
+    /// Sets what devices say of the SENDs a link may keep in flight
+    /// (`DeviceInfo::max_sends`; default none, as an RNIC's): more models the
+    /// shm device, whose peers post receives for them. Set it before QPs
+    /// are created.
+    pub fn set_max_sends(&self, max_sends: Option<u32>) {
+        self.st().max_sends = max_sends;
     }
 
     /// Fault: memory regions larger than `len` bytes cannot be registered
@@ -906,12 +917,17 @@ impl Device for SimDevice {
     type P = SimFabric;
 
     fn info(&self) -> DeviceInfo {
-        let name = self.f.st().devs[self.dev].name.clone();
+        // (the fabric's lock once: a guard in the literal lives to its end)
+        let (name, max_inline, max_sends) = {
+            let st = self.f.st();
+            (st.devs[self.dev].name.clone(), st.max_inline, st.max_sends)
+        };
         DeviceInfo {
             name,
             ports: vec![self.query_port(1).expect("port 1 exists")],
             max_msg_size: MAX_MSG,
-            max_inline: self.f.st().max_inline,
+            max_inline,
+            max_sends,
         }
     }
 

@@ -156,6 +156,10 @@ pub struct DeviceInfo {
     pub max_msg_size: u32,
     /// Largest inline payload.
     pub max_inline: u32,
+    /// How many SENDs a link of this device may keep in flight, where the
+    /// device knows its peers (`None`: the engine's default, which leaves a
+    /// Linux peer's 48 receive buffers room to spare).
+    pub max_sends: Option<u32>,
 }
 
 /// Memory access flags (`ibv_access_flags`).

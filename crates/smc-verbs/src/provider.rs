@@ -127,6 +127,7 @@ fn describe(ctx: &Context, sysfs: &Path, name: &str) -> Result<DeviceInfo> {
             max_msg
         },
         max_inline: DEFAULT_MAX_INLINE,
+        max_sends: None,
     })
 }
 
@@ -200,6 +201,7 @@ impl Device for VerbsDevice {
             ports: vec![],
             max_msg_size: self.max_msg,
             max_inline: DEFAULT_MAX_INLINE,
+            max_sends: None,
         })
     }
 

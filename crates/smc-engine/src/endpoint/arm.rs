@@ -31,7 +31,7 @@
 
 use super::conn::{Conn, Phase};
 use super::conn_core::lock;
-use super::link::MAX_SENDS;
+use super::link::MAX_SENDS_CAP;
 use super::{Endpoint, LgrId, Result};
 use crate::state::LgrState;
 use smc_proto::close::CloseState;
@@ -229,7 +229,7 @@ impl<P: Provider> Endpoint<P> {
         // What is in flight, copied out: the link's send lock is not held
         // while a connection's core is locked (the fast path takes them the
         // other way round, `ConnCore::fast_write`).
-        let mut cdcs: [Option<super::ConnId>; MAX_SENDS] = [None; MAX_SENDS];
+        let mut cdcs: [Option<super::ConnId>; MAX_SENDS_CAP] = [None; MAX_SENDS_CAP];
         let mut n = 0;
         {
             let book = res.book();
@@ -238,7 +238,7 @@ impl<P: Provider> Endpoint<P> {
                 // failed QP also flushes its receives, on the receive CQ)
                 return SendWait::No;
             }
-            if book.sends_in_flight >= MAX_SENDS || !book.has_free_slots() {
+            if book.sends_in_flight >= book.max_sends || !book.has_free_slots() {
                 return SendWait::Now;
             }
             for &(_, kind, _) in &book.wrs {

@@ -11,7 +11,7 @@
 //! (`smc_cdc_msg_send`, `smc_cdc_tx_handler`).
 
 use super::conn_core::{lock, FlushStep};
-use super::link::{WrKind, MAX_SENDS};
+use super::link::WrKind;
 use super::{ConnId, Endpoint, LgrId, Result};
 
 /// Completions taken from a CQ per poll.
@@ -207,7 +207,7 @@ impl<P: Provider> Endpoint<P> {
             let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) else {
                 break;
             };
-            if !usable || res.sends_in_flight() >= MAX_SENDS {
+            if !usable || res.sends_full() {
                 break;
             }
             // the peer RMB's rkey and address on this link (§3.2 step 4)

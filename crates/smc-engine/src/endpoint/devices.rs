@@ -200,7 +200,13 @@ impl<P: Provider> Endpoint<P> {
         }
         // (writes inline up to the smaller limit: a connection may move to
         // a link on either device)
-        self.max_inline = self.max_inline.min(dev.info().max_inline);
+        let info = dev.info();
+        self.max_inline = self.max_inline.min(info.max_inline);
+        // (a connection's SENDs may go on a link of either device)
+        self.max_sends = match (self.max_sends, info.max_sends) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            _ => None,
+        };
         self.dev2 = Some(dev);
         self.dev2_name = Some(name.to_string());
         self.chan2 = Some(chan2);
@@ -255,7 +261,14 @@ impl<P: Provider> Endpoint<P> {
         let second = self.new_link_on_second(l);
         let lg = self.lgrs.get_mut(l).ok_or_else(|| bad("no link group"))?;
         if !second {
-            return LinkRes::new(&self.dev, &lg.pd, &self.chan, self.max_inline, psn);
+            return LinkRes::new(
+                &self.dev,
+                &lg.pd,
+                &self.chan,
+                self.max_inline,
+                self.max_sends,
+                psn,
+            );
         }
         let d2 = self.dev2.as_ref().ok_or_else(|| bad("no second device"))?;
         // the group's GID type (RoCE v1 or v2, IPv4-mapped or not) on the
@@ -299,7 +312,7 @@ impl<P: Provider> Endpoint<P> {
         }
         let sp = lg.second.as_ref().ok_or_else(|| bad("no second PD"))?;
         let chan = self.chan2.as_ref().unwrap_or(&self.chan);
-        let mut res = LinkRes::new(d2, &sp.pd, chan, self.max_inline, psn)?;
+        let mut res = LinkRes::new(d2, &sp.pd, chan, self.max_inline, self.max_sends, psn)?;
         res.on = Some(OtherDevice {
             gid,
             mtu: port.active_mtu,

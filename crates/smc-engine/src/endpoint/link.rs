@@ -44,7 +44,8 @@ pub(super) struct OtherDevice {
 pub(super) const RECV_SLOTS: usize = 48;
 /// Bytes per receive buffer (SMC-Rv2 LLC messages are up to 8 KiB).
 pub(super) const RECV_SLOT_LEN: usize = 8192;
-/// SENDs in flight per link. Linux sends at most `SMC_WR_BUF_CNT` (16)
+/// SENDs in flight per link, unless the device says otherwise
+/// (`DeviceInfo::max_sends`). Linux sends at most `SMC_WR_BUF_CNT` (16)
 /// and posts three times as many receive buffers (`smc_ib_create_queue_pair`,
 /// as [`RECV_SLOTS`] here); twice that many still leaves a peer of either kind
 /// receive buffers to spare. One link carries many connections, and a
@@ -54,13 +55,31 @@ pub(super) const RECV_SLOT_LEN: usize = 8192;
 /// peer has posted would only meet RNR NAKs, which the QP retries for ever
 /// (`rnr_retry` 7, as Linux's `SMC_QP_RNR_RETRY`).
 pub const MAX_SENDS: usize = 32;
+/// The most SENDs in flight a device may ask for.
+pub(super) const MAX_SENDS_CAP: usize = 64;
+/// Receive buffers a link posts beyond the SENDs its peer may have in
+/// flight when the device asks for more than [`MAX_SENDS`] (its peers are
+/// ours and do the same): room for LLC messages.
+const RECV_SPARE: usize = 8;
 /// Send completions a fast path's reap ([`LinkTx::reap`]) leaves for the
 /// endpoint at most: beyond that the fast path goes through the endpoint,
 /// whose pump takes them (a bound on what waits, when no driver pumps).
 const REAPED_MAX: usize = 4 * MAX_SENDS;
 /// Send-queue depth: every SEND may be preceded by two RDMA WRITEs (Linux
 /// `smc_ib_create_queue_pair`: `SMC_WR_BUF_CNT * 3`).
-const SQ_DEPTH: usize = 3 * MAX_SENDS;
+const SQ_DEPTH: usize = 3 * MAX_SENDS_CAP;
+
+/// SENDs in flight on a link of a device that says `asked`
+/// (`DeviceInfo::max_sends`), and the receive buffers the link posts.
+pub(super) fn send_limits(asked: Option<u32>) -> (usize, usize) {
+    match asked {
+        None => (MAX_SENDS, RECV_SLOTS),
+        Some(n) => {
+            let n = (n as usize).clamp(1, MAX_SENDS_CAP);
+            (n, RECV_SLOTS.max(n + RECV_SPARE))
+        }
+    }
+}
 /// Registered send slots for SENDs above the inline limit: one small slot
 /// per send-queue entry (CDCs and the LLC messages we send are 44 bytes),
 /// and a few that take an SMC-Rv2 LLC message of up to 8 KiB (Linux
@@ -564,6 +583,8 @@ pub(super) struct TxBook<P: Provider> {
     free_small: Vec<u16>,
     free_large: Vec<u16>,
     pub sends_in_flight: usize,
+    /// The most SENDs in flight on this link ([`send_limits`]).
+    pub max_sends: usize,
     pub next_wr: u64,
     /// Connections may write directly on this link without the endpoint
     /// (`ConnCore::fast_write`): set by the endpoint's own direct write,
@@ -584,15 +605,18 @@ pub(super) struct TxBook<P: Provider> {
 impl<P: Provider> LinkRes<P> {
     /// A new link: CQs, an RC QP in INIT on port 1 and its receive buffers posted.
     /// A link's QP with its CQs on the endpoint's completion channel `chan`,
-    /// accepting inline payloads up to `max_inline` bytes, starting at the
+    /// accepting inline payloads up to `max_inline` bytes, with at most
+    /// `max_sends` SENDs in flight ([`send_limits`]), starting at the
     /// (random) initial send PSN `psn`.
     pub fn new(
         dev: &P::Device,
         pd: &P::Pd,
         chan: &P::Channel,
         max_inline: u32,
+        max_sends: Option<u32>,
         psn: u32,
     ) -> Result<LinkRes<P>> {
+        let (max_sends, recv_slots) = send_limits(max_sends);
         let scq = dev.create_cq(1024, Some(chan))?;
         let rcq = dev.create_cq(1024, Some(chan))?;
         let qp = pd.create_qp(
@@ -600,7 +624,7 @@ impl<P: Provider> LinkRes<P> {
             &rcq,
             QpCap {
                 max_send_wr: SQ_DEPTH as u32,
-                max_recv_wr: RECV_SLOTS as u32,
+                max_recv_wr: recv_slots as u32,
                 max_inline_data: max_inline,
             },
         )?;
@@ -608,8 +632,8 @@ impl<P: Provider> LinkRes<P> {
             port: 1,
             access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         })?;
-        let recv = pd.alloc_mr(RECV_SLOTS * RECV_SLOT_LEN, Access::LOCAL_WRITE)?;
-        for i in 0..RECV_SLOTS {
+        let recv = pd.alloc_mr(recv_slots * RECV_SLOT_LEN, Access::LOCAL_WRITE)?;
+        for i in 0..recv_slots {
             let sge = recv.sge(i * RECV_SLOT_LEN, RECV_SLOT_LEN as u32)?;
             qp.post_recv(&RecvWr {
                 wr_id: i as u64,
@@ -642,6 +666,7 @@ impl<P: Provider> LinkRes<P> {
                 free_small: (0..SQ_DEPTH as u16).rev().collect(),
                 free_large: (0..LARGE_SLOTS as u16).rev().collect(),
                 sends_in_flight: 0,
+                max_sends,
                 next_wr: 1 << 32,
                 open: false,
                 broken: None,
@@ -785,6 +810,12 @@ impl<P: Provider> LinkRes<P> {
     /// Signaled SENDs in flight.
     pub fn sends_in_flight(&self) -> usize {
         self.book().sends_in_flight
+    }
+
+    /// Whether every SEND the link may have in flight is.
+    pub fn sends_full(&self) -> bool {
+        let b = self.book();
+        b.sends_in_flight >= b.max_sends
     }
 
     /// Posts an unsignaled RDMA WRITE of `sges` to the peer's `(rkey, addr)`.
@@ -996,7 +1027,7 @@ impl<P: Provider> LinkTx<P> {
         own: impl FnMut(u16, usize) -> bool,
     ) -> bool {
         let room = |b: &TxBook<P>| {
-            b.sends_in_flight + 1 < MAX_SENDS
+            b.sends_in_flight + 1 < b.max_sends
                 && b.has_free_slots()
                 && (!b.takes_slot(smc_wire::cdc::CDC_LEN) || b.free_small() >= 2)
         };

@@ -10,7 +10,6 @@
 use super::conn::ConnError;
 use super::conn_core::{lock, ConnCore, FastConn, FastTx};
 use super::lgr::Lgr;
-use super::link::MAX_SENDS;
 use super::{ConnId, Endpoint, LgrId};
 use crate::state::LgrState;
 use smc_proto::link::LinkState;
@@ -178,7 +177,7 @@ impl<P: Provider> Endpoint<P> {
         let Some(res) = lg.links.get(slot).and_then(Option::as_ref) else {
             return Err(Direct::No);
         };
-        if res.sends_in_flight() >= MAX_SENDS {
+        if res.sends_full() {
             return Err(Direct::No);
         }
         let Some(dp) = k.dp.as_ref() else {

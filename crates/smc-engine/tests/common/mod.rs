@@ -97,7 +97,17 @@ impl World {
         server_cfg: EndpointConfig,
         roce_v1: bool,
     ) -> World {
-        let fabric = SimFabric::new(seed);
+        World::with_fabric(SimFabric::new(seed), client_cfg, server_cfg, roce_v1)
+    }
+
+    /// As [`World::with_ports`] on a fabric set up beforehand (its devices'
+    /// limits: see `SimFabric`'s setters).
+    pub fn with_fabric(
+        fabric: SimFabric,
+        client_cfg: EndpointConfig,
+        server_cfg: EndpointConfig,
+        roce_v1: bool,
+    ) -> World {
         add_port_for(&fabric, &client_cfg, roce_v1);
         add_port_for(&fabric, &server_cfg, roce_v1);
         let client_ip = client_cfg.if_addrs[0].addr;
