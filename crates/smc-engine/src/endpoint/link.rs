@@ -71,7 +71,7 @@ const SQ_DEPTH: usize = 3 * MAX_SENDS_CAP;
 
 /// SENDs in flight on a link of a device that says `asked`
 /// (`DeviceInfo::max_sends`), and the receive buffers the link posts.
-pub(super) fn send_limits(asked: Option<u32>) -> (usize, usize) {
+fn send_limits(asked: Option<u32>) -> (usize, usize) {
     match asked {
         None => (MAX_SENDS, RECV_SLOTS),
         Some(n) => {

@@ -55,10 +55,11 @@ impl ShmProvider {
 
 /// SENDs a link may keep in flight: every peer of this device is this
 /// implementation, which posts a receive for each of them and a few more
-/// (the engine's `RECV_SPARE`), and the ring holds [`NSLOTS`]. (One link
-/// carries many connections, and an event loop on one CPU writes to all of
-/// them before its peer runs: with 32, a server with 50 clients sent a
-/// third of its answers through the endpoint.)
+/// (the engine's `RECV_SPARE`), and the ring holds [`NSLOTS`]. More than
+/// the engine's default for RNIC peers, because one link carries many
+/// connections and an event loop on one CPU writes to all of them before
+/// its peer runs: a write that finds no SEND left goes through the send
+/// buffer, for a progress thread to flush.
 const MAX_SENDS: u32 = NSLOTS as u32 - 8;
 
 fn info_for(name: &str, netdev: &str) -> DeviceInfo {
