@@ -638,3 +638,39 @@ fn cdcs_carry_the_receivers_token() {
     assert_eq!(lab.k.conn.cdcs_sent[0][4..8], [0, 0, 0, 1]);
     assert_eq!(lab.ours.read(c, 8).unwrap(), b"to 1");
 }
+
+/// A failover validation (§2.4) that claims CDCs this side never got: held
+/// until the group's links are polled again (they may hold what it
+/// claims), then the connection is aborted as Linux's
+/// `smc_cdc_msg_validate` does it, with our abort CDC and a
+/// `ConnAborted` event that names the violation.
+#[test]
+fn a_validation_claiming_cdcs_never_received_aborts_with_an_event() {
+    use smc_engine::endpoint::{AbortCause, EngineEvent};
+    use smc_proto::datapath::Violation;
+    let (mut lab, c) = kernel_server_first_contact();
+    lab.k.conn.peer_rmb.2 = 65536;
+    kernel::Sock::write(&mut lab.k, b"seen");
+    lab.quiet(Duration::from_millis(1));
+    assert_eq!(lab.ours.read(c, 8).unwrap(), b"seen");
+    while lab.ours.poll_event().is_some() {}
+    let claimed = lab.k.conn.tx_seq.wrapping_add(3);
+    let v = smc_wire::cdc::CdcMessage::failover_validation(claimed, lab.k.conn.peer_token);
+    lab.k.send(&v.encode());
+    lab.quiet(Duration::from_millis(1));
+    assert_eq!(
+        lab.ours.violation(c),
+        Some(Violation::OutOfSync {
+            last_received: lab.k.conn.tx_seq,
+            claimed
+        })
+    );
+    assert!(lab.k.conn.peer_aborted, "our abort CDC");
+    let mut aborted = Vec::new();
+    while let Some(e) = lab.ours.poll_event() {
+        if let EngineEvent::ConnAborted { conn, cause, .. } = e {
+            aborted.push((conn, cause));
+        }
+    }
+    assert_eq!(aborted, [(c, AbortCause::Violation)]);
+}

@@ -1108,10 +1108,16 @@ impl<P: Provider> ConnCore<P> {
             Ok(_) => return CdcDone::default(),
             Err(v) => {
                 // A broken peer, or loss shown by a failover validation (§2.4):
-                // abort, with a CDC that says so.
+                // abort, with a CDC that says so. (A kill closes at once, never
+                // passing through an aborting state: an abort of a connection
+                // that was open.)
                 self.violation = Some(v);
+                let open = !matches!(self.closer.state(), CloseState::Init | CloseState::Closed);
                 self.close_event(CloseEvent::Kill { can_send: true });
-                AbortCause::Violation
+                return CdcDone {
+                    aborted: (open && !was_aborting).then_some(AbortCause::Violation),
+                    finished: self.closer.is_finished(),
+                };
             }
         };
         let now_aborting = !was_aborting && aborting(self.closer.state());
