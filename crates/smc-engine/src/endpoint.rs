@@ -281,6 +281,10 @@ pub struct Endpoint<P: Provider> {
     /// (it may have joined or left a group): the next pump looks at the
     /// groups' timers and frees the groups that are done.
     lgr_recheck: bool,
+    /// Failover validation CDCs (§2.4) that claimed a completed send this
+    /// side had not yet processed, each with its group: judged after the
+    /// group's links were polled again (`cdc_recv::settle_validations`).
+    held_validations: Vec<(LgrId, smc_wire::cdc::CdcMessage)>,
     /// Proposals parked until a first contact with their peer finishes
     /// (`Phase::AwaitLgr`): decided again after any connection's event,
     /// which may be that first contact's step (see `conn_event`).
@@ -393,6 +397,7 @@ impl<P: Provider> Endpoint<P> {
             reap_at: None,
             reap_looked: false,
             lgr_recheck: false,
+            held_validations: Vec::new(),
             parked: Vec::new(),
             conn_flushes: 0,
             scratch_wcs: Vec::new(),

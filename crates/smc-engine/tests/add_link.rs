@@ -732,3 +732,76 @@ fn a_failed_link_connect_rejects_the_offer_or_takes_the_new_link_down() {
         streams(&mut w, &[&t0, &t1], 50_000, |_, _| {});
     }
 }
+
+/// The peer's side of a failed link completed a CDC's send (our QP took it
+/// into our receive queue) and then failed over: its failover validation
+/// CDC (§2.4, seqno of its last completed send) comes on the other link,
+/// which this side happens to poll first. That CDC was not lost, it waits
+/// on the failed link's receive queue: the validation is judged once the
+/// group's other links have been polled, and the connection lives on with
+/// every byte. (Linux's receive tasklet runs as completions arrive, so its
+/// `smc_cdc_msg_validate` rarely meets this; a process that polls its links
+/// in turn meets it under load: the redundancy test between two processes
+/// aborted connections so.)
+#[test]
+fn a_validation_that_overtakes_the_failed_links_last_cdcs_does_not_abort() {
+    for v2 in [true, false] {
+        let mut w = world(v2, true);
+        let mut t0 = smc(&mut w);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        let ls = w.server.link_group_of(t0.s).unwrap();
+        let lc = w.client.link_group_of(t0.c).unwrap();
+        let usable = w.client.usable_links(lc);
+        assert_eq!(usable.len(), 2);
+        // a connection the server sends on over the link the client polls last
+        let last = *usable.last().unwrap();
+        let mut ts = Vec::new();
+        let t = loop {
+            let t = smc(&mut w);
+            let s_slot = w.server.link_of(t.s).unwrap();
+            let peer = w.client.lgr_diag(lc).unwrap().links;
+            let peer = peer.iter().find(|d| d.slot == last).unwrap().peer_qpn;
+            if w.server.link_qp_num(ls, s_slot) == Some(peer) {
+                break t;
+            }
+            ts.push(t);
+            assert!(ts.len() < 8, "no connection on the second link");
+        };
+        let s_slot = w.server.link_of(t.s).unwrap();
+        let data: Vec<u8> = (0..3000).map(|i| byte(0, 1, i)).collect();
+        assert_eq!(w.server.write(t.s, &data).unwrap(), data.len());
+        // the server posts, the CDC lands in the client's receive queue and
+        // its send completes; the client does not run
+        let mut now = w.now;
+        for _ in 0..5 {
+            w.server.pump(now).unwrap();
+            w.fabric.advance(Duration::from_micros(20));
+            now += Duration::from_micros(20);
+        }
+        // the server's end of that link fails: it fails over and sends the
+        // validation on the other link, which the client polls first
+        w.fabric.fail_qp(w.server.link_qp_num(ls, s_slot).unwrap());
+        for _ in 0..5 {
+            w.server.pump(now).unwrap();
+            w.fabric.advance(Duration::from_micros(20));
+            now += Duration::from_micros(20);
+        }
+        w.now = now;
+        assert_ne!(w.server.link_of(t.s), Some(s_slot), "moved");
+        w.client.pump(now).unwrap();
+        assert_eq!(w.client.violation(t.c), None);
+        assert_eq!(w.client.status(t.c), Some(ConnStatus::Smc));
+        let mut got = Vec::new();
+        for _ in 0..200 {
+            got.extend(w.client.read(t.c, 10_000).unwrap());
+            if got.len() >= data.len() {
+                break;
+            }
+            w.tick();
+        }
+        assert_eq!(got, data);
+        w.settle(&mut [&mut t0], Duration::from_millis(2));
+        streams(&mut w, &[&t, &t0], 50_000, |_, _| {});
+        assert!(w.server.violation(t.s).is_none() && w.client.violation(t.c).is_none());
+    }
+}

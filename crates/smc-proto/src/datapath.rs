@@ -895,15 +895,22 @@ impl DataPath {
 
     // ---------------------------------------------------------------- receiving
 
+    /// Whether `msg` is a failover validation CDC (§2.4) that claims a
+    /// completed send this side has not processed: what [`Self::on_cdc`]
+    /// would take as [`Violation::OutOfSync`].
+    pub fn validation_shows_loss(&self, msg: &CdcMessage) -> bool {
+        msg.is_failover_validation()
+            && smc_wire::cdc::failover_out_of_sync(self.rx_last_seqno.unwrap_or(0), msg.seqno)
+    }
+
     /// Digests a CDC from the peer (§2.3, §3.4). A failover validation CDC is
     /// never processed as data (§2.4): it is ignored unless it shows that data was
     /// lost ([`Violation::OutOfSync`], the connection must be aborted).
     pub fn on_cdc(&mut self, msg: &CdcMessage) -> Result<RxOutcome, Violation> {
         if msg.is_failover_validation() {
-            let last = self.rx_last_seqno.unwrap_or(0);
-            if smc_wire::cdc::failover_out_of_sync(last, msg.seqno) {
+            if self.validation_shows_loss(msg) {
                 return Err(Violation::OutOfSync {
-                    last_received: last,
+                    last_received: self.rx_last_seqno.unwrap_or(0),
                     claimed: msg.seqno,
                 });
             }
@@ -1690,6 +1697,8 @@ mod tests {
         b.on_cdc(&m).unwrap();
         // the peer saw seqno 3 complete, we processed only 1: data was lost
         m = CdcMessage::failover_validation(3, 0);
+        assert!(b.validation_shows_loss(&m));
+        assert!(!b.validation_shows_loss(&CdcMessage::failover_validation(1, 0)));
         assert_eq!(
             b.on_cdc(&m),
             Err(Violation::OutOfSync {

@@ -138,16 +138,24 @@ impl<P: Provider> Endpoint<P> {
             Ok(WrMessage::Cdc(c)) => {
                 self.cdc_received += 1;
                 // The CDC carries the receiver's alert token (§2.1), of a
-                // connection of this link's group.
+                // connection of this link's group. A failover validation
+                // that claims more than this side processed is held: what
+                // it claims may wait on another link of the group, one
+                // polled before it came (see `settle_validations`).
                 let found = {
                     let table = self.by_token.read();
                     table.get(&c.token).filter(|e| e.lgr == l).map(|e| {
                         let mut k = lock(&e.core);
-                        (e.id, k.dp.is_some().then(|| k.on_cdc(&c)))
+                        match k.dp.as_ref() {
+                            Some(dp) if dp.validation_shows_loss(&c) => (e.id, None, true),
+                            Some(_) => (e.id, Some(k.on_cdc(&c)), false),
+                            None => (e.id, None, false),
+                        }
                     })
                 };
                 match found {
-                    Some((id, done)) => self.cdc_done(id, &c, done),
+                    Some((_, _, true)) => self.held_validations.push((l, c)),
+                    Some((id, done, false)) => self.cdc_done(id, &c, done),
                     None => lg.group.dropped += 1,
                 }
             }
@@ -157,6 +165,49 @@ impl<P: Provider> Endpoint<P> {
             self.link_error(l, slot, e)?;
         }
         Ok(true)
+    }
+
+    /// The failover validations of group `l` held by [`Self::on_recv`],
+    /// judged now that the group's links are polled again. The peer sends
+    /// one after it saw its last CDCs over the failed link complete (Linux:
+    /// smc_cdc.c `smcr_cdc_msg_send_validation`, seqno `tx_cdc_seq_fin`), so
+    /// those CDCs are in this side's receive queue of that link (an RC
+    /// send completes once the responder has it) or were taken already:
+    /// if one was polled before the validation came on another link,
+    /// polling every link again takes them, and only then does a claim
+    /// beyond what was processed show loss (`Violation::OutOfSync`, abort;
+    /// smc_cdc.c `smc_cdc_msg_validate`). Validations that polling brings
+    /// in are held until the next call.
+    pub(super) fn settle_validations(&mut self, l: LgrId, now: Timestamp) -> Result<()> {
+        if !self.holds_validations(l) {
+            return Ok(());
+        }
+        let mut held = Vec::new();
+        self.held_validations.retain(|h| {
+            let ours = h.0 == l;
+            if ours {
+                held.push(h.1);
+            }
+            !ours
+        });
+        for slot in 0..smc_proto::link::LINK_SLOTS {
+            self.poll_recv(l, slot, now)?;
+        }
+        for m in held {
+            let id = {
+                let table = self.by_token.read();
+                table.get(&m.token).filter(|e| e.lgr == l).map(|e| e.id)
+            };
+            if let Some(id) = id {
+                self.on_cdc(id, &m);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether group `l` holds a failover validation (`settle_validations`).
+    pub(super) fn holds_validations(&self, l: LgrId) -> bool {
+        self.held_validations.iter().any(|h| h.0 == l)
     }
 
     /// Applies the peer's CDC `m` to connection `id` (found by its id; the
@@ -294,7 +345,13 @@ fn dispatch_with<P: Provider>(
         // (a CDC decoded as such, not as a `WrMessage`: LLC is left)
         let msg = &book.msg[..len];
         let cdc = msg.first() == Some(&smc_wire::cdc::CDC_TYPE);
-        let Some(c) = cdc.then(|| CdcMessage::decode(msg).ok()).flatten() else {
+        // (a failover validation is the endpoint's to judge: it may have to
+        // poll the group's other links first, `settle_validations`)
+        let Some(c) = cdc
+            .then(|| CdcMessage::decode(msg).ok())
+            .flatten()
+            .filter(|c| !c.is_failover_validation())
+        else {
             leave(&mut book);
             continue;
         };

@@ -43,6 +43,11 @@ impl<P: Provider> Endpoint<P> {
         // (events of this pump that call for a sweep set `sweep_due` again,
         // for the next one)
         let sweep = std::mem::take(&mut self.sweep_due);
+        if sweep && !self.held_validations.is_empty() {
+            // (those of a group that is gone: nothing left to judge)
+            let lgrs = &self.lgrs;
+            self.held_validations.retain(|h| lgrs.get(h.0).is_some());
+        }
         // (the common case, nothing due, touches no list)
         let timers_due = !self.due.is_empty()
             || self
@@ -290,6 +295,7 @@ impl<P: Provider> Endpoint<P> {
             self.poll_recv(l, slot, now)?;
             self.poll_send(l, slot)?;
         }
+        self.settle_validations(l, now)?;
         self.drain_lgr(l, now)?;
         self.flush_tx(l, sweep)?;
         // a link that failed while sending is dealt with now, not next time
@@ -317,6 +323,7 @@ impl<P: Provider> Endpoint<P> {
         };
         lg.state == LgrState::Active
             && lg.rkey_queue.is_empty()
+            && !self.holds_validations(l)
             && !lg.group.has_work()
             && lg.links.iter().flatten().all(|r| {
                 r.connected
