@@ -643,34 +643,54 @@ fn cdcs_carry_the_receivers_token() {
 /// until the group's links are polled again (they may hold what it
 /// claims), then the connection is aborted as Linux's
 /// `smc_cdc_msg_validate` does it, with our abort CDC and a
-/// `ConnAborted` event that names the violation.
+/// `ConnAborted` event that names the violation; also when the
+/// connection's reader polls the link itself first, which leaves the
+/// validation to the endpoint.
 #[test]
 fn a_validation_claiming_cdcs_never_received_aborts_with_an_event() {
     use smc_engine::endpoint::{AbortCause, EngineEvent};
     use smc_proto::datapath::Violation;
-    let (mut lab, c) = kernel_server_first_contact();
-    lab.k.conn.peer_rmb.2 = 65536;
-    kernel::Sock::write(&mut lab.k, b"seen");
-    lab.quiet(Duration::from_millis(1));
-    assert_eq!(lab.ours.read(c, 8).unwrap(), b"seen");
-    while lab.ours.poll_event().is_some() {}
-    let claimed = lab.k.conn.tx_seq.wrapping_add(3);
-    let v = smc_wire::cdc::CdcMessage::failover_validation(claimed, lab.k.conn.peer_token);
-    lab.k.send(&v.encode());
-    lab.quiet(Duration::from_millis(1));
-    assert_eq!(
-        lab.ours.violation(c),
-        Some(Violation::OutOfSync {
-            last_received: lab.k.conn.tx_seq,
-            claimed
-        })
-    );
-    assert!(lab.k.conn.peer_aborted, "our abort CDC");
-    let mut aborted = Vec::new();
-    while let Some(e) = lab.ours.poll_event() {
-        if let EngineEvent::ConnAborted { conn, cause, .. } = e {
-            aborted.push((conn, cause));
+    for reader_polls_first in [false, true] {
+        let (mut lab, c) = kernel_server_first_contact();
+        lab.k.conn.peer_rmb.2 = 65536;
+        kernel::Sock::write(&mut lab.k, b"seen");
+        lab.quiet(Duration::from_millis(1));
+        // (a read through the endpoint: the connection may poll its link alone)
+        assert_eq!(lab.ours.read(c, 8).unwrap(), b"seen");
+        while lab.ours.poll_event().is_some() {}
+        let claimed = lab.k.conn.tx_seq.wrapping_add(3);
+        let v = smc_wire::cdc::CdcMessage::failover_validation(claimed, lab.k.conn.peer_token);
+        lab.k.send(&v.encode());
+        if reader_polls_first {
+            // A reader's own poll of the link (`cdc_recv::dispatch`) leaves
+            // the validation to the endpoint, which alone can poll the
+            // group's other links first.
+            let h = lab.ours.fast_conn(c).unwrap();
+            let mut buf = [0u8; 16];
+            // (in our receive CQ, our endpoint not run)
+            lab.fabric.advance(Duration::from_micros(100));
+            let r = h.try_read(&mut buf);
+            assert!(
+                !matches!(r, smc_engine::endpoint::FastRead::Read { .. }),
+                "{r:?}"
+            );
+            assert_eq!(lab.ours.violation(c), None, "not judged by the reader");
         }
+        lab.quiet(Duration::from_millis(1));
+        assert_eq!(
+            lab.ours.violation(c),
+            Some(Violation::OutOfSync {
+                last_received: lab.k.conn.tx_seq,
+                claimed
+            })
+        );
+        assert!(lab.k.conn.peer_aborted, "our abort CDC");
+        let mut aborted = Vec::new();
+        while let Some(e) = lab.ours.poll_event() {
+            if let EngineEvent::ConnAborted { conn, cause, .. } = e {
+                aborted.push((conn, cause));
+            }
+        }
+        assert_eq!(aborted, [(c, AbortCause::Violation)]);
     }
-    assert_eq!(aborted, [(c, AbortCause::Violation)]);
 }
