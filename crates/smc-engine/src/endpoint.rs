@@ -312,12 +312,8 @@ pub struct Endpoint<P: Provider> {
     /// querying the port reads the interface (netlink, ioctl) and would cost
     /// more than the rest of a handshake. Read again at each port event.
     port_mtu: smc_wire::types::IbMtu,
-    /// Largest inline payload of the device: writes up to this size go from the
-    /// application's buffer straight to the peer (see [`Endpoint::write`]).
-    max_inline: u32,
-    /// SENDs a link may keep in flight, as the device says
-    /// (`DeviceInfo::max_sends`; the smaller of two devices').
-    max_sends: Option<u32>,
+    /// What the device (both devices, with a second) allows a link.
+    limits: link::LinkLimits,
     lgrs: Slots<LgrId, Lgr<P>>,
     conns: Slots<ConnId, Conn<P>>,
     /// The connections of every link group by alert token, with their data
@@ -374,8 +370,7 @@ impl<P: Provider> Endpoint<P> {
         let gids = port.gids;
         let mac = cfg.system_id.mac();
         let chan = dev.create_channel()?;
-        let info = dev.info();
-        let (max_inline, max_sends) = (info.max_inline, info.max_sends);
+        let limits = link::LinkLimits::of(&dev.info());
         Ok(Endpoint {
             cfg,
             dev,
@@ -408,8 +403,7 @@ impl<P: Provider> Endpoint<P> {
             cdc_received: 0,
             cdc_dispatched: 0,
             port_mtu,
-            max_inline,
-            max_sends,
+            limits,
             lgrs: Slots::default(),
             conns: Slots::default(),
             by_token: std::sync::Arc::default(),

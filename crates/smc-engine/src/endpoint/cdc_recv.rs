@@ -142,20 +142,20 @@ impl<P: Provider> Endpoint<P> {
                 // that claims more than this side processed is held: what
                 // it claims may wait on another link of the group, one
                 // polled before it came (see `settle_validations`).
+                // (`Some(None)`: held)
                 let found = {
                     let table = self.by_token.read();
                     table.get(&c.token).filter(|e| e.lgr == l).map(|e| {
                         let mut k = lock(&e.core);
-                        match k.dp.as_ref() {
-                            Some(dp) if dp.validation_shows_loss(&c) => (e.id, None, true),
-                            Some(_) => (e.id, Some(k.on_cdc(&c)), false),
-                            None => (e.id, None, false),
+                        if k.dp.as_ref().is_some_and(|dp| dp.validation_shows_loss(&c)) {
+                            return None;
                         }
+                        Some((e.id, k.dp.is_some().then(|| k.on_cdc(&c))))
                     })
                 };
                 match found {
-                    Some((_, _, true)) => self.held_validations.push((l, c)),
-                    Some((id, done, false)) => self.cdc_done(id, &c, done),
+                    Some(Some((id, done))) => self.cdc_done(id, &c, done),
+                    Some(None) => self.held_validations.push((l, c)),
                     None => lg.group.dropped += 1,
                 }
             }

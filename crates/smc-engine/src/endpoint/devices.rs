@@ -33,7 +33,7 @@
 use super::conn_core::lock;
 use super::gid::LocalGid;
 use super::lgr::Lgr;
-use super::link::{LinkRes, OtherDevice};
+use super::link::{LinkLimits, LinkRes, OtherDevice};
 use super::{Endpoint, LgrId, Result};
 use smc_rdma::{
     Access, AsyncEvent, CompletionChannel, Device, GidType, MemoryRegion, PortState,
@@ -198,15 +198,7 @@ impl<P: Provider> Endpoint<P> {
             )
             .map_err(io)?;
         }
-        // (writes inline up to the smaller limit: a connection may move to
-        // a link on either device)
-        let info = dev.info();
-        self.max_inline = self.max_inline.min(info.max_inline);
-        // (a connection's SENDs may go on a link of either device)
-        self.max_sends = match (self.max_sends, info.max_sends) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            _ => None,
-        };
+        self.limits = self.limits.both(LinkLimits::of(&dev.info()));
         self.dev2 = Some(dev);
         self.dev2_name = Some(name.to_string());
         self.chan2 = Some(chan2);
@@ -261,14 +253,7 @@ impl<P: Provider> Endpoint<P> {
         let second = self.new_link_on_second(l);
         let lg = self.lgrs.get_mut(l).ok_or_else(|| bad("no link group"))?;
         if !second {
-            return LinkRes::new(
-                &self.dev,
-                &lg.pd,
-                &self.chan,
-                self.max_inline,
-                self.max_sends,
-                psn,
-            );
+            return LinkRes::new(&self.dev, &lg.pd, &self.chan, self.limits, psn);
         }
         let d2 = self.dev2.as_ref().ok_or_else(|| bad("no second device"))?;
         // the group's GID type (RoCE v1 or v2, IPv4-mapped or not) on the
@@ -312,7 +297,7 @@ impl<P: Provider> Endpoint<P> {
         }
         let sp = lg.second.as_ref().ok_or_else(|| bad("no second PD"))?;
         let chan = self.chan2.as_ref().unwrap_or(&self.chan);
-        let mut res = LinkRes::new(d2, &sp.pd, chan, self.max_inline, self.max_sends, psn)?;
+        let mut res = LinkRes::new(d2, &sp.pd, chan, self.limits, psn)?;
         res.on = Some(OtherDevice {
             gid,
             mtu: port.active_mtu,

@@ -63,14 +63,7 @@ impl<P: Provider> Endpoint<P> {
             .free_slot()
             .ok_or_else(|| bad("no free link slot"))?;
         let psn = self.psns.next_psn();
-        let mut res: LinkRes<P> = LinkRes::new(
-            &self.dev,
-            &lg.pd,
-            &self.chan,
-            self.max_inline,
-            self.max_sends,
-            psn,
-        )?;
+        let mut res: LinkRes<P> = LinkRes::new(&self.dev, &lg.pd, &self.chan, self.limits, psn)?;
         lg.known_rkeys.clear();
         if lg.role == Role::Server {
             res.offered_id = lg.group.next_link_id();

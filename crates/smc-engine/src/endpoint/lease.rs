@@ -242,7 +242,7 @@ impl<P: Provider> Endpoint<P> {
         };
         let mut k = lock(&c.core);
         k.smc()?;
-        let max_inline = self.max_inline as usize;
+        let max_inline = self.limits.max_inline as usize;
         let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, max, false) {
             Ok(p) => p,
             Err(Direct::NoRoom) => return Ok(WritePlan::NoRoom),
@@ -318,7 +318,7 @@ impl<P: Provider> Endpoint<P> {
         if n == 0 || n > lease.n {
             return Ok(false);
         }
-        let max_inline = self.max_inline as usize;
+        let max_inline = self.limits.max_inline as usize;
         // (the peer's free space only grows while a lease is out: all `n`
         // bytes fit where the lease put them)
         let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, n, true) {

@@ -136,14 +136,7 @@ impl<P: Provider> Endpoint<P> {
         let pd = self.dev.alloc_pd()?;
         // The first link is slot 0 (§1.7); its QP goes out in CLC.
         let psn = self.psns.next_psn();
-        let first = LinkRes::new(
-            &self.dev,
-            &pd,
-            &self.chan,
-            self.max_inline,
-            self.max_sends,
-            psn,
-        )?;
+        let first = LinkRes::new(&self.dev, &pd, &self.chan, self.limits, psn)?;
         let id = self.next_lgr_id;
         self.next_lgr_id = self.next_lgr_id.wrapping_add(0x100);
         let group = LinkGroup::new(LgrConfig {

@@ -69,6 +69,40 @@ const REAPED_MAX: usize = 4 * MAX_SENDS;
 /// `smc_ib_create_queue_pair`: `SMC_WR_BUF_CNT * 3`).
 const SQ_DEPTH: usize = 3 * MAX_SENDS_CAP;
 
+/// What a device allows a link: inline payloads and SENDs in flight
+/// (`DeviceInfo::max_inline`, `DeviceInfo::max_sends`). An endpoint with a
+/// second device keeps what both allow ([`LinkLimits::both`]): a
+/// connection may move to a link on either.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LinkLimits {
+    /// Largest inline payload: writes up to this size go from the
+    /// application's buffer straight to the peer (see `Endpoint::write`).
+    pub max_inline: u32,
+    /// SENDs a link may keep in flight, where the device says.
+    pub max_sends: Option<u32>,
+}
+
+impl LinkLimits {
+    /// What `info`'s device allows.
+    pub fn of(info: &smc_rdma::DeviceInfo) -> LinkLimits {
+        LinkLimits {
+            max_inline: info.max_inline,
+            max_sends: info.max_sends,
+        }
+    }
+
+    /// What both `self` and `other` allow.
+    pub fn both(self, other: LinkLimits) -> LinkLimits {
+        LinkLimits {
+            max_inline: self.max_inline.min(other.max_inline),
+            max_sends: match (self.max_sends, other.max_sends) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// SENDs in flight on a link of a device that says `asked`
 /// (`DeviceInfo::max_sends`), and the receive buffers the link posts.
 fn send_limits(asked: Option<u32>) -> (usize, usize) {
@@ -605,18 +639,17 @@ pub(super) struct TxBook<P: Provider> {
 impl<P: Provider> LinkRes<P> {
     /// A new link: CQs, an RC QP in INIT on port 1 and its receive buffers posted.
     /// A link's QP with its CQs on the endpoint's completion channel `chan`,
-    /// accepting inline payloads up to `max_inline` bytes, with at most
-    /// `max_sends` SENDs in flight ([`send_limits`]), starting at the
-    /// (random) initial send PSN `psn`.
+    /// within `limits` (inline payloads, SENDs in flight: [`send_limits`]),
+    /// starting at the (random) initial send PSN `psn`.
     pub fn new(
         dev: &P::Device,
         pd: &P::Pd,
         chan: &P::Channel,
-        max_inline: u32,
-        max_sends: Option<u32>,
+        limits: LinkLimits,
         psn: u32,
     ) -> Result<LinkRes<P>> {
-        let (max_sends, recv_slots) = send_limits(max_sends);
+        let max_inline = limits.max_inline;
+        let (max_sends, recv_slots) = send_limits(limits.max_sends);
         let scq = dev.create_cq(1024, Some(chan))?;
         let rcq = dev.create_cq(1024, Some(chan))?;
         let qp = pd.create_qp(

@@ -221,7 +221,7 @@ impl<P: Provider> Endpoint<P> {
             return Ok(Direct::No);
         };
         let mut k = lock(&c.core);
-        let max_inline = self.max_inline as usize;
+        let max_inline = self.limits.max_inline as usize;
         let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, data.len(), false) {
             Ok(p) => p,
             Err(d) => return Ok(d),
@@ -235,7 +235,7 @@ impl<P: Provider> Endpoint<P> {
             Some(data),
         )?;
         if matches!(posted, Posted::Done) {
-            Self::grant_fast(&mut self.lgrs, self.max_inline as usize, id, &mut k, &p);
+            Self::grant_fast(&mut self.lgrs, max_inline, id, &mut k, &p);
         }
         drop(k);
         Ok(match self.direct_posted(&p, posted)? {
