@@ -13,7 +13,7 @@
 //! So the library counts process generations: [`after_fork_in_child`]
 //! (called in the child: by the preload library's `pthread_atfork` handler,
 //! or by a program that forks) starts a new one. Every piece of global state
-//! (the devices and endpoints of `ctx.rs`, the registry) exists once per
+//! (the devices and endpoints of `ctx`, the registry) exists once per
 //! generation, and a child starts from none: its own connections and
 //! listeners open their own endpoints, with a system ID of their own (a
 //! child sharing its parent's ID would have the peer reuse the parent's link

@@ -356,8 +356,9 @@ pub(crate) enum Progress {
     /// The TCP socket: readable, or writable with `write`. `rdma`: a step of
     /// the handshake runs over the device meanwhile (link confirmation, rkey
     /// exchange, a first contact it waits for): look again when the
-    /// endpoint makes progress ([`Accepting::progress_fd`]), or soon if
-    /// there is no such descriptor.
+    /// endpoint makes progress (its
+    /// [`Shared::progress_fd`](crate::ctx::Shared::progress_fd)), or soon
+    /// if there is no such descriptor.
     Wait { write: bool, rdma: bool },
     /// Over: [`Accepting::into_stream`].
     Done,

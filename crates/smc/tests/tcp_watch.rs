@@ -1,6 +1,6 @@
 //! The TCP end of an SMC-R connection is watched (an epoll set of its
 //! endpoint, `Shared::watch_tcp`) once the connection has lived 20 ms
-//! (`WATCH_SLACK` in `ctx.rs`) or before a sleep that watches TCP ends, so
+//! (`WATCH_SLACK` in `ctx/tcp_watch.rs`) or before a sleep that watches TCP ends, so
 //! that a short connection costs no `epoll_ctl` calls; this checks that a
 //! connection that lives on is watched even when nobody calls into the
 //! library (the leader's timer, the progress thread): else a peer that dies

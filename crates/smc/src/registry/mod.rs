@@ -42,8 +42,8 @@
 //! CDCs, its link's GIDs, the link groups' links and peers, the CDC and LLC
 //! messages of each endpoint. Link events (up, down, a connection moved,
 //! aborted) are the engine's own ([`smc_engine::endpoint::EngineEvent`]),
-//! drained where the endpoint is pumped ([`engine_events`]): counted there,
-//! and logged ([`log`]) by the registry thread with the group's LG-ID, as
+//! drained where the endpoint is pumped (`engine_events`): counted there,
+//! and logged (`log`) by the registry thread with the group's LG-ID, as
 //! are handshake results and failures.
 
 pub mod files;
@@ -614,7 +614,7 @@ pub(crate) fn error(kind: &'static str, msg: String) {
     }
 }
 
-/// The failures this process recorded with [`error`] so far: kind, count,
+/// The failures this process recorded with `error` so far: kind, count,
 /// last message (for `smc_chk`, which runs the library itself).
 pub fn errors() -> Vec<(&'static str, u64, String)> {
     registry().map_or_else(Vec::new, |r| {
