@@ -1,6 +1,9 @@
 //! `SmcStream` (the listener is in `listen.rs`).
 
+mod connect;
 mod in_place;
+mod rw;
+mod signal;
 #[cfg(feature = "tokio")]
 pub(crate) use in_place::{
     fill_bounce, finish_read, finish_write, read_plan, too_many, write_plan, Finished, ReadGot,
@@ -10,18 +13,14 @@ pub use in_place::{ReadSpace, WriteSpace};
 
 use crate::ctx::{self, Shared, Want};
 use crate::provider::AnyProvider;
-use crate::rendezvous::{peer_offered_smc, peer_offered_smc_by_cookie, socket_for};
-use crate::{handshake, FALLBACK_NO_RENDEZVOUS};
-use smc_engine::endpoint::{
-    ConnError, ConnId, ConnStatus, Endpoint, FastConn, FastRead, FastWrite, MaySleep, ReadLease,
-    ReadPlan, WriteLease, WritePlan,
-};
+use crate::FALLBACK_NO_RENDEZVOUS;
+use smc_engine::endpoint::{ConnError, ConnId, Endpoint, FastConn, FastRead, FastWrite};
 use smc_proto::clc_stream::FailReason;
 use smc_proto::close::CloseEvent;
 use smc_wire::clc::DeclineCode;
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -437,244 +436,6 @@ pub(crate) fn fail_error(r: FailReason) -> io::Error {
 }
 
 impl SmcStream {
-    /// Connects like `TcpStream::connect`, trying every address in turn.
-    pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<SmcStream> {
-        let mut last = None;
-        for a in addr.to_socket_addrs()? {
-            match Self::connect_one(&a, None) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "no addresses to connect to")
-        }))
-    }
-
-    /// Connects with a timeout for the TCP connection (the CLC handshake has its own).
-    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<SmcStream> {
-        Self::connect_one(addr, Some(timeout))
-    }
-
-    fn connect_one(addr: &SocketAddr, timeout: Option<Duration>) -> io::Result<SmcStream> {
-        let (fd, cookie) = socket_for(addr)?;
-        let tcp = match timeout {
-            None => {
-                rustix::net::connect(&fd, addr)?;
-                TcpStream::from(fd)
-            }
-            Some(t) => {
-                // non-blocking connect, then wait for writability
-                rustix::io::ioctl_fionbio(&fd, true)?;
-                match rustix::net::connect(&fd, addr) {
-                    Ok(()) => {}
-                    Err(rustix::io::Errno::INPROGRESS) => {
-                        let mut pfd = [rustix::event::PollFd::new(
-                            &fd,
-                            rustix::event::PollFlags::OUT,
-                        )];
-                        let ts = rustix::event::Timespec {
-                            tv_sec: t.as_secs() as i64,
-                            tv_nsec: i64::from(t.subsec_nanos()),
-                        };
-                        if rustix::event::poll(&mut pfd, Some(&ts))? == 0 {
-                            return Err(io::Error::new(
-                                io::ErrorKind::TimedOut,
-                                "connection timed out",
-                            ));
-                        }
-                        if let Some(e) = rustix::net::sockopt::socket_error(&fd)?.err() {
-                            return Err(e.into());
-                        }
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-                rustix::io::ioctl_fionbio(&fd, false)?;
-                TcpStream::from(fd)
-            }
-        };
-        let opted = match cookie {
-            Some(c) => Opted::Cookie(c),
-            None => Opted::No,
-        };
-        Self::after_connect(tcp, opted, (None, None), Some(addr.ip()))
-    }
-
-    /// A stream over `tcp`, a TCP socket connected in blocking mode: runs
-    /// the client's CLC handshake if `opted` (the socket was opted in to
-    /// the SMC option, [`crate::opt_in`], before its connect) and the peer's
-    /// SYN-ACK offered SMC; TCP otherwise. For programs that create and
-    /// connect their sockets themselves (the preload library).
-    pub fn from_connected(tcp: TcpStream, opted: bool) -> io::Result<SmcStream> {
-        Self::after_connect(tcp, Opted::from(opted), (None, None), None)
-    }
-
-    /// [`Self::from_connected`] with an RMB of at least `rmb` and a send
-    /// buffer of at least `sndbuf` bytes if the connection is SMC-R (`None`:
-    /// the process's, see [`crate::set_buffer_sizes`]): what a socket's
-    /// `SO_RCVBUF`/`SO_SNDBUF` ask of an AF_SMC socket in Linux.
-    pub fn from_connected_sized(
-        tcp: TcpStream,
-        opted: bool,
-        rmb: Option<usize>,
-        sndbuf: Option<usize>,
-    ) -> io::Result<SmcStream> {
-        Self::after_connect(tcp, Opted::from(opted), (rmb, sndbuf), None)
-    }
-
-    /// `peer`: the address connected to, if the caller knows it (one
-    /// system call less per connection).
-    fn after_connect(
-        mut tcp: TcpStream,
-        opted: Opted,
-        ask: ctx::Bufs,
-        peer: Option<std::net::IpAddr>,
-    ) -> io::Result<SmcStream> {
-        let offered = match opted {
-            Opted::No => {
-                return Ok(SmcStream::tcp_only(
-                    tcp,
-                    ctx::Role::Client,
-                    no_rendezvous(),
-                    Vec::new(),
-                ));
-            }
-            Opted::Yes => peer_offered_smc(tcp.as_fd()),
-            Opted::Cookie(c) => peer_offered_smc_by_cookie(c),
-        };
-        if !offered {
-            // The SYN-ACK lacked the option: no CLC at all (Linux: PEERNOSMC).
-            return Ok(SmcStream::tcp_only(
-                tcp,
-                ctx::Role::Client,
-                no_smc(DeclineCode::PeerNoSmc),
-                Vec::new(),
-            ));
-        }
-        let local = tcp.local_addr()?.ip();
-        let peer = match peer {
-            Some(p) => p,
-            None => tcp.peer_addr()?.ip(),
-        };
-        match ctx::endpoint_for(local, peer, ctx::Role::Client) {
-            ctx::Device::Endpoint(shared) => {
-                let id = ctx::connect_in(&mut shared.lock(), local, ask);
-                SmcStream::finish_handshake(tcp, shared, id)
-            }
-            dev => {
-                let unavailable = matches!(dev, ctx::Device::Unavailable);
-                let f = handshake::client(&mut tcp, unavailable).inspect_err(|_| {
-                    crate::registry::handshake_error(ctx::Role::Client);
-                })?;
-                Ok(SmcStream::tcp_only(
-                    tcp,
-                    ctx::Role::Client,
-                    Mode::Tcp(f),
-                    Vec::new(),
-                ))
-            }
-        }
-    }
-
-    pub(crate) fn tcp_only(
-        tcp: TcpStream,
-        role: ctx::Role,
-        mode: Mode,
-        pending: Vec<u8>,
-    ) -> SmcStream {
-        let tcp = Arc::new(tcp);
-        crate::registry::stream(&tcp, role, mode, None);
-        SmcStream {
-            tcp,
-            mode,
-            smc: None,
-            pending: Arc::new(Mutex::new(pending)),
-            opts: Arc::new(Opts::default()),
-        }
-    }
-
-    /// An SMC-R stream whose handshake `conn` finished on `tcp` (blocking).
-    pub(crate) fn smc(tcp: TcpStream, role: ctx::Role, conn: SmcConn) -> SmcStream {
-        let tcp = Arc::new(tcp);
-        crate::registry::stream(
-            &tcp,
-            role,
-            Mode::SmcR,
-            Some((&conn.shared, conn.id, &conn.stats)),
-        );
-        SmcStream {
-            tcp: tcp.clone(),
-            mode: Mode::SmcR,
-            smc: Some(Arc::new(conn.established(tcp, true))),
-            pending: Arc::new(Mutex::new(Vec::new())),
-            opts: Arc::new(Opts::default()),
-        }
-    }
-
-    fn finish_handshake(tcp: TcpStream, shared: Arc<Shared>, id: ConnId) -> io::Result<SmcStream> {
-        let conn = SmcConn::handshaking(shared.clone(), id);
-        let (status, leftover) = handshake::with_endpoint(&tcp, &shared, id)?;
-        match status {
-            ConnStatus::Smc => Ok(SmcStream::smc(tcp, ctx::Role::Client, conn)),
-            ConnStatus::Fallback { reason, peer } => Ok(SmcStream::tcp_only(
-                tcp,
-                ctx::Role::Client,
-                Mode::Tcp(Fallback { reason, peer }),
-                leftover,
-            )),
-            ConnStatus::Failed(r) => {
-                crate::registry::handshake_error(ctx::Role::Client);
-                Err(fail_error(r))
-            }
-            ConnStatus::Handshaking => {
-                crate::registry::handshake_error(ctx::Role::Client);
-                Err(io::Error::other("SMC handshake did not finish"))
-            }
-        }
-    }
-
-    /// The connection's parts, for the tokio adapter (takes the pending bytes,
-    /// which other handles of the connection then no longer see).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn into_parts(self) -> Parts {
-        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        Parts {
-            tcp: self.tcp,
-            mode: self.mode,
-            smc: self.smc,
-            pending,
-        }
-    }
-
-    /// A stream from its parts (the TCP socket in blocking mode).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn from_parts(p: Parts) -> SmcStream {
-        SmcStream {
-            tcp: p.tcp,
-            mode: p.mode,
-            smc: p.smc,
-            pending: Arc::new(Mutex::new(p.pending)),
-            opts: Arc::new(Opts::default()),
-        }
-    }
-
-    /// The SMC-R connection `conn` on `tcp` as a stream in non-blocking
-    /// mode, for the tokio adapter, whose reads and writes take the fast
-    /// path through it and wait in the reactor: the TCP socket's own mode
-    /// is left as it is (other handles share it).
-    #[cfg(feature = "tokio")]
-    pub(crate) fn nonblocking_view(tcp: Arc<TcpStream>, conn: Arc<SmcConn>) -> SmcStream {
-        let opts = Opts::default();
-        opts.nonblocking.store(true, Ordering::Relaxed);
-        SmcStream {
-            tcp,
-            mode: Mode::SmcR,
-            smc: Some(conn),
-            pending: Arc::default(),
-            opts: Arc::new(opts),
-        }
-    }
-
     fn timeout(m: &Mutex<Option<Duration>>) -> Option<Instant> {
         let t = *m.lock().unwrap_or_else(|e| e.into_inner());
         t.map(|t| Instant::now() + t)
@@ -697,474 +458,6 @@ impl SmcStream {
     /// Whether the stream is in non-blocking mode ([`Self::set_nonblocking`]).
     pub fn is_nonblocking(&self) -> bool {
         self.nonblocking()
-    }
-
-    /// Reads with the copy out of the RMB made after the endpoint's lock is
-    /// released (a [`ReadLease`]): other threads' messages are not held up
-    /// behind it, and the lock is held for bookkeeping only.
-    fn smc_read(&self, c: &SmcConn, buf: &mut [u8], nonblocking: bool) -> io::Result<usize> {
-        enum Got {
-            Done(usize),
-            Lease(ReadLease),
-        }
-        if let Some(n) = (!buf.is_empty()).then(|| c.try_fast_read(buf)).flatten() {
-            c.rearm_if_emptied();
-            return Ok(n);
-        }
-        // (after the fast path, which never waits: the option's lock is
-        // taken by reads that may)
-        let deadline = Self::timeout(&self.opts.read_timeout);
-        if !buf.is_empty() {
-            // a non-blocking reader that finds nothing, with nothing for the
-            // endpoint to do (the link's receive CQ taken, nothing of the
-            // connection waiting for it): no lock, no pump (an event loop
-            // reads until it would block, every time)
-            if let (true, Some(f)) = (nonblocking, c.fast_conn()) {
-                // An event loop that waits on the peer's signal: armed again
-                // before the look below (and drained: a signal whose bytes
-                // a read took may still be there), so that the peer's next
-                // CDC signals it unless the look finds that CDC.
-                // (also when a read before armed it, `rearm_if_emptied`: a
-                // peer's write for a SEND that took the bell before that arm
-                // may have landed after its drain, and a level-triggered
-                // loop that reads to WouldBlock would be woken by it again
-                // and again)
-                if let Some(s) = c.signal().filter(|s| s.polled()) {
-                    s.bell.arm_polled();
-                }
-                match f.may_sleep() {
-                    MaySleep::Sleep => return Err(io::ErrorKind::WouldBlock.into()),
-                    MaySleep::Again => {
-                        if let Some(n) = c.try_fast_read(buf) {
-                            return Ok(n);
-                        }
-                    }
-                    MaySleep::Busy | MaySleep::No => {}
-                }
-            }
-            // a blocking reader waits on its connection's doorbell where it can
-            if let (false, Some(f)) = (nonblocking, c.fast_conn()) {
-                if let Some(n) = c
-                    .shared
-                    .read_on_bell(c.id, f, deadline, || c.try_fast_read(buf))
-                {
-                    return Ok(n);
-                }
-            }
-        }
-        let _busy = c.shared.busy();
-        let got = c
-            .shared
-            .run(Want::Read(c.id), deadline, nonblocking, |ep| {
-                noted(c, ep, |ep| {
-                    match if ep.readable(c.id).min(buf.len()) < LEASE_MIN {
-                        // a small copy costs less under the lock than a lease does
-                        Ok(ReadPlan::NoWindow)
-                    } else {
-                        ep.read_lease(c.id, buf.len())
-                    } {
-                        Ok(ReadPlan::Lease(l)) => Some(Ok(Got::Lease(l))),
-                        Ok(ReadPlan::Empty) if buf.is_empty() || ep.peer_done(c.id) => {
-                            Some(Ok(Got::Done(0)))
-                        }
-                        Ok(ReadPlan::Empty) => None,
-                        Ok(ReadPlan::NoWindow) => match ep.read_into(c.id, buf) {
-                            Ok(0) if buf.is_empty() || ep.peer_done(c.id) => Some(Ok(Got::Done(0))),
-                            Ok(0) => None,
-                            Ok(n) => Some(Ok(Got::Done(n))),
-                            Err(e) => Some(Err(conn_error(e))),
-                        },
-                        Err(e) => Some(Err(conn_error(e))),
-                    }
-                })
-            })?;
-        let l = match got {
-            Got::Done(n) => return Ok(n),
-            Got::Lease(l) => l,
-        };
-        let copied = l.copy_to(buf);
-        let n = if copied.is_ok() { l.len() } else { 0 };
-        let committed = in_place::commit_read(c, n);
-        // bytes copied are delivered (a failed commit shows at the next read)
-        copied.map_err(conn_error)?;
-        if n == 0 {
-            committed.map_err(conn_error)?;
-        }
-        Ok(n)
-    }
-
-    /// Writes straight into the peer's RMB when it has room, with the copy
-    /// made after the endpoint's lock is released (a [`WriteLease`]), else
-    /// through the send buffer.
-    fn smc_write(&self, c: &SmcConn, buf: &[u8], nonblocking: bool) -> io::Result<usize> {
-        enum Wrote {
-            Done(usize),
-            Lease(WriteLease),
-        }
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        if let Some(n) = c.try_fast_write(buf) {
-            return Ok(n);
-        }
-        let deadline = Self::timeout(&self.opts.write_timeout);
-        let op = |ep: &mut Endpoint<AnyProvider>, buffer: bool| {
-            let r = if buffer {
-                ep.write(c.id, buf)
-            } else {
-                ep.write_unbuffered(c.id, buf)
-            };
-            c.note();
-            match r {
-                Ok(0) => None,
-                Ok(n) => Some(Ok(n)),
-                Err(e) => Some(Err(conn_error(e))),
-            }
-        };
-        // A blocking write whose data could go straight into the peer's RMB
-        // waits up to DIRECT_WAIT for room there before copying into the send
-        // buffer (see `Endpoint::write_unbuffered`); that wait, sleeps
-        // included, ends at DIRECT_WAIT. A non-blocking one looks once.
-        let until = Instant::now() + DIRECT_WAIT;
-        let first = deadline.map_or(until, |d| d.min(until));
-        let _busy = c.shared.busy();
-        let direct = c
-            .shared
-            .run(Want::Write(c.id), Some(first), nonblocking, |ep| {
-                let plan = if buf.len() < LEASE_MIN {
-                    // a small copy costs less under the lock than a lease does
-                    Ok(WritePlan::NotDirect)
-                } else {
-                    ep.write_lease(c.id, buf)
-                };
-                match plan {
-                    Ok(WritePlan::Lease(l)) => Some(Ok(Wrote::Lease(l))),
-                    Ok(WritePlan::NoRoom) => None,
-                    Ok(WritePlan::NotDirect) => op(ep, false).map(|r| r.map(Wrote::Done)),
-                    Err(e) => Some(Err(conn_error(e))),
-                }
-            });
-        match direct {
-            Ok(Wrote::Done(n)) => return Ok(n),
-            Ok(Wrote::Lease(l)) => {
-                let copied = l.copy_from(buf).is_ok();
-                let mut ep = c.shared.lock();
-                let r = ep.write_commit(c.id, &l, copied);
-                c.shared.after_lease(&mut ep, c.id);
-                c.note();
-                drop(ep);
-                match r {
-                    Ok(true) => return Ok(l.len()),
-                    // not announced: written again below
-                    Ok(false) => {}
-                    Err(e) => return Err(conn_error(e)),
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Err(e);
-                }
-            }
-            Err(e) => return Err(e),
-        }
-        c.shared
-            .run(Want::Write(c.id), deadline, nonblocking, |ep| op(ep, true))
-    }
-
-    fn do_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.read_with(buf, false)
-    }
-
-    /// Reads as `read`, without blocking if `dont_wait` (`MSG_DONTWAIT`)
-    /// even in blocking mode.
-    pub fn read_with(&self, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
-        let nonblocking = dont_wait || self.nonblocking();
-        if let Some(c) = self.smc_conn()? {
-            let r = self.smc_read(c, buf, nonblocking);
-            if let Ok(n) = r {
-                c.stats.rx(n);
-            }
-            return r;
-        }
-        {
-            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            if !p.is_empty() {
-                let n = buf.len().min(p.len());
-                buf[..n].copy_from_slice(&p[..n]);
-                p.drain(..n);
-                return Ok(n);
-            }
-        }
-        if dont_wait {
-            let (n, _) = rustix::net::recv(&*self.tcp, buf, rustix::net::RecvFlags::DONTWAIT)?;
-            return Ok(n);
-        }
-        (&*self.tcp).read(buf)
-    }
-
-    /// Copies into `buf` what a read would return, without taking it, as
-    /// `recv(MSG_PEEK)`: waits for bytes as a read does (unless non-blocking
-    /// or `dont_wait`), `Ok(0)` at the end of the stream. On SMC-R the bytes
-    /// stay in the receive buffer, where the connection's readiness shows
-    /// them. `None`: not an SMC-R connection.
-    pub fn peek_with(&self, buf: &mut [u8], dont_wait: bool) -> Option<io::Result<usize>> {
-        let c = match self.smc_conn() {
-            Ok(Some(c)) => c,
-            Ok(None) => return None,
-            Err(e) => return Some(Err(e)),
-        };
-        if buf.is_empty() {
-            return Some(Ok(0));
-        }
-        let nonblocking = dont_wait || self.nonblocking();
-        let deadline = Self::timeout(&self.opts.read_timeout);
-        let _busy = c.shared.busy();
-        Some(c.shared.run(Want::Read(c.id), deadline, nonblocking, |ep| {
-            noted(c, ep, |ep| match ep.read_peek(c.id, buf) {
-                Ok(0) if ep.peer_done(c.id) => Some(Ok(0)),
-                Ok(0) => None,
-                // (the peek holds the bytes as a lease does: given
-                // back, none taken)
-                Ok(n) => Some(ep.read_commit(c.id, 0).map(|()| n).map_err(conn_error)),
-                Err(e) => Some(Err(conn_error(e))),
-            })
-        }))
-    }
-
-    fn do_write(&self, buf: &[u8]) -> io::Result<usize> {
-        self.write_with(buf, false)
-    }
-
-    /// Writes as `write`, without blocking if `dont_wait` (`MSG_DONTWAIT`)
-    /// even in blocking mode. (Writing after the end of the connection is
-    /// `BrokenPipe` without a signal, as `send(MSG_NOSIGNAL)`.)
-    pub fn write_with(&self, buf: &[u8], dont_wait: bool) -> io::Result<usize> {
-        let nonblocking = dont_wait || self.nonblocking();
-        match self.smc_conn()? {
-            Some(c) => {
-                let r = self.smc_write(c, buf, nonblocking);
-                if let Ok(n) = r {
-                    c.stats.tx(n);
-                }
-                r
-            }
-            None => {
-                let mut f = rustix::net::SendFlags::NOSIGNAL;
-                if dont_wait {
-                    f |= rustix::net::SendFlags::DONTWAIT;
-                }
-                Ok(rustix::net::send(&*self.tcp, buf, f)?)
-            }
-        }
-    }
-
-    /// Sends one byte of urgent (out-of-band) data, as `send(MSG_OOB)`.
-    pub fn send_oob(&self, byte: u8) -> io::Result<()> {
-        match self.smc_conn()? {
-            Some(c) => {
-                let deadline = Self::timeout(&self.opts.write_timeout);
-                c.shared
-                    .run(Want::Write(c.id), deadline, self.nonblocking(), |ep| {
-                        noted(c, ep, |ep| match ep.write_oob(c.id, byte) {
-                            Ok(true) => Some(Ok(())),
-                            Ok(false) => None,
-                            Err(e) => Some(Err(conn_error(e))),
-                        })
-                    })
-            }
-            None => {
-                rustix::net::send(&*self.tcp, &[byte], rustix::net::SendFlags::OOB)?;
-                Ok(())
-            }
-        }
-    }
-
-    /// Receives the peer's urgent byte, if one arrived (`recv(MSG_OOB)`); on TCP
-    /// this is the kernel's out-of-band byte.
-    pub fn recv_oob(&self) -> io::Result<Option<u8>> {
-        match self.smc_conn()? {
-            Some(c) => {
-                let mut ep = c.shared.lock();
-                c.shared.pump(&mut ep);
-                let r = ep.read_oob(c.id).map_err(conn_error);
-                c.note();
-                r
-            }
-            None => {
-                let mut b = [0u8; 1];
-                match rustix::net::recv(&*self.tcp, &mut b, rustix::net::RecvFlags::OOB) {
-                    Ok((1, _)) => Ok(Some(b[0])),
-                    Ok(_) => Ok(None),
-                    Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::AGAIN) => Ok(None),
-                    Err(e) => Err(e.into()),
-                }
-            }
-        }
-    }
-
-    /// The descriptor that polls readable exactly when a read would not
-    /// block (data, end of file, an error) and writable exactly when a write
-    /// would not block, for `poll()`, `select()` and `epoll` (level- or
-    /// edge-triggered), also what `AsFd` returns. On SMC-R it is the
-    /// connection's readiness descriptor (an `AF_UNIX` datagram socket set
-    /// by the library whenever the connection changes; created at the first
-    /// call, which is why this can fail: no descriptor left); it shows
-    /// `POLLRDHUP` once the peer sends nothing more and `POLLHUP` once the
-    /// connection is over (reset, aborted or closed both ways; the error
-    /// is the next read's or write's). Never read from or write to it. On
-    /// TCP it is the TCP socket, except that bytes received behind a
-    /// Decline and not read yet ([`SmcStream::has_pending`]) do not show.
-    pub fn readiness_fd(&self) -> io::Result<std::os::fd::BorrowedFd<'_>> {
-        match self.smc_conn()? {
-            Some(c) => Ok(c.readiness()?.as_fd()),
-            None => Ok(self.tcp.as_fd()),
-        }
-    }
-
-    /// A descriptor through which the peer wakes an event loop directly:
-    /// the peer's SEND makes it readable when it brings something for this
-    /// connection while the loop waits (`None`: not SMC-R, or the device
-    /// cannot; on the shared-memory device it can). An event loop polls it
-    /// for readable beside [`SmcStream::readiness_fd`], under the same
-    /// event data, and says so with [`SmcStream::watch_signal`]; readable,
-    /// it means "read the connection": data the peer announced through it
-    /// shows there and not on the readiness descriptor. It is drained and
-    /// armed again by the reads: never read from or write to it. Without
-    /// it (`mio` and other users of `AsFd`) the readiness descriptor shows
-    /// everything, set by whichever thread of ours takes the peer's CDC.
-    pub fn signal_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        let c = self.smc_conn().ok()??;
-        Some(c.shown().ok()?.signal.as_ref()?.fd.as_fd())
-    }
-
-    /// Says that a poller of [`SmcStream::signal_fd`] registered (`true`)
-    /// or left (`false`); the peer signals it while at least one is
-    /// registered. When the last one leaves, what the peer signalled
-    /// shows on the readiness descriptor again.
-    pub fn watch_signal(&self, on: bool) {
-        let Ok(Some(c)) = self.smc_conn() else { return };
-        let Some(s) = c.signal() else { return };
-        if on {
-            if s.pollers.fetch_add(1, Ordering::AcqRel) == 0 {
-                // (every CDC before this signalled the completion channel:
-                // nothing came unannounced, no look needed)
-                s.bell.arm_polled();
-            }
-            return;
-        }
-        let left = s
-            .pollers
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        if left != Ok(1) {
-            return;
-        }
-        s.bell.disarm_polled();
-        // A CDC the peer signalled may still wait in the receive queue,
-        // announced to nobody else: taken now, and what it brought shows
-        // on the readiness descriptor.
-        if let Some(f) = c.fast_conn() {
-            c.shared.take_held_cdc(f);
-            f.refresh();
-        }
-    }
-
-    /// Says how the pollers of [`SmcStream::signal_fd`] wait: `true`, all
-    /// level-triggered (`poll`, `select`, `epoll` without `EPOLLET` or
-    /// `EPOLLEXCLUSIVE`), so that the peer writes the signal once for all
-    /// the CDCs that come until a look drains it
-    /// ([`SmcStream::signalled_events`], a read that would block); `false`
-    /// (the default), some wait edge-triggered, and the peer writes it for
-    /// every CDC, as TCP wakes such a poller for every segment.
-    pub fn signal_level(&self, level: bool) {
-        let Ok(Some(c)) = self.smc_conn() else { return };
-        if let Some(s) = c.signal() {
-            s.bell.set_poll_level(level);
-        }
-    }
-
-    /// What `epoll` would report for the connection now, as TCP's poll does
-    /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP` bits of `libc`'s
-    /// values), after taking what the peer signalled through
-    /// [`SmcStream::signal_fd`] (so that its data, end of file and room
-    /// show together, in one event); a signal with nothing behind it is
-    /// drained. For an event loop whose wait the signal ended. `None`:
-    /// not known here (not SMC-R, no readiness descriptor).
-    pub fn signalled_events(&self) -> Option<u32> {
-        self.events_after_signal(true)
-    }
-
-    /// What `epoll` would report for the connection now, as
-    /// [`SmcStream::signalled_events`] says it (a CDC the peer signalled
-    /// taken first), but without draining or arming the signal: a look for
-    /// a poller that asks whether the connection can be written, which
-    /// costs no system call. `None`: not known here.
-    pub fn ready_events(&self) -> Option<u32> {
-        self.events_after_signal(false)
-    }
-
-    /// [`SmcStream::signalled_events`] (`spent`: a spent signal drained and
-    /// armed again) and [`SmcStream::ready_events`].
-    fn events_after_signal(&self, spent: bool) -> Option<u32> {
-        let Ok(Some(c)) = self.smc_conn() else {
-            return None;
-        };
-        let (Some(f), Some(r)) = (c.fast_conn(), c.ready.get()) else {
-            return None;
-        };
-        if let Some(s) = r.signal.as_ref().filter(|s| s.polled()) {
-            let taken = s.bell.polled_taken();
-            if taken {
-                c.shared.take_held_cdc(f);
-            }
-            let rearm = spent && f.level().readable == 0;
-            if rearm {
-                // Nothing (more) to read: the signal is spent, or stale (a
-                // peer's write that came after a drain), and a level-
-                // triggered wait would see it again and again. Drained
-                // and armed again, then a look for what came before the
-                // arm (a CDC that another thread applies meanwhile shows
-                // here or on the readiness descriptor, never on neither).
-                s.bell.arm_polled();
-                c.shared.take_held_cdc(f);
-            }
-            if spent || taken {
-                f.refresh();
-            }
-        }
-        Some(ctx::shown_level(f).epoll_events())
-    }
-
-    /// Whether a poller of [`SmcStream::signal_fd`] is registered
-    /// ([`SmcStream::watch_signal`]): the peer signals it, and a poll of the
-    /// connection must include it.
-    pub fn signal_polled(&self) -> bool {
-        let Ok(Some(c)) = self.smc_conn() else {
-            return false;
-        };
-        c.signal().is_some_and(|s| s.polled())
-    }
-
-    /// Whether a CDC of the peer signalled [`SmcStream::signal_fd`] since it
-    /// was last armed (what it brought may have been read already).
-    pub fn signal_taken(&self) -> bool {
-        let Ok(Some(c)) = self.smc_conn() else {
-            return false;
-        };
-        c.signal()
-            .is_some_and(|s| s.polled() && s.bell.polled_taken())
-    }
-
-    /// The bytes a read would return now without waiting, as `FIONREAD`
-    /// counts them, without taking any (a CDC that has come is taken off
-    /// the link first, so that what it brought counts). `None`: not an
-    /// SMC-R connection (a fallback's bytes are the TCP socket's).
-    pub fn readable_bytes(&self) -> Option<usize> {
-        let Ok(Some(c)) = self.smc_conn() else {
-            return None;
-        };
-        let f = c.fast_conn()?;
-        c.shared.take_held_cdc(f);
-        Some(f.level().readable)
     }
 
     /// The connection's TCP socket (on SMC-R, the one its CLC handshake ran
@@ -1340,6 +633,48 @@ pub(crate) struct Parts {
     pub(crate) smc: Option<Arc<SmcConn>>,
     /// TCP bytes that arrived behind the CLC messages.
     pub(crate) pending: Vec<u8>,
+}
+
+#[cfg(feature = "tokio")]
+impl SmcStream {
+    /// The connection's parts, for the tokio adapter (takes the pending bytes,
+    /// which other handles of the connection then no longer see).
+    pub(crate) fn into_parts(self) -> Parts {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        Parts {
+            tcp: self.tcp,
+            mode: self.mode,
+            smc: self.smc,
+            pending,
+        }
+    }
+
+    /// A stream from its parts (the TCP socket in blocking mode).
+    pub(crate) fn from_parts(p: Parts) -> SmcStream {
+        SmcStream {
+            tcp: p.tcp,
+            mode: p.mode,
+            smc: p.smc,
+            pending: Arc::new(Mutex::new(p.pending)),
+            opts: Arc::new(Opts::default()),
+        }
+    }
+
+    /// The SMC-R connection `conn` on `tcp` as a stream in non-blocking
+    /// mode, for the tokio adapter, whose reads and writes take the fast
+    /// path through it and wait in the reactor: the TCP socket's own mode
+    /// is left as it is (other handles share it).
+    pub(crate) fn nonblocking_view(tcp: Arc<TcpStream>, conn: Arc<SmcConn>) -> SmcStream {
+        let opts = Opts::default();
+        opts.nonblocking.store(true, Ordering::Relaxed);
+        SmcStream {
+            tcp,
+            mode: Mode::SmcR,
+            smc: Some(conn),
+            pending: Arc::default(),
+            opts: Arc::new(opts),
+        }
+    }
 }
 
 impl std::os::fd::AsFd for SmcStream {
