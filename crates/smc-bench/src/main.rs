@@ -78,7 +78,7 @@ struct Cli {
     #[arg(long, value_enum, value_name = "PLACEMENT", value_delimiter = ',', num_args = 1..)]
     placement: Vec<Kind>,
 
-    /// CLIENT[,SERVER]: cross pins the client process to CLIENT and the
+    /// CLIENT or CLIENT,SERVER: cross pins the client process to CLIENT and the
     /// server process to SERVER, same pins both to CLIENT; each must be a CPU
     /// this process may use [default: the first two it may use]
     #[arg(long, value_name = "CPU", value_delimiter = ',', num_args = 1..)]

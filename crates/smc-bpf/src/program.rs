@@ -28,7 +28,7 @@
 //! require it, and user space takes a listener out by writing [`VAL_OPTED_OUT`] there
 //! ([`crate::Rendezvous::opt_out_listener`]): an exec into a program that will not load the
 //! library, which must not be offered SMC. Its SYN-ACKs then get no option space at all (see
-//! [`emit_syn_gate`]), whatever other programs are attached. The key covers every listener
+//! `emit_syn_gate`), whatever other programs are attached. The key covers every listener
 //! of that port and family in that namespace (`SO_REUSEPORT` groups): all of them fall back to TCP,
 //! which is correct, only slower; an evicted `WANT` key (LRU) does the same. An evicted
 //! opt-out key leaves the listener without the option from this program, but an older build

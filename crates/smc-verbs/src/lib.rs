@@ -10,7 +10,7 @@
 //!   rdma-core starts and simply finds no devices
 //!   ([`VerbsProvider::availability`] says why).
 //! * [`remote`] runs `smc_rdma::conformance` with the passive side on another
-//!   machine over TCP; [`bench`] measures WRITE bandwidth and SEND round trip.
+//!   machine over TCP; [`bench`](mod@bench) measures WRITE bandwidth and SEND round trip.
 //!   `scripts/vm/run-verbs-suite.sh` drives both across two qemu VMs.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

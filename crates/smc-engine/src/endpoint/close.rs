@@ -129,7 +129,7 @@ impl<P: Provider> Endpoint<P> {
     /// peer takes some of it, as a TCP socket keeps sending what a write
     /// accepted after a shutdown or a close.
     ///
-    /// After `close()` a peer that takes nothing for [`MAX_STREAM_WAIT`]
+    /// After `close()` a peer that takes nothing for `MAX_STREAM_WAIT`
     /// (30 s) ends the wait: the connection is aborted, so that its reader
     /// gets an error rather than an end of file after a shortened stream.
     /// Linux waits `SMC_MAX_STREAM_WAIT_TIMEOUT` (2 s) in close() and

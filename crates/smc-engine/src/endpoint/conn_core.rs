@@ -317,7 +317,7 @@ impl<P: Provider> FastConn<P> {
     /// holds without the endpoint (`cdc_recv::dispatch`: CDCs applied to
     /// their connections, whatever else left for the endpoint's next
     /// pump), if the connection may poll that link alone (the grant of
-    /// [`FastRx`]: one active link in its group), and looks again.
+    /// `FastRx`: one active link in its group), and looks again.
     #[inline]
     pub fn try_read(&self, buf: &mut [u8]) -> FastRead {
         // A reader that emptied the connection and has seen no CDC applied

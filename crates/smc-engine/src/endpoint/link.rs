@@ -47,7 +47,7 @@ pub(super) const RECV_SLOT_LEN: usize = 8192;
 /// SENDs in flight per link, unless the device says otherwise
 /// (`DeviceInfo::max_sends`). Linux sends at most `SMC_WR_BUF_CNT` (16)
 /// and posts three times as many receive buffers (`smc_ib_create_queue_pair`,
-/// as [`RECV_SLOTS`] here); twice that many still leaves a peer of either kind
+/// as `RECV_SLOTS` here); twice that many still leaves a peer of either kind
 /// receive buffers to spare. One link carries many connections, and a
 /// write that finds all of its SENDs in flight, with no completion come in
 /// to take (`LinkTx::reap`), leaves the fast path for the endpoint (the

@@ -58,7 +58,7 @@ enum Cmd {
         /// The server, IPv4:PORT.
         #[arg(long)]
         connect: SocketAddr,
-        /// Rounds: COUNT[xBYTES],... (the connections of a round run at once).
+        /// Rounds, comma-separated, each COUNT or COUNTxBYTES (a round's connections run at once).
         #[arg(long, default_value = "1", value_parser = parse_rounds)]
         rounds: Rounds,
         /// Bytes each way per connection (K, M, G suffixes), unless a round says.

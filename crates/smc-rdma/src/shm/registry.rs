@@ -60,7 +60,7 @@ pub const QPN_MAX: u32 = 0x00ff_ffef;
 /// How long a connect waits for room in a full backlog.
 pub const CONNECT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// How long [`Registry::lock`] waits for a lock somebody else holds.
+/// How long `Registry::lock` waits for a lock somebody else holds.
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Makes a registry file usable by every user (mode 0666). Only its owner
