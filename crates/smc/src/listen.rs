@@ -21,7 +21,7 @@ use crate::ctx::Role;
 use crate::handshake::{Accepting, Progress};
 use crate::readiness::{Level, Readiness};
 use crate::rendezvous::{peer_offered_smc, socket_for};
-use crate::stream::{no_rendezvous, no_smc, SmcStream};
+use crate::stream::{no_rendezvous, no_smc, Mode, SmcStream};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use smc_wire::clc::DeclineCode;
 use std::collections::VecDeque;
@@ -426,6 +426,20 @@ enum Arrival {
     Handshake(Accepting),
 }
 
+/// The mode of a connection a listener takes that runs no CLC handshake:
+/// the listener is not opted in, or the client's SYN lacked the SMC option
+/// (no CLC at all, Linux: PEERNOSMC). `None`: a handshake follows. (The
+/// tokio listener asks the same.)
+pub(crate) fn without_handshake(opted: bool, tcp: std::os::fd::BorrowedFd<'_>) -> Option<Mode> {
+    if !opted {
+        Some(no_rendezvous())
+    } else if !peer_offered_smc(tcp) {
+        Some(no_smc(DeclineCode::PeerNoSmc))
+    } else {
+        None
+    }
+}
+
 fn arrival(
     tcp: std::net::TcpStream,
     peer: SocketAddr,
@@ -433,17 +447,7 @@ fn arrival(
     opted: bool,
     ask: crate::ctx::Bufs,
 ) -> io::Result<Arrival> {
-    if !opted {
-        return Ok(Arrival::Ready(SmcStream::tcp_only(
-            tcp,
-            Role::Server,
-            no_rendezvous(),
-            Vec::new(),
-        )));
-    }
-    if !peer_offered_smc(tcp.as_fd()) {
-        // The SYN lacked the option: no CLC at all (Linux: PEERNOSMC).
-        let mode = no_smc(DeclineCode::PeerNoSmc);
+    if let Some(mode) = without_handshake(opted, tcp.as_fd()) {
         return Ok(Arrival::Ready(SmcStream::tcp_only(
             tcp,
             Role::Server,

@@ -2,7 +2,7 @@
 //! the peer's signal, and the events a wait reports from them.
 
 use super::SmcStream;
-use crate::ctx::{self};
+use crate::ctx;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;

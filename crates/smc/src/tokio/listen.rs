@@ -3,12 +3,11 @@
 
 use super::clc::server_no_device;
 use super::{lock, SmcStream};
-use crate::ctx::{self};
-use crate::listen::out_of_resources;
-use crate::rendezvous::peer_offered_smc;
-use crate::stream::{no_rendezvous, no_smc, Mode, SmcConn};
+use crate::ctx;
+use crate::listen::{out_of_resources, without_handshake};
+use crate::stream::{Mode, SmcConn};
 use ::tokio::net::{lookup_host, TcpListener, TcpStream, ToSocketAddrs};
-use smc_wire::clc::{DeclineCode, CLC_WAIT_TIME};
+use smc_wire::clc::CLC_WAIT_TIME;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -251,16 +250,7 @@ impl SmcListener {
     }
 
     fn arrival(&self, tcp: TcpStream) -> io::Result<Arrival> {
-        if !self.opted {
-            return Ok(Arrival::Ready(SmcStream::tcp_only(
-                tcp,
-                ctx::Role::Server,
-                no_rendezvous(),
-                Vec::new(),
-            )));
-        }
-        if !peer_offered_smc(tcp.as_fd()) {
-            let mode = no_smc(DeclineCode::PeerNoSmc);
+        if let Some(mode) = without_handshake(self.opted, tcp.as_fd()) {
             return Ok(Arrival::Ready(SmcStream::tcp_only(
                 tcp,
                 ctx::Role::Server,

@@ -125,7 +125,7 @@ pub use listen::SmcListener;
 use clc::{client_no_device, with_endpoint};
 use wait::{Chan, ConnWait, Dir};
 
-use crate::ctx::{self};
+use crate::ctx;
 use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc_by_cookie, socket_for};
 use crate::stream::{
