@@ -193,8 +193,8 @@ pub(crate) struct Shared {
     /// next deadline moved before the one it sleeps until, then (see
     /// [`Locked`]): the call that moved it sets the timer, and the leader
     /// sleeps on without a wake-up now. A new handshake's deadline (6 s) is
-    /// such a move for a leader without one; waking the leader for it cost
-    /// two context switches per connection.
+    /// such a move for a leader without one; waking the leader for it would
+    /// be two context switches per connection (its wake-up and its sleep).
     kick: OwnedFd,
     /// Taken by whoever sets [`Self::kick`]: the timer and
     /// [`Self::leader_until`] move together, so that a later deadline set

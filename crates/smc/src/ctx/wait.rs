@@ -224,10 +224,11 @@ impl Shared {
                 // More threads waiting here than half the CPUs: a spinning
                 // one would take the core (and the endpoint lock) that the
                 // others and the peer need, so wait without spinning.
-                // (Sleeping waiters count too: letting the one awake thread
-                // spin while nine slept cost request/response a third of its
-                // rate. The price: a process with a thread parked in a read,
-                // a dedicated reader, does not spin in other waits.)
+                // (Sleeping waiters count too: the one awake thread that
+                // spins while the others sleep holds the core their peers'
+                // answers and their own wake-ups need. The price: a process
+                // with a thread parked in a read, a dedicated reader, does
+                // not spin in other waits.)
                 let b = if self.active.load(Ordering::Relaxed)
                     + self.bell_waiting.load(Ordering::Relaxed)
                     > max_spinners()
