@@ -89,7 +89,7 @@
 //! |------|---------------|
 //! | `slots.rs` | generational handles ([`ConnId`], [`LgrId`]) and the tables they index: a freed record's handle finds nothing |
 //! | `conn.rs` | the connection record, its phases, status and errors; the connection table |
-//! | `conn_core.rs` | a connection's data path (`ConnCore`): cursors, buffers, leases, close state, its link; shared as `Arc<Mutex<_>>`, found by alert token |
+//! | `conn_core/` | a connection's data path (`ConnCore`, `mod.rs`): cursors, buffers, leases, close state, its link; shared as `Arc<Mutex<_>>`, found by alert token (`tokens.rs`); the connection's handle that writes and reads without the endpoint (`FastConn`, `fast.rs`) |
 //! | `handshake.rs` | the CLC stream, Declines and fallback, late declines, data-path setup from Accept / Confirm |
 //! | `handshake_client.rs` | the client's CLC flow: Proposal, Accept, Confirm |
 //! | `handshake_server.rs` | the server's CLC flow: Proposal, group reuse or first contact, Accept, Confirm |
@@ -317,7 +317,7 @@ pub struct Endpoint<P: Provider> {
     lgrs: Slots<LgrId, Lgr<P>>,
     conns: Slots<ConnId, Conn<P>>,
     /// The connections of every link group by alert token, with their data
-    /// path (`endpoint/conn_core.rs`): where a received CDC goes.
+    /// path (`endpoint/conn_core/`): where a received CDC goes.
     /// Shared (`Arc`) with the links' receive dispatch.
     by_token: std::sync::Arc<conn_core::TokenTable<P>>,
     next_token: u32,

@@ -163,7 +163,7 @@ pub(super) struct Conn<P: Provider> {
     pub(super) reader: ClcReader,
     pub(super) out: VecDeque<u8>,
     /// The data path: buffers, cursors, leases, close state, link (see
-    /// `endpoint/conn_core.rs`).
+    /// `endpoint/conn_core/`).
     pub(super) core: CoreRef<P>,
     /// The deadline of this connection's entry in the timer heap, if it has
     /// one (see `endpoint/timers.rs`; the endpoint's bookkeeping, not the

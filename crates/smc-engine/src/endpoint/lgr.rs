@@ -323,7 +323,7 @@ impl<P: Provider> Endpoint<P> {
             k.rmb = Some(rmb);
             k.sndbuf = Some(sndbuf);
         }
-        // (where its CDCs go, see `endpoint/conn_core.rs`)
+        // (where its CDCs go, see `endpoint/conn_core/`)
         self.by_token.write().insert(
             c.token,
             TokenEntry {
