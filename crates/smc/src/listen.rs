@@ -105,7 +105,7 @@ impl Inner {
 
     fn push(&self, s: SmcStream, addr: SocketAddr) {
         // until someone accepts it, dropping it need not wait for its close
-        s.set_linger(false);
+        s.set_wait_close(false);
         let mut q = lock(&self.q);
         q.ready.push_back((s, addr));
         self.show(&q);
@@ -319,7 +319,7 @@ impl SmcListener {
                 if resume {
                     self.inner.wake_driver();
                 }
-                s.set_linger(true);
+                s.set_wait_close(true);
                 return Ok((s, addr));
             }
             if let Some(e) = q.error.take() {

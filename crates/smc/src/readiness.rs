@@ -68,6 +68,12 @@ pub struct Level {
     pub eof: bool,
     /// The connection is over (`EPOLLHUP`; readable and writable from now on).
     pub hup: bool,
+    /// The connection failed: reset by the peer or aborted (`EPOLLERR`, as
+    /// a TCP socket with `sk_err` set shows it). The descriptor itself
+    /// cannot show it (no kernel object of these shows an error on
+    /// demand; it shows `hup`): [`Self::epoll_events`] reports it, as the
+    /// stream's own `ready_events` do.
+    pub err: bool,
 }
 
 const R: u8 = 1;
@@ -100,11 +106,17 @@ impl Level {
         const OUT: u32 = 0x004;
         const HUP_EV: u32 = 0x010;
         const RDHUP: u32 = 0x2000;
+        const ERR: u32 = 0x008;
         let b = self.bits();
-        [(R, IN), (W, OUT), (EOF, RDHUP), (HUP, HUP_EV)]
+        let ev = [(R, IN), (W, OUT), (EOF, RDHUP), (HUP, HUP_EV)]
             .into_iter()
             .filter(|&(bit, _)| b & bit != 0)
-            .fold(0, |ev, (_, e)| ev | e)
+            .fold(0, |ev, (_, e)| ev | e);
+        if self.err {
+            ev | ERR
+        } else {
+            ev
+        }
     }
 }
 

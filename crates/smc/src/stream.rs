@@ -97,7 +97,10 @@ pub(crate) struct SmcConn {
     pub(crate) id: ConnId,
     /// Whether dropping the last handle waits for the close to leave (see
     /// [`LINGER`]); the tokio adapter does not block its runtime.
-    pub(crate) linger: AtomicBool,
+    pub(crate) wait_close: AtomicBool,
+    /// `SO_LINGER` with a zero timeout: dropping the last handle aborts
+    /// the connection ([`SmcStream::set_linger`]).
+    reset_on_close: AtomicBool,
     /// The TCP socket of the established connection, watched for its end
     /// while the connection lives ([`Shared::watch_tcp`]) and closed after
     /// the SMC close has gone out, as Linux releases the TCP socket after
@@ -278,7 +281,8 @@ impl SmcConn {
         SmcConn {
             shared,
             id,
-            linger: AtomicBool::new(false),
+            wait_close: AtomicBool::new(false),
+            reset_on_close: AtomicBool::new(false),
             tcp: None,
             stats: Arc::default(),
             ready: std::sync::OnceLock::new(),
@@ -288,9 +292,9 @@ impl SmcConn {
     }
 
     /// The handshake reached SMC-R on `tcp`: watched from now on.
-    pub(crate) fn established(mut self, tcp: Arc<TcpStream>, linger: bool) -> SmcConn {
+    pub(crate) fn established(mut self, tcp: Arc<TcpStream>, wait_close: bool) -> SmcConn {
         self.shared.watch_tcp(&tcp, self.id);
-        self.linger.store(linger, Ordering::Relaxed);
+        self.wait_close.store(wait_close, Ordering::Relaxed);
         self.tcp = Some(tcp);
         self
     }
@@ -337,9 +341,13 @@ impl Drop for SmcConn {
         let id = self.id;
         {
             let mut ep = self.shared.lock();
-            ep.release(id);
+            if self.reset_on_close.load(Ordering::Relaxed) {
+                ep.release_reset(id);
+            } else {
+                ep.release(id);
+            }
             self.shared.pump(&mut ep);
-            if !self.linger.load(Ordering::Relaxed) || ep.close_sent(id) {
+            if !self.wait_close.load(Ordering::Relaxed) || ep.close_sent(id) {
                 return;
             }
         }
@@ -361,6 +369,22 @@ impl fmt::Debug for SmcStream {
             .field("mode", &self.mode)
             .finish()
     }
+}
+
+/// Whether a connection in close state `s` is over as a TCP connection in
+/// `TCP_CLOSE` is: reset or aborted, or both directions shut (each by one
+/// side, whose FINs a TCP socket would have exchanged).
+pub(crate) fn over(s: smc_proto::close::CloseState) -> bool {
+    use smc_proto::close::CloseState;
+    matches!(
+        s,
+        CloseState::Closed
+            | CloseState::ProcessAbort
+            | CloseState::PeerAbortWait
+            | CloseState::AppFinCloseWait
+            | CloseState::AppCloseWait2
+            | CloseState::PeerCloseWait2
+    )
 }
 
 /// `op`, after which `c`'s readiness descriptor shows what it changed.
@@ -497,9 +521,42 @@ impl SmcStream {
 
     /// Whether dropping the last handle waits for the SMC close to leave
     /// (a connection queued in a listener does not: nobody wrote on it).
-    pub(crate) fn set_linger(&self, on: bool) {
+    pub(crate) fn set_wait_close(&self, on: bool) {
         if let Some(c) = &self.smc {
-            c.linger.store(on, Ordering::Relaxed);
+            c.wait_close.store(on, Ordering::Relaxed);
+        }
+    }
+
+    /// `SO_LINGER`, set on the TCP socket. On SMC-R a zero timeout makes
+    /// the close of the last handle an abort: what is unsent is dropped
+    /// and the peer's reads fail with `ECONNRESET`, as a TCP socket closed
+    /// so sends a reset (tcp.c `__tcp_close`). Any other value closes as
+    /// usual (the close waits for unsent data to leave anyway, [`LINGER`]).
+    pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
+        rustix::net::sockopt::set_socket_linger(&*self.tcp, linger)?;
+        self.note_linger(linger);
+        Ok(())
+    }
+
+    /// `SO_LINGER` of the TCP socket.
+    pub fn linger(&self) -> io::Result<Option<Duration>> {
+        Ok(rustix::net::sockopt::socket_linger(&*self.tcp)?)
+    }
+
+    /// Takes `SO_LINGER` from the TCP socket, where it was set directly (an
+    /// interposed `setsockopt`) or before the connection was made (a
+    /// listener's accepted sockets inherit it, as in Linux's
+    /// `sk_clone_lock`): see [`Self::set_linger`].
+    pub fn take_socket_linger(&self) -> io::Result<()> {
+        let l = self.linger()?;
+        self.note_linger(l);
+        Ok(())
+    }
+
+    fn note_linger(&self, linger: Option<Duration>) {
+        if let Some(c) = &self.smc {
+            c.reset_on_close
+                .store(linger == Some(Duration::ZERO), Ordering::Relaxed);
         }
     }
 
@@ -528,16 +585,27 @@ impl SmcStream {
     }
 
     /// Shuts down the read, write or both halves. On SMC-R, shutting down the
-    /// write side gives the peer end-of-file after everything written before.
+    /// write side gives the peer end-of-file after everything written before;
+    /// shutting down the read side tells the peer nothing, and reads find
+    /// end of file once what arrived is read, as on a TCP socket.
     pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self.smc_conn()? {
             Some(c) => {
+                let mut ep = c.shared.lock();
+                if ep.close_state(c.id).is_none_or(over) {
+                    // (as TCP's in TCP_CLOSE, af_inet.c inet_shutdown)
+                    return Err(io::ErrorKind::NotConnected.into());
+                }
+                if matches!(how, Shutdown::Read | Shutdown::Both) {
+                    ep.shutdown_read(c.id);
+                    // (a reader waiting in another thread returns too)
+                    c.shared.app_changed(&ep);
+                }
                 if matches!(how, Shutdown::Write | Shutdown::Both) {
-                    let mut ep = c.shared.lock();
                     ep.close(c.id, CloseEvent::AppShutdownWrite);
                     c.shared.pump(&mut ep);
-                    c.note();
                 }
+                c.note();
                 Ok(())
             }
             None => self.tcp.shutdown(how),

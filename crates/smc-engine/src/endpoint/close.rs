@@ -95,6 +95,19 @@ impl<P: Provider> Endpoint<P> {
     /// freed once the close completes; a fallen-back, failed or unfinished one is
     /// freed at once (its TCP socket is the caller's to close).
     pub fn release(&mut self, id: ConnId) {
+        self.release_with(id, false);
+    }
+
+    /// [`Self::release`] with an abort whatever is left unread: a `close()`
+    /// with `SO_LINGER` on and a zero timeout, for which TCP discards what
+    /// is unsent and sends a reset (tcp.c `__tcp_close`, its
+    /// `tcp_disconnect` branch), so the peer's next read fails with
+    /// `ECONNRESET` rather than find end of file.
+    pub fn release_reset(&mut self, id: ConnId) {
+        self.release_with(id, true);
+    }
+
+    fn release_with(&mut self, id: ConnId, reset: bool) {
         // (the next pump frees the connection once it is finished)
         self.conn_event(id);
         let Some(c) = self.conns.get(id) else {
@@ -102,7 +115,8 @@ impl<P: Provider> Endpoint<P> {
         };
         match &c.phase {
             Phase::Smc { .. } => {
-                let unread_data = lock(&c.core).dp.as_ref().is_some_and(|dp| dp.unread() > 0);
+                let unread_data =
+                    reset || lock(&c.core).dp.as_ref().is_some_and(|dp| dp.unread() > 0);
                 self.close(id, CloseEvent::AppClose { unread_data });
             }
             _ => {

@@ -86,8 +86,23 @@ impl<P: Provider> Endpoint<P> {
         self.core(id).map_or(0, |k| k.readable())
     }
 
-    /// The peer will send nothing more (EOF once the receive buffer is drained).
+    /// Nothing more comes to read (EOF once the receive buffer is drained):
+    /// the peer sends nothing more, or the application shut down its read
+    /// side ([`Self::shutdown_read`]).
     pub fn peer_done(&self, id: ConnId) -> bool {
-        self.core(id).is_some_and(|k| k.closer.peer_done())
+        self.core(id).is_some_and(|k| k.read_done())
+    }
+
+    /// `shutdown(SHUT_RD)`: from now on a read that finds nothing finds
+    /// end of file instead of waiting (see `ConnCore::read_shut`). Nothing
+    /// is sent: the peer may go on writing, and what it writes is read.
+    pub fn shutdown_read(&mut self, id: ConnId) {
+        self.conn_event(id);
+        if let Some(mut k) = self.core(id) {
+            if !k.read_shut {
+                k.read_shut = true;
+                k.watched();
+            }
+        }
     }
 }

@@ -534,6 +534,18 @@ impl Shared {
         ep.completions()
     }
 
+    /// The application changed a connection in a way its waiters must see
+    /// and no pump reports (a `shutdown(SHUT_RD)` ends its reads): the
+    /// threads and tasks that can go on now are woken (with the endpoint
+    /// locked, as [`Self::pump`]).
+    pub(crate) fn app_changed(&self, ep: &Endpoint<AnyProvider>) {
+        if self.sleepers.load(Ordering::Acquire) > 0 {
+            self.wake(ep, false);
+        }
+        #[cfg(feature = "tokio")]
+        self.wake_tasks(ep, false);
+    }
+
     /// [`Self::pump`] for callers that act on a provider error (the handshake).
     pub(crate) fn try_pump(
         &self,

@@ -114,6 +114,7 @@ pub(crate) const GONE: crate::readiness::Level = crate::readiness::Level {
     writable: true,
     eof: true,
     hup: true,
+    err: false,
 };
 
 /// What a connection's readiness descriptor shows: readable and writable as
@@ -124,20 +125,15 @@ fn level(l: &ConnLevel) -> crate::readiness::Level {
     // (also both directions shut, each by one side: EPOLLHUP as a TCP
     // socket whose sk_shutdown is SHUTDOWN_MASK, tcp.c tcp_poll, and as
     // af_smc.c smc_poll)
-    let gone = matches!(
-        l.close,
-        CloseState::Closed
-            | CloseState::ProcessAbort
-            | CloseState::PeerAbortWait
-            | CloseState::AppFinCloseWait
-            | CloseState::AppCloseWait2
-            | CloseState::PeerCloseWait2
-    );
+    let gone = crate::stream::over(l.close);
+    // (both directions shut by this side, SHUT_RD and SHUT_WR: the same)
+    let both_here = l.read_shut && l.close == CloseState::PeerCloseWait1;
     crate::readiness::Level {
         readable: l.readable > 0,
         writable: l.sndbuf_free > 0 || l.peer_closed,
         eof: l.peer_done,
-        hup: gone,
+        hup: gone || both_here,
+        err: l.failed,
     }
 }
 

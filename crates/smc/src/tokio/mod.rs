@@ -422,7 +422,7 @@ impl SmcStream {
         let io = match p.smc {
             Some(conn) => {
                 // dropping it must not block the runtime (see poll_shutdown)
-                conn.linger.store(false, Ordering::Relaxed);
+                conn.wait_close.store(false, Ordering::Relaxed);
                 Io::Smc(Smc::new(p.tcp, conn, Chan::default()))
             }
             None => {

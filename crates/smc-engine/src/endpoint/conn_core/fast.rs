@@ -288,10 +288,10 @@ impl<P: Provider> FastConn<P> {
 
     /// After the reader armed the doorbell ([`Self::bell`]): whether it may
     /// sleep on it until a CDC comes — the connection established and open,
-    /// with nothing to read and nothing the endpoint must act on (nothing
-    /// unsent, no lease, close, urgent byte or violation), able to poll its
-    /// link alone, and that poll, made now, leaving nothing for the endpoint
-    /// ([`MaySleep`]).
+    /// with nothing to read, its read side open and nothing the endpoint
+    /// must act on (nothing unsent, no lease, close, urgent byte or
+    /// violation), able to poll its link alone, and that poll, made now,
+    /// leaving nothing for the endpoint ([`MaySleep`]).
     pub fn may_sleep(&self) -> MaySleep {
         let k = lock(&self.core);
         let Some((rx, tokens, l)) = k.dispatch_grant() else {
@@ -302,6 +302,7 @@ impl<P: Provider> FastConn<P> {
             };
         };
         if k.write_leased
+            || k.read_shut
             || k.validation.is_some()
             || k.dp
                 .as_ref()

@@ -78,6 +78,13 @@ pub(super) struct ConnCore<P: Provider> {
     pub(super) violation: Option<Violation>,
     /// The peer's latest urgent (out-of-band) byte, until the application reads it.
     pub(super) oob: Option<u8>,
+    /// The application shut down its read side (`shutdown(SHUT_RD)`): once
+    /// what arrived is read, reads find end of file instead of waiting, as
+    /// on Linux, where af_smc.c `smc_shutdown` sets `RCV_SHUTDOWN` in
+    /// `sk_shutdown`, at which smc_rx.c `smc_rx_recvmsg` (and tcp.c
+    /// `tcp_recvmsg_locked`) stop. The peer is not told; what it still
+    /// sends is received and readable.
+    pub(super) read_shut: bool,
     /// The send cursor (absolute) after the last direct write: data up to
     /// here never was in the send buffer and cannot be replayed.
     pub(super) direct_sent: u64,
@@ -128,8 +135,14 @@ pub struct ConnLevel {
     /// Bytes a write could take now (`DataPath::sndbuf_free`): a write
     /// blocks exactly when this is 0 (and the connection open).
     pub sndbuf_free: usize,
-    /// The peer sends nothing more (end of file once `readable` is read).
+    /// Nothing more comes to read: the peer sends nothing more, or the
+    /// application shut down its read side (end of file once `readable`
+    /// is read).
     pub peer_done: bool,
+    /// The application shut down its read side (`shutdown(SHUT_RD)`).
+    pub read_shut: bool,
+    /// Reset by the peer or aborted: reads and writes fail.
+    pub failed: bool,
     /// The peer closed or aborted (as opposed to only shutting down its
     /// write side).
     pub peer_closed: bool,
@@ -219,6 +232,7 @@ impl<P: Provider> ConnCore<P> {
             peer_rmb: None,
             violation: None,
             oob: None,
+            read_shut: false,
             direct_sent: 0,
             read_leased: false,
             write_leased: false,
@@ -238,10 +252,17 @@ impl<P: Provider> ConnCore<P> {
         ConnLevel {
             readable: self.readable(),
             sndbuf_free: self.dp.as_ref().map_or(0, DataPath::sndbuf_free),
-            peer_done: self.closer.peer_done(),
+            peer_done: self.read_done(),
+            read_shut: self.read_shut,
+            failed: self.closer.error().is_some(),
             peer_closed: self.closer.rx_flags().any_close(),
             close: self.closer.state(),
         }
+    }
+
+    /// Nothing more comes to read (see [`ConnLevel::peer_done`]).
+    pub(super) fn read_done(&self) -> bool {
+        self.closer.peer_done() || self.read_shut
     }
 
     /// Tells the watch, if any, the connection's level (after a change).
