@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `TCP_CONNECT_CB` (3) | cookie has `WANT` → set `WRITE_HDR_OPT` + `STATE` callback flags |
 //! | `TCP_LISTEN_CB` (11) | same, plus `bpf_setsockopt(SOL_TCP, TCP_SAVE_SYN, 1)` so the SYN of each child can be searched later, plus `WANT` under the listener's [port key](listen_key). Children and request socks inherit the listener's flags. |
-//! | `HDR_OPT_LEN_CB` (14) | only segments with SYN: reserve 6 bytes — on a SYN if the cookie has `WANT` in *this* map, on a SYN-ACK only if the received SYN carried the SMC option (`bpf_load_hdr_opt(.., BPF_LOAD_HDR_OPT_TCP_SYN)`) — Linux's rule: echo only when offered — and the listener's port key is in the map |
+//! | `HDR_OPT_LEN_CB` (14) | only segments with SYN: reserve 6 bytes — on a SYN if the cookie has `WANT` in *this* map, on a SYN-ACK only if the received SYN carried the SMC option (`bpf_load_hdr_opt(.., BPF_LOAD_HDR_OPT_TCP_SYN)`) — Linux's rule: echo only when offered — and the listener's port key is in the map, and never on a SYN-ACK with a SYN cookie (`args[0]` is `BPF_WRITE_HDR_TCP_SYNACK_COOKIE`: the connection its ACK makes has no saved SYN to find the option in; Linux offers none then either) |
 //! | `WRITE_HDR_OPT_CB` (15) | same gate, then `bpf_store_hdr_opt(fe 06 e2 d4 c3 d9)` |
 //! | `ACTIVE_ESTABLISHED_CB` (4) | if the cookie has `WANT` in this map: search the SYN-ACK (`skb_data`), record `WANT|ESTABLISHED[|PEER_SMC]` under the cookie, clear `WRITE_HDR_OPT` |
 //! | `PASSIVE_ESTABLISHED_CB` (5) | if `STATE_CB` is set (inherited from an opted-in listener; never cleared): search the saved SYN, record `WANT|PASSIVE|ESTABLISHED[|PEER_SMC]` under the child's cookie (`PEER_SMC` only while the listener's port key is in the map: what its SYN-ACK carried), clear `WRITE_HDR_OPT` |
@@ -103,7 +103,7 @@ pub mod abi {
     pub const CB_FLAG_WRITE_HDR_OPT: i32 = 1 << 6;
     // struct bpf_sock_ops field offsets
     pub const CTX_OP: i16 = 0;
-    pub const CTX_ARGS0: i16 = 4; // args[0]: old state for STATE_CB
+    pub const CTX_ARGS0: i16 = 4; // args[0]: old state for STATE_CB; what a SYN-ACK is for HDR_OPT
     pub const CTX_ARGS1: i16 = 8; // args[1]: new state for STATE_CB
     pub const CTX_FAMILY: i16 = 20;
     pub const CTX_LOCAL_PORT: i16 = 68; // host byte order
@@ -122,6 +122,8 @@ pub mod abi {
     pub const FN_RESERVE_HDR_OPT: i32 = 144;
     // misc
     pub const LOAD_HDR_OPT_TCP_SYN: i32 = 1;
+    /// `args[0]` of the option callbacks for a SYN-ACK that carries a SYN cookie.
+    pub const WRITE_HDR_TCP_SYNACK_COOKIE: i32 = 2;
     pub const BPF_ANY: i32 = 0;
     pub const BPF_NOEXIST: i32 = 1;
     pub const TCP_STATE_CLOSE: i32 = 7;
@@ -396,6 +398,15 @@ fn emit_syn_gate(a: &mut Asm, map_fd: i32, out: crate::asm::Label) {
     emit_require_want(a, map_fd, out);
     a.ja(go);
     a.bind(synack);
+    // A SYN-ACK with a SYN cookie: no option. Its request sock is not kept,
+    // so the connection the cookie's ACK makes has no saved SYN and is not
+    // taken for SMC (PEER_SMC unset, `PASSIVE_ESTABLISHED_CB`); a client
+    // that saw the option would start the CLC handshake on a server that
+    // falls back, whose application would read the Proposal as data. Linux
+    // offers nothing either (tcp_input.c `tcp_conn_request` clears
+    // `smc_ok` when it wants a cookie).
+    a.ldx(Size::W, Reg::R1, Reg::R6, CTX_ARGS0);
+    a.jmp_imm(Cond::Eq, Reg::R1, WRITE_HDR_TCP_SYNACK_COOKIE, out);
     emit_search_option(a, LOAD_HDR_OPT_TCP_SYN);
     a.jmp_imm(Cond::Ne, Reg::R0, SMC_OPTION.len() as i32, out);
     // (a listener user space opted out keeps its flags: the port key decides)
