@@ -7,7 +7,15 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let real_connect = real!(connect: fn(c_int, *const sockaddr, socklen_t) -> c_int);
     let Some(Entry::Fresh { opted, bufs }) = get(fd) else {
         // SAFETY: the caller's arguments, unchanged.
-        return unsafe { real_connect(fd, addr, len) };
+        let r = unsafe { real_connect(fd, addr, len) };
+        // SAFETY: the caller's address, if of a family's size at least.
+        let unspec = !addr.is_null()
+            && len as usize >= std::mem::size_of::<libc::sa_family_t>()
+            && c_int::from(unsafe { (*addr).sa_family }) == libc::AF_UNSPEC;
+        if r == 0 && unspec {
+            disconnected(fd);
+        }
+        return r;
     };
     // SAFETY: the caller's address of `len` bytes.
     let Some(to) = (unsafe { sockaddr_of(addr, len) }) else {
@@ -28,6 +36,9 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     };
     USED.store(true, Ordering::Release);
     restore_env();
+    if opted {
+        crate::listen::serve_own(to);
+    }
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
     let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
     // SAFETY: as above.
@@ -63,6 +74,26 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     }
     adopt(fd, s, nonblock);
     0
+}
+
+/// A connected socket was disconnected (`connect` to `AF_UNSPEC`, which the
+/// kernel did): its SMC-R connection ends with an abort, as the kernel
+/// reset the TCP one (tcp.c `tcp_disconnect`), and the socket may connect
+/// again, with SMC-R if it is opted in. (Without this the socket's next
+/// connection would carry its data over the old one, to the old peer.)
+fn disconnected(fd: RawFd) {
+    if let Some(Entry::Stream(c)) = get(fd) {
+        c.s.abort();
+        let opted = smc::is_opted_in(borrow(fd));
+        let old = insert(
+            fd,
+            Entry::Fresh {
+                opted,
+                bufs: (None, None),
+            },
+        );
+        drop(old);
+    }
 }
 
 /// After a non-blocking connect's `EINPROGRESS`: the rest runs in a thread
@@ -218,5 +249,6 @@ pub(crate) fn carried(s: SmcStream, nonblock: bool) -> Option<Arc<Conn>> {
     }
     let _ = s.set_nonblocking(nonblock);
     crate::sockopt::take_timeouts(&s, true);
+    crate::sockopt::take_linger(&s);
     Some(Arc::new(Conn::new(s)))
 }

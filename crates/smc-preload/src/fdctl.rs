@@ -11,6 +11,33 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
             Err(e) => fail(&e),
         };
     }
+    if let Some(Entry::Passive(_)) = get_raw(fd) {
+        // (not started: the kernel's socket is all there is, and once it
+        // listens no more, the kernel's it stays)
+        // SAFETY: the caller's arguments, unchanged.
+        let r = unsafe { real!(shutdown: fn(c_int, c_int) -> c_int)(fd, how) };
+        if r == 0 && how != libc::SHUT_WR {
+            drop(remove(fd));
+        }
+        return r;
+    }
+    if let Some(Entry::Listener(l)) = get(fd) {
+        // (its driver takes the connections: it must stop, and the
+        // application's waits are on its readiness descriptor)
+        let h = match how {
+            libc::SHUT_RD => std::net::Shutdown::Read,
+            libc::SHUT_WR => std::net::Shutdown::Write,
+            libc::SHUT_RDWR => std::net::Shutdown::Both,
+            _ => {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+        };
+        return match l.l.shutdown(h) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        };
+    }
     if let Some(c) = stream(fd) {
         if c.s.mode() == Mode::SmcR {
             let h = match how {

@@ -36,14 +36,87 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     }
     // (its driver starts at the first accept or poll: see Entry::Passive)
     drop(insert(fd, Entry::Passive(bufs)));
+    if let Ok(at) = rustix::net::getsockname(borrow(fd)) {
+        if let Ok(at) = SocketAddr::try_from(at) {
+            let mut w = lock(&WAITING);
+            w.retain(|&(f, _)| f != fd);
+            w.push((fd, at));
+            WAITING_N.store(w.len(), Ordering::Release);
+        }
+    }
     r
 }
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// This process's listening sockets, with their addresses, whose
+/// handshakes wait for the program's first accept or poll
+/// ([`Entry::Passive`]). Kept from `listen()` on; an entry whose descriptor
+/// no longer is such a socket is passed over (and dropped).
+static WAITING: Mutex<Vec<(RawFd, SocketAddr)>> = Mutex::new(Vec::new());
+
+/// Entries in [`WAITING`] (a look without its lock).
+static WAITING_N: AtomicUsize = AtomicUsize::new(0);
+
+/// A connect of this process to `to`, about to be made: one of the
+/// process's own listening sockets that has not been used yet would take
+/// it, so that socket's listener starts now and runs the handshakes in its
+/// driver thread, as an event-driven server's does. Otherwise the program,
+/// blocked in this connect until the server's side of the handshake
+/// answers, would wait for itself until the client gives up (a program
+/// that connects to its own listener before it accepts, as test suites and
+/// socket-pair emulations do; TCP completes such a connect in the kernel).
+/// (Not a listener in use already: a thread may be blocked in the kernel's
+/// `accept` on it, [`Entry::LazyListener`], which a driver would race for
+/// the connection; that thread's first use of the connection runs its
+/// handshake.)
+pub(crate) fn serve_own(to: SocketAddr) {
+    if WAITING_N.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let same = |at: SocketAddr| {
+        let canon = |ip: std::net::IpAddr| match ip {
+            std::net::IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        at.port() == to.port() && (at.ip().is_unspecified() || canon(at.ip()) == canon(to.ip()))
+    };
+    let fds: Vec<RawFd> = {
+        let mut w = lock(&WAITING);
+        w.retain(|&(fd, _)| matches!(get_raw(fd), Some(Entry::Passive(_))));
+        WAITING_N.store(w.len(), Ordering::Release);
+        w.iter()
+            .filter(|&&(_, at)| same(at))
+            .map(|&(fd, _)| fd)
+            .collect()
+    };
+    for fd in fds {
+        let _one = lock(&ONE);
+        let bufs = match get_raw(fd) {
+            Some(Entry::Passive(_)) if was_inherited(fd) && !smc::is_opted_in(borrow(fd)) => {
+                // (as `activate`: the kernel serves it)
+                drop(remove(fd));
+                continue;
+            }
+            Some(Entry::Passive(b)) => b,
+            _ => continue,
+        };
+        let flags = real_fcntl(fd, libc::F_GETFL, 0);
+        start_listener(fd, bufs, flags >= 0 && flags & libc::O_NONBLOCK != 0);
+    }
+}
+
+/// One listener started at a time ([`activate`], [`serve_own`]).
+static ONE: Mutex<()> = Mutex::new(());
 
 /// Starts the listener of a listening socket (Entry::Passive) on its first
 /// use; the entry `fd` has then.
 pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
-    static ONE: Mutex<()> = Mutex::new(());
-    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = lock(&ONE);
     let Some(Entry::Passive(bufs)) = get(fd) else {
         return get(fd);
     };
@@ -61,6 +134,12 @@ pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
         drop(insert(fd, Entry::LazyListener(bufs)));
         return Some(Entry::LazyListener(bufs));
     }
+    start_listener(fd, bufs, nonblock)
+}
+
+/// Starts the listener (and its driver thread) of listening socket `fd`
+/// (opted in; the application's `nonblock`), in `fd`'s entry from now on.
+fn start_listener(fd: RawFd, bufs: Bufs, nonblock: bool) -> Option<Entry> {
     USED.store(true, Ordering::Release);
     match dup_own(fd).and_then(|own| SmcListener::from_listening(TcpListener::from(own), true)) {
         Ok(l) => {

@@ -62,10 +62,15 @@ pub(crate) unsafe fn poll_via(
     // (the same for connections a parent serves: see share.rs)
     let mut rsignals = Vec::new();
     let mut watched: Vec<Arc<Conn>> = Vec::new();
+    // (connections, whose end may be an error: see below)
+    let mut conns: Vec<Option<Arc<Conn>>> = vec![None; copy.len()];
     for (k, p) in copy.iter_mut().enumerate() {
         if let Some((r, ready, e)) = poll_target(p.fd, true) {
             p.fd = r;
             now[k] = ready && p.events & libc::POLLIN != 0;
+            if let Entry::Stream(c) = &e {
+                conns[k] = Some(c.clone());
+            }
             match &e {
                 Entry::Connecting(c) => pend[k] = Some(c.clone()),
                 Entry::Stream(c) if p.events & libc::POLLIN != 0 => {
@@ -139,6 +144,11 @@ pub(crate) unsafe fn poll_via(
         u.revents = c.revents;
         if now[k] {
             u.revents |= libc::POLLIN;
+        }
+        if u.revents & libc::POLLHUP != 0 && conns[k].as_ref().is_some_and(|c| failed(c)) {
+            // (a reset or abort: POLLERR too, as a TCP socket's sk_err
+            // shows; the readiness descriptor can show the end only)
+            u.revents |= libc::POLLERR;
         }
         if u.revents != 0
             && pend[k]
@@ -875,7 +885,11 @@ unsafe fn fix_events(
             // counts a read that would block as an error), and it may fire
             // while the application does not ask for readable. The rest of
             // what the application asked for is added.
-            fixed |= ((orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn)) & mask;
+            // (an error is reported whatever was asked for, as the kernel
+            // reports EPOLLERR)
+            let err = now & libc::EPOLLERR as u32;
+            fixed |=
+                ((orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn)) & mask | err;
             kept |= orig & mask;
         }
         if fixed != 0 {
@@ -894,6 +908,14 @@ unsafe fn fix_events(
         }
     }
     k as c_int
+}
+
+/// Whether connection `c` ended in an error that its next call reports (a
+/// reset or an abort): `EPOLLERR`, which its readiness descriptor cannot
+/// show (`smc::readiness::Level::err`).
+pub(crate) fn failed(c: &Conn) -> bool {
+    c.s.ready_events()
+        .is_some_and(|e| e & libc::EPOLLERR as u32 != 0)
 }
 
 /// Waits again after `fix_events` dropped every event (spent signals).

@@ -1,6 +1,7 @@
 //! `getsockopt` (`SO_ERROR` of a non-blocking connect) and `setsockopt`
 //! (the timeouts `SO_RCVTIMEO`/`SO_SNDTIMEO`, which an SMC-R connection's
-//! calls apply themselves).
+//! calls apply themselves, and `SO_LINGER`, whose zero timeout makes its
+//! close a reset).
 
 use super::*;
 
@@ -96,6 +97,14 @@ pub unsafe extern "C" fn setsockopt(
             take_timeouts(&c.s, false);
         }
     }
+    if r == 0 && level == libc::SOL_SOCKET && opt == libc::SO_LINGER {
+        // (on any socket: a listener's accepted sockets and a socket's own
+        // connection take it, see `take_linger`)
+        LINGER_SET.store(true, Ordering::Release);
+        if let Some(Entry::Stream(c)) = get(fd) {
+            let _ = c.s.take_socket_linger();
+        }
+    }
     if r == 0
         && level == libc::SOL_SOCKET
         && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF)
@@ -141,6 +150,21 @@ fn ask_buffer(fd: RawFd, rcv: bool) {
     // (a race with the program's own calls on the socket is its own, as
     // with a kernel socket's options)
     drop(insert(fd, e));
+}
+
+/// The program set `SO_LINGER` on some socket: connections made from now on
+/// look whether theirs has it ([`take_linger`]).
+static LINGER_SET: AtomicBool = AtomicBool::new(false);
+
+/// Stream `s` takes `SO_LINGER` of its TCP socket, set before the
+/// connection was made (on a listener, whose accepted sockets inherit it,
+/// as in Linux's `sk_clone_lock`): with a zero timeout its close resets the
+/// peer, as TCP's (`SmcStream::set_linger`). A look only in a process that
+/// set the option somewhere (nginx sets it on connections it gives up on).
+pub(crate) fn take_linger(s: &SmcStream) {
+    if LINGER_SET.load(Ordering::Acquire) {
+        let _ = s.take_socket_linger();
+    }
 }
 
 /// `SO_RCVTIMEO`/`SO_SNDTIMEO`, in the old (`timeval` of `long`s) and new

@@ -74,6 +74,8 @@ struct Queue {
     stop: bool,
     /// The driver stopped taking connections because `ready` was full.
     full: bool,
+    /// Shut down ([`SmcListener::shutdown`]): listens no more.
+    shut: bool,
 }
 
 struct Inner {
@@ -118,9 +120,21 @@ impl Inner {
     /// writable.
     fn show(&self, q: &Queue) {
         if let Some(r) = self.ready.get() {
-            r.set(Level {
-                readable: !q.ready.is_empty() || q.error.is_some(),
-                ..Level::default()
+            r.set(if q.shut {
+                // (as a TCP socket in TCP_CLOSE with its receive side shut
+                // down polls, tcp.c tcp_poll)
+                Level {
+                    readable: true,
+                    writable: true,
+                    eof: true,
+                    hup: true,
+                    err: false,
+                }
+            } else {
+                Level {
+                    readable: !q.ready.is_empty() || q.error.is_some(),
+                    ..Level::default()
+                }
             });
         }
     }
@@ -312,6 +326,10 @@ impl SmcListener {
         }
         let mut q = lock(&self.inner.q);
         loop {
+            if q.shut {
+                // (af_inet.c inet_accept: not listening)
+                return Err(io::ErrorKind::InvalidInput.into());
+            }
             if let Some((s, addr)) = q.ready.pop_front() {
                 let resume = std::mem::take(&mut q.full);
                 self.inner.show(&q);
@@ -331,6 +349,41 @@ impl SmcListener {
             }
             q = self.inner.cv.wait(q).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Shuts the listening socket down as `shutdown(2)` does a listening TCP
+    /// socket: with its read side (`Read`, `Both`) it listens no more — the
+    /// connections nobody accepted yet are reset, as the kernel resets those
+    /// in its accept queue (inet_connection_sock.c `inet_csk_listen_stop`),
+    /// `accept()` fails with `EINVAL` (af_inet.c `inet_accept`), and a
+    /// thread waiting in `accept()` or on the readiness descriptor returns
+    /// (servers stop their accepting threads so). `Write` alone changes
+    /// nothing here, as on TCP.
+    pub fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
+        use std::net::Shutdown;
+        let h = match how {
+            Shutdown::Read => rustix::net::Shutdown::Read,
+            Shutdown::Write => rustix::net::Shutdown::Write,
+            Shutdown::Both => rustix::net::Shutdown::Both,
+        };
+        rustix::net::shutdown(&self.inner.tcp, h)?;
+        if how == Shutdown::Write || self.driver.is_none() || crate::fork::parents(self.born) {
+            return Ok(());
+        }
+        let waiting = {
+            let mut q = lock(&self.inner.q);
+            q.shut = true;
+            q.stop = true;
+            self.inner.show(&q);
+            std::mem::take(&mut q.ready)
+        };
+        self.inner.cv.notify_all();
+        self.inner.wake_driver();
+        for (s, _) in waiting {
+            // (a reset, not an orderly close: their clients were never served)
+            let _ = s.set_linger(Some(Duration::ZERO));
+        }
+        Ok(())
     }
 
     /// An iterator over incoming connections.

@@ -527,6 +527,25 @@ impl SmcStream {
         }
     }
 
+    /// Ends the connection at once with an abort, dropping what is unsent:
+    /// the peer's reads fail with `ECONNRESET`, and this stream's calls find
+    /// it gone (`ENOTCONN`). What TCP does when a connected socket is
+    /// disconnected (`connect` to `AF_UNSPEC`, tcp.c `tcp_disconnect`, which
+    /// sends a reset). On a TCP fallback connection: nothing (the caller
+    /// disconnects the socket itself).
+    pub fn abort(&self) {
+        if let Some(c) = &self.smc {
+            if crate::fork::parents(c.born) {
+                return;
+            }
+            let mut ep = c.shared.lock();
+            ep.release_reset(c.id);
+            c.shared.pump(&mut ep);
+            c.shared.app_changed(&ep);
+            c.note();
+        }
+    }
+
     /// `SO_LINGER`, set on the TCP socket. On SMC-R a zero timeout makes
     /// the close of the last handle an abort: what is unsent is dropped
     /// and the peer's reads fail with `ECONNRESET`, as a TCP socket closed

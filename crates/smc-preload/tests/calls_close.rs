@@ -1,0 +1,78 @@
+//! The ends of connections and listeners under smc_run as on plain TCP
+//! (tests/conform_close.c): `shutdown(SHUT_RD)` (a reader waiting in
+//! another thread returns, what the peer still sends is read), both sides
+//! shut by one side (`EPOLLHUP`), `shutdown` of a connection that is over
+//! (`ENOTCONN`), a close with `SO_LINGER` 0 (a reset: `EPOLLERR`,
+//! `ECONNRESET`), also inherited from the listener, `connect(AF_UNSPEC)` and
+//! a new connection of the same socket (its data to the new peer, a reset
+//! for the old one), `shutdown` of a listening socket (a thread polling it
+//! woken, `accept` then `EINVAL`), and every connection made by a blocking
+//! connect to the program's own listener before its `accept`.
+
+mod common;
+
+use common::*;
+
+fn run(s: &Setup, exe: &std::path::Path, preload: bool) -> String {
+    let _ = std::fs::remove_file(s.dir.join("state"));
+    let out = under(s, preload, exe, &[]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "preload {preload}: {:?}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn ends_of_connections_and_listeners_as_on_plain_tcp() {
+    let s = setup("close");
+    let exe = compile_c("conform_close", &s.dir);
+    let plain = run(&s, &exe, false);
+    // what the script must have exercised (on plain TCP)
+    for l in [
+        "waiting read returned 0",
+        "poll after SHUT_RD: IN OUT RDHUP",
+        "read what came = 4 'late'",
+        "poll both shut here: IN OUT HUP RDHUP",
+        "client shutdown again = -1 ENOTCONN",
+        "server shutdown again = -1 ENOTCONN",
+        "poll after the reset: IN OUT ERR HUP RDHUP",
+        "poll after the reset, no events asked: ERR HUP",
+        "read after the reset = -1 ECONNRESET",
+        "read after the inherited reset = -1 ECONNRESET",
+        "old peer poll: IN OUT ERR HUP RDHUP",
+        "new peer reads = 3 'new'",
+        "old peer reads = -1 ECONNRESET",
+        "poller of a blocking listener woken: at once, HUP 1",
+        "poller of a non-blocking listener woken: at once, HUP 1",
+        "accept after shutdown = -1 EINVAL",
+    ] {
+        assert!(plain.contains(l), "plain run lacks {l:?}:\n{plain}");
+    }
+    assert!(s.modes().is_empty());
+    for round in 0..2 {
+        let smc = run(&s, &exe, true);
+        for (k, (a, b)) in plain.lines().zip(smc.lines()).enumerate() {
+            assert_eq!(
+                a,
+                b,
+                "round {round}: line {} differs from the plain run",
+                k + 1
+            );
+        }
+        assert_eq!(plain.lines().count(), smc.lines().count(), "{smc}");
+        // five connections over SMC-R, both ends in this process; the one
+        // a disconnected socket made after falls back (its socket is no
+        // longer opted in to the SMC option)
+        let modes = s.modes();
+        assert_eq!(modes.len(), 12, "{modes:?}");
+        assert_eq!(
+            modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
+            10,
+            "{modes:?}"
+        );
+    }
+}

@@ -1,0 +1,220 @@
+/* Conformance of the ends of connections and listeners: shutdown, close with
+ * SO_LINGER 0, connect(AF_UNSPEC), shutdown of a listening socket, and a
+ * connect to the program's own listener before it accepts. Prints one line
+ * per call (result or errno name, readiness events), so that a run under
+ * smc_run can be compared with a plain run (tests/calls_close.rs asserts
+ * identical output). Both ends of each connection live in this process; each
+ * wait for an event is bounded, and what is printed does not depend on
+ * timing. It knows nothing of SMC. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static void die(const char *m) { fprintf(stderr, "%s: %s\n", m, strerror(errno)); exit(2); }
+
+static long show(const char *name, long r) {
+    if (r < 0)
+        printf("%s = -1 %s\n", name, strerrorname_np(errno));
+    else
+        printf("%s = %ld\n", name, r);
+    fflush(stdout);
+    return r;
+}
+
+static const short ALL = POLLIN | POLLPRI | POLLOUT | POLLRDHUP;
+
+static void show_revents(const char *name, short r) {
+    printf("%s:%s%s%s%s%s%s\n", name, r & POLLIN ? " IN" : "", r & POLLPRI ? " PRI" : "",
+           r & POLLOUT ? " OUT" : "", r & POLLERR ? " ERR" : "", r & POLLHUP ? " HUP" : "",
+           r & POLLRDHUP ? " RDHUP" : "");
+    fflush(stdout);
+}
+
+/* what poll shows of fd for `events`, once it shows all of `until` (or 5 s
+ * passed): the state an event brings, whenever it arrives */
+static void poll_until(const char *name, int fd, short events, short until) {
+    struct pollfd p = { fd, events, 0 };
+    for (int i = 0; i < 500; i++) {
+        p.revents = 0;
+        if (poll(&p, 1, 10) < 0)
+            die("poll");
+        if ((p.revents & until) == until)
+            break;
+    }
+    show_revents(name, p.revents);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* a listener on 127.0.0.1, blocking */
+static int listener(struct sockaddr_in *a) {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    socklen_t al = sizeof *a;
+    *a = (struct sockaddr_in){ AF_INET, 0, { htonl(INADDR_LOOPBACK) } };
+    if (l < 0 || bind(l, (void *)a, sizeof *a) || listen(l, 8) || getsockname(l, (void *)a, &al))
+        die("listener");
+    return l;
+}
+
+/* a connection to the program's own listener, connected before it is
+ * accepted (blocking connect, then accept) */
+static void pair(int *c, int *s) {
+    struct sockaddr_in a;
+    int l = listener(&a);
+    *c = socket(AF_INET, SOCK_STREAM, 0);
+    if (*c < 0 || connect(*c, (void *)&a, sizeof a))
+        die("connect");
+    *s = accept(l, NULL, NULL);
+    if (*s < 0)
+        die("accept");
+    close(l);
+}
+
+static void recv_show(const char *name, int fd, int flags) {
+    char b[32];
+    long n = recv(fd, b, sizeof b, flags);
+    if (n < 0)
+        printf("%s = -1 %s\n", name, strerrorname_np(errno));
+    else
+        printf("%s = %ld '%.*s'\n", name, n, (int)n, b);
+    fflush(stdout);
+}
+
+static int waited_fd;
+static void *blocked_read(void *arg) {
+    char b[8];
+    long n = read(waited_fd, b, sizeof b);
+    *(long *)arg = n < 0 ? -errno : n;
+    return NULL;
+}
+
+static int listening;
+static void *blocked_poll(void *arg) {
+    struct pollfd p = { listening, POLLIN, 0 };
+    int n = poll(&p, 1, 5000);
+    *(short *)arg = n > 0 ? p.revents : 0;
+    return NULL;
+}
+
+int main(void) {
+    int c, s;
+    char b[8];
+
+    /* own SHUT_RD: a reader waiting in another thread returns 0, reads
+     * return 0, what the peer still sends is read */
+    pair(&c, &s);
+    long got = 99;
+    pthread_t t;
+    waited_fd = c;
+    pthread_create(&t, NULL, blocked_read, &got);
+    usleep(100000);
+    show("shutdown SHUT_RD", shutdown(c, SHUT_RD));
+    pthread_join(t, NULL);
+    printf("waiting read returned %ld\n", got);
+    poll_until("poll after SHUT_RD", c, ALL, POLLIN | POLLRDHUP);
+    show("read after SHUT_RD", read(c, b, sizeof b));
+    show("peer writes", write(s, "late", 4));
+    poll_until("poll with data after SHUT_RD", c, ALL, POLLIN);
+    recv_show("read what came", c, MSG_DONTWAIT);
+    show("shutdown SHUT_WR too", shutdown(c, SHUT_WR));
+    poll_until("poll both shut here", c, ALL, POLLHUP);
+    recv_show("recv both shut here", c, MSG_DONTWAIT);
+    close(c);
+    close(s);
+
+    /* both directions shut, one by each side: over */
+    pair(&c, &s);
+    show("client SHUT_WR", shutdown(c, SHUT_WR));
+    show("server reads the end", read(s, b, sizeof b));
+    show("server SHUT_WR", shutdown(s, SHUT_WR));
+    show("client reads the end", read(c, b, sizeof b));
+    poll_until("client poll over", c, ALL, POLLHUP);
+    show("client shutdown again", shutdown(c, SHUT_RDWR));
+    poll_until("server poll over", s, ALL, POLLHUP);
+    show("server shutdown again", shutdown(s, SHUT_RDWR));
+    close(c);
+    close(s);
+
+    /* the peer closes with SO_LINGER on and 0 s: a reset */
+    pair(&c, &s);
+    struct linger lg = { 1, 0 };
+    show("setsockopt SO_LINGER 0", setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg));
+    close(s);
+    poll_until("poll after the reset", c, ALL, POLLHUP | POLLERR);
+    poll_until("poll after the reset, no events asked", c, 0, POLLHUP | POLLERR);
+    recv_show("read after the reset", c, MSG_DONTWAIT);
+    show("shutdown after the reset", shutdown(c, SHUT_WR));
+    close(c);
+
+    /* accepted sockets take SO_LINGER from their listener */
+    {
+        struct sockaddr_in a;
+        int l = listener(&a);
+        show("listener SO_LINGER 0", setsockopt(l, SOL_SOCKET, SO_LINGER, &lg, sizeof lg));
+        c = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(c, (void *)&a, sizeof a))
+            die("connect");
+        s = accept(l, NULL, NULL);
+        close(l);
+        close(s);
+        poll_until("poll after the inherited reset", c, ALL, POLLHUP | POLLERR);
+        recv_show("read after the inherited reset", c, MSG_DONTWAIT);
+        close(c);
+    }
+
+    /* connect(AF_UNSPEC) dissolves the connection (a reset for the peer);
+     * the socket then connects elsewhere, and its data goes there */
+    {
+        int s1, s2;
+        pair(&c, &s1);
+        struct sockaddr un = { AF_UNSPEC };
+        show("connect AF_UNSPEC", connect(c, &un, sizeof un));
+        poll_until("old peer poll", s1, ALL, POLLHUP | POLLERR);
+        struct sockaddr_in a;
+        int l = listener(&a);
+        show("connect elsewhere", connect(c, (void *)&a, sizeof a));
+        s2 = accept(l, NULL, NULL);
+        close(l);
+        show("write", write(c, "new", 3));
+        poll_until("new peer poll", s2, POLLIN, POLLIN);
+        recv_show("new peer reads", s2, MSG_DONTWAIT);
+        recv_show("old peer reads", s1, MSG_DONTWAIT);
+        close(c);
+        close(s1);
+        close(s2);
+    }
+
+    /* shutdown of a listening socket wakes a thread polling it; accept
+     * fails then (blocking, and non-blocking as an event loop's) */
+    for (int nb = 0; nb < 2; nb++) {
+        struct sockaddr_in a;
+        listening = listener(&a);
+        if (nb && fcntl(listening, F_SETFL, O_NONBLOCK))
+            die("fcntl");
+        short rev = 0;
+        pthread_create(&t, NULL, blocked_poll, &rev);
+        usleep(100000);
+        double t0 = now();
+        show("shutdown listener", shutdown(listening, SHUT_RDWR));
+        pthread_join(t, NULL);
+        printf("poller of a %s listener woken: %s, HUP %d\n", nb ? "non-blocking" : "blocking",
+               now() - t0 < 2.5 ? "at once" : "late", !!(rev & POLLHUP));
+        show("accept after shutdown", accept(listening, NULL, NULL));
+        close(listening);
+    }
+    return 0;
+}
