@@ -1078,4 +1078,35 @@ pub(crate) mod tests {
             assert_eq!(got, Ok(Err(io::ErrorKind::WouldBlock)));
         });
     }
+
+    /// A peek of the whole length (`peek_all_with`, as `recv(MSG_PEEK |
+    /// MSG_WAITALL)`) waits until all of it has come and takes nothing;
+    /// without waiting, or at the end of the stream, it returns what there
+    /// is.
+    #[test]
+    fn a_peek_of_the_whole_length_waits_for_all_of_it() {
+        let _one = serial();
+        let (mut c, s) = smc_pair();
+        c.write_all(b"ab").unwrap();
+        let end = Instant::now() + Duration::from_secs(10);
+        while s.readable_bytes() != Some(2) {
+            assert!(Instant::now() < end, "the first bytes arrive");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut b = [0u8; 5];
+        assert_eq!(s.peek_all_with(&mut b, true).unwrap().unwrap(), 2);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(100));
+                (&c).write_all(b"cde").unwrap();
+            });
+            assert_eq!(s.peek_all_with(&mut b, false).unwrap().unwrap(), 5);
+        });
+        assert_eq!(&b, b"abcde");
+        assert_eq!(s.readable_bytes(), Some(5), "a peek takes nothing");
+        c.shutdown(Shutdown::Write).unwrap();
+        // at the end of the stream: what there is
+        let mut b = [0u8; 8];
+        assert_eq!(s.peek_all_with(&mut b, false).unwrap().unwrap(), 5);
+    }
 }

@@ -224,6 +224,33 @@ impl SmcStream {
     /// stay in the receive buffer, where the connection's readiness shows
     /// them. `None`: not an SMC-R connection.
     pub fn peek_with(&self, buf: &mut [u8], dont_wait: bool) -> Option<io::Result<usize>> {
+        self.peek_until(buf, 1, dont_wait)
+    }
+
+    /// [`SmcStream::peek_with`] as `recv(MSG_PEEK | MSG_WAITALL)`: waits
+    /// until the whole of `buf` can be copied, as Linux's TCP does
+    /// (tcp.c `tcp_recvmsg_locked`: its target is the whole length, and a
+    /// peek waits for it as a read does), and returns less only at the end
+    /// of the stream, at the read timeout, or without waiting (`dont_wait`,
+    /// non-blocking): what is there then (`WouldBlock` if nothing is).
+    pub fn peek_all_with(&self, buf: &mut [u8], dont_wait: bool) -> Option<io::Result<usize>> {
+        match self.peek_until(buf, buf.len(), dont_wait) {
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock && buf.len() > 1 => {
+                // what there is after all
+                self.peek_until(buf, 1, true)
+            }
+            r => r,
+        }
+    }
+
+    /// A peek that waits until `want` bytes (at least one) can be copied
+    /// into `buf`, or the end of the stream; `None`: not SMC-R.
+    fn peek_until(
+        &self,
+        buf: &mut [u8],
+        want: usize,
+        dont_wait: bool,
+    ) -> Option<io::Result<usize>> {
         let c = match self.smc_conn() {
             Ok(Some(c)) => c,
             Ok(None) => return None,
@@ -232,6 +259,7 @@ impl SmcStream {
         if buf.is_empty() {
             return Some(Ok(0));
         }
+        let want = want.clamp(1, buf.len());
         let nonblocking = dont_wait || self.nonblocking();
         let deadline = Self::timeout(&self.opts.read_timeout);
         let _busy = c.shared.busy();
@@ -241,7 +269,11 @@ impl SmcStream {
                 Ok(0) => None,
                 // (the peek holds the bytes as a lease does: given
                 // back, none taken)
-                Ok(n) => Some(ep.read_commit(c.id, 0).map(|()| n).map_err(conn_error)),
+                Ok(n) => match ep.read_commit(c.id, 0) {
+                    // (fewer than wanted: wait for more, unless no more come)
+                    Ok(()) if n < want && !ep.peer_done(c.id) => None,
+                    r => Some(r.map(|()| n).map_err(conn_error)),
+                },
                 Err(e) => Some(Err(conn_error(e))),
             })
         }))
