@@ -1109,4 +1109,22 @@ pub(crate) mod tests {
         let mut b = [0u8; 8];
         assert_eq!(s.peek_all_with(&mut b, false).unwrap().unwrap(), 5);
     }
+
+    /// A write of nothing says whether the connection can be written, as
+    /// TCP's does: 0, also to a peer that shut its own writing down;
+    /// `BrokenPipe` after our own shutdown of writing.
+    #[test]
+    fn a_write_of_nothing_says_our_shutdown_of_writing() {
+        let _one = serial();
+        let (c, s) = smc_pair();
+        assert_eq!(c.write_with(&[], true).unwrap(), 0);
+        c.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(
+            c.write_with(&[], true).unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
+        let mut b = [0u8; 1];
+        assert_eq!((&s).read(&mut b).unwrap(), 0, "the peer's end of file");
+        assert_eq!(s.write_with(&[], true).unwrap(), 0, "half closed");
+    }
 }

@@ -111,6 +111,23 @@ impl<P: Provider> Endpoint<P> {
         }
     }
 
+    /// What a write of nothing on connection `id` says, as a TCP socket's
+    /// `send` of zero bytes (tcp.c `tcp_sendmsg_locked`, which looks at the
+    /// socket's error and its shutdown of sending before it copies
+    /// anything): the reset or abort of a failed connection,
+    /// [`ConnError::Closed`] once we shut down writing ourselves; `Ok` while
+    /// it can be written, and after a close of the peer's alone (TCP's
+    /// `CLOSE_WAIT`, where only the reset that data would draw fails it).
+    pub fn write_refused(&self, id: ConnId) -> std::result::Result<(), ConnError> {
+        let k = self.core(id).ok_or(ConnError::NotConnected)?;
+        match k.closer.error() {
+            Some(smc_proto::close::CloseError::Reset) => Err(ConnError::Reset),
+            Some(smc_proto::close::CloseError::Aborted) => Err(ConnError::Aborted),
+            None if k.closer.tx_flags().any() => Err(ConnError::Closed),
+            None => Ok(()),
+        }
+    }
+
     /// Bytes a [`Self::write`] of connection `id` could take now: the send
     /// buffer's free space (0 when the connection cannot be written).
     pub fn sndbuf_free(&self, id: ConnId) -> usize {

@@ -118,7 +118,14 @@ impl SmcStream {
             Lease(WriteLease),
         }
         if buf.is_empty() {
-            return Ok(0);
+            // (tcp.c `tcp_sendmsg_locked`: a write of nothing still fails
+            // once the sending side is shut down or the connection failed)
+            return c
+                .shared
+                .lock()
+                .write_refused(c.id)
+                .map(|()| 0)
+                .map_err(conn_error);
         }
         if let Some(n) = c.try_fast_write(buf) {
             return Ok(n);
@@ -285,7 +292,11 @@ impl SmcStream {
 
     /// Writes as `write`, without blocking if `dont_wait` (`MSG_DONTWAIT`)
     /// even in blocking mode. (Writing after the end of the connection is
-    /// `BrokenPipe` without a signal, as `send(MSG_NOSIGNAL)`.)
+    /// `BrokenPipe` without a signal, as `send(MSG_NOSIGNAL)`.) An empty
+    /// `buf` writes nothing and says the error a write would meet, as a
+    /// TCP socket's `send` of nothing does: `BrokenPipe` after our own
+    /// shutdown of writing, the reset or abort of a failed connection;
+    /// `Ok(0)` otherwise (a peer that closed too).
     pub fn write_with(&self, buf: &[u8], dont_wait: bool) -> io::Result<usize> {
         let nonblocking = dont_wait || self.nonblocking();
         match self.smc_conn()? {
