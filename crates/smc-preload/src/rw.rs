@@ -15,6 +15,10 @@ pub(crate) fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<us
         };
     }
     let dont_wait = flags & libc::MSG_DONTWAIT != 0;
+    let all = libc::MSG_PEEK | libc::MSG_WAITALL;
+    if flags & all == all && buf.len() > 1 {
+        return peek_all(c, buf, dont_wait);
+    }
     let peek = flags & libc::MSG_PEEK != 0;
     {
         let mut p = c.peeked.lock().unwrap_or_else(|e| e.into_inner());
@@ -64,6 +68,42 @@ pub(crate) fn conn_recv(c: &Conn, buf: &mut [u8], flags: c_int) -> io::Result<us
         return Ok(got);
     }
     c.s.read_with(buf, dont_wait)
+}
+
+/// `recv(MSG_PEEK | MSG_WAITALL)`: waits until the whole length can be
+/// copied, as TCP's peek does (tcp.c `tcp_recvmsg_locked`: `MSG_WAITALL`
+/// makes the whole length its target, for a peek too), and returns less
+/// only at the end of the stream, at the timeout, or without waiting: what
+/// is there then.
+fn peek_all(c: &Conn, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
+    if c.peeked
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_empty()
+    {
+        if let Some(r) = c.s.peek_all_with(buf, dont_wait) {
+            return r;
+        }
+    }
+    // Bytes read ahead (a fallback's, or those a failed write took in,
+    // `tcp_write_error`): read ahead more until the whole length is there.
+    let peek = libc::MSG_PEEK | if dont_wait { libc::MSG_DONTWAIT } else { 0 };
+    loop {
+        let n = conn_recv(c, buf, peek)?;
+        if n == 0 || n == buf.len() || dont_wait || c.s.is_nonblocking() {
+            return Ok(n);
+        }
+        let mut tmp = vec![0u8; buf.len() - n];
+        match c.s.read_with(&mut tmp, false) {
+            Ok(m) if m > 0 => c
+                .peeked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(&tmp[..m]),
+            // the end of the stream, the timeout, an error: what is there
+            _ => return Ok(n),
+        }
+    }
 }
 
 /// Writes for `send(flags)`: all of it unless non-blocking, as TCP does.
