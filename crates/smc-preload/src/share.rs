@@ -40,7 +40,7 @@ use super::*;
 
 /// The largest read or write of one request (a `SOCK_SEQPACKET` message
 /// fits in the default socket buffer).
-const CHUNK: usize = 64 << 10;
+pub(crate) const CHUNK: usize = 64 << 10;
 
 const RECV: u8 = 1;
 const SEND: u8 = 2;
@@ -489,6 +489,10 @@ impl Remote {
         self.nonblock.store(on, Ordering::Relaxed);
     }
 
+    pub(crate) fn is_nonblocking(&self) -> bool {
+        self.nonblock.load(Ordering::Relaxed)
+    }
+
     /// Waits until the connection may have become readable (`POLLIN`) or
     /// writable (`POLLOUT`): its readiness descriptor, and for reading its
     /// peer signal, with the real `poll` (both are the library's own
@@ -570,6 +574,18 @@ impl Remote {
     pub(crate) fn send(&self, buf: &[u8], flags: c_int) -> io::Result<usize> {
         let dont_wait = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Ordering::Relaxed);
         let oob = flags & libc::MSG_OOB != 0 && !buf.is_empty();
+        let pipe = |e: io::Error| {
+            if e.raw_os_error() == Some(libc::EPIPE) && flags & libc::MSG_NOSIGNAL == 0 {
+                // SAFETY: raise has no preconditions.
+                unsafe { libc::raise(libc::SIGPIPE) };
+            }
+            e
+        };
+        if buf.is_empty() {
+            // nothing to write, but the connection's state to say, as the
+            // owner's write of nothing says it (`rw::send_nothing`)
+            return self.call(SEND, 0, 0, &[], &mut []).map_err(pipe);
+        }
         let mut done = 0;
         // (SO_SNDTIMEO, looked up once the call would wait)
         let mut until = None;
@@ -595,13 +611,7 @@ impl Remote {
                     self.wait(libc::POLLOUT, until)
                 }
                 Err(_) if done > 0 => return Ok(done),
-                Err(e) => {
-                    if e.raw_os_error() == Some(libc::EPIPE) && flags & libc::MSG_NOSIGNAL == 0 {
-                        // SAFETY: raise has no preconditions.
-                        unsafe { libc::raise(libc::SIGPIPE) };
-                    }
-                    return Err(e);
-                }
+                Err(e) => return Err(pipe(e)),
             }
             if dont_wait && done < end {
                 break;
