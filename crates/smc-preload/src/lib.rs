@@ -27,7 +27,8 @@
 //!   the kernel.
 //! * Reads and writes (`read`, `write`, `readv`, `writev`, `recv`, `send`,
 //!   `recvfrom`, `sendto`, `recvmsg`, `sendmsg`; `MSG_PEEK`, `MSG_DONTWAIT`,
-//!   `MSG_WAITALL`, `MSG_NOSIGNAL`, `MSG_OOB`), `shutdown`, `close`, `dup`,
+//!   `MSG_WAITALL`, `MSG_NOSIGNAL`, `MSG_OOB`, `MSG_TRUNC`; `MSG_ERRQUEUE`
+//!   reads the TCP socket's error queue), `shutdown`, `close`, `dup`,
 //!   `dup2`, `dup3`, `fcntl` (`O_NONBLOCK`, `F_DUPFD*`), `ioctl` (`FIONBIO`,
 //!   `FIONREAD`) of SMC-R connections go to the stream; a write after the
 //!   end raises `SIGPIPE` unless `MSG_NOSIGNAL`.
