@@ -300,6 +300,9 @@ impl QueuePair for FaultyQp {
     fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {
         self.qp.remote_window(rkey, addr, len)
     }
+    fn peer_paused(&self) -> bool {
+        self.qp.peer_paused()
+    }
     fn prepare_remote(&self, rkey: u32, addr: u64, len: usize) -> smc_rdma::Result<()> {
         let mut f = self
             .faults

@@ -97,3 +97,64 @@ fn a_released_connection_whose_peer_vanished_is_freed_with_its_group() {
     assert_eq!(w.client.connections(), 0);
     assert_eq!(w.client.link_groups(), 0, "the group is gone");
 }
+
+/// A peer whose process is stopped (`SIGSTOP`, a debugger: the provider
+/// says so, `QueuePair::peer_paused`) answers no TEST_LINK meanwhile: its
+/// link waits for it, as a TCP connection outlives a stopped peer, whose
+/// kernel answers for it; once it is no longer paused and still silent,
+/// the keepalive ends the link as before.
+#[test]
+fn a_link_outlives_a_stopped_peer_process() {
+    let mut cc = simple_config("simC", 0x1111, 1);
+    let mut sc = simple_config("simS", 0x2222, 2);
+    let iv = Duration::from_secs(5);
+    cc.testlink = Some(iv);
+    sc.testlink = Some(iv);
+    let mut w = World::new(cc, sc);
+    let mut t = w.handshake();
+    w.server.write(t.s, b"before").unwrap();
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert_eq!(w.client.read(t.c, 100).unwrap(), b"before");
+
+    // stopped: its endpoint runs no more (never pumped from here on; its
+    // device still takes what comes, as a stopped process's receive ring
+    // does), and the provider knows why
+    w.fabric.set_paused("simS", true).unwrap();
+    let stopped = w.now;
+    while w.now < stopped + iv * 12 {
+        w.client.pump(w.now).unwrap();
+        w.fabric.advance(Duration::from_millis(10));
+        w.now += Duration::from_millis(10);
+    }
+    assert_eq!(
+        w.client.link_groups(),
+        1,
+        "the link waits for the stopped peer"
+    );
+    assert_eq!(
+        w.client.read(t.c, 100),
+        Ok(vec![]),
+        "the connection is fine"
+    );
+
+    // the process is no longer stopped but stays silent (it hangs): down
+    // as before
+    w.fabric.set_paused("simS", false).unwrap();
+    let resumed = w.now;
+    let mut down = None;
+    while w.now < resumed + iv * 3 {
+        w.client.pump(w.now).unwrap();
+        w.fabric.advance(Duration::from_millis(10));
+        w.now += Duration::from_millis(10);
+        if w.client.read(t.c, 100).is_err() {
+            down = Some(w.now);
+            break;
+        }
+    }
+    let down = down.expect("a silent peer that is not paused ends its link");
+    assert!(
+        down - resumed <= llc::WAIT_TIME + Duration::from_millis(50),
+        "{:?}",
+        down - resumed
+    );
+}

@@ -1052,6 +1052,37 @@ impl LinkGroup {
         }
     }
 
+    /// The peer of the link in `slot` is alive but paused (its process is
+    /// stopped, as the provider can tell on one host): a TEST_LINK request
+    /// it has left unanswered for `SMC_LLC_WAIT_TIME` waits on, from `now`,
+    /// instead of taking the link down. A TCP peer's kernel answers
+    /// keepalives for a stopped process; here the peer answers itself once
+    /// it runs again (the request waits in its receive queue), and its
+    /// death still ends the link (the provider's QP error). Returns whether
+    /// a wait was extended.
+    pub fn peer_paused(&mut self, slot: usize, now: Timestamp) -> bool {
+        let Some(l) = self.links.get_mut(slot).and_then(Option::as_mut) else {
+            return false;
+        };
+        match l.testlink_sent {
+            Some(sent) if l.state == LinkState::Active && now >= sent + llc::WAIT_TIME => {
+                l.testlink_sent = Some(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the TEST_LINK request on the link in `slot` has gone
+    /// unanswered for `SMC_LLC_WAIT_TIME` at `now` (the next timer run
+    /// takes the link down, unless [`Self::peer_paused`] says otherwise).
+    pub fn keepalive_overdue(&self, slot: usize, now: Timestamp) -> bool {
+        self.link(slot).is_some_and(|l| {
+            l.state == LinkState::Active
+                && l.testlink_sent.is_some_and(|s| now >= s + llc::WAIT_TIME)
+        })
+    }
+
     /// Asks the peer of the link in `slot` for a sign of life now — a TEST_LINK
     /// request (§1.10) — rather than once the keepalive interval has passed
     /// without one: the driver has reason to think the peer is gone. As for the

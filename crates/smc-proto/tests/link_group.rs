@@ -254,6 +254,48 @@ fn keepalive_probes_idle_links_and_kills_silent_ones() {
         .any(|o| matches!(o, LgrOutput::Terminated { .. })));
 }
 
+/// A peer whose process is stopped (the provider says so) leaves its
+/// TEST_LINK unanswered: the wait goes on from each look instead of taking
+/// the link down, and once the peer is no longer paused the next unanswered
+/// wait ends the link as before.
+#[test]
+fn a_keepalive_waits_for_a_paused_peer() {
+    let iv = Duration::from_secs(30);
+    let (mut s, _c) = pair(Some(iv));
+    s.on_timeout(T0 + iv);
+    assert!(!drain(&mut s).is_empty(), "the probe goes out");
+    let due = T0 + iv + llc::WAIT_TIME;
+    assert!(!s.keepalive_overdue(0, due - Duration::from_millis(1)));
+    assert!(s.keepalive_overdue(0, due));
+    assert!(
+        !s.peer_paused(0, due - Duration::from_millis(1)),
+        "not overdue yet"
+    );
+    // paused for a minute: looked at every wait, never down
+    let mut t = due;
+    while t < due + Duration::from_secs(60) {
+        assert!(s.keepalive_overdue(0, t));
+        assert!(s.peer_paused(0, t));
+        s.on_timeout(t);
+        assert!(
+            !drain(&mut s)
+                .iter()
+                .any(|o| matches!(o, LgrOutput::LinkDown { .. })),
+            "a paused peer's link stays up"
+        );
+        assert_eq!(s.poll_timeout(), Some(t + llc::WAIT_TIME));
+        t += llc::WAIT_TIME;
+    }
+    // no longer paused, still silent: down at the end of the wait
+    assert!(s.keepalive_overdue(0, t));
+    s.on_timeout(t);
+    assert!(drain(&mut s).contains(&LgrOutput::LinkDown {
+        slot: 0,
+        reason: DownReason::KeepaliveTimeout
+    }));
+    assert!(!s.peer_paused(0, t), "no link to wait for");
+}
+
 #[test]
 fn rkey_flows_between_two_of_ours() {
     let (mut s, mut c) = pair(None);

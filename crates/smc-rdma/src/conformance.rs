@@ -535,12 +535,14 @@ pub fn serve<P: Provider>(
     lines: std::sync::mpsc::Receiver<String>,
     out: &mut dyn Write,
 ) -> Result<()> {
-    serve_with(peer, lines, out, &mut |_| None)
+    serve_with(peer, lines, out, &mut |_, _| None)
 }
 
 /// Extra commands of a [`serve`] loop (e.g. process-level ones of the peer
-/// binary): `Some(reply)` if the words were one of them.
-pub type ExtraCommands<'a> = dyn FnMut(&[&str]) -> Option<Result<String>> + 'a;
+/// binary), with the peer they act on: `Some(reply)` if the words were one
+/// of them.
+pub type ExtraCommands<'a, P> =
+    dyn FnMut(&[&str], &mut LocalPeer<P>) -> Option<Result<String>> + 'a;
 
 /// [`serve`], with `extra` asked first for every command line; also answers
 /// the commands that the threat-model and resource tests use:
@@ -557,7 +559,7 @@ pub fn serve_with<P: Provider>(
     peer: &mut LocalPeer<P>,
     lines: std::sync::mpsc::Receiver<String>,
     out: &mut dyn Write,
-    extra: &mut ExtraCommands<'_>,
+    extra: &mut ExtraCommands<'_, P>,
 ) -> Result<()> {
     let mut kept_qps: Vec<P::Qp> = vec![];
     let mut kept_mrs: Vec<P::Mr> = vec![];
@@ -576,7 +578,7 @@ pub fn serve_with<P: Provider>(
                 .and_then(|x| x.parse().ok())
                 .ok_or_else(|| Error::InvalidArgument(format!("bad command {line:?}")))
         };
-        if let Some(r) = extra(&w) {
+        if let Some(r) = extra(&w, peer) {
             match r {
                 Ok(r) => writeln!(out, "ok {r}")?,
                 Err(err) => writeln!(out, "err {err}")?,
@@ -763,9 +765,11 @@ impl PeerCtl for ProcPeer {
         let _ = self.child.wait();
         Ok(())
     }
+    /// The peer's device thread stops answering (`hang`: a hung process;
+    /// a stopped one is paused, not dead, see `QueuePair::peer_paused`).
     fn hang(&mut self) -> Result<()> {
+        self.cmd("hang")?;
         self.dead = true;
-        crate::sys::send_signal(self.child.id(), crate::sys::Signal::Stop)?;
         Ok(())
     }
 }

@@ -71,6 +71,8 @@ struct DevSt {
     netdev: Option<String>,
     port_up: bool,
     unresponsive: bool,
+    /// Its QPs' peers take it for a stopped process ([`SimFabric::set_paused`]).
+    paused: bool,
     /// Requesters on this device retry forever at a transport retry count
     /// of 7 ([`SimFabric::set_rxe_retry`]).
     rxe_retry: bool,
@@ -708,6 +710,7 @@ impl SimFabric {
             netdev: netdev.map(Into::into),
             port_up: true,
             unresponsive: false,
+            paused: false,
             rxe_retry: false,
             extra_delay: 0,
             events: VecDeque::new(),
@@ -863,6 +866,16 @@ impl SimFabric {
     pub fn set_unresponsive(&self, dev: &str, on: bool) -> Result<()> {
         let i = self.dev_idx(dev)?;
         self.st().devs[i].unresponsive = on;
+        Ok(())
+    }
+
+    /// The QPs connected to `dev`'s say that their peer is a stopped process
+    /// (`QueuePair::peer_paused`), as the shm device tells of a peer that
+    /// got `SIGSTOP`; with [`Self::set_unresponsive`] the peer then answers
+    /// nothing meanwhile, as a stopped one.
+    pub fn set_paused(&self, dev: &str, on: bool) -> Result<()> {
+        let i = self.dev_idx(dev)?;
+        self.st().devs[i].paused = on;
         Ok(())
     }
 }
@@ -1401,6 +1414,15 @@ impl QueuePair for SimQp {
     /// Nothing to acquire in the simulation; checks that a WRITE of `len`
     /// bytes at `rkey`/`addr` would be accepted by the responder now, as the
     /// shm device does when it maps the region.
+    fn peer_paused(&self) -> bool {
+        let st = self.f.st();
+        st.qps
+            .get(&self.qpn)
+            .and_then(|qp| qp.remote)
+            .and_then(|r| st.qps.get(&r.qp_num))
+            .is_some_and(|peer| st.devs[peer.dev].paused)
+    }
+
     fn prepare_remote(&self, rkey: u32, addr: u64, len: usize) -> Result<()> {
         let st = self.f.st();
         let qp = st

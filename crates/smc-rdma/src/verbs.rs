@@ -827,6 +827,17 @@ pub trait QueuePair: Send + Sync {
         let _ = (rkey, addr, len);
         None
     }
+    /// Whether the peer's process is known to be stopped (`SIGSTOP`, job
+    /// control, a debugger): alive, but not answering until it runs again,
+    /// whereas a TCP peer's kernel answers for a stopped process. A
+    /// keepalive waits for such a peer (the engine's TEST_LINK); its death
+    /// still shows (its process ends, and the QP goes to ERR). Only a
+    /// provider that can tell says so (the shared-memory device, for a peer
+    /// in its PID namespace); an RNIC answers in hardware whatever its
+    /// host's processes do (default: `false`).
+    fn peer_paused(&self) -> bool {
+        false
+    }
     /// Readies this connected QP for RDMA WRITEs of up to `len` bytes at
     /// `rkey`/`addr` of the peer, so that the WRITEs later need nothing that
     /// may be lacking then. A provider that reaches peer memory through

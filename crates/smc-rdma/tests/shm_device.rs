@@ -177,6 +177,51 @@ fn peer_process_death_detected_within_bound_without_traffic() {
     );
 }
 
+/// A peer process that is stopped (`SIGSTOP`: job control, a debugger) is
+/// not dead, however long it stays stopped, as a TCP peer's connections
+/// outlive it: its QP stays up past both bounds of a silent peer, the QP
+/// says the peer is paused meanwhile, and once the peer runs again a SEND
+/// arrives as before.
+#[test]
+fn a_stopped_peer_process_keeps_its_qp() {
+    use smc_rdma::sys::{send_signal, Signal};
+    let mut h = setup!(make_proc(&ConnParams::default(), Place::Here));
+    assert!(!h.local.qp.peer_paused());
+    let pid = h.peer.child.id();
+    send_signal(pid, Signal::Stop).unwrap();
+    // (peer_timeout is 500 ms in the test config; a starved peer's bound
+    // eight times that)
+    std::thread::sleep(Duration::from_millis(4500));
+    assert_eq!(h.local.qp.state(), QpState::Rts, "a stopped peer is alive");
+    assert!(h.local.qp.peer_paused());
+    assert_eq!(h.local.dev.poll_async_event(), None);
+    send_signal(pid, Signal::Cont).unwrap();
+    let t0 = Instant::now();
+    while h.local.qp.peer_paused() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!h.local.qp.peer_paused(), "it runs again");
+    h.peer.post_recv(1, RECV_AREA, 64).unwrap();
+    h.local
+        .qp
+        .post_send(&SendWr {
+            wr_id: 9,
+            op: SendOp::Send,
+            payload: Payload::Inline(b"back"),
+            signaled: true,
+        })
+        .unwrap();
+    let t0 = Instant::now();
+    let mut got = vec![];
+    while got.is_empty() && t0.elapsed() < Duration::from_secs(5) {
+        got = h.peer.completions().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((got[0].wc.wr_id, got[0].wc.byte_len), (1, 4));
+    assert_eq!(h.local.qp.state(), QpState::Rts);
+}
+
 #[test]
 fn peer_process_hang_detected_within_bound_without_traffic() {
     let mut h = setup!(make_proc(&ConnParams::default(), Place::Here));

@@ -437,6 +437,9 @@ impl<S: Provider, V: Provider> QueuePair for PairQp<S, V> {
     fn prepare_remote(&self, rkey: u32, addr: u64, len: usize) -> Result<()> {
         each!(self, q => q.prepare_remote(rkey, addr, len))
     }
+    fn peer_paused(&self) -> bool {
+        each!(self, q => q.peer_paused())
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use smc_proto::clc_stream::FailReason;
 use smc_proto::close::{CloseEvent, CloseFlags};
 use smc_proto::link::LINK_SLOTS;
 use smc_proto::Timestamp;
-use smc_rdma::{CompletionChannel, CompletionQueue, Provider};
+use smc_rdma::{CompletionChannel, CompletionQueue, Provider, QueuePair};
 
 impl<P: Provider> Endpoint<P> {
     /// Does everything due at `now`: CLC timeouts, LLC traffic, completions,
@@ -114,6 +114,15 @@ impl<P: Provider> Endpoint<P> {
             if let Some(lg) = self.lgrs.get_mut(l) {
                 next = lg.group.poll_timeout();
                 if next.is_some_and(|t| now >= t) {
+                    // (a keepalive's wait for a peer whose process is
+                    // stopped goes on: `LinkGroup::peer_paused`)
+                    for (slot, res) in lg.links.iter().enumerate() {
+                        if let Some(r) = res {
+                            if lg.group.keepalive_overdue(slot, now) && r.qp.peer_paused() {
+                                lg.group.peer_paused(slot, now);
+                            }
+                        }
+                    }
                     fired = true;
                     lg.group.on_timeout(now);
                 }

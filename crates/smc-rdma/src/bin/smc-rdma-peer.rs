@@ -11,10 +11,11 @@
 //! connection trying everything the device's interfaces allow (see
 //! [`stranger`]); prints one `report k=v ...` line.
 //!
-//! In `suite` mode two process-level commands join the line protocol:
+//! In `suite` mode three process-level commands join the line protocol:
 //! `exhaust` (lower the descriptor limit to what is open plus a few, then
-//! open descriptors until none is left; answers how many were taken) and
-//! `release` (close them again).
+//! open descriptors until none is left; answers how many were taken),
+//! `release` (close them again) and `hang` (the device thread stops
+//! answering, as a hung process's: `ShmDevice::freeze`).
 #![forbid(unsafe_code)]
 
 use smc_rdma::conformance::{serve_with, ConnParams, Endpoint, EndpointInfo, LocalPeer};
@@ -73,16 +74,19 @@ fn run(args: &[String]) -> Result<()> {
             let out = std::io::stdout();
             let mut out = out.lock();
             let mut fillers: Vec<std::fs::File> = vec![];
-            let mut extra = |w: &[&str]| -> Option<Result<String>> {
-                match w.first().copied() {
-                    Some("exhaust") => Some(exhaust(&mut fillers)),
-                    Some("release") => {
-                        let n = fillers.len();
-                        fillers.clear();
-                        Some(Ok(n.to_string()))
-                    }
-                    _ => None,
+            let mut extra = |w: &[&str], peer: &mut LocalPeer<ShmProvider>| match w.first().copied()
+            {
+                Some("exhaust") => Some(exhaust(&mut fillers)),
+                Some("hang") => {
+                    peer.ep.dev.freeze();
+                    Some(Ok(String::new()))
                 }
+                Some("release") => {
+                    let n = fillers.len();
+                    fillers.clear();
+                    Some(Ok(n.to_string()))
+                }
+                _ => None,
             };
             serve_with(&mut peer, stdin_lines(), &mut out, &mut extra)
         }

@@ -283,22 +283,37 @@ fn starved_limit(sh: &DevShared) -> Duration {
     sh.peer_timeout * 8
 }
 
+/// The state of the peer's device thread (`/proc/TID/stat`), whose
+/// heartbeats come on `own`: only a peer in our pid namespace names its
+/// thread as we do (`None` for any other, judged by its heartbeats alone).
+pub(super) fn peer_thread_state(pidns_here: u64, own: &Ring<'_>) -> Option<u8> {
+    let pidns = own.h(R_PROD_PIDNS).load(Relaxed);
+    if pidns == 0 || pidns != pidns_here {
+        return None;
+    }
+    let tid = u32::try_from(own.h(R_PROD_TID).load(Relaxed)).unwrap_or(0);
+    sys::thread_state(tid)
+}
+
 /// Whether the peer whose heartbeats stopped is starved rather than hung:
 /// its device thread is runnable (`R`) or in the kernel (`D`, say a page
 /// fault on a machine short of memory), as a loaded machine leaves a thread,
-/// where a stopped (`T`, SIGSTOP) or hung (`S` past its tick) one is dead to
-/// us. An RNIC acknowledges in hardware however busy its host's CPUs are;
-/// here a thread acknowledges, and a loaded machine's scheduling delay must
-/// not end links that a RoCE peer would keep.
-/// Only a peer in our pid namespace names its thread as we do; any other is
-/// judged by its heartbeats alone.
-fn peer_starved(sh: &DevShared, own: &Ring<'_>) -> bool {
-    let pidns = own.h(R_PROD_PIDNS).load(Relaxed);
-    if pidns == 0 || pidns != sh.pidns {
-        return false;
-    }
-    let tid = u32::try_from(own.h(R_PROD_TID).load(Relaxed)).unwrap_or(0);
-    matches!(sys::thread_state(tid), Some(b'R' | b'D'))
+/// where a hung one (`S` past its tick) is dead to us. An RNIC acknowledges
+/// in hardware however busy its host's CPUs are; here a thread
+/// acknowledges, and a loaded machine's scheduling delay must not end links
+/// that a RoCE peer would keep.
+fn peer_starved(state: Option<u8>) -> bool {
+    matches!(state, Some(b'R' | b'D'))
+}
+
+/// Whether the peer's process is stopped (`T`: `SIGSTOP`, job control;
+/// `t`: a debugger's stop): alive, and dead only once its process ends
+/// (its sockets hang up). A TCP connection outlives a stopped peer
+/// however long it stays stopped, its kernel answering for it; so do these
+/// links (`QueuePair::peer_paused` tells the engine, whose keepalive waits
+/// too).
+pub(super) fn peer_stopped(state: Option<u8>) -> bool {
+    matches!(state, Some(b'T' | b't'))
 }
 
 pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
@@ -328,11 +343,12 @@ pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
                     h.last_hb_change = now;
                 }
                 let silent = now.duration_since(h.last_hb_change);
-                if live
-                    && silent > sh.peer_timeout
-                    && (silent > starved_limit(sh) || !peer_starved(sh, &own))
-                {
-                    dead = true;
+                if live && silent > sh.peer_timeout {
+                    let state = peer_thread_state(sh.pidns, &own);
+                    if !peer_stopped(state) && (silent > starved_limit(sh) || !peer_starved(state))
+                    {
+                        dead = true;
+                    }
                 }
                 if live && Ring(&h.peer_ring).h(R_CONS_CLOSED).load(Acquire) != 0
                     || own.h(R_PROD_CLOSED).load(Acquire) != 0

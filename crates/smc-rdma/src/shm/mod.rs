@@ -49,7 +49,8 @@
 //!   polling a CQ makes progress. The device thread only handles rendezvous,
 //!   region requests, port state, heartbeats and peer death (socket hang-up
 //!   or a heartbeat that stops for `peer_timeout`, or for eight times that
-//!   while the peer's device thread only waits for a CPU), moving QPs to ERR with a
+//!   while the peer's device thread only waits for a CPU, and never while
+//!   the peer's process is stopped: `SIGSTOP`, a debugger), moving QPs to ERR with a
 //!   `QpFatal` event. It never blocks on a peer (non-blocking sockets) nor
 //!   for long on a QP lock, and keeps one descriptor in reserve so that a
 //!   process out of descriptors refuses new connections instead of spinning.

@@ -483,6 +483,19 @@ impl QueuePair for ShmQp {
         self.inner.qpn
     }
 
+    /// The peer's process is stopped (its device thread in state `T` or `t`,
+    /// see `device_thread::peer_stopped`): a look at `/proc`, made only
+    /// when a keepalive goes unanswered.
+    fn peer_paused(&self) -> bool {
+        let q = &self.inner;
+        let hb = lock(&q.hb);
+        let Some(h) = hb.as_ref() else {
+            return false;
+        };
+        let state = super::device_thread::peer_thread_state(q.dev.pidns, &Ring(&h.own_ring));
+        super::device_thread::peer_stopped(state)
+    }
+
     fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {
         let q = &self.inner;
         if lock(&q.core).state != QpState::Rts {
