@@ -202,6 +202,12 @@ pub unsafe extern "C" fn accept4(
     };
     let nfd = real_fcntl(s.tcp_fd().as_raw_fd(), cmd, 0);
     if nfd < 0 {
+        // (no descriptor for it, EMFILE: it waits for the next accept, as
+        // a TCP connection waits in the kernel's queue; dropped, its client
+        // would read end of file)
+        let e = errno();
+        l.l.unaccept(s, peer);
+        set_errno(e);
         return nfd;
     }
     let nonblock = flags & libc::SOCK_NONBLOCK != 0;

@@ -6,8 +6,10 @@
 //! `ECONNRESET`), also inherited from the listener, `connect(AF_UNSPEC)` and
 //! a new connection of the same socket (its data to the new peer, a reset
 //! for the old one), `shutdown` of a listening socket (a thread polling it
-//! woken, `accept` then `EINVAL`), and every connection made by a blocking
-//! connect to the program's own listener before its `accept`.
+//! woken, `accept` then `EINVAL`), an `accept` out of descriptors
+//! (`EMFILE`: the connection waits for the next one, as in the kernel's
+//! queue), and every connection made by a blocking connect to the
+//! program's own listener before its `accept`.
 
 mod common;
 
@@ -49,6 +51,9 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "poller of a blocking listener woken: at once, HUP 1",
         "poller of a non-blocking listener woken: at once, HUP 1",
         "accept after shutdown = -1 EINVAL",
+        "accept ran out of descriptors before all: 1",
+        "accepted after: 8 of 8",
+        "connections that carried their byte: 8",
     ] {
         assert!(plain.contains(l), "plain run lacks {l:?}:\n{plain}");
     }
@@ -64,14 +69,14 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
             );
         }
         assert_eq!(plain.lines().count(), smc.lines().count(), "{smc}");
-        // five connections over SMC-R, both ends in this process; the one
-        // a disconnected socket made after falls back (its socket is no
-        // longer opted in to the SMC option)
+        // thirteen connections over SMC-R, both ends in this process; the
+        // one a disconnected socket made after falls back (its socket is
+        // no longer opted in to the SMC option)
         let modes = s.modes();
-        assert_eq!(modes.len(), 12, "{modes:?}");
+        assert_eq!(modes.len(), 28, "{modes:?}");
         assert_eq!(
             modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
-            10,
+            26,
             "{modes:?}"
         );
     }

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -215,6 +216,68 @@ int main(void) {
                now() - t0 < 2.5 ? "at once" : "late", !!(rev & POLLHUP));
         show("accept after shutdown", accept(listening, NULL, NULL));
         close(listening);
+    }
+    /* accept out of descriptors (EMFILE): the connection waits for the next
+     * accept, as in the kernel's queue; once there are descriptors again,
+     * every connection is there and carries its byte */
+    {
+        enum { N = 8 };
+        struct sockaddr_in a;
+        int l = listener(&a), cs[N], ss[N], got = 0, emfile = 0;
+        if (fcntl(l, F_SETFL, O_NONBLOCK))
+            die("fcntl");
+        poll(&(struct pollfd){ l, POLLIN, 0 }, 1, 0);
+        for (int i = 0; i < N; i++) {
+            cs[i] = socket(AF_INET, SOCK_STREAM, 0);
+            if (cs[i] < 0 || connect(cs[i], (void *)&a, sizeof a))
+                die("connect");
+        }
+        struct rlimit was, low;
+        if (getrlimit(RLIMIT_NOFILE, &was))
+            die("getrlimit");
+        /* the lowest free descriptor: with one more, the limit is reached */
+        int probe = dup(0);
+        close(probe);
+        low = was;
+        low.rlim_cur = probe + 1;
+        if (setrlimit(RLIMIT_NOFILE, &low))
+            die("setrlimit");
+        for (int tries = 0; tries < 500 && got < N; tries++) {
+            int fd = accept(l, NULL, NULL);
+            if (fd >= 0)
+                ss[got++] = fd;
+            else if (errno == EMFILE) {
+                emfile = 1;
+                break;
+            } else
+                usleep(10000);
+        }
+        if (setrlimit(RLIMIT_NOFILE, &was))
+            die("setrlimit");
+        printf("accept ran out of descriptors before all: %d\n", emfile && got < N);
+        for (int tries = 0; tries < 500 && got < N; tries++) {
+            poll(&(struct pollfd){ l, POLLIN, 0 }, 1, 10);
+            int fd = accept(l, NULL, NULL);
+            if (fd >= 0)
+                ss[got++] = fd;
+        }
+        printf("accepted after: %d of %d\n", got, N);
+        int carried = 0;
+        for (int i = 0; i < N; i++)
+            if (write(cs[i], "x", 1) != 1)
+                die("write");
+        for (int i = 0; i < got; i++) {
+            char c;
+            struct pollfd p = { ss[i], POLLIN, 0 };
+            if (poll(&p, 1, 5000) == 1 && read(ss[i], &c, 1) == 1 && c == 'x')
+                carried++;
+        }
+        printf("connections that carried their byte: %d\n", carried);
+        for (int i = 0; i < N; i++)
+            close(cs[i]);
+        for (int i = 0; i < got; i++)
+            close(ss[i]);
+        close(l);
     }
     return 0;
 }

@@ -386,6 +386,19 @@ impl SmcListener {
         Ok(())
     }
 
+    /// Puts a connection [`Self::accept`] returned back at the head of the
+    /// queue, for the next `accept()`: its caller could not take it (the
+    /// preload found no descriptor for it, `EMFILE`), and a TCP listener
+    /// leaves a connection it cannot hand out in its queue.
+    pub fn unaccept(&self, s: SmcStream, addr: SocketAddr) {
+        s.set_wait_close(false);
+        let mut q = lock(&self.inner.q);
+        q.ready.push_front((s, addr));
+        self.inner.show(&q);
+        drop(q);
+        self.inner.cv.notify_one();
+    }
+
     /// An iterator over incoming connections.
     pub fn incoming(&self) -> impl Iterator<Item = io::Result<SmcStream>> + '_ {
         std::iter::from_fn(move || Some(self.accept().map(|(s, _)| s)))
