@@ -145,7 +145,7 @@ pub(crate) unsafe fn poll_via(
         if now[k] {
             u.revents |= libc::POLLIN;
         }
-        if u.revents & libc::POLLHUP != 0 && conns[k].as_ref().is_some_and(|c| failed(c)) {
+        if u.revents & libc::POLLHUP != 0 && conns[k].as_ref().is_some_and(|c| c.error_pending()) {
             // (a reset or abort: POLLERR too, as a TCP socket's sk_err
             // shows; the readiness descriptor can show the end only)
             u.revents |= libc::POLLERR;
@@ -887,7 +887,11 @@ unsafe fn fix_events(
             // what the application asked for is added.
             // (an error is reported whatever was asked for, as the kernel
             // reports EPOLLERR)
-            let err = now & libc::EPOLLERR as u32;
+            let err = if c.err_taken.load(Ordering::Acquire) {
+                0
+            } else {
+                now & libc::EPOLLERR as u32
+            };
             fixed |=
                 ((orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn)) & mask | err;
             kept |= orig & mask;

@@ -42,7 +42,11 @@ pub(crate) trait Side {
 
 impl Side for Conn {
     fn rx(&self, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
-        conn_recv(self, buf, flags)
+        match conn_recv(self, buf, flags) {
+            // (a reset reported before: end of file, `Conn::report_once`)
+            Err(e) => self.report_once(e).map_or(Ok(0), Err),
+            r => r,
+        }
     }
 
     fn tx(&self, buf: &[u8], flags: c_int) -> io::Result<usize> {
@@ -211,6 +215,10 @@ pub(crate) fn conn_send(c: &Conn, buf: &[u8], flags: c_int) -> io::Result<usize>
 /// raised, as the kernel does, for a peer that is gone, if `signal`.
 pub(crate) fn write_failed(c: &Conn, e: io::Error, signal: bool) -> io::Error {
     let e = tcp_write_error(c, e);
+    // (a reset reported before: EPIPE, `Conn::report_once`)
+    let e = c
+        .report_once(e)
+        .unwrap_or_else(|| io::ErrorKind::BrokenPipe.into());
     if e.kind() == io::ErrorKind::BrokenPipe && signal {
         // SAFETY: raise has no preconditions.
         unsafe { libc::raise(libc::SIGPIPE) };

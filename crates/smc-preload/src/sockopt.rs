@@ -24,6 +24,26 @@ pub unsafe extern "C" fn getsockopt(
             }
         }
     }
+    if level == libc::SOL_SOCKET && opt == libc::SO_ERROR && !val.is_null() && !len.is_null() {
+        match get(fd) {
+            Some(Entry::Stream(c)) if c.s.mode() == Mode::SmcR => {
+                // An SMC-R connection's own error, its reset or abort,
+                // reported once as TCP's `sk_err` (net/core/sock.c
+                // `sock_error`; `Conn::report_once`); never its TCP
+                // socket's, whose end (a reset the peer's close drew, say)
+                // is the connection's, reported so.
+                let e = match c.error_pending().then(|| c.s.write_with(&[], true)) {
+                    Some(Err(e)) => c.report_once(e).map_or(0, |e| errno_of(&e)),
+                    _ => 0,
+                };
+                // SAFETY: the caller's buffer and its length, not null.
+                if unsafe { put_int(val, len, e) } {
+                    return 0;
+                }
+            }
+            _ => {}
+        }
+    }
     if level == libc::SOL_SOCKET
         && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF)
         && !val.is_null()

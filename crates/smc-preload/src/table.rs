@@ -17,6 +17,11 @@ pub(crate) struct Conn {
     /// for no events (`poll::list_signal`). Its next registration change
     /// under the same data puts it back.
     pub(crate) unlisted: std::sync::atomic::AtomicBool,
+    /// The connection's reset or abort was reported (by a read, a write or
+    /// `SO_ERROR`): as a TCP socket's `sk_err`, it is reported once, and
+    /// then reads find end of file, writes `EPIPE`, and `poll` no
+    /// `POLLERR` (`Conn::report_once`).
+    pub(crate) err_taken: std::sync::atomic::AtomicBool,
 }
 
 /// A connection's registrations in the application's epoll sets.
@@ -39,7 +44,31 @@ impl Conn {
             peeked: Mutex::new(Vec::new()),
             regs: Mutex::new(Regs::default()),
             unlisted: std::sync::atomic::AtomicBool::new(false),
+            err_taken: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the connection is reset or aborted, its error not yet
+    /// reported ([`Conn::err_taken`]): what `POLLERR` shows.
+    pub(crate) fn error_pending(&self) -> bool {
+        !self.err_taken.load(Ordering::Acquire) && crate::poll::failed(self)
+    }
+
+    /// A read's or write's error `e` as TCP reports its `sk_err`: once (the
+    /// first report is marked, [`Conn::err_taken`]); after that `None`: a
+    /// read finds end of file, a write `EPIPE` (net/core/sock.c
+    /// `sock_error` takes the error; tcp.c `tcp_recvmsg_locked` then stops
+    /// at the closed socket, `tcp_sendmsg_locked` fails with `EPIPE`).
+    /// Other errors pass as they are.
+    pub(crate) fn report_once(&self, e: io::Error) -> Option<io::Error> {
+        let failure = matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+        );
+        if failure && self.err_taken.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        Some(e)
     }
 }
 

@@ -3,7 +3,8 @@
 //! another thread returns, what the peer still sends is read), both sides
 //! shut by one side (`EPOLLHUP`), `shutdown` of a connection that is over
 //! (`ENOTCONN`), a close with `SO_LINGER` 0 (a reset: `EPOLLERR`,
-//! `ECONNRESET`), also inherited from the listener, `connect(AF_UNSPEC)` and
+//! `ECONNRESET`, reported once by a read, a write or `SO_ERROR`, then end
+//! of file and `EPIPE`), also inherited from the listener, `connect(AF_UNSPEC)` and
 //! a new connection of the same socket (its data to the new peer, a reset
 //! for the old one), `shutdown` of a listening socket (a thread polling it
 //! woken, `accept` then `EINVAL`), an `accept` out of descriptors
@@ -44,7 +45,12 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "poll after the reset: IN OUT ERR HUP RDHUP",
         "poll after the reset, no events asked: ERR HUP",
         "read after the reset = -1 ECONNRESET",
-        "read after the inherited reset = -1 ECONNRESET",
+        "read again after the reset = 0 ''",
+        "send after the reset = -1 EPIPE",
+        "poll after the reset was reported: IN OUT HUP RDHUP",
+        "SO_ERROR after the inherited reset: ECONNRESET",
+        "SO_ERROR after the inherited reset: 0",
+        "read after SO_ERROR took the reset = 0 ''",
         "old peer poll: IN OUT ERR HUP RDHUP",
         "new peer reads = 3 'new'",
         "old peer reads = -1 ECONNRESET",

@@ -158,6 +158,10 @@ int main(void) {
     poll_until("poll after the reset", c, ALL, POLLHUP | POLLERR);
     poll_until("poll after the reset, no events asked", c, 0, POLLHUP | POLLERR);
     recv_show("read after the reset", c, MSG_DONTWAIT);
+    /* the error is reported once, as TCP's sk_err */
+    recv_show("read again after the reset", c, MSG_DONTWAIT);
+    show("send after the reset", send(c, "x", 1, MSG_NOSIGNAL));
+    poll_until("poll after the reset was reported", c, ALL, POLLHUP);
     show("shutdown after the reset", shutdown(c, SHUT_WR));
     close(c);
 
@@ -173,7 +177,13 @@ int main(void) {
         close(l);
         close(s);
         poll_until("poll after the inherited reset", c, ALL, POLLHUP | POLLERR);
-        recv_show("read after the inherited reset", c, MSG_DONTWAIT);
+        for (int i = 0; i < 2; i++) {
+            int e = -1;
+            socklen_t el = sizeof e;
+            show("getsockopt SO_ERROR", getsockopt(c, SOL_SOCKET, SO_ERROR, &e, &el));
+            printf("SO_ERROR after the inherited reset: %s\n", e ? strerrorname_np(e) : "0");
+        }
+        recv_show("read after SO_ERROR took the reset", c, MSG_DONTWAIT);
         close(c);
     }
 
