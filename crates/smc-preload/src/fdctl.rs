@@ -21,9 +21,15 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
         }
         return r;
     }
-    if let Some(Entry::Listener(l)) = get(fd) {
-        // (its driver takes the connections: it must stop, and the
-        // application's waits are on its readiness descriptor)
+    // (a listener's driver takes the connections: it must stop, and the
+    // application's waits are on its readiness descriptor; an SMC-R
+    // connection's data is the stream's)
+    let ours: Option<&dyn Fn(std::net::Shutdown) -> io::Result<()>> = match get(fd) {
+        Some(Entry::Listener(l)) => Some(&move |h| l.l.shutdown(h)),
+        Some(Entry::Stream(c)) if c.s.mode() == Mode::SmcR => Some(&move |h| c.s.shutdown(h)),
+        _ => None,
+    };
+    if let Some(shut) = ours {
         let h = match how {
             libc::SHUT_RD => std::net::Shutdown::Read,
             libc::SHUT_WR => std::net::Shutdown::Write,
@@ -33,27 +39,10 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
                 return -1;
             }
         };
-        return match l.l.shutdown(h) {
+        return match shut(h) {
             Ok(()) => 0,
             Err(e) => fail(&e),
         };
-    }
-    if let Some(c) = stream(fd) {
-        if c.s.mode() == Mode::SmcR {
-            let h = match how {
-                libc::SHUT_RD => std::net::Shutdown::Read,
-                libc::SHUT_WR => std::net::Shutdown::Write,
-                libc::SHUT_RDWR => std::net::Shutdown::Both,
-                _ => {
-                    set_errno(libc::EINVAL);
-                    return -1;
-                }
-            };
-            return match c.s.shutdown(h) {
-                Ok(()) => 0,
-                Err(e) => fail(&e),
-            };
-        }
     }
     // SAFETY: the caller's arguments, unchanged.
     unsafe { real!(shutdown: fn(c_int, c_int) -> c_int)(fd, how) }

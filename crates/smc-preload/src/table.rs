@@ -336,13 +336,6 @@ pub(crate) fn streams() -> Vec<Arc<Conn>> {
         .collect()
 }
 
-pub(crate) fn stream(fd: RawFd) -> Option<Arc<Conn>> {
-    match get(fd)? {
-        Entry::Stream(c) => Some(c),
-        _ => None,
-    }
-}
-
 /// Sets `fd`'s entry; returns the one it replaces (drop it outside the lock).
 pub(crate) fn insert(fd: RawFd, e: Entry) -> Option<Entry> {
     let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
