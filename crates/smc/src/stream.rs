@@ -550,7 +550,7 @@ impl SmcStream {
     /// the close of the last handle an abort: what is unsent is dropped
     /// and the peer's reads fail with `ECONNRESET`, as a TCP socket closed
     /// so sends a reset (tcp.c `__tcp_close`). Any other value closes as
-    /// usual (the close waits for unsent data to leave anyway, [`LINGER`]).
+    /// usual (the close waits for unsent data to leave anyway, `LINGER`).
     pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
         rustix::net::sockopt::set_socket_linger(&*self.tcp, linger)?;
         self.note_linger(linger);
