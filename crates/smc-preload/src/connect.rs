@@ -61,6 +61,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     let s = match made {
         Ok(s) => s,
         Err(e) => {
+            // The TCP connection stands, its handshake failed: shut down,
+            // as a failed non-blocking connect's (`connect_thread`), so that
+            // a program that reads it anyway finds no CLC bytes there.
+            let _ = rustix::net::shutdown(borrow(fd), rustix::net::Shutdown::Both);
             drop(remove(fd));
             if nonblock {
                 real_fcntl(fd, libc::F_SETFL, flags as c_ulong);

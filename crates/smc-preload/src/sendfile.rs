@@ -191,6 +191,40 @@ unsafe fn file_to_remote(
     Ok(sent)
 }
 
+/// The bytes a pipe `fd` takes now without blocking (`usize::MAX` for a
+/// descriptor that is not a pipe), waiting for room unless `dont_wait`
+/// (`EAGAIN` then). A pipe holds whole pages, a write fills them from a
+/// page of its own on (a partly filled one is not counted), so the room is
+/// its free pages (fs/pipe.c `pipe_write`).
+fn pipe_room(fd: c_int, dont_wait: bool) -> io::Result<usize> {
+    let b = borrow(fd);
+    if !rustix::fs::fstat(b).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+    }) {
+        return Ok(usize::MAX);
+    }
+    let page = rustix::param::page_size();
+    loop {
+        let size = rustix::pipe::fcntl_getpipe_size(b)?;
+        let queued = rustix::io::ioctl_fionread(b)? as usize;
+        let room = (size / page).saturating_sub(queued.div_ceil(page)) * page;
+        if room > 0 {
+            return Ok(room);
+        }
+        if dont_wait {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let mut p = [rustix::event::PollFd::new(
+            &b,
+            rustix::event::PollFlags::OUT,
+        )];
+        match rustix::event::poll(&mut p, None) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// `splice` to or from an SMC-R connection, in place
 /// (`SmcStream::write_in_place` / `read_in_place`): the kernel reads
 /// `fd_in` straight into the peer's RMB, or writes our RMB straight to
@@ -293,6 +327,13 @@ pub unsafe extern "C" fn splice(
             {
                 return fail(&io::ErrorKind::WouldBlock.into());
             }
+            // (into a pipe: what it has room for, as TCP's splice moves
+            // (tcp.c `tcp_splice_read`); one write of more into a blocking
+            // pipe would wait for a reader that may be this thread)
+            let len = match pipe_room(fd_out, dont_wait) {
+                Ok(room) => len.min(room),
+                Err(e) => return fail(&e),
+            };
             // SAFETY: the caller's offset, if any.
             let at = (!off_out.is_null()).then(|| unsafe { *off_out } as u64);
             match c

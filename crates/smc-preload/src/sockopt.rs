@@ -32,8 +32,19 @@ pub unsafe extern "C" fn getsockopt(
                 // `sock_error`; `Conn::report_once`); never its TCP
                 // socket's, whose end (a reset the peer's close drew, say)
                 // is the connection's, reported so.
-                let e = match c.error_pending().then(|| c.s.write_with(&[], true)) {
-                    Some(Err(e)) => c.report_once(e).map_or(0, |e| errno_of(&e)),
+                // (the stream's own look: a write of nothing says the
+                // connection's failure, whether or not a poll made its
+                // readiness descriptor)
+                let taken = c.err_taken.load(Ordering::Acquire);
+                let e = match (!taken).then(|| c.s.write_with(&[], true)) {
+                    Some(Err(e))
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
+                        ) =>
+                    {
+                        c.report_once(e).map_or(0, |e| errno_of(&e))
+                    }
                     _ => 0,
                 };
                 // SAFETY: the caller's buffer and its length, not null.

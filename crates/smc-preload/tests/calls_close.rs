@@ -57,6 +57,9 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "poller of a blocking listener woken: at once, HUP 1",
         "poller of a non-blocking listener woken: at once, HUP 1",
         "accept after shutdown = -1 EINVAL",
+        "SO_ERROR of a reset not polled: ECONNRESET",
+        "SO_ERROR again: 0",
+        "splice into a 4 KiB pipe = 4096",
         "accept ran out of descriptors before all: 1",
         "accepted after: 8 of 8",
         "connections that carried their byte: 8",
@@ -75,14 +78,14 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
             );
         }
         assert_eq!(plain.lines().count(), smc.lines().count(), "{smc}");
-        // thirteen connections over SMC-R, both ends in this process; the
+        // fifteen connections over SMC-R, both ends in this process; the
         // one a disconnected socket made after falls back (its socket is
         // no longer opted in to the SMC option)
         let modes = s.modes();
-        assert_eq!(modes.len(), 28, "{modes:?}");
+        assert_eq!(modes.len(), 32, "{modes:?}");
         assert_eq!(
             modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
-            26,
+            30,
             "{modes:?}"
         );
     }

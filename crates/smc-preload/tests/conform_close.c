@@ -227,6 +227,44 @@ int main(void) {
         show("accept after shutdown", accept(listening, NULL, NULL));
         close(listening);
     }
+    /* the reset seen first by SO_ERROR, with no poll before it */
+    pair(&c, &s);
+    show("setsockopt SO_LINGER 0 (no poll)", setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg));
+    close(s);
+    {
+        int e = 0;
+        for (int i = 0; i < 500 && !e; i++) {
+            socklen_t el = sizeof e;
+            if (getsockopt(c, SOL_SOCKET, SO_ERROR, &e, &el))
+                die("getsockopt");
+            if (!e)
+                usleep(10000);
+        }
+        printf("SO_ERROR of a reset not polled: %s\n", e ? strerrorname_np(e) : "0");
+        socklen_t el = sizeof e;
+        getsockopt(c, SOL_SOCKET, SO_ERROR, &e, &el);
+        printf("SO_ERROR again: %s\n", e ? strerrorname_np(e) : "0");
+    }
+    close(c);
+
+    /* splice into a pipe with less room than asked for: what fits */
+    {
+        int q[2];
+        static char big[65536];
+        pair(&c, &s);
+        if (pipe(q) || fcntl(q[1], F_SETPIPE_SZ, 4096) < 0)
+            die("pipe");
+        if (write(s, big, sizeof big) != (long)sizeof big)
+            die("write");
+        poll_until("poll before the splice", c, POLLIN, POLLIN);
+        usleep(100000);
+        show("splice into a 4 KiB pipe", splice(c, NULL, q[1], NULL, sizeof big, 0));
+        close(q[0]);
+        close(q[1]);
+        close(c);
+        close(s);
+    }
+
     /* accept out of descriptors (EMFILE): the connection waits for the next
      * accept, as in the kernel's queue; once there are descriptors again,
      * every connection is there and carries its byte */
