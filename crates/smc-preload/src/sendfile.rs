@@ -191,6 +191,13 @@ unsafe fn file_to_remote(
     Ok(sent)
 }
 
+/// Whether `fd` is a pipe (or FIFO).
+fn is_pipe(fd: c_int) -> bool {
+    rustix::fs::fstat(borrow(fd)).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+    })
+}
+
 /// The bytes a pipe `fd` takes now without blocking (`usize::MAX` for a
 /// descriptor that is not a pipe), waiting for room unless `dont_wait`
 /// (`EAGAIN` then). A pipe holds whole pages, a write fills them from a
@@ -198,9 +205,7 @@ unsafe fn file_to_remote(
 /// its free pages (fs/pipe.c `pipe_write`).
 fn pipe_room(fd: c_int, dont_wait: bool) -> io::Result<usize> {
     let b = borrow(fd);
-    if !rustix::fs::fstat(b).is_ok_and(|st| {
-        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
-    }) {
+    if !is_pipe(fd) {
         return Ok(usize::MAX);
     }
     let page = rustix::param::page_size();
@@ -249,6 +254,17 @@ pub unsafe extern "C" fn splice(
     } else {
         (io(fd_in), io(fd_out))
     };
+    // (fs/splice.c `do_splice`: one end a pipe, and no offset for a socket:
+    // EINVAL; the connection's side is a socket)
+    let refused = match (&i, &o) {
+        (Io::Smc(_), Io::Kernel) => !off_in.is_null() || !is_pipe(fd_out),
+        (Io::Kernel, Io::Smc(_)) => !off_out.is_null() || !is_pipe(fd_in),
+        _ => false,
+    };
+    if refused {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
     match (i, o) {
         (Io::Busy, _) | (_, Io::Busy) => busy(),
         (Io::Kernel, Io::Remote(r)) => {

@@ -265,6 +265,35 @@ int main(void) {
         close(s);
     }
 
+    /* a blocking accept bounded by the listener's SO_RCVTIMEO (a listener
+     * whose first connection came from this process: its driver's) */
+    {
+        struct sockaddr_in a;
+        int l = listener(&a);
+        c = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(c, (void *)&a, sizeof a))
+            die("connect");
+        s = accept(l, NULL, NULL);
+        struct timeval tv = { 0, 200000 };
+        show("listener SO_RCVTIMEO", setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
+        double t0 = now();
+        show("accept with nothing to accept", accept(l, NULL, NULL));
+        printf("accept returned after the timeout: %s\n",
+               now() - t0 >= 0.15 && now() - t0 < 2.5 ? "yes" : "no");
+        /* splice with no pipe: refused, as TCP's */
+        FILE *f = tmpfile();
+        if (!f)
+            die("tmpfile");
+        show("peer writes for splice", write(s, "spliced", 7));
+        poll_until("poll before splice to a file", c, POLLIN, POLLIN);
+        show("splice socket to a file", splice(c, NULL, fileno(f), NULL, 7, 0));
+        recv_show("read what splice left", c, MSG_DONTWAIT);
+        fclose(f);
+        close(c);
+        close(s);
+        close(l);
+    }
+
     /* accept out of descriptors (EMFILE): the connection waits for the next
      * accept, as in the kernel's queue; once there are descriptors again,
      * every connection is there and carries its byte */

@@ -325,6 +325,10 @@ impl SmcListener {
             ));
         }
         let mut q = lock(&self.inner.q);
+        // (the listening socket's SO_RCVTIMEO bounds a blocking accept, as
+        // the kernel's inet_csk_accept waits sock_rcvtimeo: EAGAIN then;
+        // looked up once the queue is empty)
+        let mut until: Option<Option<Instant>> = None;
         loop {
             if q.shut {
                 // (af_inet.c inet_accept: not listening)
@@ -347,7 +351,30 @@ impl SmcListener {
             if self.inner.nonblocking.load(Ordering::Relaxed) {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            q = self.inner.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            let until = *until.get_or_insert_with(|| {
+                rustix::net::sockopt::socket_timeout(
+                    &self.inner.tcp,
+                    rustix::net::sockopt::Timeout::Recv,
+                )
+                .ok()
+                .flatten()
+                .filter(|t| !t.is_zero())
+                .map(|t| Instant::now() + t)
+            });
+            q = match until {
+                None => self.inner.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
+                Some(t) => {
+                    let left = t.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
+                    self.inner
+                        .cv
+                        .wait_timeout(q, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
         }
     }
 
