@@ -135,7 +135,8 @@ fn iperf3(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
                 &["-s", "-1", "--forceflush", "-B", "127.0.0.1", "-p", &port],
             )
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // (kept for a failure's message: a library that aborted says why there)
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
         );
@@ -156,7 +157,12 @@ fn iperf3(tag: &str, server_preload: bool, client_preload: bool) -> Setup {
             "iperf3 -R {reverse}: received {got} of {sent}"
         );
         let st = srv.0.wait().unwrap();
-        assert!(st.success(), "iperf3 server: {st:?}");
+        let mut err = String::new();
+        if let Some(mut e) = srv.0.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut err);
+        }
+        assert!(st.success(), "iperf3 -R {reverse} server: {st:?}\n{err}");
     }
     s
 }
