@@ -62,15 +62,10 @@ pub(crate) unsafe fn poll_via(
     // (the same for connections a parent serves: see share.rs)
     let mut rsignals = Vec::new();
     let mut watched: Vec<Arc<Conn>> = Vec::new();
-    // (connections, whose end may be an error: see below)
-    let mut conns: Vec<Option<Arc<Conn>>> = vec![None; copy.len()];
     for (k, p) in copy.iter_mut().enumerate() {
         if let Some((r, ready, e)) = poll_target(p.fd, true) {
             p.fd = r;
             now[k] = ready && p.events & libc::POLLIN != 0;
-            if let Entry::Stream(c) = &e {
-                conns[k] = Some(c.clone());
-            }
             match &e {
                 Entry::Connecting(c) => pend[k] = Some(c.clone()),
                 Entry::Stream(c) if p.events & libc::POLLIN != 0 => {
@@ -145,7 +140,11 @@ pub(crate) unsafe fn poll_via(
         if now[k] {
             u.revents |= libc::POLLIN;
         }
-        if u.revents & libc::POLLHUP != 0 && conns[k].as_ref().is_some_and(|c| c.error_pending()) {
+        // (looked up at an end only, which is rare: a poll per event loop
+        // turn pays nothing for it)
+        if u.revents & libc::POLLHUP != 0
+            && matches!(get(u.fd), Some(Entry::Stream(c)) if c.error_pending())
+        {
             // (a reset or abort: POLLERR too, as a TCP socket's sk_err
             // shows; the readiness descriptor can show the end only)
             u.revents |= libc::POLLERR;
