@@ -82,13 +82,6 @@ fn conform_run(s: &Setup, server_preload: bool, client_preload: bool) -> (String
     )
 }
 
-fn assert_same(plain: &str, other: &str, what: &str) {
-    for (k, (a, b)) in plain.lines().zip(other.lines()).enumerate() {
-        assert_eq!(a, b, "{what}: line {} differs from the plain run", k + 1);
-    }
-    assert_eq!(plain.lines().count(), other.lines().count(), "{what}");
-}
-
 /// The conformance test: the same scripted calls (tests/conform.c:
 /// non-blocking connect, refused and accepted, with poll and edge-triggered
 /// epoll; SO_ERROR; socket options; getsockname/getpeername; MSG_PEEK;

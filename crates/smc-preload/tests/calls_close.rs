@@ -19,14 +19,7 @@ use common::*;
 fn run(s: &Setup, exe: &std::path::Path, preload: bool) -> String {
     let _ = std::fs::remove_file(s.dir.join("state"));
     let out = under(s, preload, exe, &[]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "preload {preload}: {:?}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    ok_output(&format!("conform_close (smc_run: {preload})"), &out)
 }
 
 #[test]
@@ -73,15 +66,7 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
     assert!(s.modes().is_empty());
     for round in 0..2 {
         let smc = run(&s, &exe, true);
-        for (k, (a, b)) in plain.lines().zip(smc.lines()).enumerate() {
-            assert_eq!(
-                a,
-                b,
-                "round {round}: line {} differs from the plain run",
-                k + 1
-            );
-        }
-        assert_eq!(plain.lines().count(), smc.lines().count(), "{smc}");
+        assert_same(&plain, &smc, &format!("round {round}"));
         // sixteen connections over SMC-R, both ends in this process; the
         // one a disconnected socket made after falls back (its socket is
         // no longer opted in to the SMC option)

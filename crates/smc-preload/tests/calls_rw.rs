@@ -101,10 +101,7 @@ fn read_write_edges_under_smc_run_as_plain_tcp() {
     }
     assert!(s.modes().is_empty());
     let smc = conform_rw(&s, true);
-    for (k, (a, b)) in plain.lines().zip(smc.lines()).enumerate() {
-        assert_eq!(a, b, "line {} differs from the plain run:\n{smc}", k + 1);
-    }
-    assert_eq!(plain.lines().count(), smc.lines().count(), "{smc}");
+    assert_same(&plain, &smc, &format!("under smc_run:\n{smc}"));
     // the one connection, both ends
     let modes = s.modes();
     assert_eq!(modes.len(), 2, "{modes:?}");

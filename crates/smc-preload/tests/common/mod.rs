@@ -285,6 +285,15 @@ pub fn assert_all(s: &Setup, min: usize, mode: &str) -> Vec<String> {
 
 pub const FALLBACK: &str = "(peer did not indicate SMC)";
 
+/// A run's output line by line against the plain run's.
+#[allow(dead_code)] // not every test binary uses it
+pub fn assert_same(plain: &str, other: &str, what: &str) {
+    for (k, (a, b)) in plain.lines().zip(other.lines()).enumerate() {
+        assert_eq!(a, b, "{what}: line {} differs from the plain run", k + 1);
+    }
+    assert_eq!(plain.lines().count(), other.lines().count(), "{what}");
+}
+
 pub fn ok_output(what: &str, out: &Output) -> String {
     assert!(
         out.status.success(),
