@@ -64,6 +64,9 @@ pub(crate) struct Rdy {
     dirty: bool,
     /// In its set's `outs` list: the application waits for writable.
     out: bool,
+    /// A one-shot registration (`EPOLLONESHOT`) that reported its event
+    /// since the application last armed it ([`fire_once`]).
+    fired: bool,
 }
 
 /// An epoll set of the application's that has a connection registered.
@@ -181,6 +184,7 @@ pub(crate) unsafe fn conn_ctl(
     if let (true, Some(k), Some(st)) = (virtual_ok, at, sets.get_mut(&epfd)) {
         let x = &mut regs.rdy[k];
         x.want = app.map(|e| (e.events, e.u64));
+        x.fired = false;
         if !x.dirty {
             x.dirty = true;
             st.dirty.push(Arc::downgrade(c));
@@ -230,6 +234,7 @@ pub(crate) unsafe fn conn_ctl(
             let x = &mut regs.rdy[k];
             x.want = now;
             x.kern = now;
+            x.fired = false;
             if now.is_none() && !x.dirty && !x.out {
                 regs.rdy.swap_remove(k);
             }
@@ -241,6 +246,7 @@ pub(crate) unsafe fn conn_ctl(
                 kern: now,
                 dirty: false,
                 out: false,
+                fired: false,
             });
             let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
             sets.entry(epfd).or_default();
@@ -369,6 +375,41 @@ pub(crate) fn asked(rdy: &[Rdy], epfd: c_int, data: u64) -> u32 {
         Some((e, d)) if d == data => e,
         _ => 0,
     }
+}
+
+/// An event of connection `c` under `data` in set `epfd` is about to be
+/// reported: if the application's registration there is one-shot, whether
+/// this is its one event since the application armed it (`ADD` or `MOD`).
+/// The kernel disarms a one-shot registration when it reports it, but the
+/// application's is two of the kernel's here, the readiness descriptor and
+/// the peer signal, and the one that did not fire would report the next
+/// change as a second event (a thread pool that waits on one set, each
+/// connection one-shot so that one thread at a time serves it, would have
+/// two threads read the connection at once). So the first event takes
+/// both out (the readiness descriptor leaves the set, to come back with
+/// the application's next `MOD`, as one `quiet` took out; the signal asks
+/// for nothing), and an event that another thread's wait took from the
+/// kernel meanwhile is dropped. `None`: not a one-shot registration.
+/// (`regs`: the connection's records, locked by the caller.)
+pub(crate) fn fire_once(c: &Conn, regs: &mut Regs, epfd: c_int, data: u64) -> Option<bool> {
+    let x = regs.rdy.iter_mut().find(|x| x.epfd == epfd)?;
+    let (e, d) = x.want?;
+    if e & libc::EPOLLONESHOT as u32 == 0 || d != data {
+        return None;
+    }
+    if x.fired {
+        return Some(false);
+    }
+    x.fired = true;
+    if x.kern.is_some() {
+        if let Some(r) = readiness(c) {
+            if ctl_own(epfd, libc::EPOLL_CTL_DEL, r, 0, 0) == 0 {
+                x.kern = None;
+            }
+        }
+    }
+    crate::poll::turn_off(c, &mut regs.sig, epfd, Some(data));
+    Some(true)
 }
 
 /// Registers the readiness descriptor of `c` in `x`'s set with at least

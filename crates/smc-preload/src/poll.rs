@@ -772,7 +772,7 @@ fn quiet_displaced(others: Vec<Arc<Conn>>, epfd: c_int, data: u64) {
 
 /// Turns connection `c`'s signal registration in `epfd` off (no events),
 /// if it has events there (and, with `data`, is under that data).
-fn turn_off(c: &Conn, sets: &mut [(c_int, u32, u64)], epfd: c_int, data: Option<u64>) {
+pub(crate) fn turn_off(c: &Conn, sets: &mut [(c_int, u32, u64)], epfd: c_int, data: Option<u64>) {
     let Some(sfd) = c.s.signal_fd() else { return };
     let Some(k) = sets.iter().position(|&(s, _, _)| s == epfd) else {
         return;
@@ -853,7 +853,7 @@ unsafe fn fix_events(
     for (i, run) in firsts {
         let orig = ev[i].events;
         let (mut fixed, mut kept) = (0, 0);
-        for (_, c) in &found[run] {
+        for (_, c) in &found[run.clone()] {
             let Some(now) = c.s.signalled_events() else {
                 // (not known here: as the kernel reported it)
                 fixed |= orig;
@@ -894,6 +894,20 @@ unsafe fn fix_events(
             fixed |=
                 ((orig & !inn) | (orig & now & asked & inn) | (now & asked & !inn)) & mask | err;
             kept |= orig & mask;
+        }
+        if fixed != 0 || (keep_all && kept != 0) {
+            // (a one-shot registration reports once: see `fire_once`)
+            let mut once = None;
+            for (_, c) in &found[run] {
+                let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(first) = crate::interest::fire_once(c, &mut regs, epfd, ev[i].u64) {
+                    once = Some(once.unwrap_or(false) | first);
+                }
+            }
+            if once == Some(false) {
+                drop_at[i] = true;
+                continue;
+            }
         }
         if fixed != 0 {
             ev[i].events = fixed;

@@ -1,7 +1,8 @@
 /* The preload's conformance test of the read/write family's edges: reads
  * and writes of nothing, NULL buffers, MSG_TRUNC, iovec counts,
  * MSG_ERRQUEUE, MSG_PEEK|MSG_WAITALL, what recvmsg and recvfrom write back,
- * each call's result printed one per line ("NAME = R" or "NAME = -1 ERRNO"),
+ * and what a one-shot epoll registration reports while writes arrive, each
+ * call's result printed one per line ("NAME = R" or "NAME = -1 ERRNO"),
  * so that a run under smc_run can be compared with a plain run (the test,
  * calls_rw.rs, asserts identical output). Both ends of each connection live
  * in this process (a listener on 127.0.0.1:0, connect, accept); where a
@@ -27,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -507,6 +509,52 @@ static void in_child(int c, int s) {
     }
 }
 
+/* one epoll_wait on `ep` for at most `ms`: the number of events */
+static void ep_count(const char *name, int ep, int ms) {
+    struct epoll_event out[4];
+    show(name, epoll_wait(ep, out, 4, ms));
+}
+
+/* 8. a one-shot epoll registration reports one event per arming (ADD or
+ * MOD), however many writes arrive after it fired; each write here comes
+ * from a thread 200 ms into a wait */
+static void epoll_oneshot(void) {
+    int c, s;
+    pair(&c, &s);
+    set_nonblock(c, 1);
+    int ep = epoll_create1(0);
+    if (ep < 0) die("epoll_create1");
+    struct epoll_event e = { .events = EPOLLIN | EPOLLONESHOT, .data.fd = c };
+    struct late l;
+    show("epoll_ctl(ADD, c, IN|ONESHOT)", epoll_ctl(ep, EPOLL_CTL_ADD, c, &e));
+    const char *bytes = "123456";
+    late_write(&l, s, bytes, 1);
+    ep_count("one-shot: epoll_wait, a write", ep, 2000);
+    late_join(&l);
+    late_write(&l, s, bytes + 1, 1);
+    ep_count("one-shot fired: epoll_wait, a write", ep, 500);
+    late_join(&l);
+    late_write(&l, s, bytes + 2, 1);
+    ep_count("one-shot fired: epoll_wait, another write", ep, 500);
+    late_join(&l);
+    arrive(c, 3);
+    ep_count("one-shot fired: epoll_wait, 3 bytes there", ep, 100);
+    show("epoll_ctl(MOD, c, IN|ONESHOT) 3 bytes there", epoll_ctl(ep, EPOLL_CTL_MOD, c, &e));
+    ep_count("one-shot re-armed: epoll_wait", ep, 1000);
+    ep_count("one-shot fired again: epoll_wait", ep, 100);
+    empty(c);
+    show("epoll_ctl(MOD, c, IN|ONESHOT) nothing there", epoll_ctl(ep, EPOLL_CTL_MOD, c, &e));
+    late_write(&l, s, bytes + 3, 1);
+    ep_count("one-shot re-armed: epoll_wait, a write", ep, 2000);
+    late_join(&l);
+    late_write(&l, s, bytes + 4, 1);
+    ep_count("one-shot fired: epoll_wait, a write", ep, 500);
+    late_join(&l);
+    close(ep);
+    close(c);
+    close(s);
+}
+
 int main(void) {
     signal(SIGPIPE, on_sigpipe);
     for (int i = 0; i < 1100; i++) { v1[i].iov_base = x1 + i; v1[i].iov_len = 1; x1[i] = 'v'; }
@@ -524,6 +572,7 @@ int main(void) {
     after_shutdown(c);
     close(c);
     close(s);
+    epoll_oneshot();
     printf("%s done\n", who);
     return 0;
 }
