@@ -245,7 +245,7 @@ fn surviving_listeners() -> Vec<RawFd> {
     let ours = |fd: RawFd| {
         matches!(
             get_raw(fd),
-            Some(Entry::Passive(_) | Entry::Listener(_) | Entry::LazyListener(_))
+            Some(Entry::Passive(_) | Entry::Listener(_) | Entry::LazyListener(..))
         )
     };
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {

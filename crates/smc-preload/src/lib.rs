@@ -16,7 +16,9 @@
 //!   connections. A listening socket in blocking mode then instead hands
 //!   out connections whose handshake runs at their first use, in the
 //!   process that uses them (`Entry::LazyListener`, `Entry::Lazy`: servers
-//!   that fork per connection).
+//!   that fork per connection), or in a thread of the library when the
+//!   program lets them wait: accepted and unused (`late.rs`), or in the
+//!   accept queue (`rescue.rs`).
 //! * The application's descriptor is the TCP socket and stays the
 //!   connection's identity (`getsockname`, `getpeername`, `setsockopt` go to
 //!   it unchanged; the timeouts `SO_RCVTIMEO`/`SO_SNDTIMEO` bound the
@@ -60,10 +62,12 @@ mod fdctl;
 mod fortify;
 mod image;
 mod interest;
+mod late;
 mod lifecycle;
 mod listen;
 mod poll;
 mod report;
+mod rescue;
 mod rw;
 mod sendfile;
 mod share;

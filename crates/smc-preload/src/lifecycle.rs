@@ -11,6 +11,9 @@ thread_local! {
 }
 
 extern "C" fn before_fork() {
+    // (connections accepted before it are left to their first use: `late.rs`)
+    crate::late::before_fork();
+    crate::rescue::before_fork();
     // (the child shares the epoll sets: what they have goes to the kernel)
     crate::interest::expose_all();
     // (first: it reads the table and makes descriptors)
@@ -20,6 +23,8 @@ extern "C" fn before_fork() {
 }
 
 extern "C" fn in_parent() {
+    crate::rescue::after_fork();
+    crate::late::after_fork();
     FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
     crate::share::serve();
 }
@@ -56,6 +61,8 @@ extern "C" fn in_parent() {
 /// the allocator calls are the table's and the shared connections' (the C
 /// library's allocator is usable in a forked child).
 extern "C" fn in_child() {
+    crate::rescue::after_fork();
+    crate::late::after_fork();
     smc::after_fork_in_child();
     crate::share::forget_served_in_child();
     let shared = crate::share::adopt_in_child();
@@ -114,6 +121,9 @@ fn forget_the_parents(
             }
             // (the listener's asks: atomics, read as the parent left them)
             Entry::Listener(l) => Entry::Passive(l.l.buffer_sizes()),
+            // The parent's rescue of its queue (its thread, its tokens): the
+            // parent's.
+            Entry::LazyListener(b, Some(_)) => Entry::LazyListener(*b, None),
             // A connection whose handshake a thread of the parent was
             // running at the fork (that thread holds the lock, which stays
             // held in the child): the parent's.

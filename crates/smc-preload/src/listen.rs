@@ -39,8 +39,8 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     if let Ok(at) = rustix::net::getsockname(borrow(fd)) {
         if let Ok(at) = SocketAddr::try_from(at) {
             let mut w = lock(&WAITING);
-            w.retain(|&(f, _)| f != fd);
-            w.push((fd, at));
+            w.retain(|&(f, _, _)| f != fd);
+            w.push((fd, at, crate::late::FORKS.load(Ordering::Acquire)));
             WAITING_N.store(w.len(), Ordering::Release);
         }
     }
@@ -55,7 +55,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// handshakes wait for the program's first accept or poll
 /// ([`Entry::Passive`]). Kept from `listen()` on; an entry whose descriptor
 /// no longer is such a socket is passed over (and dropped).
-static WAITING: Mutex<Vec<(RawFd, SocketAddr)>> = Mutex::new(Vec::new());
+/// (With the fork count at its `listen()`, see `rescue.rs`.)
+static WAITING: Mutex<Vec<(RawFd, SocketAddr, u64)>> = Mutex::new(Vec::new());
 
 /// Entries in [`WAITING`] (a look without its lock).
 static WAITING_N: AtomicUsize = AtomicUsize::new(0);
@@ -71,7 +72,8 @@ static WAITING_N: AtomicUsize = AtomicUsize::new(0);
 /// (Not a listener in use already: a thread may be blocked in the kernel's
 /// `accept` on it, [`Entry::LazyListener`], which a driver would race for
 /// the connection; that thread's first use of the connection runs its
-/// handshake.)
+/// handshake, or the library's rescue of the queue, `rescue.rs`, when the
+/// connection waits there.)
 pub(crate) fn serve_own(to: SocketAddr) {
     if WAITING_N.load(Ordering::Acquire) == 0 {
         return;
@@ -87,11 +89,11 @@ pub(crate) fn serve_own(to: SocketAddr) {
     };
     let fds: Vec<RawFd> = {
         let mut w = lock(&WAITING);
-        w.retain(|&(fd, _)| matches!(get_raw(fd), Some(Entry::Passive(_))));
+        w.retain(|&(fd, _, _)| matches!(get_raw(fd), Some(Entry::Passive(_))));
         WAITING_N.store(w.len(), Ordering::Release);
         w.iter()
-            .filter(|&&(_, at)| same(at))
-            .map(|&(fd, _)| fd)
+            .filter(|&&(_, at, _)| same(at))
+            .map(|&(fd, _, _)| fd)
             .collect()
     };
     for fd in fds {
@@ -129,10 +131,16 @@ pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
     let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
     if !nonblock {
-        // (no state of the library's: its connections are made at their
-        // first use, see Entry::LazyListener)
-        drop(insert(fd, Entry::LazyListener(bufs)));
-        return Some(Entry::LazyListener(bufs));
+        // (its connections are made at their first use, see
+        // Entry::LazyListener; those nobody accepts are the rescue's)
+        let forks = lock(&WAITING)
+            .iter()
+            .find(|&&(f, _, _)| f == fd)
+            .map(|&(_, _, n)| n);
+        let r = forks.and_then(|n| crate::rescue::start(fd, n));
+        let e = Entry::LazyListener(bufs, r);
+        drop(insert(fd, e.clone()));
+        return Some(e);
     }
     start_listener(fd, bufs, nonblock)
 }
@@ -180,10 +188,14 @@ pub unsafe extern "C" fn accept4(
     let real_accept4 = real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int);
     let l = match get_active(fd) {
         Some(Entry::Listener(l)) => l,
-        Some(Entry::LazyListener(bufs)) => {
-            // SAFETY: the caller's arguments, unchanged.
-            let nfd = unsafe { real_accept4(fd, addr, len, flags) };
-            if nfd >= 0 {
+        Some(Entry::LazyListener(bufs, r)) => {
+            let (nfd, settled) = match r {
+                // SAFETY: the caller's arguments, unchanged.
+                Some(r) => unsafe { crate::rescue::accept_of(&r, fd, addr, len, flags) },
+                // SAFETY: as above.
+                None => (unsafe { real_accept4(fd, addr, len, flags) }, false),
+            };
+            if nfd >= 0 && !settled {
                 accepted_lazily(nfd, bufs);
             }
             return nfd;
@@ -254,47 +266,30 @@ fn accepted_lazily(nfd: RawFd, bufs: Bufs) {
                 pending: Mutex::new(Some(p)),
                 done: OnceLock::new(),
             };
-            drop(insert(nfd, Entry::Lazy(Arc::new(l))));
+            let l = Arc::new(l);
+            drop(insert(nfd, Entry::Lazy(l.clone())));
+            crate::late::watch(&l);
         }
     }
 }
 
 /// The first use of `fd`, an accepted connection whose handshake was left
 /// for it (see [`Lazy`]): runs the handshake (the first of the descriptors
-/// sharing `l` to get here does), and puts the outcome in `fd`'s place.
+/// sharing `l` to get here does, unless the library's thread for unused
+/// connections did, `late.rs`), and puts the outcome in `fd`'s place.
 pub(crate) fn first_use(fd: RawFd, l: &Arc<Lazy>) -> Option<Entry> {
     {
         let mut p = l.pending.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(pending) = p.take() {
-            let conn = match pending.handshake() {
-                Ok(s) => {
-                    report("accept", &s);
-                    // (the application's O_NONBLOCK, set on the shared file
-                    // meanwhile or at accept4)
-                    let fl = real_fcntl(fd, libc::F_GETFL, 0);
-                    let c = carried(s, fl >= 0 && fl & libc::O_NONBLOCK != 0);
-                    if c.is_some() {
-                        USED.store(true, Ordering::Release);
-                    }
-                    c
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotConnected => {
+            let conn = match settle(pending, borrow(fd)) {
+                Ok(c) => c,
+                Err(e) => {
                     // Another process that shares the socket (a fork) took
                     // the connection first: it is gone here, not there.
                     if debug() {
                         eprintln!("libsmc-preload: fd {fd}: {e}");
                     }
                     exec::stand_in(fd);
-                    None
-                }
-                Err(e) => {
-                    // As a connection the client gave up on: end of file,
-                    // then EPIPE (the listener's driver closes such a
-                    // connection before `accept()` would return it).
-                    if debug() {
-                        eprintln!("libsmc-preload: fd {fd}: {e}");
-                    }
-                    let _ = rustix::net::shutdown(borrow(fd), rustix::net::Shutdown::Both);
                     None
                 }
             };
@@ -309,6 +304,41 @@ pub(crate) fn first_use(fd: RawFd, l: &Arc<Lazy>) -> Option<Entry> {
         None => {
             drop(remove(fd));
             None
+        }
+    }
+}
+
+/// Runs the handshake of `pending`, an accepted connection's, in the
+/// calling thread (blocking, at most the CLC timeouts): the connection for
+/// the table, or none (plain TCP, the kernel's; or a handshake that failed,
+/// whose socket, `shut`, is shut down: the program reads end of file, as
+/// from a client that gave up, where the listener's driver would have
+/// closed it before `accept()` returned it). `Err`: another process sharing
+/// the socket (a fork) took the connection (`NotConnected`).
+pub(crate) fn settle(
+    pending: smc::deferred::PendingSmc,
+    shut: BorrowedFd<'_>,
+) -> io::Result<Option<Arc<Conn>>> {
+    // (the application's O_NONBLOCK, set on the shared file meanwhile or
+    // at accept4)
+    let fl = rustix::fs::fcntl_getfl(pending.tcp_fd());
+    let nonblock = fl.is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK));
+    match pending.handshake() {
+        Ok(s) => {
+            report("accept", &s);
+            let c = carried(s, nonblock);
+            if c.is_some() {
+                USED.store(true, Ordering::Release);
+            }
+            Ok(c)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotConnected => Err(e),
+        Err(e) => {
+            if debug() {
+                eprintln!("libsmc-preload: accepted connection: {e}");
+            }
+            let _ = rustix::net::shutdown(shut, rustix::net::Shutdown::Both);
+            Ok(None)
         }
     }
 }

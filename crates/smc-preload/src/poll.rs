@@ -26,7 +26,7 @@ pub(crate) fn poll_target(fd: c_int, look: bool) -> Option<(RawFd, bool, Entry)>
         Entry::Remote(r) => Some((r.ready, r.has_held(), Entry::Remote(r))),
         Entry::Fresh { .. }
         | Entry::Passive(_)
-        | Entry::LazyListener(_)
+        | Entry::LazyListener(..)
         | Entry::Lazy(_)
         | Entry::Failed(_) => None,
     }

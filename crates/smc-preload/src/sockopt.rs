@@ -170,7 +170,7 @@ fn ask_buffer(fd: RawFd, rcv: bool) {
             bufs: set(bufs),
         },
         Some(Entry::Passive(bufs)) => Entry::Passive(set(bufs)),
-        Some(Entry::LazyListener(bufs)) => Entry::LazyListener(set(bufs)),
+        Some(Entry::LazyListener(bufs, r)) => Entry::LazyListener(set(bufs), r),
         Some(Entry::Listener(l)) => {
             let (rmb, snd) = set(l.l.buffer_sizes());
             l.l.set_buffer_sizes(rmb, snd);

@@ -131,8 +131,11 @@ pub(crate) enum Entry {
     /// so that a server that forks a process per connection has the
     /// handshake run in that process (see `smc::deferred`). Event-driven
     /// servers (non-blocking listeners) keep the listener's driver, which
-    /// runs handshakes at once without holding up their loop.
-    LazyListener(Bufs),
+    /// runs handshakes at once without holding up their loop. With the
+    /// library's rescue of connections that wait in its queue with nobody
+    /// accepting, unless the socket is shared with another process
+    /// (`rescue.rs`).
+    LazyListener(Bufs, Option<Arc<crate::rescue::Rescue>>),
     /// An accepted connection whose client offered SMC, its handshake to run
     /// at its first use in whichever process (see [`Lazy`]); no lookup
     /// returns it ([`get`] runs the handshake).
@@ -157,6 +160,13 @@ pub(crate) struct Lazy {
     /// The outcome: the connection, or none (plain TCP, or a failed
     /// handshake whose socket is shut down).
     pub(crate) done: OnceLock<Option<Arc<Conn>>>,
+}
+
+impl Lazy {
+    /// Whether its handshake ran (or it was given up).
+    pub(crate) fn is_settled(&self) -> bool {
+        self.done.get().is_some()
+    }
 }
 
 /// A non-blocking `connect()` that returned `EINPROGRESS`: a thread of the

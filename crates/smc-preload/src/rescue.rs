@@ -1,0 +1,494 @@
+//! Connections that wait in a blocking listener's queue: their handshake
+//! runs in a thread of the library, and a token connection takes their
+//! place in the queue.
+//!
+//! A blocking listening socket leaves its connections in the kernel's
+//! accept queue until the program accepts them, and their handshake to
+//! their first use ([`Entry::LazyListener`], `late.rs`). Meanwhile each
+//! client is held in its `connect()`, waiting for the server's CLC Accept,
+//! and gives up after 6 s (as Linux's client, `smc_clc_wait_msg`): an
+//! iterative server that serves one client at a time, or a program that
+//! polls its listener only between other work (Python's `socketserver`),
+//! would have the next client's connect fail where TCP's completes in the
+//! kernel. Linux's AF_SMC runs every handshake in its listen worker
+//! whatever the program does (`smc_tcp_listen_work`). Here a connection
+//! that waited [`QUEUE_WAIT`] with nobody accepting is taken from the queue
+//! by the library's thread, which runs its handshake; so that the program
+//! still finds it where it looks, in the kernel's queue (a blocking
+//! `accept()`, or poll, select and epoll, which only the kernel answers),
+//! the thread puts a connection of its own there in its place, a *token*:
+//! a loopback connection to the listening socket, never offered SMC. The
+//! program's `accept()` that returns a token gets the connection it stands
+//! for, on the descriptor the token was given (`take`).
+//!
+//! Only a listening socket that this process made listen and that no other
+//! process shares: a forked process could accept a token without knowing
+//! what it stands for (a token has no meaning outside the process that made
+//! it). So a `fork()` after `listen()` turns this off for the socket (the
+//! servers that fork accept at once anyway). The thread's `accept` must not
+//! block (another thread may take the connection first): the socket's file
+//! is made non-blocking for that call, and an `accept()` of the program's
+//! that fails with `EAGAIN` meanwhile is made again ([`accept_of`]).
+
+use super::*;
+use std::os::fd::FromRawFd;
+use std::sync::atomic::AtomicU64;
+use std::sync::Weak;
+use std::time::{Duration, Instant};
+
+/// How long a connection waits in the queue of a blocking listener with
+/// nobody accepting before the library takes it: well within the client's
+/// 6 s wait for the Accept (which the handshake may take up to 3 s of, a
+/// first contact with the same peer in progress), and long enough for a
+/// program that accepts at its own pace not to notice.
+const QUEUE_WAIT: Duration = Duration::from_secs(1);
+
+/// A blocking listening socket whose queued connections the library takes
+/// when nobody accepts them (see the module documentation).
+pub(crate) struct Rescue {
+    /// A duplicate of the listening socket, for the thread.
+    own: OwnedFd,
+    /// Where a token connects: the socket's address (its loopback address
+    /// for a wildcard one).
+    to: SocketAddr,
+    /// The fork count at `listen()` (see [`crate::late::FORKS`]).
+    forks: u64,
+    /// Connections the library took, each with its token in the queue.
+    tokens: Mutex<Vec<Token>>,
+    /// The program's threads in `accept()` on the socket now.
+    in_accept: AtomicUsize,
+    /// The program's `accept()` calls that returned a connection.
+    accepted: AtomicU64,
+    /// Since when a connection waits, and `accepted` then (the thread's).
+    aging: Mutex<Option<(Instant, u64)>>,
+}
+
+/// A connection the library took from the queue, and the token in its
+/// place.
+struct Token {
+    /// The token's client end: its address is what `accept()` reports as
+    /// the token's peer.
+    dummy: OwnedFd,
+    local: SocketAddr,
+    /// The connection: its socket, its client's address, and the stream the
+    /// handshake made (over SMC-R, or TCP).
+    sock: OwnedFd,
+    peer: SocketAddr,
+    stream: SmcStream,
+}
+
+impl Drop for Rescue {
+    fn drop(&mut self) {
+        // (the thread lets go of the duplicate at its next look)
+        wake();
+    }
+}
+
+/// Listening sockets the thread watches.
+static WATCHED: Mutex<Vec<Weak<Rescue>>> = Mutex::new(Vec::new());
+
+/// The thread's wake-up (an eventfd), and the process it belongs to.
+static WAKE: Mutex<Option<(u32, OwnedFd)>> = Mutex::new(None);
+
+/// The file status flag changes of the thread's `accept` (odd: one now).
+static TOGGLES: AtomicU64 = AtomicU64::new(0);
+
+type Guards = (
+    std::sync::MutexGuard<'static, Option<(u32, OwnedFd)>>,
+    std::sync::MutexGuard<'static, Vec<Weak<Rescue>>>,
+);
+
+thread_local! {
+    /// The thread's locks, held by the thread that forks across `fork()`, so
+    /// that the child does not inherit one held by the thread.
+    static FORK_GUARD: std::cell::RefCell<Option<Guards>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Before `fork()`: the thread's locks taken.
+pub(crate) fn before_fork() {
+    let g = (lock(&WAKE), lock(&WATCHED));
+    FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
+}
+
+/// After `fork()`, in parent and child: the locks let go. (A child's
+/// listening sockets have no rescue: `lifecycle::in_child`.)
+pub(crate) fn after_fork() {
+    FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn wake() {
+    if let Some((pid, fd)) = lock(&WAKE).as_ref() {
+        if *pid == std::process::id() {
+            let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// The rescue of listening socket `fd`, in blocking mode at its first use,
+/// if it may have one: it listens since `listen()` in this process (at fork
+/// count `forks`), and no fork came since.
+pub(crate) fn start(fd: RawFd, forks: u64) -> Option<Arc<Rescue>> {
+    if forks != crate::late::FORKS.load(Ordering::Acquire) {
+        return None;
+    }
+    let at = SocketAddr::try_from(rustix::net::getsockname(borrow(fd)).ok()?).ok()?;
+    let to = match at.ip() {
+        std::net::IpAddr::V4(v4) if v4.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), at.port())
+        }
+        std::net::IpAddr::V6(v6) if v6.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), at.port())
+        }
+        _ => at,
+    };
+    let own = dup_own(fd).ok()?;
+    let r = Arc::new(Rescue {
+        own,
+        to,
+        forks,
+        tokens: Mutex::new(Vec::new()),
+        in_accept: AtomicUsize::new(0),
+        accepted: AtomicU64::new(0),
+        aging: Mutex::new(None),
+    });
+    let me = std::process::id();
+    {
+        let mut w = lock(&WAKE);
+        if w.as_ref().is_none_or(|(pid, _)| *pid != me) {
+            let efd = rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .ok()?;
+            let started = std::thread::Builder::new()
+                .name("smc-queue".into())
+                .spawn(run);
+            if started.is_err() {
+                return None;
+            }
+            // (a child's copy of its parent's eventfd is forgotten: the
+            // parent's thread owns it)
+            if let Some((_, old)) = w.replace((me, efd)) {
+                std::mem::forget(old);
+            }
+        }
+    }
+    lock(&WATCHED).push(Arc::downgrade(&r));
+    wake();
+    Some(r)
+}
+
+/// The program's `accept4(fd, addr, len, flags)` on a blocking listening
+/// socket with rescue `r`: the real call, made again when it failed with
+/// `EAGAIN` only because the thread's `accept` had the file non-blocking
+/// for a moment; a token it returns is swapped for its connection. Also
+/// whether the descriptor is settled (an error, or a token's connection);
+/// otherwise it is a client's, for the caller.
+///
+/// # Safety
+/// The caller's arguments of `accept4`.
+pub(crate) unsafe fn accept_of(
+    r: &Rescue,
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> (c_int, bool) {
+    let real_accept4 = real!(accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int);
+    r.in_accept.fetch_add(1, Ordering::AcqRel);
+    let nfd = loop {
+        let before = TOGGLES.load(Ordering::Acquire);
+        // SAFETY: the caller's arguments.
+        let nfd = unsafe { real_accept4(fd, addr, len, flags) };
+        if nfd < 0 && errno() == libc::EAGAIN {
+            let after = TOGGLES.load(Ordering::Acquire);
+            if before % 2 == 1 || after != before {
+                std::thread::yield_now();
+                continue;
+            }
+        }
+        break nfd;
+    };
+    r.in_accept.fetch_sub(1, Ordering::AcqRel);
+    if nfd < 0 {
+        return (nfd, true);
+    }
+    r.accepted.fetch_add(1, Ordering::AcqRel);
+    let peer = rustix::net::getpeername(borrow(nfd))
+        .ok()
+        .flatten()
+        .and_then(|a| SocketAddr::try_from(a).ok());
+    let t = {
+        let mut tokens = lock(&r.tokens);
+        let Some(k) = peer.and_then(|p| tokens.iter().position(|t| t.local == p)) else {
+            // (a connection of a client: the caller's)
+            return (nfd, false);
+        };
+        tokens.swap_remove(k)
+    };
+    // The token's server end, `nfd`, becomes the connection's socket (with
+    // the close-on-exec flag asked for); the token's client end closes with
+    // `t`.
+    let cloexec = if flags & libc::SOCK_CLOEXEC != 0 {
+        rustix::io::DupFlags::CLOEXEC
+    } else {
+        rustix::io::DupFlags::empty()
+    };
+    let mut target = borrow_owned(nfd);
+    let moved = rustix::io::dup3(&t.sock, &mut target, cloexec);
+    std::mem::forget(target);
+    if moved.is_err() {
+        // (no way to hand it over: the program gets the token, which its
+        // client end's close ends; the connection is reset)
+        return (nfd, true);
+    }
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+    let mut fl = rustix::fs::fcntl_getfl(borrow(nfd)).unwrap_or(rustix::fs::OFlags::empty());
+    fl.set(rustix::fs::OFlags::NONBLOCK, nonblock);
+    let _ = rustix::fs::fcntl_setfl(borrow(nfd), fl);
+    // SAFETY: the caller's address buffer and its length.
+    unsafe { write_sockaddr(t.peer, addr, len) };
+    report("accept", &t.stream);
+    adopt(nfd, t.stream, nonblock);
+    (nfd, true)
+}
+
+/// A descriptor number as an `OwnedFd` that is never dropped (the caller
+/// forgets it).
+fn borrow_owned(fd: RawFd) -> OwnedFd {
+    // SAFETY: `fd` is open (just returned by accept); the caller forgets
+    // the value, so it is not closed through it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// The thread: waits for connections in the queues of the sockets it
+/// watches, and takes those that waited [`QUEUE_WAIT`] with nobody
+/// accepting.
+fn run() {
+    let me = std::process::id();
+    loop {
+        let forks = crate::late::FORKS.load(Ordering::Acquire);
+        let list: Vec<Arc<Rescue>> = {
+            let mut w = lock(&WATCHED);
+            w.retain(|r| r.upgrade().is_some_and(|r| r.forks == forks));
+            w.iter().filter_map(Weak::upgrade).collect()
+        };
+        let now = Instant::now();
+        // (one whose queue has only its tokens is looked at by time: it
+        // polls readable until the program accepts them)
+        let mut polled: Vec<(Weak<Rescue>, RawFd)> = Vec::new();
+        let mut next: Option<Instant> = None;
+        for r in &list {
+            let aging = *lock(&r.aging);
+            let at = match aging {
+                Some((since, _)) => since + QUEUE_WAIT,
+                None if lock(&r.tokens).is_empty() => {
+                    polled.push((Arc::downgrade(r), r.own.as_raw_fd()));
+                    continue;
+                }
+                None => now + QUEUE_WAIT,
+            };
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+        // (no strong reference across the wait: a socket the program
+        // closes is let go at once, its `Drop` wakes the wait)
+        drop(list);
+        let efd = match lock(&WAKE).as_ref() {
+            Some((pid, efd)) if *pid == me => efd.as_raw_fd(),
+            _ => return,
+        };
+        let readable = {
+            // (the eventfd stays open: only a child's `start` replaces it,
+            // in the child, where this thread does not run; a watched
+            // socket's descriptor may close during the wait, which then
+            // holds its file, and is not used after it)
+            let efd = borrow(efd);
+            let socks: Vec<BorrowedFd<'_>> = polled.iter().map(|&(_, fd)| borrow(fd)).collect();
+            let mut fds: Vec<rustix::event::PollFd<'_>> = Vec::with_capacity(socks.len() + 1);
+            fds.push(rustix::event::PollFd::new(
+                &efd,
+                rustix::event::PollFlags::IN,
+            ));
+            for s in &socks {
+                fds.push(rustix::event::PollFd::new(s, rustix::event::PollFlags::IN));
+            }
+            let timeout = next.map(|n| {
+                let d = n.saturating_duration_since(now);
+                rustix::event::Timespec {
+                    tv_sec: d.as_secs() as i64,
+                    tv_nsec: i64::from(d.subsec_nanos()),
+                }
+            });
+            let _ = rustix::event::poll(&mut fds, timeout.as_ref());
+            if !fds[0].revents().is_empty() {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(efd, &mut b);
+            }
+            fds[1..]
+                .iter()
+                .map(|f| !f.revents().is_empty())
+                .collect::<Vec<_>>()
+        };
+        let now = Instant::now();
+        for ((r, _), ready) in polled.iter().zip(readable) {
+            if let (true, Some(r)) = (ready, r.upgrade()) {
+                *lock(&r.aging) = Some((now, r.accepted.load(Ordering::Acquire)));
+            }
+        }
+        let list: Vec<Arc<Rescue>> = lock(&WATCHED).iter().filter_map(Weak::upgrade).collect();
+        for r in list {
+            look(&r, now);
+        }
+    }
+}
+
+/// Connections waiting in `r`'s queue besides its tokens.
+fn waiting(r: &Rescue) -> usize {
+    // (for a listening socket, `tcpi_unacked` is its accept queue's length,
+    // tcp.c `tcp_get_info`)
+    // SAFETY: an all-zero `tcp_info` is a valid value (integers only).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as socklen_t;
+    // SAFETY: `info` and `len` are this function's, `len` its size; the
+    // socket is the rescue's own duplicate, open while `r` is.
+    let rc = unsafe {
+        libc::getsockopt(
+            r.own.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    let n = if rc == 0 {
+        info.tcpi_unacked as usize
+    } else {
+        0
+    };
+    n.saturating_sub(lock(&r.tokens).len())
+}
+
+/// Takes a connection of `r`'s queue that waited long enough with nobody
+/// accepting (see [`run`]).
+fn look(r: &Rescue, now: Instant) {
+    let aging = *lock(&r.aging);
+    let accepted = r.accepted.load(Ordering::Acquire);
+    let Some((since, then)) = aging else {
+        if !lock(&r.tokens).is_empty() && waiting(r) > 0 {
+            *lock(&r.aging) = Some((now, accepted));
+        }
+        return;
+    };
+    if now < since + QUEUE_WAIT {
+        return;
+    }
+    if waiting(r) == 0 {
+        *lock(&r.aging) = None;
+        return;
+    }
+    if accepted != then || r.in_accept.load(Ordering::Acquire) > 0 {
+        // (the program accepts: what waits now waits from now)
+        *lock(&r.aging) = Some((now, accepted));
+        return;
+    }
+    take_one(r);
+    // (the next in the queue waited as long: at once)
+    *lock(&r.aging) = Some((now - QUEUE_WAIT, r.accepted.load(Ordering::Acquire)));
+}
+
+/// Takes the first connection of `r`'s queue, runs its handshake and puts a
+/// token in its place.
+fn take_one(r: &Rescue) {
+    let Some(sock) = accept_now(r) else { return };
+    let peer = rustix::net::getpeername(&sock)
+        .ok()
+        .flatten()
+        .and_then(|a| SocketAddr::try_from(a).ok());
+    let Some(peer) = peer else { return };
+    {
+        let mut tokens = lock(&r.tokens);
+        if let Some(t) = tokens.iter_mut().find(|t| t.local == peer) {
+            // One of the tokens came first in the queue: it goes back, as
+            // a new one.
+            if let Some((dummy, local)) = token(r.to) {
+                t.dummy = dummy;
+                t.local = local;
+            }
+            return;
+        }
+    }
+    let Ok(dup) = rustix::io::fcntl_dupfd_cloexec(&sock, 0) else {
+        return;
+    };
+    let stream = match smc::deferred::classify(TcpStream::from(dup), true) {
+        smc::deferred::Deferred::Ready(s) => s,
+        smc::deferred::Deferred::Pending(p) => match p.handshake() {
+            Ok(s) => s,
+            Err(e) => {
+                // (as the listener's driver does: a connection whose
+                // handshake failed is closed before any accept)
+                if debug() {
+                    eprintln!("libsmc-preload: a queued connection: {e}");
+                }
+                return;
+            }
+        },
+    };
+    let Some((dummy, local)) = token(r.to) else {
+        // (no token: the connection cannot reach the program; closed)
+        return;
+    };
+    lock(&r.tokens).push(Token {
+        dummy,
+        local,
+        sock,
+        peer,
+        stream,
+    });
+}
+
+/// `accept` on `r`'s socket without blocking (see the module
+/// documentation).
+fn accept_now(r: &Rescue) -> Option<OwnedFd> {
+    static ONE: Mutex<()> = Mutex::new(());
+    let _one = lock(&ONE);
+    let fl = rustix::fs::fcntl_getfl(&r.own).ok()?;
+    if fl.contains(rustix::fs::OFlags::NONBLOCK) {
+        // (the program made it non-blocking: its accepts do not wait)
+        return rustix::net::accept_with(&r.own, rustix::net::SocketFlags::CLOEXEC).ok();
+    }
+    TOGGLES.fetch_add(1, Ordering::AcqRel);
+    let _ = rustix::fs::fcntl_setfl(&r.own, fl | rustix::fs::OFlags::NONBLOCK);
+    let s = rustix::net::accept_with(&r.own, rustix::net::SocketFlags::CLOEXEC);
+    let _ = rustix::fs::fcntl_setfl(&r.own, fl);
+    TOGGLES.fetch_add(1, Ordering::AcqRel);
+    s.ok()
+}
+
+/// A token connection to `to` (the listening socket): its client end and
+/// that end's address.
+fn token(to: SocketAddr) -> Option<(OwnedFd, SocketAddr)> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let family = if to.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let s = rustix::net::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .ok()?;
+    match rustix::net::connect(&s, &to) {
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
+        Err(_) => return None,
+    }
+    let local = SocketAddr::try_from(rustix::net::getsockname(&s).ok()?).ok()?;
+    Some((s, local))
+}

@@ -1,0 +1,86 @@
+//! Connections a server lets wait, under smc_run as on plain TCP
+//! (tests/waiting.c): an iterative server (blocking accepts, or poll then
+//! accept as Python's `socketserver`) that serves its first client for 7 s
+//! while two more connect, and a server that accepts three connections and
+//! uses them 7 s later. Over TCP the clients' connects complete in the
+//! kernel; an SMC client waits for the server's CLC Accept and gives up
+//! after 6 s (as Linux's), so the library runs the handshakes of the
+//! connections the program lets wait (src/rescue.rs for those in the
+//! accept queue, src/late.rs for those accepted and not used): every
+//! client gets its answer, every server read its client's address, every
+//! connection over SMC-R. (root: the SYN-option rendezvous loads a BPF
+//! program.)
+
+mod common;
+
+use common::*;
+use std::io::Read;
+use std::process::Stdio;
+use std::time::Duration;
+
+/// Holds the first client (or, `late`, all three) past the clients' 6 s.
+const HOLD: &str = "7";
+
+fn serve_three(mode: &str) {
+    let s = setup(&format!("waiting-{mode}"));
+    let exe = compile_c("waiting", &s.dir);
+    let portfile = s.dir.join("port");
+    let pf = portfile.to_str().unwrap();
+    let server = under(&s, true, &exe, &["server", pf, mode, HOLD])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut server = Server(server);
+    let port = wait_for_port(&portfile)
+        .expect("the server's port")
+        .to_string();
+    let mut clients = Vec::new();
+    for id in ["1", "2", "3"] {
+        let c = under(&s, true, &exe, &["client", &port, id])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        clients.push((id, c));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for (id, c) in clients {
+        let out = c.wait_with_output().unwrap();
+        let text = ok_output(&format!("client {id} ({mode})"), &out);
+        assert!(
+            text.contains(&format!("client {id} got hello {id} from ")),
+            "client {id} ({mode}): {text}"
+        );
+    }
+    let mut stdout = server.0.stdout.take().unwrap();
+    let status = server.0.wait().unwrap();
+    let mut text = String::new();
+    stdout.read_to_string(&mut text).unwrap();
+    assert!(status.success(), "server ({mode}): {status}\n{text}");
+    for id in ["1", "2", "3"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("server read hello {id} from "))
+                    && l.ends_with("(the peer's port matches)")),
+            "server ({mode}): {text}"
+        );
+    }
+    let modes = s.modes();
+    assert_eq!(modes.len(), 6, "{modes:?}");
+    assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
+}
+
+#[test]
+fn an_iterative_server_s_waiting_clients_connect_over_smc_r() {
+    serve_three("accept");
+}
+
+#[test]
+fn a_server_that_polls_then_accepts_has_its_waiting_clients_over_smc_r() {
+    serve_three("poll");
+}
+
+#[test]
+fn connections_accepted_and_used_later_connect_over_smc_r() {
+    serve_three("late");
+}
