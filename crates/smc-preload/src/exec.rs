@@ -306,7 +306,9 @@ fn prepare(target: &Target<'_>, envp: CArgv) -> Vec<OwnedFd> {
 fn around_exec(target: Target<'_>, envp: CArgv, exec: impl FnOnce() -> c_int) -> c_int {
     let listeners = prepare(&target, envp);
     let saved = detach_for_exec();
+    let limit = crate::lifecycle::limit_for_exec();
     let r = exec();
+    crate::lifecycle::limit_after_failed_exec(limit);
     reattach_after_exec(&saved);
     opt_in_again(&listeners);
     let e = errno();

@@ -296,3 +296,72 @@ pub(crate) fn was_inherited(fd: RawFd) -> bool {
 #[used]
 #[link_section = ".init_array"]
 pub(crate) static INIT: extern "C" fn() = init;
+
+/// The program's soft descriptor limit before the library raised it, and
+/// what the library raised it to (see [`room_for_smc`]).
+static RAISED: Mutex<Option<(u64, u64)>> = Mutex::new(None);
+
+/// An SMC-R connection holds three descriptors where a TCP connection holds
+/// one (its socket; the library's handle of it, `dup_own`; its peer
+/// signal's eventfd), so a program at its descriptor limit would hold a
+/// third of the connections it holds over TCP, and find `accept` failing
+/// with `EMFILE` where over TCP it does not. So at the program's first
+/// socket that may become SMC-R, its soft `RLIMIT_NOFILE` is raised to three
+/// times what it was, within its hard limit (as servers raise their own:
+/// redis for its clients, nginx by `worker_rlimit_nofile`). The library's
+/// descriptors are placed above the program's (`dup_own`), so the program's
+/// own numbers stay where they were. An exec puts the limit back
+/// ([`limit_for_exec`]). At a hard limit there is no room to make: a program
+/// there holds fewer connections than over TCP, each one it accepts served
+/// (over TCP when the library has no descriptor for it, `listen.rs`).
+pub(crate) fn room_for_smc() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let l = getrlimit(Resource::Nofile);
+        let (Some(soft), hard) = (l.current, l.maximum) else {
+            return;
+        };
+        let want = soft.saturating_mul(3);
+        let to = hard.map_or(want, |h| want.min(h));
+        if to <= soft {
+            return;
+        }
+        let new = Rlimit {
+            current: Some(to),
+            maximum: hard,
+        };
+        if setrlimit(Resource::Nofile, new).is_ok() {
+            *RAISED.lock().unwrap_or_else(|e| e.into_inner()) = Some((soft, to));
+        }
+    });
+}
+
+/// Before an exec: the soft descriptor limit the program had, unless it
+/// changed the limit since the library raised it; the limit the exec's
+/// failure puts back (`None`: nothing changed).
+pub(crate) fn limit_for_exec() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let (was, raised) = (*RAISED.lock().unwrap_or_else(|e| e.into_inner()))?;
+    let l = getrlimit(Resource::Nofile);
+    if l.current != Some(raised) {
+        return None;
+    }
+    let back = Rlimit {
+        current: Some(was),
+        maximum: l.maximum,
+    };
+    setrlimit(Resource::Nofile, back).ok().map(|()| raised)
+}
+
+/// After a failed exec: the raised limit again (`limit_for_exec`'s).
+pub(crate) fn limit_after_failed_exec(raised: Option<u64>) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let Some(raised) = raised else { return };
+    let l = getrlimit(Resource::Nofile);
+    let again = Rlimit {
+        current: Some(raised),
+        maximum: l.maximum,
+    };
+    let _ = setrlimit(Resource::Nofile, again);
+}

@@ -131,6 +131,7 @@ pub(crate) fn activate(fd: RawFd) -> Option<Entry> {
     let flags = real_fcntl(fd, libc::F_GETFL, 0);
     let nonblock = flags >= 0 && flags & libc::O_NONBLOCK != 0;
     if !nonblock {
+        crate::table::keep_spare();
         // (its connections are made at their first use, see
         // Entry::LazyListener; those nobody accepts are the rescue's)
         let forks = lock(&WAITING)
@@ -245,12 +246,30 @@ fn accepted_lazily(nfd: RawFd, bufs: Bufs) {
     let own = match dup_own(nfd) {
         Ok(o) => o,
         Err(e) => {
-            // (without a handle of its own the library cannot take the
-            // handshake; the client's Proposal would be read as data)
-            if debug() {
-                eprintln!("libsmc-preload: accepted fd {nfd} shut down: {e}");
+            // Out of descriptors for a handle of the library's: the
+            // connection is made plain TCP on the reserve descriptor (the
+            // client, if it offered SMC, is declined and falls back), as
+            // TCP serves a program at its limit; a program that holds
+            // fewer SMC-R connections than TCP ones there still has every
+            // connection it accepts.
+            let plain = crate::table::with_spare(|| {
+                let own = dup_own(nfd).ok()?;
+                match smc::deferred::classify(TcpStream::from(own), true) {
+                    smc::deferred::Deferred::Ready(s) => {
+                        report("accept", &s);
+                        Some(())
+                    }
+                    smc::deferred::Deferred::Pending(p) => p.decline().ok().map(drop),
+                }
+            });
+            if plain.is_none() {
+                // (without a handle the library cannot take the handshake;
+                // the client's Proposal would be read as data)
+                if debug() {
+                    eprintln!("libsmc-preload: accepted fd {nfd} shut down: {e}");
+                }
+                let _ = rustix::net::shutdown(borrow(nfd), rustix::net::Shutdown::Both);
             }
-            let _ = rustix::net::shutdown(borrow(nfd), rustix::net::Shutdown::Both);
             return;
         }
     };

@@ -92,6 +92,18 @@ pub(crate) fn selected(
     opted: bool,
     verdict: Result<(), &'static str>,
 ) -> Result<bool, &'static str> {
+    let r = selected_as_asked(fd, opted, verdict);
+    if r == Ok(true) {
+        crate::lifecycle::room_for_smc();
+    }
+    r
+}
+
+fn selected_as_asked(
+    fd: RawFd,
+    opted: bool,
+    verdict: Result<(), &'static str>,
+) -> Result<bool, &'static str> {
     if selection().is_all() {
         return Ok(opted);
     }

@@ -70,9 +70,8 @@ struct Token {
     /// the token's peer.
     dummy: OwnedFd,
     local: SocketAddr,
-    /// The connection: its socket, its client's address, and the stream the
-    /// handshake made (over SMC-R, or TCP).
-    sock: OwnedFd,
+    /// The connection: its client's address, and the stream the handshake
+    /// made (over SMC-R, or TCP).
     peer: SocketAddr,
     stream: SmcStream,
 }
@@ -239,7 +238,7 @@ pub(crate) unsafe fn accept_of(
         rustix::io::DupFlags::empty()
     };
     let mut target = borrow_owned(nfd);
-    let moved = rustix::io::dup3(&t.sock, &mut target, cloexec);
+    let moved = rustix::io::dup3(t.stream.tcp_fd(), &mut target, cloexec);
     std::mem::forget(target);
     if moved.is_err() {
         // (no way to hand it over: the program gets the token, which its
@@ -403,28 +402,30 @@ fn look(r: &Rescue, now: Instant) {
 /// Takes the first connection of `r`'s queue, runs its handshake and puts a
 /// token in its place.
 fn take_one(r: &Rescue) {
+    // (the token's socket first: a process out of descriptors leaves the
+    // connection in the queue, and one taken is never lost for want of a
+    // token)
+    let Some(dummy) = token_socket(r.to) else {
+        return;
+    };
     let Some(sock) = accept_now(r) else { return };
     let peer = rustix::net::getpeername(&sock)
         .ok()
         .flatten()
         .and_then(|a| SocketAddr::try_from(a).ok());
     let Some(peer) = peer else { return };
-    {
-        let mut tokens = lock(&r.tokens);
-        if let Some(t) = tokens.iter_mut().find(|t| t.local == peer) {
-            // One of the tokens came first in the queue: it goes back, as
-            // a new one.
-            if let Some((dummy, local)) = token(r.to) {
-                t.dummy = dummy;
-                t.local = local;
-            }
-            return;
+    let mut tokens = lock(&r.tokens);
+    if let Some(t) = tokens.iter_mut().find(|t| t.local == peer) {
+        // One of the tokens came first in the queue: it goes back, as a
+        // new one.
+        if let Some(local) = connect_token(&dummy, r.to) {
+            t.dummy = dummy;
+            t.local = local;
         }
-    }
-    let Ok(dup) = rustix::io::fcntl_dupfd_cloexec(&sock, 0) else {
         return;
-    };
-    let stream = match smc::deferred::classify(TcpStream::from(dup), true) {
+    }
+    drop(tokens);
+    let stream = match smc::deferred::classify(TcpStream::from(sock), true) {
         smc::deferred::Deferred::Ready(s) => s,
         smc::deferred::Deferred::Pending(p) => match p.handshake() {
             Ok(s) => s,
@@ -438,14 +439,14 @@ fn take_one(r: &Rescue) {
             }
         },
     };
-    let Some((dummy, local)) = token(r.to) else {
-        // (no token: the connection cannot reach the program; closed)
+    let Some(local) = connect_token(&dummy, r.to) else {
+        // (the loopback connection failed: the connection cannot reach the
+        // program, and is closed)
         return;
     };
     lock(&r.tokens).push(Token {
         dummy,
         local,
-        sock,
         peer,
         stream,
     });
@@ -469,26 +470,29 @@ fn accept_now(r: &Rescue) -> Option<OwnedFd> {
     s.ok()
 }
 
-/// A token connection to `to` (the listening socket): its client end and
-/// that end's address.
-fn token(to: SocketAddr) -> Option<(OwnedFd, SocketAddr)> {
+/// A socket for a token connection to `to` (the listening socket).
+fn token_socket(to: SocketAddr) -> Option<OwnedFd> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let family = if to.is_ipv4() {
         AddressFamily::INET
     } else {
         AddressFamily::INET6
     };
-    let s = rustix::net::socket_with(
+    rustix::net::socket_with(
         family,
         SocketType::STREAM,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
     )
-    .ok()?;
-    match rustix::net::connect(&s, &to) {
+    .ok()
+}
+
+/// Connects token socket `s` to `to`: its address, which `accept()`
+/// reports as the token's peer.
+fn connect_token(s: &OwnedFd, to: SocketAddr) -> Option<SocketAddr> {
+    match rustix::net::connect(s, &to) {
         Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
         Err(_) => return None,
     }
-    let local = SocketAddr::try_from(rustix::net::getsockname(&s).ok()?).ok()?;
-    Some((s, local))
+    SocketAddr::try_from(rustix::net::getsockname(s).ok()?).ok()
 }

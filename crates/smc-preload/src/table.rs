@@ -423,6 +423,38 @@ pub(crate) fn dup_own(fd: RawFd) -> io::Result<OwnedFd> {
         .map_err(io::Error::from)
 }
 
+/// One descriptor kept in reserve (open on `/dev/null`), given up for a
+/// moment when the process has none left for the library (see
+/// [`with_spare`]), as event loops keep one to shed connections at
+/// `EMFILE`.
+static SPARE: Mutex<Option<OwnedFd>> = Mutex::new(None);
+
+/// Makes the reserve descriptor, unless there is one.
+pub(crate) fn keep_spare() {
+    let mut s = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+    if s.is_none() {
+        *s = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()
+        // (out of the way if there is room for that, else where it is)
+        .map(|f| dup_own(f.as_raw_fd()).unwrap_or(f));
+    }
+}
+
+/// Runs `f` with the reserve descriptor given up (its number free for `f`
+/// to take), and makes it again after; `None` without one.
+pub(crate) fn with_spare<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
+    let mut s = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+    s.take()?;
+    let r = f();
+    drop(s);
+    keep_spare();
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
