@@ -183,6 +183,10 @@ pub(crate) fn fcntl_after(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) -> c_in
     r
 }
 
+/// `SIOCOUTQNSD` (linux/sockios.h): bytes not sent (`SIOCOUTQ`, which is
+/// `TIOCOUTQ`, counts those not acknowledged too).
+const SIOCOUTQNSD: c_ulong = 0x894B;
+
 /// `ioctl` (variadic in C, as `fcntl`).
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
@@ -201,6 +205,21 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
             }
             Some(Err(e)) => return fail(&e),
             None => {}
+        }
+    }
+    if COUNT.load(Ordering::Acquire) != 0
+        && (req == libc::TIOCOUTQ as c_ulong || req == SIOCOUTQNSD)
+        && !arg.is_null()
+    {
+        // What the connection has not delivered, not its TCP socket's (the
+        // CLC bytes, long gone).
+        if let Some(Entry::Stream(c)) = get(fd) {
+            if let Some((queued, unsent)) = c.s.send_queue() {
+                let n = if req == SIOCOUTQNSD { unsent } else { queued };
+                // SAFETY: SIOCOUTQ's and SIOCOUTQNSD's argument is an int.
+                unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
+                return 0;
+            }
         }
     }
     // SAFETY: the caller's arguments, unchanged.

@@ -180,6 +180,9 @@ pub unsafe extern "C" fn __vfork() -> libc::pid_t {
 /// sockets, as socat does, would otherwise leave the peer with missing data
 /// and an aborted connection. `_exit()` and fatal signals skip this.)
 extern "C" fn at_exit() {
+    // (the closes below wait for unsent data while the peers take it: the
+    // data leaves with this process, see `smc::exiting`)
+    smc::exiting();
     // (a lock held by another thread now is left alone)
     let all = match TABLE.try_write() {
         Ok(mut t) => {

@@ -106,6 +106,19 @@ pub use fork::after_fork_in_child;
 pub use listen::SmcListener;
 pub use stream::{Fallback, Mode, ReadSpace, SmcStream, WriteSpace};
 
+/// The process is about to exit (the preload library's `atexit` handler
+/// says so): from now on the close of an SMC-R connection with data not yet
+/// written to the peer waits until it is, or until the peer took none of
+/// it for 30 s (when the engine of a process that lived on would abort the
+/// connection), not 3 s in all. The connection's data is in this process,
+/// and leaves with it; over TCP the kernel delivers what a process wrote
+/// after it exited, so a program that writes and exits (a client that
+/// sends a file, a server's last response) loses nothing to a peer that
+/// reads late or slowly.
+pub fn exiting() {
+    stream::EXITING.store(true, std::sync::atomic::Ordering::Release);
+}
+
 /// Opts the TCP socket `fd` in to the SMC option on its SYN (or SYN-ACK),
 /// before its `connect()` or `listen()`, through the host's rendezvous
 /// program. Returns whether it is opted in (`false`: no rendezvous on this

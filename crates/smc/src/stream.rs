@@ -325,6 +325,16 @@ const DIRECT_WAIT: Duration = Duration::from_micros(40);
 /// its unsent data with it, there is no kernel to finish the job.
 const LINGER: Duration = Duration::from_secs(3);
 
+/// The process exits (see [`crate::exiting`]): a close waits for its unsent
+/// data until the peer took none of it for [`EXIT_IDLE`].
+pub(crate) static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// How long a close at exit waits for a peer that takes none of its unsent
+/// data: as long as the engine waits for one after a close before it aborts
+/// the connection (`MAX_STREAM_WAIT`, 30 s), which it would do in a process
+/// that lived on.
+const EXIT_IDLE: Duration = Duration::from_secs(30);
+
 impl Drop for SmcConn {
     fn drop(&mut self) {
         if crate::fork::parents(self.born) {
@@ -353,12 +363,28 @@ impl Drop for SmcConn {
         }
         // (a connection freed meanwhile counts as sent: its handle finds
         // nothing, whatever took its slot)
-        let _ = self.shared.run(
-            Want::CloseSent(id),
-            Some(Instant::now() + LINGER),
-            false,
-            |ep| ep.close_sent(id).then_some(Ok(())),
-        );
+        let (mut unsent, mut idle) = (usize::MAX, Duration::ZERO);
+        loop {
+            let r = self.shared.run(
+                Want::CloseSent(id),
+                Some(Instant::now() + LINGER),
+                false,
+                |ep| ep.close_sent(id).then_some(Ok(())),
+            );
+            if r.is_ok() || !EXITING.load(Ordering::Acquire) {
+                return;
+            }
+            // (at exit: on while the peer takes some, see `crate::exiting`)
+            let now = self.shared.lock().unsent(id);
+            if now < unsent {
+                (unsent, idle) = (now, Duration::ZERO);
+            } else {
+                idle += LINGER;
+            }
+            if now == 0 || idle >= EXIT_IDLE {
+                return;
+            }
+        }
     }
 }
 
@@ -555,6 +581,18 @@ impl SmcStream {
         rustix::net::sockopt::set_socket_linger(&*self.tcp, linger)?;
         self.note_linger(linger);
         Ok(())
+    }
+
+    /// What the connection has not delivered yet: `(queued, unsent)`, the
+    /// bytes in its send buffer (not written to the peer, or written and
+    /// their CDC not completed: `SIOCOUTQ`) and those of them not written
+    /// to the peer (`SIOCOUTQNSD`), as Linux's AF_SMC counts them (af_smc.c
+    /// `smc_ioctl`). `None`: not an SMC-R connection (a fallback's queues are
+    /// the TCP socket's).
+    pub fn send_queue(&self) -> Option<(usize, usize)> {
+        let c = self.smc_conn().ok()??;
+        let ep = c.shared.lock();
+        Some((ep.unacked(c.id), ep.unsent(c.id)))
     }
 
     /// `SO_LINGER` of the TCP socket.

@@ -22,11 +22,23 @@ impl<P: Provider> Endpoint<P> {
         self.conns.get(id).map(|c| c.token)
     }
 
-    /// Unsent or unconfirmed bytes of ours on a connection.
+    /// Unsent or unconfirmed bytes of ours on a connection: its send buffer's
+    /// data not written to the peer yet, or written and their CDC not
+    /// completed. Linux's `SIOCOUTQ` of an SMC socket (af_smc.c
+    /// `smc_ioctl`: the send buffer's length less its free space, which a
+    /// completed CDC gives back).
     pub fn unacked(&self, id: ConnId) -> usize {
         self.core(id)
             .and_then(|k| k.dp.as_ref().map(DataPath::unacked))
             .unwrap_or(0)
+    }
+
+    /// Bytes of ours on a connection not written to the peer's RMB yet (0
+    /// once it is gone): what its close still waits for. Linux's
+    /// `SIOCOUTQNSD` of an SMC socket (af_smc.c `smc_ioctl`,
+    /// `smc_tx_prepared_sends`).
+    pub fn unsent(&self, id: ConnId) -> usize {
+        self.core(id).and_then(|k| k.unsent()).unwrap_or(0)
     }
 
     /// Live link groups.
