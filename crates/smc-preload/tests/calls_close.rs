@@ -4,7 +4,9 @@
 //! shut by one side (`EPOLLHUP`), `shutdown` of a connection that is over
 //! (`ENOTCONN`), a close with `SO_LINGER` 0 (a reset: `EPOLLERR`,
 //! `ECONNRESET`, reported once by a read, a write or `SO_ERROR`, then end
-//! of file and `EPIPE`), also inherited from the listener, `connect(AF_UNSPEC)` and
+//! of file and `EPIPE`), also inherited from the listener, a close with
+//! `SO_LINGER` 8 s (it waits until the peer, reading 4 s later, took the
+//! data), `connect(AF_UNSPEC)` and
 //! a new connection of the same socket (its data to the new peer, a reset
 //! for the old one), `shutdown` of a listening socket (a thread polling it
 //! woken, `accept` then `EINVAL`), an `accept` out of descriptors
@@ -35,6 +37,8 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "poll both shut here: IN OUT HUP RDHUP",
         "client shutdown again = -1 ENOTCONN",
         "server shutdown again = -1 ENOTCONN",
+        "close waited for the reader: yes",
+        "the reader got all: yes",
         "poll after the reset: IN OUT ERR HUP RDHUP",
         "poll after the reset, no events asked: ERR HUP",
         "read after the reset = -1 ECONNRESET",
@@ -67,14 +71,14 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
     for round in 0..2 {
         let smc = run(&s, &exe, true);
         assert_same(&plain, &smc, &format!("round {round}"));
-        // sixteen connections over SMC-R, both ends in this process; the
-        // one a disconnected socket made after falls back (its socket is
-        // no longer opted in to the SMC option)
+        // seventeen connections over SMC-R, both ends in this process;
+        // the one a disconnected socket made after falls back (its socket
+        // is no longer opted in to the SMC option)
         let modes = s.modes();
-        assert_eq!(modes.len(), 34, "{modes:?}");
+        assert_eq!(modes.len(), 36, "{modes:?}");
         assert_eq!(
             modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
-            32,
+            34,
             "{modes:?}"
         );
     }

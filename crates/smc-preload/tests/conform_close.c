@@ -103,6 +103,17 @@ static void *blocked_read(void *arg) {
     return NULL;
 }
 
+/* reads fd to its end 4 s from now; the bytes read */
+static int late_fd;
+static void *late_reader(void *arg) {
+    static char b[65536];
+    long *got = arg, n;
+    usleep(4000000);
+    while ((n = read(late_fd, b, sizeof b)) > 0)
+        *got += n;
+    return NULL;
+}
+
 static int listening;
 static void *blocked_poll(void *arg) {
     struct pollfd p = { listening, POLLIN, 0 };
@@ -164,6 +175,35 @@ int main(void) {
     poll_until("poll after the reset was reported", c, ALL, POLLHUP);
     show("shutdown after the reset", shutdown(c, SHUT_WR));
     close(c);
+
+    /* SO_LINGER with a timeout: the close waits for the data to leave (up
+     * to the timeout), here until the peer reads, 4 s later; the peer gets
+     * all of it */
+    {
+        static char big[65536];
+        long sent = 0, got = 0;
+        pair(&c, &s);
+        if (fcntl(c, F_SETFL, O_NONBLOCK))
+            die("fcntl");
+        for (;;) {
+            long w = write(c, big, sizeof big);
+            if (w <= 0)
+                break;
+            sent += w;
+        }
+        if (fcntl(c, F_SETFL, 0))
+            die("fcntl");
+        struct linger lg8 = { 1, 8 };
+        show("setsockopt SO_LINGER 8", setsockopt(c, SOL_SOCKET, SO_LINGER, &lg8, sizeof lg8));
+        late_fd = s;
+        pthread_create(&t, NULL, late_reader, &got);
+        double t0 = now();
+        show("close with unsent data", close(c));
+        printf("close waited for the reader: %s\n", now() - t0 >= 3.5 ? "yes" : "no");
+        pthread_join(t, NULL);
+        printf("the reader got all: %s\n", got == sent ? "yes" : "no");
+        close(s);
+    }
 
     /* accepted sockets take SO_LINGER from their listener */
     {

@@ -22,7 +22,7 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -101,6 +101,10 @@ pub(crate) struct SmcConn {
     /// `SO_LINGER` with a zero timeout: dropping the last handle aborts
     /// the connection ([`SmcStream::set_linger`]).
     reset_on_close: AtomicBool,
+    /// `SO_LINGER` with a timeout above zero, in milliseconds (0: none): how
+    /// long dropping the last handle waits for the close to leave, in place
+    /// of [`LINGER`] ([`SmcStream::set_linger`]).
+    linger_ms: AtomicU64,
     /// The TCP socket of the established connection, watched for its end
     /// while the connection lives ([`Shared::watch_tcp`]) and closed after
     /// the SMC close has gone out, as Linux releases the TCP socket after
@@ -283,6 +287,7 @@ impl SmcConn {
             id,
             wait_close: AtomicBool::new(false),
             reset_on_close: AtomicBool::new(false),
+            linger_ms: AtomicU64::new(0),
             tcp: None,
             stats: Arc::default(),
             ready: std::sync::OnceLock::new(),
@@ -363,11 +368,17 @@ impl Drop for SmcConn {
         }
         // (a connection freed meanwhile counts as sent: its handle finds
         // nothing, whatever took its slot)
+        // (Linux's AF_SMC waits the socket's linger time in its place,
+        // af_smc.c `smc_close_active`)
+        let wait = match self.linger_ms.load(Ordering::Relaxed) {
+            0 => LINGER,
+            ms => Duration::from_millis(ms),
+        };
         let (mut unsent, mut idle) = (usize::MAX, Duration::ZERO);
         loop {
             let r = self.shared.run(
                 Want::CloseSent(id),
-                Some(Instant::now() + LINGER),
+                Some(Instant::now() + wait),
                 false,
                 |ep| ep.close_sent(id).then_some(Ok(())),
             );
@@ -379,7 +390,7 @@ impl Drop for SmcConn {
             if now < unsent {
                 (unsent, idle) = (now, Duration::ZERO);
             } else {
-                idle += LINGER;
+                idle += wait;
             }
             if now == 0 || idle >= EXIT_IDLE {
                 return;
@@ -575,8 +586,9 @@ impl SmcStream {
     /// `SO_LINGER`, set on the TCP socket. On SMC-R a zero timeout makes
     /// the close of the last handle an abort: what is unsent is dropped
     /// and the peer's reads fail with `ECONNRESET`, as a TCP socket closed
-    /// so sends a reset (tcp.c `__tcp_close`). Any other value closes as
-    /// usual (the close waits for unsent data to leave anyway, `LINGER`).
+    /// so sends a reset (tcp.c `__tcp_close`). A timeout above zero is how
+    /// long that close waits for unsent data to leave (3 s without one;
+    /// the engine sends on after it, as long as the process lives).
     pub fn set_linger(&self, linger: Option<Duration>) -> io::Result<()> {
         rustix::net::sockopt::set_socket_linger(&*self.tcp, linger)?;
         self.note_linger(linger);
@@ -614,6 +626,10 @@ impl SmcStream {
         if let Some(c) = &self.smc {
             c.reset_on_close
                 .store(linger == Some(Duration::ZERO), Ordering::Relaxed);
+            let ms = linger
+                .filter(|d| !d.is_zero())
+                .map_or(0, |d| d.as_millis().clamp(1, u128::from(u64::MAX)) as u64);
+            c.linger_ms.store(ms, Ordering::Relaxed);
         }
     }
 
