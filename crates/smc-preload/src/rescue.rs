@@ -11,9 +11,11 @@
 //! polls its listener only between other work (Python's `socketserver`),
 //! would have the next client's connect fail where TCP's completes in the
 //! kernel. Linux's AF_SMC runs every handshake in its listen worker
-//! whatever the program does (`smc_tcp_listen_work`). Here a connection
-//! that waited [`QUEUE_WAIT`] with nobody accepting is taken from the queue
-//! by the library's thread, which runs its handshake; so that the program
+//! whatever the program does (`smc_tcp_listen_work`). Here, once the queue
+//! has held connections for [`QUEUE_WAIT`] (the program accepting none, or
+//! fewer than come) and no thread of the program is in `accept()`, the
+//! library's thread takes them from the queue and runs their handshakes; so
+//! that the program
 //! still finds it where it looks, in the kernel's queue (a blocking
 //! `accept()`, or poll, select and epoll, which only the kernel answers),
 //! the thread puts a connection of its own there in its place, a *token*:
@@ -36,12 +38,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-/// How long a connection waits in the queue of a blocking listener with
-/// nobody accepting before the library takes it: well within the client's
+/// How long the queue of a blocking listener holds connections before the
+/// library takes them: well within the client's
 /// 6 s wait for the Accept (which the handshake may take up to 3 s of, a
 /// first contact with the same peer in progress), and long enough for a
 /// program that accepts at its own pace not to notice.
 const QUEUE_WAIT: Duration = Duration::from_secs(1);
+
+/// How soon the queue is looked at again when a thread of the program was
+/// in `accept()` at the last look.
+const AGAIN: Duration = Duration::from_millis(10);
 
 /// A blocking listening socket whose queued connections the library takes
 /// when nobody accepts them (see the module documentation).
@@ -57,10 +63,8 @@ pub(crate) struct Rescue {
     tokens: Mutex<Vec<Token>>,
     /// The program's threads in `accept()` on the socket now.
     in_accept: AtomicUsize,
-    /// The program's `accept()` calls that returned a connection.
-    accepted: AtomicU64,
-    /// Since when a connection waits, and `accepted` then (the thread's).
-    aging: Mutex<Option<(Instant, u64)>>,
+    /// Since when connections wait in the queue (the thread's).
+    aging: Mutex<Option<Instant>>,
 }
 
 /// A connection the library took from the queue, and the token in its
@@ -151,7 +155,6 @@ pub(crate) fn start(fd: RawFd, forks: u64) -> Option<Arc<Rescue>> {
         forks,
         tokens: Mutex::new(Vec::new()),
         in_accept: AtomicUsize::new(0),
-        accepted: AtomicU64::new(0),
         aging: Mutex::new(None),
     });
     let me = std::process::id();
@@ -216,7 +219,6 @@ pub(crate) unsafe fn accept_of(
     if nfd < 0 {
         return (nfd, true);
     }
-    r.accepted.fetch_add(1, Ordering::AcqRel);
     let peer = rustix::net::getpeername(borrow(nfd))
         .ok()
         .flatten()
@@ -265,8 +267,7 @@ fn borrow_owned(fd: RawFd) -> OwnedFd {
 }
 
 /// The thread: waits for connections in the queues of the sockets it
-/// watches, and takes those that waited [`QUEUE_WAIT`] with nobody
-/// accepting.
+/// watches, and takes them once a queue held some for [`QUEUE_WAIT`].
 fn run() {
     let me = std::process::id();
     loop {
@@ -284,7 +285,7 @@ fn run() {
         for r in &list {
             let aging = *lock(&r.aging);
             let at = match aging {
-                Some((since, _)) => since + QUEUE_WAIT,
+                Some(since) => since + QUEUE_WAIT,
                 None if lock(&r.tokens).is_empty() => {
                     polled.push((Arc::downgrade(r), r.own.as_raw_fd()));
                     continue;
@@ -335,7 +336,7 @@ fn run() {
         let now = Instant::now();
         for ((r, _), ready) in polled.iter().zip(readable) {
             if let (true, Some(r)) = (ready, r.upgrade()) {
-                *lock(&r.aging) = Some((now, r.accepted.load(Ordering::Acquire)));
+                *lock(&r.aging) = Some(now);
             }
         }
         let list: Vec<Arc<Rescue>> = lock(&WATCHED).iter().filter_map(Weak::upgrade).collect();
@@ -371,14 +372,13 @@ fn waiting(r: &Rescue) -> usize {
     n.saturating_sub(lock(&r.tokens).len())
 }
 
-/// Takes a connection of `r`'s queue that waited long enough with nobody
-/// accepting (see [`run`]).
+/// Takes a connection of `r`'s queue once it held some for long enough
+/// (see [`run`]).
 fn look(r: &Rescue, now: Instant) {
     let aging = *lock(&r.aging);
-    let accepted = r.accepted.load(Ordering::Acquire);
-    let Some((since, then)) = aging else {
+    let Some(since) = aging else {
         if !lock(&r.tokens).is_empty() && waiting(r) > 0 {
-            *lock(&r.aging) = Some((now, accepted));
+            *lock(&r.aging) = Some(now);
         }
         return;
     };
@@ -389,14 +389,14 @@ fn look(r: &Rescue, now: Instant) {
         *lock(&r.aging) = None;
         return;
     }
-    if accepted != then || r.in_accept.load(Ordering::Acquire) > 0 {
-        // (the program accepts: what waits now waits from now)
-        *lock(&r.aging) = Some((now, accepted));
+    if r.in_accept.load(Ordering::Acquire) > 0 {
+        // (a thread of the program takes one now: a look again shortly)
+        *lock(&r.aging) = Some(now - QUEUE_WAIT + AGAIN);
         return;
     }
     take_one(r);
     // (the next in the queue waited as long: at once)
-    *lock(&r.aging) = Some((now - QUEUE_WAIT, r.accepted.load(Ordering::Acquire)));
+    *lock(&r.aging) = Some(now - QUEUE_WAIT);
 }
 
 /// Takes the first connection of `r`'s queue, runs its handshake and puts a

@@ -132,8 +132,8 @@ pub(crate) enum Entry {
     /// handshake run in that process (see `smc::deferred`). Event-driven
     /// servers (non-blocking listeners) keep the listener's driver, which
     /// runs handshakes at once without holding up their loop. With the
-    /// library's rescue of connections that wait in its queue with nobody
-    /// accepting, unless the socket is shared with another process
+    /// library's rescue of connections that wait in its queue, unless the
+    /// socket is shared with another process
     /// (`rescue.rs`).
     LazyListener(Bufs, Option<Arc<crate::rescue::Rescue>>),
     /// An accepted connection whose client offered SMC, its handshake to run

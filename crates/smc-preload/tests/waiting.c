@@ -5,12 +5,13 @@
  * connect completes in the kernel at once, and its data waits for the
  * server; the server must get each client's data and its address, and each
  * client its answer.
- *   waiting server PORTFILE MODE HOLD   MODE: accept (blocking accepts),
+ *   waiting server PORTFILE MODE HOLD N MODE: accept (blocking accepts),
  *                                       poll (poll, then accept: Python's
- *                                       socketserver), late (accepts 3 at
- *                                       once, reads each HOLD s later);
- *                                       serves 3 clients, the first for
- *                                       HOLD seconds
+ *                                       socketserver), late (accepts all
+ *                                       at once, reads each HOLD s later),
+ *                                       steady (blocking accepts, each
+ *                                       client served for HOLD s); serves
+ *                                       N clients, the first for HOLD s
  *   waiting client PORT ID              connects, sends "hello ID" and its
  *                                       port, reads the echo
  * It knows nothing of SMC. */
@@ -60,7 +61,9 @@ static void serve(int s, const struct sockaddr_in *peer) {
     close(s);
 }
 
-static void server(const char *portfile, const char *mode, int hold) {
+enum { MAX = 16 };
+
+static void server(const char *portfile, const char *mode, int hold, int n) {
     int l = socket(AF_INET, SOCK_STREAM, 0);
     if (l < 0) die("socket");
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY) };
@@ -73,9 +76,11 @@ static void server(const char *portfile, const char *mode, int hold) {
     fprintf(f, "%d\n", ntohs(a.sin_port));
     fclose(f);
     int late = !strcmp(mode, "late"), use_poll = !strcmp(mode, "poll");
-    int s[3];
-    struct sockaddr_in peer[3];
-    for (int i = 0; i < 3; i++) {
+    int steady = !strcmp(mode, "steady");
+    int s[MAX];
+    struct sockaddr_in peer[MAX];
+    if (n > MAX) n = MAX;
+    for (int i = 0; i < n; i++) {
         if (use_poll) {
             struct pollfd p = { l, POLLIN, 0 };
             if (poll(&p, 1, 60000) != 1) die("poll");
@@ -85,13 +90,13 @@ static void server(const char *portfile, const char *mode, int hold) {
         if (s[i] < 0) die("accept");
         if (late)
             continue;
-        if (i == 0)
+        if (i == 0 || steady)
             sleep(hold);
         serve(s[i], &peer[i]);
     }
     if (late) {
         sleep(hold);
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < n; i++)
             serve(s[i], &peer[i]);
     }
     close(l);
@@ -99,12 +104,12 @@ static void server(const char *portfile, const char *mode, int hold) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc == 5 && !strcmp(argv[1], "server"))
-        server(argv[2], argv[3], atoi(argv[4]));
+    if (argc == 6 && !strcmp(argv[1], "server"))
+        server(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]));
     else if (argc == 4 && !strcmp(argv[1], "client"))
         client(atoi(argv[2]), atoi(argv[3]));
     else {
-        fprintf(stderr, "usage: waiting server PORTFILE MODE HOLD | waiting client PORT ID\n");
+        fprintf(stderr, "usage: waiting server PORTFILE MODE HOLD N | waiting client PORT ID\n");
         return 2;
     }
     return 0;

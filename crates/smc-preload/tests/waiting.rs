@@ -1,8 +1,9 @@
 //! Connections a server lets wait, under smc_run as on plain TCP
 //! (tests/waiting.c): an iterative server (blocking accepts, or poll then
 //! accept as Python's `socketserver`) that serves its first client for 7 s
-//! while two more connect, and a server that accepts three connections and
-//! uses them 7 s later. Over TCP the clients' connects complete in the
+//! while two more connect, one that serves nine clients that come at once
+//! for a second each, and a server that accepts three connections and uses
+//! them 7 s later. Over TCP the clients' connects complete in the
 //! kernel; an SMC client waits for the server's CLC Accept and gives up
 //! after 6 s (as Linux's), so the library runs the handshakes of the
 //! connections the program lets wait (src/rescue.rs for those in the
@@ -22,11 +23,17 @@ use std::time::Duration;
 const HOLD: &str = "7";
 
 fn serve_three(mode: &str) {
+    serve(mode, HOLD, 3);
+}
+
+/// `waiting server` (`mode`, `hold` seconds) and `n` clients, 300 ms apart.
+fn serve(mode: &str, hold: &str, n: usize) {
     let s = setup(&format!("waiting-{mode}"));
     let exe = compile_c("waiting", &s.dir);
     let portfile = s.dir.join("port");
     let pf = portfile.to_str().unwrap();
-    let server = under(&s, true, &exe, &["server", pf, mode, HOLD])
+    let count = n.to_string();
+    let server = under(&s, true, &exe, &["server", pf, mode, hold, &count])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -34,8 +41,9 @@ fn serve_three(mode: &str) {
     let port = wait_for_port(&portfile)
         .expect("the server's port")
         .to_string();
+    let ids: Vec<String> = (1..=n).map(|i| i.to_string()).collect();
     let mut clients = Vec::new();
-    for id in ["1", "2", "3"] {
+    for id in &ids {
         let c = under(&s, true, &exe, &["client", &port, id])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -57,7 +65,7 @@ fn serve_three(mode: &str) {
     let mut text = String::new();
     stdout.read_to_string(&mut text).unwrap();
     assert!(status.success(), "server ({mode}): {status}\n{text}");
-    for id in ["1", "2", "3"] {
+    for id in &ids {
         assert!(
             text.lines()
                 .any(|l| l.starts_with(&format!("server read hello {id} from "))
@@ -66,7 +74,7 @@ fn serve_three(mode: &str) {
         );
     }
     let modes = s.modes();
-    assert_eq!(modes.len(), 6, "{modes:?}");
+    assert_eq!(modes.len(), 2 * n, "{modes:?}");
     assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
 }
 
@@ -83,4 +91,10 @@ fn a_server_that_polls_then_accepts_has_its_waiting_clients_over_smc_r() {
 #[test]
 fn connections_accepted_and_used_later_connect_over_smc_r() {
     serve_three("late");
+}
+
+#[test]
+fn a_server_that_accepts_fewer_than_come_has_its_waiting_clients_over_smc_r() {
+    // (one a second: the ninth waits about 8 s to be accepted)
+    serve("steady", "1", 9);
 }
