@@ -61,6 +61,14 @@ extern "C" fn in_parent() {
 /// the allocator calls are the table's and the shared connections' (the C
 /// library's allocator is usable in a forked child).
 extern "C" fn in_child() {
+    BIRTH_PPID.store(
+        rustix::process::getppid().map_or(0, |p| p.as_raw_pid() as u32),
+        Ordering::Release,
+    );
+    BIRTH_FORKS.store(
+        crate::late::FORKS.load(Ordering::Acquire),
+        Ordering::Release,
+    );
     crate::rescue::after_fork();
     crate::late::after_fork();
     smc::after_fork_in_child();
@@ -367,4 +375,18 @@ pub(crate) fn limit_after_failed_exec(raised: Option<u64>) {
         maximum: l.maximum,
     };
     let _ = setrlimit(Resource::Nofile, again);
+}
+
+/// In a forked process: its parent's pid at the fork (0: not forked).
+static BIRTH_PPID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// In a forked process: the fork count at its fork (`late::FORKS`).
+static BIRTH_FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// This process's parent at its fork and the fork count then; `(0, 0)` if
+/// it was not forked (under the library).
+pub(crate) fn birth() -> (u32, u64) {
+    (
+        BIRTH_PPID.load(Ordering::Acquire),
+        BIRTH_FORKS.load(Ordering::Acquire),
+    )
 }

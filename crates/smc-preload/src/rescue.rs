@@ -23,11 +23,13 @@
 //! program's `accept()` that returns a token gets the connection it stands
 //! for, on the descriptor the token was given (`take`).
 //!
-//! Only a listening socket that this process made listen and that no other
-//! process shares: a forked process could accept a token without knowing
-//! what it stands for (a token has no meaning outside the process that made
-//! it). So a `fork()` after `listen()` turns this off for the socket (the
-//! servers that fork accept at once anyway). The thread's `accept` must not
+//! Only a listening socket that no other process accepts on: a forked
+//! process could accept a token without knowing what it stands for (a token
+//! has no meaning outside the process that made it). So a `fork()` after
+//! `listen()` turns this off for the socket in the process that forked (the
+//! servers that fork accept at once anyway), and a forked child has it only
+//! once its parent is gone and if it has not forked itself ([`Standing`]: a
+//! daemon that listens, forks and lets its parent exit). The thread's `accept` must not
 //! block (another thread may take the connection first): the socket's file
 //! is made non-blocking for that call, and an `accept()` of the program's
 //! that fails with `EAGAIN` meanwhile is made again ([`accept_of`]).
@@ -135,7 +137,7 @@ fn wake() {
 /// if it may have one: it listens since `listen()` in this process (at fork
 /// count `forks`), and no fork came since.
 pub(crate) fn start(fd: RawFd, forks: u64) -> Option<Arc<Rescue>> {
-    if forks != crate::late::FORKS.load(Ordering::Acquire) {
+    if standing(forks) == Standing::Shared {
         return None;
     }
     let at = SocketAddr::try_from(rustix::net::getsockname(borrow(fd)).ok()?).ok()?;
@@ -182,6 +184,41 @@ pub(crate) fn start(fd: RawFd, forks: u64) -> Option<Arc<Rescue>> {
     lock(&WATCHED).push(Arc::downgrade(&r));
     wake();
     Some(r)
+}
+
+/// Whether a listening socket is this process's alone, as far as forks
+/// tell.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Standing {
+    /// No fork since its `listen()`; or this process was forked from the
+    /// one that listened (or its forked descendant), has not forked since,
+    /// and its parent is gone (a daemon that listens, forks and lets its
+    /// parent exit).
+    Own,
+    /// Inherited from a parent that lives, and no fork since: the parent
+    /// may still accept on it; its end would make it [`Standing::Own`].
+    ParentLives,
+    /// Shared with a process this one forked since `listen()`: for good.
+    Shared,
+}
+
+/// The standing of a listening socket that listens since fork count
+/// `forks` (see [`Standing`]).
+fn standing(forks: u64) -> Standing {
+    let now = crate::late::FORKS.load(Ordering::Acquire);
+    if forks == now {
+        return Standing::Own;
+    }
+    let (ppid, born) = crate::lifecycle::birth();
+    if ppid == 0 || born != now || forks >= born {
+        return Standing::Shared;
+    }
+    let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_pid() as u32);
+    if parent == ppid {
+        Standing::ParentLives
+    } else {
+        Standing::Own
+    }
 }
 
 /// The program's `accept4(fd, addr, len, flags)` on a blocking listening
@@ -271,20 +308,24 @@ fn borrow_owned(fd: RawFd) -> OwnedFd {
 fn run() {
     let me = std::process::id();
     loop {
-        let forks = crate::late::FORKS.load(Ordering::Acquire);
         let list: Vec<Arc<Rescue>> = {
             let mut w = lock(&WATCHED);
-            w.retain(|r| r.upgrade().is_some_and(|r| r.forks == forks));
+            w.retain(|r| {
+                r.upgrade()
+                    .is_some_and(|r| standing(r.forks) != Standing::Shared)
+            });
             w.iter().filter_map(Weak::upgrade).collect()
         };
         let now = Instant::now();
         // (one whose queue has only its tokens is looked at by time: it
-        // polls readable until the program accepts them)
+        // polls readable until the program accepts them; so is one whose
+        // parent may still accept on it, for the parent's end)
         let mut polled: Vec<(Weak<Rescue>, RawFd)> = Vec::new();
         let mut next: Option<Instant> = None;
         for r in &list {
             let aging = *lock(&r.aging);
             let at = match aging {
+                _ if standing(r.forks) != Standing::Own => now + QUEUE_WAIT,
                 Some(since) => since + QUEUE_WAIT,
                 None if lock(&r.tokens).is_empty() => {
                     polled.push((Arc::downgrade(r), r.own.as_raw_fd()));
@@ -375,6 +416,10 @@ fn waiting(r: &Rescue) -> usize {
 /// Takes a connection of `r`'s queue once it held some for long enough
 /// (see [`run`]).
 fn look(r: &Rescue, now: Instant) {
+    if standing(r.forks) != Standing::Own {
+        *lock(&r.aging) = None;
+        return;
+    }
     let aging = *lock(&r.aging);
     let Some(since) = aging else {
         if !lock(&r.tokens).is_empty() && waiting(r) > 0 {

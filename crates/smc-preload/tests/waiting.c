@@ -10,8 +10,11 @@
  *                                       socketserver), late (accepts all
  *                                       at once, reads each HOLD s later),
  *                                       steady (blocking accepts, each
- *                                       client served for HOLD s); serves
- *                                       N clients, the first for HOLD s
+ *                                       client served for HOLD s), daemon
+ *                                       (as accept, in a child that the
+ *                                       process forks after listen() before
+ *                                       it exits); serves N clients, the
+ *                                       first for HOLD s
  *   waiting client PORT ID              connects, sends "hello ID" and its
  *                                       port, reads the echo
  * It knows nothing of SMC. */
@@ -24,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <unistd.h>
 
 static void die(const char *m) { fprintf(stderr, "waiting: %s: %s\n", m, strerror(errno)); exit(2); }
@@ -75,6 +79,13 @@ static void server(const char *portfile, const char *mode, int hold, int n) {
     if (!f) die("portfile");
     fprintf(f, "%d\n", ntohs(a.sin_port));
     fclose(f);
+    if (!strcmp(mode, "daemon")) {
+        /* the listening socket is the child's alone once this exits */
+        pid_t pid = fork();
+        if (pid < 0) die("fork");
+        if (pid > 0) exit(0);
+        alarm(120);
+    }
     int late = !strcmp(mode, "late"), use_poll = !strcmp(mode, "poll");
     int steady = !strcmp(mode, "steady");
     int s[MAX];

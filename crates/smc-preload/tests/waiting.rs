@@ -2,15 +2,15 @@
 //! (tests/waiting.c): an iterative server (blocking accepts, or poll then
 //! accept as Python's `socketserver`) that serves its first client for 7 s
 //! while two more connect, one that serves nine clients that come at once
-//! for a second each, and a server that accepts three connections and uses
-//! them 7 s later. Over TCP the clients' connects complete in the
-//! kernel; an SMC client waits for the server's CLC Accept and gives up
-//! after 6 s (as Linux's), so the library runs the handshakes of the
-//! connections the program lets wait (src/rescue.rs for those in the
-//! accept queue, src/late.rs for those accepted and not used): every
-//! client gets its answer, every server read its client's address, every
-//! connection over SMC-R. (root: the SYN-option rendezvous loads a BPF
-//! program.)
+//! for a second each, the first kind in a daemon's child (it listens, forks
+//! and exits), and a server that accepts three connections and uses them
+//! 7 s later. Over TCP the clients' connects complete in the kernel; an
+//! SMC client waits for the server's CLC Accept and gives up after 6 s (as
+//! Linux's), so the library runs the handshakes of the connections the
+//! program lets wait (src/rescue.rs for those in the accept queue,
+//! src/late.rs for those accepted and not used): every client gets its
+//! answer, every server read its client's address, every connection over
+//! SMC-R. (root: the SYN-option rendezvous loads a BPF program.)
 
 mod common;
 
@@ -97,4 +97,10 @@ fn connections_accepted_and_used_later_connect_over_smc_r() {
 fn a_server_that_accepts_fewer_than_come_has_its_waiting_clients_over_smc_r() {
     // (one a second: the ninth waits about 8 s to be accepted)
     serve("steady", "1", 9);
+}
+
+#[test]
+fn a_daemon_s_waiting_clients_connect_over_smc_r() {
+    // (it listens, forks and exits: the child serves)
+    serve("daemon", HOLD, 3);
 }
