@@ -14,6 +14,9 @@ extern "C" fn before_fork() {
     // (connections accepted before it are left to their first use: `late.rs`)
     crate::late::before_fork();
     crate::rescue::before_fork();
+    // (the child's parent, read in the child: its `getppid` may already be
+    // another's, the parent having exited at once)
+    FORKER.store(std::process::id(), Ordering::Release);
     // (the child shares the epoll sets: what they have goes to the kernel)
     crate::interest::expose_all();
     // (first: it reads the table and makes descriptors)
@@ -61,10 +64,7 @@ extern "C" fn in_parent() {
 /// the allocator calls are the table's and the shared connections' (the C
 /// library's allocator is usable in a forked child).
 extern "C" fn in_child() {
-    BIRTH_PPID.store(
-        rustix::process::getppid().map_or(0, |p| p.as_raw_pid() as u32),
-        Ordering::Release,
-    );
+    BIRTH_PPID.store(FORKER.load(Ordering::Acquire), Ordering::Release);
     BIRTH_FORKS.store(
         crate::late::FORKS.load(Ordering::Acquire),
         Ordering::Release,
@@ -377,6 +377,8 @@ pub(crate) fn limit_after_failed_exec(raised: Option<u64>) {
     let _ = setrlimit(Resource::Nofile, again);
 }
 
+/// The process that forks, set before the fork (see `before_fork`).
+static FORKER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 /// In a forked process: its parent's pid at the fork (0: not forked).
 static BIRTH_PPID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 /// In a forked process: the fork count at its fork (`late::FORKS`).

@@ -422,7 +422,8 @@ fn look(r: &Rescue, now: Instant) {
     }
     let aging = *lock(&r.aging);
     let Some(since) = aging else {
-        if !lock(&r.tokens).is_empty() && waiting(r) > 0 {
+        // (one not polled: with tokens, or just the process's own)
+        if waiting(r) > 0 {
             *lock(&r.aging) = Some(now);
         }
         return;
