@@ -509,10 +509,16 @@ static void in_child(int c, int s) {
     }
 }
 
-/* one epoll_wait on `ep` for at most `ms`: the number of events */
-static void ep_count(const char *name, int ep, int ms) {
+/* one epoll_wait on `ep` for at most `ms`: the number of events; with
+ * `byte`, written to `w` by a thread 200 ms into the wait */
+static void ep_count(const char *name, int ep, int ms, int w, const char *byte) {
     struct epoll_event out[4];
+    struct late l;
+    if (byte)
+        late_write(&l, w, byte, 1);
     show(name, epoll_wait(ep, out, 4, ms));
+    if (byte)
+        late_join(&l);
 }
 
 /* 8. a one-shot epoll registration reports one event per arming (ADD or
@@ -525,31 +531,19 @@ static void epoll_oneshot(void) {
     int ep = epoll_create1(0);
     if (ep < 0) die("epoll_create1");
     struct epoll_event e = { .events = EPOLLIN | EPOLLONESHOT, .data.fd = c };
-    struct late l;
     show("epoll_ctl(ADD, c, IN|ONESHOT)", epoll_ctl(ep, EPOLL_CTL_ADD, c, &e));
-    const char *bytes = "123456";
-    late_write(&l, s, bytes, 1);
-    ep_count("one-shot: epoll_wait, a write", ep, 2000);
-    late_join(&l);
-    late_write(&l, s, bytes + 1, 1);
-    ep_count("one-shot fired: epoll_wait, a write", ep, 500);
-    late_join(&l);
-    late_write(&l, s, bytes + 2, 1);
-    ep_count("one-shot fired: epoll_wait, another write", ep, 500);
-    late_join(&l);
+    ep_count("one-shot: epoll_wait, a write", ep, 2000, s, "1");
+    ep_count("one-shot fired: epoll_wait, a write", ep, 500, s, "2");
+    ep_count("one-shot fired: epoll_wait, another write", ep, 500, s, "3");
     arrive(c, 3);
-    ep_count("one-shot fired: epoll_wait, 3 bytes there", ep, 100);
+    ep_count("one-shot fired: epoll_wait, 3 bytes there", ep, 100, s, NULL);
     show("epoll_ctl(MOD, c, IN|ONESHOT) 3 bytes there", epoll_ctl(ep, EPOLL_CTL_MOD, c, &e));
-    ep_count("one-shot re-armed: epoll_wait", ep, 1000);
-    ep_count("one-shot fired again: epoll_wait", ep, 100);
+    ep_count("one-shot re-armed: epoll_wait", ep, 1000, s, NULL);
+    ep_count("one-shot fired again: epoll_wait", ep, 100, s, NULL);
     empty(c);
     show("epoll_ctl(MOD, c, IN|ONESHOT) nothing there", epoll_ctl(ep, EPOLL_CTL_MOD, c, &e));
-    late_write(&l, s, bytes + 3, 1);
-    ep_count("one-shot re-armed: epoll_wait, a write", ep, 2000);
-    late_join(&l);
-    late_write(&l, s, bytes + 4, 1);
-    ep_count("one-shot fired: epoll_wait, a write", ep, 500);
-    late_join(&l);
+    ep_count("one-shot re-armed: epoll_wait, a write", ep, 2000, s, "4");
+    ep_count("one-shot fired: epoll_wait, a write", ep, 500, s, "5");
     close(ep);
     close(c);
     close(s);

@@ -24,20 +24,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "portfile.h"
+
 static void die(const char *m) { fprintf(stderr, "fdlimit: %s: %s\n", m, strerror(errno)); exit(2); }
 
 static void server(const char *portfile, int n) {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    if (l < 0) die("socket");
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t al = sizeof a;
-    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 128) ||
-        getsockname(l, (struct sockaddr *)&a, &al))
-        die("listen");
-    FILE *f = fopen(portfile, "w");
-    if (!f) die("portfile");
-    fprintf(f, "%d\n", ntohs(a.sin_port));
-    fclose(f);
+    int l = listen_to_portfile(portfile, INADDR_LOOPBACK, 128);
+    if (l < 0) die("listen");
     int answered = 0, bad = 0, emfile = 0, in_a_row = 0;
     while (answered + bad < n && in_a_row < 40) {
         int s = accept(l, NULL, NULL);

@@ -21,6 +21,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "portfile.h"
+
 static void die(const char *m) { fprintf(stderr, "unsent: %s: %s\n", m, strerror(errno)); exit(2); }
 
 static unsigned long fnv(unsigned long h, const unsigned char *b, size_t n) {
@@ -29,16 +31,8 @@ static unsigned long fnv(unsigned long h, const unsigned char *b, size_t n) {
 }
 
 static void reader(const char *portfile, int pause_ms) {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t al = sizeof a;
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1) ||
-        getsockname(l, (struct sockaddr *)&a, &al))
-        die("listen");
-    FILE *f = fopen(portfile, "w");
-    if (!f) die("portfile");
-    fprintf(f, "%d\n", ntohs(a.sin_port));
-    fclose(f);
+    int l = listen_to_portfile(portfile, INADDR_LOOPBACK, 1);
+    if (l < 0) die("listen");
     int s = accept(l, NULL, NULL);
     if (s < 0) die("accept");
     usleep(pause_ms * 1000);

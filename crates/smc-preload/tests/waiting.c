@@ -30,6 +30,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "portfile.h"
+
 static void die(const char *m) { fprintf(stderr, "waiting: %s: %s\n", m, strerror(errno)); exit(2); }
 
 static void client(int port, int id) {
@@ -68,17 +70,8 @@ static void serve(int s, const struct sockaddr_in *peer) {
 enum { MAX = 16 };
 
 static void server(const char *portfile, const char *mode, int hold, int n) {
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    if (l < 0) die("socket");
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY) };
-    socklen_t al = sizeof a;
-    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 8) ||
-        getsockname(l, (struct sockaddr *)&a, &al))
-        die("listen");
-    FILE *f = fopen(portfile, "w");
-    if (!f) die("portfile");
-    fprintf(f, "%d\n", ntohs(a.sin_port));
-    fclose(f);
+    int l = listen_to_portfile(portfile, INADDR_ANY, 8);
+    if (l < 0) die("listen");
     if (!strcmp(mode, "daemon")) {
         /* the listening socket is the child's alone once this exits */
         pid_t pid = fork();
