@@ -115,8 +115,9 @@ pub(crate) fn before_fork() {
     FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
 }
 
-/// After `fork()`, in parent and child: the locks let go. (A child's
-/// listening sockets have no rescue: `lifecycle::in_child`.)
+/// After `fork()`, in parent and child: the locks let go. (The rescues the
+/// parent runs stay the parent's, `lifecycle::in_child`; a child starts its
+/// own for a listening socket it first uses, see [`Standing`].)
 pub(crate) fn after_fork() {
     FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
 }
@@ -133,9 +134,9 @@ fn wake() {
     }
 }
 
-/// The rescue of listening socket `fd`, in blocking mode at its first use,
-/// if it may have one: it listens since `listen()` in this process (at fork
-/// count `forks`), and no fork came since.
+/// The rescue of listening socket `fd`, in blocking mode at its first use
+/// and listening since fork count `forks`, unless it is shared with another
+/// process for good ([`Standing::Shared`]).
 pub(crate) fn start(fd: RawFd, forks: u64) -> Option<Arc<Rescue>> {
     if standing(forks) == Standing::Shared {
         return None;
