@@ -11,11 +11,12 @@
 //! polls its listener only between other work (Python's `socketserver`),
 //! would have the next client's connect fail where TCP's completes in the
 //! kernel. Linux's AF_SMC runs every handshake in its listen worker
-//! whatever the program does (`smc_tcp_listen_work`). Here, once the queue
-//! has held connections for [`QUEUE_WAIT`] (the program accepting none, or
-//! fewer than come) and no thread of the program is in `accept()`, the
-//! library's thread takes them from the queue and runs their handshakes; so
-//! that the program
+//! whatever the program does (`smc_tcp_listen_work`). Here, once a
+//! connection has waited [`QUEUE_WAIT`] there (the program accepting none,
+//! or fewer than come: the queue is first in, first out, so the program's
+//! accepts since tell, [`Aging`]) and no thread of the program is in
+//! `accept()`, the library's thread takes the connections that waited that
+//! long from the queue and runs their handshakes; so that the program
 //! still finds it where it looks, in the kernel's queue (a blocking
 //! `accept()`, or poll, select and epoll, which only the kernel answers),
 //! the thread puts a connection of its own there in its place, a *token*:
@@ -40,8 +41,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-/// How long the queue of a blocking listener holds connections before the
-/// library takes them: well within the client's
+/// How long a connection waits in the queue of a blocking listener before
+/// the library takes it: well within the client's
 /// 6 s wait for the Accept (which the handshake may take up to 3 s of, a
 /// first contact with the same peer in progress), and long enough for a
 /// program that accepts at its own pace not to notice.
@@ -65,8 +66,11 @@ pub(crate) struct Rescue {
     tokens: Mutex<Vec<Token>>,
     /// The program's threads in `accept()` on the socket now.
     in_accept: AtomicUsize,
-    /// Since when connections wait in the queue (the thread's).
-    aging: Mutex<Option<Instant>>,
+    /// The program's `accept()` calls that returned a client's connection
+    /// (not a token).
+    accepted: AtomicU64,
+    /// The queue as the thread last started to watch it (see [`Aging`]).
+    aging: Mutex<Option<Aging>>,
 }
 
 /// A connection the library took from the queue, and the token in its
@@ -158,6 +162,7 @@ pub(crate) fn start(fd: RawFd, forks: u64) -> Option<Arc<Rescue>> {
         forks,
         tokens: Mutex::new(Vec::new()),
         in_accept: AtomicUsize::new(0),
+        accepted: AtomicU64::new(0),
         aging: Mutex::new(None),
     });
     let me = std::process::id();
@@ -265,6 +270,7 @@ pub(crate) unsafe fn accept_of(
         let mut tokens = lock(&r.tokens);
         let Some(k) = peer.and_then(|p| tokens.iter().position(|t| t.local == p)) else {
             // (a connection of a client: the caller's)
+            r.accepted.fetch_add(1, Ordering::AcqRel);
             return (nfd, false);
         };
         tokens.swap_remove(k)
@@ -305,7 +311,7 @@ fn borrow_owned(fd: RawFd) -> OwnedFd {
 }
 
 /// The thread: waits for connections in the queues of the sockets it
-/// watches, and takes them once a queue held some for [`QUEUE_WAIT`].
+/// watches, and takes those that waited [`QUEUE_WAIT`] ([`look`]).
 fn run() {
     let me = std::process::id();
     loop {
@@ -327,7 +333,7 @@ fn run() {
             let aging = *lock(&r.aging);
             let at = match aging {
                 _ if standing(r.forks) != Standing::Own => now + QUEUE_WAIT,
-                Some(since) => since + QUEUE_WAIT,
+                Some(a) => a.since + QUEUE_WAIT,
                 None if lock(&r.tokens).is_empty() => {
                     polled.push((Arc::downgrade(r), r.own.as_raw_fd()));
                     continue;
@@ -378,7 +384,7 @@ fn run() {
         let now = Instant::now();
         for ((r, _), ready) in polled.iter().zip(readable) {
             if let (true, Some(r)) = (ready, r.upgrade()) {
-                *lock(&r.aging) = Some(now);
+                *lock(&r.aging) = Some(Aging::from(&r, now));
             }
         }
         let list: Vec<Arc<Rescue>> = lock(&WATCHED).iter().filter_map(Weak::upgrade).collect();
@@ -414,36 +420,74 @@ fn waiting(r: &Rescue) -> usize {
     n.saturating_sub(lock(&r.tokens).len())
 }
 
-/// Takes a connection of `r`'s queue once it held some for long enough
-/// (see [`run`]).
+/// The queue of a listening socket at a time the thread looked: the
+/// connections there then (its tokens aside) and how many the program had
+/// accepted. The queue is first in, first out, so once the program has
+/// accepted that many more, every connection that was there is gone; until
+/// then the first of them is still there, and has waited since.
+#[derive(Clone, Copy, Debug)]
+struct Aging {
+    since: Instant,
+    there: usize,
+    accepted: u64,
+}
+
+impl Aging {
+    fn from(r: &Rescue, now: Instant) -> Aging {
+        Aging {
+            since: now,
+            there: waiting(r),
+            accepted: r.accepted.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// Takes the connections of `r`'s queue that waited [`QUEUE_WAIT`] (see
+/// [`Aging`]; a program that accepts as fast as they come, however full
+/// its queue, keeps its own).
 fn look(r: &Rescue, now: Instant) {
     if standing(r.forks) != Standing::Own {
         *lock(&r.aging) = None;
         return;
     }
     let aging = *lock(&r.aging);
-    let Some(since) = aging else {
+    let Some(a) = aging else {
         // (one not polled: with tokens, or just the process's own)
         if waiting(r) > 0 {
-            *lock(&r.aging) = Some(now);
+            *lock(&r.aging) = Some(Aging::from(r, now));
         }
         return;
     };
-    if now < since + QUEUE_WAIT {
+    if now < a.since + QUEUE_WAIT {
         return;
     }
+    let accepted = r.accepted.load(Ordering::Acquire);
     if waiting(r) == 0 {
         *lock(&r.aging) = None;
         return;
     }
+    if accepted.saturating_sub(a.accepted) >= a.there as u64 {
+        // (all that were there are the program's: what is there now is
+        // watched from now)
+        *lock(&r.aging) = Some(Aging::from(r, now));
+        return;
+    }
     if r.in_accept.load(Ordering::Acquire) > 0 {
         // (a thread of the program takes one now: a look again shortly)
-        *lock(&r.aging) = Some(now - QUEUE_WAIT + AGAIN);
+        *lock(&r.aging) = Some(Aging {
+            since: now - QUEUE_WAIT + AGAIN,
+            ..a
+        });
         return;
     }
     take_one(r);
-    // (the next in the queue waited as long: at once)
-    *lock(&r.aging) = Some(now - QUEUE_WAIT);
+    // (the next of those that were there waited as long: at once; the one
+    // taken is one fewer of them)
+    *lock(&r.aging) = Some(Aging {
+        since: now - QUEUE_WAIT,
+        there: a.there.saturating_sub(1),
+        ..a
+    });
 }
 
 /// Takes the first connection of `r`'s queue, runs its handshake and puts a
@@ -452,7 +496,7 @@ fn take_one(r: &Rescue) {
     // (the token's socket first: a process out of descriptors leaves the
     // connection in the queue, and one taken is never lost for want of a
     // token)
-    let Some(dummy) = token_socket(r.to) else {
+    let Some((dummy, local)) = token_socket(r.to) else {
         return;
     };
     let Some(sock) = accept_now(r) else { return };
@@ -462,12 +506,14 @@ fn take_one(r: &Rescue) {
         .and_then(|a| SocketAddr::try_from(a).ok());
     let Some(peer) = peer else { return };
     let mut tokens = lock(&r.tokens);
-    if let Some(t) = tokens.iter_mut().find(|t| t.local == peer) {
+    if let Some(k) = tokens.iter().position(|t| t.local == peer) {
         // One of the tokens came first in the queue: it goes back, as a
         // new one.
-        if let Some(local) = connect_token(&dummy, r.to) {
-            t.dummy = dummy;
-            t.local = local;
+        tokens[k].dummy = dummy;
+        tokens[k].local = local;
+        if !connect_token(&tokens[k].dummy, r.to) {
+            // (its connection cannot reach the program: closed)
+            tokens.swap_remove(k);
         }
         return;
     }
@@ -486,17 +532,21 @@ fn take_one(r: &Rescue) {
             }
         },
     };
-    let Some(local) = connect_token(&dummy, r.to) else {
-        // (the loopback connection failed: the connection cannot reach the
-        // program, and is closed)
-        return;
-    };
-    lock(&r.tokens).push(Token {
+    // (recorded before it connects: the program's accept may return it at
+    // once, and must find it)
+    let mut tokens = lock(&r.tokens);
+    tokens.push(Token {
         dummy,
         local,
         peer,
         stream,
     });
+    let k = tokens.len() - 1;
+    if !connect_token(&tokens[k].dummy, r.to) {
+        // (the loopback connection failed: the connection cannot reach the
+        // program, and is closed)
+        tokens.swap_remove(k);
+    }
 }
 
 /// `accept` on `r`'s socket without blocking (see the module
@@ -517,29 +567,32 @@ fn accept_now(r: &Rescue) -> Option<OwnedFd> {
     s.ok()
 }
 
-/// A socket for a token connection to `to` (the listening socket).
-fn token_socket(to: SocketAddr) -> Option<OwnedFd> {
+/// A socket for a token connection to `to` (the listening socket), bound to
+/// a port of its own on `to`'s address, and that address (what `accept()`
+/// reports as the token's peer).
+fn token_socket(to: SocketAddr) -> Option<(OwnedFd, SocketAddr)> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let family = if to.is_ipv4() {
         AddressFamily::INET
     } else {
         AddressFamily::INET6
     };
-    rustix::net::socket_with(
+    let s = rustix::net::socket_with(
         family,
         SocketType::STREAM,
         SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
         None,
     )
-    .ok()
+    .ok()?;
+    rustix::net::bind(&s, &SocketAddr::new(to.ip(), 0)).ok()?;
+    let local = SocketAddr::try_from(rustix::net::getsockname(&s).ok()?).ok()?;
+    Some((s, local))
 }
 
-/// Connects token socket `s` to `to`: its address, which `accept()`
-/// reports as the token's peer.
-fn connect_token(s: &OwnedFd, to: SocketAddr) -> Option<SocketAddr> {
-    match rustix::net::connect(s, &to) {
-        Ok(()) | Err(rustix::io::Errno::INPROGRESS) => {}
-        Err(_) => return None,
-    }
-    SocketAddr::try_from(rustix::net::getsockname(s).ok()?).ok()
+/// Connects token socket `s` to `to`; whether it went.
+fn connect_token(s: &OwnedFd, to: SocketAddr) -> bool {
+    matches!(
+        rustix::net::connect(s, &to),
+        Ok(()) | Err(rustix::io::Errno::INPROGRESS)
+    )
 }
