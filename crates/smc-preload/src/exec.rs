@@ -192,7 +192,7 @@ pub(crate) fn stand_in(fd: RawFd) -> bool {
 
 /// `from` duplicated onto `fd`, which keeps its close-on-exec flag (`dup2`
 /// would clear it); whether it did.
-fn put_on(from: &OwnedFd, fd: RawFd) -> bool {
+pub(crate) fn put_on(from: impl AsFd, fd: RawFd) -> bool {
     let cloexec =
         rustix::io::fcntl_getfd(borrow(fd)).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC));
     let mut target = borrow_owned(fd);

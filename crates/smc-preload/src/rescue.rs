@@ -36,7 +36,6 @@
 //! that fails with `EAGAIN` meanwhile is made again ([`accept_of`]).
 
 use super::*;
-use std::os::fd::FromRawFd;
 use std::sync::atomic::AtomicU64;
 use std::sync::Weak;
 use std::time::{Duration, Instant};
@@ -60,7 +59,7 @@ pub(crate) struct Rescue {
     /// Where a token connects: the socket's address (its loopback address
     /// for a wildcard one).
     to: SocketAddr,
-    /// The fork count at `listen()` (see [`crate::late::FORKS`]).
+    /// The fork count at `listen()` (see `lifecycle::forks`).
     forks: u64,
     /// Connections the library took, each with its token in the queue.
     tokens: Mutex<Vec<Token>>,
@@ -211,7 +210,7 @@ enum Standing {
 /// The standing of a listening socket that listens since fork count
 /// `forks` (see [`Standing`]).
 fn standing(forks: u64) -> Standing {
-    let now = crate::late::FORKS.load(Ordering::Acquire);
+    let now = crate::lifecycle::forks();
     if forks == now {
         return Standing::Own;
     }
@@ -276,17 +275,9 @@ pub(crate) unsafe fn accept_of(
         tokens.swap_remove(k)
     };
     // The token's server end, `nfd`, becomes the connection's socket (with
-    // the close-on-exec flag asked for); the token's client end closes with
-    // `t`.
-    let cloexec = if flags & libc::SOCK_CLOEXEC != 0 {
-        rustix::io::DupFlags::CLOEXEC
-    } else {
-        rustix::io::DupFlags::empty()
-    };
-    let mut target = borrow_owned(nfd);
-    let moved = rustix::io::dup3(t.stream.tcp_fd(), &mut target, cloexec);
-    std::mem::forget(target);
-    if moved.is_err() {
+    // its close-on-exec flag, as accept4 set it); the token's client end
+    // closes with `t`.
+    if !crate::exec::put_on(t.stream.tcp_fd(), nfd) {
         // (no way to hand it over: the program gets the token, which its
         // client end's close ends; the connection is reset)
         return (nfd, true);
@@ -300,14 +291,6 @@ pub(crate) unsafe fn accept_of(
     report("accept", &t.stream);
     adopt(nfd, t.stream, nonblock);
     (nfd, true)
-}
-
-/// A descriptor number as an `OwnedFd` that is never dropped (the caller
-/// forgets it).
-fn borrow_owned(fd: RawFd) -> OwnedFd {
-    // SAFETY: `fd` is open (just returned by accept); the caller forgets
-    // the value, so it is not closed through it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
 /// The thread: waits for connections in the queues of the sockets it
