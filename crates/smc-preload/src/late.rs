@@ -31,32 +31,27 @@ pub(crate) const FIRST_USE_WAIT: Duration = Duration::from_secs(1);
 
 /// Connections waiting for their first use: when the thread takes them,
 /// the fork count at their accept, and the connection.
-struct Waiting {
+struct Unused {
     due: Vec<(Instant, u64, Weak<Lazy>)>,
     /// The process whose thread serves the list (a forked child has none).
     thread_of: Option<u32>,
 }
 
-static WAITING: Mutex<Waiting> = Mutex::new(Waiting {
+static UNUSED: Mutex<Unused> = Mutex::new(Unused {
     due: Vec::new(),
     thread_of: None,
 });
 static WAKE: Condvar = Condvar::new();
 
-/// `fork()`s of this process so far (counted before each, so that parent
-/// and child both see the new count).
-pub(crate) static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 thread_local! {
     /// The list's lock, held by the thread that forks across `fork()`, so
     /// that the child does not inherit it held by the library's thread.
-    static FORK_GUARD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, Waiting>>> =
+    static FORK_GUARD: std::cell::RefCell<Option<std::sync::MutexGuard<'static, Unused>>> =
         const { std::cell::RefCell::new(None) };
 }
 
-/// Before `fork()`: the fork counted, the list's lock taken.
+/// Before `fork()`: the list's lock taken.
 pub(crate) fn before_fork() {
-    FORKS.fetch_add(1, Ordering::AcqRel);
     let g = lock();
     FORK_GUARD.with(|f| *f.borrow_mut() = Some(g));
 }
@@ -66,15 +61,15 @@ pub(crate) fn after_fork() {
     FORK_GUARD.with(|f| drop(f.borrow_mut().take()));
 }
 
-fn lock() -> std::sync::MutexGuard<'static, Waiting> {
-    WAITING.lock().unwrap_or_else(|e| e.into_inner())
+fn lock() -> std::sync::MutexGuard<'static, Unused> {
+    UNUSED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Connection `l`, just accepted, waits for its first use: its handshake
 /// runs in the library's thread after [`FIRST_USE_WAIT`] if nothing used it.
 pub(crate) fn watch(l: &Arc<Lazy>) {
     let due = Instant::now() + FIRST_USE_WAIT;
-    let forks = FORKS.load(Ordering::Acquire);
+    let forks = crate::lifecycle::forks();
     let mut w = lock();
     w.due.push((due, forks, Arc::downgrade(l)));
     let me = std::process::id();
@@ -94,7 +89,7 @@ pub(crate) fn watch(l: &Arc<Lazy>) {
 fn run() {
     let mut w = lock();
     loop {
-        let forks = FORKS.load(Ordering::Acquire);
+        let forks = crate::lifecycle::forks();
         // (gone: used, closed, or shared with a child since)
         w.due
             .retain(|(_, f, l)| *f == forks && l.upgrade().is_some_and(|l| !l.is_settled()));

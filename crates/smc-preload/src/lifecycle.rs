@@ -11,7 +11,9 @@ thread_local! {
 }
 
 extern "C" fn before_fork() {
-    // (connections accepted before it are left to their first use: `late.rs`)
+    // (counted first, so that parent and child both see the new count;
+    // connections accepted before it are left to their first use, `late.rs`)
+    FORKS.fetch_add(1, Ordering::AcqRel);
     crate::late::before_fork();
     crate::rescue::before_fork();
     // (the child's parent, read in the child: its `getppid` may already be
@@ -65,10 +67,7 @@ extern "C" fn in_parent() {
 /// library's allocator is usable in a forked child).
 extern "C" fn in_child() {
     BIRTH_PPID.store(FORKER.load(Ordering::Acquire), Ordering::Release);
-    BIRTH_FORKS.store(
-        crate::late::FORKS.load(Ordering::Acquire),
-        Ordering::Release,
-    );
+    BIRTH_FORKS.store(forks(), Ordering::Release);
     crate::rescue::after_fork();
     crate::late::after_fork();
     smc::after_fork_in_child();
@@ -377,11 +376,21 @@ pub(crate) fn limit_after_failed_exec(raised: Option<u64>) {
     let _ = setrlimit(Resource::Nofile, again);
 }
 
+/// `fork()`s of this process and its forked ancestors so far (counted
+/// before each).
+static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The fork count: a value kept at an event (a `listen()`, an accept) and
+/// compared later tells whether a fork came since.
+pub(crate) fn forks() -> u64 {
+    FORKS.load(Ordering::Acquire)
+}
+
 /// The process that forks, set before the fork (see `before_fork`).
 static FORKER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 /// In a forked process: its parent's pid at the fork (0: not forked).
 static BIRTH_PPID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-/// In a forked process: the fork count at its fork (`late::FORKS`).
+/// In a forked process: the fork count at its fork ([`forks`]).
 static BIRTH_FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// This process's parent at its fork and the fork count then; `(0, 0)` if

@@ -40,7 +40,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         if let Ok(at) = SocketAddr::try_from(at) {
             let mut w = lock(&WAITING);
             w.retain(|&(f, _, _)| f != fd);
-            w.push((fd, at, crate::late::FORKS.load(Ordering::Acquire)));
+            w.push((fd, at, crate::lifecycle::forks()));
             WAITING_N.store(w.len(), Ordering::Release);
         }
     }
