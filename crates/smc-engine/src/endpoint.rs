@@ -155,7 +155,7 @@ mod slots;
 mod timers;
 mod write;
 
-pub use close::PEER_GONE_GRACE;
+pub use close::{MAX_STREAM_WAIT, PEER_GONE_GRACE};
 pub use conn::{ConnError, ConnStatus};
 pub use conn_core::{ConnLevel, FastConn, FastRead, FastWrite, MaySleep, Watch};
 pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};

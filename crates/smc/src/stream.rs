@@ -98,12 +98,10 @@ pub(crate) struct SmcConn {
     /// Whether dropping the last handle waits for the close to leave (see
     /// [`LINGER`]); the tokio adapter does not block its runtime.
     pub(crate) wait_close: AtomicBool,
-    /// `SO_LINGER` with a zero timeout: dropping the last handle aborts
-    /// the connection ([`SmcStream::set_linger`]).
-    reset_on_close: AtomicBool,
-    /// `SO_LINGER` with a timeout above zero, in milliseconds (0: none): how
-    /// long dropping the last handle waits for the close to leave, in place
-    /// of [`LINGER`] ([`SmcStream::set_linger`]).
+    /// `SO_LINGER`, in milliseconds ([`NO_LINGER`]: off): 0 makes dropping
+    /// the last handle abort the connection, more is how long that drop
+    /// waits for the close to leave, in place of [`LINGER`]
+    /// ([`SmcStream::set_linger`]).
     linger_ms: AtomicU64,
     /// The TCP socket of the established connection, watched for its end
     /// while the connection lives ([`Shared::watch_tcp`]) and closed after
@@ -286,8 +284,7 @@ impl SmcConn {
             shared,
             id,
             wait_close: AtomicBool::new(false),
-            reset_on_close: AtomicBool::new(false),
-            linger_ms: AtomicU64::new(0),
+            linger_ms: AtomicU64::new(NO_LINGER),
             tcp: None,
             stats: Arc::default(),
             ready: std::sync::OnceLock::new(),
@@ -330,15 +327,17 @@ const DIRECT_WAIT: Duration = Duration::from_micros(40);
 /// its unsent data with it, there is no kernel to finish the job.
 const LINGER: Duration = Duration::from_secs(3);
 
+/// `SmcConn::linger_ms` without `SO_LINGER`.
+const NO_LINGER: u64 = u64::MAX;
+
 /// The process exits (see [`crate::exiting`]): a close waits for its unsent
 /// data until the peer took none of it for [`EXIT_IDLE`].
 pub(crate) static EXITING: AtomicBool = AtomicBool::new(false);
 
 /// How long a close at exit waits for a peer that takes none of its unsent
 /// data: as long as the engine waits for one after a close before it aborts
-/// the connection (`MAX_STREAM_WAIT`, 30 s), which it would do in a process
-/// that lived on.
-const EXIT_IDLE: Duration = Duration::from_secs(30);
+/// the connection, which it would do in a process that lived on.
+const EXIT_IDLE: Duration = smc_engine::endpoint::MAX_STREAM_WAIT;
 
 impl Drop for SmcConn {
     fn drop(&mut self) {
@@ -356,7 +355,7 @@ impl Drop for SmcConn {
         let id = self.id;
         {
             let mut ep = self.shared.lock();
-            if self.reset_on_close.load(Ordering::Relaxed) {
+            if self.linger_ms.load(Ordering::Relaxed) == 0 {
                 ep.release_reset(id);
             } else {
                 ep.release(id);
@@ -371,7 +370,7 @@ impl Drop for SmcConn {
         // (Linux's AF_SMC waits the socket's linger time in its place,
         // af_smc.c `smc_close_active`)
         let wait = match self.linger_ms.load(Ordering::Relaxed) {
-            0 => LINGER,
+            NO_LINGER => LINGER,
             ms => Duration::from_millis(ms),
         };
         let (mut unsent, mut idle) = (usize::MAX, Duration::ZERO);
@@ -624,11 +623,11 @@ impl SmcStream {
 
     fn note_linger(&self, linger: Option<Duration>) {
         if let Some(c) = &self.smc {
-            c.reset_on_close
-                .store(linger == Some(Duration::ZERO), Ordering::Relaxed);
-            let ms = linger
-                .filter(|d| !d.is_zero())
-                .map_or(0, |d| d.as_millis().clamp(1, u128::from(u64::MAX)) as u64);
+            // (0 only for a zero timeout: a shorter one than 1 ms waits 1 ms)
+            let ms = linger.map_or(NO_LINGER, |d| match d.is_zero() {
+                true => 0,
+                false => d.as_millis().clamp(1, u128::from(NO_LINGER - 1)) as u64,
+            });
             c.linger_ms.store(ms, Ordering::Relaxed);
         }
     }

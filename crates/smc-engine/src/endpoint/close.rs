@@ -27,7 +27,7 @@ pub const PEER_GONE_GRACE: Duration = Duration::from_secs(1);
 /// Linux's `SMC_MAX_STREAM_WAIT_TIMEOUT` is 2 s, spent blocked in close();
 /// here the application's close blocks for about that long at most (the
 /// `smc` crate's drop), and the engine waits on in the background.
-pub(super) const MAX_STREAM_WAIT: Duration = Duration::from_secs(30);
+pub const MAX_STREAM_WAIT: Duration = Duration::from_secs(30);
 
 impl<P: Provider> Endpoint<P> {
     /// The TCP connection closed or failed during the handshake.
