@@ -73,9 +73,8 @@ fn serve(mode: &str, hold: &str, n: usize) {
             "server ({mode}): {text}"
         );
     }
-    let modes = s.modes();
-    assert_eq!(modes.len(), 2 * n, "{modes:?}");
-    assert!(modes.iter().all(|m| m.ends_with(" SMC-R")), "{modes:?}");
+    // (every connection, both ends, over SMC-R)
+    assert_eq!(assert_all(&s, 2 * n, " SMC-R").len(), 2 * n);
 }
 
 #[test]
