@@ -58,6 +58,11 @@ impl ClcReader {
         self.buf.is_empty()
     }
 
+    /// The bytes of the message begun and not yet whole.
+    pub fn held(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// How many more bytes the current message needs (so the caller can read
     /// exactly that many and never swallow data that follows the message).
     pub fn wanted(&self) -> usize {
@@ -199,6 +204,101 @@ pub fn decline_at_head(data: &[u8]) -> Option<(usize, smc_wire::clc::Decline)> {
     }
 }
 
+/// The server's answer to a Proposal the client stopped waiting for: one CLC
+/// Accept or Decline still due on the TCP stream, ahead of the server's data.
+///
+/// A client that has no answer within `CLC_WAIT_TIME` declines and goes on
+/// over TCP, where Linux's client fails its `connect` (af_smc.c
+/// `__smc_connect`): a server in user space runs a handshake only when its
+/// process does (a busy prefork server, a stopped one), so giving up would
+/// fail a connection TCP would have served. The server still answers the
+/// Proposal, which it read before our Decline, and then falls back on the
+/// Decline it finds in place of the Confirm (Linux `smc_listen_work`: a
+/// Decline there is SMC_CLC_DECL_PEERDECL, a fallback without a reply), so
+/// its answer is the first thing on the stream and is taken off it here,
+/// never handed to the application.
+///
+/// Only a header that reads as an Accept or a Decline within
+/// [`MAX_CLC_LEN`] is taken; anything else is given back as data (a peer
+/// that answers out of turn loses nothing of its own).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwedAnswer {
+    /// The answer's first bytes, until its header is whole.
+    head: Vec<u8>,
+    /// Bytes of the answer still to skip once its header was read.
+    skip: usize,
+    /// The header was read and checked.
+    checked: bool,
+}
+
+/// Where taking the answer off the stream stands ([`OwedAnswer::take`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owed {
+    /// More of the answer is still to come.
+    More,
+    /// The answer is taken: what follows is the peer's data.
+    Taken,
+    /// The stream does not begin with an answer: these bytes (held since
+    /// they came) are the peer's data, ahead of the rest.
+    NotAnswer(Vec<u8>),
+}
+
+impl OwedAnswer {
+    /// An answer not begun yet.
+    pub fn new() -> OwedAnswer {
+        OwedAnswer::default()
+    }
+
+    /// An answer whose first bytes (`held`: those a [`ClcReader`] holds
+    /// when the wait ended) have come already.
+    pub fn resume(held: &[u8]) -> (OwedAnswer, Owed) {
+        let mut a = OwedAnswer::new();
+        let (_, o) = a.take(held);
+        (a, o)
+    }
+
+    /// Takes the answer's bytes off the front of `data`: how many of them
+    /// were the answer's, and where it stands. After [`Owed::Taken`] the
+    /// rest of `data` is the peer's; after [`Owed::NotAnswer`] so is all of
+    /// `data` past the count, behind the bytes given back.
+    pub fn take(&mut self, data: &[u8]) -> (usize, Owed) {
+        let mut used = 0;
+        if !self.checked {
+            let k = (CLC_HEADER_LEN - self.head.len()).min(data.len());
+            self.head.extend_from_slice(&data[..k]);
+            used = k;
+            if self.head.len() < CLC_HEADER_LEN {
+                return (used, Owed::More);
+            }
+            match ClcHeader::peek(&self.head) {
+                Ok(h)
+                    if matches!(h.msg_type, ClcType::Accept | ClcType::Decline)
+                        && usize::from(h.length) <= MAX_CLC_LEN =>
+                {
+                    self.checked = true;
+                    self.skip = usize::from(h.length) - CLC_HEADER_LEN;
+                    self.head.clear();
+                }
+                _ => return (used, Owed::NotAnswer(std::mem::take(&mut self.head))),
+            }
+        }
+        let k = self.skip.min(data.len() - used);
+        self.skip -= k;
+        used += k;
+        if self.skip == 0 {
+            (used, Owed::Taken)
+        } else {
+            (used, Owed::More)
+        }
+    }
+
+    /// The stream ended before the answer was whole: the bytes held back
+    /// while its header was incomplete (not an answer after all: data).
+    pub fn into_held(self) -> Vec<u8> {
+        self.head
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +390,114 @@ mod tests {
         let mut bad = d.clone();
         bad[27] ^= 1;
         assert_eq!(decline_at_head(&bad), None);
+    }
+
+    /// An Accept of protocol-clc.md §6.1's shape: the Decline's bytes with
+    /// type 2 and a length of 68 (its body is not looked at).
+    fn accept_like() -> Vec<u8> {
+        let mut a = hex(DECLINE);
+        a[4] = 2;
+        a[6] = 68;
+        a.resize(68, 0);
+        a
+    }
+
+    /// Feeds `stream` to an owed answer in pieces of `step` bytes, as reads
+    /// would return them: what the application is given.
+    fn strip(stream: &[u8], step: usize) -> Vec<u8> {
+        let mut a = OwedAnswer::new();
+        let mut out = Vec::new();
+        let mut done = false;
+        for piece in stream.chunks(step.max(1)) {
+            if done {
+                out.extend_from_slice(piece);
+                continue;
+            }
+            let (n, o) = a.take(piece);
+            match o {
+                Owed::More => assert_eq!(n, piece.len(), "a piece not whole is all taken"),
+                Owed::Taken => done = true,
+                Owed::NotAnswer(back) => {
+                    out.extend_from_slice(&back);
+                    done = true;
+                }
+            }
+            if done {
+                out.extend_from_slice(&piece[n..]);
+            }
+        }
+        if !done {
+            out.extend_from_slice(&a.into_held());
+        }
+        out
+    }
+
+    #[test]
+    fn an_owed_answer_is_taken_off_whole_and_the_data_behind_it_kept() {
+        for answer in [hex(DECLINE), accept_like()] {
+            let mut stream = answer.clone();
+            stream.extend_from_slice(b"the server's data");
+            for step in [1, 3, 7, 8, 9, 28, 68, 100] {
+                assert_eq!(strip(&stream, step), b"the server's data", "step {step}");
+            }
+            // the answer alone, then nothing: nothing for the application
+            assert_eq!(strip(&answer, 5), b"");
+        }
+        // bytes the engine's reader held when the wait ended count
+        let d = hex(DECLINE);
+        let (mut a, o) = OwedAnswer::resume(&d[..10]);
+        assert_eq!(o, Owed::More);
+        assert_eq!(a.take(&d[10..]), (18, Owed::Taken));
+        assert_eq!(OwedAnswer::resume(&[]).1, Owed::More);
+    }
+
+    #[test]
+    fn what_is_not_an_answer_is_given_back_as_data() {
+        let data = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        for step in [1, 2, 8, 50] {
+            assert_eq!(strip(data, step), data, "step {step}");
+        }
+        // a Proposal or a Confirm is no answer to a Proposal
+        for ty in [1u8, 3] {
+            let mut m = hex(DECLINE);
+            m[4] = ty;
+            assert_eq!(strip(&m, 4), m);
+        }
+        // nor a header announcing more than a CLC message can hold
+        let mut big = hex(DECLINE);
+        big[5] = 0xea;
+        assert_eq!(strip(&big, 3), big);
+        // a stream that ends inside the header gives back what came
+        assert_eq!(strip(&hex(DECLINE)[..5], 2), hex(DECLINE)[..5]);
+    }
+
+    proptest::proptest! {
+        /// Whatever the peer sends, in whatever pieces: no panic, nothing
+        /// invented, and behind a whole answer exactly the bytes that follow
+        /// it.
+        #[test]
+        fn an_owed_answer_never_loses_or_invents_bytes(
+            answer in proptest::prop_oneof![
+                proptest::strategy::Just(hex(DECLINE)),
+                proptest::strategy::Just(accept_like()),
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80),
+            ],
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            step in 1usize..90,
+        ) {
+            let mut stream = answer.clone();
+            stream.extend_from_slice(&data);
+            let out = strip(&stream, step);
+            let whole = ClcHeader::peek(&answer).is_ok_and(|h| {
+                matches!(h.msg_type, ClcType::Accept | ClcType::Decline)
+                    && usize::from(h.length) == answer.len()
+            });
+            if whole {
+                proptest::prop_assert_eq!(&out, &data);
+            }
+            // what the application gets is the stream's tail
+            proptest::prop_assert!(stream.ends_with(&out));
+        }
     }
 
     #[test]
