@@ -245,10 +245,11 @@ pub(crate) fn adopt(fd: RawFd, s: SmcStream, nonblock: bool) {
 }
 
 /// `s` as the library carries it (in `nonblock` mode), or `None` if it is
-/// plain TCP with nothing read ahead: the kernel's (dropping `s` closes the
+/// plain TCP with nothing read ahead and no server's answer to take off its
+/// stream (`SmcStream::answer_owed`): the kernel's (dropping `s` closes the
 /// library's duplicate only).
 pub(crate) fn carried(s: SmcStream, nonblock: bool) -> Option<Arc<Conn>> {
-    if s.mode() != Mode::SmcR && !s.has_pending() {
+    if s.mode() != Mode::SmcR && !s.has_pending() && !s.answer_owed() {
         return None;
     }
     let _ = s.set_nonblocking(nonblock);

@@ -5,11 +5,12 @@
 //! runs at their first use ([`Entry::Lazy`]), so that a server that forks a
 //! process per connection has it run in that process. Until then the client
 //! is held in its `connect()`, waiting for the server's CLC Accept, and it
-//! gives up after `CLC_WAIT_TIME` (6 s, as Linux's client,
-//! `smc_clc_wait_msg`): a server that accepts a connection and lets it wait
-//! (a queue of accepted connections for a pool of worker threads, a server
-//! that reads from another client first) would have its client's connect
-//! fail, where TCP's completes in the kernel and Linux's AF_SMC runs the
+//! gives up after `CLC_WAIT_TIME` (6 s, `smc_clc_wait_msg`: Linux's client
+//! fails its connect, ours declines and goes on over TCP): a server that
+//! accepts a connection and lets it wait (a queue of accepted connections
+//! for a pool of worker threads, a server that reads from another client
+//! first) would have its client's connect fail or lose SMC-R, where TCP's
+//! completes in the kernel and Linux's AF_SMC runs the
 //! handshake in its listen worker whatever the program does
 //! (`smc_tcp_listen_work`). So a connection not used within
 //! [`FIRST_USE_WAIT`] of its accept has its handshake run by a thread of

@@ -6,11 +6,11 @@
 //! accept queue until the program accepts them, and their handshake to
 //! their first use ([`Entry::LazyListener`], `late.rs`). Meanwhile each
 //! client is held in its `connect()`, waiting for the server's CLC Accept,
-//! and gives up after 6 s (as Linux's client, `smc_clc_wait_msg`): an
-//! iterative server that serves one client at a time, or a program that
-//! polls its listener only between other work (Python's `socketserver`),
-//! would have the next client's connect fail where TCP's completes in the
-//! kernel. Linux's AF_SMC runs every handshake in its listen worker
+//! and gives up after 6 s (`smc_clc_wait_msg`: Linux's client fails its
+//! connect, ours falls back to TCP): an iterative server that serves one
+//! client at a time, or a program that polls its listener only between
+//! other work (Python's `socketserver`), would have the next client's
+//! connect fail, or go without SMC-R, where TCP's completes in the kernel. Linux's AF_SMC runs every handshake in its listen worker
 //! whatever the program does (`smc_tcp_listen_work`). Here, once a
 //! connection has waited [`QUEUE_WAIT`] there (the program accepting none,
 //! or fewer than come: the queue is first in, first out, so the program's

@@ -13,8 +13,13 @@
  *                                       client served for HOLD s), daemon
  *                                       (as accept, in a child that the
  *                                       process forks after listen() before
- *                                       it exits); serves N clients, the
- *                                       first for HOLD s
+ *                                       it exits), prefork (as accept, in
+ *                                       a child forked after listen() while
+ *                                       the parent lives on without
+ *                                       accepting, as a prefork server's
+ *                                       processes share their listener);
+ *                                       serves N clients, the first for
+ *                                       HOLD s
  *   waiting client PORT ID              connects, sends "hello ID" and its
  *                                       port, reads the echo
  * It knows nothing of SMC. */
@@ -27,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -77,6 +83,17 @@ static void server(const char *portfile, const char *mode, int hold, int n) {
         pid_t pid = fork();
         if (pid < 0) die("fork");
         if (pid > 0) exit(0);
+        alarm(120);
+    }
+    if (!strcmp(mode, "prefork")) {
+        /* both processes hold the listening socket; the parent only waits */
+        pid_t pid = fork();
+        if (pid < 0) die("fork");
+        if (pid > 0) {
+            int st;
+            if (waitpid(pid, &st, 0) != pid) die("waitpid");
+            exit(WIFEXITED(st) ? WEXITSTATUS(st) : 3);
+        }
         alarm(120);
     }
     int late = !strcmp(mode, "late"), use_poll = !strcmp(mode, "poll");

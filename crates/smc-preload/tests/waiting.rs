@@ -26,8 +26,17 @@ fn serve_three(mode: &str) {
     serve(mode, HOLD, 3);
 }
 
-/// `waiting server` (`mode`, `hold` seconds) and `n` clients, 300 ms apart.
+/// `waiting server` (`mode`, `hold` seconds) and `n` clients, 300 ms apart:
+/// every connection over SMC-R.
 fn serve(mode: &str, hold: &str, n: usize) {
+    let s = serve_only(mode, hold, n);
+    // (every connection, both ends, over SMC-R)
+    assert_eq!(assert_all(&s, 2 * n, " SMC-R").len(), 2 * n);
+}
+
+/// `waiting server` and its clients as [`serve`]; every client answered,
+/// every server read its client's address. Returns the run for its modes.
+fn serve_only(mode: &str, hold: &str, n: usize) -> Setup {
     let s = setup(&format!("waiting-{mode}"));
     let exe = compile_c("waiting", &s.dir);
     let portfile = s.dir.join("port");
@@ -73,8 +82,7 @@ fn serve(mode: &str, hold: &str, n: usize) {
             "server ({mode}): {text}"
         );
     }
-    // (every connection, both ends, over SMC-R)
-    assert_eq!(assert_all(&s, 2 * n, " SMC-R").len(), 2 * n);
+    s
 }
 
 #[test]
@@ -102,4 +110,38 @@ fn a_server_that_accepts_fewer_than_come_has_its_waiting_clients_over_smc_r() {
 fn a_daemon_s_waiting_clients_connect_over_smc_r() {
     // (it listens, forks and exits: the child serves)
     serve("daemon", HOLD, 3);
+}
+
+/// A prefork server (its processes share the listener; here one accepts and
+/// serves, the other lives on without accepting) whose processes are all
+/// busy: the library takes no connection out of a queue other processes
+/// accept from (`rescue.rs`), so the clients that wait there have no
+/// Accept within their CLC wait. Each declines and goes on over TCP (the
+/// server's answer, when it comes, taken off its stream): every client is
+/// served late, as over TCP, where Linux's SMC client would fail its
+/// connect. The first client, accepted at once, has its handshake run
+/// while its server holds it (`late.rs`): SMC-R.
+#[test]
+fn a_busy_prefork_server_s_waiting_clients_fall_back_and_are_served() {
+    let s = serve_only("prefork", HOLD, 3);
+    let modes = s.modes();
+    assert_eq!(modes.len(), 6, "{modes:?}");
+    let smc = modes.iter().filter(|m| m.ends_with(" SMC-R")).count();
+    assert_eq!(
+        smc, 2,
+        "the first client's connection, both ends: {modes:?}"
+    );
+    let gave_up = modes
+        .iter()
+        .filter(|m| m.contains("TCP 0x02000000"))
+        .count();
+    assert_eq!(gave_up, 2, "the waiting clients: {modes:?}");
+    let declined = modes
+        .iter()
+        .filter(|m| m.contains("TCP 0x05000000") && m.contains("0x02000000"))
+        .count();
+    assert_eq!(
+        declined, 2,
+        "their server's ends, declined by them: {modes:?}"
+    );
 }

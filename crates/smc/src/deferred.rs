@@ -15,8 +15,10 @@
 //! ([`PendingSmc::decline`]) and the connection goes on as plain TCP, as
 //! Linux falls back when the server declines (RFC 7609 §3.4.2). Until then
 //! the client waits for our Accept or Decline, Linux for `CLC_WAIT_TIME`
-//! (6 s, af_smc.c `smc_connect_clc`), after which its `connect()` fails:
-//! the first use must come within that.
+//! (6 s, af_smc.c `smc_connect_clc`), after which its `connect()` fails
+//! (ours declines and goes on over TCP instead, the engine's
+//! `give_up_on_accept`): the first use must come within that for the
+//! connection to be SMC-R.
 
 use crate::handshake::{Accepting, Progress};
 use crate::stream::{no_rendezvous, no_smc, SmcStream};

@@ -1,5 +1,6 @@
 //! `SmcStream` (the listener is in `listen.rs`).
 
+pub(crate) mod ahead;
 mod connect;
 mod in_place;
 mod rw;
@@ -69,8 +70,9 @@ pub struct SmcStream {
     mode: Mode,
     /// SMC-R: the device's endpoint and our connection on it.
     smc: Option<Arc<SmcConn>>,
-    /// TCP bytes that arrived behind the CLC messages (data after a Decline).
-    pending: Arc<Mutex<Vec<u8>>>,
+    /// A fallback's bytes read ahead of its socket (data after a Decline),
+    /// and a server's answer still to take off the stream (`ahead.rs`).
+    pending: Arc<Mutex<ahead::Ahead>>,
     opts: Arc<Opts>,
 }
 
@@ -535,7 +537,20 @@ impl SmcStream {
             .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .bytes
             .is_empty()
+    }
+
+    /// A fallback connection whose server's CLC answer is still to be taken
+    /// off its TCP stream (the client stopped waiting for it, see
+    /// [`Endpoint::owed_answer`]): its reads must go through this stream,
+    /// not to the socket, until the answer is gone. The socket may poll
+    /// readable for the answer's bytes while a read then finds no data.
+    pub fn answer_owed(&self) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .owes()
     }
 
     /// SMC-R, or TCP with the reason.
@@ -773,6 +788,8 @@ pub(crate) struct Parts {
     pub(crate) smc: Option<Arc<SmcConn>>,
     /// TCP bytes that arrived behind the CLC messages.
     pub(crate) pending: Vec<u8>,
+    /// The server's answer still to take off the stream (see `ahead.rs`).
+    pub(crate) owed: Option<smc_proto::clc_stream::OwedAnswer>,
 }
 
 #[cfg(feature = "tokio")]
@@ -780,12 +797,14 @@ impl SmcStream {
     /// The connection's parts, for the tokio adapter (takes the pending bytes,
     /// which other handles of the connection then no longer see).
     pub(crate) fn into_parts(self) -> Parts {
-        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let ahead = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let (pending, owed) = ahead.into_parts();
         Parts {
             tcp: self.tcp,
             mode: self.mode,
             smc: self.smc,
             pending,
+            owed,
         }
     }
 
@@ -795,7 +814,7 @@ impl SmcStream {
             tcp: p.tcp,
             mode: p.mode,
             smc: p.smc,
-            pending: Arc::new(Mutex::new(p.pending)),
+            pending: Arc::new(Mutex::new(ahead::Ahead::new(p.pending, p.owed))),
             opts: Arc::new(Opts::default()),
         }
     }

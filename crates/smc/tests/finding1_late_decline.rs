@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{opted_in_socket, setup};
+use common::{opted_in_listener, opted_in_socket, setup};
 use smc::{Fallback, Mode, SmcListener, SmcStream};
 use smc_wire::clc::{ClcHeader, ClcMessage, DeclineCode, CLC_HEADER_LEN};
 use std::io::{Read, Write};
@@ -19,15 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
-
-/// A listening socket whose SYN-ACKs carry the SMC option (as the server's).
-fn opted_in_listener() -> TcpListener {
-    let fd = opted_in_socket();
-    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    rustix::net::bind(&fd, &addr).unwrap();
-    rustix::net::listen(&fd, 8).unwrap();
-    TcpListener::from(fd)
-}
 
 /// A connection whose SYN carries the SMC option (as the client's).
 fn opted_in_connect(to: SocketAddr) -> TcpStream {

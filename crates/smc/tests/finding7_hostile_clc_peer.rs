@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{opted_in_socket, setup};
+use common::{opted_in_listener, opted_in_socket, setup};
 use smc::{Fallback, Mode, SmcListener, SmcStream};
 use smc_proto::negotiate::{self, IfAddr, LocalCapabilities, RoceV1Port};
 use smc_rdma::shm::ShmProvider;
@@ -24,7 +24,7 @@ use smc_wire::clc::{
 };
 use smc_wire::types::{Eid, Gid, Mac, RmbeSize, SystemId};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -135,14 +135,6 @@ impl FakeRdma {
             gid_list: None,
         }
     }
-}
-
-fn opted_in_listener() -> TcpListener {
-    let fd = opted_in_socket();
-    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    rustix::net::bind(&fd, &addr).unwrap();
-    rustix::net::listen(&fd, 8).unwrap();
-    TcpListener::from(fd)
 }
 
 fn opted_in_connect(to: SocketAddr) -> TcpStream {

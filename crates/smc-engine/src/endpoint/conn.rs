@@ -13,7 +13,7 @@ use super::conn_core::{lock, ConnCore, CoreRef};
 use super::gid::ConnGids;
 use super::{ConnId, Endpoint, LgrId};
 use crate::state::HandshakePhase;
-use smc_proto::clc_stream::{ClcReader, FailReason};
+use smc_proto::clc_stream::{ClcReader, FailReason, OwedAnswer};
 use smc_proto::link::Role;
 use smc_proto::Timestamp;
 use smc_rdma::Provider;
@@ -133,6 +133,15 @@ pub(super) enum Phase {
         close_wait: Option<CloseWait>,
     },
     Done(ConnStatus),
+    /// A client that had no Accept in time declined (`reason`) and is plain
+    /// TCP from here (its status says fallback); the server's answer to the
+    /// Proposal is still due on the TCP stream, ahead of its data, and the
+    /// caller takes it off there ([`Endpoint::owed_answer`]; see
+    /// `Endpoint::give_up_on_accept`).
+    Unanswered {
+        reason: DeclineCode,
+        answer: OwedAnswer,
+    },
 }
 
 impl Phase {
@@ -148,7 +157,7 @@ impl Phase {
             Phase::AwaitLateDecline { .. } => HandshakePhase::AwaitLateDecline,
             Phase::LateDeclined { .. } => HandshakePhase::LateDeclined,
             Phase::Smc { .. } => HandshakePhase::Smc,
-            Phase::Done(_) => HandshakePhase::Done,
+            Phase::Done(_) | Phase::Unanswered { .. } => HandshakePhase::Done,
         }
     }
 }
@@ -248,6 +257,7 @@ impl<P: Provider> Endpoint<P> {
         Some(match &c.phase {
             Phase::Smc { .. } => ConnStatus::Smc,
             Phase::Done(s) => s.clone(),
+            &Phase::Unanswered { reason, .. } => ConnStatus::Fallback { reason, peer: None },
             _ => ConnStatus::Handshaking,
         })
     }

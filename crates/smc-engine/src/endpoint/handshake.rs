@@ -133,7 +133,7 @@ impl<P: Provider> Endpoint<P> {
     /// A handshake that dies before SMC was reached releases what it took: its
     /// place in the link group (a first contact's group then ends, see
     /// [`LgrState::on`](crate::state::LgrState::on)), its buffers and data path.
-    fn drop_handshake_resources(&mut self, id: ConnId) {
+    pub(super) fn drop_handshake_resources(&mut self, id: ConnId) {
         let lgr = self.conn(id).and_then(|c| c.lgr.take());
         if let Some(l) = lgr {
             self.detach(id, l);
@@ -240,7 +240,9 @@ impl<P: Provider> Endpoint<P> {
                     self.finish(id, ConnStatus::Fallback { reason, peer });
                     return used + n;
                 }
-                Phase::Smc { .. } | Phase::Done(_) => return used,
+                // (the server's answer is the caller's to take off:
+                // `owed_answer`)
+                Phase::Smc { .. } | Phase::Done(_) | Phase::Unanswered { .. } => return used,
             };
             let (n, msg) = c.reader.feed(&data[used..], expected);
             used += n;

@@ -11,12 +11,14 @@
 use super::conn::Phase;
 use super::lgr::Limits;
 use super::{ConnId, Endpoint};
+use smc_proto::clc_stream::{ClcReader, OwedAnswer};
 use smc_proto::link::{PeerPort, Role};
 use smc_proto::negotiate::{self, ClientAgreement};
 use smc_proto::Timestamp;
 use smc_rdma::Provider;
 use smc_wire::clc::{
-    AcceptConfirm, AcceptConfirmKind, ClcMessage, DeclineCode, Proposal, CLC_WAIT_TIME, SMC_V1,
+    AcceptConfirm, AcceptConfirmKind, ClcMessage, Decline, DeclineCode, Proposal, CLC_WAIT_TIME,
+    SMC_V1, SMC_V2,
 };
 use std::net::IpAddr;
 
@@ -46,6 +48,56 @@ impl<P: Provider> Endpoint<P> {
                 self.decline(id, SMC_V1, code);
                 id
             }
+        }
+    }
+
+    /// No Accept (nor Decline) came within `CLC_WAIT_TIME`: the client
+    /// declines (SMC_CLC_DECL_TIMEOUT, the timeout class's code) and the
+    /// connection goes on over TCP, where Linux's client fails its connect
+    /// with ETIMEDOUT (af_smc.c `__smc_connect`, `protocol-clc.md` §4.2 step
+    /// 6). Linux's server never lets a Proposal wait that long (its listen
+    /// worker runs every handshake); a server in user space runs one only
+    /// when its process gets to it, and a TCP client would have been served
+    /// late rather than refused. The server answers the Proposal when it
+    /// reads it and then finds our Decline where it waits for the Confirm,
+    /// which ends its handshake in a fallback (Linux `smc_listen_work`), so
+    /// its answer is due on the stream ahead of its data: the caller takes
+    /// it off ([`Endpoint::owed_answer`]; `clc_stream::OwedAnswer`).
+    pub(super) fn give_up_on_accept(&mut self, id: ConnId) {
+        let system_id = self.cfg.system_id;
+        let Some(c) = self.conn(id) else { return };
+        let Phase::AwaitAccept { proposal, .. } = &c.phase else {
+            return;
+        };
+        // (the class of the versions proposed, as Linux's client declines)
+        let version = if proposal.v2_ext.is_some() {
+            SMC_V2
+        } else {
+            SMC_V1
+        };
+        // (the part of the answer that came before the wait ended)
+        let (answer, _) = OwedAnswer::resume(c.reader.held());
+        let reason = DeclineCode::LegacyTimeout;
+        let d = Decline::new(version, system_id, reason);
+        self.send_clc(id, &ClcMessage::Decline(d));
+        self.drop_handshake_resources(id);
+        if let Some(c) = self.conn(id) {
+            c.reader = ClcReader::new();
+            c.phase = Phase::Unanswered { reason, answer };
+        }
+    }
+
+    /// The server's answer still due on the TCP stream of a client that
+    /// stopped waiting for it ([`ConnStatus::Fallback`] with
+    /// SMC_CLC_DECL_TIMEOUT): the caller takes it off the stream before it
+    /// hands the stream's bytes to the application. `None` for every other
+    /// connection.
+    ///
+    /// [`ConnStatus::Fallback`]: super::ConnStatus::Fallback
+    pub fn owed_answer(&self, id: ConnId) -> Option<OwedAnswer> {
+        match &self.conns.get(id)?.phase {
+            Phase::Unanswered { answer, .. } => Some(answer.clone()),
+            _ => None,
         }
     }
 

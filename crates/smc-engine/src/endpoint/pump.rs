@@ -188,7 +188,11 @@ impl<P: Provider> Endpoint<P> {
         if due {
             self.sweep_due = true;
             self.timer_events += 1;
-            self.finish(id, ConnStatus::Failed(FailReason::Timeout));
+            match self.conns.get(id).map(|c| &c.phase) {
+                // (the client goes on over TCP: `give_up_on_accept`)
+                Some(Phase::AwaitAccept { .. }) => self.give_up_on_accept(id),
+                _ => self.finish(id, ConnStatus::Failed(FailReason::Timeout)),
+            }
         }
         match self.conns.get(id).map(|c| &c.phase) {
             Some(&Phase::AwaitLateDecline { version, deadline }) if now >= deadline => {

@@ -2,11 +2,13 @@
 //! handshake or the fallback it ends in), and taking over a connected
 //! socket.
 
+use super::ahead::Ahead;
 use super::{fail_error, no_rendezvous, no_smc, Fallback, Mode, Opted, Opts, SmcConn, SmcStream};
 use crate::ctx::{self, Shared};
 use crate::handshake;
 use crate::rendezvous::{peer_offered_smc, peer_offered_smc_by_cookie, socket_for};
 use smc_engine::endpoint::{ConnId, ConnStatus};
+use smc_proto::clc_stream::OwedAnswer;
 use smc_wire::clc::DeclineCode;
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -160,13 +162,25 @@ impl SmcStream {
         mode: Mode,
         pending: Vec<u8>,
     ) -> SmcStream {
+        SmcStream::tcp_owing(tcp, role, mode, pending, None)
+    }
+
+    /// [`SmcStream::tcp_only`] for a client whose server's answer is still
+    /// due on the stream (`owed`, see `ahead.rs`).
+    fn tcp_owing(
+        tcp: TcpStream,
+        role: ctx::Role,
+        mode: Mode,
+        pending: Vec<u8>,
+        owed: Option<OwedAnswer>,
+    ) -> SmcStream {
         let tcp = Arc::new(tcp);
         crate::registry::stream(&tcp, role, mode, None);
         SmcStream {
             tcp,
             mode,
             smc: None,
-            pending: Arc::new(Mutex::new(pending)),
+            pending: Arc::new(Mutex::new(Ahead::new(pending, owed))),
             opts: Arc::new(Opts::default()),
         }
     }
@@ -184,7 +198,7 @@ impl SmcStream {
             tcp: tcp.clone(),
             mode: Mode::SmcR,
             smc: Some(Arc::new(conn.established(tcp, true))),
-            pending: Arc::new(Mutex::new(Vec::new())),
+            pending: Arc::default(),
             opts: Arc::new(Opts::default()),
         }
     }
@@ -194,11 +208,12 @@ impl SmcStream {
         let (status, leftover) = handshake::with_endpoint(&tcp, &shared, id)?;
         match status {
             ConnStatus::Smc => Ok(SmcStream::smc(tcp, ctx::Role::Client, conn)),
-            ConnStatus::Fallback { reason, peer } => Ok(SmcStream::tcp_only(
+            ConnStatus::Fallback { reason, peer } => Ok(SmcStream::tcp_owing(
                 tcp,
                 ctx::Role::Client,
                 Mode::Tcp(Fallback { reason, peer }),
                 leftover,
+                shared.lock().owed_answer(id),
             )),
             ConnStatus::Failed(r) => {
                 crate::registry::handshake_error(ctx::Role::Client);

@@ -359,8 +359,9 @@ impl SmcStream {
     where
         F: FnOnce(&ReadSpace<'_>) -> io::Result<usize>,
     {
+        self.take_answer_off(nonblocking)?;
         {
-            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let p = &mut self.pending.lock().unwrap_or_else(|e| e.into_inner()).bytes;
             if !p.is_empty() {
                 let len = p.len().min(max);
                 let k = f(&ReadSpace::buf(&p[..len]))?;

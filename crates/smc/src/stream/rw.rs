@@ -209,8 +209,9 @@ impl SmcStream {
             }
             return r;
         }
+        self.take_answer_off(nonblocking)?;
         {
-            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let p = &mut self.pending.lock().unwrap_or_else(|e| e.into_inner()).bytes;
             if !p.is_empty() {
                 let n = buf.len().min(p.len());
                 buf[..n].copy_from_slice(&p[..n]);
@@ -223,6 +224,61 @@ impl SmcStream {
             return Ok(n);
         }
         (&*self.tcp).read(buf)
+    }
+
+    /// A fallback whose server's answer is still due (see `ahead.rs`):
+    /// reads the socket until the answer is off the stream, keeping what
+    /// follows it for the application. `WouldBlock` while the answer is not
+    /// whole if `nonblocking` (or when the read timeout passes), as a read
+    /// that finds no data. Only the look at the socket holds the lock: a
+    /// thread that waits here does not hold up the stream's other calls.
+    pub(super) fn take_answer_off(&self, nonblocking: bool) -> io::Result<()> {
+        use rustix::event::{poll, PollFd, PollFlags};
+        use rustix::net::{recv, RecvFlags};
+        let timeout = *self
+            .opts
+            .read_timeout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            {
+                let mut a = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if !a.owes() {
+                    return Ok(());
+                }
+                // (an answer is at most `MAX_CLC_LEN` bytes; more read here
+                // is the peer's data, kept)
+                let mut buf = [0u8; 1024];
+                match recv(&*self.tcp, &mut buf, RecvFlags::DONTWAIT) {
+                    Ok((0, _)) => a.ended(),
+                    Ok((n, _)) => a.came(&buf[..n]),
+                    Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                if !a.owes() {
+                    return Ok(());
+                }
+            }
+            if nonblocking {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => Some(l),
+                    _ => return Err(io::ErrorKind::WouldBlock.into()),
+                },
+                None => None,
+            };
+            let ts = left.map(|l| rustix::event::Timespec {
+                tv_sec: l.as_secs() as i64,
+                tv_nsec: i64::from(l.subsec_nanos()),
+            });
+            match poll(&mut [PollFd::new(&*self.tcp, PollFlags::IN)], ts.as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Copies into `buf` what a read would return, without taking it, as

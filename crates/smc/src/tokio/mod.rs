@@ -128,6 +128,7 @@ use wait::{Chan, ConnWait, Dir};
 use crate::ctx;
 use crate::provider::AnyProvider;
 use crate::rendezvous::{peer_offered_smc_by_cookie, socket_for};
+use crate::stream::ahead::Ahead;
 use crate::stream::{
     fail_error, fill_bounce, finish_read, finish_write, no_rendezvous, no_smc, read_plan, too_many,
     write_plan, Fallback, Finished, Mode, Parts, ReadGot, ReadSpace, SmcConn, WriteGot, WriteSpace,
@@ -136,6 +137,7 @@ use crate::stream::{
 use ::tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use ::tokio::net::{lookup_host, TcpStream, ToSocketAddrs};
 use smc_engine::endpoint::{ConnStatus, Endpoint};
+use smc_proto::clc_stream::OwedAnswer;
 use smc_proto::close::CloseEvent;
 use smc_wire::clc::DeclineCode;
 use std::fmt;
@@ -278,6 +280,9 @@ pub struct SmcStream {
     /// read before the socket.
     pending: Vec<u8>,
     pending_at: usize,
+    /// The server's answer still to take off the stream, before any of its
+    /// bytes go to `pending` (`crate::stream::ahead`; boxed: it is rare).
+    answer: Option<Box<Ahead>>,
 }
 
 impl fmt::Debug for SmcStream {
@@ -292,13 +297,62 @@ impl fmt::Debug for SmcStream {
 
 impl SmcStream {
     fn tcp_only(tcp: TcpStream, role: ctx::Role, mode: Mode, pending: Vec<u8>) -> SmcStream {
-        SmcStream {
+        SmcStream::tcp_owing(tcp, role, mode, pending, None)
+    }
+
+    /// [`SmcStream::tcp_only`] for a client whose server's answer is still
+    /// due on the stream (`owed`).
+    fn tcp_owing(
+        tcp: TcpStream,
+        role: ctx::Role,
+        mode: Mode,
+        pending: Vec<u8>,
+        owed: Option<OwedAnswer>,
+    ) -> SmcStream {
+        let mut s = SmcStream {
             _listed: crate::registry::stream_fd(tcp.as_fd(), role, mode),
             io: Io::Tcp(tcp),
             mode,
-            pending,
+            pending: Vec::new(),
             pending_at: 0,
+            answer: None,
+        };
+        s.set_ahead(Ahead::new(pending, owed));
+        s
+    }
+
+    /// What was read ahead of the socket: its bytes first, or the answer
+    /// still owed (which they are part of).
+    fn set_ahead(&mut self, a: Ahead) {
+        if a.owes() {
+            self.answer = Some(Box::new(a));
+        } else {
+            self.pending = a.into_parts().0;
+            self.pending_at = 0;
         }
+    }
+
+    /// Takes the server's owed answer off the stream, if there is one:
+    /// ready once it is gone, with what followed it in `pending`.
+    fn poll_answer_off(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Io::Tcp(tcp) = &mut self.io else {
+            return Poll::Ready(Ok(()));
+        };
+        while let Some(a) = self.answer.as_mut() {
+            let mut buf = [0u8; 1024];
+            let mut rb = ReadBuf::new(&mut buf);
+            ready!(Pin::new(&mut *tcp).poll_read(cx, &mut rb))?;
+            match rb.filled() {
+                [] => a.ended(),
+                got => a.came(got),
+            }
+            if !a.owes() {
+                let a = self.answer.take().expect("looked at above");
+                self.set_ahead(*a);
+                break;
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// Connects like `tokio::net::TcpStream::connect`, trying every address in
@@ -393,13 +447,15 @@ impl SmcStream {
                     mode: Mode::SmcR,
                     pending: Vec::new(),
                     pending_at: 0,
+                    answer: None,
                 })
             }
-            ConnStatus::Fallback { reason, peer } => Ok(Self::tcp_only(
+            ConnStatus::Fallback { reason, peer } => Ok(Self::tcp_owing(
                 tcp,
                 role,
                 Mode::Tcp(Fallback { reason, peer }),
                 leftover,
+                conn.shared.lock().owed_answer(conn.id),
             )),
             ConnStatus::Failed(r) => {
                 crate::registry::handshake_error(role);
@@ -434,19 +490,23 @@ impl SmcStream {
                 Io::Tcp(TcpStream::from_std(tcp)?)
             }
         };
-        Ok(SmcStream {
+        let mut s = SmcStream {
             _listed: listed,
             io,
             mode: p.mode,
-            pending: p.pending,
+            pending: Vec::new(),
             pending_at: 0,
-        })
+            answer: None,
+        };
+        s.set_ahead(Ahead::new(p.pending, p.owed));
+        Ok(s)
     }
 
     /// The blocking stream (in blocking mode, without timeouts).
     pub fn into_std(self) -> io::Result<crate::SmcStream> {
         let mut pending = self.pending;
         pending.drain(..self.pending_at);
+        let owed = self.answer.and_then(|a| a.into_parts().1);
         let (tcp, smc) = match self.io {
             Io::Smc(s) => {
                 let tcp = s
@@ -467,6 +527,7 @@ impl SmcStream {
             mode: self.mode,
             smc,
             pending,
+            owed,
         }))
     }
 
@@ -547,6 +608,7 @@ impl SmcStream {
         if max == 0 {
             return Ok(0);
         }
+        std::future::poll_fn(|cx| self.poll_answer_off(cx)).await?;
         let tcp = match &mut self.io {
             Io::Smc(smc) => {
                 let id = smc.conn.id;
@@ -657,6 +719,7 @@ impl AsyncRead for SmcStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        ready!(this.poll_answer_off(cx))?;
         let tcp = match &mut this.io {
             Io::Smc(smc) => {
                 let n = ready!(smc.poll_read(cx, buf.initialize_unfilled()))?;

@@ -62,6 +62,17 @@ pub fn opted_in_socket() -> std::os::fd::OwnedFd {
     fd
 }
 
+/// A listening socket on 127.0.0.1 whose SYN-ACKs carry the SMC option (as
+/// a server's), for a test that speaks CLC itself.
+#[allow(dead_code)] // not every test binary uses it
+pub fn opted_in_listener() -> std::net::TcpListener {
+    let fd = opted_in_socket();
+    let addr: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    rustix::net::bind(&fd, &addr).unwrap();
+    rustix::net::listen(&fd, 8).unwrap();
+    std::net::TcpListener::from(fd)
+}
+
 /// Byte `off` of a test stream in direction `dir`.
 #[allow(dead_code)] // not every test binary uses it
 pub fn pattern(dir: u8, off: u64) -> u8 {
