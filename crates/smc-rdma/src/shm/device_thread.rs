@@ -345,8 +345,15 @@ pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
                 let silent = now.duration_since(h.last_hb_change);
                 if live && silent > sh.peer_timeout {
                     let state = peer_thread_state(sh.pidns, &own);
-                    if !peer_stopped(state) && (silent > starved_limit(sh) || !peer_starved(state))
-                    {
+                    if peer_stopped(state) {
+                        h.seen_stopped = true;
+                    } else if std::mem::take(&mut h.seen_stopped) {
+                        // Continued since the last look, and not beaten
+                        // yet (its thread may not have run): its silence
+                        // starts now, the time it was stopped no sign of
+                        // a hang.
+                        h.last_hb_change = now;
+                    } else if silent > starved_limit(sh) || !peer_starved(state) {
                         dead = true;
                     }
                 }

@@ -307,6 +307,9 @@ pub(super) struct Heartbeat {
     pub(super) peer_ring: Arc<SharedMem>,
     pub(super) last_hb: u64,
     pub(super) last_hb_change: Instant,
+    /// The peer's process was stopped when its silence was last looked at
+    /// (`device_thread::tick`).
+    pub(super) seen_stopped: bool,
 }
 
 pub(super) fn wc(

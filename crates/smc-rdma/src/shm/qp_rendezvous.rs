@@ -355,6 +355,7 @@ impl QpInner {
             peer_ring: l.peer_ring.clone(),
             last_hb: 0,
             last_hb_change: Instant::now(),
+            seen_stopped: false,
         });
         c.link = Some(l);
         // Sends queued meanwhile can go now: wake whoever waits to poll.
