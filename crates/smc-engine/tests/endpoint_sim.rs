@@ -222,7 +222,7 @@ fn garbage_timeouts_and_tcp_loss_fail_the_connection() {
     assert_eq!(
         w.client.status(c),
         Some(ConnStatus::Fallback {
-            reason: DeclineCode::LegacyTimeout,
+            reason: DeclineCode::Timeout,
             peer: None
         })
     );

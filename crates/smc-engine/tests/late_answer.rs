@@ -19,7 +19,7 @@ use std::time::Duration;
 fn assert_timeout_decline(bytes: &[u8]) {
     match ClcMessage::decode(bytes) {
         Ok(ClcMessage::Decline(d)) => {
-            assert_eq!(d.diagnosis, DeclineCode::LegacyTimeout);
+            assert_eq!(d.diagnosis, DeclineCode::Timeout);
             assert_eq!(d.version, SMC_V2, "the class of the Proposal's versions");
         }
         m => panic!("not a Decline: {m:?}"),
@@ -39,7 +39,7 @@ fn a_client_without_an_answer_in_time_declines_and_goes_on_over_tcp() {
     assert_eq!(
         w.client.status(c),
         Some(ConnStatus::Fallback {
-            reason: DeclineCode::LegacyTimeout,
+            reason: DeclineCode::Timeout,
             peer: None
         })
     );
@@ -67,7 +67,7 @@ fn a_client_without_an_answer_in_time_declines_and_goes_on_over_tcp() {
         w.server.status(s),
         Some(ConnStatus::Fallback {
             reason: DeclineCode::PeerDecl,
-            peer: Some(DeclineCode::LegacyTimeout)
+            peer: Some(DeclineCode::Timeout)
         })
     );
     let mut s2c = w.server.clc_output(s);
@@ -107,7 +107,7 @@ fn an_answer_begun_when_the_wait_ends_is_taken_off_from_where_it_stands() {
     assert!(matches!(
         w.client.status(t.c),
         Some(ConnStatus::Fallback {
-            reason: DeclineCode::LegacyTimeout,
+            reason: DeclineCode::Timeout,
             ..
         })
     ));

@@ -1607,7 +1607,7 @@ macro_rules! decline_codes {
 
 decline_codes! {
     Mem = 0x0101_0000, "SMC_CLC_DECL_MEM", "insufficient memory resources";
-    LegacyTimeout = 0x0200_0000, "SMC_CLC_DECL_TIMEOUT", "timeout (2017 v1 code)";
+    Timeout = 0x0200_0000, "SMC_CLC_DECL_TIMEOUT", "timeout waiting for the peer's CLC answer";
     TimeoutCl = 0x0201_0000, "SMC_CLC_DECL_TIMEOUT_CL", "timeout waiting for QP confirm link";
     TimeoutAl = 0x0202_0000, "SMC_CLC_DECL_TIMEOUT_AL", "timeout waiting for QP add link";
     LegacyTcl = 0x0204_0000, "SMC_CLC_DECL_TCL", "timeout waiting for QP confirm (2017 v1 code)";

@@ -615,7 +615,7 @@ fn decline_codes_table() {
         (ErrRdyLnk, 0x09990002),
         (ErrRegBuf, 0x09990003),
         // 2017 v1 codes
-        (LegacyTimeout, 0x02000000),
+        (Timeout, 0x02000000),
         (LegacyTcl, 0x02040000),
         (LegacyReply, 0x06000000),
         (LegacySend, 0x07000000),

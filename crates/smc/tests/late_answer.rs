@@ -58,7 +58,7 @@ fn late_server(gap: Duration) -> (SocketAddr, thread::JoinHandle<Vec<u8>>) {
         thread::sleep(CLC_WAIT_TIME + Duration::from_secs(1));
         assert_eq!(read_clc(&mut s).msg_type(), ClcType::Proposal);
         match read_clc(&mut s) {
-            ClcMessage::Decline(d) => assert_eq!(d.diagnosis, DeclineCode::LegacyTimeout),
+            ClcMessage::Decline(d) => assert_eq!(d.diagnosis, DeclineCode::Timeout),
             m => panic!("the client's Decline expected, got {m:?}"),
         }
         s.write_all(&ACCEPT[..30]).unwrap();
@@ -86,7 +86,7 @@ fn connect_late(addr: SocketAddr) -> SmcStream {
     assert_eq!(
         c.mode(),
         Mode::Tcp(Fallback {
-            reason: DeclineCode::LegacyTimeout,
+            reason: DeclineCode::Timeout,
             peer: None
         })
     );
@@ -183,7 +183,7 @@ fn an_async_reader_never_sees_the_late_answer() {
         assert_eq!(
             c.mode(),
             Mode::Tcp(Fallback {
-                reason: DeclineCode::LegacyTimeout,
+                reason: DeclineCode::Timeout,
                 peer: None
             })
         );

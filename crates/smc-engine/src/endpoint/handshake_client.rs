@@ -77,7 +77,7 @@ impl<P: Provider> Endpoint<P> {
         };
         // (the part of the answer that came before the wait ended)
         let (answer, _) = OwedAnswer::resume(c.reader.held());
-        let reason = DeclineCode::LegacyTimeout;
+        let reason = DeclineCode::Timeout;
         let d = Decline::new(version, system_id, reason);
         self.send_clc(id, &ClcMessage::Decline(d));
         self.drop_handshake_resources(id);
