@@ -158,3 +158,30 @@ fn a_link_outlives_a_stopped_peer_process() {
         down - resumed
     );
 }
+
+/// A write after the peer closed, for a caller that behaves as a TCP
+/// socket (`Endpoint::reset_by_write`): the connection takes the reset
+/// TCP's peer answers it with — writes EPIPE (`ConnError::Closed`), reads
+/// the end of file after what came before the close — and only there.
+#[test]
+fn a_write_after_the_peers_close_draws_the_reset_tcp_would() {
+    use smc_proto::close::CloseEvent;
+    let mut w = World::default();
+    let mut t = w.handshake();
+    assert!(!w.client.reset_by_write(t.c), "an open connection");
+    w.server.write(t.s, b"last").unwrap();
+    w.server
+        .close(t.s, CloseEvent::AppClose { unread_data: false });
+    w.settle(&mut [&mut t], Duration::from_millis(2));
+    assert!(w.client.peer_closed(t.c));
+    assert_eq!(
+        w.client.write(t.c, b"late"),
+        Err(ConnError::Reset),
+        "as Linux's SMC"
+    );
+    assert!(w.client.reset_by_write(t.c));
+    assert!(!w.client.reset_by_write(t.c), "once");
+    assert_eq!(w.client.write(t.c, b"later"), Err(ConnError::Closed));
+    assert_eq!(w.client.read(t.c, 100).unwrap(), b"last");
+    assert_eq!(w.client.read(t.c, 100), Ok(vec![]), "end of file");
+}

@@ -61,10 +61,13 @@ impl Conn {
     /// at the closed socket, `tcp_sendmsg_locked` fails with `EPIPE`).
     /// Other errors pass as they are.
     pub(crate) fn report_once(&self, e: io::Error) -> Option<io::Error> {
+        // (`EPIPE` is the error of a reset drawn by a write after the
+        // peer's close, `SmcStream::reset_by_write`, when the connection
+        // shows it failed; else a shutdown's, which is no `sk_err`)
         let failure = matches!(
             e.kind(),
             io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
-        );
+        ) || (e.kind() == io::ErrorKind::BrokenPipe && crate::poll::failed(self));
         if failure && self.err_taken.swap(true, Ordering::AcqRel) {
             return None;
         }

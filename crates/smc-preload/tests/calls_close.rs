@@ -6,7 +6,9 @@
 //! `ECONNRESET`, reported once by a read, a write or `SO_ERROR`, then end
 //! of file and `EPIPE`), also inherited from the listener, a close with
 //! `SO_LINGER` 8 s (it waits until the peer, reading 4 s later, took the
-//! data), `connect(AF_UNSPEC)` and
+//! data), a write after the peer's close (it succeeds; the reset it draws
+//! ends the connection with `EPIPE`, taken by the next write or
+//! `SO_ERROR`, while reads find the end of file), `connect(AF_UNSPEC)` and
 //! a new connection of the same socket (its data to the new peer, a reset
 //! for the old one), `shutdown` of a listening socket (a thread polling it
 //! woken, `accept` then `EINVAL`), an `accept` out of descriptors
@@ -47,6 +49,14 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "poll after the reset was reported: IN OUT HUP RDHUP",
         "SO_ERROR after the inherited reset: ECONNRESET",
         "SO_ERROR after the inherited reset: 0",
+        "poll after the peer's close: IN OUT RDHUP",
+        "send after the peer's close = 4",
+        "poll after the send drew a reset: IN OUT ERR HUP RDHUP",
+        "read after the drawn reset = 0 ''",
+        "send after the drawn reset = -1 EPIPE",
+        "SO_ERROR after the drawn reset: EPIPE",
+        "poll after the error was taken: IN OUT HUP RDHUP",
+        "send again after the drawn reset = -1 EPIPE",
         "read after SO_ERROR took the reset = 0 ''",
         "old peer poll: IN OUT ERR HUP RDHUP",
         "new peer reads = 3 'new'",
@@ -71,14 +81,14 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
     for round in 0..2 {
         let smc = run(&s, &exe, true);
         assert_same(&plain, &smc, &format!("round {round}"));
-        // seventeen connections over SMC-R, both ends in this process;
+        // nineteen connections over SMC-R, both ends in this process;
         // the one a disconnected socket made after falls back (its socket
         // is no longer opted in to the SMC option)
         let modes = s.modes();
-        assert_eq!(modes.len(), 36, "{modes:?}");
+        assert_eq!(modes.len(), 40, "{modes:?}");
         assert_eq!(
             modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
-            34,
+            38,
             "{modes:?}"
         );
     }

@@ -227,6 +227,31 @@ int main(void) {
         close(c);
     }
 
+    /* a write after the peer closed: TCP's succeeds, and its data draws
+     * the peer's reset, which in CLOSE_WAIT makes the socket's error EPIPE
+     * and ends it (reads still find the end of file); once with a write
+     * taking the error, once with SO_ERROR */
+    for (int how = 0; how < 2; how++) {
+        pair(&c, &s);
+        close(s);
+        poll_until("poll after the peer's close", c, ALL, POLLIN | POLLRDHUP);
+        show("send after the peer's close", send(c, "late", 4, MSG_NOSIGNAL));
+        poll_until("poll after the send drew a reset", c, ALL, POLLHUP | POLLERR);
+        recv_show("read after the drawn reset", c, MSG_DONTWAIT);
+        if (how == 0) {
+            show("send after the drawn reset", send(c, "x", 1, MSG_NOSIGNAL));
+        } else {
+            int e = -1;
+            socklen_t el = sizeof e;
+            show("getsockopt SO_ERROR", getsockopt(c, SOL_SOCKET, SO_ERROR, &e, &el));
+            printf("SO_ERROR after the drawn reset: %s\n", e ? strerrorname_np(e) : "0");
+        }
+        poll_until("poll after the error was taken", c, ALL, POLLHUP);
+        show("send again after the drawn reset", send(c, "x", 1, MSG_NOSIGNAL));
+        recv_show("read again after the drawn reset", c, MSG_DONTWAIT);
+        close(c);
+    }
+
     /* connect(AF_UNSPEC) dissolves the connection (a reset for the peer);
      * the socket then connects elsewhere, and its data goes there */
     {

@@ -209,6 +209,11 @@ pub enum CloseError {
     Reset,
     /// The connection was killed locally: link group lost (`ECONNABORTED`).
     Aborted,
+    /// We wrote to a peer that had closed, and take the reset a TCP peer
+    /// answers such data with ([`Closer::drawn_reset`]): `EPIPE`, as TCP's
+    /// reset in `CLOSE_WAIT` sets (tcp_input.c `tcp_reset`); reads still
+    /// find the end of the peer's stream.
+    DrawnReset,
 }
 
 impl fmt::Display for CloseError {
@@ -216,6 +221,7 @@ impl fmt::Display for CloseError {
         match self {
             CloseError::Reset => f.write_str("connection reset by peer"),
             CloseError::Aborted => f.write_str("connection aborted: SMC link group lost"),
+            CloseError::DrawnReset => f.write_str("broken pipe: the peer had closed"),
         }
     }
 }
@@ -315,6 +321,30 @@ impl Closer {
     /// is drained (or the error, after an abort).
     pub fn peer_done(&self) -> bool {
         self.rx.any() || self.error.is_some()
+    }
+
+    /// A write after the peer closed the connection (not only its sending
+    /// side), for a caller that must behave as a TCP socket: TCP accepts it,
+    /// and the peer's kernel answers the data with a reset, which in
+    /// `CLOSE_WAIT` sets the socket's error to `EPIPE` and ends it
+    /// (tcp_input.c `tcp_reset`, `tcp_done`). The connection takes that
+    /// end now: [`CloseError::DrawnReset`], the state of a connection the
+    /// peer ended ([`CloseState::ProcessAbort`]: the application's close
+    /// sends an abort, which a closed peer ignores). Returns whether it
+    /// applied: the peer closed in order, and nothing ended or shut down
+    /// the connection on our side yet. Linux's SMC fails such a write with
+    /// `ECONNRESET` instead ([`Closer::can_write`]).
+    pub fn drawn_reset(&mut self) -> bool {
+        if self.error.is_some() || !self.rx.closed || self.rx.abort || self.tx.any() {
+            return false;
+        }
+        self.error = Some(CloseError::DrawnReset);
+        self.state = if self.released {
+            CloseState::Closed
+        } else {
+            CloseState::ProcessAbort
+        };
+        true
     }
 
     /// Closed and released: every resource of the connection can be freed.

@@ -314,3 +314,42 @@ proptest! {
         }
     }
 }
+
+/// A write after the peer's orderly close, for a caller that behaves as a
+/// TCP socket: the reset TCP's peer answers it with ends the connection
+/// with EPIPE (`CloseError::DrawnReset`), in the state of a connection the
+/// peer ended; reads still find the end of the peer's stream. Only there:
+/// not after a mere shutdown of the peer's, nor our own, nor an abort, nor
+/// twice.
+#[test]
+fn a_write_after_the_peers_close_draws_a_reset_only_there() {
+    let mut c = active();
+    c.handle(CloseEvent::Peer(CL));
+    assert_eq!(c.state(), CloseState::AppCloseWait1);
+    assert!(!c.can_write(), "Linux's SMC refuses the write");
+    assert!(c.drawn_reset());
+    assert_eq!(c.error(), Some(CloseError::DrawnReset));
+    assert_eq!(c.state(), CloseState::ProcessAbort);
+    assert!(c.peer_done());
+    assert!(!c.drawn_reset(), "once");
+    // the application's close then ends it (an abort the peer ignores)
+    let o = c.handle(CloseEvent::AppClose { unread_data: false });
+    assert_eq!(o.to, CloseState::Closed);
+
+    // the peer only shut down its sending: writes go on
+    let mut c = active();
+    c.handle(CloseEvent::Peer(DW));
+    assert!(c.can_write());
+    assert!(!c.drawn_reset());
+    // we shut down ours first: our own EPIPE, no reset
+    let mut c = active();
+    c.handle(CloseEvent::AppShutdownWrite);
+    c.handle(CloseEvent::Peer(CL));
+    assert!(!c.drawn_reset());
+    assert_eq!(c.error(), None);
+    // the peer aborted: its reset is the error already
+    let mut c = active();
+    c.handle(CloseEvent::Peer(AB));
+    assert!(!c.drawn_reset());
+    assert_eq!(c.error(), Some(CloseError::Reset));
+}

@@ -621,6 +621,24 @@ impl SmcStream {
         Some((ep.unacked(c.id), ep.unsent(c.id)))
     }
 
+    /// For a caller that must behave as a TCP socket: a write after the
+    /// peer closed the connection (not only its sending side) is TCP's
+    /// first write into `CLOSE_WAIT`, which succeeds and draws the peer's
+    /// reset. If that is where the connection stands, it takes the end that
+    /// reset brings now (`Endpoint::reset_by_write`: writes `EPIPE`, its
+    /// readiness the error, once, and the end; reads the end of file) and
+    /// this returns `true`: the caller counts the write as done, its bytes
+    /// reaching nobody, as TCP's. `false` otherwise, and for a connection
+    /// that is not SMC-R. The stream's own writes fail there with
+    /// `ECONNRESET`, as Linux's AF_SMC's do (smc_tx.c `smc_tx_sendmsg`).
+    pub fn reset_by_write(&self) -> bool {
+        let Ok(Some(c)) = self.smc_conn() else {
+            return false;
+        };
+        let reset = c.shared.lock().reset_by_write(c.id);
+        reset
+    }
+
     /// `SO_LINGER` of the TCP socket.
     pub fn linger(&self) -> io::Result<Option<Duration>> {
         Ok(rustix::net::sockopt::socket_linger(&*self.tcp)?)

@@ -138,6 +138,28 @@ impl<P: Provider> Endpoint<P> {
             .is_some_and(|k| k.closer.rx_flags().any_close())
     }
 
+    /// A write to connection `id` after the peer closed it, for a caller
+    /// that must behave as a TCP socket (the preload library): the
+    /// connection takes the reset TCP's peer answers such data with
+    /// (`Closer::drawn_reset`: `EPIPE` from now on, reads at the end of
+    /// file, its readiness showing the error and the end), and this
+    /// returns `true`: the caller counts the write as done, as TCP's first
+    /// write there succeeds. `false`, and nothing changes, anywhere else.
+    /// [`Self::write`] itself fails there with `ECONNRESET`, as Linux's
+    /// SMC does (smc_tx.c `smc_tx_sendmsg`).
+    pub fn reset_by_write(&mut self, id: ConnId) -> bool {
+        let Some(mut k) = self.core(id) else {
+            return false;
+        };
+        if !k.closer.drawn_reset() {
+            return false;
+        }
+        k.watched();
+        drop(k);
+        self.conn_event(id);
+        true
+    }
+
     /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first, and the
     /// close flags with the last byte (§5.2); nothing is dropped while the
     /// peer takes some of it, as a TCP socket keeps sending what a write

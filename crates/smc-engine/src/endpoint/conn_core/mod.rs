@@ -293,6 +293,8 @@ impl<P: Provider> ConnCore<P> {
         match self.closer.error() {
             Some(smc_proto::close::CloseError::Reset) => ConnError::Reset,
             Some(smc_proto::close::CloseError::Aborted) => ConnError::Aborted,
+            // (`EPIPE`, and reads find the end of file: `readable_now`)
+            Some(smc_proto::close::CloseError::DrawnReset) => ConnError::Closed,
             // writing to a peer that closed: ECONNRESET, as Linux
             None if self.closer.rx_flags().any_close() && !self.closer.tx_flags().any() => {
                 ConnError::Reset
