@@ -8,7 +8,8 @@
 //! `SO_LINGER` 8 s (it waits until the peer, reading 4 s later, took the
 //! data), a write after the peer's close (it succeeds; the reset it draws
 //! ends the connection with `EPIPE`, taken by the next write or
-//! `SO_ERROR`, while reads find the end of file), `connect(AF_UNSPEC)` and
+//! `SO_ERROR`, while reads find the end of file; a `sendfile` too),
+//! `connect(AF_UNSPEC)` and
 //! a new connection of the same socket (its data to the new peer, a reset
 //! for the old one), `shutdown` of a listening socket (a thread polling it
 //! woken, `accept` then `EINVAL`), an `accept` out of descriptors
@@ -54,6 +55,8 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "poll after the send drew a reset: IN OUT ERR HUP RDHUP",
         "read after the drawn reset = 0 ''",
         "send after the drawn reset = -1 EPIPE",
+        "sendfile after the peer's close = 65536",
+        "its offset after = 65536",
         "SO_ERROR after the drawn reset: EPIPE",
         "poll after the error was taken: IN OUT HUP RDHUP",
         "send again after the drawn reset = -1 EPIPE",
@@ -81,14 +84,14 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
     for round in 0..2 {
         let smc = run(&s, &exe, true);
         assert_same(&plain, &smc, &format!("round {round}"));
-        // nineteen connections over SMC-R, both ends in this process;
+        // twenty connections over SMC-R, both ends in this process;
         // the one a disconnected socket made after falls back (its socket
         // is no longer opted in to the SMC option)
         let modes = s.modes();
-        assert_eq!(modes.len(), 40, "{modes:?}");
+        assert_eq!(modes.len(), 42, "{modes:?}");
         assert_eq!(
             modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
-            38,
+            40,
             "{modes:?}"
         );
     }

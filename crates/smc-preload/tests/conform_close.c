@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -230,15 +231,27 @@ int main(void) {
     /* a write after the peer closed: TCP's succeeds, and its data draws
      * the peer's reset, which in CLOSE_WAIT makes the socket's error EPIPE
      * and ends it (reads still find the end of file); once with a write
-     * taking the error, once with SO_ERROR */
-    for (int how = 0; how < 2; how++) {
+     * taking the error, once with SO_ERROR, once with a sendfile() of a
+     * 64 KiB file as the first write */
+    for (int how = 0; how < 3; how++) {
         pair(&c, &s);
         close(s);
         poll_until("poll after the peer's close", c, ALL, POLLIN | POLLRDHUP);
-        show("send after the peer's close", send(c, "late", 4, MSG_NOSIGNAL));
+        if (how < 2) {
+            show("send after the peer's close", send(c, "late", 4, MSG_NOSIGNAL));
+        } else {
+            static char big[65536];
+            FILE *t = tmpfile();
+            if (!t || fwrite(big, 1, sizeof big, t) != sizeof big || fflush(t))
+                die("tmpfile");
+            off_t off = 0;
+            show("sendfile after the peer's close", sendfile(c, fileno(t), &off, sizeof big));
+            printf("its offset after = %ld\n", (long)off);
+            fclose(t);
+        }
         poll_until("poll after the send drew a reset", c, ALL, POLLHUP | POLLERR);
         recv_show("read after the drawn reset", c, MSG_DONTWAIT);
-        if (how == 0) {
+        if (how != 1) {
             show("send after the drawn reset", send(c, "x", 1, MSG_NOSIGNAL));
         } else {
             int e = -1;
