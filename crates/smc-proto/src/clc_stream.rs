@@ -204,31 +204,29 @@ pub fn decline_at_head(data: &[u8]) -> Option<(usize, smc_wire::clc::Decline)> {
     }
 }
 
-/// The server's answer to a Proposal the client stopped waiting for: one CLC
-/// Accept or Decline still due on the TCP stream, ahead of the server's data.
-///
-/// A client that has no answer within `CLC_WAIT_TIME` declines and goes on
-/// over TCP, where Linux's client fails its `connect` (af_smc.c
-/// `__smc_connect`): a server in user space runs a handshake only when its
-/// process does (a busy prefork server, a stopped one), so giving up would
-/// fail a connection TCP would have served. The server still answers the
-/// Proposal, which it read before our Decline, and then falls back on the
-/// Decline it finds in place of the Confirm (Linux `smc_listen_work`: a
-/// Decline there is SMC_CLC_DECL_PEERDECL, a fallback without a reply), so
-/// its answer is the first thing on the stream and is taken off it here,
-/// never handed to the application.
+/// The server's answer to a Proposal the client stopped waiting for (and
+/// declined: the engine's `Endpoint::give_up_on_accept` says why): one CLC
+/// Accept or Decline still due on the TCP stream, ahead of the server's
+/// data, to be taken off it and never handed to the application.
 ///
 /// Only a header that reads as an Accept or a Decline within
 /// [`MAX_CLC_LEN`] is taken; anything else is given back as data (a peer
 /// that answers out of turn loses nothing of its own).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OwedAnswer {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwedAnswer(Stage);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stage {
     /// The answer's first bytes, until its header is whole.
-    head: Vec<u8>,
-    /// Bytes of the answer still to skip once its header was read.
-    skip: usize,
-    /// The header was read and checked.
-    checked: bool,
+    Head(Vec<u8>),
+    /// The header was read and checked: bytes of the answer still to skip.
+    Body(usize),
+}
+
+impl Default for OwedAnswer {
+    fn default() -> Self {
+        OwedAnswer(Stage::Head(Vec::new()))
+    }
 }
 
 /// Where taking the answer off the stream stands ([`OwedAnswer::take`]).
@@ -249,12 +247,14 @@ impl OwedAnswer {
         OwedAnswer::default()
     }
 
-    /// An answer whose first bytes (`held`: those a [`ClcReader`] holds
-    /// when the wait ended) have come already.
-    pub fn resume(held: &[u8]) -> (OwedAnswer, Owed) {
+    /// An answer whose first bytes have come already: `held`, those a
+    /// [`ClcReader`] that waited for an Accept holds (a part of a message
+    /// whose header, once whole, it checked by the same rules as
+    /// [`Self::take`]: a part of an answer, never a whole one).
+    pub fn resume(held: &[u8]) -> OwedAnswer {
         let mut a = OwedAnswer::new();
-        let (_, o) = a.take(held);
-        (a, o)
+        a.take(held);
+        a
     }
 
     /// Takes the answer's bytes off the front of `data`: how many of them
@@ -263,39 +263,45 @@ impl OwedAnswer {
     /// `data` past the count, behind the bytes given back.
     pub fn take(&mut self, data: &[u8]) -> (usize, Owed) {
         let mut used = 0;
-        if !self.checked {
-            let k = (CLC_HEADER_LEN - self.head.len()).min(data.len());
-            self.head.extend_from_slice(&data[..k]);
-            used = k;
-            if self.head.len() < CLC_HEADER_LEN {
-                return (used, Owed::More);
-            }
-            match ClcHeader::peek(&self.head) {
-                Ok(h)
-                    if matches!(h.msg_type, ClcType::Accept | ClcType::Decline)
-                        && usize::from(h.length) <= MAX_CLC_LEN =>
-                {
-                    self.checked = true;
-                    self.skip = usize::from(h.length) - CLC_HEADER_LEN;
-                    self.head.clear();
+        loop {
+            match &mut self.0 {
+                Stage::Head(head) => {
+                    let k = (CLC_HEADER_LEN - head.len()).min(data.len());
+                    head.extend_from_slice(&data[..k]);
+                    used = k;
+                    if head.len() < CLC_HEADER_LEN {
+                        return (used, Owed::More);
+                    }
+                    match ClcHeader::peek(head) {
+                        Ok(h)
+                            if matches!(h.msg_type, ClcType::Accept | ClcType::Decline)
+                                && usize::from(h.length) <= MAX_CLC_LEN =>
+                        {
+                            self.0 = Stage::Body(usize::from(h.length) - CLC_HEADER_LEN);
+                        }
+                        _ => return (used, Owed::NotAnswer(std::mem::take(head))),
+                    }
                 }
-                _ => return (used, Owed::NotAnswer(std::mem::take(&mut self.head))),
+                Stage::Body(skip) => {
+                    let k = (*skip).min(data.len() - used);
+                    *skip -= k;
+                    used += k;
+                    return match *skip {
+                        0 => (used, Owed::Taken),
+                        _ => (used, Owed::More),
+                    };
+                }
             }
-        }
-        let k = self.skip.min(data.len() - used);
-        self.skip -= k;
-        used += k;
-        if self.skip == 0 {
-            (used, Owed::Taken)
-        } else {
-            (used, Owed::More)
         }
     }
 
     /// The stream ended before the answer was whole: the bytes held back
     /// while its header was incomplete (not an answer after all: data).
     pub fn into_held(self) -> Vec<u8> {
-        self.head
+        match self.0 {
+            Stage::Head(head) => head,
+            Stage::Body(_) => Vec::new(),
+        }
     }
 }
 
@@ -445,10 +451,10 @@ mod tests {
         }
         // bytes the engine's reader held when the wait ended count
         let d = hex(DECLINE);
-        let (mut a, o) = OwedAnswer::resume(&d[..10]);
-        assert_eq!(o, Owed::More);
+        let mut a = OwedAnswer::resume(&d[..10]);
         assert_eq!(a.take(&d[10..]), (18, Owed::Taken));
-        assert_eq!(OwedAnswer::resume(&[]).1, Owed::More);
+        let mut a = OwedAnswer::resume(&d[..3]);
+        assert_eq!(a.take(&d[3..]), (25, Owed::Taken));
     }
 
     #[test]

@@ -76,7 +76,7 @@ impl<P: Provider> Endpoint<P> {
             SMC_V1
         };
         // (the part of the answer that came before the wait ended)
-        let (answer, _) = OwedAnswer::resume(c.reader.held());
+        let answer = OwedAnswer::resume(c.reader.held());
         let reason = DeclineCode::Timeout;
         let d = Decline::new(version, system_id, reason);
         self.send_clc(id, &ClcMessage::Decline(d));
