@@ -37,15 +37,7 @@ pub unsafe extern "C" fn getsockopt(
                 // readiness descriptor)
                 let taken = c.err_taken.load(Ordering::Acquire);
                 let e = match (!taken).then(|| c.s.write_with(&[], true)) {
-                    // (`EPIPE` only as the error of a reset a write drew,
-                    // `Conn::report_once`; a shutdown's is no error here)
-                    Some(Err(e))
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
-                        ) || (e.kind() == io::ErrorKind::BrokenPipe
-                            && crate::poll::failed(&c)) =>
-                    {
+                    Some(Err(e)) if c.is_failure(&e) => {
                         c.report_once(e).map_or(0, |e| errno_of(&e))
                     }
                     _ => 0,

@@ -61,17 +61,23 @@ impl Conn {
     /// at the closed socket, `tcp_sendmsg_locked` fails with `EPIPE`).
     /// Other errors pass as they are.
     pub(crate) fn report_once(&self, e: io::Error) -> Option<io::Error> {
-        // (`EPIPE` is the error of a reset drawn by a write after the
-        // peer's close, `SmcStream::reset_by_write`, when the connection
-        // shows it failed; else a shutdown's, which is no `sk_err`)
-        let failure = matches!(
-            e.kind(),
-            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted
-        ) || (e.kind() == io::ErrorKind::BrokenPipe && crate::poll::failed(self));
-        if failure && self.err_taken.swap(true, Ordering::AcqRel) {
+        if self.is_failure(&e) && self.err_taken.swap(true, Ordering::AcqRel) {
             return None;
         }
         Some(e)
+    }
+
+    /// Whether `e`, from a call on the connection, is its failure (TCP's
+    /// `sk_err`) rather than a call's own error: a reset, an abort, or
+    /// `EPIPE` when the connection shows it failed (the reset a write after
+    /// the peer's close drew, `SmcStream::reset_by_write`; else `EPIPE` is
+    /// a shutdown's, no `sk_err`).
+    pub(crate) fn is_failure(&self, e: &io::Error) -> bool {
+        match e.kind() {
+            io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted => true,
+            io::ErrorKind::BrokenPipe => crate::poll::failed(self),
+            _ => false,
+        }
     }
 }
 

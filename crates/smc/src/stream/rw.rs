@@ -235,12 +235,9 @@ impl SmcStream {
     pub(super) fn take_answer_off(&self, nonblocking: bool) -> io::Result<()> {
         use rustix::event::{poll, PollFd, PollFlags};
         use rustix::net::{recv, RecvFlags};
-        let timeout = *self
-            .opts
-            .read_timeout
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // (set when the first wait begins: the read timeout's end, `None`
+        // without one)
+        let mut deadline: Option<Option<Instant>> = None;
         loop {
             {
                 let mut a = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -263,6 +260,14 @@ impl SmcStream {
             if nonblocking {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
+            let deadline = *deadline.get_or_insert_with(|| {
+                let t = *self
+                    .opts
+                    .read_timeout
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                t.map(|t| Instant::now() + t)
+            });
             let left = match deadline {
                 Some(d) => match d.checked_duration_since(Instant::now()) {
                     Some(l) if !l.is_zero() => Some(l),
