@@ -10,8 +10,9 @@
 //! connect, ours falls back to TCP): an iterative server that serves one
 //! client at a time, or a program that polls its listener only between
 //! other work (Python's `socketserver`), would have the next client's
-//! connect fail, or go without SMC-R, where TCP's completes in the kernel. Linux's AF_SMC runs every handshake in its listen worker
-//! whatever the program does (`smc_tcp_listen_work`). Here, once a
+//! connect fail, or go without SMC-R, where TCP's completes in the kernel.
+//! Linux's AF_SMC runs every handshake in its listen worker whatever the
+//! program does (`smc_tcp_listen_work`). Here, once a
 //! connection has waited [`QUEUE_WAIT`] there (the program accepting none,
 //! or fewer than come: the queue is first in, first out, so the program's
 //! accepts since tell, [`Aging`]) and no thread of the program is in
