@@ -130,6 +130,7 @@ pub(super) fn device_thread(
             None
         };
         let timeout = period.map(|p| p.saturating_sub(last_tick.elapsed()));
+        let polled_at = Instant::now();
         let _ = sys::poll_raw(&mut fds, timeout);
         if sh.stop.load(Acquire) {
             break;
@@ -192,7 +193,7 @@ pub(super) fn device_thread(
                 if watch.is_none() {
                     port_check(&sh, &qps);
                 }
-                tick(&sh, &qps, ticks);
+                tick(&sh, &qps, ticks, polled_at);
             }
             if reserve.is_none() {
                 reserve = EventFd::new().ok();
@@ -316,7 +317,14 @@ pub(super) fn peer_stopped(state: Option<u8>) -> bool {
     matches!(state, Some(b'T' | b't'))
 }
 
-pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
+/// `polled_at`: when the poll whose events were just handled began. A
+/// deadline for a peer's message is judged at that time, not now: a
+/// message that came before it has been read by then only if its socket
+/// was polled, and a process stopped (`SIGSTOP`) or starved between a
+/// socket's arrival in the poll set and its first poll would otherwise
+/// find the time it did not run counted against its peer (a peer's auth
+/// waiting unread in a socket the poll did not watch yet).
+pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64, polled_at: Instant) {
     if ticks.is_multiple_of(25) {
         sh.publish_gids();
     }
@@ -367,7 +375,7 @@ pub(super) fn tick(sh: &DevShared, qps: &[Arc<QpInner>], ticks: u64) {
         // A QP that never met its verified, authenticated peer fails too.
         if let Some(ctl) = lock_within(&qp.ctl, Duration::from_millis(5)) {
             let waiting = ctl.rtr_at.is_some_and(|t| {
-                now.duration_since(t) > sh.rendezvous_timeout
+                polled_at.saturating_duration_since(t) > sh.rendezvous_timeout
                     && !ctl.inb.as_ref().is_some_and(|b| b.authed)
             });
             dead |= waiting && qp.live.load(SeqCst);
