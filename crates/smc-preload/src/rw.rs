@@ -249,17 +249,15 @@ pub(crate) fn tcp_write_error(c: &Conn, e: io::Error) -> io::Error {
 /// Writes `buf`, all of it unless `dont_wait` or the stream is
 /// non-blocking. A first write after the peer closed the connection is
 /// TCP's into `CLOSE_WAIT`: it succeeds, and the reset it draws ends the
-/// connection with `EPIPE` (`SmcStream::reset_by_write`), where an SMC
-/// socket fails it at once.
+/// connection with `EPIPE` (`Conn::draws_reset`), where an SMC socket
+/// fails it at once.
 pub(crate) fn write_all(c: &Conn, buf: &[u8], dont_wait: bool) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match c.s.write_with(&buf[done..], dont_wait) {
             Ok(n) => done += n,
             Err(e) if done > 0 && e.kind() != io::ErrorKind::Interrupted => break,
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset && c.s.reset_by_write() => {
-                return Ok(buf.len())
-            }
+            Err(e) if c.draws_reset(&e) => return Ok(buf.len()),
             Err(e) => return Err(e),
         }
     }

@@ -116,7 +116,7 @@ pub(crate) unsafe fn file_to_conn(
                 }
             }
             Err(_) if sent > 0 => break,
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset && c.s.reset_by_write() => {
+            Err(e) if c.draws_reset(&e) => {
                 // TCP's first write after the peer's close: it succeeds
                 // (`rw::write_all`), as much as the file has
                 let size = rustix::fs::fstat(f)?.st_size as u64;

@@ -39,6 +39,8 @@ pub(crate) struct Regs {
 
 impl Conn {
     pub(crate) fn new(s: SmcStream) -> Conn {
+        // (a reset or abort after the peer's close as TCP reports them)
+        s.report_errors_as_tcp();
         Conn {
             s,
             peeked: Mutex::new(Vec::new()),
@@ -65,6 +67,18 @@ impl Conn {
             return None;
         }
         Some(e)
+    }
+
+    /// Whether a write that failed with `e` is TCP's first write after the
+    /// peer's close, which succeeds: the connection then takes the reset
+    /// the write draws (`SmcStream::reset_by_write`), where an SMC socket
+    /// fails it (`ECONNRESET` after the peer's close, `EPIPE` once its
+    /// process went away after it).
+    pub(crate) fn draws_reset(&self, e: &io::Error) -> bool {
+        matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+        ) && self.s.reset_by_write()
     }
 
     /// Whether `e`, from a call on the connection, is its failure (TCP's

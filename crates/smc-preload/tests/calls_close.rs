@@ -8,7 +8,11 @@
 //! `SO_LINGER` 8 s (it waits until the peer, reading 4 s later, took the
 //! data), a write after the peer's close (it succeeds; the reset it draws
 //! ends the connection with `EPIPE`, taken by the next write or
-//! `SO_ERROR`, while reads find the end of file; a `sendfile` too),
+//! `SO_ERROR`, while reads find the end of file; a `sendfile` too), the
+//! peer's reset after its end of stream (`EPIPE` in `CLOSE_WAIT`, nothing
+//! once both sides ended; reads find the end of file), a peer process
+//! that closes and exits (nothing shows but the end of file until a write
+//! draws the reset),
 //! `connect(AF_UNSPEC)` and
 //! a new connection of the same socket (its data to the new peer, a reset
 //! for the old one), `shutdown` of a listening socket (a thread polling it
@@ -61,6 +65,16 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "poll after the error was taken: IN OUT HUP RDHUP",
         "send again after the drawn reset = -1 EPIPE",
         "read after SO_ERROR took the reset = 0 ''",
+        "poll after the end and reset: IN OUT ERR HUP RDHUP",
+        "read after the end and reset = 0 ''",
+        "send after the end and reset = -1 EPIPE",
+        "SO_ERROR after the end and reset: EPIPE",
+        "SO_ERROR after the end and reset: 0",
+        "read what the gone peer sent = 3 'bye'",
+        "SO_ERROR with the peer process gone: 0",
+        "send to the gone peer = 1",
+        "poll after the send to the gone peer: IN OUT ERR HUP RDHUP",
+        "send again to the gone peer = -1 EPIPE",
         "old peer poll: IN OUT ERR HUP RDHUP",
         "new peer reads = 3 'new'",
         "old peer reads = -1 ECONNRESET",
@@ -84,14 +98,15 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
     for round in 0..2 {
         let smc = run(&s, &exe, true);
         assert_same(&plain, &smc, &format!("round {round}"));
-        // twenty connections over SMC-R, both ends in this process;
-        // the one a disconnected socket made after falls back (its socket
-        // is no longer opted in to the SMC option)
+        // twenty-three connections over SMC-R, both ends in this process,
+        // and two whose server is a child process; the one a disconnected
+        // socket made after falls back (its socket is no longer opted in
+        // to the SMC option)
         let modes = s.modes();
-        assert_eq!(modes.len(), 42, "{modes:?}");
+        assert_eq!(modes.len(), 52, "{modes:?}");
         assert_eq!(
             modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
-            40,
+            50,
             "{modes:?}"
         );
     }

@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,6 +94,15 @@ static void recv_show(const char *name, int fd, int flags) {
         printf("%s = -1 %s\n", name, strerrorname_np(errno));
     else
         printf("%s = %ld '%.*s'\n", name, n, (int)n, b);
+    fflush(stdout);
+}
+
+/* SO_ERROR of fd, printed as "SO_ERROR <what>: <error or 0>" */
+static void so_error(const char *what, int fd) {
+    int e = -1;
+    socklen_t el = sizeof e;
+    show("getsockopt SO_ERROR", getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el));
+    printf("SO_ERROR %s: %s\n", what, e ? strerrorname_np(e) : "0");
     fflush(stdout);
 }
 
@@ -218,12 +228,8 @@ int main(void) {
         close(l);
         close(s);
         poll_until("poll after the inherited reset", c, ALL, POLLHUP | POLLERR);
-        for (int i = 0; i < 2; i++) {
-            int e = -1;
-            socklen_t el = sizeof e;
-            show("getsockopt SO_ERROR", getsockopt(c, SOL_SOCKET, SO_ERROR, &e, &el));
-            printf("SO_ERROR after the inherited reset: %s\n", e ? strerrorname_np(e) : "0");
-        }
+        for (int i = 0; i < 2; i++)
+            so_error("after the inherited reset", c);
         recv_show("read after SO_ERROR took the reset", c, MSG_DONTWAIT);
         close(c);
     }
@@ -254,14 +260,85 @@ int main(void) {
         if (how != 1) {
             show("send after the drawn reset", send(c, "x", 1, MSG_NOSIGNAL));
         } else {
-            int e = -1;
-            socklen_t el = sizeof e;
-            show("getsockopt SO_ERROR", getsockopt(c, SOL_SOCKET, SO_ERROR, &e, &el));
-            printf("SO_ERROR after the drawn reset: %s\n", e ? strerrorname_np(e) : "0");
+            so_error("after the drawn reset", c);
         }
         poll_until("poll after the error was taken", c, ALL, POLLHUP);
         show("send again after the drawn reset", send(c, "x", 1, MSG_NOSIGNAL));
         recv_show("read again after the drawn reset", c, MSG_DONTWAIT);
+        close(c);
+    }
+
+    /* the peer's reset after its end of stream (it shut down writing, then
+     * closed with our data unread): TCP's FIN and then its RST. In
+     * CLOSE_WAIT the reset's error is EPIPE, and reads still find the end
+     * of file; once taken by a send, once by SO_ERROR. Then the same reset
+     * after both sides ended their streams: TCP's peer sends none from a
+     * connection that is over, nothing fails. */
+    for (int how = 0; how < 3; how++) {
+        pair(&c, &s);
+        show("send what the peer leaves unread", send(c, "unread", 6, 0));
+        poll_until("peer poll with the data", s, POLLIN, POLLIN);
+        show("peer shutdown SHUT_WR", shutdown(s, SHUT_WR));
+        poll_until("poll after the peer's end", c, ALL, POLLIN | POLLRDHUP);
+        if (how == 2) {
+            show("shutdown SHUT_WR after the peer's end", shutdown(c, SHUT_WR));
+            poll_until("peer poll after our end", s, ALL, POLLRDHUP);
+        }
+        close(s);
+        if (how < 2)
+            poll_until("poll after the end and reset", c, ALL, POLLERR);
+        else
+            usleep(200000);
+        poll_until("poll after it", c, ALL, 0);
+        recv_show("read after the end and reset", c, MSG_DONTWAIT);
+        if (how == 0) {
+            show("send after the end and reset", send(c, "x", 1, MSG_NOSIGNAL));
+        } else {
+            so_error("after the end and reset", c);
+        }
+        poll_until("poll after the error was taken", c, ALL, 0);
+        show("send again after the end and reset", send(c, "x", 1, MSG_NOSIGNAL));
+        recv_show("read again after the end and reset", c, MSG_DONTWAIT);
+        close(c);
+    }
+
+    /* a peer process that closes (or shuts down writing) and exits: its
+     * kernel keeps what is left of a TCP connection, so nothing shows but
+     * the end of file, until a write draws the reset (EPIPE) */
+    for (int how = 0; how < 2; how++) {
+        struct sockaddr_in a;
+        int l = listener(&a);
+        fflush(stdout);
+        pid_t kid = fork();
+        if (kid < 0)
+            die("fork");
+        if (kid == 0) {
+            int k = accept(l, NULL, NULL);
+            if (k < 0 || send(k, "bye", 3, 0) != 3)
+                _exit(1);
+            if (how == 0)
+                close(k);
+            else
+                shutdown(k, SHUT_WR);
+            _exit(0);
+        }
+        close(l);
+        c = socket(AF_INET, SOCK_STREAM, 0);
+        if (c < 0 || connect(c, (void *)&a, sizeof a))
+            die("connect");
+        int st;
+        if (waitpid(kid, &st, 0) != kid || st != 0)
+            die("the peer process");
+        poll_until("poll after the peer process went", c, ALL, POLLIN | POLLRDHUP);
+        usleep(200000);
+        poll_until("poll a while after", c, ALL, 0);
+        recv_show("read what the gone peer sent", c, 0);
+        recv_show("read after", c, MSG_DONTWAIT);
+        so_error("with the peer process gone", c);
+        show("send to the gone peer", send(c, "x", 1, MSG_NOSIGNAL));
+        poll_until("poll after the send to the gone peer", c, ALL, POLLERR);
+        show("send again to the gone peer", send(c, "x", 1, MSG_NOSIGNAL));
+        recv_show("read after the sends", c, MSG_DONTWAIT);
         close(c);
     }
 

@@ -209,11 +209,14 @@ pub enum CloseError {
     Reset,
     /// The connection was killed locally: link group lost (`ECONNABORTED`).
     Aborted,
-    /// We wrote to a peer that had closed, and take the reset a TCP peer
-    /// answers such data with ([`Closer::drawn_reset`]): `EPIPE`, as TCP's
-    /// reset in `CLOSE_WAIT` sets (tcp_input.c `tcp_reset`); reads still
-    /// find the end of the peer's stream.
-    DrawnReset,
+    /// A reset after the peer's orderly end, as a TCP socket takes one in
+    /// `CLOSE_WAIT`: `EPIPE` (tcp_input.c `tcp_reset`), and reads still
+    /// find the end of the peer's stream (tcp.c `tcp_recvmsg_locked` looks
+    /// at the FIN's `SOCK_DONE` before the error). Only for a caller that
+    /// asked for TCP's errors: the reset a write to a peer that had closed
+    /// draws ([`Closer::drawn_reset`]), or the peer's abort after its
+    /// close ([`Closer::set_tcp_errors`]).
+    ResetInCloseWait,
 }
 
 impl fmt::Display for CloseError {
@@ -221,7 +224,9 @@ impl fmt::Display for CloseError {
         match self {
             CloseError::Reset => f.write_str("connection reset by peer"),
             CloseError::Aborted => f.write_str("connection aborted: SMC link group lost"),
-            CloseError::DrawnReset => f.write_str("broken pipe: the peer had closed"),
+            CloseError::ResetInCloseWait => {
+                f.write_str("broken pipe: reset after the peer's close")
+            }
         }
     }
 }
@@ -261,6 +266,11 @@ pub struct Closer {
     rx: CloseFlags,
     released: bool,
     error: Option<CloseError>,
+    /// The flags received and sent (rx, tx) when `error` came: where the
+    /// connection stood, in TCP's terms, when it ended.
+    at_error: Option<(CloseFlags, CloseFlags)>,
+    /// [`Closer::error`] tells what a TCP socket would report.
+    tcp_errors: bool,
 }
 
 impl Default for Closer {
@@ -278,6 +288,8 @@ impl Closer {
             rx: CloseFlags::NONE,
             released: false,
             error: None,
+            at_error: None,
+            tcp_errors: false,
         }
     }
 
@@ -301,9 +313,67 @@ impl Closer {
         self.released
     }
 
-    /// Error for reads/writes after an abnormal close.
+    /// Error for reads/writes after an abnormal close. With
+    /// [`Closer::set_tcp_errors`], what a TCP socket would have of the same
+    /// end: a reset or an abort that came after the peer had ended its
+    /// stream in order (its `done_writing` or `closed` in an earlier CDC,
+    /// TCP's FIN) is `EPIPE` ([`CloseError::ResetInCloseWait`]) for a
+    /// peer's reset while we had sent nothing (TCP's `CLOSE_WAIT`), and no
+    /// error at all once we had ended ours too (TCP's connection was over,
+    /// its late reset ignored: tcp_input.c `tcp_reset` in `TCP_CLOSE`, and
+    /// tcp.c `__tcp_close` sends none from a socket already closed) or when
+    /// the connection was killed (its link group lost: the peer's process
+    /// went away after its close, which TCP's peer kernel outlives, and
+    /// only the reset a later write draws tells, [`Closer::drawn_reset`]).
     pub fn error(&self) -> Option<CloseError> {
-        self.error
+        match (self.error, self.at_error) {
+            (Some(e @ (CloseError::Reset | CloseError::Aborted)), Some((rx, tx)))
+                if self.tcp_errors && ended_in_order(rx) =>
+            {
+                (e == CloseError::Reset && !tx.any()).then_some(CloseError::ResetInCloseWait)
+            }
+            (e, _) => e,
+        }
+    }
+
+    /// Reports errors as a TCP socket would (see [`Closer::error`]), for a
+    /// caller that stands in for one (the preload library); also for an
+    /// error that came before. Linux's SMC reports `ECONNRESET` and
+    /// `ECONNABORTED` there (smc_cdc.c `smc_cdc_msg_recv_action`,
+    /// smc_close.c `smc_close_active_abort`), as the machine does without.
+    pub fn set_tcp_errors(&mut self) {
+        self.tcp_errors = true;
+    }
+
+    /// The peer ended its stream in order (`done_writing` or `closed`)
+    /// before anything ended the connection otherwise: reads find the end
+    /// of file once the data is read, whatever came after (TCP's FIN before
+    /// its reset; Linux smc_rx.c `smc_rx_recvmsg` stops at `RCV_SHUTDOWN`
+    /// before it looks at the error).
+    pub fn peer_ended_in_order(&self) -> bool {
+        ended_in_order(self.at_error.map_or(self.rx, |(rx, _)| rx))
+    }
+
+    /// The connection ended, and a TCP socket would not show it yet
+    /// ([`Closer::error`]: the peer went away after its close, we had sent
+    /// nothing): it shows [`Closer::shown_state`] `AppCloseWait1`, TCP's
+    /// `CLOSE_WAIT`, until a write draws the reset.
+    fn quiet_end(&self) -> bool {
+        self.error == Some(CloseError::Aborted)
+            && self.error().is_none()
+            && self.at_error.is_some_and(|(_, tx)| !tx.any())
+    }
+
+    /// The state readiness shows: [`Closer::state`], except for an end a
+    /// TCP socket would not show yet (see [`Closer::error`]), which shows
+    /// the state a peer's close alone leaves (`AppCloseWait1`: readable to
+    /// the end of file, writable, no hang-up).
+    pub fn shown_state(&self) -> CloseState {
+        if self.quiet_end() {
+            CloseState::AppCloseWait1
+        } else {
+            self.state
+        }
     }
 
     /// The application may still write: established, not shut down, not aborted,
@@ -328,17 +398,25 @@ impl Closer {
     /// and the peer's kernel answers the data with a reset, which in
     /// `CLOSE_WAIT` sets the socket's error to `EPIPE` and ends it
     /// (tcp_input.c `tcp_reset`, `tcp_done`). The connection takes that
-    /// end now: [`CloseError::DrawnReset`], the state of a connection the
+    /// end now: [`CloseError::ResetInCloseWait`], the state of a connection the
     /// peer ended ([`CloseState::ProcessAbort`]: the application's close
     /// sends an abort, which a closed peer ignores). Returns whether it
     /// applied: the peer closed in order, and nothing ended or shut down
-    /// the connection on our side yet. Linux's SMC fails such a write with
-    /// `ECONNRESET` instead ([`Closer::can_write`]).
+    /// the connection on our side yet; or, with [`Closer::set_tcp_errors`],
+    /// the connection ended in a way TCP would not show until such a write
+    /// (the peer's process gone after its close or shutdown, see
+    /// [`Closer::error`]). Linux's SMC fails such a write with `ECONNRESET`
+    /// instead ([`Closer::can_write`]).
     pub fn drawn_reset(&mut self) -> bool {
+        if self.quiet_end() {
+            self.error = Some(CloseError::ResetInCloseWait);
+            return true;
+        }
         if self.error.is_some() || !self.rx.closed || self.rx.abort || self.tx.any() {
             return false;
         }
-        self.error = Some(CloseError::DrawnReset);
+        self.error = Some(CloseError::ResetInCloseWait);
+        self.at_error = Some((self.rx, self.tx));
         self.state = if self.released {
             CloseState::Closed
         } else {
@@ -424,6 +502,7 @@ impl Closer {
                 }
             }
             CloseEvent::Peer(fl) => {
+                let before = (self.rx, self.tx);
                 self.rx.done_writing |= fl.done_writing;
                 self.rx.closed |= fl.closed;
                 if fl.abort {
@@ -434,7 +513,8 @@ impl Closer {
                     self.tx.abort = true;
                     if self.error.is_none() {
                         self.error = Some(CloseError::Reset);
-                        error = self.error;
+                        self.at_error = Some(before);
+                        error = self.error();
                     }
                     self.state = match self.state {
                         S::Init | S::Active | S::AppCloseWait1 | S::AppFinCloseWait => {
@@ -489,7 +569,8 @@ impl Closer {
                     _ => {
                         if self.error.is_none() {
                             self.error = Some(CloseError::Aborted);
-                            error = self.error;
+                            self.at_error = Some((self.rx, self.tx));
+                            error = self.error();
                         }
                         if can_send && !self.tx.abort {
                             self.tx.abort = true;
@@ -520,6 +601,12 @@ impl Closer {
             self.tx.closed = true;
         }
     }
+}
+
+/// The peer's flags `rx` end its stream in order (TCP's FIN), not by an
+/// abort.
+fn ended_in_order(rx: CloseFlags) -> bool {
+    (rx.done_writing || rx.closed) && !rx.abort
 }
 
 /// Linux: `txflags->peer_done_writing && !smc_close_sent_any_close(conn)`.

@@ -317,7 +317,7 @@ proptest! {
 
 /// A write after the peer's orderly close, for a caller that behaves as a
 /// TCP socket: the reset TCP's peer answers it with ends the connection
-/// with EPIPE (`CloseError::DrawnReset`), in the state of a connection the
+/// with EPIPE (`CloseError::ResetInCloseWait`), in the state of a connection the
 /// peer ended; reads still find the end of the peer's stream. Only there:
 /// not after a mere shutdown of the peer's, nor our own, nor an abort, nor
 /// twice.
@@ -328,7 +328,7 @@ fn a_write_after_the_peers_close_draws_a_reset_only_there() {
     assert_eq!(c.state(), CloseState::AppCloseWait1);
     assert!(!c.can_write(), "Linux's SMC refuses the write");
     assert!(c.drawn_reset());
-    assert_eq!(c.error(), Some(CloseError::DrawnReset));
+    assert_eq!(c.error(), Some(CloseError::ResetInCloseWait));
     assert_eq!(c.state(), CloseState::ProcessAbort);
     assert!(c.peer_done());
     assert!(!c.drawn_reset(), "once");
@@ -352,4 +352,102 @@ fn a_write_after_the_peers_close_draws_a_reset_only_there() {
     c.handle(CloseEvent::Peer(AB));
     assert!(!c.drawn_reset());
     assert_eq!(c.error(), Some(CloseError::Reset));
+}
+
+/// The peer's abort after its orderly end, as a TCP socket reports a reset
+/// after the FIN: with `set_tcp_errors`, `EPIPE` while we had sent nothing
+/// (`CLOSE_WAIT`), nothing once we had ended our stream too; reads find
+/// the end of file either way. Linux's SMC (the machine without) keeps
+/// `ECONNRESET`. An abort that carries the end in the same CDC is a reset
+/// like any other, and so is one with no end before it.
+#[test]
+fn the_peers_abort_after_its_end_is_tcps_reset_after_the_fin() {
+    let abort_after_end = |tcp: bool, ours_ended: bool| {
+        let mut c = active();
+        if tcp {
+            c.set_tcp_errors();
+        }
+        c.handle(CloseEvent::Peer(DW));
+        if ours_ended {
+            c.handle(CloseEvent::AppShutdownWrite);
+        }
+        let o = c.handle(CloseEvent::Peer(CloseFlags { abort: true, ..DW }));
+        assert_eq!(o.error, c.error());
+        assert!(c.peer_ended_in_order());
+        c
+    };
+    assert_eq!(
+        abort_after_end(false, false).error(),
+        Some(CloseError::Reset)
+    );
+    assert_eq!(
+        abort_after_end(false, true).error(),
+        Some(CloseError::Reset)
+    );
+    assert_eq!(
+        abort_after_end(true, false).error(),
+        Some(CloseError::ResetInCloseWait)
+    );
+    assert_eq!(abort_after_end(true, true).error(), None);
+    // set after the abort came: the same
+    let mut c = abort_after_end(false, false);
+    c.set_tcp_errors();
+    assert_eq!(c.error(), Some(CloseError::ResetInCloseWait));
+
+    for first in [CloseFlags { abort: true, ..DW }, AB] {
+        let mut c = active();
+        c.set_tcp_errors();
+        c.handle(CloseEvent::Peer(first));
+        assert_eq!(c.error(), Some(CloseError::Reset), "{first}");
+        assert!(!c.peer_ended_in_order());
+    }
+}
+
+/// The connection killed (its link group lost) after the peer's orderly
+/// close, for a caller that behaves as a TCP socket: the peer's process
+/// went away after its close, which a TCP peer's kernel outlives; nothing
+/// shows but the end of the stream (the state of a peer's close alone)
+/// until a write draws the reset (`EPIPE`). A kill with no end before it
+/// is the abort it always was; one after both ends is no error.
+#[test]
+fn a_kill_after_the_peers_close_shows_nothing_until_a_write() {
+    for end in [CL, DW, DWCL] {
+        let mut c = active();
+        c.set_tcp_errors();
+        c.handle(CloseEvent::Peer(end));
+        let o = c.handle(CloseEvent::Kill { can_send: false });
+        assert_eq!(o.error, None, "{end}");
+        assert_eq!(c.error(), None);
+        assert_eq!(c.state(), CloseState::Closed);
+        assert_eq!(c.shown_state(), CloseState::AppCloseWait1);
+        assert!(c.peer_ended_in_order() && c.peer_done());
+        assert!(!c.can_write());
+        assert!(c.drawn_reset(), "{end}");
+        assert_eq!(c.error(), Some(CloseError::ResetInCloseWait));
+        assert_eq!(c.shown_state(), CloseState::Closed);
+        assert!(!c.drawn_reset(), "once");
+    }
+    // without: Linux's ECONNABORTED
+    let mut c = active();
+    c.handle(CloseEvent::Peer(CL));
+    c.handle(CloseEvent::Kill { can_send: false });
+    assert_eq!(c.error(), Some(CloseError::Aborted));
+    assert_eq!(c.shown_state(), CloseState::Closed);
+    assert!(!c.drawn_reset());
+    // no end before it
+    let mut c = active();
+    c.set_tcp_errors();
+    c.handle(CloseEvent::Kill { can_send: true });
+    assert_eq!(c.error(), Some(CloseError::Aborted));
+    assert!(!c.peer_ended_in_order());
+    assert!(!c.drawn_reset());
+    // both streams had ended
+    let mut c = active();
+    c.set_tcp_errors();
+    c.handle(CloseEvent::AppShutdownWrite);
+    c.handle(CloseEvent::Peer(DW));
+    c.handle(CloseEvent::Kill { can_send: false });
+    assert_eq!(c.error(), None);
+    assert_eq!(c.shown_state(), CloseState::Closed);
+    assert!(!c.drawn_reset());
 }

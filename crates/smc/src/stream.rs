@@ -639,6 +639,21 @@ impl SmcStream {
         reset
     }
 
+    /// For a caller that must behave as a TCP socket: the connection
+    /// reports its end as TCP would (`Endpoint::set_tcp_errors`): a reset
+    /// by the peer after its orderly close is `EPIPE`, the error of a reset
+    /// in `CLOSE_WAIT`; one after both sides ended their streams, or the
+    /// peer's process going away after its close, is no error (reads find
+    /// the end of file, and a write then draws the reset,
+    /// [`SmcStream::reset_by_write`]). The stream's own errors are Linux
+    /// AF_SMC's (`ECONNRESET`, `ECONNABORTED`). Nothing for a connection
+    /// that is not SMC-R.
+    pub fn report_errors_as_tcp(&self) {
+        if let Ok(Some(c)) = self.smc_conn() {
+            let _ = noted(c, &mut c.shared.lock(), |ep| ep.set_tcp_errors(c.id));
+        }
+    }
+
     /// `SO_LINGER` of the TCP socket.
     pub fn linger(&self) -> io::Result<Option<Duration>> {
         Ok(rustix::net::sockopt::socket_linger(&*self.tcp)?)

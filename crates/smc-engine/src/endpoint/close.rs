@@ -160,6 +160,23 @@ impl<P: Provider> Endpoint<P> {
         true
     }
 
+    /// Connection `id` reports its end as a TCP socket would, for a caller
+    /// that stands in for one (the preload library): a reset or an abort
+    /// after the peer's orderly close is `EPIPE` or nothing
+    /// (`Closer::set_tcp_errors`), where Linux's SMC reports `ECONNRESET`
+    /// or `ECONNABORTED`. Also for an end that came before. `false` for a
+    /// connection that is gone.
+    pub fn set_tcp_errors(&mut self, id: ConnId) -> bool {
+        let Some(mut k) = self.core(id) else {
+            return false;
+        };
+        k.closer.set_tcp_errors();
+        k.watched();
+        drop(k);
+        self.conn_event(id);
+        true
+    }
+
     /// `shutdown(SHUT_WR)` or `close()`. Unsent data goes out first, and the
     /// close flags with the last byte (§5.2); nothing is dropped while the
     /// peer takes some of it, as a TCP socket keeps sending what a write

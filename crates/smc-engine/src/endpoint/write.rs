@@ -123,7 +123,7 @@ impl<P: Provider> Endpoint<P> {
         match k.closer.error() {
             Some(smc_proto::close::CloseError::Reset) => Err(ConnError::Reset),
             Some(smc_proto::close::CloseError::Aborted) => Err(ConnError::Aborted),
-            Some(smc_proto::close::CloseError::DrawnReset) => Err(ConnError::Closed),
+            Some(smc_proto::close::CloseError::ResetInCloseWait) => Err(ConnError::Closed),
             None if k.closer.tx_flags().any() => Err(ConnError::Closed),
             None => Ok(()),
         }

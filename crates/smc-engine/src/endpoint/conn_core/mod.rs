@@ -146,7 +146,8 @@ pub struct ConnLevel {
     /// The peer closed or aborted (as opposed to only shutting down its
     /// write side).
     pub peer_closed: bool,
-    /// The connection's close state.
+    /// The connection's close state, as readiness shows it
+    /// (`Closer::shown_state`).
     pub close: CloseState,
 }
 
@@ -256,7 +257,7 @@ impl<P: Provider> ConnCore<P> {
             read_shut: self.read_shut,
             failed: self.closer.error().is_some(),
             peer_closed: self.closer.rx_flags().any_close(),
-            close: self.closer.state(),
+            close: self.closer.shown_state(),
         }
     }
 
@@ -294,7 +295,7 @@ impl<P: Provider> ConnCore<P> {
             Some(smc_proto::close::CloseError::Reset) => ConnError::Reset,
             Some(smc_proto::close::CloseError::Aborted) => ConnError::Aborted,
             // (`EPIPE`, and reads find the end of file: `readable_now`)
-            Some(smc_proto::close::CloseError::DrawnReset) => ConnError::Closed,
+            Some(smc_proto::close::CloseError::ResetInCloseWait) => ConnError::Closed,
             // writing to a peer that closed: ECONNRESET, as Linux
             None if self.closer.rx_flags().any_close() && !self.closer.tx_flags().any() => {
                 ConnError::Reset
@@ -412,11 +413,11 @@ impl<P: Provider> ConnCore<P> {
     ) -> Result<Option<(RingChunks, usize)>, ConnError> {
         self.smc()?;
         if self.closer.error().is_some() && self.dp.as_ref().is_none_or(|dp| dp.readable() == 0) {
-            // A peer that closed in order and then went away (its process
-            // exited, taking the link) sent everything: end of file, not an
-            // error, as the kernel's socket would have finished that close.
-            let rx = self.closer.rx_flags();
-            if (rx.done_writing || rx.closed) && !rx.abort {
+            // A peer that ended its stream in order sent everything, whatever
+            // ended the connection after (its process exited, taking the
+            // link; its abort): end of file, not an error, as TCP's socket
+            // after the FIN (`Closer::peer_ended_in_order`).
+            if self.closer.peer_ended_in_order() {
                 return Ok(None);
             }
             return Err(self.close_error());
