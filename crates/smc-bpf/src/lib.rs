@@ -229,6 +229,18 @@ impl Rendezvous {
         }
     }
 
+    /// The installed instance of `cfg`'s namespace, opened read-only, as it is: nothing is
+    /// loaded, pinned or attached (what `smc-rendezvous status` shows). `None` if this build's
+    /// instance is not installed; [`RendezvousError::AccessDenied`] if its pins are not open
+    /// to this process.
+    pub fn inspect(cfg: &Config) -> Result<Option<Rendezvous>, RendezvousError> {
+        match open_installed(cfg, Vec::new()) {
+            // (its only `NoPrivilege`: nothing installed)
+            Err(RendezvousError::NoPrivilege { .. }) => Ok(None),
+            r => r.map(Some),
+        }
+    }
+
     /// Install or reuse, attach if needed: the path of a process with the capabilities.
     fn open_privileged(cfg: &Config) -> Result<Rendezvous, RendezvousError> {
         let cgroup = resolve_cgroup(cfg)?;

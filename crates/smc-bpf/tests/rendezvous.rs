@@ -610,30 +610,39 @@ fn no_privilege_is_a_typed_error() {
 
 // ----- install / reuse / crash recovery / uninstall, isolated from the shared instance -----
 
-#[test]
-fn install_reuse_recover_and_uninstall_in_a_private_cgroup() {
-    require_root();
+/// A namespace and a cgroup of this test's own (`smc-rs-TAG-PID`, under the
+/// shared instance's cgroup), uninstalled and removed when the guard drops,
+/// even after a failed assertion.
+fn private_instance(tag: &str) -> (Config, std::path::PathBuf, PrivateCleanup) {
     let root = Rendezvous::shared()
         .map(|r| r.cgroup().to_path_buf())
         .unwrap_or_else(|e| panic!("{e}"));
     let pid = std::process::id();
-    let cg = root.join(format!("smc-rs-test-{pid}"));
+    let cg = root.join(format!("smc-rs-{tag}-{pid}"));
     std::fs::create_dir_all(&cg).unwrap();
     let cfg = Config {
-        namespace: format!("smc-rs-test-{pid}"),
+        namespace: format!("smc-rs-{tag}-{pid}"),
         cgroup: Some(cg.clone()),
         ..Config::default()
     };
-    let _ = smc_bpf::uninstall(&cfg);
-    // Clean up even if an assertion fails.
-    struct Cleanup(Config, std::path::PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = smc_bpf::uninstall(&self.0);
-            let _ = std::fs::remove_dir(&self.1);
-        }
+    let guard = PrivateCleanup(cfg.clone(), cg.clone());
+    (cfg, cg, guard)
+}
+
+struct PrivateCleanup(Config, std::path::PathBuf);
+
+impl Drop for PrivateCleanup {
+    fn drop(&mut self) {
+        let _ = smc_bpf::uninstall(&self.0);
+        let _ = std::fs::remove_dir(&self.1);
     }
-    let _cleanup = Cleanup(cfg.clone(), cg.clone());
+}
+
+#[test]
+fn install_reuse_recover_and_uninstall_in_a_private_cgroup() {
+    require_root();
+    let (cfg, cg, _cleanup) = private_instance("test");
+    let _ = smc_bpf::uninstall(&cfg);
 
     let a = Rendezvous::open_with(&cfg).unwrap_or_else(|e| panic!("{e}"));
     assert!(a.loaded_by_this_open());
@@ -701,6 +710,53 @@ fn install_reuse_recover_and_uninstall_in_a_private_cgroup() {
     drop((a, b, c, d));
     // The cgroup has no processes and nothing attached any more.
     std::fs::remove_dir(&cg).unwrap();
+}
+
+/// `smc-rendezvous status` looks and changes nothing: with nothing
+/// installed it says so (exit 3) and leaves nothing loaded, pinned or
+/// attached; once installed it shows the instance and that it is attached.
+#[test]
+fn status_shows_and_changes_nothing() {
+    require_root();
+    let (cfg, cg, _cleanup) = private_instance("status");
+    let status = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_smc-rendezvous"))
+            .args(["--namespace", &cfg.namespace, "--cgroup"])
+            .arg(&cg)
+            .arg("status")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+
+    let (code, said) = status();
+    assert_eq!(code, Some(3), "{said}");
+    assert!(said.starts_with("not installed"), "{said}");
+    assert!(!cfg.namespace_dir().exists(), "status installed something");
+    assert_eq!(smc_bpf::attached_programs(&cg).unwrap(), Vec::<u32>::new());
+
+    let r = Rendezvous::open_with(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let (code, said) = status();
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "prog_id={} map_id={} loaded_now=false",
+            r.prog_id(),
+            r.map_id()
+        )),
+        "{said}"
+    );
+    assert!(said.contains("attached: yes"), "{said}");
+
+    // and once uninstalled, not installed again
+    drop(r);
+    smc_bpf::uninstall(&cfg).unwrap();
+    let (code, said) = status();
+    assert_eq!(code, Some(3), "{said}");
+    assert!(!cfg.namespace_dir().exists(), "status installed something");
 }
 
 // ----- two builds attached at once (upgrade) -----
@@ -788,25 +844,7 @@ fn racing_first_opens_load_exactly_once() {
         return;
     }
     require_root();
-    let root = Rendezvous::shared()
-        .map(|r| r.cgroup().to_path_buf())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let pid = std::process::id();
-    let cg = root.join(format!("smc-rs-race-{pid}"));
-    std::fs::create_dir_all(&cg).unwrap();
-    let cfg = Config {
-        namespace: format!("smc-rs-race-{pid}"),
-        cgroup: Some(cg.clone()),
-        ..Config::default()
-    };
-    struct Cleanup(Config, std::path::PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = smc_bpf::uninstall(&self.0);
-            let _ = std::fs::remove_dir(&self.1);
-        }
-    }
-    let _cleanup = Cleanup(cfg.clone(), cg.clone());
+    let (cfg, cg, _cleanup) = private_instance("race");
 
     let children: Vec<_> = (0..6)
         .map(|_| {

@@ -4,7 +4,8 @@
 //! smc-rendezvous install           # load/attach if needed and open it to every user
 //! smc-rendezvous install --group G # ... to root and the members of group G only
 //! smc-rendezvous install --root-only
-//! smc-rendezvous status            # load/attach if needed, print ids, pin dir, cgroup, access
+//! smc-rendezvous status            # print ids, pin dir, cgroup, access, attached (changes nothing;
+//!                                  # exit 3 if not installed)
 //! smc-rendezvous uninstall         # detach + unpin every version
 //! smc-rendezvous uninstall-stale   # detach + unpin every version except this build's
 //! smc-rendezvous detach-orphans    # detach our programs whose pins were lost (bpffs wiped)
@@ -45,13 +46,21 @@ fn print(r: &Rendezvous, cfg: &Config) {
         Err(e) => println!("access unknown: {e}"),
     }
     match smc_bpf::attached_programs(r.cgroup()) {
-        Ok(ids) => println!(
-            "sock_ops programs attached to {}: {ids:?}",
-            r.cgroup().display()
-        ),
+        Ok(ids) => {
+            println!(
+                "sock_ops programs attached to {}: {ids:?}",
+                r.cgroup().display()
+            );
+            let yes = ids.contains(&r.prog_id());
+            println!("attached: {}", if yes { "yes" } else { "no" });
+        }
         Err(e) => println!("BPF_PROG_QUERY failed: {e}"),
     }
 }
+
+/// Exit code of `status` when nothing is installed (as an init script's
+/// `status` for a service that is not running).
+const NOT_INSTALLED: u8 = 3;
 
 fn main() -> ExitCode {
     let mut cfg = Config::default();
@@ -84,7 +93,20 @@ fn main() -> ExitCode {
         }
     }
     let result: Result<(), RendezvousError> = match cmd.as_deref() {
-        Some("status") => Rendezvous::open_with(&cfg).map(|r| print(&r, &cfg)),
+        Some("status") => match Rendezvous::inspect(&cfg) {
+            Ok(Some(r)) => {
+                print(&r, &cfg);
+                Ok(())
+            }
+            Ok(None) => {
+                println!(
+                    "not installed: no rendezvous of this build at {} (`smc-rendezvous install` installs it)",
+                    cfg.pin_dir().display()
+                );
+                return ExitCode::from(NOT_INSTALLED);
+            }
+            Err(e) => Err(e),
+        },
         Some("install") => smc_bpf::set_access(&cfg, access).map(|r| print(&r, &cfg)),
         Some("uninstall") => smc_bpf::uninstall(&cfg).map(|r| println!("{r:?}")),
         Some("detach-orphans") => {
