@@ -336,6 +336,18 @@ pub unsafe extern "C" fn splice(
                     }
                     n as ssize_t
                 }
+                Err(e) if c.draws_reset(&e) => {
+                    // TCP's first write after the peer's close succeeds
+                    // (`rw::write_all`): it takes what the pipe gives, up
+                    // to `len`, as its splice would move it to the socket
+                    // (`fd_in` is the pipe: the socket is the other end;
+                    // the refused write took nothing from it)
+                    let mut buf = vec![0u8; len.min(64 << 10)];
+                    match rustix::io::read(borrow(fd_in), &mut buf) {
+                        Ok(n) => n as ssize_t,
+                        Err(e) => fail(&e.into()),
+                    }
+                }
                 Err(e) => fail(&write_failed(&c, e, true)),
             }
         }

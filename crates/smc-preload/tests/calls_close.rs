@@ -8,7 +8,8 @@
 //! `SO_LINGER` 8 s (it waits until the peer, reading 4 s later, took the
 //! data), a write after the peer's close (it succeeds; the reset it draws
 //! ends the connection with `EPIPE`, taken by the next write or
-//! `SO_ERROR`, while reads find the end of file; a `sendfile` too), the
+//! `SO_ERROR`, while reads find the end of file; a `sendfile` and a
+//! `splice` too), the
 //! peer's reset after its end of stream (`EPIPE` in `CLOSE_WAIT`, nothing
 //! once both sides ended; reads find the end of file), a peer process
 //! that closes and exits (nothing shows but the end of file until a write
@@ -60,6 +61,7 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "read after the drawn reset = 0 ''",
         "send after the drawn reset = -1 EPIPE",
         "sendfile after the peer's close = 65536",
+        "splice after the peer's close = 4",
         "its offset after = 65536",
         "SO_ERROR after the drawn reset: EPIPE",
         "poll after the error was taken: IN OUT HUP RDHUP",
@@ -98,15 +100,15 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
     for round in 0..2 {
         let smc = run(&s, &exe, true);
         assert_same(&plain, &smc, &format!("round {round}"));
-        // twenty-three connections over SMC-R, both ends in this process,
+        // twenty-four connections over SMC-R, both ends in this process,
         // and two whose server is a child process; the one a disconnected
         // socket made after falls back (its socket is no longer opted in
         // to the SMC option)
         let modes = s.modes();
-        assert_eq!(modes.len(), 52, "{modes:?}");
+        assert_eq!(modes.len(), 54, "{modes:?}");
         assert_eq!(
             modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
-            50,
+            52,
             "{modes:?}"
         );
     }

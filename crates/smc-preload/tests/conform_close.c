@@ -238,13 +238,20 @@ int main(void) {
      * the peer's reset, which in CLOSE_WAIT makes the socket's error EPIPE
      * and ends it (reads still find the end of file); once with a write
      * taking the error, once with SO_ERROR, once with a sendfile() of a
-     * 64 KiB file as the first write */
-    for (int how = 0; how < 3; how++) {
+     * 64 KiB file and once with a splice() from a pipe as the first write */
+    for (int how = 0; how < 4; how++) {
         pair(&c, &s);
         close(s);
         poll_until("poll after the peer's close", c, ALL, POLLIN | POLLRDHUP);
         if (how < 2) {
             show("send after the peer's close", send(c, "late", 4, MSG_NOSIGNAL));
+        } else if (how == 3) {
+            int pp[2];
+            if (pipe(pp) || write(pp[1], "late", 4) != 4)
+                die("pipe");
+            show("splice after the peer's close", splice(pp[0], NULL, c, NULL, 4, 0));
+            close(pp[0]);
+            close(pp[1]);
         } else {
             static char big[65536];
             FILE *t = tmpfile();

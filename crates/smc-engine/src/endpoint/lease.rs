@@ -242,6 +242,12 @@ impl<P: Provider> Endpoint<P> {
         };
         let mut k = lock(&c.core);
         k.smc()?;
+        if !k.closer.can_write() {
+            // The error a write gets, before the caller produces bytes for
+            // a space it cannot have (a splice would take them from its
+            // pipe and lose them).
+            return Err(k.close_error());
+        }
         let max_inline = self.limits.max_inline as usize;
         let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, max, false) {
             Ok(p) => p,
