@@ -524,16 +524,29 @@ fn urgent_data_is_delivered_out_of_band() {
     assert_eq!(w.client.write_oob(t.c, b'!'), Ok(true));
     assert_eq!(w.client.write(t.c, b"def").unwrap(), 3);
     w.settle(&mut [&mut t], Duration::from_millis(1));
+    assert_eq!(w.server.read(t.s, 100).unwrap(), b"abc", "up to the mark");
+    assert_eq!(w.server.at_urgent_mark(t.s), Ok(true));
+    assert_eq!(w.server.read_oob(t.s), Ok(Some(b'!')));
+    assert_eq!(w.server.read_oob(t.s), Ok(None), "read once");
+    assert_eq!(
+        w.server.read(t.s, 100).unwrap(),
+        b"def",
+        "the urgent byte is not in the normal stream"
+    );
+    assert_eq!(w.server.at_urgent_mark(t.s), Ok(false));
+
+    // Not fetched before a read passed its mark: gone, as TCP's (the
+    // reader cannot tell where it was any more).
+    assert_eq!(w.client.write(t.c, b"gh").unwrap(), 2);
+    assert_eq!(w.client.write_oob(t.c, b'?'), Ok(true));
+    assert_eq!(w.client.write(t.c, b"ij").unwrap(), 2);
+    w.settle(&mut [&mut t], Duration::from_millis(1));
     let mut normal = Vec::new();
     for _ in 0..4 {
         normal.extend(w.server.read(t.s, 100).unwrap());
     }
-    assert_eq!(
-        normal, b"abcdef",
-        "the urgent byte is not in the normal stream"
-    );
-    assert_eq!(w.server.read_oob(t.s), Ok(Some(b'!')));
-    assert_eq!(w.server.read_oob(t.s), Ok(None), "read once");
+    assert_eq!(normal, b"ghij");
+    assert_eq!(w.server.read_oob(t.s), Ok(None), "passed");
 }
 
 #[test]

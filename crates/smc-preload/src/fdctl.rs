@@ -183,6 +183,9 @@ pub(crate) fn fcntl_after(fd: c_int, cmd: c_int, arg: c_ulong, r: c_int) -> c_in
     r
 }
 
+/// `SIOCATMARK` (asm-generic/sockios.h): at the urgent byte's mark.
+const SIOCATMARK: c_ulong = 0x8905;
+
 /// `SIOCOUTQNSD` (linux/sockios.h): bytes not sent (`SIOCOUTQ`, which is
 /// `TIOCOUTQ`, counts those not acknowledged too).
 const SIOCOUTQNSD: c_ulong = 0x894B;
@@ -205,6 +208,22 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
             }
             Some(Err(e)) => return fail(&e),
             None => {}
+        }
+    }
+    if COUNT.load(Ordering::Acquire) != 0 && req == SIOCATMARK && !arg.is_null() {
+        // the mark of the urgent byte in the SMC-R stream, not in its TCP
+        // socket's (a fallback's, or a child's use of its parent's
+        // connection, asks the kernel's)
+        if let Some(Entry::Stream(c)) = get(fd) {
+            match c.s.at_urgent_mark() {
+                Ok(Some(at)) => {
+                    // SAFETY: SIOCATMARK's argument is an int.
+                    unsafe { *(arg as *mut c_int) = c_int::from(at) };
+                    return 0;
+                }
+                Ok(None) => {}
+                Err(e) => return fail(&e),
+            }
         }
     }
     if COUNT.load(Ordering::Acquire) != 0

@@ -76,6 +76,12 @@ const KEY_LINES: &[&str] = &[
     "main recvmsg with a name: namelen 0 controllen 0 flags 0",
     "main recvfrom without an address: alen 55",
     "main failed recvfrom: alen 55",
+    // urgent data: the mark, MSG_OOB once and not past the mark
+    "main at the mark: 1",
+    "main recv(c, 1, MSG_OOB) = 1 'c'",
+    "main recv(c, 1, MSG_OOB) again = -1 EINVAL",
+    "main recv(c, 16) past it = 2 'gh'",
+    "main recv(c, 1, MSG_OOB) past the mark = -1 EINVAL",
     // a forked child on its parent's connection
     "child recv(c, 0, MSG_DONTWAIT) empty = -1 EAGAIN",
     "child read(c, NULL, 4) = -1 EFAULT",
@@ -92,8 +98,9 @@ const KEY_LINES: &[&str] = &[
 ];
 
 /// Zero-length reads and writes, NULL buffers, `MSG_TRUNC`, iovec counts,
-/// `MSG_ERRQUEUE`, `MSG_PEEK | MSG_WAITALL`, and what `recvmsg`/`recvfrom`
-/// write back, and a one-shot epoll registration's events
+/// `MSG_ERRQUEUE`, `MSG_PEEK | MSG_WAITALL`, what `recvmsg`/`recvfrom`
+/// write back, urgent data (`SIOCATMARK`, `MSG_OOB`), and a one-shot epoll
+/// registration's events
 /// (tests/conform_rw.c) give the same results and errno values on an SMC-R
 /// connection under smc_run as on plain TCP, also in a forked child on its
 /// parent's connection.

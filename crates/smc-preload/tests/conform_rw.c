@@ -443,6 +443,38 @@ static void recvmsg_fields(int c, int s) {
     printf("%s failed recvfrom: alen %u\n", who, al);
 }
 
+/* urgent data: a normal read stops at the urgent byte's mark (SIOCATMARK
+ * then says so) and the next skips the byte; recv(MSG_OOB) takes it once,
+ * and finds nothing (EINVAL) once a read went past the mark */
+static void urgent(int c, int s) {
+    char b[16];
+    int at;
+    write_all(s, "ab", 2);
+    show("send(s, 1, MSG_OOB)", send(s, "c", 1, MSG_OOB));
+    usleep(100000);
+    at = -1;
+    show("ioctl(c, SIOCATMARK) before the mark", ioctl(c, SIOCATMARK, &at));
+    printf("%s at the mark: %d\n", who, at);
+    memset(b, 0, sizeof b);
+    show_bytes("recv(c, 16) up to the mark", recv(c, b, sizeof b, 0), b);
+    at = -1;
+    show("ioctl(c, SIOCATMARK) at the mark", ioctl(c, SIOCATMARK, &at));
+    printf("%s at the mark: %d\n", who, at);
+    show_bytes("recv(c, 1, MSG_OOB)", recv(c, b, 1, MSG_OOB), b);
+    show("recv(c, 1, MSG_OOB) again", recv(c, b, 1, MSG_OOB | MSG_DONTWAIT));
+    show("recv(c, 16, MSG_DONTWAIT) after it", recv(c, b, sizeof b, MSG_DONTWAIT));
+    write_all(s, "de", 2);
+    show("send(s, 1, MSG_OOB) again", send(s, "f", 1, MSG_OOB));
+    write_all(s, "gh", 2);
+    usleep(100000);
+    show_bytes("recv(c, 16) up to the second mark", recv(c, b, sizeof b, 0), b);
+    show_bytes("recv(c, 16) past it", recv(c, b, sizeof b, MSG_DONTWAIT), b);
+    at = -1;
+    show("ioctl(c, SIOCATMARK) past the mark", ioctl(c, SIOCATMARK, &at));
+    printf("%s at the mark: %d\n", who, at);
+    show("recv(c, 1, MSG_OOB) past the mark", recv(c, b, 1, MSG_OOB | MSG_DONTWAIT));
+}
+
 /* at the end of the stream: everything above returns 0 at once */
 static void at_eof(int c, int s) {
     char b[16];
@@ -561,6 +593,7 @@ int main(void) {
     errqueue(c, s);
     peek_waitall(c, s);
     recvmsg_fields(c, s);
+    urgent(c, s);
     in_child(c, s);
     at_eof(c, s);
     after_shutdown(c);

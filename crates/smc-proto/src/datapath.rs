@@ -293,7 +293,9 @@ pub struct DataPath {
     rx_last_seqno: Option<u16>,
     peer_write_blocked: bool,
     peer_update_request: bool,
-    /// Absolute offset of the peer's urgent byte, until the reader passes it.
+    /// Absolute offset of the peer's urgent byte, until the reader passes it
+    /// (reads bytes after it; the read that reaches it skips it at once and
+    /// stands at the mark, TCP's `SIOCATMARK`).
     rx_urgent: Option<u64>,
     /// The urgent byte was fetched out of band.
     rx_urgent_taken: bool,
@@ -348,7 +350,8 @@ pub struct DiagCursors {
 struct ConsumeStep {
     n: usize,
     rx_cons: u64,
-    urgent_passed: bool,
+    /// The read takes bytes after the urgent byte: the mark is behind it.
+    urgent_gone: bool,
     cdc_wanted: bool,
     peer_write_blocked: bool,
 }
@@ -1047,10 +1050,21 @@ impl DataPath {
         self.rx_urgent_taken = true;
     }
 
-    /// True when the next normal read would start at the urgent byte (TCP's
-    /// `SIOCATMARK`).
+    /// True when the reader stands at the urgent byte's mark (TCP's
+    /// `SIOCATMARK`): the next normal read starts at it, or right after it
+    /// (normal reads skip it, as soon as they reach it). Linux's SMC says so
+    /// the same way: its consumer cursor at `urg_curs`, one past the byte
+    /// (af_smc.c `smc_ioctl`, smc_rx.c `smc_rx_update_consumer`).
     pub fn at_urgent_mark(&self) -> bool {
-        self.rx_urgent == Some(self.rx_cons)
+        self.rx_urgent
+            .is_some_and(|u| self.rx_cons == u || self.rx_cons == u + 1)
+    }
+
+    /// The peer's urgent byte is still the stream's: the reader has not read
+    /// past its mark (TCP clears it then, tcp.c `tcp_recvmsg_locked`, and
+    /// `recv(MSG_OOB)` finds nothing; Linux's SMC moves to `SMC_URG_READ`).
+    pub fn urgent_valid(&self) -> bool {
+        self.rx_urgent.is_some()
     }
 
     /// Where up to `n` normally readable bytes are in our RMBE (one or two pieces).
@@ -1112,7 +1126,7 @@ impl DataPath {
     #[inline]
     fn apply_consume(&mut self, c: ConsumeStep) -> usize {
         self.rx_cons = c.rx_cons;
-        if c.urgent_passed {
+        if c.urgent_gone {
             self.rx_urgent = None;
         }
         self.cdc_wanted = c.cdc_wanted;
@@ -1128,7 +1142,7 @@ impl DataPath {
         let mut c = ConsumeStep {
             n,
             rx_cons: self.rx_cons + n as u64,
-            urgent_passed: false,
+            urgent_gone: n > 0 && self.rx_urgent.is_some_and(|u| self.rx_cons > u),
             cdc_wanted: self.cdc_wanted,
             peer_write_blocked: self.peer_write_blocked,
         };
@@ -1137,7 +1151,6 @@ impl DataPath {
             // its space is released, which the peer learns at once (Linux forces
             // a consumer update here).
             c.rx_cons += 1;
-            c.urgent_passed = true;
             c.cdc_wanted = true;
         }
         if c.rx_cons == self.rx_prod {
@@ -1584,16 +1597,49 @@ mod tests {
         assert_eq!(b.urgent_offset(), Some(3));
         b.on_cdc(&second.cdc).unwrap();
         assert_eq!(b.readable(), 3, "still stops at the mark");
+        assert!(!b.at_urgent_mark());
         assert_eq!(b.consumed(3), 3);
+        assert!(b.readable() == 3, "the urgent byte is skipped");
         assert!(
-            b.readable() == 3 && !b.at_urgent_mark(),
-            "the urgent byte is skipped"
+            b.at_urgent_mark() && b.urgent_valid(),
+            "the reader stands at the mark (SIOCATMARK) until it reads on"
         );
         assert_eq!(b.readable_chunks(10).as_slice(), &[(4, 3)], "def follows");
         b.urgent_taken();
         assert_eq!(b.urgent_offset(), None);
+        assert!(b.urgent_valid(), "fetched: still the mark's");
         b.consumed(3);
         assert_eq!(b.unread(), 0);
+        assert!(
+            !b.at_urgent_mark() && !b.urgent_valid(),
+            "read past the mark: the urgent byte is gone (MSG_OOB finds nothing)"
+        );
+    }
+
+    /// An urgent byte with nothing before it: the reader is at its mark at
+    /// once, a read of nothing skips it and leaves it there, and the first
+    /// byte read after it ends it.
+    #[test]
+    fn an_urgent_byte_alone_is_at_the_mark_until_a_read_passes_it() {
+        let mut a = DataPath::new(cfg(16384, 16384, 16384));
+        let mut b = DataPath::new(cfg(16384, 16384, 16384));
+        a.produced(1);
+        assert!(a.mark_urgent());
+        let only = a.poll_tx().unwrap();
+        b.on_cdc(&only.cdc).unwrap();
+        assert_eq!(b.readable(), 0);
+        assert!(b.at_urgent_mark() && b.urgent_valid());
+        assert_eq!(b.consumed(0), 0);
+        assert!(b.at_urgent_mark() && b.urgent_valid(), "{b:?}");
+        assert_eq!(b.consumed(0), 0);
+        assert!(b.urgent_valid(), "reads of nothing do not pass it");
+        a.produced(2);
+        let more = a.poll_tx().unwrap();
+        b.on_cdc(&more.cdc).unwrap();
+        assert_eq!(b.readable(), 2);
+        assert!(b.at_urgent_mark());
+        assert_eq!(b.consumed(1), 1);
+        assert!(!b.at_urgent_mark() && !b.urgent_valid());
     }
 
     #[test]

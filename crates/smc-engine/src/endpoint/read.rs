@@ -11,11 +11,20 @@ use super::{ConnId, Endpoint};
 use smc_rdma::Provider;
 
 impl<P: Provider> Endpoint<P> {
-    /// Fetches the peer's urgent byte (TCP `recv(MSG_OOB)`), once.
+    /// Fetches the peer's urgent byte (TCP `recv(MSG_OOB)`), once, and only
+    /// while the reader has not read past its mark (then it is gone, as
+    /// TCP's: `None`).
     pub fn read_oob(&mut self, id: ConnId) -> std::result::Result<Option<u8>, ConnError> {
         let mut k = self.core(id).ok_or(ConnError::NotConnected)?;
-        k.smc()?;
-        Ok(k.oob.take())
+        let valid = k.smc()?.urgent_valid();
+        Ok(k.oob.take().filter(|_| valid))
+    }
+
+    /// Whether the reader of connection `id` stands at the peer's urgent
+    /// byte's mark (TCP's `SIOCATMARK`, `DataPath::at_urgent_mark`).
+    pub fn at_urgent_mark(&self, id: ConnId) -> std::result::Result<bool, ConnError> {
+        let mut k = self.core(id).ok_or(ConnError::NotConnected)?;
+        Ok(k.smc()?.at_urgent_mark())
     }
 
     /// Reads up to `max` bytes. `Ok(empty)` with [`Self::peer_done`] true is

@@ -421,4 +421,16 @@ impl SmcStream {
             }
         }
     }
+
+    /// Whether the next read stands at the peer's urgent byte's mark (TCP's
+    /// `SIOCATMARK`; Linux AF_SMC answers it too, af_smc.c `smc_ioctl`).
+    /// `None` for a connection that is not SMC-R: its TCP socket answers.
+    pub fn at_urgent_mark(&self) -> io::Result<Option<bool>> {
+        let Some(c) = self.smc_conn()? else {
+            return Ok(None);
+        };
+        let mut ep = c.shared.lock();
+        c.shared.pump(&mut ep);
+        ep.at_urgent_mark(c.id).map(Some).map_err(conn_error)
+    }
 }
