@@ -77,7 +77,9 @@ const KEY_LINES: &[&str] = &[
     "main recvfrom without an address: alen 55",
     "main failed recvfrom: alen 55",
     // urgent data: the mark, MSG_OOB once and not past the mark
+    "main before the mark FIONREAD 2",
     "main at the mark: 1",
+    "main at the second mark, bytes after it FIONREAD 0",
     "main recv(c, 1, MSG_OOB) = 1 'c'",
     "main recv(c, 1, MSG_OOB) again = -1 EINVAL",
     "main recv(c, 16) past it = 2 'gh'",

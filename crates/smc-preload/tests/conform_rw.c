@@ -452,6 +452,7 @@ static void urgent(int c, int s) {
     write_all(s, "ab", 2);
     show("send(s, 1, MSG_OOB)", send(s, "c", 1, MSG_OOB));
     usleep(100000);
+    show_inq("before the mark", c);
     at = -1;
     show("ioctl(c, SIOCATMARK) before the mark", ioctl(c, SIOCATMARK, &at));
     printf("%s at the mark: %d\n", who, at);
@@ -468,6 +469,7 @@ static void urgent(int c, int s) {
     write_all(s, "gh", 2);
     usleep(100000);
     show_bytes("recv(c, 16) up to the second mark", recv(c, b, sizeof b, 0), b);
+    show_inq("at the second mark, bytes after it", c);
     show_bytes("recv(c, 16) past it", recv(c, b, sizeof b, MSG_DONTWAIT), b);
     at = -1;
     show("ioctl(c, SIOCATMARK) past the mark", ioctl(c, SIOCATMARK, &at));

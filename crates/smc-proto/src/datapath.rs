@@ -1021,6 +1021,18 @@ impl DataPath {
         (end - self.rx_cons) as usize
     }
 
+    /// What TCP's `FIONREAD` (`SIOCINQ`) counts: the bytes a read returns
+    /// before the urgent byte's mark, none while the reader stands at it
+    /// (include/net/tcp.h `tcp_inq`: `urg_seq - copied_seq`), else
+    /// [`Self::readable`].
+    pub fn inq(&self) -> usize {
+        match self.rx_urgent {
+            // (skipped, and nothing read after it)
+            Some(u) if self.rx_cons == u + 1 => 0,
+            _ => self.readable(),
+        }
+    }
+
     /// Unread bytes in our RMBE including an urgent byte not yet passed.
     pub fn unread(&self) -> usize {
         (self.rx_prod - self.rx_cons) as usize
@@ -1638,8 +1650,10 @@ mod tests {
         b.on_cdc(&more.cdc).unwrap();
         assert_eq!(b.readable(), 2);
         assert!(b.at_urgent_mark());
+        assert_eq!(b.inq(), 0, "at the mark: TCP's FIONREAD");
         assert_eq!(b.consumed(1), 1);
         assert!(!b.at_urgent_mark() && !b.urgent_valid());
+        assert_eq!(b.inq(), 1);
     }
 
     #[test]

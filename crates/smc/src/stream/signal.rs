@@ -160,8 +160,9 @@ impl SmcStream {
             .is_some_and(|s| s.polled() && s.bell.polled_taken())
     }
 
-    /// The bytes a read would return now without waiting, as `FIONREAD`
-    /// counts them, without taking any (a CDC that has come is taken off
+    /// The bytes a read would return now without waiting, as TCP's
+    /// `FIONREAD` counts them (up to the urgent byte's mark, none while the
+    /// reader stands at it: `FastConn::inq`), without taking any (a CDC that has come is taken off
     /// the link first, so that what it brought counts). `None`: not an
     /// SMC-R connection (a fallback's bytes are the TCP socket's).
     pub fn readable_bytes(&self) -> Option<usize> {
@@ -170,6 +171,6 @@ impl SmcStream {
         };
         let f = c.fast_conn()?;
         c.shared.take_held_cdc(f);
-        Some(f.level().readable)
+        Some(f.inq())
     }
 }

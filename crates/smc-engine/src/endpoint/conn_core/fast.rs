@@ -273,6 +273,15 @@ impl<P: Provider> FastConn<P> {
         lock(&self.core).level()
     }
 
+    /// What TCP's `FIONREAD` would say of the connection now
+    /// (`DataPath::inq`: up to the urgent byte's mark, none at it).
+    pub fn inq(&self) -> usize {
+        lock(&self.core)
+            .dp
+            .as_ref()
+            .map_or(0, smc_proto::datapath::DataPath::inq)
+    }
+
     /// The doorbell of the connection's RMB (`MemoryRegion::doorbell`), if
     /// the device has doorbells: a reader arms it, asks [`Self::may_sleep`]
     /// and then sleeps on it; the peer's next CDC for the connection rings
