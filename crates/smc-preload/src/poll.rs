@@ -55,7 +55,9 @@ pub(crate) unsafe fn poll_via(
     let mut copy: Vec<pollfd> = user.to_vec();
     // (held until the poll returns: the descriptors stay open)
     let mut keep = Vec::new();
-    let mut now = vec![false; copy.len()];
+    // (events a connection has now that its readiness descriptor cannot
+    // show: bytes read ahead, the peer's urgent byte)
+    let mut now: Vec<i16> = vec![0; copy.len()];
     let mut pend = vec![None; copy.len()];
     // (caller's entry, peer signal)
     let mut signals = Vec::new();
@@ -65,9 +67,18 @@ pub(crate) unsafe fn poll_via(
     for (k, p) in copy.iter_mut().enumerate() {
         if let Some((r, ready, e)) = poll_target(p.fd, true) {
             p.fd = r;
-            now[k] = ready && p.events & libc::POLLIN != 0;
+            if ready && p.events & libc::POLLIN != 0 {
+                now[k] |= libc::POLLIN;
+            }
+            if let Entry::Stream(c) = &e {
+                if p.events & libc::POLLPRI != 0 && urgent(c) {
+                    now[k] |= libc::POLLPRI;
+                }
+            }
             match &e {
                 Entry::Connecting(c) => pend[k] = Some(c.clone()),
+                // (a poll for POLLPRI alone is not woken by the urgent
+                // byte's coming, only shown one that waits: README)
                 Entry::Stream(c) if p.events & libc::POLLIN != 0 => {
                     // The peer signals this poll too, as it does an epoll
                     // set that has the connection (`signal_ctl`): a
@@ -108,7 +119,7 @@ pub(crate) unsafe fn poll_via(
     let ready = now.clone();
     for round in 0.. {
         now.clone_from(&ready);
-        let any_now = now.iter().any(|x| *x);
+        let any_now = now.iter().any(|x| *x != 0);
         let r = f(copy.as_mut_ptr(), copy.len() as nfds_t, any_now);
         if r < 0 {
             let e = errno();
@@ -118,17 +129,20 @@ pub(crate) unsafe fn poll_via(
         }
         for (i, (k, _, c)) in signals.iter().enumerate() {
             if copy[n as usize + i].revents & libc::POLLIN != 0 {
-                now[*k] |=
-                    c.s.signalled_events()
-                        .is_some_and(|e| e & libc::EPOLLIN as u32 != 0);
+                let e = c.s.signalled_events().unwrap_or(0);
+                // (what the caller asked for: EPOLLIN and EPOLLPRI have
+                // poll's values)
+                now[*k] |= (e as i16) & (libc::POLLIN | libc::POLLPRI) & user[*k].events;
             }
         }
         for (i, (k, _, r)) in rsignals.iter().enumerate() {
-            if copy[n as usize + signals.len() + i].revents & libc::POLLIN != 0 {
-                now[*k] |= r.look() & libc::EPOLLIN as u32 != 0;
+            if copy[n as usize + signals.len() + i].revents & libc::POLLIN != 0
+                && r.look() & libc::EPOLLIN as u32 != 0
+            {
+                now[*k] |= libc::POLLIN;
             }
         }
-        let shown = (0..n as usize).any(|k| now[k] || copy[k].revents != 0);
+        let shown = (0..n as usize).any(|k| now[k] != 0 || copy[k].revents != 0);
         if shown || r == 0 || round >= RETRIES {
             break;
         }
@@ -136,10 +150,7 @@ pub(crate) unsafe fn poll_via(
     unwatch(watched);
     let mut count = 0;
     for (k, (u, c)) in user.iter_mut().zip(copy.iter()).enumerate() {
-        u.revents = c.revents;
-        if now[k] {
-            u.revents |= libc::POLLIN;
-        }
+        u.revents = c.revents | now[k];
         // (looked up at an end only, which is rare: a poll per event loop
         // turn pays nothing for it)
         if u.revents & libc::POLLHUP != 0
@@ -925,6 +936,13 @@ unsafe fn fix_events(
         }
     }
     k as c_int
+}
+
+/// Whether connection `c` has the peer's urgent byte waiting (`POLLPRI`,
+/// which its readiness descriptor cannot show).
+fn urgent(c: &Conn) -> bool {
+    c.s.ready_events()
+        .is_some_and(|e| e & libc::EPOLLPRI as u32 != 0)
 }
 
 /// Whether connection `c` ended in an error that its next call reports (a

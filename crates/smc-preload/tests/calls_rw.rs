@@ -78,7 +78,11 @@ const KEY_LINES: &[&str] = &[
     "main failed recvfrom: alen 55",
     // urgent data: the mark, MSG_OOB once and not past the mark
     "main before the mark FIONREAD 2",
+    "main urgent byte waiting: poll IN PRI, select 2 read exception",
     "main at the mark: 1",
+    "main at the mark: poll PRI, select 1 exception",
+    "main urgent byte taken: poll, select 0",
+    "main past the second mark: poll, select 0",
     "main at the second mark, bytes after it FIONREAD 0",
     "main recv(c, 1, MSG_OOB) = 1 'c'",
     "main recv(c, 1, MSG_OOB) again = -1 EINVAL",
@@ -101,7 +105,8 @@ const KEY_LINES: &[&str] = &[
 
 /// Zero-length reads and writes, NULL buffers, `MSG_TRUNC`, iovec counts,
 /// `MSG_ERRQUEUE`, `MSG_PEEK | MSG_WAITALL`, what `recvmsg`/`recvfrom`
-/// write back, urgent data (`SIOCATMARK`, `MSG_OOB`), and a one-shot epoll
+/// write back, urgent data (`SIOCATMARK`, `MSG_OOB`, `FIONREAD`, `POLLPRI`,
+/// `select`'s exceptional condition), and a one-shot epoll
 /// registration's events
 /// (tests/conform_rw.c) give the same results and errno values on an SMC-R
 /// connection under smc_run as on plain TCP, also in a forked child on its

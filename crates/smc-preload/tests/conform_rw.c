@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -443,6 +444,25 @@ static void recvmsg_fields(int c, int s) {
     printf("%s failed recvfrom: alen %u\n", who, al);
 }
 
+/* what poll shows of fd for POLLIN|POLLPRI right now, and select's
+ * exceptional condition */
+static void show_pri(const char *name, int fd) {
+    struct pollfd p = { fd, POLLIN | POLLPRI, 0 };
+    if (poll(&p, 1, 0) < 0)
+        die("poll");
+    fd_set r, e;
+    FD_ZERO(&r);
+    FD_ZERO(&e);
+    FD_SET(fd, &r);
+    FD_SET(fd, &e);
+    struct timeval t = { 0, 0 };
+    int n = select(fd + 1, &r, NULL, &e, &t);
+    printf("%s %s: poll%s%s, select %d%s%s\n", who, name, p.revents & POLLIN ? " IN" : "",
+           p.revents & POLLPRI ? " PRI" : "", n, FD_ISSET(fd, &r) ? " read" : "",
+           FD_ISSET(fd, &e) ? " exception" : "");
+    fflush(stdout);
+}
+
 /* urgent data: a normal read stops at the urgent byte's mark (SIOCATMARK
  * then says so) and the next skips the byte; recv(MSG_OOB) takes it once,
  * and finds nothing (EINVAL) once a read went past the mark */
@@ -453,6 +473,7 @@ static void urgent(int c, int s) {
     show("send(s, 1, MSG_OOB)", send(s, "c", 1, MSG_OOB));
     usleep(100000);
     show_inq("before the mark", c);
+    show_pri("urgent byte waiting", c);
     at = -1;
     show("ioctl(c, SIOCATMARK) before the mark", ioctl(c, SIOCATMARK, &at));
     printf("%s at the mark: %d\n", who, at);
@@ -461,7 +482,9 @@ static void urgent(int c, int s) {
     at = -1;
     show("ioctl(c, SIOCATMARK) at the mark", ioctl(c, SIOCATMARK, &at));
     printf("%s at the mark: %d\n", who, at);
+    show_pri("at the mark", c);
     show_bytes("recv(c, 1, MSG_OOB)", recv(c, b, 1, MSG_OOB), b);
+    show_pri("urgent byte taken", c);
     show("recv(c, 1, MSG_OOB) again", recv(c, b, 1, MSG_OOB | MSG_DONTWAIT));
     show("recv(c, 16, MSG_DONTWAIT) after it", recv(c, b, sizeof b, MSG_DONTWAIT));
     write_all(s, "de", 2);
@@ -470,7 +493,9 @@ static void urgent(int c, int s) {
     usleep(100000);
     show_bytes("recv(c, 16) up to the second mark", recv(c, b, sizeof b, 0), b);
     show_inq("at the second mark, bytes after it", c);
+    show_pri("at the second mark, bytes after it", c);
     show_bytes("recv(c, 16) past it", recv(c, b, sizeof b, MSG_DONTWAIT), b);
+    show_pri("past the second mark", c);
     at = -1;
     show("ioctl(c, SIOCATMARK) past the mark", ioctl(c, SIOCATMARK, &at));
     printf("%s at the mark: %d\n", who, at);

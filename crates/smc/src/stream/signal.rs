@@ -89,8 +89,8 @@ impl SmcStream {
     }
 
     /// What `epoll` would report for the connection now, as TCP's poll does
-    /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP` bits of `libc`'s
-    /// values), after taking what the peer signalled through
+    /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP`, `EPOLLPRI` while
+    /// the peer's urgent byte waits, bits of `libc`'s values), after taking what the peer signalled through
     /// [`SmcStream::signal_fd`] (so that its data, end of file and room
     /// show together, in one event); a signal with nothing behind it is
     /// drained. For an event loop whose wait the signal ended. `None`:
@@ -137,7 +137,14 @@ impl SmcStream {
                 f.refresh();
             }
         }
-        Some(ctx::shown_level(f).epoll_events())
+        let mut ev = ctx::shown_level(f).epoll_events();
+        if f.level().urgent {
+            // (which the readiness descriptor cannot show: a caller that
+            // asked for it adds it, as for `EPOLLERR`)
+            const PRI: u32 = 0x002; // EPOLLPRI
+            ev |= PRI;
+        }
+        Some(ev)
     }
 
     /// Whether a poller of [`SmcStream::signal_fd`] is registered
