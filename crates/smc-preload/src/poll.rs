@@ -71,7 +71,7 @@ pub(crate) unsafe fn poll_via(
                 now[k] |= libc::POLLIN;
             }
             if let Entry::Stream(c) = &e {
-                if p.events & libc::POLLPRI != 0 && urgent(c) {
+                if p.events & libc::POLLPRI != 0 && c.s.urgent_waiting() {
                     now[k] |= libc::POLLPRI;
                 }
             }
@@ -129,10 +129,15 @@ pub(crate) unsafe fn poll_via(
         }
         for (i, (k, _, c)) in signals.iter().enumerate() {
             if copy[n as usize + i].revents & libc::POLLIN != 0 {
-                let e = c.s.signalled_events().unwrap_or(0);
-                // (what the caller asked for: EPOLLIN and EPOLLPRI have
-                // poll's values)
-                now[*k] |= (e as i16) & (libc::POLLIN | libc::POLLPRI) & user[*k].events;
+                if c.s
+                    .signalled_events()
+                    .is_some_and(|e| e & libc::EPOLLIN as u32 != 0)
+                {
+                    now[*k] |= libc::POLLIN;
+                }
+                if user[*k].events & libc::POLLPRI != 0 && c.s.urgent_waiting() {
+                    now[*k] |= libc::POLLPRI;
+                }
             }
         }
         for (i, (k, _, r)) in rsignals.iter().enumerate() {
@@ -885,6 +890,14 @@ unsafe fn fix_events(
                 }
                 asked
             };
+            // (the urgent byte's `EPOLLPRI`, which the readiness
+            // descriptor cannot show, looked up only for who asks for it)
+            let pri = libc::EPOLLPRI as u32;
+            let now = if asked & pri != 0 && c.s.urgent_waiting() {
+                now | pri
+            } else {
+                now
+            };
             // What the application's registration shows (the readiness
             // descriptor's may ask for more, left in place: interest.rs).
             let mask =
@@ -936,13 +949,6 @@ unsafe fn fix_events(
         }
     }
     k as c_int
-}
-
-/// Whether connection `c` has the peer's urgent byte waiting (`POLLPRI`,
-/// which its readiness descriptor cannot show).
-fn urgent(c: &Conn) -> bool {
-    c.s.ready_events()
-        .is_some_and(|e| e & libc::EPOLLPRI as u32 != 0)
 }
 
 /// Whether connection `c` ended in an error that its next call reports (a

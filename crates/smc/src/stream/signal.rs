@@ -89,12 +89,13 @@ impl SmcStream {
     }
 
     /// What `epoll` would report for the connection now, as TCP's poll does
-    /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP`, `EPOLLPRI` while
-    /// the peer's urgent byte waits, bits of `libc`'s values), after taking what the peer signalled through
-    /// [`SmcStream::signal_fd`] (so that its data, end of file and room
-    /// show together, in one event); a signal with nothing behind it is
-    /// drained. For an event loop whose wait the signal ended. `None`:
-    /// not known here (not SMC-R, no readiness descriptor).
+    /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP` bits of `libc`'s
+    /// values; `EPOLLPRI`: [`SmcStream::urgent_waiting`]), after taking
+    /// what the peer signalled through [`SmcStream::signal_fd`] (so that
+    /// its data, end of file and room show together, in one event); a
+    /// signal with nothing behind it is drained. For an event loop whose
+    /// wait the signal ended. `None`: not known here (not SMC-R, no
+    /// readiness descriptor).
     pub fn signalled_events(&self) -> Option<u32> {
         self.events_after_signal(true)
     }
@@ -137,14 +138,21 @@ impl SmcStream {
                 f.refresh();
             }
         }
-        let mut ev = ctx::shown_level(f).epoll_events();
-        if f.level().urgent {
-            // (which the readiness descriptor cannot show: a caller that
-            // asked for it adds it, as for `EPOLLERR`)
-            const PRI: u32 = 0x002; // EPOLLPRI
-            ev |= PRI;
-        }
-        Some(ev)
+        Some(ctx::shown_level(f).epoll_events())
+    }
+
+    /// Whether the peer's urgent byte waits (TCP's `POLLPRI`,
+    /// `ConnLevel::urgent`), which the readiness descriptor cannot show: a
+    /// poller that asked for it adds it. `false` for a connection that is
+    /// not SMC-R.
+    pub fn urgent_waiting(&self) -> bool {
+        let Ok(Some(c)) = self.smc_conn() else {
+            return false;
+        };
+        c.fast_conn().is_some_and(|f| {
+            c.shared.take_held_cdc(f);
+            f.level().urgent
+        })
     }
 
     /// Whether a poller of [`SmcStream::signal_fd`] is registered
@@ -169,9 +177,10 @@ impl SmcStream {
 
     /// The bytes a read would return now without waiting, as TCP's
     /// `FIONREAD` counts them (up to the urgent byte's mark, none while the
-    /// reader stands at it: `FastConn::inq`), without taking any (a CDC that has come is taken off
-    /// the link first, so that what it brought counts). `None`: not an
-    /// SMC-R connection (a fallback's bytes are the TCP socket's).
+    /// reader stands at it: `FastConn::inq`), without taking any (a CDC
+    /// that has come is taken off the link first, so that what it brought
+    /// counts). `None`: not an SMC-R connection (a fallback's bytes are the
+    /// TCP socket's).
     pub fn readable_bytes(&self) -> Option<usize> {
         let Ok(Some(c)) = self.smc_conn() else {
             return None;
