@@ -650,7 +650,7 @@ impl SmcStream {
     /// that is not SMC-R.
     pub fn report_errors_as_tcp(&self) {
         if let Ok(Some(c)) = self.smc_conn() {
-            let _ = noted(c, &mut c.shared.lock(), |ep| ep.set_tcp_errors(c.id));
+            c.shared.lock().set_tcp_errors(c.id);
         }
     }
 

@@ -14,7 +14,7 @@ use super::conn::{CloseWait, ConnStatus, Phase};
 use super::conn_core::lock;
 use super::{ConnId, Endpoint};
 use smc_proto::clc_stream::FailReason;
-use smc_proto::close::{CloseEvent, CloseFlags, CloseState};
+use smc_proto::close::{CloseEvent, CloseFlags, CloseState, Closer};
 use smc_rdma::Provider;
 use std::time::Duration;
 
@@ -82,7 +82,17 @@ impl<P: Provider> Endpoint<P> {
 
     /// Kills an established connection of ours with an abort CDC to the peer
     /// (which needs no rkey: it can go whatever became of the peer's RMB).
+    /// What the peer sent before comes first: a peer that wrote, closed and
+    /// exited while this side was still establishing the connection (its
+    /// RMB gone with it, so that this side cannot ready it) ended the
+    /// connection in order, and the abort finds it so. (Called outside the
+    /// link's receive poll; a failed poll is met again by the pump's own.)
     pub(super) fn abort_now(&mut self, id: ConnId) {
+        let at = self.conn(id).and_then(|c| c.lgr);
+        if let (Some(l), Some(slot)) = (at, self.core(id).and_then(|k| k.link)) {
+            let now = self.now;
+            let _ = self.poll_recv(l, slot, now);
+        }
         self.mark_tx(id);
         self.event_aborted(id, super::events::AbortCause::Local);
         if let Some(mut k) = self.core(id) {
@@ -148,29 +158,31 @@ impl<P: Provider> Endpoint<P> {
     /// [`Self::write`] itself fails there with `ECONNRESET`, as Linux's
     /// SMC does (smc_tx.c `smc_tx_sendmsg`).
     pub fn reset_by_write(&mut self, id: ConnId) -> bool {
-        let Some(mut k) = self.core(id) else {
-            return false;
-        };
-        if !k.closer.drawn_reset() {
-            return false;
-        }
-        k.watched();
-        drop(k);
-        self.conn_event(id);
-        true
+        self.change_closer(id, Closer::drawn_reset)
     }
 
     /// Connection `id` reports its end as a TCP socket would, for a caller
     /// that stands in for one (the preload library): a reset or an abort
     /// after the peer's orderly close is `EPIPE` or nothing
     /// (`Closer::set_tcp_errors`), where Linux's SMC reports `ECONNRESET`
-    /// or `ECONNABORTED`. Also for an end that came before. `false` for a
-    /// connection that is gone.
-    pub fn set_tcp_errors(&mut self, id: ConnId) -> bool {
+    /// or `ECONNABORTED`. Also for an end that came before.
+    pub fn set_tcp_errors(&mut self, id: ConnId) {
+        self.change_closer(id, |c| {
+            c.set_tcp_errors();
+            true
+        });
+    }
+
+    /// Applies `f` to connection `id`'s closer; if it says it changed
+    /// something, the connection's readiness and events show it. Whether it
+    /// did (`false` for a connection that is gone).
+    fn change_closer(&mut self, id: ConnId, f: impl FnOnce(&mut Closer) -> bool) -> bool {
         let Some(mut k) = self.core(id) else {
             return false;
         };
-        k.closer.set_tcp_errors();
+        if !f(&mut k.closer) {
+            return false;
+        }
         k.watched();
         drop(k);
         self.conn_event(id);

@@ -231,16 +231,6 @@ impl<P: Provider> Endpoint<P> {
                         let prepared = slot.is_some_and(|s| self.prepare_peer_rmb(id, s).is_ok());
                         self.established(id);
                         if !prepared {
-                            // What the peer sent before comes first: a peer
-                            // that wrote, closed and exited while this side
-                            // was still confirming the link (its RMB gone
-                            // with it) ended the connection in order, and the
-                            // abort finds it so. (A failed poll is met again
-                            // by the pump's own.)
-                            if let Some(s) = slot {
-                                let now = self.now;
-                                let _ = self.poll_recv(l, s, now);
-                            }
                             self.abort_now(id);
                         }
                     }
