@@ -1330,7 +1330,14 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 }
                 if !me.closed && !me.shut && me.sent < total_out {
                     let want = rng.size(rmb as u64).min(total_out - me.sent) as usize;
-                    let want = want.min(buf.len());
+                    let mut want = want.min(buf.len());
+                    if let (Some(at), false) = (my_oob, me.oob_sent) {
+                        // (the urgent byte goes right after byte `at`: the
+                        // reader knows where its mark is, see below)
+                        if me.sent < at {
+                            want = want.min((at - me.sent) as usize);
+                        }
+                    }
                     for (k, b) in buf.iter_mut().take(want).enumerate() {
                         *b = pattern(seed, i, dir_out, me.sent + k as u64);
                     }
@@ -1379,7 +1386,28 @@ pub fn run(seed: u64) -> Result<Report, String> {
                         }
                     }
                 }
-                let max = rng.size(rmb as u64) as usize;
+                // The urgent byte first, if it waits: a read goes past its
+                // mark, and then it is gone, as TCP's (a reader that wants
+                // it fetches it before it reads on).
+                match fetch_oob(ep, me.id) {
+                    Err(b) => {
+                        return Err(fail(
+                            &report,
+                            format!("conn {i}: urgent byte {b:#x} is wrong"),
+                        ));
+                    }
+                    Ok(got) => me.oob_got |= got,
+                }
+                let mut max = rng.size(rmb as u64) as usize;
+                let peer_oob = cr.plan.oob_at[usize::from(client_side)];
+                if let (Some(at), false) = (peer_oob, me.oob_got) {
+                    // A read at the mark goes past the urgent byte, which is
+                    // then gone, as TCP's: this reader reads up to the mark
+                    // and waits there for the byte (as a reader that looks
+                    // at SIOCATMARK does), so that every byte sent out of
+                    // band must reach it.
+                    max = max.min(at.saturating_sub(me.got) as usize);
+                }
                 // The fast path first, in the runs that use it, as the
                 // socket library does; what it declines (nothing to read,
                 // among other things) goes through the endpoint, with the
@@ -1461,15 +1489,14 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 }
                 // after the read: a pump inside it (a lease) may have brought
                 // the urgent byte, and the application may close right after
-                match ep.read_oob(me.id) {
-                    Ok(Some(b)) if b != OOB_BYTE => {
+                match fetch_oob(ep, me.id) {
+                    Err(b) => {
                         return Err(fail(
                             &report,
                             format!("conn {i}: urgent byte {b:#x} is wrong"),
                         ));
                     }
-                    Ok(Some(_)) => me.oob_got = true,
-                    _ => {}
+                    Ok(got) => me.oob_got |= got,
                 }
                 if me.closed {
                     // the connection failed under us (abort from the peer, link lost)
@@ -1481,7 +1508,6 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 // an application closes once it has written everything; the engine
                 // sends the close after the data (or gives up after 2 s)
                 let all_out = me.sent == total_out && (my_oob.is_none() || me.oob_sent);
-                let peer_oob = cr.plan.oob_at[usize::from(client_side)];
                 let all_in = me.got == total_in && (peer_oob.is_none() || me.oob_got);
                 let first = cr.plan.client_closes_first == client_side;
                 let eof = ep.peer_done(me.id) && ep.readable(me.id) == 0;
@@ -1806,6 +1832,16 @@ fn write_leased(
 
 /// A read as the socket library makes it with a lease (see `write_leased`).
 #[allow(clippy::type_complexity)]
+/// The peer's urgent byte of connection `id`, fetched if it waits
+/// (`Ok(true)`); `Err` with a byte that is not the one sent.
+fn fetch_oob(ep: &mut Endpoint<Faulty>, id: ConnId) -> Result<bool, u8> {
+    match ep.read_oob(id) {
+        Ok(Some(b)) if b != OOB_BYTE => Err(b),
+        Ok(Some(_)) => Ok(true),
+        _ => Ok(false),
+    }
+}
+
 fn read_leased(
     ep: &mut Endpoint<Faulty>,
     id: ConnId,

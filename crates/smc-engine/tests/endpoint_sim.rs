@@ -549,6 +549,32 @@ fn urgent_data_is_delivered_out_of_band() {
     assert_eq!(w.server.read_oob(t.s), Ok(None), "passed");
 }
 
+/// `SO_OOBINLINE` (`Endpoint::set_oob_inline`): the urgent byte is read
+/// in its place, not by `read_oob`, also when it came before the option
+/// was set.
+#[test]
+fn urgent_data_in_line_is_read_in_its_place() {
+    let mut w = World::default();
+    let mut t = w.handshake();
+    assert_eq!(w.client.write(t.c, b"abc").unwrap(), 3);
+    assert_eq!(w.client.write_oob(t.c, b'!'), Ok(true));
+    assert_eq!(w.client.write(t.c, b"def").unwrap(), 3);
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    assert_eq!(w.server.set_oob_inline(t.s, true), Ok(()));
+    assert_eq!(w.server.read(t.s, 100).unwrap(), b"abc", "up to the mark");
+    assert_eq!(w.server.at_urgent_mark(t.s), Ok(true));
+    assert_eq!(w.server.read_oob(t.s), Ok(None), "in line: the stream's");
+    assert_eq!(w.server.read(t.s, 100).unwrap(), b"!def");
+    assert_eq!(w.server.at_urgent_mark(t.s), Ok(false));
+    // and back out of line: the next one is out of band again
+    assert_eq!(w.server.set_oob_inline(t.s, false), Ok(()));
+    assert_eq!(w.client.write_oob(t.c, b'?'), Ok(true));
+    assert_eq!(w.client.write(t.c, b"g").unwrap(), 1);
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    assert_eq!(w.server.read_oob(t.s), Ok(Some(b'?')));
+    assert_eq!(w.server.read(t.s, 100).unwrap(), b"g");
+}
+
 #[test]
 fn sequential_connections_reusing_pooled_buffers_all_move_data() {
     let mut w = World::default();

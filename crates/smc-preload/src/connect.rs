@@ -255,5 +255,6 @@ pub(crate) fn carried(s: SmcStream, nonblock: bool) -> Option<Arc<Conn>> {
     let _ = s.set_nonblocking(nonblock);
     crate::sockopt::take_timeouts(&s, true);
     crate::sockopt::take_linger(&s);
+    crate::sockopt::take_oob_inline(&s);
     Some(Arc::new(Conn::new(s)))
 }

@@ -131,6 +131,13 @@ pub unsafe extern "C" fn setsockopt(
             let _ = c.s.take_socket_linger();
         }
     }
+    if r == 0 && level == libc::SOL_SOCKET && opt == libc::SO_OOBINLINE {
+        // (as SO_LINGER: accepted sockets inherit it, `take_oob_inline`)
+        OOBINLINE_SET.store(true, Ordering::Release);
+        if let Some(Entry::Stream(c)) = get(fd) {
+            let _ = c.s.take_socket_oob_inline();
+        }
+    }
     if r == 0
         && level == libc::SOL_SOCKET
         && (opt == libc::SO_RCVBUF || opt == libc::SO_SNDBUF)
@@ -190,6 +197,20 @@ static LINGER_SET: AtomicBool = AtomicBool::new(false);
 pub(crate) fn take_linger(s: &SmcStream) {
     if LINGER_SET.load(Ordering::Acquire) {
         let _ = s.take_socket_linger();
+    }
+}
+
+/// The program set `SO_OOBINLINE` on some socket: connections made from
+/// now on look whether theirs has it ([`take_oob_inline`]).
+static OOBINLINE_SET: AtomicBool = AtomicBool::new(false);
+
+/// Stream `s` takes `SO_OOBINLINE` of its TCP socket, set before the
+/// connection was made (a listener's accepted sockets inherit it): the
+/// peer's urgent byte stays in the stream (`SmcStream::set_oob_inline`). A
+/// look only in a process that set the option somewhere.
+pub(crate) fn take_oob_inline(s: &SmcStream) {
+    if OOBINLINE_SET.load(Ordering::Acquire) {
+        let _ = s.take_socket_oob_inline();
     }
 }
 

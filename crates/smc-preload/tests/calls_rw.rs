@@ -88,6 +88,19 @@ const KEY_LINES: &[&str] = &[
     "main recv(c, 1, MSG_OOB) again = -1 EINVAL",
     "main recv(c, 16) past it = 2 'gh'",
     "main recv(c, 1, MSG_OOB) past the mark = -1 EINVAL",
+    // ... and in line (SO_OOBINLINE), also set after the byte came
+    "main in line, before the mark FIONREAD 5",
+    "main recv(c, 16) in line, up to the mark = 2 'ij'",
+    "main in line at the mark: 1",
+    "main in line, at the mark: poll IN PRI, select 2 read exception",
+    "main recv(c, 1, MSG_OOB) in line = -1 EINVAL",
+    "main recv(c, 16) in line, from the mark = 3 'klm'",
+    "main in line past the mark: 0",
+    "main recv(c, 16) in line after it came, from the mark = 2 'pq'",
+    // ... and one alone, with the reader at its mark: a read passes it
+    "main alone, urgent byte waiting: poll PRI, select 1 exception",
+    "main alone at the mark: 1",
+    "main recv(c, 16, MSG_DONTWAIT) alone, past it = 2 'st'",
     // a forked child on its parent's connection
     "child recv(c, 0, MSG_DONTWAIT) empty = -1 EAGAIN",
     "child read(c, NULL, 4) = -1 EFAULT",
@@ -106,7 +119,7 @@ const KEY_LINES: &[&str] = &[
 /// Zero-length reads and writes, NULL buffers, `MSG_TRUNC`, iovec counts,
 /// `MSG_ERRQUEUE`, `MSG_PEEK | MSG_WAITALL`, what `recvmsg`/`recvfrom`
 /// write back, urgent data (`SIOCATMARK`, `MSG_OOB`, `FIONREAD`, `POLLPRI`,
-/// `select`'s exceptional condition), and a one-shot epoll
+/// `select`'s exceptional condition, `SO_OOBINLINE`), and a one-shot epoll
 /// registration's events
 /// (tests/conform_rw.c) give the same results and errno values on an SMC-R
 /// connection under smc_run as on plain TCP, also in a forked child on its

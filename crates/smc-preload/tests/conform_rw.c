@@ -502,6 +502,67 @@ static void urgent(int c, int s) {
     show("recv(c, 1, MSG_OOB) past the mark", recv(c, b, 1, MSG_OOB | MSG_DONTWAIT));
 }
 
+/* SO_OOBINLINE: the urgent byte stays in the stream; a read stops before
+ * it, the next returns it with what follows, recv(MSG_OOB) finds nothing;
+ * set after the byte came, it counts for that byte too */
+static void urgent_inline(int c, int s) {
+    char b[16];
+    int on = 1, off = 0, at, v;
+    socklen_t vl = sizeof v;
+    show("setsockopt(c, SO_OOBINLINE, 1)", setsockopt(c, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on));
+    v = -1;
+    show("getsockopt(c, SO_OOBINLINE)", getsockopt(c, SOL_SOCKET, SO_OOBINLINE, &v, &vl));
+    printf("%s in line: %d\n", who, v);
+    write_all(s, "ij", 2);
+    show("send(s, 1, MSG_OOB) in line", send(s, "k", 1, MSG_OOB));
+    write_all(s, "lm", 2);
+    usleep(100000);
+    show_inq("in line, before the mark", c);
+    show_pri("in line, urgent byte waiting", c);
+    memset(b, 0, sizeof b);
+    show_bytes("recv(c, 16) in line, up to the mark", recv(c, b, sizeof b, 0), b);
+    at = -1;
+    show("ioctl(c, SIOCATMARK) in line, at the mark", ioctl(c, SIOCATMARK, &at));
+    printf("%s in line at the mark: %d\n", who, at);
+    show_inq("in line, at the mark", c);
+    show_pri("in line, at the mark", c);
+    show("recv(c, 1, MSG_OOB) in line", recv(c, b, 1, MSG_OOB | MSG_DONTWAIT));
+    show_bytes("recv(c, 16) in line, from the mark", recv(c, b, sizeof b, MSG_DONTWAIT), b);
+    at = -1;
+    show("ioctl(c, SIOCATMARK) in line, past the mark", ioctl(c, SIOCATMARK, &at));
+    printf("%s in line past the mark: %d\n", who, at);
+    show_pri("in line, past the mark", c);
+    show("setsockopt(c, SO_OOBINLINE, 0)", setsockopt(c, SOL_SOCKET, SO_OOBINLINE, &off, sizeof off));
+    write_all(s, "no", 2);
+    show("send(s, 1, MSG_OOB) out of line", send(s, "p", 1, MSG_OOB));
+    write_all(s, "q", 1);
+    usleep(100000);
+    show("setsockopt(c, SO_OOBINLINE, 1) after it came", setsockopt(c, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on));
+    show_inq("in line after it came", c);
+    show_bytes("recv(c, 16) in line after it came", recv(c, b, sizeof b, 0), b);
+    show_bytes("recv(c, 16) in line after it came, from the mark", recv(c, b, sizeof b, MSG_DONTWAIT), b);
+    show("setsockopt(c, SO_OOBINLINE, 0) again", setsockopt(c, SOL_SOCKET, SO_OOBINLINE, &off, sizeof off));
+}
+
+/* an urgent byte that comes to a reader that has read everything: the
+ * reader stands at its mark, and a read there passes the byte and returns
+ * what came after it */
+static void urgent_alone(int c, int s) {
+    char b[16];
+    int at;
+    show("send(s, 1, MSG_OOB) alone", send(s, "r", 1, MSG_OOB));
+    usleep(100000);
+    show_pri("alone, urgent byte waiting", c);
+    write_all(s, "st", 2);
+    usleep(100000);
+    at = -1;
+    show("ioctl(c, SIOCATMARK) alone", ioctl(c, SIOCATMARK, &at));
+    printf("%s alone at the mark: %d\n", who, at);
+    show_inq("alone, bytes after it", c);
+    show_bytes("recv(c, 16, MSG_DONTWAIT) alone, past it", recv(c, b, sizeof b, MSG_DONTWAIT), b);
+    show("recv(c, 1, MSG_OOB) alone, past it", recv(c, b, 1, MSG_OOB | MSG_DONTWAIT));
+}
+
 /* at the end of the stream: everything above returns 0 at once */
 static void at_eof(int c, int s) {
     char b[16];
@@ -621,6 +682,8 @@ int main(void) {
     peek_waitall(c, s);
     recvmsg_fields(c, s);
     urgent(c, s);
+    urgent_inline(c, s);
+    urgent_alone(c, s);
     in_child(c, s);
     at_eof(c, s);
     after_shutdown(c);

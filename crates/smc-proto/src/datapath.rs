@@ -301,6 +301,9 @@ pub struct DataPath {
     rx_urgent_taken: bool,
     /// The peer announced urgent data that has not arrived yet.
     rx_urgent_pending: bool,
+    /// The urgent byte stays in the stream (TCP's `SO_OOBINLINE`): reads
+    /// stop before it and the read that starts at it returns it.
+    oob_inline: bool,
     /// Flag bytes (producer, connection state) of the last CDC received
     /// and of the last one sent, for [`DataPath::diag`].
     rx_flags: [u8; 2],
@@ -407,6 +410,7 @@ impl DataPath {
             rx_urgent: None,
             rx_urgent_taken: false,
             rx_urgent_pending: false,
+            oob_inline: false,
             rx_flags: [0; 2],
             tx_flags: [0; 2],
             failover_reserve: 0,
@@ -992,6 +996,7 @@ impl DataPath {
             self.rx_urgent = Some(self.rx_prod - 1);
             self.rx_urgent_taken = false;
             self.rx_urgent_pending = false;
+            self.pass_urgent_byte();
         } else if msg.prod_flags.urg_data_pending() {
             self.rx_urgent_pending = true;
         }
@@ -1011,11 +1016,16 @@ impl DataPath {
     }
 
     /// Unread bytes in our RMBE that a normal read may return: reads stop at the
-    /// urgent byte (the "mark"), which is not part of the normal stream.
+    /// urgent byte (the "mark"), which is not part of the normal stream (in
+    /// line, [`Self::set_oob_inline`], it is: the read that starts at it
+    /// returns it).
     #[inline]
     pub fn readable(&self) -> usize {
         let end = match self.rx_urgent {
-            Some(u) if u >= self.rx_cons => u,
+            // (in line, a read that starts at the urgent byte returns it
+            // and what follows: tcp.c `tcp_recvmsg_locked`, whose stop at
+            // `urg_seq` is only for a read that copied something)
+            Some(u) if u > self.rx_cons || (u == self.rx_cons && !self.oob_inline) => u,
             _ => self.rx_prod,
         };
         (end - self.rx_cons) as usize
@@ -1026,6 +1036,9 @@ impl DataPath {
     /// (include/net/tcp.h `tcp_inq`: `urg_seq - copied_seq`), else
     /// [`Self::readable`].
     pub fn inq(&self) -> usize {
+        if self.oob_inline {
+            return self.unread();
+        }
         match self.rx_urgent {
             // (skipped, and nothing read after it)
             Some(u) if self.rx_cons == u + 1 => 0,
@@ -1069,7 +1082,23 @@ impl DataPath {
     /// (af_smc.c `smc_ioctl`, smc_rx.c `smc_rx_update_consumer`).
     pub fn at_urgent_mark(&self) -> bool {
         self.rx_urgent
-            .is_some_and(|u| self.rx_cons == u || self.rx_cons == u + 1)
+            .is_some_and(|u| self.rx_cons == u || (self.rx_cons == u + 1 && !self.oob_inline))
+    }
+
+    /// Keeps the peer's urgent byte in the stream (`true`, TCP's
+    /// `SO_OOBINLINE`: `recv(MSG_OOB)` finds nothing, the byte is read in
+    /// its place, and once read the mark is gone, tcp.c
+    /// `tcp_recvmsg_locked`) or takes it out (`false`, the default). Linux's
+    /// SMC follows the same socket flag (smc_rx.c `smc_rx_update_consumer`,
+    /// `smc_rx_recv_urg`). A byte already skipped stays skipped.
+    pub fn set_oob_inline(&mut self, on: bool) {
+        self.oob_inline = on;
+        self.pass_urgent_byte();
+    }
+
+    /// Whether the urgent byte stays in the stream ([`Self::set_oob_inline`]).
+    pub fn oob_inline(&self) -> bool {
+        self.oob_inline
     }
 
     /// The peer's urgent byte is still the stream's: the reader has not read
@@ -1143,7 +1172,26 @@ impl DataPath {
         }
         self.cdc_wanted = c.cdc_wanted;
         self.peer_write_blocked = c.peer_write_blocked;
+        // (a plan made before the urgent byte came ends at it)
+        self.pass_urgent_byte();
         c.n
+    }
+
+    /// Out of line, a reader never stands at the urgent byte itself: once
+    /// the byte is there and the reader has reached it, it is passed (its
+    /// space freed, the reader at the mark, [`Self::at_urgent_mark`]), so
+    /// that what follows it is readable, as TCP's read at the mark returns
+    /// the bytes after it (tcp.c `tcp_recvmsg_locked`, `urg_hole`) and its
+    /// poll shows them (`tcp_poll`: `target++` at the mark). Whichever
+    /// comes last, the byte or the reader, does it.
+    #[inline]
+    fn pass_urgent_byte(&mut self) {
+        if !self.oob_inline && self.rx_urgent == Some(self.rx_cons) && self.rx_prod > self.rx_cons {
+            let c = self.consume_step(0);
+            self.rx_cons = c.rx_cons;
+            self.cdc_wanted = c.cdc_wanted;
+            self.peer_write_blocked = c.peer_write_blocked;
+        }
     }
 
     /// What [`Self::consumed`]`(n)` would change, worked out without changing
@@ -1154,11 +1202,16 @@ impl DataPath {
         let mut c = ConsumeStep {
             n,
             rx_cons: self.rx_cons + n as u64,
-            urgent_gone: n > 0 && self.rx_urgent.is_some_and(|u| self.rx_cons > u),
+            // (in line: gone once read, tcp.c clears `urg_data` when the
+            // copy passed `urg_seq`)
+            urgent_gone: n > 0
+                && self.rx_urgent.is_some_and(|u| {
+                    self.rx_cons > u || (self.oob_inline && self.rx_cons + n as u64 > u)
+                }),
             cdc_wanted: self.cdc_wanted,
             peer_write_blocked: self.peer_write_blocked,
         };
-        if self.rx_urgent == Some(c.rx_cons) && self.rx_prod > c.rx_cons {
+        if !self.oob_inline && self.rx_urgent == Some(c.rx_cons) && self.rx_prod > c.rx_cons {
             // Out-of-band semantics: the urgent byte is skipped by normal reads;
             // its space is released, which the peer learns at once (Linux forces
             // a consumer update here).
@@ -1654,6 +1707,71 @@ mod tests {
         assert_eq!(b.consumed(1), 1);
         assert!(!b.at_urgent_mark() && !b.urgent_valid());
         assert_eq!(b.inq(), 1);
+    }
+
+    /// A read planned before the urgent byte came, ending where it lands:
+    /// applied after, it passes the byte, so that what follows is readable
+    /// (a reader never stands at the byte itself, out of line).
+    #[test]
+    fn a_read_planned_before_the_urgent_byte_passes_it_when_applied() {
+        let mut a = DataPath::new(cfg(16384, 16384, 16384));
+        let mut b = DataPath::new(cfg(16384, 16384, 16384));
+        a.produced(2);
+        b.on_cdc(&a.poll_tx().unwrap().cdc).unwrap();
+        let plan = b.plan_consume(2);
+        a.produced(1);
+        assert!(a.mark_urgent());
+        a.produced(2);
+        for _ in 0..2 {
+            b.on_cdc(&a.poll_tx().unwrap().cdc).unwrap();
+        }
+        assert_eq!(b.readable(), 2, "up to the mark");
+        assert_eq!(b.consume_planned(plan), 2);
+        assert!(b.at_urgent_mark() && b.urgent_valid());
+        assert_eq!(b.readable(), 2, "the bytes after the urgent byte");
+        assert_eq!(b.readable_chunks(16).as_slice(), &[(3, 2)]);
+        assert_eq!(b.inq(), 0, "at the mark: TCP's FIONREAD");
+    }
+
+    /// `SO_OOBINLINE`: reads stop before the urgent byte, the next read
+    /// returns it in the stream, and the mark is gone once it is read; as
+    /// TCP measured in line: `recv` "ij", `SIOCATMARK` 1, `recv` "k...",
+    /// `FIONREAD` every unread byte.
+    #[test]
+    fn an_urgent_byte_in_line_is_read_in_its_place() {
+        let mut a = DataPath::new(cfg(16384, 16384, 16384));
+        let mut b = DataPath::new(cfg(16384, 16384, 16384));
+        b.set_oob_inline(true);
+        a.produced(3);
+        assert!(a.mark_urgent());
+        a.produced(2);
+        for _ in 0..2 {
+            let t = a.poll_tx().unwrap();
+            b.on_cdc(&t.cdc).unwrap();
+        }
+        assert_eq!(b.unread(), 5);
+        assert_eq!(b.readable(), 2, "the read stops before the mark");
+        assert_eq!(b.inq(), 5, "in line FIONREAD counts every byte");
+        assert!(!b.at_urgent_mark());
+        assert_eq!(b.consumed(10), 2);
+        assert!(b.at_urgent_mark() && b.urgent_valid());
+        assert_eq!(b.readable(), 3, "the urgent byte and what follows");
+        assert_eq!(b.readable_chunks(10).as_slice(), &[(2, 3)]);
+        assert_eq!(b.consumed(1), 1, "the urgent byte itself, in band");
+        assert!(!b.at_urgent_mark() && !b.urgent_valid(), "read: gone");
+        assert_eq!(b.consumed(10), 2);
+        assert_eq!(b.unread(), 0);
+        // alone, with the reader at it: readable at once (out of band a
+        // lone urgent byte is not, see above)
+        a.produced(1);
+        assert!(a.mark_urgent());
+        b.on_cdc(&a.poll_tx().unwrap().cdc).unwrap();
+        assert!(b.at_urgent_mark());
+        assert_eq!((b.readable(), b.inq()), (1, 1));
+        assert_eq!(b.consumed(0), 0, "a read of nothing does not skip it");
+        assert_eq!(b.unread(), 1);
+        assert_eq!(b.consumed(5), 1);
+        assert!(!b.urgent_valid());
     }
 
     #[test]

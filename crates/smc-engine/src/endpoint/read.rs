@@ -14,10 +14,33 @@ impl<P: Provider> Endpoint<P> {
     /// Fetches the peer's urgent byte (TCP `recv(MSG_OOB)`), once, and only
     /// while the reader has not read past its mark (then it is gone, as
     /// TCP's: `None`).
+    /// In line ([`Self::set_oob_inline`]) it is the stream's: `None`, and
+    /// it stays to be read in its place.
     pub fn read_oob(&mut self, id: ConnId) -> std::result::Result<Option<u8>, ConnError> {
         let mut k = self.core(id).ok_or(ConnError::NotConnected)?;
-        let valid = k.smc()?.urgent_valid();
+        let dp = k.smc()?;
+        if dp.oob_inline() {
+            return Ok(None);
+        }
+        let valid = dp.urgent_valid();
         Ok(k.oob.take().filter(|_| valid))
+    }
+
+    /// Keeps the peer's urgent byte in the stream of connection `id` or
+    /// takes it out of it (TCP's `SO_OOBINLINE`, `DataPath::set_oob_inline`).
+    /// What a read may return changes with it: the connection's readiness
+    /// shows it.
+    pub fn set_oob_inline(&mut self, id: ConnId, on: bool) -> std::result::Result<(), ConnError> {
+        let mut k = self.core(id).ok_or(ConnError::NotConnected)?;
+        let dp = k.smc()?;
+        if dp.oob_inline() == on {
+            return Ok(());
+        }
+        dp.set_oob_inline(on);
+        k.watched();
+        drop(k);
+        self.conn_event(id);
+        Ok(())
     }
 
     /// Whether the reader of connection `id` stands at the peer's urgent

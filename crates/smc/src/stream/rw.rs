@@ -422,6 +422,41 @@ impl SmcStream {
         }
     }
 
+    /// `SO_OOBINLINE`: the peer's urgent byte stays in the stream (`true`:
+    /// reads stop before it and the next read returns it in its place,
+    /// [`SmcStream::recv_oob`] finds nothing) or is taken out of it
+    /// (`false`, the default), as for a TCP socket; set on the TCP socket
+    /// too, so that a fallback connection behaves the same.
+    pub fn set_oob_inline(&self, on: bool) -> io::Result<()> {
+        rustix::net::sockopt::set_socket_oobinline(&*self.tcp, on)?;
+        self.note_oob_inline(on)
+    }
+
+    /// `SO_OOBINLINE` of the TCP socket.
+    pub fn oob_inline(&self) -> io::Result<bool> {
+        Ok(rustix::net::sockopt::socket_oobinline(&*self.tcp)?)
+    }
+
+    /// Takes `SO_OOBINLINE` from the TCP socket, where it was set directly
+    /// (an interposed `setsockopt`) or before the connection was made (a
+    /// listener's accepted sockets inherit it, as in Linux's
+    /// `sk_clone_lock`): see [`Self::set_oob_inline`].
+    pub fn take_socket_oob_inline(&self) -> io::Result<()> {
+        let on = self.oob_inline()?;
+        self.note_oob_inline(on)
+    }
+
+    fn note_oob_inline(&self, on: bool) -> io::Result<()> {
+        match self.smc_conn()? {
+            Some(c) => {
+                let r = c.shared.lock().set_oob_inline(c.id, on);
+                c.note();
+                r.map_err(conn_error)
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Whether the next read stands at the peer's urgent byte's mark (TCP's
     /// `SIOCATMARK`; Linux AF_SMC answers it too, af_smc.c `smc_ioctl`).
     /// `None` for a connection that is not SMC-R: its TCP socket answers.
