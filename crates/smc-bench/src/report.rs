@@ -111,7 +111,7 @@ pub struct Spec {
     /// A second goal of a compared figure, against a reference of the same
     /// run and placement rather than TCP: (the reference's key, the row's
     /// label, the goal for SMC-R median / reference median).
-    pub vs_ref: Option<(String, String, Target)>,
+    pub vs_ref: Option<(String, String, Option<Target>)>,
 }
 
 impl Spec {
@@ -140,7 +140,12 @@ impl Spec {
     /// With a goal for SMC-R median / the median of reference `key` (same
     /// placement), shown as a row labelled `label` under this one.
     pub fn against(mut self, key: &str, label: &str, t: Target) -> Spec {
-        self.vs_ref = Some((key.to_string(), label.to_string(), t));
+        self.vs_ref = Some((key.to_string(), label.to_string(), Some(t)));
+        self
+    }
+    /// Also shown against reference `key` (its ratio only, no goal).
+    pub fn beside(mut self, key: &str, label: &str) -> Spec {
+        self.vs_ref = Some((key.to_string(), label.to_string(), None));
         self
     }
     /// A reference figure that bounds the compared figure `key`.
@@ -465,11 +470,12 @@ impl Report {
                     ratio
                         .map(|r| format!("{}x", fmt_num(r)))
                         .unwrap_or_default(),
-                    t.text(),
-                    match ratio {
-                        Some(x) if t.met(x) => "PASS",
-                        Some(_) => "MISS",
-                        None => "-",
+                    t.map(Target::text).unwrap_or_default(),
+                    match (ratio, t) {
+                        (_, None) => "",
+                        (Some(x), Some(t)) if t.met(x) => "PASS",
+                        (Some(_), Some(_)) => "MISS",
+                        (None, Some(_)) => "-",
                     },
                     "",
                 );
@@ -523,8 +529,8 @@ impl Report {
                                 "label": label,
                                 "reference_median": rm.is_finite().then_some(rm),
                                 "ratio": ratio,
-                                "target": target_json(*t),
-                                "pass": ratio.map(|r| t.met(r)),
+                                "target": t.map(target_json),
+                                "pass": t.and_then(|t| ratio.map(|r| t.met(r))),
                             });
                         }
                     }

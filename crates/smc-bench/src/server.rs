@@ -15,7 +15,7 @@
 use crate::conn::{mode_label, Conn};
 use crate::poll::{gone, Step};
 use crate::sys::{self, CpuTime};
-use crate::wire::{Header, Job};
+use crate::wire::{Header, Job, CLC_ACCEPT, CLC_CONFIRM, CLC_PROPOSAL};
 use smc::SmcListener;
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, Read, Write};
@@ -175,6 +175,10 @@ fn dispatch(mut c: Conn, state: &Arc<State>) {
         let _ = once(&mut c, req as usize, resp as usize);
         return;
     }
+    if let Job::OnceAfterClc { req, resp } = h.0 {
+        let _ = clc_like(&mut c).and_then(|_| once(&mut c, req as usize, resp as usize));
+        return;
+    }
     let _ = c.set_read_timeout(None);
     if let Job::PollEcho { size, group, count } = h.0 {
         join_group(c, size as usize, group, count as usize, state);
@@ -271,6 +275,15 @@ fn once(c: &mut Conn, req: usize, resp: usize) -> io::Result<()> {
     c.write_all(&buf[..resp])
 }
 
+/// The server's side of three CLC-sized messages (`Job::OnceAfterClc`):
+/// the Proposal in, the Accept out, the Confirm in.
+fn clc_like(c: &mut Conn) -> io::Result<()> {
+    let mut buf = [0u8; CLC_PROPOSAL];
+    c.read_exact(&mut buf[..CLC_PROPOSAL])?;
+    c.write_all(&[0xa2; CLC_ACCEPT])?;
+    c.read_exact(&mut buf[..CLC_CONFIRM])
+}
+
 /// Reads until end-of-file (or an error: the peer went away).
 fn drain(c: &mut Conn) -> io::Result<()> {
     let mut b = [0u8; 4096];
@@ -327,6 +340,10 @@ fn run(mut c: Conn, job: Job) -> io::Result<()> {
             drain(&mut c)
         }
         Job::Once { req, resp } => once(&mut c, req as usize, resp as usize),
+        Job::OnceAfterClc { req, resp } => {
+            clc_like(&mut c)?;
+            once(&mut c, req as usize, resp as usize)
+        }
         Job::PollEcho { size, .. } => poll_echo(vec![c], size as usize),
     }
 }

@@ -37,6 +37,17 @@ pub enum Job {
         /// Response size.
         resp: u64,
     },
+    /// As `Once`, after three messages of an SMC-R CLC handshake's sizes
+    /// (`CLC_PROPOSAL` from the client, `CLC_ACCEPT` from the server,
+    /// `CLC_CONFIRM` from the client), over TCP only: what connection setup
+    /// costs any transport whose data path is TCP's that runs the CLC over
+    /// the TCP connection before its data (a floor for SMC-R's setup).
+    OnceAfterClc {
+        /// Request size.
+        req: u64,
+        /// Response size.
+        resp: u64,
+    },
     /// Send one byte (so the client knows the server holds it), then hold the
     /// connection, idle, until end-of-file.
     Idle,
@@ -53,6 +64,15 @@ pub enum Job {
     },
 }
 
+/// The sizes of the CLC messages of [`Job::OnceAfterClc`], as smc-rs sends
+/// them to another smc-rs (SMC-R v1 with one IPv4 prefix; an SMC-R v1
+/// Accept and Confirm are 68 bytes, RFC 7609 §3.7.2-3.7.3).
+pub const CLC_PROPOSAL: usize = 92;
+/// See [`CLC_PROPOSAL`].
+pub const CLC_ACCEPT: usize = 68;
+/// See [`CLC_PROPOSAL`].
+pub const CLC_CONFIRM: usize = 68;
+
 /// Most connections of one polling group.
 pub const MAX_GROUP: u32 = 1024;
 
@@ -68,6 +88,7 @@ impl Header {
             Job::Sink { total } => (2, total, 0),
             Job::SinkInPlace { total } => (6, total, 0),
             Job::Once { req, resp } => (3, req, resp),
+            Job::OnceAfterClc { req, resp } => (7, req, resp),
             Job::Idle => (4, 0, 0),
             Job::PollEcho { size, group, count } => {
                 (5, size, (u64::from(group) << 32) | u64::from(count))
@@ -101,6 +122,7 @@ impl Header {
             2 => Job::Sink { total: a },
             6 => Job::SinkInPlace { total: a },
             3 => Job::Once { req: a, resp: bb },
+            7 => Job::OnceAfterClc { req: a, resp: bb },
             4 => Job::Idle,
             5 => Job::PollEcho {
                 size: a,
@@ -123,7 +145,9 @@ impl Header {
                 ));
             }
         }
-        if let Job::Echo { req, resp } | Job::Once { req, resp } = job {
+        if let Job::Echo { req, resp } | Job::Once { req, resp } | Job::OnceAfterClc { req, resp } =
+            job
+        {
             if req > 1 << 30 || resp > 1 << 30 {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,

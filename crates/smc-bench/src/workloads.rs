@@ -5,7 +5,7 @@ use crate::conn::{Conn, Transport};
 use crate::peer::ServerProc;
 use crate::poll::Step;
 use crate::sys::{self, CpuTime};
-use crate::wire::{Header, Job, HEADER_LEN, MAX_GROUP};
+use crate::wire::{Header, Job, CLC_ACCEPT, CLC_CONFIRM, CLC_PROPOSAL, HEADER_LEN, MAX_GROUP};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -295,34 +295,51 @@ pub fn bulk(
 }
 
 /// Connection setup: connect, one 64 B request and response, close; `n`
-/// times or until `cap` has passed. Connections per second.
+/// times or until `cap` has passed. Connections per second. `clc`: over
+/// TCP, three messages of the CLC handshake's sizes go first (the client's
+/// Proposal, the server's Accept, the client's Confirm, each its own
+/// message, as SMC-R sends them before its first byte of data): the setup
+/// reference `Job::OnceAfterClc`.
 pub fn setup(
     t: Transport,
     port: u16,
     n: usize,
     cap: Duration,
+    clc: bool,
     tally: &mut Tally,
 ) -> io::Result<f64> {
     const MSG: usize = 64;
-    let mut req = Vec::with_capacity(HEADER_LEN + MSG);
-    req.extend_from_slice(
-        &Header(Job::Once {
-            req: MSG as u64,
-            resp: MSG as u64,
-        })
-        .encode(),
-    );
-    req.extend_from_slice(&[0x42; MSG]);
-    let mut resp = [0u8; MSG];
+    let (req_len, resp_len) = (MSG as u64, MSG as u64);
+    let header = Header(if clc {
+        Job::OnceAfterClc {
+            req: req_len,
+            resp: resp_len,
+        }
+    } else {
+        Job::Once {
+            req: req_len,
+            resp: resp_len,
+        }
+    })
+    .encode();
+    // The header goes in the same write as the first message: one message.
+    let mut first = header.to_vec();
+    first.resize(HEADER_LEN + if clc { CLC_PROPOSAL } else { MSG }, 0x42);
+    let req = [0x42; MSG];
+    let mut resp = vec![0u8; MSG.max(CLC_ACCEPT)];
     let t0 = Instant::now();
     let mut done = 0usize;
     while done < n && t0.elapsed() < cap {
-        // The header goes in the same write as the request: one message.
         let mut c = Conn::connect(t, port)?;
         *tally.entry(c.label()).or_default() += 1;
         c.set_read_timeout(Some(IO_TIMEOUT))?;
-        c.write_all(&req)?;
-        c.read_exact(&mut resp)?;
+        c.write_all(&first)?;
+        if clc {
+            c.read_exact(&mut resp[..CLC_ACCEPT])?;
+            c.write_all(&[0xa3; CLC_CONFIRM])?;
+            c.write_all(&req)?;
+        }
+        c.read_exact(&mut resp[..MSG])?;
         drop(c);
         done += 1;
     }

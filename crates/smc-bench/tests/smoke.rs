@@ -32,6 +32,7 @@ const PLACED: [(&str, &[&str]); 5] = [
             "reference.ring_copy_gbps",
             "reference.rr_ideal_threads_tps",
             "reference.rr_ideal_polling_tps",
+            "reference.setup_clc_conn_per_s",
         ],
     ),
 ];
@@ -269,6 +270,16 @@ fn quick_run_measures_every_workload_over_smc_r_and_tcp() {
         assert_eq!(target("bulk", "bulk_in_place.gbps", p, true), 1.5);
         assert_eq!(target("bulk", "bulk_in_place.cpu_s_per_gib", p, true), 0.6);
         assert_eq!(target("setup", "setup.conn_per_s", p, false), 0.8);
+        // setup beside its protocol's floor (TCP with the CLC's three
+        // messages first): a ratio, no goal
+        let (_, f) = placements_of(&doc, "setup", "setup.conn_per_s")
+            .into_iter()
+            .find(|(q, _)| *q == Some(p))
+            .unwrap();
+        let v = &f["vs_reference"];
+        assert_eq!(v["figure"], "reference.setup_clc_conn_per_s", "{f}");
+        assert!(v["ratio"].as_f64().is_some_and(|r| r > 0.0), "{f}");
+        assert!(v["target"].is_null() && v["pass"].is_null(), "{f}");
     }
     let verdicts = doc["workloads"]
         .as_object()
