@@ -152,7 +152,7 @@ pub fn opt_in_listener_again(fd: std::os::fd::BorrowedFd<'_>) -> bool {
 
 /// Asks for an RMB of at least `rmb` bytes and a send buffer of at least
 /// `sndbuf` bytes for this process's SMC-R connections whose handshakes
-/// start from now on (`None`: the default, a 4 MiB RMB, or 512 KiB for a
+/// start from now on (`None`: the default, a 4 MiB RMB, or 64 KiB for a
 /// connection that joins others holding 8 MiB of RMBs already, and a 1 MiB
 /// send buffer; or `SMC_RMB_KIB` / `SMC_SNDBUF_KIB` for every connection).
 /// As a socket's `SO_RCVBUF` and `SO_SNDBUF` size an SMC socket's buffers in

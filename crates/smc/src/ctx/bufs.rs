@@ -82,11 +82,13 @@ const DEFAULT_RMB: usize = 4 << 20;
 const RMB_BUDGET: usize = 2 * DEFAULT_RMB;
 
 /// The RMB of a connection that joins others holding [`RMB_BUDGET`] or more:
-/// the largest Linux gives an SMC-R connection (`net.smc.rmem`,
-/// Documentation/networking/smc-sysctl.rst). Request/response over many
-/// connections then copies through rings that stay in the caches together,
-/// where 4 MiB rings each send every message's copies to memory.
-const CROWDED_RMB: usize = 512 << 10;
+/// Linux's default RMB (`net.smc.rmem`, smc_sysctl.c `net_smc_rmem_init`).
+/// Request/response over many connections then copies through rings that
+/// stay in a core's L2 together (ten connections' rings on each side of a
+/// one-core pair: 1.25 MiB), where larger rings send every message's copies
+/// to L3 or memory; `smc-bench --only rr` with `SMC_RMB_CROWDED_KIB`
+/// compares sizes (`crates/smc-bench/README.md`, "Runs on record").
+const CROWDED_RMB: usize = 64 << 10;
 
 /// Default size of each connection's send buffer (1 MiB): it holds only
 /// what cannot go straight into the peer's RMB yet (`Endpoint::write`).
