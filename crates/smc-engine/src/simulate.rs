@@ -1389,15 +1389,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 // The urgent byte first, if it waits: a read goes past its
                 // mark, and then it is gone, as TCP's (a reader that wants
                 // it fetches it before it reads on).
-                match fetch_oob(ep, me.id) {
-                    Err(b) => {
-                        return Err(fail(
-                            &report,
-                            format!("conn {i}: urgent byte {b:#x} is wrong"),
-                        ));
-                    }
-                    Ok(got) => me.oob_got |= got,
-                }
+                me.oob_got |= fetch_oob(ep, me.id, i).map_err(|m| fail(&report, m))?;
                 let mut max = rng.size(rmb as u64) as usize;
                 let peer_oob = cr.plan.oob_at[usize::from(client_side)];
                 if let (Some(at), false) = (peer_oob, me.oob_got) {
@@ -1489,15 +1481,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
                 }
                 // after the read: a pump inside it (a lease) may have brought
                 // the urgent byte, and the application may close right after
-                match fetch_oob(ep, me.id) {
-                    Err(b) => {
-                        return Err(fail(
-                            &report,
-                            format!("conn {i}: urgent byte {b:#x} is wrong"),
-                        ));
-                    }
-                    Ok(got) => me.oob_got |= got,
-                }
+                me.oob_got |= fetch_oob(ep, me.id, i).map_err(|m| fail(&report, m))?;
                 if me.closed {
                     // the connection failed under us (abort from the peer, link lost)
                     ep.release(me.id);
@@ -1832,11 +1816,11 @@ fn write_leased(
 
 /// A read as the socket library makes it with a lease (see `write_leased`).
 #[allow(clippy::type_complexity)]
-/// The peer's urgent byte of connection `id`, fetched if it waits
-/// (`Ok(true)`); `Err` with a byte that is not the one sent.
-fn fetch_oob(ep: &mut Endpoint<Faulty>, id: ConnId) -> Result<bool, u8> {
+/// The peer's urgent byte of connection `id` (the run's connection `i`),
+/// fetched if it waits (`Ok(true)`); `Err` says a byte is not the one sent.
+fn fetch_oob(ep: &mut Endpoint<Faulty>, id: ConnId, i: usize) -> Result<bool, String> {
     match ep.read_oob(id) {
-        Ok(Some(b)) if b != OOB_BYTE => Err(b),
+        Ok(Some(b)) if b != OOB_BYTE => Err(format!("conn {i}: urgent byte {b:#x} is wrong")),
         Ok(Some(_)) => Ok(true),
         _ => Ok(false),
     }
