@@ -288,7 +288,10 @@ fn a_nonblocking_in_place_write_blocks_only_when_write_would() {
     // the peer's RMB and the send buffer both hold bytes (the RMB's size
     // depends on the other connections of this test process: `RmbCrowding`)
     let (rmb, _) = s.buffer_sizes().unwrap();
-    assert!(total > rmb, "only {total} bytes before WouldBlock (RMB {rmb})");
+    assert!(
+        total > rmb,
+        "only {total} bytes before WouldBlock (RMB {rmb})"
+    );
     let fd = c.readiness_fd().unwrap();
     for _ in 0..20 {
         let mut p = [PollFd::new(&fd, PollFlags::OUT)];
