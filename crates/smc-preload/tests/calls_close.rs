@@ -72,6 +72,11 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
         "send after the end and reset = -1 EPIPE",
         "SO_ERROR after the end and reset: EPIPE",
         "SO_ERROR after the end and reset: 0",
+        "poll after the peer's data: IN OUT ERR HUP RDHUP",
+        "read after the reset = -1 ECONNRESET",
+        "read again after the reset = 0 ''",
+        "peer send after the reset = -1 EPIPE",
+        "peer poll after the reset was taken: IN OUT HUP RDHUP",
         "read what the gone peer sent = 3 'bye'",
         "SO_ERROR with the peer process gone: 0",
         "send to the gone peer = 1",
@@ -100,15 +105,16 @@ fn ends_of_connections_and_listeners_as_on_plain_tcp() {
     for round in 0..2 {
         let smc = run(&s, &exe, true);
         assert_same(&plain, &smc, &format!("round {round}"));
-        // twenty-four connections over SMC-R, both ends in this process,
-        // and two whose server is a child process; the one a disconnected
-        // socket made after falls back (its socket is no longer opted in
-        // to the SMC option)
+        // 58 connection ends: both ends of those in this process, the
+        // client end of the two whose server is a child process, all
+        // SMC-R but the two of the one a disconnected socket made after,
+        // which falls back (its socket is no longer opted in to the SMC
+        // option)
         let modes = s.modes();
-        assert_eq!(modes.len(), 54, "{modes:?}");
+        assert_eq!(modes.len(), 58, "{modes:?}");
         assert_eq!(
             modes.iter().filter(|m| m.ends_with(" SMC-R")).count(),
-            52,
+            56,
             "{modes:?}"
         );
     }

@@ -309,6 +309,34 @@ int main(void) {
         close(c);
     }
 
+    /* data after our own shutdown of both directions: TCP's socket, in
+     * FIN_WAIT with its receiving shut down, answers it with a reset
+     * (tcp_input.c, TCPAbortOnData): ECONNRESET here, once, then the end;
+     * the peer, which had our FIN, takes EPIPE */
+    for (int how = 0; how < 2; how++) {
+        pair(&c, &s);
+        if (how == 0) {
+            show("shutdown SHUT_RDWR", shutdown(c, SHUT_RDWR));
+        } else {
+            show("shutdown SHUT_RD", shutdown(c, SHUT_RD));
+            show("shutdown SHUT_WR after SHUT_RD", shutdown(c, SHUT_WR));
+        }
+        poll_until("peer poll after our shutdown", s, ALL, POLLRDHUP);
+        show("peer send after our shutdown", send(s, "hello", 5, MSG_NOSIGNAL));
+        poll_until("poll after the peer's data", c, ALL, POLLERR);
+        poll_until("peer poll after its data", s, ALL, POLLERR);
+        recv_show("read after the reset", c, MSG_DONTWAIT);
+        recv_show("read again after the reset", c, MSG_DONTWAIT);
+        show("send after the reset", send(c, "x", 1, MSG_NOSIGNAL));
+        poll_until("poll after the reset was taken", c, ALL, 0);
+        show("peer send after the reset", send(s, "x", 1, MSG_NOSIGNAL));
+        show("peer send again after the reset", send(s, "x", 1, MSG_NOSIGNAL));
+        recv_show("peer read after the reset", s, MSG_DONTWAIT);
+        poll_until("peer poll after the reset was taken", s, ALL, 0);
+        close(c);
+        close(s);
+    }
+
     /* a peer process that closes (or shuts down writing) and exits: its
      * kernel keeps what is left of a TCP connection, so nothing shows but
      * the end of file, until a write draws the reset (EPIPE) */

@@ -186,6 +186,13 @@ pub enum CloseEvent {
         /// An abort CDC can still be sent.
         can_send: bool,
     },
+    /// This side resets the connection as a TCP socket would: data came
+    /// after the application shut down both its sending and its receiving
+    /// (tcp_input.c `tcp_rcv_state_process`, `LINUX_MIB_TCPABORTONDATA`:
+    /// a socket in `FIN_WAIT1`/`FIN_WAIT2` with `RCV_SHUTDOWN` answers new
+    /// data with a reset and takes `ECONNRESET`). An abort CDC goes out
+    /// (the peer's TCP reset), the error is [`CloseError::Reset`].
+    Reset,
 }
 
 impl fmt::Display for CloseEvent {
@@ -198,6 +205,7 @@ impl fmt::Display for CloseEvent {
             CloseEvent::Peer(fl) => write!(f, "peer CDC {fl}"),
             CloseEvent::Kill { can_send: true } => write!(f, "kill (link usable)"),
             CloseEvent::Kill { can_send: false } => write!(f, "kill (no link)"),
+            CloseEvent::Reset => write!(f, "reset (ours)"),
         }
     }
 }
@@ -343,6 +351,11 @@ impl Closer {
     /// smc_close.c `smc_close_active_abort`), as the machine does without.
     pub fn set_tcp_errors(&mut self) {
         self.tcp_errors = true;
+    }
+
+    /// Whether errors are reported as a TCP socket's ([`Closer::set_tcp_errors`]).
+    pub fn tcp_errors(&self) -> bool {
+        self.tcp_errors
     }
 
     /// The peer ended its stream in order (`done_writing` or `closed`)
@@ -562,13 +575,17 @@ impl Closer {
                     }
                 }
             }
-            CloseEvent::Kill { can_send } => {
+            CloseEvent::Kill { .. } | CloseEvent::Reset => {
+                let (can_send, why) = match ev {
+                    CloseEvent::Kill { can_send } => (can_send, CloseError::Aborted),
+                    _ => (true, CloseError::Reset),
+                };
                 let was = self.state;
                 match was {
                     S::Init | S::Closed => {}
                     _ => {
                         if self.error.is_none() {
-                            self.error = Some(CloseError::Aborted);
+                            self.error = Some(why);
                             self.at_error = Some((self.rx, self.tx));
                             error = self.error();
                         }

@@ -46,6 +46,7 @@ fn events() -> Vec<CloseEvent> {
         CloseEvent::Peer(AB),
         CloseEvent::Kill { can_send: true },
         CloseEvent::Kill { can_send: false },
+        CloseEvent::Reset,
     ]
 }
 
@@ -450,4 +451,27 @@ fn a_kill_after_the_peers_close_shows_nothing_until_a_write() {
     assert_eq!(c.error(), None);
     assert_eq!(c.shown_state(), CloseState::Closed);
     assert!(!c.drawn_reset());
+}
+
+/// Our own reset (`CloseEvent::Reset`, data after our shutdown of both
+/// directions): an abort goes out, the TCP connection is reset, and the
+/// error is TCP's `ECONNRESET`, with or without TCP's errors; once over,
+/// nothing more.
+#[test]
+fn our_reset_sends_an_abort_and_reports_a_reset() {
+    for tcp_errors in [false, true] {
+        let mut c = active();
+        if tcp_errors {
+            c.set_tcp_errors();
+        }
+        c.handle(CloseEvent::AppShutdownWrite);
+        let o = c.handle(CloseEvent::Reset);
+        assert_eq!(o.to, CloseState::Closed);
+        assert_eq!(o.error, Some(CloseError::Reset));
+        assert_eq!(c.error(), Some(CloseError::Reset));
+        assert_eq!(o.tcp, TcpAction::Abort);
+        assert!(o.send_cdc.is_some_and(|f| f.abort));
+        let again = c.handle(CloseEvent::Reset);
+        assert_eq!((again.send_cdc, again.error), (None, None));
+    }
 }

@@ -33,6 +33,10 @@ pub enum AbortCause {
     Peer,
     /// This side could not ready the peer's RMB once established.
     Local,
+    /// Data came after the application shut down both directions, and
+    /// the connection stands in for a TCP socket, which resets then
+    /// (`smc_proto::close::CloseEvent::Reset`).
+    DataAfterShutdown,
 }
 
 impl AbortCause {
@@ -45,6 +49,7 @@ impl AbortCause {
             AbortCause::Violation => "violation",
             AbortCause::Peer => "peer",
             AbortCause::Local => "local",
+            AbortCause::DataAfterShutdown => "data_after_shutdown",
         }
     }
 }

@@ -266,6 +266,22 @@ impl<P: Provider> ConnCore<P> {
         }
     }
 
+    /// Whether data that comes now resets the connection, as it does a TCP
+    /// socket whose application shut down both its sending and its
+    /// receiving (`CloseEvent::Reset`): only for a connection that reports
+    /// its errors as TCP's (`Closer::set_tcp_errors`: Linux's SMC has no
+    /// such reset), not released (a close's end is the peer's to draw,
+    /// `Endpoint::reset_by_write`).
+    fn resets_on_data(&self) -> bool {
+        let tx = self.closer.tx_flags();
+        self.read_shut
+            && tx.done_writing
+            && !tx.closed
+            && !tx.abort
+            && !self.closer.released()
+            && self.closer.tcp_errors()
+    }
+
     /// Nothing more comes to read (see [`ConnLevel::peer_done`]).
     pub(super) fn read_done(&self) -> bool {
         self.closer.peer_done() || self.read_shut
@@ -531,6 +547,7 @@ impl<P: Provider> ConnCore<P> {
     }
 
     fn apply_cdc(&mut self, m: &CdcMessage) -> CdcDone {
+        let resets = self.resets_on_data();
         let Some(dp) = self.dp.as_mut() else {
             return CdcDone::default();
         };
@@ -556,6 +573,18 @@ impl<P: Provider> ConnCore<P> {
             |s: CloseState| matches!(s, CloseState::PeerAbortWait | CloseState::ProcessAbort);
         let was_aborting = aborting(self.closer.state());
         let cause = match r {
+            Ok(r) if r.new_data > 0 && resets => {
+                // (what came is dropped, as TCP drops the segment it
+                // answers with the reset: reads find the error, then the
+                // end)
+                while dp.consumed(usize::MAX) > 0 {}
+                let open = !matches!(self.closer.state(), CloseState::Init | CloseState::Closed);
+                self.close_event(CloseEvent::Reset);
+                return CdcDone {
+                    aborted: open.then_some(AbortCause::DataAfterShutdown),
+                    finished: self.closer.is_finished(),
+                };
+            }
             Ok(r) if r.close.any() => {
                 self.close_event(CloseEvent::Peer(r.close));
                 AbortCause::Peer
