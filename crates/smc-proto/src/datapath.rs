@@ -1187,10 +1187,11 @@ impl DataPath {
     #[inline]
     fn pass_urgent_byte(&mut self) {
         if !self.oob_inline && self.rx_urgent == Some(self.rx_cons) && self.rx_prod > self.rx_cons {
+            // (a read of nothing, which passes it; the reader then stands
+            // past the byte, so the `apply_consume` this calls again finds
+            // nothing to pass)
             let c = self.consume_step(0);
-            self.rx_cons = c.rx_cons;
-            self.cdc_wanted = c.cdc_wanted;
-            self.peer_write_blocked = c.peer_write_blocked;
+            self.apply_consume(c);
         }
     }
 
