@@ -90,7 +90,8 @@ impl SmcStream {
 
     /// What `epoll` would report for the connection now, as TCP's poll does
     /// (`EPOLLIN`, `EPOLLOUT`, `EPOLLRDHUP`, `EPOLLHUP` bits of `libc`'s
-    /// values; `EPOLLPRI`: [`SmcStream::urgent_waiting`]), after taking
+    /// values; not `EPOLLPRI`, which a poller that asks for it adds,
+    /// [`SmcStream::urgent_waiting`]), after taking
     /// what the peer signalled through [`SmcStream::signal_fd`] (so that
     /// its data, end of file and room show together, in one event); a
     /// signal with nothing behind it is drained. For an event loop whose
@@ -142,16 +143,16 @@ impl SmcStream {
     }
 
     /// Whether the peer's urgent byte waits (TCP's `POLLPRI`,
-    /// `ConnLevel::urgent`), which the readiness descriptor cannot show: a
-    /// poller that asked for it adds it. `false` for a connection that is
-    /// not SMC-R.
+    /// `FastConn::urgent_waiting`), which the readiness descriptor cannot
+    /// show: a poller that asked for it adds it. `false` for a connection
+    /// that is not SMC-R.
     pub fn urgent_waiting(&self) -> bool {
         let Ok(Some(c)) = self.smc_conn() else {
             return false;
         };
         c.fast_conn().is_some_and(|f| {
             c.shared.take_held_cdc(f);
-            f.level().urgent
+            f.urgent_waiting()
         })
     }
 

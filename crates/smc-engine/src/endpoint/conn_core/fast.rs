@@ -282,6 +282,19 @@ impl<P: Provider> FastConn<P> {
             .map_or(0, smc_proto::datapath::DataPath::inq)
     }
 
+    /// Whether the peer's urgent byte waits: neither fetched
+    /// (`recv(MSG_OOB)`) nor passed by a read (TCP's `POLLPRI`, tcp.c
+    /// `tcp_poll` while `TCP_URG_VALID`; Linux's SMC while `SMC_URG_VALID`,
+    /// `smc_poll`). Asked only by a poller that waits for it, not part of
+    /// [`Self::level`], which every change of the connection computes.
+    pub fn urgent_waiting(&self) -> bool {
+        let k = lock(&self.core);
+        k.oob.is_some()
+            && k.dp
+                .as_ref()
+                .is_some_and(smc_proto::datapath::DataPath::urgent_valid)
+    }
+
     /// The doorbell of the connection's RMB (`MemoryRegion::doorbell`), if
     /// the device has doorbells: a reader arms it, asks [`Self::may_sleep`]
     /// and then sleeps on it; the peer's next CDC for the connection rings

@@ -149,10 +149,6 @@ pub struct ConnLevel {
     /// The connection's close state, as readiness shows it
     /// (`Closer::shown_state`).
     pub close: CloseState,
-    /// The peer's urgent byte waits: neither fetched (`recv(MSG_OOB)`) nor
-    /// passed by a read (TCP's `POLLPRI`, tcp.c `tcp_poll` while
-    /// `TCP_URG_VALID`; Linux's SMC while `SMC_URG_VALID`, `smc_poll`).
-    pub urgent: bool,
 }
 
 /// Told of a connection's [`ConnLevel`] ([`FastConn::watch`]), with the
@@ -262,7 +258,6 @@ impl<P: Provider> ConnCore<P> {
             failed: self.closer.error().is_some(),
             peer_closed: self.closer.rx_flags().any_close(),
             close: self.closer.shown_state(),
-            urgent: self.oob.is_some() && self.dp.as_ref().is_some_and(DataPath::urgent_valid),
         }
     }
 
