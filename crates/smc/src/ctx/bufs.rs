@@ -87,7 +87,8 @@ const RMB_BUDGET: usize = 2 * DEFAULT_RMB;
 /// stay in a core's L2 together (ten connections' rings on each side of a
 /// one-core pair: 1.25 MiB), where larger rings send every message's copies
 /// to L3 or memory; `smc-bench --only rr` with `SMC_RMB_CROWDED_KIB`
-/// compares sizes (`crates/smc-bench/README.md`, "Runs on record").
+/// compares sizes (`docs/FAST-PATH.md`, "Many connections: RMBs the
+/// caches hold together").
 const CROWDED_RMB: usize = 64 << 10;
 
 /// Default size of each connection's send buffer (1 MiB): it holds only
