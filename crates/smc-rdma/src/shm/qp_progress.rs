@@ -530,7 +530,11 @@ impl QpInner {
             }
             None => (0, 0, Duration::ZERO),
         };
-        // 1. ACKs of published slots, RNR timers.
+        // 1. ACKs of published slots, RNR timers. The peer takes its ring's
+        // slots in order (`head_slot`), so past the first slot it has a
+        // receive for and has not taken, none is taken or refused yet: the
+        // look stops there (a sender ahead of its peer has every SEND of
+        // the ring published, and looked at all of them at every poll).
         if let Some(l) = c.link.as_ref() {
             let pr = Ring(&l.peer_ring);
             for p in c.sq.iter_mut() {
@@ -563,6 +567,7 @@ impl QpInner {
                         }
                     } else {
                         *rnr_since = None;
+                        break;
                     }
                 }
             }
