@@ -159,8 +159,23 @@ impl Shared {
         want: Want,
         deadline: Option<Instant>,
         nonblocking: bool,
+        op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
+    ) -> io::Result<R> {
+        self.run_until(want, move || deadline, nonblocking, op)
+    }
+
+    /// [`Self::run`] with its deadline worked out once the first try has
+    /// failed (`deadline` is called then, and only then): an operation that
+    /// succeeds at once reads no clock for a deadline it never needs.
+    pub(crate) fn run_until<R>(
+        &self,
+        want: Want,
+        deadline: impl FnOnce() -> Option<Instant>,
+        nonblocking: bool,
         mut op: impl FnMut(&mut Endpoint<AnyProvider>) -> Option<io::Result<R>>,
     ) -> io::Result<R> {
+        let mut deadline_fn = Some(deadline);
+        let mut deadline = None;
         struct Active<'a>(&'a Shared, Option<ConnId>);
         impl Drop for Active<'_> {
             fn drop(&mut self) {
@@ -212,6 +227,9 @@ impl Shared {
             };
             if nonblocking {
                 return Err(io::ErrorKind::WouldBlock.into());
+            }
+            if let Some(f) = deadline_fn.take() {
+                deadline = f();
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {

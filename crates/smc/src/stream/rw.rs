@@ -148,12 +148,15 @@ impl SmcStream {
         // waits up to DIRECT_WAIT for room there before copying into the send
         // buffer (see `Endpoint::write_unbuffered`); that wait, sleeps
         // included, ends at DIRECT_WAIT. A non-blocking one looks once.
-        let until = Instant::now() + DIRECT_WAIT;
-        let first = deadline.map_or(until, |d| d.min(until));
+        // (the wait's end is read off the clock only if the first try fails)
+        let first = || {
+            let until = Instant::now() + DIRECT_WAIT;
+            Some(deadline.map_or(until, |d| d.min(until)))
+        };
         let _busy = c.shared.busy();
         let direct = c
             .shared
-            .run(Want::Write(c.id), Some(first), nonblocking, |ep| {
+            .run_until(Want::Write(c.id), first, nonblocking, |ep| {
                 let plan = if buf.len() < LEASE_MIN {
                     // a small copy costs less under the lock than a lease does
                     Ok(WritePlan::NotDirect)
