@@ -291,6 +291,8 @@ pub struct Endpoint<P: Provider> {
     parked: Vec<ConnId>,
     /// Connections flushed so far, one by one (`conn_flushes`).
     conn_flushes: u64,
+    /// Writes that went into the peer's RMB without their CDC (`corked_writes`).
+    corked_writes: u64,
     /// Scratch space for the completions one send CQ poll takes
     /// (`poll_send`; a receive CQ's poll has its link's, `LinkRx`), kept so that a poll does not initialize it each time.
     scratch_wcs: Vec<smc_rdma::WorkCompletion>,
@@ -395,6 +397,7 @@ impl<P: Provider> Endpoint<P> {
             held_validations: Vec::new(),
             parked: Vec::new(),
             conn_flushes: 0,
+            corked_writes: 0,
             scratch_wcs: Vec::new(),
             scratch_sent: Vec::new(),
             llc_sent: 0,

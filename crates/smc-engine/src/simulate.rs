@@ -456,6 +456,9 @@ pub struct Report {
     /// CDCs that those reads applied from their links' receive CQs
     /// themselves, without the endpoint (`Endpoint::cdc_dispatched`).
     pub fast_dispatched: u64,
+    /// Writes that went into the peer's RMB without their CDC while the
+    /// link's SENDs were all in flight (`Endpoint::corked_writes`).
+    pub corked_writes: u64,
     /// Human-readable event trace.
     pub trace: Vec<String>,
 }
@@ -591,6 +594,12 @@ pub fn run(seed: u64) -> Result<Report, String> {
         budget: rmb * (1 + crng.below(2) as usize),
         len: 16384,
     });
+    // Some runs' writers now and then write many small pieces at once,
+    // more than their link has SENDs for before the peer takes any, so
+    // that writes go on without a send slot (`DataPath::write_corked`); a
+    // generator of its own again.
+    let mut brng = Rng::new(seed ^ 0xB025_7000_5EED_0007);
+    let bursts = brng.chance(30);
     let mut fast_handles: std::collections::HashMap<(usize, bool), Option<FastConn<Faulty>>> =
         std::collections::HashMap::new();
     let percent = if prng.chance(15) {
@@ -1328,61 +1337,77 @@ pub fn run(seed: u64) -> Result<Report, String> {
                         }
                     }
                 }
-                if !me.closed && !me.shut && me.sent < total_out {
-                    let want = rng.size(rmb as u64).min(total_out - me.sent) as usize;
-                    let mut want = want.min(buf.len());
-                    if let (Some(at), false) = (my_oob, me.oob_sent) {
-                        // (the urgent byte goes right after byte `at`: the
-                        // reader knows where its mark is, see below)
-                        if me.sent < at {
-                            want = want.min((at - me.sent) as usize);
-                        }
+                // (a burst: many small pieces in a row, see `bursts`)
+                let pieces = if bursts && brng.chance(20) {
+                    8 + brng.below(120)
+                } else {
+                    1
+                };
+                for piece in 0..pieces {
+                    // (the urgent byte goes right after byte `at`, where the
+                    // reader looks for its mark: nothing more before it)
+                    if my_oob.is_some_and(|at| !me.oob_sent && me.sent >= at) {
+                        break;
                     }
-                    for (k, b) in buf.iter_mut().take(want).enumerate() {
-                        *b = pattern(seed, i, dir_out, me.sent + k as u64);
-                    }
-                    // The fast path first, in the runs that use it, as the
-                    // socket library does; what it declines goes through
-                    // the endpoint.
-                    let fast = if fast_on && frng.chance(70) {
-                        let h = fast_handles
-                            .entry((i, client_side))
-                            .or_insert_with(|| ep.fast_conn(me.id));
-                        match h.as_ref().map(|h| h.try_write(&buf[..want])) {
-                            Some(Ok(FastWrite::Wrote(n))) => {
-                                report.fast_writes += 1;
-                                Some(Ok(n))
-                            }
-                            Some(Ok(FastWrite::WroteLinkBroke(n))) => {
-                                report.fast_writes += 1;
-                                // the endpoint learns of it at its next pump
-                                let _ = ep.pump(now);
-                                Some(Ok(n))
-                            }
-                            Some(Ok(FastWrite::Declined)) | None => None,
-                            Some(Err(e)) => Some(Err(e)),
+                    if !me.closed && !me.shut && me.sent < total_out {
+                        let want = rng.size(rmb as u64).min(total_out - me.sent) as usize;
+                        let mut want = want.min(buf.len());
+                        if piece > 0 {
+                            want = want.min(1 + brng.below(512) as usize);
                         }
-                    } else {
-                        None
-                    };
-                    let written = if let Some(w) = fast {
-                        w
-                    } else if rng.chance(50) {
-                        let pump = rng.chance(30).then_some(now);
-                        write_leased(ep, me.id, &buf[..want], pump)
-                            .map_err(|e| fail(&report, format!("conn {i}: {e}")))?
-                    } else {
-                        ep.write(me.id, &buf[..want])
-                    };
-                    match written {
-                        Ok(w) => {
-                            me.sent += w as u64;
-                            progress |= w > 0;
+                        if let (Some(at), false) = (my_oob, me.oob_sent) {
+                            // (the urgent byte goes right after byte `at`: the
+                            // reader knows where its mark is, see below)
+                            if me.sent < at {
+                                want = want.min((at - me.sent) as usize);
+                            }
                         }
-                        Err(e) => {
-                            trace(&mut report, now, format!("conn {i}: write error {e:?}"));
-                            me.closed = true;
-                            me.error = true;
+                        for (k, b) in buf.iter_mut().take(want).enumerate() {
+                            *b = pattern(seed, i, dir_out, me.sent + k as u64);
+                        }
+                        // The fast path first, in the runs that use it, as the
+                        // socket library does; what it declines goes through
+                        // the endpoint.
+                        let fast = if fast_on && frng.chance(70) {
+                            let h = fast_handles
+                                .entry((i, client_side))
+                                .or_insert_with(|| ep.fast_conn(me.id));
+                            match h.as_ref().map(|h| h.try_write(&buf[..want])) {
+                                Some(Ok(FastWrite::Wrote(n))) => {
+                                    report.fast_writes += 1;
+                                    Some(Ok(n))
+                                }
+                                Some(Ok(FastWrite::WroteLinkBroke(n))) => {
+                                    report.fast_writes += 1;
+                                    // the endpoint learns of it at its next pump
+                                    let _ = ep.pump(now);
+                                    Some(Ok(n))
+                                }
+                                Some(Ok(FastWrite::Declined)) | None => None,
+                                Some(Err(e)) => Some(Err(e)),
+                            }
+                        } else {
+                            None
+                        };
+                        let written = if let Some(w) = fast {
+                            w
+                        } else if rng.chance(50) {
+                            let pump = rng.chance(30).then_some(now);
+                            write_leased(ep, me.id, &buf[..want], pump)
+                                .map_err(|e| fail(&report, format!("conn {i}: {e}")))?
+                        } else {
+                            ep.write(me.id, &buf[..want])
+                        };
+                        match written {
+                            Ok(w) => {
+                                me.sent += w as u64;
+                                progress |= w > 0;
+                            }
+                            Err(e) => {
+                                trace(&mut report, now, format!("conn {i}: write error {e:?}"));
+                                me.closed = true;
+                                me.error = true;
+                            }
                         }
                     }
                 }
@@ -1754,6 +1779,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
     }
     report.virtual_time = now;
     report.fast_dispatched = client.cdc_dispatched() + server.cdc_dispatched();
+    report.corked_writes = client.corked_writes() + server.corked_writes();
     report.prepare_failures = provider.failed_prepares();
     // A failed prepare_remote costs its own connection at most: never a
     // link, a link group, or a connection whose prepares went through.

@@ -209,6 +209,64 @@ fn a_device_that_allows_more_sends_in_flight_gives_the_fast_path_more() {
     fast_writes_leave_the_last_send(&mut w, 48);
 }
 
+/// A write that finds every SEND of its link in flight (a writer ahead of
+/// its peer) goes on into the peer's RMB through the connection's window,
+/// not into the send buffer, and owes its CDC, which the next batch that a
+/// completion lets out carries (`DataPath::write_corked`, Linux's
+/// autocorking); every byte arrives once, in order.
+#[test]
+fn writes_with_every_send_in_flight_go_into_the_peers_rmb_their_cdc_owed() {
+    let mut w = World::with_seed(13, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let t = w.handshake();
+    let (c, s) = (t.c, t.s);
+    let mut sent = 0usize;
+    let msg = |sent: &mut usize| -> Vec<u8> {
+        let m: Vec<u8> = (*sent..*sent + 64).map(byte).collect();
+        *sent += 64;
+        m
+    };
+    // a direct write grants the fast path (and maps the peer's RMB)
+    assert_eq!(w.client.write(c, &msg(&mut sent)), Ok(64));
+    for _ in 0..20 {
+        w.tick();
+    }
+    let h = w.client.fast_conn(c).unwrap();
+    // without a pump no send completes: the fast path takes all SENDs but
+    // the last, the endpoint's write that one
+    loop {
+        let m = msg(&mut sent);
+        match h.try_write(&m).unwrap() {
+            FastWrite::Wrote(64) => {}
+            FastWrite::Declined => {
+                assert_eq!(w.client.write(c, &m), Ok(64));
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let before = w.client.corked_writes();
+    for _ in 0..10 {
+        let m = msg(&mut sent);
+        assert_eq!(h.try_write(&m), Ok(FastWrite::Declined), "no SEND left");
+        assert_eq!(w.client.write(c, &m), Ok(64));
+    }
+    assert_eq!(
+        w.client.corked_writes(),
+        before + 10,
+        "each went without its CDC"
+    );
+    assert_eq!(w.client.unsent(c), 0, "nothing waits in the send buffer");
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        w.tick();
+        got.extend(w.server.read(s, 1 << 16).unwrap());
+    }
+    assert_eq!(got.len(), sent, "every byte, once");
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(*b, byte(i), "byte {i}");
+    }
+}
+
 /// The body of the two tests above, on a link with `max_sends` SENDs.
 fn fast_writes_leave_the_last_send(w: &mut World, max_sends: usize) {
     let t = w.handshake();

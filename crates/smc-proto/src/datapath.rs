@@ -81,6 +81,9 @@ pub struct TxBatch {
     pub writes: Writes,
     /// The CDC announcing them (or only cursors/flags).
     pub cdc: CdcMessage,
+    /// The CDC announces data the peer has not been told of: these WRITEs'
+    /// or bytes written before without a CDC ([`DataPath::write_corked`]).
+    pub brings_data: bool,
 }
 
 /// Zero, one or two RDMA WRITEs (the destination wraps at most once), kept
@@ -286,6 +289,11 @@ pub struct DataPath {
     /// while the byte cannot be written, no further CDC is needed for it.
     tx_urgent_announced: bool,
     cdc_wanted: bool,
+    /// Bytes went into the peer's RMBE without a CDC of their own
+    /// ([`Self::write_corked`]): the next CDC announces them (and rings the
+    /// peer's reader, [`TxBatch::brings_data`]); `Some(blocked)`, whether they
+    /// filled the peer's free space (that CDC's write_blocked).
+    tx_corked: Option<bool>,
     // --- receiving (§3.4) ---
     rx_prod: u64,
     rx_cons: u64,
@@ -401,6 +409,7 @@ impl DataPath {
             tx_urgent: None,
             tx_urgent_announced: false,
             cdc_wanted: false,
+            tx_corked: None,
             rx_prod: 0,
             rx_cons: 0,
             rx_cons_confirmed: 0,
@@ -628,10 +637,11 @@ impl DataPath {
         self.cdc_wanted = true;
     }
 
-    /// A CDC is owed even without data (requested, a forced consumer update, or
-    /// the re-announcement after a failover rewind).
+    /// A CDC is owed even without data to write (requested, a forced
+    /// consumer update, the re-announcement after a failover rewind, or
+    /// bytes written without their CDC, [`Self::write_corked`]).
     pub fn cdc_wanted(&self) -> bool {
-        self.cdc_wanted
+        self.cdc_wanted || self.tx_corked.is_some()
     }
 
     /// The next batch to post, if any: the RDMA WRITEs for as much unsent data as
@@ -656,17 +666,20 @@ impl DataPath {
         // keeps it in `local_tx_ctrl.prod_flags`) and never calls for a CDC
         // of its own: the peer forgets it once it has read everything, and
         // with its RMB full it sends the consumer update anyway (§3.4).
-        let blocked = if len > 0 {
-            blocked
-        } else {
-            self.write_blocked_sent
+        // (corked bytes, written before, are announced by this CDC too: as
+        // a batch of theirs would have said)
+        let blocked = match (len, self.tx_corked) {
+            (0, Some(corked)) => corked,
+            (0, None) => self.write_blocked_sent,
+            _ => blocked,
         };
+        let brings_data = len > 0 || self.tx_corked.is_some();
         let consumer_update = self.consumer_update_due();
         let urgent_news = self.tx_urgent.is_some() && !self.tx_urgent_announced;
         // A requested close can go out once nothing written before it is unsent.
         let close_due = self.close_flags != self.close_requested
             && (self.close_requested.abort || to_send == len);
-        if len == 0 && !self.cdc_wanted && !consumer_update && !close_due && !urgent_news {
+        if !brings_data && !self.cdc_wanted && !consumer_update && !close_due && !urgent_news {
             return None;
         }
         let mut writes = Writes::default();
@@ -696,7 +709,11 @@ impl DataPath {
             self.tx_sent_max = self.tx_sent_max.max(self.tx_sent);
         }
         let cdc = self.seal_cdc(blocked);
-        Some(TxBatch { writes, cdc })
+        Some(TxBatch {
+            writes,
+            cdc,
+            brings_data,
+        })
     }
 
     /// [`Self::produced_direct`] and [`Self::poll_tx`] at once for `n` bytes
@@ -737,6 +754,44 @@ impl DataPath {
         Some((dst, cdc))
     }
 
+    /// Up to `n` bytes that go straight into the peer's RMBE without a CDC
+    /// of their own, while the link has no send slot for one: where they
+    /// go (empty: none), accounted as written; the next CDC, owed from now
+    /// on ([`Self::cdc_wanted`]), announces them with whatever follows.
+    /// Linux corks its sends the same way while a CDC is in flight (smc_tx.c
+    /// `smc_tx_sendmsg`, `smc_tx_should_cork`), so that a sender ahead of
+    /// its link writes on instead of waiting for a slot. The same
+    /// conditions as [`Self::poll_tx_direct`] (nothing unsent, urgent or
+    /// closing before them), and as many bytes as the peer's RMBE and the
+    /// send buffer take ([`Self::produced_direct`]'s count).
+    pub fn write_corked(&mut self, n: usize) -> RingChunks {
+        let space = self.peer_space();
+        let n = n.min(space).min(self.sndbuf_free());
+        if n == 0
+            || self.unsent() > 0
+            || self.tx_urgent.is_some()
+            || self.close_pending()
+            || self.close_requested.abort
+        {
+            return RingChunks::default();
+        }
+        let Ok(dst) = write_chunks(
+            self.cfg.peer_rmbe_len,
+            cursor_at(self.tx_sent, self.cfg.peer_rmbe_len),
+            n,
+        ) else {
+            return RingChunks::default();
+        };
+        self.tx_prep += n as u64;
+        self.note_direct();
+        self.tx_sent += n as u64;
+        self.tx_sent_max = self.tx_sent_max.max(self.tx_sent);
+        // (write_blocked as a batch of their own would have said it: the
+        // peer's free space is used up; the latest corked part tells)
+        self.tx_corked = Some(n >= space);
+        dst
+    }
+
     /// The CDC of a batch whose writes are accounted (`tx_sent`), with
     /// write_blocked as given, and what sending it changes.
     #[inline]
@@ -748,6 +803,7 @@ impl DataPath {
             self.close_flags = self.close_requested;
         }
         self.cdc_wanted = false;
+        self.tx_corked = None;
         self.rx_cons_confirmed = self.rx_cons;
         self.peer_update_request = false;
         let mut prod_flags = ProducerFlags::empty();
@@ -1535,6 +1591,87 @@ mod tests {
         });
         declined(&mut c, 10);
         assert!(a.poll_tx_direct(8191).is_some());
+    }
+
+    /// Bytes written without their CDC (`write_corked`) are announced by
+    /// the next CDC exactly as a batch of their own would have announced
+    /// them (same CDC, same state after it), that CDC rings the peer's
+    /// reader (`brings_data`), and a corked write takes what a direct one
+    /// could take and nothing else.
+    #[test]
+    fn corked_bytes_go_out_with_the_next_cdc_as_their_own_batch_would() {
+        let peer_read = |seqno: u16, wrap: u16, count: u32| CdcMessage {
+            seqno,
+            token: 0,
+            prod: Cursor::new(0, 0),
+            cons: Cursor::new(wrap, count),
+            prod_flags: ProducerFlags::empty(),
+            conn_flags: ConnStateFlags::empty(),
+        };
+        let mut a = DataPath::new(cfg(65536, 16384, 16384));
+        // 3000 + 2000 corked, twice; then, after the peer read 10000, 9000
+        // around the ring's end and the rest of the peer's free space (asked
+        // for more: a CDC with write_blocked)
+        for (parts, peer_cons) in [
+            (&[3000usize, 2000][..], None),
+            (&[3000, 2000][..], None),
+            (&[9000, 20000][..], Some((0, 10000))),
+        ] {
+            if let Some((w, c)) = peer_cons {
+                a.on_cdc(&peer_read(1, w, c)).unwrap();
+            }
+            let mut b = a.clone();
+            let mut n = 0;
+            for &p in parts {
+                let before = a.sent_total();
+                let dst = a.write_corked(p);
+                let len: usize = dst.as_slice().iter().map(|c| c.1).sum();
+                assert_eq!(a.sent_total(), before + len as u64);
+                assert!(a.cdc_wanted(), "their CDC is owed");
+                n += len;
+            }
+            b.produced_direct(n);
+            let want = b.poll_tx().unwrap();
+            let got = a.poll_tx().unwrap();
+            assert!(got.writes.is_empty(), "the bytes are there already");
+            assert!(got.brings_data && want.brings_data);
+            assert_eq!(got.cdc, want.cdc);
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+            assert!(!a.cdc_wanted());
+            assert!(a.poll_tx().is_none(), "nothing owed any more");
+        }
+        assert_eq!(a.peer_space(), 0);
+        assert!(a.write_corked(1).is_empty(), "the peer's RMBE is full");
+        // corked bytes, then a direct write: one CDC for both
+        let mut a = DataPath::new(cfg(65536, 16384, 16384));
+        a.write_corked(100);
+        let (dst, cdc) = a.poll_tx_direct(50).unwrap();
+        assert_eq!(dst.as_slice(), &[(100, 50)]);
+        assert_eq!(cdc.prod, Cursor::new(0, 150));
+        assert!(!a.cdc_wanted());
+        // nothing corked where a direct write would not go either
+        let declined = |a: &mut DataPath, n: usize| {
+            let before = format!("{a:?}");
+            assert!(a.write_corked(n).is_empty());
+            assert_eq!(format!("{a:?}"), before);
+        };
+        let a = DataPath::new(cfg(8192, 16384, 16384));
+        declined(&mut a.clone(), 0);
+        let mut u = a.clone();
+        u.produced(10);
+        declined(&mut u, 10);
+        assert!(u.mark_urgent());
+        declined(&mut u, 10);
+        let mut c = a.clone();
+        c.set_close_flags(CloseFlags {
+            done_writing: true,
+            ..CloseFlags::default()
+        });
+        declined(&mut c, 10);
+        // as much as the send buffer counts free (direct bytes hold none)
+        let mut f = a.clone();
+        let len: usize = f.write_corked(9000).as_slice().iter().map(|c| c.1).sum();
+        assert_eq!(len, 8192);
     }
 
     #[test]

@@ -503,7 +503,9 @@ impl<P: Provider> Endpoint<P> {
             if let Some(c) = self.conns.get(id) {
                 let mut k = lock(&c.core);
                 let max_inline = self.limits.max_inline as usize;
-                if let Ok(p) = Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, 1, false) {
+                if let Ok(p) =
+                    Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, 1, false, false)
+                {
                     Self::grant_fast(&mut self.lgrs, max_inline, id, &mut k, &p);
                 }
             }

@@ -249,7 +249,7 @@ impl<P: Provider> Endpoint<P> {
             return Err(k.close_error());
         }
         let max_inline = self.limits.max_inline as usize;
-        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, max, false) {
+        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, max, false, false) {
             Ok(p) => p,
             Err(Direct::NoRoom) => return Ok(WritePlan::NoRoom),
             Err(_) => return Ok(WritePlan::NotDirect),
@@ -327,7 +327,7 @@ impl<P: Provider> Endpoint<P> {
         let max_inline = self.limits.max_inline as usize;
         // (the peer's free space only grows while a lease is out: all `n`
         // bytes fit where the lease put them)
-        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, n, true) {
+        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, n, true, false) {
             Ok(p) => p,
             Err(_) => return Ok(false),
         };

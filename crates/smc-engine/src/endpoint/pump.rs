@@ -428,6 +428,13 @@ impl<P: Provider> Endpoint<P> {
         self.conn_flushes
     }
 
+    /// Writes that went straight into the peer's RMB without a CDC of their
+    /// own while their link's SENDs were all in flight, so far (their CDC
+    /// went with the next batch: `DataPath::write_corked`).
+    pub fn corked_writes(&self) -> u64 {
+        self.corked_writes
+    }
+
     /// Work completions processed so far: when it moves, [`Self::pump`] did
     /// something (data, cursor updates, LLC) that a waiter may care about.
     pub fn completions(&self) -> u64 {

@@ -39,6 +39,10 @@ pub(super) struct DirectPlan {
     pub(super) at: u64,
     /// The connection's link epoch (see `ConnCore::set_link`).
     pub(super) epoch: u64,
+    /// The link's SENDs are all in flight: the bytes go into the peer's
+    /// RMB through its window now and their CDC later
+    /// (`DataPath::write_corked`).
+    pub(super) corked: bool,
 }
 
 /// What [`Endpoint::post_direct`] did.
@@ -158,7 +162,9 @@ impl<P: Provider> Endpoint<P> {
     /// straight into the peer's RMB now, and where: the conditions of the
     /// direct path of [`Self::write`].
     /// `lessee`: asked for the commit of the connection's write lease, which
-    /// other writers wait for.
+    /// other writers wait for. `cork`: the caller can write without a CDC
+    /// while the link's SENDs are all in flight (a plan with `corked`), where
+    /// the connection has a window onto the peer's RMB.
     pub(super) fn direct_plan(
         k: &mut ConnCore<P>,
         lgr: Option<LgrId>,
@@ -166,6 +172,7 @@ impl<P: Provider> Endpoint<P> {
         max_inline: usize,
         want: usize,
         lessee: bool,
+        cork: bool,
     ) -> std::result::Result<DirectPlan, Direct> {
         let (slot, peer) = k.direct_ready(lessee)?;
         let Some(l) = lgr else {
@@ -195,7 +202,17 @@ impl<P: Provider> Endpoint<P> {
         let Some(res) = lg.links.get(slot).and_then(Option::as_ref) else {
             return Err(Direct::No);
         };
-        if res.sends_full() {
+        // A link whose SENDs are all in flight is ahead of its peer's reader:
+        // a caller that may cork writes on into the window (a copy as the
+        // fast path's), and the CDC goes with the next batch a completion
+        // lets out, instead of a copy into the send buffer now and another
+        // into the peer's RMB then.
+        let corked = res.sends_full();
+        let window = k
+            .peer_window
+            .as_ref()
+            .is_some_and(|(s, r, _)| *s == slot && *r == rkey);
+        if corked && !(cork && window) {
             return Err(Direct::No);
         }
         let Some(dp) = k.dp.as_ref() else {
@@ -229,6 +246,7 @@ impl<P: Provider> Endpoint<P> {
             n,
             at: dp.sent_total(),
             epoch: k.epoch,
+            corked,
         })
     }
 
@@ -240,10 +258,29 @@ impl<P: Provider> Endpoint<P> {
         };
         let mut k = lock(&c.core);
         let max_inline = self.limits.max_inline as usize;
-        let p = match Self::direct_plan(&mut k, c.lgr, &self.lgrs, max_inline, data.len(), false) {
+        let p = match Self::direct_plan(
+            &mut k,
+            c.lgr,
+            &self.lgrs,
+            max_inline,
+            data.len(),
+            false,
+            true,
+        ) {
             Ok(p) => p,
             Err(d) => return Ok(d),
         };
+        if p.corked {
+            let n = k.write_corked(p.n, data);
+            drop(k);
+            if n == 0 {
+                return Ok(Direct::No);
+            }
+            // (the flush that a send completion lets out sends their CDC)
+            self.mark_tx(id);
+            self.corked_writes += 1;
+            return Ok(Direct::Wrote(n));
+        }
         let posted = Self::post_direct(
             &mut self.lgrs,
             &mut self.cdc_sent,

@@ -326,9 +326,9 @@ impl<P: Provider> FastConn<P> {
         if k.write_leased
             || k.read_shut
             || k.validation.is_some()
-            || k.dp
-                .as_ref()
-                .is_none_or(|dp| dp.unsent() > 0 || dp.urgent_pending() || dp.close_pending())
+            || k.dp.as_ref().is_none_or(|dp| {
+                dp.unsent() > 0 || dp.cdc_wanted() || dp.urgent_pending() || dp.close_pending()
+            })
         {
             return MaySleep::No;
         }
@@ -603,12 +603,13 @@ impl<P: Provider> ConnCore<P> {
             return FastRead::Read { n, cdc: false };
         };
         debug_assert!(batch.writes.is_empty(), "a cursor update carries no data");
-        // (a cursor update: no data for the peer's reader, see `names_bell`)
+        // (a cursor update, no data for the peer's reader, see `names_bell`;
+        // unless it announces bytes written before without a CDC)
         match book.post(
             &f.tx.qp,
             WrKind::Cdc(f.id, batch.cdc.seqno),
             &batch.cdc.encode(),
-            None,
+            names_bell(&batch.cdc, batch.brings_data).then_some(f.rkey),
         ) {
             Ok(()) => {
                 f.tx.fast_cdcs.add(&*book);

@@ -695,13 +695,41 @@ impl<P: Provider> ConnCore<P> {
         }
         if posted.is_ok() {
             let kind = WrKind::Cdc(id, batch.cdc.seqno);
-            posted = if names_bell(&batch.cdc, n > 0) {
+            posted = if names_bell(&batch.cdc, batch.brings_data) {
                 res.post_cdc(kind, &batch.cdc.encode(), rkey)
             } else {
                 res.post(kind, &batch.cdc.encode())
             };
         }
         Ok(posted)
+    }
+
+    /// Copies up to `n` bytes of `data` into the peer's RMB through its
+    /// window (made with the fast path's grant) without a CDC, while the
+    /// link has no send slot for one (`Endpoint::direct_plan`'s corked
+    /// plan): accounted as written, their CDC owed (`DataPath::write_corked`;
+    /// the caller marks the connection for the flush that sends it). The
+    /// bytes written: 0 if the window refused them (the region gone) or the
+    /// connection cannot write directly now.
+    pub(super) fn write_corked(&mut self, n: usize, data: &[u8]) -> usize {
+        let (Some(dp), Some((_, _, win))) = (self.dp.as_mut(), self.peer_window.as_ref()) else {
+            return 0;
+        };
+        let n = n.min(data.len());
+        // (copied first, accounted after: bytes beyond the producer cursor
+        // the peer has been told of are nothing to it until a CDC says so)
+        let dst = dp.peer_write_chunks(n);
+        let mut at = 0;
+        for &(off, len) in dst.as_slice() {
+            if win.write_at(off, &data[at..at + len]).is_err() {
+                return 0;
+            }
+            at += len;
+        }
+        let done = dp.write_corked(at);
+        debug_assert_eq!(done, dst, "corked where the chunks were planned");
+        self.direct_sent = dp.sent_total();
+        done.as_slice().iter().map(|&(_, len)| len).sum()
     }
 
     /// One batch of what the connection has to send, posted on link `res`
@@ -759,7 +787,7 @@ impl<P: Provider> ConnCore<P> {
         if posted.is_ok() {
             let cdc = WrKind::Cdc(id, batch.cdc.seqno);
             posted = match rtoken {
-                Some((rkey, _)) if names_bell(&batch.cdc, !batch.writes.is_empty()) => {
+                Some((rkey, _)) if names_bell(&batch.cdc, batch.brings_data) => {
                     res.post_cdc(cdc, &batch.cdc.encode(), rkey)
                 }
                 _ => res.post(cdc, &batch.cdc.encode()),
