@@ -256,15 +256,9 @@ fn writes_with_every_send_in_flight_go_into_the_peers_rmb_their_cdc_owed() {
         "each went without its CDC"
     );
     assert_eq!(w.client.unsent(c), 0, "nothing waits in the send buffer");
-    let mut got = Vec::new();
-    for _ in 0..50 {
-        w.tick();
-        got.extend(w.server.read(s, 1 << 16).unwrap());
-    }
-    assert_eq!(got.len(), sent, "every byte, once");
-    for (i, b) in got.iter().enumerate() {
-        assert_eq!(*b, byte(i), "byte {i}");
-    }
+    let mut got = [Vec::new()];
+    tick_read(&mut w, &[s], &mut got, 50);
+    assert_stream(&got[0], sent, 0);
 }
 
 /// The body of the two tests above, on a link with `max_sends` SENDs.
@@ -302,22 +296,13 @@ fn fast_writes_leave_the_last_send(w: &mut World, max_sends: usize) {
     // (the first message's SEND completed: all of the link's SENDs but
     // one go fast)
     assert_eq!(fast, max_sends - 1, "all SENDs but the last");
-    let mut got = Vec::new();
-    for _ in 0..50 {
-        w.tick();
-        got.extend(w.server.read(s, 1 << 16).unwrap());
-    }
+    let mut got = [Vec::new()];
+    tick_read(w, &[s], &mut got, 50);
     // completions came in: the fast path goes on
     let m = msg(&mut sent);
     assert_eq!(h.try_write(&m), Ok(FastWrite::Wrote(64)));
-    for _ in 0..50 {
-        w.tick();
-        got.extend(w.server.read(s, 1 << 16).unwrap());
-    }
-    assert_eq!(got.len(), sent, "every byte, once");
-    for (i, b) in got.iter().enumerate() {
-        assert_eq!(*b, byte(i), "byte {i}");
-    }
+    tick_read(w, &[s], &mut got, 50);
+    assert_stream(&got[0], sent, 0);
 }
 
 /// The server takes what came (the client's endpoint is not pumped): its

@@ -1543,18 +1543,10 @@ mod tests {
     #[test]
     fn poll_tx_direct_is_poll_tx_for_the_fast_paths_case() {
         let mut a = DataPath::new(cfg(65536, 16384, 16384));
-        let peer_read = |seqno: u16, wrap: u16, count: u32| CdcMessage {
-            seqno,
-            token: 0,
-            prod: Cursor::new(0, 0),
-            cons: Cursor::new(wrap, count),
-            prod_flags: ProducerFlags::empty(),
-            conn_flags: ConnStateFlags::empty(),
-        };
         // 10000 at 0; then 6384 + 3616 around the end; then exactly the space left
         for (n, peer_cons) in [(10000, None), (10000, Some((0, 10000))), (6384, None)] {
             if let Some((w, c)) = peer_cons {
-                a.on_cdc(&peer_read(1, w, c)).unwrap();
+                a.on_cdc(&peer_read(w, c)).unwrap();
             }
             let mut b = a.clone();
             b.produced_direct(n);
@@ -1579,18 +1571,39 @@ mod tests {
         let mut a = DataPath::new(cfg(8192, 16384, 16384));
         declined(&mut a, 0);
         declined(&mut a, 8192);
-        let mut u = a.clone();
-        u.produced(10);
-        declined(&mut u, 10);
-        assert!(u.mark_urgent());
-        declined(&mut u, 10);
-        let mut c = a.clone();
-        c.set_close_flags(CloseFlags {
+        for mut b in not_direct(&a) {
+            declined(&mut b, 10);
+        }
+        assert!(a.poll_tx_direct(8191).is_some());
+    }
+
+    /// The peer's CDC that says it has read up to (`wrap`, `count`) of our
+    /// writes, and nothing else.
+    fn peer_read(wrap: u16, count: u32) -> CdcMessage {
+        CdcMessage {
+            seqno: 1,
+            token: 0,
+            prod: Cursor::new(0, 0),
+            cons: Cursor::new(wrap, count),
+            prod_flags: ProducerFlags::empty(),
+            conn_flags: ConnStateFlags::empty(),
+        }
+    }
+
+    /// `a` with something before any further byte that keeps a write from
+    /// going straight into the peer's RMBE: a byte unsent, an urgent byte,
+    /// a close.
+    fn not_direct(a: &DataPath) -> [DataPath; 3] {
+        let mut unsent = a.clone();
+        unsent.produced(10);
+        let mut urgent = unsent.clone();
+        assert!(urgent.mark_urgent());
+        let mut closing = a.clone();
+        closing.set_close_flags(CloseFlags {
             done_writing: true,
             ..CloseFlags::default()
         });
-        declined(&mut c, 10);
-        assert!(a.poll_tx_direct(8191).is_some());
+        [unsent, urgent, closing]
     }
 
     /// Bytes written without their CDC (`write_corked`) are announced by
@@ -1600,14 +1613,6 @@ mod tests {
     /// could take and nothing else.
     #[test]
     fn corked_bytes_go_out_with_the_next_cdc_as_their_own_batch_would() {
-        let peer_read = |seqno: u16, wrap: u16, count: u32| CdcMessage {
-            seqno,
-            token: 0,
-            prod: Cursor::new(0, 0),
-            cons: Cursor::new(wrap, count),
-            prod_flags: ProducerFlags::empty(),
-            conn_flags: ConnStateFlags::empty(),
-        };
         let mut a = DataPath::new(cfg(65536, 16384, 16384));
         // 3000 + 2000 corked, twice; then, after the peer read 10000, 9000
         // around the ring's end and the rest of the peer's free space (asked
@@ -1618,7 +1623,7 @@ mod tests {
             (&[9000, 20000][..], Some((0, 10000))),
         ] {
             if let Some((w, c)) = peer_cons {
-                a.on_cdc(&peer_read(1, w, c)).unwrap();
+                a.on_cdc(&peer_read(w, c)).unwrap();
             }
             let mut b = a.clone();
             let mut n = 0;
@@ -1657,17 +1662,9 @@ mod tests {
         };
         let a = DataPath::new(cfg(8192, 16384, 16384));
         declined(&mut a.clone(), 0);
-        let mut u = a.clone();
-        u.produced(10);
-        declined(&mut u, 10);
-        assert!(u.mark_urgent());
-        declined(&mut u, 10);
-        let mut c = a.clone();
-        c.set_close_flags(CloseFlags {
-            done_writing: true,
-            ..CloseFlags::default()
-        });
-        declined(&mut c, 10);
+        for mut b in not_direct(&a) {
+            declined(&mut b, 10);
+        }
         // as much as the send buffer counts free (direct bytes hold none)
         let mut f = a.clone();
         let len: usize = f.write_corked(9000).as_slice().iter().map(|c| c.1).sum();
