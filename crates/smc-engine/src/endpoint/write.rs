@@ -1,11 +1,13 @@
 //! The application's writes: into the send buffer (sent by the next pump or
 //! flush), or — when nothing is waiting and the peer has room — straight into
-//! the peer's RMB as inline RDMA WRITEs with their CDC (the direct path); and
+//! the peer's RMB as inline RDMA WRITEs with their CDC (the direct path), or,
+//! while the link's SENDs are all in flight, through the connection's window
+//! onto the peer's RMB with their CDC owed to the next batch (corked); and
 //! the urgent byte (`send(MSG_OOB)`).
 //!
 //! Spec: `protocol-llc-cdc.md` §3.2 (how much may be written, and where),
 //! §3.5 (urgent data), §7.2 (why only a single-link group writes directly).
-//! Linux: smc_tx.c (`smc_tx_sendmsg`, `smc_tx_rdma_write`).
+//! Linux: smc_tx.c (`smc_tx_sendmsg`, `smc_tx_rdma_write`, `smc_tx_should_cork`).
 
 use super::conn::ConnError;
 use super::conn_core::{lock, ConnCore, FastConn, FastTx};
@@ -82,8 +84,11 @@ impl<P: Provider> Endpoint<P> {
     /// When nothing written earlier is still waiting and the peer has room, the
     /// bytes go out at once as inline RDMA WRITEs from `data` itself (copied at
     /// post time, §3.2: the send buffer only has to hold data that cannot be
-    /// written yet), followed by their CDC: one copy instead of two. Otherwise
-    /// they are copied into the send buffer and sent by [`Self::pump`].
+    /// written yet), followed by their CDC: one copy instead of two; with every
+    /// SEND of the link in flight, where the peer's RMB is mapped here, they
+    /// are copied into it and their CDC goes with the next batch
+    /// (`DataPath::write_corked`). Otherwise they are copied into the send
+    /// buffer and sent by [`Self::pump`].
     pub fn write(&mut self, id: ConnId, data: &[u8]) -> std::result::Result<usize, ConnError> {
         self.write_impl(id, data, true)
     }
