@@ -627,6 +627,47 @@ fn data_that_overtakes_the_clc_confirm_is_not_lost() {
     assert_eq!(w.server.read(t.s, 100).unwrap(), b"early bird");
 }
 
+/// More CDCs than the server keeps for a connection whose CLC Confirm is
+/// still on the way, one of them marking an urgent byte: the oldest go
+/// (cursors are cumulative), the urgent byte's does not, and once the
+/// Confirm is in the server has every byte and the urgent one out of band.
+/// (Found by the simulation: the urgent byte was lost and its reader waited
+/// at the mark for ever.)
+#[test]
+fn an_urgent_byte_among_too_many_early_cdcs_is_not_lost() {
+    let mut w = World::default();
+    let _t1 = w.handshake();
+    let mut t = w.open();
+    let mut held = w.hold_confirm(&mut t);
+    assert_ne!(w.server.status(t.s), Some(ConnStatus::Smc));
+    let mut sent = Vec::new();
+    let mut write = |w: &mut World, b: &[u8]| {
+        assert_eq!(w.client.write(t.c, b), Ok(b.len()));
+        sent.extend_from_slice(b);
+        for _ in 0..3 {
+            w.tick();
+        }
+    };
+    for i in 0..10u8 {
+        write(&mut w, &[i; 10]);
+    }
+    // the urgent byte, then more CDCs than the server keeps
+    assert_eq!(w.client.write_oob(t.c, 0xAB), Ok(true));
+    for _ in 0..3 {
+        w.tick();
+    }
+    for i in 0..100u8 {
+        write(&mut w, &[i; 7]);
+    }
+    t.c2s.append(&mut held);
+    w.settle(&mut [&mut t], Duration::from_millis(1));
+    assert_eq!(w.server.status(t.s), Some(ConnStatus::Smc));
+    // up to the mark, the urgent byte out of band, then the rest
+    assert_eq!(w.server.read(t.s, 1000).unwrap(), &sent[..100]);
+    assert_eq!(w.server.read_oob(t.s), Ok(Some(0xAB)));
+    assert_eq!(w.server.read(t.s, 1000).unwrap(), &sent[100..]);
+}
+
 #[test]
 fn an_unbuffered_write_waits_for_room_at_the_peer_instead_of_copying() {
     let mut w = World::default();

@@ -230,7 +230,15 @@ impl<P: Provider> Endpoint<P> {
                 &mut c.phase
             {
                 if early.len() >= EARLY_CDC_MAX {
-                    early.pop_front();
+                    // Cursors are cumulative, so an older CDC can go, but not
+                    // one that says its last byte is urgent: no later CDC
+                    // names that byte again (urg_data_present, §3.5; Linux
+                    // `smc_cdc_msg_recv_action` takes it from that CDC alone).
+                    let old = early
+                        .iter()
+                        .position(|e| !e.prod_flags.urg_data_present())
+                        .unwrap_or(0);
+                    early.remove(old);
                 }
                 early.push_back(*m);
             }

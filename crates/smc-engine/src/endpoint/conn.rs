@@ -99,7 +99,8 @@ pub(super) enum Phase {
         /// (smc_cdc_rx_handler), so we keep it and apply it once the Confirm
         /// is in. Cursors are cumulative, so when more than
         /// [`EARLY_CDC_MAX`](super::cdc_recv::EARLY_CDC_MAX) pile up the
-        /// oldest can be dropped. Only these two server phases hold them: the
+        /// oldest can be dropped (not one that marks an urgent byte, which
+        /// no later CDC names again). Only these two server phases hold them: the
         /// connection has a token the peer knows and no data path yet.
         early: VecDeque<CdcMessage>,
     },
