@@ -213,7 +213,9 @@ fn a_device_that_allows_more_sends_in_flight_gives_the_fast_path_more() {
 /// its peer) goes on into the peer's RMB through the connection's window,
 /// not into the send buffer, and owes its CDC, which the next batch that a
 /// completion lets out carries (`DataPath::write_corked`, Linux's
-/// autocorking); every byte arrives once, in order.
+/// autocorking): the fast path's own (listed for the endpoint's flush,
+/// `LinkTx::cork`, with no further write to carry it) and the endpoint's;
+/// every byte arrives once, in order.
 #[test]
 fn writes_with_every_send_in_flight_go_into_the_peers_rmb_their_cdc_owed() {
     let mut w = World::with_seed(13, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
@@ -231,10 +233,10 @@ fn writes_with_every_send_in_flight_go_into_the_peers_rmb_their_cdc_owed() {
         w.tick();
     }
     let h = w.client.fast_conn(c).unwrap();
-    // without a pump no send completes: the fast path takes all SENDs but
-    // the last, the endpoint's write that one
-    loop {
-        let m = msg(&mut sent);
+    // Without a pump no send completes: the fast path takes all SENDs but
+    // the last, the endpoint's write that one.
+    let fill = |w: &mut World, sent: &mut usize| loop {
+        let m = msg(sent);
         match h.try_write(&m).unwrap() {
             FastWrite::Wrote(64) => {}
             FastWrite::Declined => {
@@ -243,20 +245,28 @@ fn writes_with_every_send_in_flight_go_into_the_peers_rmb_their_cdc_owed() {
             }
             other => panic!("{other:?}"),
         }
+    };
+    let mut got = [Vec::new()];
+    // the fast path's writes, then nothing more from the writer
+    fill(&mut w, &mut sent);
+    for _ in 0..5 {
+        assert_eq!(h.try_write(&msg(&mut sent)), Ok(FastWrite::Wrote(64)));
     }
+    assert_eq!(w.client.unsent(c), 0, "nothing waits in the send buffer");
+    tick_read(&mut w, &[s], &mut got, 50);
+    assert_stream(&got[0], sent, 0);
+    // the endpoint's writes
+    fill(&mut w, &mut sent);
     let before = w.client.corked_writes();
-    for _ in 0..10 {
-        let m = msg(&mut sent);
-        assert_eq!(h.try_write(&m), Ok(FastWrite::Declined), "no SEND left");
-        assert_eq!(w.client.write(c, &m), Ok(64));
+    for _ in 0..5 {
+        assert_eq!(w.client.write(c, &msg(&mut sent)), Ok(64));
     }
     assert_eq!(
         w.client.corked_writes(),
-        before + 10,
+        before + 5,
         "each went without its CDC"
     );
     assert_eq!(w.client.unsent(c), 0, "nothing waits in the send buffer");
-    let mut got = [Vec::new()];
     tick_read(&mut w, &[s], &mut got, 50);
     assert_stream(&got[0], sent, 0);
 }
@@ -398,6 +408,51 @@ fn a_fast_write_takes_the_send_completions_that_came_when_every_send_is_in_fligh
     }
     assert_eq!(w.client.unacked(c), 0);
     assert_stream(&got[0], sent[0], 0);
+}
+
+/// Two connections on one link, every SEND in flight holding A's CDCs: B's
+/// fast path writes on without a CDC, and with none of B's own CDCs to
+/// complete and no further write of B's, the completions of A's let B's
+/// CDC out all the same (the endpoint's poll of the send CQ takes B from
+/// the link's list, `LinkTx::cork`, and flushes it). Both streams arrive
+/// whole.
+#[test]
+fn a_corked_fast_write_is_flushed_when_other_connections_sends_complete() {
+    let mut w = World::with_seed(14, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
+    let a = w.handshake();
+    let b = w.handshake();
+    assert_eq!(w.client.link_of(a.c), w.client.link_of(b.c));
+    let (c, s) = ([a.c, b.c], [a.s, b.s]);
+    let (mut sent, mut got) = (vec![0, 0], vec![Vec::new(), Vec::new()]);
+    for (k, &ck) in c.iter().enumerate() {
+        let m = next_msg(&mut sent, k);
+        assert_eq!(w.client.write(ck, &m), Ok(64));
+    }
+    tick_read(&mut w, &s, &mut got, 20);
+    let h = [
+        w.client.fast_conn(c[0]).unwrap(),
+        w.client.fast_conn(c[1]).unwrap(),
+    ];
+    // A takes every SEND (the last one by the endpoint's write)
+    loop {
+        let m = next_msg(&mut sent, 0);
+        match h[0].try_write(&m).unwrap() {
+            FastWrite::Wrote(64) => {}
+            FastWrite::Declined => {
+                assert_eq!(w.client.write(c[0], &m), Ok(64));
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    for _ in 0..5 {
+        let m = next_msg(&mut sent, 1);
+        assert_eq!(h[1].try_write(&m), Ok(FastWrite::Wrote(64)), "B corks");
+    }
+    assert_eq!(w.client.unsent(c[1]), 0);
+    tick_read(&mut w, &s, &mut got, 50);
+    assert_stream(&got[0], sent[0], 0);
+    assert_stream(&got[1], sent[1], 1);
 }
 
 /// Two connections on one link: a fast write's reap leaves the other

@@ -238,7 +238,12 @@ impl<P: Provider> Endpoint<P> {
                 // failed QP also flushes its receives, on the receive CQ)
                 return SendWait::No;
             }
-            if book.sends_in_flight >= book.max_sends || !book.has_free_slots() {
+            // (a connection that wrote without a CDC, `TxBook::corked`, waits
+            // for a slot too)
+            if book.sends_in_flight >= book.max_sends
+                || !book.has_free_slots()
+                || !book.corked.is_empty()
+            {
                 return SendWait::Now;
             }
             for &(_, kind, _) in &book.wrs {

@@ -51,7 +51,22 @@ impl<P: Provider> Endpoint<P> {
             // (what a connection's fast path reaped first: the send queue's
             // order, see `LinkTx::reap`)
             sent.clear();
-            let more = res.tx.take_completions(wcs, sent, &mut self.cdc_sent)?;
+            let mut corked = std::mem::take(&mut self.scratch_ids);
+            corked.clear();
+            let more = res
+                .tx
+                .take_completions(wcs, sent, &mut self.cdc_sent, &mut corked)?;
+            // (connections whose fast path owes a CDC: flushed as soon as
+            // a slot is free, see `TxBook::corked`)
+            for &id in &corked {
+                if let Some(c) = self.conns.get_mut(id) {
+                    if !c.tx_dirty {
+                        c.tx_dirty = true;
+                        self.tx_dirty.push(id);
+                    }
+                }
+            }
+            self.scratch_ids = corked;
             self.completions += sent.len() as u64;
             let now = self.now;
             let mut failed = false;

@@ -253,8 +253,9 @@ pub(super) struct LinkTx<P: Provider> {
     /// completions in the send queue's order; armed and looked at without.
     pub scq: P::Cq,
     book: Mutex<TxBook<P>>,
-    /// [`TxBook::reaped`] has completions for the endpoint: the link's
-    /// group is not quiet until its next poll of the send CQ took them.
+    /// [`TxBook::reaped`] has completions, or [`TxBook::corked`]
+    /// connections, for the endpoint: the link's group is not quiet until
+    /// its next poll of the send CQ took them.
     reaped: AtomicBool,
     /// Set when a fast post failed ([`TxBook::broken`]): the endpoint's next
     /// pump looks.
@@ -634,6 +635,12 @@ pub(super) struct TxBook<P: Provider> {
     /// work request carried (its send slot and place in flight are free
     /// already): the endpoint handles them before what it polls itself.
     pub reaped: Vec<(smc_rdma::WorkCompletion, Option<WrKind>)>,
+    /// Connections whose fast path wrote bytes without a CDC while every
+    /// SEND of the link was in flight (`ConnCore::fast_write`, corked): the
+    /// endpoint's next poll of the send CQ marks them for its flush
+    /// ([`LinkTx::take_completions`]), so that their CDC goes out with the
+    /// slot a completion frees, whoever writes next.
+    pub corked: Vec<ConnId>,
 }
 
 impl<P: Provider> LinkRes<P> {
@@ -704,6 +711,7 @@ impl<P: Provider> LinkRes<P> {
                 open: false,
                 broken: None,
                 reaped: Vec::new(),
+                corked: Vec::new(),
             }),
             attention: AtomicBool::new(false),
             fast_cdcs: Uncounted::default(),
@@ -1067,7 +1075,19 @@ impl<P: Provider> LinkTx<P> {
         room(book) || (self.reap(book, me, own) && room(book))
     }
 
-    /// Whether [`Self::reap`] left completions for the endpoint.
+    /// Connection `me`'s fast path wrote without a CDC (the caller holds
+    /// `book`): listed for the endpoint ([`TxBook::corked`]), whose
+    /// `arm_sends` at its lock's next release, or next poll of the send CQ,
+    /// marks it for the flush.
+    pub fn cork(&self, book: &mut TxBook<P>, me: ConnId) {
+        if !book.corked.contains(&me) {
+            book.corked.push(me);
+        }
+        self.reaped.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Self::reap`] left completions, or [`Self::cork`]
+    /// connections, for the endpoint.
     pub fn has_reaped(&self) -> bool {
         self.reaped.load(Ordering::Acquire)
     }
@@ -1076,15 +1096,18 @@ impl<P: Provider> LinkTx<P> {
     /// [`Self::reap`] took, then up to `wcs.len()` completions of the CQ,
     /// each with what its work request carried, in the send queue's order,
     /// into `out`; the CDCs the fast path posted since the last call are
-    /// added to `cdc_sent`. Whether the CQ may have more.
+    /// added to `cdc_sent`, and the connections that corked since
+    /// ([`TxBook::corked`]) to `corked`. Whether the CQ may have more.
     pub fn take_completions(
         &self,
         wcs: &mut [smc_rdma::WorkCompletion],
         out: &mut Vec<(smc_rdma::WorkCompletion, Option<WrKind>)>,
         cdc_sent: &mut u64,
+        corked: &mut Vec<ConnId>,
     ) -> Result<bool> {
         let mut book = self.book();
         *cdc_sent += self.fast_cdcs.take(&book);
+        corked.append(&mut book.corked);
         out.append(&mut book.reaped);
         self.reaped.store(false, Ordering::Release);
         let n = self.scq.poll(wcs)?;

@@ -378,7 +378,10 @@ impl<P: Provider> ConnCore<P> {
     /// connection with nothing to send or wait for (room in its send
     /// buffer, nothing unsent, no close, urgent byte or move), and the link
     /// with a free SEND and send slot, so that no sleeping driver has to
-    /// arm its send CQ for this CDC's completion (`endpoint/arm.rs`).
+    /// arm its send CQ for this CDC's completion (`endpoint/arm.rs`). With
+    /// every SEND in flight, where the peer's RMB is mapped, it writes
+    /// without a CDC (corked) and lists the connection for the endpoint
+    /// (`LinkTx::cork`), whose send CQ is armed then anyway.
     #[inline]
     pub(in crate::endpoint) fn fast_write(
         &mut self,
@@ -416,12 +419,57 @@ impl<P: Provider> ConnCore<P> {
         // or task can be waiting to write (only a completion gives room, and
         // the endpoint's wakes them): it only grows, told to the watch after
         // the write (`FastConn::try_write`).
-        if !book.open
-            || !f
-                .tx
-                .has_room(&mut book, f.id, |seq, n| dp.on_cdcs_sent(seq, n).is_ok())
-        {
+        if !book.open {
             return Ok(FastWrite::Declined);
+        }
+        if !f
+            .tx
+            .has_room(&mut book, f.id, |seq, n| dp.on_cdcs_sent(seq, n).is_ok())
+        {
+            // Every SEND of the link in flight (the endpoint posted the last
+            // one, and the release of its lock armed the send CQ for a
+            // sleeping driver; an awake one arms it before it sleeps, as
+            // `Endpoint::arm` does while the SENDs are all taken): the bytes
+            // go into the peer's RMB through the window, their CDC owed
+            // (corked, as the endpoint's direct write does then), and the
+            // connection is listed for the endpoint's flush. With one SEND
+            // left, the endpoint's write takes it, as before.
+            let win = match &self.peer_window {
+                Some((slot, rkey, w)) if *slot == f.slot && *rkey == f.rkey => w,
+                _ => return Ok(FastWrite::Declined),
+            };
+            if book.sends_in_flight < book.max_sends {
+                return Ok(FastWrite::Declined);
+            }
+            let n = super::cork_into(dp, win, data);
+            if n == 0 {
+                return Ok(FastWrite::Declined);
+            }
+            self.direct_sent = dp.sent_total();
+            f.tx.cork(&mut book, f.id);
+            // A completion that came since the look above may have woken
+            // the driver before the connection was listed: looked at again,
+            // and if it freed a SEND the CDC goes now.
+            if f.tx
+                .has_room(&mut book, f.id, |seq, k| dp.on_cdcs_sent(seq, k).is_ok())
+            {
+                if let Some(batch) = dp.poll_tx() {
+                    let posted = book.post(
+                        &*f.tx.qp,
+                        WrKind::Cdc(f.id, batch.cdc.seqno),
+                        &batch.cdc.encode(),
+                        names_bell(&batch.cdc, batch.brings_data).then_some(f.rkey),
+                    );
+                    match posted {
+                        Ok(()) => f.tx.fast_cdcs.add(&*book),
+                        Err(e) => {
+                            f.tx.broke(&mut book, e);
+                            return Ok(FastWrite::WroteLinkBroke(n));
+                        }
+                    }
+                }
+            }
+            return Ok(FastWrite::Wrote(n));
         }
         // (declined unless nothing is unsent, urgent or closing before these
         // bytes and the peer's RMBE and the send buffer have room for them)

@@ -218,6 +218,29 @@ fn names_bell(cdc: &CdcMessage, brings_data: bool) -> bool {
         && !cdc.prod_flags.urg_data_present()
 }
 
+/// Copies as much of `data` as the connection may write into the peer's
+/// RMB through its window `win` and accounts it as written without a CDC
+/// (`DataPath::write_corked`): the bytes written, 0 if the window refused
+/// them (the region gone) or the data path takes none now.
+fn cork_into(dp: &mut DataPath, win: &MemWindow, data: &[u8]) -> usize {
+    // (copied first, accounted after: bytes beyond the producer cursor the
+    // peer has been told of are nothing to it until a CDC says so; within
+    // the peer's free space, as `write_corked` counts it, never over bytes
+    // it has not read)
+    let n = data.len().min(dp.peer_space()).min(dp.sndbuf_free());
+    let dst = dp.peer_write_chunks(n);
+    let mut at = 0;
+    for &(off, len) in dst.as_slice() {
+        if win.write_at(off, &data[at..at + len]).is_err() {
+            return 0;
+        }
+        at += len;
+    }
+    let done = dp.write_corked(at);
+    debug_assert_eq!(done, dst, "corked where the chunks were planned");
+    done.as_slice().iter().map(|&(_, len)| len).sum()
+}
+
 impl<P: Provider> ConnCore<P> {
     pub(super) fn new() -> ConnCore<P> {
         ConnCore {
@@ -715,21 +738,9 @@ impl<P: Provider> ConnCore<P> {
         let (Some(dp), Some((_, _, win))) = (self.dp.as_mut(), self.peer_window.as_ref()) else {
             return 0;
         };
-        let n = n.min(data.len());
-        // (copied first, accounted after: bytes beyond the producer cursor
-        // the peer has been told of are nothing to it until a CDC says so)
-        let dst = dp.peer_write_chunks(n);
-        let mut at = 0;
-        for &(off, len) in dst.as_slice() {
-            if win.write_at(off, &data[at..at + len]).is_err() {
-                return 0;
-            }
-            at += len;
-        }
-        let done = dp.write_corked(at);
-        debug_assert_eq!(done, dst, "corked where the chunks were planned");
+        let n = cork_into(dp, win, &data[..n.min(data.len())]);
         self.direct_sent = dp.sent_total();
-        done.as_slice().iter().map(|&(_, len)| len).sum()
+        n
     }
 
     /// One batch of what the connection has to send, posted on link `res`
