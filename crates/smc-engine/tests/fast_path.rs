@@ -410,6 +410,35 @@ fn a_fast_write_takes_the_send_completions_that_came_when_every_send_is_in_fligh
     assert_stream(&got[0], sent[0], 0);
 }
 
+/// Two connections of the client on one link, each granted its fast path
+/// by a first direct write that the server read.
+struct Two {
+    c: [smc_engine::endpoint::ConnId; 2],
+    s: [smc_engine::endpoint::ConnId; 2],
+    sent: Vec<usize>,
+    got: Vec<Vec<u8>>,
+    h: [smc_engine::endpoint::FastConn<smc_rdma::sim::SimFabric>; 2],
+}
+
+fn two_granted(w: &mut World) -> Two {
+    let a = w.handshake();
+    let b = w.handshake();
+    assert_eq!(w.client.link_group_of(a.c), w.client.link_group_of(b.c));
+    assert_eq!(w.client.link_of(a.c), w.client.link_of(b.c));
+    let (c, s) = ([a.c, b.c], [a.s, b.s]);
+    let (mut sent, mut got) = (vec![0, 0], vec![Vec::new(), Vec::new()]);
+    for (k, &ck) in c.iter().enumerate() {
+        let m = next_msg(&mut sent, k);
+        assert_eq!(w.client.write(ck, &m), Ok(64));
+    }
+    tick_read(w, &s, &mut got, 20);
+    let h = [
+        w.client.fast_conn(c[0]).unwrap(),
+        w.client.fast_conn(c[1]).unwrap(),
+    ];
+    Two { c, s, sent, got, h }
+}
+
 /// Two connections on one link, every SEND in flight holding A's CDCs: B's
 /// fast path writes on without a CDC, and with none of B's own CDCs to
 /// complete and no further write of B's, the completions of A's let B's
@@ -419,20 +448,13 @@ fn a_fast_write_takes_the_send_completions_that_came_when_every_send_is_in_fligh
 #[test]
 fn a_corked_fast_write_is_flushed_when_other_connections_sends_complete() {
     let mut w = World::with_seed(14, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
-    let a = w.handshake();
-    let b = w.handshake();
-    assert_eq!(w.client.link_of(a.c), w.client.link_of(b.c));
-    let (c, s) = ([a.c, b.c], [a.s, b.s]);
-    let (mut sent, mut got) = (vec![0, 0], vec![Vec::new(), Vec::new()]);
-    for (k, &ck) in c.iter().enumerate() {
-        let m = next_msg(&mut sent, k);
-        assert_eq!(w.client.write(ck, &m), Ok(64));
-    }
-    tick_read(&mut w, &s, &mut got, 20);
-    let h = [
-        w.client.fast_conn(c[0]).unwrap(),
-        w.client.fast_conn(c[1]).unwrap(),
-    ];
+    let Two {
+        c,
+        s,
+        mut sent,
+        mut got,
+        h,
+    } = two_granted(&mut w);
     // A takes every SEND (the last one by the endpoint's write)
     loop {
         let m = next_msg(&mut sent, 0);
@@ -464,21 +486,13 @@ fn a_corked_fast_write_is_flushed_when_other_connections_sends_complete() {
 #[test]
 fn a_reap_leaves_other_connections_completions_to_the_endpoint_in_order() {
     let mut w = World::with_seed(13, config("simC", 0x1111, 1), config("simS", 0x2222, 2));
-    let a = w.handshake();
-    let b = w.handshake();
-    assert_eq!(w.client.link_group_of(a.c), w.client.link_group_of(b.c));
-    assert_eq!(w.client.link_of(a.c), w.client.link_of(b.c));
-    let (c, s) = ([a.c, b.c], [a.s, b.s]);
-    let (mut sent, mut got) = (vec![0, 0], vec![Vec::new(), Vec::new()]);
-    for (k, &ck) in c.iter().enumerate() {
-        let m = next_msg(&mut sent, k);
-        assert_eq!(w.client.write(ck, &m), Ok(64));
-    }
-    tick_read(&mut w, &s, &mut got, 20);
-    let h = [
-        w.client.fast_conn(c[0]).unwrap(),
-        w.client.fast_conn(c[1]).unwrap(),
-    ];
+    let Two {
+        c,
+        s,
+        mut sent,
+        mut got,
+        h,
+    } = two_granted(&mut w);
     // a fast write of stream `k`: whether it went (a declined one is not sent)
     let write = |sent: &mut Vec<usize>, k: usize| {
         let m = next_msg(sent, k);
