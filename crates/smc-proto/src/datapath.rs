@@ -754,6 +754,20 @@ impl DataPath {
         Some((dst, cdc))
     }
 
+    /// How many of `n` bytes [`Self::write_corked`] would take now (0: none,
+    /// something unsent, urgent or closing comes before them), for a caller
+    /// that copies them before it accounts them.
+    pub fn corkable(&self, n: usize) -> usize {
+        if self.unsent() > 0
+            || self.tx_urgent.is_some()
+            || self.close_pending()
+            || self.close_requested.abort
+        {
+            return 0;
+        }
+        n.min(self.peer_space()).min(self.sndbuf_free())
+    }
+
     /// Up to `n` bytes that go straight into the peer's RMBE without a CDC
     /// of their own, while the link has no send slot for one: where they
     /// go (empty: none), accounted as written; the next CDC, owed from now
@@ -766,13 +780,8 @@ impl DataPath {
     /// send buffer take ([`Self::produced_direct`]'s count).
     pub fn write_corked(&mut self, n: usize) -> RingChunks {
         let space = self.peer_space();
-        let n = n.min(space).min(self.sndbuf_free());
-        if n == 0
-            || self.unsent() > 0
-            || self.tx_urgent.is_some()
-            || self.close_pending()
-            || self.close_requested.abort
-        {
+        let n = self.corkable(n);
+        if n == 0 {
             return RingChunks::default();
         }
         let Ok(dst) = write_chunks(

@@ -227,7 +227,10 @@ fn cork_into(dp: &mut DataPath, win: &MemWindow, data: &[u8]) -> usize {
     // peer has been told of are nothing to it until a CDC says so; within
     // the peer's free space, as `write_corked` counts it, never over bytes
     // it has not read)
-    let n = data.len().min(dp.peer_space()).min(dp.sndbuf_free());
+    let n = dp.corkable(data.len());
+    if n == 0 {
+        return 0;
+    }
     let dst = dp.peer_write_chunks(n);
     let mut at = 0;
     for &(off, len) in dst.as_slice() {
