@@ -428,9 +428,11 @@ impl<P: Provider> Endpoint<P> {
         self.conn_flushes
     }
 
-    /// Writes that went straight into the peer's RMB without a CDC of their
-    /// own while their link's SENDs were all in flight, so far (their CDC
-    /// went with the next batch: `DataPath::write_corked`).
+    /// Writes of the endpoint's that went straight into the peer's RMB
+    /// without a CDC of their own while their link's SENDs were all in
+    /// flight, so far (their CDC went with the next batch:
+    /// `DataPath::write_corked`); the fast path's own corked writes
+    /// (`ConnCore::fast_write`) are not counted here.
     pub fn corked_writes(&self) -> u64 {
         self.corked_writes
     }

@@ -534,7 +534,8 @@ impl QpInner {
         // slots in order (`head_slot`), so past the first slot it has a
         // receive for and has not taken, none is taken or refused yet: the
         // look stops there (a sender ahead of its peer has every SEND of
-        // the ring published, and looked at all of them at every poll).
+        // the ring published, and would otherwise look at all of them at
+        // every poll).
         if let Some(l) = c.link.as_ref() {
             let pr = Ring(&l.peer_ring);
             for p in c.sq.iter_mut() {
