@@ -1105,6 +1105,78 @@ pub fn write_visibility<H: Harness>(h: &mut H) -> CaseResult {
     Ok(())
 }
 
+/// Selective signaling: unsignaled SENDs produce no completion of their
+/// own, and a signaled zero-length RDMA WRITE posted after them (the probe
+/// smc-engine posts behind unsignaled CDCs) completes once they have: one
+/// completion, the WRITE's, while the peer receives every SEND, in order,
+/// and sees nothing of the WRITE (IBTA C9-88: zero bytes need no access).
+pub fn unsignaled_sends_then_a_zero_length_write<H: Harness>(h: &mut H) -> CaseResult {
+    const N: u64 = 6;
+    for i in 0..N {
+        e(
+            h.peer().post_recv(500 + i, RECV_AREA + 64 * i as usize, 64),
+            "post_recv",
+        )?;
+    }
+    let r = h.remote().mr;
+    let before = e(h.peer().read(4096, 64), "peer read")?;
+    for i in 0..N {
+        let msg = (0x1000 + i).to_le_bytes();
+        let send = SendWr {
+            wr_id: 600 + i,
+            op: SendOp::Send,
+            payload: Payload::Inline(&msg),
+            signaled: false,
+        };
+        e(h.local().qp.post_send(&send), "post unsignaled send")?;
+    }
+    let probe = SendWr {
+        wr_id: 700,
+        op: SendOp::RdmaWrite {
+            remote_addr: r.addr + 4096,
+            rkey: r.rkey,
+        },
+        payload: Payload::Sges(&[]),
+        signaled: true,
+    };
+    e(h.local().qp.post_send(&probe), "post zero-length write")?;
+    let p = peer_wcs(h, N as usize)?;
+    for (i, w) in p.iter().enumerate() {
+        ensure!(
+            w.wc.wr_id == 500 + i as u64
+                && w.wc.status == WcStatus::Success
+                && w.wc.opcode == WcOpcode::Recv,
+            "receive {i}: {w:?}"
+        );
+        let m = e(h.peer().read(RECV_AREA + 64 * i, 8), "read")?;
+        ensure!(
+            m == (0x1000 + i as u64).to_le_bytes(),
+            "SEND payload {i} wrong"
+        );
+    }
+    let wcs = local_send_wcs(h, 1)?;
+    sleep_for(h, Duration::from_millis(20));
+    let mut all = wcs.clone();
+    all.extend(h.local().poll_send());
+    ensure!(
+        all.len() == 1
+            && all[0].wr_id == 700
+            && all[0].status == WcStatus::Success
+            && all[0].opcode == WcOpcode::RdmaWrite
+            && all[0].byte_len == 0,
+        "completions {all:?}"
+    );
+    ensure!(
+        e(h.peer().read(4096, 64), "peer read")? == before,
+        "a zero-length write changed the peer's memory"
+    );
+    ensure!(
+        h.peer().completions().is_ok_and(|v| v.is_empty()),
+        "the peer saw the zero-length write"
+    );
+    Ok(())
+}
+
 /// A region registered on a second device (`ProtectionDomain::share_mr`),
 /// as a link group whose links are on two devices registers its RMBs: the
 /// owner has a QP on device `owner_a` (PD A, which allocated the region) and
@@ -1924,6 +1996,11 @@ pub fn cases<H: Harness>() -> Vec<Case<H>> {
             run: send_write_ordering::<H>,
         },
         Case {
+            name: "unsignaled_sends_then_a_zero_length_write",
+            params: d,
+            run: unsignaled_sends_then_a_zero_length_write::<H>,
+        },
+        Case {
             name: "immediate_data",
             params: d,
             run: immediate_data::<H>,
@@ -2007,8 +2084,8 @@ pub fn run_case<H: Harness>(make: impl FnOnce(&ConnParams) -> Result<H>, name: &
 macro_rules! conformance_suite {
     ($make:path) => {
         $crate::conformance_suite!(@cases $make;
-            qp_state_transitions write_visibility send_write_ordering immediate_data
-            send_inline_and_sge rnr_infinite_retry rnr_retry_exceeded invalid_rkey_rejected
+            qp_state_transitions write_visibility send_write_ordering
+            unsignaled_sends_then_a_zero_length_write immediate_data send_inline_and_sge rnr_infinite_retry rnr_retry_exceeded invalid_rkey_rejected
             out_of_bounds_rejected no_remote_write_access_rejected flush_on_error
             port_down_mid_transfer peer_death_detected peer_hang_detected);
     };
