@@ -161,7 +161,7 @@ pub use conn_core::{ConnLevel, FastConn, FastRead, FastWrite, MaySleep, Watch};
 pub use events::{AbortCause, EngineEvent, EVENT_QUEUE_LEN};
 pub use extra_link::LinkOffer;
 pub use lease::{ReadLease, ReadPlan, WriteLease, WritePlan};
-pub use link::{LinkBringup, MAX_SENDS};
+pub use link::{signal_every, LinkBringup, MAX_SENDS};
 pub use slots::{ConnId, LgrId};
 
 use conn::Conn;

@@ -622,6 +622,21 @@ impl DataPath {
         self.close_flags != self.close_requested
     }
 
+    /// Whether the CDC made last ([`Self::poll_tx`], [`Self::poll_tx_direct`])
+    /// should report its send's completion rather than leave it to a later
+    /// one's (selective signaling, as verbs allows: an RC send queue
+    /// completes in order). It should where something waits for it: the CDC
+    /// carries close flags (the close finishes with its completion), or
+    /// bytes of the send buffer wait for it, whose space its completion
+    /// gives back (§3.2 step 6; the kernel's smc_cdc.c `smc_cdc_tx_handler`,
+    /// which releases the space at every CDC's completion, so that a writer
+    /// goes on as it would against Linux). Bytes written straight into the
+    /// peer's RMBE and cursor updates hold nothing.
+    #[inline]
+    pub fn wants_completion(&self) -> bool {
+        self.close_flags.any() || self.tx_prep > self.tx_fin.max(self.direct_floor)
+    }
+
     /// The close flags that have gone out (on a posted CDC).
     pub fn close_flags_sent(&self) -> CloseFlags {
         self.close_flags

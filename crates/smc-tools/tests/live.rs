@@ -217,10 +217,13 @@ fn the_tools_show_live_connections_of_two_processes() {
         "{text}"
     );
 
-    // the engine's columns: cursors (4 bytes each way), GIDs
+    // the engine's columns: cursors (4 bytes each way, their CDCs' sends
+    // completed by a later look's, `Endpoint::settle_sends`), GIDs
     let v = until(&dir, "cursors", |v| {
         v.iter().any(|s| {
-            s["local"] == caddr.as_str() && s["cursors"]["rx_prod"]["count"].as_u64() == Some(4)
+            s["local"] == caddr.as_str()
+                && s["cursors"]["rx_prod"]["count"].as_u64() == Some(4)
+                && s["cursors"]["tx_fin"]["count"].as_u64() == Some(4)
         })
     });
     let cs = v.iter().find(|s| s["local"] == caddr.as_str()).unwrap();

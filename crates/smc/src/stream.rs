@@ -617,8 +617,8 @@ impl SmcStream {
     /// the TCP socket's).
     pub fn send_queue(&self) -> Option<(usize, usize)> {
         let c = self.smc_conn().ok()??;
-        let ep = c.shared.lock();
-        Some((ep.unacked(c.id), ep.unsent(c.id)))
+        let mut ep = c.shared.lock();
+        Some((ep.send_queue(c.id), ep.unsent(c.id)))
     }
 
     /// For a caller that must behave as a TCP socket: a write after the

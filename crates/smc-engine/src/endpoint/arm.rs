@@ -17,6 +17,14 @@
 //! progress that waits for more than the completion of its last CDC, a
 //! failover or move (they wait for the old link's CDCs).
 //!
+//! Only signaled work requests count: a CDC posted unsignaled (selective
+//! signaling, `TxBook::post`) completes with a later signaled one, and
+//! whoever needs the completion of one that nothing follows has a probe
+//! posted behind it (`TxBook::probe`: a move between links, a count of
+//! unconfirmed bytes, `Endpoint::send_queue`, a look of the tools,
+//! `Endpoint::settle_sends`); a writer waiting for send-buffer space and a
+//! close have their CDCs signaled (`DataPath::wants_completion`).
+//!
 //! A close needs no wake-up for its CDC's completion (`SendWait`): while
 //! the connection waits for the peer's close, that completion frees nothing
 //! (the peer's close, which wakes the driver on the receive side anyway,
@@ -205,7 +213,8 @@ impl<P: Provider> Endpoint<P> {
     /// the module documentation); a [`SendWait::Lazy`] one is noted in
     /// `reap_at`, for [`Self::poll_timeout`].
     fn send_wait(&mut self, l: LgrId, slot: usize) -> SendWait {
-        match self.send_wait_of(l, slot) {
+        let w = self.send_wait_of(l, slot);
+        match w {
             // (a look found a CDC still in flight, nothing was freed since:
             // a wake-up when it completes rather than a look every
             // `REAP_AFTER` while the peer does not take it)
@@ -216,6 +225,23 @@ impl<P: Provider> Endpoint<P> {
                 SendWait::Lazy
             }
             w => w,
+        }
+    }
+
+    /// For a caller that needs the completions of link `slot` of group `l`
+    /// that may be among the unsignaled CDCs at the end of its send queue,
+    /// which no completion would come for while nothing more is posted: a
+    /// probe behind them (`TxBook::probe`), into the peer RMB of connection
+    /// `id` (whose rkey on the link is known).
+    pub(super) fn probe_tail(&mut self, l: LgrId, slot: usize, id: super::ConnId) {
+        let Some(c) = self.conns.get(id) else {
+            return;
+        };
+        let Some(peer) = lock(&c.core).peer_rmb else {
+            return;
+        };
+        if let Some(lg) = self.lgrs.get_mut(l) {
+            probe_link(lg, slot, peer);
         }
     }
 
@@ -233,7 +259,7 @@ impl<P: Provider> Endpoint<P> {
         let mut n = 0;
         {
             let book = res.book();
-            if book.wrs.is_empty() {
+            if !book.wrs.iter().any(|w| w.signaled) {
                 // nothing signaled in flight: no send completion to wait for (a
                 // failed QP also flushes its receives, on the receive CQ)
                 return SendWait::No;
@@ -246,11 +272,19 @@ impl<P: Provider> Endpoint<P> {
             {
                 return SendWait::Now;
             }
-            for &(_, kind, _) in &book.wrs {
-                match kind {
+            // (only signaled work requests: their completions come. An
+            // unsignaled CDC completes with a later one, and what waits for
+            // one of those that nothing follows has a probe posted itself
+            // (`TxBook::probe`: a move, `Endpoint::send_queue`); a writer
+            // waiting for send-buffer space, a close, have theirs signaled,
+            // `DataPath::wants_completion`)
+            for w in book.wrs.iter().filter(|w| w.signaled) {
+                match w.kind {
                     super::link::WrKind::Llc | super::link::WrKind::Validation => {
                         return SendWait::Now
                     }
+                    // (it completes what came before it: nothing of its own)
+                    super::link::WrKind::Probe => {}
                     super::link::WrKind::Cdc(id, _) => {
                         // (more than fit: wait for them, to be safe)
                         let Some(at) = cdcs.get_mut(n) else {
@@ -287,6 +321,27 @@ impl<P: Provider> Endpoint<P> {
             return SendWait::Now;
         }
         w
+    }
+}
+
+/// [`super::link::TxBook::probe`] on link `slot` of group `lg`, into the
+/// peer's RMB `peer` (a connection's, whose rkey on that link is known).
+pub(super) fn probe_link<P: Provider>(
+    lg: &mut super::lgr::Lgr<P>,
+    slot: usize,
+    peer: super::lgr::PeerRmb,
+) {
+    let Some((rkey, base)) = lg
+        .group
+        .rtoken(peer.row)
+        .and_then(|t| t.get(slot).copied().flatten())
+    else {
+        return;
+    };
+    if let Some(res) = lg.links.get_mut(slot).and_then(Option::as_mut) {
+        // (a post that fails has a failed QP, which the receive side's
+        // flush reports: the link's failure is handled there)
+        let _ = res.probe(rkey, base.wrapping_add(peer.offset));
     }
 }
 

@@ -20,6 +20,67 @@ use smc_proto::link::LinkState;
 use smc_rdma::{Provider, WcStatus, WorkCompletion};
 
 impl<P: Provider> Endpoint<P> {
+    /// [`Self::unacked`] for `SIOCOUTQ` (af_smc.c `smc_ioctl`), up to
+    /// date: the send completions that came are taken first; and where the
+    /// connection's CDCs may wait for one that no one asked for
+    /// (`TxBook::post`: selective signaling), a probe asks
+    /// (`TxBook::probe`), so that the count falls to zero as on Linux once
+    /// they are through, for a caller that asks again.
+    pub fn send_queue(&mut self, id: ConnId) -> usize {
+        let Some((l, slot)) = self
+            .conns
+            .get(id)
+            .and_then(|c| Some((c.lgr?, lock(&c.core).link?)))
+        else {
+            return 0;
+        };
+        // (a failure is the link's, handled by the next pump)
+        let _ = self.poll_send(l, slot);
+        let n = self.unacked(id);
+        if n > self.unsent(id) {
+            self.probe_tail(l, slot, id);
+        }
+        n
+    }
+
+    /// Takes the send completions that came on every link, and asks for
+    /// those of the unsignaled CDCs that nothing followed (`TxBook::probe`),
+    /// which come by the next call: for views that show what completed
+    /// (`conn_diag`'s `tx_fin`, smcss -d) and should lag no more than one
+    /// look behind, while the data path asks for a completion only where
+    /// something waits for it (`DataPath::wants_completion`).
+    pub fn settle_sends(&mut self) -> Result<()> {
+        let mut groups = self.lgrs.walk();
+        while let Some(l) = groups.next(&self.lgrs) {
+            for slot in 0..smc_proto::link::LINK_SLOTS {
+                let busy = self
+                    .lgrs
+                    .get(l)
+                    .and_then(|lg| lg.links.get(slot).and_then(Option::as_ref))
+                    .is_some_and(|res| !res.book().wrs.is_empty());
+                if !busy {
+                    continue;
+                }
+                self.poll_send(l, slot)?;
+                let tail = self
+                    .lgrs
+                    .get(l)
+                    .and_then(|lg| lg.links.get(slot).and_then(Option::as_ref))
+                    .and_then(|res| match res.book().wrs.back() {
+                        Some(w) if !w.signaled => match w.kind {
+                            WrKind::Cdc(id, _) => Some(id),
+                            _ => None,
+                        },
+                        _ => None,
+                    });
+                if let Some(id) = tail {
+                    self.probe_tail(l, slot, id);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Send completions of link `slot`. A CDC's completion counts only while its
     /// connection is still on that link: after a failover the connection has
     /// rewound past everything the old link had in flight.
@@ -211,7 +272,16 @@ impl<P: Provider> Endpoint<P> {
             let Some(lg) = self.lgrs.get_mut(l) else {
                 return Ok(true);
             };
-            if !k.established || !k.settle_move() {
+            if !k.established {
+                break;
+            }
+            if !k.settle_move() {
+                // (the move waits for its CDCs on the old link, which may
+                // be unsignaled ones that no completion would come for while
+                // nothing follows them: a probe asks, `TxBook::probe`)
+                if let (Some(slot), Some(peer)) = (k.link, k.peer_rmb) {
+                    super::arm::probe_link(lg, slot, peer);
+                }
                 break;
             }
             let Some(slot) = k.link else { break };

@@ -24,9 +24,10 @@ impl<P: Provider> Endpoint<P> {
 
     /// Unsent or unconfirmed bytes of ours on a connection: its send buffer's
     /// data not written to the peer yet, or written and their CDC not
-    /// completed. Linux's `SIOCOUTQ` of an SMC socket (af_smc.c
-    /// `smc_ioctl`: the send buffer's length less its free space, which a
-    /// completed CDC gives back).
+    /// completed, as far as the endpoint has taken its send completions
+    /// ([`Self::send_queue`] takes them). Linux's `SIOCOUTQ` of an SMC
+    /// socket (af_smc.c `smc_ioctl`: the send buffer's length less its free
+    /// space, which a completed CDC gives back).
     pub fn unacked(&self, id: ConnId) -> usize {
         self.core(id)
             .and_then(|k| k.dp.as_ref().map(DataPath::unacked))

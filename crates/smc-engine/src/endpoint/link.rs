@@ -114,6 +114,18 @@ fn send_limits(asked: Option<u32>) -> (usize, usize) {
         }
     }
 }
+/// How many CDC SENDs in a row a link posts at most before one asks for
+/// its completion, when it may keep `max_sends` in flight. Selective
+/// signaling, as verbs allows (an RC send queue completes in order, so one
+/// completion completes every work request before it): a completion costs
+/// the device a CQ entry and the endpoint its poll and bookkeeping, per
+/// message where every SEND is signaled (as Linux's are, smc_wr.c
+/// `smc_wr_tx_send`). A quarter of the SENDs in flight, so that a link
+/// whose SENDs are all in flight always has signaled ones among them.
+pub fn signal_every(max_sends: usize) -> usize {
+    (max_sends / 4).clamp(1, 16)
+}
+
 /// Registered send slots for SENDs above the inline limit: one small slot
 /// per send-queue entry (CDCs and the LLC messages we send are 44 bytes),
 /// and a few that take an SMC-Rv2 LLC message of up to 8 KiB (Linux
@@ -127,7 +139,7 @@ pub(super) const MIN_RNR_TIMER: Duration = Duration::from_micros(60);
 /// 2^15 (providers round up to the next code, which this is).
 pub(super) const QP_TIMEOUT: Duration = Duration::from_nanos(4096 << 15);
 
-/// What a signaled SEND carried, to act on its completion.
+/// What a work request of the send queue carried, to act on its completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum WrKind {
     /// An LLC message.
@@ -136,6 +148,21 @@ pub(super) enum WrKind {
     Cdc(ConnId, u16),
     /// A failover validation CDC (§2.4): nothing to do on completion.
     Validation,
+    /// A zero-length RDMA WRITE posted signaled behind unsignaled CDCs
+    /// ([`TxBook::probe`]): its completion completes them; nothing else.
+    Probe,
+}
+
+/// A work request of the link's send queue that completes into the send
+/// CQ, or is completed by a later one that does (see [`TxBook::post`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct InFlight {
+    pub wr_id: u64,
+    pub kind: WrKind,
+    /// The registered send slot it holds (a SEND above the inline limit).
+    slot: Option<SendSlot>,
+    /// Posted signaled: its own completion comes.
+    pub signaled: bool,
 }
 
 /// A registered send slot (see `LinkRes::post`).
@@ -606,10 +633,16 @@ impl<P: Provider> LinkRx<P> {
 
 /// The send bookkeeping of a link (see [`LinkTx`]).
 pub(super) struct TxBook<P: Provider> {
-    /// Signaled SENDs in flight, oldest first (an RC send queue completes
-    /// in order, so a completion is almost always the front one), with the
-    /// send slot each one holds.
-    pub wrs: VecDeque<(u64, WrKind, Option<SendSlot>)>,
+    /// SENDs in flight (and probes, [`Self::probe`]), oldest first, signaled
+    /// or not: an RC send queue completes in order, so a completion
+    /// completes its own work request and every one before it
+    /// ([`Self::complete`]).
+    pub wrs: VecDeque<InFlight>,
+    /// CDC SENDs posted unsignaled since the last signaled work request
+    /// (see [`Self::post`]).
+    unsignaled: usize,
+    /// One CDC in this many at least is signaled ([`signal_every`]).
+    signal_every: usize,
     /// The QP's inline limit: longer SENDs go from `sendbuf`.
     max_inline: usize,
     /// Registered send slots (when the inline limit is below the longest
@@ -701,6 +734,8 @@ impl<P: Provider> LinkRes<P> {
             reaped: AtomicBool::new(false),
             book: Mutex::new(TxBook {
                 wrs: VecDeque::new(),
+                unsignaled: 0,
+                signal_every: signal_every(max_sends),
                 max_inline: max_inline as usize,
                 sendbuf,
                 free_small: (0..SQ_DEPTH as u16).rev().collect(),
@@ -835,20 +870,34 @@ impl<P: Provider> LinkRes<P> {
         self.tx.book()
     }
 
-    /// Posts a signaled SEND (LLC or CDC): inline when the device takes it
-    /// inline, else from a registered send slot, held until its completion.
+    /// Posts a signaled SEND (an LLC message or a validation CDC): inline
+    /// when the device takes it inline, else from a registered send slot,
+    /// held until its completion.
     pub fn post(&mut self, kind: WrKind, bytes: &[u8]) -> Result<()> {
-        self.tx.book().post(&self.qp, kind, bytes, None)
+        self.tx.book().post(&self.qp, kind, bytes, None, true)
     }
 
-    /// Posts a connection's CDC as [`Self::post`] does, ringing the
-    /// doorbell of the peer's RMB `bell_rkey` (its rkey on this link) if
-    /// the peer's reader sleeps on it (`QueuePair::post_send_ringing`).
-    pub fn post_cdc(&mut self, kind: WrKind, bytes: &[u8], bell_rkey: u32) -> Result<()> {
-        self.tx.book().post(&self.qp, kind, bytes, Some(bell_rkey))
+    /// Posts a connection's CDC as [`Self::post`] does, signaled if the
+    /// connection `wants` its completion or the link's turn says
+    /// ([`TxBook::post`]), ringing the doorbell of the peer's RMB `bell`
+    /// (its rkey on this link) if given and the peer's reader sleeps on it
+    /// (`QueuePair::post_send_ringing`).
+    pub fn post_cdc(
+        &mut self,
+        kind: WrKind,
+        bytes: &[u8],
+        bell: Option<u32>,
+        wants: bool,
+    ) -> Result<()> {
+        self.tx.book().post(&self.qp, kind, bytes, bell, wants)
     }
 
-    /// Signaled SENDs in flight.
+    /// [`TxBook::probe`] on this link.
+    pub fn probe(&mut self, rkey: u32, addr: u64) -> Result<bool> {
+        self.tx.book().probe(&self.qp, rkey, addr)
+    }
+
+    /// SENDs in flight, signaled or not.
     pub fn sends_in_flight(&self) -> usize {
         self.book().sends_in_flight
     }
@@ -1015,35 +1064,39 @@ impl<P: Provider> LinkTx<P> {
         let mut took = false;
         // (a failed poll: the endpoint's own poll meets it again)
         while let Ok(n) = self.scq.poll(&mut wcs) {
-            // `me`'s CDCs completed in a row: where the first one's
-            // completion is in `wcs`, its seqno, how many
-            let mut run: Option<(usize, u16, usize)> = None;
-            for (at, wc) in wcs[..n].iter().enumerate() {
-                let kind = book.complete(wc.wr_id);
-                if let Some(WrKind::Cdc(id, seq)) = kind {
-                    if inline && id == me && wc.status == WcStatus::Success {
-                        match &mut run {
-                            Some((_, first, len)) if first.wrapping_add(*len as u16) == seq => {
-                                *len += 1;
-                            }
-                            _ => {
-                                if let Some(r) = run.take() {
-                                    own_run(book, me, &wcs, r, &mut inline, &mut own);
+            // `me`'s CDCs completed in a row: a completion of the first
+            // (to stand for them all), its seqno, how many
+            let mut run: Option<(smc_rdma::WorkCompletion, u16, usize)> = None;
+            for wc in &wcs[..n] {
+                book.complete(wc, |book, wc, kind| {
+                    if let Some(WrKind::Cdc(id, seq)) = kind {
+                        if inline && id == me && wc.status == WcStatus::Success {
+                            match &mut run {
+                                Some((_, first, len)) if first.wrapping_add(*len as u16) == seq => {
+                                    *len += 1;
                                 }
-                                run = Some((at, seq, 1));
+                                _ => {
+                                    if let Some(r) = run.take() {
+                                        own_run(book, me, r, &mut inline, &mut own);
+                                    }
+                                    run = Some((wc, seq, 1));
+                                }
                             }
+                            return;
                         }
-                        continue;
                     }
-                }
-                // (before anything else, in the send queue's order)
-                if let Some(r) = run.take() {
-                    own_run(book, me, &wcs, r, &mut inline, &mut own);
-                }
-                book.reaped.push((*wc, kind));
+                    // (before anything else, in the send queue's order)
+                    if let Some(r) = run.take() {
+                        own_run(book, me, r, &mut inline, &mut own);
+                    }
+                    // (a probe that did its work leaves nothing to do)
+                    if kind != Some(WrKind::Probe) || wc.status != WcStatus::Success {
+                        book.reaped.push((wc, kind));
+                    }
+                });
             }
             if let Some(r) = run.take() {
-                own_run(book, me, &wcs, r, &mut inline, &mut own);
+                own_run(book, me, r, &mut inline, &mut own);
             }
             took |= n > 0;
             if n < wcs.len() {
@@ -1112,8 +1165,7 @@ impl<P: Provider> LinkTx<P> {
         self.reaped.store(false, Ordering::Release);
         let n = self.scq.poll(wcs)?;
         for wc in &wcs[..n] {
-            let kind = book.complete(wc.wr_id);
-            out.push((*wc, kind));
+            book.complete(wc, |_, wc, kind| out.push((wc, kind)));
         }
         Ok(n == wcs.len())
     }
@@ -1127,15 +1179,14 @@ impl<P: Provider> LinkTx<P> {
     }
 }
 
-/// A run of `me`'s CDC completions that [`LinkTx::reap`] found (where the
-/// first is in `wcs`, its seqno, how many), handed to `own` at once, else
-/// one by one while `own` takes them; from the first it refuses on, they
-/// wait for the endpoint as every other completion does.
+/// A run of `me`'s CDC completions that [`LinkTx::reap`] found (a
+/// completion of the first, its seqno, how many), handed to `own` at once,
+/// else one by one while `own` takes them; from the first it refuses on,
+/// they wait for the endpoint as every other completion does.
 fn own_run<P: Provider>(
     book: &mut TxBook<P>,
     me: ConnId,
-    wcs: &[smc_rdma::WorkCompletion],
-    (at, first, len): (usize, u16, usize),
+    (wc, first, len): (smc_rdma::WorkCompletion, u16, usize),
     inline: &mut bool,
     own: &mut impl FnMut(u16, usize) -> bool,
 ) {
@@ -1143,54 +1194,116 @@ fn own_run<P: Provider>(
         return;
     }
     let mut seq = first;
-    for wc in &wcs[at..at + len] {
+    for _ in 0..len {
         if !(*inline && own(seq, 1)) {
             *inline = false;
-            book.reaped.push((*wc, Some(WrKind::Cdc(me, seq))));
+            book.reaped.push((wc, Some(WrKind::Cdc(me, seq))));
         }
         seq = seq.wrapping_add(1);
     }
 }
 
 impl<P: Provider> TxBook<P> {
-    /// Posts a signaled SEND on `qp` (see [`LinkRes::post`]), a CDC that
-    /// rings the doorbell of the peer's RMB `bell` when its reader sleeps
-    /// on it ([`LinkRes::post_cdc`]; an inline SEND only, as CDCs are).
+    /// Posts a SEND on `qp` (see [`LinkRes::post`]), a CDC that rings the
+    /// doorbell of the peer's RMB `bell` when its reader sleeps on it
+    /// ([`LinkRes::post_cdc`]; an inline SEND only, as CDCs are). LLC
+    /// messages and validation CDCs are signaled, and so is a CDC whose
+    /// connection `wants` its completion (`DataPath::wants_completion`:
+    /// a close, a send buffer filling up) or that ends a run of
+    /// [`signal_every`] unsignaled ones; the rest complete with the next
+    /// signaled one, and whoever waits for one of them while nothing
+    /// signaled follows has a probe posted ([`Self::probe`]).
     pub fn post(
         &mut self,
         qp: &P::Qp,
         kind: WrKind,
         bytes: &[u8],
         bell: Option<u32>,
+        wants: bool,
     ) -> Result<()> {
         self.next_wr += 1;
         let wr_id = self.next_wr;
-        if bytes.len() <= self.max_inline {
+        let signaled =
+            wants || !matches!(kind, WrKind::Cdc(..)) || self.unsignaled + 1 >= self.signal_every;
+        let slot = if bytes.len() <= self.max_inline {
             let wr = SendWr {
                 wr_id,
                 op: SendOp::Send,
                 payload: Payload::Inline(bytes),
-                signaled: true,
+                signaled,
             };
             match bell {
                 Some(k) => qp.post_send_ringing(&wr, k)?,
                 None => qp.post_send(&wr)?,
             }
-            self.wrs.push_back((wr_id, kind, None));
+            None
         } else {
             let slot = self.take_slot(bytes.len())?;
-            let posted = self.post_from_slot(qp, wr_id, slot, bytes);
+            let posted = self.post_from_slot(qp, wr_id, slot, bytes, signaled);
             if let Err(e) = posted {
                 self.give_slot(slot);
                 return Err(e);
             }
-            self.wrs.push_back((wr_id, kind, Some(slot)));
-        }
+            Some(slot)
+        };
+        self.wrs.push_back(InFlight {
+            wr_id,
+            kind,
+            slot,
+            signaled,
+        });
+        self.unsignaled = if signaled { 0 } else { self.unsignaled + 1 };
         self.sends_in_flight += 1;
         Ok(())
     }
 
-    fn post_from_slot(&self, qp: &P::Qp, wr_id: u64, slot: SendSlot, bytes: &[u8]) -> Result<()> {
+    /// Whether the newest work request in flight is an unsignaled one, whose
+    /// completion only a later signaled one can bring ([`Self::probe`]).
+    pub fn unsignaled_tail(&self) -> bool {
+        self.wrs.back().is_some_and(|w| !w.signaled)
+    }
+
+    /// Posts a signaled zero-length RDMA WRITE to the peer's `(rkey, addr)`
+    /// (a place in one of its RMBs on this link) if the newest work request
+    /// in flight is unsignaled: its completion completes every one before
+    /// it, in the send queue's order. For a waiter whose CDC went
+    /// unsignaled and that nothing else would complete (a connection that
+    /// stopped writing, a move between links). The peer's device executes
+    /// it and no one there sees it (a WRITE without immediate data consumes
+    /// no receive, IBTA C9-88 needs no access for zero bytes). Whether it
+    /// posted one.
+    pub fn probe(&mut self, qp: &P::Qp, rkey: u32, addr: u64) -> Result<bool> {
+        if !self.unsignaled_tail() {
+            return Ok(false);
+        }
+        self.next_wr += 1;
+        qp.post_send(&SendWr {
+            wr_id: self.next_wr,
+            op: SendOp::RdmaWrite {
+                remote_addr: addr,
+                rkey,
+            },
+            payload: Payload::Sges(&[]),
+            signaled: true,
+        })?;
+        self.wrs.push_back(InFlight {
+            wr_id: self.next_wr,
+            kind: WrKind::Probe,
+            slot: None,
+            signaled: true,
+        });
+        self.unsignaled = 0;
+        Ok(true)
+    }
+
+    fn post_from_slot(
+        &self,
+        qp: &P::Qp,
+        wr_id: u64,
+        slot: SendSlot,
+        bytes: &[u8],
+        signaled: bool,
+    ) -> Result<()> {
         let buf = self
             .sendbuf
             .as_ref()
@@ -1202,7 +1315,7 @@ impl<P: Provider> TxBook<P> {
             wr_id,
             op: SendOp::Send,
             payload: Payload::Sges(&[sge]),
-            signaled: true,
+            signaled,
         })
     }
 
@@ -1245,25 +1358,48 @@ impl<P: Provider> TxBook<P> {
         })
     }
 
-    /// Takes the signaled SEND `wr_id` out of the link's SENDs in flight
-    /// (its send slot is free again, and its place in the send queue):
-    /// what it carried.
+    /// The completion `wc` came: takes its work request out of those in
+    /// flight with every one posted before it, which an RC send queue
+    /// completed first (unsignaled ones without a completion of their own,
+    /// so successfully: a failed one always completes), handing each to
+    /// `each` in the send queue's order with the completion it counts as
+    /// (`wc` itself for its own, with its `wr_id` for the others, a
+    /// success). Their send slots are free again, and their places in
+    /// flight. A completion of no SEND in flight (an unsignaled WRITE's
+    /// flushed by a failed QP) is handed on with `None`, after the SENDs
+    /// posted before it.
     #[inline]
-    pub fn complete(&mut self, wr_id: u64) -> Option<WrKind> {
-        // RC completes a send queue in order: the oldest, taken off the
-        // front; anything else (a flush out of order) is looked for.
-        let (_, kind, slot) = match self.wrs.front() {
-            Some(&(id, _, _)) if id == wr_id => self.wrs.pop_front()?,
-            _ => {
-                let i = self.wrs.iter().position(|&(id, _, _)| id == wr_id)?;
-                self.wrs.remove(i)?
+    pub fn complete(
+        &mut self,
+        wc: &smc_rdma::WorkCompletion,
+        mut each: impl FnMut(&mut Self, smc_rdma::WorkCompletion, Option<WrKind>),
+    ) {
+        // (work-request ids grow with every post on the link)
+        while let Some(&w) = self.wrs.front().filter(|w| w.wr_id <= wc.wr_id) {
+            self.wrs.pop_front();
+            if let Some(s) = w.slot {
+                self.give_slot(s);
             }
-        };
-        if let Some(s) = slot {
-            self.give_slot(s);
+            if w.kind != WrKind::Probe {
+                self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
+            }
+            if w.wr_id == wc.wr_id {
+                each(self, *wc, Some(w.kind));
+                return;
+            }
+            let done = smc_rdma::WorkCompletion {
+                wr_id: w.wr_id,
+                status: WcStatus::Success,
+                opcode: match w.kind {
+                    WrKind::Probe => smc_rdma::WcOpcode::RdmaWrite,
+                    _ => smc_rdma::WcOpcode::Send,
+                },
+                byte_len: 0,
+                ..*wc
+            };
+            each(self, done, Some(w.kind));
         }
-        self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
-        Some(kind)
+        each(self, *wc, None);
     }
 
     /// Whether a SEND of any size could take a send slot now (inline ones

@@ -188,6 +188,20 @@ impl World {
         }
     }
 
+    /// [`Self::settle`] for `d`, the client asking after each step for the
+    /// completions of connections `conns`' CDCs (`Endpoint::send_queue`:
+    /// unsignaled ones that nothing followed get a probe), so that every
+    /// CDC of theirs posted before has completed.
+    pub fn idle(&mut self, conns: &[ConnId], d: Duration) {
+        let end = self.now + d;
+        while self.now < end {
+            self.step(&mut []);
+            for &c in conns {
+                self.client.send_queue(c);
+            }
+        }
+    }
+
     /// Runs `t`'s handshake until the client counts itself established
     /// (a reused group's client, once its CLC Confirm went out); the server
     /// gets nothing of the client's from then on. Returns those bytes (the

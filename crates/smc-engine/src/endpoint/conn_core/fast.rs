@@ -459,6 +459,7 @@ impl<P: Provider> ConnCore<P> {
                         WrKind::Cdc(f.id, batch.cdc.seqno),
                         &batch.cdc.encode(),
                         names_bell(&batch.cdc, batch.brings_data).then_some(f.rkey),
+                        dp.wants_completion(),
                     );
                     match posted {
                         Ok(()) => f.tx.fast_cdcs.add(&*book),
@@ -509,6 +510,7 @@ impl<P: Provider> ConnCore<P> {
                 WrKind::Cdc(f.id, cdc.seqno),
                 &cdc.encode(),
                 names_bell(&cdc, n > 0).then_some(f.rkey),
+                dp.wants_completion(),
             );
         }
         match posted {
@@ -658,6 +660,7 @@ impl<P: Provider> ConnCore<P> {
             WrKind::Cdc(f.id, batch.cdc.seqno),
             &batch.cdc.encode(),
             names_bell(&batch.cdc, batch.brings_data).then_some(f.rkey),
+            dp.wants_completion(),
         ) {
             Ok(()) => {
                 f.tx.fast_cdcs.add(&*book);

@@ -706,6 +706,7 @@ impl<P: Provider> ConnCore<P> {
             n,
             "the batch writes everything produced"
         );
+        let wants = dp.wants_completion();
         self.direct_sent = dp.sent_total();
         let mut posted = Ok(());
         if let Some(data) = data {
@@ -721,11 +722,8 @@ impl<P: Provider> ConnCore<P> {
         }
         if posted.is_ok() {
             let kind = WrKind::Cdc(id, batch.cdc.seqno);
-            posted = if names_bell(&batch.cdc, batch.brings_data) {
-                res.post_cdc(kind, &batch.cdc.encode(), rkey)
-            } else {
-                res.post(kind, &batch.cdc.encode())
-            };
+            let bell = names_bell(&batch.cdc, batch.brings_data).then_some(rkey);
+            posted = res.post_cdc(kind, &batch.cdc.encode(), bell, wants);
         }
         Ok(posted)
     }
@@ -800,12 +798,10 @@ impl<P: Provider> ConnCore<P> {
         }
         if posted.is_ok() {
             let cdc = WrKind::Cdc(id, batch.cdc.seqno);
-            posted = match rtoken {
-                Some((rkey, _)) if names_bell(&batch.cdc, batch.brings_data) => {
-                    res.post_cdc(cdc, &batch.cdc.encode(), rkey)
-                }
-                _ => res.post(cdc, &batch.cdc.encode()),
-            };
+            let bell = rtoken
+                .map(|(rkey, _)| rkey)
+                .filter(|_| names_bell(&batch.cdc, batch.brings_data));
+            posted = res.post_cdc(cdc, &batch.cdc.encode(), bell, dp.wants_completion());
         }
         // A batch that did not go out stays accounted as in flight: the
         // link is down, and the failover rewind sends it again.
