@@ -1109,7 +1109,8 @@ pub fn write_visibility<H: Harness>(h: &mut H) -> CaseResult {
 /// own, and a signaled zero-length RDMA WRITE posted after them (the probe
 /// smc-engine posts behind unsignaled CDCs) completes once they have: one
 /// completion, the WRITE's, while the peer receives every SEND, in order,
-/// and sees nothing of the WRITE (IBTA C9-88: zero bytes need no access).
+/// and sees nothing of the WRITE; nor does it check the R_Key and address
+/// of zero bytes (IBTA C9-88).
 pub fn unsignaled_sends_then_a_zero_length_write<H: Harness>(h: &mut H) -> CaseResult {
     const N: u64 = 6;
     for i in 0..N {
@@ -1173,6 +1174,25 @@ pub fn unsignaled_sends_then_a_zero_length_write<H: Harness>(h: &mut H) -> CaseR
     ensure!(
         h.peer().completions().is_ok_and(|v| v.is_empty()),
         "the peer saw the zero-length write"
+    );
+    // (zero bytes need no access: an R_Key and address of nothing succeed)
+    let bogus = SendWr {
+        wr_id: 701,
+        op: SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: r.rkey ^ 0x00ff_ff00,
+        },
+        payload: Payload::Sges(&[]),
+        signaled: true,
+    };
+    e(
+        h.local().qp.post_send(&bogus),
+        "post zero-length write, no key",
+    )?;
+    let wcs = local_send_wcs(h, 1)?;
+    ensure!(
+        wcs.len() == 1 && wcs[0].wr_id == 701 && wcs[0].status == WcStatus::Success,
+        "a zero-length write with no valid key: {wcs:?}"
     );
     Ok(())
 }

@@ -525,7 +525,9 @@ impl St {
     fn deliver(&mut self, src: u32, dst: u32) -> Outcome {
         let m = &self.qps[&src].inflight[0];
         let (op, len) = (m.op, m.data.len());
-        if matches!(op, MsgOp::Write | MsgOp::WriteImm) {
+        // (a WRITE of zero bytes touches no memory: its R_Key and address
+        // are not checked, IBTA C9-88)
+        if matches!(op, MsgOp::Write | MsgOp::WriteImm) && len > 0 {
             let (rkey, addr) = (m.rkey, m.remote_addr);
             let dq = &self.qps[&dst];
             let ok = dq.access.contains(Access::REMOTE_WRITE)
@@ -546,7 +548,7 @@ impl St {
         }
         let m = &self.qps[&src].inflight[0];
         let (data, imm, addr, rkey) = (m.data.clone(), m.imm, m.remote_addr, m.rkey);
-        if matches!(op, MsgOp::Write | MsgOp::WriteImm) {
+        if matches!(op, MsgOp::Write | MsgOp::WriteImm) && len > 0 {
             let mr = self.mrs.get_mut(&rkey).expect("checked");
             let off = (addr - mr.addr) as usize;
             mr.bytes()[off..off + len].copy_from_slice(&data);

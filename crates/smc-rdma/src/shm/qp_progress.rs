@@ -603,6 +603,9 @@ impl QpInner {
             }
             let result: std::result::Result<Option<(u64, u64)>, WcStatus> = (|| {
                 match p.op {
+                    // (zero bytes touch no memory: the R_Key and address
+                    // are not checked, IBTA C9-88)
+                    SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } if p.len == 0 => {}
                     SendOp::RdmaWrite { remote_addr, rkey }
                     | SendOp::RdmaWriteWithImm {
                         remote_addr, rkey, ..
