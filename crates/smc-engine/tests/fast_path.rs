@@ -373,7 +373,7 @@ fn a_fast_write_takes_the_send_completions_that_came_when_every_send_is_in_fligh
     w.idle(&[c], Duration::from_micros(400));
     let h = w.client.fast_conn(c).unwrap();
     let max = smc_engine::endpoint::MAX_SENDS;
-    // CDCs in a row without a completion of their own (selective signaling)
+    // one CDC in this many has a completion of its own (selective signaling)
     let run = smc_engine::endpoint::signal_every(max);
     let mut fast = 0;
     let mut rounds = 0;

@@ -202,7 +202,11 @@ impl<P: Provider> Endpoint<P> {
         Ok(())
     }
 
-    fn link_res_mut(&mut self, l: LgrId, slot: usize) -> Option<&mut super::link::LinkRes<P>> {
+    pub(super) fn link_res_mut(
+        &mut self,
+        l: LgrId,
+        slot: usize,
+    ) -> Option<&mut super::link::LinkRes<P>> {
         self.lgrs
             .get_mut(l)
             .and_then(|lg| lg.links.get_mut(slot))
@@ -213,8 +217,7 @@ impl<P: Provider> Endpoint<P> {
     /// the module documentation); a [`SendWait::Lazy`] one is noted in
     /// `reap_at`, for [`Self::poll_timeout`].
     fn send_wait(&mut self, l: LgrId, slot: usize) -> SendWait {
-        let w = self.send_wait_of(l, slot);
-        match w {
+        match self.send_wait_of(l, slot) {
             // (a look found a CDC still in flight, nothing was freed since:
             // a wake-up when it completes rather than a look every
             // `REAP_AFTER` while the peer does not take it)

@@ -54,25 +54,15 @@ impl<P: Provider> Endpoint<P> {
         while let Some(l) = groups.next(&self.lgrs) {
             for slot in 0..smc_proto::link::LINK_SLOTS {
                 let busy = self
-                    .lgrs
-                    .get(l)
-                    .and_then(|lg| lg.links.get(slot).and_then(Option::as_ref))
+                    .link_res_mut(l, slot)
                     .is_some_and(|res| !res.book().wrs.is_empty());
                 if !busy {
                     continue;
                 }
                 self.poll_send(l, slot)?;
                 let tail = self
-                    .lgrs
-                    .get(l)
-                    .and_then(|lg| lg.links.get(slot).and_then(Option::as_ref))
-                    .and_then(|res| match res.book().wrs.back() {
-                        Some(w) if !w.signaled => match w.kind {
-                            WrKind::Cdc(id, _) => Some(id),
-                            _ => None,
-                        },
-                        _ => None,
-                    });
+                    .link_res_mut(l, slot)
+                    .and_then(|res| res.book().unsignaled_tail());
                 if let Some(id) = tail {
                     self.probe_tail(l, slot, id);
                 }

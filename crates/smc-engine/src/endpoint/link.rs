@@ -114,8 +114,8 @@ fn send_limits(asked: Option<u32>) -> (usize, usize) {
         }
     }
 }
-/// How many CDC SENDs in a row a link posts at most before one asks for
-/// its completion, when it may keep `max_sends` in flight. Selective
+/// One CDC SEND in how many a link posts signaled at least, when it may
+/// keep `max_sends` in flight (the ones between ask for no completion). Selective
 /// signaling, as verbs allows (an RC send queue completes in order, so one
 /// completion completes every work request before it): a completion costs
 /// the device a CQ entry and the endpoint its poll and bookkeeping, per
@@ -1257,10 +1257,19 @@ impl<P: Provider> TxBook<P> {
         Ok(())
     }
 
-    /// Whether the newest work request in flight is an unsignaled one, whose
-    /// completion only a later signaled one can bring ([`Self::probe`]).
-    pub fn unsignaled_tail(&self) -> bool {
-        self.wrs.back().is_some_and(|w| !w.signaled)
+    /// The connection whose CDC is the newest work request in flight, if
+    /// that one went unsignaled: its completion, and those of the
+    /// unsignaled ones before it, only a later signaled one can bring
+    /// ([`Self::probe`]). (Only CDCs go unsignaled.)
+    pub fn unsignaled_tail(&self) -> Option<ConnId> {
+        match self.wrs.back() {
+            Some(&InFlight {
+                kind: WrKind::Cdc(id, _),
+                signaled: false,
+                ..
+            }) => Some(id),
+            _ => None,
+        }
     }
 
     /// Posts a signaled zero-length RDMA WRITE to the peer's `(rkey, addr)`
@@ -1273,7 +1282,7 @@ impl<P: Provider> TxBook<P> {
     /// no receive, IBTA C9-88 needs no access for zero bytes). Whether it
     /// posted one.
     pub fn probe(&mut self, qp: &P::Qp, rkey: u32, addr: u64) -> Result<bool> {
-        if !self.unsignaled_tail() {
+        if self.unsignaled_tail().is_none() {
             return Ok(false);
         }
         self.next_wr += 1;
