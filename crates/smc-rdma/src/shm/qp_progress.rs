@@ -179,10 +179,20 @@ pub fn defer_wakes<R>(f: impl FnOnce() -> R) -> R {
 /// for from here on is made at once).
 #[cold]
 fn wake_held() {
-    let v = DEFERRED
+    // (the list is taken out while its wake-ups are made, and given back
+    // empty with its capacity: a thread that rings a doorbell per message
+    // allocates the list once, not at every message)
+    let mut v = DEFERRED
         .try_with(|d| std::mem::take(&mut *d.borrow_mut()))
         .unwrap_or_default();
-    v.into_iter().for_each(wake);
+    v.drain(..).for_each(wake);
+    let _ = DEFERRED.try_with(|d| {
+        if let Ok(mut d) = d.try_borrow_mut() {
+            if d.is_empty() {
+                *d = v;
+            }
+        }
+    });
 }
 
 /// One doorbell of [`QpInner::ring_bells`]: region `m`, whose word was
