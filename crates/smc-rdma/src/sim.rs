@@ -1308,6 +1308,16 @@ impl QueuePair for SimQp {
         self.qpn
     }
 
+    /// Exact, as `SimCq::may_have_work`: a receive is taken only from the
+    /// receive CQ, which the fabric fills when virtual time delivers it.
+    fn recv_may_have(&self) -> bool {
+        let st = self.f.st();
+        st.qps
+            .get(&self.qpn)
+            .and_then(|q| st.cqs.get(&q.recv_cq))
+            .is_some_and(|cq| !cq.entries.is_empty())
+    }
+
     fn state(&self) -> QpState {
         self.f
             .st()

@@ -873,6 +873,14 @@ pub trait QueuePair: Send + Sync {
         let _ = buf;
         InPlace::Unsupported
     }
+
+    /// A cheap look for a caller about to take the QP's receives (by
+    /// [`Self::recv_in_place`] or a poll of its receive CQ): `false` only
+    /// when that would find nothing now (it may still say `true` when there
+    /// is nothing). Providers without a cheaper look than taking say `true`.
+    fn recv_may_have(&self) -> bool {
+        true
+    }
 }
 
 /// What [`QueuePair::recv_in_place`] found.

@@ -756,6 +756,54 @@ fn may_have_work_sees_every_arrival_and_only_then() {
     );
 }
 
+/// `QueuePair::recv_may_have`, the look without locks that a reader makes
+/// before it takes receives, says "nothing" exactly when a take would find
+/// nothing: a SEND waiting in the ring and a completion waiting in the CQ
+/// are both seen, and once they are taken it says "nothing" again.
+#[test]
+fn recv_may_have_sees_every_waiting_receive_and_only_then() {
+    let h = setup!(make_inproc(&ConnParams::default()));
+    let (l, p) = (&h.local, &h.peer.ep);
+    let mut buf = [0u8; 64];
+    assert!(!p.qp.recv_may_have(), "idle");
+    for id in 1..=2 {
+        let sge = p.mr.sge(RECV_AREA + 64 * (id - 1), 64).unwrap();
+        p.qp.post_recv(&RecvWr {
+            wr_id: id as u64,
+            sges: &[sge],
+        })
+        .unwrap();
+    }
+    assert!(!p.qp.recv_may_have(), "posted receives alone are nothing");
+    let send = |wr_id, payload: &[u8]| {
+        l.qp.post_send(&SendWr {
+            wr_id,
+            op: SendOp::Send,
+            payload: Payload::Inline(payload),
+            signaled: true,
+        })
+        .unwrap()
+    };
+    send(10, b"hello");
+    assert!(p.qp.recv_may_have(), "a SEND waits in the ring");
+    match p.qp.recv_in_place(&mut buf) {
+        InPlace::Got { len, more, .. } => {
+            assert_eq!(&buf[..len as usize], b"hello");
+            assert!(!more);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!p.qp.recv_may_have(), "taken: nothing again");
+    // A SEND larger than the caller's buffer goes to the receive CQ (in
+    // order, through the posted receive): waiting there, it is seen too.
+    send(11, &[7u8; 40]);
+    assert_eq!(p.qp.recv_in_place(&mut buf[..8]), InPlace::CqFirst);
+    assert!(p.qp.recv_may_have(), "a completion waits in the receive CQ");
+    let w = p.poll_recv();
+    assert_eq!((w.len(), w[0].byte_len), (1, 40));
+    assert!(!p.qp.recv_may_have(), "polled: nothing again");
+}
+
 /// Memory windows reach what WRITEs reach and no further (the conformance
 /// module's `memory_windows`, not one of the suite's cases: real RNICs lend
 /// no windows).

@@ -431,6 +431,10 @@ impl<S: Provider, V: Provider> QueuePair for PairQp<S, V> {
         each!(self, q => q.recv_in_place(buf))
     }
     #[inline]
+    fn recv_may_have(&self) -> bool {
+        each!(self, q => q.recv_may_have())
+    }
+    #[inline]
     fn remote_window(&self, rkey: u32, addr: u64, len: usize) -> Option<MemWindow> {
         each!(self, q => q.remote_window(rkey, addr, len))
     }

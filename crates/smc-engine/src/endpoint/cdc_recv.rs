@@ -315,6 +315,17 @@ fn dispatch_with<P: Provider>(
     if !book.queue.is_empty() || !rx.is_open() {
         return Some(false);
     }
+    // Nothing new on the link: what the poll below would conclude, without
+    // it (the attention it would leave is what the book says already).
+    if rx.quiet(&book) {
+        rx.note_polled();
+        let left = book.completions > 0 || !book.marks.is_empty();
+        if rx.attention() != left {
+            rx.set_attention(&book, left);
+        }
+        *clean = true;
+        return Some(false);
+    }
     // Set before the poll: a pump that looks at the link without its lock
     // (`lgr_quiet`) and finds the CQ emptied by this poll sees it, pumps the
     // group, and waits for the lock (a leader about to sleep would

@@ -544,6 +544,16 @@ impl<P: Provider> LinkRx<P> {
         self.polled.load(Ordering::Relaxed) && self.polled.swap(false, Ordering::Relaxed)
     }
 
+    /// Whether [`Self::next`] would hand out nothing now (the caller holds
+    /// `book`), by the provider's look without its locks
+    /// (`QueuePair::recv_may_have`): a reader that comes before its data,
+    /// or an event loop's look at a connection whose CDCs another look took
+    /// already, then costs no lock of the QP or its CQ.
+    #[inline]
+    pub fn quiet(&self, book: &RxBook) -> bool {
+        book.at >= book.polled && !self.qp.recv_may_have()
+    }
+
     /// The link's next receive, in the order the peer sent them (the
     /// caller holds `book`): what the receive CQ holds first, then a
     /// message taken in place where the provider has them

@@ -21,13 +21,18 @@ use crate::sys::{EventFd, SharedMem};
 use crate::verbs::*;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 pub(super) struct CqInner {
+    /// Completions queued (only through [`Self::push_as`] and
+    /// [`ShmCq::poll`], which keep [`Self::queued`]).
     pub(super) entries: Mutex<VecDeque<WorkCompletion>>,
+    /// How many `entries` holds, written with its lock held: a look without
+    /// the lock (`QpInner::recv_may_have`).
+    pub(super) queued: AtomicUsize,
     pub(super) armed: AtomicBool,
     pub(super) chan: Option<Arc<EventFd>>,
     pub(super) qps: Mutex<Vec<Weak<QpInner>>>,
@@ -63,11 +68,11 @@ impl CqInner {
     /// arm's event (the next completion does).
     pub(super) fn push_as(&self, rang: bool, wc: WorkCompletion) {
         if rang {
-            lock(&self.entries).push_back(wc);
+            self.queue(wc);
             return;
         }
         let qpn = wc.qp_num;
-        lock(&self.entries).push_back(wc);
+        self.queue(wc);
         if self.armed.swap(false, SeqCst) {
             // (taken: the arm is spent, and its rings need not stay mapped)
             let claims = std::mem::take(&mut *lock(&self.claims));
@@ -80,6 +85,13 @@ impl CqInner {
                 self.signal();
             }
         }
+    }
+
+    /// Appends `wc` to the entries.
+    fn queue(&self, wc: WorkCompletion) {
+        let mut e = lock(&self.entries);
+        e.push_back(wc);
+        self.queued.store(e.len(), SeqCst);
     }
 
     /// Signals the channel, armed or not.
@@ -117,6 +129,7 @@ impl CompletionQueue for ShmCq {
         for (slot, wc) in out.iter_mut().zip(e.drain(..n)) {
             *slot = wc;
         }
+        self.inner.queued.store(e.len(), SeqCst);
         Ok(n)
     }
 

@@ -425,6 +425,7 @@ impl Device for ShmDevice {
         Ok(ShmCq {
             inner: Arc::new(CqInner {
                 entries: Mutex::new(VecDeque::new()),
+                queued: std::sync::atomic::AtomicUsize::new(0),
                 armed: AtomicBool::new(false),
                 chan: channel.map(|c| c.inner.clone()),
                 qps: Mutex::new(vec![]),

@@ -182,7 +182,7 @@ impl ProtectionDomain for ShmPd {
             cap,
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
-            core: Mutex::new(Core::new(ring, ring_fd)),
+            core: Mutex::new(Core::new(ring.clone(), ring_fd)),
             hb: Mutex::new(None),
             live: AtomicBool::new(false),
             ctl: Mutex::new(Ctl::default()),
@@ -191,6 +191,9 @@ impl ProtectionDomain for ShmPd {
             fail_pending: AtomicBool::new(false),
             fail_what: Mutex::new((None, false)),
             bell_fd_wanted: AtomicBool::new(false),
+            ring,
+            ring_replaced: AtomicBool::new(false),
+            head_seen: AtomicU64::new(0),
         });
         lock(&self.dev.qps).insert(qpn, Arc::downgrade(&inner));
         lock(&send_cq.inner.qps).push(Arc::downgrade(&inner));

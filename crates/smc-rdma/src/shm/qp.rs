@@ -299,6 +299,17 @@ pub(super) struct QpInner {
     /// looks whether its region is to be fetched again for it (so that the
     /// others need not look).
     pub(super) bell_fd_wanted: AtomicBool,
+    /// The receive ring the QP was made with, for looks without `core`'s
+    /// lock (`recv_may_have`); `core` holds it too, until a RESET replaces
+    /// it ([`Self::ring_replaced`]).
+    pub(super) ring: Arc<SharedMem>,
+    /// A RESET gave the QP another ring: looks without the lock say
+    /// "maybe" from then on.
+    pub(super) ring_replaced: AtomicBool,
+    /// `core`'s consumer index in the ring, published by the QP's lock
+    /// holders once the completions of the slots they consumed are in the
+    /// receive CQ (see `recv_may_have`).
+    pub(super) head_seen: AtomicU64,
 }
 
 /// Heartbeat state of a connected QP (device thread only).
@@ -613,6 +624,7 @@ impl QueuePair for ShmQp {
             }
             QpModify::Reset => {
                 let (ring, ring_fd) = new_ring()?;
+                q.ring_replaced.store(true, SeqCst);
                 let mut c = lock(&q.core);
                 // RESET discards outstanding WRs without completions (as verbs
                 // does) but still tells the peer that this end is gone.
@@ -649,6 +661,11 @@ impl QueuePair for ShmQp {
 
     fn recv_in_place(&self, buf: &mut [u8]) -> InPlace {
         self.inner.recv_in_place(buf)
+    }
+
+    #[inline]
+    fn recv_may_have(&self) -> bool {
+        self.inner.recv_may_have()
     }
 
     fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Whether the sender wrote slot `seq` of `ring` (published or withdrew it).
+#[inline]
 pub(super) fn slot_taken(ring: &SharedMem, seq: u64) -> bool {
     let w = Ring(ring).s(seq, S_STATE).load(SeqCst);
     w >> 3 == seq && w & 7 != 0
@@ -688,9 +689,18 @@ impl QpInner {
     /// receive CQ in order.
     pub(super) fn recv_in_place(&self, buf: &mut [u8]) -> InPlace {
         let mut c = lock(&self.core);
+        let r = self.recv_in_place_locked(&mut c, buf);
+        // (once whatever the look completed is in the CQ: see `recv_may_have`)
+        self.head_seen.store(c.head, Release);
+        r
+    }
+
+    /// [`Self::recv_in_place`] with the QP's lock held.
+    #[inline(always)]
+    fn recv_in_place_locked(&self, c: &mut Core, buf: &mut [u8]) -> InPlace {
         if self.fail_pending.load(Relaxed) {
             let (first, event) = *lock(&self.fail_what);
-            self.fail_locked(&mut c, first, event);
+            self.fail_locked(c, first, event);
         }
         // (the CQ's lock under the QP's, as `progress_recv` pushes: nothing
         // can be completed into it between this look and the take below)
@@ -700,8 +710,7 @@ impl QpInner {
         if !matches!(c.state, QpState::Rtr | QpState::Rts) {
             return InPlace::Empty;
         }
-        self.adopt_ready(&mut c);
-        let c = &mut *c;
+        self.adopt_ready(c);
         let r = Ring(&c.ring);
         // (a pass looks at most at one ring's worth of slots, as `progress_recv`)
         for _ in 0..NSLOTS {
@@ -859,6 +868,27 @@ impl QpInner {
         if consumed {
             tell_sender(c);
         }
+        // (after the completions it made are in the CQ: see `recv_may_have`)
+        self.head_seen.store(c.head, Release);
+    }
+
+    /// [`QueuePair::recv_may_have`] on this QP, without its lock: `false`
+    /// only when [`Self::recv_in_place`] (or a poll of the receive CQ) would
+    /// find nothing now. The consumer index is read from [`Self::head_seen`],
+    /// which the QP's lock holders publish only once the completions of what
+    /// they consumed are in the CQ; while it lags, the slot it names is
+    /// marked for its own sequence number (consumed, refused, skipped), which
+    /// says "maybe". So a look that overlaps one under the lock says "maybe"
+    /// or sees that one's completions queued, never a false "nothing".
+    #[inline]
+    pub(super) fn recv_may_have(&self) -> bool {
+        let h = self.head_seen.load(Acquire);
+        // (a SEND there first: the look of a reader whose data came)
+        slot_taken(&self.ring, h)
+            || self.recv_cq.queued.load(SeqCst) > 0
+            || self.fail_pending.load(Acquire)
+            || self.ring_replaced.load(Acquire)
+            || self.head_seen.load(Acquire) != h
     }
 }
 
