@@ -120,7 +120,7 @@ impl Shared {
         if !bells_on() {
             return None;
         }
-        let bell = fast.bell()?;
+        let bell = fast.doorbell()?;
         struct Count<'a>(&'a AtomicUsize);
         impl Drop for Count<'_> {
             fn drop(&mut self) {
@@ -181,7 +181,7 @@ impl Shared {
             return Some(n);
         }
         self.spin.miss(budget);
-        let mut woken = self.bell_register(id, &bell)?;
+        let mut woken = self.bell_register(id, bell)?;
         let mut again = false;
         let got = loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -212,7 +212,7 @@ impl Shared {
                 if bell.release() {
                     self.take_held_cdc(fast);
                 }
-                match self.bell_register(id, &bell) {
+                match self.bell_register(id, bell) {
                     Some(w) => woken = w,
                     None => return None,
                 }
