@@ -9,8 +9,8 @@
 
 mod common;
 
-use common::setup;
-use smc::{Mode, SmcListener, SmcStream};
+use common::{echoed_pair, setup};
+use smc::Mode;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{Read, Write};
@@ -56,10 +56,7 @@ fn a_sleeping_reader_and_its_writer_allocate_nothing_per_message() {
     // (the tools' registry publishes on a period of its own)
     std::env::set_var("SMC_RS_REGISTRY", "0");
     setup();
-    let l = SmcListener::bind("127.0.0.1:0").unwrap();
-    let mut c = SmcStream::connect(l.local_addr().unwrap()).unwrap();
-    let (mut s, _) = l.accept().unwrap();
-    assert_eq!(c.mode(), Mode::SmcR);
+    let (mut c, mut s, _l) = echoed_pair("127.0.0.1:0");
     assert_eq!(s.mode(), Mode::SmcR);
     const WARM: usize = 20;
     const MSGS: usize = 200;
