@@ -31,7 +31,7 @@ pub(super) struct CqInner {
     /// [`ShmCq::poll`], which keep [`Self::queued`]).
     pub(super) entries: Mutex<VecDeque<WorkCompletion>>,
     /// How many `entries` holds, written with its lock held: a look without
-    /// the lock (`QpInner::recv_may_have`).
+    /// the lock (`QpInner::recv_may_have`, `ShmCq::may_have_work`).
     pub(super) queued: AtomicUsize,
     pub(super) armed: AtomicBool,
     pub(super) chan: Option<Arc<EventFd>>,
@@ -140,7 +140,7 @@ impl CompletionQueue for ShmCq {
     /// credit (RNR retries are timed). Spinning on this instead of polling
     /// spares the locks and clock reads of a whole progress pass.
     fn may_have_work(&self) -> bool {
-        if !lock(&self.inner.entries).is_empty() {
+        if self.inner.queued.load(SeqCst) > 0 {
             return true;
         }
         let qps = lock(&self.inner.qps);

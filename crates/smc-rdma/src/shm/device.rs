@@ -22,8 +22,8 @@ use crate::verbs::*;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -425,7 +425,7 @@ impl Device for ShmDevice {
         Ok(ShmCq {
             inner: Arc::new(CqInner {
                 entries: Mutex::new(VecDeque::new()),
-                queued: std::sync::atomic::AtomicUsize::new(0),
+                queued: AtomicUsize::new(0),
                 armed: AtomicBool::new(false),
                 chan: channel.map(|c| c.inner.clone()),
                 qps: Mutex::new(vec![]),
