@@ -319,7 +319,7 @@ fn dispatch_with<P: Provider>(
     // it (the attention it would leave is what the book says already).
     if rx.quiet(&book) {
         rx.note_polled();
-        let left = book.completions > 0 || !book.marks.is_empty();
+        let left = book.leaves_work();
         if rx.attention() != left {
             rx.set_attention(&book, left);
         }
@@ -403,8 +403,7 @@ fn dispatch_with<P: Provider>(
             break;
         }
     }
-    let left = book.completions > 0 || !book.queue.is_empty() || !book.marks.is_empty();
-    rx.set_attention(&book, left);
+    rx.set_attention(&book, book.leaves_work());
     *clean = book.queue.is_empty();
     Some(applied)
 }

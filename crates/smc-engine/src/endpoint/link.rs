@@ -453,6 +453,14 @@ impl RxBook {
     pub fn nothing_left(&self) -> bool {
         self.at >= self.polled && self.drained
     }
+
+    /// Whether a dispatch leaves the endpoint something to do here: what it
+    /// left in the queue, completions it applied, connections it marked
+    /// (the link's [`LinkRx::attention`] once the dispatch lets go).
+    #[inline]
+    pub fn leaves_work(&self) -> bool {
+        self.completions > 0 || !self.queue.is_empty() || !self.marks.is_empty()
+    }
 }
 
 impl<P: Provider> LinkRx<P> {
