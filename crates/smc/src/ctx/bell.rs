@@ -3,11 +3,10 @@
 //! alone, once, instead of the endpoint's leader and then a follower.
 
 use super::spin::{max_spinners, SpinTurns};
-use super::wait::{Waiter, Want};
+use super::wait::{keep_woken, spare_woken, Waiter, Want};
 use super::Shared;
 use crate::provider::AnyProvider;
 use smc_engine::endpoint::ConnId;
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -26,30 +25,6 @@ pub(crate) fn bells_on() -> bool {
 /// poll may have come before the peer's SEND, whose doorbell the reader had
 /// not yet armed.
 const BELL_BUSY_WAIT: Duration = Duration::from_millis(2);
-
-thread_local! {
-    /// The registration word of this thread's last doorbell wait
-    /// ([`Shared::bell_register`]), for its next one: a reader that sleeps
-    /// at every message allocates it once, not at every wait.
-    static SPARE_WOKEN: Cell<Option<Arc<AtomicBool>>> = const { Cell::new(None) };
-}
-
-/// A registration word, cleared: the spare one if nobody else holds it any
-/// more (a pump that took the registration may still), else a new one.
-fn spare_woken() -> Arc<AtomicBool> {
-    if let Some(mut a) = SPARE_WOKEN.try_with(Cell::take).ok().flatten() {
-        if let Some(w) = Arc::get_mut(&mut a) {
-            *w.get_mut() = false;
-            return a;
-        }
-    }
-    Arc::new(AtomicBool::new(false))
-}
-
-/// Keeps `woken` as this thread's spare (see [`spare_woken`]).
-fn keep_woken(woken: Arc<AtomicBool>) {
-    let _ = SPARE_WOKEN.try_with(|s| s.set(Some(woken)));
-}
 
 impl Shared {
     /// Registers a reader of connection `id` about to sleep on its doorbell

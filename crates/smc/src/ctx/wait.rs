@@ -15,6 +15,7 @@ use crate::provider::AnyProvider;
 use rustix::event::{PollFd, PollFlags};
 use smc_engine::endpoint::{ConnId, Endpoint};
 use smc_proto::close::CloseState;
+use std::cell::Cell;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, MutexGuard};
@@ -62,6 +63,31 @@ impl Want {
                 | Some(CloseState::PeerAbortWait)
         )
     }
+}
+
+thread_local! {
+    /// The registration word of this thread's last wait ([`Waiter::woken`]:
+    /// a doorbell wait's, `Shared::bell_register`, or a parked follower's),
+    /// for its next one: a thread that sleeps at every message allocates it
+    /// once, not at every wait.
+    static SPARE_WOKEN: Cell<Option<Arc<AtomicBool>>> = const { Cell::new(None) };
+}
+
+/// A registration word, cleared: the spare one if nobody else holds it any
+/// more (a pump that took the registration may still), else a new one.
+pub(super) fn spare_woken() -> Arc<AtomicBool> {
+    if let Some(mut a) = SPARE_WOKEN.try_with(Cell::take).ok().flatten() {
+        if let Some(w) = Arc::get_mut(&mut a) {
+            *w.get_mut() = false;
+            return a;
+        }
+    }
+    Arc::new(AtomicBool::new(false))
+}
+
+/// Keeps `woken` as this thread's spare (see [`spare_woken`]).
+pub(super) fn keep_woken(woken: Arc<AtomicBool>) {
+    let _ = SPARE_WOKEN.try_with(|s| s.set(Some(woken)));
 }
 
 impl Shared {
@@ -353,7 +379,7 @@ impl Shared {
                 let mut ep = self.lock();
                 until = earliest(until, self.next_wake(&mut ep));
             }
-            let woken = Arc::new(AtomicBool::new(false));
+            let woken = spare_woken();
             {
                 let mut w = self.waiters();
                 w.push(Waiter {
@@ -384,6 +410,7 @@ impl Shared {
                 w.retain(|x| !Arc::ptr_eq(&x.woken, &woken));
                 self.count_waiters(&w, Ordering::Release);
             }
+            keep_woken(woken);
             return false;
         }
         *leader = true;
