@@ -25,6 +25,16 @@
 //!   fires, the connection closes, or the application gives its data to
 //!   another descriptor in the set.
 //!
+//! The same holds for readable where the connection's peer signal says it
+//! (`poll::signal_ctl`): the kernel has the signal edge-triggered though the
+//! application's registration is level-triggered (`poll::edge_here`), so
+//! that the signal need not be drained whenever it is armed again (a
+//! system call per message), and a connection the wait reported readable
+//! that way is reported again by each wait while it stays readable (`ins`,
+//! `note_in`), as the kernel reports a level-triggered registration after
+//! each event, until the set is direct (below), where the kernel gets the
+//! signal level-triggered again (`materialize`).
+//!
 //! The kernel's registration is brought up to date by the next wait on the
 //! set (`before_wait`), so the changes between two waits cost at most one
 //! system call per connection, and none when they cancel out (redis'
@@ -64,6 +74,9 @@ pub(crate) struct Rdy {
     dirty: bool,
     /// In its set's `outs` list: the application waits for writable.
     out: bool,
+    /// In its set's `ins` list: reported readable through a peer signal
+    /// that the kernel has edge-triggered (`note_in`).
+    inn: bool,
     /// A one-shot registration (`EPOLLONESHOT`) that reported its event
     /// since the application last armed it ([`fire_once`]).
     fired: bool,
@@ -81,6 +94,10 @@ struct SetState {
     dirty: Vec<std::sync::Weak<Conn>>,
     /// Connections waited on for writable, level-triggered.
     outs: Vec<std::sync::Weak<Conn>>,
+    /// Connections reported readable, level-triggered, through a peer
+    /// signal registered edge-triggered (`note_in`): reported again by each
+    /// wait while they stay readable.
+    ins: Vec<std::sync::Weak<Conn>>,
     /// Alternates which of the kernel's events and ours come first when
     /// there is room for one only.
     ours_first: bool,
@@ -101,7 +118,7 @@ const ALWAYS: u32 = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
 const KERNEL_FLAGS: u32 =
     (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLEXCLUSIVE | libc::EPOLLWAKEUP) as u32;
 
-fn plain(events: u32) -> bool {
+pub(crate) fn plain(events: u32) -> bool {
     events & KERNEL_FLAGS == 0
 }
 
@@ -116,6 +133,16 @@ fn need(want: u32, writable: bool) -> u32 {
 /// is, which `poll::fix_events` drains when it fired).
 fn now(c: &Conn) -> u32 {
     c.s.ready_events().unwrap_or(0)
+}
+
+/// The mask of what an event of `c`'s may show: no `EPOLLERR` once its
+/// error was reported (`Conn::err_taken`), as `poll::fix_events` shows it.
+fn shown_err(c: &Conn) -> u32 {
+    if c.err_taken.load(Ordering::Acquire) {
+        !(libc::EPOLLERR as u32)
+    } else {
+        u32::MAX
+    }
 }
 
 fn readiness(c: &Conn) -> Option<c_int> {
@@ -246,6 +273,7 @@ pub(crate) unsafe fn conn_ctl(
                 kern: now,
                 dirty: false,
                 out: false,
+                inn: false,
                 fired: false,
             });
             let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
@@ -255,6 +283,14 @@ pub(crate) unsafe fn conn_ctl(
         None => {}
     }
     crate::poll::signal_ctl(c, &mut regs, epfd, op, ev);
+    // A thread asleep in the set (why this went to the kernel) is woken by
+    // the kernel's level, which cannot show bytes a signal edge-triggered
+    // there announced already (`poll::edge_here`; a wait of ours shows
+    // them, `before_wait`): the signal's registration there goes
+    // level-triggered, as the application's is.
+    if app.is_some_and(|e| e.events & libc::EPOLLIN as u32 != 0) && c.s.signal_taken() {
+        crate::poll::signal_level_in(c, &mut regs.sig, epfd);
+    }
     n
 }
 
@@ -284,14 +320,14 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
     if SETS_N.load(Ordering::Acquire) == 0 {
         return None;
     }
-    let (dirty, outs, ours_first) = {
+    let (dirty, outs, ins, ours_first) = {
         let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
         let st = sets.get_mut(&epfd)?;
         // (from here on, a change another thread makes goes to the kernel
         // itself: this wait may be asleep there)
         st.waiters += 1;
         if st.direct {
-            (Vec::new(), Vec::new(), false)
+            (Vec::new(), Vec::new(), Vec::new(), false)
         } else {
             if st.outs.len() > 1 {
                 // (so that a wait with room for fewer events than are
@@ -302,6 +338,7 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
             (
                 std::mem::take(&mut st.dirty),
                 st.outs.clone(),
+                st.ins.clone(),
                 st.ours_first,
             )
         }
@@ -345,7 +382,7 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
             gone.push(i);
             continue;
         };
-        let n = now(&c);
+        let n = now(&c) & shown_err(&c);
         if n & OUT != 0 {
             w.ours.push(libc::epoll_event {
                 events: n & (want & ASKABLE | ALWAYS),
@@ -357,14 +394,95 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
             bring_up(&c, x, need(want, false), data);
         }
     }
-    if !gone.is_empty() {
+    let mut gone_in = Vec::new();
+    for (i, c) in ins.iter().enumerate() {
+        let Some(c) = c.upgrade() else {
+            gone_in.push(i);
+            continue;
+        };
+        let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
+        // (still registered edge-triggered here: otherwise the kernel keeps
+        // the level)
+        let edge = regs.sig.iter().any(|&(ep, _, _, here)| ep == epfd && here);
+        let Some(x) = regs.rdy.iter_mut().find(|x| x.epfd == epfd) else {
+            gone_in.push(i);
+            continue;
+        };
+        // What it has now, a CDC that came taken; one whose signal is spent
+        // (its bytes read by a call that did not arm it again) is armed
+        // again here, as the kernel's level-triggered registration had it
+        // drained and armed by the wait that it woke for nothing.
+        let n = if edge {
+            c.s.signalled_events().unwrap_or(0) & shown_err(&c)
+        } else {
+            0
+        };
+        if n & libc::EPOLLIN as u32 == 0 {
+            x.inn = false;
+            gone_in.push(i);
+            continue;
+        }
+        // (readable and not asked for, the application's interest out of
+        // the set for now: kept, to show when it is back)
+        if let Some((e, data)) = x
+            .want
+            .filter(|(e, _)| e & libc::EPOLLIN as u32 != 0 && plain(*e))
+        {
+            let ev = n & (e & ASKABLE | ALWAYS);
+            match w.ours.iter_mut().find(|o| o.u64 == data) {
+                Some(o) => o.events |= ev,
+                None => w.ours.push(libc::epoll_event {
+                    events: ev,
+                    u64: data,
+                }),
+            }
+        }
+    }
+    if !gone.is_empty() || !gone_in.is_empty() {
         let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(st) = sets.get_mut(&epfd) {
             st.outs
                 .retain(|c| !gone.iter().any(|&i| std::sync::Weak::ptr_eq(c, &outs[i])));
+            st.ins
+                .retain(|c| !gone_in.iter().any(|&i| std::sync::Weak::ptr_eq(c, &ins[i])));
         }
     }
     Some(w)
+}
+
+/// Whether `epfd` is a set of ours whose waits are all this library's (not
+/// direct): what a wait reports can come from here (`before_wait`).
+pub(crate) fn virtual_set(epfd: c_int) -> bool {
+    if SETS_N.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    let sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    sets.get(&epfd).is_some_and(|s| !s.direct)
+}
+
+/// A wait on `epfd` reported connection `c` readable, and the kernel has
+/// its peer signal there edge-triggered though the application's
+/// registration is level-triggered (`poll::edge_here`): the signal will not
+/// report the bytes left after the application's read again, so the
+/// connection goes in the set's `ins`, which each wait looks at until it is
+/// no longer readable (`before_wait`), as the kernel looks at a
+/// level-triggered registration after each event it reported.
+pub(crate) fn note_in(c: &Arc<Conn>, epfd: c_int) {
+    let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
+    if !regs.sig.iter().any(|&(ep, _, _, here)| ep == epfd && here) {
+        return;
+    }
+    let Some(x) = regs.rdy.iter_mut().find(|x| x.epfd == epfd) else {
+        return;
+    };
+    if x.inn {
+        return;
+    }
+    let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(st) = sets.get_mut(&epfd).filter(|s| !s.direct) {
+        x.inn = true;
+        st.ins.push(Arc::downgrade(c));
+    }
 }
 
 /// What the application asks for (its events) in set `epfd` under `data`,
@@ -552,6 +670,7 @@ pub(crate) fn expose(fd: c_int) {
             st.direct = true;
             st.dirty.clear();
             st.outs.clear();
+            st.ins.clear();
         }
         _ => return,
     }
@@ -572,6 +691,7 @@ pub(crate) fn expose_all() {
             st.direct = true;
             st.dirty.clear();
             st.outs.clear();
+            st.ins.clear();
             fds.push(*fd);
         }
     }
@@ -588,6 +708,12 @@ fn materialize(fds: &[c_int]) {
     // (rare: once per set; a scan of the table then)
     for c in streams() {
         let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
+        // The peer signal's registrations that the kernel had
+        // edge-triggered for a level-triggered one of the application's
+        // (`poll::edge_here`): level-triggered now, as asked.
+        for &fd in fds {
+            crate::poll::signal_level_in(&c, &mut regs.sig, fd);
+        }
         let r = readiness(&c);
         regs.rdy.retain_mut(|x| {
             if !fds.contains(&x.epfd) {
@@ -595,6 +721,7 @@ fn materialize(fds: &[c_int]) {
             }
             x.dirty = false;
             x.out = false;
+            x.inn = false;
             if x.kern == x.want {
                 return x.want.is_some();
             }

@@ -21,6 +21,7 @@ extern "C" fn before_fork() {
     FORKER.store(std::process::id(), Ordering::Release);
     // (the child shares the epoll sets: what they have goes to the kernel)
     crate::interest::expose_all();
+    crate::poll::signals_forked();
     // (first: it reads the table and makes descriptors)
     crate::share::prepare();
     let g = TABLE.write().unwrap_or_else(|e| e.into_inner());

@@ -85,7 +85,7 @@ pub(crate) unsafe fn poll_via(
                     // `poll`/`select` loop is woken by the peer's SEND
                     // itself, not by a progress thread that took the CDC.
                     if c.s.signal_fd().is_some() {
-                        c.s.watch_signal(true);
+                        c.s.watch_signal_level(true);
                         watched.push(c.clone());
                     }
                     if let Some(sfd) = c.s.signal_fd().filter(|_| c.s.signal_polled()) {
@@ -300,7 +300,7 @@ unsafe fn expose_polled(fds: *const pollfd, n: nfds_t) {
 /// (`SmcStream::watch_signal`).
 fn unwatch(watched: Vec<Arc<Conn>>) {
     for c in watched {
-        c.s.watch_signal(false);
+        c.s.watch_signal_level(false);
     }
 }
 
@@ -453,7 +453,8 @@ pub unsafe extern "C" fn epoll_ctl(
 /// signal (`SmcStream::signal_fd`) follows in the same set, under the same
 /// event data, for readable only: `EPOLLIN` with the application's
 /// `EPOLLET` and `EPOLLONESHOT` while the application waits there for
-/// readable. So an event loop asleep in that set is woken by the peer's
+/// readable (and `EPOLLET` of the library's for a level-triggered one in a
+/// set whose waits are the library's, [`edge_here`]). So an event loop asleep in that set is woken by the peer's
 /// SEND itself; its read then takes the CDC.
 ///
 /// When the application stops waiting for readable (a `MOD` without
@@ -480,7 +481,7 @@ pub(crate) fn signal_ctl(
     let sfd = sfd.as_raw_fd();
     // SAFETY: the caller's event, if any.
     let ev = (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { *ev });
-    let at = sets.iter().position(|&(s, _, _)| s == epfd);
+    let at = sets.iter().position(|&(s, _, _, _)| s == epfd);
     let keep = (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLWAKEUP) as u32;
     let events = |e: &libc::epoll_event| {
         if e.events & libc::EPOLLIN as u32 != 0 {
@@ -497,9 +498,17 @@ pub(crate) fn signal_ctl(
             if mine & EDGE != 0 {
                 c.s.signal_level(false);
             }
-            if ctl_own(epfd, libc::EPOLL_CTL_ADD, sfd, mine, e.u64) == 0 {
+            let here = edge_here(epfd, mine);
+            if ctl_own(
+                epfd,
+                libc::EPOLL_CTL_ADD,
+                sfd,
+                kernel_events(mine, here),
+                e.u64,
+            ) == 0
+            {
                 note_signal_set(epfd);
-                sets.push((epfd, mine, e.u64));
+                sets.push((epfd, mine, e.u64, here));
                 signal_mode(c, sets);
                 c.s.watch_signal(true);
                 list_signal(c, regs, epfd, None, &e);
@@ -517,9 +526,17 @@ pub(crate) fn signal_ctl(
                 if mine & EDGE != 0 && sets[k].1 & EDGE == 0 {
                     c.s.signal_level(false);
                 }
-                ctl_own(epfd, libc::EPOLL_CTL_MOD, sfd, mine, e.u64);
+                let here = edge_here(epfd, mine);
+                ctl_own(
+                    epfd,
+                    libc::EPOLL_CTL_MOD,
+                    sfd,
+                    kernel_events(mine, here),
+                    e.u64,
+                );
                 sets[k].1 = mine;
                 sets[k].2 = e.u64;
+                sets[k].3 = here;
                 signal_mode(c, sets);
             }
             // (what the application asks for is its record's, `Rdy::want`:
@@ -580,8 +597,43 @@ fn list_signal(
 /// write). `poll` and `select` wait level-triggered. A registration left
 /// edge-triggered while the application does not wait for readable (see
 /// [`signal_ctl`]) still counts: it is armed again as it was.
-fn signal_mode(c: &Conn, sets: &[(c_int, u32, u64)]) {
-    c.s.signal_level(sets.iter().all(|&(_, ev, _)| ev & EDGE == 0));
+///
+/// And whether the kernel has every registration of the signal
+/// edge-triggered (`SmcStream::signal_edge_only`): then it needs no drain
+/// when it is armed again, a system call per message saved. A registration
+/// that asks for no events (turned off) waits for nothing; a connection a
+/// child may poll (`Conn::forked`) is drained always.
+pub(crate) fn signal_mode(c: &Conn, sets: &[(c_int, u32, u64, bool)]) {
+    c.s.signal_level(sets.iter().all(|&(_, ev, _, _)| ev & EDGE == 0));
+    let edge = |&(_, ev, _, here): &(c_int, u32, u64, bool)| {
+        ev & libc::EPOLLIN as u32 == 0 || ev & libc::EPOLLET as u32 != 0 || here
+    };
+    c.s.signal_edge_only(!c.forked.load(Ordering::Acquire) && sets.iter().all(edge));
+}
+
+/// Whether the signal's registration asking for `mine` in `epfd` goes to
+/// the kernel edge-triggered though the application's is level-triggered:
+/// in a set whose waits are this library's (`interest::virtual_set`), which
+/// reports what a connection still has to read after an event itself, as a
+/// level-triggered registration would (`interest::before_wait`), so that
+/// the signal need not be drained whenever it is armed again (one system
+/// call per message fewer: `SmcStream::signal_edge_only`). Not for the
+/// kernel's own flags (edge-triggered, one-shot, exclusive: theirs as
+/// asked), nor in a set that another waiter watches in the kernel (direct).
+fn edge_here(epfd: c_int, mine: u32) -> bool {
+    mine & libc::EPOLLIN as u32 != 0
+        && crate::interest::plain(mine)
+        && crate::interest::virtual_set(epfd)
+}
+
+/// What the kernel registers for the signal asking for `mine`, with
+/// `EPOLLET` where the library keeps the level itself ([`edge_here`]).
+fn kernel_events(mine: u32, here: bool) -> u32 {
+    if here {
+        mine | libc::EPOLLET as u32
+    } else {
+        mine
+    }
 }
 
 /// Registrations that need the peer signal written for every CDC
@@ -637,7 +689,7 @@ pub(crate) fn set_closing(fd: c_int) {
     // (rare: an event loop closes its set once; a scan of the table then)
     for c in streams() {
         let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
-        regs.sig.retain(|&(ep, _, _)| ep != fd);
+        regs.sig.retain(|&(ep, _, _, _)| ep != fd);
         regs.rdy.retain(|x| x.epfd != fd);
     }
 }
@@ -788,9 +840,14 @@ fn quiet_displaced(others: Vec<Arc<Conn>>, epfd: c_int, data: u64) {
 
 /// Turns connection `c`'s signal registration in `epfd` off (no events),
 /// if it has events there (and, with `data`, is under that data).
-pub(crate) fn turn_off(c: &Conn, sets: &mut [(c_int, u32, u64)], epfd: c_int, data: Option<u64>) {
+pub(crate) fn turn_off(
+    c: &Conn,
+    sets: &mut [(c_int, u32, u64, bool)],
+    epfd: c_int,
+    data: Option<u64>,
+) {
     let Some(sfd) = c.s.signal_fd() else { return };
-    let Some(k) = sets.iter().position(|&(s, _, _)| s == epfd) else {
+    let Some(k) = sets.iter().position(|&(s, _, _, _)| s == epfd) else {
         return;
     };
     if sets[k].1 == 0 || data.is_some_and(|d| d != sets[k].2) {
@@ -798,13 +855,14 @@ pub(crate) fn turn_off(c: &Conn, sets: &mut [(c_int, u32, u64)], epfd: c_int, da
     }
     ctl_own(epfd, libc::EPOLL_CTL_MOD, sfd.as_raw_fd(), 0, sets[k].2);
     sets[k].1 = 0;
+    sets[k].3 = false;
 }
 
 /// Connection `c` (at `ptr`) is gone: its entries leave [`SIGNALLED`].
-pub(crate) fn forget_signalled(ptr: *const Conn, sets: &[(c_int, u32, u64)]) {
+pub(crate) fn forget_signalled(ptr: *const Conn, sets: &[(c_int, u32, u64, bool)]) {
     let mut g = SIGNALLED.lock().unwrap_or_else(|e| e.into_inner());
     let Some(m) = g.as_mut() else { return };
-    for &(ep, _, d) in sets {
+    for &(ep, _, d, _) in sets {
         m.remove(&(ep, d, ptr as usize));
     }
     SIGNALLED_N.store(m.len(), Ordering::Release);
@@ -922,7 +980,7 @@ unsafe fn fix_events(
         if fixed != 0 || (keep_all && kept != 0) {
             // (a one-shot registration reports once: see `fire_once`)
             let mut once = None;
-            for (_, c) in &found[run] {
+            for (_, c) in &found[run.clone()] {
                 let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(first) = crate::interest::fire_once(c, &mut regs, epfd, ev[i].u64) {
                     once = Some(once.unwrap_or(false) | first);
@@ -931,6 +989,13 @@ unsafe fn fix_events(
             if once == Some(false) {
                 drop_at[i] = true;
                 continue;
+            }
+        }
+        if fixed & inn != 0 {
+            // (a level-triggered registration whose signal the kernel has
+            // edge-triggered: reported again while readable)
+            for (_, c) in &found[run.clone()] {
+                crate::interest::note_in(c, epfd);
             }
         }
         if fixed != 0 {
@@ -949,6 +1014,38 @@ unsafe fn fix_events(
         }
     }
     k as c_int
+}
+
+/// Before `fork()`: the child may wait on the peer signal of every
+/// connection open now with `poll`, level-triggered (`share.rs`), so each
+/// is drained whenever it is armed again, from now on (`Conn::forked`).
+pub(crate) fn signals_forked() {
+    if COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    for c in streams() {
+        c.forked.store(true, Ordering::Release);
+        c.s.signal_edge_only(false);
+    }
+}
+
+/// Connection `c`'s signal, registered in `epfd` edge-triggered for a
+/// level-triggered registration of the application's ([`edge_here`]; `sets`
+/// its registrations, `Conn::regs`, locked), goes level-triggered there,
+/// as the application asked: for a waiter that the kernel alone wakes. A
+/// signal that announced bytes not read yet has its count above 0 (nothing
+/// drained it since: a drain comes with the arm that ends what it
+/// announced), or has it once the peer's write lands, so the kernel's
+/// level shows them, in this set only (a write of ours would be an edge in
+/// every set that has the signal).
+pub(crate) fn signal_level_in(c: &Conn, sets: &mut [(c_int, u32, u64, bool)], epfd: c_int) {
+    let Some(sfd) = c.s.signal_fd() else { return };
+    let Some(x) = sets.iter_mut().find(|x| x.0 == epfd && x.3) else {
+        return;
+    };
+    ctl_own(epfd, libc::EPOLL_CTL_MOD, sfd.as_raw_fd(), x.1, x.2);
+    x.3 = false;
+    signal_mode(c, sets);
 }
 
 /// Whether connection `c` ended in an error that its next call reports (a

@@ -22,6 +22,10 @@ pub(crate) struct Conn {
     /// then reads find end of file, writes `EPIPE`, and `poll` no
     /// `POLLERR` (`Conn::report_once`).
     pub(crate) err_taken: std::sync::atomic::AtomicBool,
+    /// The connection was open at a `fork()`: a child may wait on its
+    /// peer signal with `poll`, level-triggered (`share.rs`), so the signal
+    /// is drained whenever it is armed again (`poll::signal_mode`).
+    pub(crate) forked: std::sync::atomic::AtomicBool,
 }
 
 /// A connection's registrations in the application's epoll sets.
@@ -29,8 +33,10 @@ pub(crate) struct Conn {
 pub(crate) struct Regs {
     /// The sets that have the connection's peer signal registered beside
     /// its readiness descriptor, with the events and data it is registered
-    /// with there (`poll::signal_ctl`).
-    pub(crate) sig: Vec<(c_int, u32, u64)>,
+    /// with there (`poll::signal_ctl`), and whether the kernel has it
+    /// edge-triggered where the application asked for level
+    /// (`poll::edge_here`).
+    pub(crate) sig: Vec<(c_int, u32, u64, bool)>,
     /// The sets the application registered the connection in, with what
     /// it asked for and what the readiness descriptor is registered with
     /// (`interest.rs`).
@@ -47,6 +53,7 @@ impl Conn {
             regs: Mutex::new(Regs::default()),
             unlisted: std::sync::atomic::AtomicBool::new(false),
             err_taken: std::sync::atomic::AtomicBool::new(false),
+            forked: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -109,7 +116,7 @@ impl Drop for Conn {
         }
         crate::poll::forget_signalled(self, &sets);
         if let Some(sfd) = self.s.signal_fd() {
-            for (ep, _, _) in sets {
+            for (ep, _, _, _) in sets {
                 // (a set closed meanwhile fails harmlessly)
                 ctl_own(ep, libc::EPOLL_CTL_DEL, sfd.as_raw_fd(), 0, 0);
             }

@@ -726,6 +726,17 @@ pub trait Bell: Send + Sync {
     fn arm_polled(&self) -> bool {
         false
     }
+    /// [`Self::arm_polled`] without draining [`Self::poll_fd`]: for an
+    /// owner whose pollers all wait on it edge-triggered (`epoll` with
+    /// `EPOLLET`), which a write wakes whatever the count was, and which a
+    /// count left from before the arm does not wake. The drain is a system
+    /// call per arm that such pollers do not need; one that waits
+    /// level-triggered (`poll`, `select`, `epoll` without `EPOLLET`) would
+    /// be woken by the stale count again and again, and needs
+    /// [`Self::arm_polled`].
+    fn arm_polled_undrained(&self) -> bool {
+        self.arm_polled()
+    }
     /// Whether a peer's SEND took the bell armed for a poller since the
     /// last [`Self::arm_polled`]: `poll_fd` is readable (or about to be:
     /// the peer writes it right after publishing that SEND) until the next

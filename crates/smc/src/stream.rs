@@ -229,7 +229,8 @@ impl SmcConn {
     }
 
     /// After a read that took bytes: if it left nothing to read and the
-    /// peer signal had fired, the signal is spent, and is drained and armed
+    /// peer signal had fired, the signal is spent, and is armed again
+    /// (drained where a poller waits on it level-triggered, `PeerSignal::arm`)
     /// here, where the read makes it so, as TCP's readable ends with the
     /// read that empties the queue. Otherwise a level-triggered event loop
     /// that reads once per event (redis, hiredis) would be woken by it
@@ -254,7 +255,7 @@ impl SmcConn {
         if f.level().readable != 0 {
             return;
         }
-        if !s.bell.arm_polled() {
+        if !s.arm() {
             return;
         }
         self.shared.take_held_cdc(f);

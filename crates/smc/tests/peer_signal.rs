@@ -395,3 +395,71 @@ fn an_edge_triggered_loop_that_does_not_drain_is_woken_by_each_message() {
         }
     }
 }
+
+/// Whether `fd` polls readable now.
+fn readable_now(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let mut p = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    rustix::event::poll(&mut p, Some(&rustix::event::Timespec::default())).unwrap() == 1
+}
+
+/// A loop whose every registration of the signal is edge-triggered in the
+/// kernel (`SmcStream::signal_edge_only`, as `smc-preload` registers it for
+/// an application's level-triggered set whose level it keeps itself) is
+/// woken by each message, and the read that empties the connection arms
+/// the signal again without draining it: the count left does not wake an
+/// edge-triggered registration, and the drain would be a system call per
+/// message. Where a poller may wait level-triggered (the default, or a
+/// `poll` watching it, `SmcStream::watch_signal_level`), the same read
+/// drains it.
+#[test]
+fn an_edge_only_signal_is_armed_again_without_a_drain() {
+    let (mut c, mut s) = pair();
+    c.set_nonblocking(true).unwrap();
+    let ep = event_loop_set(&c, epoll::EventFlags::IN | epoll::EventFlags::ET, true);
+    // (the application's registration level-triggered: the peer writes
+    // the signal once per arm)
+    c.signal_level(true);
+    let sfd = c.signal_fd().unwrap().try_clone_to_owned().unwrap();
+    let mut b = [0u8; 64];
+    for (i, mode) in ["edge", "default", "edge", "poll", "edge"]
+        .iter()
+        .enumerate()
+    {
+        c.signal_edge_only(*mode == "edge");
+        if *mode == "poll" {
+            c.signal_edge_only(true);
+            c.watch_signal_level(true);
+        }
+        for k in 0..20u32 {
+            s.write_all(&k.to_le_bytes()).unwrap();
+            let until = Instant::now() + Duration::from_secs(5);
+            let n = loop {
+                assert!(
+                    !wait(&ep, Duration::from_secs(5)).is_empty(),
+                    "{mode} {i}: message {k} woke nothing"
+                );
+                match c.read(&mut b) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        assert!(Instant::now() < until, "{mode}: message {k} never read");
+                    }
+                    Err(e) => panic!("read: {e}"),
+                }
+            };
+            assert_eq!(&b[..n], k.to_le_bytes());
+            // (the peer's write of the signal lands before its SEND is
+            // published: it is there once the read took the bytes)
+            assert_eq!(
+                readable_now(sfd.as_fd()),
+                *mode == "edge",
+                "{mode} {i}: message {k}: the signal drained (false) or left (true)"
+            );
+        }
+        if *mode == "poll" {
+            c.watch_signal_level(false);
+        }
+    }
+}

@@ -243,6 +243,38 @@ impl ShmBell {
             .get_or_init(|| EventFd::new_high().ok())
             .as_ref()
     }
+    /// [`Bell::arm_polled`], its poll descriptor drained first (`drain`)
+    /// or not ([`Bell::arm_polled_undrained`]).
+    fn arm_polled_draining(&self, drain: bool) -> bool {
+        let Some(e) = self.efd() else {
+            return false;
+        };
+        // Drained every time a level-triggered poller may look: a peer
+        // writes the eventfd after it took the word, so its write may land
+        // after an earlier drain, even after the arm that followed it. (One
+        // read resets an eventfd that is not a semaphore.)
+        if drain {
+            e.drain();
+        }
+        let w = self.word();
+        let mut was = w.load(SeqCst);
+        loop {
+            if was == BELL_ARMED || was == BELL_ASLEEP || was == BELL_HELD {
+                // a thread of ours waits or holds: it takes what comes
+                return false;
+            }
+            // (0, a poller's arm or signal, or what a peer wrote: ours to set)
+            let to = if self.local.level.load(SeqCst) {
+                BELL_POLLED_LEVEL
+            } else {
+                BELL_POLLED
+            };
+            match w.compare_exchange(was, to, SeqCst, SeqCst) {
+                Ok(_) => return true,
+                Err(now) => was = now,
+            }
+        }
+    }
 }
 
 // Several threads of the owner may wait on one word (readers of one
@@ -347,32 +379,10 @@ impl Bell for ShmBell {
         self.efd().map(|e| e.as_fd())
     }
     fn arm_polled(&self) -> bool {
-        let Some(e) = self.efd() else {
-            return false;
-        };
-        // Drained every time: a peer writes the eventfd after it took the
-        // word, so its write may land after an earlier drain, even after
-        // the arm that followed it. (One read resets an eventfd that is not
-        // a semaphore.)
-        e.drain();
-        let w = self.word();
-        let mut was = w.load(SeqCst);
-        loop {
-            if was == BELL_ARMED || was == BELL_ASLEEP || was == BELL_HELD {
-                // a thread of ours waits or holds: it takes what comes
-                return false;
-            }
-            // (0, a poller's arm or signal, or what a peer wrote: ours to set)
-            let to = if self.local.level.load(SeqCst) {
-                BELL_POLLED_LEVEL
-            } else {
-                BELL_POLLED
-            };
-            match w.compare_exchange(was, to, SeqCst, SeqCst) {
-                Ok(_) => return true,
-                Err(now) => was = now,
-            }
-        }
+        self.arm_polled_draining(true)
+    }
+    fn arm_polled_undrained(&self) -> bool {
+        self.arm_polled_draining(false)
     }
     fn polled_taken(&self) -> bool {
         matches!(

@@ -9,7 +9,7 @@ use smc_engine::endpoint::{ConnId, ConnLevel, Endpoint, FastConn};
 use smc_proto::close::CloseState;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// What a connection shows its waiters (its readiness descriptor, an
@@ -71,6 +71,17 @@ pub(crate) struct PeerSignal {
     ///
     /// [`SmcStream::watch_signal`]: crate::SmcStream::watch_signal
     pub(crate) pollers: AtomicUsize,
+    /// Whether an `epoll` registration of the descriptor may be
+    /// level-triggered (until the poller says otherwise,
+    /// [`SmcStream::signal_edge_only`]).
+    ///
+    /// [`SmcStream::signal_edge_only`]: crate::SmcStream::signal_edge_only
+    pub(crate) level_epoll: AtomicBool,
+    /// `poll`s and `select`s that watch the descriptor now
+    /// ([`SmcStream::watch_signal_level`]), level-triggered all.
+    ///
+    /// [`SmcStream::watch_signal_level`]: crate::SmcStream::watch_signal_level
+    pub(crate) level_polls: AtomicUsize,
 }
 
 impl PeerSignal {
@@ -78,6 +89,22 @@ impl PeerSignal {
     #[inline]
     pub(crate) fn polled(&self) -> bool {
         self.pollers.load(Ordering::Acquire) > 0
+    }
+
+    /// Arms the bell for the pollers again (`Bell::arm_polled`), the
+    /// descriptor drained only where a poller may wait on it
+    /// level-triggered: a count left in it would wake such a poller again
+    /// and again, while an edge-triggered one is woken by a write only, and
+    /// the drain would be a system call per message for nothing
+    /// (`Bell::arm_polled_undrained`).
+    #[inline]
+    pub(crate) fn arm(&self) -> bool {
+        if self.level_epoll.load(Ordering::Acquire) || self.level_polls.load(Ordering::Acquire) > 0
+        {
+            self.bell.arm_polled()
+        } else {
+            self.bell.arm_polled_undrained()
+        }
     }
 }
 
@@ -97,6 +124,8 @@ fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
         fd,
         bell,
         pollers: AtomicUsize::new(0),
+        level_epoll: AtomicBool::new(true),
+        level_polls: AtomicUsize::new(0),
     }))
 }
 

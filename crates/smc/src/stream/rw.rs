@@ -32,16 +32,17 @@ impl SmcStream {
             // reads until it would block, every time)
             if let (true, Some(f)) = (nonblocking, c.fast_conn()) {
                 // An event loop that waits on the peer's signal: armed again
-                // before the look below (and drained: a signal whose bytes
-                // a read took may still be there), so that the peer's next
-                // CDC signals it unless the look finds that CDC.
+                // before the look below (and drained where a poller waits
+                // on it level-triggered: a signal whose bytes a read took
+                // may still be there, `PeerSignal::arm`), so that the
+                // peer's next CDC signals it unless the look finds that CDC.
                 // (also when a read before armed it, `rearm_if_emptied`: a
                 // peer's write for a SEND that took the bell before that arm
                 // may have landed after its drain, and a level-triggered
                 // loop that reads to WouldBlock would be woken by it again
                 // and again)
                 if let Some(s) = c.signal().filter(|s| s.polled()) {
-                    s.bell.arm_polled();
+                    s.arm();
                 }
                 match f.may_sleep() {
                     MaySleep::Sleep => return Err(io::ErrorKind::WouldBlock.into()),

@@ -74,6 +74,41 @@ impl SmcStream {
         }
     }
 
+    /// [`SmcStream::watch_signal`] for a `poll` or `select` (`on`: it
+    /// starts watching; `false`: it is over), which waits on
+    /// [`SmcStream::signal_fd`] level-triggered: while one does, the signal
+    /// is drained whenever it is armed again (see
+    /// [`SmcStream::signal_edge_only`]).
+    pub fn watch_signal_level(&self, on: bool) {
+        let Ok(Some(c)) = self.smc_conn() else { return };
+        let Some(s) = c.signal() else { return };
+        if on {
+            s.level_polls.fetch_add(1, Ordering::AcqRel);
+            self.watch_signal(true);
+        } else {
+            self.watch_signal(false);
+            let _ = s
+                .level_polls
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        }
+    }
+
+    /// Says whether every `epoll` registration of [`SmcStream::signal_fd`]
+    /// is edge-triggered in the kernel (`EPOLLET`; `false`, the default:
+    /// one may not be). Then, and while no `poll` or `select` watches it
+    /// ([`SmcStream::watch_signal_level`]), the signal is armed again
+    /// without draining the descriptor: a count left in it does not wake an
+    /// edge-triggered registration (a write does, whatever the count), and
+    /// the drain is a system call per message saved (Linux fs/eventfd.c
+    /// `eventfd_write` wakes the waiters at every write; fs/eventpoll.c
+    /// `ep_poll_callback` queues an edge-triggered item at every wake-up).
+    pub fn signal_edge_only(&self, edge: bool) {
+        let Ok(Some(c)) = self.smc_conn() else { return };
+        if let Some(s) = c.signal() {
+            s.level_epoll.store(!edge, Ordering::Release);
+        }
+    }
+
     /// Says how the pollers of [`SmcStream::signal_fd`] wait: `true`, all
     /// level-triggered (`poll`, `select`, `epoll` without `EPOLLET` or
     /// `EPOLLEXCLUSIVE`), so that the peer writes the signal once for all
@@ -132,7 +167,7 @@ impl SmcStream {
                 // and armed again, then a look for what came before the
                 // arm (a CDC that another thread applies meanwhile shows
                 // here or on the readiness descriptor, never on neither).
-                s.bell.arm_polled();
+                s.arm();
                 c.shared.take_held_cdc(f);
             }
             if spent || taken {

@@ -198,6 +198,8 @@ impl ConnWait {
                 // (edge-triggered, as tokio registers: the peer writes
                 // the signal for every CDC, `SmcStream::signal_level`)
                 nb.signal_level(false);
+                // (and nothing else polls it: armed again without a drain)
+                nb.signal_edge_only(true);
                 nb.watch_signal(true);
                 Some(Arc::new(fd))
             }
