@@ -401,9 +401,12 @@ pub(crate) fn before_wait(epfd: c_int) -> Option<Waiting> {
             continue;
         };
         let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
-        // (still registered edge-triggered here: otherwise the kernel keeps
-        // the level)
-        let edge = regs.sig.iter().any(|&(ep, _, _, here)| ep == epfd && here);
+        // (still registered edge-triggered here, otherwise the kernel keeps
+        // the level; and its signal taken: one armed again since, by the
+        // read that emptied the connection as a rule, leaves what comes
+        // after to the readiness descriptor and the signal's next edge)
+        let edge =
+            regs.sig.iter().any(|&(ep, _, _, here)| ep == epfd && here) && c.s.signal_taken();
         let Some(x) = regs.rdy.iter_mut().find(|x| x.epfd == epfd) else {
             gone_in.push(i);
             continue;
@@ -468,6 +471,11 @@ pub(crate) fn virtual_set(epfd: c_int) -> bool {
 /// no longer readable (`before_wait`), as the kernel looks at a
 /// level-triggered registration after each event it reported.
 pub(crate) fn note_in(c: &Arc<Conn>, epfd: c_int) {
+    // (a signal armed again since, or never taken: the readiness
+    // descriptor shows what there is, the kernel's level)
+    if !c.s.signal_taken() {
+        return;
+    }
     let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
     if !regs.sig.iter().any(|&(ep, _, _, here)| ep == epfd && here) {
         return;
