@@ -463,33 +463,40 @@ pub(crate) fn virtual_set(epfd: c_int) -> bool {
     sets.get(&epfd).is_some_and(|s| !s.direct)
 }
 
-/// A wait on `epfd` reported connection `c` readable, and the kernel has
-/// its peer signal there edge-triggered though the application's
-/// registration is level-triggered (`poll::edge_here`): the signal will not
-/// report the bytes left after the application's read again, so the
-/// connection goes in the set's `ins`, which each wait looks at until it is
-/// no longer readable (`before_wait`), as the kernel looks at a
-/// level-triggered registration after each event it reported.
-pub(crate) fn note_in(c: &Arc<Conn>, epfd: c_int) {
+/// A wait on `epfd` reports connection `c` readable (`regs` its records,
+/// locked), and the kernel has its peer signal there edge-triggered though
+/// the application's registration is level-triggered (`poll::edge_here`):
+/// the signal will not report the bytes left after the application's read
+/// again, so the connection is to go in the set's `ins` ([`note_ins`]),
+/// which each wait looks at until it is no longer readable
+/// (`before_wait`), as the kernel looks at a level-triggered registration
+/// after each event it reported. `None`: not such a connection, or listed
+/// already.
+pub(crate) fn mark_in(
+    c: &Arc<Conn>,
+    regs: &mut Regs,
+    epfd: c_int,
+) -> Option<std::sync::Weak<Conn>> {
     // (a signal armed again since, or never taken: the readiness
     // descriptor shows what there is, the kernel's level)
-    if !c.s.signal_taken() {
-        return;
+    if !c.s.signal_taken() || !regs.sig.iter().any(|&(ep, _, _, here)| ep == epfd && here) {
+        return None;
     }
-    let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
-    if !regs.sig.iter().any(|&(ep, _, _, here)| ep == epfd && here) {
-        return;
-    }
-    let Some(x) = regs.rdy.iter_mut().find(|x| x.epfd == epfd) else {
-        return;
-    };
-    if x.inn {
+    let x = regs.rdy.iter_mut().find(|x| x.epfd == epfd && !x.inn)?;
+    x.inn = true;
+    Some(Arc::downgrade(c))
+}
+
+/// The connections a wait on `epfd` marked ([`mark_in`]) go in its `ins`
+/// (one lock of the sets for a wait's events). A set that became direct
+/// meanwhile has none (`materialize` unmarked them).
+pub(crate) fn note_ins(epfd: c_int, ins: Vec<std::sync::Weak<Conn>>) {
+    if ins.is_empty() {
         return;
     }
     let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(st) = sets.get_mut(&epfd).filter(|s| !s.direct) {
-        x.inn = true;
-        st.ins.push(Arc::downgrade(c));
+        st.ins.extend(ins);
     }
 }
 

@@ -924,6 +924,8 @@ unsafe fn fix_events(
         j = end;
     }
     let inn = libc::EPOLLIN as u32;
+    // (connections to report again at the next wait, `interest::mark_in`)
+    let mut ins = Vec::new();
     for (i, run) in firsts {
         let orig = ev[i].events;
         let (mut fixed, mut kept) = (0, 0);
@@ -945,6 +947,12 @@ unsafe fn fix_events(
                     // was drained and armed again by the look above: it
                     // stays.)
                     turn_off(c, &mut regs.sig, epfd, None);
+                }
+                if now & asked & inn != 0 {
+                    // (a level-triggered registration whose signal the
+                    // kernel has edge-triggered: reported again while
+                    // readable)
+                    ins.extend(crate::interest::mark_in(c, &mut regs, epfd));
                 }
                 asked
             };
@@ -980,7 +988,7 @@ unsafe fn fix_events(
         if fixed != 0 || (keep_all && kept != 0) {
             // (a one-shot registration reports once: see `fire_once`)
             let mut once = None;
-            for (_, c) in &found[run.clone()] {
+            for (_, c) in &found[run] {
                 let mut regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(first) = crate::interest::fire_once(c, &mut regs, epfd, ev[i].u64) {
                     once = Some(once.unwrap_or(false) | first);
@@ -991,13 +999,6 @@ unsafe fn fix_events(
                 continue;
             }
         }
-        if fixed & inn != 0 {
-            // (a level-triggered registration whose signal the kernel has
-            // edge-triggered: reported again while readable)
-            for (_, c) in &found[run.clone()] {
-                crate::interest::note_in(c, epfd);
-            }
-        }
         if fixed != 0 {
             ev[i].events = fixed;
         } else if keep_all && kept != 0 {
@@ -1006,6 +1007,7 @@ unsafe fn fix_events(
             drop_at[i] = true;
         }
     }
+    crate::interest::note_ins(epfd, ins);
     let mut k = 0;
     for i in 0..ev.len() {
         if !drop_at[i] {
