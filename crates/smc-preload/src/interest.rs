@@ -31,7 +31,7 @@
 //! that the signal need not be drained whenever it is armed again (a
 //! system call per message), and a connection the wait reported readable
 //! that way is reported again by each wait while it stays readable (`ins`,
-//! `note_in`), as the kernel reports a level-triggered registration after
+//! `mark_in`), as the kernel reports a level-triggered registration after
 //! each event, until the set is direct (below), where the kernel gets the
 //! signal level-triggered again (`materialize`).
 //!
@@ -75,7 +75,7 @@ pub(crate) struct Rdy {
     /// In its set's `outs` list: the application waits for writable.
     out: bool,
     /// In its set's `ins` list: reported readable through a peer signal
-    /// that the kernel has edge-triggered (`note_in`).
+    /// that the kernel has edge-triggered (`mark_in`).
     inn: bool,
     /// A one-shot registration (`EPOLLONESHOT`) that reported its event
     /// since the application last armed it ([`fire_once`]).
@@ -95,7 +95,7 @@ struct SetState {
     /// Connections waited on for writable, level-triggered.
     outs: Vec<std::sync::Weak<Conn>>,
     /// Connections reported readable, level-triggered, through a peer
-    /// signal registered edge-triggered (`note_in`): reported again by each
+    /// signal registered edge-triggered (`mark_in`): reported again by each
     /// wait while they stay readable.
     ins: Vec<std::sync::Weak<Conn>>,
     /// Alternates which of the kernel's events and ours come first when
