@@ -454,8 +454,9 @@ pub unsafe extern "C" fn epoll_ctl(
 /// event data, for readable only: `EPOLLIN` with the application's
 /// `EPOLLET` and `EPOLLONESHOT` while the application waits there for
 /// readable (and `EPOLLET` of the library's for a level-triggered one in a
-/// set whose waits are the library's, [`edge_here`]). So an event loop asleep in that set is woken by the peer's
-/// SEND itself; its read then takes the CDC.
+/// set whose waits are the library's, [`edge_here`]). So an event loop
+/// asleep in that set is woken by the peer's SEND itself; its read then
+/// takes the CDC.
 ///
 /// When the application stops waiting for readable (a `MOD` without
 /// `EPOLLIN`, or a `DEL`: event loops such as redis' and wrk's take a

@@ -1312,6 +1312,27 @@ fn a_send_makes_a_pollers_eventfd_readable_instead_of_signalling_its_channel() {
     assert_eq!((w[0].wr_id, w[0].byte_len), (3, 3));
     assert!(!h.peer.ep.chan.try_get_event().unwrap());
 
+    // armed again without the drain (pollers all edge-triggered): the
+    // count stays, the bell is armed, and the next SEND takes it
+    assert!(bell.arm_polled_undrained());
+    assert!(
+        readable(fd, Duration::ZERO),
+        "arm_polled_undrained left the count"
+    );
+    assert!(!bell.polled_taken());
+    h.local.qp.post_send_ringing(&cdc(5), r.rkey).unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while !bell.polled_taken() {
+        assert!(
+            std::time::Instant::now() < until,
+            "the SEND did not take the bell"
+        );
+        std::thread::yield_now();
+    }
+    let w = h.peer.ep.poll_recv();
+    assert_eq!((w[0].wr_id, w[0].byte_len), (4, 3));
+    assert!(!h.peer.ep.chan.try_get_event().unwrap());
+
     // disarmed: drained, and a writer holds it again
     bell.disarm_polled();
     assert!(!readable(fd, Duration::ZERO));
