@@ -740,7 +740,8 @@ pub trait Bell: Send + Sync {
     /// Whether a peer's SEND took the bell armed for a poller since the
     /// last [`Self::arm_polled`]: `poll_fd` is readable (or about to be:
     /// the peer writes it right after publishing that SEND) until the next
-    /// `arm_polled` or [`Self::disarm_polled`].
+    /// `arm_polled` or [`Self::disarm_polled`] (an
+    /// [`Self::arm_polled_undrained`] ends the "taken" and leaves the count).
     fn polled_taken(&self) -> bool {
         false
     }

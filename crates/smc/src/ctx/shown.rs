@@ -57,8 +57,9 @@ impl Drop for ConnReadiness {
 /// While it is readable for a CDC that the peer signalled, the readiness
 /// descriptor does not show the data that CDC brought (it would be a
 /// second system call and wake-up for the same bytes): the application
-/// sees the connection readable through this one. It is drained and armed
-/// again only where a look for CDCs follows (a read that would block, the
+/// sees the connection readable through this one. It is armed again (and
+/// drained where a poller waits on it level-triggered, [`PeerSignal::arm`])
+/// only where a look for CDCs follows (a read that would block, the
 /// event loop's wait: `SmcStream::signalled_events`).
 pub(crate) struct PeerSignal {
     pub(crate) bell: smc_rdma::Doorbell,

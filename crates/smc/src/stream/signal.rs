@@ -34,8 +34,10 @@ impl SmcStream {
     /// for readable beside [`SmcStream::readiness_fd`], under the same
     /// event data, and says so with [`SmcStream::watch_signal`]; readable,
     /// it means "read the connection": data the peer announced through it
-    /// shows there and not on the readiness descriptor. It is drained and
-    /// armed again by the reads: never read from or write to it. Without
+    /// shows there and not on the readiness descriptor. It is armed again
+    /// (and drained, unless every poller is edge-triggered:
+    /// [`SmcStream::signal_edge_only`]) by the reads: never read from or
+    /// write to it. Without
     /// it (`mio` and other users of `AsFd`) the readiness descriptor shows
     /// everything, set by whichever thread of ours takes the peer's CDC.
     pub fn signal_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
@@ -129,7 +131,8 @@ impl SmcStream {
     /// [`SmcStream::urgent_waiting`]), after taking
     /// what the peer signalled through [`SmcStream::signal_fd`] (so that
     /// its data, end of file and room show together, in one event); a
-    /// signal with nothing behind it is drained. For an event loop whose
+    /// signal with nothing behind it is armed again (drained as
+    /// [`SmcStream::signal_fd`] says). For an event loop whose
     /// wait the signal ended. `None`: not known here (not SMC-R, no
     /// readiness descriptor).
     pub fn signalled_events(&self) -> Option<u32> {
@@ -163,8 +166,9 @@ impl SmcStream {
             if rearm {
                 // Nothing (more) to read: the signal is spent, or stale (a
                 // peer's write that came after a drain), and a level-
-                // triggered wait would see it again and again. Drained
-                // and armed again, then a look for what came before the
+                // triggered wait would see it again and again. Armed
+                // again (drained where a poller waits level-triggered,
+                // `PeerSignal::arm`), then a look for what came before the
                 // arm (a CDC that another thread applies meanwhile shows
                 // here or on the readiness descriptor, never on neither).
                 s.arm();
