@@ -15,6 +15,7 @@ set -euo pipefail
 T=${1:-3}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/crates/smc-preload/bench_lib.sh"
+need python3 taskset sockperf redis-server redis-benchmark nginx wrk iperf3
 cargo build -q --release -p smc-preload --manifest-path "$ROOT/Cargo.toml"
 # (the one-core round trip's floor: two context switches between processes)
 cargo build -q --release -p smc-bench --example switch_cost --manifest-path "$ROOT/Cargo.toml"

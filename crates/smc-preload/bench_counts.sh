@@ -13,6 +13,8 @@ set -euo pipefail
 MODE=$1; TEST=$2
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 . "$ROOT/crates/smc-preload/bench_lib.sh"
+need python3 perf
+case $TEST in redis) need redis-server redis-benchmark ;; pp) need sockperf ;; wrk) need nginx wrk ;; esac
 cargo build -q --release -p smc-preload --manifest-path "$ROOT/Cargo.toml"
 SMC_RUN=${SMC_RUN:-$ROOT/target/release/smc_run}
 W=$(mktemp -d /tmp/smc-counts.XXXXXX)

@@ -1,4 +1,18 @@
 # Shared by bench.sh and bench_counts.sh (sourced).
+# need PROGRAM...: exits with a message naming Debian's packages when one of
+# the programs a benchmark runs is missing (a script that ran on without one
+# would print an empty table, its rates read from a failed run).
+need() {
+  local miss=() p
+  for p in "$@"; do
+    command -v "$p" >/dev/null 2>&1 || [ -x "/usr/sbin/$p" ] || miss+=("$p")
+  done
+  if ((${#miss[@]})); then
+    echo "$(basename "$0"): not installed: ${miss[*]}" >&2
+    echo "  (Debian: apt-get install redis-server redis-tools nginx wrk iperf3 sockperf linux-perf python3)" >&2
+    exit 2
+  fi
+}
 # nginx_conf DIR PORT: writes DIR/nginx.conf for nginx in the foreground,
 # master and 2 workers, serving DIR/www on 127.0.0.1:PORT, its state in DIR.
 nginx_conf() {
