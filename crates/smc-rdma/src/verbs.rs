@@ -745,8 +745,10 @@ pub trait Bell: Send + Sync {
     fn polled_taken(&self) -> bool {
         false
     }
-    /// The bell no longer armed for a poller, `poll_fd` drained (the last
-    /// poller is gone).
+    /// The bell no longer armed for a poller (the last poller is gone),
+    /// `poll_fd` drained if a peer's SEND took the bell since it was armed
+    /// ([`Self::polled_taken`]; a write of a SEND that took it before may
+    /// still land after this).
     fn disarm_polled(&self) {}
     /// Says how the owner's pollers wait on `poll_fd`: `true`, all of them
     /// level-triggered (`poll`, `select`, `epoll` without `EPOLLET` or

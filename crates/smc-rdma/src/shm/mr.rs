@@ -392,16 +392,29 @@ impl Bell for ShmBell {
     }
     fn disarm_polled(&self) {
         let w = self.word();
+        let mut taken = false;
         for was in [
             BELL_POLLED,
             BELL_SIGNALLED,
             BELL_POLLED_LEVEL,
             BELL_SIGNALLED_LEVEL,
         ] {
-            let _ = w.compare_exchange(was, 0, SeqCst, SeqCst);
+            if w.compare_exchange(was, 0, SeqCst, SeqCst).is_ok() {
+                taken = was == BELL_SIGNALLED || was == BELL_SIGNALLED_LEVEL;
+                break;
+            }
         }
-        if let Some(e) = self.local.efd.get().and_then(Option::as_ref) {
-            e.drain();
+        // Drained only when a peer took the word since it was armed (its
+        // write is in the eventfd, or on its way): a poll or select arms
+        // and disarms at every call, and a drain that finds nothing is a
+        // system call for nothing. A write that lands after this (its SEND
+        // took the word before the disarm) stays until the next arm after
+        // a wake-up drains it: at worst one wake-up for nothing, which a
+        // poller's look at the connection tells (`arm_polled` after it).
+        if taken {
+            if let Some(e) = self.local.efd.get().and_then(Option::as_ref) {
+                e.drain();
+            }
         }
     }
     fn poll_level(&self) -> bool {
@@ -895,5 +908,41 @@ mod tests {
         b.disarm_polled();
         assert_eq!(b.word().load(SeqCst), 0);
         assert!(!b.polled_taken());
+    }
+
+    /// The last poller's disarm drains the eventfd only when a peer's SEND
+    /// took the word since the arm (its write is there, or comes); a word
+    /// still armed had no SEND, and a poll or select that arms and disarms
+    /// at every call makes no system call for it.
+    #[test]
+    fn a_disarm_drains_only_what_a_peer_signalled() {
+        let b = bell();
+        assert!(b.local.efd.set(Some(EventFd::new().unwrap())).is_ok());
+        let efd = || b.local.efd.get().unwrap().as_ref().unwrap();
+        for (word, drained) in [
+            (BELL_POLLED, false),
+            (BELL_POLLED_LEVEL, false),
+            (BELL_SIGNALLED, true),
+            (BELL_SIGNALLED_LEVEL, true),
+            // (a thread's wait took the bell over: not the poller's)
+            (BELL_HELD, false),
+        ] {
+            b.word().store(word, SeqCst);
+            // (a count there: a write that landed late, or the SEND's own)
+            efd().signal();
+            b.disarm_polled();
+            assert_eq!(
+                efd().drain(),
+                !drained,
+                "word {word}: drained by the disarm: {drained}"
+            );
+        }
+        // an arm without the drain leaves a late write's count; the arm
+        // that follows the poller's look drains it
+        b.word().store(0, SeqCst);
+        efd().signal();
+        assert!(b.arm_polled_undrained());
+        assert!(b.arm_polled());
+        assert!(!efd().drain());
     }
 }

@@ -50,13 +50,23 @@ impl SmcStream {
     /// registered. When the last one leaves, what the peer signalled
     /// shows on the readiness descriptor again.
     pub fn watch_signal(&self, on: bool) {
+        self.watch(on, true);
+    }
+
+    /// [`SmcStream::watch_signal`]; `drain`: the first poller's arm drains
+    /// the descriptor.
+    fn watch(&self, on: bool, drain: bool) {
         let Ok(Some(c)) = self.smc_conn() else { return };
         let Some(s) = c.signal() else { return };
         if on {
             if s.pollers.fetch_add(1, Ordering::AcqRel) == 0 {
                 // (every CDC before this signalled the completion channel:
                 // nothing came unannounced, no look needed)
-                s.bell.arm_polled();
+                if drain {
+                    s.bell.arm_polled();
+                } else {
+                    s.bell.arm_polled_undrained();
+                }
             }
             return;
         }
@@ -86,7 +96,15 @@ impl SmcStream {
         let Some(s) = c.signal() else { return };
         if on {
             s.level_polls.fetch_add(1, Ordering::AcqRel);
-            self.watch_signal(true);
+            // Not drained: what a peer signalled before is out of the
+            // descriptor, drained when the last poller went
+            // (`Bell::disarm_polled`), and a poll or select watches at
+            // every call, where a drain that finds nothing is a system
+            // call for nothing. A write that lands late (its SEND took the
+            // word before that drain) wakes this poll once; its look at
+            // the connection (`SmcStream::signalled_events`) arms the
+            // signal again drained.
+            self.watch(true, false);
         } else {
             self.watch_signal(false);
             let _ = s
