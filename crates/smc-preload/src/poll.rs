@@ -85,6 +85,7 @@ pub(crate) unsafe fn poll_via(
                     // `poll`/`select` loop is woken by the peer's SEND
                     // itself, not by a progress thread that took the CDC.
                     if c.s.signal_fd().is_some() {
+                        level_unless_in_epoll(c);
                         c.s.watch_signal_level(true);
                         watched.push(c.clone());
                     }
@@ -301,6 +302,19 @@ unsafe fn expose_polled(fds: *const pollfd, n: nfds_t) {
 fn unwatch(watched: Vec<Arc<Conn>>) {
     for c in watched {
         c.s.watch_signal_level(false);
+    }
+}
+
+/// A connection's signal that no epoll set has (only `poll` and `select`
+/// wait on it, level-triggered) is written by the peer once per arm, not
+/// at every SEND (`SmcStream::signal_level`): the poll drains it when it
+/// arms it again. Otherwise the sets' registrations decide
+/// ([`signal_mode`]). (Under the connection's records' lock, which
+/// `signal_ctl` holds when it changes the mode.)
+fn level_unless_in_epoll(c: &Conn) {
+    let regs = c.regs.lock().unwrap_or_else(|e| e.into_inner());
+    if regs.sig.is_empty() {
+        c.s.signal_level(true);
     }
 }
 
