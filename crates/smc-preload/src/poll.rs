@@ -1035,7 +1035,8 @@ unsafe fn fix_events(
 
 /// Before `fork()`: the child may wait on the peer signal of every
 /// connection open now with `poll`, level-triggered (`share.rs`), so each
-/// is drained whenever it is armed again, from now on (`Conn::forked`).
+/// is drained whenever it is armed again, and when its last poller here
+/// goes, from now on (`Conn::forked`, `SmcStream::signal_shared`).
 pub(crate) fn signals_forked() {
     if COUNT.load(Ordering::Acquire) == 0 {
         return;
@@ -1043,6 +1044,7 @@ pub(crate) fn signals_forked() {
     for c in streams() {
         c.forked.store(true, Ordering::Release);
         c.s.signal_edge_only(false);
+        c.s.signal_shared();
     }
 }
 

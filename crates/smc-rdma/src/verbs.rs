@@ -750,6 +750,10 @@ pub trait Bell: Send + Sync {
     /// ([`Self::polled_taken`]; a write of a SEND that took it before may
     /// still land after this).
     fn disarm_polled(&self) {}
+    /// Drains [`Self::poll_fd`] whatever the bell's state: for an owner
+    /// whose descriptor another process may wait on too (a forked child),
+    /// which a count left by a late write would wake again and again.
+    fn drain_polled(&self) {}
     /// Says how the owner's pollers wait on `poll_fd`: `true`, all of them
     /// level-triggered (`poll`, `select`, `epoll` without `EPOLLET` or
     /// `EPOLLEXCLUSIVE`), which see `poll_fd` readable until the next

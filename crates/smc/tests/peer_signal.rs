@@ -469,3 +469,112 @@ fn an_edge_only_signal_is_armed_again_without_a_drain() {
         }
     }
 }
+
+/// A `poll`'s watch of the signal arms it without a drain, and its end
+/// drains only what a peer's SEND signalled since the arm: a `poll` or
+/// `select` watches at every call, and a drain that finds nothing is a
+/// system call for nothing. A count a late write left (here a write of the
+/// test's own) stays then, unless another process may wait on the
+/// descriptor (`SmcStream::signal_shared`, a forked child): its waits would
+/// see it again and again, so the last poller's going drains it always.
+#[test]
+fn a_polls_watch_drains_only_what_was_signalled_unless_shared() {
+    let (mut c, mut s) = pair();
+    c.set_nonblocking(true).unwrap();
+    let sfd = c.signal_fd().unwrap().try_clone_to_owned().unwrap();
+    let late_write = || {
+        rustix::io::write(&sfd, &1u64.to_ne_bytes()).unwrap();
+    };
+    let mut b = [0u8; 64];
+    // (warmed up until the peer's SENDs write the signal: it fetches the
+    // eventfd once a SEND of its finds the bell armed for a poller)
+    let read_one = |c: &mut SmcStream, b: &mut [u8]| {
+        let t0 = Instant::now();
+        loop {
+            match c.read(b) {
+                Ok(n) if n > 0 => return,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    assert!(t0.elapsed() < Duration::from_secs(5), "the byte never came");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                r => panic!("read: {r:?}"),
+            }
+        }
+    };
+    let mut warm = 0;
+    loop {
+        c.watch_signal_level(true);
+        s.write_all(&[1]).unwrap();
+        let t0 = Instant::now();
+        while !readable_now(sfd.as_fd()) && t0.elapsed() < Duration::from_millis(200) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if readable_now(sfd.as_fd()) {
+            break;
+        }
+        c.watch_signal_level(false);
+        read_one(&mut c, &mut b);
+        // (a write of a SEND that came late, after all: not this test's)
+        std::thread::sleep(Duration::from_millis(20));
+        if readable_now(sfd.as_fd()) {
+            let mut n = [0u8; 8];
+            rustix::io::read(&sfd, &mut n).unwrap();
+        }
+        warm += 1;
+        assert!(warm < 100, "the peer never writes the signal");
+    }
+    // what the peer signalled: drained by the watch's end
+    c.watch_signal_level(false);
+    assert!(
+        !readable_now(sfd.as_fd()),
+        "a signalled count left undrained"
+    );
+    read_one(&mut c, &mut b);
+    // a count nobody signalled since the arm: neither the watch nor its end
+    // makes a system call for it
+    late_write();
+    c.watch_signal_level(true);
+    c.watch_signal_level(false);
+    assert!(
+        readable_now(sfd.as_fd()),
+        "a poll's watch drained a signal no SEND took"
+    );
+    // (the look a wake-up brings arms it again drained)
+    c.watch_signal_level(true);
+    assert_eq!(
+        c.signalled_events().map(|e| e & libc::EPOLLIN as u32),
+        Some(0)
+    );
+    assert!(!readable_now(sfd.as_fd()), "the look left the count");
+    c.watch_signal_level(false);
+    // shared with a child: the last poller's going drains it always
+    c.signal_shared();
+    late_write();
+    c.watch_signal_level(true);
+    c.watch_signal_level(false);
+    assert!(
+        !readable_now(sfd.as_fd()),
+        "a signal shared with a child left a count"
+    );
+}
+
+/// A connection's end drains its signal whatever it holds: the signal is
+/// its RMB's doorbell descriptor, which the next connection on that RMB
+/// takes over, and a count left there (a write that landed after a poller's
+/// disarm found nothing to drain) would be readiness of nothing to that
+/// connection's event loop: a read that would block, which some programs
+/// count as an error (wrk).
+#[test]
+fn a_connections_end_drains_its_signal() {
+    let (c, _s) = pair();
+    let sfd = c.signal_fd().unwrap().try_clone_to_owned().unwrap();
+    c.watch_signal_level(true);
+    c.watch_signal_level(false);
+    rustix::io::write(&sfd, &1u64.to_ne_bytes()).unwrap();
+    assert!(readable_now(sfd.as_fd()));
+    drop(c);
+    assert!(
+        !readable_now(sfd.as_fd()),
+        "the RMB's doorbell descriptor kept a count past its connection"
+    );
+}

@@ -412,9 +412,12 @@ impl Bell for ShmBell {
         // a wake-up drains it: at worst one wake-up for nothing, which a
         // poller's look at the connection tells (`arm_polled` after it).
         if taken {
-            if let Some(e) = self.local.efd.get().and_then(Option::as_ref) {
-                e.drain();
-            }
+            self.drain_polled();
+        }
+    }
+    fn drain_polled(&self) {
+        if let Some(e) = self.local.efd.get().and_then(Option::as_ref) {
+            e.drain();
         }
     }
     fn poll_level(&self) -> bool {

@@ -37,6 +37,11 @@ impl Drop for ConnReadiness {
             if s.pollers.load(Ordering::Acquire) > 0 {
                 s.bell.disarm_polled();
             }
+            // (drained whatever came: the region's next connection shares
+            // the descriptor, and a count left would be readiness of
+            // nothing to its pollers: a read that finds nothing, which
+            // some programs take for an error, wrk among them)
+            s.bell.drain_polled();
             // (the region's next connection starts with pollers of its own)
             s.bell.set_poll_level(false);
         }
@@ -83,6 +88,14 @@ pub(crate) struct PeerSignal {
     ///
     /// [`SmcStream::watch_signal_level`]: crate::SmcStream::watch_signal_level
     pub(crate) level_polls: AtomicUsize,
+    /// A forked child may wait on the descriptor too
+    /// ([`SmcStream::signal_shared`]): the last poller's going drains it
+    /// always, where it drains only what a peer signalled since the arm
+    /// otherwise (a count a late write left would wake the child's waits
+    /// until something here arms the signal again).
+    ///
+    /// [`SmcStream::signal_shared`]: crate::SmcStream::signal_shared
+    pub(crate) shared: AtomicBool,
 }
 
 impl PeerSignal {
@@ -127,6 +140,7 @@ fn peer_signal(f: &FastConn<AnyProvider>) -> Option<Arc<PeerSignal>> {
         pollers: AtomicUsize::new(0),
         level_epoll: AtomicBool::new(true),
         level_polls: AtomicUsize::new(0),
+        shared: AtomicBool::new(false),
     }))
 }
 

@@ -77,6 +77,9 @@ impl SmcStream {
             return;
         }
         s.bell.disarm_polled();
+        if s.shared.load(Ordering::Acquire) {
+            s.bell.drain_polled();
+        }
         // A CDC the peer signalled may still wait in the receive queue,
         // announced to nobody else: taken now, and what it brought shows
         // on the readiness descriptor.
@@ -126,6 +129,18 @@ impl SmcStream {
         let Ok(Some(c)) = self.smc_conn() else { return };
         if let Some(s) = c.signal() {
             s.level_epoll.store(!edge, Ordering::Release);
+        }
+    }
+
+    /// Says that another process may wait on [`SmcStream::signal_fd`] too
+    /// (a child forked while the connection was open polls the descriptor
+    /// it inherited): from now on the last poller's going here drains the
+    /// descriptor whatever it holds, so that a count a peer's late write
+    /// left does not wake that process's waits again and again.
+    pub fn signal_shared(&self) {
+        let Ok(Some(c)) = self.smc_conn() else { return };
+        if let Some(s) = c.signal() {
+            s.shared.store(true, Ordering::Release);
         }
     }
 
