@@ -514,6 +514,21 @@ pub(crate) fn signal_ctl(
                 c.s.signal_level(false);
             }
             let here = edge_here(epfd, mine);
+            // Listed under the data before the kernel has the signal: an
+            // event its ADD queues (a count a late write left in the
+            // descriptor) or a CDC's write right after the arm below can
+            // reach a thread already waiting in the set (the one that
+            // finishes a non-blocking connect makes this registration while
+            // the application's waits), and unlisted it would pass as the
+            // kernel reported it: readable, for a connection that may have
+            // nothing to read (wrk counts the read that would block as an
+            // error). Listed, `fix_events` reports what the connection has.
+            let early = e.events & crate::interest::ASKABLE != 0;
+            let displaced = if early {
+                note_signalled(epfd, None, Some(e.u64), c)
+            } else {
+                Vec::new()
+            };
             if ctl_own(
                 epfd,
                 libc::EPOLL_CTL_ADD,
@@ -526,7 +541,13 @@ pub(crate) fn signal_ctl(
                 sets.push((epfd, mine, e.u64, here));
                 signal_mode(c, sets);
                 c.s.watch_signal(true);
-                list_signal(c, regs, epfd, None, &e);
+                if early {
+                    quiet_displaced(displaced, epfd, e.u64);
+                } else {
+                    list_signal(c, regs, epfd, None, &e);
+                }
+            } else if early {
+                forget_signalled(Arc::as_ptr(c), &[(epfd, mine, e.u64, here)]);
             }
         }
         (Some(k), Some(e)) => {
