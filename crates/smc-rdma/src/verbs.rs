@@ -750,9 +750,12 @@ pub trait Bell: Send + Sync {
     /// ([`Self::polled_taken`]; a write of a SEND that took it before may
     /// still land after this).
     fn disarm_polled(&self) {}
-    /// Drains [`Self::poll_fd`] whatever the bell's state: for an owner
-    /// whose descriptor another process may wait on too (a forked child),
-    /// which a count left by a late write would wake again and again.
+    /// Drains [`Self::poll_fd`] whatever the bell's state: at the end of
+    /// the owner's connection (the region's next connection takes the
+    /// descriptor over, and a count a late write left would be readiness of
+    /// nothing to its pollers), and for an owner whose descriptor another
+    /// process may wait on too (a forked child), which such a count would
+    /// wake again and again.
     fn drain_polled(&self) {}
     /// Says how the owner's pollers wait on `poll_fd`: `true`, all of them
     /// level-triggered (`poll`, `select`, `epoll` without `EPOLLET` or
