@@ -557,6 +557,15 @@ pub(crate) fn signal_ctl(
             // above; an edge-triggered or one-shot registration is armed
             // again by every MOD, as the application's own)
             let lazy = mine == 0 && e.u64 == was;
+            // (new data the application waits under: listed before the
+            // kernel reports the signal under it, as for an ADD; the old
+            // entry goes once the kernel has the new data)
+            let early = e.u64 != was && e.events & crate::interest::ASKABLE != 0;
+            let displaced = if early {
+                note_signalled(epfd, None, Some(e.u64), c)
+            } else {
+                Vec::new()
+            };
             if !lazy && ((mine, e.u64) != (sets[k].1, sets[k].2) || mine & keep != 0) {
                 // (as for an ADD)
                 if mine & EDGE != 0 && sets[k].1 & EDGE == 0 {
@@ -583,7 +592,10 @@ pub(crate) fn signal_ctl(
             if unlisted && sets.len() == 1 {
                 c.unlisted.store(false, Ordering::Release);
             }
-            if e.u64 != was || unlisted {
+            if early {
+                keep_signalled(epfd, Some(was), e.u64, c);
+                quiet_displaced(displaced, epfd, e.u64);
+            } else if e.u64 != was || unlisted {
                 list_signal(c, regs, epfd, Some(was), &e);
             }
         }
