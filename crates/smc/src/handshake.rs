@@ -543,6 +543,8 @@ impl Accepting {
         use rustix::net::{RecvFlags, SendFlags};
         use smc_engine::state::HandshakePhase as P;
         let mut buf = [0u8; 2048];
+        // (a CLC message went out whole in this step)
+        let mut sent = false;
         loop {
             if !self.out.is_empty() {
                 match rustix::net::send(
@@ -552,6 +554,7 @@ impl Accepting {
                 ) {
                     Ok(n) => {
                         self.out.drain(..n);
+                        sent = self.out.is_empty();
                         continue;
                     }
                     Err(Errno::AGAIN) => {
@@ -570,10 +573,11 @@ impl Accepting {
             }
             let rdma = match &mut self.how {
                 How::Engine(c) => {
-                    let (out, status, rdma) = {
+                    let (out, status, phase, rdma) = {
                         let mut ep = c.shared.lock();
+                        let phase = ep.handshake_phase(c.id);
                         let rdma = !matches!(
-                            ep.handshake_phase(c.id),
+                            phase,
                             Some(P::AwaitProposal) | Some(P::AwaitConfirm) | Some(P::AwaitAccept)
                         );
                         if rdma {
@@ -581,7 +585,7 @@ impl Accepting {
                             // for the progress thread
                             c.shared.pump(&mut ep);
                         }
-                        (ep.clc_output(c.id), ep.status(c.id), rdma)
+                        (ep.clc_output(c.id), ep.status(c.id), phase, rdma)
                     };
                     if !out.is_empty() {
                         self.out = out;
@@ -589,6 +593,16 @@ impl Accepting {
                     }
                     if ended(status).is_some() {
                         return Progress::Done;
+                    }
+                    // The Accept just went out: the client's Confirm answers
+                    // it, so it cannot be there yet (a read now would find
+                    // nothing); the socket's readable says when it is (the
+                    // driver's poll, or its spin, which steps again at once).
+                    if sent && phase == Some(P::AwaitConfirm) {
+                        return Progress::Wait {
+                            write: false,
+                            rdma: false,
+                        };
                     }
                     rdma
                 }

@@ -42,7 +42,8 @@ const BACKLOG: usize = 128;
 pub(crate) const MAX_HANDSHAKES: usize = 4096;
 
 /// TCP connections taken from the kernel in one round, before the pending
-/// handshakes get their turn.
+/// handshakes get their turn, while they come faster than one a round;
+/// else one a round (see `drive`).
 const ACCEPT_BATCH: usize = 64;
 
 /// How often pending handshakes are looked at without an event (the
@@ -657,6 +658,12 @@ fn drive(inner: &Inner) {
     let mut wake_buf = [0u8; 8];
     let gate = crate::ctx::Spin::default();
     let mut watch = Watch::default();
+    // The last round took as many connections as it could and did not see
+    // the kernel's queue empty: this one takes a batch. While connections
+    // come one at a time a round takes one, and the `accept` that would
+    // find the queue empty is left to the next poll, which the handshake
+    // needs anyway (the client's Proposal comes after its connect).
+    let mut more_waiting = false;
     loop {
         let (stop, room) = {
             let mut q = lock(&inner.q);
@@ -768,17 +775,36 @@ fn drive(inner: &Inner) {
             q.ready.retain(|(s, _)| !s.smc_gone());
             inner.show(&q);
         }
-        if accepting && listener_ready {
-            for _ in 0..ACCEPT_BATCH {
+        if !(accepting && listener_ready) {
+            more_waiting = false;
+        } else {
+            let batch = if more_waiting { ACCEPT_BATCH } else { 1 };
+            more_waiting = false;
+            for k in 0..batch {
                 if pending.len() >= MAX_HANDSHAKES || lock(&inner.q).ready.len() >= BACKLOG {
                     break;
                 }
                 match inner.tcp.accept() {
                     Ok((tcp, addr)) => {
+                        more_waiting = k + 1 == batch;
                         match arrival(tcp, addr, inner.local, inner.opted, inner.ask.get()) {
                             Ok(Arrival::Ready(s)) => inner.push(s, addr),
                             Ok(Arrival::Handshake(mut hs)) => {
-                                let wait = hs.step();
+                                // (the client's Proposal comes after its
+                                // connect returns, and a client on this
+                                // driver's only CPU has most likely not run
+                                // since it woke the driver: a look now would
+                                // find nothing, the next poll says when it is
+                                // there; with more CPUs it may be, and
+                                // `spin` looks again soon)
+                                let wait = if crate::ctx::may_spin() {
+                                    hs.step()
+                                } else {
+                                    Progress::Wait {
+                                        write: false,
+                                        rdma: false,
+                                    }
+                                };
                                 if wait == Progress::Done {
                                     if let Some(s) = hs.into_stream() {
                                         inner.push(s, addr);
