@@ -374,6 +374,34 @@ fn a_fallback_is_loud_and_fails_the_run() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--ring-kib` sets the ring copy's ring, which the table names and the
+/// JSON records; the default stays 1 MiB.
+#[test]
+fn the_ring_copys_ring_is_the_one_asked_for() {
+    need_root();
+    let dir = device_dir("ring", "lo");
+    for (ask, ring, label) in [
+        (None, 1 << 20, "ring copy in+out (1 MiB ring)"),
+        (Some("256"), 256 << 10, "ring copy in+out (256 KiB ring)"),
+    ] {
+        let json = dir.join("ring.json");
+        let mut args = vec!["--quick", "--only", "reference", "--placement", "same"];
+        args.extend(["--json", json.to_str().unwrap()]);
+        if let Some(k) = ask {
+            args.extend(["--ring-kib", k]);
+        }
+        let out = bench(&dir, &args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {stdout}");
+        assert!(stdout.contains(label), "{args:?}: {stdout}");
+        let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(
+            doc["meta"]["reference"]["ring_copy"]["ring"], ring,
+            "{args:?}: {doc:#}"
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_are_refused_clearly() {
     // a CPU this process may not use (sched_getaffinity): past the last one
@@ -399,6 +427,7 @@ fn bad_arguments_are_refused_clearly() {
         ),
         (&["--only", "pingpong,nonsense"][..], "nonsense"),
         (&["--bulk-mib", "0"][..], "--bulk-mib"),
+        (&["--ring-kib", "2"][..], "--ring-kib"),
         (&["--json", "/nonexistent-dir/x.json"][..], "--json"),
         (&["--placement", "cross,sideways"][..], "sideways"),
         (&["--cpus", "zero"][..], "--cpus"),
