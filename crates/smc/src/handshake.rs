@@ -543,8 +543,6 @@ impl Accepting {
         use rustix::net::{RecvFlags, SendFlags};
         use smc_engine::state::HandshakePhase as P;
         let mut buf = [0u8; 2048];
-        // (a CLC message went out whole in this step)
-        let mut sent = false;
         loop {
             if !self.out.is_empty() {
                 match rustix::net::send(
@@ -554,7 +552,6 @@ impl Accepting {
                 ) {
                     Ok(n) => {
                         self.out.drain(..n);
-                        sent = self.out.is_empty();
                         continue;
                     }
                     Err(Errno::AGAIN) => {
@@ -573,11 +570,10 @@ impl Accepting {
             }
             let rdma = match &mut self.how {
                 How::Engine(c) => {
-                    let (out, status, phase, rdma) = {
+                    let (out, status, rdma) = {
                         let mut ep = c.shared.lock();
-                        let phase = ep.handshake_phase(c.id);
                         let rdma = !matches!(
-                            phase,
+                            ep.handshake_phase(c.id),
                             Some(P::AwaitProposal) | Some(P::AwaitConfirm) | Some(P::AwaitAccept)
                         );
                         if rdma {
@@ -585,7 +581,7 @@ impl Accepting {
                             // for the progress thread
                             c.shared.pump(&mut ep);
                         }
-                        (ep.clc_output(c.id), ep.status(c.id), phase, rdma)
+                        (ep.clc_output(c.id), ep.status(c.id), rdma)
                     };
                     if !out.is_empty() {
                         self.out = out;
@@ -593,16 +589,6 @@ impl Accepting {
                     }
                     if ended(status).is_some() {
                         return Progress::Done;
-                    }
-                    // The Accept just went out: the client's Confirm answers
-                    // it, so it cannot be there yet (a read now would find
-                    // nothing); the socket's readable says when it is (the
-                    // driver's poll, or its spin, which steps again at once).
-                    if sent && phase == Some(P::AwaitConfirm) {
-                        return Progress::Wait {
-                            write: false,
-                            rdma: false,
-                        };
                     }
                     rdma
                 }

@@ -36,6 +36,17 @@ fn a_hundred_connections_share_one_link_group_per_role() {
         .expect("shm-lo in use");
     assert!(lo.connections >= 200, "{st:?}");
     assert_eq!(lo.link_groups, 2, "{st:?}");
+    // accepted in the order of the connects, each made after the one before
+    // had finished on the client's side (a server whose handshake takes a
+    // connection's answer later than the next one's would pair them wrongly
+    // here, and each read below would wait for the other's data)
+    for (i, (c, s)) in clients.iter().zip(&servers).enumerate() {
+        assert_eq!(
+            s.peer_addr().unwrap(),
+            c.local_addr().unwrap(),
+            "connection {i} accepted out of the order of the connects"
+        );
+    }
     // every connection still moves its own data
     for (i, (mut c, mut s)) in clients.into_iter().zip(servers).enumerate() {
         let b = [i as u8; 3];
