@@ -400,6 +400,7 @@ fn the_ring_copys_ring_is_the_one_asked_for() {
             "{args:?}: {doc:#}"
         );
     }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
