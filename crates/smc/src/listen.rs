@@ -775,9 +775,7 @@ fn drive(inner: &Inner) {
             q.ready.retain(|(s, _)| !s.smc_gone());
             inner.show(&q);
         }
-        if !(accepting && listener_ready) {
-            more_waiting = false;
-        } else {
+        if accepting && listener_ready {
             let batch = if more_waiting { ACCEPT_BATCH } else { 1 };
             more_waiting = false;
             for k in 0..batch {
@@ -837,6 +835,8 @@ fn drive(inner: &Inner) {
                     Err(_) => {}
                 }
             }
+        } else {
+            more_waiting = false;
         }
         spin(inner, &mut pending, &gate);
     }
