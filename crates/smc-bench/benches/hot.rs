@@ -5,7 +5,9 @@
 //!   and one full `DataPath` exchange: produce, poll_tx, peer on_cdc, consume,
 //!   consumer update, send completion (smc-proto, no I/O);
 //! * `copy`     — 64 KiB into shared memory at distances where `rep movsb`
-//!   stalls and where it does not: `memcpy` against `smc_rdma::copy`;
+//!   stalls on some cores and where it does not: `memcpy` against
+//!   `smc_rdma::copy` (`SMC_COPY_PIECES=1` shows its pieces on a core whose
+//!   probe found no stall);
 //! * `shm`      — the shared-memory device (smc-rdma `shm`) with two QPs in
 //!   this process on `lo`: an RDMA WRITE of 64 B / 4 KiB / 64 KiB posted and
 //!   its completion polled, and a 44-byte SEND (a CDC) from post to the
@@ -299,8 +301,9 @@ mod copy {
     //! a chosen `(destination - source) mod 4096`: through `memcpy`
     //! (`copy_from_slice`, what a plain copy does) and through
     //! `SharedMem::write` (`smc_rdma::copy`, which goes in pieces where
-    //! `rep movsb` would stall). Distances 1 and 8 are in the band
-    //! `smc_rdma::copy` splits; 0 is too; 64 and 2048 are not.
+    //! `rep movsb` would stall, on a core where it does). Distances 1 and 8
+    //! are in the band `smc_rdma::copy` splits there; 0 is too; 64 and 2048
+    //! are not.
     use super::*;
     use smc_rdma::sys::SharedMem;
 

@@ -284,6 +284,12 @@ fn host_meta(report: &mut Report, plan: &Plan, server_pid: u32) {
             .map(|d| d.as_secs())
             .unwrap_or(0)),
     );
+    // whether copies into and out of RMBs at a short distance modulo a
+    // page go in pieces on this CPU (`smc_rdma::copy`; `SMC_COPY_PIECES`)
+    m.insert(
+        "copy_in_pieces".into(),
+        json!(smc_rdma::copy::short_distance_stalls()),
+    );
     m.insert("rounds".into(), json!(plan.rounds));
     m.insert(
         "placements".into(),

@@ -74,9 +74,15 @@ fn device_dir(tag: &str, netdev: &str) -> PathBuf {
 }
 
 fn bench(dir: &Path, args: &[&str]) -> Output {
+    bench_with(dir, args, &[])
+}
+
+/// As [`bench`], with these environment variables set as well.
+fn bench_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_smc-bench"))
         .env("SMC_RDMA_SHM_CONFIG", dir.join("shm.conf"))
         .env("SMC_RS_CONFIG_DIR", dir.join("conf"))
+        .envs(env.iter().copied())
         .args(args)
         .output()
         .unwrap()
@@ -399,6 +405,48 @@ fn the_ring_copys_ring_is_the_one_asked_for() {
             doc["meta"]["reference"]["ring_copy"]["ring"], ring,
             "{args:?}: {doc:#}"
         );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The JSON says whether copies at a short distance went in pieces
+/// (`smc_rdma::copy`): what `SMC_COPY_PIECES` decided, or the probe's
+/// answer without it.
+#[test]
+fn the_json_records_whether_copies_went_in_pieces() {
+    need_root();
+    let dir = device_dir("pieces", "lo");
+    let json = dir.join("pieces.json");
+    let args = [
+        "--quick",
+        "--only",
+        "reference",
+        "--placement",
+        "same",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    for (setting, want) in [
+        (Some("1"), Some(true)),
+        (Some("0"), Some(false)),
+        (None, None),
+    ] {
+        let env: Vec<(&str, &str)> = setting
+            .map(|v| ("SMC_COPY_PIECES", v))
+            .into_iter()
+            .collect();
+        let out = bench_with(&dir, &args, &env);
+        assert!(
+            out.status.success(),
+            "{setting:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let got = doc["meta"]["copy_in_pieces"].as_bool();
+        assert!(got.is_some(), "{setting:?}: {doc:#}");
+        if want.is_some() {
+            assert_eq!(got, want, "{setting:?}");
+        }
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,22 +1,34 @@
 //! Copies into and out of registered memory (an RMB, a send buffer).
 //!
-//! Why not one `memcpy`: for lengths between its `rep movsb` threshold (2 KiB
-//! to 8 KiB, depending on the vector width; about 2 KiB with FSRM) and its
-//! stop threshold, glibc's `memcpy` copies with `rep movsb`, and on some cores
-//! (AMD Zen among them) `rep movsb` runs an order of magnitude slower when the
-//! destination lies a few bytes above the source modulo 4 KiB: each store
-//! seems to alias a load still in flight (4K aliasing). glibc guards against
-//! that only where it sets `Avoid_Short_Distance_REP_MOVSB` (Intel CPUs with
-//! FSRM; `ld.so --list-diagnostics` shows it). An RMB's cursors move by
-//! whatever the application reads and writes, so the distance between the
+//! Why not always one `memcpy`: for lengths between its `rep movsb`
+//! threshold (2 KiB to 8 KiB, depending on the vector width; about 2 KiB
+//! with FSRM) and its stop threshold, glibc's `memcpy` copies with `rep
+//! movsb`, and on some cores (AMD Zen 3 and Zen 4 among them: glibc bug
+//! 30994) `rep movsb` runs an order of magnitude slower when the destination
+//! lies a few bytes above the source modulo 4 KiB: each store seems to alias
+//! a load still in flight (4K aliasing). glibc guards against that only
+//! where it sets `Avoid_Short_Distance_REP_MOVSB` (Intel CPUs with FSRM;
+//! `ld.so --list-diagnostics` shows it). An RMB's cursors move by whatever
+//! the application reads and writes, so the distance between the
 //! application's buffer and its place in the RMB takes every value, and a
-//! stream's throughput would depend on its write sizes. Copies whose distance
-//! falls in that band go in pieces below every `rep movsb` threshold, which
-//! glibc copies with vector loads and stores at full speed whatever the
-//! distance; every other copy is one `memcpy`.
+//! stream's throughput would depend on its write sizes. On such a core,
+//! copies whose distance falls in that band go in pieces below every `rep
+//! movsb` threshold, which glibc copies with vector loads and stores at full
+//! speed whatever the distance; every other copy is one `memcpy`.
+//!
+//! Where `rep movsb` does not stall (later cores), the pieces only cost: a
+//! 2 KiB vector loop is slower than one `rep movsb` over the whole length,
+//! and a stream whose reader's buffer lies a few bytes above its RMB would
+//! read at that slower rate. So whether a core stalls is measured, once per
+//! process, the first time a copy falls in the band
+//! ([`short_distance_stalls`]); `SMC_COPY_PIECES=1` or `0` decides it
+//! instead (to compare the two on one machine).
 //!
 //! `cargo bench -p smc-bench --bench hot -- copy` compares the two on the
 //! machine it runs on.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
 
 /// Pieces of a copy in the aliasing band: below glibc's smallest
 /// `rep movsb` threshold (2048 bytes, SSE2; larger for wider vectors).
@@ -34,18 +46,30 @@ pub fn in_pieces(src: usize, dst: usize, len: usize) -> bool {
 
 /// Copies `len` bytes from `src` to `dst`, as
 /// [`std::ptr::copy_nonoverlapping`] does, avoiding glibc's slow
-/// short-distance `rep movsb` (see the module's documentation).
+/// short-distance `rep movsb` where this CPU has it (see the module's
+/// documentation).
 ///
 /// # Safety
 /// As [`std::ptr::copy_nonoverlapping`]: `src` valid for reads and `dst`
 /// for writes of `len` bytes, the two ranges not overlapping.
 #[inline]
 pub unsafe fn copy_nonoverlapping(src: *const u8, dst: *mut u8, len: usize) {
-    if !in_pieces(src as usize, dst as usize, len) {
+    if !in_pieces(src as usize, dst as usize, len) || !short_distance_stalls() {
         // SAFETY: the caller's contract is copy_nonoverlapping's.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
         return;
     }
+    // SAFETY: the caller's contract is copy_in_pieces'.
+    unsafe { copy_in_pieces(src, dst, len) }
+}
+
+/// Copies `len` bytes from `src` to `dst` in pieces of at most [`PIECE`]
+/// bytes, each below every `rep movsb` threshold.
+///
+/// # Safety
+/// As [`std::ptr::copy_nonoverlapping`].
+#[inline(never)]
+unsafe fn copy_in_pieces(src: *const u8, dst: *mut u8, len: usize) {
     let mut done = 0;
     while done < len {
         // `black_box` keeps the compiler from fusing the pieces back into
@@ -56,6 +80,96 @@ pub unsafe fn copy_nonoverlapping(src: *const u8, dst: *mut u8, len: usize) {
         unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n) };
         done += n;
     }
+}
+
+/// What this process knows of its CPU's short-distance `rep movsb`:
+/// [`UNKNOWN`] until the first copy in the band asks.
+static STALLS: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const NO: u8 = 1;
+const YES: u8 = 2;
+
+/// Whether copies in the short-distance band go in pieces in this process:
+/// `SMC_COPY_PIECES` (`1` or `0`) if set, else whether `memcpy` measurably
+/// stalls there on this CPU ([`probe_stalls`], run once; its answer is
+/// kept for the life of the process). Threads that ask at the same time may
+/// each run the probe; any answer they keep is one the probe gave.
+pub fn short_distance_stalls() -> bool {
+    match STALLS.load(Ordering::Relaxed) {
+        NO => false,
+        YES => true,
+        _ => {
+            let stalls = decide(
+                std::env::var("SMC_COPY_PIECES").ok().as_deref(),
+                probe_stalls,
+            );
+            STALLS.store(if stalls { YES } else { NO }, Ordering::Relaxed);
+            stalls
+        }
+    }
+}
+
+/// The setting's answer if it gives one (`1`: pieces, `0`: whole copies),
+/// else the probe's.
+fn decide(setting: Option<&str>, probe: impl FnOnce() -> bool) -> bool {
+    match setting.map(str::trim) {
+        Some("1") => true,
+        Some("0") => false,
+        _ => probe(),
+    }
+}
+
+/// Bytes each probe copy moves: more than L1 holds twice over (the stall
+/// was seen on copies from L2), little enough to cost microseconds.
+const PROBE_LEN: usize = 32 << 10;
+
+/// Distances in the band the probe tries: the stall's reports span the
+/// whole band, and one that stalls anywhere in it is taken as stalling.
+const PROBE_NEAR: [usize; 4] = [0, 1, 32, SHORT_DISTANCE - 1];
+
+/// A distance well outside the band: `memcpy`'s own speed on this CPU.
+const PROBE_FAR: usize = 2048;
+
+/// How many times slower than [`PROBE_FAR`] a near copy must be to count
+/// as a stall: the stall is an order of magnitude; cores without it copy
+/// within tens of percent at every distance.
+const STALL_FACTOR: u32 = 3;
+
+/// Whether `memcpy` of [`PROBE_LEN`] bytes at some distance of
+/// [`PROBE_NEAR`] takes more than [`STALL_FACTOR`] times as long as at
+/// [`PROBE_FAR`]. Each distance is timed as its fastest of a few copies
+/// after one that warms the lines, so that an interrupt or a preemption
+/// during one copy does not decide.
+pub fn probe_stalls() -> bool {
+    const PAGE: usize = 4096;
+    const TRIALS: usize = 5;
+    // The source on a page; each destination at its distance above it,
+    // modulo a page, past the source's end.
+    let mut buf = vec![0x5au8; 2 * PROBE_LEN + 3 * PAGE];
+    let src_at = buf.as_ptr().align_offset(PAGE).min(PAGE);
+    let (head, tail) = buf.split_at_mut(src_at + PROBE_LEN);
+    let src = &head[src_at..];
+    let fastest = |tail: &mut [u8], distance: usize| -> Duration {
+        // `tail` starts on a page (`PROBE_LEN` is a multiple of one)
+        let dst = &mut tail[PAGE + distance..PAGE + distance + PROBE_LEN];
+        dst.copy_from_slice(std::hint::black_box(src));
+        (0..TRIALS)
+            .map(|_| {
+                let t = Instant::now();
+                dst.copy_from_slice(std::hint::black_box(src));
+                std::hint::black_box(&dst);
+                t.elapsed()
+            })
+            .min()
+            .unwrap_or_default()
+    };
+    stalls_given(|distance| fastest(&mut *tail, distance))
+}
+
+/// The probe's rule, given the fastest time of a copy at each distance.
+fn stalls_given(mut fastest: impl FnMut(usize) -> Duration) -> bool {
+    let far = fastest(PROBE_FAR);
+    PROBE_NEAR.iter().any(|&d| fastest(d) > far * STALL_FACTOR)
 }
 
 /// Copies `len` bytes from `src` to `dst`, as [`std::ptr::copy`] does (the
@@ -100,9 +214,21 @@ mod tests {
     }
 
     /// Every length around the piece size and every distance in and near
-    /// the band copies exactly the source, and nothing beyond the range.
+    /// the band copies exactly the source, and nothing beyond the range:
+    /// through the entry point (whichever way this CPU takes) and through
+    /// the pieces themselves (which a CPU without the stall never takes).
     #[test]
     fn copies_exactly_at_every_distance_and_length() {
+        type Copy = unsafe fn(*const u8, *mut u8, usize);
+        for (name, f) in [
+            ("copy_nonoverlapping", copy_nonoverlapping as Copy),
+            ("copy_in_pieces", copy_in_pieces as Copy),
+        ] {
+            copies_exactly(name, f);
+        }
+    }
+
+    fn copies_exactly(name: &str, copy: unsafe fn(*const u8, *mut u8, usize)) {
         let src: Vec<u8> = (0..3 * PIECE + 700).map(|i| (i * 7 + 3) as u8).collect();
         let mut dst = vec![0u8; 4 * 4096 + src.len() + 256];
         for len in [
@@ -122,12 +248,79 @@ mod tests {
                 let off = s.wrapping_add(shift).wrapping_sub(base) % 4096;
                 assert_eq!((base + off).wrapping_sub(s) % 4096, shift);
                 // SAFETY: `off + len <= dst.len()` and the two vectors are distinct.
-                unsafe { copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().add(off), len) };
-                assert_eq!(&dst[off..off + len], &src[..len], "len {len} shift {shift}");
+                unsafe { copy(src.as_ptr(), dst.as_mut_ptr().add(off), len) };
+                assert_eq!(
+                    &dst[off..off + len],
+                    &src[..len],
+                    "{name}: len {len} shift {shift}"
+                );
                 assert!(dst[..off].iter().all(|&b| b == 0xAA));
                 assert!(dst[off + len..].iter().all(|&b| b == 0xAA));
             }
         }
+    }
+
+    #[test]
+    fn the_setting_decides_before_the_probe_runs() {
+        let no_probe = || -> bool { panic!("the probe ran although the setting decides") };
+        assert!(decide(Some("1"), no_probe));
+        assert!(!decide(Some("0"), no_probe));
+        assert!(!decide(Some(" 0\n"), no_probe));
+        assert!(decide(None, || true));
+        assert!(!decide(None, || false));
+        assert!(
+            decide(Some("yes"), || true),
+            "another value leaves it to the probe"
+        );
+        assert!(!decide(Some(""), || false));
+    }
+
+    /// The probe answers (on any CPU), and a process keeps one answer.
+    #[test]
+    fn a_process_keeps_the_answer_it_got() {
+        let first = short_distance_stalls();
+        assert_ne!(STALLS.load(Ordering::Relaxed), UNKNOWN);
+        for _ in 0..3 {
+            assert_eq!(short_distance_stalls(), first);
+        }
+    }
+
+    /// An order of magnitude at any near distance is a stall; tens of
+    /// percent (a core without it) are not.
+    #[test]
+    fn the_probe_calls_a_stall_what_is_many_times_slower() {
+        let ns = Duration::from_nanos;
+        let far_only = |near: u64, at: usize| {
+            move |d: usize| {
+                if d == PROBE_FAR {
+                    ns(300)
+                } else if d == at {
+                    ns(near)
+                } else {
+                    ns(310)
+                }
+            }
+        };
+        assert!(
+            stalls_given(far_only(9_000, 1)),
+            "Zen 4's 3.5 GB/s against 55"
+        );
+        assert!(
+            stalls_given(far_only(1_000, SHORT_DISTANCE - 1)),
+            "the band's end"
+        );
+        assert!(
+            !stalls_given(far_only(400, 0)),
+            "Zen 5's 86 GB/s against 115"
+        );
+        assert!(
+            !stalls_given(far_only(900, 32)),
+            "exactly three times is no stall"
+        );
+        assert!(
+            !stalls_given(far_only(9_000, SHORT_DISTANCE)),
+            "outside the band"
+        );
     }
 
     #[test]
