@@ -749,25 +749,15 @@ fn drive(inner: &Inner) {
         }
         // step the handshakes that can go on (all of them at a tick, for
         // their deadlines)
-        let mut finished = Vec::new();
         for (k, p) in pending.iter_mut().enumerate() {
             let due = ready.get(k).copied().unwrap_or(false) || tick || watch.blind(p);
             p.fresh = false;
             if due {
                 p.wait = p.hs.step();
-                if p.wait == Progress::Done {
-                    finished.push(k);
-                } else {
-                    p.fresh = ready.get(k).copied().unwrap_or(false);
-                }
+                p.fresh = p.wait != Progress::Done && ready.get(k).copied().unwrap_or(false);
             }
         }
-        for k in finished.into_iter().rev() {
-            let p = pending.swap_remove(k);
-            if let Some(s) = p.hs.into_stream() {
-                inner.push(s, p.addr);
-            }
-        }
+        queue_finished(inner, &mut pending);
         if tick {
             // queued SMC-R connections reset meanwhile (their TCP connection
             // ended, their peer is gone): nobody will want them
@@ -842,6 +832,18 @@ fn drive(inner: &Inner) {
     }
 }
 
+/// Moves the handshakes of `pending` that finished into the accept queue,
+/// in the order their connections arrived, and keeps the others in theirs:
+/// connections that finish in the same round are accepted in the order they
+/// connected, as TCP's accept queue gives them.
+fn queue_finished(inner: &Inner, pending: &mut Vec<Pending>) {
+    for p in pending.extract_if(.., |p| p.wait == Progress::Done) {
+        if let Some(s) = p.hs.into_stream() {
+            inner.push(s, p.addr);
+        }
+    }
+}
+
 /// Steps the handshakes that moved this round again, without sleeping, for
 /// up to the spin time or until none is left (see [`SPIN_MAX`]). `gate`
 /// learns whether that pays: on a core shared with the clients a spin never
@@ -859,23 +861,11 @@ fn spin(inner: &Inner, pending: &mut Vec<Pending>, gate: &crate::ctx::Spin) {
     let end = Instant::now() + budget;
     while Instant::now() < end {
         let mut any = false;
-        let mut k = 0;
-        while k < pending.len() {
-            if !pending[k].fresh {
-                k += 1;
-                continue;
-            }
+        for p in pending.iter_mut().filter(|p| p.fresh) {
             any = true;
-            pending[k].wait = pending[k].hs.step();
-            if pending[k].wait == Progress::Done {
-                let p = pending.swap_remove(k);
-                if let Some(s) = p.hs.into_stream() {
-                    inner.push(s, p.addr);
-                }
-            } else {
-                k += 1;
-            }
+            p.wait = p.hs.step();
         }
+        queue_finished(inner, pending);
         if !any {
             gate.hit();
             return;
