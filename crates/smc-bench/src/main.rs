@@ -822,9 +822,10 @@ fn one_workload(
 /// The setup reference's key (see `Workload::Setup` in `one_workload`).
 const SETUP_CLC_KEY: &str = "reference.setup_clc_conn_per_s";
 
-/// The physical reference rows: in a placement, the ring copy, its CPU, the
-/// ideal request/response in both shapes (client side on the client's CPU,
-/// server side on the server's), and across cores the cache-line round trip;
+/// The physical reference rows: in a placement, the ring copy, its CPU, one
+/// copy's rate on the client's CPU, the ideal request/response in both
+/// shapes (client side on the client's CPU, server side on the server's),
+/// and across cores the cache-line round trip;
 /// without one, the one-core memcpy figures (on the first placement's
 /// client CPU).
 fn reference_rows(plan: &Plan, p: Option<Placement>, report: &mut Report) -> Result<(), String> {
@@ -883,6 +884,21 @@ fn reference_rows(plan: &Plan, p: Option<Placement>, report: &mut Report) -> Res
         Better::Lower,
     )
     .versus("bulk.cpu_s_per_gib");
+    // The zero-copy stream still copies once, on the writer's (client's)
+    // CPU: no faster than one core's memcpy with everything in its cache,
+    // which bounds the stream's goal against the ring copy.
+    let one_copy = Spec::new(
+        "reference.one_copy_gbps".into(),
+        w,
+        format!(
+            "one copy: memcpy {}, CPU {}",
+            size_label(plan.memcpy_small.0),
+            pl.client
+        ),
+        "GB/s",
+        Better::Higher,
+    )
+    .versus("bulk_in_place.gbps");
     // request/response with nothing but the copies and one wake-up per
     // message: the ceiling of the rr figure in its shape
     let rr_threads = Spec::new(
@@ -906,6 +922,9 @@ fn reference_rows(plan: &Plan, p: Option<Placement>, report: &mut Report) -> Res
     report.add_reference(&ring, p, v);
     let busy = if cross { 2.0 } else { 1.0 };
     report.add_reference(&ring_cpu, p, busy * f64::from(1u32 << 30) / (v * 1e9));
+    let (size, total) = plan.memcpy_small;
+    let v = reference::memcpy_gbps(size, total, pl.client).map_err(e("memcpy"))?;
+    report.add_reference(&one_copy, p, v);
     for (spec, polling) in [(&rr_threads, false), (&rr_polling, true)] {
         let v = reference::rr_ideal_tps(
             plan.rr_conns,

@@ -238,6 +238,20 @@ pub struct Report {
     pub errors: Vec<String>,
 }
 
+/// A reference held against the figure it bounds ([`Report::bound`]).
+struct Bound<'a> {
+    /// The bounded figure.
+    figure: &'a Figure,
+    /// The reference its goal is set against, or `None` for TCP.
+    against: Option<&'a str>,
+    /// That reference's median or the figure's TCP median.
+    denominator: f64,
+    /// The bounding reference's median / `denominator`.
+    ratio: f64,
+    /// The goal the figure is judged by on that ratio.
+    target: Option<Target>,
+}
+
 impl Report {
     fn figure(&mut self, spec: &Spec, placement: Option<Placement>) -> &mut Figure {
         let i = match self
@@ -329,14 +343,31 @@ impl Report {
         (t > 0.0 && s.is_finite()).then(|| s / t)
     }
 
-    /// For a reference figure that bounds a compared one: the bounded
-    /// figure, its TCP median and the reference's ratio to it (the best
-    /// ratio any implementation could show on this machine).
-    fn bound<'a>(&'a self, f: &Figure) -> Option<(&'a Figure, f64, f64)> {
+    /// For a reference figure that bounds a compared one: what it is held
+    /// against and the reference's ratio to it (the best ratio any
+    /// implementation could show on this machine).
+    fn bound<'a>(&'a self, f: &Figure) -> Option<Bound<'a>> {
         let key = f.spec.versus.as_deref()?;
-        let g = self.find(key, f.placement)?;
-        let (s, t) = (median(&f.smc)?, median(&g.tcp)?);
-        (t > 0.0 && s.is_finite()).then(|| (g, t, s / t))
+        let figure = self.find(key, f.placement)?;
+        let s = median(&f.smc)?;
+        // a figure whose goal is set against another reference (and none
+        // against TCP) is bounded against that reference's median; the
+        // reference its goal names is held against TCP (no goal there)
+        let (against, denominator, target) = match (&figure.spec.target, &figure.spec.vs_ref) {
+            (None, Some((r, _, Some(t)))) if *r != f.spec.key => (
+                Some(r.as_str()),
+                median(&self.find(r, f.placement)?.smc)?,
+                Some(*t),
+            ),
+            _ => (None, median(&figure.tcp)?, figure.spec.target),
+        };
+        (denominator > 0.0 && s.is_finite()).then(|| Bound {
+            figure,
+            against,
+            denominator,
+            ratio: s / denominator,
+            target,
+        })
     }
 
     /// The printed table.
@@ -421,13 +452,13 @@ impl Report {
             let num = |v: Option<f64>| v.map(fmt_num).unwrap_or_else(|| "-".into());
             let reference = f.spec.workload == Workload::Reference;
             let bound = self.bound(f);
-            let ratio = Self::ratio(f).or(bound.map(|b| b.2));
-            let (target, result) = match (f.spec.target, ratio, bound) {
+            let ratio = Self::ratio(f).or(bound.as_ref().map(|b| b.ratio));
+            let (target, result) = match (f.spec.target, ratio, &bound) {
                 // a bound: is the bounded figure's target within it?
-                (_, _, Some((g, _, r))) => match g.spec.target {
+                (_, _, Some(b)) => match b.target {
                     Some(t) => (
                         t.text(),
-                        if t.met(r) { "reach" } else { "beyond" }.to_string(),
+                        if t.met(b.ratio) { "reach" } else { "beyond" }.to_string(),
                     ),
                     None => (String::new(), String::new()),
                 },
@@ -447,8 +478,8 @@ impl Report {
                 f.spec.label,
                 f.spec.unit,
                 num(median(&f.smc)),
-                match (reference, bound) {
-                    (true, Some((_, t, _))) => num(Some(t)),
+                match (reference, &bound) {
+                    (true, Some(b)) => num(Some(b.denominator)),
                     (true, None) => String::new(),
                     (false, _) => num(median(&f.tcp)),
                 },
@@ -505,13 +536,22 @@ impl Report {
                     });
                     if w == Workload::Reference {
                         j["value"] = side(&f.smc);
-                        if let Some((g, t, r)) = self.bound(f) {
-                            j["bounds"] = json!({
-                                "figure": g.spec.key,
-                                "tcp_median": t,
-                                "ratio_to_tcp": r,
-                                "target_within_reach": g.spec.target.map(|x| x.met(r)),
-                            });
+                        if let Some(b) = self.bound(f) {
+                            j["bounds"] = match b.against {
+                                None => json!({
+                                    "figure": b.figure.spec.key,
+                                    "tcp_median": b.denominator,
+                                    "ratio_to_tcp": b.ratio,
+                                    "target_within_reach": b.target.map(|x| x.met(b.ratio)),
+                                }),
+                                Some(r) => json!({
+                                    "figure": b.figure.spec.key,
+                                    "reference": r,
+                                    "reference_median": b.denominator,
+                                    "ratio_to_reference": b.ratio,
+                                    "target_within_reach": b.target.map(|x| x.met(b.ratio)),
+                                }),
+                            };
                         }
                     } else {
                         j["smc"] = side(&f.smc);

@@ -30,6 +30,7 @@ const PLACED: [(&str, &[&str]); 5] = [
         "reference",
         &[
             "reference.ring_copy_gbps",
+            "reference.one_copy_gbps",
             "reference.rr_ideal_threads_tps",
             "reference.rr_ideal_polling_tps",
             "reference.setup_clc_conn_per_s",
@@ -286,6 +287,23 @@ fn quick_run_measures_every_workload_over_smc_r_and_tcp() {
         assert_eq!(v["figure"], "reference.setup_clc_conn_per_s", "{f}");
         assert!(v["ratio"].as_f64().is_some_and(|r| r > 0.0), "{f}");
         assert!(v["target"].is_null() && v["pass"].is_null(), "{f}");
+        // one copy bounds the zero-copy stream against the ring copy it is
+        // judged by: held against that reference, not TCP
+        let (_, f) = placements_of(&doc, "reference", "reference.one_copy_gbps")
+            .into_iter()
+            .find(|(q, _)| *q == Some(p))
+            .unwrap();
+        let b = &f["bounds"];
+        assert_eq!(b["figure"], "bulk_in_place.gbps", "{f}");
+        assert_eq!(b["reference"], "reference.ring_copy_gbps", "{f}");
+        let (one, ring) = (
+            f["value"]["median"].as_f64().unwrap(),
+            b["reference_median"].as_f64().unwrap(),
+        );
+        let r = b["ratio_to_reference"].as_f64().unwrap();
+        assert!((r - one / ring).abs() < 1e-9 * r.max(1.0), "{f}");
+        assert_eq!(b["target_within_reach"], r >= 1.5, "{f}");
+        assert!(b["tcp_median"].is_null(), "{f}");
     }
     let verdicts = doc["workloads"]
         .as_object()
