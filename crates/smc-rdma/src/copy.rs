@@ -91,8 +91,8 @@ const YES: u8 = 2;
 
 /// Whether copies in the short-distance band go in pieces in this process:
 /// `SMC_COPY_PIECES` (`1` or `0`) if set, else whether `memcpy` measurably
-/// stalls there on this CPU ([`probe_stalls`], run once; its answer is
-/// kept for the life of the process). Threads that ask at the same time may
+/// stalls there on this CPU (a probe that times a few copies, run once;
+/// its answer is kept for the life of the process). Threads that ask at the same time may
 /// each run the probe; any answer they keep is one the probe gave.
 pub fn short_distance_stalls() -> bool {
     match STALLS.load(Ordering::Relaxed) {
@@ -140,7 +140,7 @@ const STALL_FACTOR: u32 = 3;
 /// [`PROBE_FAR`]. Each distance is timed as its fastest of a few copies
 /// after one that warms the lines, so that an interrupt or a preemption
 /// during one copy does not decide.
-pub fn probe_stalls() -> bool {
+fn probe_stalls() -> bool {
     const PAGE: usize = 4096;
     const TRIALS: usize = 5;
     // The source on a page; each destination at its distance above it,
