@@ -16,11 +16,11 @@
 //! movsb` threshold, which glibc copies with vector loads and stores at full
 //! speed whatever the distance; every other copy is one `memcpy`.
 //!
-//! Where `rep movsb` does not stall (later cores), the pieces only cost: a
-//! 2 KiB vector loop is slower than one `rep movsb` over the whole length,
-//! and a stream whose reader's buffer lies a few bytes above its RMB would
-//! read at that slower rate. So whether a core stalls is measured, once per
-//! process, the first time a copy falls in the band
+//! Where `rep movsb` does not stall (AMD's family 26, for one), the pieces
+//! only cost: a 2 KiB vector loop is slower than one `rep movsb` over the
+//! whole length, and a stream whose reader's buffer lies a few bytes above
+//! its RMB would read at that slower rate. So whether a core stalls is
+//! measured, once per process, the first time a copy falls in the band
 //! ([`short_distance_stalls`]); `SMC_COPY_PIECES=1` or `0` decides it
 //! instead (to compare the two on one machine).
 //!
@@ -37,8 +37,9 @@ const PIECE: usize = 2048;
 /// The band of `(dst - src) mod 4096` in which `rep movsb` may stall.
 const SHORT_DISTANCE: usize = 64;
 
-/// Whether a copy of `len` bytes from `src` to `dst` would run into the
-/// short-distance `rep movsb` stall and goes in pieces instead.
+/// Whether a copy of `len` bytes from `src` to `dst` falls in the
+/// short-distance band: where it goes in pieces on a CPU whose `rep movsb`
+/// stalls there ([`short_distance_stalls`]).
 #[inline]
 pub fn in_pieces(src: usize, dst: usize, len: usize) -> bool {
     len > PIECE && dst.wrapping_sub(src) % 4096 < SHORT_DISTANCE
