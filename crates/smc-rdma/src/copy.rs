@@ -27,7 +27,7 @@
 //! `cargo bench -p smc-bench --bench hot -- copy` compares the two on the
 //! machine it runs on.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Pieces of a copy in the aliasing band: below glibc's smallest
@@ -83,31 +83,20 @@ unsafe fn copy_in_pieces(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
-/// What this process knows of its CPU's short-distance `rep movsb`:
-/// [`UNKNOWN`] until the first copy in the band asks.
-static STALLS: AtomicU8 = AtomicU8::new(UNKNOWN);
-const UNKNOWN: u8 = 0;
-const NO: u8 = 1;
-const YES: u8 = 2;
+/// This process's answer to [`short_distance_stalls`], once asked.
+static STALLS: OnceLock<bool> = OnceLock::new();
 
 /// Whether copies in the short-distance band go in pieces in this process:
 /// `SMC_COPY_PIECES` (`1` or `0`) if set, else whether `memcpy` measurably
-/// stalls there on this CPU (a probe that times a few copies, run once;
-/// its answer is kept for the life of the process). Threads that ask at the same time may
-/// each run the probe; any answer they keep is one the probe gave.
+/// stalls there on this CPU (a probe that times a few copies, run by the
+/// first copy in the band; its answer is kept for the life of the process).
 pub fn short_distance_stalls() -> bool {
-    match STALLS.load(Ordering::Relaxed) {
-        NO => false,
-        YES => true,
-        _ => {
-            let stalls = decide(
-                std::env::var("SMC_COPY_PIECES").ok().as_deref(),
-                probe_stalls,
-            );
-            STALLS.store(if stalls { YES } else { NO }, Ordering::Relaxed);
-            stalls
-        }
-    }
+    *STALLS.get_or_init(|| {
+        decide(
+            std::env::var("SMC_COPY_PIECES").ok().as_deref(),
+            probe_stalls,
+        )
+    })
 }
 
 /// The setting's answer if it gives one (`1`: pieces, `0`: whole copies),
@@ -120,8 +109,9 @@ fn decide(setting: Option<&str>, probe: impl FnOnce() -> bool) -> bool {
     }
 }
 
-/// Bytes each probe copy moves: more than L1 holds twice over (the stall
-/// was seen on copies from L2), little enough to cost microseconds.
+/// Bytes each probe copy moves: source and destination together more than
+/// L1 holds, as in the 64 KiB copies the stall was seen on, and little
+/// enough to cost microseconds.
 const PROBE_LEN: usize = 32 << 10;
 
 /// Distances in the band the probe tries: the stall's reports span the
@@ -280,7 +270,7 @@ mod tests {
     #[test]
     fn a_process_keeps_the_answer_it_got() {
         let first = short_distance_stalls();
-        assert_ne!(STALLS.load(Ordering::Relaxed), UNKNOWN);
+        assert_eq!(STALLS.get(), Some(&first));
         for _ in 0..3 {
             assert_eq!(short_distance_stalls(), first);
         }
