@@ -78,11 +78,14 @@ fn bench(dir: &Path, args: &[&str]) -> Output {
     bench_with(dir, args, &[])
 }
 
-/// As [`bench`], with these environment variables set as well.
+/// As [`bench`], with these environment variables set as well (and
+/// `SMC_COPY_PIECES` only if among them: the copies' probe decides
+/// otherwise, whatever the caller's environment says).
 fn bench_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_smc-bench"))
         .env("SMC_RDMA_SHM_CONFIG", dir.join("shm.conf"))
         .env("SMC_RS_CONFIG_DIR", dir.join("conf"))
+        .env_remove("SMC_COPY_PIECES")
         .envs(env.iter().copied())
         .args(args)
         .output()
