@@ -270,9 +270,9 @@ fn finding4_descriptor_budget_per_qp_region_and_connection() {
 /// of S we never wrote before, and from S into one of ours S readied
 /// before), heartbeats (no failure for several peer timeouts); new work
 /// that needs a descriptor fails cleanly: S cannot create a QP, a region
-/// its PD's arena has no room for, or ready a region of a new connection,
-/// and a QP dialing S is refused at once (a region that fits its PD's arena
-/// needs no descriptor, and is registered). S's device thread does not spin
+/// its PD's arena has no room for, and a QP dialing S is refused at once (a
+/// region that fits its PD's arena needs no descriptor, and is registered;
+/// so is a new connection's peer region readied, see below). S's device thread does not spin
 /// on the connection it cannot accept.
 #[test]
 fn finding4_at_the_descriptor_limit_only_new_work_fails() {
@@ -363,12 +363,30 @@ fn finding4_at_the_descriptor_limit_only_new_work_fails() {
         r.is_err(),
         "a region that needs a new chunk was registered without descriptors: {r:?}"
     );
+    // A new connection's region is readied all the same, in the number of
+    // S's reserve descriptor (the memfd is held only until it is mapped, and
+    // the reserve is made again after): a server learns a client's RMB only
+    // from its Confirm, when the connection can no longer fall back. And so
+    // is the next one.
     let c2 = c_r2.remote();
     let r = s.cmd(&format!("prepare {} {} 4096", c2.rkey, c2.addr));
-    assert!(
-        r.is_err(),
-        "a new connection's region was readied without descriptors: {r:?}"
+    assert!(r.is_ok(), "a new connection's region at the limit: {r:?}");
+    let c_r3 =
+        c.pd.alloc_mr(65536, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let c3 = c_r3.remote();
+    let r = s.cmd(&format!("prepare {} {} 4096", c3.rkey, c3.addr));
+    assert!(r.is_ok(), "the next one, at the limit: {r:?}");
+    let st = s
+        .cmd(&format!("write {} {} 4096 77", c3.rkey, c3.addr))
+        .unwrap();
+    assert_eq!(
+        st, "Success",
+        "S's WRITE into the region readied at its limit"
     );
+    let mut back = vec![0u8; 4096];
+    c_r3.read_at(0, &mut back).unwrap();
+    assert_eq!(back, pattern(77, 4096));
     // A QP of ours dialing S's spare QP is refused, and soon.
     let dialer = c.pd.create_qp(&c.scq, &c.rcq, QpCap::default()).unwrap();
     dialer
@@ -421,6 +439,6 @@ fn finding4_at_the_descriptor_limit_only_new_work_fails() {
     s.cmd(&format!("prepare {} {} 4096", c2.rkey, c2.addr))
         .unwrap();
     traffic(&mut s, 1000);
-    drop((dialer, c_r2, c, s, cfg));
+    drop((dialer, c_r2, c_r3, c, s, cfg));
     let _ = std::fs::remove_dir_all(&dir);
 }

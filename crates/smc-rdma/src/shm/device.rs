@@ -208,6 +208,9 @@ pub(super) struct DevShared {
     /// Test hook: the port is down whatever the interface says.
     pub(super) forced_down: AtomicBool,
     pub(super) wake: EventFd,
+    /// One descriptor kept in reserve, given up for the moment a descriptor
+    /// is needed and none is free ([`DevShared::with_reserve`]).
+    reserve: Mutex<Option<EventFd>>,
 }
 
 impl DevShared {
@@ -237,6 +240,31 @@ impl DevShared {
     }
     pub(super) fn local_mr(&self, lkey: u32) -> Option<Arc<LocalMr>> {
         lock(&self.lkeys).get(&lkey).cloned()
+    }
+
+    /// Runs `f` with the reserve descriptor closed, so that the lowest free
+    /// descriptor number is there for what `f` needs for a moment (a
+    /// connection to accept and close, a peer's memfd to map and close),
+    /// and makes the reserve again after (in the number `f` gave back).
+    /// `None`, and `f` not run, if there is no reserve or another caller is
+    /// using it: the caller fails as it would have without one (the device
+    /// thread must not wait here for a fetch that waits for it).
+    pub(super) fn with_reserve<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        let mut r = self.reserve.try_lock().ok()?;
+        r.take()?;
+        let out = f();
+        *r = EventFd::new().ok();
+        Some(out)
+    }
+
+    /// Makes the reserve descriptor again if it could not be made after its
+    /// last use (descriptors have come free since, perhaps).
+    pub(super) fn keep_reserve(&self) {
+        if let Ok(mut r) = self.reserve.try_lock() {
+            if r.is_none() {
+                *r = EventFd::new().ok();
+            }
+        }
     }
 }
 
@@ -308,16 +336,16 @@ impl ShmDevice {
             pidns: sys::pid_namespace(),
             forced_down: AtomicBool::new(false),
             wake: EventFd::new()?,
+            reserve: Mutex::new(Some(EventFd::new()?)),
         });
         sh.publish_gids();
-        let reserve = EventFd::new()?;
         // (in the caller's network namespace, as the probe; without it the
         // device thread looks at the port every tick instead)
         let watch = sys::LinkWatch::new().ok();
         let s2 = sh.clone();
         let thread = std::thread::Builder::new()
             .name(format!("shm-{}", d.name))
-            .spawn(move || device_thread(s2, listener, reserve, watch));
+            .spawn(move || device_thread(s2, listener, watch));
         let thread = match thread {
             Ok(t) => t,
             Err(e) => {

@@ -12,8 +12,9 @@
 //! every [`heartbeat_interval`] while the device only has QPs to keep
 //! alive, and not at all with no QP (the thread sleeps until something
 //! happens). It never blocks on a peer (non-blocking sockets)
-//! nor for long on a QP lock, and keeps one descriptor in reserve so that a
-//! process out of descriptors refuses new connections instead of spinning.
+//! nor for long on a QP lock, and gives the device's reserve descriptor up
+//! so that a process out of descriptors refuses new connections instead of
+//! spinning.
 
 use super::device::DevShared;
 use super::qp::QpInner;
@@ -21,7 +22,7 @@ use super::{lock, lock_within, MAX_PENDING, PENDING_WAIT};
 
 use super::layout::*;
 use super::wire::{Kind, Msg};
-use crate::sys::{self, EventFd, SeqPacket};
+use crate::sys::{self, SeqPacket};
 use crate::verbs::*;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
@@ -52,10 +53,8 @@ pub(super) fn heartbeat_interval(sh: &DevShared) -> Duration {
 pub(super) fn device_thread(
     sh: Arc<DevShared>,
     listener: SeqPacket,
-    reserve: EventFd,
     watch: Option<sys::LinkWatch>,
 ) {
-    let mut reserve = Some(reserve);
     let mut pending: Vec<(Arc<SeqPacket>, Instant)> = vec![];
     let mut accept_paused_until: Option<Instant> = None;
     let mut last_tick = Instant::now();
@@ -153,13 +152,7 @@ pub(super) fn device_thread(
         }
         if fds[0].2 & libc::POLLIN != 0 && !sh.frozen.load(Acquire) {
             accept_paused_until = None;
-            accept_all(
-                &sh,
-                &listener,
-                &mut pending,
-                &mut reserve,
-                &mut accept_paused_until,
-            );
+            accept_all(&sh, &listener, &mut pending, &mut accept_paused_until);
         }
         let mut done_pending = vec![];
         for (i, (s, role, _)) in socks.iter().enumerate() {
@@ -195,9 +188,7 @@ pub(super) fn device_thread(
                 }
                 tick(&sh, &qps, ticks, polled_at);
             }
-            if reserve.is_none() {
-                reserve = EventFd::new().ok();
-            }
+            sh.keep_reserve();
         }
     }
     // Dropping the listener and the pending connections closes them.
@@ -212,7 +203,6 @@ fn accept_all(
     sh: &DevShared,
     listener: &SeqPacket,
     pending: &mut Vec<(Arc<SeqPacket>, Instant)>,
-    reserve: &mut Option<EventFd>,
     paused_until: &mut Option<Instant>,
 ) {
     for _ in 0..MAX_PENDING {
@@ -224,10 +214,7 @@ fn accept_all(
                 pending.push((Arc::new(s), Instant::now()));
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE)) => {
-                if reserve.take().is_some() {
-                    drop(listener.accept_nonblocking());
-                    *reserve = EventFd::new().ok();
-                }
+                sh.with_reserve(|| drop(listener.accept_nonblocking()));
                 *paused_until = Some(Instant::now() + sh.poll_interval);
                 return;
             }

@@ -162,14 +162,34 @@ impl QpInner {
     }
 
     /// Fetches the peer's region `rkey` ([`QpInner::ask_region`]) and maps
-    /// it: only its range of the memfd, which is closed then.
+    /// it: only its range of the memfd, which is closed then. Out of
+    /// descriptors, the region alone (without its doorbell's eventfd, as
+    /// before the owner polled it), and if there is no room for that
+    /// either, the region alone in the number of the device's reserve
+    /// descriptor ([`DevShared::with_reserve`]): the memfd is held only
+    /// until it is mapped, so a process at its descriptor limit still
+    /// readies the peer's RMB of a connection whose handshake it has
+    /// answered (a server learns a reused link group's client RMB from its
+    /// Confirm, when a Decline can no longer make the connection TCP).
+    ///
+    /// [`DevShared::with_reserve`]: super::device::DevShared::with_reserve
     pub(super) fn fetch_region(&self, rkey: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
-        let (m, fd, efd) = match self.ask_region(rkey, F_MR_BELL_FD) {
-            // (no room here for the eventfd too: the region alone, as
-            // before the owner polled it)
-            Err(e) if e.local => self.ask_region(rkey, 0)?,
-            r => r?,
+        match self.fetch_mapped(rkey, F_MR_BELL_FD) {
+            Err(e) if e.local => {}
+            r => return r,
+        }
+        let e = match self.fetch_mapped(rkey, 0) {
+            Err(e) if e.local => e,
+            r => return r,
         };
+        self.dev
+            .with_reserve(|| self.fetch_mapped(rkey, 0))
+            .unwrap_or(Err(e))
+    }
+
+    /// One request for the peer's region `rkey` with `flags`, mapped.
+    fn fetch_mapped(&self, rkey: u32, flags: u32) -> std::result::Result<Arc<PeerMr>, FetchError> {
+        let (m, fd, efd) = self.ask_region(rkey, flags)?;
         let refused = |why: &str| FetchError::remote(WcStatus::RemoteAccessError, why);
         let len = m.y as usize;
         let mem = SharedMem::map_peer_range(fd, m.z, HDR + len).map_err(|e| {
