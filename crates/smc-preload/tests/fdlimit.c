@@ -4,7 +4,8 @@
  *   fdlimit server PORTFILE N  accepts until N connections were answered or
  *                              accept failed with EMFILE 40 times in a row;
  *                              prints what it got ("bad": a first byte that
- *                              was not the client's)
+ *                              was not the client's, or a read or an answer
+ *                              that failed, each with a line of its own)
  *   fdlimit client PORT N      opens N connections, each writes 'x' and
  *                              waits up to 5 s for the answer; keeps them
  *   fdlimit limits             prints its soft descriptor limit, listens,
@@ -43,10 +44,18 @@ static void server(const char *portfile, int n) {
         }
         in_a_row = 0;
         char b = 0;
-        if (read(s, &b, 1) == 1 && b == 'x' && write(s, &b, 1) == 1)
+        ssize_t r = read(s, &b, 1), w = -1;
+        int rerr = r < 0 ? errno : 0;
+        if (r == 1 && b == 'x' && (w = write(s, &b, 1)) == 1) {
             answered++;
-        else
+        } else {
+            /* (which: the client's CLC read as data, or a connection that
+             * failed after its accept) */
+            printf("bad: read %zd (%s) byte 0x%02x, write %zd (%s)\n", r,
+                   r < 0 ? strerror(rerr) : "-", (unsigned char)b, w,
+                   r == 1 && b == 'x' ? strerror(errno) : "-");
             bad++;
+        }
     }
     printf("server answered %d bad %d emfile %s\n", answered, bad, emfile ? "yes" : "no");
 }

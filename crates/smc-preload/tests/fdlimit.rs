@@ -97,7 +97,8 @@ fn a_server_at_its_hard_descriptor_limit_serves_every_connection_it_accepts() {
     assert!(answered > 0, "{server}");
     assert!(
         server.contains(" bad 0 "),
-        "a client's CLC bytes read as data: {server}"
+        "a connection the server accepted was not served (its client's CLC read as data, or \
+         the connection failed): {server}"
     );
     assert!(
         client.contains(&format!("client answered {answered}")),
